@@ -1,0 +1,3 @@
+from pipewright.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,42 @@
+"""``pipewright`` command line. Each subcommand lives in its own module with ``register(subparsers)``
+that sets ``func`` on its parser; adding a command means adding its module to ``_COMMANDS``."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+from pipewright import __version__
+from pipewright.errors import PipewrightError, ValidationError
+
+_COMMANDS = ("schedule",)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pipewright",
+        description="Plan, simulate and run pipeline-parallel training of transformer models.",
+    )
+    parser.add_argument("--version", action="version", version=f"pipewright {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in _COMMANDS:
+        importlib.import_module(f"pipewright.cli.{name}").register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    try:
+        return int(args.func(args) or 0)
+    except ValidationError as exc:
+        print(f"pipewright: error: {exc}", file=sys.stderr)
+        return 2
+    except PipewrightError as exc:
+        print(f"pipewright: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2

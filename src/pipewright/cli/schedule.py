@@ -1,0 +1,58 @@
+"""``pipewright schedule show|export``."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from pipewright.codec import to_csv
+from pipewright.ir import peak_in_flight
+from pipewright.passes import lower, validate
+from pipewright.schedules import build_schedule, info, schedule_names
+
+
+def add_shape_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", help=f"schedule name: {', '.join(schedule_names())}")
+    parser.add_argument("--stages", "-p", type=int, required=True, help="pipeline ranks p")
+    parser.add_argument("--microbatches", "-m", type=int, required=True, help="microbatches m")
+    parser.add_argument("--virtual", "-v", type=int, default=None, help="model chunks per rank v")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("schedule", help="show or export a pipeline schedule")
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
+
+    show = verbs.add_parser("show", help="print the schedule as a ranks × steps grid")
+    add_shape_args(show)
+    show.add_argument("--with-comms", action="store_true", help="show send/receive actions")
+    show.set_defaults(func=_show)
+
+    export = verbs.add_parser("export", help="write the schedule in PyTorch's CSV format")
+    add_shape_args(export)
+    export.add_argument("--format", choices=["torch-csv"], default="torch-csv")
+    export.add_argument("--with-comms", action="store_true", help="include send/receive actions")
+    export.add_argument("-o", "--output", required=True, help="file to write")
+    export.set_defaults(func=_export)
+
+
+def _show(args: argparse.Namespace) -> int:
+    sched = validate(build_schedule(args.name, args.stages, args.microbatches, args.virtual))
+    entry = info(args.name)
+    if args.with_comms:
+        sched = validate(lower(sched))
+    print(
+        f"{sched.name}: p={sched.num_ranks} ranks, {sched.num_stages} stages, "
+        f"m={sched.num_microbatches} microbatches"
+    )
+    print(f"bubble {entry.bubble}; activation memory {entry.memory_formula}  [{entry.source}]")
+    print(sched.grid())
+    peaks = ", ".join(f"{float(x):g}" for x in peak_in_flight(sched))
+    print(f"peak microbatches in flight per rank: {peaks}")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    sched = validate(build_schedule(args.name, args.stages, args.microbatches, args.virtual))
+    Path(args.output).write_text(to_csv(sched, with_comms=args.with_comms))
+    print(f"wrote {args.output}")
+    return 0

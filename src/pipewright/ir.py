@@ -1,0 +1,242 @@
+"""The schedule IR: actions, action kinds, stage placement, and the per-rank action lists.
+
+An :class:`Action` is a small immutable value — ``(stage, kind, microbatch, payload)`` — whose string
+form is the one ``torch.distributed.pipelining`` uses (``"2F0"``, ``"1SEND_F3"``, ``"0REDUCE_GRAD"``).
+A :class:`Schedule` holds, for every pipeline rank, the ordered tuple of actions it performs in one
+training iteration, plus the stage→rank placement. What each kind needs before it may run lives in
+:mod:`pipewright.deps`; kinds themselves are described by :class:`KindSpec` values collected in an
+immutable :class:`KindRegistry` that features extend by ``registry.with_kinds(...)``.
+
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from fractions import Fraction
+from typing import Any, NamedTuple
+
+# Core kind names (the strings are torch.distributed.pipelining's _ComputationType values).
+F = "F"
+B = "B"
+I = "I"
+W = "W"
+SEND_F = "SEND_F"
+RECV_F = "RECV_F"
+SEND_B = "SEND_B"
+RECV_B = "RECV_B"
+REDUCE_GRAD = "REDUCE_GRAD"
+STEP = "STEP"
+
+
+class Action(NamedTuple):
+    """One thing a rank does: ``kind`` on model chunk ``stage`` for ``microbatch``.
+
+    ``microbatch`` is ``None`` for per-stage actions (REDUCE_GRAD, STEP after a flush).
+    ``payload`` carries extra identity for extension kinds (e.g. a K-FAC layer index).
+    """
+
+    stage: int
+    kind: str
+    microbatch: int | None = None
+    payload: Any = None
+
+    def __str__(self) -> str:
+        text = f"{self.stage}{self.kind}"
+        if self.microbatch is not None:
+            text += str(self.microbatch)
+        if self.payload is not None:
+            text += f":{self.payload}"
+        return text
+
+
+#: An event is an action that has completed; requirements are expressed as events.
+Event = tuple[str, int, "int | None"]
+
+
+@dataclass(frozen=True, slots=True)
+class KindSpec:
+    """Description of one action kind.
+
+    requires(action, schedule) -> events that must have happened (anywhere) before ``action`` starts.
+    produces(action, schedule) -> events ``action`` completes (by default, its own ``(kind, stage, mb)``).
+    ``compute``: occupies the rank's compute stream. ``comm``: ``"send"``/``"recv"`` for point-to-point
+    kinds, ``"collective"`` for group collectives, ``None`` otherwise. ``memory``: change in activation
+    memory, in units of one microbatch of one chunk, that the action causes on its rank.
+    ``torch``: the kind exists in torch.distributed.pipelining's CSV format.
+    """
+
+    name: str
+    requires: Callable[[Action, Schedule], tuple[Event, ...]]
+    produces: Callable[[Action, Schedule], tuple[Event, ...]] | None = None
+    compute: bool = True
+    comm: str | None = None
+    memory: int = 0
+    torch: bool = False
+    description: str = ""
+
+    def events(self, action: Action, schedule: Schedule) -> tuple[Event, ...]:
+        if self.produces is None:
+            return ((action.kind, action.stage, action.microbatch),)
+        return self.produces(action, schedule)
+
+
+class KindRegistry(Mapping[str, KindSpec]):
+    """Immutable mapping kind name → :class:`KindSpec`. ``with_kinds`` returns an extended copy."""
+
+    __slots__ = ("_specs",)
+
+    def __init__(self, specs: Iterable[KindSpec] = ()) -> None:
+        self._specs: dict[str, KindSpec] = {}
+        for spec in specs:
+            if spec.name in self._specs:
+                raise ValueError(f"action kind {spec.name!r} registered twice")
+            self._specs[spec.name] = spec
+
+    def __getitem__(self, name: str) -> KindSpec:
+        return self._specs[name]
+
+    def __iter__(self):
+        return iter(self._specs)
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+    def with_kinds(self, *specs: KindSpec) -> KindRegistry:
+        """A new registry with ``specs`` added (extension by registration)."""
+        return KindRegistry([*self._specs.values(), *specs])
+
+    def __repr__(self) -> str:
+        return f"KindRegistry({', '.join(self._specs)})"
+
+
+def loop_placement(ranks: int, chunks: int = 1) -> tuple[int, ...]:
+    """Stage s on rank s mod p (Megatron's interleaved placement; plain when chunks = 1)."""
+    return tuple(s % ranks for s in range(ranks * chunks))
+
+
+def v_placement(ranks: int) -> tuple[int, ...]:
+    """V placement (ZB-V, V-Half, V-Min, DualPipeV): rank i holds stages i and 2p − 1 − i."""
+    return tuple(range(ranks)) + tuple(reversed(range(ranks)))
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """One training iteration: for each rank, the ordered actions it runs.
+
+    ``placement[s]`` is the rank that holds stage (model chunk) ``s``. ``lowered`` is True once the
+    send/receive actions are explicit (then cross-rank data dependencies go through RECV actions).
+    ``meta`` holds schedule-specific facts (e.g. ``{"flush": False}`` for asynchronous schedules).
+    """
+
+    name: str
+    num_ranks: int
+    num_stages: int
+    num_microbatches: int
+    placement: tuple[int, ...]
+    actions: tuple[tuple[Action, ...], ...]
+    kinds: KindRegistry = field(default=None, compare=False)  # type: ignore[assignment]
+    lowered: bool = False
+    meta: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.kinds is None:
+            from pipewright.deps import CORE_KINDS
+
+            object.__setattr__(self, "kinds", CORE_KINDS)
+        if len(self.placement) != self.num_stages:
+            raise ValueError(f"placement has {len(self.placement)} entries for {self.num_stages} stages")
+        if len(self.actions) != self.num_ranks:
+            raise ValueError(f"{len(self.actions)} action lists for {self.num_ranks} ranks")
+
+    @property
+    def chunks_per_rank(self) -> int:
+        return self.num_stages // self.num_ranks
+
+    def stages_of(self, rank: int) -> tuple[int, ...]:
+        return tuple(s for s, r in enumerate(self.placement) if r == rank)
+
+    def rank_of(self, stage: int) -> int:
+        return self.placement[stage]
+
+    def local(self, stage_a: int, stage_b: int) -> bool:
+        """True when both stages sit on one rank (a hand-off without send/receive)."""
+        return self.placement[stage_a] == self.placement[stage_b]
+
+    def with_actions(
+        self, actions: Iterable[Iterable[Action]], *, lowered: bool | None = None, **changes: Any
+    ) -> Schedule:
+        return replace(
+            self,
+            actions=tuple(tuple(a) for a in actions),
+            lowered=self.lowered if lowered is None else lowered,
+            **changes,
+        )
+
+    def compute_actions(self, rank: int) -> tuple[Action, ...]:
+        return tuple(a for a in self.actions[rank] if self.kinds[a.kind].compute)
+
+    def __len__(self) -> int:
+        return sum(len(r) for r in self.actions)
+
+    def grid(self, mark: tuple[int, int] | None = None, width: int | None = None) -> str:
+        """Text grid, one row per rank, one column per position; ``mark`` = (rank, pos) is bracketed.
+
+        With ``width`` set, only ``width`` columns around the mark (or from the start) are shown.
+        """
+        return render_grid(self.actions, mark=mark, width=width)
+
+    def __str__(self) -> str:
+        return (
+            f"{self.name}: {self.num_ranks} ranks, {self.num_stages} stages, "
+            f"{self.num_microbatches} microbatches\n{self.grid(width=40)}"
+        )
+
+
+def render_grid(
+    rows: tuple[tuple[Action, ...], ...] | list[list[Action]],
+    mark: tuple[int, int] | None = None,
+    width: int | None = None,
+) -> str:
+    """Ranks × positions as aligned text. Used in error messages and ``pipewright schedule show``."""
+    length = max((len(r) for r in rows), default=0)
+    lo, hi = 0, length
+    if width is not None and length > width:
+        center = mark[1] if mark else 0
+        lo = max(0, min(center - width // 2, length - width))
+        hi = lo + width
+    cells = []
+    for rank, row in enumerate(rows):
+        line = []
+        for pos in range(lo, hi):
+            text = str(row[pos]) if pos < len(row) else ""
+            if mark == (rank, pos):
+                text = f"[{text}]"
+            line.append(text)
+        cells.append(line)
+    col_w = max([len(c) for line in cells for c in line] + [len(str(hi)), 3])
+    header = "step   " + " ".join(str(p).rjust(col_w) for p in range(lo, hi))
+    out = [header]
+    for rank, line in enumerate(cells):
+        out.append(f"rank {rank:<2}" + " ".join(c.rjust(col_w) for c in line))
+    if lo > 0 or hi < length:
+        out.append(f"(positions {lo}..{hi - 1} of {length})")
+    return "\n".join(out)
+
+
+def peak_in_flight(schedule: Schedule) -> list[Fraction]:
+    """Peak activation memory per rank, in microbatches of a whole rank's layers.
+
+    Each action kind's ``memory`` delta counts one chunk-microbatch; a rank holds ``v`` chunks, so one
+    chunk-microbatch is 1/v of a microbatch's activations on that rank (F adds, W or B frees).
+    """
+    v = schedule.chunks_per_rank or 1
+    peaks = []
+    for row in schedule.actions:
+        live = peak = 0
+        for a in row:
+            live += schedule.kinds[a.kind].memory
+            peak = max(peak, live)
+        peaks.append(Fraction(peak, v))
+    return peaks
