@@ -1,0 +1,35 @@
+"""The interface every cost model implements; the simulator and the planner depend only on it."""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from pipewright.ir import Action, Schedule
+
+
+@runtime_checkable
+class CostModel(Protocol):
+    """Per-action costs of one schedule's actions.
+
+    - ``compute_time``: seconds an action occupies its rank's compute stream (0 for pure communication
+      kinds, whose time the simulator derives from ``message_bytes`` and the topology).
+    - ``message_bytes``: bytes a SEND_F/SEND_B carries (the stage boundary activation or its gradient),
+      or bytes a REDUCE_GRAD all-reduces per device.
+    - ``activation_bytes``: activation memory an action adds (positive, F) or frees (negative, B/W/I)
+      on its rank.
+    - ``static_bytes``: parameters, gradients and optimizer state held by ``rank``.
+    - ``flops``: floating-point operations the action executes (recomputation included) — for
+      achieved FLOP/s; ``model_flops`` the same without recomputation — for MFU.
+    """
+
+    def compute_time(self, action: Action, schedule: Schedule) -> float: ...
+
+    def message_bytes(self, action: Action, schedule: Schedule) -> float: ...
+
+    def activation_bytes(self, action: Action, schedule: Schedule) -> float: ...
+
+    def static_bytes(self, rank: int, schedule: Schedule) -> float: ...
+
+    def flops(self, action: Action, schedule: Schedule) -> float: ...
+
+    def model_flops(self, action: Action, schedule: Schedule) -> float: ...
