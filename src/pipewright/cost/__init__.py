@@ -1,6 +1,6 @@
 """Cost models: how long each action takes, what it sends, and what memory it holds."""
 
-from pipewright.cost.base import CostModel
+from pipewright.cost.base import CommModel, CostModel, FreeComm
 from pipewright.cost.unit import UnitCost
 
-__all__ = ["CostModel", "UnitCost"]
+__all__ = ["CommModel", "CostModel", "FreeComm", "UnitCost"]

@@ -33,3 +33,29 @@ class CostModel(Protocol):
     def flops(self, action: Action, schedule: Schedule) -> float: ...
 
     def model_flops(self, action: Action, schedule: Schedule) -> float: ...
+
+
+@runtime_checkable
+class CommModel(Protocol):
+    """Communication times between the ranks of one simulated pipeline.
+
+    ``p2p_time(src, dst, nbytes)``: seconds to move ``nbytes`` from pipeline rank ``src`` to ``dst``
+    (latency + size / bottleneck bandwidth of the best path). ``collective_time(kind, rank, nbytes)``:
+    seconds for ``rank``'s part in a collective of ``kind`` ("all_reduce", "all_gather",
+    "reduce_scatter", "broadcast") over the group that kind implies for that rank (e.g. its
+    data-parallel group for REDUCE_GRAD), ``nbytes`` per device.
+    """
+
+    def p2p_time(self, src: int, dst: int, nbytes: float) -> float: ...
+
+    def collective_time(self, kind: str, rank: int, nbytes: float) -> float: ...
+
+
+class FreeComm:
+    """Communication costs nothing (``--cost unit``)."""
+
+    def p2p_time(self, src: int, dst: int, nbytes: float) -> float:
+        return 0.0
+
+    def collective_time(self, kind: str, rank: int, nbytes: float) -> float:
+        return 0.0
