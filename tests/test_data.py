@@ -18,6 +18,7 @@ from pipewright.data import (
     parse_tokenizer_spec,
     write_tokens,
 )
+from pipewright.data.corpus import STDLIB_SKIP_DIRS, list_files, stdlib_root
 from pipewright.data.dataset import split_tokens
 from pipewright.errors import PipewrightError
 from pipewright.viz.loss import plot_loss
@@ -86,7 +87,6 @@ def test_val_and_train_windows_are_disjoint() -> None:
     )
     seen_val = np.unique(np.concatenate([np.concatenate(ds.batch("val", s, 32, seq, 0)) for s in range(20)]))
     assert seen_train.max() < 4000 <= seen_val.min()
-    assert seen_val.max() == n - 1 or seen_val.max() < n  # windows stay inside the stream
 
 
 def test_split_too_short_and_bad_split_are_clear_errors() -> None:
@@ -150,8 +150,9 @@ def test_default_corpus_is_cached_and_reused(tmp_path) -> None:
     assert os.stat(cached).st_mtime_ns == mtime
     assert np.array_equal(first.train, again.train)
     assert np.array_equal(first.batch("train", 3, 4, 64, 0)[0], again.batch("train", 3, 4, 64, 0)[0])
-    # byte tokens decode back to the source text
-    assert first.decode(first.train[:200]).isprintable() or "\n" in first.decode(first.train[:200])
+    # byte tokens are the first standard-library file's bytes
+    head = (stdlib_root() / list_files(stdlib_root(), "*.py", STDLIB_SKIP_DIRS)[0].relpath).read_bytes()
+    assert bytes(first.train[:200].astype(np.uint8)) == head[:200]
     other = open_dataset(None, max_bytes=40_000, progress=False)
     assert other.info["cache_hit"] is False and other.info["cache"] != cached
     assert np.array_equal(other.train[:1000], first.train[:1000])  # same files in the same order
@@ -161,9 +162,10 @@ def test_bpe_tokenizer_trains_deterministically_with_requested_vocab(tmp_path) -
     corpus = tmp_path / "corpus"
     corpus.mkdir()
     _write_text_corpus(corpus)
+    (corpus / "blob.dat").write_bytes(b"\x00\x01binary")  # skipped: not text
     ds = open_dataset(corpus, tokenizer="bpe:300", val_fraction=0.1, progress=False)
     assert ds.vocab_size == 300 and ds.codec.trained_vocab_size == 300
-    assert ds.info["tokenizer"] == "bpe:300" and ds.train.dtype == np.uint16
+    assert ds.info["tokenizer"] == "bpe:300" and ds.info["num_files"] == 6 and ds.train.dtype == np.uint16
     assert int(max(ds.train.max(), ds.val.max())) < 300
     text = (corpus / "f0.txt").read_text()
     assert ds.decode(np.concatenate([ds.train, ds.val])).startswith(text[:200])
