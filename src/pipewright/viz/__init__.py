@@ -1,0 +1,1 @@
+"""Pictures: timelines, traces and loss curves."""
