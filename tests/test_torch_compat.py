@@ -20,6 +20,9 @@ from pipewright.passes import lower, validate
 from pipewright.schedules import build_schedule, info, schedule_names
 
 S = pytest.importorskip("torch.distributed.pipelining.schedules")
+_PRIVATE = ("_PipelineScheduleRuntime", "_add_send_recv", "_simulate_comms_compute", "_Action")
+if not all(hasattr(S, name) for name in _PRIVATE):
+    pytest.skip("this PyTorch lacks the schedule IR helpers these tests use", allow_module_level=True)
 
 #: Our names that PyTorch also implements, and its class where it generates the same order.
 TORCH_TWINS = {
