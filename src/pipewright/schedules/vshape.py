@@ -72,7 +72,7 @@ class _RankOrder:
 
 
 def zbv(p: int, m: int, v: int = 2) -> Schedule:
-    """ZB-V (Qi et al. 2024, Fig. 8; torch's ScheduleZBVZeroBubble follows the same figure).
+    """ZB-V, the handcrafted schedule of Qi et al. 2024 (torch's ScheduleZBVZeroBubble builds the same order).
 
     Rank r, written for n = max(m, 2p − 1) microbatches (those ≥ m are then dropped):
 

@@ -70,7 +70,8 @@ def _delayed_1f1b(name: str, p: int, m: int, warmup: list[int], delay: list[int]
 
 
 def zb_h1(p: int, m: int, v: int = 1) -> Schedule:
-    """ZB-H1 (Qi et al. 2024, Fig. 3 top; torch's ScheduleInterleavedZeroBubble with one chunk).
+    """ZB-H1, the handcrafted schedule of Qi et al. 2024 (torch's ScheduleInterleavedZeroBubble with one
+    chunk builds the same order).
 
     Rank r runs 1F1B's order with I in place of B — p − 1 − r warm-up forwards, then F, I pairs, then
     the remaining I — and runs each W r backward steps after its I (the last r W at the end). The
@@ -82,7 +83,7 @@ def zb_h1(p: int, m: int, v: int = 1) -> Schedule:
 
 
 def zb_h2(p: int, m: int, v: int = 1) -> Schedule:
-    """ZB-H2 (Qi et al. 2024, Fig. 3 bottom): twice ZB-H1's warm-up and W delay.
+    """ZB-H2, the handcrafted schedule of Qi et al. 2024: twice ZB-H1's warm-up and W delay.
 
     Rank r runs 2(p − 1 − r) warm-up forwards, then F, I pairs, then the remaining I, and each W 2r
     backward steps after its I. Rank 0 thus starts with 2p − 1 forwards, the extra forwards fill the
