@@ -32,7 +32,14 @@ def _ideal(m: int, c: dict[str, float]) -> float:
 
 
 @pytest.mark.parametrize(
-    "costs", [UNIT, {"F": 2, "I": 2, "W": 1, "B": 3}, {"F": 3, "I": 2, "W": 2, "B": 4}], ids=str
+    "costs",
+    [
+        UNIT,
+        {"F": 2, "I": 2, "W": 1, "B": 3},
+        {"F": 3, "I": 2, "W": 2, "B": 4},
+        {"F": 1, "I": 1, "W": 0.5, "B": 1.5},
+    ],
+    ids=str,
 )
 def test_zb_h1_bubble_formula(costs: dict[str, float]) -> None:
     """1F1B's bubble (p − 1)(F + B) with B = I + W shrinks to (p − 1)(F + I − W) in ZB-H1."""

@@ -50,6 +50,7 @@ class _RankOrder:
         self.count: Counter[tuple[int, str]] = Counter()
         self.pending_w: deque[tuple[int, int]] = deque()
         self.order: list[Action] = []
+        self.pairs: list[int] = []
 
     def run(self, stage: int, kind: str) -> None:
         key = (stage, I if kind == B else kind)
@@ -66,6 +67,13 @@ class _RankOrder:
             stage, k = self.pending_w.popleft()
             if k < self.m:
                 self.order.append(Action(stage, W, k))
+
+    def overlap(self, fwd_stage: int, bwd_stage: int) -> None:
+        """DualPipeV's F&B: the next F of ``fwd_stage`` and the next B of ``bwd_stage``, back to back;
+        the position of the F is recorded in ``pairs``."""
+        self.pairs.append(len(self.order))
+        self.run(fwd_stage, F)
+        self.run(bwd_stage, B)
 
     def done(self, stage: int, kind: str) -> int:
         return self.count[(stage, I if kind == B else kind)]
@@ -126,7 +134,8 @@ def dualpipev(p: int, m: int, v: int = 2) -> Schedule:
     DeepSeek overlaps the forward of one chunk with the full backward of the other ("F&B"): the pair
     runs on two streams so the communication of one hides behind the compute of the other. Here an
     F&B pair is written as its two actions back to back, F first (``meta["overlapped_pairs"]`` lists the
-    positions of each pair's F so a runtime or simulator can overlap them). Rank r:
+    positions of each pair's F in the compute-only order, so a runtime or simulator can overlap them).
+    Rank r:
 
     1. 2(p − r − 1) × F0
     2. r + 1 × (F0, F1)
@@ -140,20 +149,14 @@ def dualpipev(p: int, m: int, v: int = 2) -> Schedule:
 
     Needs m ≥ 2p (DeepSeek's and torch's requirement). DeepSeek's bubble with P = 2p stages:
     (P/2 − 1)(F&B + B − 3W) = (p − 1)(F&B + B − 3W). Memory (exact, this code): 2p + 1
-    chunk-microbatches = p + ½ microbatches of a rank's layers on every rank. With the pair run one
-    after the other and unit costs (B = 2) one iteration takes 6m + p − 1.
+    chunk-microbatches on every rank, DeepSeek's "PP + 1" activation (PP = 2p stages), i.e. p + ½
+    microbatches of a rank's layers. With each pair run one after the other and unit costs (B = 2) one
+    iteration takes 6m + p − 1.
     """
     rows, pairs = [], []
     for r in range(p):
         c0, c1 = r, 2 * p - 1 - r
         o = _RankOrder(m)
-        rank_pairs: list[int] = []
-
-        def overlapped(fwd: int, bwd: int, o: _RankOrder = o, rank_pairs: list[int] = rank_pairs) -> None:
-            rank_pairs.append(len(o.order))
-            o.run(fwd, F)
-            o.run(bwd, B)
-
         for _ in range(2 * (p - r - 1)):
             o.run(c0, F)
         for _ in range(r + 1):
@@ -168,11 +171,11 @@ def dualpipev(p: int, m: int, v: int = 2) -> Schedule:
                 o.run(c0, F)
                 o.run(c1, B)
             else:
-                overlapped(c0, c1)
-            overlapped(c1, c0)
+                o.overlap(c0, c1)
+            o.overlap(c1, c0)
         for _ in range(p - r - 1):
             o.run(c1, B)
-            overlapped(c1, c0)
+            o.overlap(c1, c0)
         split = False
         for step in range(r + 1):
             if step == (r + 1) // 2 and r % 2 == 1:
@@ -187,7 +190,7 @@ def dualpipev(p: int, m: int, v: int = 2) -> Schedule:
         while o.pending_w:
             o.next_w()
         rows.append(o.order)
-        pairs.append(tuple(rank_pairs))
+        pairs.append(tuple(o.pairs))
     return _schedule("dualpipev", p, m, rows, overlapped_pairs=tuple(pairs))
 
 

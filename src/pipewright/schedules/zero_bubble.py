@@ -75,7 +75,8 @@ def zb_h1(p: int, m: int, v: int = 1) -> Schedule:
 
     Rank r runs 1F1B's order with I in place of B — p − 1 − r warm-up forwards, then F, I pairs, then
     the remaining I — and runs each W r backward steps after its I (the last r W at the end). The
-    delayed W fill the bubbles where a rank waits for gradients: bubble (p − 1)(T_F + T_I − T_W); with
+    delayed W fill the bubbles where a rank waits for gradients: bubble (p − 1)(T_F + T_I − T_W) for
+    T_W ≤ T_F, T_I (with larger T_W it stays at the pipeline fill (p − 1)·T_F); with
     unit costs one iteration takes 3m + p − 1 (1F1B: 3m + 3(p − 1)) for m ≥ p. Peak memory min(p, m)
     on every rank (see the module docstring).
     """
