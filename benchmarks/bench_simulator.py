@@ -57,7 +57,8 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=3)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    print(f"python {platform.python_version()} on {platform.machine()}, {os.cpu_count()} CPUs, {sys.platform}")
+    machine = f"{platform.machine()}, {os.cpu_count()} CPUs, {sys.platform}"
+    print(f"python {platform.python_version()} on {machine}")
     cases = [("1f1b", 1), ("interleaved-1f1b", args.virtual)]
     cases += [(n, 1) for n in ("zb-h1", "zb-h2") if n in schedule_names()]
     for name, v in cases:

@@ -1,6 +1,6 @@
 """Regenerate the timeline pictures of docs/simulator.md (unit costs, free communication).
 
-    PYTHONPATH=src python tools/gen_simulator_figures.py
+PYTHONPATH=src python tools/gen_simulator_figures.py
 """
 
 from __future__ import annotations

@@ -103,7 +103,9 @@ def _load_schedule(name: str, stages: int | None, microbatches: int | None, virt
 
 def _unit_setup(args: argparse.Namespace) -> _Setup:
     sched = _load_schedule(args.schedule, args.stages, args.microbatches, args.virtual)
-    return _Setup(sched, _UnitWork(per_chunk=True), FreeComm(), 1, _UNIT_PEAK, None, "cost unit")
+    # activation 1/v per chunk-microbatch: peak memory reads in microbatches of a rank's layers
+    cost = _UnitWork(per_chunk=True, activation=1 / sched.chunks_per_rank)
+    return _Setup(sched, cost, FreeComm(), 1, _UNIT_PEAK, None, "cost unit")
 
 
 def _model_setup(args: argparse.Namespace) -> _Setup:
