@@ -110,23 +110,28 @@ def _unit_setup(args: argparse.Namespace) -> _Setup:
 
 def _model_setup(args: argparse.Namespace) -> _Setup:
     """Model + cluster: resolve the preset, the accelerator and the topology, then the cost models."""
-    from pipewright.cost.transformer import TopologyComm, TransformerCost
-    from pipewright.hardware import get_gpu
+    from pipewright.cost.comm import Mesh
+    from pipewright.cost.transformer import TransformerCost
+    from pipewright.hardware import accelerator
     from pipewright.models.presets import resolve_model
-    from pipewright.topology import cluster, load_topology
+    from pipewright.topology import Topology, cluster, single_host
 
     model = resolve_model(args.model, **{d: getattr(args, d) for d in _DIMS})
     if args.topology:
-        topo = load_topology(args.topology)
-        gpu = get_gpu(args.gpu) if args.gpu else topo.gpu
+        topo = Topology.load(args.topology)
+        gpu = accelerator(args.gpu) if args.gpu else topo.accelerator(0)
+    elif not args.gpu:
+        raise ConfigError("--model needs --gpu KIND (or --topology FILE)")
     else:
-        if not args.gpu:
-            raise ConfigError("--model needs --gpu KIND (or --topology FILE)")
-        gpu = get_gpu(args.gpu)
-        topo = cluster(gpu, args.nodes, args.gpus_per_node)
+        gpu = accelerator(args.gpu)
+        if gpu.name == "cpu":
+            topo = single_host(args.nodes * args.gpus_per_node)
+        else:
+            intra = "nvlink" if gpu.nvlink else "pcie4"
+            topo = cluster(args.nodes, args.gpus_per_node, gpu.name, intra=intra)
     t, d = args.tp, args.dp
     p = args.pp if args.pp is not None else (args.stages or 1)
-    devices = topo.num_devices
+    devices = len(topo.devices)
     if t * p * d != devices:
         raise ConfigError(
             f"--tp {t} × --pp {p} × --dp {d} = {t * p * d} devices, but the cluster has {devices}; "
@@ -146,11 +151,11 @@ def _model_setup(args: argparse.Namespace) -> _Setup:
         raise ConfigError("--model needs --global-batch-size (or --microbatches)")
     sched = _load_schedule(args.schedule, p, m, args.virtual)
     cost = TransformerCost(
-        model, gpu, tp=t, pp=p, dp=d, microbatch_size=b, recompute=args.recompute == "full"
+        model, microbatch=b, gpu=gpu.name, recompute=args.recompute, mesh=Mesh(t, p, d), topology=topo
     )
-    comm = TopologyComm(topo, tp=t, pp=p, dp=d)
     label = f"{model.name} on {devices}× {gpu.name} (t={t}, p={p}, d={d}, b={b}, m={m})"
-    return _Setup(sched, cost, comm, t, gpu.peak_flops, gpu.memory_bytes, label)
+    # TransformerCost's FLOPs are per device (each tensor-parallel rank's share): one device per rank.
+    return _Setup(sched, cost, cost.comm, 1, gpu.peak(cost.dtype), gpu.memory_bytes, label)
 
 
 def run(args: argparse.Namespace) -> int:
