@@ -14,6 +14,7 @@ import pytest
 from pipewright.cli import main
 from pipewright.codec import parse_action
 from pipewright.cost import UnitCost
+from pipewright.deps import produces, requires
 from pipewright.errors import PipewrightError, ValidationError
 from pipewright.ir import F, KindSpec, Schedule, loop_placement, peak_in_flight
 from pipewright.schedules import build_schedule, info, schedule_names
@@ -298,3 +299,32 @@ def test_cli_simulate_csv_and_errors(tmp_path, capsys) -> None:
 def test_peak_in_flight_unit_is_chunk_microbatches_over_v() -> None:
     sched = build_schedule("gpipe", 2, 3)
     assert peak_in_flight(sched) == [Fraction(3), Fraction(3)]
+
+
+@pytest.mark.parametrize("name", schedule_names())
+def test_every_schedule_respects_dependencies_and_program_order(name: str) -> None:
+    """For every registered schedule, with slow links: each action starts after every event it requires
+    (deps.requires), compute actions of a rank run one at a time in program order, and busy time is the
+    rank's compute cost."""
+    entry = info(name)
+    p, v = 3, entry.default_chunks
+    m = max(6, entry.min_microbatches(p, v))
+    m += (-m) % p  # interleaved schedules want a multiple of p
+    result = simulate(build_schedule(name, p, m, v), UnitCost(), comm=ConstComm(p2p=0.7), iterations=2)
+    sched = result.schedule
+    for it in range(2):
+        done: dict = {}
+        for rank in range(p):
+            for a, _, end in result.spans_of(rank, it):
+                for ev in produces(a, sched):
+                    done[ev] = end
+        for rank in range(p):
+            last_end = result.iteration_ends[it - 1] if it else 0.0
+            for a, start, end in result.spans_of(rank, it):
+                assert all(start >= done[ev] - 1e-9 for ev in requires(a, sched)), (name, a)
+                if sched.kinds[a.kind].compute:
+                    assert start >= last_end - 1e-9, (name, a)
+                    last_end = end
+        assert result.busy == tuple(
+            sum(UnitCost().compute_time(a, sched) for a in row) for row in sched.actions
+        )
