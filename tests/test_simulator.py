@@ -328,3 +328,69 @@ def test_every_schedule_respects_dependencies_and_program_order(name: str) -> No
         assert result.busy == tuple(
             sum(UnitCost().compute_time(a, sched) for a in row) for row in sched.actions
         )
+
+
+def _model_args(*extra: str) -> list[str]:
+    return [
+        "simulate",
+        "--model",
+        "gpt-tiny",
+        "--gpu",
+        "cpu",
+        "--nodes",
+        "1",
+        "--gpus-per-node",
+        "4",
+        "--pp",
+        "4",
+        "--global-batch-size",
+        "8",
+        "--schedule",
+        "1f1b",
+        *extra,
+    ]
+
+
+def test_cli_simulate_model_on_a_cluster(capsys) -> None:
+    pytest.importorskip("pipewright.cost.transformer")
+    assert main(_model_args("--json", "--iterations", "2")) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["devices"] == 4 and len(report["per_rank"]) == 4
+    assert report["iteration_time_s"] > 0 and 0 < report["mfu"] <= 1 and report["tflops_per_device"] > 0
+    assert report["bubble_fraction"] == pytest.approx(
+        sum(r["bubble_s"] for r in report["per_rank"]) / (4 * report["iteration_time_s"])
+    )
+    assert all(r["peak_memory_bytes"] > 0 for r in report["per_rank"]) and report["memory"]["fits"]
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (("--tp", "2"), "--tp 2 × --pp 4 × --dp 1 = 8 devices, but the cluster has 4"),
+        (("--gpu", "z100"), "unknown GPU kind 'z100'"),
+        (("--model", "gpt-huge"), "unknown model 'gpt-huge'"),
+        (("--microbatch-size", "3"), "not a multiple"),
+    ],
+)
+def test_cli_simulate_model_errors(change: tuple[str, ...], message: str, capsys) -> None:
+    pytest.importorskip("pipewright.cost.transformer")
+    args = _model_args()
+    for flag, value in zip(change[::2], change[1::2], strict=True):
+        if flag in args:
+            args[args.index(flag) + 1] = value
+        else:
+            args += [flag, value]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pipewright: error: ") and message in err and err.count("\n") == 1
+
+
+def test_cli_simulate_memory_limit(capsys) -> None:
+    pytest.importorskip("pipewright.cost.transformer")
+    big = ["simulate", "--model", "gpt3-175b", "--gpu", "v100", "--nodes", "1", "--pp", "8"]
+    big += ["--global-batch-size", "8", "--schedule", "1f1b"]
+    assert main([*big, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["memory"]["fits"] is False and report["memory"]["over_limit"] == list(range(8))
+    assert main([*big, "--enforce-memory"]) == 2
+    assert "rank 0 needs" in capsys.readouterr().err

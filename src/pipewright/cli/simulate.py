@@ -79,6 +79,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     model.add_argument("--microbatch-size", type=int, default=1)
     model.add_argument("--global-batch-size", type=int, default=None)
     model.add_argument("--recompute", choices=["full", "none"], default="none")
+    model.add_argument("--dtype", help="compute dtype (default: bf16 where the GPU has it, else fp16)")
     model.add_argument("--topology", help="cluster topology JSON (default: built from --nodes/--gpu)")
     parser.add_argument("--iterations", type=int, default=1, help="iterations to simulate (steady state)")
     parser.add_argument(
@@ -150,8 +151,15 @@ def _model_setup(args: argparse.Namespace) -> _Setup:
     else:
         raise ConfigError("--model needs --global-batch-size (or --microbatches)")
     sched = _load_schedule(args.schedule, p, m, args.virtual)
+    dtype = args.dtype or next((x for x in ("bf16", "fp16", "fp32") if x in gpu.peak_flops), "fp32")
     cost = TransformerCost(
-        model, microbatch=b, gpu=gpu.name, recompute=args.recompute, mesh=Mesh(t, p, d), topology=topo
+        model,
+        microbatch=b,
+        gpu=gpu.name,
+        dtype=dtype,
+        recompute=args.recompute,
+        mesh=Mesh(t, p, d),
+        topology=topo,
     )
     label = f"{model.name} on {devices}× {gpu.name} (t={t}, p={p}, d={d}, b={b}, m={m})"
     # TransformerCost's FLOPs are per device (each tensor-parallel rank's share): one device per rank.
