@@ -13,6 +13,7 @@ from pipewright.sim import simulate
 from pipewright.viz import draw_timeline
 
 IMG = Path(__file__).resolve().parent.parent / "docs" / "img"
+XLABEL = "time (unit costs)"
 COST = UnitCost(per_chunk=True)  # a rank's share of F, I, W costs 1 whatever v is; B = 2
 
 
@@ -27,7 +28,7 @@ def main() -> None:
             f"{name}: p={p}, m={m}, F=I=W=1 per rank — iteration {result.iteration_time:g}, "
             f"bubble per rank {max(result.bubble):g}"
         )
-    draw_timeline(timelines, IMG / "sim_1f1b_zbh1_zbv.png", titles=titles)
+    draw_timeline(timelines, IMG / "sim_1f1b_zbh1_zbv.png", titles=titles, xlabel=XLABEL)
 
     timelines, titles = [], []
     for name in ("zb-h2", "zbv"):
@@ -38,7 +39,7 @@ def main() -> None:
                 f"{name} × 3 iterations, {'with' if barrier else 'without'} step barrier — "
                 f"period {result.iteration_time:g}"
             )
-    draw_timeline(timelines, IMG / "sim_step_barrier.png", titles=titles)
+    draw_timeline(timelines, IMG / "sim_step_barrier.png", titles=titles, xlabel=XLABEL)
 
 
 if __name__ == "__main__":

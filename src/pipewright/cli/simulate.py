@@ -190,7 +190,9 @@ def run(args: argparse.Namespace) -> int:
         from pipewright.viz import draw_timeline, write_trace
 
         if args.png:
-            draw_timeline(result.timeline, args.png, titles=[f"{result.schedule.name}, {setup.label}"])
+            title = f"{result.schedule.name}, {setup.label}"
+            xlabel = "time (unit costs)" if args.model is None else "time (s)"
+            draw_timeline(result.timeline, args.png, titles=[title], xlabel=xlabel)
         if args.trace:
             write_trace(result.timeline, args.trace)
     if args.json:
