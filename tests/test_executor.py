@@ -18,7 +18,7 @@ from torch import nn
 
 from pipewright.deps import CORE_KINDS
 from pipewright.errors import PipewrightError
-from pipewright.ir import REDUCE_GRAD, STEP, Action, B, KindSpec, W
+from pipewright.ir import REDUCE_GRAD, Action, KindSpec, Schedule, W, v_placement
 from pipewright.passes import lower
 from pipewright.passes.grad_reduce import add_grad_reduction
 from pipewright.runtime import (
@@ -109,15 +109,18 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _cases_8() -> list[tuple[str, tuple[int, int, int], int, int]]:
-    """(schedule, (dp, pp, tp), v, m) for every synchronous schedule, layout and supported v ≤ 2."""
+    """(schedule, (dp, pp, tp), v, m) for every synchronous schedule, layout and supported v ≤ 2,
+    plus a hand-written V-placement schedule with split backward (local hand-offs, I and W)."""
     cases = []
-    for name in schedule_names():
-        entry = info(name)
-        if not entry.synchronous:
+    for name in (*schedule_names(), V_SPLIT):
+        entry = None if name == V_SPLIT else info(name)
+        if entry is not None and not entry.synchronous:
             continue
         for dp, pp, tp in LAYOUTS_8:
             for v in (1, 2):
-                if entry.chunks is not None and v not in entry.chunks:
+                if (entry is None and v != 2) or (
+                    entry is not None and entry.chunks is not None and v not in entry.chunks
+                ):
                     continue
                 m = _microbatches(name, pp, v)
                 if m is not None:
@@ -125,7 +128,30 @@ def _cases_8() -> list[tuple[str, tuple[int, int, int], int, int]]:
     return cases
 
 
+V_SPLIT = "v-gpipe-split"
+
+
+def v_gpipe_split(p: int, m: int) -> Schedule:
+    """V placement (rank r holds stages r and 2p−1−r): all forwards down and up the V, then input
+    gradients back, then all weight gradients. Exercises local hand-offs and deferred W."""
+    placement = v_placement(p)
+    rows = []
+    for r in range(p):
+        first, second = r, 2 * p - 1 - r
+        row = [Action(first, "F", k) for k in range(m)] + [Action(second, "F", k) for k in range(m)]
+        row += [Action(second, "I", k) for k in range(m)] + [Action(first, "I", k) for k in range(m)]
+        row += [Action(s, W, k) for s in (second, first) for k in range(m)]
+        rows.append(row)
+    return Schedule(V_SPLIT, p, 2 * p, m, placement, tuple(map(tuple, rows)))
+
+
+def _build(name: str, p: int, m: int, v: int) -> Schedule:
+    return v_gpipe_split(p, m) if name == V_SPLIT else build_schedule(name, p, m, v)
+
+
 def _microbatches(name: str, p: int, v: int) -> int | None:
+    if name == V_SPLIT:
+        return p
     for m in range(max(2, p), 4 * p + 1):
         try:
             check_args(name, p, m, v)
@@ -135,20 +161,23 @@ def _microbatches(name: str, p: int, v: int) -> int | None:
     return None
 
 
+def _executor(schedule: Schedule, mesh: ParallelMesh, stages: list[Stage], **kwargs) -> PipelineExecutor:
+    mine = {s: stages[s] for s in schedule.stages_of(mesh.pp_rank)}
+    kwargs.setdefault("recv_timeout_s", 60)
+    return PipelineExecutor(schedule, mesh, mine, loss_fn=loss_fn, boundary_shape=(MB, SEQ, HIDDEN), **kwargs)
+
+
 def _run_case(mesh: ParallelMesh, name: str, v: int, m: int, seed: int) -> dict:
-    schedule = build_schedule(name, mesh.pp, m, v)
+    schedule = _build(name, mesh.pp, m, v)
     stages = make_stages(schedule.num_stages, seed)
     tokens, targets = make_batch(mesh.dp, m, seed)
     ref_losses, ref_grads = reference(stages, tokens, targets)
-    mine = {s: stages[s] for s in schedule.stages_of(mesh.pp_rank)}
-    ex = PipelineExecutor(
-        schedule, mesh, mine, loss_fn=loss_fn, boundary_shape=(MB, SEQ, HIDDEN), recv_timeout_s=60
-    )
+    ex = _executor(schedule, mesh, stages)
     d = mesh.dp_rank
     losses = ex.run(tokens[d], targets[d])
-    errs = [rel_err(p.grad, ref_grads[s][n]) for s, st in mine.items() for n, p in st.named_parameters()]
+    errs = [rel_err(p.grad, ref_grads[s][n]) for s, st in ex.stages.items() for n, p in st.named_parameters()]
     result = {"grad_err": max(errs), "num_params": len(errs), "loss_err": 0.0, "losses": len(losses)}
-    if schedule.num_stages - 1 in mine:
+    if schedule.num_stages - 1 in ex.stages:
         result["loss_err"] = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses[d], strict=True))
     return result
 
@@ -159,6 +188,7 @@ def _worker_8(rank: int, cases: list) -> dict:
         if layout not in meshes:
             meshes[layout] = ParallelMesh.build(*layout)
         results[(name, layout, v, m)] = _run_case(meshes[layout], name, v, m, seed=len(results))
+    results["misc"] = _misc_checks(rank, meshes[(1, 2, 4)])
     return results
 
 
@@ -176,7 +206,8 @@ def results_8() -> list[dict]:
 )
 def test_executor_matches_single_process_reference(results_8, case) -> None:
     name, (dp, pp, tp), v, m = case
-    last_pp = _last_rank(name, pp, v, m)
+    sched = _build(name, pp, m, v)
+    last_pp = sched.rank_of(sched.num_stages - 1)
     for rank, res in enumerate(results_8):
         r = res[case]
         assert r["num_params"] > 0
@@ -186,71 +217,51 @@ def test_executor_matches_single_process_reference(results_8, case) -> None:
         assert r["losses"] == (m if holds_last else 0)
 
 
-def _last_rank(name: str, pp: int, v: int, m: int) -> int:
-    sched = build_schedule(name, pp, m, v)
-    return sched.rank_of(sched.num_stages - 1)
-
-
-# -- two-process checks: timeline, extension kinds, asynchronous steps, overhead, timeout ------------
-def _worker_2(rank: int) -> dict:
+# -- timeline, extension kinds, asynchronous steps, timeout: pp = 2 (× tp 4 replicas) ---------------
+def _misc_checks(rank: int, mesh: ParallelMesh) -> dict:
     out: dict = {}
-    mesh = ParallelMesh.build(1, 2, 1)
     m = 4
-    # Measured timeline of 1F1B gathered to rank 0.
     stages = make_stages(2, 0)
     tokens, targets = make_batch(1, m, 0)
-    sched = build_schedule("1f1b", 2, m)
-    ex = PipelineExecutor(
-        sched, mesh, {rank: stages[rank]}, loss_fn=loss_fn, boundary_shape=(MB, SEQ, HIDDEN), record=True
-    )
+    # Measured timeline of 1F1B gathered to rank 0.
+    ex = _executor(build_schedule("1f1b", 2, m), mesh, stages, record=True)
     ex.run(tokens[0], targets[0])
     timeline = gather_timeline(ex.last_spans, mesh)
     if rank == 0:
         out["timeline"] = (timeline.num_ranks, timeline.source, sorted(str(s.action) for s in timeline.spans))
         out["expected"] = sorted(str(a) for row in ex.schedule.actions for a in row)
         out["ordered"] = all(s.end >= s.start for s in timeline.spans)
-    # Per-action overhead: tiny tensors, many iterations, no recording.
-    ex.record = False
-    for _ in range(3):
-        ex.run(tokens[0], targets[0])
-    n = 30
-    start = time.perf_counter()
-    for _ in range(n):
-        ex.run(tokens[0], targets[0])
-    out["per_action_s"] = (time.perf_counter() - start) / (n * len(ex.actions))
-    # Extension kind with its own handler, and per-microbatch STEP (asynchronous) calling step_fn.
+    # An extension kind with its own handler (no change to the executor).
     note = KindSpec("NOTE", requires=lambda a, s: (), compute=False)
-    rows = [[*row, Action(r, "NOTE")] for r, row in enumerate(_async_rows(sched))]
+    sched = build_schedule("1f1b", 2, m)
+    rows = [[*row, Action(r, "NOTE")] for r, row in enumerate(sched.actions)]
     ext = sched.with_actions(rows, kinds=CORE_KINDS.with_kinds(note))
-    seen, steps = [], []
-    ex = PipelineExecutor(
-        ext,
-        mesh,
-        {rank: stages[rank]},
-        loss_fn=loss_fn,
-        boundary_shape=(MB, SEQ, HIDDEN),
-        handlers={"NOTE": lambda state, a: seen.append(str(a))},
-        step_fn=lambda s, k: steps.append((s, k)),
+    seen: list[str] = []
+    _executor(ext, mesh, stages, handlers={"NOTE": lambda state, a: seen.append(str(a))}).run(
+        tokens[0], targets[0]
     )
-    ex.run(tokens[0], targets[0])
-    out["note"], out["steps"] = seen, steps
+    out["note"] = seen
+    # Asynchronous schedules: STEP(s, k) calls step_fn after each microbatch's backward.
+    out["steps"] = {}
+    for name in schedule_names():
+        if not info(name).synchronous:
+            steps: list[tuple[int, int | None]] = []
+            ex = _executor(
+                build_schedule(name, 2, m),
+                mesh,
+                stages,
+                step_fn=lambda s, k, steps=steps: steps.append((s, k)),
+            )
+            ex.run(tokens[0], targets[0])
+            out["steps"][name] = steps
     # A rank whose schedule never sends its gradients: the peer's receive must time out, named.
     dist.barrier()
     broken = lower(build_schedule("gpipe", 2, 2))
-    if rank == 1:
+    if mesh.pp_rank == 1:
         broken = broken.with_actions(
             [broken.actions[0], [a for a in broken.actions[1] if a.kind != "SEND_B"]]
         )
-    stages = make_stages(2, 1)
-    ex = PipelineExecutor(
-        broken,
-        mesh,
-        {rank: stages[rank]},
-        loss_fn=loss_fn,
-        boundary_shape=(MB, SEQ, HIDDEN),
-        recv_timeout_s=1.0,
-        validate=False,
-    )
+    ex = _executor(broken, mesh, make_stages(2, 1), recv_timeout_s=1.0, validate=False)
     tokens, targets = make_batch(1, 2, 1)
     start = time.perf_counter()
     try:
@@ -258,45 +269,37 @@ def _worker_2(rank: int) -> dict:
         out["timeout"] = None
     except RecvTimeout as e:
         out["timeout"] = (str(e), time.perf_counter() - start)
-    dist.barrier()  # rank 1 stays alive (its peer's receive must time out, not see a closed socket)
+    dist.barrier()  # pp rank 1 stays alive (its peer's receive must time out, not see a closed socket)
     return out
 
 
-def _async_rows(sched) -> list[list[Action]]:
-    """1F1B with a STEP(s, k) right after every backward (PipeDream-style asynchronous updates)."""
-    return [
-        [x for a in row for x in ((a, Action(a.stage, STEP, a.microbatch)) if a.kind == B else (a,))]
-        for row in sched.actions
-    ]
-
-
-@pytest.fixture(scope="module")
-def results_2() -> list[dict]:
-    return spawn(_worker_2, 2, backend="gloo", timeout_s=120)
-
-
 @pytest.mark.slow
-def test_measured_timeline_has_every_action(results_2) -> None:
-    num_ranks, source, actions = results_2[0]["timeline"]
+def test_measured_timeline_has_every_action(results_8) -> None:
+    num_ranks, source, actions = results_8[0]["misc"]["timeline"]
     assert (num_ranks, source) == (2, "measured")
-    assert actions == results_2[0]["expected"]
-    assert results_2[0]["ordered"]
-    print(f"executor overhead: {results_2[0]['per_action_s'] * 1e6:.0f} µs per action (gloo, 2 ranks)")
+    assert actions == results_8[0]["misc"]["expected"]
+    assert results_8[0]["misc"]["ordered"]
 
 
 @pytest.mark.slow
-def test_extension_kind_handler_and_async_steps(results_2) -> None:
-    for rank, res in enumerate(results_2):
-        assert res["note"] == [f"{rank}NOTE"]
-        assert res["steps"] == [(rank, k) for k in range(4)]
+def test_extension_kind_handler_and_async_steps(results_8) -> None:
+    for rank, res in enumerate(results_8):
+        pp_rank = rank_to_coords(rank, 1, 2, 4)[1]
+        assert res["misc"]["note"] == [f"{pp_rank}NOTE"]
+        for name, steps in res["misc"]["steps"].items():
+            assert steps == [(pp_rank, k) for k in range(4)], name
 
 
 @pytest.mark.slow
-def test_missing_send_times_out_naming_rank_action_and_peer(results_2) -> None:
-    message, waited = results_2[0]["timeout"]
-    assert message.startswith("rank 0 (pp 0): 0RECV_B0 received nothing from rank 1 (pp 1)")
-    assert waited < 30
-    assert results_2[1]["timeout"] is None
+def test_missing_send_times_out_naming_rank_action_and_peer(results_8) -> None:
+    for rank, res in enumerate(results_8):
+        if rank_to_coords(rank, 1, 2, 4)[1] == 1:
+            assert res["misc"]["timeout"] is None
+            continue
+        message, waited = res["misc"]["timeout"]
+        peer = coords_to_rank(0, 1, rank % 4, 1, 2, 4)
+        assert message.startswith(f"rank {rank} (pp 0): 0RECV_B0 received nothing from rank {peer} (pp 1)")
+        assert waited < 30
 
 
 def _dying_worker(rank: int) -> None:
@@ -363,12 +366,13 @@ def test_grad_reduction_follows_last_weight_gradient() -> None:
         assert row[-1] == Action(rank, REDUCE_GRAD)
         assert [a for a in row if a.kind != REDUCE_GRAD] == list(sched.actions[rank])
     assert add_grad_reduction(out) is out
-    # With split backward the reduction goes after the stage's last W, not its last I.
-    rows = [[Action(0, "F", 0), Action(0, "I", 0), Action(0, W, 0), Action(0, "F", 1), Action(0, "I", 1)]]
-    split = sched.with_actions(rows, num_ranks=1, num_stages=1, num_microbatches=2, placement=(0,))
-    assert add_grad_reduction(split).actions[0] == (*rows[0],)  # no W for mb 1: nothing completes stage 0
-    rows[0].append(Action(0, W, 1))
-    assert add_grad_reduction(split.with_actions(rows)).actions[0][-1] == Action(0, REDUCE_GRAD)
+    # Split backward, two stages on one rank: each reduction follows its stage's last W, not its I.
+    rows = [[Action(0, "F", 0), Action(1, "F", 0), Action(1, "I", 0), Action(1, W, 0), Action(0, "I", 0)]]
+    rows[0].append(Action(0, W, 0))
+    split = sched.with_actions(rows, num_ranks=1, num_stages=2, num_microbatches=1, placement=(0, 0))
+    reduced = add_grad_reduction(split).actions[0]
+    assert reduced[4] == Action(1, REDUCE_GRAD) and reduced[-1] == Action(0, REDUCE_GRAD)
+    assert len(reduced) == len(rows[0]) + 2
 
 
 # -- CUDA / NCCL ----------------------------------------------------------------------------------
