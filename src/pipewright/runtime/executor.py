@@ -225,6 +225,12 @@ class PipelineExecutor:
             raise LayoutError(f"schedule {schedule.name} has {schedule.num_ranks} ranks but pp = {mesh.pp}")
         schedule = lower(schedule)
         if mesh.dp > 1:
+            if any(a.kind == STEP and a.microbatch is not None for row in schedule.actions for a in row):
+                log.warning(
+                    "%s steps per microbatch but its gradients are all-reduced over dp once per iteration; "
+                    "replicas step on unreduced gradients",
+                    schedule.name,
+                )
             schedule = add_grad_reduction(schedule)
         if validate:
             validate_schedule(schedule)
@@ -256,6 +262,14 @@ class PipelineExecutor:
         self.iteration = 0
         mesh.open_channels(channel_pairs(schedule))
         self.comm = PipeComm(schedule, mesh, self._recv_spec, timeout_s=recv_timeout_s)
+
+    def global_loss(self, losses: list[float]) -> float:
+        """Collective over all ranks: the iteration's mean loss over every microbatch of every dp
+        replica (pass each rank's :meth:`run` result; ranks without the last stage pass [])."""
+        total = torch.tensor([sum(losses), len(losses)], dtype=torch.float64, device=self.device)
+        dist.all_reduce(total, group=self.mesh.pp_group)
+        dist.all_reduce(total, group=self.mesh.dp_group)
+        return (total[0] / total[1]).item()
 
     def _recv_spec(self, a: Action) -> TensorSpec:
         # RECV_F(s) receives stage s's input; RECV_B(s) the gradient of stage s's output = input of s+1.
