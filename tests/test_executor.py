@@ -173,7 +173,8 @@ def _run_case(mesh: ParallelMesh, name: str, v: int, m: int, seed: int) -> dict:
     stages = make_stages(schedule.num_stages, seed)
     tokens, targets = make_batch(mesh.dp, m, seed)
     ref_losses, ref_loss, ref_grads = reference(stages, tokens, targets)
-    ex = _executor(schedule, mesh, stages)
+    # Alternate cases post all receives at iteration start or only one action ahead.
+    ex = _executor(schedule, mesh, stages, recv_window=None if seed % 2 == 0 else 1)
     d = mesh.dp_rank
     losses = ex.run(tokens[d], targets[d])
     mean = ex.global_loss(losses)
