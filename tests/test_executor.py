@@ -176,13 +176,17 @@ def _run_case(mesh: ParallelMesh, name: str, v: int, m: int, seed: int) -> dict:
     # Alternate cases post all receives at iteration start or only one action ahead.
     ex = _executor(schedule, mesh, stages, recv_window=None if seed % 2 == 0 else 1)
     d = mesh.dp_rank
+    eval_losses = ex.evaluate(tokens[d], targets[d])
+    untouched = all(p.grad is None for st in ex.stages.values() for p in st.parameters())
     losses = ex.run(tokens[d], targets[d])
     mean = ex.global_loss(losses)
     errs = [rel_err(p.grad, ref_grads[s][n]) for s, st in ex.stages.items() for n, p in st.named_parameters()]
     result = {"grad_err": max(errs), "num_params": len(errs), "loss_err": 0.0, "losses": len(losses)}
     result["mean_loss_err"] = abs(mean - ref_loss) / ref_loss
     if schedule.num_stages - 1 in ex.stages:
-        result["loss_err"] = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses[d], strict=True))
+        pairs = [*zip(losses, ref_losses[d], strict=True), *zip(eval_losses, ref_losses[d], strict=True)]
+        result["loss_err"] = max(abs(a - b) / abs(b) for a, b in pairs)
+    result["eval_ok"] = untouched and len(eval_losses) == len(losses)
     return result
 
 
@@ -215,6 +219,7 @@ def test_executor_matches_single_process_reference(results_8, case) -> None:
     for rank, res in enumerate(results_8):
         r = res[case]
         assert r["num_params"] > 0
+        assert r["eval_ok"], f"rank {rank}: evaluate() touched gradients or lost losses"
         assert r["grad_err"] <= RTOL, f"rank {rank}: gradient differs by {r['grad_err']:.2e}"
         assert r["loss_err"] <= RTOL, f"rank {rank}: loss differs by {r['loss_err']:.2e}"
         assert r["mean_loss_err"] <= RTOL, f"rank {rank}: global loss differs by {r['mean_loss_err']:.2e}"
