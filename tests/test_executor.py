@@ -241,6 +241,15 @@ def _misc_checks(rank: int, mesh: ParallelMesh) -> dict:
         out["timeline"] = (timeline.num_ranks, timeline.source, sorted(str(s.action) for s in timeline.spans))
         out["expected"] = sorted(str(a) for row in ex.schedule.actions for a in row)
         out["ordered"] = all(s.end >= s.start for s in timeline.spans)
+    # Scatter/gather over the 4 tp ranks (they hold identical boundary tensors): same gradients.
+    sg_stages = make_stages(2, 5)
+    _, _, ref_grads = reference(sg_stages, tokens, targets)
+    ex = _executor(build_schedule("1f1b", 2, m), mesh, sg_stages, scatter_gather=True)
+    ex.run(tokens[0], targets[0])
+    st = sg_stages[mesh.pp_rank]
+    out["scatter_gather_err"] = max(
+        rel_err(p.grad, ref_grads[mesh.pp_rank][n]) for n, p in st.named_parameters()
+    )
     # An extension kind with its own handler (no change to the executor).
     note = KindSpec("NOTE", requires=lambda a, s: (), compute=False)
     sched = build_schedule("1f1b", 2, m)
@@ -289,6 +298,12 @@ def test_measured_timeline_has_every_action(results_8) -> None:
     assert (num_ranks, source) == (2, "measured")
     assert actions == results_8[0]["misc"]["expected"]
     assert results_8[0]["misc"]["ordered"]
+
+
+@pytest.mark.slow
+def test_scatter_gather_over_tp_gives_the_same_gradients(results_8) -> None:
+    for res in results_8:
+        assert res["misc"]["scatter_gather_err"] <= RTOL
 
 
 @pytest.mark.slow

@@ -199,7 +199,9 @@ class PipelineExecutor:
     stage (one tuple for all, or a dict stage → shape), ``dtype`` likewise. ``step_fn(stage, mb)`` is
     called by STEP actions (``mb`` None after a flush). ``recv_window``: receives are posted this many
     actions ahead (None: all at iteration start). ``record``: measure a span per action (on CUDA this
-    synchronises after each action).
+    synchronises after each action). ``scatter_gather`` (tp > 1, boundary tensors identical on the
+    tp ranks of a stage, as after Megatron's row-parallel all-reduce): each tp rank sends 1/tp of a
+    boundary tensor and the receivers all-gather it (Megatron-LM's scatter/gather optimisation).
     """
 
     def __init__(
@@ -218,6 +220,7 @@ class PipelineExecutor:
         recv_window: int | None = None,
         record: bool = False,
         validate: bool = True,
+        scatter_gather: bool = False,
     ) -> None:
         if schedule.num_ranks != mesh.pp:
             raise LayoutError(f"schedule {schedule.name} has {schedule.num_ranks} ranks but pp = {mesh.pp}")
@@ -259,7 +262,9 @@ class PipelineExecutor:
         self.last_spans: list[Span] = []
         self.iteration = 0
         mesh.open_channels(channel_pairs(schedule))
-        self.comm = PipeComm(schedule, mesh, self._recv_spec, timeout_s=recv_timeout_s)
+        self.comm = PipeComm(
+            schedule, mesh, self._recv_spec, timeout_s=recv_timeout_s, scatter_gather=scatter_gather
+        )
         self._eval: tuple[tuple[Action, ...], PipeComm] | None = None
 
     def global_loss(self, losses: list[float]) -> float:
@@ -307,7 +312,13 @@ class PipelineExecutor:
             )
             self._eval = (
                 sched.actions[self.pp_rank],
-                PipeComm(sched, self.mesh, self._recv_spec, timeout_s=self.comm.timeout_s),
+                PipeComm(
+                    sched,
+                    self.mesh,
+                    self._recv_spec,
+                    timeout_s=self.comm.timeout_s,
+                    scatter_gather=self.comm.scatter_gather,
+                ),
             )
         actions, comm = self._eval
         state = RunState(self, inputs, targets, actions, comm)
