@@ -13,6 +13,8 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from hypothesis import given
+from hypothesis import strategies as hs
 from torch import nn
 
 from pipewright.deps import CORE_KINDS
@@ -354,6 +356,14 @@ def test_rank_coordinates_round_trip_and_layout_errors() -> None:
     assert rank_to_coords(5, dp, pp, tp) == (0, 1, 1)  # tp fastest, then pp, then dp (Megatron order)
     with pytest.raises(LayoutError, match="2×2×2 = 8 but there are 6 processes"):
         check_layout(6, 2, 2, 2)
+
+
+@given(hs.integers(1, 4), hs.integers(1, 4), hs.integers(1, 4), hs.data())
+def test_rank_coordinates_are_a_bijection(dp: int, pp: int, tp: int, data) -> None:
+    rank = data.draw(hs.integers(0, dp * pp * tp - 1))
+    d, p, t = rank_to_coords(rank, dp, pp, tp)
+    assert (0 <= d < dp, 0 <= p < pp, 0 <= t < tp) == (True, True, True)
+    assert coords_to_rank(d, p, t, dp, pp, tp) == rank
 
 
 def test_deferred_weight_grads_equal_full_backward() -> None:

@@ -84,6 +84,11 @@ class PipeComm:
         batching the receives from one peer into one ``batch_isend_irecv``."""
         target: dict[int, int] = {}
         for a in actions:
+            if a not in self._slot:
+                raise RecvTimeout(
+                    f"rank {self.mesh.rank} (pp {self.mesh.pp_rank}): no rank's schedule sends what {a} "
+                    "receives; the schedules of the ranks disagree"
+                )
             src, i = self._slot[a]
             target[src] = max(target.get(src, 0), i + 1)
         for src, upto in sorted(target.items()):
