@@ -159,6 +159,15 @@ def closed_form_iteration_time(schedule: Schedule, cost: CostModel, comm: CommMo
 IterationTime = Callable[[Schedule, CostModel, CommModel], float]
 
 
+def simulated_iteration_time(schedule: Schedule, cost: CostModel, comm: CommModel) -> float:
+    """The discrete-event simulator's iteration time (``pipewright.sim``, branch ``sim``)."""
+    from pipewright.sim import simulate  # the simulator is optional here: not every tree has it yet
+
+    if not any(schedule.compute_actions(r) for r in range(schedule.num_ranks)):
+        raise PipewrightError(f"schedule {schedule.name!r} is not registered here; cannot simulate it")
+    return simulate(schedule, cost, comm=comm, iterations=1, step_barrier=True).iteration_time
+
+
 def table1_cost(row: Table1Row, efficiency: Efficiency = A100_EFFICIENCY) -> TransformerCost:
     """The analytical cost model of one row on a Selene-like cluster (8×HDR per DGX A100 80GB)."""
     topology = cluster(row.gpus // GPUS_PER_NODE, GPUS_PER_NODE, "a100-80gb", nics_per_node=GPUS_PER_NODE)
