@@ -4,7 +4,7 @@ import pytest
 
 from pipewright.cost import CostModel, Efficiency, Mesh, TopologyComm, TransformerCost
 from pipewright.cost.transformer import megatron_flops_per_iteration, megatron_parameters
-from pipewright.errors import ConfigError
+from pipewright.errors import ConfigError, PipewrightError
 from pipewright.ir import REDUCE_GRAD, Action, B, F, I, W
 from pipewright.models.spec import ModelSpec
 from pipewright.schedules.registry import build_schedule
@@ -101,6 +101,8 @@ def test_layout_and_errors():
         TransformerCost(SPEC, layout=(4, 2)).flops(Action(0, F, 0), schedule)
     with pytest.raises(ConfigError, match="--recompute"):
         TransformerCost(SPEC, recompute="some")
+    with pytest.raises(PipewrightError, match="v100 has no bf16 peak"):
+        TransformerCost(SPEC, gpu="v100", dtype="bf16")
     with pytest.raises(ConfigError, match="--tp 3 must divide"):
         TransformerCost(SPEC, mesh=Mesh(tp=3))
 

@@ -46,7 +46,7 @@ def test_parallel_links_are_bonded():
 def test_ring_collectives_exact():
     t = graph([("a", "b", 10.0, 1.0), ("b", "c", 10.0, 1.0), ("c", "d", 10.0, 1.0), ("d", "a", 10.0, 1.0)])
     group = ["a", "b", "c", "d"]
-    assert t.ring(group) == (10.0, 1.0)
+    assert t.ring_bandwidth(group) == (10.0, 1.0)
     # ring 2(n-1)/n·S/B + 2(n-1)α = 15 + 6; tree 2·2·(1 + 10) = 44
     assert t.collective_time("all_reduce", group, 100) == pytest.approx(21.0)
     # small message: the tree wins, 2·2·(1 + 0.1)
@@ -66,17 +66,22 @@ def test_cluster_paths_and_nic_bandwidth():
     assert (inside.bandwidth, inside.latency, inside.hops) == (300e9, 3e-6, 2)
     assert (across.bandwidth, across.latency, across.hops) == (25e9, 5e-6, 2)
     # four rings in parallel, one per NIC: 4 × 25 GB/s across; NVLink inside
-    assert t.ring(range(8))[0] == 100e9
-    assert t.ring([0, 4])[0] == 25e9
+    assert t.ring_bandwidth(range(8))[0] == 100e9
+    assert t.ring_bandwidth([0, 4])[0] == 25e9
     # one shared NIC per node: 25 GB/s for the whole node
     shared = cluster(2, 4, "a100-80gb", nics_per_node=1)
-    assert shared.ring(range(8))[0] == 25e9
+    assert shared.ring_bandwidth(range(8))[0] == 25e9
     assert shared.path(0, 4).bandwidth == 25e9 and shared.path(0, 4).hops == 4
 
 
 def test_other_builders():
     r = ring(4, kind="nvlink3")
     assert r.path(0, 2).hops == 2 and r.path(0, 3).hops == 1
+    assert r.ring_bandwidth(range(4)) == (300e9, 3e-6)
+    # each device its own host: one ring, each host's egress = its own link
+    apart = ring(4, kind="nvlink3", host=None)
+    assert apart.ring_bandwidth(range(4)) == (300e9, 3e-6)
+    assert apart.collective_time("all_reduce", range(4), 4e9) == pytest.approx(6 / 4 * 4e9 / 300e9 + 6 * 3e-6)
     local = single_host(3)
     assert local.p2p_time(0, 1, 1.8e9) == pytest.approx(1.0 + 2e-4)
     tt = two_tier(2, 2, 2, spines=2, uplinks_per_spine=1)

@@ -50,7 +50,7 @@ class Mesh:
             )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class TopologyComm:
     """:class:`~pipewright.cost.base.CommModel` over a topology: pipeline rank r is the device of global
     rank ``mesh.global_rank(r)`` (its tp-rank-0, dp-replica-0 device — the one simulated pipeline).

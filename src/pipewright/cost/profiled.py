@@ -118,7 +118,7 @@ def write_profile_csv(rows: Iterable[ProfileRow], meta: Mapping[str, object] | N
     return out.getvalue()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ProfiledCost:
     """:class:`~pipewright.cost.base.CostModel` from a measured table (format: module docstring).
 
