@@ -1,0 +1,373 @@
+"""The discrete-event simulator: a Schedule + a CostModel (+ a CommModel) → a predicted Timeline.
+
+Execution rules (see ``docs/simulator.md``):
+
+- Each rank runs its lowered actions in program order. A **compute** kind (``KindSpec.compute``: F, B,
+  I, W, STEP, extension compute kinds) occupies the rank's compute stream for ``cost.compute_time``.
+- A **send** (``comm == "send"``) does not block: when the rank reaches it (and its requirements are
+  met) it launches a transfer of ``cost.message_bytes`` bytes that lasts
+  ``comm.p2p_time(src, dst, bytes)``; the send's event completes when the data arrives.
+- A **receive** (``comm == "recv"``) takes no time; the rank waits there until its matching send's
+  data has arrived. So communication overlaps compute, and only the dependent receive waits.
+- **Link sharing**: each directed rank pair ``(src, dst)`` is one FIFO link; transfers on it run one
+  after another in the sender's program order (a transfer starts at max(issue time, link free)).
+  Transfers on different pairs never slow each other.
+- A **collective** (``comm == "collective"``, e.g. REDUCE_GRAD) runs on the rank's separate
+  collective stream for ``comm.collective_time("all_reduce", rank, bytes)``, overlapping later compute;
+  actions that require its event (STEP) wait for it.
+- Any other kind without compute or comm flags is a zero-time marker.
+- Every requirement comes from :func:`pipewright.deps.requires` / :func:`~pipewright.deps.produces`;
+  the simulator resolves each requirement once to the index of the action that produces it and never
+  re-derives a rule.
+
+Iterations: rank r starts iteration k+1 after its own iteration-k actions (program order), so each
+stage's next forward follows its previous optimizer step. With ``step_barrier=True`` every rank also
+waits for the end of iteration k on all ranks (the global optimizer-step synchronization, e.g.
+global gradient-norm clipping). Because every resource (compute stream, collective stream, link) serves
+its work in a fixed order, times are a max-plus function of the schedule and can be evaluated in any
+order that respects dependencies: ranks are advanced from a ready stack and a blocked rank is woken
+by the event it waits on — no event heap and no rescans are needed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from pipewright.cost.base import CommModel, CostModel, FreeComm
+from pipewright.deps import produces, requires
+from pipewright.errors import PipewrightError
+from pipewright.ir import Action, KindSpec, Schedule
+from pipewright.passes.lower import lower
+from pipewright.sim.memory import peak_from_deltas
+from pipewright.timeline import Span, Timeline
+
+# Action modes in the compiled program.
+_COMPUTE, _SEND, _COLLECTIVE, _WAIT = 0, 1, 2, 3
+_NOT_DONE = -1.0
+
+
+class SimulationError(PipewrightError):
+    """The schedule cannot be simulated (it deadlocks or an option is invalid)."""
+
+
+@dataclass(frozen=True)
+class _Program:
+    """A lowered schedule compiled to flat arrays over global action indices g = offset[rank] + position.
+
+    An event is identified with the action that produces it, so ``reqs[g]`` lists the global indices
+    of the actions whose completion action g waits for (``missing``: an index no action has, for
+    requirements nothing produces), and the end time of action g is the time of all its events.
+    """
+
+    offsets: list[int]
+    reqs: list[tuple[int, ...]]
+    modes: list[int]
+    durs: list[float]
+    links: list[int]  # link index of a send, -1 otherwise
+    num_links: int
+    busy: list[float]  # compute time of one iteration per rank
+    flops: float
+    model_flops: float
+    peak_memory: list[float]
+
+    @property
+    def missing(self) -> int:
+        return len(self.modes)
+
+
+def _mode(spec: KindSpec) -> int:
+    if spec.compute:
+        return _COMPUTE
+    return {"send": _SEND, "collective": _COLLECTIVE}.get(spec.comm, _WAIT)
+
+
+def _compile(schedule: Schedule, cost: CostModel, comm: CommModel) -> _Program:
+    """Resolve every requirement to its producing action and cost every action, once.
+
+    Costs are asked once per (kind, stage, payload): every microbatch of a stage costs the same. A
+    send's duration needs its destination — the rank of the action that requires its event — so sends
+    are costed after the requirements are resolved.
+    """
+    mode_of = {name: _mode(schedule.kinds[name]) for name in schedule.kinds}
+    rows = schedule.actions
+    offsets = [0]
+    for row in rows:
+        offsets.append(offsets[-1] + len(row))
+    total_actions = offsets[-1]
+    producer: dict[tuple, int] = {}
+    modes: list[int] = []
+    durs: list[float] = []
+    busy: list[float] = []
+    peaks: list[float] = []
+    sends: list[int] = []
+    compute_cost: dict[tuple, tuple[float, float, float, float]] = {}
+    flops = model_flops = 0.0
+    g = 0
+    for rank, row in enumerate(rows):
+        deltas = []
+        total = 0.0
+        for a in row:
+            mode = mode_of[a.kind]
+            for ev in produces(a, schedule):
+                producer[ev] = g
+            modes.append(mode)
+            if mode == _COMPUTE:
+                key = (a.kind, a.stage, a.payload)
+                c = compute_cost.get(key)
+                if c is None:
+                    c = compute_cost[key] = (
+                        float(cost.compute_time(a, schedule)),
+                        float(cost.flops(a, schedule)),
+                        float(cost.model_flops(a, schedule)),
+                        float(cost.activation_bytes(a, schedule)),
+                    )
+                total += c[0]
+                flops += c[1]
+                model_flops += c[2]
+                deltas.append(c[3])
+                durs.append(c[0])
+            elif mode == _COLLECTIVE:
+                nbytes = cost.message_bytes(a, schedule)
+                durs.append(float(comm.collective_time("all_reduce", rank, nbytes)))
+            else:
+                if mode == _SEND:
+                    sends.append(g)
+                durs.append(0.0)
+            g += 1
+        busy.append(total)
+        peaks.append(peak_from_deltas(deltas, float(cost.static_bytes(rank, schedule))))
+
+    destination: dict[int, int] = {}  # send g -> the rank that needs its event
+    reqs: list[tuple[int, ...]] = []
+    local = (_COMPUTE, _WAIT)
+    get = producer.get
+    for rank, row in enumerate(rows):
+        first = g = offsets[rank]
+        last = offsets[rank + 1]
+        for a in row:
+            needed = ()
+            for ev in requires(a, schedule):
+                src = get(ev, total_actions)
+                if first <= src < g:
+                    if modes[src] in local:
+                        continue  # an earlier compute/wait action of this rank ended before the clock
+                elif src < total_actions and not first <= src < last:
+                    destination[src] = rank  # produced on another rank: a send's destination
+                needed += (src,)
+            reqs.append(needed)
+            g += 1
+
+    link_id: dict[tuple[int, int], int] = {}
+    links = [-1] * total_actions
+    rank_of = [r for r, row in enumerate(rows) for _ in row] if sends else []
+    for g in sends:
+        src = rank_of[g]
+        dst = destination.get(g, src)
+        if dst != src:
+            a = rows[src][g - offsets[src]]
+            durs[g] = float(comm.p2p_time(src, dst, cost.message_bytes(a, schedule)))
+        links[g] = link_id.setdefault((src, dst), len(link_id))
+    return _Program(offsets, reqs, modes, durs, links, len(link_id), busy, flops, model_flops, peaks)
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """What :func:`simulate` predicts. Times are in the cost model's unit (seconds for real models).
+
+    ``iteration_time``: steady-state period (end of last iteration − end of first) / (iterations − 1),
+    or the makespan for one iteration. ``busy[r]``: compute time of rank r in one iteration;
+    ``bubble[r] = iteration_time − busy[r]``. ``peak_memory[r]``: static bytes + the highest running
+    sum of activation bytes over the rank's compute actions. ``flops`` / ``model_flops``: per iteration
+    (with / without recomputation). ``iteration_ends[k]``: when iteration k's last action finished.
+    The :attr:`timeline` (all iterations) is built on first access.
+    """
+
+    schedule: Schedule
+    iterations: int
+    step_barrier: bool
+    iteration_time: float
+    iteration_ends: tuple[float, ...]
+    busy: tuple[float, ...]
+    bubble: tuple[float, ...]
+    peak_memory: tuple[float, ...]
+    flops: float
+    model_flops: float
+    _starts: list[list[float]] = field(repr=False, compare=False)  # per iteration, per global index
+    _ends: list[list[float]] = field(repr=False, compare=False)
+    _program: _Program = field(repr=False, compare=False)
+
+    @property
+    def num_ranks(self) -> int:
+        return self.schedule.num_ranks
+
+    @property
+    def makespan(self) -> float:
+        """End of the last iteration (the run starts at 0)."""
+        return self.iteration_ends[-1]
+
+    @property
+    def num_actions(self) -> int:
+        """Actions simulated: lowered actions per iteration × iterations."""
+        return len(self.schedule) * self.iterations
+
+    @property
+    def bubble_fraction(self) -> float:
+        """Σ_r bubble_r / (ranks × iteration_time): idle over total, as :meth:`Timeline.bubble_fraction`."""
+        if self.iteration_time <= 0:
+            return 0.0
+        return sum(self.bubble) / (self.num_ranks * self.iteration_time)
+
+    @cached_property
+    def timeline(self) -> Timeline:
+        """Compute spans (stream "compute") and non-zero transfers/collectives (stream "comm")."""
+        sched, prog = self.schedule, self._program
+        spans: list[Span] = []
+        for rank, row in enumerate(sched.actions):
+            first = prog.offsets[rank]
+            for it in range(self.iterations):
+                starts, ends = self._starts[it], self._ends[it]
+                for g, a in enumerate(row, first):
+                    mode = prog.modes[g]
+                    if mode == _COMPUTE:
+                        spans.append(Span(rank, a, starts[g], ends[g], "compute", it))
+                    elif mode in (_SEND, _COLLECTIVE) and prog.durs[g] > 0:
+                        spans.append(Span(rank, a, starts[g], ends[g], "comm", it))
+        meta = {
+            "schedule": sched.name,
+            "iterations": self.iterations,
+            "iteration_time": self.iteration_time,
+            "step_barrier": self.step_barrier,
+        }
+        return Timeline.of(sched.num_ranks, spans, source="simulated", meta=meta)
+
+    def spans_of(self, rank: int, iteration: int = 0) -> list[tuple[Action, float, float]]:
+        """(action, start, end) of every action of ``rank`` in ``iteration`` (sends: the transfer)."""
+        first = self._program.offsets[rank]
+        s, e = self._starts[iteration], self._ends[iteration]
+        return [(a, s[g], e[g]) for g, a in enumerate(self.schedule.actions[rank], first)]
+
+
+def simulate(
+    schedule: Schedule,
+    cost: CostModel,
+    *,
+    comm: CommModel | None = None,
+    iterations: int = 1,
+    step_barrier: bool = True,
+) -> SimResult:
+    """Simulate ``iterations`` training iterations of ``schedule`` (lowered first if needed).
+
+    The schedule is not validated here (the CLI validates); a schedule that cannot finish is reported
+    with the validator's message.
+    """
+    if iterations < 1:
+        raise SimulationError(f"--iterations must be at least 1 (got {iterations})")
+    sched = lower(schedule)
+    prog = _compile(sched, cost, comm or FreeComm())
+    num_ranks = sched.num_ranks
+    clock = [0.0] * num_ranks
+    coll_free = [0.0] * num_ranks
+    link_free = [0.0] * prog.num_links
+    all_starts: list[list[float]] = []
+    all_ends: list[list[float]] = []
+    iteration_ends: list[float] = []
+    for _ in range(iterations):
+        starts, ends = _run_iteration(sched, prog, clock, coll_free, link_free)
+        all_starts.append(starts)
+        all_ends.append(ends)
+        end = max(max(ends, default=0.0), max(clock, default=0.0))
+        iteration_ends.append(end)
+        if step_barrier:
+            clock = [end] * num_ranks
+    if iterations > 1:
+        period = (iteration_ends[-1] - iteration_ends[0]) / (iterations - 1)
+    else:
+        period = iteration_ends[0]
+    return SimResult(
+        schedule=sched,
+        iterations=iterations,
+        step_barrier=step_barrier,
+        iteration_time=period,
+        iteration_ends=tuple(iteration_ends),
+        busy=tuple(prog.busy),
+        bubble=tuple(period - b for b in prog.busy),
+        peak_memory=tuple(prog.peak_memory),
+        flops=prog.flops,
+        model_flops=prog.model_flops,
+        _starts=all_starts,
+        _ends=all_ends,
+        _program=prog,
+    )
+
+
+def _run_iteration(
+    sched: Schedule,
+    prog: _Program,
+    clock: list[float],
+    coll_free: list[float],
+    link_free: list[float],
+) -> tuple[list[float], list[float]]:
+    """Advance every rank through one iteration from ``clock``; updates clocks and stream/link state.
+
+    Returns the start and end time of every action by global index (a send: its transfer).
+    """
+    n_total = prog.missing
+    starts = [0.0] * n_total
+    ends = [_NOT_DONE] * (n_total + 1)  # ends[g] is also the time of g's events; the last never comes
+    reqs, modes, durs, links, offsets = prog.reqs, prog.modes, prog.durs, prog.links, prog.offsets
+    waiting: dict[int, list[int]] = {}
+    ptr = offsets[:-1]
+    ready = list(range(len(clock) - 1, -1, -1))
+    while ready:
+        r = ready.pop()
+        g, stop, t_rank = ptr[r], offsets[r + 1], clock[r]
+        while g < stop:
+            t = t_rank
+            for e in reqs[g]:
+                te = ends[e]
+                if te < 0.0:
+                    waiting.setdefault(e, []).append(r)
+                    break
+                if te > t:
+                    t = te
+            else:
+                mode = modes[g]
+                if mode == _COMPUTE:
+                    end = t_rank = t + durs[g]
+                elif mode == _SEND:
+                    link = links[g]
+                    if link_free[link] > t:
+                        t = link_free[link]
+                    end = link_free[link] = t + durs[g]
+                elif mode == _COLLECTIVE:
+                    if coll_free[r] > t:
+                        t = coll_free[r]
+                    end = coll_free[r] = t + durs[g]
+                else:
+                    end = t_rank = t
+                starts[g] = t
+                ends[g] = end
+                if waiting:
+                    woken = waiting.pop(g, None)
+                    if woken:
+                        ready.extend(woken)
+                g += 1
+                continue
+            break
+        ptr[r] = g
+        clock[r] = t_rank
+    if any(ptr[r] < offsets[r + 1] for r in range(len(clock))):
+        _report_deadlock(sched, [ptr[r] - offsets[r] for r in range(len(clock))])
+    ends.pop()
+    return starts, ends
+
+
+def _report_deadlock(sched: Schedule, positions: list[int]) -> None:
+    from pipewright.passes.validate import validate
+
+    validate(sched)  # raises a ValidationError naming rank, position and action
+    heads = ", ".join(
+        f"rank {r} at {sched.actions[r][p]}" for r, p in enumerate(positions) if p < len(sched.actions[r])
+    )
+    raise SimulationError(f"{sched.name}: simulation stuck ({heads})")
