@@ -8,7 +8,7 @@ from pipewright.errors import ConfigError, PipewrightError
 from pipewright.ir import REDUCE_GRAD, Action, B, F, I, W
 from pipewright.models.spec import ModelSpec
 from pipewright.schedules.registry import build_schedule
-from pipewright.topology import cluster
+from pipewright.topology import cluster, heterogeneous
 
 SPEC = ModelSpec("t", layers=8, hidden=256, heads=8, vocab=1000, seq_len=128)
 NO_MEMORY = Efficiency(gemm=0.5, memory_traffic=0.0, comm=1.0)
@@ -119,3 +119,11 @@ def test_ptdp_mapping():
         comm.p2p_time(0, 2, 1)
     with pytest.raises(ConfigError, match="= 16 ranks, but topology"):
         TopologyComm(topo, Mesh(tp=2, pp=4, dp=2))
+
+
+def test_heterogeneous_devices_set_each_stage_speed():
+    topo = heterogeneous([(1, 2, "a100-80gb"), (1, 2, "h100-sxm")])
+    cost = TransformerCost(SPEC, efficiency=NO_MEMORY, mesh=Mesh(pp=4), topology=topo)
+    schedule = build_schedule("1f1b", 4, 4)
+    a100, h100 = (cost.compute_time(Action(s, F, 0), schedule) for s in (1, 2))
+    assert a100 / h100 == pytest.approx(989.5 / 312)

@@ -261,11 +261,11 @@ class TransformerCost:
             return 0.0
         if kind not in (F, B, I, W):
             return float(self.extra_times.get(kind, 0.0))
-        key = ("time", action.stage, kind, schedule.num_stages)
+        rank = schedule.rank_of(action.stage)
+        key = ("time", action.stage, kind, schedule.num_stages, rank)
         hit = self._cache.get(key)
         if hit is None:
             chunk = self._chunk(action.stage, schedule)
-            rank = schedule.rank_of(action.stage)
             gpu = self.topology.accelerator(self.comm.device(rank))
             gemm = chunk.flops[kind] / (gpu.peak(self.dtype) * self.efficiency.gemm)
             memory = chunk.traffic[kind] / gpu.memory_bandwidth
