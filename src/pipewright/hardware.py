@@ -121,7 +121,7 @@ def _cpu() -> Accelerator:
         memory = 16 * GB
     return Accelerator(
         "cpu",
-        _frozen({"fp32": CPU_FLOPS_PER_CORE, "bf16": CPU_FLOPS_PER_CORE}),
+        _frozen({"fp32": CPU_FLOPS_PER_CORE}),
         memory,
         20 * GB,
         source="measured on this machine: 90 GFLOP/s fp32 per core; memory from sysconf; "

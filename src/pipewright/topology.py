@@ -126,7 +126,7 @@ class Topology:
         self._adj = bonded
         self._paths: dict[tuple[str, str], PathInfo | None] = {}
         self._rings: dict[tuple[str, ...], tuple[float, float]] = {}
-        self._boundary: dict[str | None, float] | None = None
+        self._boundary: dict[str, float] | None = None
         self._offhost: dict[str, float] = {}
 
     # -- lookup -----------------------------------------------------------------------------------
@@ -232,15 +232,20 @@ class Topology:
             self.path(names[0], d)
 
     # -- collectives --------------------------------------------------------------------------------
-    def _egress(self, host: str | None, members: Sequence[str]) -> float:
+    def _home(self, name: str) -> str:
+        """The node's host, or a host of its own when it has none."""
+        host = self.nodes[name].host
+        return host if host is not None else f"\0{name}"
+
+    def _egress(self, host: str, members: Sequence[str]) -> float:
         """Bandwidth the group's ``members`` on ``host`` can push off it: the smaller of the bandwidth of
         all links leaving the host and the sum of the members' widest paths to a link leaving it."""
         if self._boundary is None:
-            boundary: dict[str | None, float] = {}
+            boundary: dict[str, float] = {}
             for u, nbrs in self._adj.items():
-                hu = self.nodes[u].host
+                hu = self._home(u)
                 for v, (bw, _) in nbrs.items():
-                    if self.nodes[v].host != hu:
+                    if self._home(v) != hu:
                         boundary[hu] = boundary.get(hu, 0.0) + bw
             self._boundary = boundary
         return min(self._boundary.get(host, 0.0), sum(self._off_host(m) for m in members))
@@ -249,7 +254,7 @@ class Topology:
         """Widest bottleneck from ``device`` to any node off its host, searching inside the host only."""
         if device in self._offhost:
             return self._offhost[device]
-        host = self.nodes[device].host
+        host = self._home(device)
         width = {device: math.inf}
         heap: list[tuple[float, str]] = [(-math.inf, device)]
         best = 0.0
@@ -259,7 +264,7 @@ class Topology:
                 continue
             for v, (bw, _) in self._adj[u].items():
                 w = min(-neg, bw)
-                if self.nodes[v].host != host:
+                if self._home(v) != host:
                     best = max(best, w)
                 elif w > width.get(v, 0.0):
                     width[v] = w
@@ -267,25 +272,25 @@ class Topology:
         self._offhost[device] = best
         return best
 
-    def ring(self, group: Sequence[str | int]) -> tuple[float, float]:
+    def ring_bandwidth(self, group: Sequence[str | int]) -> tuple[float, float]:
         """(bus bandwidth B, per-step latency α) of a ring over ``group`` (see the module docstring)."""
         names = tuple(self.device(d) for d in group)
         if names in self._rings:
             return self._rings[names]
         order = {d: i for i, d in enumerate(names)}
-        hosts: dict[str | None, list[str]] = {}
+        hosts: dict[str, list[str]] = {}
         for d in names:
-            hosts.setdefault(self.nodes[d].host, []).append(d)
-        ring = sorted(names, key=lambda d: (str(self.nodes[d].host), order[d]))
-        egress: dict[str | None, float] = {}
+            hosts.setdefault(self._home(d), []).append(d)
+        ring = sorted(names, key=lambda d: (self._home(d), order[d]))
+        egress: dict[str, float] = {}
         bandwidth, alpha = math.inf, 0.0
         for u, v in zip(ring, ring[1:] + ring[:1], strict=True):
             if u == v:
                 continue
             p = self.path(u, v)
             alpha = max(alpha, p.latency)
-            hu, hv = self.nodes[u].host, self.nodes[v].host
-            if hu == hv and hu is not None:
+            hu, hv = self._home(u), self._home(v)
+            if hu == hv:
                 bandwidth = min(bandwidth, p.bandwidth)
                 continue
             for h in (hu, hv):
@@ -303,7 +308,7 @@ class Topology:
             raise PipewrightError(f"unknown collective {kind!r}; choose one of: {', '.join(COLLECTIVES)}")
         if n <= 1 or nbytes <= 0:
             return 0.0
-        bw, alpha = self.ring(group)
+        bw, alpha = self.ring_bandwidth(group)
         steps = math.ceil(math.log2(n))
         if kind == "all_reduce":
             ring = 2 * (n - 1) / n * nbytes / bw + 2 * (n - 1) * alpha

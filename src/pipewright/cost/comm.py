@@ -50,7 +50,7 @@ class Mesh:
             )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class TopologyComm:
     """:class:`~pipewright.cost.base.CommModel` over a topology: pipeline rank r is the device of global
     rank ``mesh.global_rank(r)`` (its tp-rank-0, dp-replica-0 device — the one simulated pipeline).
@@ -70,6 +70,10 @@ class TopologyComm:
         self.mesh.check(self.topology)
 
     def device(self, rank: int) -> str:
+        if not 0 <= rank < self.mesh.pp:
+            raise ConfigError(
+                f"pipeline rank {rank} is outside the mesh's pp = {self.mesh.pp}; set --pp to the stages"
+            )
         return self.topology.devices[self.mesh.global_rank(rank)]
 
     def p2p_time(self, src: int, dst: int, nbytes: float) -> float:
@@ -78,10 +82,12 @@ class TopologyComm:
         return self.topology.p2p_time(self.device(src), self.device(dst), nbytes / self.bandwidth_efficiency)
 
     def collective_time(self, kind: str, rank: int, nbytes: float) -> float:
+        self.device(rank)
         group = [self.topology.devices[g] for g in self.mesh.dp_group(rank)]
         return self.topology.collective_time(kind, group, nbytes / self.bandwidth_efficiency)
 
     def tp_all_reduce_time(self, rank: int, nbytes: float) -> float:
         """A ring all-reduce of ``nbytes`` over pipeline rank ``rank``'s tensor-parallel group."""
+        self.device(rank)
         group = [self.topology.devices[g] for g in self.mesh.tp_group(rank)]
         return self.topology.collective_time("all_reduce", group, nbytes / self.bandwidth_efficiency)

@@ -3,10 +3,10 @@ each row's TFLOP/s per GPU — the fidelity check of the cost model.
 
 Each row runs on Selene (DGX A100 80GB: 8 GPUs on NVSwitch, 8 × HDR InfiniBand per node), fp16, full
 recomputation, sequence 2048, vocabulary 51200, PTD-P rank order, the 1F1B schedule (interleaved with v
-chunks per rank where v > 1). The iteration time comes from :func:`closed_form_iteration_time` (until the
-discrete-event simulator replaces it: pass ``iteration_time=simulated_iteration_time``); TFLOP/s per GPU
-= :func:`~pipewright.cost.transformer.megatron_flops_per_iteration` / (iteration time × GPUs), the
-paper's own accounting.
+chunks per rank where v > 1). The iteration time comes from the discrete-event simulator
+(:func:`simulated_iteration_time`) or Megatron's closed form (:func:`closed_form_iteration_time`);
+TFLOP/s per GPU = :func:`~pipewright.cost.transformer.megatron_flops_per_iteration` / (iteration time ×
+GPUs), the paper's own accounting.
 """
 
 from __future__ import annotations
@@ -159,6 +159,15 @@ def closed_form_iteration_time(schedule: Schedule, cost: CostModel, comm: CommMo
 IterationTime = Callable[[Schedule, CostModel, CommModel], float]
 
 
+def simulated_iteration_time(schedule: Schedule, cost: CostModel, comm: CommModel) -> float:
+    """The discrete-event simulator's iteration time (one iteration, optimizer step behind a barrier)."""
+    from pipewright.sim import simulate
+
+    if not any(schedule.compute_actions(r) for r in range(schedule.num_ranks)):
+        raise PipewrightError(f"schedule {schedule.name!r} is not registered here; cannot simulate it")
+    return simulate(schedule, cost, comm=comm, iterations=1, step_barrier=True).iteration_time
+
+
 def table1_cost(row: Table1Row, efficiency: Efficiency = A100_EFFICIENCY) -> TransformerCost:
     """The analytical cost model of one row on a Selene-like cluster (8×HDR per DGX A100 80GB)."""
     topology = cluster(row.gpus // GPUS_PER_NODE, GPUS_PER_NODE, "a100-80gb", nics_per_node=GPUS_PER_NODE)
@@ -176,21 +185,26 @@ def table1_cost(row: Table1Row, efficiency: Efficiency = A100_EFFICIENCY) -> Tra
 def predict_table1_row(
     row: Table1Row,
     efficiency: Efficiency = A100_EFFICIENCY,
-    iteration_time: IterationTime = closed_form_iteration_time,
+    iteration_time: IterationTime | None = None,
 ) -> float:
-    """Predicted TFLOP/s per GPU of ``row`` = Megatron's FLOPs per iteration / (iteration time × GPUs)."""
+    """Predicted TFLOP/s per GPU of ``row`` = Megatron's FLOPs per iteration / (iteration time × GPUs).
+
+    ``iteration_time``: the discrete-event simulator by default (:func:`simulated_iteration_time`), or
+    :func:`closed_form_iteration_time`."""
     cost = table1_cost(row, efficiency)
-    seconds = iteration_time(table1_schedule(row), cost, cost.comm)
+    seconds = (iteration_time or simulated_iteration_time)(table1_schedule(row), cost, cost.comm)
     flops = megatron_flops_per_iteration(row.spec(), row.global_batch, "full")
     return flops / (seconds * row.gpus) / 1e12
 
 
 def table1_errors(
-    rows: Iterable[Table1Row] = TABLE1, efficiency: Efficiency = A100_EFFICIENCY
+    rows: Iterable[Table1Row] = TABLE1,
+    efficiency: Efficiency = A100_EFFICIENCY,
+    iteration_time: IterationTime | None = None,
 ) -> list[tuple[Table1Row, float, float]]:
     """(row, predicted TFLOP/s per GPU, relative error vs published) for each row."""
     out = []
     for row in rows:
-        predicted = predict_table1_row(row, efficiency)
+        predicted = predict_table1_row(row, efficiency, iteration_time)
         out.append((row, predicted, predicted / row.tflops_per_gpu - 1))
     return out

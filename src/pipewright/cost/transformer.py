@@ -138,7 +138,7 @@ class _Chunk:
     params: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class TransformerCost:
     """Analytical :class:`~pipewright.cost.base.CostModel` (formulas: module docstring).
 
@@ -177,6 +177,8 @@ class TransformerCost:
         topology = self.topology or default_topology(self.gpu, self.mesh.size)
         object.__setattr__(self, "topology", topology)
         object.__setattr__(self, "comm", TopologyComm(topology, self.mesh, self.efficiency.comm))
+        for rank in range(self.mesh.pp):
+            topology.accelerator(self.comm.device(rank)).peak(self.dtype)  # one-line error if it has none
 
     # -- per-chunk tables ---------------------------------------------------------------------------
     def layers_of(self, schedule: Schedule) -> tuple[int, ...]:
@@ -259,11 +261,11 @@ class TransformerCost:
             return 0.0
         if kind not in (F, B, I, W):
             return float(self.extra_times.get(kind, 0.0))
-        key = ("time", action.stage, kind, schedule.num_stages)
+        rank = schedule.rank_of(action.stage)
+        key = ("time", action.stage, kind, schedule.num_stages, rank)
         hit = self._cache.get(key)
         if hit is None:
             chunk = self._chunk(action.stage, schedule)
-            rank = schedule.rank_of(action.stage)
             gpu = self.topology.accelerator(self.comm.device(rank))
             gemm = chunk.flops[kind] / (gpu.peak(self.dtype) * self.efficiency.gemm)
             memory = chunk.traffic[kind] / gpu.memory_bandwidth

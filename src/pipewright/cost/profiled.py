@@ -1,0 +1,288 @@
+"""ProfiledCost: measured per-action times behind the CostModel interface.
+
+**Profile format** (what ``pipewright profile`` writes). CSV, one measurement per row, ``#`` lines are
+comments; the first non-comment line is the header::
+
+    # model=gpt-tiny device=cpu seq_len=64 dtype=fp32
+    layer_type,microbatch_size,kind,seconds,bytes
+    embedding,1,F,0.00011,16384
+    layer,1,F,0.00102,296960
+    layer,1,B,0.00201,
+    output,1,F,0.00034,65536
+    layer,1,PARAMS,0,201216
+    layer,1,MESSAGE,0,16384
+
+- ``layer_type``: ``embedding`` (chunk 0), ``layer`` (one transformer layer; a chunk holds several),
+  ``output`` (logit layer + loss, last chunk).
+- ``kind``: an action kind — F, B, I, W, or an extension kind (``KFAC_KRON``, ``KFAC_INV``,
+  ``KFAC_PREC``, …) — with its ``seconds`` for one microbatch of ``microbatch_size`` sequences; and two
+  size-only kinds: ``PARAMS`` (``bytes`` = static memory — parameters, gradients, optimizer state — of
+  one ``layer_type``) and ``MESSAGE`` (``bytes`` a stage sends to the next per microbatch).
+- ``bytes`` (optional column) on an F row: the activation memory that forward keeps until its backward.
+
+The JSON form holds the same rows: ``{"format": "pipewright-profile", "version": 1, "meta": {...},
+"rows": [{"layer_type": "layer", "microbatch_size": 1, "kind": "F", "seconds": 0.001, "bytes": 0}]}``.
+
+**Filling gaps.** Where only B is measured, I = W = B/2; where I and W are, B = I + W. A layer type
+without a row for a kind costs 0 for it. Activation memory: F adds its bytes, B frees them, I frees
+them all and W nothing (without a measured split). An extension kind's action costs the per-layer
+value times the chunk's layers, or one layer's value when the action's payload names a layer.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from pipewright.cost.transformer import uniform_layout
+from pipewright.errors import ConfigError
+from pipewright.ir import RECV_B, RECV_F, REDUCE_GRAD, SEND_B, SEND_F, Action, B, F, I, Schedule, W
+
+FORMAT = "pipewright-profile"
+LAYER_TYPES = ("embedding", "layer", "output")
+COLUMNS = ("layer_type", "microbatch_size", "kind", "seconds", "bytes")
+PARAMS = "PARAMS"
+MESSAGE = "MESSAGE"
+KFAC_KINDS = ("KFAC_KRON", "KFAC_INV", "KFAC_PREC")
+
+#: Layers of the models PipeFisher profiled (T5: encoder + decoder blocks).
+PIPEFISHER_LAYERS: Mapping[str, int] = MappingProxyType(
+    {"bert-base": 12, "bert-large": 24, "opt-125m": 12, "opt-350m": 24, "t5-base": 24, "t5-large": 48}
+)
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ProfileRow:
+    layer_type: str
+    microbatch_size: int
+    kind: str
+    seconds: float = 0.0
+    bytes: float = 0.0
+
+
+def _row(item: Mapping[str, Any], where: str) -> ProfileRow:
+    try:
+        row = ProfileRow(
+            str(item["layer_type"]),
+            int(item["microbatch_size"]),
+            str(item["kind"]),
+            float(item.get("seconds") or 0.0),
+            float(item.get("bytes") or 0.0),
+        )
+    except (KeyError, TypeError, ValueError):
+        raise ConfigError(
+            f"{where}: needs layer_type, microbatch_size, kind and numeric seconds/bytes"
+        ) from None
+    if row.layer_type not in LAYER_TYPES:
+        raise ConfigError(f"{where}: layer_type {row.layer_type!r} is not one of {', '.join(LAYER_TYPES)}")
+    return row
+
+
+def read_profile_csv(text: str) -> tuple[tuple[ProfileRow, ...], dict[str, str]]:
+    """Rows and ``key=value`` metadata from the comment lines of a profile CSV."""
+    meta: dict[str, str] = {}
+    lines = []
+    for line in text.splitlines():
+        if line.startswith("#"):
+            for token in line[1:].split():
+                if "=" in token:
+                    k, v = token.split("=", 1)
+                    meta[k] = v
+        elif line.strip():
+            lines.append(line)
+    reader = csv.DictReader(lines)
+    missing = {"layer_type", "microbatch_size", "kind"} - set(reader.fieldnames or ())
+    if missing:
+        raise ConfigError(
+            f"profile CSV lacks column(s) {', '.join(sorted(missing))}; header is {','.join(COLUMNS)}"
+        )
+    return tuple(_row(item, f"profile line {i + 2}") for i, item in enumerate(reader)), meta
+
+
+def write_profile_csv(rows: Iterable[ProfileRow], meta: Mapping[str, object] | None = None) -> str:
+    out = io.StringIO()
+    if meta:
+        out.write("# " + " ".join(f"{k}={v}" for k, v in meta.items()) + "\n")
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(COLUMNS)
+    for r in rows:
+        writer.writerow([r.layer_type, r.microbatch_size, r.kind, repr(r.seconds), repr(r.bytes)])
+    return out.getvalue()
+
+
+@dataclass(frozen=True, eq=False)
+class ProfiledCost:
+    """:class:`~pipewright.cost.base.CostModel` from a measured table (format: module docstring).
+
+    ``microbatch``: the microbatch size whose rows are used. ``layers``: the model's transformer layers,
+    split over a schedule's stages by ``layout`` (or uniformly). ``grad_bytes_per_param_byte``: the
+    REDUCE_GRAD size as a fraction of a chunk's PARAMS bytes (default 1: PARAMS then means gradient bytes).
+    """
+
+    rows: tuple[ProfileRow, ...]
+    microbatch: int
+    layers: int
+    layout: Sequence[int] | None = None
+    grad_bytes_per_param_byte: float = 1.0
+    meta: Mapping[str, str] = field(default_factory=dict)
+    _table: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        sizes = sorted({r.microbatch_size for r in self.rows})
+        if self.microbatch not in sizes:
+            listed = ", ".join(map(str, sizes)) or "none"
+            raise ConfigError(f"the profile has no microbatch size {self.microbatch}; measured: {listed}")
+        for r in self.rows:
+            if r.microbatch_size == self.microbatch:
+                self._table[r.layer_type, r.kind] = (r.seconds, r.bytes)
+
+    # -- construction -------------------------------------------------------------------------------
+    @classmethod
+    def load(cls, path: str | Path, microbatch: int, layers: int, **kwargs: Any) -> ProfiledCost:
+        """Read a profile CSV (``.csv``) or JSON (``.json``)."""
+        try:
+            text = Path(path).read_text()
+        except OSError as exc:
+            raise ConfigError(f"cannot read profile {path}: {exc.strerror}") from None
+        if str(path).endswith(".json"):
+            rows, meta = cls.parse_json(text)
+        else:
+            rows, meta = read_profile_csv(text)
+        return cls(rows, microbatch, layers, meta=meta, **kwargs)
+
+    @staticmethod
+    def parse_json(text: str) -> tuple[tuple[ProfileRow, ...], dict[str, str]]:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"profile is not valid JSON: {exc.msg} (line {exc.lineno})") from None
+        if (
+            not isinstance(data, dict)
+            or data.get("format") != FORMAT
+            or not isinstance(data.get("rows"), list)
+        ):
+            raise ConfigError(f'not a profile: expected "format": "{FORMAT}" and a "rows" list')
+        rows = tuple(_row(item, f"profile row {i}") for i, item in enumerate(data["rows"]))
+        return rows, {str(k): str(v) for k, v in data.get("meta", {}).items()}
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "version": 1,
+            "meta": dict(self.meta),
+            "rows": [asdict(r) for r in self.rows],
+        }
+
+    @classmethod
+    def from_pipefisher(
+        cls,
+        model: str,
+        gpu: str,
+        bs: int,
+        layers: int | None = None,
+        directory: str | Path | None = None,
+        **kwargs: Any,
+    ) -> ProfiledCost:
+        """PipeFisher's per-block profile ``<model>_time_memory_<gpu>.csv`` (Osawa et al., MLSys 2023; a
+        copy ships in ``pipewright/cost/profiles/pipefisher``): time_f → F, time_b → B (I = W = B/2),
+        time_kron/time_inv/time_prec → KFAC_KRON/KFAC_INV/KFAC_PREC, all ms → s; mem_act → F bytes,
+        mem_param → PARAMS bytes (MiB → bytes). Only transformer blocks are profiled (no embedding or
+        output rows). ``layers`` defaults to the model's block count."""
+        name = f"{model}_time_memory_{gpu}.csv"
+        if directory is None:
+            source = resources.files("pipewright.cost").joinpath("profiles", "pipefisher", name)
+        else:
+            source = Path(directory) / name
+        try:
+            text = source.read_text()
+        except (OSError, FileNotFoundError):
+            models = ", ".join(PIPEFISHER_LAYERS)
+            raise ConfigError(
+                f"no PipeFisher profile for {model!r} on {gpu!r}; models: {models}; GPUs: p100, v100, rtx3090"
+            ) from None
+        rows: list[ProfileRow] = []
+        for item in csv.DictReader(text.splitlines()):
+            b = int(item["bs"])
+            ms = {
+                k: float(item[k]) / 1000 for k in ("time_f", "time_b", "time_kron", "time_inv", "time_prec")
+            }
+            rows += [
+                ProfileRow("layer", b, F, ms["time_f"], float(item["mem_act"]) * MIB),
+                ProfileRow("layer", b, B, ms["time_b"]),
+                ProfileRow("layer", b, "KFAC_KRON", ms["time_kron"]),
+                ProfileRow("layer", b, "KFAC_INV", ms["time_inv"]),
+                ProfileRow("layer", b, "KFAC_PREC", ms["time_prec"]),
+                ProfileRow("layer", b, PARAMS, 0.0, float(item["mem_param"]) * MIB),
+            ]
+        if layers is None:
+            layers = PIPEFISHER_LAYERS.get(model, 1)
+        meta = {"model": model, "device": gpu, "seq_len": "128", "source": "PipeFisher (Osawa et al. 2023)"}
+        return cls(tuple(rows), bs, layers, meta=meta, **kwargs)
+
+    # -- lookups -----------------------------------------------------------------------------------
+    def time(self, layer_type: str, kind: str) -> float:
+        """Seconds of ``kind`` for one ``layer_type`` at this microbatch size, gaps filled (docstring)."""
+        hit = self._table.get((layer_type, kind))
+        if hit is not None:
+            return hit[0]
+        if kind in (I, W) and (layer_type, B) in self._table:
+            return self._table[layer_type, B][0] / 2
+        if kind == B and (layer_type, I) in self._table:
+            return self.time(layer_type, I) + self.time(layer_type, W)
+        return 0.0
+
+    def nbytes(self, layer_type: str, kind: str) -> float:
+        return self._table.get((layer_type, kind), (0.0, 0.0))[1]
+
+    def composition(self, stage: int, schedule: Schedule) -> dict[str, int]:
+        """How many of each layer type chunk ``stage`` holds."""
+        n = schedule.num_stages
+        layout = tuple(self.layout) if self.layout is not None else uniform_layout(self.layers, n)
+        if len(layout) != n or sum(layout) != self.layers:
+            raise ConfigError(f"layout {list(layout)} must give {n} stages summing to {self.layers} layers")
+        return {"embedding": int(stage == 0), "layer": layout[stage], "output": int(stage == n - 1)}
+
+    def _sum(self, stage: int, schedule: Schedule, value: Callable[[str], float]) -> float:
+        return sum(count * value(lt) for lt, count in self.composition(stage, schedule).items() if count)
+
+    # -- CostModel ----------------------------------------------------------------------------------
+    def compute_time(self, action: Action, schedule: Schedule) -> float:
+        if not schedule.kinds[action.kind].compute:
+            return 0.0
+        if action.kind not in (F, B, I, W) and action.payload is not None:
+            return self.time("layer", action.kind)
+        return self._sum(action.stage, schedule, lambda lt: self.time(lt, action.kind))
+
+    def message_bytes(self, action: Action, schedule: Schedule) -> float:
+        if action.kind in (SEND_F, RECV_F, SEND_B, RECV_B):
+            return self.nbytes("layer", MESSAGE)
+        if action.kind == REDUCE_GRAD:
+            params = self._sum(action.stage, schedule, lambda lt: self.nbytes(lt, PARAMS))
+            return params * self.grad_bytes_per_param_byte
+        return 0.0
+
+    def activation_bytes(self, action: Action, schedule: Schedule) -> float:
+        if action.kind not in (F, B, I):
+            return 0.0
+        kept = self._sum(action.stage, schedule, lambda lt: self.nbytes(lt, F))
+        return kept if action.kind == F else -kept
+
+    def static_bytes(self, rank: int, schedule: Schedule) -> float:
+        return sum(
+            self._sum(c, schedule, lambda lt: self.nbytes(lt, PARAMS)) for c in schedule.stages_of(rank)
+        )
+
+    def flops(self, action: Action, schedule: Schedule) -> float:
+        """Not measured: 0 (a profile knows times, not FLOPs)."""
+        return 0.0
+
+    def model_flops(self, action: Action, schedule: Schedule) -> float:
+        return 0.0

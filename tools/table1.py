@@ -1,0 +1,59 @@
+"""Print Megatron-LM Table 1, published vs predicted TFLOP/s per GPU, as a markdown table.
+
+    PYTHONPATH=src python tools/table1.py [--csv reference/megatron_table1.csv]
+
+The prediction uses the calibrated A100 efficiency (pipewright.cost.transformer.A100_EFFICIENCY), with
+the iteration time from the discrete-event simulator and, for comparison, Megatron's closed form.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from pipewright.cost.megatron import (
+    TABLE1,
+    closed_form_iteration_time,
+    load_table1,
+    predict_table1_row,
+    simulated_iteration_time,
+)
+from pipewright.cost.transformer import A100_EFFICIENCY
+
+
+def markdown(rows, efficiency=A100_EFFICIENCY) -> str:
+    lines = [
+        "| model | t | p | d | v | b | m | GPUs | published TFLOP/s "
+        "| simulated | error | closed form | error |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    worst = {"sim": 0.0, "closed": 0.0}
+    for row in rows:
+        cells = []
+        for key, timer in (("sim", simulated_iteration_time), ("closed", closed_form_iteration_time)):
+            predicted = predict_table1_row(row, efficiency, timer)
+            error = predicted / row.tflops_per_gpu - 1
+            worst[key] = max(worst[key], abs(error))
+            cells.append(f"{predicted:.1f} | {error:+.1%}")
+        lines.append(
+            f"| {row.name} | {row.tp} | {row.pp} | {row.dp} | {row.virtual_chunks} | {row.microbatch} "
+            f"| {row.microbatches} | {row.gpus} | {row.tflops_per_gpu:g} | {' | '.join(cells)} |"
+        )
+    lines.append("")
+    lines.append(
+        f"Efficiency: gemm {efficiency.gemm}, memory_traffic {efficiency.memory_traffic}, "
+        f"comm {efficiency.comm}. Largest error: {worst['sim']:.1%} simulated, "
+        f"{worst['closed']:.1%} closed form."
+    )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--csv", help="read the table from this CSV instead of the built-in copy")
+    args = parser.parse_args()
+    rows = load_table1(args.csv) if args.csv else TABLE1
+    print(markdown(rows))
+
+
+if __name__ == "__main__":
+    main()
