@@ -40,3 +40,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PipewrightError as exc:
         print(f"pipewright: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # output piped into e.g. `head`: not an error
+        sys.stderr.close()
+        return 0
