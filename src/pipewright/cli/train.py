@@ -37,6 +37,7 @@ _VALUE_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--optimizer", str, "adamw or sgd"),
     ("--seed", int, "seed for weights and data order"),
     ("--out", str, "output folder (default runs/<timestamp>)"),
+    ("--stop-after", int, "stop (with a checkpoint) after N steps; continue later with --resume"),
     ("--checkpoint-every", int, "save a checkpoint every N steps (0: only at the end)"),
     ("--eval-every", int, "validation loss every N steps (0: never)"),
     ("--recv-timeout", float, "seconds a receive may wait before the run fails"),

@@ -44,7 +44,9 @@ def model_preset(name: str) -> ModelSpec:
 class TrainConfig:
     """One training run. ``vocab`` None/0 means the dataset's vocabulary; ``layout`` None means
     :func:`~pipewright.models.layout.uniform_layout` over pp × virtual stages; ``virtual`` None means
-    the schedule's default. Global batch = microbatch_size × microbatches × dp."""
+    the schedule's default. Global batch = microbatch_size × microbatches × dp. ``stop_after``: end
+    (with a checkpoint) once that many steps are done, keeping the learning-rate schedule of ``steps``
+    (for runs split over several jobs: the next one passes ``resume``)."""
 
     model: str = "gpt-tiny"
     layers: int | None = None
@@ -74,6 +76,7 @@ class TrainConfig:
     out: str | None = None
     checkpoint_every: int = 0
     resume: bool = False
+    stop_after: int | None = None
     eval_every: int = 50
     eval_batches: int = 2
     recv_timeout_s: float = 300.0
@@ -153,6 +156,8 @@ class TrainConfig:
         for name in ("checkpoint_every", "eval_every", "warmup"):
             if int(getattr(self, name)) < 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be 0 or more")
+        if self.stop_after is not None and self.stop_after < 1:
+            raise ConfigError(f"--stop-after must be at least 1 (got {self.stop_after})")
         if self.lr <= 0:
             raise ConfigError(f"--lr must be positive (got {self.lr})")
         from pipewright.optim import OPTIMIZERS

@@ -300,7 +300,8 @@ def train_worker(rank: int, run: PreparedRun) -> TrainResult | None:
     losses: list[float] = []
     val_losses: dict[int, float] = {}
     t_run = time.perf_counter()
-    for step in range(start, c.steps):
+    end = min(c.steps, c.stop_after) if c.stop_after else c.steps
+    for step in range(start, end):
         record = trainer.train_step(step)
         done = step + 1
         if c.eval_every and (done % c.eval_every == 0 or done == c.steps):
@@ -308,7 +309,7 @@ def train_worker(rank: int, run: PreparedRun) -> TrainResult | None:
         losses.append(record["loss"])
         if writer is not None:
             writer.write(record)
-        if (c.checkpoint_every and done % c.checkpoint_every == 0) or done == c.steps:
+        if (c.checkpoint_every and done % c.checkpoint_every == 0) or done == end:
             trainer.save(done)
     wall = time.perf_counter() - t_run
     if writer is None:
