@@ -108,6 +108,14 @@ def test_build_stage_allocates_only_its_layers():
     assert sum(p.numel() for p in full.parameters()) == SPEC.num_parameters()
 
 
+def test_default_linears_can_defer_weight_gradients():
+    from pipewright.runtime.wgrad import DeferrableLinear
+
+    model = build_full(SPEC)
+    assert isinstance(model.layers["0"].attn.qkv, DeferrableLinear)
+    assert isinstance(model.head.out, DeferrableLinear)
+
+
 def test_linear_factory_sees_every_kind():
     seen = []
 

@@ -9,9 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from pipewright.cli import main
+from pipewright.data import open_dataset
 from pipewright.data.tokens import write_tokens
+from pipewright.models.gpt import build_full, loss_fn
+from pipewright.models.spec import ModelSpec
 
 TINY = ["--layers", "4", "--hidden", "32", "--heads", "4", "--seq-len", "16", "--microbatch-size", "2"]
 TINY += ["--microbatches", "4", "--eval-every", "5", "--no-progress", "--seed", "3", "--lr", "0.01"]
@@ -64,10 +68,16 @@ def test_outputs_exist_and_loss_falls(runs, capsys):
 
 
 @pytest.mark.slow
-def test_same_seed_same_losses_whatever_layout_and_schedule(runs):
+def test_same_seed_same_losses_whatever_layout_and_schedule(runs, data):
     a, _, b_first = runs
     assert len(b_first) == 5
     np.testing.assert_allclose(b_first, _losses(a)[:5], rtol=1e-6)
+    # and the first loss (before any update) is the single-process model's on the same global batch
+    spec = ModelSpec("tiny", layers=4, hidden=32, heads=4, vocab=256, seq_len=16)
+    x, y = open_dataset(data, progress=False).batch("train", 0, 8, 16, 3)
+    with torch.no_grad():
+        ref = loss_fn(build_full(spec, seed=3)(torch.from_numpy(x)), torch.from_numpy(y)).item()
+    assert _losses(a)[0] == pytest.approx(ref, rel=1e-5)
 
 
 @pytest.mark.slow

@@ -1,9 +1,10 @@
 """Pipelined training through the real trainer equals single-process training.
 
-For every synchronous schedule in the registry and layouts pp ∈ {2, 4}, dp ∈ {1, 2}, v ∈ {1, 2}: the
+For every synchronous schedule in the registry and layouts (pp, dp) ∈ {(4, 1), (2, 2), (4, 2)}, v ∈ {1, 2}
+(pp = 2, dp = 1 is covered against other layouts by test_train_cli.py, to save a spawn): the
 loss and every parameter's gradient after one iteration, and every parameter after 5 optimizer steps
 (SGD with momentum, warm-up, global-norm clipping active), match a single-process reference on the same
-data within 1e-5 relative (fp32). One spawn per world size (2, 4, 8 processes) runs all its cases.
+data within 1e-5 relative (fp32). One spawn per world size (4, 8 processes) runs all its cases.
 
 (AdamW is not used for the 5-step comparison: it divides by √v, so parameters whose gradient is
 rounding noise — the key bias, to which softmax is invariant — move by ±lr on either side.)
@@ -46,14 +47,13 @@ def _cases(data: str) -> list[TrainConfig]:
         entry = info(name)
         if not entry.synchronous:
             continue
-        for pp in (2, 4):
-            for dp in (1, 2):
-                for v in (1, 2):
-                    if entry.chunks is not None and v not in entry.chunks:
-                        continue
-                    m = next((m for m in (4, 8) if _accepts(name, pp, m, v)), None)
-                    if m is not None:
-                        cases.append(replace(base, schedule=name, pp=pp, dp=dp, virtual=v, microbatches=m))
+        for pp, dp in ((4, 1), (2, 2), (4, 2)):  # pp = 2, dp = 1 runs in test_train_cli.py
+            for v in (1, 2):
+                if entry.chunks is not None and v not in entry.chunks:
+                    continue
+                m = next((m for m in (4, 8) if _accepts(name, pp, m, v)), None)
+                if m is not None:
+                    cases.append(replace(base, schedule=name, pp=pp, dp=dp, virtual=v, microbatches=m))
     return cases
 
 
@@ -118,7 +118,7 @@ def test_pipelined_training_equals_single_process(tmp_path):
     by_world: dict[int, list[PreparedRun]] = defaultdict(list)
     for config in _cases(str(data)):
         by_world[config.world_size].append(prepare(replace(config, out=str(tmp_path / "run"))))
-    assert sum(map(len, by_world.values())) >= 16 and set(by_world) == {2, 4, 8}
+    assert sum(map(len, by_world.values())) >= 16 and set(by_world) == {4, 8}
     references: dict[int, tuple] = {}
     failures = []
     for world, runs in sorted(by_world.items()):

@@ -126,11 +126,15 @@ class TrainConfig:
 
     def model_spec(self, dataset_vocab: int | None = None) -> ModelSpec:
         """The preset with the dimension flags applied; vocab falls back to the dataset's."""
-        spec = model_preset(self.model).with_overrides(
+        preset = model_preset(self.model)
+        ffn_hidden = self.ffn_hidden
+        if ffn_hidden is None and self.hidden is not None and preset.ffn_hidden == 4 * preset.hidden:
+            ffn_hidden = 4 * self.hidden  # a preset's 4h follows a new --hidden
+        spec = preset.with_overrides(
             layers=self.layers,
             hidden=self.hidden,
             heads=self.heads,
-            ffn_hidden=self.ffn_hidden,
+            ffn_hidden=ffn_hidden,
             vocab=self.vocab or None,
             seq_len=self.seq_len,
         )

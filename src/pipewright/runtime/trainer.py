@@ -24,7 +24,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -157,6 +157,9 @@ def train(config: TrainConfig) -> TrainResult:
     if running_under_torchrun():
         run = prepare(config, world_size=int(os.environ["WORLD_SIZE"]))
         init_from_env()
+        chosen = [str(run.out_dir)]  # the default folder name has a timestamp: take rank 0's
+        dist.broadcast_object_list(chosen, src=0)
+        run = replace(run, out_dir=Path(chosen[0]))
         return train_worker(dist.get_rank(), run)
     run = prepare(config)
     results = spawn(train_worker, run.config.world_size, (run,), timeout_s=7 * 24 * 3600)
