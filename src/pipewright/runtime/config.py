@@ -11,7 +11,6 @@ from pathlib import Path
 from types import MappingProxyType
 
 from pipewright.errors import ConfigError
-from pipewright.models.layout import Layout, resolve_layout
 from pipewright.models.spec import ModelSpec
 
 #: Small GPT models that train on a CPU in minutes (vocab 0 = the dataset's vocabulary size).
@@ -179,7 +178,3 @@ def fingerprint(spec: ModelSpec, tokenizer: str) -> str:
     text = json.dumps({"model": dims, "tokenizer": tokenizer}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
-
-def stage_count_layout(config: TrainConfig, spec: ModelSpec, num_stages: int) -> Layout:
-    """The layout for ``num_stages`` stages (string from the config, else uniform), checked."""
-    return resolve_layout(config.layout, spec.layers, num_stages)

@@ -42,7 +42,7 @@ from pipewright.models.spec import ModelSpec
 from pipewright.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
 from pipewright.passes import validate
 from pipewright.runtime.checkpoint import latest_checkpoint, load_checkpoint, read_meta, save_checkpoint
-from pipewright.runtime.config import TrainConfig, fingerprint
+from pipewright.runtime.config import TrainConfig, fingerprint, model_preset
 from pipewright.runtime.executor import PipelineExecutor
 from pipewright.runtime.launch import init_from_env, running_under_torchrun, spawn
 from pipewright.runtime.mesh import ParallelMesh
@@ -103,7 +103,12 @@ def resolve_schedule(config: TrainConfig) -> Schedule:
         if config.virtual is not None and sched.num_stages != config.pp * config.virtual:
             raise ConfigError(f"schedule {name} has {sched.num_stages} stages, not pp × virtual")
         return validate(sched)
-    check_args(name, config.pp, config.microbatches, config.virtual)
+    entry, _ = check_args(name, config.pp, config.microbatches, config.virtual)
+    if not entry.synchronous:
+        raise ConfigError(
+            f"{name} is asynchronous (no pipeline flush); the trainer runs synchronous schedules: "
+            "choose e.g. 1f1b or zb-h1"
+        )
     return validate(build_schedule(name, config.pp, config.microbatches, config.virtual))
 
 
@@ -127,10 +132,11 @@ def prepare(config: TrainConfig, *, world_size: int | None = None) -> PreparedRu
         )
     if config.data is not None and not Path(config.data).exists():
         raise ConfigError(f"data file {config.data} does not exist; give an existing --data path or omit it")
+    schedule = resolve_schedule(config)
+    layers = config.layers or model_preset(config.model).layers
+    layout = resolve_layout(config.layout, layers, schedule.num_stages)  # before the (slow) data
     dataset = open_dataset(config.data, tokenizer=config.tokenizer, progress=config.progress)
     spec = config.model_spec(dataset.vocab_size)
-    schedule = resolve_schedule(config)
-    layout = resolve_layout(config.layout, spec.layers, schedule.num_stages)
     fp = fingerprint(spec, config.tokenizer)
     out_dir = Path(config.out) if config.out else default_out_dir()
     resume_from, start = None, 0
