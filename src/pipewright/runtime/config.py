@@ -177,4 +177,3 @@ def fingerprint(spec: ModelSpec, tokenizer: str) -> str:
     dims.pop("name")
     text = json.dumps({"model": dims, "tokenizer": tokenizer}, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
-
