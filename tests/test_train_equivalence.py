@@ -2,7 +2,8 @@
 
 For every synchronous schedule in the registry and layouts (pp, dp) ∈ {(4, 1), (2, 2), (4, 2)}, v ∈ {1, 2}
 (pp = 2, dp = 1 is covered against other layouts by test_train_cli.py, to save a spawn): the
-loss and every parameter's gradient after one iteration, and every parameter after 5 optimizer steps
+loss and every parameter's gradient after one iteration, every parameter after 5 optimizer steps and
+the validation loss then (a forward-only pass)
 (SGD with momentum, warm-up, global-norm clipping active), match a single-process reference on the same
 data within 1e-5 relative (fp32). One spawn per world size (4, 8 processes) runs all its cases.
 
@@ -79,6 +80,7 @@ def _worker(rank: int, runs: list[PreparedRun]) -> list | None:
             losses.append(trainer.forward_backward(step))
             trainer.optimizer_step(step)
         params = {n: p.detach().clone() for n, p in trainer.params.items()}
+        losses.append(trainer.evaluate())  # forward-only pass through the placement's stages
         gathered = [None] * dist.get_world_size() if rank == 0 else None
         dist.gather_object((losses, grads, params), gathered, dst=0)
         results.append(gathered)
@@ -104,6 +106,15 @@ def _reference(run: PreparedRun) -> tuple[list[float], dict, dict]:
         set_lr(opt, lr_at(step, lr=c.lr, warmup=c.warmup, total=c.steps, min_ratio=c.min_lr_ratio))
         clip_grad_norm_(list(params.values()), c.grad_clip)
         opt.step()
+    with torch.no_grad():  # validation loss after the last step, as Trainer.evaluate
+        val = [
+            loss_fn(model(torch.from_numpy(x)), torch.from_numpy(y)).item()
+            for x, y in (
+                dataset.batch("val", j, c.global_batch, run.spec.seq_len, c.seed)
+                for j in range(c.eval_batches)
+            )
+        ]
+    losses.append(sum(val) / len(val))
     return losses, grads0, {n: p.detach().clone() for n, p in params.items()}
 
 
