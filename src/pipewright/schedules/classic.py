@@ -1,12 +1,15 @@
-"""Classic synchronous schedules: GPipe and 1F1B (PipeDream-Flush).
+"""Classic synchronous schedules: GPipe, 1F1B (PipeDream-Flush), interleaved 1F1B and looped BFS.
 
-Notation: p ranks, m microbatches; stage s = rank s. Bubble fractions are idle over ideal time.
+Notation: p ranks, m microbatches, v model chunks per rank (stage s on rank s mod p). Bubble fractions
+are idle over ideal time; memory is peak activations per rank in microbatches of a whole rank's layers
+(one chunk-microbatch counts 1/v), exactly what :func:`pipewright.ir.peak_in_flight` reports.
 """
 
 from __future__ import annotations
 
 from fractions import Fraction
 
+from pipewright.errors import ScheduleError
 from pipewright.ir import Action, B, F, Schedule, loop_placement
 from pipewright.schedules.registry import ScheduleInfo
 
@@ -48,6 +51,97 @@ def one_f_one_b(p: int, m: int, v: int = 1) -> Schedule:
     return _schedule("1f1b", p, m, rows)
 
 
+def megatron_order(m: int, v: int, group: int) -> list[tuple[int, int]]:
+    """Megatron-Core's forward order of (microbatch, chunk) on every rank (its ``get_schedule_table``).
+
+    Microbatches go in groups of ``group`` (N): each group passes through chunk 0, then chunk 1, …,
+    then chunk v − 1 before the next group starts; the last group holds what is left (m mod N or N).
+    """
+    order: list[tuple[int, int]] = []
+    for start in range(0, m, group):
+        members = range(start, min(start + group, m))
+        order += [(k, c) for c in range(v) for k in members]
+    return order
+
+
+def check_interleaved(p: int, m: int, v: int, group: int | None = None) -> None:
+    """Megatron-Core's rules for the interleaved schedule: p ≤ N ≤ m, and m mod N is 0 or at least p
+    (a smaller last group would stall the pipeline). N defaults to p, so then m must be a multiple of p.
+    """
+    n = p if group is None else group
+    if n < p:
+        raise ScheduleError(f"interleaved-1f1b: the microbatch group N = {n} must be at least p = {p}")
+    if m < n:
+        raise ScheduleError(
+            f"interleaved-1f1b with {p} stages needs at least {n} microbatches (got {m}); "
+            f"raise --microbatches to {n} or more"
+        )
+    rest = m % n
+    if 0 < rest < p:
+        lower, upper = m - rest, m - rest + n
+        raise ScheduleError(
+            f"interleaved-1f1b groups microbatches {n} at a time and the last group of {rest} is smaller "
+            f"than p = {p}; use --microbatches {lower} or {upper}"
+        )
+
+
+def interleaved_warmup(p: int, m: int, v: int, rank: int, group: int | None = None) -> int:
+    """Warm-up forwards on ``rank`` (Megatron-Core): (p − r − 1)·2 + (v − 1)·N, capped at m·v."""
+    n = p if group is None else group
+    return min((p - rank - 1) * 2 + (v - 1) * n, m * v)
+
+
+def interleaved_1f1b(p: int, m: int, v: int = 2, group: int | None = None) -> Schedule:
+    """Interleaved 1F1B (Narayanan et al., SC21), in exactly Megatron-Core's order.
+
+    Rank r holds chunks r, r + p, …, r + (v − 1)p (loop placement). Forwards follow
+    :func:`megatron_order`; rank r first runs w = (p − r − 1)·2 + (v − 1)·N of them (capped at m·v),
+    then alternates one forward and one backward, then drains the rest of the backwards. The i-th
+    backward takes the i-th entry of the same order with the chunk mirrored (v − 1 − c): backward
+    visits the chunks in reverse. N (``group``) defaults to p; Megatron requires p ≤ N ≤ m and rejects
+    m mod N in (0, p). With v = 1 this is 1F1B with 2(p − r − 1) warm-up forwards, as PyTorch's
+    ScheduleInterleaved1F1B with one local stage.
+
+    Bubble (p − 1)/(v·m). Peak activation memory on rank r: min(w + 1, v·m) chunk-microbatches, i.e.
+    min(2(p − r − 1) + (v − 1)·N + 1, v·m)/v microbatches of the rank's layers.
+    """
+    check_interleaved(p, m, v, group)
+    order = megatron_order(m, v, p if group is None else group)
+    total = m * v
+    rows = []
+    for r in range(p):
+        forwards = [Action(c * p + r, F, k) for k, c in order]
+        backwards = [Action((v - 1 - c) * p + r, B, k) for k, c in order]
+        warm = interleaved_warmup(p, m, v, r, group)
+        row = forwards[:warm]
+        for i in range(total - warm):
+            row += [forwards[warm + i], backwards[i]]
+        row += backwards[total - warm :]
+        rows.append(row)
+    return _schedule("interleaved-1f1b", p, m, rows, v)
+
+
+def looped_bfs(p: int, m: int, v: int = 2) -> Schedule:
+    """Looped breadth-first pipeline (Lamy-Poirier, arXiv 2211.05953), as PyTorch's ScheduleLoopedBFS.
+
+    Each rank runs, for its chunks in order, the forwards of all m microbatches; then, for its chunks
+    in reverse order, the backwards of all microbatches from the last to the first.
+
+    Bubble (p − 1)/(v·m) when m ≥ p; peak activation memory m (every microbatch on every chunk).
+    """
+    rows = []
+    for r in range(p):
+        chunks = [c * p + r for c in range(v)]
+        row = [Action(s, F, k) for s in chunks for k in range(m)]
+        row += [Action(s, B, k) for s in reversed(chunks) for k in reversed(range(m))]
+        rows.append(row)
+    return _schedule("looped-bfs", p, m, rows, v)
+
+
+def _interleaved_memory(p: int, m: int, v: int) -> list[Fraction]:
+    return [Fraction(min(interleaved_warmup(p, m, v, r) + 1, m * v), v) for r in range(p)]
+
+
 SCHEDULES = (
     ScheduleInfo(
         name="gpipe",
@@ -64,5 +158,27 @@ SCHEDULES = (
         bubble="(p − 1)/m",
         memory_formula="min(p − r, m) on rank r",
         source="Narayanan et al., PipeDream-Flush / Megatron-LM, SC21",
+    ),
+    ScheduleInfo(
+        name="interleaved-1f1b",
+        build=interleaved_1f1b,
+        memory=_interleaved_memory,
+        bubble="(p − 1)/(v·m)",
+        memory_formula="min(2(p − r − 1) + (v − 1)·p + 1, v·m)/v on rank r",
+        source="Narayanan et al., Megatron-LM PTD-P, SC21; order of Megatron-Core",
+        chunks=None,
+        default_chunks=2,
+        min_microbatches=lambda p, v: p,
+        check=check_interleaved,
+    ),
+    ScheduleInfo(
+        name="looped-bfs",
+        build=looped_bfs,
+        memory=lambda p, m, v: [Fraction(m)] * p,
+        bubble="(p − 1)/(v·m) for m ≥ p",
+        memory_formula="m",
+        source="Lamy-Poirier, Breadth-First Pipeline Parallelism, MLSys 2023; PyTorch ScheduleLoopedBFS",
+        chunks=None,
+        default_chunks=2,
     ),
 )

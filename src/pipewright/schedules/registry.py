@@ -12,7 +12,7 @@ from functools import cache
 from pipewright.errors import ScheduleError
 from pipewright.ir import Schedule
 
-_FAMILIES = ("classic",)
+_FAMILIES = ("classic", "asynchronous")
 
 
 @dataclass(frozen=True)

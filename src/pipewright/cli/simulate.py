@@ -1,0 +1,217 @@
+"""``pipewright simulate``: predict an iteration of a schedule with unit costs or a model on a cluster."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from pipewright.codec import load_csv
+from pipewright.cost.base import CommModel, CostModel, FreeComm
+from pipewright.cost.unit import UnitCost
+from pipewright.errors import ConfigError
+from pipewright.ir import Action, Schedule
+from pipewright.passes import validate
+from pipewright.schedules import build_schedule, schedule_names
+from pipewright.sim import metrics, simulate
+
+#: ``--cost unit`` reads one time unit of compute as 10¹² FLOPs and a device's peak as 10¹² FLOPs per
+#: time unit, so "TFLOP/s per device" and MFU both read as the fraction of time a device computes.
+_UNIT_PEAK = 1e12
+
+
+class _UnitWork(UnitCost):
+    """Unit costs whose FLOPs are their compute time × 10¹² (see ``_UNIT_PEAK``)."""
+
+    def flops(self, action: Action, schedule: Schedule) -> float:
+        return self.compute_time(action, schedule) * _UNIT_PEAK
+
+    def model_flops(self, action: Action, schedule: Schedule) -> float:
+        return self.compute_time(action, schedule) * _UNIT_PEAK
+
+
+_DIMS = ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len")
+
+
+@dataclass(frozen=True)
+class _Setup:
+    """Everything one simulation needs, however the command line described it."""
+
+    schedule: Schedule
+    cost: CostModel
+    comm: CommModel
+    devices_per_rank: int
+    peak_flops: float | None
+    memory_limit: float | None
+    label: str
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "simulate",
+        help="predict the timeline, iteration time, bubble and memory of a pipeline schedule",
+        description="Either --schedule with --stages/--microbatches and --cost unit, or --model on a "
+        "cluster (--gpu, --nodes, --gpus-per-node, --tp/--pp/--dp, batch sizes).",
+    )
+    parser.add_argument(
+        "--schedule", required=True, help=f"schedule name ({', '.join(schedule_names())}) or CSV file"
+    )
+    parser.add_argument("--stages", "-p", type=int, help="pipeline ranks p (unit costs)")
+    parser.add_argument("--microbatches", "-m", type=int, help="microbatches per iteration m (unit costs)")
+    parser.add_argument("--virtual", "-v", type=int, default=None, help="model chunks per rank v")
+    parser.add_argument(
+        "--cost",
+        choices=["unit"],
+        default=None,
+        help="unit: F=1, B=2, I=W=1 per chunk-microbatch, free communication",
+    )
+    model = parser.add_argument_group("model on a cluster")
+    model.add_argument("--model", help="preset (gpt3-175b, gpt-tiny, …) or family (gpt, bert)")
+    for dim in _DIMS:
+        model.add_argument(f"--{dim.replace('_', '-')}", type=int, default=None, dest=dim)
+    model.add_argument("--gpu", help="accelerator kind: v100, a100-40gb, a100-80gb, h100-sxm, h200, cpu")
+    model.add_argument("--nodes", type=int, default=1)
+    model.add_argument("--gpus-per-node", type=int, default=8)
+    model.add_argument("--tp", type=int, default=1, help="tensor-parallel size t")
+    model.add_argument("--pp", type=int, default=None, help="pipeline-parallel size p")
+    model.add_argument("--dp", type=int, default=1, help="data-parallel size d")
+    model.add_argument("--microbatch-size", type=int, default=1)
+    model.add_argument("--global-batch-size", type=int, default=None)
+    model.add_argument("--recompute", choices=["full", "none"], default="none")
+    model.add_argument("--topology", help="cluster topology JSON (default: built from --nodes/--gpu)")
+    parser.add_argument("--iterations", type=int, default=1, help="iterations to simulate (steady state)")
+    parser.add_argument(
+        "--no-step-barrier",
+        action="store_true",
+        help="no global synchronization at the optimizer step (per-stage ordering only)",
+    )
+    parser.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    parser.add_argument("--png", help="write the timeline picture to this PNG file")
+    parser.add_argument("--trace", help="write a Chrome/Perfetto trace JSON to this file")
+    parser.add_argument("--enforce-memory", action="store_true", help="fail when a rank does not fit")
+    parser.set_defaults(func=run)
+
+
+def _load_schedule(name: str, stages: int | None, microbatches: int | None, virtual: int | None) -> Schedule:
+    if name not in schedule_names() and (name.endswith(".csv") or Path(name).is_file()):
+        return validate(load_csv(name))
+    if stages is None or microbatches is None:
+        raise ConfigError(f"--schedule {name} needs --stages and --microbatches (or --pp and batch sizes)")
+    return validate(build_schedule(name, stages, microbatches, virtual))
+
+
+def _unit_setup(args: argparse.Namespace) -> _Setup:
+    sched = _load_schedule(args.schedule, args.stages, args.microbatches, args.virtual)
+    return _Setup(sched, _UnitWork(per_chunk=True), FreeComm(), 1, _UNIT_PEAK, None, "cost unit")
+
+
+def _model_setup(args: argparse.Namespace) -> _Setup:
+    """Model + cluster: resolve the preset, the accelerator and the topology, then the cost models."""
+    from pipewright.cost.transformer import TopologyComm, TransformerCost
+    from pipewright.hardware import get_gpu
+    from pipewright.models.presets import resolve_model
+    from pipewright.topology import cluster, load_topology
+
+    model = resolve_model(args.model, **{d: getattr(args, d) for d in _DIMS})
+    if args.topology:
+        topo = load_topology(args.topology)
+        gpu = get_gpu(args.gpu) if args.gpu else topo.gpu
+    else:
+        if not args.gpu:
+            raise ConfigError("--model needs --gpu KIND (or --topology FILE)")
+        gpu = get_gpu(args.gpu)
+        topo = cluster(gpu, args.nodes, args.gpus_per_node)
+    t, d = args.tp, args.dp
+    p = args.pp if args.pp is not None else (args.stages or 1)
+    devices = topo.num_devices
+    if t * p * d != devices:
+        raise ConfigError(
+            f"--tp {t} × --pp {p} × --dp {d} = {t * p * d} devices, but the cluster has {devices}; "
+            "make the product equal the number of GPUs"
+        )
+    b = args.microbatch_size
+    if args.global_batch_size is not None:
+        if args.global_batch_size % (b * d):
+            raise ConfigError(
+                f"--global-batch-size {args.global_batch_size} is not a multiple of "
+                f"--microbatch-size {b} × --dp {d}"
+            )
+        m = args.global_batch_size // (b * d)
+    elif args.microbatches is not None:
+        m = args.microbatches
+    else:
+        raise ConfigError("--model needs --global-batch-size (or --microbatches)")
+    sched = _load_schedule(args.schedule, p, m, args.virtual)
+    cost = TransformerCost(
+        model, gpu, tp=t, pp=p, dp=d, microbatch_size=b, recompute=args.recompute == "full"
+    )
+    comm = TopologyComm(topo, tp=t, pp=p, dp=d)
+    label = f"{model.name} on {devices}× {gpu.name} (t={t}, p={p}, d={d}, b={b}, m={m})"
+    return _Setup(sched, cost, comm, t, gpu.peak_flops, gpu.memory_bytes, label)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.model is None and args.cost is None:
+        args.cost = "unit"
+    if args.model is not None and args.cost is not None:
+        raise ConfigError("give either --cost unit or --model, not both")
+    setup = _unit_setup(args) if args.model is None else _model_setup(args)
+    result = simulate(
+        setup.schedule,
+        setup.cost,
+        comm=setup.comm,
+        iterations=args.iterations,
+        step_barrier=not args.no_step_barrier,
+    )
+    report = metrics(
+        result,
+        num_devices_per_rank=setup.devices_per_rank,
+        peak_flops=setup.peak_flops,
+        memory_limit=setup.memory_limit,
+        enforce=args.enforce_memory,
+    )
+    if args.png or args.trace:
+        from pipewright.viz import draw_timeline, write_trace
+
+        if args.png:
+            draw_timeline(result.timeline, args.png, titles=[f"{result.schedule.name}, {setup.label}"])
+        if args.trace:
+            write_trace(result.timeline, args.trace)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(_summary(report, setup.label, unit=args.model is None))
+        for path in (args.png, args.trace):
+            if path:
+                print(f"wrote {path}")
+    return 0
+
+
+def _summary(report: dict, label: str, unit: bool) -> str:
+    def size(x: float) -> str:
+        return f"{x:g}" if unit else f"{x / 2**30:.2f} GiB"
+
+    def t(x: float) -> str:
+        return f"{x:g}" if unit else f"{x:.4f} s"
+
+    mfu = "n/a" if report["mfu"] is None else f"{100 * report['mfu']:.1f}%"
+    lines = [
+        f"{report['schedule']}, {label}, {report['iterations']} iteration(s)"
+        + ("" if report["step_barrier"] else ", no step barrier"),
+        f"iteration time      {t(report['iteration_time_s'])}",
+        f"bubble fraction     {report['bubble_fraction']:.4f}",
+        f"TFLOP/s per device  {report['tflops_per_device']:.4g}"
+        + ("  (unit costs: busy fraction)" if unit else ""),
+        f"MFU                 {mfu}",
+    ]
+    mem = report["memory"]
+    if mem["limit_bytes"] is not None and not mem["fits"]:
+        lines.append(f"DOES NOT FIT: ranks {mem['over_limit']} exceed {size(mem['limit_bytes'])} per device")
+    lines.append(f"{'rank':>4}  {'busy':>10}  {'bubble':>10}  {'bubble%':>7}  {'peak memory':>12}")
+    for r in report["per_rank"]:
+        lines.append(
+            f"{r['rank']:>4}  {t(r['busy_s']):>10}  {t(r['bubble_s']):>10}  "
+            f"{100 * r['bubble_fraction']:>6.1f}%  {size(r['peak_memory_bytes']):>12}"
+        )
+    return "\n".join(lines)

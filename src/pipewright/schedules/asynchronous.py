@@ -1,0 +1,57 @@
+"""Asynchronous schedules: no flush, each stage steps its optimizer on its own.
+
+PipeDream's 1F1B without a flush (Narayanan et al., SOSP 2019; the baseline of PipeOptim, Guan et al.
+2023): stage r runs p − r − 1 warm-up forwards, then alternates one forward and one backward, and
+updates its weights right after every backward (``STEP(r, k)``, which :mod:`pipewright.deps` lets run
+once ``W(r, k)`` is done). A forward on stage r therefore sees weights that are p − r − 1 updates older
+than those its backward meets: weight stashing keeps up to p − r versions, weight prediction
+(:mod:`pipewright.optim.prediction`) extrapolates them.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from pipewright.ir import STEP, Action, B, F, Schedule, loop_placement
+from pipewright.schedules.registry import ScheduleInfo
+
+
+def async_1f1b(p: int, m: int, v: int = 1) -> Schedule:
+    """PipeDream 1F1B without flush: min(p − r − 1, m) warm-up forwards on rank r, then F, B, STEP per
+    microbatch; the remaining backwards (each followed by its STEP) drain at the end of the window.
+
+    In steady state no rank idles (the fill and drain are paid once per run, not per iteration).
+    Peak activation memory min(p − r, m) microbatches on rank r, as 1F1B.
+    """
+    rows = []
+    for r in range(p):
+        warm = min(p - r - 1, m)
+        row = [Action(r, F, k) for k in range(warm)]
+        for k in range(m - warm):
+            row += [Action(r, F, warm + k), Action(r, B, k), Action(r, STEP, k)]
+        for k in range(m - warm, m):
+            row += [Action(r, B, k), Action(r, STEP, k)]
+        rows.append(row)
+    return Schedule(
+        name="async-1f1b",
+        num_ranks=p,
+        num_stages=p,
+        num_microbatches=m,
+        placement=loop_placement(p),
+        actions=tuple(tuple(row) for row in rows),
+        meta={"flush": False},
+    )
+
+
+SCHEDULES = (
+    ScheduleInfo(
+        name="async-1f1b",
+        build=async_1f1b,
+        memory=lambda p, m, v: [Fraction(min(p - r, m)) for r in range(p)],
+        bubble="0 in steady state (no flush)",
+        memory_formula="min(p − r, m) on rank r; up to p − r weight versions",
+        source="Narayanan et al., PipeDream, SOSP 2019; Guan et al., PipeOptim, 2023",
+        synchronous=False,
+        extra={"weight_versions": lambda p, r: p - r, "staleness": lambda p, r: p - r - 1},
+    ),
+)

@@ -1,0 +1,52 @@
+"""Activation memory over time: the running sum of each compute action's ``activation_bytes``.
+
+An action's positive delta (F) is allocated when it starts; a negative delta (B, W) is freed when it
+ends — the conservative reading for a measured timeline, and on one compute stream the same peak as
+the running sum in program order (what the simulator reports).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from pipewright.cost.base import CostModel
+from pipewright.ir import Schedule
+from pipewright.timeline import Timeline
+
+
+def peak_from_deltas(deltas: Iterable[float], static: float = 0.0) -> float:
+    """static + max(0, max prefix sum of ``deltas``): the peak of a rank's memory in program order."""
+    live = peak = 0.0
+    for d in deltas:
+        live += d
+        if live > peak:
+            peak = live
+    return static + peak
+
+
+def memory_profile(
+    timeline: Timeline, schedule: Schedule, cost: CostModel
+) -> list[list[tuple[float, float]]]:
+    """Per rank, the step function [(time, bytes in use from then on), …] over the timeline's compute
+    spans (all iterations), starting from ``cost.static_bytes``."""
+    profiles = []
+    for rank in range(timeline.num_ranks):
+        changes: list[tuple[float, int, float]] = []
+        for span in timeline.rank_spans(rank):
+            delta = float(cost.activation_bytes(span.action, schedule))
+            if delta > 0:
+                changes.append((span.start, 1, delta))
+            elif delta < 0:
+                changes.append((span.end, 0, delta))  # at equal times, frees before allocations
+        live = float(cost.static_bytes(rank, schedule))
+        steps = [(timeline.start, live)]
+        for time, _, delta in sorted(changes):
+            live += delta
+            steps.append((time, live))
+        profiles.append(steps)
+    return profiles
+
+
+def peak_memory(timeline: Timeline, schedule: Schedule, cost: CostModel) -> list[float]:
+    """Highest memory in use on each rank over the timeline (static + activations)."""
+    return [max(b for _, b in steps) for steps in memory_profile(timeline, schedule, cost)]
