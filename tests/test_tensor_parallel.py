@@ -23,6 +23,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pipewright.errors import ConfigError
+from pipewright.models.gpt import build_full, loss_fn
+from pipewright.models.spec import ModelSpec
 from pipewright.runtime import tensor_parallel as tp
 
 WORLD_SIZES = (2, 4)
@@ -338,6 +340,22 @@ def case_transformer_with_factory(group, r: int, t: int) -> Pairs:
             tp.sync_sequence_parallel_grads(model, group)
         pairs += _block_pairs(f"GPT(sp={sp})", loss, loss_ref, model, ref)
     return pairs
+
+
+def case_gpt_model_with_factory(group, r: int, t: int) -> Pairs:
+    """models/gpt.py built with tp_linear_factory (its layers take full-size init through load_full_)
+    equals the dense model: loss (vocab-parallel CE vs loss_fn) and every gradient."""
+    spec = ModelSpec("tp-test", layers=2, hidden=H, heads=HEADS, vocab=V, seq_len=S)
+    ids = torch.randint(0, V, (B, S + 1), generator=torch.Generator().manual_seed(21))
+    inp, targets = ids[:, :-1], ids[:, 1:]
+    ref = build_full(spec, seed=3, linear_factory=_dense_factory)
+    loss_ref = loss_fn(ref(inp), targets)
+    loss_ref.backward()
+    factory = tp.tp_linear_factory(group, num_heads=spec.heads)
+    model = build_full(spec, seed=3, linear_factory=factory)
+    loss = factory.cross_entropy(model(inp), targets)
+    loss.backward()
+    return _block_pairs("models/gpt.py", loss, loss_ref, model, ref)
 
 
 class _DeferStore:

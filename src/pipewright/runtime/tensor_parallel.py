@@ -63,6 +63,7 @@ __all__ = [
     "reduce_scatter_to_seq",
     "scatter_to",
     "sequence_chunk",
+    "sharded_parameters",
     "split_for_send",
     "sync_sequence_parallel_grads",
     "tp_linear_factory",
@@ -350,21 +351,12 @@ class _ShardedLinear(nn.Module):
         return _shard(full, 0, self.rank, self.tp, self.blocks) if self.bias_sharded else full.clone()
 
     @torch.no_grad()
-    def init_(
-        self,
-        weight_init: Callable[[Tensor], Any],
-        bias_init: Callable[[Tensor], Any] | None = None,
-    ) -> None:
-        """Re-initialise from full-size tensors: ``weight_init`` fills a [out, in] tensor in place (e.g.
-        ``lambda w: nn.init.normal_(w, 0.0, 0.02)``), this rank keeps its shard. Same RNG state on every
-        tp rank and in the non-parallel model gives identical weights."""
-        full = torch.empty(self.out_features, self.in_features, dtype=self.weight.dtype)
-        weight_init(full)
-        self.weight.copy_(self._shard_weight(full))
-        if self.bias is not None and bias_init is not None:
-            full_b = torch.empty(self.out_features, dtype=self.bias.dtype)
-            bias_init(full_b)
-            self.bias.copy_(self._shard_bias(full_b))
+    def load_full_(self, weight: Tensor, bias: Tensor | None = None) -> None:
+        """Copy in this rank's shard of a full-size [out, in] ``weight`` (and [out] ``bias``): how a model
+        that initialises full-size tensors (``models/gpt.py``) initialises a sharded layer."""
+        self.weight.copy_(self._shard_weight(weight))
+        if self.bias is not None and bias is not None:
+            self.bias.copy_(self._shard_bias(bias))
 
     @torch.no_grad()
     def full_weight(self, grad: bool = False) -> Tensor:
@@ -505,11 +497,9 @@ class VocabParallelEmbedding(nn.Module):
         self.weight = nn.Parameter(_shard(full, 0, self.rank, self.tp))
 
     @torch.no_grad()
-    def init_(self, weight_init: Callable[[Tensor], Any]) -> None:
-        """Re-initialise from a full-size [V, h] tensor filled in place by ``weight_init``."""
-        full = torch.empty(self.num_embeddings, self.embedding_dim, dtype=self.weight.dtype)
-        weight_init(full)
-        self.weight.copy_(_shard(full, 0, self.rank, self.tp))
+    def load_full_(self, weight: Tensor) -> None:
+        """Copy in this rank's rows of a full-size [V, h] table."""
+        self.weight.copy_(_shard(weight, 0, self.rank, self.tp))
 
     @torch.no_grad()
     def full_weight(self, grad: bool = False) -> Tensor:
@@ -590,14 +580,18 @@ def vocab_parallel_cross_entropy(
 # --------------------------------------------------------------------------- gradients under SP
 
 
-def _sharded_parameters(module: nn.Module) -> set[int]:
-    ids: set[int] = set()
+def sharded_parameters(module: nn.Module) -> list[nn.Parameter]:
+    """The parameters of ``module`` that hold a 1/t shard (column-parallel weights and biases,
+    row-parallel weights, vocab-parallel tables); every other parameter is replicated over the
+    tensor-parallel group. A global gradient norm sums squares of the shards over the group and counts
+    each replicated parameter once."""
+    out: list[nn.Parameter] = []
     for m in module.modules():
         if isinstance(m, ColumnParallelLinear):
-            ids.update(id(p) for p in (m.weight, m.bias) if p is not None)
+            out += [p for p in (m.weight, m.bias) if p is not None]
         elif isinstance(m, RowParallelLinear | VocabParallelEmbedding):
-            ids.add(id(m.weight))
-    return ids
+            out.append(m.weight)
+    return out
 
 
 def sync_sequence_parallel_grads(module: nn.Module, group: Group) -> None:
@@ -608,7 +602,7 @@ def sync_sequence_parallel_grads(module: nn.Module, group: Group) -> None:
     parallelism these gradients are already identical on every tp rank: do not call it."""
     if tp_size(group) == 1:
         return
-    sharded = _sharded_parameters(module)
+    sharded = {id(p) for p in sharded_parameters(module)}
     grads = [p.grad for p in module.parameters() if id(p) not in sharded and p.grad is not None]
     if not grads:
         return
