@@ -294,8 +294,8 @@ def _dense_model() -> _TinyGPT:
     return _TinyGPT(_dense_factory, nn.Embedding, lambda x: x)
 
 
-def _tp_model(group, sp: bool, wgrad_sink=None) -> tuple[_TinyGPT, tp.TensorParallelFactory]:
-    factory = tp.tp_linear_factory(group, sequence_parallel=sp, num_heads=HEADS, wgrad_sink=wgrad_sink)
+def _tp_model(group, sp: bool) -> tuple[_TinyGPT, tp.TensorParallelFactory]:
+    factory = tp.tp_linear_factory(group, sequence_parallel=sp, num_heads=HEADS)
     torch.manual_seed(17)
     return _TinyGPT(factory, factory.embedding, factory.sequence_chunk), factory
 
@@ -358,21 +358,26 @@ def case_gpt_model_with_factory(group, r: int, t: int) -> Pairs:
     return _block_pairs("models/gpt.py", loss, loss_ref, model, ref)
 
 
+_LINEARS = (tp.ColumnParallelLinear, tp.RowParallelLinear)
+
+
 class _DeferStore:
-    """A minimal weight-gradient store: deferring while ``active``; ``flush`` runs the W passes."""
+    """A minimal store in runtime/wgrad.py's protocol: ``put(key, layer, x, grad_out)``, ``flush(key)``."""
 
     def __init__(self) -> None:
-        self.active, self.pending = False, []
+        self.pending: list[tuple] = []
 
-    def put(self, fn) -> None:
-        self.pending.append(fn)
-
-    def sink(self):
-        return self if self.active else None
+    def put(self, key, layer, x: Tensor, grad_out: Tensor) -> None:
+        self.pending.append((key, layer, x, grad_out))
 
     def flush(self) -> None:
-        while self.pending:
-            self.pending.pop(0)()
+        for _, layer, x, grad_out in self.pending:
+            grads = [(layer.weight, tp.linear_weight_grad(x, grad_out))]
+            if layer.bias is not None:
+                grads.append((layer.bias, tp.linear_bias_grad(grad_out)))
+            for param, grad in grads:
+                param.grad = grad if param.grad is None else param.grad + grad
+        self.pending.clear()
 
 
 def case_deferred_weight_grads(group, r: int, t: int) -> Pairs:
@@ -383,27 +388,21 @@ def case_deferred_weight_grads(group, r: int, t: int) -> Pairs:
     for sp in (False, True):
         full, factory = _tp_model(group, sp)
         factory.cross_entropy(full(inp), targets).backward()
-        store = _DeferStore()
-        split, factory = _tp_model(group, sp, wgrad_sink=store.sink)
+        split, factory = _tp_model(group, sp)
         loss = factory.cross_entropy(split(inp), targets)
-        store.active = True
-        loss.backward()
-        store.active = False
-        deferred = [
-            n
-            for n, m in split.named_modules()
-            if isinstance(m, tp.ColumnParallelLinear | tp.RowParallelLinear)
+        store = _DeferStore()
+        linears = [
+            m for m in split.modules() if isinstance(m, tp.ColumnParallelLinear | tp.RowParallelLinear)
         ]
-        none_after_i = all(split.get_submodule(n).weight.grad is None for n in deferred)
+        for m in linears:
+            m._defer = (store, 0)
+        loss.backward()  # the I pass
+        for m in linears:
+            m._defer = (None, None)
+        waiting = all(m.weight.grad is None for m in linears)
+        one_each = len(store.pending) == len(linears)
         pairs.append(
-            (f"split(sp={sp}) weight grads wait for W", torch.tensor(float(none_after_i)), torch.ones(()))
-        )
-        pairs.append(
-            (
-                f"split(sp={sp}) one W per linear",
-                torch.tensor(float(len(store.pending))),
-                torch.tensor(float(len(deferred))),
-            )
+            (f"split(sp={sp}) W waits, one per linear", torch.tensor([waiting, one_each]), torch.ones(2))
         )
         store.flush()
         if sp:

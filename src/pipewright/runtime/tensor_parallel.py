@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -247,42 +247,36 @@ def linear_bias_grad(grad_out: Tensor) -> Tensor:
     return grad_out.reshape(-1, grad_out.size(-1)).sum(0)
 
 
-def _accumulate(param: Tensor, grad: Tensor) -> None:
-    param.grad = grad if param.grad is None else param.grad + grad
+class DeferredParams(NamedTuple):
+    """What a deferred W pass updates: ``weight`` and, when it is inside the linear, ``bias``."""
 
-
-def _weight_pass(x: Tensor, grad_out: Tensor, weight: Tensor, bias: Tensor | None) -> None:
-    """The W pass of a deferred linear: compute and accumulate the parameter gradients."""
-    _accumulate(weight, linear_weight_grad(x, grad_out))
-    if bias is not None:
-        _accumulate(bias, linear_bias_grad(grad_out))
+    weight: nn.Parameter
+    bias: nn.Parameter | None
 
 
 class _LinearFn(torch.autograd.Function):
-    """Y = X·Wᵀ + b whose backward computes grad_input (the I pass) and either the parameter gradients
-    at once (B) or, when ``wgrad_sink()`` returns a store, hands a closure computing them to the store
-    (W, run later)."""
+    """Y = X·Wᵀ + b whose backward computes grad X (the I pass) and either the parameter gradients at
+    once (a full B) or, while ``layer._defer`` is ``(store, key)`` with a store, calls
+    ``store.put(key, layer.deferred_params, x, grad_out)`` so that the store's W pass computes
+    ∂L/∂W = grad_outᵀ·X (and ∂L/∂b) later — the protocol of ``runtime/wgrad.py``'s DeferrableLinear.
+    The W pass needs no communication: every collective of a tensor-parallel layer sits in I."""
 
     @staticmethod
-    def forward(
-        ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None, sink: Callable[[], Any] | None
-    ) -> Tensor:
+    def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None, layer: _ShardedLinear) -> Tensor:
         ctx.save_for_backward(x, weight)
-        ctx.params = (weight, bias)
-        ctx.sink = sink
+        ctx.layer = layer
         return F.linear(x, weight, bias)
 
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None, None]:
         x, weight = ctx.saved_tensors
         grad_x = g.matmul(weight) if ctx.needs_input_grad[0] else None
-        store = ctx.sink() if ctx.sink is not None else None
-        w, b = ctx.params
+        store, key = ctx.layer._defer
         if store is not None:
-            store.put(lambda: _weight_pass(x, g, w, b if b is not None and b.requires_grad else None))
+            store.put(key, ctx.layer.deferred_params, x.detach(), g.detach())
             return grad_x, None, None, None
         grad_w = linear_weight_grad(x, g) if ctx.needs_input_grad[1] else None
-        grad_b = linear_bias_grad(g) if b is not None and ctx.needs_input_grad[2] else None
+        grad_b = linear_bias_grad(g) if ctx.needs_input_grad[2] else None
         return grad_x, grad_w, grad_b, None
 
 
@@ -331,13 +325,12 @@ class _ShardedLinear(nn.Module):
         blocks: int,
         generator: torch.Generator | None,
         dtype: Any,
-        wgrad_sink: Callable[[], Any] | None,
     ) -> None:
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.group, self.blocks = group, blocks
         self.tp, self.rank = tp_size(group), tp_rank(group)
-        self.wgrad_sink = wgrad_sink
+        self._defer: tuple[Any, Any] = (None, None)  # (weight-grad store, key) while W is deferred
         split_features = out_features if self.weight_dim == 0 else in_features
         _divide(split_features, self.tp * blocks, "the split feature count")
         full_w, full_b = _linear_init(out_features, in_features, bias, generator, dtype)
@@ -375,7 +368,12 @@ class _ShardedLinear(nn.Module):
         return _unshard(list(_all_gather(src, 0, self.group).chunk(self.tp, 0)), 0, self.blocks)
 
     def _linear(self, x: Tensor, bias: Tensor | None) -> Tensor:
-        return _LinearFn.apply(x, self.weight, bias, self.wgrad_sink)
+        return _LinearFn.apply(x, self.weight, bias, self)
+
+    @property
+    def deferred_params(self) -> DeferredParams:
+        """The parameters a deferred W pass updates (the row-parallel bias is outside the linear)."""
+        return DeferredParams(self.weight, self.bias if self.bias_sharded else None)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, t={self.tp}, blocks={self.blocks}"
@@ -407,9 +405,8 @@ class ColumnParallelLinear(_ShardedLinear):
         blocks: int = 1,
         generator: torch.Generator | None = None,
         dtype: Any = None,
-        wgrad_sink: Callable[[], Any] | None = None,
     ) -> None:
-        super().__init__(in_features, out_features, group, bias, blocks, generator, dtype, wgrad_sink)
+        super().__init__(in_features, out_features, group, bias, blocks, generator, dtype)
         self.gather_output, self.sequence_parallel, self.seq_dim = gather_output, sequence_parallel, seq_dim
 
     def forward(self, x: Tensor) -> Tensor:
@@ -446,9 +443,8 @@ class RowParallelLinear(_ShardedLinear):
         seq_dim: int = 1,
         generator: torch.Generator | None = None,
         dtype: Any = None,
-        wgrad_sink: Callable[[], Any] | None = None,
     ) -> None:
-        super().__init__(in_features, out_features, group, bias, 1, generator, dtype, wgrad_sink)
+        super().__init__(in_features, out_features, group, bias, 1, generator, dtype)
         self.input_is_parallel, self.sequence_parallel, self.seq_dim = (
             input_is_parallel,
             sequence_parallel,
@@ -627,7 +623,6 @@ def _column(f: TensorParallelFactory, i: int, o: int, bias: bool, blocks: int) -
         seq_dim=f.seq_dim,
         blocks=blocks,
         generator=f.generator,
-        wgrad_sink=f.wgrad_sink,
     )
 
 
@@ -640,7 +635,6 @@ def _row(f: TensorParallelFactory, i: int, o: int, bias: bool) -> nn.Module:
         sequence_parallel=f.sequence_parallel,
         seq_dim=f.seq_dim,
         generator=f.generator,
-        wgrad_sink=f.wgrad_sink,
     )
 
 
@@ -672,8 +666,8 @@ class TensorParallelFactory:
     With ``sequence_parallel`` the activations between the tensor-parallel regions (LayerNorms,
     dropout, residuals) hold this rank's 1/t of the sequence (dimension ``seq_dim``); the model adds
     position embeddings through :meth:`sequence_chunk` and the trainer calls
-    :func:`sync_sequence_parallel_grads` after the backward. ``wgrad_sink`` (a zero-argument callable
-    returning the current weight-gradient store or None) makes the weight gradients deferrable.
+    :func:`sync_sequence_parallel_grads` after the backward. The linears' weight gradients are
+    deferrable exactly like ``DeferrableLinear``'s (see :class:`_LinearFn`).
     """
 
     def __init__(
@@ -684,10 +678,9 @@ class TensorParallelFactory:
         num_heads: int | None = None,
         seq_dim: int = 1,
         generator: torch.Generator | None = None,
-        wgrad_sink: Callable[[], Any] | None = None,
     ) -> None:
         self.group, self.sequence_parallel, self.seq_dim = group, sequence_parallel, seq_dim
-        self.generator, self.wgrad_sink = generator, wgrad_sink
+        self.generator = generator
         self.tp = tp_size(group)
         if num_heads is not None:
             self.local_heads(num_heads)
