@@ -131,17 +131,21 @@ def _split(x: Tensor, dim: int, group: Group) -> Tensor:
 
 
 def _reduce_scatter(x: Tensor, dim: int, group: Group) -> Tensor:
-    """Chunk r along ``dim`` of the sum over the group. Gloo has no reduce-scatter: all-reduce + split."""
+    """Chunk r along ``dim`` of the sum over the group (older gloo builds lack reduce-scatter: there,
+    an all-reduce and a split)."""
     t = tp_size(group)
     if t == 1:
         return x
-    if dist.get_backend(group) == "gloo":
-        return _split(_all_reduce(x, group), dim, group)
     n = _divide(x.size(dim), t, f"dimension {dim} of a {tuple(x.shape)} tensor")
     src = x.movedim(dim, 0).contiguous()
     out = src.new_empty((n, *src.shape[1:]))
-    dist.reduce_scatter_tensor(out, src, group=group)
-    return out.movedim(0, dim)
+    try:
+        dist.reduce_scatter_tensor(out, src, group=group)
+    except RuntimeError:
+        if dist.get_backend(group) != "gloo":
+            raise
+        return _split(_all_reduce(x, group), dim, group)
+    return out.movedim(0, dim).contiguous()
 
 
 # --------------------------------------------------------------------------- mappings
