@@ -12,6 +12,7 @@ from pipewright.errors import ScheduleError
 from pipewright.ir import Action, peak_in_flight
 from pipewright.passes import lower, validate
 from pipewright.schedules import build_schedule, info, schedule_names
+from pipewright.schedules.asynchronous import staleness
 from pipewright.schedules.classic import check_interleaved, interleaved_1f1b, megatron_order
 
 RANKS = range(2, 9)
@@ -121,6 +122,8 @@ def test_async_1f1b_steps_after_every_backward() -> None:
         for i, a in enumerate(row):
             if a.kind == "B":
                 assert row[i + 1] == Action(r, "STEP", a.microbatch)
+        # PipeOptim's s: p − r − 1 updates between a forward and its backward once the pipe is full
+        assert [staleness(sched, r, k) for k in range(8)] == [min(k, 4 - r - 1) for k in range(8)]
 
 
 @pytest.mark.parametrize("with_comms", [False, True])

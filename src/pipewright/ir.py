@@ -64,7 +64,8 @@ class KindSpec:
     ``compute``: occupies the rank's compute stream. ``comm``: ``"send"``/``"recv"`` for point-to-point
     kinds, ``"collective"`` for group collectives, ``None`` otherwise. ``memory``: change in activation
     memory, in units of one microbatch of one chunk, that the action causes on its rank.
-    ``torch``: the kind exists in torch.distributed.pipelining's CSV format.
+    ``torch``: the kind exists in torch.distributed.pipelining's CSV format. ``per_microbatch``: True when
+    the action must name a microbatch, False when it never does (per-stage actions), None either way.
     """
 
     name: str
@@ -74,6 +75,7 @@ class KindSpec:
     comm: str | None = None
     memory: int = 0
     torch: bool = False
+    per_microbatch: bool | None = None
     description: str = ""
 
     def events(self, action: Action, schedule: Schedule) -> tuple[Event, ...]:

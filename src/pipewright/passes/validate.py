@@ -3,8 +3,9 @@
 Checks, in order, each failure raising :class:`~pipewright.errors.ValidationError` whose first line
 names rank, position and action, followed by the text grid with the offending cell bracketed:
 
-1. every action's kind is known, its stage and microbatch are in range, and it runs on the rank that
-   holds its stage;
+1. every action's kind is known, its stage and microbatch are in range, it names a microbatch exactly
+   when its kind is per-microbatch (``KindSpec.per_microbatch``), and it runs on the rank that holds its
+   stage;
 2. no action appears twice and no event is produced twice (e.g. both ``B`` and ``I`` for one microbatch);
 3. every stage computes F, I and W for every microbatch (B counts as I and W), every requirement is
    produced somewhere, every send has its receive and no send/receive crosses a local hand-off;
@@ -65,6 +66,14 @@ def _check_structure(schedule: Schedule) -> dict[Event, tuple[int, int]]:
                     f"{a} names microbatch {a.microbatch}; "
                     f"microbatches are 0..{schedule.num_microbatches - 1}",
                 )
+            per_microbatch = kinds[a.kind].per_microbatch
+            if per_microbatch is not None and (a.microbatch is not None) != per_microbatch:
+                needs = (
+                    "needs a microbatch index"
+                    if per_microbatch
+                    else "runs once per stage, without a microbatch"
+                )
+                raise _fail(schedule, rank, pos, f"{a}: {a.kind} {needs}")
             owner = schedule.placement[a.stage]
             if owner != rank:
                 raise _fail(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from pipewright.ir import STEP, Action, B, F, Schedule, loop_placement
+from pipewright.ir import STEP, Action, B, F, I, Schedule, loop_placement
 from pipewright.schedules.registry import ScheduleInfo
 
 
@@ -43,6 +43,19 @@ def async_1f1b(p: int, m: int, v: int = 1) -> Schedule:
     )
 
 
+def staleness(schedule: Schedule, stage: int, microbatch: int) -> int:
+    """Optimizer steps ``stage`` takes between the forward and the backward of ``microbatch``.
+
+    This is PipeOptim's s (the prediction horizon) read off the schedule: p − r − 1 on rank r in the
+    steady state of :func:`async_1f1b`, fewer for the first microbatches of the window.
+    """
+    row = schedule.actions[schedule.rank_of(stage)]
+    start = row.index(Action(stage, F, microbatch))
+    backward = {Action(stage, B, microbatch), Action(stage, I, microbatch)}
+    end = next(i for i, a in enumerate(row) if a in backward)
+    return sum(1 for a in row[start:end] if a.stage == stage and a.kind == STEP)
+
+
 SCHEDULES = (
     ScheduleInfo(
         name="async-1f1b",
@@ -52,6 +65,5 @@ SCHEDULES = (
         memory_formula="min(p − r, m) on rank r; up to p − r weight versions",
         source="Narayanan et al., PipeDream, SOSP 2019; Guan et al., PipeOptim, 2023",
         synchronous=False,
-        extra={"weight_versions": lambda p, r: p - r, "staleness": lambda p, r: p - r - 1},
     ),
 )

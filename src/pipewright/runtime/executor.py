@@ -1,0 +1,315 @@
+"""The pipeline executor: runs this rank's actions of a lowered schedule on real ``nn.Module`` stages.
+
+One handler per action kind, looked up in a dict the executor builds from :func:`default_handlers`
+plus the ``handlers`` the caller passes (features add kinds such as K-FAC tasks without editing this
+file). A handler is ``handler(state, action)``; ``state`` (:class:`RunState`) holds the iteration's
+tensors and gives access to the executor (stages, mesh, communication, weight-gradient stores).
+
+Data flow between stages (one tensor per microbatch crosses each stage boundary):
+
+* F(s, k): input = microbatch k (stage 0), the previous stage's output on this rank (local hand-off,
+  V placement), or the tensor RECV_F(s, k) received. The last stage computes
+  ``loss_fn(output, target_k) / m``, so summed gradients over m microbatches equal those of the mean
+  loss of the whole batch (and the dp all-reduce averages over replicas).
+* B(s, k): full backward of stage s from the scaled loss or the output gradient (local or received);
+  I(s, k): the same with weight gradients deferred (:mod:`pipewright.runtime.wgrad`); W(s, k) computes
+  them. The gradient w.r.t. the stage input is kept for SEND_B or for the local stage s − 1.
+* REDUCE_GRAD(s): asynchronous all-reduce (average) of stage s's gradients over the dp group, waited
+  before STEP(s) and at the end of the iteration. STEP(s[, k]) calls ``step_fn(s, k)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from pipewright.ir import RECV_B, RECV_F, REDUCE_GRAD, SEND_B, SEND_F, STEP, Action, B, F, I, Schedule, W
+from pipewright.passes.grad_reduce import add_grad_reduction
+from pipewright.passes.lower import lower
+from pipewright.passes.validate import validate as validate_schedule
+from pipewright.runtime.errors import ActionError, DistributedError, LayoutError
+from pipewright.runtime.mesh import ParallelMesh
+from pipewright.runtime.p2p import PipeComm, TensorSpec, channel_pairs
+from pipewright.runtime.wgrad import WeightGradStore, defer_weight_grads
+from pipewright.timeline import Span
+
+log = logging.getLogger(__name__)
+
+Handler = Callable[["RunState", Action], None]
+Key = tuple[int, int]  # (stage, microbatch)
+
+
+@dataclass
+class RunState:
+    """One iteration's tensors on this rank, shared by the handlers."""
+
+    executor: PipelineExecutor
+    inputs: list[torch.Tensor] | None
+    targets: list[torch.Tensor] | None
+    position: int = 0
+    stage_inputs: dict[Key, torch.Tensor] = field(default_factory=dict)
+    stage_outputs: dict[Key, torch.Tensor] = field(default_factory=dict)
+    input_grads: dict[Key, torch.Tensor] = field(default_factory=dict)
+    received: dict[Action, torch.Tensor] = field(default_factory=dict)
+    losses: dict[int, torch.Tensor] = field(default_factory=dict)
+    sent: set[Action] = field(default_factory=set)
+    reductions: dict[int, tuple[Any, torch.Tensor, list[torch.Tensor]]] = field(default_factory=dict)
+
+    @property
+    def actions(self) -> tuple[Action, ...]:
+        return self.executor.actions
+
+
+def _forward(state: RunState, a: Action) -> None:
+    ex, (s, k) = state.executor, (a.stage, a.microbatch)
+    if s == 0:
+        if state.inputs is None:
+            raise ValueError("this rank holds stage 0 but run() got no inputs")
+        x = state.inputs[k].to(ex.device, non_blocking=True)
+    elif ex.schedule.local(s - 1, s):
+        x = state.stage_outputs[(s - 1, k)].detach().requires_grad_()
+    else:
+        x = state.received.pop(Action(s, RECV_F, k)).requires_grad_()
+    out = ex.stages[s](x)
+    state.stage_inputs[(s, k)] = x
+    if s == ex.last_stage:
+        if state.targets is None:
+            raise ValueError("this rank holds the last stage but run() got no targets")
+        loss = ex.loss_fn(out, state.targets[k].to(ex.device, non_blocking=True))
+        state.losses[k] = loss.detach()
+        out = loss / ex.schedule.num_microbatches
+    state.stage_outputs[(s, k)] = out
+
+
+def _backward(state: RunState, a: Action, store: WeightGradStore | None = None) -> None:
+    ex, (s, k) = state.executor, (a.stage, a.microbatch)
+    out = state.stage_outputs.pop((s, k))
+    x = state.stage_inputs.pop((s, k))
+    if s == ex.last_stage:
+        grad = None
+    elif ex.schedule.local(s, s + 1):
+        grad = state.input_grads.pop((s + 1, k))
+    else:
+        grad = state.received.pop(Action(s, RECV_B, k))
+    if store is None:
+        torch.autograd.backward(out, grad)
+    else:
+        with defer_weight_grads(store, ex.stages[s], key=k):
+            torch.autograd.backward(out, grad)
+    if s > 0:
+        state.input_grads[(s, k)] = x.grad
+
+
+def _input_backward(state: RunState, a: Action) -> None:
+    _backward(state, a, state.executor.wgrad[a.stage])
+
+
+def _weight_backward(state: RunState, a: Action) -> None:
+    state.executor.wgrad[a.stage].flush(a.microbatch)
+
+
+def _recv(state: RunState, a: Action) -> None:
+    state.received[a] = state.executor.comm.wait_recv(a)
+
+
+def _send(state: RunState, a: Action) -> None:
+    """Send ``a`` and the send actions directly after it in one batch."""
+    if a in state.sent:
+        return
+    batch = []
+    for b in state.actions[state.position :]:
+        if b.kind not in (SEND_F, SEND_B):
+            break
+        if b.kind == SEND_F:
+            tensor = state.stage_outputs[(b.stage, b.microbatch)].detach()
+        else:
+            tensor = state.input_grads.pop((b.stage, b.microbatch))
+        batch.append((b, tensor))
+        state.sent.add(b)
+    state.executor.comm.send(batch)
+
+
+def _reduce_grad(state: RunState, a: Action) -> None:
+    ex = state.executor
+    if ex.mesh.dp == 1:
+        return
+    params = [p for p in ex.stages[a.stage].parameters() if p.requires_grad]
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    grads = [p.grad for p in params]
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    work = dist.all_reduce(flat, group=ex.mesh.dp_group, async_op=True)
+    state.reductions[a.stage] = (work, flat, grads)
+
+
+def finish_reduction(state: RunState, stage: int) -> None:
+    """Wait for stage's gradient all-reduce (if any) and write the averaged gradients back."""
+    pending = state.reductions.pop(stage, None)
+    if pending is None:
+        return
+    work, flat, grads = pending
+    work.wait()
+    flat /= state.executor.mesh.dp
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def _step(state: RunState, a: Action) -> None:
+    finish_reduction(state, a.stage)
+    if state.executor.step_fn is not None:
+        state.executor.step_fn(a.stage, a.microbatch)
+
+
+def default_handlers() -> dict[str, Handler]:
+    """A fresh dict of the core kinds' handlers."""
+    return {
+        F: _forward,
+        B: _backward,
+        I: _input_backward,
+        W: _weight_backward,
+        SEND_F: _send,
+        SEND_B: _send,
+        RECV_F: _recv,
+        RECV_B: _recv,
+        REDUCE_GRAD: _reduce_grad,
+        STEP: _step,
+    }
+
+
+def _spec_map(value: Any, num_stages: int) -> dict[int, Any]:
+    if isinstance(value, Mapping):
+        return dict(value)
+    return dict.fromkeys(range(1, num_stages), value)
+
+
+class PipelineExecutor:
+    """Runs one rank's part of a pipeline schedule; construct on every rank (collective: opens channels).
+
+    ``schedule``: compute-only or lowered, for ``mesh.pp`` ranks; it is lowered, given REDUCE_GRAD
+    actions when ``mesh.dp > 1`` and it has none, and validated. ``stages`` maps each stage this pp
+    rank holds to its module. ``boundary_shape`` is the per-microbatch shape of the tensor entering a
+    stage (one tuple for all, or a dict stage → shape), ``dtype`` likewise. ``step_fn(stage, mb)`` is
+    called by STEP actions (``mb`` None after a flush). ``recv_window``: receives are posted this many
+    actions ahead (None: all at iteration start). ``record``: measure a span per action (on CUDA this
+    synchronises after each action).
+    """
+
+    def __init__(
+        self,
+        schedule: Schedule,
+        mesh: ParallelMesh,
+        stages: Mapping[int, nn.Module],
+        *,
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        boundary_shape: tuple[int, ...] | Mapping[int, tuple[int, ...]],
+        dtype: torch.dtype | Mapping[int, torch.dtype] = torch.float32,
+        device: torch.device | str | None = None,
+        handlers: Mapping[str, Handler] | None = None,
+        step_fn: Callable[[int, int | None], None] | None = None,
+        recv_timeout_s: float = 300.0,
+        recv_window: int | None = None,
+        record: bool = False,
+        validate: bool = True,
+    ) -> None:
+        if schedule.num_ranks != mesh.pp:
+            raise LayoutError(f"schedule {schedule.name} has {schedule.num_ranks} ranks but pp = {mesh.pp}")
+        schedule = lower(schedule)
+        if mesh.dp > 1:
+            schedule = add_grad_reduction(schedule)
+        if validate:
+            validate_schedule(schedule)
+        self.schedule = schedule
+        self.mesh = mesh
+        self.device = torch.device(device) if device is not None else mesh.device
+        self.pp_rank = mesh.pp_rank
+        self.actions = schedule.actions[self.pp_rank]
+        mine = set(schedule.stages_of(self.pp_rank))
+        if set(stages) != mine:
+            raise LayoutError(
+                f"pp rank {self.pp_rank} holds stages {sorted(mine)} in {schedule.name} "
+                f"but was given modules for {sorted(stages)}"
+            )
+        self.stages = dict(stages)
+        self.last_stage = schedule.num_stages - 1
+        self.loss_fn = loss_fn
+        self.step_fn = step_fn
+        self.handlers: dict[str, Handler] = {**default_handlers(), **(handlers or {})}
+        missing = {a.kind for a in self.actions} - set(self.handlers)
+        if missing:
+            raise DistributedError(f"no runtime handler for action kind(s) {', '.join(sorted(missing))}")
+        self.wgrad = {s: WeightGradStore() for s in self.stages}
+        self._shapes = _spec_map(boundary_shape, schedule.num_stages)
+        self._dtypes = _spec_map(dtype, schedule.num_stages)
+        self.recv_window = recv_window
+        self.record = record
+        self.last_spans: list[Span] = []
+        self.iteration = 0
+        mesh.open_channels(channel_pairs(schedule))
+        self.comm = PipeComm(schedule, mesh, self._recv_spec, timeout_s=recv_timeout_s)
+
+    def _recv_spec(self, a: Action) -> TensorSpec:
+        # RECV_F(s) receives stage s's input; RECV_B(s) the gradient of stage s's output = input of s+1.
+        s = a.stage if a.kind == RECV_F else a.stage + 1
+        return tuple(self._shapes[s]), self._dtypes[s]
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def run(
+        self, inputs: list[torch.Tensor] | None = None, targets: list[torch.Tensor] | None = None
+    ) -> list[float]:
+        """Run one iteration. ``inputs``/``targets``: the m microbatches (needed only on the ranks
+        holding the first/last stage). Gradients accumulate into ``.grad`` (zero them between
+        iterations). Returns the per-microbatch losses (unscaled) on the last stage's rank, else []."""
+        state = RunState(self, inputs, targets)
+        self.comm.reset()
+        spans: list[Span] = []
+        if self.record:
+            self._sync()
+            dist.barrier(group=self.mesh.pp_group)
+        t0 = time.perf_counter()
+        recvs = [a for a in self.actions if a.kind in (RECV_F, RECV_B)]
+        if self.recv_window is None:
+            self.comm.post(recvs)
+        for pos, a in enumerate(self.actions):
+            state.position = pos
+            if self.recv_window is not None:
+                window = self.actions[pos : pos + self.recv_window + 1]
+                self.comm.post([b for b in window if b.kind in (RECV_F, RECV_B)])
+            start = time.perf_counter()
+            try:
+                self.handlers[a.kind](state, a)
+            except DistributedError:
+                raise
+            except Exception as e:
+                raise ActionError(
+                    f"rank {self.mesh.rank} (pp {self.pp_rank}), position {pos}, action {a} "
+                    f"({self.schedule.name}): {type(e).__name__}: {e}"
+                ) from e
+            if self.record:
+                self._sync()
+                stream = "compute" if self.schedule.kinds[a.kind].compute else "comm"
+                spans.append(
+                    Span(self.pp_rank, a, start - t0, time.perf_counter() - t0, stream, self.iteration)
+                )
+        for stage in list(state.reductions):
+            finish_reduction(state, stage)
+        self.comm.finish()
+        for s, store in self.wgrad.items():
+            if len(store):
+                log.warning("stage %d: %d deferred weight gradients never flushed (no W)", s, len(store))
+                store.flush()
+        self.last_spans = spans
+        self.iteration += 1
+        return [state.losses[k].item() for k in sorted(state.losses)]

@@ -1,0 +1,156 @@
+"""Starting the worker processes: local spawning for tests and single-node runs, or torchrun's.
+
+:func:`spawn` starts ``nprocs`` processes (spawn start method), each with one CPU thread and an
+initialised default process group (gloo, or NCCL with ``cuda:rank``), runs ``fn(rank, *args)`` in
+each and returns the values they return, ordered by rank. A worker that raises or dies makes the
+others terminate (torch's ProcessContext) and :class:`WorkerError` names its rank; a run longer than
+``timeout_s`` is terminated too. Under torchrun, :func:`init_from_env` joins torchrun's group instead.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import pickle
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.multiprocessing.spawn import ProcessException
+
+from pipewright.runtime.errors import WorkerError
+
+log = logging.getLogger(__name__)
+
+_TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+def running_under_torchrun() -> bool:
+    """True when torchrun (or another env:// launcher) set RANK, WORLD_SIZE and LOCAL_RANK."""
+    return all(v in os.environ for v in _TORCHRUN_VARS)
+
+
+def default_backend() -> str:
+    return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (bind to port 0 and release it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_from_env(backend: str | None = None, timeout_s: float = 600.0, threads: int | None = 1) -> None:
+    """Initialise the default process group from env:// variables (torchrun, or :func:`spawn`).
+
+    With NCCL the current CUDA device becomes ``LOCAL_RANK``; ``threads`` sets torch's CPU threads.
+    """
+    backend = backend or default_backend()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def _worker(
+    rank: int,
+    fn: Callable[..., Any],
+    nprocs: int,
+    args: Sequence[Any],
+    backend: str,
+    port: int,
+    result_dir: str,
+    timeout_s: float,
+) -> None:
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(nprocs),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(nprocs),
+    )
+    init_from_env(backend, timeout_s)
+    try:
+        result = fn(rank, *args)
+        with open(Path(result_dir) / f"{rank}.pkl", "wb") as f:
+            pickle.dump(result, f)
+    except BaseException as e:
+        # Stamp the failure so the parent can report the first one, not its peers' "connection reset".
+        last = (f"{type(e).__name__}: {e}".splitlines() or [""])[0]
+        (Path(result_dir) / f"error-{rank}.txt").write_text(f"{time.time()}\n{last}")
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn(
+    fn: Callable[..., Any],
+    nprocs: int,
+    args: Sequence[Any] = (),
+    *,
+    backend: str | None = None,
+    timeout_s: float = 600.0,
+) -> list[Any]:
+    """Run ``fn(rank, *args)`` in ``nprocs`` fresh processes; return their results by rank.
+
+    ``fn`` must be importable (a module-level function) and its result picklable. Raises
+    :class:`WorkerError` naming the first worker that raised or died, or that the run passed
+    ``timeout_s``; the other workers are terminated, so the caller never hangs.
+    """
+    backend = backend or default_backend()
+    with tempfile.TemporaryDirectory(prefix="pipewright-spawn-") as result_dir:
+        context = mp.start_processes(
+            _worker,
+            args=(fn, nprocs, tuple(args), backend, free_port(), result_dir, timeout_s),
+            nprocs=nprocs,
+            join=False,
+            start_method="spawn",
+        )
+        deadline = time.monotonic() + timeout_s
+        try:
+            while not context.join(timeout=min(1.0, max(0.0, deadline - time.monotonic())), grace_period=2):
+                if time.monotonic() > deadline:
+                    _terminate(context.processes)
+                    raise WorkerError(-1, f"workers did not finish within {timeout_s:g} s; terminated them")
+        except ProcessException as e:
+            raise _first_failure(e, result_dir) from None
+        results = []
+        for rank in range(nprocs):
+            with open(Path(result_dir) / f"{rank}.pkl", "rb") as f:
+                results.append(pickle.load(f))
+        return results
+
+
+def _first_failure(e: ProcessException, result_dir: str) -> WorkerError:
+    """The worker that failed first (by the time stamps workers leave), else the one torch reports."""
+    stamps = []
+    for path in Path(result_dir).glob("error-*.txt"):
+        when, _, message = path.read_text().partition("\n")
+        stamps.append((float(when), int(path.stem.split("-")[1]), message))
+    if stamps:
+        _, rank, message = min(stamps)
+        details = e.msg if isinstance(e, mp.ProcessRaisedException) and e.error_index == rank else ""
+        return WorkerError(rank, f"worker rank {rank} failed: {message}", details)
+    return WorkerError(e.error_index, f"worker rank {e.error_index} died: {e.msg.strip()}", e.msg)
+
+
+def _terminate(processes: list) -> None:
+    for p in processes:
+        if p.is_alive():
+            p.terminate()
+    for p in processes:
+        p.join(5)
+        if p.is_alive():
+            p.kill()
+            p.join()

@@ -1,0 +1,157 @@
+"""Point-to-point transfers between pipeline ranks, with receives posted ahead of time.
+
+Each directed pair of pipeline ranks has its own two-rank process group (a *channel*, see
+:meth:`ParallelMesh.open_channels`). Messages on a channel are matched in posting order, so the
+receiver posts its receives in the **sender's** order, which it knows because every rank holds the
+whole schedule. That makes early posting safe on NCCL (no tags, one stream per communicator: an early
+receive on a channel only delays later receives on the same channel) and on gloo.
+
+Shapes and dtypes are given in advance by the executor (no handshake). A receive that does not
+complete within ``timeout_s`` raises :class:`RecvTimeout` naming this rank, the action and the peer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from pipewright.deps import matching_recv, peer_rank
+from pipewright.ir import Action, Schedule
+from pipewright.runtime.errors import RecvTimeout
+from pipewright.runtime.mesh import ParallelMesh
+
+#: (shape, dtype) of the tensor a RECV action receives.
+TensorSpec = tuple[tuple[int, ...], torch.dtype]
+
+
+def channel_pairs(schedule: Schedule) -> set[tuple[int, int]]:
+    """Directed (src_pp, dst_pp) pairs the lowered schedule sends over."""
+    return {
+        (rank, peer_rank(a, schedule))
+        for rank, row in enumerate(schedule.actions)
+        for a in row
+        if schedule.kinds[a.kind].comm == "send"
+    }
+
+
+class PipeComm:
+    """This rank's sends and receives for one lowered schedule (reusable across iterations)."""
+
+    def __init__(
+        self,
+        schedule: Schedule,
+        mesh: ParallelMesh,
+        recv_spec: Callable[[Action], TensorSpec],
+        *,
+        timeout_s: float = 300.0,
+    ) -> None:
+        self.schedule = schedule
+        self.mesh = mesh
+        self.recv_spec = recv_spec
+        self.timeout_s = timeout_s
+        me = mesh.pp_rank
+        # For each source pp rank: the receives of this rank in the order the source sends them.
+        self._order: dict[int, list[Action]] = {}
+        self._slot: dict[Action, tuple[int, int]] = {}
+        for src, row in enumerate(schedule.actions):
+            recvs = [
+                matching_recv(a)
+                for a in row
+                if schedule.kinds[a.kind].comm == "send" and peer_rank(a, schedule) == me and src != me
+            ]
+            if recvs:
+                self._order[src] = recvs
+                for i, r in enumerate(recvs):
+                    self._slot[r] = (src, i)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the previous iteration's state (call at iteration start)."""
+        self._posted_upto = dict.fromkeys(self._order, 0)
+        self._recvs: dict[Action, tuple[dist.Work, torch.Tensor]] = {}
+        self._sends: list[tuple[Action, dist.Work, torch.Tensor]] = []
+
+    # -- receives --------------------------------------------------------------------------
+    def post(self, actions: Iterable[Action]) -> None:
+        """Post (non-blocking) the receives ``actions`` and all receives before them in channel order,
+        batching the receives from one peer into one ``batch_isend_irecv``."""
+        target: dict[int, int] = {}
+        for a in actions:
+            src, i = self._slot[a]
+            target[src] = max(target.get(src, 0), i + 1)
+        for src, upto in sorted(target.items()):
+            start = self._posted_upto[src]
+            if upto <= start:
+                continue
+            group = self.mesh.channel(src, self.mesh.pp_rank)
+            peer = self.mesh.pp_peer(src)
+            batch = []
+            for r in self._order[src][start:upto]:
+                shape, dtype = self.recv_spec(r)
+                buf = torch.empty(shape, dtype=dtype, device=self.mesh.device)
+                batch.append((r, buf))
+            works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, buf, peer, group) for _, buf in batch])
+            # NCCL may coalesce a batch into one work; every receive then waits on it.
+            for j, (r, buf) in enumerate(batch):
+                self._recvs[r] = (works[min(j, len(works) - 1)], buf)
+            self._posted_upto[src] = upto
+
+    def wait_recv(self, action: Action) -> torch.Tensor:
+        """The received tensor of ``action``, waiting at most ``timeout_s``."""
+        if action not in self._recvs:
+            self.post([action])
+        work, buf = self._recvs.pop(action)
+        src = self._slot[action][0]
+        if not self._wait(work):
+            raise RecvTimeout(
+                f"rank {self.mesh.rank} (pp {self.mesh.pp_rank}): {action} received nothing from rank "
+                f"{self.mesh.pp_peer(src)} (pp {src}) within {self.timeout_s:g} s"
+            )
+        return buf
+
+    def _wait(self, work: dist.Work) -> bool:
+        if self.mesh.device.type == "cpu":
+            try:
+                work.wait(timedelta(seconds=self.timeout_s))
+            except RuntimeError as e:
+                if "Timed out" in str(e) or "timed out" in str(e):
+                    return False
+                raise
+            return True
+        deadline = time.monotonic() + self.timeout_s
+        while not work.is_completed():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(20e-6)
+        work.wait()  # orders the current stream after the transfer
+        return True
+
+    # -- sends -----------------------------------------------------------------------------
+    def send(self, items: list[tuple[Action, torch.Tensor]]) -> None:
+        """Start sending ``(SEND action, tensor)`` pairs, one ``batch_isend_irecv`` per peer."""
+        by_peer: dict[int, list[tuple[Action, torch.Tensor]]] = {}
+        for a, t in items:
+            by_peer.setdefault(peer_rank(a, self.schedule), []).append((a, t.contiguous()))
+        for dst, batch in sorted(by_peer.items()):
+            group = self.mesh.channel(self.mesh.pp_rank, dst)
+            peer = self.mesh.pp_peer(dst)
+            works = dist.batch_isend_irecv([dist.P2POp(dist.isend, t, peer, group) for _, t in batch])
+            for j, (a, t) in enumerate(batch):
+                self._sends.append((a, works[min(j, len(works) - 1)], t))
+
+    def finish(self) -> None:
+        """Wait for every send of the iteration (keeps buffers alive until then)."""
+        for a, work, _ in self._sends:
+            if not self._wait(work):
+                raise RecvTimeout(
+                    f"rank {self.mesh.rank} (pp {self.mesh.pp_rank}): {a} was not received by rank "
+                    f"{self.mesh.pp_peer(peer_rank(a, self.schedule))} within {self.timeout_s:g} s"
+                )
+        self._sends.clear()
+        if self._recvs:
+            left = ", ".join(str(a) for a in self._recvs)
+            raise RuntimeError(f"rank {self.mesh.rank}: receives posted but never consumed: {left}")

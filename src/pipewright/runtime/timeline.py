@@ -1,0 +1,24 @@
+"""Measured timelines: gather the executor's spans of one pipeline replica to global rank 0."""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+
+from pipewright.runtime.mesh import ParallelMesh
+from pipewright.timeline import Span, Timeline
+
+
+def gather_timeline(spans: list[Span], mesh: ParallelMesh) -> Timeline | None:
+    """Collective over the pp group: the spans of every pp rank of replica (dp 0, tp 0), as a
+    measured :class:`Timeline` on global rank 0 (None elsewhere).
+
+    Span times are seconds since the iteration start, which each rank takes right after a barrier of
+    its pp group (``PipelineExecutor(record=True)``), so clocks agree up to the barrier's exit skew.
+    """
+    if mesh.dp_rank != 0 or mesh.tp_rank != 0:
+        return None
+    gathered: list[list[Span]] | None = [None] * mesh.pp if mesh.rank == 0 else None  # type: ignore[list-item]
+    dist.gather_object(spans, gathered, dst=mesh.pp_peer(0), group=mesh.pp_group)
+    if gathered is None:
+        return None
+    return Timeline.of(mesh.pp, [s for part in gathered for s in part], source="measured")

@@ -1,0 +1,120 @@
+"""Split backward for zero-bubble schedules: input gradients now (I), weight gradients later (W).
+
+A linear layer ``y = x Wᵀ + b`` has three backward products (Qi et al., Zero Bubble, ICLR 2024, §2):
+
+    ∂L/∂x = ∂L/∂y · W          (needed by the previous stage: the I pass)
+    ∂L/∂W = (∂L/∂y)ᵀ · x       (needed only by the optimizer: the W pass)
+    ∂L/∂b = Σ_rows ∂L/∂y
+
+:class:`DeferrableLinear` computes all three in an ordinary backward. Inside
+``defer_weight_grads(store, module, key=k)`` its backward computes ∂L/∂x only and appends
+``(layer, x, ∂L/∂y)`` to ``store`` under ``k``; ``store.flush(k)`` later computes ∂L/∂W and ∂L/∂b from
+them and accumulates into ``.grad``. The arithmetic of I + W is exactly one full backward; the
+autograd graph is not run twice. Other parameters (LayerNorm, embeddings) get their gradients in I.
+
+The deferral switch lives on the layer instances (not in a global or thread-local): autograd may run
+backward functions on another thread (one per CUDA device), where a context variable is not visible.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Hashable, Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+
+class WeightGradStore:
+    """Deferred weight-gradient work, grouped by key (the microbatch)."""
+
+    def __init__(self) -> None:
+        self._pending: dict[Hashable, list[tuple[DeferrableLinear, torch.Tensor, torch.Tensor]]] = (
+            defaultdict(list)
+        )
+
+    def put(self, key: Hashable, layer: DeferrableLinear, x: torch.Tensor, grad_out: torch.Tensor) -> None:
+        self._pending[key].append((layer, x, grad_out))
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self._pending.values())
+
+    def keys(self) -> list[Hashable]:
+        return list(self._pending)
+
+    def flush(self, key: Hashable | None = None) -> None:
+        """Compute and accumulate the deferred gradients of ``key`` (all keys when None)."""
+        keys = list(self._pending) if key is None else [key]
+        with torch.no_grad():
+            for k in keys:
+                for layer, x, grad_out in self._pending.pop(k, ()):
+                    grad_w, grad_b = _weight_grads(x, grad_out, layer.bias is not None)
+                    _accumulate(layer.weight, grad_w)
+                    if grad_b is not None:
+                        _accumulate(layer.bias, grad_b)
+
+
+def _weight_grads(
+    x: torch.Tensor, grad_out: torch.Tensor, bias: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """∂L/∂W = (∂L/∂y)ᵀ x and ∂L/∂b = Σ ∂L/∂y over all leading dimensions."""
+    g2 = grad_out.reshape(-1, grad_out.shape[-1])
+    grad_w = g2.t().mm(x.reshape(-1, x.shape[-1]))
+    return grad_w, (g2.sum(0) if bias else None)
+
+
+def _accumulate(param: nn.Parameter, grad: torch.Tensor) -> None:
+    if param.grad is None:
+        param.grad = grad.to(param.dtype)
+    else:
+        param.grad.add_(grad)
+
+
+class _LinearFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, weight, bias, layer):  # type: ignore[override]
+        ctx.save_for_backward(x, weight)
+        ctx.layer = layer
+        ctx.has_bias = bias is not None
+        return nn.functional.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad_out):  # type: ignore[override]
+        x, weight = ctx.saved_tensors
+        layer: DeferrableLinear = ctx.layer
+        grad_x = grad_out.matmul(weight) if ctx.needs_input_grad[0] else None
+        store, key = layer._defer
+        if store is not None:
+            store.put(key, layer, x.detach(), grad_out.detach())
+            return grad_x, None, None, None
+        grad_w = grad_b = None
+        if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
+            grad_w, grad_b = _weight_grads(x, grad_out, ctx.has_bias)
+        return grad_x, grad_w, grad_b, None
+
+
+class DeferrableLinear(nn.Linear):
+    """Drop-in ``nn.Linear`` (same parameters and state_dict keys) whose weight gradient can be deferred."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._defer: tuple[WeightGradStore | None, Hashable] = (None, None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _LinearFn.apply(x, self.weight, self.bias, self)
+
+
+@contextmanager
+def defer_weight_grads(store: WeightGradStore, *modules: nn.Module, key: Hashable = None) -> Iterator[None]:
+    """While active, backward through any DeferrableLinear inside ``modules`` defers its weight and
+    bias gradients to ``store`` under ``key`` (run the backward inside the ``with`` block)."""
+    layers = [m for module in modules for m in module.modules() if isinstance(m, DeferrableLinear)]
+    previous = [layer._defer for layer in layers]
+    for layer in layers:
+        layer._defer = (store, key)
+    try:
+        yield
+    finally:
+        for layer, prev in zip(layers, previous, strict=True):
+            layer._defer = prev

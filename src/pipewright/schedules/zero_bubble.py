@@ -1,0 +1,174 @@
+"""Zero-bubble schedules (Qi, Wan, Huang, Lin: Zero Bubble Pipeline Parallelism, ICLR 2024).
+
+The backward splits into I (gradient to the input, on the critical path) and W (gradient to the
+weights, which nothing downstream waits for), so W can fill the pipeline bubbles. Bubbles, with the
+per-stage times T_F, T_I (the paper's T_B) and T_W:
+
+- 1F1B:  (p − 1)(T_F + T_I + T_W)
+- ZB-H1: (p − 1)(T_F + T_I − T_W), at 1F1B's peak memory (p microbatches in flight)
+- ZB-H2: zero in steady state, with up to 2p − 1 microbatches in flight; the iteration boundary
+  then has no optimizer barrier (the paper's post-validation of the optimizer step).
+
+Memory here is :func:`pipewright.ir.peak_in_flight`: F adds a microbatch, W (or B) frees it, I frees
+nothing. The paper frees most of the activation at I and counts the W remainder as smaller; in this
+coarser model delaying W keeps the whole microbatch alive, so ZB-H1 holds min(p, m) on every rank
+(1F1B's rank 0 peak; 1F1B's rank r holds p − r).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+from fractions import Fraction
+
+from pipewright.errors import ScheduleError
+from pipewright.ir import Action, F, I, Schedule, W, loop_placement
+from pipewright.schedules.registry import ScheduleInfo
+from pipewright.schedules.zb_greedy import StageCosts, best_orders
+
+
+def _schedule(name: str, p: int, m: int, rows: Iterable[Iterable[Action]], **meta: object) -> Schedule:
+    return Schedule(
+        name=name,
+        num_ranks=p,
+        num_stages=p,
+        num_microbatches=m,
+        placement=loop_placement(p),
+        actions=tuple(tuple(r) for r in rows),
+        meta={"flush": True, **meta},
+    )
+
+
+def _with_delayed_weights(rank: int, forwards_and_inputs: list[Action], delay: int) -> list[Action]:
+    """Insert W(k) right after the (k + delay)-th I of the order; the last ``delay`` W run at the end."""
+    out: list[Action] = []
+    done_i = 0
+    next_w = 0
+    for a in forwards_and_inputs:
+        out.append(a)
+        if a.kind == I:
+            done_i += 1
+            if done_i > delay:
+                out.append(Action(rank, W, next_w))
+                next_w += 1
+    out += [Action(rank, W, k) for k in range(next_w, done_i)]
+    return out
+
+
+def _delayed_1f1b(name: str, p: int, m: int, warmup: list[int], delay: list[int], **meta: object) -> Schedule:
+    """Rank r: ``warmup[r]`` forwards, then F, I pairs, then the remaining I; W runs ``delay[r]`` backward
+    steps after its I (:func:`_with_delayed_weights`)."""
+    rows = []
+    for r in range(p):
+        warm = min(warmup[r], m)
+        order = [Action(r, F, k) for k in range(warm)]
+        for k in range(m - warm):
+            order += [Action(r, F, warm + k), Action(r, I, k)]
+        order += [Action(r, I, k) for k in range(m - warm, m)]
+        rows.append(_with_delayed_weights(r, order, delay[r]))
+    return _schedule(name, p, m, rows, **meta)
+
+
+def zb_h1(p: int, m: int, v: int = 1) -> Schedule:
+    """ZB-H1 (Qi et al. 2024, Fig. 3 top; torch's ScheduleInterleavedZeroBubble with one chunk).
+
+    Rank r runs 1F1B's order with I in place of B — p − 1 − r warm-up forwards, then F, I pairs, then
+    the remaining I — and runs each W r backward steps after its I (the last r W at the end). The
+    delayed W fill the bubbles where a rank waits for gradients: bubble (p − 1)(T_F + T_I − T_W); with
+    unit costs one iteration takes 3m + p − 1 (1F1B: 3m + 3(p − 1)) for m ≥ p. Peak memory min(p, m)
+    on every rank (see the module docstring).
+    """
+    return _delayed_1f1b("zb-h1", p, m, [p - 1 - r for r in range(p)], list(range(p)))
+
+
+def zb_h2(p: int, m: int, v: int = 1) -> Schedule:
+    """ZB-H2 (Qi et al. 2024, Fig. 3 bottom): twice ZB-H1's warm-up and W delay.
+
+    Rank r runs 2(p − 1 − r) warm-up forwards, then F, I pairs, then the remaining I, and each W 2r
+    backward steps after its I. Rank 0 thus starts with 2p − 1 forwards, the extra forwards fill the
+    bubble before the first backward and the delayed W reorder the tail into a parallelogram: rank r
+    idles only r time units before its first F and p − 1 − r after its last W. With unit costs one
+    iteration takes 3m + p − 1 for m ≥ 2p − 2 and iterations without an optimizer barrier follow each
+    other every 3m: zero bubble in steady state. That needs the paper's post-validation (each stage
+    steps its optimizer without a global synchronisation, a later check rolls back on inf/NaN or
+    clipping): ``meta["needs_post_validation"]``. Peak memory min(2p − 1, m) on every rank.
+    """
+    return _delayed_1f1b(
+        "zb-h2",
+        p,
+        m,
+        [2 * (p - 1 - r) for r in range(p)],
+        [2 * r for r in range(p)],
+        needs_post_validation=True,
+    )
+
+
+def zb_auto(
+    p: int,
+    m: int,
+    *,
+    f: Sequence[float],
+    i: Sequence[float],
+    w: Sequence[float],
+    comm: float = 0.0,
+    memory_limit: float | None = None,
+) -> Schedule:
+    """The automatic zero-bubble schedule (Qi et al. 2024, §3.1): the memory-bounded greedy of
+    :mod:`pipewright.schedules.zb_greedy` with per-stage costs ``f``, ``i``, ``w`` (length p, > 0),
+    point-to-point time ``comm`` and at most ``memory_limit`` microbatches in flight per rank (default
+    2p − 1, ZB-H2-like; p gives ZB-H1-like orders). ``meta["estimated_makespan"]`` is the greedy's own
+    estimate of the iteration time under those costs.
+    """
+    if p < 1 or m < 1:
+        raise ScheduleError(f"zb-auto needs at least 1 stage and 1 microbatch (got p={p}, m={m})")
+    for label, costs in (("f", f), ("i", i), ("w", w)):
+        if len(costs) != p or any(c <= 0 for c in costs):
+            raise ScheduleError(
+                f"zb-auto: give {p} positive {label} costs, one per stage (got {list(costs)})"
+            )
+    if comm < 0:
+        raise ScheduleError(f"zb-auto: comm must be at least 0 (got {comm})")
+    limit = 2 * p - 1 if memory_limit is None else math.floor(memory_limit)
+    if limit < 1:
+        raise ScheduleError(
+            f"zb-auto: memory_limit {memory_limit} holds no microbatch; give at least 1 (microbatches)"
+        )
+    orders, makespan = best_orders(p, m, StageCosts(tuple(f), tuple(i), tuple(w), comm), limit)
+    return _schedule("zb-auto", p, m, orders, memory_limit=limit, estimated_makespan=makespan)
+
+
+def _zb_auto_unit(p: int, m: int, v: int = 1) -> Schedule:
+    """The registry's zb-auto: unit costs (F = I = W = 1, free communication), memory limit p."""
+    return zb_auto(p, m, f=[1.0] * p, i=[1.0] * p, w=[1.0] * p, memory_limit=p)
+
+
+def _same_on_every_rank(peak: Callable[[int, int], int]) -> Callable[[int, int, int], list[Fraction]]:
+    return lambda p, m, v: [Fraction(peak(p, m))] * p
+
+
+SCHEDULES = (
+    ScheduleInfo(
+        name="zb-h1",
+        build=zb_h1,
+        memory=_same_on_every_rank(lambda p, m: min(p, m)),
+        bubble="(p − 1)(T_F + T_I − T_W)",
+        memory_formula="min(p, m) on every rank",
+        source="Qi et al., Zero Bubble Pipeline Parallelism, ICLR 2024 (ZB-H1)",
+    ),
+    ScheduleInfo(
+        name="zb-h2",
+        build=zb_h2,
+        memory=_same_on_every_rank(lambda p, m: min(2 * p - 1, m)),
+        bubble="0 in steady state (no optimizer barrier; one iteration alone: (p − 1)·T_F with unit costs)",
+        memory_formula="min(2p − 1, m) on every rank",
+        source="Qi et al., Zero Bubble Pipeline Parallelism, ICLR 2024 (ZB-H2)",
+    ),
+    ScheduleInfo(
+        name="zb-auto",
+        build=_zb_auto_unit,
+        memory=_same_on_every_rank(lambda p, m: min(p, m)),
+        bubble="greedy; with unit costs and memory limit p as ZB-H1: (p − 1)(T_F + T_I − T_W)",
+        memory_formula="at most the memory limit (p in the registry), min(p, m) with unit costs",
+        source="Qi et al., Zero Bubble Pipeline Parallelism, ICLR 2024 (automatic scheduling)",
+    ),
+)
