@@ -26,6 +26,7 @@ from pipewright.errors import ConfigError
 from pipewright.models.gpt import build_full, loss_fn
 from pipewright.models.spec import ModelSpec
 from pipewright.runtime import tensor_parallel as tp
+from pipewright.runtime.wgrad import WeightGradStore, defer_weight_grads
 
 WORLD_SIZES = (2, 4)
 RTOL = 1e-5
@@ -361,25 +362,6 @@ def case_gpt_model_with_factory(group, r: int, t: int) -> Pairs:
 _LINEARS = (tp.ColumnParallelLinear, tp.RowParallelLinear)
 
 
-class _DeferStore:
-    """A minimal store in runtime/wgrad.py's protocol: ``put(key, layer, x, grad_out)``, ``flush(key)``."""
-
-    def __init__(self) -> None:
-        self.pending: list[tuple] = []
-
-    def put(self, key, layer, x: Tensor, grad_out: Tensor) -> None:
-        self.pending.append((key, layer, x, grad_out))
-
-    def flush(self) -> None:
-        for _, layer, x, grad_out in self.pending:
-            grads = [(layer.weight, tp.linear_weight_grad(x, grad_out))]
-            if layer.bias is not None:
-                grads.append((layer.bias, tp.linear_bias_grad(grad_out)))
-            for param, grad in grads:
-                param.grad = grad if param.grad is None else param.grad + grad
-        self.pending.clear()
-
-
 def case_deferred_weight_grads(group, r: int, t: int) -> Pairs:
     """I (grad input + communication, weight grads deferred) then W equals the full backward, SP off/on."""
     ids = torch.randint(0, V, (B, S + 1), generator=torch.Generator().manual_seed(19))
@@ -390,21 +372,15 @@ def case_deferred_weight_grads(group, r: int, t: int) -> Pairs:
         factory.cross_entropy(full(inp), targets).backward()
         split, factory = _tp_model(group, sp)
         loss = factory.cross_entropy(split(inp), targets)
-        store = _DeferStore()
-        linears = [
-            m for m in split.modules() if isinstance(m, tp.ColumnParallelLinear | tp.RowParallelLinear)
-        ]
-        for m in linears:
-            m._defer = (store, 0)
-        loss.backward()  # the I pass
-        for m in linears:
-            m._defer = (None, None)
+        store = WeightGradStore()
+        with defer_weight_grads(store, split, key=7):
+            loss.backward()  # the I pass
+        linears = [m for m in split.modules() if isinstance(m, _LINEARS)]
         waiting = all(m.weight.grad is None for m in linears)
-        one_each = len(store.pending) == len(linears)
-        pairs.append(
-            (f"split(sp={sp}) W waits, one per linear", torch.tensor([waiting, one_each]), torch.ones(2))
-        )
-        store.flush()
+        one_each = len(store) == len(linears)
+        label = f"split(sp={sp}) W waits, one per linear"
+        pairs.append((label, torch.tensor([waiting, one_each]), torch.ones(2)))
+        store.flush(7)  # the W pass
         if sp:
             tp.sync_sequence_parallel_grads(full, group)
             tp.sync_sequence_parallel_grads(split, group)

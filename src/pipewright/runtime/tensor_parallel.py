@@ -29,8 +29,8 @@ Every layer initialises the *full-size* weight exactly as its non-parallel count
 (``nn.Linear`` / ``nn.Embedding``) would, from the same generator (or the global RNG), and keeps this
 rank's shard: the same seed gives the same model whatever t.
 
-The weight-gradient part of the linear layers is separable (Zero Bubble's B = I + W): see
-:func:`linear_weight_grad` and :class:`_LinearFn`.
+The weight-gradient part of the linear layers is deferrable (Zero Bubble's B = I + W) through
+``runtime/wgrad.py`` (``defer_weight_grads`` / ``WeightGradStore``): see :class:`_LinearFn`.
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pipewright.errors import ConfigError
+from pipewright.runtime.wgrad import _weight_grads
 
 Group = Any  # a torch.distributed ProcessGroup, or None for the default group
 
@@ -58,7 +59,6 @@ __all__ = [
     "gather_after_recv",
     "gather_from",
     "gather_from_seq",
-    "linear_weight_grad",
     "reduce_from",
     "reduce_scatter_to_seq",
     "scatter_to",
@@ -241,16 +241,6 @@ def gather_after_recv(chunk: Tensor, group: Group, full_shape: tuple[int, ...] |
 # --------------------------------------------------------------------------- linear with separable W
 
 
-def linear_weight_grad(x: Tensor, grad_out: Tensor) -> Tensor:
-    """∂L/∂W for Y = X·Wᵀ: grad_outᵀ·X summed over every leading (batch, sequence) dimension."""
-    return grad_out.reshape(-1, grad_out.size(-1)).t().mm(x.reshape(-1, x.size(-1)))
-
-
-def linear_bias_grad(grad_out: Tensor) -> Tensor:
-    """∂L/∂b for Y = X·Wᵀ + b: grad_out summed over every leading dimension."""
-    return grad_out.reshape(-1, grad_out.size(-1)).sum(0)
-
-
 class DeferredParams(NamedTuple):
     """What a deferred W pass updates: ``weight`` and, when it is inside the linear, ``bias``."""
 
@@ -262,7 +252,8 @@ class _LinearFn(torch.autograd.Function):
     """Y = X·Wᵀ + b whose backward computes grad X (the I pass) and either the parameter gradients at
     once (a full B) or, while ``layer._defer`` is ``(store, key)`` with a store, calls
     ``store.put(key, layer.deferred_params, x, grad_out)`` so that the store's W pass computes
-    ∂L/∂W = grad_outᵀ·X (and ∂L/∂b) later — the protocol of ``runtime/wgrad.py``'s DeferrableLinear.
+    ∂L/∂W = grad_outᵀ·X (and ∂L/∂b) later: the protocol of ``runtime/wgrad.py``'s DeferrableLinear, so
+    ``defer_weight_grads(store, module, key=k)`` and ``store.flush(k)`` drive these layers too.
     The W pass needs no communication: every collective of a tensor-parallel layer sits in I."""
 
     @staticmethod
@@ -279,8 +270,9 @@ class _LinearFn(torch.autograd.Function):
         if store is not None:
             store.put(key, ctx.layer.deferred_params, x.detach(), g.detach())
             return grad_x, None, None, None
-        grad_w = linear_weight_grad(x, g) if ctx.needs_input_grad[1] else None
-        grad_b = linear_bias_grad(g) if ctx.needs_input_grad[2] else None
+        if not (ctx.needs_input_grad[1] or ctx.needs_input_grad[2]):
+            return grad_x, None, None, None
+        grad_w, grad_b = _weight_grads(x, g, ctx.needs_input_grad[2])
         return grad_x, grad_w, grad_b, None
 
 
