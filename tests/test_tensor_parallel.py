@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from pipewright.errors import ConfigError
 from pipewright.models.gpt import build_full, loss_fn
 from pipewright.models.spec import ModelSpec
+from pipewright.optim.optimizer import global_grad_norm
 from pipewright.runtime import tensor_parallel as tp
 from pipewright.runtime.wgrad import WeightGradStore, defer_weight_grads
 
@@ -356,7 +357,9 @@ def case_gpt_model_with_factory(group, r: int, t: int) -> Pairs:
     model = build_full(spec, seed=3, linear_factory=factory)
     loss = factory.cross_entropy(model(inp), targets)
     loss.backward()
-    return _block_pairs("models/gpt.py", loss, loss_ref, model, ref)
+    norm = global_grad_norm(tp.grad_norm_params(model, group), (group,))
+    norm_ref = global_grad_norm(list(ref.parameters()))
+    return [*_block_pairs("models/gpt.py", loss, loss_ref, model, ref), ("grad norm", norm, norm_ref)]
 
 
 _LINEARS = (tp.ColumnParallelLinear, tp.RowParallelLinear)

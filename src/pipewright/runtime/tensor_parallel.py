@@ -59,6 +59,7 @@ __all__ = [
     "gather_after_recv",
     "gather_from",
     "gather_from_seq",
+    "grad_norm_params",
     "reduce_from",
     "reduce_scatter_to_seq",
     "scatter_to",
@@ -584,6 +585,16 @@ def sharded_parameters(module: nn.Module) -> list[nn.Parameter]:
         elif isinstance(m, RowParallelLinear | VocabParallelEmbedding):
             out.append(m.weight)
     return out
+
+
+def grad_norm_params(module: nn.Module, group: Group) -> list[nn.Parameter]:
+    """The parameters whose squared gradients this rank contributes to a global gradient norm: every
+    shard, and the replicated parameters on tp rank 0 only (they are equal on all tp ranks), so that
+    summing over the tensor-parallel group counts each element of the full model once. Use with
+    ``optim.global_grad_norm(grad_norm_params(stage, tp_group), (tp_group, pp_group))``."""
+    sharded = {id(p) for p in sharded_parameters(module)}
+    everything = tp_rank(group) == 0
+    return [p for p in module.parameters() if everything or id(p) in sharded]
 
 
 def sync_sequence_parallel_grads(module: nn.Module, group: Group) -> None:
