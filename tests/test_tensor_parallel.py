@@ -23,11 +23,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pipewright.errors import ConfigError
-from pipewright.models.gpt import build_full, loss_fn
+from pipewright.models.gpt import build_full, build_stage, loss_fn
 from pipewright.models.spec import ModelSpec
 from pipewright.optim.optimizer import global_grad_norm
 from pipewright.runtime import tensor_parallel as tp
+from pipewright.runtime.executor import PipelineExecutor
+from pipewright.runtime.mesh import ParallelMesh
 from pipewright.runtime.wgrad import WeightGradStore, defer_weight_grads
+from pipewright.schedules.registry import build_schedule
 
 WORLD_SIZES = (2, 4)
 RTOL = 1e-5
@@ -408,6 +411,36 @@ def case_heads_not_divisible(group, r: int, t: int) -> Pairs:
     return [(f"clear error: {messages}", torch.tensor(float(ok)), torch.ones(()))]
 
 
+def ptd_pipeline_case(mesh: ParallelMesh) -> Pairs:
+    """PTD-P end to end: models/gpt.py in 2 pipeline stages × t = 2 run by the PipelineExecutor with
+    ZB-H1 (I and W actions, so deferred tensor-parallel weight gradients) equals the dense model."""
+    spec = ModelSpec("tp-test", layers=2, hidden=H, heads=HEADS, vocab=V, seq_len=S)
+    m = 4
+    ids = torch.randint(0, V, (m * B, S + 1), generator=torch.Generator().manual_seed(22))
+    inp, targets = ids[:, :-1], ids[:, 1:]
+    ref = build_full(spec, seed=3, linear_factory=_dense_factory)
+    loss_ref = loss_fn(ref(inp), targets)
+    loss_ref.backward()
+    ref_grads = {n: p.grad for n, p in ref.named_parameters()}
+    factory = tp.tp_linear_factory(mesh.tp_group, num_heads=spec.heads)
+    schedule = build_schedule("zb-h1", mesh.pp, m)
+    stages = {
+        s: build_stage(spec, None, s, seed=3, num_stages=mesh.pp, linear_factory=factory)
+        for s in schedule.stages_of(mesh.pp_rank)
+    }
+    ex = PipelineExecutor(
+        schedule, mesh, stages, loss_fn=factory.cross_entropy, boundary_shape=(B, S, H), recv_timeout_s=60
+    )
+    losses = ex.run(list(inp.chunk(m)), list(targets.chunk(m)))
+    grads = {n: g for st in stages.values() for n, g in _full_grads(st).items()}
+    names = {n for st in stages.values() for n, _ in st.named_parameters()}
+    pairs = [(f"PTD grad {n}", grads.get(n), ref_grads[n]) for n in sorted(names)]
+    pairs.append(("PTD compares every parameter", torch.tensor(len(grads)), torch.tensor(len(names))))
+    if losses:
+        pairs.append(("PTD loss", torch.tensor(sum(losses) / m), loss_ref.detach()))
+    return pairs
+
+
 CASES = {name[5:]: fn for name, fn in globals().items() if name.startswith("case_")}
 
 
@@ -436,6 +469,11 @@ def _worker(rank: int, world: int, init_file: str, queue) -> None:
         if world == 4:  # two tensor-parallel groups of 2 inside the world, as a mesh builds them
             pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
             results.update(_run_cases(pairs[rank // 2], "t=2 of 4"))
+            try:
+                errors = [_close(*pair) for pair in ptd_pipeline_case(ParallelMesh.build(1, 2, 2, "cpu"))]
+                results["ptd"] = "\n".join(e for e in errors if e)
+            except Exception:
+                results["ptd"] = traceback.format_exc()
         queue.put((rank, results))
     finally:
         dist.destroy_process_group()
@@ -475,6 +513,12 @@ def test_tensor_parallel(results, world: int, case: str) -> None:
     for label in _labels(world):
         errors = [e for e in results[world][f"{label}:{case}"] if e]
         assert not errors, "\n".join(errors)
+
+
+@pytest.mark.slow
+def test_tensor_and_pipeline_parallel_with_executor(results) -> None:
+    errors = [e for e in results[4]["ptd"] if e]
+    assert not errors, "\n".join(errors)
 
 
 def test_single_process_is_dense() -> None:
