@@ -3,7 +3,7 @@ Functions and layers over an explicit tensor-parallel process group.
 
 Notation: t = tensor-parallel size (the group's size), r = this rank in the group.
 
-Mappings (each one autograd Function; forward / backward):
+Mappings (all one autograd Function, ``_Mapping``, given a forward and a backward collective):
 
 ==========================  ==============================  ==============================
 function                    forward                         backward
@@ -51,7 +51,9 @@ from pipewright.runtime.wgrad import _weight_grads
 Group = Any  # a torch.distributed ProcessGroup, or None for the default group
 
 __all__ = [
+    "LINEAR_KINDS",
     "ColumnParallelLinear",
+    "DeferredParams",
     "RowParallelLinear",
     "TensorParallelFactory",
     "VocabParallelEmbedding",
