@@ -116,7 +116,7 @@ def test_resume_from_another_model_is_one_line(runs, capsys, data):
         (["--layout", "Et|tX"], "cannot read"),
         (["--schedule", "nope"], "unknown schedule"),
         (["--optimizer", "lamb"], "unknown optimizer"),
-        (["--tp", "2"], "--tp"),
+        (["--tp", "3"], "not divisible by --tp 3"),
         (["--heads", "5"], "divisible"),
     ],
 )

@@ -1,7 +1,8 @@
 """Pipelined training through the real trainer equals single-process training.
 
 For every synchronous schedule in the registry and layouts (pp, dp) ∈ {(4, 1), (2, 2), (4, 2)}, v ∈ {1, 2}
-(pp = 2, dp = 1 is covered against other layouts by test_train_cli.py, to save a spawn): the
+(pp = 2, dp = 1 is covered against other layouts by test_train_cli.py, to save a spawn), and for
+tensor parallelism t = 2 with pp = 2, dp ∈ {1, 2} (1F1B, ZB-H1, interleaved 1F1B): the
 loss and every parameter's gradient after one iteration, every parameter after 5 optimizer steps and
 the validation loss then (a forward-only pass)
 (SGD with momentum, warm-up, global-norm clipping active), match a single-process reference on the same
@@ -55,6 +56,10 @@ def _cases(data: str) -> list[TrainConfig]:
                 m = next((m for m in (4, 8) if _accepts(name, pp, m, v)), None)
                 if m is not None:
                     cases.append(replace(base, schedule=name, pp=pp, dp=dp, virtual=v, microbatches=m))
+    # PTD-P: tensor parallelism (t = 2) inside pipeline stages, with a full and a split backward
+    for name, v in (("1f1b", 1), ("zb-h1", 1), ("interleaved-1f1b", 2)):
+        for dp in (1, 2):
+            cases.append(replace(base, schedule=name, pp=2, dp=dp, tp=2, virtual=v, microbatches=4))
     return cases
 
 
@@ -66,20 +71,34 @@ def _accepts(name: str, p: int, m: int, v: int) -> bool:
     return True
 
 
+def _full(trainer: Trainer, grad: bool) -> dict[str, torch.Tensor]:
+    """This rank's parameters (or gradients) by name, tensor-parallel shards gathered to full size."""
+    out = {}
+    for stage in trainer.stages.values():
+        for name, module in stage.named_modules():
+            if hasattr(module, "full_weight"):  # collective over the tp group, same order on its ranks
+                out[f"{name}.weight"] = module.full_weight(grad=grad).detach().clone()
+                if module.bias is not None:
+                    out[f"{name}.bias"] = module.full_bias(grad=grad).detach().clone()
+    for name, p in trainer.params.items():
+        out.setdefault(name, (p.grad if grad else p).detach().clone())
+    return out
+
+
 def _worker(rank: int, runs: list[PreparedRun]) -> list | None:
     results, meshes = [], {}
     for run in runs:
         c = run.config
-        if (c.dp, c.pp) not in meshes:  # one mesh (and its process groups) per shape, shared by cases
-            meshes[c.dp, c.pp] = ParallelMesh.build(dp=c.dp, pp=c.pp, tp=c.tp)
-        trainer = Trainer(run, mesh=meshes[c.dp, c.pp])
+        if (c.dp, c.pp, c.tp) not in meshes:  # one mesh (and its process groups) per shape
+            meshes[c.dp, c.pp, c.tp] = ParallelMesh.build(dp=c.dp, pp=c.pp, tp=c.tp)
+        trainer = Trainer(run, mesh=meshes[c.dp, c.pp, c.tp])
         losses = [trainer.forward_backward(0)]
-        grads = {n: p.grad.clone() for n, p in trainer.params.items()}
+        grads = _full(trainer, grad=True)
         trainer.optimizer_step(0)
         for step in range(1, STEPS):
             losses.append(trainer.forward_backward(step))
             trainer.optimizer_step(step)
-        params = {n: p.detach().clone() for n, p in trainer.params.items()}
+        params = _full(trainer, grad=False)
         losses.append(trainer.evaluate())  # forward-only pass through the placement's stages
         gathered = [None] * dist.get_world_size() if rank == 0 else None
         dist.gather_object((losses, grads, params), gathered, dst=0)
@@ -135,7 +154,8 @@ def test_pipelined_training_equals_single_process(tmp_path):
     for world, runs in sorted(by_world.items()):
         for run, gathered in zip(runs, spawn(_worker, world, (runs,), timeout_s=300)[0], strict=True):
             c = run.config
-            label = f"{c.schedule} pp={c.pp} dp={c.dp} v={run.schedule.num_stages // c.pp} m={c.microbatches}"
+            v = run.schedule.num_stages // c.pp
+            label = f"{c.schedule} pp={c.pp} dp={c.dp} tp={c.tp} v={v} m={c.microbatches}"
             if c.global_batch not in references:
                 references[c.global_batch] = _reference(run)
             ref_losses, ref_grads, ref_params = references[c.global_batch]
@@ -149,6 +169,6 @@ def test_pipelined_training_equals_single_process(tmp_path):
                         failures.append(f"{label}: gradient of {name} differs")
                     if not _close(params[name], ref_params[name]):
                         failures.append(f"{label}: {name} differs after {STEPS} steps")
-            # every parameter is held by exactly one pipeline rank of each replica
-            assert seen == dict.fromkeys(ref_grads, c.dp), label
+            # every parameter is held by exactly one pipeline rank of each replica (tp ranks: shards)
+            assert seen == dict.fromkeys(ref_grads, c.dp * c.tp), label
     assert not failures, "\n".join(failures[:20])

@@ -86,10 +86,18 @@ def global_grad_norm(params: Sequence[torch.Tensor], groups: Sequence[object] = 
     return sq.sqrt()
 
 
-def clip_grad_norm_(params: Sequence[torch.Tensor], max_norm: float, groups: Sequence[object] = ()) -> float:
-    """Scale gradients by min(1, max_norm/‖g‖) with ‖g‖ the global norm; returns ‖g‖ (before clipping).
-    ``max_norm`` ≤ 0 disables clipping (the norm is still computed)."""
-    norm = global_grad_norm(params, groups)
+def clip_grad_norm_(
+    params: Sequence[torch.Tensor],
+    max_norm: float,
+    groups: Sequence[object] = (),
+    *,
+    norm_params: Sequence[torch.Tensor] | None = None,
+) -> float:
+    """Scale the gradients of ``params`` by min(1, max_norm/‖g‖) with ‖g‖ the global norm of
+    ``norm_params`` (default ``params``; under tensor parallelism: the shards plus the replicated
+    parameters of one tp rank, so that the sum over ``groups`` counts each element once); returns ‖g‖
+    before clipping. ``max_norm`` ≤ 0 disables clipping (the norm is still computed)."""
+    norm = global_grad_norm(params if norm_params is None else norm_params, groups)
     total = float(norm)
     if max_norm > 0 and total > max_norm:
         scale = max_norm / (total + 1e-6)

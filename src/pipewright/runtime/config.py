@@ -148,6 +148,12 @@ class TrainConfig:
             )
         if spec.hidden % spec.heads:
             raise ConfigError(f"--hidden {spec.hidden} is not divisible by --heads {spec.heads}")
+        for name in ("heads", "ffn_hidden", "vocab"):  # Megatron's tensor-parallel splits
+            if getattr(spec, name) % self.tp:
+                flag = name.replace("_", "-")
+                raise ConfigError(
+                    f"--{flag} {getattr(spec, name)} is not divisible by --tp {self.tp}; choose t dividing it"
+                )
         return spec
 
     def check(self) -> None:
@@ -167,8 +173,6 @@ class TrainConfig:
 
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"unknown optimizer {self.optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}")
-        if self.tp != 1:
-            raise ConfigError("--tp > 1 needs the tensor-parallel layers, which this build lacks; use --tp 1")
 
 
 def fingerprint(spec: ModelSpec, tokenizer: str) -> str:

@@ -46,6 +46,7 @@ from pipewright.runtime.config import TrainConfig, fingerprint, model_preset
 from pipewright.runtime.executor import PipelineExecutor
 from pipewright.runtime.launch import init_from_env, running_under_torchrun, spawn
 from pipewright.runtime.mesh import ParallelMesh
+from pipewright.runtime.tensor_parallel import grad_norm_params, sharded_parameters, tp_linear_factory
 from pipewright.runtime.timeline import gather_timeline
 from pipewright.schedules import build_schedule
 from pipewright.schedules.registry import check_args
@@ -201,11 +202,19 @@ class Trainer:
         self.device = self.mesh.device
         self.dataset = open_dataset(c.data, tokenizer=c.tokenizer, progress=False)
         self.schedule = run.schedule
+        factory, self.loss_fn = None, loss_fn
+        if self.mesh.tp > 1:  # Megatron's column/row-parallel linears and vocabulary-parallel loss
+            factory = tp_linear_factory(self.mesh.tp_group, num_heads=spec.heads)
+            self.loss_fn = factory.cross_entropy
         self.stages = {
-            s: build_stage(spec, run.layout, s, seed=c.seed).to(self.device)
+            s: build_stage(spec, run.layout, s, seed=c.seed, linear_factory=factory).to(self.device)
             for s in self.schedule.stages_of(self.mesh.pp_rank)
         }
         self.params = {n: p for mod in self.stages.values() for n, p in mod.named_parameters()}
+        # parameters counted in the global gradient norm: shards, and replicated ones on tp rank 0
+        self.norm_params = [
+            p for mod in self.stages.values() for p in grad_norm_params(mod, self.mesh.tp_group)
+        ]
         self.optimizer = build_optimizer(
             c.optimizer, self.params.items(), lr=c.lr, weight_decay=c.weight_decay
         )
@@ -213,7 +222,7 @@ class Trainer:
             self.schedule,
             self.mesh,
             self.stages,
-            loss_fn=loss_fn,
+            loss_fn=self.loss_fn,
             boundary_shape=(c.microbatch_size, spec.seq_len, spec.hidden),
             device=self.device,
             recv_timeout_s=c.recv_timeout_s,
@@ -223,6 +232,10 @@ class Trainer:
         self.last = self.schedule.num_stages - 1 in self.stages
         self.timeline: Timeline | None = None
         self.meta = {"fingerprint": run.fingerprint, "model": spec.name, "config": asdict(c)}
+        # checkpoint names: a tensor-parallel shard is named with its tp rank
+        sharded = {id(p) for mod in self.stages.values() for p in sharded_parameters(mod)}
+        suffix = f"#tp{self.mesh.tp_rank}of{self.mesh.tp}"
+        self.named_shards = {n + (suffix if id(p) in sharded else ""): p for n, p in self.params.items()}
 
     @property
     def tokens_per_step(self) -> int:
@@ -230,12 +243,12 @@ class Trainer:
 
     def load(self, path: Path) -> int:
         """Load a checkpoint; returns its step (the number of steps done)."""
-        meta = load_checkpoint(path, self.params, self.optimizer, fingerprint=self.run.fingerprint)
+        meta = load_checkpoint(path, self.named_shards, self.optimizer, fingerprint=self.run.fingerprint)
         return int(meta["step"])
 
     def save(self, done: int) -> Path:
         return save_checkpoint(
-            self.run.out_dir / "checkpoints", done, self.params, self.optimizer, meta=self.meta
+            self.run.out_dir / "checkpoints", done, self.named_shards, self.optimizer, meta=self.meta
         )
 
     def forward_backward(self, step: int) -> float:
@@ -255,7 +268,8 @@ class Trainer:
         c = self.config
         lr = lr_at(step, lr=c.lr, warmup=c.warmup, total=c.steps, min_ratio=c.min_lr_ratio)
         set_lr(self.optimizer, lr)
-        norm = clip_grad_norm_(list(self.params.values()), c.grad_clip, [self.mesh.pp_group])
+        groups = [self.mesh.tp_group, self.mesh.pp_group]
+        norm = clip_grad_norm_(list(self.params.values()), c.grad_clip, groups, norm_params=self.norm_params)
         self.optimizer.step()
         return lr, norm
 
@@ -293,7 +307,7 @@ class Trainer:
                             dist.recv(hidden, src=mesh.pp_peer(sched.rank_of(s - 1)))
                         hidden = self.stages[s](hidden)
                         if s == sched.num_stages - 1:
-                            losses.append(float(loss_fn(hidden, y.to(self.device))))
+                            losses.append(float(self.loss_fn(hidden, y.to(self.device))))
                         elif sched.rank_of(s + 1) != mesh.pp_rank:
                             dist.send(hidden.contiguous(), dst=mesh.pp_peer(sched.rank_of(s + 1)))
         return self.executor.global_loss(losses)
