@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from _unit_makespan import UNIT, steady_period, unit_makespan
 from pipewright.errors import ScheduleError
@@ -30,7 +32,14 @@ def _ideal(m: int, c: dict[str, float]) -> float:
 
 
 @pytest.mark.parametrize(
-    "costs", [UNIT, {"F": 2, "I": 2, "W": 1, "B": 3}, {"F": 3, "I": 2, "W": 2, "B": 4}], ids=str
+    "costs",
+    [
+        UNIT,
+        {"F": 2, "I": 2, "W": 1, "B": 3},
+        {"F": 3, "I": 2, "W": 2, "B": 4},
+        {"F": 1, "I": 1, "W": 0.5, "B": 1.5},
+    ],
+    ids=str,
 )
 def test_zb_h1_bubble_formula(costs: dict[str, float]) -> None:
     """1F1B's bubble (p − 1)(F + B) with B = I + W shrinks to (p − 1)(F + I − W) in ZB-H1."""
@@ -68,6 +77,22 @@ def test_zb_auto_respects_memory_limit(p: int) -> None:
             sched = zb_auto(p, m, **costs, comm=0.1, memory_limit=limit)
             validate(lower(sched))
             assert max(peak_in_flight(sched)) <= limit, (p, m, limit)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    p=st.integers(1, 6),
+    extra=st.integers(0, 12),
+    costs=st.lists(st.sampled_from([0.25, 1.0, 1.5, 3.0]), min_size=18, max_size=18),
+    comm=st.sampled_from([0.0, 0.1, 2.0]),
+    limit=st.sampled_from([1, 1.5, 2, 5, None]),
+)
+def test_zb_auto_any_costs_valid_within_memory(p, extra, costs, comm, limit) -> None:
+    m = p + extra
+    f, i, w = costs[:p], costs[6 : 6 + p], costs[12 : 12 + p]
+    sched = zb_auto(p, m, f=f, i=i, w=w, comm=comm, memory_limit=limit)
+    validate(lower(sched))
+    assert max(peak_in_flight(sched)) <= (2 * p - 1 if limit is None else int(limit))
 
 
 def test_zb_auto_with_2p_minus_1_is_zb_h2_like() -> None:

@@ -70,11 +70,13 @@ def _delayed_1f1b(name: str, p: int, m: int, warmup: list[int], delay: list[int]
 
 
 def zb_h1(p: int, m: int, v: int = 1) -> Schedule:
-    """ZB-H1 (Qi et al. 2024, Fig. 3 top; torch's ScheduleInterleavedZeroBubble with one chunk).
+    """ZB-H1, the handcrafted schedule of Qi et al. 2024 (torch's ScheduleInterleavedZeroBubble with one
+    chunk builds the same order).
 
     Rank r runs 1F1B's order with I in place of B — p − 1 − r warm-up forwards, then F, I pairs, then
     the remaining I — and runs each W r backward steps after its I (the last r W at the end). The
-    delayed W fill the bubbles where a rank waits for gradients: bubble (p − 1)(T_F + T_I − T_W); with
+    delayed W fill the bubbles where a rank waits for gradients: bubble (p − 1)(T_F + T_I − T_W) for
+    T_W ≤ T_F, T_I (with larger T_W it stays at the pipeline fill (p − 1)·T_F); with
     unit costs one iteration takes 3m + p − 1 (1F1B: 3m + 3(p − 1)) for m ≥ p. Peak memory min(p, m)
     on every rank (see the module docstring).
     """
@@ -82,7 +84,7 @@ def zb_h1(p: int, m: int, v: int = 1) -> Schedule:
 
 
 def zb_h2(p: int, m: int, v: int = 1) -> Schedule:
-    """ZB-H2 (Qi et al. 2024, Fig. 3 bottom): twice ZB-H1's warm-up and W delay.
+    """ZB-H2, the handcrafted schedule of Qi et al. 2024: twice ZB-H1's warm-up and W delay.
 
     Rank r runs 2(p − 1 − r) warm-up forwards, then F, I pairs, then the remaining I, and each W 2r
     backward steps after its I. Rank 0 thus starts with 2p − 1 forwards, the extra forwards fill the
