@@ -1,4 +1,4 @@
-"""Per-action overhead of the pipeline executor on gloo: 2 ranks, 1F1B, tiny tensors.
+"""Per-action overhead of the pipeline executor on gloo: 1F1B, tiny tensors, 2 ranks (or 1: no p2p).
 
 With 4-wide linear stages the compute is negligible, so time per action ≈ the executor's own cost
 (handler dispatch, autograd calls, p2p posting and waiting). Also times the bare compute (the same
@@ -25,11 +25,11 @@ def _loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     return nn.functional.mse_loss(out, target)
 
 
-def _worker(rank: int, schedule_name: str, m: int, iterations: int, record: bool) -> dict:
-    mesh = ParallelMesh.build(1, 2, 1)
+def _worker(rank: int, ranks: int, schedule_name: str, m: int, iterations: int, record: bool) -> dict:
+    mesh = ParallelMesh.build(1, ranks, 1)
     torch.manual_seed(0)
-    stages = [nn.Linear(WIDTH, WIDTH) for _ in range(2)]
-    sched = build_schedule(schedule_name, 2, m)
+    stages = [nn.Linear(WIDTH, WIDTH) for _ in range(ranks)]
+    sched = build_schedule(schedule_name, ranks, m)
     ex = PipelineExecutor(
         sched, mesh, {rank: stages[rank]}, loss_fn=_loss, boundary_shape=(MB, WIDTH), record=record
     )
@@ -53,12 +53,16 @@ def _worker(rank: int, schedule_name: str, m: int, iterations: int, record: bool
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--schedule", default="1f1b")
+    parser.add_argument("--ranks", type=int, default=2, help="pipeline ranks (1: no communication)")
     parser.add_argument("--microbatches", type=int, default=8)
     parser.add_argument("--iterations", type=int, default=50)
     parser.add_argument("--record", action="store_true", help="also record spans (timeline)")
     args = parser.parse_args()
     results = spawn(
-        _worker, 2, (args.schedule, args.microbatches, args.iterations, args.record), backend="gloo"
+        _worker,
+        args.ranks,
+        (args.ranks, args.schedule, args.microbatches, args.iterations, args.record),
+        backend="gloo",
     )
     for rank, r in enumerate(results):
         per_action = r["iteration_s"] / r["actions"]

@@ -13,6 +13,8 @@ import time
 import pytest
 import torch
 import torch.distributed as dist
+from hypothesis import given
+from hypothesis import strategies as hs
 from torch import nn
 
 from pipewright.deps import CORE_KINDS
@@ -173,15 +175,20 @@ def _run_case(mesh: ParallelMesh, name: str, v: int, m: int, seed: int) -> dict:
     stages = make_stages(schedule.num_stages, seed)
     tokens, targets = make_batch(mesh.dp, m, seed)
     ref_losses, ref_loss, ref_grads = reference(stages, tokens, targets)
-    ex = _executor(schedule, mesh, stages)
+    # Alternate cases post all receives at iteration start or only one action ahead.
+    ex = _executor(schedule, mesh, stages, recv_window=None if seed % 2 == 0 else 1)
     d = mesh.dp_rank
+    eval_losses = ex.evaluate(tokens[d], targets[d])
+    untouched = all(p.grad is None for st in ex.stages.values() for p in st.parameters())
     losses = ex.run(tokens[d], targets[d])
     mean = ex.global_loss(losses)
     errs = [rel_err(p.grad, ref_grads[s][n]) for s, st in ex.stages.items() for n, p in st.named_parameters()]
     result = {"grad_err": max(errs), "num_params": len(errs), "loss_err": 0.0, "losses": len(losses)}
     result["mean_loss_err"] = abs(mean - ref_loss) / ref_loss
     if schedule.num_stages - 1 in ex.stages:
-        result["loss_err"] = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses[d], strict=True))
+        pairs = [*zip(losses, ref_losses[d], strict=True), *zip(eval_losses, ref_losses[d], strict=True)]
+        result["loss_err"] = max(abs(a - b) / abs(b) for a, b in pairs)
+    result["eval_ok"] = untouched and len(eval_losses) == len(losses)
     return result
 
 
@@ -214,6 +221,7 @@ def test_executor_matches_single_process_reference(results_8, case) -> None:
     for rank, res in enumerate(results_8):
         r = res[case]
         assert r["num_params"] > 0
+        assert r["eval_ok"], f"rank {rank}: evaluate() touched gradients or lost losses"
         assert r["grad_err"] <= RTOL, f"rank {rank}: gradient differs by {r['grad_err']:.2e}"
         assert r["loss_err"] <= RTOL, f"rank {rank}: loss differs by {r['loss_err']:.2e}"
         assert r["mean_loss_err"] <= RTOL, f"rank {rank}: global loss differs by {r['mean_loss_err']:.2e}"
@@ -235,6 +243,15 @@ def _misc_checks(rank: int, mesh: ParallelMesh) -> dict:
         out["timeline"] = (timeline.num_ranks, timeline.source, sorted(str(s.action) for s in timeline.spans))
         out["expected"] = sorted(str(a) for row in ex.schedule.actions for a in row)
         out["ordered"] = all(s.end >= s.start for s in timeline.spans)
+    # Scatter/gather over the 4 tp ranks (they hold identical boundary tensors): same gradients.
+    sg_stages = make_stages(2, 5)
+    _, _, ref_grads = reference(sg_stages, tokens, targets)
+    ex = _executor(build_schedule("1f1b", 2, m), mesh, sg_stages, scatter_gather=True)
+    ex.run(tokens[0], targets[0])
+    st = sg_stages[mesh.pp_rank]
+    out["scatter_gather_err"] = max(
+        rel_err(p.grad, ref_grads[mesh.pp_rank][n]) for n, p in st.named_parameters()
+    )
     # An extension kind with its own handler (no change to the executor).
     note = KindSpec("NOTE", requires=lambda a, s: (), compute=False)
     sched = build_schedule("1f1b", 2, m)
@@ -286,6 +303,12 @@ def test_measured_timeline_has_every_action(results_8) -> None:
 
 
 @pytest.mark.slow
+def test_scatter_gather_over_tp_gives_the_same_gradients(results_8) -> None:
+    for res in results_8:
+        assert res["misc"]["scatter_gather_err"] <= RTOL
+
+
+@pytest.mark.slow
 def test_extension_kind_handler_and_async_steps(results_8) -> None:
     for rank, res in enumerate(results_8):
         pp_rank = rank_to_coords(rank, 1, 2, 4)[1]
@@ -333,6 +356,14 @@ def test_rank_coordinates_round_trip_and_layout_errors() -> None:
     assert rank_to_coords(5, dp, pp, tp) == (0, 1, 1)  # tp fastest, then pp, then dp (Megatron order)
     with pytest.raises(LayoutError, match="2×2×2 = 8 but there are 6 processes"):
         check_layout(6, 2, 2, 2)
+
+
+@given(hs.integers(1, 4), hs.integers(1, 4), hs.integers(1, 4), hs.data())
+def test_rank_coordinates_are_a_bijection(dp: int, pp: int, tp: int, data) -> None:
+    rank = data.draw(hs.integers(0, dp * pp * tp - 1))
+    d, p, t = rank_to_coords(rank, dp, pp, tp)
+    assert (0 <= d < dp, 0 <= p < pp, 0 <= t < tp) == (True, True, True)
+    assert coords_to_rank(d, p, t, dp, pp, tp) == rank
 
 
 def test_deferred_weight_grads_equal_full_backward() -> None:

@@ -53,6 +53,8 @@ class RunState:
     executor: PipelineExecutor
     inputs: list[torch.Tensor] | None
     targets: list[torch.Tensor] | None
+    actions: tuple[Action, ...]
+    comm: PipeComm
     position: int = 0
     stage_inputs: dict[Key, torch.Tensor] = field(default_factory=dict)
     stage_outputs: dict[Key, torch.Tensor] = field(default_factory=dict)
@@ -61,10 +63,6 @@ class RunState:
     losses: dict[int, torch.Tensor] = field(default_factory=dict)
     sent: set[Action] = field(default_factory=set)
     reductions: dict[int, tuple[Any, torch.Tensor, list[torch.Tensor]]] = field(default_factory=dict)
-
-    @property
-    def actions(self) -> tuple[Action, ...]:
-        return self.executor.actions
 
 
 def _forward(state: RunState, a: Action) -> None:
@@ -116,7 +114,7 @@ def _weight_backward(state: RunState, a: Action) -> None:
 
 
 def _recv(state: RunState, a: Action) -> None:
-    state.received[a] = state.executor.comm.wait_recv(a)
+    state.received[a] = state.comm.wait_recv(a)
 
 
 def _send(state: RunState, a: Action) -> None:
@@ -133,7 +131,7 @@ def _send(state: RunState, a: Action) -> None:
             tensor = state.input_grads.pop((b.stage, b.microbatch))
         batch.append((b, tensor))
         state.sent.add(b)
-    state.executor.comm.send(batch)
+    state.comm.send(batch)
 
 
 def _reduce_grad(state: RunState, a: Action) -> None:
@@ -201,7 +199,9 @@ class PipelineExecutor:
     stage (one tuple for all, or a dict stage → shape), ``dtype`` likewise. ``step_fn(stage, mb)`` is
     called by STEP actions (``mb`` None after a flush). ``recv_window``: receives are posted this many
     actions ahead (None: all at iteration start). ``record``: measure a span per action (on CUDA this
-    synchronises after each action).
+    synchronises after each action). ``scatter_gather`` (tp > 1, boundary tensors identical on the
+    tp ranks of a stage, as after Megatron's row-parallel all-reduce): each tp rank sends 1/tp of a
+    boundary tensor and the receivers all-gather it (Megatron-LM's scatter/gather optimisation).
     """
 
     def __init__(
@@ -220,6 +220,7 @@ class PipelineExecutor:
         recv_window: int | None = None,
         record: bool = False,
         validate: bool = True,
+        scatter_gather: bool = False,
     ) -> None:
         if schedule.num_ranks != mesh.pp:
             raise LayoutError(f"schedule {schedule.name} has {schedule.num_ranks} ranks but pp = {mesh.pp}")
@@ -261,7 +262,10 @@ class PipelineExecutor:
         self.last_spans: list[Span] = []
         self.iteration = 0
         mesh.open_channels(channel_pairs(schedule))
-        self.comm = PipeComm(schedule, mesh, self._recv_spec, timeout_s=recv_timeout_s)
+        self.comm = PipeComm(
+            schedule, mesh, self._recv_spec, timeout_s=recv_timeout_s, scatter_gather=scatter_gather
+        )
+        self._eval: tuple[tuple[Action, ...], PipeComm] | None = None
 
     def global_loss(self, losses: list[float]) -> float:
         """Collective over all ranks: the iteration's mean loss over every microbatch of every dp
@@ -286,21 +290,58 @@ class PipelineExecutor:
         """Run one iteration. ``inputs``/``targets``: the m microbatches (needed only on the ranks
         holding the first/last stage). Gradients accumulate into ``.grad`` (zero them between
         iterations). Returns the per-microbatch losses (unscaled) on the last stage's rank, else []."""
-        state = RunState(self, inputs, targets)
-        self.comm.reset()
+        state = RunState(self, inputs, targets, self.actions, self.comm)
+        self.last_spans = self._execute(state, record=self.record)
+        for s, store in self.wgrad.items():
+            if len(store):
+                log.warning("stage %d: %d deferred weight gradients never flushed (no W)", s, len(store))
+                store.flush()
+        self.iteration += 1
+        return [state.losses[k].item() for k in sorted(state.losses)]
+
+    def evaluate(
+        self, inputs: list[torch.Tensor] | None = None, targets: list[torch.Tensor] | None = None
+    ) -> list[float]:
+        """Forward only, without gradients: the schedule's F/SEND_F/RECV_F actions in their order
+        (a valid schedule stays deadlock-free without its backward actions). Same arguments and
+        result as :meth:`run`; no spans are recorded and ``.grad`` is untouched."""
+        if self._eval is None:
+            kinds = (F, SEND_F, RECV_F)
+            sched = self.schedule.with_actions(
+                [[a for a in row if a.kind in kinds] for row in self.schedule.actions]
+            )
+            self._eval = (
+                sched.actions[self.pp_rank],
+                PipeComm(
+                    sched,
+                    self.mesh,
+                    self._recv_spec,
+                    timeout_s=self.comm.timeout_s,
+                    scatter_gather=self.comm.scatter_gather,
+                ),
+            )
+        actions, comm = self._eval
+        state = RunState(self, inputs, targets, actions, comm)
+        with torch.no_grad():
+            self._execute(state, record=False)
+        return [state.losses[k].item() for k in sorted(state.losses)]
+
+    def _execute(self, state: RunState, *, record: bool) -> list[Span]:
+        """Run ``state.actions`` in order; receives posted ahead (all at once or ``recv_window``)."""
+        actions, comm = state.actions, state.comm
+        comm.reset()
         spans: list[Span] = []
-        if self.record:
+        if record:
             self._sync()
             dist.barrier(group=self.mesh.pp_group)
         t0 = time.perf_counter()
-        recvs = [a for a in self.actions if a.kind in (RECV_F, RECV_B)]
         if self.recv_window is None:
-            self.comm.post(recvs)
-        for pos, a in enumerate(self.actions):
+            comm.post([a for a in actions if a.kind in (RECV_F, RECV_B)])
+        for pos, a in enumerate(actions):
             state.position = pos
             if self.recv_window is not None:
-                window = self.actions[pos : pos + self.recv_window + 1]
-                self.comm.post([b for b in window if b.kind in (RECV_F, RECV_B)])
+                window = actions[pos : pos + self.recv_window + 1]
+                comm.post([b for b in window if b.kind in (RECV_F, RECV_B)])
             start = time.perf_counter()
             try:
                 self.handlers[a.kind](state, a)
@@ -311,7 +352,7 @@ class PipelineExecutor:
                     f"rank {self.mesh.rank} (pp {self.pp_rank}), position {pos}, action {a} "
                     f"({self.schedule.name}): {type(e).__name__}: {e}"
                 ) from e
-            if self.record:
+            if record:
                 self._sync()
                 stream = "compute" if self.schedule.kinds[a.kind].compute else "comm"
                 spans.append(
@@ -319,11 +360,6 @@ class PipelineExecutor:
                 )
         for stage in list(state.reductions):
             finish_reduction(state, stage)
-        self.comm.finish()
-        for s, store in self.wgrad.items():
-            if len(store):
-                log.warning("stage %d: %d deferred weight gradients never flushed (no W)", s, len(store))
-                store.flush()
-        self.last_spans = spans
-        self.iteration += 1
+        comm.finish()
+        return spans
         return [state.losses[k].item() for k in sorted(state.losses)]

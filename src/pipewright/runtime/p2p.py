@@ -12,6 +12,7 @@ complete within ``timeout_s`` raises :class:`RecvTimeout` naming this rank, the 
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterable
 from datetime import timedelta
@@ -48,11 +49,13 @@ class PipeComm:
         recv_spec: Callable[[Action], TensorSpec],
         *,
         timeout_s: float = 300.0,
+        scatter_gather: bool = False,
     ) -> None:
         self.schedule = schedule
         self.mesh = mesh
         self.recv_spec = recv_spec
         self.timeout_s = timeout_s
+        self.scatter_gather = scatter_gather and mesh.tp > 1
         me = mesh.pp_rank
         # For each source pp rank: the receives of this rank in the order the source sends them.
         self._order: dict[int, list[Action]] = {}
@@ -81,6 +84,11 @@ class PipeComm:
         batching the receives from one peer into one ``batch_isend_irecv``."""
         target: dict[int, int] = {}
         for a in actions:
+            if a not in self._slot:
+                raise RecvTimeout(
+                    f"rank {self.mesh.rank} (pp {self.mesh.pp_rank}): no rank's schedule sends what {a} "
+                    "receives; the schedules of the ranks disagree"
+                )
             src, i = self._slot[a]
             target[src] = max(target.get(src, 0), i + 1)
         for src, upto in sorted(target.items()):
@@ -92,7 +100,8 @@ class PipeComm:
             batch = []
             for r in self._order[src][start:upto]:
                 shape, dtype = self.recv_spec(r)
-                buf = torch.empty(shape, dtype=dtype, device=self.mesh.device)
+                piece = self._piece(math.prod(shape))
+                buf = torch.empty(piece or shape, dtype=dtype, device=self.mesh.device)
                 batch.append((r, buf))
             works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, buf, peer, group) for _, buf in batch])
             # NCCL may coalesce a batch into one work; every receive then waits on it.
@@ -111,7 +120,21 @@ class PipeComm:
                 f"rank {self.mesh.rank} (pp {self.mesh.pp_rank}): {action} received nothing from rank "
                 f"{self.mesh.pp_peer(src)} (pp {src}) within {self.timeout_s:g} s"
             )
+        shape = self.recv_spec(action)[0]
+        if self._piece(math.prod(shape)) is not None:
+            return self._gather(buf, shape)
         return buf
+
+    def _piece(self, numel: int) -> int | None:
+        """Scatter/gather (Megatron-LM, Narayanan et al. SC21 §4.1): tp ranks hold the same boundary
+        tensor, so each sends only its 1/tp share and the receivers all-gather it over tp."""
+        tp = self.mesh.tp
+        return numel // tp if self.scatter_gather and numel % tp == 0 else None
+
+    def _gather(self, piece: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+        full = torch.empty(piece.numel() * self.mesh.tp, dtype=piece.dtype, device=piece.device)
+        dist.all_gather(list(full.chunk(self.mesh.tp)), piece, group=self.mesh.tp_group)
+        return full.view(shape)
 
     def _wait(self, work: dist.Work) -> bool:
         if self.mesh.device.type == "cpu":
@@ -135,7 +158,11 @@ class PipeComm:
         """Start sending ``(SEND action, tensor)`` pairs, one ``batch_isend_irecv`` per peer."""
         by_peer: dict[int, list[tuple[Action, torch.Tensor]]] = {}
         for a, t in items:
-            by_peer.setdefault(peer_rank(a, self.schedule), []).append((a, t.contiguous()))
+            t = t.contiguous()
+            piece = self._piece(t.numel())
+            if piece is not None:
+                t = t.view(-1)[self.mesh.tp_rank * piece : (self.mesh.tp_rank + 1) * piece]
+            by_peer.setdefault(peer_rank(a, self.schedule), []).append((a, t))
         for dst, batch in sorted(by_peer.items()):
             group = self.mesh.channel(self.mesh.pp_rank, dst)
             peer = self.mesh.pp_peer(dst)
