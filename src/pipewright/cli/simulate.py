@@ -79,6 +79,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     model.add_argument("--microbatch-size", type=int, default=1)
     model.add_argument("--global-batch-size", type=int, default=None)
     model.add_argument("--recompute", choices=["full", "none"], default="none")
+    model.add_argument("--dtype", help="compute dtype (default: bf16 where the GPU has it, else fp16)")
     model.add_argument("--topology", help="cluster topology JSON (default: built from --nodes/--gpu)")
     parser.add_argument("--iterations", type=int, default=1, help="iterations to simulate (steady state)")
     parser.add_argument(
@@ -103,28 +104,35 @@ def _load_schedule(name: str, stages: int | None, microbatches: int | None, virt
 
 def _unit_setup(args: argparse.Namespace) -> _Setup:
     sched = _load_schedule(args.schedule, args.stages, args.microbatches, args.virtual)
-    return _Setup(sched, _UnitWork(per_chunk=True), FreeComm(), 1, _UNIT_PEAK, None, "cost unit")
+    # activation 1/v per chunk-microbatch: peak memory reads in microbatches of a rank's layers
+    cost = _UnitWork(per_chunk=True, activation=1 / sched.chunks_per_rank)
+    return _Setup(sched, cost, FreeComm(), 1, _UNIT_PEAK, None, "cost unit")
 
 
 def _model_setup(args: argparse.Namespace) -> _Setup:
     """Model + cluster: resolve the preset, the accelerator and the topology, then the cost models."""
-    from pipewright.cost.transformer import TopologyComm, TransformerCost
-    from pipewright.hardware import get_gpu
+    from pipewright.cost.comm import Mesh
+    from pipewright.cost.transformer import TransformerCost
+    from pipewright.hardware import accelerator
     from pipewright.models.presets import resolve_model
-    from pipewright.topology import cluster, load_topology
+    from pipewright.topology import Topology, cluster, single_host
 
     model = resolve_model(args.model, **{d: getattr(args, d) for d in _DIMS})
     if args.topology:
-        topo = load_topology(args.topology)
-        gpu = get_gpu(args.gpu) if args.gpu else topo.gpu
+        topo = Topology.load(args.topology)
+        gpu = accelerator(args.gpu) if args.gpu else topo.accelerator(0)
+    elif not args.gpu:
+        raise ConfigError("--model needs --gpu KIND (or --topology FILE)")
     else:
-        if not args.gpu:
-            raise ConfigError("--model needs --gpu KIND (or --topology FILE)")
-        gpu = get_gpu(args.gpu)
-        topo = cluster(gpu, args.nodes, args.gpus_per_node)
+        gpu = accelerator(args.gpu)
+        if gpu.name == "cpu":
+            topo = single_host(args.nodes * args.gpus_per_node)
+        else:
+            intra = "nvlink" if gpu.nvlink else "pcie4"
+            topo = cluster(args.nodes, args.gpus_per_node, gpu.name, intra=intra)
     t, d = args.tp, args.dp
     p = args.pp if args.pp is not None else (args.stages or 1)
-    devices = topo.num_devices
+    devices = len(topo.devices)
     if t * p * d != devices:
         raise ConfigError(
             f"--tp {t} × --pp {p} × --dp {d} = {t * p * d} devices, but the cluster has {devices}; "
@@ -143,12 +151,19 @@ def _model_setup(args: argparse.Namespace) -> _Setup:
     else:
         raise ConfigError("--model needs --global-batch-size (or --microbatches)")
     sched = _load_schedule(args.schedule, p, m, args.virtual)
+    dtype = args.dtype or next((x for x in ("bf16", "fp16", "fp32") if x in gpu.peak_flops), "fp32")
     cost = TransformerCost(
-        model, gpu, tp=t, pp=p, dp=d, microbatch_size=b, recompute=args.recompute == "full"
+        model,
+        microbatch=b,
+        gpu=gpu.name,
+        dtype=dtype,
+        recompute=args.recompute,
+        mesh=Mesh(t, p, d),
+        topology=topo,
     )
-    comm = TopologyComm(topo, tp=t, pp=p, dp=d)
     label = f"{model.name} on {devices}× {gpu.name} (t={t}, p={p}, d={d}, b={b}, m={m})"
-    return _Setup(sched, cost, comm, t, gpu.peak_flops, gpu.memory_bytes, label)
+    # TransformerCost's FLOPs are per device (each tensor-parallel rank's share): one device per rank.
+    return _Setup(sched, cost, cost.comm, 1, gpu.peak(cost.dtype), gpu.memory_bytes, label)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -175,7 +190,9 @@ def run(args: argparse.Namespace) -> int:
         from pipewright.viz import draw_timeline, write_trace
 
         if args.png:
-            draw_timeline(result.timeline, args.png, titles=[f"{result.schedule.name}, {setup.label}"])
+            title = f"{result.schedule.name}, {setup.label}"
+            xlabel = "time (unit costs)" if args.model is None else "time (s)"
+            draw_timeline(result.timeline, args.png, titles=[title], xlabel=xlabel)
         if args.trace:
             write_trace(result.timeline, args.trace)
     if args.json:

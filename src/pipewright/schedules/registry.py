@@ -12,7 +12,7 @@ from functools import cache
 from pipewright.errors import ScheduleError
 from pipewright.ir import Schedule
 
-_FAMILIES = ("classic", "asynchronous", "zero_bubble", "vshape")
+_FAMILIES = ("classic", "zero_bubble", "vshape", "asynchronous")
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ Execution rules (see ``docs/simulator.md``):
   actions that require its event (STEP) wait for it.
 - Any other kind without compute or comm flags is a zero-time marker.
 - Every requirement comes from :func:`pipewright.deps.requires` / :func:`~pipewright.deps.produces`;
-  the simulator turns them into integer event indices once and never re-derives a rule.
+  the simulator resolves each requirement once to the index of the action that produces it and never
+  re-derives a rule.
 
 Iterations: rank r starts iteration k+1 after its own iteration-k actions (program order), so each
 stage's next forward follows its previous optimizer step. With ``step_barrier=True`` every rank also
@@ -30,19 +31,18 @@ by the event it waits on — no event heap and no rescans are needed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
 from pipewright.cost.base import CommModel, CostModel, FreeComm
 from pipewright.deps import produces, requires
 from pipewright.errors import PipewrightError
-from pipewright.ir import Action, Schedule
+from pipewright.ir import Action, KindSpec, Schedule
 from pipewright.passes.lower import lower
 from pipewright.sim.memory import peak_from_deltas
 from pipewright.timeline import Span, Timeline
 
-# Action modes in the precomputed program.
+# Action modes in the compiled program.
 _COMPUTE, _SEND, _COLLECTIVE, _WAIT = 0, 1, 2, 3
 _NOT_DONE = -1.0
 
@@ -53,114 +53,122 @@ class SimulationError(PipewrightError):
 
 @dataclass(frozen=True)
 class _Program:
-    """A lowered schedule compiled to flat per-rank arrays of integers and floats."""
+    """A lowered schedule compiled to flat arrays over global action indices g = offset[rank] + position.
 
-    num_events: int
-    reqs: list[list[tuple[int, ...]]]  # per rank, per position: event indices to wait for
-    outs: list[list[tuple[int, ...]]]  # per rank, per position: event indices produced
-    modes: list[list[int]]
-    durs: list[list[float]]
-    links: list[list[int]]  # link index for sends, -1 otherwise
+    An event is identified with the action that produces it, so ``reqs[g]`` lists the global indices
+    of the actions whose completion action g waits for (``missing``: an index no action has, for
+    requirements nothing produces), and the end time of action g is the time of all its events.
+    """
+
+    offsets: list[int]
+    reqs: list[tuple[int, ...]]
+    modes: list[int]
+    durs: list[float]
+    links: list[int]  # link index of a send, -1 otherwise
     num_links: int
     busy: list[float]  # compute time of one iteration per rank
     flops: float
     model_flops: float
     peak_memory: list[float]
 
+    @property
+    def missing(self) -> int:
+        return len(self.modes)
+
+
+def _mode(spec: KindSpec) -> int:
+    if spec.compute:
+        return _COMPUTE
+    return {"send": _SEND, "collective": _COLLECTIVE}.get(spec.comm, _WAIT)
+
 
 def _compile(schedule: Schedule, cost: CostModel, comm: CommModel) -> _Program:
-    """Index every event as an int and every action's cost once (the simulator's only setup)."""
-    specs = {name: schedule.kinds[name] for name in schedule.kinds}
-    event_id: dict[tuple, int] = {}
-    intern = event_id.setdefault
-    produced_by: dict[int, tuple[int, int, int]] = {}  # event -> (rank, position, mode)
-    rows = schedule.actions
-    outs: list[list[tuple[int, ...]]] = []
-    modes: list[list[int]] = []
-    for rank, row in enumerate(rows):
-        r_outs, r_modes = [], []
-        for pos, a in enumerate(row):
-            spec = specs[a.kind]
-            mode = (
-                _COMPUTE
-                if spec.compute
-                else _SEND
-                if spec.comm == "send"
-                else _COLLECTIVE
-                if spec.comm == "collective"
-                else _WAIT
-            )
-            evs = tuple(intern(ev, len(event_id)) for ev in produces(a, schedule))
-            for e in evs:
-                produced_by[e] = (rank, pos, mode)
-            r_outs.append(evs)
-            r_modes.append(mode)
-        outs.append(r_outs)
-        modes.append(r_modes)
+    """Resolve every requirement to its producing action and cost every action, once.
 
-    consumers: dict[int, int] = {}  # event -> a rank that needs it from elsewhere (a send's destination)
-    reqs: list[list[tuple[int, ...]]] = []
+    Costs are asked once per (kind, stage, payload): every microbatch of a stage costs the same. A
+    send's duration needs its destination — the rank of the action that requires its event — so sends
+    are costed after the requirements are resolved.
+    """
+    mode_of = {name: _mode(schedule.kinds[name]) for name in schedule.kinds}
+    rows = schedule.actions
+    offsets = [0]
+    for row in rows:
+        offsets.append(offsets[-1] + len(row))
+    total_actions = offsets[-1]
+    producer: dict[tuple, int] = {}
+    modes: list[int] = []
+    durs: list[float] = []
+    busy: list[float] = []
+    peaks: list[float] = []
+    sends: list[int] = []
+    compute_cost: dict[tuple, tuple[float, float, float, float]] = {}
+    flops = model_flops = 0.0
+    g = 0
     for rank, row in enumerate(rows):
-        r_reqs = []
-        for pos, a in enumerate(row):
-            needed = []
+        deltas = []
+        total = 0.0
+        for a in row:
+            mode = mode_of[a.kind]
+            for ev in produces(a, schedule):
+                producer[ev] = g
+            modes.append(mode)
+            if mode == _COMPUTE:
+                key = (a.kind, a.stage, a.payload)
+                c = compute_cost.get(key)
+                if c is None:
+                    c = compute_cost[key] = (
+                        float(cost.compute_time(a, schedule)),
+                        float(cost.flops(a, schedule)),
+                        float(cost.model_flops(a, schedule)),
+                        float(cost.activation_bytes(a, schedule)),
+                    )
+                total += c[0]
+                flops += c[1]
+                model_flops += c[2]
+                deltas.append(c[3])
+                durs.append(c[0])
+            elif mode == _COLLECTIVE:
+                nbytes = cost.message_bytes(a, schedule)
+                durs.append(float(comm.collective_time("all_reduce", rank, nbytes)))
+            else:
+                if mode == _SEND:
+                    sends.append(g)
+                durs.append(0.0)
+            g += 1
+        busy.append(total)
+        peaks.append(peak_from_deltas(deltas, float(cost.static_bytes(rank, schedule))))
+
+    destination: dict[int, int] = {}  # send g -> the rank that needs its event
+    reqs: list[tuple[int, ...]] = []
+    local = (_COMPUTE, _WAIT)
+    get = producer.get
+    for rank, row in enumerate(rows):
+        first = g = offsets[rank]
+        last = offsets[rank + 1]
+        for a in row:
+            needed = ()
             for ev in requires(a, schedule):
-                e = intern(ev, len(event_id))
-                src = produced_by.get(e)
-                if src is not None and src[0] != rank:
-                    consumers[e] = rank
-                # An earlier compute/wait action of this rank ended before the clock: always satisfied.
-                if src is not None and src[0] == rank and src[1] < pos and src[2] in (_COMPUTE, _WAIT):
-                    continue
-                needed.append(e)
-            r_reqs.append(tuple(needed))
-        reqs.append(r_reqs)
+                src = get(ev, total_actions)
+                if first <= src < g:
+                    if modes[src] in local:
+                        continue  # an earlier compute/wait action of this rank ended before the clock
+                elif src < total_actions and not first <= src < last:
+                    destination[src] = rank  # produced on another rank: a send's destination
+                needed += (src,)
+            reqs.append(needed)
+            g += 1
 
     link_id: dict[tuple[int, int], int] = {}
-    durs: list[list[float]] = []
-    links: list[list[int]] = []
-    busy: list[float] = []
-    deltas: list[list[float]] = []
-    flops = model_flops = 0.0
-    for rank, row in enumerate(rows):
-        r_durs, r_links, r_deltas = [], [], []
-        total = 0.0
-        for pos, a in enumerate(row):
-            mode = modes[rank][pos]
-            link = -1
-            if mode == _COMPUTE:
-                d = float(cost.compute_time(a, schedule))
-                total += d
-                flops += cost.flops(a, schedule)
-                model_flops += cost.model_flops(a, schedule)
-                r_deltas.append(float(cost.activation_bytes(a, schedule)))
-            elif mode == _SEND:
-                dst = _destination(outs[rank][pos], consumers, rank)
-                nbytes = cost.message_bytes(a, schedule)
-                d = float(comm.p2p_time(rank, dst, nbytes)) if dst != rank else 0.0
-                link = link_id.setdefault((rank, dst), len(link_id))
-            elif mode == _COLLECTIVE:
-                d = float(comm.collective_time("all_reduce", rank, cost.message_bytes(a, schedule)))
-            else:
-                d = 0.0
-            r_durs.append(d)
-            r_links.append(link)
-        durs.append(r_durs)
-        links.append(r_links)
-        busy.append(total)
-        deltas.append(r_deltas)
-    peaks = [peak_from_deltas(deltas[r], float(cost.static_bytes(r, schedule))) for r in range(len(rows))]
-    return _Program(
-        len(event_id), reqs, outs, modes, durs, links, len(link_id), busy, flops, model_flops, peaks
-    )
-
-
-def _destination(events: tuple[int, ...], consumers: dict[int, int], rank: int) -> int:
-    for e in events:
-        dst = consumers.get(e)
-        if dst is not None and dst != rank:
-            return dst
-    return rank
+    links = [-1] * total_actions
+    rank_of = [r for r, row in enumerate(rows) for _ in row] if sends else []
+    for g in sends:
+        src = rank_of[g]
+        dst = destination.get(g, src)
+        if dst != src:
+            a = rows[src][g - offsets[src]]
+            durs[g] = float(comm.p2p_time(src, dst, cost.message_bytes(a, schedule)))
+        links[g] = link_id.setdefault((src, dst), len(link_id))
+    return _Program(offsets, reqs, modes, durs, links, len(link_id), busy, flops, model_flops, peaks)
 
 
 @dataclass(frozen=True)
@@ -185,7 +193,7 @@ class SimResult:
     peak_memory: tuple[float, ...]
     flops: float
     model_flops: float
-    _starts: list[list[float]] = field(repr=False, compare=False)
+    _starts: list[list[float]] = field(repr=False, compare=False)  # per iteration, per global index
     _ends: list[list[float]] = field(repr=False, compare=False)
     _program: _Program = field(repr=False, compare=False)
 
@@ -216,17 +224,15 @@ class SimResult:
         sched, prog = self.schedule, self._program
         spans: list[Span] = []
         for rank, row in enumerate(sched.actions):
-            n = len(row)
-            modes, durs = prog.modes[rank], prog.durs[rank]
-            starts, ends = self._starts[rank], self._ends[rank]
+            first = prog.offsets[rank]
             for it in range(self.iterations):
-                base = it * n
-                for pos, a in enumerate(row):
-                    mode = modes[pos]
+                starts, ends = self._starts[it], self._ends[it]
+                for g, a in enumerate(row, first):
+                    mode = prog.modes[g]
                     if mode == _COMPUTE:
-                        spans.append(Span(rank, a, starts[base + pos], ends[base + pos], "compute", it))
-                    elif mode in (_SEND, _COLLECTIVE) and durs[pos] > 0:
-                        spans.append(Span(rank, a, starts[base + pos], ends[base + pos], "comm", it))
+                        spans.append(Span(rank, a, starts[g], ends[g], "compute", it))
+                    elif mode in (_SEND, _COLLECTIVE) and prog.durs[g] > 0:
+                        spans.append(Span(rank, a, starts[g], ends[g], "comm", it))
         meta = {
             "schedule": sched.name,
             "iterations": self.iterations,
@@ -236,11 +242,10 @@ class SimResult:
         return Timeline.of(sched.num_ranks, spans, source="simulated", meta=meta)
 
     def spans_of(self, rank: int, iteration: int = 0) -> list[tuple[Action, float, float]]:
-        """(action, start, end) of every action of ``rank`` in ``iteration`` (sends: transfer times)."""
-        row = self.schedule.actions[rank]
-        base = iteration * len(row)
-        s, e = self._starts[rank], self._ends[rank]
-        return [(a, s[base + i], e[base + i]) for i, a in enumerate(row)]
+        """(action, start, end) of every action of ``rank`` in ``iteration`` (sends: the transfer)."""
+        first = self._program.offsets[rank]
+        s, e = self._starts[iteration], self._ends[iteration]
+        return [(a, s[g], e[g]) for g, a in enumerate(self.schedule.actions[rank], first)]
 
 
 def simulate(
@@ -261,16 +266,17 @@ def simulate(
     sched = lower(schedule)
     prog = _compile(sched, cost, comm or FreeComm())
     num_ranks = sched.num_ranks
-    lens = [len(row) for row in sched.actions]
-    starts = [[0.0] * (n * iterations) for n in lens]
-    ends = [[0.0] * (n * iterations) for n in lens]
     clock = [0.0] * num_ranks
     coll_free = [0.0] * num_ranks
     link_free = [0.0] * prog.num_links
+    all_starts: list[list[float]] = []
+    all_ends: list[list[float]] = []
     iteration_ends: list[float] = []
-    for it in range(iterations):
-        etime = _run_iteration(sched, prog, it, lens, clock, coll_free, link_free, starts, ends)
-        end = max(max(etime, default=0.0), max(clock, default=0.0))
+    for _ in range(iterations):
+        starts, ends = _run_iteration(sched, prog, clock, coll_free, link_free)
+        all_starts.append(starts)
+        all_ends.append(ends)
+        end = max(max(ends, default=0.0), max(clock, default=0.0))
         iteration_ends.append(end)
         if step_barrier:
             clock = [end] * num_ranks
@@ -289,8 +295,8 @@ def simulate(
         peak_memory=tuple(prog.peak_memory),
         flops=prog.flops,
         model_flops=prog.model_flops,
-        _starts=starts,
-        _ends=ends,
+        _starts=all_starts,
+        _ends=all_ends,
         _program=prog,
     )
 
@@ -298,77 +304,70 @@ def simulate(
 def _run_iteration(
     sched: Schedule,
     prog: _Program,
-    it: int,
-    lens: Sequence[int],
     clock: list[float],
     coll_free: list[float],
     link_free: list[float],
-    starts: list[list[float]],
-    ends: list[list[float]],
-) -> list[float]:
-    """Advance every rank through one iteration; updates clocks, stream/link state and span times."""
-    etime = [_NOT_DONE] * prog.num_events
+) -> tuple[list[float], list[float]]:
+    """Advance every rank through one iteration from ``clock``; updates clocks and stream/link state.
+
+    Returns the start and end time of every action by global index (a send: its transfer).
+    """
+    n_total = prog.missing
+    starts = [0.0] * n_total
+    ends = [_NOT_DONE] * (n_total + 1)  # ends[g] is also the time of g's events; the last never comes
+    reqs, modes, durs, links, offsets = prog.reqs, prog.modes, prog.durs, prog.links, prog.offsets
     waiting: dict[int, list[int]] = {}
-    ptr = [0] * len(lens)
-    ready = list(range(len(lens) - 1, -1, -1))
+    ptr = offsets[:-1]
+    ready = list(range(len(clock) - 1, -1, -1))
     while ready:
         r = ready.pop()
-        p, n, t_rank = ptr[r], lens[r], clock[r]
-        reqs, outs, modes, durs = prog.reqs[r], prog.outs[r], prog.modes[r], prog.durs[r]
-        r_starts, r_ends = starts[r], ends[r]
-        base = it * n
-        while p < n:
+        g, stop, t_rank = ptr[r], offsets[r + 1], clock[r]
+        while g < stop:
             t = t_rank
-            blocked = False
-            for e in reqs[p]:
-                te = etime[e]
+            for e in reqs[g]:
+                te = ends[e]
                 if te < 0.0:
                     waiting.setdefault(e, []).append(r)
-                    blocked = True
                     break
                 if te > t:
                     t = te
-            if blocked:
-                break
-            mode = modes[p]
-            if mode == _COMPUTE:
-                end = t + durs[p]
-                t_rank = end
-            elif mode == _SEND:
-                link = prog.links[r][p]
-                free = link_free[link]
-                if free > t:
-                    t = free
-                end = t + durs[p]
-                link_free[link] = end
-            elif mode == _COLLECTIVE:
-                free = coll_free[r]
-                if free > t:
-                    t = free
-                end = t + durs[p]
-                coll_free[r] = end
             else:
-                end = t_rank = t
-            r_starts[base + p] = t
-            r_ends[base + p] = end
-            for e in outs[p]:
-                etime[e] = end
-                woken = waiting.pop(e, None)
-                if woken:
-                    ready.extend(woken)
-            p += 1
-        ptr[r] = p
+                mode = modes[g]
+                if mode == _COMPUTE:
+                    end = t_rank = t + durs[g]
+                elif mode == _SEND:
+                    link = links[g]
+                    if link_free[link] > t:
+                        t = link_free[link]
+                    end = link_free[link] = t + durs[g]
+                elif mode == _COLLECTIVE:
+                    if coll_free[r] > t:
+                        t = coll_free[r]
+                    end = coll_free[r] = t + durs[g]
+                else:
+                    end = t_rank = t
+                starts[g] = t
+                ends[g] = end
+                if waiting:
+                    woken = waiting.pop(g, None)
+                    if woken:
+                        ready.extend(woken)
+                g += 1
+                continue
+            break
+        ptr[r] = g
         clock[r] = t_rank
-    if any(ptr[r] < lens[r] for r in range(len(lens))):
-        _report_deadlock(sched, ptr)
-    return etime
+    if any(ptr[r] < offsets[r + 1] for r in range(len(clock))):
+        _report_deadlock(sched, [ptr[r] - offsets[r] for r in range(len(clock))])
+    ends.pop()
+    return starts, ends
 
 
-def _report_deadlock(sched: Schedule, ptr: list[int]) -> None:
+def _report_deadlock(sched: Schedule, positions: list[int]) -> None:
     from pipewright.passes.validate import validate
 
     validate(sched)  # raises a ValidationError naming rank, position and action
     heads = ", ".join(
-        f"rank {r} at {sched.actions[r][p]}" for r, p in enumerate(ptr) if p < len(sched.actions[r])
+        f"rank {r} at {sched.actions[r][p]}" for r, p in enumerate(positions) if p < len(sched.actions[r])
     )
     raise SimulationError(f"{sched.name}: simulation stuck ({heads})")

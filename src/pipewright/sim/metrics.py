@@ -6,8 +6,9 @@
 - ``mfu`` = model FLOPs per iteration (no recomputation) / T / devices / peak FLOP/s
   (PaLM's model FLOPs utilization, Chowdhery et al. 2022).
 
-``devices`` = pipeline ranks × ``num_devices_per_rank`` (the tensor-parallel size t): a cost model's
-``flops`` count an action's work over all the devices that run it.
+``devices`` = pipeline ranks × ``num_devices_per_rank``: the number of devices over which a cost model's
+per-action ``flops`` are spread — 1 when the cost model reports one device's share (TransformerCost
+does), t when it counts the whole tensor-parallel group's work.
 """
 
 from __future__ import annotations

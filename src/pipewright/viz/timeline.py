@@ -46,6 +46,7 @@ def draw_timeline(
     *,
     width: float = 12.0,
     dpi: int = 120,
+    xlabel: str = "time (s)",
 ) -> Path:
     """Write a PNG of one or more timelines (one panel each, stacked, shared time axis)."""
     import matplotlib
@@ -75,7 +76,7 @@ def draw_timeline(
     for ax, tl, title in zip(axes[:, 0], tls, titles, strict=True):
         used |= _draw_panel(ax, tl, colours, t0, span_x, width * dpi * 0.85)
         ax.set_title(title, fontsize=10, loc="left")
-    axes[-1, 0].set_xlabel("time (s)" if any(tl.source == "measured" for tl in tls) else "time")
+    axes[-1, 0].set_xlabel(xlabel)
     axes[-1, 0].set_xlim(t0, t0 + span_x)
     order = [k for k in colours if k in used]
     fig.legend(

@@ -1,0 +1,186 @@
+"""Catalogue of accelerators and links: vendor datasheet numbers, dense (no structured sparsity).
+
+Units: FLOP/s, bytes, bytes/s (1 GB/s = 1e9 bytes/s) and seconds. A link's ``bandwidth`` is per direction
+and, for NVLink and PCIe, what one GPU gets over all its lanes/links (NVLink 3 on an A100: 12 links ×
+25 GB/s = 300 GB/s each way, NVIDIA's "600 GB/s" counting both directions). Latencies are end-to-end
+estimates of one small message through the usual software stack (NCCL/gloo), not wire latencies.
+
+Lookups take lowercase names (``accelerator("a100-80gb")``, ``link("ib-hdr")``); a typo raises a one-line
+:class:`~pipewright.errors.PipewrightError` listing the known names.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from pipewright.errors import PipewrightError
+
+GB = 1e9
+TFLOPS = 1e12
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """One device kind. ``peak_flops`` maps dtype ("fp32", "tf32", "fp16", "bf16", "fp8") to dense peak
+    FLOP/s; dtypes the device has no fast path for are absent. ``nvlink``: the name of the device's
+    NVLink generation in :func:`link` (``None`` without NVLink)."""
+
+    name: str
+    peak_flops: Mapping[str, float]
+    memory_bytes: float
+    memory_bandwidth: float
+    nvlink: str | None = None
+    source: str = ""
+
+    def peak(self, dtype: str) -> float:
+        """Dense peak FLOP/s for ``dtype``; one-line error naming the dtypes this device has."""
+        try:
+            return self.peak_flops[dtype]
+        except KeyError:
+            known = ", ".join(self.peak_flops)
+            raise PipewrightError(f"{self.name} has no {dtype} peak; choose one of: {known}") from None
+
+
+@dataclass(frozen=True)
+class Link:
+    """One kind of connection: per-direction ``bandwidth`` (bytes/s) and one-message ``latency`` (s)."""
+
+    name: str
+    bandwidth: float
+    latency: float
+    source: str = ""
+
+
+def _frozen(d: dict[str, float]) -> Mapping[str, float]:
+    return MappingProxyType(dict(d))
+
+
+_V100 = Accelerator(
+    "v100",
+    _frozen({"fp32": 15.7 * TFLOPS, "fp16": 125 * TFLOPS}),
+    32 * GB,
+    900 * GB,
+    nvlink="nvlink2",
+    source="NVIDIA Tesla V100 datasheet (SXM2 32GB): 15.7 TFLOPS fp32, 125 TFLOPS tensor fp16, 900 GB/s",
+)
+_A100 = {"fp32": 19.5 * TFLOPS, "tf32": 156 * TFLOPS, "fp16": 312 * TFLOPS, "bf16": 312 * TFLOPS}
+_A100_40 = Accelerator(
+    "a100-40gb",
+    _frozen(_A100),
+    40 * GB,
+    1555 * GB,
+    nvlink="nvlink3",
+    source="NVIDIA A100 datasheet (SXM4 40GB): 19.5 fp32, 156 tf32, 312 fp16/bf16 TFLOPS dense, 1555 GB/s",
+)
+_A100_80 = Accelerator(
+    "a100-80gb",
+    _frozen(_A100),
+    80 * GB,
+    2039 * GB,
+    nvlink="nvlink3",
+    source="NVIDIA A100 datasheet (SXM4 80GB): 19.5 fp32, 156 tf32, 312 fp16/bf16 TFLOPS dense, 2039 GB/s",
+)
+_H100 = {
+    "fp32": 67 * TFLOPS,
+    "tf32": 494.5 * TFLOPS,
+    "fp16": 989.5 * TFLOPS,
+    "bf16": 989.5 * TFLOPS,
+    "fp8": 1979 * TFLOPS,
+}
+_H100_SXM = Accelerator(
+    "h100-sxm",
+    _frozen(_H100),
+    80 * GB,
+    3350 * GB,
+    nvlink="nvlink4",
+    source="NVIDIA H100 datasheet (SXM5): 67 fp32, 494.5 tf32, 989.5 fp16/bf16, 1979 fp8 TFLOPS dense "
+    "(half the sparsity figures), 80 GB HBM3, 3.35 TB/s",
+)
+_H200 = Accelerator(
+    "h200",
+    _frozen(_H100),
+    141 * GB,
+    4800 * GB,
+    nvlink="nvlink4",
+    source="NVIDIA H200 datasheet (SXM): H100 SXM compute, 141 GB HBM3e, 4.8 TB/s",
+)
+
+#: Measured on the development machine: a 1-thread fp32 matmul reaches about 90 GFLOP/s per core.
+CPU_FLOPS_PER_CORE = 90e9
+
+
+def _cpu() -> Accelerator:
+    """One CPU "device" = one single-threaded process of the gloo runtime (``torch.set_num_threads(1)``):
+    ≈ 90 GFLOP/s fp32 (measured) and the machine's physical memory, shared with the other processes."""
+    try:
+        memory = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):  # not POSIX
+        memory = 16 * GB
+    return Accelerator(
+        "cpu",
+        _frozen({"fp32": CPU_FLOPS_PER_CORE, "bf16": CPU_FLOPS_PER_CORE}),
+        memory,
+        20 * GB,
+        source="measured on this machine: 90 GFLOP/s fp32 per core; memory from sysconf; "
+        "bandwidth an estimate (one core's share of DDR4)",
+    )
+
+
+_ACCELERATORS: Mapping[str, Accelerator] = MappingProxyType(
+    {a.name: a for a in (_V100, _A100_40, _A100_80, _H100_SXM, _H200)}
+)
+
+_LINKS: Mapping[str, Link] = MappingProxyType(
+    {
+        x.name: x
+        for x in (
+            Link("nvlink2", 150 * GB, 3e-6, "V100 SXM2: 6 NVLink 2 links × 25 GB/s per direction"),
+            Link("nvlink3", 300 * GB, 3e-6, "A100 SXM4: 12 NVLink 3 links × 25 GB/s per direction"),
+            Link("nvlink4", 450 * GB, 3e-6, "H100/H200 SXM: 18 NVLink 4 links × 25 GB/s per direction"),
+            Link("pcie3", 15.75 * GB, 5e-6, "PCIe 3.0 x16: 8 GT/s × 16 lanes, 128b/130b"),
+            Link("pcie4", 31.5 * GB, 5e-6, "PCIe 4.0 x16: 16 GT/s × 16 lanes, 128b/130b"),
+            Link("pcie5", 63 * GB, 5e-6, "PCIe 5.0 x16: 32 GT/s × 16 lanes, 128b/130b"),
+            Link("ib-hdr", 25 * GB, 5e-6, "InfiniBand HDR: 200 Gb/s per port (NVIDIA ConnectX-6)"),
+            Link("ib-ndr", 50 * GB, 5e-6, "InfiniBand NDR: 400 Gb/s per port (NVIDIA ConnectX-7)"),
+            Link("eth-100g", 12.5 * GB, 10e-6, "100 Gb/s Ethernet (RoCE)"),
+            Link("eth-25g", 3.125 * GB, 15e-6, "25 Gb/s Ethernet"),
+            Link("gloo-loopback", 1.8 * GB, 2e-4, "measured: gloo over loopback TCP on this machine"),
+        )
+    }
+)
+
+_LINK_ALIASES: Mapping[str, str] = MappingProxyType(
+    {"hdr": "ib-hdr", "ndr": "ib-ndr", "ethernet-100g": "eth-100g", "ethernet-25g": "eth-25g"}
+)
+
+
+def accelerator_names() -> tuple[str, ...]:
+    return (*_ACCELERATORS, "cpu")
+
+
+def link_names() -> tuple[str, ...]:
+    return tuple(_LINKS)
+
+
+def accelerator(name: str) -> Accelerator:
+    """The accelerator called ``name`` (lowercase: v100, a100-40gb, a100-80gb, h100-sxm, h200, cpu)."""
+    if name == "cpu":
+        return _cpu()
+    try:
+        return _ACCELERATORS[name]
+    except KeyError:
+        raise PipewrightError(
+            f"unknown GPU kind {name!r}; choose one of: {', '.join(accelerator_names())}"
+        ) from None
+
+
+def link(name: str) -> Link:
+    """The link kind called ``name`` (nvlink2/3/4, pcie3/4/5, ib-hdr, ib-ndr, eth-100g, eth-25g,
+    gloo-loopback; "hdr", "ndr", "ethernet-100g", "ethernet-25g" are accepted as aliases)."""
+    try:
+        return _LINKS[_LINK_ALIASES.get(name, name)]
+    except KeyError:
+        raise PipewrightError(f"unknown link kind {name!r}; choose one of: {', '.join(_LINKS)}") from None

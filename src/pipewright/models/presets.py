@@ -1,0 +1,107 @@
+"""Named model sizes as :class:`~pipewright.models.spec.ModelSpec` values.
+
+- ``gpt3-*``: Brown et al. 2020, Table 2.1 (vocabulary 50257, sequence 2048). Two rows of that table are
+  not whole head sizes; here GPT-3 XL takes 16 heads of 128 (the table's 24 heads × 128 ≠ 2048) and
+  GPT-3 13B a hidden size of 5120 (the table's 5140 is not divisible by its 40 heads).
+- ``megatron-*``: the ten models of Megatron-LM Table 1 (Narayanan et al. SC21; sequence 2048,
+  vocabulary 51200), named by their parameter count.
+- ``bert-base``, ``bert-large``: Devlin et al. 2019 (vocabulary 30522, sequence 512; PipeFisher's
+  profiles use sequence 128 — ``resolve_model("bert-base", seq_len=128)``).
+- ``gpt-tiny``: the runtime's default run (byte vocabulary); ``gpt-small-cpu``: trains in minutes on a CPU.
+
+``resolve_model("gpt", layers=…, hidden=…, heads=…, vocab=…, seq_len=…)`` builds a spec from a family.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from pipewright.errors import ConfigError
+from pipewright.models.spec import ModelSpec
+
+FAMILIES = ("gpt", "bert")
+DIMENSIONS = ("layers", "hidden", "heads", "vocab", "seq_len")
+MEGATRON_VOCAB = 51200
+MEGATRON_SEQ = 2048
+
+#: Megatron-LM Table 1: (name, heads, hidden, layers)
+_MEGATRON = (
+    ("megatron-1.7b", 24, 2304, 24),
+    ("megatron-3.6b", 32, 3072, 30),
+    ("megatron-7.5b", 32, 4096, 36),
+    ("megatron-18.4b", 48, 6144, 40),
+    ("megatron-39.1b", 64, 8192, 48),
+    ("megatron-76.1b", 80, 10240, 60),
+    ("megatron-145.6b", 96, 12288, 80),
+    ("megatron-310.1b", 128, 16384, 96),
+    ("megatron-529.6b", 128, 20480, 105),
+    ("megatron-1t", 160, 25600, 128),
+)
+
+#: GPT-3 (Table 2.1): (name, layers, hidden, heads)
+_GPT3 = (
+    ("gpt3-small", 12, 768, 12),
+    ("gpt3-medium", 24, 1024, 16),
+    ("gpt3-large", 24, 1536, 16),
+    ("gpt3-xl", 24, 2048, 16),
+    ("gpt3-2.7b", 32, 2560, 32),
+    ("gpt3-6.7b", 32, 4096, 32),
+    ("gpt3-13b", 40, 5120, 40),
+    ("gpt3-175b", 96, 12288, 96),
+)
+
+
+def _presets() -> Mapping[str, ModelSpec]:
+    specs = [ModelSpec(n, l, h, a, 50257, 2048) for n, l, h, a in _GPT3]
+    specs += [ModelSpec(n, l, h, a, MEGATRON_VOCAB, MEGATRON_SEQ) for n, a, h, l in _MEGATRON]
+    specs += [
+        ModelSpec("bert-base", 12, 768, 12, 30522, 512, family="bert", tied_embeddings=True),
+        ModelSpec("bert-large", 24, 1024, 16, 30522, 512, family="bert", tied_embeddings=True),
+        ModelSpec("gpt-tiny", 4, 64, 4, 256, 64),
+        ModelSpec("gpt-small-cpu", 4, 128, 4, 256, 128),
+    ]
+    return MappingProxyType({s.name: s for s in specs})
+
+
+PRESETS: Mapping[str, ModelSpec] = _presets()
+
+
+def preset_names() -> tuple[str, ...]:
+    return tuple(PRESETS)
+
+
+def get_preset(name: str) -> ModelSpec:
+    """The preset called ``name``; one-line ConfigError listing the presets on a typo."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        presets, families = ", ".join(PRESETS), ", ".join(FAMILIES)
+        raise ConfigError(
+            f"unknown model {name!r}; choose a preset ({presets}) or a family ({families})"
+        ) from None
+
+
+def resolve_model(name: str, **overrides: int | None) -> ModelSpec:
+    """A preset with ``overrides`` applied (``None`` values ignored), or a family ("gpt", "bert") whose
+    dimensions all come from ``overrides`` (layers, hidden, heads, vocab, seq_len; ffn_hidden optional)."""
+    unknown = set(overrides) - {*DIMENSIONS, "ffn_hidden"}
+    if unknown:
+        raise ConfigError(f"unknown model dimension(s) {', '.join(sorted(unknown))}")
+    if name in FAMILIES:
+        missing = [d for d in DIMENSIONS if overrides.get(d) is None]
+        if missing:
+            flags = " ".join(f"--{d.replace('_', '-')}" for d in missing)
+            raise ConfigError(f"model family {name!r} needs {flags}")
+        dims = {k: int(v) for k, v in overrides.items() if v is not None}
+        spec = ModelSpec(name=name, family=name, tied_embeddings=name == "bert", **dims)
+    else:
+        base = get_preset(name)
+        if overrides.get("ffn_hidden") is None and base.ffn_hidden == 4 * base.hidden:
+            overrides = {**overrides, "ffn_hidden": 4 * (overrides.get("hidden") or base.hidden)}
+        spec = base.with_overrides(**overrides)
+    if spec.hidden % spec.heads:
+        raise ConfigError(f"--hidden {spec.hidden} is not divisible by --heads {spec.heads}")
+    if min(spec.layers, spec.hidden, spec.heads, spec.vocab, spec.seq_len, spec.ffn_hidden) < 1:
+        raise ConfigError("model dimensions must all be at least 1")
+    return spec
