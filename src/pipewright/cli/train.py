@@ -14,7 +14,7 @@ from pipewright.errors import ConfigError
 
 # flag → (type, help); the destination is the TrainConfig field of the same name.
 _VALUE_FLAGS: tuple[tuple[str, type, str], ...] = (
-    ("--model", str, "model preset (gpt-tiny, gpt-mini, gpt-small, gpt)"),
+    ("--model", str, "preset (default gpt-small-cpu; gpt-tiny, gpt3-*, megatron-*) or family gpt"),
     ("--layers", int, "transformer layers"),
     ("--hidden", int, "hidden size h"),
     ("--heads", int, "attention heads"),

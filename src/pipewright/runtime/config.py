@@ -1,5 +1,5 @@
 """TrainConfig: everything ``pipewright train`` needs, from flags and/or a TOML file, checked before any
-worker starts. Pure Python (no torch)."""
+worker starts."""
 
 from __future__ import annotations
 
@@ -8,46 +8,23 @@ import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from types import MappingProxyType
 
 from pipewright.errors import ConfigError
+from pipewright.models.presets import resolve_model
 from pipewright.models.spec import ModelSpec
-
-#: Small GPT models that train on a CPU in minutes (vocab 0 = the dataset's vocabulary size).
-TRAIN_PRESETS: Mapping[str, ModelSpec] = MappingProxyType(
-    {
-        "gpt-tiny": ModelSpec("gpt-tiny", layers=4, hidden=128, heads=4, vocab=0, seq_len=128),
-        "gpt-mini": ModelSpec("gpt-mini", layers=6, hidden=192, heads=6, vocab=0, seq_len=256),
-        "gpt-small": ModelSpec("gpt-small", layers=12, hidden=768, heads=12, vocab=50304, seq_len=1024),
-        "gpt": ModelSpec("gpt", layers=4, hidden=128, heads=4, vocab=0, seq_len=128),
-    }
-)
-
-
-def model_preset(name: str) -> ModelSpec:
-    """A training preset, else a preset of ``pipewright.models.presets`` when that module exists."""
-    if name in TRAIN_PRESETS:
-        return TRAIN_PRESETS[name]
-    try:
-        from pipewright.models import presets  # optional: the planner's catalogue
-    except ImportError:
-        presets = None
-    table = getattr(presets, "PRESETS", {}) if presets is not None else {}
-    if name in table:
-        return table[name]
-    known = sorted({*TRAIN_PRESETS, *table})
-    raise ConfigError(f"unknown model {name!r}; choose one of: {', '.join(known)}")
 
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """One training run. ``vocab`` None/0 means the dataset's vocabulary; ``layout`` None means
+    """One training run. ``model``: a preset or family of :mod:`pipewright.models.presets`, whose
+    dimensions the other model fields override; ``vocab`` None means the dataset's vocabulary (the
+    embedding must fit the tokenizer); ``layout`` None means
     :func:`~pipewright.models.layout.uniform_layout` over pp × virtual stages; ``virtual`` None means
     the schedule's default. Global batch = microbatch_size × microbatches × dp. ``stop_after``: end
     (with a checkpoint) once that many steps are done, keeping the learning-rate schedule of ``steps``
     (for runs split over several jobs: the next one passes ``resume``)."""
 
-    model: str = "gpt-tiny"
+    model: str = "gpt-small-cpu"
     layers: int | None = None
     hidden: int | None = None
     heads: int | None = None
@@ -123,31 +100,26 @@ class TrainConfig:
     def global_batch(self) -> int:
         return self.microbatch_size * self.microbatches * self.dp
 
+    def num_layers(self) -> int:
+        """The model's layer count, known without the data."""
+        return self.layers or resolve_model(self.model, layers=self.layers, vocab=self.vocab or 1).layers
+
     def model_spec(self, dataset_vocab: int | None = None) -> ModelSpec:
-        """The preset with the dimension flags applied; vocab falls back to the dataset's."""
-        preset = model_preset(self.model)
-        ffn_hidden = self.ffn_hidden
-        if ffn_hidden is None and self.hidden is not None and preset.ffn_hidden == 4 * preset.hidden:
-            ffn_hidden = 4 * self.hidden  # a preset's 4h follows a new --hidden
-        spec = preset.with_overrides(
+        """The preset (or family) with the dimension flags applied; vocab defaults to the dataset's."""
+        spec = resolve_model(
+            self.model,
             layers=self.layers,
             hidden=self.hidden,
             heads=self.heads,
-            ffn_hidden=ffn_hidden,
-            vocab=self.vocab or None,
+            ffn_hidden=self.ffn_hidden,
+            vocab=self.vocab or dataset_vocab,
             seq_len=self.seq_len,
         )
-        if spec.vocab == 0:
-            if dataset_vocab is None:
-                raise ConfigError(f"model {self.model} takes the dataset's vocabulary; give --vocab")
-            spec = replace(spec, vocab=dataset_vocab)
         if dataset_vocab is not None and spec.vocab < dataset_vocab:
             raise ConfigError(
                 f"--vocab {spec.vocab} is smaller than the dataset's vocabulary ({dataset_vocab}); "
                 f"use --vocab {dataset_vocab} or more"
             )
-        if spec.hidden % spec.heads:
-            raise ConfigError(f"--hidden {spec.hidden} is not divisible by --heads {spec.heads}")
         for name in ("heads", "ffn_hidden", "vocab"):  # Megatron's tensor-parallel splits
             if getattr(spec, name) % self.tp:
                 flag = name.replace("_", "-")

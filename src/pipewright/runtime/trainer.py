@@ -42,7 +42,7 @@ from pipewright.models.spec import ModelSpec
 from pipewright.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
 from pipewright.passes import validate
 from pipewright.runtime.checkpoint import latest_checkpoint, load_checkpoint, read_meta, save_checkpoint
-from pipewright.runtime.config import TrainConfig, fingerprint, model_preset
+from pipewright.runtime.config import TrainConfig, fingerprint
 from pipewright.runtime.executor import PipelineExecutor
 from pipewright.runtime.launch import init_from_env, running_under_torchrun, spawn
 from pipewright.runtime.mesh import ParallelMesh
@@ -134,8 +134,7 @@ def prepare(config: TrainConfig, *, world_size: int | None = None) -> PreparedRu
     if config.data is not None and not Path(config.data).exists():
         raise ConfigError(f"data file {config.data} does not exist; give an existing --data path or omit it")
     schedule = resolve_schedule(config)
-    layers = config.layers or model_preset(config.model).layers
-    layout = resolve_layout(config.layout, layers, schedule.num_stages)  # before the (slow) data
+    layout = resolve_layout(config.layout, config.num_layers(), schedule.num_stages)  # before the (slow) data
     dataset = open_dataset(config.data, tokenizer=config.tokenizer, progress=config.progress)
     spec = config.model_spec(dataset.vocab_size)
     fp = fingerprint(spec, config.tokenizer)
