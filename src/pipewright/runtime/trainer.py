@@ -318,6 +318,8 @@ def train_worker(rank: int, run: PreparedRun) -> TrainResult | None:
     torch.manual_seed(c.seed + rank)
     trainer = Trainer(run)
     start = trainer.load(run.resume_from) if run.resume_from is not None else 0
+    if start:
+        log.info("rank %d resumed from %s at step %d", rank, run.resume_from, start)
     writer = MetricsWriter(run, start, trainer.tokens_per_step) if rank == 0 else None
     losses: list[float] = []
     val_losses: dict[int, float] = {}
