@@ -168,8 +168,22 @@ def train(config: TrainConfig) -> TrainResult:
         run = replace(run, out_dir=Path(chosen[0]))
         return train_worker(dist.get_rank(), run)
     run = prepare(config)
+    if config.out is None:
+        _point_latest(run.out_dir)
     results = spawn(train_worker, run.config.world_size, (run,), timeout_s=7 * 24 * 3600)
     return results[0]
+
+
+def _point_latest(out_dir: Path) -> None:
+    """Make ``runs/latest`` a symbolic link to the new default output folder (replaced atomically)."""
+    link, tmp = out_dir.parent / "latest", out_dir.parent / ".latest.tmp"
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(out_dir.name)
+        os.replace(tmp, link)
+    except OSError as exc:  # e.g. no symbolic links on this filesystem: not worth failing the run
+        log.warning("could not point %s at %s: %s", link, out_dir, exc)
 
 
 # ---------------------------------------------------------------------------------------------- worker
