@@ -109,7 +109,7 @@ class DeferrableLinear(nn.Linear):
 def defer_weight_grads(store: WeightGradStore, *modules: nn.Module, key: Hashable = None) -> Iterator[None]:
     """While active, backward through any DeferrableLinear inside ``modules`` defers its weight and
     bias gradients to ``store`` under ``key`` (run the backward inside the ``with`` block)."""
-    layers = [m for module in modules for m in module.modules() if isinstance(m, DeferrableLinear)]
+    layers = [m for module in modules for m in module.modules() if hasattr(m, "_defer")]  # + tensor_parallel
     previous = [layer._defer for layer in layers]
     for layer in layers:
         layer._defer = (store, key)

@@ -1,4 +1,4 @@
-"""Pictures: timelines (simulated or measured), traces and loss curves."""
+"""Pictures and traces: timelines (simulated or measured), Chrome traces and loss curves."""
 
 from pipewright.viz.timeline import draw_timeline
 from pipewright.viz.trace import write_trace

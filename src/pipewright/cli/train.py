@@ -1,0 +1,101 @@
+"""``pipewright train``: train a GPT with pipeline (and data) parallelism on torch.distributed.
+
+Values come from the defaults of :class:`~pipewright.runtime.config.TrainConfig`, then ``--config
+FILE.toml`` (top-level keys or a ``[train]`` table, named like the flags), then the flags. Without
+arguments it trains a small model on the default corpus with two local worker processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from pipewright.errors import ConfigError
+
+# flag → (type, help); the destination is the TrainConfig field of the same name.
+_VALUE_FLAGS: tuple[tuple[str, type, str], ...] = (
+    ("--model", str, "preset (default gpt-small-cpu; gpt-tiny, gpt3-*, megatron-*) or family gpt"),
+    ("--layers", int, "transformer layers"),
+    ("--hidden", int, "hidden size h"),
+    ("--heads", int, "attention heads"),
+    ("--ffn-hidden", int, "MLP hidden size (default 4h)"),
+    ("--vocab", int, "vocabulary size (default: the dataset's)"),
+    ("--seq-len", int, "sequence length"),
+    ("--layout", str, "stage layout, e.g. 'Et*2|t*2L' (default: uniform)"),
+    ("--data", str, "token file (.bin/.npy), text file or folder (default: built-in corpus)"),
+    ("--tokenizer", str, "byte or bpe:N (for text data)"),
+    ("--tp", int, "tensor-parallel size"),
+    ("--pp", int, "pipeline-parallel size"),
+    ("--dp", int, "data-parallel size"),
+    ("--virtual", int, "model chunks per pipeline rank"),
+    ("--schedule", str, "schedule name or PyTorch schedule CSV"),
+    ("--microbatches", int, "microbatches per data-parallel replica"),
+    ("--microbatch-size", int, "sequences per microbatch"),
+    ("--steps", int, "training steps"),
+    ("--lr", float, "peak learning rate"),
+    ("--warmup", int, "warm-up steps"),
+    ("--optimizer", str, "adamw or sgd"),
+    ("--seed", int, "seed for weights and data order"),
+    ("--out", str, "output folder (default runs/<timestamp>)"),
+    ("--stop-after", int, "stop (with a checkpoint) after N steps; continue later with --resume"),
+    ("--checkpoint-every", int, "save a checkpoint every N steps (0: only at the end)"),
+    ("--eval-every", int, "validation loss every N steps (0: never)"),
+    ("--recv-timeout", float, "seconds a receive may wait before the run fails"),
+)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("train", help="train a GPT with pipeline parallelism")
+    parser.add_argument("--config", help="TOML file with training options (flags override it)")
+    parser.add_argument("--nproc", type=int, help="processes to start (default tp × pp × dp)")
+    for flag, kind, text in _VALUE_FLAGS:
+        parser.add_argument(flag, type=kind, default=None, help=text)
+    parser.add_argument(
+        "--resume", action="store_true", default=None, help="continue from --out's checkpoint"
+    )
+    parser.add_argument(
+        "--no-progress", dest="progress", action="store_false", default=None, help="no progress bar"
+    )
+    parser.add_argument(
+        "--no-artifacts", dest="artifacts", action="store_false", default=None, help="no PNG/trace"
+    )
+    parser.set_defaults(func=_train)
+
+
+def config_from_args(args: argparse.Namespace):
+    from pipewright.runtime.config import TrainConfig
+
+    config = TrainConfig.from_toml(args.config) if args.config else TrainConfig()
+    names = [flag.lstrip("-").replace("-", "_") for flag, _, _ in _VALUE_FLAGS]
+    values = {name: getattr(args, name) for name in names}
+    values["recv_timeout_s"] = values.pop("recv_timeout")
+    config = config.with_overrides(
+        **values, resume=args.resume, progress=args.progress, artifacts=args.artifacts
+    )
+    if args.nproc is not None and args.nproc != config.world_size:
+        raise ConfigError(
+            f"--nproc {args.nproc} but tp × pp × dp = {config.tp}×{config.pp}×{config.dp} = "
+            f"{config.world_size}; make them equal"
+        )
+    return config
+
+
+def _train(args: argparse.Namespace) -> int:
+    from pipewright.runtime.trainer import train
+
+    config = config_from_args(args)
+    result = train(config)
+    if result is None:  # a torchrun rank other than 0
+        return 0
+    first, last = result.losses[0], result.losses[-1]
+    print(
+        f"trained {len(result.losses)} steps in {result.wall_s:.1f} s: loss {first:.3f} -> {last:.3f}, "
+        f"{result.tokens_per_s:,.0f} tokens/s"
+    )
+    if result.val_losses:
+        step, val = max(result.val_losses.items())
+        print(f"validation loss {val:.3f} after step {step + 1}")
+    print(f"outputs in {result.out_dir}:")
+    for path in result.files.values():
+        print(f"  {Path(path)}")
+    return 0

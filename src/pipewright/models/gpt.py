@@ -1,0 +1,219 @@
+"""A GPT-style decoder in one readable file (after nanoGPT), cut into pipeline stages.
+
+Model: learned token + position embeddings → ``layers`` × [x + Attn(LN(x)); x + MLP(LN(x))] → LN →
+output layer (untied by default: vocabulary parallelism needs the output layer apart from the
+embedding). Attention is causal ``F.scaled_dot_product_attention``; the MLP is h → ffn_hidden → h with
+GELU. No dropout, so a forward pass is a pure function of weights and tokens.
+
+Stages. :func:`build_stage` allocates only the layers one stage holds (see
+:mod:`pipewright.models.layout`). The first stage takes token ids ``[b, s]`` (int64); the others take the
+hidden state ``[b, s, h]``; the last returns logits ``[b, s, V]`` — the loss is :func:`loss_fn`.
+Parameter names are global (``embed.tok.weight``, ``layers.7.mlp.fc_in.weight``, ``head.out.weight``),
+so a name means the same tensor whatever the layout, and checkpoints move between layouts.
+
+Initialisation (GPT-2): weights N(0, 0.02²), residual output projections N(0, (0.02/√(2l))²), biases
+0, LayerNorm 1/0. Each layer draws from its own ``torch.Generator`` seeded from (seed, layer name), so
+one seed gives the same weights whatever the layout.
+
+Linear layers come from ``linear_factory(in_features, out_features, *, bias, kind)`` with ``kind`` in
+:data:`LINEAR_KINDS`; the default is :class:`pipewright.runtime.wgrad.DeferrableLinear` (a drop-in
+``nn.Linear`` whose weight gradient can be deferred, for split I/W backward) when present. A factory
+whose module holds a shard (tensor parallelism) receives the full initial weight through the module's
+``load_full_(weight, bias)`` method when it has one; otherwise the weight is copied in.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from pipewright.errors import ConfigError
+from pipewright.models.layout import Layout, StageLayout, resolve_layout
+from pipewright.models.spec import ModelSpec
+
+LINEAR_KINDS = ("qkv", "attn_out", "mlp_in", "mlp_out", "output")
+
+LinearFactory = Callable[..., nn.Module]
+
+
+def default_linear_factory(in_features: int, out_features: int, *, bias: bool, kind: str) -> nn.Module:
+    """DeferrableLinear when the runtime provides it (split backward), else ``nn.Linear``."""
+    try:
+        from pipewright.runtime.wgrad import DeferrableLinear
+    except ImportError:
+        return nn.Linear(in_features, out_features, bias=bias)
+    return DeferrableLinear(in_features, out_features, bias=bias)
+
+
+def layer_generator(seed: int, name: str) -> torch.Generator:
+    """A CPU generator seeded from (seed, layer name) alone: the layer's init never depends on layout."""
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
+
+
+def _init_linear(linear: nn.Module, gen: torch.Generator, in_f: int, out_f: int, std: float) -> None:
+    weight = torch.randn(out_f, in_f, generator=gen) * std
+    bias = torch.zeros(out_f) if getattr(linear, "bias", None) is not None else None
+    with torch.no_grad():
+        if hasattr(linear, "load_full_"):
+            linear.load_full_(weight, bias)
+            return
+        linear.weight.copy_(weight)
+        if bias is not None:
+            linear.bias.copy_(bias)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, spec: ModelSpec, make: LinearFactory) -> None:
+        super().__init__()
+        self.head_dim = spec.head_dim
+        self.qkv = make(spec.hidden, 3 * spec.hidden, bias=True, kind="qkv")
+        self.proj = make(spec.hidden, spec.hidden, bias=True, kind="attn_out")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        qkv = self.qkv(x)
+        heads = qkv.shape[-1] // (3 * self.head_dim)  # local heads (fewer under tensor parallelism)
+        q, k, v = qkv.view(b, s, 3, heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(b, s, heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, spec: ModelSpec, make: LinearFactory) -> None:
+        super().__init__()
+        self.fc_in = make(spec.hidden, spec.ffn_hidden, bias=True, kind="mlp_in")
+        self.fc_out = make(spec.ffn_hidden, spec.hidden, bias=True, kind="mlp_out")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc_out(F.gelu(self.fc_in(x)))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer layer: x + Attn(LN(x)), then x + MLP(LN(x))."""
+
+    def __init__(self, spec: ModelSpec, make: LinearFactory) -> None:
+        super().__init__()
+        self.ln_attn = nn.LayerNorm(spec.hidden)
+        self.attn = CausalSelfAttention(spec, make)
+        self.ln_mlp = nn.LayerNorm(spec.hidden)
+        self.mlp = MLP(spec, make)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_attn(x))
+        return x + self.mlp(self.ln_mlp(x))
+
+    def reset_parameters(self, spec: ModelSpec, gen: torch.Generator) -> None:
+        h, f = spec.hidden, spec.ffn_hidden
+        residual_std = 0.02 / math.sqrt(2 * spec.layers)
+        _init_linear(self.attn.qkv, gen, h, 3 * h, 0.02)
+        _init_linear(self.attn.proj, gen, h, h, residual_std)
+        _init_linear(self.mlp.fc_in, gen, h, f, 0.02)
+        _init_linear(self.mlp.fc_out, gen, f, h, residual_std)
+
+
+class Embedding(nn.Module):
+    """Token ids [b, s] → hidden [b, s, h]: token embedding + learned position embedding."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.tok = nn.Embedding(spec.vocab, spec.hidden)
+        self.pos = nn.Embedding(spec.seq_len, spec.hidden)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(ids.shape[1], device=ids.device)
+        return self.tok(ids) + self.pos(positions)
+
+    def reset_parameters(self, spec: ModelSpec, gen: torch.Generator) -> None:
+        with torch.no_grad():
+            self.tok.weight.copy_(torch.randn(spec.vocab, spec.hidden, generator=gen) * 0.02)
+            self.pos.weight.copy_(torch.randn(spec.seq_len, spec.hidden, generator=gen) * 0.01)
+
+
+class Head(nn.Module):
+    """Final LayerNorm and output layer: hidden [b, s, h] → logits [b, s, V]."""
+
+    def __init__(self, spec: ModelSpec, make: LinearFactory) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(spec.hidden)
+        self.out = make(spec.hidden, spec.vocab, bias=False, kind="output")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.norm(x))
+
+    def reset_parameters(self, spec: ModelSpec, gen: torch.Generator) -> None:
+        _init_linear(self.out, gen, spec.hidden, spec.vocab, 0.02)
+
+
+class GPTStage(nn.Module):
+    """The layers of one pipeline stage: optional embedding, transformer layers, optional head."""
+
+    def __init__(self, spec: ModelSpec, stage: StageLayout, make: LinearFactory) -> None:
+        super().__init__()
+        self.spec = spec
+        self.stage = stage
+        self.embed = Embedding(spec) if stage.embedding else None
+        self.layers = nn.ModuleDict({str(i): Block(spec, make) for i in stage.layers})
+        self.head = Head(spec, make) if stage.head else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.embed is not None:
+            x = self.embed(x)
+        for block in self.layers.values():
+            x = block(x)
+        if self.head is not None:
+            x = self.head(x)
+        return x
+
+    def reset_parameters(self, seed: int) -> None:
+        """Initialise every layer from its own (seed, name) generator (layout-independent)."""
+        if self.embed is not None:
+            self.embed.reset_parameters(self.spec, layer_generator(seed, "embed"))
+        for name, block in self.layers.items():
+            block.reset_parameters(self.spec, layer_generator(seed, f"layers.{name}"))
+        if self.head is not None:
+            self.head.reset_parameters(self.spec, layer_generator(seed, "head"))
+
+
+def build_stage(
+    spec: ModelSpec,
+    layout: Layout | str | None,
+    stage_index: int,
+    *,
+    seed: int = 0,
+    num_stages: int | None = None,
+    linear_factory: LinearFactory | None = None,
+) -> GPTStage:
+    """Allocate and initialise only stage ``stage_index`` of ``layout`` (a Layout, a layout string,
+    or None for :func:`~pipewright.models.layout.uniform_layout` over ``num_stages``)."""
+    if isinstance(layout, Layout):
+        resolved = layout.check(spec.layers)
+    else:
+        if layout is None and num_stages is None:
+            raise ConfigError("build_stage needs a layout or num_stages")
+        resolved = resolve_layout(layout, spec.layers, num_stages or len(layout.split("|")))
+    if not 0 <= stage_index < resolved.num_stages:
+        raise ConfigError(f"stage {stage_index} does not exist in layout {resolved}")
+    stage = resolved.stages[stage_index]
+    if spec.tied_embeddings and not (stage.embedding and stage.head):
+        raise ConfigError("tied embeddings need a single-stage model; untie them for pipeline parallelism")
+    module = GPTStage(spec, stage, linear_factory or default_linear_factory)
+    module.reset_parameters(seed)
+    if spec.tied_embeddings:
+        module.head.out.weight = module.embed.tok.weight
+    return module
+
+
+def build_full(spec: ModelSpec, seed: int = 0, *, linear_factory: LinearFactory | None = None) -> GPTStage:
+    """The whole model as one stage: the single-process reference."""
+    return build_stage(spec, None, 0, seed=seed, num_stages=1, linear_factory=linear_factory)
+
+
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy, mean over the microbatch's tokens."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))

@@ -1,0 +1,21 @@
+"""Optimizers, learning-rate schedule and global gradient clipping for pipeline training (torch)."""
+
+from pipewright.optim.optimizer import (
+    OPTIMIZERS,
+    build_optimizer,
+    clip_grad_norm_,
+    global_grad_norm,
+    init_optimizer_state,
+    lr_at,
+    set_lr,
+)
+
+__all__ = [
+    "OPTIMIZERS",
+    "build_optimizer",
+    "clip_grad_norm_",
+    "global_grad_norm",
+    "init_optimizer_state",
+    "lr_at",
+    "set_lr",
+]

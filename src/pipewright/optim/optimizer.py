@@ -1,0 +1,122 @@
+"""Optimizers for a rank's stage parameters, the learning-rate schedule and global-norm clipping.
+
+Each rank optimizes only the parameters of the stages it holds (torch.optim over those tensors). What
+keeps training identical whatever the layout: the loss is the mean over the global batch (the
+executor scales each microbatch's loss by 1/(m·dp) and sums over data-parallel replicas), and the
+gradient norm used for clipping is the norm of the *whole* model's gradient, summed over the pipeline
+ranks of one replica (each parameter counted once; replicas agree after the gradient reduction).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from types import MappingProxyType
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from pipewright.errors import ConfigError
+
+
+def _param_groups(named: Iterable[tuple[str, nn.Parameter]], weight_decay: float) -> list[dict]:
+    """Weight decay on matrices only (not on biases, LayerNorm or position vectors' 1-D tensors)."""
+    decay, no_decay = [], []
+    for _, p in named:
+        (decay if p.ndim >= 2 else no_decay).append(p)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+def _adamw(named, lr: float, weight_decay: float, betas=(0.9, 0.95), **_) -> torch.optim.Optimizer:
+    return torch.optim.AdamW(_param_groups(named, weight_decay), lr=lr, betas=betas, eps=1e-8, foreach=False)
+
+
+def _sgd(named, lr: float, weight_decay: float, momentum: float = 0.9, **_) -> torch.optim.Optimizer:
+    return torch.optim.SGD(_param_groups(named, weight_decay), lr=lr, momentum=momentum, foreach=False)
+
+
+#: Optimizer name → builder(named_parameters, lr, weight_decay, **options).
+OPTIMIZERS: Mapping[str, Callable[..., torch.optim.Optimizer]] = MappingProxyType(
+    {"adamw": _adamw, "sgd": _sgd}
+)
+
+
+def build_optimizer(
+    name: str, named_params: Iterable[tuple[str, nn.Parameter]], *, lr: float, weight_decay: float = 0.1
+) -> torch.optim.Optimizer:
+    """AdamW (β = 0.9, 0.95) or SGD with momentum 0.9 over the given parameters."""
+    try:
+        builder = OPTIMIZERS[name]
+    except KeyError:
+        raise ConfigError(f"unknown optimizer {name!r}; choose one of: {', '.join(OPTIMIZERS)}") from None
+    return builder(list(named_params), lr=lr, weight_decay=weight_decay)
+
+
+def lr_at(step: int, *, lr: float, warmup: int, total: int, min_ratio: float = 0.1) -> float:
+    """Linear warm-up over ``warmup`` steps, then cosine decay to ``min_ratio``·lr at ``total``:
+    lr·(k+1)/warmup for k < warmup; else lr·(r + (1 − r)·½(1 + cos(π·t))), t = (k − warmup)/(total − warmup).
+    """
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    span = max(1, total - warmup)
+    t = min(1.0, (step - warmup) / span)
+    return lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def global_grad_norm(params: Sequence[torch.Tensor], groups: Sequence[object] = ()) -> torch.Tensor:
+    """‖g‖₂ of the whole model: Σ‖g_p‖² over this rank's parameters, all-reduced (sum) over each
+    process group in ``groups`` (the pipeline group: ranks holding disjoint parts of one replica)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    device = grads[0].device if grads else torch.device("cpu")
+    sq = torch.zeros((), dtype=torch.float64, device=device)
+    for g in grads:
+        sq += g.detach().double().pow(2).sum()
+    for group in groups:
+        if group is not None and dist.is_initialized() and dist.get_world_size(group) > 1:
+            dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=group)
+    return sq.sqrt()
+
+
+def clip_grad_norm_(
+    params: Sequence[torch.Tensor],
+    max_norm: float,
+    groups: Sequence[object] = (),
+    *,
+    norm_params: Sequence[torch.Tensor] | None = None,
+) -> float:
+    """Scale the gradients of ``params`` by min(1, max_norm/‖g‖) with ‖g‖ the global norm of
+    ``norm_params`` (default ``params``; under tensor parallelism: the shards plus the replicated
+    parameters of one tp rank, so that the sum over ``groups`` counts each element once); returns ‖g‖
+    before clipping. ``max_norm`` ≤ 0 disables clipping (the norm is still computed)."""
+    norm = global_grad_norm(params if norm_params is None else norm_params, groups)
+    total = float(norm)
+    if max_norm > 0 and total > max_norm:
+        scale = max_norm / (total + 1e-6)
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(scale)
+    return total
+
+
+def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:
+    """Create the optimizer's lazily-made state (for loading a checkpoint into it) without changing the
+    parameters: one step with zero gradients and lr = 0."""
+    saved = [g["lr"] for g in optimizer.param_groups]
+    for group in optimizer.param_groups:
+        group["lr"] = 0.0
+        for p in group["params"]:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    for group, lr in zip(optimizer.param_groups, saved, strict=True):
+        group["lr"] = lr

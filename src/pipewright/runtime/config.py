@@ -1,0 +1,155 @@
+"""TrainConfig: everything ``pipewright train`` needs, from flags and/or a TOML file, checked before any
+worker starts."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+from pipewright.errors import ConfigError
+from pipewright.models.presets import resolve_model
+from pipewright.models.spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run. ``model``: a preset or family of :mod:`pipewright.models.presets`, whose
+    dimensions the other model fields override; ``vocab`` None means the dataset's vocabulary (the
+    embedding must fit the tokenizer); ``layout`` None means
+    :func:`~pipewright.models.layout.uniform_layout` over pp × virtual stages; ``virtual`` None means
+    the schedule's default. Global batch = microbatch_size × microbatches × dp. ``stop_after``: end
+    (with a checkpoint) once that many steps are done, keeping the learning-rate schedule of ``steps``
+    (for runs split over several jobs: the next one passes ``resume``)."""
+
+    model: str = "gpt-small-cpu"
+    layers: int | None = None
+    hidden: int | None = None
+    heads: int | None = None
+    ffn_hidden: int | None = None
+    vocab: int | None = None
+    seq_len: int | None = None
+    layout: str | None = None
+    schedule: str = "1f1b"
+    tp: int = 1
+    pp: int = 2
+    dp: int = 1
+    virtual: int | None = None
+    microbatches: int = 4
+    microbatch_size: int = 8
+    steps: int = 200
+    lr: float = 3e-3
+    warmup: int = 20
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    optimizer: str = "adamw"
+    seed: int = 0
+    data: str | None = None
+    tokenizer: str = "byte"
+    out: str | None = None
+    checkpoint_every: int = 0
+    resume: bool = False
+    stop_after: int | None = None
+    eval_every: int = 50
+    eval_batches: int = 2
+    recv_timeout_s: float = 300.0
+    progress: bool = True
+    artifacts: bool = True
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, object], *, source: str = "config") -> TrainConfig:
+        """Build from a mapping (TOML table); dashes in keys read as underscores; unknown keys are an
+        error naming the key."""
+        known = {f.name for f in fields(cls)}
+        clean = {}
+        for key, value in values.items():
+            name = key.replace("-", "_")
+            if name not in known:
+                raise ConfigError(f"{source}: unknown key {key!r}; known keys: {', '.join(sorted(known))}")
+            clean[name] = value
+        return cls(**clean)
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> TrainConfig:
+        try:
+            import tomllib
+        except ImportError:  # Python 3.10
+            import tomli as tomllib
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {path} does not exist")
+        try:
+            data = tomllib.loads(path.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+        table = data.get("train", data)  # a [train] table or top-level keys
+        return cls.from_mapping(table, source=str(path))
+
+    def with_overrides(self, **values: object) -> TrainConfig:
+        """Replace the values that are not None (command-line flags over the file)."""
+        return replace(self, **{k: v for k, v in values.items() if v is not None})
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def global_batch(self) -> int:
+        return self.microbatch_size * self.microbatches * self.dp
+
+    def num_layers(self) -> int:
+        """The model's layer count, known without the data."""
+        return self.layers or resolve_model(self.model, layers=self.layers, vocab=self.vocab or 1).layers
+
+    def model_spec(self, dataset_vocab: int | None = None) -> ModelSpec:
+        """The preset (or family) with the dimension flags applied; vocab defaults to the dataset's."""
+        spec = resolve_model(
+            self.model,
+            layers=self.layers,
+            hidden=self.hidden,
+            heads=self.heads,
+            ffn_hidden=self.ffn_hidden,
+            vocab=self.vocab or dataset_vocab,
+            seq_len=self.seq_len,
+        )
+        if dataset_vocab is not None and spec.vocab < dataset_vocab:
+            raise ConfigError(
+                f"--vocab {spec.vocab} is smaller than the dataset's vocabulary ({dataset_vocab}); "
+                f"use --vocab {dataset_vocab} or more"
+            )
+        for name in ("heads", "ffn_hidden", "vocab"):  # Megatron's tensor-parallel splits
+            if getattr(spec, name) % self.tp:
+                flag = name.replace("_", "-")
+                raise ConfigError(
+                    f"--{flag} {getattr(spec, name)} is not divisible by --tp {self.tp}; choose t dividing it"
+                )
+        return spec
+
+    def check(self) -> None:
+        """Everything that can be checked without the data or the workers (one-line ConfigErrors)."""
+        for name in ("tp", "pp", "dp", "microbatches", "microbatch_size", "steps"):
+            if int(getattr(self, name)) < 1:
+                flag = name.replace("_", "-")
+                raise ConfigError(f"--{flag} must be at least 1 (got {getattr(self, name)})")
+        for name in ("checkpoint_every", "eval_every", "warmup"):
+            if int(getattr(self, name)) < 0:
+                raise ConfigError(f"--{name.replace('_', '-')} must be 0 or more")
+        if self.stop_after is not None and self.stop_after < 1:
+            raise ConfigError(f"--stop-after must be at least 1 (got {self.stop_after})")
+        if self.lr <= 0:
+            raise ConfigError(f"--lr must be positive (got {self.lr})")
+        from pipewright.optim import OPTIMIZERS
+
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"unknown optimizer {self.optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}")
+
+
+def fingerprint(spec: ModelSpec, tokenizer: str) -> str:
+    """What a checkpoint must match to be resumed: the model's dimensions and the tokenizer."""
+    dims = asdict(spec)
+    dims.pop("name")
+    text = json.dumps({"model": dims, "tokenizer": tokenizer}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -1,0 +1,406 @@
+"""The training loop: one pipeline-parallel GPT trained on torch.distributed.
+
+:func:`prepare` runs in the launching process and checks everything it can before any worker starts
+(config, data file, schedule arguments, layout vs. world size, checkpoint fingerprint). :func:`train`
+then starts the workers (or, under torchrun, runs in torchrun's process); each runs
+:func:`train_worker`:
+
+1. build the (dp, pp, tp) mesh, the rank's stages (only their layers), the optimizer;
+2. per step k: the global batch = microbatch_size × microbatches × dp sequences of step k (a pure
+   function of (seed, k), so every layout sees the same data), rows
+   [d·m·b, (d+1)·m·b) for replica d, cut into m microbatches; ``executor.run`` runs the lowered
+   schedule (forward, backward, gradient reduction over dp); global-norm clipping; optimizer step;
+3. rank 0 appends one JSON object per step to ``out/metrics.jsonl`` and at the end draws
+   ``loss.png``, ``timeline.png`` (the measured timeline of the last step) and ``trace.json``.
+
+Loss convention: the loss of a step is the mean token cross-entropy over the global batch; each
+microbatch's loss is scaled by 1/m before its backward (by the executor) and the data-parallel reduction
+averages over replicas, so gradients do not depend on the layout.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from pipewright.codec import load_csv
+from pipewright.data import TokenDataset, open_dataset
+from pipewright.errors import ConfigError
+from pipewright.ir import Schedule
+from pipewright.models.gpt import build_stage, loss_fn
+from pipewright.models.layout import Layout, resolve_layout
+from pipewright.models.spec import ModelSpec
+from pipewright.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
+from pipewright.passes import validate
+from pipewright.runtime.checkpoint import latest_checkpoint, load_checkpoint, read_meta, save_checkpoint
+from pipewright.runtime.config import TrainConfig, fingerprint
+from pipewright.runtime.executor import PipelineExecutor
+from pipewright.runtime.launch import init_from_env, running_under_torchrun, spawn
+from pipewright.runtime.mesh import ParallelMesh
+from pipewright.runtime.tensor_parallel import grad_norm_params, sharded_parameters, tp_linear_factory
+from pipewright.runtime.timeline import gather_timeline
+from pipewright.schedules import build_schedule
+from pipewright.schedules.registry import check_args
+from pipewright.timeline import Timeline
+from pipewright.viz.loss import plot_loss
+from pipewright.viz.timeline import draw_timeline
+from pipewright.viz.trace import write_trace
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class PreparedRun:
+    """Everything the workers need, checked and resolved (picklable)."""
+
+    config: TrainConfig
+    spec: ModelSpec
+    schedule: Schedule
+    layout: Layout
+    out_dir: Path
+    fingerprint: str
+    resume_from: Path | None = None
+    start_step: int = 0
+    meta: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What rank 0 returns: the per-step losses, the run folder and its files."""
+
+    losses: list[float]
+    val_losses: dict[int, float]
+    out_dir: Path
+    files: dict[str, Path]
+    wall_s: float
+    tokens_per_s: float
+
+
+def resolve_schedule(config: TrainConfig) -> Schedule:
+    """Compute-only schedule for the config: a registry name or a PyTorch-format CSV path."""
+    name = config.schedule
+    if name.endswith(".csv"):
+        sched = load_csv(name)
+        if sched.lowered:
+            from pipewright.passes.lower import strip_comms
+
+            sched = strip_comms(sched)
+        if sched.num_ranks != config.pp:
+            raise ConfigError(f"schedule {name} has {sched.num_ranks} ranks but --pp is {config.pp}")
+        if sched.num_microbatches != config.microbatches:
+            raise ConfigError(
+                f"schedule {name} has {sched.num_microbatches} microbatches but --microbatches is "
+                f"{config.microbatches}"
+            )
+        if config.virtual is not None and sched.num_stages != config.pp * config.virtual:
+            raise ConfigError(f"schedule {name} has {sched.num_stages} stages, not pp × virtual")
+        return validate(sched)
+    entry, _ = check_args(name, config.pp, config.microbatches, config.virtual)
+    if not entry.synchronous:
+        raise ConfigError(
+            f"{name} is asynchronous (no pipeline flush); the trainer runs synchronous schedules: "
+            "choose e.g. 1f1b or zb-h1"
+        )
+    return validate(build_schedule(name, config.pp, config.microbatches, config.virtual))
+
+
+def default_out_dir(root: str | Path = "runs") -> Path:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    path = Path(root) / stamp
+    n = 1
+    while path.exists():
+        path = Path(root) / f"{stamp}-{n}"
+        n += 1
+    return path
+
+
+def prepare(config: TrainConfig, *, world_size: int | None = None) -> PreparedRun:
+    """Check the config, data, schedule, layout and resume point; choose the output folder."""
+    config.check()
+    if world_size is not None and world_size != config.world_size:
+        raise ConfigError(
+            f"tp × pp × dp = {config.tp}×{config.pp}×{config.dp} = {config.world_size} but there are "
+            f"{world_size} processes; make the product equal the process count"
+        )
+    if config.data is not None and not Path(config.data).exists():
+        raise ConfigError(f"data file {config.data} does not exist; give an existing --data path or omit it")
+    schedule = resolve_schedule(config)
+    layout = resolve_layout(config.layout, config.num_layers(), schedule.num_stages)  # before the (slow) data
+    dataset = open_dataset(config.data, tokenizer=config.tokenizer, progress=config.progress)
+    spec = config.model_spec(dataset.vocab_size)
+    fp = fingerprint(spec, config.tokenizer)
+    out_dir = Path(config.out) if config.out else default_out_dir()
+    resume_from, start = None, 0
+    if config.resume:
+        resume_from = latest_checkpoint(out_dir / "checkpoints")
+        if resume_from is None:
+            raise ConfigError(f"--resume: no checkpoint in {out_dir / 'checkpoints'}; run without --resume")
+        meta = read_meta(resume_from)
+        if meta.get("fingerprint") != fp:
+            raise ConfigError(
+                f"--resume: checkpoint {resume_from} belongs to another model ({meta.get('model', '?')}); "
+                "use the same model dimensions or a new --out"
+            )
+        start = int(meta["step"])
+        if start >= config.steps:
+            raise ConfigError(f"--resume: the checkpoint is at step {start}, --steps is {config.steps}")
+    return PreparedRun(config, spec, schedule, layout, out_dir, fp, resume_from, start)
+
+
+def train(config: TrainConfig) -> TrainResult:
+    """Prepare, then run the workers: torchrun's processes when launched by torchrun, else
+    tp × pp × dp local processes (one CPU thread each). Returns rank 0's result (others: None under
+    torchrun)."""
+    if running_under_torchrun():
+        run = prepare(config, world_size=int(os.environ["WORLD_SIZE"]))
+        init_from_env()
+        chosen = [str(run.out_dir)]  # the default folder name has a timestamp: take rank 0's
+        dist.broadcast_object_list(chosen, src=0)
+        run = replace(run, out_dir=Path(chosen[0]))
+        return train_worker(dist.get_rank(), run)
+    run = prepare(config)
+    if config.out is None:
+        _point_latest(run.out_dir)
+    results = spawn(train_worker, run.config.world_size, (run,), timeout_s=7 * 24 * 3600)
+    return results[0]
+
+
+def _point_latest(out_dir: Path) -> None:
+    """Make ``runs/latest`` a symbolic link to the new default output folder (replaced atomically)."""
+    link, tmp = out_dir.parent / "latest", out_dir.parent / ".latest.tmp"
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(out_dir.name)
+        os.replace(tmp, link)
+    except OSError as exc:  # e.g. no symbolic links on this filesystem: not worth failing the run
+        log.warning("could not point %s at %s: %s", link, out_dir, exc)
+
+
+# ---------------------------------------------------------------------------------------------- worker
+
+
+def local_batches(
+    run: PreparedRun, dataset: TokenDataset, split: str, step: int, dp_rank: int
+) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """This replica's m microbatches of global batch ``step``: rows [d·m·b, (d+1)·m·b) of the
+    microbatch_size × microbatches × dp sequences, cut into m (inputs, targets) int64 tensors."""
+    c = run.config
+    b, m = c.microbatch_size, c.microbatches
+    inputs, targets = dataset.batch(split, step, c.global_batch, run.spec.seq_len, c.seed)
+    rows = slice(dp_rank * m * b, (dp_rank + 1) * m * b)
+    return list(torch.from_numpy(inputs[rows]).split(b)), list(torch.from_numpy(targets[rows]).split(b))
+
+
+class Trainer:
+    """One process's share of a training run: its stages, optimizer and pipeline executor.
+
+    Collective: construct and call :meth:`train_step`, :meth:`evaluate`, :meth:`save` on every rank.
+    ``mesh`` defaults to a new (dp, pp, tp) mesh over the default process group.
+    """
+
+    def __init__(self, run: PreparedRun, *, mesh: ParallelMesh | None = None) -> None:
+        c, spec = run.config, run.spec
+        self.run, self.config, self.spec = run, c, spec
+        self.mesh = mesh or ParallelMesh.build(dp=c.dp, pp=c.pp, tp=c.tp)
+        self.device = self.mesh.device
+        self.dataset = open_dataset(c.data, tokenizer=c.tokenizer, progress=False)
+        self.schedule = run.schedule
+        factory, self.loss_fn = None, loss_fn
+        if self.mesh.tp > 1:  # Megatron's column/row-parallel linears and vocabulary-parallel loss
+            factory = tp_linear_factory(self.mesh.tp_group, num_heads=spec.heads)
+            self.loss_fn = factory.cross_entropy
+        self.stages = {
+            s: build_stage(spec, run.layout, s, seed=c.seed, linear_factory=factory).to(self.device)
+            for s in self.schedule.stages_of(self.mesh.pp_rank)
+        }
+        self.params = {n: p for mod in self.stages.values() for n, p in mod.named_parameters()}
+        # parameters counted in the global gradient norm: shards, and replicated ones on tp rank 0
+        self.norm_params = [
+            p for mod in self.stages.values() for p in grad_norm_params(mod, self.mesh.tp_group)
+        ]
+        self.optimizer = build_optimizer(
+            c.optimizer, self.params.items(), lr=c.lr, weight_decay=c.weight_decay
+        )
+        self.executor = PipelineExecutor(
+            self.schedule,
+            self.mesh,
+            self.stages,
+            loss_fn=self.loss_fn,
+            boundary_shape=(c.microbatch_size, spec.seq_len, spec.hidden),
+            device=self.device,
+            recv_timeout_s=c.recv_timeout_s,
+            record=True,
+        )
+        self.first = 0 in self.stages
+        self.last = self.schedule.num_stages - 1 in self.stages
+        self.timeline: Timeline | None = None
+        self.meta = {"fingerprint": run.fingerprint, "model": spec.name, "config": asdict(c)}
+        # checkpoint names: a tensor-parallel shard is named with its tp rank
+        sharded = {id(p) for mod in self.stages.values() for p in sharded_parameters(mod)}
+        suffix = f"#tp{self.mesh.tp_rank}of{self.mesh.tp}"
+        self.named_shards = {n + (suffix if id(p) in sharded else ""): p for n, p in self.params.items()}
+
+    @property
+    def tokens_per_step(self) -> int:
+        return self.config.global_batch * self.spec.seq_len
+
+    def load(self, path: Path) -> int:
+        """Load a checkpoint; returns its step (the number of steps done)."""
+        meta = load_checkpoint(path, self.named_shards, self.optimizer, fingerprint=self.run.fingerprint)
+        return int(meta["step"])
+
+    def save(self, done: int) -> Path:
+        return save_checkpoint(
+            self.run.out_dir / "checkpoints", done, self.named_shards, self.optimizer, meta=self.meta
+        )
+
+    def forward_backward(self, step: int) -> float:
+        """Zero the gradients and run the schedule on global batch ``step``; gradients end up reduced
+        over dp. Returns the mean loss over the global batch (on every rank)."""
+        for mod in self.stages.values():
+            mod.zero_grad(set_to_none=True)
+        xs, ys = local_batches(self.run, self.dataset, "train", step, self.mesh.dp_rank)
+        losses = self.executor.run(
+            [x.to(self.device) for x in xs] if self.first else None,
+            [y.to(self.device) for y in ys] if self.last else None,
+        )
+        return self.executor.global_loss(losses)
+
+    def optimizer_step(self, step: int) -> tuple[float, float]:
+        """Clip to the global gradient norm, set the step's learning rate, step. Returns (lr, norm)."""
+        c = self.config
+        lr = lr_at(step, lr=c.lr, warmup=c.warmup, total=c.steps, min_ratio=c.min_lr_ratio)
+        set_lr(self.optimizer, lr)
+        groups = [self.mesh.tp_group, self.mesh.pp_group]
+        norm = clip_grad_norm_(list(self.params.values()), c.grad_clip, groups, norm_params=self.norm_params)
+        self.optimizer.step()
+        return lr, norm
+
+    def train_step(self, step: int) -> dict:
+        """One training step; returns its metrics record (the same on every rank, bar timing)."""
+        dist.barrier()
+        t0 = time.perf_counter()
+        loss = self.forward_backward(step)
+        lr, norm = self.optimizer_step(step)
+        step_time = time.perf_counter() - t0
+        self.timeline = gather_timeline(self.executor.last_spans, self.mesh)
+        return {
+            "step": step,
+            "loss": loss,
+            "lr": lr,
+            "grad_norm": norm,
+            "step_time_s": step_time,
+            "tokens_per_s": self.tokens_per_step / step_time,
+            "bubble_fraction": self.timeline.bubble_fraction() if self.timeline is not None else None,
+        }
+
+    def evaluate(self) -> float:
+        """Validation loss: mean token cross-entropy over ``eval_batches`` fixed global batches of the
+        held-out split, by a forward-only pass through the stages in order (blocking p2p)."""
+        c, spec, sched, mesh = self.config, self.spec, self.schedule, self.mesh
+        losses: list[float] = []
+        with torch.no_grad():
+            for j in range(c.eval_batches):
+                xs, ys = local_batches(self.run, self.dataset, "val", j, mesh.dp_rank)
+                for x, y in zip(xs, ys, strict=True):
+                    hidden = x.to(self.device)
+                    for s in self.stages:  # this rank's stages, in increasing order
+                        if s > 0 and sched.rank_of(s - 1) != mesh.pp_rank:
+                            hidden = torch.empty(x.shape[0], spec.seq_len, spec.hidden, device=self.device)
+                            dist.recv(hidden, src=mesh.pp_peer(sched.rank_of(s - 1)))
+                        hidden = self.stages[s](hidden)
+                        if s == sched.num_stages - 1:
+                            losses.append(float(self.loss_fn(hidden, y.to(self.device))))
+                        elif sched.rank_of(s + 1) != mesh.pp_rank:
+                            dist.send(hidden.contiguous(), dst=mesh.pp_peer(sched.rank_of(s + 1)))
+        return self.executor.global_loss(losses)
+
+
+def train_worker(rank: int, run: PreparedRun) -> TrainResult | None:
+    """One process's training loop (see the module docstring). Collective: every rank runs it."""
+    c = run.config
+    torch.manual_seed(c.seed + rank)
+    trainer = Trainer(run)
+    start = trainer.load(run.resume_from) if run.resume_from is not None else 0
+    if start:
+        log.info("rank %d resumed from %s at step %d", rank, run.resume_from, start)
+    writer = MetricsWriter(run, start, trainer.tokens_per_step) if rank == 0 else None
+    losses: list[float] = []
+    val_losses: dict[int, float] = {}
+    t_run = time.perf_counter()
+    end = min(c.steps, c.stop_after) if c.stop_after else c.steps
+    for step in range(start, end):
+        record = trainer.train_step(step)
+        done = step + 1
+        if c.eval_every and (done % c.eval_every == 0 or done == c.steps):
+            record["val_loss"] = val_losses[step] = trainer.evaluate()
+        losses.append(record["loss"])
+        if writer is not None:
+            writer.write(record)
+        if (c.checkpoint_every and done % c.checkpoint_every == 0) or done == end:
+            trainer.save(done)
+    wall = time.perf_counter() - t_run
+    if writer is None:
+        return None
+    writer.close()
+    files = write_artifacts(run, trainer.timeline) if c.artifacts else {}
+    files["metrics"] = writer.path
+    rate = len(losses) * trainer.tokens_per_step / wall if wall > 0 else 0.0
+    return TrainResult(losses, val_losses, run.out_dir, files, wall, rate)
+
+
+class MetricsWriter:
+    """Rank 0's ``metrics.jsonl`` (one JSON object per step) and progress bar."""
+
+    def __init__(self, run: PreparedRun, start: int, tokens_per_step: int) -> None:
+        run.out_dir.mkdir(parents=True, exist_ok=True)
+        self.path = run.out_dir / "metrics.jsonl"
+        kept: list[str] = []
+        if start > 0 and self.path.is_file():  # resuming: keep the steps before the checkpoint
+            kept = [ln for ln in self.path.read_text().splitlines() if ln and json.loads(ln)["step"] < start]
+        self.path.write_text("".join(ln + "\n" for ln in kept))
+        (run.out_dir / "config.json").write_text(json.dumps(asdict(run.config), indent=1, default=str))
+        self.progress = None
+        if run.config.progress:
+            self.progress = tqdm(
+                total=run.config.steps, initial=start, desc="train", unit="step", dynamic_ncols=True
+            )
+
+    def write(self, record: dict) -> None:
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.progress is not None:
+            self.progress.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:,.0f}")
+            self.progress.update(1)
+
+    def close(self) -> None:
+        if self.progress is not None:
+            self.progress.close()
+
+
+def write_artifacts(run: PreparedRun, timeline: Timeline | None) -> dict[str, Path]:
+    """loss.png from metrics.jsonl; timeline.png and trace.json from the last step's measured timeline."""
+    out_dir = run.out_dir
+    files = {"loss_png": out_dir / "loss.png"}
+    plot_loss(out_dir / "metrics.jsonl", files["loss_png"])
+    if timeline is not None:
+        files["timeline_png"] = out_dir / "timeline.png"
+        files["trace"] = out_dir / "trace.json"
+        c = run.config
+        title = (
+            f"measured: {run.schedule.name}, pp={c.pp} dp={c.dp} stages={run.schedule.num_stages}, "
+            f"m={c.microbatches}, last step"
+        )
+        draw_timeline([timeline], files["timeline_png"], titles=[title])
+        write_trace(timeline, files["trace"])
+    return files

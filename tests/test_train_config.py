@@ -1,0 +1,39 @@
+"""TrainConfig: TOML/flag merging and the model dimensions it resolves (no processes)."""
+
+from __future__ import annotations
+
+import pytest
+
+from pipewright.errors import ConfigError
+from pipewright.runtime.config import TrainConfig, fingerprint
+
+
+def test_toml_then_flags(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('[train]\npp = 4\nmicrobatch-size = 2\nschedule = "gpipe"\n')
+    config = TrainConfig.from_toml(path).with_overrides(pp=2, dp=None, steps=7)
+    assert (config.pp, config.microbatch_size, config.schedule, config.steps, config.dp) == (
+        2,
+        2,
+        "gpipe",
+        7,
+        1,
+    )
+    assert config.global_batch == 2 * config.microbatches * config.dp
+
+
+def test_dimensions_follow_flags():
+    spec = TrainConfig(hidden=32, heads=4, layers=2).model_spec(dataset_vocab=256)
+    assert (spec.hidden, spec.ffn_hidden, spec.vocab, spec.layers) == (32, 128, 256, 2)
+    assert TrainConfig(hidden=32, heads=4, ffn_hidden=40).model_spec(256).ffn_hidden == 40
+    with pytest.raises(ConfigError, match="smaller than the dataset"):
+        TrainConfig(vocab=100).model_spec(dataset_vocab=256)
+    with pytest.raises(ConfigError, match="unknown model"):
+        TrainConfig(model="nope").model_spec(256)
+
+
+def test_fingerprint_depends_on_dimensions_only():
+    a = TrainConfig().model_spec(256)
+    assert fingerprint(a, "byte") == fingerprint(TrainConfig(pp=4, lr=1.0).model_spec(256), "byte")
+    assert fingerprint(a, "byte") != fingerprint(TrainConfig(hidden=64).model_spec(256), "byte")
+    assert fingerprint(a, "byte") != fingerprint(a, "bpe:512")
