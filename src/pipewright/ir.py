@@ -152,6 +152,29 @@ class Schedule:
         if len(self.actions) != self.num_ranks:
             raise ValueError(f"{len(self.actions)} action lists for {self.num_ranks} ranks")
 
+    @classmethod
+    def build(
+        cls,
+        name: str,
+        microbatches: int,
+        rows: Iterable[Iterable[Action]],
+        placement: tuple[int, ...],
+        *,
+        flush: bool = True,
+        **meta: Any,
+    ) -> Schedule:
+        """A compute-only schedule from per-rank action rows (what schedule generators return)."""
+        actions = tuple(tuple(r) for r in rows)
+        return cls(
+            name=name,
+            num_ranks=len(actions),
+            num_stages=len(placement),
+            num_microbatches=microbatches,
+            placement=placement,
+            actions=actions,
+            meta={"flush": flush, **meta},
+        )
+
     @property
     def chunks_per_rank(self) -> int:
         return self.num_stages // self.num_ranks

@@ -13,6 +13,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 from pipewright.ir import STEP, Action, B, F, I, Schedule, loop_placement
+from pipewright.schedules.classic import one_f_one_b_rows
 from pipewright.schedules.registry import ScheduleInfo
 
 
@@ -23,23 +24,8 @@ def async_1f1b(p: int, m: int, v: int = 1) -> Schedule:
     In steady state no rank idles (the fill and drain are paid once per run, not per iteration).
     Peak activation memory min(p − r, m) microbatches on rank r, as 1F1B.
     """
-    rows = []
-    for r in range(p):
-        warm = min(p - r - 1, m)
-        row = [Action(r, F, k) for k in range(warm)]
-        for k in range(m - warm):
-            row += [Action(r, F, warm + k), Action(r, B, k), Action(r, STEP, k)]
-        for k in range(m - warm, m):
-            row += [Action(r, B, k), Action(r, STEP, k)]
-        rows.append(row)
-    return Schedule(
-        name="async-1f1b",
-        num_ranks=p,
-        num_stages=p,
-        num_microbatches=m,
-        placement=loop_placement(p),
-        actions=tuple(tuple(row) for row in rows),
-        meta={"flush": False},
+    return Schedule.build(
+        "async-1f1b", m, one_f_one_b_rows(p, m, step_after_backward=True), loop_placement(p), flush=False
     )
 
 

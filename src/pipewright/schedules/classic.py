@@ -10,19 +10,12 @@ from __future__ import annotations
 from fractions import Fraction
 
 from pipewright.errors import ScheduleError
-from pipewright.ir import Action, B, F, Schedule, loop_placement
+from pipewright.ir import STEP, Action, B, F, Schedule, loop_placement
 from pipewright.schedules.registry import ScheduleInfo
 
 
 def _schedule(name: str, p: int, m: int, rows: list[list[Action]], v: int = 1) -> Schedule:
-    return Schedule(
-        name=name,
-        num_ranks=p,
-        num_stages=p * v,
-        num_microbatches=m,
-        placement=loop_placement(p, v),
-        actions=tuple(tuple(r) for r in rows),
-    )
+    return Schedule.build(name, m, rows, loop_placement(p, v))
 
 
 def gpipe(p: int, m: int, v: int = 1) -> Schedule:
@@ -34,21 +27,33 @@ def gpipe(p: int, m: int, v: int = 1) -> Schedule:
     return _schedule("gpipe", p, m, rows)
 
 
+def one_f_one_b_rows(p: int, m: int, *, step_after_backward: bool = False) -> list[list[Action]]:
+    """The 1F1B order of every rank: min(p − r − 1, m) warm-up forwards, then one forward and one
+    backward alternating, then the remaining backwards. With ``step_after_backward`` each backward is
+    followed by that stage's optimizer step (PipeDream's asynchronous 1F1B)."""
+
+    def backward(r: int, k: int) -> list[Action]:
+        return [Action(r, B, k), Action(r, STEP, k)] if step_after_backward else [Action(r, B, k)]
+
+    rows = []
+    for r in range(p):
+        warm = min(p - r - 1, m)
+        row = [Action(r, F, k) for k in range(warm)]
+        for k in range(m - warm):
+            row += [Action(r, F, warm + k), *backward(r, k)]
+        for k in range(m - warm, m):
+            row += backward(r, k)
+        rows.append(row)
+    return rows
+
+
 def one_f_one_b(p: int, m: int, v: int = 1) -> Schedule:
     """1F1B / PipeDream-Flush (Narayanan et al. 2021): rank r runs min(p − r − 1, m) warm-up forwards,
     then alternates one forward and one backward, then drains the remaining backwards.
 
     Bubble (p − 1)/m as GPipe; peak activation memory min(p − r, m) microbatches on rank r (p on rank 0).
     """
-    rows = []
-    for r in range(p):
-        warm = min(p - r - 1, m)
-        row = [Action(r, F, k) for k in range(warm)]
-        for k in range(m - warm):
-            row += [Action(r, F, warm + k), Action(r, B, k)]
-        row += [Action(r, B, k) for k in range(m - warm, m)]
-        rows.append(row)
-    return _schedule("1f1b", p, m, rows)
+    return _schedule("1f1b", p, m, one_f_one_b_rows(p, m))
 
 
 def megatron_order(m: int, v: int, group: int) -> list[tuple[int, int]]:

@@ -26,15 +26,7 @@ from pipewright.schedules.registry import ScheduleInfo
 
 
 def _schedule(name: str, p: int, m: int, rows: list[list[Action]], **meta: object) -> Schedule:
-    return Schedule(
-        name=name,
-        num_ranks=p,
-        num_stages=2 * p,
-        num_microbatches=m,
-        placement=v_placement(p),
-        actions=tuple(tuple(r) for r in rows),
-        meta={"flush": True, **meta},
-    )
+    return Schedule.build(name, m, rows, v_placement(p), **meta)
 
 
 class _RankOrder:

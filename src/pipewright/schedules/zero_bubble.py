@@ -28,15 +28,7 @@ from pipewright.schedules.zb_greedy import StageCosts, best_orders
 
 
 def _schedule(name: str, p: int, m: int, rows: Iterable[Iterable[Action]], **meta: object) -> Schedule:
-    return Schedule(
-        name=name,
-        num_ranks=p,
-        num_stages=p,
-        num_microbatches=m,
-        placement=loop_placement(p),
-        actions=tuple(tuple(r) for r in rows),
-        meta={"flush": True, **meta},
-    )
+    return Schedule.build(name, m, rows, loop_placement(p), **meta)
 
 
 def _with_delayed_weights(rank: int, forwards_and_inputs: list[Action], delay: int) -> list[Action]:
