@@ -85,3 +85,17 @@ def test_csv_round_trip_and_memory() -> None:
     low_again = from_csv(to_csv(sched, with_comms=True))
     assert low_again.lowered and low_again.actions == lower(sched).actions
     assert peak_in_flight(sched) == [4, 3, 2, 1]
+
+
+def test_timeline_json_round_trip_with_extension_kind() -> None:
+    from pipewright.deps import CORE_KINDS
+    from pipewright.ir import KindSpec
+    from pipewright.timeline import Span, Timeline
+
+    kinds = CORE_KINDS.with_kinds(KindSpec("KFAC_A", lambda a, s: ((("F", a.stage, a.microbatch)),)))
+    spans = [Span(0, Action(0, "F", 0), 0.0, 1.0), Span(0, Action(0, "KFAC_A", 0), 1.0, 2.0)]
+    tl = Timeline.of(1, spans)
+    again = Timeline.from_json(tl.to_json(), kinds)
+    assert again.spans == tl.spans
+    with pytest.raises(PipewrightError, match="cannot read action"):
+        Timeline.from_json(tl.to_json())

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipewright.codec import parse_action
-from pipewright.ir import Action
+from pipewright.ir import Action, KindRegistry
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,9 +89,10 @@ class Timeline:
         }
 
     @classmethod
-    def from_json(cls, data: dict) -> Timeline:
+    def from_json(cls, data: dict, kinds: KindRegistry | None = None) -> Timeline:
+        """Inverse of :meth:`to_json`; ``kinds`` names extension kinds the spans may hold."""
         spans = [
-            Span(r, parse_action(a), float(st), float(en), stream, int(it))
+            Span(r, parse_action(a, kinds), float(st), float(en), stream, int(it))
             for r, a, st, en, stream, it in data["spans"]
         ]
         return cls.of(
