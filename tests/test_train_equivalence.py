@@ -13,7 +13,8 @@ limit), each as plain TP (vocabulary-parallel embedding and loss, column/row-par
 sequence parallelism, and TP + scatter/gather of the stage boundaries: the loss and every gradient
 (shards gathered to full size) after one iteration, the parameters after that step and the validation
 loss then, against the same reference and tolerance. The three modes are spread over the layouts (see
-:func:`_ptdp_cases`) so that every schedule/v runs in every mode and every layout in every mode.
+:func:`_ptdp_cases`) so that every schedule/v runs in every mode and every layout in every mode;
+``PIPEWRIGHT_FULL_PTDP=1`` runs the full product.
 
 One spawn per world size (4, 8 processes) runs all its cases.
 
@@ -23,6 +24,7 @@ rounding noise — the key bias, to which softmax is invariant — move by ±lr 
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from dataclasses import replace
 
@@ -47,6 +49,7 @@ from pipewright.schedules.registry import check_args, info
 STEPS = 5
 RTOL = 1e-5
 PTDP_LAYOUTS = ((2, 1), (2, 2), (4, 1))  # (pp, dp) with t = 2
+FULL_PTDP = os.environ.get("PIPEWRIGHT_FULL_PTDP") == "1"  # every mode × layout × schedule (~3× longer)
 PTDP_MODES = {
     "tp": {},
     "tp+sp": {"sequence_parallel": True},
@@ -89,19 +92,22 @@ def _cases(data: str) -> list[TrainConfig]:
     return cases + [config for _, config in _ptdp_cases(data)]
 
 
-def _ptdp_cases(data: str) -> list[tuple[str, TrainConfig]]:
+def _ptdp_cases(data: str, full: bool = FULL_PTDP) -> list[tuple[str, TrainConfig]]:
     """(mode, config) for t = 2: the i-th (schedule, v) runs in mode (i + j) mod 3 in the j-th layout,
     so each schedule/v meets each mode once over the three layouts (and each layout runs every mode):
-    a Latin square instead of the full 3 × 3 product, to keep the test short. One optimizer step each."""
+    a Latin square instead of the full 3 × 3 product, to keep the test short; ``full`` (environment
+    ``PIPEWRIGHT_FULL_PTDP=1``) runs every mode in every layout. One optimizer step each, pp·v layers
+    (one per stage)."""
     base = replace(_base(data), tp=2, steps=1, warmup=0)
     modes = list(PTDP_MODES)
     order = list(dict.fromkeys((name, v) for name, _, _, v, _ in _schedules(PTDP_LAYOUTS)))
     cases = []
     for j, layout in enumerate(PTDP_LAYOUTS):
         for name, pp, dp, v, m in _schedules((layout,)):
-            mode = modes[(order.index((name, v)) + j) % len(modes)]
-            config = replace(base, schedule=name, pp=pp, dp=dp, virtual=v, microbatches=m)
-            cases.append((mode, replace(config, **PTDP_MODES[mode])))
+            # one transformer layer per stage: halves the per-layer tp collectives of 8 layers
+            config = replace(base, schedule=name, pp=pp, dp=dp, virtual=v, microbatches=m, layers=pp * v)
+            chosen = modes if full else [modes[(order.index((name, v)) + j) % len(modes)]]
+            cases += [(mode, replace(config, **PTDP_MODES[mode])) for mode in chosen]
     return cases
 
 
@@ -188,7 +194,7 @@ def test_pipelined_training_equals_single_process(tmp_path):
     for config in _cases(str(data)):
         by_world[config.world_size].append(prepare(replace(config, out=str(tmp_path / "run"))))
     assert sum(map(len, by_world.values())) >= 16 and set(by_world) == {4, 8}
-    references: dict[tuple[int, int], tuple] = {}
+    references: dict[tuple[int, int, int], tuple] = {}
     failures = []
     for world, runs in sorted(by_world.items()):
         for run, gathered in zip(runs, spawn(_worker, world, (runs,), timeout_s=600)[0], strict=True):
@@ -196,7 +202,7 @@ def test_pipelined_training_equals_single_process(tmp_path):
             v = run.schedule.num_stages // c.pp
             mode = "+sp" if c.sequence_parallel else "+scatter-gather" if c.scatter_gather else ""
             label = f"{c.schedule} pp={c.pp} dp={c.dp} tp={c.tp}{mode} v={v} m={c.microbatches}"
-            key = (c.global_batch, c.steps)
+            key = (c.global_batch, c.steps, c.layers)
             if key not in references:
                 references[key] = _reference(run)
             ref_losses, ref_grads, ref_params = references[key]
@@ -220,7 +226,8 @@ def test_pipelined_training_equals_single_process(tmp_path):
 def test_ptdp_cases_cover_every_schedule_layout_and_mode(tmp_path):
     """The spread of :func:`_ptdp_cases`: every synchronous schedule and v it takes, in each of the three
     modes; every layout in each mode; tp = 2 throughout and at most 8 processes."""
-    cases = _ptdp_cases(str(tmp_path / "tokens.bin"))
+    cases = _ptdp_cases(str(tmp_path / "tokens.bin"), full=False)
+    assert len(cases) < len(_ptdp_cases(str(tmp_path / "tokens.bin"), full=True))
     mode_of = {id(config): mode for mode, config in cases}
     configs = [config for _, config in cases]
     assert all(c.tp == 2 and c.world_size <= 8 for c in configs)
