@@ -127,6 +127,20 @@ def test_linear_factory_sees_every_kind():
     assert seen == ["qkv", "attn_out", "mlp_in", "mlp_out"] * SPEC.layers + ["output"]
 
 
+def test_factory_hooks_build_the_embedding_from_the_same_init():
+    """A factory with ``embedding`` and ``sequence_chunk`` (here the tensor-parallel one over a group of
+    one process) builds the token table; the model is the default one, weight for weight and logit for
+    logit."""
+    from pipewright.runtime.tensor_parallel import VocabParallelEmbedding, tp_linear_factory
+
+    tp_model = build_full(SPEC, seed=2, linear_factory=tp_linear_factory(None, num_heads=SPEC.heads))
+    model = build_full(SPEC, seed=2)
+    assert isinstance(tp_model.embed.tok, VocabParallelEmbedding)
+    ids = torch.randint(0, SPEC.vocab, (2, SPEC.seq_len), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(tp_model.embed.tok.weight, model.embed.tok.weight, rtol=0, atol=0)
+    torch.testing.assert_close(tp_model(ids), model(ids), rtol=1e-6, atol=1e-6)
+
+
 def test_tied_embeddings_only_single_stage():
     tied = ModelSpec("t", layers=2, hidden=32, heads=4, vocab=64, seq_len=16, tied_embeddings=True)
     model = build_full(tied)

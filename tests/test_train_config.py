@@ -37,3 +37,24 @@ def test_fingerprint_depends_on_dimensions_only():
     assert fingerprint(a, "byte") == fingerprint(TrainConfig(pp=4, lr=1.0).model_spec(256), "byte")
     assert fingerprint(a, "byte") != fingerprint(TrainConfig(hidden=64).model_spec(256), "byte")
     assert fingerprint(a, "byte") != fingerprint(a, "bpe:512")
+
+
+def test_fingerprint_records_the_tensor_parallel_state_layout():
+    """tp > 1 stores the vocabulary-parallel embedding as shards: another fingerprint (tp = 1 unchanged);
+    sequence parallelism and scatter/gather change no state names: not recorded."""
+    a = TrainConfig().model_spec(256)
+    assert fingerprint(a, "byte", 1) == fingerprint(a, "byte")
+    assert len({fingerprint(a, "byte", t) for t in (1, 2, 4)}) == 3
+    sp = TrainConfig(tp=2, sequence_parallel=True)
+    sp.check()
+    assert fingerprint(sp.model_spec(256), "byte", sp.tp) == fingerprint(a, "byte", 2)
+
+
+def test_sequence_parallel_and_scatter_gather_are_checked():
+    with pytest.raises(ConfigError, match="drop one of"):
+        TrainConfig(tp=2, sequence_parallel=True, scatter_gather=True).check()
+    with pytest.raises(ConfigError, match="needs tensor parallelism"):
+        TrainConfig(scatter_gather=True).check()
+    with pytest.raises(ConfigError, match="--seq-len 30 is not divisible by --tp 4"):
+        TrainConfig(tp=4, heads=8, hidden=64, seq_len=30, sequence_parallel=True).model_spec(256)
+    assert TrainConfig(tp=4, heads=8, hidden=64, seq_len=30).model_spec(256).seq_len == 30

@@ -1,12 +1,22 @@
 """Pipelined training through the real trainer equals single-process training.
 
-For every synchronous schedule in the registry and layouts (pp, dp) ∈ {(4, 1), (2, 2), (4, 2)}, v ∈ {1, 2}
-(pp = 2, dp = 1 is covered against other layouts by test_train_cli.py, to save a spawn), and for
-tensor parallelism t = 2 with pp = 2, dp ∈ {1, 2} (1F1B, ZB-H1, interleaved 1F1B): the
-loss and every parameter's gradient after one iteration, every parameter after 5 optimizer steps and
-the validation loss then (a forward-only pass)
-(SGD with momentum, warm-up, global-norm clipping active), match a single-process reference on the same
-data within 1e-5 relative (fp32). One spawn per world size (4, 8 processes) runs all its cases.
+Pipeline × data parallelism: every synchronous schedule in the registry, layouts (pp, dp) ∈ {(4, 1),
+(2, 2), (4, 2)}, v ∈ {1, 2} where the schedule takes it (pp = 2, dp = 1 is covered against other
+layouts by test_train_cli.py, to save a spawn): the loss and every parameter's gradient after one
+iteration, every parameter after 5 optimizer steps and the validation loss then (a forward-only pass)
+(SGD with momentum, warm-up, global-norm clipping active) match a single-process reference on the same
+data within 1e-5 relative (fp32).
+
+PTD-P (:data:`PTDP_LAYOUTS`, :func:`_ptdp_cases`): tensor parallelism t = 2 in every one of those
+schedules and v, in (pp, dp) ∈ {(2, 1), (2, 2), (4, 1)} (t·p·d = 2·4·2 = 16 exceeds the 8-process
+limit), each as plain TP (vocabulary-parallel embedding and loss, column/row-parallel linears), TP +
+sequence parallelism, and TP + scatter/gather of the stage boundaries: the loss and every gradient
+(shards gathered to full size) after one iteration, the parameters after that step and the validation
+loss then, against the same reference and tolerance. The three modes are spread over the layouts (see
+:func:`_ptdp_cases`) so that every schedule/v runs in every mode and every layout in every mode;
+``PIPEWRIGHT_FULL_PTDP=1`` runs the full product.
+
+One spawn per world size (4, 8 processes) runs all its cases.
 
 (AdamW is not used for the 5-step comparison: it divides by √v, so parameters whose gradient is
 rounding noise — the key bias, to which softmax is invariant — move by ±lr on either side.)
@@ -14,6 +24,7 @@ rounding noise — the key bias, to which softmax is invariant — move by ±lr 
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from dataclasses import replace
 
@@ -30,36 +41,73 @@ from pipewright.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
 from pipewright.runtime.config import TrainConfig
 from pipewright.runtime.launch import spawn
 from pipewright.runtime.mesh import ParallelMesh
+from pipewright.runtime.tensor_parallel import full_parameters
 from pipewright.runtime.trainer import PreparedRun, Trainer, prepare
 from pipewright.schedules import schedule_names
 from pipewright.schedules.registry import check_args, info
 
 STEPS = 5
 RTOL = 1e-5
+PTDP_LAYOUTS = ((2, 1), (2, 2), (4, 1))  # (pp, dp) with t = 2
+FULL_PTDP = os.environ.get("PIPEWRIGHT_FULL_PTDP") == "1"  # every mode × layout × schedule (~3× longer)
+PTDP_MODES = {
+    "tp": {},
+    "tp+sp": {"sequence_parallel": True},
+    "tp+scatter-gather": {"scatter_gather": True},
+}
 
 
-def _cases(data: str) -> list[TrainConfig]:
-    base = TrainConfig(
-        layers=8, hidden=32, heads=4, vocab=256, seq_len=16, microbatch_size=1, steps=STEPS, lr=0.05,
-        warmup=2, grad_clip=0.5, optimizer="sgd", data=data, progress=False, artifacts=False, eval_every=0,
-        recv_timeout_s=120,
-    )  # fmt: skip
-    cases = []
+def _schedules(layouts) -> list[tuple[str, int, int, int, int]]:
+    """(name, pp, dp, v, m) for every synchronous schedule, layout and v ∈ {1, 2} it takes; m is the
+    least of 4, 8 it accepts."""
+    out = []
     for name in schedule_names():
         entry = info(name)
         if not entry.synchronous:
             continue
-        for pp, dp in ((4, 1), (2, 2), (4, 2)):  # pp = 2, dp = 1 runs in test_train_cli.py
+        for pp, dp in layouts:
             for v in (1, 2):
                 if entry.chunks is not None and v not in entry.chunks:
                     continue
                 m = next((m for m in (4, 8) if _accepts(name, pp, m, v)), None)
                 if m is not None:
-                    cases.append(replace(base, schedule=name, pp=pp, dp=dp, virtual=v, microbatches=m))
-    # PTD-P: tensor parallelism (t = 2) inside pipeline stages, with a full and a split backward
-    for name, v in (("1f1b", 1), ("zb-h1", 1), ("interleaved-1f1b", 2)):
-        for dp in (1, 2):
-            cases.append(replace(base, schedule=name, pp=2, dp=dp, tp=2, virtual=v, microbatches=4))
+                    out.append((name, pp, dp, v, m))
+    return out
+
+
+def _base(data: str) -> TrainConfig:
+    return TrainConfig(
+        layers=8, hidden=32, heads=4, vocab=256, seq_len=16, microbatch_size=1, steps=STEPS, lr=0.05,
+        warmup=2, grad_clip=0.5, optimizer="sgd", data=data, progress=False, artifacts=False, eval_every=0,
+        recv_timeout_s=120,
+    )  # fmt: skip
+
+
+def _cases(data: str) -> list[TrainConfig]:
+    base = _base(data)
+    cases = [
+        replace(base, schedule=name, pp=pp, dp=dp, virtual=v, microbatches=m)
+        for name, pp, dp, v, m in _schedules(((4, 1), (2, 2), (4, 2)))  # (2, 1): test_train_cli.py
+    ]
+    return cases + [config for _, config in _ptdp_cases(data)]
+
+
+def _ptdp_cases(data: str, full: bool = FULL_PTDP) -> list[tuple[str, TrainConfig]]:
+    """(mode, config) for t = 2: the i-th (schedule, v) runs in mode (i + j) mod 3 in the j-th layout,
+    so each schedule/v meets each mode once over the three layouts (and each layout runs every mode):
+    a Latin square instead of the full 3 × 3 product, to keep the test short; ``full`` (environment
+    ``PIPEWRIGHT_FULL_PTDP=1``) runs every mode in every layout. One optimizer step each, pp·v layers
+    (one per stage)."""
+    base = replace(_base(data), tp=2, steps=1, warmup=0)
+    modes = list(PTDP_MODES)
+    order = list(dict.fromkeys((name, v) for name, _, _, v, _ in _schedules(PTDP_LAYOUTS)))
+    cases = []
+    for j, layout in enumerate(PTDP_LAYOUTS):
+        for name, pp, dp, v, m in _schedules((layout,)):
+            # one transformer layer per stage: halves the per-layer tp collectives of 8 layers
+            config = replace(base, schedule=name, pp=pp, dp=dp, virtual=v, microbatches=m, layers=pp * v)
+            chosen = modes if full else [modes[(order.index((name, v)) + j) % len(modes)]]
+            cases += [(mode, replace(config, **PTDP_MODES[mode])) for mode in chosen]
     return cases
 
 
@@ -73,16 +121,11 @@ def _accepts(name: str, p: int, m: int, v: int) -> bool:
 
 def _full(trainer: Trainer, grad: bool) -> dict[str, torch.Tensor]:
     """This rank's parameters (or gradients) by name, tensor-parallel shards gathered to full size."""
-    out = {}
-    for stage in trainer.stages.values():
-        for name, module in stage.named_modules():
-            if hasattr(module, "full_weight"):  # collective over the tp group, same order on its ranks
-                out[f"{name}.weight"] = module.full_weight(grad=grad).detach().clone()
-                if module.bias is not None:
-                    out[f"{name}.bias"] = module.full_bias(grad=grad).detach().clone()
-    for name, p in trainer.params.items():
-        out.setdefault(name, (p.grad if grad else p).detach().clone())
-    return out
+    return {
+        name: t.clone()
+        for stage in trainer.stages.values()
+        for name, t in full_parameters(stage, grad=grad).items()
+    }
 
 
 def _worker(rank: int, runs: list[PreparedRun]) -> list | None:
@@ -95,13 +138,15 @@ def _worker(rank: int, runs: list[PreparedRun]) -> list | None:
         losses = [trainer.forward_backward(0)]
         grads = _full(trainer, grad=True)
         trainer.optimizer_step(0)
-        for step in range(1, STEPS):
+        for step in range(1, c.steps):
             losses.append(trainer.forward_backward(step))
             trainer.optimizer_step(step)
         params = _full(trainer, grad=False)
         losses.append(trainer.evaluate())  # forward-only pass through the placement's stages
         gathered = [None] * dist.get_world_size() if rank == 0 else None
-        dist.gather_object((losses, grads, params), gathered, dst=0)
+        # what the mode changed: the boundary tensor's length and whether boundaries travel in 1/t pieces
+        facts = (trainer.boundary_shape[1], trainer.executor.comm.scatter_gather)
+        dist.gather_object((losses, grads, params, facts), gathered, dst=0)
         results.append(gathered)
     return results if rank == 0 else None
 
@@ -114,7 +159,7 @@ def _reference(run: PreparedRun) -> tuple[list[float], dict, dict]:
     opt = build_optimizer(c.optimizer, params.items(), lr=c.lr, weight_decay=c.weight_decay)
     dataset = open_dataset(c.data, progress=False)
     losses, grads0 = [], None
-    for step in range(STEPS):
+    for step in range(c.steps):
         x, y = dataset.batch("train", step, c.global_batch, run.spec.seq_len, c.seed)
         model.zero_grad(set_to_none=True)
         loss = loss_fn(model(torch.from_numpy(x)), torch.from_numpy(y))
@@ -149,18 +194,22 @@ def test_pipelined_training_equals_single_process(tmp_path):
     for config in _cases(str(data)):
         by_world[config.world_size].append(prepare(replace(config, out=str(tmp_path / "run"))))
     assert sum(map(len, by_world.values())) >= 16 and set(by_world) == {4, 8}
-    references: dict[int, tuple] = {}
+    references: dict[tuple[int, int, int], tuple] = {}
     failures = []
     for world, runs in sorted(by_world.items()):
-        for run, gathered in zip(runs, spawn(_worker, world, (runs,), timeout_s=300)[0], strict=True):
+        for run, gathered in zip(runs, spawn(_worker, world, (runs,), timeout_s=600)[0], strict=True):
             c = run.config
             v = run.schedule.num_stages // c.pp
-            label = f"{c.schedule} pp={c.pp} dp={c.dp} tp={c.tp} v={v} m={c.microbatches}"
-            if c.global_batch not in references:
-                references[c.global_batch] = _reference(run)
-            ref_losses, ref_grads, ref_params = references[c.global_batch]
+            mode = "+sp" if c.sequence_parallel else "+scatter-gather" if c.scatter_gather else ""
+            label = f"{c.schedule} pp={c.pp} dp={c.dp} tp={c.tp}{mode} v={v} m={c.microbatches}"
+            key = (c.global_batch, c.steps, c.layers)
+            if key not in references:
+                references[key] = _reference(run)
+            ref_losses, ref_grads, ref_params = references[key]
             seen: dict[str, int] = defaultdict(int)
-            for losses, grads, params in gathered:
+            want_facts = (run.spec.seq_len // (c.tp if c.sequence_parallel else 1), c.scatter_gather)
+            for losses, grads, params, facts in gathered:
+                assert facts == want_facts, label
                 if not np.allclose(losses, ref_losses, rtol=RTOL, atol=0):
                     failures.append(f"{label}: losses {losses} != {ref_losses}")
                 for name, g in grads.items():
@@ -168,7 +217,24 @@ def test_pipelined_training_equals_single_process(tmp_path):
                     if not _close(g, ref_grads[name]):
                         failures.append(f"{label}: gradient of {name} differs")
                     if not _close(params[name], ref_params[name]):
-                        failures.append(f"{label}: {name} differs after {STEPS} steps")
+                        failures.append(f"{label}: {name} differs after {c.steps} steps")
             # every parameter is held by exactly one pipeline rank of each replica (tp ranks: shards)
             assert seen == dict.fromkeys(ref_grads, c.dp * c.tp), label
     assert not failures, "\n".join(failures[:20])
+
+
+def test_ptdp_cases_cover_every_schedule_layout_and_mode(tmp_path):
+    """The spread of :func:`_ptdp_cases`: every synchronous schedule and v it takes, in each of the three
+    modes; every layout in each mode; tp = 2 throughout and at most 8 processes."""
+    cases = _ptdp_cases(str(tmp_path / "tokens.bin"), full=False)
+    assert len(cases) < len(_ptdp_cases(str(tmp_path / "tokens.bin"), full=True))
+    mode_of = {id(config): mode for mode, config in cases}
+    configs = [config for _, config in cases]
+    assert all(c.tp == 2 and c.world_size <= 8 for c in configs)
+    pairs = {(name, v) for name, _, _, v, _ in _schedules(PTDP_LAYOUTS)}
+    assert {(c.schedule, c.virtual, mode_of[id(c)]) for c in configs} == {
+        (name, v, mode) for name, v in pairs for mode in PTDP_MODES
+    }
+    assert {((c.pp, c.dp), mode_of[id(c)]) for c in configs} == {
+        (layout, mode) for layout in PTDP_LAYOUTS for mode in PTDP_MODES
+    }

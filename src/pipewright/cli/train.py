@@ -54,6 +54,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--resume", action="store_true", default=None, help="continue from --out's checkpoint"
     )
     parser.add_argument(
+        "--sequence-parallel",
+        action="store_true",
+        default=None,
+        help="with --tp: split LayerNorm/residual regions and stage boundaries along the sequence",
+    )
+    parser.add_argument(
+        "--scatter-gather",
+        action="store_true",
+        default=None,
+        help="with --tp (not with --sequence-parallel): each tp rank sends 1/t of a stage boundary",
+    )
+    parser.add_argument(
         "--no-progress", dest="progress", action="store_false", default=None, help="no progress bar"
     )
     parser.add_argument(
@@ -70,7 +82,12 @@ def config_from_args(args: argparse.Namespace):
     values = {name: getattr(args, name) for name in names}
     values["recv_timeout_s"] = values.pop("recv_timeout")
     config = config.with_overrides(
-        **values, resume=args.resume, progress=args.progress, artifacts=args.artifacts
+        **values,
+        resume=args.resume,
+        progress=args.progress,
+        artifacts=args.artifacts,
+        sequence_parallel=args.sequence_parallel,
+        scatter_gather=args.scatter_gather,
     )
     if args.nproc is not None and args.nproc != config.world_size:
         raise ConfigError(

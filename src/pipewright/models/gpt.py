@@ -20,6 +20,15 @@ Linear layers come from ``linear_factory(in_features, out_features, *, bias, kin
 ``nn.Linear`` whose weight gradient can be deferred, for split I/W backward) when present. A factory
 whose module holds a shard (tensor parallelism) receives the full initial weight through the module's
 ``load_full_(weight, bias)`` method when it has one; otherwise the weight is copied in.
+
+Tensor parallelism (``runtime/tensor_parallel.py``'s factory). Optional factory hooks, used when
+present: ``make.embedding(V, h)`` builds the token embedding (vocabulary-parallel: rank r holds rows
+[r·V/t, (r+1)·V/t), initialised from the same full-size table, under the same parameter name);
+``make.sequence_chunk(x)`` cuts a replicated tensor to this rank's part of the sequence (identity
+unless sequence parallelism is on). With sequence parallelism (Korthikanti et al., 2022) the
+activations between the tensor-parallel regions — embedding output, LayerNorms, residual stream, stage
+boundaries — are this rank's [b, s/t, h] chunk; the column-parallel linears all-gather the sequence,
+the row-parallel ones and the embedding reduce-scatter it, so attention always sees the whole sequence.
 """
 
 from __future__ import annotations
@@ -76,8 +85,8 @@ class CausalSelfAttention(nn.Module):
         self.proj = make(spec.hidden, spec.hidden, bias=True, kind="attn_out")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, _ = x.shape
-        qkv = self.qkv(x)
+        qkv = self.qkv(x)  # [b, s, 3h/t]; under sequence parallelism x is [b, s/t, h] and qkv full-length
+        b, s = qkv.shape[:2]
         heads = qkv.shape[-1] // (3 * self.head_dim)  # local heads (fewer under tensor parallelism)
         q, k, v = qkv.view(b, s, 3, heads, self.head_dim).permute(2, 0, 3, 1, 4)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
@@ -118,21 +127,34 @@ class Block(nn.Module):
 
 
 class Embedding(nn.Module):
-    """Token ids [b, s] → hidden [b, s, h]: token embedding + learned position embedding."""
+    """Token ids [b, s] → hidden [b, s, h]: token embedding + learned position embedding. With a
+    factory that has ``embedding`` the token table is built by it (vocabulary-parallel under tensor
+    parallelism); the positions added are ``make.sequence_chunk`` of them (this rank's part of the
+    sequence under sequence parallelism, where the token embedding returns that part too)."""
 
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, make: LinearFactory | None = None) -> None:
         super().__init__()
-        self.tok = nn.Embedding(spec.vocab, spec.hidden)
+        build = getattr(make, "embedding", nn.Embedding)
+        self.tok = build(spec.vocab, spec.hidden)
         self.pos = nn.Embedding(spec.seq_len, spec.hidden)
+        self.chunk: Callable[[torch.Tensor], torch.Tensor] = getattr(make, "sequence_chunk", _whole)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(ids.shape[1], device=ids.device)
-        return self.tok(ids) + self.pos(positions)
+        return self.tok(ids) + self.chunk(self.pos(positions).unsqueeze(0))
 
     def reset_parameters(self, spec: ModelSpec, gen: torch.Generator) -> None:
+        tok = torch.randn(spec.vocab, spec.hidden, generator=gen) * 0.02
         with torch.no_grad():
-            self.tok.weight.copy_(torch.randn(spec.vocab, spec.hidden, generator=gen) * 0.02)
+            if hasattr(self.tok, "load_full_"):  # a shard: keep this rank's rows of the full-size table
+                self.tok.load_full_(tok)
+            else:
+                self.tok.weight.copy_(tok)
             self.pos.weight.copy_(torch.randn(spec.seq_len, spec.hidden, generator=gen) * 0.01)
+
+
+def _whole(x: torch.Tensor) -> torch.Tensor:
+    return x
 
 
 class Head(nn.Module):
@@ -157,7 +179,7 @@ class GPTStage(nn.Module):
         super().__init__()
         self.spec = spec
         self.stage = stage
-        self.embed = Embedding(spec) if stage.embedding else None
+        self.embed = Embedding(spec, make) if stage.embedding else None
         self.layers = nn.ModuleDict({str(i): Block(spec, make) for i in stage.layers})
         self.head = Head(spec, make) if stage.head else None
 

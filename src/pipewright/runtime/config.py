@@ -20,9 +20,11 @@ class TrainConfig:
     dimensions the other model fields override; ``vocab`` None means the dataset's vocabulary (the
     embedding must fit the tokenizer); ``layout`` None means
     :func:`~pipewright.models.layout.uniform_layout` over pp × virtual stages; ``virtual`` None means
-    the schedule's default. Global batch = microbatch_size × microbatches × dp. ``stop_after``: end
-    (with a checkpoint) once that many steps are done, keeping the learning-rate schedule of ``steps``
-    (for runs split over several jobs: the next one passes ``resume``)."""
+    the schedule's default. ``sequence_parallel`` / ``scatter_gather`` (tp > 1, not both): Megatron's
+    sequence parallelism, and sending 1/t of each stage boundary tensor per tp rank. Global batch =
+    microbatch_size × microbatches × dp. ``stop_after``: end (with a checkpoint) once that many steps
+    are done, keeping the learning-rate schedule of ``steps`` (for runs split over several jobs: the
+    next one passes ``resume``)."""
 
     model: str = "gpt-small-cpu"
     layers: int | None = None
@@ -34,6 +36,8 @@ class TrainConfig:
     layout: str | None = None
     schedule: str = "1f1b"
     tp: int = 1
+    sequence_parallel: bool = False
+    scatter_gather: bool = False
     pp: int = 2
     dp: int = 1
     virtual: int | None = None
@@ -120,7 +124,8 @@ class TrainConfig:
                 f"--vocab {spec.vocab} is smaller than the dataset's vocabulary ({dataset_vocab}); "
                 f"use --vocab {dataset_vocab} or more"
             )
-        for name in ("heads", "ffn_hidden", "vocab"):  # Megatron's tensor-parallel splits
+        split = ("heads", "ffn_hidden", "vocab") + (("seq_len",) if self.sequence_parallel else ())
+        for name in split:  # Megatron's tensor-parallel splits (and the sequence, under SP)
             if getattr(spec, name) % self.tp:
                 flag = name.replace("_", "-")
                 raise ConfigError(
@@ -137,6 +142,14 @@ class TrainConfig:
         for name in ("checkpoint_every", "eval_every", "warmup"):
             if int(getattr(self, name)) < 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be 0 or more")
+        if (self.sequence_parallel or self.scatter_gather) and self.tp < 2:
+            flag = "--sequence-parallel" if self.sequence_parallel else "--scatter-gather"
+            raise ConfigError(f"{flag} needs tensor parallelism; add --tp 2 (or more) or drop {flag}")
+        if self.sequence_parallel and self.scatter_gather:
+            raise ConfigError(
+                "--scatter-gather needs identical stage outputs on the tp ranks, which sequence parallelism "
+                "splits (its boundaries already carry 1/t); drop one of --sequence-parallel, --scatter-gather"
+            )
         if self.stop_after is not None and self.stop_after < 1:
             raise ConfigError(f"--stop-after must be at least 1 (got {self.stop_after})")
         if self.lr <= 0:
@@ -147,9 +160,15 @@ class TrainConfig:
             raise ConfigError(f"unknown optimizer {self.optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}")
 
 
-def fingerprint(spec: ModelSpec, tokenizer: str) -> str:
-    """What a checkpoint must match to be resumed: the model's dimensions and the tokenizer."""
+def fingerprint(spec: ModelSpec, tokenizer: str, tp: int = 1) -> str:
+    """What a checkpoint must match to be resumed: the model's dimensions, the tokenizer and, when
+    tp > 1, the tensor-parallel state layout (the token embedding is then vocabulary-parallel, so
+    ``embed.tok.weight`` is stored as per-rank shards). tp = 1 fingerprints are those of a run without
+    tensor parallelism. Sequence parallelism and scatter/gather change no state: not recorded."""
     dims = asdict(spec)
     dims.pop("name")
-    text = json.dumps({"model": dims, "tokenizer": tokenizer}, sort_keys=True)
+    record: dict = {"model": dims, "tokenizer": tokenizer}
+    if tp > 1:
+        record["tensor_parallel"] = {"tp": tp, "embedding": "vocab-parallel"}
+    text = json.dumps(record, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]

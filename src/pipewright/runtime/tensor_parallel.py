@@ -58,6 +58,7 @@ __all__ = [
     "TensorParallelFactory",
     "VocabParallelEmbedding",
     "copy_to",
+    "full_parameters",
     "gather_after_recv",
     "gather_from",
     "gather_from_seq",
@@ -587,6 +588,28 @@ def sharded_parameters(module: nn.Module) -> list[nn.Parameter]:
         elif isinstance(m, RowParallelLinear | VocabParallelEmbedding):
             out.append(m.weight)
     return out
+
+
+@torch.no_grad()
+def full_parameters(module: nn.Module, *, grad: bool = False) -> dict[str, Tensor]:
+    """Every parameter of ``module`` (or its gradient, None where it has none) by name, the
+    tensor-parallel shards gathered to their full size, so that the result equals the ``named_parameters``
+    of the same model built without tensor parallelism. Collective over each sharded layer's group
+    (call on every tp rank of the group, same module structure); replicated tensors are returned as they
+    are (detached, not copied)."""
+    out: dict[str, Tensor] = {}
+    for prefix, m in module.named_modules():
+        dot = f"{prefix}." if prefix else ""
+        if isinstance(m, _ShardedLinear):
+            out[f"{dot}weight"] = m.full_weight(grad=grad)
+            if m.bias is not None:
+                out[f"{dot}bias"] = m.full_bias(grad=grad)
+        elif isinstance(m, VocabParallelEmbedding):
+            out[f"{dot}weight"] = m.full_weight(grad=grad)
+    for name, p in module.named_parameters():
+        if name not in out:
+            out[name] = p.grad if grad else p
+    return {name: t.detach() if t is not None else None for name, t in out.items()}
 
 
 def grad_norm_params(module: nn.Module, group: Group) -> list[nn.Parameter]:

@@ -9,7 +9,8 @@ then starts the workers (or, under torchrun, runs in torchrun's process); each r
 2. per step k: the global batch = microbatch_size × microbatches × dp sequences of step k (a pure
    function of (seed, k), so every layout sees the same data), rows
    [d·m·b, (d+1)·m·b) for replica d, cut into m microbatches; ``executor.run`` runs the lowered
-   schedule (forward, backward, gradient reduction over dp); global-norm clipping; optimizer step;
+   schedule (forward, backward, gradient reduction over dp); with sequence parallelism, the replicated
+   parameters' gradients summed over tp; global-norm clipping; optimizer step;
 3. rank 0 appends one JSON object per step to ``out/metrics.jsonl`` and at the end draws
    ``loss.png``, ``timeline.png`` (the measured timeline of the last step) and ``trace.json``.
 
@@ -46,7 +47,12 @@ from pipewright.runtime.config import TrainConfig, fingerprint
 from pipewright.runtime.executor import PipelineExecutor
 from pipewright.runtime.launch import init_from_env, running_under_torchrun, spawn
 from pipewright.runtime.mesh import ParallelMesh
-from pipewright.runtime.tensor_parallel import grad_norm_params, sharded_parameters, tp_linear_factory
+from pipewright.runtime.tensor_parallel import (
+    grad_norm_params,
+    sharded_parameters,
+    sync_sequence_parallel_grads,
+    tp_linear_factory,
+)
 from pipewright.runtime.timeline import gather_timeline
 from pipewright.schedules import build_schedule
 from pipewright.schedules.registry import check_args
@@ -137,7 +143,7 @@ def prepare(config: TrainConfig, *, world_size: int | None = None) -> PreparedRu
     layout = resolve_layout(config.layout, config.num_layers(), schedule.num_stages)  # before the (slow) data
     dataset = open_dataset(config.data, tokenizer=config.tokenizer, progress=config.progress)
     spec = config.model_spec(dataset.vocab_size)
-    fp = fingerprint(spec, config.tokenizer)
+    fp = fingerprint(spec, config.tokenizer, config.tp)
     out_dir = Path(config.out) if config.out else default_out_dir()
     resume_from, start = None, 0
     if config.resume:
@@ -148,7 +154,7 @@ def prepare(config: TrainConfig, *, world_size: int | None = None) -> PreparedRu
         if meta.get("fingerprint") != fp:
             raise ConfigError(
                 f"--resume: checkpoint {resume_from} belongs to another model ({meta.get('model', '?')}); "
-                "use the same model dimensions or a new --out"
+                "use the same model dimensions and --tp, or a new --out"
             )
         start = int(meta["step"])
         if start >= config.steps:
@@ -216,9 +222,15 @@ class Trainer:
         self.dataset = open_dataset(c.data, tokenizer=c.tokenizer, progress=False)
         self.schedule = run.schedule
         factory, self.loss_fn = None, loss_fn
-        if self.mesh.tp > 1:  # Megatron's column/row-parallel linears and vocabulary-parallel loss
-            factory = tp_linear_factory(self.mesh.tp_group, num_heads=spec.heads)
+        self.sequence_parallel = c.sequence_parallel and self.mesh.tp > 1
+        if self.mesh.tp > 1:  # Megatron's column/row-parallel linears, vocabulary-parallel embedding and loss
+            factory = tp_linear_factory(
+                self.mesh.tp_group, sequence_parallel=self.sequence_parallel, num_heads=spec.heads
+            )
             self.loss_fn = factory.cross_entropy
+        # tensor entering a stage: [b, s, h], or this tp rank's [b, s/t, h] under sequence parallelism
+        seq = spec.seq_len // self.mesh.tp if self.sequence_parallel else spec.seq_len
+        self.boundary_shape = (c.microbatch_size, seq, spec.hidden)
         self.stages = {
             s: build_stage(spec, run.layout, s, seed=c.seed, linear_factory=factory).to(self.device)
             for s in self.schedule.stages_of(self.mesh.pp_rank)
@@ -236,10 +248,11 @@ class Trainer:
             self.mesh,
             self.stages,
             loss_fn=self.loss_fn,
-            boundary_shape=(c.microbatch_size, spec.seq_len, spec.hidden),
+            boundary_shape=self.boundary_shape,
             device=self.device,
             recv_timeout_s=c.recv_timeout_s,
             record=True,
+            scatter_gather=c.scatter_gather,
         )
         self.first = 0 in self.stages
         self.last = self.schedule.num_stages - 1 in self.stages
@@ -274,6 +287,9 @@ class Trainer:
             [x.to(self.device) for x in xs] if self.first else None,
             [y.to(self.device) for y in ys] if self.last else None,
         )
+        if self.sequence_parallel:  # replicated parameters saw 1/t of the tokens: sum over tp
+            for mod in self.stages.values():
+                sync_sequence_parallel_grads(mod, self.mesh.tp_group)
         return self.executor.global_loss(losses)
 
     def optimizer_step(self, step: int) -> tuple[float, float]:
@@ -307,7 +323,7 @@ class Trainer:
     def evaluate(self) -> float:
         """Validation loss: mean token cross-entropy over ``eval_batches`` fixed global batches of the
         held-out split, by a forward-only pass through the stages in order (blocking p2p)."""
-        c, spec, sched, mesh = self.config, self.spec, self.schedule, self.mesh
+        c, sched, mesh = self.config, self.schedule, self.mesh
         losses: list[float] = []
         with torch.no_grad():
             for j in range(c.eval_batches):
@@ -316,7 +332,7 @@ class Trainer:
                     hidden = x.to(self.device)
                     for s in self.stages:  # this rank's stages, in increasing order
                         if s > 0 and sched.rank_of(s - 1) != mesh.pp_rank:
-                            hidden = torch.empty(x.shape[0], spec.seq_len, spec.hidden, device=self.device)
+                            hidden = torch.empty(x.shape[0], *self.boundary_shape[1:], device=self.device)
                             dist.recv(hidden, src=mesh.pp_peer(sched.rank_of(s - 1)))
                         hidden = self.stages[s](hidden)
                         if s == sched.num_stages - 1:
