@@ -26,6 +26,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--microbatch-size", type=int, nargs="+", default=[8], help="sequences per microbatch (several ok)"
     )
     parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (spawns tp processes)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        help="processes measuring at once (default tp); the run's process count includes their contention",
+    )
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--repeats", type=int, default=5, help="measurements per value (median)")
     parser.add_argument("--warmup", type=int, default=2, help="unmeasured runs before the repeats")
@@ -57,6 +62,7 @@ def _profile(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         optimizer=args.optimizer,
         progress=args.progress,
+        workers=args.workers,
     )
     rows, meta = profile_model(options)
     path = write_profile(args.out, rows, meta)

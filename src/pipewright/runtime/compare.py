@@ -2,8 +2,9 @@
 
 Before training, :func:`plan_comparison` gets a profile of the run's model — the ``--profile`` file
 (checked to belong to the same model dimensions and to hold the run's microbatch size) or, without one,
-a fresh in-process :func:`~pipewright.runtime.profiler.profile_model` of the model (saved as
-``profile.csv`` in the run folder). After training, :func:`compare_run`:
+a fresh in-process :func:`~pipewright.runtime.profiler.profile_model` of the model with as many
+measuring workers as the run has processes (saved as ``profile.csv`` in the run folder). After
+training, :func:`compare_run`:
 
 - **predicted** step time = the simulated iteration time of the run's schedule (``sim.simulate`` with
   :class:`~pipewright.cost.ProfiledCost` and :class:`~pipewright.cost.profiled.ProfiledComm`: the
@@ -83,7 +84,9 @@ def plan_comparison(config: TrainConfig, profile: str | None = None, *, progress
         rows, meta = load_profile(profile)
         check_profile_matches(meta, spec, config.tp, profile)
     else:
-        options = ProfileOptions(spec, (config.microbatch_size,), tp=config.tp, progress=progress)
+        options = ProfileOptions(
+            spec, (config.microbatch_size,), tp=config.tp, progress=progress, workers=config.world_size
+        )
         rows, raw = profile_model(options)
         rows, meta = tuple(rows), {k: str(v) for k, v in raw.items()}
     ProfiledCost(tuple(rows), config.microbatch_size, spec.layers)  # the microbatch size must be there

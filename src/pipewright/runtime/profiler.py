@@ -15,9 +15,10 @@ the cross-entropy loss) — built from :mod:`pipewright.models.gpt` exactly as t
   gloo channel between two local processes (half the median ping-pong round trip).
 
 Every time is the median of ``repeats`` measurements after ``warmup`` unmeasured ones. The work runs
-in ``max(2, tp)`` spawned worker processes with one CPU thread each (as the training workers): the
-first ``tp`` compute (tensor-parallel layers, as the trainer's, when tp > 1) and rank 0 records; then
-ranks 0 and 1 time the message.
+in spawned worker processes with one CPU thread each (as the training workers): ``workers`` of them
+(default ``tp``) run the same measurements at once — in groups of ``tp`` with tensor-parallel layers, as
+the trainer's, when tp > 1 — and rank 0 records; so with ``workers`` = the run's process count the
+times include the workers' contention for this machine's cores. Then ranks 0 and 1 time the message.
 """
 
 from __future__ import annotations
@@ -63,6 +64,12 @@ class ProfileOptions:
     warmup: int = 2
     optimizer: str = "adamw"
     progress: bool = True
+    workers: int | None = None
+
+    @property
+    def processes(self) -> int:
+        """Worker processes that measure at once: ``workers`` (default tp), and at least 2 (the message)."""
+        return max(2, self.workers or self.tp)
 
     def check(self) -> None:
         if self.repeats < 1 or self.warmup < 0:
@@ -71,6 +78,8 @@ class ProfileOptions:
             raise ConfigError("--microbatch-size values must be at least 1")
         if self.tp < 1:
             raise ConfigError(f"--tp must be at least 1 (got {self.tp})")
+        if self.workers is not None and (self.workers < 1 or self.workers % self.tp):
+            raise ConfigError(f"--workers must be a positive multiple of --tp {self.tp} (got {self.workers})")
         for name in ("heads", "ffn_hidden", "vocab"):
             if getattr(self.spec, name) % self.tp:
                 raise ConfigError(f"--{name.replace('_', '-')} is not divisible by --tp {self.tp}")
@@ -95,6 +104,7 @@ class ProfileOptions:
             "dtype": "fp32",
             "threads": 1 if self.device == "cpu" else torch.get_num_threads(),
             "repeats": self.repeats,
+            "workers": self.workers or self.tp,
             "optimizer": self.optimizer,
             "torch": torch.__version__.split("+")[0],
         }
@@ -234,11 +244,13 @@ def _worker(rank: int, options: ProfileOptions) -> tuple[list[ProfileRow], dict[
     device = torch.device("cuda", rank % torch.cuda.device_count()) if options.device == "cuda" else None
     device = device or torch.device("cpu")
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
-    tp_group = dist.new_group(list(range(tp)))
+    computing = options.workers or tp
     factory, loss = None, loss_fn
     if tp > 1:
         from pipewright.runtime.tensor_parallel import tp_linear_factory
 
+        groups = [dist.new_group(list(range(g, g + tp))) for g in range(0, computing, tp)]
+        tp_group = groups[rank // tp]
         factory = tp_linear_factory(tp_group, num_heads=spec.heads)
         loss = factory.cross_entropy
     if factory is None:
@@ -252,7 +264,7 @@ def _worker(rank: int, options: ProfileOptions) -> tuple[list[ProfileRow], dict[
 
         bar = tqdm(total=len(work) + len(options.microbatch_sizes), desc="profile", unit="measurement")
     rows: list[ProfileRow] = []
-    if rank < tp:
+    if rank < computing:
         torch.manual_seed(0)
         for b, lt in work:
             bench = _LayerBench(lt, spec, b, device, factory, loss, options.optimizer)
@@ -274,10 +286,10 @@ def _worker(rank: int, options: ProfileOptions) -> tuple[list[ProfileRow], dict[
 
 
 def profile_model(options: ProfileOptions) -> tuple[list[ProfileRow], dict[str, object]]:
-    """Run the measurements (module docstring) in ``max(2, tp)`` fresh worker processes; returns the
+    """Run the measurements (module docstring) in ``options.processes`` fresh workers; returns the
     profile rows and metadata (write them with :func:`pipewright.cost.profiled.write_profile_csv`)."""
     options.check()
-    results = spawn(_worker, max(2, options.tp), (options,), backend="gloo", timeout_s=3600)
+    results = spawn(_worker, options.processes, (options,), backend="gloo", timeout_s=3600)
     return results[0]
 
 
