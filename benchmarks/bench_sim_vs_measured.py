@@ -44,7 +44,6 @@ def _config(schedule: str, pp: int, virtual: int | None, steps: int, out: Path) 
         warmup=2,
         eval_every=0,
         progress=False,
-        artifacts=False,
         out=str(out),
     )
 
@@ -66,26 +65,26 @@ def main() -> None:
     spec = resolve_model(MODEL["model"], **{k: v for k, v in MODEL.items() if k != "model"})
     results: dict[str, list[dict]] = {}
     for rnd in range(args.rounds):
-        profiles = {}
-        for pp in sorted({pp for _, pp, _ in CASES}):
-            options = ProfileOptions(spec, (2,), repeats=7, progress=False, workers=pp if args.workers else 1)
-            rows, meta = profile_model(options)
-            profiles[pp] = root / f"profile-round{rnd}-p{pp}.csv"
-            profiles[pp].write_text(write_profile_csv(rows, meta))
         for schedule, pp, v in CASES:
-            profile = profiles[pp]
             name = f"{schedule} p={pp}" + (f" v={v}" if v else "")
             out = root / f"round{rnd}-{schedule}-p{pp}"
+            out.mkdir(parents=True, exist_ok=True)
+            t0 = time.perf_counter()
+            # profiled right before the run, with p processes measuring at once (as the p workers run)
+            options = ProfileOptions(spec, (2,), repeats=5, progress=False, workers=pp if args.workers else 1)
+            rows, meta = profile_model(options)
+            profile = out / "profile.csv"
+            profile.write_text(write_profile_csv(rows, meta))
             config = _config(schedule, pp, v, args.steps, out)
             plan = plan_comparison(config, str(profile), progress=False)
-            t0 = time.perf_counter()
             train(config)
             report = compare_run(plan, out)
             report["load_average"] = os.getloadavg()[0]
             results.setdefault(name, []).append(report)
             print(
                 f"round {rnd} {name}: measured {report['measured']['step_time_s'] * 1e3:.1f} ms, predicted "
-                f"{report['predicted']['step_time_s'] * 1e3:.1f} ms, ratio {report['ratio']:.3f} "
+                f"{report['predicted']['step_time_s'] * 1e3:.1f} ms, ratio {report['ratio']:.3f}, replay "
+                f"{report['replay']['ratio']:.3f}, compute {report['compute_ratio']} "
                 f"(bubble {report['measured']['bubble_fraction']:.3f} vs "
                 f"{report['predicted']['bubble_fraction']:.3f}; {time.perf_counter() - t0:.0f} s, "
                 f"load {report['load_average']:.1f})",
@@ -94,18 +93,20 @@ def main() -> None:
     (root / "results.json").write_text(json.dumps(results, indent=1))
     print(f"\nmachine: {os.cpu_count()} CPUs, load average now {os.getloadavg()[0]:.1f}")
     print(
-        "| schedule | measured step (ms) | predicted step (ms) | measured / predicted | bubble measured |"
-        " bubble predicted |"
+        "| schedule | measured step (ms) | predicted step (ms) | measured / predicted (each round) |"
+        " F ran x profiled | replay: executor / simulated | bubble measured / predicted |"
     )
-    print("|---|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---|---|---|---|")
+    med = statistics.median
     for name, reps in results.items():
-        med = statistics.median
         ms = med(r["measured"]["step_time_s"] for r in reps) * 1e3
         ps = med(r["predicted"]["step_time_s"] for r in reps) * 1e3
         ratios = ", ".join(f"{r['ratio']:.2f}" for r in reps)
+        slow = ", ".join(f"{r['compute_ratio']['F']:.2f}" for r in reps)
+        replay = ", ".join(f"{r['replay']['ratio']:.2f}" for r in reps)
         mb = med(r["measured"]["bubble_fraction"] for r in reps)
         pb = med(r["predicted"]["bubble_fraction"] for r in reps)
-        print(f"| {name} | {ms:.0f} | {ps:.0f} | {ratios} | {mb:.3f} | {pb:.3f} |")
+        print(f"| {name} | {ms:.0f} | {ps:.0f} | {ratios} | {slow} | {replay} | {mb:.3f} / {pb:.3f} |")
 
 
 if __name__ == "__main__":

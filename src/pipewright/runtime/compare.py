@@ -13,6 +13,11 @@ training, :func:`compare_run`:
   (the trainer steps after the pipeline flush, all ranks together);
 - **measured** step time = the median ``step_time_s`` of ``metrics.jsonl`` over the steps after the
   first third (warm-up); bubble fraction likewise (the executor's timeline of each step);
+- per compute kind, measured / profiled total time in the last step (``compute_ratio``: how much slower
+  the actions ran in the run than when profiled — machine load, contention);
+- **replay**: the schedule simulated again with each compute action's measured duration from the last
+  step (:class:`ReplayCost`), against that step's executor time — the simulator's execution rules
+  (dependencies, order, messages) checked with compute-speed differences taken out;
 - writes ``compare.json`` and ``compare.png`` (the measured timeline of the last step above the
   predicted one, same time axis).
 """
@@ -113,16 +118,17 @@ def optimizer_time(cost: ProfiledCost, schedule: Schedule) -> float:
     )
 
 
-def predict(plan: ComparePlan) -> tuple[SimResult, ProfiledCost, float]:
-    """The simulation of the run's schedule, its cost model and the predicted optimizer-step time."""
+def predict(plan: ComparePlan) -> tuple[SimResult, ProfiledCost, float, ProfiledComm]:
+    """The simulation of the run's schedule, its cost and comm models and the predicted optimizer-step
+    time."""
     c = plan.config
     schedule = predicted_schedule(c)
     layout = resolve_layout(c.layout, plan.spec.layers, schedule.num_stages)
     counts = [len(stage.layers) for stage in layout.stages]
     cost = ProfiledCost(plan.rows, c.microbatch_size, plan.spec.layers, layout=counts, meta=plan.meta)
     collectives = TopologyComm(single_host(c.world_size), Mesh(tp=c.tp, pp=c.pp, dp=c.dp))
-    result = simulate(schedule, cost, comm=ProfiledComm.from_cost(cost, collectives))
-    return result, cost, optimizer_time(cost, schedule)
+    comm = ProfiledComm.from_cost(cost, collectives)
+    return simulate(schedule, cost, comm=comm), cost, optimizer_time(cost, schedule), comm
 
 
 def measured_steps(metrics_path: Path) -> tuple[list[dict[str, Any]], int]:
@@ -135,6 +141,50 @@ def measured_steps(metrics_path: Path) -> tuple[list[dict[str, Any]], int]:
     return records[skip:], skip
 
 
+@dataclass(frozen=True, eq=False)
+class ReplayCost:
+    """A CostModel that gives each compute action its duration in a measured timeline (the last step),
+    everything else from ``base``: simulating with it checks the simulator's execution rules
+    (dependencies, order, messages) against the runtime with compute-speed noise taken out."""
+
+    base: ProfiledCost
+    durations: dict
+
+    @classmethod
+    def from_timeline(cls, base: ProfiledCost, measured: Timeline) -> ReplayCost:
+        return cls(base, {s.action: s.duration for s in measured.spans if s.stream == "compute"})
+
+    def compute_time(self, action, schedule: Schedule) -> float:
+        hit = self.durations.get(action)
+        return hit if hit is not None else self.base.compute_time(action, schedule)
+
+    def message_bytes(self, action, schedule: Schedule) -> float:
+        return self.base.message_bytes(action, schedule)
+
+    def activation_bytes(self, action, schedule: Schedule) -> float:
+        return self.base.activation_bytes(action, schedule)
+
+    def static_bytes(self, rank: int, schedule: Schedule) -> float:
+        return self.base.static_bytes(rank, schedule)
+
+    def flops(self, action, schedule: Schedule) -> float:
+        return 0.0
+
+    def model_flops(self, action, schedule: Schedule) -> float:
+        return 0.0
+
+
+def kind_ratios(measured: Timeline, predicted: Timeline) -> dict[str, float]:
+    """Per compute kind: total measured span time / total predicted span time (the last measured step
+    against the simulated one) — which actions took longer in the run than in the profile."""
+    totals: dict[str, list[float]] = {}
+    for which, tl in enumerate((measured, predicted)):
+        for span in tl.spans:
+            if span.stream == "compute":
+                totals.setdefault(span.action.kind, [0.0, 0.0])[which] += span.duration
+    return {kind: m / p for kind, (m, p) in sorted(totals.items()) if p > 0}
+
+
 def compare_run(plan: ComparePlan, out_dir: str | Path) -> dict[str, Any]:
     """Predict, read the measurement of the finished run in ``out_dir``, write ``compare.json`` and
     ``compare.png`` there (and ``profile.csv`` when profiled in-process). Returns the report."""
@@ -142,7 +192,7 @@ def compare_run(plan: ComparePlan, out_dir: str | Path) -> dict[str, Any]:
 
     out_dir = Path(out_dir)
     c = plan.config
-    sim, _, opt_s = predict(plan)
+    sim, cost, opt_s, comm = predict(plan)
     steps, skipped = measured_steps(out_dir / "metrics.jsonl")
     measured_step = statistics.median(r["step_time_s"] for r in steps)
     bubbles = [r["bubble_fraction"] for r in steps if r.get("bubble_fraction") is not None]
@@ -177,6 +227,14 @@ def compare_run(plan: ComparePlan, out_dir: str | Path) -> dict[str, Any]:
     timeline_path = out_dir / "timeline.json"
     if timeline_path.is_file():
         measured = Timeline.from_json(json.loads(timeline_path.read_text()))
+        report["measured"]["pipeline_time_s"] = measured.makespan
+        report["compute_ratio"] = kind_ratios(measured, sim.timeline)
+        replay = simulate(sim.schedule, ReplayCost.from_timeline(cost, measured), comm=comm)
+        report["replay"] = {
+            "pipeline_time_s": replay.iteration_time,
+            "bubble_fraction": replay.bubble_fraction,
+            "ratio": measured.makespan / replay.iteration_time if replay.iteration_time > 0 else None,
+        }
         name = f"{sim.schedule.name}, pp={c.pp} stages={sim.schedule.num_stages}, m={c.microbatches}"
         draw_timeline(
             [measured, sim.timeline],
@@ -201,4 +259,15 @@ def summary(report: dict[str, Any]) -> str:
         f"predicted {p['step_time_s'] * 1e3:.1f} ms (pipeline {p['pipeline_time_s'] * 1e3:.1f} + optimizer "
         f"{p['optimizer_time_s'] * 1e3:.1f}); measured/predicted {report['ratio']:.3f}\n"
         f"bubble fraction: measured {bubble}, predicted {p['bubble_fraction']:.3f}"
+        + "".join(
+            f"\n{kind} actions took {ratio:.2f}x their profiled time"
+            for kind, ratio in report.get("compute_ratio", {}).items()
+        )
+        + (
+            f"\nreplay (simulated with the last step's measured action times): executor "
+            f"{m['pipeline_time_s'] * 1e3:.1f} ms, simulated "
+            f"{report['replay']['pipeline_time_s'] * 1e3:.1f} ms"
+            if "replay" in report
+            else ""
+        )
     )
