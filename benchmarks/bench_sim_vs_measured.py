@@ -9,6 +9,7 @@ measure at once, as the run's p workers compute at once) and then runs every cas
 round see similar machine load; rounds repeat that (the machine is shared).
 
     PYTHONPATH=src python benchmarks/bench_sim_vs_measured.py [--rounds 2] [--steps 12] [--out DIR]
+        [--report-only]
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ def main() -> None:
         action="store_false",
         help="profile with one measuring process (default: as many as the case's pipeline ranks)",
     )
+    parser.add_argument(
+        "--report-only", action="store_true", help="recompute the reports of the runs already in --out"
+    )
     args = parser.parse_args()
     root = Path(args.out)
     root.mkdir(parents=True, exist_ok=True)
@@ -71,15 +75,18 @@ def main() -> None:
             out.mkdir(parents=True, exist_ok=True)
             t0 = time.perf_counter()
             # profiled right before the run, with p processes measuring at once (as the p workers run)
-            options = ProfileOptions(spec, (2,), repeats=5, progress=False, workers=pp if args.workers else 1)
-            rows, meta = profile_model(options)
             profile = out / "profile.csv"
-            profile.write_text(write_profile_csv(rows, meta))
             config = _config(schedule, pp, v, args.steps, out)
-            plan = plan_comparison(config, str(profile), progress=False)
-            train(config)
-            report = compare_run(plan, out)
-            report["load_average"] = os.getloadavg()[0]
+            if not args.report_only:
+                workers = pp if args.workers else 1
+                options = ProfileOptions(spec, (2,), repeats=10, progress=False, workers=workers)
+                rows, meta = profile_model(options)
+                profile.write_text(write_profile_csv(rows, meta))
+                train(config)
+                (out / "load_average.txt").write_text(f"{os.getloadavg()[0]}")
+            report = compare_run(plan_comparison(config, str(profile), progress=False), out)
+            load = out / "load_average.txt"
+            report["load_average"] = float(load.read_text()) if load.is_file() else float("nan")
             results.setdefault(name, []).append(report)
             print(
                 f"round {rnd} {name}: measured {report['measured']['step_time_s'] * 1e3:.1f} ms, predicted "

@@ -118,3 +118,25 @@ def test_bad_input_is_one_line(profile, data, tmp_path, capsys):
     err = _error(capsys, [*_train(data, tmp_path / "x", mb=3), "--compare-sim", "--profile", str(profile)])
     assert "no microbatch size 3" in err
     assert not (tmp_path / "x" / "metrics.jsonl").exists()  # nothing trained
+
+
+def test_replay_of_a_simulated_timeline_is_exact():
+    """Replaying a timeline the simulator made, with its own per-action durations, reproduces it."""
+    from pipewright.cost.profiled import ProfiledComm, ProfileRow
+    from pipewright.runtime.compare import ReplayCost
+    from pipewright.schedules import build_schedule
+    from pipewright.sim.engine import simulate
+
+    rows = [
+        ProfileRow(lt, 1, kind, t)
+        for lt, scale in (("embedding", 0.1), ("layer", 1.0), ("output", 0.3))
+        for kind, t in ((F, scale), (I, 1.1 * scale), (W, 0.9 * scale))
+    ]
+    rows.append(ProfileRow("layer", 1, "MESSAGE", 0.05, 100.0))
+    cost = ProfiledCost(tuple(rows), 1, 8)
+    comm = ProfiledComm.from_cost(cost)
+    for name in ("1f1b", "zb-h1"):
+        sim = simulate(build_schedule(name, 4, 8), cost, comm=comm)
+        replay = simulate(sim.schedule, ReplayCost.from_timeline(cost, sim.timeline), comm=comm)
+        assert replay.iteration_time == pytest.approx(sim.iteration_time)
+        assert replay.bubble_fraction == pytest.approx(sim.bubble_fraction)

@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="processes measuring at once (default tp); the run's process count includes their contention",
     )
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    parser.add_argument("--repeats", type=int, default=5, help="measurements per value (median)")
+    parser.add_argument("--repeats", type=int, default=10, help="measurements per value (median)")
     parser.add_argument("--warmup", type=int, default=2, help="unmeasured runs before the repeats")
     parser.add_argument("--optimizer", default="adamw", help="optimizer whose step is timed")
     parser.add_argument("--out", required=True, help="profile file to write (.csv or .json)")

@@ -15,9 +15,9 @@ training, :func:`compare_run`:
   first third (warm-up); bubble fraction likewise (the executor's timeline of each step);
 - per compute kind, measured / profiled total time in the last step (``compute_ratio``: how much slower
   the actions ran in the run than when profiled — machine load, contention);
-- **replay**: the schedule simulated again with each compute action's measured duration from the last
-  step (:class:`ReplayCost`), against that step's executor time — the simulator's execution rules
-  (dependencies, order, messages) checked with compute-speed differences taken out;
+- **replay**: the schedule simulated again with each stage's mean measured duration per compute kind
+  from the last step (:class:`ReplayCost`), against that step's executor time — the simulator's
+  execution rules (dependencies, order, messages) checked with compute-speed differences taken out;
 - writes ``compare.json`` and ``compare.png`` (the measured timeline of the last step above the
   predicted one, same time axis).
 """
@@ -143,19 +143,24 @@ def measured_steps(metrics_path: Path) -> tuple[list[dict[str, Any]], int]:
 
 @dataclass(frozen=True, eq=False)
 class ReplayCost:
-    """A CostModel that gives each compute action its duration in a measured timeline (the last step),
-    everything else from ``base``: simulating with it checks the simulator's execution rules
-    (dependencies, order, messages) against the runtime with compute-speed noise taken out."""
+    """A CostModel that gives each (stage, kind) of compute action its mean duration in a measured
+    timeline (the last step; the simulator costs every microbatch of a stage alike), everything else
+    from ``base``: simulating with it checks the simulator's execution rules (dependencies, order,
+    messages) against the runtime with the compute-speed difference from the profile taken out."""
 
     base: ProfiledCost
     durations: dict
 
     @classmethod
     def from_timeline(cls, base: ProfiledCost, measured: Timeline) -> ReplayCost:
-        return cls(base, {s.action: s.duration for s in measured.spans if s.stream == "compute"})
+        spans: dict[tuple[int, str], list[float]] = {}
+        for s in measured.spans:
+            if s.stream == "compute":
+                spans.setdefault((s.action.stage, s.action.kind), []).append(s.duration)
+        return cls(base, {key: statistics.fmean(v) for key, v in spans.items()})
 
     def compute_time(self, action, schedule: Schedule) -> float:
-        hit = self.durations.get(action)
+        hit = self.durations.get((action.stage, action.kind))
         return hit if hit is not None else self.base.compute_time(action, schedule)
 
     def message_bytes(self, action, schedule: Schedule) -> float:
@@ -223,7 +228,6 @@ def compare_run(plan: ComparePlan, out_dir: str | Path) -> dict[str, Any]:
     }
     if plan.source is None:
         (out_dir / "profile.csv").write_text(write_profile_csv(plan.rows, plan.meta))
-    (out_dir / "compare.json").write_text(json.dumps(report, indent=1))
     timeline_path = out_dir / "timeline.json"
     if timeline_path.is_file():
         measured = Timeline.from_json(json.loads(timeline_path.read_text()))
@@ -247,6 +251,7 @@ def compare_run(plan: ComparePlan, out_dir: str | Path) -> dict[str, Any]:
         report["png"] = str(out_dir / "compare.png")
     else:
         log.warning("no measured timeline in %s (--no-artifacts?): compare.png not drawn", out_dir)
+    (out_dir / "compare.json").write_text(json.dumps(report, indent=1))
     return report
 
 

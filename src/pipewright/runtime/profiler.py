@@ -60,7 +60,7 @@ class ProfileOptions:
     microbatch_sizes: tuple[int, ...] = (1,)
     tp: int = 1
     device: str = "cpu"
-    repeats: int = 5
+    repeats: int = 10
     warmup: int = 2
     optimizer: str = "adamw"
     progress: bool = True
@@ -108,18 +108,6 @@ class ProfileOptions:
             "optimizer": self.optimizer,
             "torch": torch.__version__.split("+")[0],
         }
-
-
-def _median_time(fn: Callable[[], object], sync: Callable[[], None], repeats: int, warmup: int) -> float:
-    samples = []
-    for i in range(warmup + repeats):
-        sync()
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        if i >= warmup:
-            samples.append(time.perf_counter() - t0)
-    return statistics.median(samples)
 
 
 @contextmanager
@@ -195,24 +183,27 @@ class _LayerBench:
         return box[0]
 
     def measure(self, b: int, repeats: int, warmup: int, sync: Callable[[], None]) -> list[ProfileRow]:
-        """F, B, I, W (each backward after its own untimed forward), STEP, and the PARAMS row."""
-        times = {
-            F: _median_time(self.forward, sync, repeats, warmup),
-        }
-        self.backward()
-        samples: dict[str, list[float]] = {B: [], I: [], W: []}
+        """F, B, I, W, STEP and the PARAMS row. One repeat runs F, B, F, I, W, STEP in turn (two F
+        samples per repeat), so every kind is sampled over the same stretch of time: on a shared
+        machine a burst of load then moves all of them alike instead of one kind's short window."""
+        samples: dict[str, list[float]] = {k: [] for k in KINDS}
+        sequence = (
+            (F, self.forward),
+            (B, self.backward),
+            (F, self.forward),
+            (I, self.input_backward),
+            (W, self.weight_backward),
+            (STEP, self.step),
+        )
         for i in range(warmup + repeats):
-            for kind, fn in ((B, self.backward), (I, self.input_backward), (W, self.weight_backward)):
-                if kind != W:
-                    self.forward()
+            for kind, fn in sequence:
                 sync()
                 t0 = time.perf_counter()
                 fn()
                 sync()
                 if i >= warmup:
                     samples[kind].append(time.perf_counter() - t0)
-        times.update({k: statistics.median(v) for k, v in samples.items()})
-        times[STEP] = _median_time(self.step, sync, repeats, warmup)
+        times = {k: statistics.median(v) for k, v in samples.items()}
         lt = self.layer_type
         param_bytes = sum(p.numel() * p.element_size() for p in self.params)
         return (
