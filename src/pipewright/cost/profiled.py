@@ -17,7 +17,9 @@ comments; the first non-comment line is the header::
 - ``kind``: an action kind — F, B, I, W, or an extension kind (``KFAC_KRON``, ``KFAC_INV``,
   ``KFAC_PREC``, …) — with its ``seconds`` for one microbatch of ``microbatch_size`` sequences; and two
   size-only kinds: ``PARAMS`` (``bytes`` = static memory — parameters, gradients, optimizer state — of
-  one ``layer_type``) and ``MESSAGE`` (``bytes`` a stage sends to the next per microbatch).
+  one ``layer_type``) and ``MESSAGE`` (``bytes`` a stage sends to the next per microbatch; ``seconds``:
+  its measured one-way time, 0 when not measured — :class:`ProfiledComm` uses it). ``pipewright
+  profile`` also writes ``STEP`` rows: the optimizer step over one ``layer_type``'s parameters.
 - ``bytes`` (optional column) on an F row: the activation memory that forward keeps until its backward.
 
 The JSON form holds the same rows: ``{"format": "pipewright-profile", "version": 1, "meta": {...},
