@@ -269,7 +269,7 @@ def summary(report: dict[str, Any]) -> str:
             for kind, ratio in report.get("compute_ratio", {}).items()
         )
         + (
-            f"\nreplay (simulated with the last step's measured action times): executor "
+            f"\nreplay (simulated with each stage's mean action times of the last step): executor "
             f"{m['pipeline_time_s'] * 1e3:.1f} ms, simulated "
             f"{report['replay']['pipeline_time_s'] * 1e3:.1f} ms"
             if "replay" in report
