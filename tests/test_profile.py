@@ -140,3 +140,13 @@ def test_replay_of_a_simulated_timeline_is_exact():
         replay = simulate(sim.schedule, ReplayCost.from_timeline(cost, sim.timeline), comm=comm)
         assert replay.iteration_time == pytest.approx(sim.iteration_time)
         assert replay.bubble_fraction == pytest.approx(sim.bubble_fraction)
+
+
+def test_profile_bad_input_is_one_line(tmp_path, capsys):
+    out = ["--out", str(tmp_path / "p.csv")]
+    assert "--microbatch-size values must be at least 1" in _error(
+        capsys, ["profile", *DIMS, "--microbatch-size", "0", *out]
+    )
+    assert "multiple of --tp 2" in _error(capsys, ["profile", *DIMS, "--tp", "2", "--workers", "3", *out])
+    assert "not divisible by --tp 3" in _error(capsys, ["profile", *DIMS, "--tp", "3", *out])
+    assert not (tmp_path / "p.csv").exists()
