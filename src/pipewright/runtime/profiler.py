@@ -24,7 +24,6 @@ times include the workers' contention for this machine's cores. Then ranks 0 and
 from __future__ import annotations
 
 import json
-import logging
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -36,7 +35,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipewright.cost.profiled import MESSAGE, PARAMS, ProfiledCost, ProfileRow, write_profile_csv
+from pipewright.cost.profiled import (
+    LAYER_TYPES,
+    MESSAGE,
+    PARAMS,
+    ProfiledCost,
+    ProfileRow,
+    write_profile_csv,
+)
 from pipewright.errors import ConfigError
 from pipewright.ir import STEP, B, F, I, W
 from pipewright.models.gpt import Block, Embedding, Head, layer_generator, loss_fn
@@ -45,10 +51,7 @@ from pipewright.optim import build_optimizer
 from pipewright.runtime.launch import spawn
 from pipewright.runtime.wgrad import WeightGradStore, defer_weight_grads
 
-log = logging.getLogger(__name__)
-
 KINDS = (F, B, I, W, STEP)
-LAYER_TYPES = ("embedding", "layer", "output")
 
 
 @dataclass(frozen=True)
@@ -72,8 +75,10 @@ class ProfileOptions:
         return max(2, self.workers or self.tp)
 
     def check(self) -> None:
-        if self.repeats < 1 or self.warmup < 0:
+        if self.repeats < 1:
             raise ConfigError(f"--repeats must be at least 1 (got {self.repeats})")
+        if self.warmup < 0:
+            raise ConfigError(f"--warmup must be 0 or more (got {self.warmup})")
         if not self.microbatch_sizes or min(self.microbatch_sizes) < 1:
             raise ConfigError("--microbatch-size values must be at least 1")
         if self.tp < 1:
