@@ -71,6 +71,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--no-artifacts", dest="artifacts", action="store_false", default=None, help="no PNG/trace"
     )
+    parser.add_argument(
+        "--compare-sim",
+        action="store_true",
+        help="after training, compare the step time with the simulator's prediction (compare.json/png)",
+    )
+    parser.add_argument(
+        "--profile", help="profile CSV for --compare-sim (default: profile the model first, in-process)"
+    )
     parser.set_defaults(func=_train)
 
 
@@ -101,6 +109,13 @@ def _train(args: argparse.Namespace) -> int:
     from pipewright.runtime.trainer import train
 
     config = config_from_args(args)
+    plan = None
+    if args.profile is not None and not args.compare_sim:
+        raise ConfigError("--profile is used by --compare-sim; add --compare-sim")
+    if args.compare_sim:
+        from pipewright.runtime.compare import plan_comparison
+
+        plan = plan_comparison(config, args.profile, progress=config.progress)
     result = train(config)
     if result is None:  # a torchrun rank other than 0
         return 0
@@ -113,6 +128,12 @@ def _train(args: argparse.Namespace) -> int:
         step, val = max(result.val_losses.items())
         print(f"validation loss {val:.3f} after step {step + 1}")
     print(f"outputs in {result.out_dir}:")
+    if plan is not None:
+        from pipewright.runtime.compare import compare_run, summary
+
+        print(summary(compare_run(plan, result.out_dir)))
+        print(f"  {Path(result.out_dir) / 'compare.json'}")
+        print(f"  {Path(result.out_dir) / 'compare.png'}")
     for path in result.files.values():
         print(f"  {Path(path)}")
     return 0

@@ -17,7 +17,9 @@ comments; the first non-comment line is the header::
 - ``kind``: an action kind — F, B, I, W, or an extension kind (``KFAC_KRON``, ``KFAC_INV``,
   ``KFAC_PREC``, …) — with its ``seconds`` for one microbatch of ``microbatch_size`` sequences; and two
   size-only kinds: ``PARAMS`` (``bytes`` = static memory — parameters, gradients, optimizer state — of
-  one ``layer_type``) and ``MESSAGE`` (``bytes`` a stage sends to the next per microbatch).
+  one ``layer_type``) and ``MESSAGE`` (``bytes`` a stage sends to the next per microbatch; ``seconds``:
+  its measured one-way time, 0 when not measured — :class:`ProfiledComm` uses it). ``pipewright
+  profile`` also writes ``STEP`` rows: the optimizer step over one ``layer_type``'s parameters.
 - ``bytes`` (optional column) on an F row: the activation memory that forward keeps until its backward.
 
 The JSON form holds the same rows: ``{"format": "pipewright-profile", "version": 1, "meta": {...},
@@ -286,3 +288,29 @@ class ProfiledCost:
 
     def model_flops(self, action: Action, schedule: Schedule) -> float:
         return 0.0
+
+
+@dataclass(frozen=True, eq=False)
+class ProfiledComm:
+    """:class:`~pipewright.cost.base.CommModel` from a profile's measured ``MESSAGE`` row: a message of
+    the profiled size between two ranks takes the measured one-way time (``seconds``); a message of
+    another size ``n`` takes it scaled by ``n / bytes``; collectives (REDUCE_GRAD) go to ``collectives``
+    (e.g. ``TopologyComm(single_host(world), mesh)``), or cost 0."""
+
+    seconds: float
+    nbytes: float
+    collectives: Any = None
+
+    @classmethod
+    def from_cost(cls, cost: ProfiledCost, collectives: Any = None) -> ProfiledComm:
+        return cls(cost.time("layer", MESSAGE), cost.nbytes("layer", MESSAGE), collectives)
+
+    def p2p_time(self, src: int, dst: int, nbytes: float) -> float:
+        if src == dst or nbytes <= 0:
+            return 0.0
+        if self.nbytes <= 0 or nbytes == self.nbytes:
+            return self.seconds
+        return self.seconds * nbytes / self.nbytes
+
+    def collective_time(self, kind: str, rank: int, nbytes: float) -> float:
+        return 0.0 if self.collectives is None else self.collectives.collective_time(kind, rank, nbytes)

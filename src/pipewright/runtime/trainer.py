@@ -405,7 +405,8 @@ class MetricsWriter:
 
 
 def write_artifacts(run: PreparedRun, timeline: Timeline | None) -> dict[str, Path]:
-    """loss.png from metrics.jsonl; timeline.png and trace.json from the last step's measured timeline."""
+    """loss.png from metrics.jsonl; timeline.png, trace.json and timeline.json (:meth:`Timeline.save`) from
+    the last step's measured timeline."""
     out_dir = run.out_dir
     files = {"loss_png": out_dir / "loss.png"}
     plot_loss(out_dir / "metrics.jsonl", files["loss_png"])
@@ -419,4 +420,6 @@ def write_artifacts(run: PreparedRun, timeline: Timeline | None) -> dict[str, Pa
         )
         draw_timeline([timeline], files["timeline_png"], titles=[title])
         write_trace(timeline, files["trace"])
+        files["timeline"] = out_dir / "timeline.json"
+        timeline.save(files["timeline"])
     return files

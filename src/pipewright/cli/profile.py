@@ -1,0 +1,77 @@
+"""``pipewright profile``: measure a GPT's per-layer F, B, I, W, optimizer-step and message times on this
+machine and write the profile CSV that ``ProfiledCost`` (``pipewright simulate --profile``) and
+``pipewright train --compare-sim --profile`` read. See docs/profiling.md."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+_MODEL_FLAGS: tuple[tuple[str, type, str], ...] = (
+    ("--model", str, "preset (default gpt-small-cpu) or family gpt"),
+    ("--layers", int, "transformer layers (recorded; times are per layer)"),
+    ("--hidden", int, "hidden size h"),
+    ("--heads", int, "attention heads"),
+    ("--ffn-hidden", int, "MLP hidden size (default 4h)"),
+    ("--vocab", int, "vocabulary size (default: the preset's)"),
+    ("--seq-len", int, "sequence length"),
+)
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("profile", help="measure per-layer action times for the simulator")
+    for flag, kind, text in _MODEL_FLAGS:
+        parser.add_argument(flag, type=kind, default=None, help=text)
+    parser.add_argument(
+        "--microbatch-size", type=int, nargs="+", default=[8], help="sequences per microbatch (several ok)"
+    )
+    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (spawns tp processes)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        help="processes measuring at once (default tp); the run's process count includes their contention",
+    )
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--repeats", type=int, default=10, help="measurements per value (median)")
+    parser.add_argument("--warmup", type=int, default=2, help="unmeasured runs before the repeats")
+    parser.add_argument("--optimizer", default="adamw", help="optimizer whose step is timed")
+    parser.add_argument("--out", required=True, help="profile file to write (.csv or .json)")
+    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    parser.set_defaults(func=_profile)
+
+
+def _profile(args: argparse.Namespace) -> int:
+    from pipewright.models.presets import resolve_model
+    from pipewright.runtime.profiler import ProfileOptions, profile_model, write_profile
+
+    spec = resolve_model(
+        args.model or "gpt-small-cpu",
+        layers=args.layers,
+        hidden=args.hidden,
+        heads=args.heads,
+        ffn_hidden=args.ffn_hidden,
+        vocab=args.vocab,
+        seq_len=args.seq_len,
+    )
+    options = ProfileOptions(
+        spec,
+        tuple(args.microbatch_size),
+        tp=args.tp,
+        device=args.device,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        optimizer=args.optimizer,
+        progress=args.progress,
+        workers=args.workers,
+    )
+    rows, meta = profile_model(options)
+    path = write_profile(args.out, rows, meta)
+    print(f"profile of {spec.name} ({len(rows)} rows) written to {Path(path)}")
+    for b in options.microbatch_sizes:
+        per = {(r.layer_type, r.kind): r.seconds for r in rows if r.microbatch_size == b}
+        print(
+            f"  b={b}: layer F {per['layer', 'F'] * 1e3:.3f} ms, B {per['layer', 'B'] * 1e3:.3f} ms "
+            f"(I {per['layer', 'I'] * 1e3:.3f} + W {per['layer', 'W'] * 1e3:.3f}), "
+            f"message {per['layer', 'MESSAGE'] * 1e3:.3f} ms"
+        )
+    return 0

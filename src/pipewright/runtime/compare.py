@@ -1,0 +1,278 @@
+"""``pipewright train --compare-sim``: the simulator's prediction of a training run next to its measurement.
+
+Before training, :func:`plan_comparison` gets a profile of the run's model — the ``--profile`` file
+(checked to belong to the same model dimensions and to hold the run's microbatch size) or, without one,
+a fresh in-process :func:`~pipewright.runtime.profiler.profile_model` of the model with as many
+measuring workers as the run has processes (saved as ``profile.csv`` in the run folder). After
+training, :func:`compare_run`:
+
+- **predicted** step time = the simulated iteration time of the run's schedule (``sim.simulate`` with
+  :class:`~pipewright.cost.ProfiledCost` and :class:`~pipewright.cost.profiled.ProfiledComm`: the
+  profiled boundary-message time for p2p, ``topology.single_host`` for data-parallel all-reduces)
+  + the optimizer step: max over pipeline ranks of the ``STEP`` times of the layers the rank holds
+  (the trainer steps after the pipeline flush, all ranks together);
+- **measured** step time = the median ``step_time_s`` of ``metrics.jsonl`` over the steps after the
+  first third (warm-up); bubble fraction likewise (the executor's timeline of each step);
+- per compute kind, measured / profiled total time in the last step (``compute_ratio``: how much slower
+  the actions ran in the run than when profiled — machine load, contention);
+- **replay**: the schedule simulated again with each stage's mean measured duration per compute kind
+  from the last step (:class:`ReplayCost`), against that step's executor time — the simulator's
+  execution rules (dependencies, order, messages) checked with compute-speed differences taken out;
+- writes ``compare.json`` and ``compare.png`` (the measured timeline of the last step above the
+  predicted one, same time axis).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipewright.cost.comm import Mesh, TopologyComm
+from pipewright.cost.profiled import (
+    ProfiledComm,
+    ProfiledCost,
+    ProfileRow,
+    read_profile_csv,
+    write_profile_csv,
+)
+from pipewright.errors import ConfigError
+from pipewright.ir import STEP, Schedule
+from pipewright.models.layout import resolve_layout
+from pipewright.models.spec import ModelSpec
+from pipewright.passes.grad_reduce import add_grad_reduction
+from pipewright.runtime.config import TrainConfig
+from pipewright.sim.engine import SimResult, simulate
+from pipewright.timeline import Timeline
+from pipewright.topology import single_host
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ComparePlan:
+    """The run's config and model with the profile to predict it from (``source``: the file, or None
+    when it was measured in-process)."""
+
+    config: TrainConfig
+    spec: ModelSpec
+    rows: tuple[ProfileRow, ...]
+    meta: dict[str, str] = field(default_factory=dict)
+    source: str | None = None
+
+
+def load_profile(path: str | Path) -> tuple[tuple[ProfileRow, ...], dict[str, str]]:
+    """Rows and header of a profile CSV or JSON file (one-line ConfigError when missing or malformed)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(
+            f"profile file {path} does not exist; write one with `pipewright profile --out {path}`"
+        )
+    text = path.read_text()
+    return ProfiledCost.parse_json(text) if path.suffix == ".json" else read_profile_csv(text)
+
+
+def plan_comparison(config: TrainConfig, profile: str | None = None, *, progress: bool = True) -> ComparePlan:
+    """Resolve the model and get its profile (see the module docstring); all checks happen here, before
+    any training."""
+    from pipewright.data import open_dataset
+    from pipewright.runtime.profiler import ProfileOptions, check_profile_matches, profile_model
+
+    vocab = None
+    if not config.vocab:
+        vocab = open_dataset(config.data, tokenizer=config.tokenizer, progress=False).vocab_size
+    spec = config.model_spec(vocab)
+    if profile is not None:
+        rows, meta = load_profile(profile)
+        check_profile_matches(meta, spec, config.tp, profile)
+    else:
+        options = ProfileOptions(
+            spec, (config.microbatch_size,), tp=config.tp, progress=progress, workers=config.world_size
+        )
+        rows, raw = profile_model(options)
+        rows, meta = tuple(rows), {k: str(v) for k, v in raw.items()}
+    ProfiledCost(tuple(rows), config.microbatch_size, spec.layers)  # the microbatch size must be there
+    return ComparePlan(config, spec, tuple(rows), meta, profile)
+
+
+def predicted_schedule(config: TrainConfig) -> Schedule:
+    """The schedule the trainer runs (with REDUCE_GRAD when dp > 1, as the executor adds it)."""
+    from pipewright.runtime.trainer import resolve_schedule
+
+    schedule = resolve_schedule(config)
+    return add_grad_reduction(schedule) if config.dp > 1 else schedule
+
+
+def optimizer_time(cost: ProfiledCost, schedule: Schedule) -> float:
+    """max over pipeline ranks of Σ over the rank's chunks and their layers of the profiled STEP time."""
+    return max(
+        sum(
+            count * cost.time(lt, STEP)
+            for stage in schedule.stages_of(rank)
+            for lt, count in cost.composition(stage, schedule).items()
+        )
+        for rank in range(schedule.num_ranks)
+    )
+
+
+def predict(plan: ComparePlan) -> tuple[SimResult, ProfiledCost, float, ProfiledComm]:
+    """The simulation of the run's schedule, its cost and comm models and the predicted optimizer-step
+    time."""
+    c = plan.config
+    schedule = predicted_schedule(c)
+    layout = resolve_layout(c.layout, plan.spec.layers, schedule.num_stages)
+    counts = [len(stage.layers) for stage in layout.stages]
+    cost = ProfiledCost(plan.rows, c.microbatch_size, plan.spec.layers, layout=counts, meta=plan.meta)
+    collectives = TopologyComm(single_host(c.world_size), Mesh(tp=c.tp, pp=c.pp, dp=c.dp))
+    comm = ProfiledComm.from_cost(cost, collectives)
+    return simulate(schedule, cost, comm=comm), cost, optimizer_time(cost, schedule), comm
+
+
+def measured_steps(metrics_path: Path) -> tuple[list[dict[str, Any]], int]:
+    """The step records after warm-up (the first third of the steps, at least one when there are two
+    or more) and the number of warm-up steps skipped."""
+    records = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    if not records:
+        raise ConfigError(f"{metrics_path} has no steps to compare")
+    skip = max(1, len(records) // 3) if len(records) > 1 else 0
+    return records[skip:], skip
+
+
+@dataclass(frozen=True, eq=False)
+class ReplayCost:
+    """A CostModel that gives each (stage, kind) of compute action its mean duration in a measured
+    timeline (the last step; the simulator costs every microbatch of a stage alike), everything else
+    from ``base``: simulating with it checks the simulator's execution rules (dependencies, order,
+    messages) against the runtime with the compute-speed difference from the profile taken out."""
+
+    base: ProfiledCost
+    durations: dict
+
+    @classmethod
+    def from_timeline(cls, base: ProfiledCost, measured: Timeline) -> ReplayCost:
+        spans: dict[tuple[int, str], list[float]] = {}
+        for s in measured.spans:
+            if s.stream == "compute":
+                spans.setdefault((s.action.stage, s.action.kind), []).append(s.duration)
+        return cls(base, {key: statistics.fmean(v) for key, v in spans.items()})
+
+    def compute_time(self, action, schedule: Schedule) -> float:
+        hit = self.durations.get((action.stage, action.kind))
+        return hit if hit is not None else self.base.compute_time(action, schedule)
+
+    def message_bytes(self, action, schedule: Schedule) -> float:
+        return self.base.message_bytes(action, schedule)
+
+    def activation_bytes(self, action, schedule: Schedule) -> float:
+        return self.base.activation_bytes(action, schedule)
+
+    def static_bytes(self, rank: int, schedule: Schedule) -> float:
+        return self.base.static_bytes(rank, schedule)
+
+    def flops(self, action, schedule: Schedule) -> float:
+        return 0.0
+
+    def model_flops(self, action, schedule: Schedule) -> float:
+        return 0.0
+
+
+def kind_ratios(measured: Timeline, predicted: Timeline) -> dict[str, float]:
+    """Per compute kind: total measured span time / total predicted span time (the last measured step
+    against the simulated one) — which actions took longer in the run than in the profile."""
+    totals: dict[str, list[float]] = {}
+    for which, tl in enumerate((measured, predicted)):
+        for span in tl.spans:
+            if span.stream == "compute":
+                totals.setdefault(span.action.kind, [0.0, 0.0])[which] += span.duration
+    return {kind: m / p for kind, (m, p) in sorted(totals.items()) if p > 0}
+
+
+def compare_run(plan: ComparePlan, out_dir: str | Path) -> dict[str, Any]:
+    """Predict, read the measurement of the finished run in ``out_dir``, write ``compare.json`` and
+    ``compare.png`` there (and ``profile.csv`` when profiled in-process). Returns the report."""
+    from pipewright.viz.timeline import draw_timeline
+
+    out_dir = Path(out_dir)
+    c = plan.config
+    sim, cost, opt_s, comm = predict(plan)
+    steps, skipped = measured_steps(out_dir / "metrics.jsonl")
+    measured_step = statistics.median(r["step_time_s"] for r in steps)
+    bubbles = [r["bubble_fraction"] for r in steps if r.get("bubble_fraction") is not None]
+    predicted_step = sim.iteration_time + opt_s
+    report: dict[str, Any] = {
+        "schedule": sim.schedule.name,
+        "pp": c.pp,
+        "dp": c.dp,
+        "tp": c.tp,
+        "stages": sim.schedule.num_stages,
+        "microbatches": c.microbatches,
+        "microbatch_size": c.microbatch_size,
+        "model": plan.spec.name,
+        "profile": plan.source or str(out_dir / "profile.csv"),
+        "measured": {
+            "step_time_s": measured_step,
+            "bubble_fraction": statistics.median(bubbles) if bubbles else None,
+            "steps": [r["step"] for r in steps],
+            "warmup_steps_skipped": skipped,
+        },
+        "predicted": {
+            "step_time_s": predicted_step,
+            "pipeline_time_s": sim.iteration_time,
+            "optimizer_time_s": opt_s,
+            "bubble_fraction": sim.bubble_fraction,
+        },
+        "ratio": measured_step / predicted_step if predicted_step > 0 else None,
+    }
+    if plan.source is None:
+        (out_dir / "profile.csv").write_text(write_profile_csv(plan.rows, plan.meta))
+    timeline_path = out_dir / "timeline.json"
+    if timeline_path.is_file():
+        measured = Timeline.from_json(json.loads(timeline_path.read_text()))
+        report["measured"]["pipeline_time_s"] = measured.makespan
+        report["compute_ratio"] = kind_ratios(measured, sim.timeline)
+        replay = simulate(sim.schedule, ReplayCost.from_timeline(cost, measured), comm=comm)
+        report["replay"] = {
+            "pipeline_time_s": replay.iteration_time,
+            "bubble_fraction": replay.bubble_fraction,
+            "ratio": measured.makespan / replay.iteration_time if replay.iteration_time > 0 else None,
+        }
+        name = f"{sim.schedule.name}, pp={c.pp} stages={sim.schedule.num_stages}, m={c.microbatches}"
+        draw_timeline(
+            [measured, sim.timeline],
+            out_dir / "compare.png",
+            titles=[
+                f"measured: {name}, last step (executor {measured.makespan * 1e3:.1f} ms)",
+                f"predicted from the profile: {sim.iteration_time * 1e3:.1f} ms",
+            ],
+        )
+        report["png"] = str(out_dir / "compare.png")
+    else:
+        log.warning("no measured timeline in %s (--no-artifacts?): compare.png not drawn", out_dir)
+    (out_dir / "compare.json").write_text(json.dumps(report, indent=1))
+    return report
+
+
+def summary(report: dict[str, Any]) -> str:
+    """Two printable lines: measured vs predicted step time and bubble fraction."""
+    m, p = report["measured"], report["predicted"]
+    bubble = "n/a" if m["bubble_fraction"] is None else f"{m['bubble_fraction']:.3f}"
+    return (
+        f"step time: measured {m['step_time_s'] * 1e3:.1f} ms (median of {len(m['steps'])} steps), "
+        f"predicted {p['step_time_s'] * 1e3:.1f} ms (pipeline {p['pipeline_time_s'] * 1e3:.1f} + optimizer "
+        f"{p['optimizer_time_s'] * 1e3:.1f}); measured/predicted {report['ratio']:.3f}\n"
+        f"bubble fraction: measured {bubble}, predicted {p['bubble_fraction']:.3f}"
+        + "".join(
+            f"\n{kind} actions took {ratio:.2f}x their profiled time"
+            for kind, ratio in report.get("compute_ratio", {}).items()
+        )
+        + (
+            f"\nreplay (simulated with each stage's mean action times of the last step): executor "
+            f"{m['pipeline_time_s'] * 1e3:.1f} ms, simulated "
+            f"{report['replay']['pipeline_time_s'] * 1e3:.1f} ms"
+            if "replay" in report
+            else ""
+        )
+    )

@@ -1,0 +1,152 @@
+"""``pipewright profile`` and ``pipewright train --compare-sim``: the profile is a ProfiledCost with F, B,
+I, W, STEP for every layer type, the right PARAMS and MESSAGE sizes and B ≈ I + W; a compare run writes
+both step times and the picture; bad input is one line before any worker starts. Two spawns in all
+(one profile, one 2-process training run)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipewright.cli import main
+from pipewright.cost.profiled import ProfiledCost, read_profile_csv
+from pipewright.data.tokens import write_tokens
+from pipewright.ir import STEP, B, F, I, W
+from pipewright.models.gpt import Block, Embedding, Head
+from pipewright.models.presets import resolve_model
+
+DIMS = ["--model", "gpt-tiny", "--layers", "2", "--hidden", "32", "--heads", "4", "--seq-len", "16"]
+MB = 2
+
+
+@pytest.fixture(scope="module")
+def profile(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("profile") / "tiny.csv"
+    args = ["profile", *DIMS, "--microbatch-size", str(MB), "--repeats", "5", "--no-progress"]
+    assert main([*args, "--out", str(path)]) == 0
+    return path
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("data") / "tokens.bin"
+    text = np.frombuffer(b"the quick brown fox jumps over the lazy dog. " * 200, dtype=np.uint8)
+    write_tokens(path, text.astype(np.int64), vocab_size=256)
+    return str(path)
+
+
+def _train(data: str, out: Path, mb: int = MB) -> list[str]:
+    return [
+        "train",
+        *DIMS,
+        "--data",
+        data,
+        "--microbatch-size",
+        str(mb),
+        "--microbatches",
+        "4",
+        "--out",
+        str(out),
+    ]
+
+
+@pytest.mark.slow
+def test_profile_is_a_profiled_cost(profile):
+    spec = resolve_model("gpt-tiny", layers=2, hidden=32, heads=4, seq_len=16)
+    rows, meta = read_profile_csv(profile.read_text())
+    assert meta["hidden"] == "32" and meta["seq_len"] == "16" and meta["layers"] == "2"
+    cost = ProfiledCost.load(profile, microbatch=MB, layers=2)
+    for lt in ("embedding", "layer", "output"):
+        measured = {r.kind for r in rows if r.layer_type == lt}
+        assert {F, B, I, W, STEP, "PARAMS"} <= measured, lt
+        for kind in (F, B, I, W, STEP):
+            assert cost.time(lt, kind) > 0, (lt, kind)
+    # one backward's arithmetic = I + W; loosely (medians of 5 sub-millisecond timings on a shared machine)
+    assert 0.1 < (cost.time("layer", I) + cost.time("layer", W)) / cost.time("layer", B) < 10
+    modules = {"embedding": Embedding(spec), "layer": Block(spec, nn_linear), "output": Head(spec, nn_linear)}
+    for lt, module in modules.items():
+        assert cost.nbytes(lt, "PARAMS") == 4 * sum(p.numel() for p in module.parameters()), lt
+    assert cost.nbytes("layer", "MESSAGE") == 4 * MB * 16 * 32
+    assert cost.time("layer", "MESSAGE") > 0
+    assert cost.nbytes("layer", F) > 0  # activations kept for the backward
+
+
+def nn_linear(i: int, o: int, *, bias: bool, kind: str):
+    from torch import nn
+
+    return nn.Linear(i, o, bias=bias)
+
+
+@pytest.mark.slow
+def test_compare_sim_writes_both_numbers(profile, data, tmp_path, capsys):
+    out = tmp_path / "run"
+    args = [*_train(data, out), "--steps", "4", "--eval-every", "0", "--no-progress"]
+    assert main([*args, "--compare-sim", "--profile", str(profile)]) == 0
+    report = json.loads((out / "compare.json").read_text())
+    assert report["schedule"] == "1f1b" and report["pp"] == 2
+    assert report["measured"]["step_time_s"] > 0 and report["predicted"]["step_time_s"] > 0
+    assert report["measured"]["steps"] == [1, 2, 3]  # the first third is warm-up
+    assert report["ratio"] == pytest.approx(
+        report["measured"]["step_time_s"] / report["predicted"]["step_time_s"]
+    )
+    assert 0 <= report["predicted"]["bubble_fraction"] < 1
+    assert (out / "compare.png").stat().st_size > 0
+    printed = capsys.readouterr().out
+    assert "measured/predicted" in printed and "bubble fraction" in printed
+
+
+def _error(capsys, argv: list[str]) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    return err
+
+
+def test_bad_input_is_one_line(profile, data, tmp_path, capsys):
+    base = [*_train(data, tmp_path / "x"), "--steps", "2", "--compare-sim"]
+    err = _error(capsys, [*base, "--profile", str(tmp_path / "missing.csv")])
+    assert "missing.csv does not exist" in err and "pipewright profile" in err
+    other = tmp_path / "other.csv"
+    other.write_text(profile.read_text().replace("hidden=32", "hidden=64", 1))
+    err = _error(capsys, [*base, "--profile", str(other)])
+    assert "another model" in err and "hidden 64 (run: 32)" in err
+    err = _error(capsys, [*base[:-1], "--profile", str(profile)])
+    assert "add --compare-sim" in err
+    err = _error(capsys, [*_train(data, tmp_path / "x", mb=3), "--compare-sim", "--profile", str(profile)])
+    assert "no microbatch size 3" in err
+    assert not (tmp_path / "x" / "metrics.jsonl").exists()  # nothing trained
+
+
+def test_replay_of_a_simulated_timeline_is_exact():
+    """Replaying a timeline the simulator made, with its own per-action durations, reproduces it."""
+    from pipewright.cost.profiled import ProfiledComm, ProfileRow
+    from pipewright.runtime.compare import ReplayCost
+    from pipewright.schedules import build_schedule
+    from pipewright.sim.engine import simulate
+
+    rows = [
+        ProfileRow(lt, 1, kind, t)
+        for lt, scale in (("embedding", 0.1), ("layer", 1.0), ("output", 0.3))
+        for kind, t in ((F, scale), (I, 1.1 * scale), (W, 0.9 * scale))
+    ]
+    rows.append(ProfileRow("layer", 1, "MESSAGE", 0.05, 100.0))
+    cost = ProfiledCost(tuple(rows), 1, 8)
+    comm = ProfiledComm.from_cost(cost)
+    for name in ("1f1b", "zb-h1"):
+        sim = simulate(build_schedule(name, 4, 8), cost, comm=comm)
+        replay = simulate(sim.schedule, ReplayCost.from_timeline(cost, sim.timeline), comm=comm)
+        assert replay.iteration_time == pytest.approx(sim.iteration_time)
+        assert replay.bubble_fraction == pytest.approx(sim.bubble_fraction)
+
+
+def test_profile_bad_input_is_one_line(tmp_path, capsys):
+    out = ["--out", str(tmp_path / "p.csv")]
+    assert "--microbatch-size values must be at least 1" in _error(
+        capsys, ["profile", *DIMS, "--microbatch-size", "0", *out]
+    )
+    assert "multiple of --tp 2" in _error(capsys, ["profile", *DIMS, "--tp", "2", "--workers", "3", *out])
+    assert "not divisible by --tp 3" in _error(capsys, ["profile", *DIMS, "--tp", "3", *out])
+    assert not (tmp_path / "p.csv").exists()
