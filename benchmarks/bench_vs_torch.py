@@ -5,7 +5,8 @@ both runtimes get the same GPT stages (models/gpt.py, same seed, so same weights
 the same loss, and run the same schedule; their training steps (forward + backward of the whole
 pipeline over m microbatches, gradients zeroed outside the timed region) alternate, pipewright first
 on even repetitions and PyTorch first on odd ones, so that the load of a shared machine hits both alike.
-A step's time is the slower rank's, measured from a barrier.
+A step's time is the slower rank's, measured from a barrier: wall time, and CPU time of the worker
+process (``time.process_time``: its threads, gloo's included), which the machine's load disturbs less.
 
 Schedules (p = 2) and PyTorch's twin: ``1f1b`` / ``Schedule1F1B``; ``interleaved-1f1b`` (v = 2) /
 ``ScheduleInterleaved1F1B``; ``zb-h1`` / ``ScheduleInterleavedZeroBubble`` with one stage per rank;
@@ -106,25 +107,25 @@ class _Pair:
         for mod in (*self.ours.values(), *self.theirs.values()):
             mod.zero_grad(set_to_none=True)
 
-    def step_ours(self) -> tuple[float, list[float]]:
+    def step_ours(self) -> tuple[float, float, list[float]]:
         self._zero()
         dist.barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         losses = self.ex.run(
             list(self.x.chunk(self.m)) if self.first else None,
             list(self.y.chunk(self.m)) if self.last else None,
         )
-        return time.perf_counter() - t0, losses
+        return time.perf_counter() - t0, time.process_time() - c0, losses
 
-    def step_torch(self) -> tuple[float, list[float]]:
+    def step_torch(self) -> tuple[float, float, list[float]]:
         self._zero()
         losses: list[torch.Tensor] = []
         args = (self.x,) if self.first else ()
         dist.barrier()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         self.torch.step(*args, target=self.y if self.last else None, losses=losses, return_outputs=False)
-        elapsed = time.perf_counter() - t0
-        return elapsed, [float(t.detach()) for t in losses]
+        elapsed, cpu = time.perf_counter() - t0, time.process_time() - c0
+        return elapsed, cpu, [float(t.detach()) for t in losses]
 
     def grads(self, modules: dict[int, nn.Module]) -> dict[str, torch.Tensor]:
         return {
@@ -135,17 +136,17 @@ class _Pair:
         }
 
 
-def _slowest(seconds: float) -> float:
-    t = torch.tensor([seconds], dtype=torch.float64)
+def _slowest(*seconds: float) -> list[float]:
+    t = torch.tensor(seconds, dtype=torch.float64)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t)
+    return t.tolist()
 
 
 def _sanity(pair: _Pair) -> dict:
     """One step of each: same per-microbatch losses and gradients (max relative difference)."""
-    _, ours = pair.step_ours()
+    *_, ours = pair.step_ours()
     g_ours = pair.grads(pair.ours)
-    _, theirs = pair.step_torch()
+    *_, theirs = pair.step_torch()
     g_theirs = pair.grads(pair.theirs)
     diff = 0.0
     for k, g in g_ours.items():
@@ -170,14 +171,15 @@ def worker(rank: int, sizes: list[str], schedules: list[str], reps: list[int], w
     for size_name, n_reps in zip(sizes, reps, strict=True):
         pairs = {name: _Pair(name, SIZES[size_name], mesh) for name in schedules}
         sanity = {name: _sanity(pair) for name, pair in pairs.items()}
-        times = {name: ([], []) for name in schedules}
+        times = {name: ([], [], [], []) for name in schedules}  # wall ours, torch; CPU ours, torch
         for rep in range(warmup + n_reps):
             for name, pair in pairs.items():
                 order = (0, 1) if rep % 2 == 0 else (1, 0)
                 for which in order:
-                    t = _slowest((pair.step_ours if which == 0 else pair.step_torch)()[0])
+                    wall, cpu = _slowest(*(pair.step_ours if which == 0 else pair.step_torch)()[:2])
                     if rep >= warmup:
-                        times[name][which].append(t)
+                        times[name][which].append(wall)
+                        times[name][2 + which].append(cpu)
         for name, pair in pairs.items():
             results.append(
                 {
@@ -187,6 +189,8 @@ def worker(rank: int, sizes: list[str], schedules: list[str], reps: list[int], w
                     "same_order": pair.same_order,
                     "pipewright_s": times[name][0],
                     "torch_s": times[name][1],
+                    "pipewright_cpu_s": times[name][2],
+                    "torch_cpu_s": times[name][3],
                     **sanity[name],
                 }
             )
@@ -201,13 +205,17 @@ def _quartiles(xs: list[float]) -> tuple[float, float, float]:
 
 
 def summarise(result: dict) -> dict:
-    """Medians, IQRs and the ratio pipewright/PyTorch (of medians; and the IQR of the paired ratios)."""
+    """Wall-time quartiles of each runtime; the ratio pipewright/PyTorch of the medians, of the minima
+    (load only ever adds time) and of the median CPU seconds per step; the IQR of the paired ratios."""
     ours, theirs = result["pipewright_s"], result["torch_s"]
     paired = [a / b for a, b in zip(ours, theirs, strict=True)]
+    cpu_ours, cpu_theirs = result["pipewright_cpu_s"], result["torch_cpu_s"]
     return {
         "pipewright": _quartiles(ours),
         "torch": _quartiles(theirs),
         "ratio": statistics.median(ours) / statistics.median(theirs),
+        "min_ratio": min(ours) / min(theirs),
+        "cpu_ratio": statistics.median(cpu_ours) / statistics.median(cpu_theirs),
         "paired_ratio": _quartiles(paired),
     }
 
@@ -239,9 +247,10 @@ def main() -> None:
         )
     print(
         "| size | schedule | PyTorch class | same order | pipewright ms (IQR) | PyTorch ms (IQR) "
-        "| ratio | paired ratio IQR | loss diff | grad rel diff |"
+        "| ratio of medians | paired ratio IQR | ratio of minima | CPU-time ratio "
+        "| loss diff | grad rel diff |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
         s = summarise(r)
         ours, theirs = s["pipewright"], s["torch"]
@@ -250,6 +259,7 @@ def main() -> None:
             f"| {ours[1] * 1e3:.2f} ({ours[0] * 1e3:.2f}–{ours[2] * 1e3:.2f}) "
             f"| {theirs[1] * 1e3:.2f} ({theirs[0] * 1e3:.2f}–{theirs[2] * 1e3:.2f}) "
             f"| {s['ratio']:.2f} | {s['paired_ratio'][0]:.2f}–{s['paired_ratio'][2]:.2f} "
+            f"| {s['min_ratio']:.2f} | {s['cpu_ratio']:.2f} "
             f"| {r['loss_abs_diff']:.1e} | {r['grad_rel_diff']:.1e} |"
         )
     if args.json:
