@@ -122,7 +122,9 @@ def _send(state: RunState, a: Action) -> None:
     if a in state.sent:
         return
     batch = []
-    for b in state.actions[state.position :]:
+    actions = state.actions
+    for i in range(state.position, len(actions)):  # no slice: a copy of the tail per send is O(n²)
+        b = actions[i]
         if b.kind not in (SEND_F, SEND_B):
             break
         if b.kind == SEND_F:
@@ -182,6 +184,13 @@ def default_handlers() -> dict[str, Handler]:
         REDUCE_GRAD: _reduce_grad,
         STEP: _step,
     }
+
+
+def _loss_values(losses: dict[int, torch.Tensor]) -> list[float]:
+    """The losses by microbatch as floats, read in one device transfer (not one sync per microbatch)."""
+    if not losses:
+        return []
+    return torch.stack([losses[k] for k in sorted(losses)]).tolist()
 
 
 def _spec_map(value: Any, num_stages: int) -> dict[int, Any]:
@@ -297,7 +306,7 @@ class PipelineExecutor:
                 log.warning("stage %d: %d deferred weight gradients never flushed (no W)", s, len(store))
                 store.flush()
         self.iteration += 1
-        return [state.losses[k].item() for k in sorted(state.losses)]
+        return _loss_values(state.losses)
 
     def evaluate(
         self, inputs: list[torch.Tensor] | None = None, targets: list[torch.Tensor] | None = None
@@ -324,7 +333,7 @@ class PipelineExecutor:
         state = RunState(self, inputs, targets, actions, comm)
         with torch.no_grad():
             self._execute(state, record=False)
-        return [state.losses[k].item() for k in sorted(state.losses)]
+        return _loss_values(state.losses)
 
     def _execute(self, state: RunState, *, record: bool) -> list[Span]:
         """Run ``state.actions`` in order; receives posted ahead (all at once or ``recv_window``)."""
@@ -335,16 +344,16 @@ class PipelineExecutor:
             self._sync()
             dist.barrier(group=self.mesh.pp_group)
         t0 = time.perf_counter()
-        if self.recv_window is None:
+        window, handlers = self.recv_window, self.handlers
+        if window is None:
             comm.post([a for a in actions if a.kind in (RECV_F, RECV_B)])
         for pos, a in enumerate(actions):
             state.position = pos
-            if self.recv_window is not None:
-                window = actions[pos : pos + self.recv_window + 1]
-                comm.post([b for b in window if b.kind in (RECV_F, RECV_B)])
-            start = time.perf_counter()
+            if window is not None:
+                comm.post([b for b in actions[pos : pos + window + 1] if b.kind in (RECV_F, RECV_B)])
+            start = time.perf_counter() if record else 0.0
             try:
-                self.handlers[a.kind](state, a)
+                handlers[a.kind](state, a)
             except DistributedError:
                 raise
             except Exception as e:
@@ -362,4 +371,3 @@ class PipelineExecutor:
             finish_reduction(state, stage)
         comm.finish()
         return spans
-        return [state.losses[k].item() for k in sorted(state.losses)]

@@ -70,7 +70,34 @@ class PipeComm:
                 self._order[src] = recvs
                 for i, r in enumerate(recvs):
                     self._slot[r] = (src, i)
+        # Each of this rank's sends → destination pp rank, computed once (the hot path looks it up).
+        self._dst = {
+            a: peer_rank(a, schedule) for a in schedule.actions[me] if schedule.kinds[a.kind].comm == "send"
+        }
+        self._links: dict[tuple[int, int], tuple[dist.ProcessGroup, int, int]] = {}
+        # Backends that cannot coalesce (gloo) run batch_isend_irecv's operations one by one; calling the
+        # process group directly does the same without its per-operation Python wrappers.
+        self._direct = mesh.device.type == "cpu"
         self.reset()
+
+    def _link(self, src: int, dst: int) -> tuple[dist.ProcessGroup, int, int]:
+        """(channel group, peer's rank in it, peer's global rank) of the channel src → dst (pp ranks)."""
+        link = self._links.get((src, dst))
+        if link is None:
+            group = self.mesh.channel(src, dst)
+            peer = self.mesh.pp_peer(dst if src == self.mesh.pp_rank else src)
+            link = self._links[(src, dst)] = (group, dist.get_group_rank(group, peer), peer)
+        return link
+
+    def _start(
+        self, op: Callable, group: dist.ProcessGroup, group_peer: int, peer: int, tensors: list[torch.Tensor]
+    ) -> list[dist.Work]:
+        """Start point-to-point ``op`` (dist.isend / dist.irecv) of each tensor with one peer: one
+        Work per tensor, or fewer when the backend coalesces the batch (NCCL)."""
+        if self._direct:
+            method = group.send if op is dist.isend else group.recv
+            return [method([t], group_peer, 0) for t in tensors]
+        return dist.batch_isend_irecv([dist.P2POp(op, t, peer, group) for t in tensors])
 
     def reset(self) -> None:
         """Forget the previous iteration's state (call at iteration start)."""
@@ -95,15 +122,13 @@ class PipeComm:
             start = self._posted_upto[src]
             if upto <= start:
                 continue
-            group = self.mesh.channel(src, self.mesh.pp_rank)
-            peer = self.mesh.pp_peer(src)
             batch = []
             for r in self._order[src][start:upto]:
                 shape, dtype = self.recv_spec(r)
                 piece = self._piece(math.prod(shape))
                 buf = torch.empty(piece or shape, dtype=dtype, device=self.mesh.device)
                 batch.append((r, buf))
-            works = dist.batch_isend_irecv([dist.P2POp(dist.irecv, buf, peer, group) for _, buf in batch])
+            works = self._start(dist.irecv, *self._link(src, self.mesh.pp_rank), [buf for _, buf in batch])
             # NCCL may coalesce a batch into one work; every receive then waits on it.
             for j, (r, buf) in enumerate(batch):
                 self._recvs[r] = (works[min(j, len(works) - 1)], buf)
@@ -120,9 +145,10 @@ class PipeComm:
                 f"rank {self.mesh.rank} (pp {self.mesh.pp_rank}): {action} received nothing from rank "
                 f"{self.mesh.pp_peer(src)} (pp {src}) within {self.timeout_s:g} s"
             )
-        shape = self.recv_spec(action)[0]
-        if self._piece(math.prod(shape)) is not None:
-            return self._gather(buf, shape)
+        if self.scatter_gather:
+            shape = self.recv_spec(action)[0]
+            if self._piece(math.prod(shape)) is not None:
+                return self._gather(buf, shape)
         return buf
 
     def _piece(self, numel: int) -> int | None:
@@ -159,14 +185,14 @@ class PipeComm:
         by_peer: dict[int, list[tuple[Action, torch.Tensor]]] = {}
         for a, t in items:
             t = t.contiguous()
-            piece = self._piece(t.numel())
-            if piece is not None:
-                t = t.view(-1)[self.mesh.tp_rank * piece : (self.mesh.tp_rank + 1) * piece]
-            by_peer.setdefault(peer_rank(a, self.schedule), []).append((a, t))
+            if self.scatter_gather:
+                piece = self._piece(t.numel())
+                if piece is not None:
+                    t = t.view(-1)[self.mesh.tp_rank * piece : (self.mesh.tp_rank + 1) * piece]
+            dst = self._dst.get(a)
+            by_peer.setdefault(peer_rank(a, self.schedule) if dst is None else dst, []).append((a, t))
         for dst, batch in sorted(by_peer.items()):
-            group = self.mesh.channel(self.mesh.pp_rank, dst)
-            peer = self.mesh.pp_peer(dst)
-            works = dist.batch_isend_irecv([dist.P2POp(dist.isend, t, peer, group) for _, t in batch])
+            works = self._start(dist.isend, *self._link(self.mesh.pp_rank, dst), [t for _, t in batch])
             for j, (a, t) in enumerate(batch):
                 self._sends.append((a, works[min(j, len(works) - 1)], t))
 
