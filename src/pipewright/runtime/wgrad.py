@@ -49,10 +49,7 @@ class WeightGradStore:
         with torch.no_grad():
             for k in keys:
                 for layer, x, grad_out in self._pending.pop(k, ()):
-                    grad_w, grad_b = _weight_grads(x, grad_out, layer.bias is not None)
-                    _accumulate(layer.weight, grad_w)
-                    if grad_b is not None:
-                        _accumulate(layer.bias, grad_b)
+                    _accumulate_weight_grads(layer, x, grad_out)
 
 
 def _weight_grads(
@@ -62,6 +59,22 @@ def _weight_grads(
     g2 = grad_out.reshape(-1, grad_out.shape[-1])
     grad_w = g2.t().mm(x.reshape(-1, x.shape[-1]))
     return grad_w, (g2.sum(0) if bias else None)
+
+
+def _accumulate_weight_grads(layer: nn.Linear, x: torch.Tensor, grad_out: torch.Tensor) -> None:
+    """``W.grad += (∂L/∂y)ᵀ x`` and ``b.grad += Σ ∂L/∂y``, the weight product fused into the
+    accumulation (one GEMM with β = 1, ``addmm_``) so no separate gradient tensor is written and re-read."""
+    weight, bias = layer.weight, layer.bias
+    if weight.grad is None or weight.grad.dtype != grad_out.dtype or not weight.grad.is_contiguous():
+        grad_w, grad_b = _weight_grads(x, grad_out, bias is not None)
+        _accumulate(weight, grad_w)
+        if grad_b is not None:
+            _accumulate(bias, grad_b)
+        return
+    g2 = grad_out.reshape(-1, grad_out.shape[-1])
+    weight.grad.addmm_(g2.t(), x.reshape(-1, x.shape[-1]))
+    if bias is not None:
+        _accumulate(bias, g2.sum(0))
 
 
 def _accumulate(param: nn.Parameter, grad: torch.Tensor) -> None:
