@@ -4,9 +4,10 @@ ZB-H1 at p = 2 and p = 4 on this machine.
 Model: GPT, 8 layers, h = 256, 4 heads, FFN 1024, sequence 128, vocabulary 256 (bytes), microbatch
 size 2 — one layer's forward takes ≈ 5 ms on one CPU thread, so the executor's per-action overhead
 (≈ 0.1 ms) is small against compute. m = 8 microbatches, 12 training steps per case, measured = median
-step time of the last 8. Each round profiles the model (``pipewright profile --workers p``: p processes
-measure at once, as the run's p workers compute at once) and then runs every case once, so cases of one
-round see similar machine load; rounds repeat that (the machine is shared).
+step time of the last 8. Each case is profiled right before its run with as many measuring processes
+as the run has workers, at most one per core (``compare.profile_workers``); when the run has more workers
+than cores the prediction shares the cores among the pipeline ranks (processor sharing,
+``pipewright.sim.sharing``). Every case runs once per round; rounds repeat that (the machine is shared).
 
     PYTHONPATH=src python benchmarks/bench_sim_vs_measured.py [--rounds 2] [--steps 12] [--out DIR]
         [--report-only]
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from pipewright.cost.profiled import write_profile_csv
 from pipewright.models.presets import resolve_model
-from pipewright.runtime.compare import compare_run, plan_comparison
+from pipewright.runtime.compare import compare_run, plan_comparison, profile_workers
 from pipewright.runtime.config import TrainConfig
 from pipewright.runtime.profiler import ProfileOptions, profile_model
 from pipewright.runtime.trainer import train
@@ -58,7 +59,7 @@ def main() -> None:
         "--single-worker-profile",
         dest="workers",
         action="store_false",
-        help="profile with one measuring process (default: as many as the case's pipeline ranks)",
+        help="profile with one measuring process (default: one per worker, at most one per core)",
     )
     parser.add_argument(
         "--report-only", action="store_true", help="recompute the reports of the runs already in --out"
@@ -74,12 +75,14 @@ def main() -> None:
             out = root / f"round{rnd}-{schedule}-p{pp}"
             out.mkdir(parents=True, exist_ok=True)
             t0 = time.perf_counter()
-            # profiled right before the run, with p processes measuring at once (as the p workers run)
+            # profiled right before the run, with its workers' contention (at most one per core)
             profile = out / "profile.csv"
             config = _config(schedule, pp, v, args.steps, out)
             if not args.report_only:
-                workers = pp if args.workers else 1
-                options = ProfileOptions(spec, (2,), repeats=10, progress=False, workers=workers)
+                workers = profile_workers(config) if args.workers else 1
+                options = ProfileOptions(
+                    spec, (2,), repeats=10, progress=False, workers=workers, contention=config.world_size
+                )
                 rows, meta = profile_model(options)
                 profile.write_text(write_profile_csv(rows, meta))
                 train(config)

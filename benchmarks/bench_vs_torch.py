@@ -11,9 +11,11 @@ process (``time.process_time``: its threads, gloo's included), which the machine
 Schedules (p = 2) and PyTorch's twin: ``1f1b`` / ``Schedule1F1B``; ``interleaved-1f1b`` (v = 2) /
 ``ScheduleInterleaved1F1B``; ``zb-h1`` / ``ScheduleInterleavedZeroBubble`` with one stage per rank;
 ``zbv`` (v = 2, V placement) / ``ScheduleZBVZeroBubble``. For the multi-stage ones the benchmark checks
-that PyTorch's compute order equals ours. Modules: ``nn.Linear`` on both sides, except that
-pipewright's zero-bubble stages use ``DeferrableLinear`` (its I/W split needs it; PyTorch splits the
-autograd graph of plain ``nn.Linear`` instead), with the same weights.
+that PyTorch's compute order equals ours. Modules: pipewright's stages are built as ``pipewright
+train`` builds them (``runtime.wgrad.linear_factory_for``): ``nn.Linear`` for 1F1B and interleaved
+1F1B, ``DeferrableLinear`` for the zero-bubble schedules (the I/W split, with weight gradients
+accumulated into ``.grad`` fused into one GEMM); PyTorch gets ``nn.Linear`` throughout (it splits the
+autograd graph for its zero-bubble schedules), with the same weights.
 
 Sanity (first step): PyTorch's per-microbatch losses equal pipewright's, and so do the gradients.
 
@@ -33,9 +35,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipewright.models.gpt import build_stage, default_linear_factory, loss_fn
+from pipewright.models.gpt import build_stage, loss_fn, plain_linear_factory
 from pipewright.models.spec import ModelSpec
 from pipewright.runtime import ParallelMesh, PipelineExecutor, spawn
+from pipewright.runtime.wgrad import linear_factory_for
 from pipewright.schedules import build_schedule
 
 
@@ -59,12 +62,7 @@ SCHEDULES = {
     "zb-h1": (1, "ScheduleInterleavedZeroBubble"),
     "zbv": (2, "ScheduleZBVZeroBubble"),
 }
-ZERO_BUBBLE = ("zb-h1", "zbv")
 P = 2
-
-
-def plain_linear(in_features: int, out_features: int, *, bias: bool, kind: str) -> nn.Module:
-    return nn.Linear(in_features, out_features, bias=bias)
 
 
 class _Pair:
@@ -82,9 +80,10 @@ class _Pair:
         def stages(factory) -> dict[int, nn.Module]:
             return {s: build_stage(spec, None, s, num_stages=n, linear_factory=factory) for s in mine}
 
-        # zero-bubble: pipewright needs DeferrableLinear; PyTorch gets plain nn.Linear with the same weights
-        self.ours = stages(default_linear_factory if name in ZERO_BUBBLE else plain_linear)
-        self.theirs = stages(plain_linear) if name in ZERO_BUBBLE else self.ours
+        # pipewright's layers as `pipewright train` builds them (wgrad.linear_factory_for: DeferrableLinear
+        # where the schedule splits the backward, else nn.Linear); PyTorch: nn.Linear, the same weights
+        self.ours = stages(linear_factory_for(self.sched))
+        self.theirs = stages(plain_linear_factory)
         self.ex = PipelineExecutor(
             self.sched, mesh, self.ours, loss_fn=loss_fn, boundary_shape=(mb, spec.seq_len, spec.hidden)
         )

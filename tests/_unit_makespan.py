@@ -22,3 +22,17 @@ def steady_period(schedule: Schedule, iterations: int = 4) -> float:
     return simulate(
         schedule, UnitCost(times=dict(UNIT)), iterations=iterations, step_barrier=False
     ).iteration_time
+
+
+class ConstComm:
+    """Every transfer takes ``p2p`` and every collective ``coll`` time units."""
+
+    def __init__(self, p2p: float = 0.0, coll: float = 0.0) -> None:
+        self.p2p, self.coll = p2p, coll
+
+    def p2p_time(self, src: int, dst: int, nbytes: float) -> float:
+        return self.p2p
+
+    def collective_time(self, kind: str, rank: int, nbytes: float) -> float:
+        assert kind == "all_reduce"
+        return self.coll

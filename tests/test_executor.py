@@ -36,6 +36,7 @@ from pipewright.runtime import (
     rank_to_coords,
     spawn,
 )
+from pipewright.runtime.executor import default_handlers
 from pipewright.runtime.mesh import check_layout
 from pipewright.schedules import build_schedule
 from pipewright.schedules.registry import check_args, info, schedule_names
@@ -175,8 +176,18 @@ def _run_case(mesh: ParallelMesh, name: str, v: int, m: int, seed: int) -> dict:
     stages = make_stages(schedule.num_stages, seed)
     tokens, targets = make_batch(mesh.dp, m, seed)
     ref_losses, ref_loss, ref_grads = reference(stages, tokens, targets)
+    # I must leave the stage's weight-gradient work in its W store (not do it at once)
+    deferred: list[bool] = []
+    input_backward = default_handlers()["I"]
+
+    def checked_input_backward(state, a: Action) -> None:
+        input_backward(state, a)
+        pending = state.executor.wgrad[a.stage].keys()
+        deferred.append(a.microbatch in pending)
+
     # Alternate cases post all receives at iteration start or only one action ahead.
-    ex = _executor(schedule, mesh, stages, recv_window=None if seed % 2 == 0 else 1)
+    window = None if seed % 2 == 0 else 1
+    ex = _executor(schedule, mesh, stages, recv_window=window, handlers={"I": checked_input_backward})
     d = mesh.dp_rank
     eval_losses = ex.evaluate(tokens[d], targets[d])
     untouched = all(p.grad is None for st in ex.stages.values() for p in st.parameters())
@@ -189,6 +200,7 @@ def _run_case(mesh: ParallelMesh, name: str, v: int, m: int, seed: int) -> dict:
         pairs = [*zip(losses, ref_losses[d], strict=True), *zip(eval_losses, ref_losses[d], strict=True)]
         result["loss_err"] = max(abs(a - b) / abs(b) for a, b in pairs)
     result["eval_ok"] = untouched and len(eval_losses) == len(losses)
+    result["i_defers"] = all(deferred)
     return result
 
 
@@ -222,6 +234,7 @@ def test_executor_matches_single_process_reference(results_8, case) -> None:
         r = res[case]
         assert r["num_params"] > 0
         assert r["eval_ok"], f"rank {rank}: evaluate() touched gradients or lost losses"
+        assert r["i_defers"], f"rank {rank}: an I action did the weight-gradient work itself"
         assert r["grad_err"] <= RTOL, f"rank {rank}: gradient differs by {r['grad_err']:.2e}"
         assert r["loss_err"] <= RTOL, f"rank {rank}: loss differs by {r['loss_err']:.2e}"
         assert r["mean_loss_err"] <= RTOL, f"rank {rank}: global loss differs by {r['mean_loss_err']:.2e}"

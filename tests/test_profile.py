@@ -15,7 +15,7 @@ from pipewright.cli import main
 from pipewright.cost.profiled import ProfiledCost, read_profile_csv
 from pipewright.data.tokens import write_tokens
 from pipewright.ir import STEP, B, F, I, W
-from pipewright.models.gpt import Block, Embedding, Head
+from pipewright.models.gpt import Block, Embedding, Head, plain_linear_factory
 from pipewright.models.presets import resolve_model
 
 DIMS = ["--model", "gpt-tiny", "--layers", "2", "--hidden", "32", "--heads", "4", "--seq-len", "16"]
@@ -25,7 +25,17 @@ MB = 2
 @pytest.fixture(scope="module")
 def profile(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("profile") / "tiny.csv"
-    args = ["profile", *DIMS, "--microbatch-size", str(MB), "--repeats", "5", "--no-progress"]
+    args = [
+        "profile",
+        *DIMS,
+        "--microbatch-size",
+        str(MB),
+        "--repeats",
+        "5",
+        "--no-progress",
+        "--contention",
+        "3",
+    ]
     assert main([*args, "--out", str(path)]) == 0
     return path
 
@@ -66,18 +76,15 @@ def test_profile_is_a_profiled_cost(profile):
             assert cost.time(lt, kind) > 0, (lt, kind)
     # one backward's arithmetic = I + W; loosely (medians of 5 sub-millisecond timings on a shared machine)
     assert 0.1 < (cost.time("layer", I) + cost.time("layer", W)) / cost.time("layer", B) < 10
-    modules = {"embedding": Embedding(spec), "layer": Block(spec, nn_linear), "output": Head(spec, nn_linear)}
+    plain = plain_linear_factory
+    modules = {"embedding": Embedding(spec), "layer": Block(spec, plain), "output": Head(spec, plain)}
     for lt, module in modules.items():
         assert cost.nbytes(lt, "PARAMS") == 4 * sum(p.numel() for p in module.parameters()), lt
     assert cost.nbytes("layer", "MESSAGE") == 4 * MB * 16 * 32
     assert cost.time("layer", "MESSAGE") > 0
     assert cost.nbytes("layer", F) > 0  # activations kept for the backward
-
-
-def nn_linear(i: int, o: int, *, bias: bool, kind: str):
-    from torch import nn
-
-    return nn.Linear(i, o, bias=bias)
+    curve = [float(x) for x in meta["contention"].split(",")]
+    assert len(curve) == 3 and curve[0] == 1.0 and all(x > 0 for x in curve)
 
 
 @pytest.mark.slow
@@ -149,4 +156,5 @@ def test_profile_bad_input_is_one_line(tmp_path, capsys):
     )
     assert "multiple of --tp 2" in _error(capsys, ["profile", *DIMS, "--tp", "2", "--workers", "3", *out])
     assert "not divisible by --tp 3" in _error(capsys, ["profile", *DIMS, "--tp", "3", *out])
+    assert "--contention must be 0 or more" in _error(capsys, ["profile", *DIMS, "--contention", "-1", *out])
     assert not (tmp_path / "p.csv").exists()

@@ -11,6 +11,7 @@ from fractions import Fraction
 
 import pytest
 
+from _unit_makespan import ConstComm
 from pipewright.cli import main
 from pipewright.codec import parse_action
 from pipewright.cost import UnitCost
@@ -37,20 +38,6 @@ def _literal(rows: list[str], p: int, m: int, stages: int | None = None, kinds=N
     actions = tuple(tuple(parse_action(x, kinds) for x in row.split()) for row in rows)
     extra = {} if kinds is None else {"kinds": kinds}
     return Schedule("literal", p, len(placement), m, placement, actions, **extra)
-
-
-class ConstComm:
-    """Every transfer takes ``p2p`` and every collective ``coll`` time units."""
-
-    def __init__(self, p2p: float = 0.0, coll: float = 0.0) -> None:
-        self.p2p, self.coll = p2p, coll
-
-    def p2p_time(self, src: int, dst: int, nbytes: float) -> float:
-        return self.p2p
-
-    def collective_time(self, kind: str, rank: int, nbytes: float) -> float:
-        assert kind == "all_reduce"
-        return self.coll
 
 
 # --- closed forms ------------------------------------------------------------------------------------

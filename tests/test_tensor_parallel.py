@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pipewright.errors import ConfigError
-from pipewright.models.gpt import build_full, build_stage, loss_fn
+from pipewright.models.gpt import build_full, build_stage, loss_fn, plain_linear_factory
 from pipewright.models.spec import ModelSpec
 from pipewright.optim.optimizer import global_grad_norm
 from pipewright.runtime import tensor_parallel as tp
@@ -290,13 +290,9 @@ class _TinyGPT(nn.Module):
         return self.head(self.ln_f(x))
 
 
-def _dense_factory(in_features: int, out_features: int, *, bias: bool, kind: str) -> nn.Module:
-    return nn.Linear(in_features, out_features, bias=bias)
-
-
 def _dense_model() -> _TinyGPT:
     torch.manual_seed(17)
-    return _TinyGPT(_dense_factory, nn.Embedding, lambda x: x)
+    return _TinyGPT(plain_linear_factory, nn.Embedding, lambda x: x)
 
 
 def _tp_model(group, sp: bool) -> tuple[_TinyGPT, tp.TensorParallelFactory]:
@@ -353,7 +349,7 @@ def case_gpt_model_with_factory(group, r: int, t: int) -> Pairs:
     spec = ModelSpec("tp-test", layers=2, hidden=H, heads=HEADS, vocab=V, seq_len=S)
     ids = torch.randint(0, V, (B, S + 1), generator=torch.Generator().manual_seed(21))
     inp, targets = ids[:, :-1], ids[:, 1:]
-    ref = build_full(spec, seed=3, linear_factory=_dense_factory)
+    ref = build_full(spec, seed=3, linear_factory=plain_linear_factory)
     loss_ref = loss_fn(ref(inp), targets)
     loss_ref.backward()
     factory = tp.tp_linear_factory(group, num_heads=spec.heads)
@@ -418,7 +414,7 @@ def ptd_pipeline_case(mesh: ParallelMesh) -> Pairs:
     m = 4
     ids = torch.randint(0, V, (m * B, S + 1), generator=torch.Generator().manual_seed(22))
     inp, targets = ids[:, :-1], ids[:, 1:]
-    ref = build_full(spec, seed=3, linear_factory=_dense_factory)
+    ref = build_full(spec, seed=3, linear_factory=plain_linear_factory)
     loss_ref = loss_fn(ref(inp), targets)
     loss_ref.backward()
     ref_grads = {n: p.grad for n, p in ref.named_parameters()}

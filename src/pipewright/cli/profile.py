@@ -31,6 +31,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=int,
         help="processes measuring at once (default tp); the run's process count includes their contention",
     )
+    parser.add_argument(
+        "--contention",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also measure how n = 1..N busy processes slow each other on this CPU (the simulator's "
+        "core sharing; use the run's process count)",
+    )
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--repeats", type=int, default=10, help="measurements per value (median)")
     parser.add_argument("--warmup", type=int, default=2, help="unmeasured runs before the repeats")
@@ -63,6 +71,7 @@ def _profile(args: argparse.Namespace) -> int:
         optimizer=args.optimizer,
         progress=args.progress,
         workers=args.workers,
+        contention=args.contention,
     )
     rows, meta = profile_model(options)
     path = write_profile(args.out, rows, meta)
@@ -74,4 +83,7 @@ def _profile(args: argparse.Namespace) -> int:
             f"(I {per['layer', 'I'] * 1e3:.3f} + W {per['layer', 'W'] * 1e3:.3f}), "
             f"message {per['layer', 'MESSAGE'] * 1e3:.3f} ms"
         )
+    if "contention" in meta:
+        curve = ", ".join(f"s({n})={x}" for n, x in enumerate(str(meta["contention"]).split(","), 1))
+        print(f"  contention (time of the same work with n processes busy, relative to one): {curve}")
     return 0

@@ -50,12 +50,17 @@ LINEAR_KINDS = ("qkv", "attn_out", "mlp_in", "mlp_out", "output")
 LinearFactory = Callable[..., nn.Module]
 
 
+def plain_linear_factory(in_features: int, out_features: int, *, bias: bool, kind: str) -> nn.Module:
+    """``nn.Linear``: PyTorch's own layer (no split backward)."""
+    return nn.Linear(in_features, out_features, bias=bias)
+
+
 def default_linear_factory(in_features: int, out_features: int, *, bias: bool, kind: str) -> nn.Module:
     """DeferrableLinear when the runtime provides it (split backward), else ``nn.Linear``."""
     try:
         from pipewright.runtime.wgrad import DeferrableLinear
     except ImportError:
-        return nn.Linear(in_features, out_features, bias=bias)
+        return plain_linear_factory(in_features, out_features, bias=bias, kind=kind)
     return DeferrableLinear(in_features, out_features, bias=bias)
 
 

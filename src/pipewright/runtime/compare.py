@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,7 @@ from pipewright.models.spec import ModelSpec
 from pipewright.passes.grad_reduce import add_grad_reduction
 from pipewright.runtime.config import TrainConfig
 from pipewright.sim.engine import SimResult, simulate
+from pipewright.sim.sharing import SharedCompute, makespan_together
 from pipewright.timeline import Timeline
 from pipewright.topology import single_host
 
@@ -89,8 +91,15 @@ def plan_comparison(config: TrainConfig, profile: str | None = None, *, progress
         rows, meta = load_profile(profile)
         check_profile_matches(meta, spec, config.tp, profile)
     else:
+        import torch
+
         options = ProfileOptions(
-            spec, (config.microbatch_size,), tp=config.tp, progress=progress, workers=config.world_size
+            spec,
+            (config.microbatch_size,),
+            tp=config.tp,
+            progress=progress,
+            workers=profile_workers(config),
+            contention=0 if torch.cuda.is_available() or config.world_size < 2 else config.world_size,
         )
         rows, raw = profile_model(options)
         rows, meta = tuple(rows), {k: str(v) for k, v in raw.items()}
@@ -106,16 +115,61 @@ def predicted_schedule(config: TrainConfig) -> Schedule:
     return add_grad_reduction(schedule) if config.dp > 1 else schedule
 
 
-def optimizer_time(cost: ProfiledCost, schedule: Schedule) -> float:
-    """max over pipeline ranks of Σ over the rank's chunks and their layers of the profiled STEP time."""
-    return max(
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def host_sharing(
+    config: TrainConfig, meta: dict[str, str] | None = None, cores: int | None = None
+) -> SharedCompute | None:
+    """How the run's processes share compute (:mod:`pipewright.sim.sharing`). On CPU (no CUDA) the
+    ``world_size`` single-threaded workers share this host's ``cores``, and each simulated pipeline rank
+    stands for ``tp · dp`` of them. With the profile's measured contention curve (header
+    ``contention=``, relative to its ``workers`` busy processes, under which its times were taken),
+    that curve; else, when there are more workers than cores, ideal sharing. None on GPUs, or when
+    every process has a core and no curve was measured."""
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    cores = usable_cores() if cores is None else cores
+    meta = meta or {}
+    slowdown = None
+    if meta.get("contention"):
+        curve = [float(x) for x in meta["contention"].split(",")]
+        measured_under = int(meta.get("workers", "1"))
+        ref = curve[min(measured_under, len(curve)) - 1]
+        slowdown = tuple(x / ref for x in curve)
+    elif config.world_size <= cores:
+        return None
+    return SharedCompute.one_host(config.pp, cores, slowdown, processes_per_rank=config.tp * config.dp)
+
+
+def profile_workers(config: TrainConfig, cores: int | None = None) -> int:
+    """Processes that measure at once when profiling for this run: the run's process count, but at most
+    one per core (in multiples of tp) — on an oversubscribed host the profile gives dedicated-core
+    times and the simulator's processor sharing (:func:`host_sharing`) adds the time slicing."""
+    cores = usable_cores() if cores is None else cores
+    return max(config.tp, min(config.world_size, cores) // config.tp * config.tp)
+
+
+def optimizer_time(cost: ProfiledCost, schedule: Schedule, shared: SharedCompute | None = None) -> float:
+    """max over pipeline ranks of Σ over the rank's chunks and their layers of the profiled STEP time;
+    with ``shared`` units, every rank's step runs at once on them (:func:`makespan_together`)."""
+    per_rank = [
         sum(
             count * cost.time(lt, STEP)
             for stage in schedule.stages_of(rank)
             for lt, count in cost.composition(stage, schedule).items()
         )
         for rank in range(schedule.num_ranks)
-    )
+    ]
+    if shared is None:
+        return max(per_rank)
+    return makespan_together(per_rank, shared)
 
 
 def predict(plan: ComparePlan) -> tuple[SimResult, ProfiledCost, float, ProfiledComm]:
@@ -128,7 +182,9 @@ def predict(plan: ComparePlan) -> tuple[SimResult, ProfiledCost, float, Profiled
     cost = ProfiledCost(plan.rows, c.microbatch_size, plan.spec.layers, layout=counts, meta=plan.meta)
     collectives = TopologyComm(single_host(c.world_size), Mesh(tp=c.tp, pp=c.pp, dp=c.dp))
     comm = ProfiledComm.from_cost(cost, collectives)
-    return simulate(schedule, cost, comm=comm), cost, optimizer_time(cost, schedule), comm
+    shared = host_sharing(c, plan.meta)
+    sim = simulate(schedule, cost, comm=comm, shared=shared)
+    return sim, cost, optimizer_time(cost, schedule, shared), comm
 
 
 def measured_steps(metrics_path: Path) -> tuple[list[dict[str, Any]], int]:
@@ -223,6 +279,7 @@ def compare_run(plan: ComparePlan, out_dir: str | Path) -> dict[str, Any]:
             "pipeline_time_s": sim.iteration_time,
             "optimizer_time_s": opt_s,
             "bubble_fraction": sim.bubble_fraction,
+            "core_sharing": None if (shared := host_sharing(c, plan.meta)) is None else list(shared.units),
         },
         "ratio": measured_step / predicted_step if predicted_step > 0 else None,
     }

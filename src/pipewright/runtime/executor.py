@@ -37,7 +37,7 @@ from pipewright.passes.validate import validate as validate_schedule
 from pipewright.runtime.errors import ActionError, DistributedError, LayoutError
 from pipewright.runtime.mesh import ParallelMesh
 from pipewright.runtime.p2p import PipeComm, TensorSpec, channel_pairs
-from pipewright.runtime.wgrad import WeightGradStore, defer_weight_grads
+from pipewright.runtime.wgrad import AccumulateNow, WeightGradStore, deferrable_layers, deferring
 from pipewright.timeline import Span
 
 log = logging.getLogger(__name__)
@@ -86,6 +86,9 @@ def _forward(state: RunState, a: Action) -> None:
     state.stage_outputs[(s, k)] = out
 
 
+_ACCUMULATE_NOW = AccumulateNow()
+
+
 def _backward(state: RunState, a: Action, store: WeightGradStore | None = None) -> None:
     ex, (s, k) = state.executor, (a.stage, a.microbatch)
     out = state.stage_outputs.pop((s, k))
@@ -96,11 +99,9 @@ def _backward(state: RunState, a: Action, store: WeightGradStore | None = None) 
         grad = state.input_grads.pop((s + 1, k))
     else:
         grad = state.received.pop(Action(s, RECV_B, k))
-    if store is None:
+    # a full B accumulates its weight gradients fused into .grad; I hands them to the stage's W store
+    with deferring(ex.deferrable[s], _ACCUMULATE_NOW if store is None else store, k):
         torch.autograd.backward(out, grad)
-    else:
-        with defer_weight_grads(store, ex.stages[s], key=k):
-            torch.autograd.backward(out, grad)
     if s > 0:
         state.input_grads[(s, k)] = x.grad
 
@@ -264,6 +265,7 @@ class PipelineExecutor:
         if missing:
             raise DistributedError(f"no runtime handler for action kind(s) {', '.join(sorted(missing))}")
         self.wgrad = {s: WeightGradStore() for s in self.stages}
+        self.deferrable = {s: deferrable_layers(mod) for s, mod in self.stages.items()}
         self._shapes = _spec_map(boundary_shape, schedule.num_stages)
         self._dtypes = _spec_map(dtype, schedule.num_stages)
         self.recv_window = recv_window

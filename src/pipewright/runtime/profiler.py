@@ -6,13 +6,22 @@ the cross-entropy loss) — built from :mod:`pipewright.models.gpt` exactly as t
 
 - **F**: the forward (for ``output`` including the loss);
 - **B**: a full backward (input and weight gradients);
-- **I**: the backward with weight gradients deferred (:func:`~pipewright.runtime.wgrad.defer_weight_grads`),
+- **I**: the backward with weight gradients deferred (:func:`~pipewright.runtime.wgrad.deferring`),
   **W**: the flush of the deferred weight gradients — the split the zero-bubble schedules run;
 - **STEP**: the optimizer step (and gradient-norm computation) over the layer type's parameters;
 - F's ``bytes``: the activation memory the forward keeps for its backward (tensors autograd saves);
 - **PARAMS** ``bytes``: the layer type's parameter bytes (= its gradient bytes);
 - **MESSAGE**: the stage-boundary tensor (b · s · h elements): its bytes, and its one-way time over a
-  gloo channel between two local processes (half the median ping-pong round trip).
+  gloo channel between two local processes: half the round trip of an echo to a receiver that waited
+  blocked while the sender computed a layer forward, as in a pipeline; with ``contention`` N > 2,
+  processes 2..N-1 compute meanwhile, so the time includes waiting for a core;
+- with ``contention`` = N > 0 (CPU): the **contention curve** ``s(n)``, n = 1..N — n processes run the
+  same fixed work (``layer`` forward + backward, ``5 · repeats`` times) from one barrier and
+  ``s(n) = T(n) / T(1)`` with T the time the last of them finishes (throughput, not a median of
+  single runs, which the scheduler's unfairness over short spans would distort). Every n is measured
+  twice (n = 1..N, then N..1) and averaged, so a drift of the machine's speed cancels. It is written to
+  the header as ``contention=s(1),…,s(N)``; :mod:`pipewright.sim.sharing` runs the ranks of an
+  oversubscribed (or bandwidth-bound) host at rate 1 / s(n).
 
 Every time is the median of ``repeats`` measurements after ``warmup`` unmeasured ones. The work runs
 in spawned worker processes with one CPU thread each (as the training workers): ``workers`` of them
@@ -45,11 +54,11 @@ from pipewright.cost.profiled import (
 )
 from pipewright.errors import ConfigError
 from pipewright.ir import STEP, B, F, I, W
-from pipewright.models.gpt import Block, Embedding, Head, layer_generator, loss_fn
+from pipewright.models.gpt import Block, Embedding, Head, default_linear_factory, layer_generator, loss_fn
 from pipewright.models.spec import ModelSpec
 from pipewright.optim import build_optimizer
 from pipewright.runtime.launch import spawn
-from pipewright.runtime.wgrad import WeightGradStore, defer_weight_grads
+from pipewright.runtime.wgrad import AccumulateNow, WeightGradStore, deferrable_layers, deferring
 
 KINDS = (F, B, I, W, STEP)
 
@@ -68,11 +77,13 @@ class ProfileOptions:
     optimizer: str = "adamw"
     progress: bool = True
     workers: int | None = None
+    contention: int = 0
 
     @property
     def processes(self) -> int:
-        """Worker processes that measure at once: ``workers`` (default tp), and at least 2 (the message)."""
-        return max(2, self.workers or self.tp)
+        """Worker processes: ``workers`` (default tp) measure at once; at least 2 (the message), and
+        ``contention`` for the contention curve."""
+        return max(2, self.workers or self.tp, self.contention)
 
     def check(self) -> None:
         if self.repeats < 1:
@@ -88,6 +99,10 @@ class ProfileOptions:
         for name in ("heads", "ffn_hidden", "vocab"):
             if getattr(self.spec, name) % self.tp:
                 raise ConfigError(f"--{name.replace('_', '-')} is not divisible by --tp {self.tp}")
+        if self.contention < 0:
+            raise ConfigError(f"--contention must be 0 or more (got {self.contention})")
+        if self.contention and self.device != "cpu":
+            raise ConfigError("--contention measures CPU cores shared by processes; use it with --device cpu")
         if self.device not in ("cpu", "cuda"):
             raise ConfigError(f"--device must be cpu or cuda (got {self.device!r})")
         if self.device == "cuda" and not torch.cuda.is_available():
@@ -113,6 +128,11 @@ class ProfileOptions:
             "optimizer": self.optimizer,
             "torch": torch.__version__.split("+")[0],
         }
+
+    @property
+    def steps(self) -> int:
+        """Progress-bar steps: one per (microbatch size, layer type), one per message, one per n."""
+        return len(self.microbatch_sizes) * (len(LAYER_TYPES) + 1) + self.contention
 
 
 @contextmanager
@@ -157,6 +177,8 @@ class _LayerBench:
         self.params = list(self.module.parameters())
         self.optimizer = build_optimizer(optimizer, self.module.named_parameters(), lr=1e-4, weight_decay=0.1)
         self.store = WeightGradStore()
+        self.accumulate = AccumulateNow()
+        self.layers = deferrable_layers(self.module)
         self.out: torch.Tensor | None = None
 
     def forward(self) -> None:
@@ -164,14 +186,16 @@ class _LayerBench:
         out = self.module(x)
         self.out = self.loss(out, self.target) if self.layer_type == "output" else out
 
-    def backward(self) -> None:
+    def backward(self, store: WeightGradStore | None = None) -> None:
+        """A full backward as the executor runs it (weight gradients fused into ``.grad``), or with
+        ``store`` the I pass (weight-gradient work handed to the store)."""
         grad = None if self.layer_type == "output" else self.grad
-        torch.autograd.backward(self.out, grad)
+        with deferring(self.layers, store or self.accumulate, 0):
+            torch.autograd.backward(self.out, grad)
         self.out = None
 
     def input_backward(self) -> None:
-        with defer_weight_grads(self.store, self.module, key=0):
-            self.backward()
+        self.backward(self.store)
 
     def weight_backward(self) -> None:
         self.store.flush(0)
@@ -218,21 +242,68 @@ class _LayerBench:
         )
 
 
-def _message_time(peer: int, nbytes_elems: int, repeats: int, warmup: int, first: bool) -> float:
-    """Half the median ping-pong round trip of a float32 tensor of ``nbytes_elems`` elements."""
-    buf = torch.zeros(nbytes_elems)
+def _message_time(
+    peer: int, elems: int, repeats: int, warmup: int, first: bool, between: Callable[[], None]
+) -> float:
+    """One-way time of a float32 tensor of ``elems`` elements, as a pipeline sees it: rank 0 computes
+    (``between``, a layer's forward) while rank 1 waits blocked in its receive, then rank 0 sends and
+    rank 1 echoes at once; half the round trip (timed from the send) includes waking the blocked
+    receiver, not only a hot socket. The mean of the fastest 95 % (a pipeline's critical path adds up
+    means; the cut drops rare hiccups)."""
+    buf = torch.zeros(elems)
     samples = []
     for i in range(warmup + repeats):
-        t0 = time.perf_counter()
         if first:
+            between()
+            t0 = time.perf_counter()
             dist.send(buf, dst=peer)
             dist.recv(buf, src=peer)
+            if i >= warmup:
+                samples.append((time.perf_counter() - t0) / 2)
         else:
             dist.recv(buf, src=peer)
             dist.send(buf, dst=peer)
-        if i >= warmup:
-            samples.append((time.perf_counter() - t0) / 2)
-    return statistics.median(samples)
+    if not first:
+        return 0.0
+    samples.sort()
+    return statistics.fmean(samples[: max(1, int(len(samples) * 0.95))])
+
+
+def _busy_until_told(bench: _LayerBench, key: str) -> None:
+    """Run the layer's forward and backward until rank 0 sets ``key`` in the process group's store
+    (the processes the contention curve counts keep computing while ranks 0 and 1 time the message;
+    gloo's receive cannot be polled, its completion shows only through a blocking wait)."""
+    store = dist.distributed_c10d._get_default_store()
+    while not store.check([key]):
+        bench.forward()
+        bench.backward()
+
+
+def _contention_curve(rank: int, options: ProfileOptions, bar) -> list[float]:
+    """``s(n) = T(n) / T(1)`` for n = 1..options.contention (module docstring); all ranks take part."""
+    b = options.microbatch_sizes[0]
+    bench = _LayerBench("layer", options.spec, b, torch.device("cpu"), default_linear_factory, loss_fn, "sgd")
+    work = 5 * options.repeats
+    for _ in range(options.warmup):
+        bench.forward()
+        bench.backward()
+    n_max = options.contention
+    totals: dict[int, list[float]] = {n: [] for n in range(1, n_max + 1)}
+    for order in (range(1, n_max + 1), range(n_max, 0, -1)):
+        for n in order:
+            dist.barrier()
+            t0 = time.perf_counter()
+            if rank < n:
+                for _ in range(work):
+                    bench.forward()
+                    bench.backward()
+            elapsed = torch.tensor([time.perf_counter() - t0 if rank < n else 0.0], dtype=torch.float64)
+            dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+            totals[n].append(float(elapsed))
+            if bar is not None and len(totals[n]) == 2:
+                bar.update(1)
+    base = statistics.fmean(totals[1])
+    return [statistics.fmean(totals[n]) / base for n in range(1, n_max + 1)]
 
 
 def _worker(rank: int, options: ProfileOptions) -> tuple[list[ProfileRow], dict[str, object]] | None:
@@ -250,15 +321,13 @@ def _worker(rank: int, options: ProfileOptions) -> tuple[list[ProfileRow], dict[
         factory = tp_linear_factory(tp_group, num_heads=spec.heads)
         loss = factory.cross_entropy
     if factory is None:
-        from pipewright.models.gpt import default_linear_factory
-
         factory = default_linear_factory
     work = [(b, lt) for b in options.microbatch_sizes for lt in LAYER_TYPES]
     bar = None
     if rank == 0 and options.progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=len(work) + len(options.microbatch_sizes), desc="profile", unit="measurement")
+        bar = tqdm(total=options.steps, desc="profile", unit="measurement")
     rows: list[ProfileRow] = []
     if rank < computing:
         torch.manual_seed(0)
@@ -269,16 +338,29 @@ def _worker(rank: int, options: ProfileOptions) -> tuple[list[ProfileRow], dict[
                 bar.set_postfix(b=b, layer=lt)
                 bar.update(1)
     dist.barrier()
+    # with a contention count, processes 2..N-1 compute while the message is timed (the run's load)
+    loaded = range(2, options.contention)
     for b in options.microbatch_sizes:
         elems = b * spec.seq_len * spec.hidden
+        bench = _LayerBench("layer", spec, b, torch.device("cpu"), default_linear_factory, loss_fn, "sgd")
+        between = bench.forward if device.type == "cpu" else (lambda: None)
         if rank < 2:
-            seconds = _message_time(1 - rank, elems, max(options.repeats, 50), 10, rank == 0)
-            rows.append(ProfileRow("layer", b, MESSAGE, seconds, float(elems * 4)))
+            seconds = _message_time(1 - rank, elems, max(options.repeats, 50), 10, rank == 0, between)
+            if rank == 0:
+                rows.append(ProfileRow("layer", b, MESSAGE, seconds, float(elems * 4)))
+            if rank == 0 and loaded:
+                dist.distributed_c10d._get_default_store().set(f"profile-message-{b}", "done")
+        elif rank in loaded:
+            _busy_until_told(bench, f"profile-message-{b}")
         if bar is not None:
             bar.update(1)
+    meta = options.meta()
+    if options.contention:
+        curve = _contention_curve(rank, options, bar)
+        meta["contention"] = ",".join(f"{x:.4f}" for x in curve)
     if bar is not None:
         bar.close()
-    return (rows, options.meta()) if rank == 0 else None
+    return (rows, meta) if rank == 0 else None
 
 
 def profile_model(options: ProfileOptions) -> tuple[list[ProfileRow], dict[str, object]]:

@@ -54,6 +54,7 @@ from pipewright.runtime.tensor_parallel import (
     tp_linear_factory,
 )
 from pipewright.runtime.timeline import gather_timeline
+from pipewright.runtime.wgrad import linear_factory_for
 from pipewright.schedules import build_schedule
 from pipewright.schedules.registry import check_args
 from pipewright.timeline import Timeline
@@ -221,7 +222,7 @@ class Trainer:
         self.device = self.mesh.device
         self.dataset = open_dataset(c.data, tokenizer=c.tokenizer, progress=False)
         self.schedule = run.schedule
-        factory, self.loss_fn = None, loss_fn
+        factory, self.loss_fn = linear_factory_for(run.schedule), loss_fn
         self.sequence_parallel = c.sequence_parallel and self.mesh.tp > 1
         if self.mesh.tp > 1:  # Megatron's column/row-parallel linears, vocabulary-parallel embedding and loss
             factory = tp_linear_factory(

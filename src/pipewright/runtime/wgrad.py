@@ -25,6 +25,9 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from pipewright.ir import I, Schedule, W
+from pipewright.models.gpt import LinearFactory, default_linear_factory, plain_linear_factory
+
 
 class WeightGradStore:
     """Deferred weight-gradient work, grouped by key (the microbatch)."""
@@ -39,6 +42,9 @@ class WeightGradStore:
 
     def __len__(self) -> int:
         return sum(len(v) for v in self._pending.values())
+
+    def __bool__(self) -> bool:
+        return True  # a store is a store even when empty (``store or default`` must not skip it)
 
     def keys(self) -> list[Hashable]:
         return list(self._pending)
@@ -65,6 +71,8 @@ def _accumulate_weight_grads(layer: nn.Linear, x: torch.Tensor, grad_out: torch.
     """``W.grad += (∂L/∂y)ᵀ x`` and ``b.grad += Σ ∂L/∂y``, the weight product fused into the
     accumulation (one GEMM with β = 1, ``addmm_``) so no separate gradient tensor is written and re-read."""
     weight, bias = layer.weight, layer.bias
+    if not weight.requires_grad:
+        return  # a frozen layer (its bias is frozen with it)
     if weight.grad is None or weight.grad.dtype != grad_out.dtype or not weight.grad.is_contiguous():
         grad_w, grad_b = _weight_grads(x, grad_out, bias is not None)
         _accumulate(weight, grad_w)
@@ -118,11 +126,28 @@ class DeferrableLinear(nn.Linear):
         return _LinearFn.apply(x, self.weight, self.bias, self)
 
 
+class AccumulateNow(WeightGradStore):
+    """The "store" of a full backward (B): ``put`` accumulates ``W.grad += (∂L/∂y)ᵀ x`` at once, fused
+    into one GEMM (``addmm_``), instead of returning ∂L/∂W to autograd, which would write a new tensor
+    and then add it into ``.grad`` (Megatron-LM's gradient-accumulation fusion does the same, into its
+    ``main_grad``). Gradients are only ever accumulated into ``.grad``: use it where the caller runs
+    ``torch.autograd.backward``, not ``torch.autograd.grad``."""
+
+    def put(self, key: Hashable, layer: DeferrableLinear, x: torch.Tensor, grad_out: torch.Tensor) -> None:
+        with torch.no_grad():
+            _accumulate_weight_grads(layer, x, grad_out)
+
+
+def deferrable_layers(*modules: nn.Module) -> list[nn.Module]:
+    """The layers inside ``modules`` that follow the deferral protocol (DeferrableLinear and the
+    tensor-parallel linear layers): find them once, switch them per backward with :func:`deferring`."""
+    return [m for module in modules for m in module.modules() if hasattr(m, "_defer")]
+
+
 @contextmanager
-def defer_weight_grads(store: WeightGradStore, *modules: nn.Module, key: Hashable = None) -> Iterator[None]:
-    """While active, backward through any DeferrableLinear inside ``modules`` defers its weight and
-    bias gradients to ``store`` under ``key`` (run the backward inside the ``with`` block)."""
-    layers = [m for module in modules for m in module.modules() if hasattr(m, "_defer")]  # + tensor_parallel
+def deferring(layers: list[nn.Module], store: WeightGradStore, key: Hashable = None) -> Iterator[None]:
+    """While active, the backward of ``layers`` hands its weight-gradient work to ``store`` under
+    ``key`` (``store.put``)."""
     previous = [layer._defer for layer in layers]
     for layer in layers:
         layer._defer = (store, key)
@@ -131,3 +156,22 @@ def defer_weight_grads(store: WeightGradStore, *modules: nn.Module, key: Hashabl
     finally:
         for layer, prev in zip(layers, previous, strict=True):
             layer._defer = prev
+
+
+def defer_weight_grads(store: WeightGradStore, *modules: nn.Module, key: Hashable = None):
+    """While active, backward through any DeferrableLinear inside ``modules`` defers its weight and
+    bias gradients to ``store`` under ``key`` (run the backward inside the ``with`` block)."""
+    return deferring(deferrable_layers(*modules), store, key)
+
+
+def splits_backward(schedule: Schedule) -> bool:
+    """True when ``schedule`` runs input- and weight-gradient passes (I / W) as separate actions."""
+    return any(a.kind in (I, W) for row in schedule.actions for a in row)
+
+
+def linear_factory_for(schedule: Schedule) -> LinearFactory:
+    """The linear layers a schedule's stages need: :class:`DeferrableLinear` when it splits the backward
+    (its W pass and the fused weight-gradient accumulation), else ``nn.Linear`` — PyTorch's C++ autograd
+    node costs fewer Python calls per layer than an ``autograd.Function``, which is what a small,
+    overhead-bound model pays for (``benchmarks/bench_vs_torch.py``)."""
+    return default_linear_factory if splits_backward(schedule) else plain_linear_factory

@@ -40,6 +40,7 @@ from pipewright.errors import PipewrightError
 from pipewright.ir import Action, KindSpec, Schedule
 from pipewright.passes.lower import lower
 from pipewright.sim.memory import peak_from_deltas
+from pipewright.sim.sharing import SharedCompute, run_iteration_shared
 from pipewright.timeline import Span, Timeline
 
 # Action modes in the compiled program.
@@ -255,9 +256,13 @@ def simulate(
     comm: CommModel | None = None,
     iterations: int = 1,
     step_barrier: bool = True,
+    shared: SharedCompute | None = None,
 ) -> SimResult:
     """Simulate ``iterations`` training iterations of ``schedule`` (lowered first if needed).
 
+    ``shared``: ranks that share compute units (:mod:`pipewright.sim.sharing`, processor sharing);
+    then a compute action lasts longer than its cost while its host is oversubscribed, and
+    ``busy[r]`` is the time rank r spent computing in the last iteration (not the sum of costs).
     The schedule is not validated here (the CLI validates); a schedule that cannot finish is reported
     with the validator's message.
     """
@@ -273,7 +278,12 @@ def simulate(
     all_ends: list[list[float]] = []
     iteration_ends: list[float] = []
     for _ in range(iterations):
-        starts, ends = _run_iteration(sched, prog, clock, coll_free, link_free)
+        if shared is None:
+            starts, ends = _run_iteration(sched, prog, clock, coll_free, link_free)
+        else:
+            starts, ends, positions = run_iteration_shared(prog, clock, coll_free, link_free, shared)
+            if any(p < len(row) for p, row in zip(positions, sched.actions, strict=True)):
+                _report_deadlock(sched, list(positions))
         all_starts.append(starts)
         all_ends.append(ends)
         end = max(max(ends, default=0.0), max(clock, default=0.0))
@@ -284,14 +294,15 @@ def simulate(
         period = (iteration_ends[-1] - iteration_ends[0]) / (iterations - 1)
     else:
         period = iteration_ends[0]
+    busy = prog.busy if shared is None else _computing_time(prog, all_starts[-1], all_ends[-1])
     return SimResult(
         schedule=sched,
         iterations=iterations,
         step_barrier=step_barrier,
         iteration_time=period,
         iteration_ends=tuple(iteration_ends),
-        busy=tuple(prog.busy),
-        bubble=tuple(period - b for b in prog.busy),
+        busy=tuple(busy),
+        bubble=tuple(period - b for b in busy),
         peak_memory=tuple(prog.peak_memory),
         flops=prog.flops,
         model_flops=prog.model_flops,
@@ -361,6 +372,15 @@ def _run_iteration(
         _report_deadlock(sched, [ptr[r] - offsets[r] for r in range(len(clock))])
     ends.pop()
     return starts, ends
+
+
+def _computing_time(prog: _Program, starts: list[float], ends: list[float]) -> list[float]:
+    """Per rank, the wall time its compute actions occupied (their spans, stretched by sharing)."""
+    out = []
+    for r in range(len(prog.offsets) - 1):
+        span = range(prog.offsets[r], prog.offsets[r + 1])
+        out.append(sum(ends[g] - starts[g] for g in span if prog.modes[g] == _COMPUTE))
+    return out
 
 
 def _report_deadlock(sched: Schedule, positions: list[int]) -> None:
