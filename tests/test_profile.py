@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from pipewright.cli import main
 from pipewright.cost.profiled import ProfiledCost, read_profile_csv
@@ -17,6 +18,7 @@ from pipewright.data.tokens import write_tokens
 from pipewright.ir import STEP, B, F, I, W
 from pipewright.models.gpt import Block, Embedding, Head, plain_linear_factory
 from pipewright.models.presets import resolve_model
+from pipewright.runtime.compare import usable_cores
 
 DIMS = ["--model", "gpt-tiny", "--layers", "2", "--hidden", "32", "--heads", "4", "--seq-len", "16"]
 MB = 2
@@ -103,6 +105,9 @@ def test_compare_sim_writes_both_numbers(profile, data, tmp_path, capsys):
     assert (out / "compare.png").stat().st_size > 0
     printed = capsys.readouterr().out
     assert "measured/predicted" in printed and "bubble fraction" in printed
+    if not torch.cuda.is_available():  # the profile has a contention curve: the cores are shared
+        assert report["predicted"]["core_sharing"] == [float(usable_cores())]
+        assert "processes sharing" in printed
 
 
 def _error(capsys, argv: list[str]) -> str:

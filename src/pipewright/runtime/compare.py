@@ -321,6 +321,12 @@ def summary(report: dict[str, Any]) -> str:
         f"predicted {p['step_time_s'] * 1e3:.1f} ms (pipeline {p['pipeline_time_s'] * 1e3:.1f} + optimizer "
         f"{p['optimizer_time_s'] * 1e3:.1f}); measured/predicted {report['ratio']:.3f}\n"
         f"bubble fraction: measured {bubble}, predicted {p['bubble_fraction']:.3f}"
+        + (
+            f"\npredicted with the {report['pp'] * report['dp'] * report['tp']} processes sharing "
+            f"{p['core_sharing'][0]:g} CPU cores"
+            if p.get("core_sharing")
+            else ""
+        )
         + "".join(
             f"\n{kind} actions took {ratio:.2f}x their profiled time"
             for kind, ratio in report.get("compute_ratio", {}).items()
