@@ -1,15 +1,20 @@
 """Processor sharing (``pipewright.sim.sharing``): with a unit per rank it is the default simulator
 exactly; one shared unit is work-conserving (makespan = total compute); a measured slowdown curve gives
-the hand-computed times; the optimizer step's makespan; the run's sharing from its profile."""
+the hand-computed times; the optimizer step's makespan; the run's sharing from its profile;
+``pipewright simulate --profile --cores``."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from _unit_makespan import ConstComm
+from pipewright.cli import main
 from pipewright.cost import UnitCost
+from pipewright.cost.profiled import LAYER_TYPES, ProfiledComm, ProfiledCost, ProfileRow, write_profile_csv
 from pipewright.errors import PipewrightError
 from pipewright.runtime.compare import host_sharing, profile_workers
 from pipewright.runtime.config import TrainConfig
@@ -125,3 +130,58 @@ def test_the_runs_sharing_comes_from_its_profile() -> None:
     assert profile_workers(TrainConfig(pp=2), cores=8) == 2
     assert profile_workers(TrainConfig(pp=2, tp=2, dp=2), cores=6) == 6
     assert profile_workers(TrainConfig(pp=2, tp=4), cores=2) == 4  # at least one tp group
+
+
+def _profile(path, contention: str | None = None) -> ProfiledCost:
+    """A synthetic profile: per layer F = 1, B = 2, I = W = 1 ms; embedding/output 0.5 ms each kind."""
+    base = {"embedding": 5e-4, "layer": 1e-3, "output": 5e-4}
+    rows = [ProfileRow(lt, 2, k, base[lt] * (2 if k == "B" else 1)) for lt in LAYER_TYPES for k in "FBIW"]
+    rows += [ProfileRow(lt, 2, "PARAMS", 0.0, 1e6) for lt in LAYER_TYPES]
+    rows += [ProfileRow(lt, 2, "STEP", 1e-4) for lt in LAYER_TYPES]
+    rows.append(ProfileRow("layer", 2, "MESSAGE", 2e-4, 65536.0))
+    meta = {"layers": 8, "tp": 1, "workers": 2} | ({"contention": contention} if contention else {})
+    path.write_text(write_profile_csv(rows, meta))
+    return ProfiledCost(tuple(rows), 2, 8, meta={k: str(v) for k, v in meta.items()})
+
+
+def _simulate_json(capsys, argv: list[str]) -> dict:
+    assert main(["simulate", *argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_cli_simulate_with_a_profile_and_shared_cores(tmp_path, capsys) -> None:
+    path = tmp_path / "p.csv"
+    cost = _profile(path, contention="1.0,1.1,1.65,2.2")
+    sched = build_schedule("1f1b", 4, 8)
+    comm = ProfiledComm.from_cost(cost)
+    args = ["--schedule", "1f1b", "--stages", "4", "--microbatches", "8", "--profile", str(path)]
+    plain = _simulate_json(capsys, args)
+    assert plain["iteration_time_s"] == pytest.approx(simulate(sched, cost, comm=comm).iteration_time)
+    shared = _simulate_json(capsys, [*args, "--cores", "2"])
+    curve = SharedCompute.from_profile(4, 2, cost.meta)
+    assert curve.slowdown == pytest.approx((1 / 1.1, 1.0, 1.5, 2.0))  # relative to its 2 workers
+    want = simulate(sched, cost, comm=comm, shared=curve).iteration_time
+    assert shared["iteration_time_s"] == pytest.approx(want)
+    assert shared["iteration_time_s"] > plain["iteration_time_s"]  # four ranks on two cores
+    # unit costs on one core: the total work, 4 ranks x 8 microbatches x (F 1 + B 2)
+    unit = ["--schedule", "1f1b", "--stages", "4", "--microbatches", "8", "--cores", "1"]
+    one = _simulate_json(capsys, unit)
+    assert one["iteration_time_s"] == pytest.approx(96)
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--profile", "missing.csv"], "does not exist"),
+        (["--profile", "P", "--model", "gpt"], "give one of --cost unit, --model, --profile"),
+        (["--cores", "0"], "--cores must be positive"),
+    ],
+)
+def test_cli_simulate_profile_errors(extra, message, tmp_path, capsys) -> None:
+    path = tmp_path / "p.csv"
+    _profile(path)
+    extra = [str(path) if x == "P" else x for x in extra]
+    argv = ["simulate", "--schedule", "1f1b", "--stages", "2", "--microbatches", "4", *extra]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1

@@ -45,6 +45,7 @@ class _Setup:
     peak_flops: float | None
     memory_limit: float | None
     label: str
+    unit: bool = False  # times in unit costs (else seconds)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -52,7 +53,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "simulate",
         help="predict the timeline, iteration time, bubble and memory of a pipeline schedule",
         description="Either --schedule with --stages/--microbatches and --cost unit, or --model on a "
-        "cluster (--gpu, --nodes, --gpus-per-node, --tp/--pp/--dp, batch sizes).",
+        "cluster (--gpu, --nodes, --gpus-per-node, --tp/--pp/--dp, batch sizes), or --profile FILE "
+        "(measured costs from `pipewright profile`). --cores N: the ranks share N CPU cores.",
     )
     parser.add_argument(
         "--schedule", required=True, help=f"schedule name ({', '.join(schedule_names())}) or CSV file"
@@ -66,6 +68,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="unit: F=1, B=2, I=W=1 per chunk-microbatch, free communication",
     )
+    parser.add_argument(
+        "--profile",
+        help="measured costs: a `pipewright profile` file (with --schedule, --stages, --microbatches; "
+        "--microbatch-size and --layers default to the profile's)",
+    )
+    parser.add_argument(
+        "--cores",
+        type=float,
+        default=None,
+        help="the ranks (× tp × dp processes) share this many CPU cores: processor sharing, with the "
+        "profile's contention curve when it has one",
+    )
     model = parser.add_argument_group("model on a cluster")
     model.add_argument("--model", help="preset (gpt3-175b, gpt-tiny, …) or family (gpt, bert)")
     for dim in _DIMS:
@@ -76,7 +90,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     model.add_argument("--tp", type=int, default=1, help="tensor-parallel size t")
     model.add_argument("--pp", type=int, default=None, help="pipeline-parallel size p")
     model.add_argument("--dp", type=int, default=1, help="data-parallel size d")
-    model.add_argument("--microbatch-size", type=int, default=1)
+    model.add_argument(
+        "--microbatch-size", type=int, default=None, help="sequences per microbatch (default 1)"
+    )
     model.add_argument("--global-batch-size", type=int, default=None)
     model.add_argument("--recompute", choices=["full", "none"], default="none")
     model.add_argument("--dtype", help="compute dtype (default: bf16 where the GPU has it, else fp16)")
@@ -106,7 +122,50 @@ def _unit_setup(args: argparse.Namespace) -> _Setup:
     sched = _load_schedule(args.schedule, args.stages, args.microbatches, args.virtual)
     # activation 1/v per chunk-microbatch: peak memory reads in microbatches of a rank's layers
     cost = _UnitWork(per_chunk=True, activation=1 / sched.chunks_per_rank)
-    return _Setup(sched, cost, FreeComm(), 1, _UNIT_PEAK, None, "cost unit")
+    return _Setup(sched, cost, FreeComm(), 1, _UNIT_PEAK, None, "cost unit", unit=True)
+
+
+def _profile_setup(args: argparse.Namespace) -> _Setup:
+    """Measured costs: ProfiledCost and ProfiledComm from a ``pipewright profile`` file."""
+    from pipewright.cost.comm import Mesh, TopologyComm
+    from pipewright.cost.profiled import ProfiledComm, ProfiledCost, load_profile
+    from pipewright.passes.grad_reduce import add_grad_reduction
+    from pipewright.topology import single_host
+
+    path = Path(args.profile)
+    rows, meta = load_profile(path)
+    sizes = sorted({r.microbatch_size for r in rows})
+    b = args.microbatch_size or (sizes[0] if sizes else 1)
+    layers = args.layers or int(meta.get("layers", "0") or 0)
+    if layers < 1:
+        raise ConfigError(f"profile {path} does not name its layer count; give --layers")
+    p = args.pp if args.pp is not None else args.stages
+    sched = _load_schedule(args.schedule, p, args.microbatches, args.virtual)
+    tp, dp = int(meta.get("tp", "1")), args.dp
+    if dp > 1:
+        sched = add_grad_reduction(sched)
+    cost = ProfiledCost(rows, b, layers, meta=meta)
+    world = tp * sched.num_ranks * dp
+    comm = ProfiledComm.from_cost(
+        cost, TopologyComm(single_host(world), Mesh(tp=tp, pp=sched.num_ranks, dp=dp))
+    )
+    label = f"profile {path.name} (b={b}, {layers} layers, t={tp}, d={dp})"
+    return _Setup(sched, cost, comm, 1, None, None, label)
+
+
+def _sharing(args: argparse.Namespace, setup: _Setup):
+    """``--cores N``: every rank on one host of N cores (the profile's contention curve if any)."""
+    if args.cores is None:
+        return None
+    from pipewright.sim.sharing import SharedCompute
+
+    if args.cores <= 0:
+        raise ConfigError(f"--cores must be positive (got {args.cores:g})")
+    meta = getattr(setup.cost, "meta", {}) or {}
+    tp = int(meta.get("tp", "1")) if args.profile else args.tp
+    return SharedCompute.from_profile(
+        setup.schedule.num_ranks, args.cores, meta, processes_per_rank=tp * args.dp
+    )
 
 
 def _model_setup(args: argparse.Namespace) -> _Setup:
@@ -138,7 +197,7 @@ def _model_setup(args: argparse.Namespace) -> _Setup:
             f"--tp {t} × --pp {p} × --dp {d} = {t * p * d} devices, but the cluster has {devices}; "
             "make the product equal the number of GPUs"
         )
-    b = args.microbatch_size
+    b = args.microbatch_size or 1
     if args.global_batch_size is not None:
         if args.global_batch_size % (b * d):
             raise ConfigError(
@@ -167,17 +226,25 @@ def _model_setup(args: argparse.Namespace) -> _Setup:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.model is None and args.cost is None:
-        args.cost = "unit"
-    if args.model is not None and args.cost is not None:
-        raise ConfigError("give either --cost unit or --model, not both")
-    setup = _unit_setup(args) if args.model is None else _model_setup(args)
+    given = [
+        flag
+        for flag, value in (("--cost unit", args.cost), ("--model", args.model), ("--profile", args.profile))
+        if value
+    ]
+    if len(given) > 1:
+        raise ConfigError(f"give one of --cost unit, --model, --profile (got {' and '.join(given)})")
+    if args.profile is not None:
+        setup = _profile_setup(args)
+    else:
+        setup = _unit_setup(args) if args.model is None else _model_setup(args)
+    shared = _sharing(args, setup)
     result = simulate(
         setup.schedule,
         setup.cost,
         comm=setup.comm,
         iterations=args.iterations,
         step_barrier=not args.no_step_barrier,
+        shared=shared,
     )
     report = metrics(
         result,
@@ -186,19 +253,20 @@ def run(args: argparse.Namespace) -> int:
         memory_limit=setup.memory_limit,
         enforce=args.enforce_memory,
     )
+    label = setup.label + ("" if shared is None else f", sharing {args.cores:g} cores")
     if args.png or args.trace:
         from pipewright.viz import draw_timeline, write_trace
 
         if args.png:
-            title = f"{result.schedule.name}, {setup.label}"
-            xlabel = "time (unit costs)" if args.model is None else "time (s)"
+            title = f"{result.schedule.name}, {label}"
+            xlabel = "time (unit costs)" if setup.unit else "time (s)"
             draw_timeline(result.timeline, args.png, titles=[title], xlabel=xlabel)
         if args.trace:
             write_trace(result.timeline, args.trace)
     if args.json:
         print(json.dumps(report, indent=2))
     else:
-        print(_summary(report, setup.label, unit=args.model is None))
+        print(_summary(report, label, unit=setup.unit))
         for path in (args.png, args.trace):
             if path:
                 print(f"wrote {path}")
@@ -219,7 +287,9 @@ def _summary(report: dict, label: str, unit: bool) -> str:
         f"iteration time      {t(report['iteration_time_s'])}",
         f"bubble fraction     {report['bubble_fraction']:.4f}",
         f"TFLOP/s per device  {report['tflops_per_device']:.4g}"
-        + ("  (unit costs: busy fraction)" if unit else ""),
+        + ("  (unit costs: busy fraction)" if unit else "")
+        if report["tflops_per_device"] or unit
+        else "TFLOP/s per device  n/a (the costs carry no FLOPs)",
         f"MFU                 {mfu}",
     ]
     mem = report["memory"]

@@ -314,3 +314,14 @@ class ProfiledComm:
 
     def collective_time(self, kind: str, rank: int, nbytes: float) -> float:
         return 0.0 if self.collectives is None else self.collectives.collective_time(kind, rank, nbytes)
+
+
+def load_profile(path: str | Path) -> tuple[tuple[ProfileRow, ...], dict[str, str]]:
+    """Rows and header of a profile CSV or JSON file (one-line ConfigError when missing or malformed)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(
+            f"profile file {path} does not exist; write one with `pipewright profile --out {path}`"
+        )
+    text = path.read_text()
+    return ProfiledCost.parse_json(text) if path.suffix == ".json" else read_profile_csv(text)

@@ -37,7 +37,7 @@ from pipewright.cost.profiled import (
     ProfiledComm,
     ProfiledCost,
     ProfileRow,
-    read_profile_csv,
+    load_profile,
     write_profile_csv,
 )
 from pipewright.errors import ConfigError
@@ -64,17 +64,6 @@ class ComparePlan:
     rows: tuple[ProfileRow, ...]
     meta: dict[str, str] = field(default_factory=dict)
     source: str | None = None
-
-
-def load_profile(path: str | Path) -> tuple[tuple[ProfileRow, ...], dict[str, str]]:
-    """Rows and header of a profile CSV or JSON file (one-line ConfigError when missing or malformed)."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(
-            f"profile file {path} does not exist; write one with `pipewright profile --out {path}`"
-        )
-    text = path.read_text()
-    return ProfiledCost.parse_json(text) if path.suffix == ".json" else read_profile_csv(text)
 
 
 def plan_comparison(config: TrainConfig, profile: str | None = None, *, progress: bool = True) -> ComparePlan:
@@ -137,15 +126,9 @@ def host_sharing(
         return None
     cores = usable_cores() if cores is None else cores
     meta = meta or {}
-    slowdown = None
-    if meta.get("contention"):
-        curve = [float(x) for x in meta["contention"].split(",")]
-        measured_under = int(meta.get("workers", "1"))
-        ref = curve[min(measured_under, len(curve)) - 1]
-        slowdown = tuple(x / ref for x in curve)
-    elif config.world_size <= cores:
+    if not meta.get("contention") and config.world_size <= cores:
         return None
-    return SharedCompute.one_host(config.pp, cores, slowdown, processes_per_rank=config.tp * config.dp)
+    return SharedCompute.from_profile(config.pp, cores, meta, processes_per_rank=config.tp * config.dp)
 
 
 def profile_workers(config: TrainConfig, cores: int | None = None) -> int:

@@ -26,7 +26,7 @@ engine's times (tested). Transfers and collectives keep their costs (the network
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pipewright.errors import PipewrightError
@@ -85,6 +85,30 @@ class SharedCompute:
     ) -> SharedCompute:
         """All ``num_ranks`` ranks on one host with ``units`` compute units."""
         return cls((tuple(range(num_ranks)),), (float(units),), slowdown, processes_per_rank)
+
+    @classmethod
+    def from_profile(
+        cls,
+        num_ranks: int,
+        cores: float,
+        meta: Mapping[str, str],
+        processes_per_rank: int = 1,
+    ) -> SharedCompute:
+        """All ranks on one host of ``cores`` cores, with the contention curve of a profile's header
+        (``contention=s(1),…`` measured by ``pipewright profile --contention``) taken relative to the
+        ``workers`` busy processes the profile's times were measured under; ideal sharing without one."""
+        slowdown = None
+        if meta.get("contention"):
+            try:
+                curve = [float(x) for x in str(meta["contention"]).split(",")]
+                measured_under = int(meta.get("workers", "1"))
+            except ValueError:
+                raise PipewrightError(
+                    f"bad contention curve in the profile: {meta['contention']!r}"
+                ) from None
+            ref = curve[min(max(measured_under, 1), len(curve)) - 1]
+            slowdown = tuple(x / ref for x in curve)
+        return cls.one_host(num_ranks, cores, slowdown, processes_per_rank)
 
     def host_of(self, num_ranks: int) -> list[int]:
         """Host index per rank (ranks in no host get a host of their own, index ≥ len(hosts))."""
