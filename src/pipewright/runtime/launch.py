@@ -85,6 +85,8 @@ def _worker(
         result = fn(rank, *args)
         with open(Path(result_dir) / f"{rank}.pkl", "wb") as f:
             pickle.dump(result, f)
+        # Nobody tears down the group (rank 0 hosts the store) while a peer may still be talking to it.
+        dist.barrier()
     except BaseException as e:
         # Stamp the failure so the parent can report the first one, not its peers' "connection reset".
         last = (f"{type(e).__name__}: {e}".splitlines() or [""])[0]
