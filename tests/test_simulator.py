@@ -21,6 +21,7 @@ from pipewright.ir import F, KindSpec, Schedule, loop_placement, peak_in_flight
 from pipewright.schedules import build_schedule, info, schedule_names
 from pipewright.sim import MemoryLimitError, metrics, simulate
 from pipewright.sim.memory import peak_memory
+from pipewright.sim.sharing import SharedCompute
 from pipewright.timeline import Timeline
 from pipewright.viz import draw_timeline, write_trace
 from pipewright.viz.trace import trace_events
@@ -175,6 +176,8 @@ def test_a_deadlocked_schedule_is_reported_by_the_validator() -> None:
     sched = _literal(["0F0 0B0 0F1 0B1", "1F1 1B1 1F0 1B0"], 2, 2)
     with pytest.raises(ValidationError, match="deadlock"):
         simulate(sched, UnitCost())
+    with pytest.raises(ValidationError, match="deadlock"):  # the time-ordered loop of shared cores too
+        simulate(sched, UnitCost(), shared=SharedCompute.one_host(2, 1))
     with pytest.raises(PipewrightError, match="iterations"):
         simulate(build_schedule("1f1b", 2, 2), UnitCost(), iterations=0)
 

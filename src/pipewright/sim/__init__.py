@@ -2,5 +2,6 @@
 
 from pipewright.sim.engine import SimResult, SimulationError, simulate
 from pipewright.sim.metrics import MemoryLimitError, metrics
+from pipewright.sim.sharing import SharedCompute
 
-__all__ = ["MemoryLimitError", "SimResult", "SimulationError", "metrics", "simulate"]
+__all__ = ["MemoryLimitError", "SharedCompute", "SimResult", "SimulationError", "metrics", "simulate"]
