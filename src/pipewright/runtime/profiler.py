@@ -4,10 +4,12 @@ For each microbatch size b and layer type — ``embedding`` (token + position em
 transformer layer, :class:`~pipewright.models.gpt.Block`), ``output`` (final LayerNorm, output layer and
 the cross-entropy loss) — built from :mod:`pipewright.models.gpt` exactly as the trainer builds them:
 
-- **F**: the forward (for ``output`` including the loss);
-- **B**: a full backward (input and weight gradients);
+- **F**: the forward (for ``output`` including the loss) and **B**: a full backward (input and weight
+  gradients), on the layers a schedule without a split backward trains with (``nn.Linear``; with
+  tp > 1 the tensor-parallel layers);
 - **I**: the backward with weight gradients deferred (:func:`~pipewright.runtime.wgrad.deferring`),
-  **W**: the flush of the deferred weight gradients — the split the zero-bubble schedules run;
+  **W**: the flush of the deferred weight gradients — the split the zero-bubble schedules run, on
+  ``DeferrableLinear`` layers with the same weights;
 - **STEP**: the optimizer step (and gradient-norm computation) over the layer type's parameters;
 - F's ``bytes``: the activation memory the forward keeps for its backward (tensors autograd saves);
 - **PARAMS** ``bytes``: the layer type's parameter bytes (= its gradient bytes);
@@ -54,7 +56,15 @@ from pipewright.cost.profiled import (
 )
 from pipewright.errors import ConfigError
 from pipewright.ir import STEP, B, F, I, W
-from pipewright.models.gpt import Block, Embedding, Head, default_linear_factory, layer_generator, loss_fn
+from pipewright.models.gpt import (
+    Block,
+    Embedding,
+    Head,
+    default_linear_factory,
+    layer_generator,
+    loss_fn,
+    plain_linear_factory,
+)
 from pipewright.models.spec import ModelSpec
 from pipewright.optim import build_optimizer
 from pipewright.runtime.launch import spawn
@@ -151,26 +161,44 @@ def _count_saved_bytes(box: list[int]):
         yield
 
 
+def _layer_module(layer_type: str, spec: ModelSpec, factory) -> nn.Module:
+    if layer_type == "embedding":
+        return Embedding(spec)
+    return Block(spec, factory) if layer_type == "layer" else Head(spec, factory)
+
+
 class _LayerBench:
-    """One layer type's module with its input, target and output gradient, and the measurements."""
+    """One layer type's module with its input, target and output gradient, and the measurements.
+
+    ``factory`` builds the layers the split backward runs on (I, W); ``full_factory`` (default: the
+    same) the layers a schedule without a split backward trains with — ``nn.Linear`` in the trainer
+    (``wgrad.linear_factory_for``) — on which F and B are measured. Both hold the same weights."""
 
     def __init__(
-        self, layer_type: str, spec: ModelSpec, b: int, device: torch.device, factory, loss, optimizer: str
+        self,
+        layer_type: str,
+        spec: ModelSpec,
+        b: int,
+        device: torch.device,
+        factory,
+        loss,
+        optimizer: str,
+        full_factory=None,
     ) -> None:
         self.layer_type, self.device, self.loss = layer_type, device, loss
         gen = layer_generator(0, layer_type)
         s, h = spec.seq_len, spec.hidden
-        if layer_type == "embedding":
-            self.module: nn.Module = Embedding(spec)
-            self.x = torch.randint(0, spec.vocab, (b, s), generator=gen)
-        elif layer_type == "layer":
-            self.module = Block(spec, factory)
-            self.x = torch.randn(b, s, h, generator=gen)
-        else:
-            self.module = Head(spec, factory)
-            self.x = torch.randn(b, s, h, generator=gen)
+        self.module = _layer_module(layer_type, spec, factory)
         self.module.reset_parameters(spec, gen)
         self.module.to(device)
+        self.full = self.module
+        if full_factory is not None and full_factory is not factory:
+            self.full = _layer_module(layer_type, spec, full_factory).to(device)
+            self.full.load_state_dict(self.module.state_dict())
+        if layer_type == "embedding":
+            self.x = torch.randint(0, spec.vocab, (b, s), generator=gen)
+        else:
+            self.x = torch.randn(b, s, h, generator=gen)
         self.x = self.x.to(device)
         self.target = torch.randint(0, spec.vocab, (b, s), generator=gen).to(device)
         self.grad = torch.randn(b, s, h, generator=gen).to(device)
@@ -179,19 +207,25 @@ class _LayerBench:
         self.store = WeightGradStore()
         self.accumulate = AccumulateNow()
         self.layers = deferrable_layers(self.module)
+        self.full_layers = deferrable_layers(self.full)
         self.out: torch.Tensor | None = None
 
-    def forward(self) -> None:
+    def forward(self, split: bool = False) -> None:
+        """F on the full-backward layers, or (``split``) on the split-backward ones, ahead of an I."""
         x = self.x if self.layer_type == "embedding" else self.x.detach().requires_grad_()
-        out = self.module(x)
+        out = (self.module if split else self.full)(x)
         self.out = self.loss(out, self.target) if self.layer_type == "output" else out
 
     def backward(self, store: WeightGradStore | None = None) -> None:
-        """A full backward as the executor runs it (weight gradients fused into ``.grad``), or with
-        ``store`` the I pass (weight-gradient work handed to the store)."""
+        """A full backward as the executor runs it (weight gradients of deferrable layers fused into
+        ``.grad``), or with ``store`` the I pass (weight-gradient work handed to the store)."""
         grad = None if self.layer_type == "output" else self.grad
-        with deferring(self.layers, store or self.accumulate, 0):
-            torch.autograd.backward(self.out, grad)
+        if store is None:
+            with deferring(self.full_layers, self.accumulate, 0):
+                torch.autograd.backward(self.out, grad)
+        else:
+            with deferring(self.layers, store, 0):
+                torch.autograd.backward(self.out, grad)
         self.out = None
 
     def input_backward(self) -> None:
@@ -212,14 +246,15 @@ class _LayerBench:
         return box[0]
 
     def measure(self, b: int, repeats: int, warmup: int, sync: Callable[[], None]) -> list[ProfileRow]:
-        """F, B, I, W, STEP and the PARAMS row. One repeat runs F, B, F, I, W, STEP in turn (two F
-        samples per repeat), so every kind is sampled over the same stretch of time: on a shared
-        machine a burst of load then moves all of them alike instead of one kind's short window."""
+        """F, B, I, W, STEP and the PARAMS row. One repeat runs F, B (full-backward layers), F, I, W
+        (split-backward layers; this F is not recorded), STEP in turn, so every kind is sampled over
+        the same stretch of time: on a shared machine a burst of load then moves all of them alike
+        instead of one kind's short window."""
         samples: dict[str, list[float]] = {k: [] for k in KINDS}
         sequence = (
             (F, self.forward),
             (B, self.backward),
-            (F, self.forward),
+            (None, lambda: self.forward(split=True)),
             (I, self.input_backward),
             (W, self.weight_backward),
             (STEP, self.step),
@@ -230,7 +265,7 @@ class _LayerBench:
                 t0 = time.perf_counter()
                 fn()
                 sync()
-                if i >= warmup:
+                if i >= warmup and kind is not None:
                     samples[kind].append(time.perf_counter() - t0)
         times = {k: statistics.median(v) for k, v in samples.items()}
         lt = self.layer_type
@@ -320,8 +355,9 @@ def _worker(rank: int, options: ProfileOptions) -> tuple[list[ProfileRow], dict[
         tp_group = groups[rank // tp]
         factory = tp_linear_factory(tp_group, num_heads=spec.heads)
         loss = factory.cross_entropy
-    if factory is None:
-        factory = default_linear_factory
+    full_factory = None  # tensor-parallel layers serve both backward forms
+    if factory is None:  # as the trainer: nn.Linear without a split backward, DeferrableLinear with one
+        factory, full_factory = default_linear_factory, plain_linear_factory
     work = [(b, lt) for b in options.microbatch_sizes for lt in LAYER_TYPES]
     bar = None
     if rank == 0 and options.progress:
@@ -332,7 +368,7 @@ def _worker(rank: int, options: ProfileOptions) -> tuple[list[ProfileRow], dict[
     if rank < computing:
         torch.manual_seed(0)
         for b, lt in work:
-            bench = _LayerBench(lt, spec, b, device, factory, loss, options.optimizer)
+            bench = _LayerBench(lt, spec, b, device, factory, loss, options.optimizer, full_factory)
             rows += bench.measure(b, options.repeats, options.warmup, sync)
             if bar is not None:
                 bar.set_postfix(b=b, layer=lt)
