@@ -277,6 +277,12 @@ class _LayerBench:
         )
 
 
+def _cpu_layer(spec: ModelSpec, b: int) -> _LayerBench:
+    """A transformer layer on the CPU with ``nn.Linear``: the work the contention curve runs and the
+    message timing computes between exchanges."""
+    return _LayerBench("layer", spec, b, torch.device("cpu"), plain_linear_factory, loss_fn, "sgd")
+
+
 def _message_time(
     peer: int, elems: int, repeats: int, warmup: int, first: bool, between: Callable[[], None]
 ) -> float:
@@ -316,8 +322,7 @@ def _busy_until_told(bench: _LayerBench, key: str) -> None:
 
 def _contention_curve(rank: int, options: ProfileOptions, bar) -> list[float]:
     """``s(n) = T(n) / T(1)`` for n = 1..options.contention (module docstring); all ranks take part."""
-    b = options.microbatch_sizes[0]
-    bench = _LayerBench("layer", options.spec, b, torch.device("cpu"), default_linear_factory, loss_fn, "sgd")
+    bench = _cpu_layer(options.spec, options.microbatch_sizes[0])
     work = 5 * options.repeats
     for _ in range(options.warmup):
         bench.forward()
@@ -378,16 +383,17 @@ def _worker(rank: int, options: ProfileOptions) -> tuple[list[ProfileRow], dict[
     loaded = range(2, options.contention)
     for b in options.microbatch_sizes:
         elems = b * spec.seq_len * spec.hidden
-        bench = _LayerBench("layer", spec, b, torch.device("cpu"), default_linear_factory, loss_fn, "sgd")
-        between = bench.forward if device.type == "cpu" else (lambda: None)
         if rank < 2:
+            # only the sender computes between exchanges (the receiver waits blocked, as in a pipeline)
+            computes = rank == 0 and device.type == "cpu"
+            between = _cpu_layer(spec, b).forward if computes else (lambda: None)
             seconds = _message_time(1 - rank, elems, max(options.repeats, 50), 10, rank == 0, between)
             if rank == 0:
                 rows.append(ProfileRow("layer", b, MESSAGE, seconds, float(elems * 4)))
-            if rank == 0 and loaded:
-                dist.distributed_c10d._get_default_store().set(f"profile-message-{b}", "done")
+                if loaded:
+                    dist.distributed_c10d._get_default_store().set(f"profile-message-{b}", "done")
         elif rank in loaded:
-            _busy_until_told(bench, f"profile-message-{b}")
+            _busy_until_told(_cpu_layer(spec, b), f"profile-message-{b}")
         if bar is not None:
             bar.update(1)
     meta = options.meta()
