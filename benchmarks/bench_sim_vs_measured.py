@@ -3,13 +3,20 @@ ZB-H1 at p = 2 and p = 4 on this machine.
 
 Model: GPT, 8 layers, h = 256, 4 heads, FFN 1024, sequence 128, vocabulary 256 (bytes), microbatch
 size 2 — one layer's forward takes ≈ 5 ms on one CPU thread, so the executor's per-action overhead
-(≈ 0.1 ms) is small against compute. m = 8 microbatches, 12 training steps per case, measured = median
-step time of the last 8. Each case is profiled right before its run with as many measuring processes
-as the run has workers, at most one per core (``compare.profile_workers``); when the run has more workers
-than cores the prediction shares the cores among the pipeline ranks (processor sharing,
-``pipewright.sim.sharing``). Every case runs once per round; rounds repeat that (the machine is shared).
+(≈ 0.1 ms) is small against compute. m = 8 microbatches, 20 training steps per case (the first third
+is warm-up). Each case runs as ``pipewright train --compare-sim`` does: profiled in-process right
+before the run and again right after it, with as many measuring processes as the run has workers, at
+most one per core (``compare.profile_workers``), predicted from the mean of the two profiles
+(``compare.bracket_profile``); when the run has more workers than cores the prediction shares the
+cores among the pipeline ranks (processor sharing, ``pipewright.sim.sharing``). Measured: the median
+step after the first third.
 
-    PYTHONPATH=src python benchmarks/bench_sim_vs_measured.py [--rounds 2] [--steps 12] [--out DIR]
+This VM's speed shifts by up to ±25 % for seconds at a time, even with one process running (its host's
+load; a level shift in a step series, and between two profiles: ``profile_drift``), so one profile
+catches one moment while the run's median spans ~15 s: the two bracketing profiles average over the
+run's span. Every case runs once per round; rounds repeat that.
+
+    PYTHONPATH=src python benchmarks/bench_sim_vs_measured.py [--rounds 2] [--steps 20] [--out DIR]
         [--report-only]
 """
 
@@ -20,13 +27,12 @@ import json
 import os
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
-from pipewright.cost.profiled import write_profile_csv
-from pipewright.models.presets import resolve_model
-from pipewright.runtime.compare import compare_run, plan_comparison, profile_workers
+from pipewright.cost.profiled import load_profile, mean_profile
+from pipewright.runtime.compare import bracket_profile, compare_run, plan_comparison
 from pipewright.runtime.config import TrainConfig
-from pipewright.runtime.profiler import ProfileOptions, profile_model
 from pipewright.runtime.trainer import train
 
 MODEL = {"model": "gpt", "layers": 8, "hidden": 256, "heads": 4, "vocab": 256, "seq_len": 128}
@@ -53,21 +59,14 @@ def _config(schedule: str, pp: int, virtual: int | None, steps: int, out: Path) 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--out", default="runs/bench-sim-vs-measured")
-    parser.add_argument(
-        "--single-worker-profile",
-        dest="workers",
-        action="store_false",
-        help="profile with one measuring process (default: one per worker, at most one per core)",
-    )
     parser.add_argument(
         "--report-only", action="store_true", help="recompute the reports of the runs already in --out"
     )
     args = parser.parse_args()
     root = Path(args.out)
     root.mkdir(parents=True, exist_ok=True)
-    spec = resolve_model(MODEL["model"], **{k: v for k, v in MODEL.items() if k != "model"})
     results: dict[str, list[dict]] = {}
     for rnd in range(args.rounds):
         for schedule, pp, v in CASES:
@@ -75,25 +74,25 @@ def main() -> None:
             out = root / f"round{rnd}-{schedule}-p{pp}"
             out.mkdir(parents=True, exist_ok=True)
             t0 = time.perf_counter()
-            # profiled right before the run, with its workers' contention (at most one per core)
-            profile = out / "profile.csv"
             config = _config(schedule, pp, v, args.steps, out)
-            if not args.report_only:
-                workers = profile_workers(config) if args.workers else 1
-                options = ProfileOptions(
-                    spec, (2,), repeats=10, progress=False, workers=workers, contention=config.world_size
-                )
-                rows, meta = profile_model(options)
-                profile.write_text(write_profile_csv(rows, meta))
+            if args.report_only:  # the two profiles the run wrote, merged again
+                brackets = tuple(load_profile(out / f"profile-{w}.csv") for w in ("before", "after"))
+                plan = plan_comparison(config, str(out / "profile-before.csv"), progress=False)
+                rows, meta = mean_profile(brackets)
+                plan = replace(plan, rows=rows, meta=meta, brackets=brackets, source=None)
+            else:  # as `pipewright train --compare-sim`: profiled before and after the run
+                plan = plan_comparison(config, progress=False)
                 train(config)
                 (out / "load_average.txt").write_text(f"{os.getloadavg()[0]}")
-            report = compare_run(plan_comparison(config, str(profile), progress=False), out)
+                plan = bracket_profile(plan, progress=False)
+            report = compare_run(plan, out)
             load = out / "load_average.txt"
             report["load_average"] = float(load.read_text()) if load.is_file() else float("nan")
             results.setdefault(name, []).append(report)
             print(
                 f"round {rnd} {name}: measured {report['measured']['step_time_s'] * 1e3:.1f} ms, predicted "
-                f"{report['predicted']['step_time_s'] * 1e3:.1f} ms, ratio {report['ratio']:.3f}, replay "
+                f"{report['predicted']['step_time_s'] * 1e3:.1f} ms, ratio {report['ratio']:.3f}, profile "
+                f"drift {report['profile_drift'].get('F', float('nan')):.2f}, replay "
                 f"{report['replay']['ratio']:.3f}, compute {report['compute_ratio']} "
                 f"(bubble {report['measured']['bubble_fraction']:.3f} vs "
                 f"{report['predicted']['bubble_fraction']:.3f}; {time.perf_counter() - t0:.0f} s, "
@@ -104,19 +103,23 @@ def main() -> None:
     print(f"\nmachine: {os.cpu_count()} CPUs, load average now {os.getloadavg()[0]:.1f}")
     print(
         "| schedule | measured step (ms) | predicted step (ms) | measured / predicted (each round) |"
+        " profile drift after/before (F) |"
         " F ran x profiled | replay: executor / simulated | bubble measured / predicted |"
     )
-    print("|---|---:|---:|---|---|---|---|")
+    print("|---|---:|---:|---|---|---|---|---|")
     med = statistics.median
     for name, reps in results.items():
         ms = med(r["measured"]["step_time_s"] for r in reps) * 1e3
         ps = med(r["predicted"]["step_time_s"] for r in reps) * 1e3
         ratios = ", ".join(f"{r['ratio']:.2f}" for r in reps)
+        drift = ", ".join(f"{r['profile_drift'].get('F', float('nan')):.2f}" for r in reps)
         slow = ", ".join(f"{r['compute_ratio']['F']:.2f}" for r in reps)
         replay = ", ".join(f"{r['replay']['ratio']:.2f}" for r in reps)
         mb = med(r["measured"]["bubble_fraction"] for r in reps)
         pb = med(r["predicted"]["bubble_fraction"] for r in reps)
-        print(f"| {name} | {ms:.0f} | {ps:.0f} | {ratios} | {slow} | {replay} | {mb:.3f} / {pb:.3f} |")
+        print(
+            f"| {name} | {ms:.0f} | {ps:.0f} | {ratios} | {drift} | {slow} | {replay} | {mb:.3f} / {pb:.3f} |"
+        )
 
 
 if __name__ == "__main__":

@@ -5,9 +5,11 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from pipewright.cost import CostModel, ProfiledCost
-from pipewright.cost.profiled import ProfileRow, read_profile_csv, write_profile_csv
+from pipewright.cost.profiled import ProfileRow, mean_profile, read_profile_csv, write_profile_csv
 from pipewright.errors import ConfigError
 from pipewright.ir import REDUCE_GRAD, Action, B, F, I, W
 from pipewright.schedules.registry import build_schedule
@@ -79,3 +81,44 @@ def test_packaged_profiles_match_reference():
         cost = ProfiledCost.from_pipefisher(model, gpu, int(first["bs"]))
         assert cost.time("layer", B) == pytest.approx(float(first["time_b"]) / 1000)
         assert cost.time("layer", "KFAC_PREC") == pytest.approx(float(first["time_prec"]) / 1000)
+
+
+_times = st.lists(st.one_of(st.just(0.0), st.floats(1e-6, 10.0)), min_size=len(ROWS), max_size=len(ROWS))
+
+
+@given(st.lists(_times, min_size=1, max_size=4), st.randoms(use_true_random=False))
+def test_mean_profile_averages_each_rows_measurements(times, rnd):
+    """Per row: the mean of the profiles' positive times (0 only when no profile measured it); sizes
+    from the first profile; the result does not depend on the order of the profiles or of their rows."""
+    profiles = []
+    for k, ts in enumerate(times):
+        rows = [
+            ProfileRow(r.layer_type, r.microbatch_size, r.kind, t, r.bytes)
+            for r, t in zip(ROWS, ts, strict=True)
+        ]
+        rnd.shuffle(rows)
+        profiles.append((rows, {"model": "m", "contention": f"1.0,{1.5 + k}"}))
+    rows, meta = mean_profile(profiles)
+    assert [(r.layer_type, r.microbatch_size, r.kind, r.bytes) for r in sorted(rows, key=_key)] == sorted(
+        (r.layer_type, r.microbatch_size, r.kind, r.bytes) for r in ROWS
+    )
+    for r in rows:
+        i = ROWS.index(next(x for x in ROWS if _key(x) == _key(r)))
+        positive = [ts[i] for ts in times if ts[i] > 0]
+        assert r.seconds == pytest.approx(sum(positive) / len(positive) if positive else 0.0)
+    assert meta["merged"] == str(len(times)) and meta["model"] == "m"
+    assert meta["contention"] == f"1.0000,{1.5 + (len(times) - 1) / 2:.4f}"  # the curves' mean
+    again, _ = mean_profile(list(reversed(profiles)))
+    for a, b in zip(sorted(again, key=_key), sorted(rows, key=_key), strict=True):
+        assert _key(a) == _key(b) and a.bytes == b.bytes and a.seconds == pytest.approx(b.seconds)
+
+
+def _key(r: ProfileRow) -> tuple[str, int, str]:
+    return (r.layer_type, r.microbatch_size, r.kind)
+
+
+def test_mean_profile_needs_the_same_rows():
+    with pytest.raises(ConfigError, match="profile 2 does not measure the same rows"):
+        mean_profile([(ROWS, {}), (ROWS[:-1], {})])
+    with pytest.raises(ConfigError, match="no profiles"):
+        mean_profile([])

@@ -110,6 +110,34 @@ def test_compare_sim_writes_both_numbers(profile, data, tmp_path, capsys):
         assert "processes sharing" in printed
 
 
+@pytest.mark.slow
+def test_compare_sim_profiles_before_and_after_the_run(data, tmp_path, capsys):
+    """Without --profile the run is profiled in-process before and after training; the prediction uses
+    the mean of the two for every row, and the report shows both profiles' own predictions and the
+    drift between them."""
+    out = tmp_path / "run"
+    argv = [*_train(data, out), "--steps", "5", "--eval-every", "0", "--no-progress", "--compare-sim"]
+    assert main(argv) == 0
+    before, _ = read_profile_csv((out / "profile-before.csv").read_text())
+    after, _ = read_profile_csv((out / "profile-after.csv").read_text())
+    merged, meta = read_profile_csv((out / "profile.csv").read_text())
+    assert meta["merged"] == "2"
+    for r, a, m in zip(before, after, merged, strict=True):
+        assert (r.layer_type, r.kind) == (a.layer_type, a.kind) == (m.layer_type, m.kind)
+        times = [x for x in (r.seconds, a.seconds) if x > 0]
+        assert m.seconds == pytest.approx(sum(times) / len(times) if times else 0.0), r
+    report = json.loads((out / "compare.json").read_text())
+    by = report["predicted"]["by_profile"]
+    assert by["before"] > 0 and by["after"] > 0
+    assert set(report["profile_drift"]) == {F, B, I, W, STEP, "MESSAGE"}
+    layer = {
+        r.kind: (r.seconds, a.seconds) for r, a in zip(before, after, strict=True) if r.layer_type == "layer"
+    }
+    assert report["profile_drift"][F] == pytest.approx(layer[F][1] / layer[F][0])
+    printed = capsys.readouterr().out
+    assert "profiled before and after the run" in printed
+
+
 def _error(capsys, argv: list[str]) -> str:
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()

@@ -129,8 +129,9 @@ def _train(args: argparse.Namespace) -> int:
         print(f"validation loss {val:.3f} after step {step + 1}")
     print(f"outputs in {result.out_dir}:")
     if plan is not None:
-        from pipewright.runtime.compare import compare_run, summary
+        from pipewright.runtime.compare import bracket_profile, compare_run, summary
 
+        plan = bracket_profile(plan, progress=config.progress)  # profiled in-process: again, after the run
         print(summary(compare_run(plan, result.out_dir)))
         print(f"  {Path(result.out_dir) / 'compare.json'}")
         print(f"  {Path(result.out_dir) / 'compare.png'}")

@@ -120,6 +120,50 @@ def write_profile_csv(rows: Iterable[ProfileRow], meta: Mapping[str, object] | N
     return out.getvalue()
 
 
+def mean_profile(
+    profiles: Sequence[tuple[Sequence[ProfileRow], Mapping[str, str]]],
+) -> tuple[tuple[ProfileRow, ...], dict[str, str]]:
+    """Several profiles of one model (e.g. taken before and after a run) merged into one: every
+    (layer type, microbatch size, kind) gets the mean of its measured times (a ``seconds`` of 0 — not
+    measured — is left out; 0 when no profile measured it), sizes (``bytes``) come from the first
+    profile. On a machine whose speed shifts for seconds at a time, one profile catches one moment;
+    profiles bracketing a run average over its span, as the run's median step does. The header is the
+    first profile's, with a measured contention curve averaged pointwise and ``merged=<count>``.
+    Raises ConfigError when the profiles do not hold the same rows."""
+    if not profiles:
+        raise ConfigError("no profiles to merge")
+    keys = [sorted((r.layer_type, r.microbatch_size, r.kind) for r in rows) for rows, _ in profiles]
+    for i, other in enumerate(keys[1:], start=2):
+        if other != keys[0]:
+            raise ConfigError(f"profile {i} does not measure the same rows as profile 1; cannot merge them")
+    measured: dict[tuple[str, int, str], list[float]] = {}
+    for rows, _ in profiles:
+        for r in rows:
+            times = measured.setdefault((r.layer_type, r.microbatch_size, r.kind), [])
+            if r.seconds > 0:
+                times.append(r.seconds)
+    first_rows, first_meta = profiles[0]
+    rows = []
+    for r in first_rows:
+        times = measured[(r.layer_type, r.microbatch_size, r.kind)]
+        rows.append(
+            ProfileRow(
+                r.layer_type, r.microbatch_size, r.kind, sum(times) / len(times) if times else 0.0, r.bytes
+            )
+        )
+    meta = {k: str(v) for k, v in first_meta.items()}
+    curves = [str(m["contention"]).split(",") for _, m in profiles if m.get("contention")]
+    if curves:
+        try:
+            values = [[float(x) for x in c] for c in curves]
+        except ValueError:
+            raise ConfigError(f"bad contention curve in a profile: {curves}") from None
+        n = min(len(v) for v in values)
+        meta["contention"] = ",".join(f"{sum(v[i] for v in values) / len(values):.4f}" for i in range(n))
+    meta["merged"] = str(len(profiles))
+    return tuple(rows), meta
+
+
 @dataclass(frozen=True, eq=False)
 class ProfiledCost:
     """:class:`~pipewright.cost.base.CostModel` from a measured table (format: module docstring).

@@ -7,6 +7,7 @@ from pipewright.optim.optimizer import (
     global_grad_norm,
     init_optimizer_state,
     lr_at,
+    scale_grads_,
     set_lr,
 )
 
@@ -17,5 +18,6 @@ __all__ = [
     "global_grad_norm",
     "init_optimizer_state",
     "lr_at",
+    "scale_grads_",
     "set_lr",
 ]

@@ -75,11 +75,14 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 def global_grad_norm(params: Sequence[torch.Tensor], groups: Sequence[object] = ()) -> torch.Tensor:
     """‖g‖₂ of the whole model: Σ‖g_p‖² over this rank's parameters, all-reduced (sum) over each
     process group in ``groups`` (the pipeline group: ranks holding disjoint parts of one replica)."""
-    grads = [p.grad for p in params if p.grad is not None]
+    grads = [p.grad.detach() for p in params if p.grad is not None]
     device = grads[0].device if grads else torch.device("cpu")
     sq = torch.zeros((), dtype=torch.float64, device=device)
-    for g in grads:
-        sq += g.detach().double().pow(2).sum()
+    if grads:
+        # one fused norm per tensor (no float64 copy of every gradient); the squares summed in float64,
+        # so the total hardly depends on how the parameters are split over ranks
+        norms = torch.stack(torch._foreach_norm(grads)).double()
+        sq = (norms * norms).sum()
     for group in groups:
         if group is not None and dist.is_initialized() and dist.get_world_size(group) > 1:
             dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=group)
@@ -100,11 +103,15 @@ def clip_grad_norm_(
     norm = global_grad_norm(params if norm_params is None else norm_params, groups)
     total = float(norm)
     if max_norm > 0 and total > max_norm:
-        scale = max_norm / (total + 1e-6)
-        for p in params:
-            if p.grad is not None:
-                p.grad.mul_(scale)
+        scale_grads_(params, max_norm / (total + 1e-6))
     return total
+
+
+def scale_grads_(params: Sequence[torch.Tensor], factor: float) -> None:
+    """Multiply every gradient of ``params`` by ``factor`` in place (one fused call)."""
+    grads = [p.grad for p in params if p.grad is not None]
+    if grads:
+        torch._foreach_mul_(grads, factor)
 
 
 def init_optimizer_state(optimizer: torch.optim.Optimizer) -> None:

@@ -28,7 +28,7 @@ import json
 import logging
 import os
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,7 @@ from pipewright.cost.profiled import (
     ProfiledCost,
     ProfileRow,
     load_profile,
+    mean_profile,
     write_profile_csv,
 )
 from pipewright.errors import ConfigError
@@ -64,13 +65,15 @@ class ComparePlan:
     rows: tuple[ProfileRow, ...]
     meta: dict[str, str] = field(default_factory=dict)
     source: str | None = None
+    #: the profiles merged into ``rows`` by :func:`bracket_profile` (before and after the run), else ()
+    brackets: tuple[tuple[tuple[ProfileRow, ...], dict[str, str]], ...] = ()
 
 
 def plan_comparison(config: TrainConfig, profile: str | None = None, *, progress: bool = True) -> ComparePlan:
     """Resolve the model and get its profile (see the module docstring); all checks happen here, before
     any training."""
     from pipewright.data import open_dataset
-    from pipewright.runtime.profiler import ProfileOptions, check_profile_matches, profile_model
+    from pipewright.runtime.profiler import check_profile_matches
 
     vocab = None
     if not config.vocab:
@@ -80,20 +83,44 @@ def plan_comparison(config: TrainConfig, profile: str | None = None, *, progress
         rows, meta = load_profile(profile)
         check_profile_matches(meta, spec, config.tp, profile)
     else:
-        import torch
-
-        options = ProfileOptions(
-            spec,
-            (config.microbatch_size,),
-            tp=config.tp,
-            progress=progress,
-            workers=profile_workers(config),
-            contention=0 if torch.cuda.is_available() or config.world_size < 2 else config.world_size,
-        )
-        rows, raw = profile_model(options)
-        rows, meta = tuple(rows), {k: str(v) for k, v in raw.items()}
+        rows, meta = _profile_in_process(config, spec, progress)
     ProfiledCost(tuple(rows), config.microbatch_size, spec.layers)  # the microbatch size must be there
     return ComparePlan(config, spec, tuple(rows), meta, profile)
+
+
+def _profile_in_process(
+    config: TrainConfig, spec: ModelSpec, progress: bool
+) -> tuple[tuple[ProfileRow, ...], dict[str, str]]:
+    """Profile the run's model at its microbatch size with its workers' contention (CPU)."""
+    import torch
+
+    from pipewright.runtime.profiler import ProfileOptions, profile_model
+
+    options = ProfileOptions(
+        spec,
+        (config.microbatch_size,),
+        tp=config.tp,
+        progress=progress,
+        workers=profile_workers(config),
+        contention=0 if torch.cuda.is_available() or config.world_size < 2 else config.world_size,
+    )
+    rows, raw = profile_model(options)
+    return tuple(rows), {k: str(v) for k, v in raw.items()}
+
+
+def bracket_profile(plan: ComparePlan, *, progress: bool = True) -> ComparePlan:
+    """After the run: profile again and predict from the mean of the two profiles
+    (:func:`~pipewright.cost.profiled.mean_profile`). On a shared machine outside load comes and goes
+    for seconds at a time; a profile taken right before the run catches one moment of it, two
+    bracketing the run average over its span (as the median step does) and their disagreement shows
+    how much the machine drifted meanwhile (``compare.json``: ``profile_drift``). A plan from a
+    ``--profile`` file is returned unchanged."""
+    if plan.source is not None:
+        return plan
+    after = _profile_in_process(plan.config, plan.spec, progress)
+    before = (plan.rows, plan.meta)
+    rows, meta = mean_profile([before, after])
+    return replace(plan, rows=rows, meta=meta, brackets=(before, after))
 
 
 def predicted_schedule(config: TrainConfig) -> Schedule:
@@ -168,6 +195,20 @@ def predict(plan: ComparePlan) -> tuple[SimResult, ProfiledCost, float, Profiled
     shared = host_sharing(c, plan.meta)
     sim = simulate(schedule, cost, comm=comm, shared=shared)
     return sim, cost, optimizer_time(cost, schedule, shared), comm
+
+
+def profile_drift(
+    before: tuple[tuple[ProfileRow, ...], dict[str, str]],
+    after: tuple[tuple[ProfileRow, ...], dict[str, str]],
+) -> dict[str, float]:
+    """Per kind of the transformer layer: its time in the profile after the run over the one before
+    (1.0: the machine ran at the same speed at both ends of the run)."""
+
+    def times(rows: tuple[ProfileRow, ...]) -> dict[str, float]:
+        return {r.kind: r.seconds for r in rows if r.layer_type == "layer" and r.seconds > 0}
+
+    t0, t1 = times(before[0]), times(after[0])
+    return {k: t1[k] / t0[k] for k in sorted(t0) if k in t1}
 
 
 def measured_steps(metrics_path: Path) -> tuple[list[dict[str, Any]], int]:
@@ -268,6 +309,14 @@ def compare_run(plan: ComparePlan, out_dir: str | Path) -> dict[str, Any]:
     }
     if plan.source is None:
         (out_dir / "profile.csv").write_text(write_profile_csv(plan.rows, plan.meta))
+    if plan.brackets:
+        by_profile = {}
+        for name, (rows, meta) in zip(("before", "after"), plan.brackets, strict=False):
+            (out_dir / f"profile-{name}.csv").write_text(write_profile_csv(rows, meta))
+            one, _, one_opt, _ = predict(replace(plan, rows=rows, meta=meta, brackets=()))
+            by_profile[name] = one.iteration_time + one_opt
+        report["predicted"]["by_profile"] = by_profile
+        report["profile_drift"] = profile_drift(*plan.brackets)
     timeline_path = out_dir / "timeline.json"
     if timeline_path.is_file():
         measured = Timeline.from_json(json.loads(timeline_path.read_text()))
@@ -308,6 +357,12 @@ def summary(report: dict[str, Any]) -> str:
             f"\npredicted with the {report['pp'] * report['dp'] * report['tp']} processes sharing "
             f"{p['core_sharing'][0]:g} CPU cores"
             if p.get("core_sharing")
+            else ""
+        )
+        + (
+            f"\nprofiled before and after the run (predicted {by['before'] * 1e3:.1f} and "
+            f"{by['after'] * 1e3:.1f} ms from each alone); predicted from their mean"
+            if (by := p.get("by_profile"))
             else ""
         )
         + "".join(

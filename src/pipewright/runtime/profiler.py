@@ -10,7 +10,8 @@ the cross-entropy loss) — built from :mod:`pipewright.models.gpt` exactly as t
 - **I**: the backward with weight gradients deferred (:func:`~pipewright.runtime.wgrad.deferring`),
   **W**: the flush of the deferred weight gradients — the split the zero-bubble schedules run, on
   ``DeferrableLinear`` layers with the same weights;
-- **STEP**: the optimizer step (and gradient-norm computation) over the layer type's parameters;
+- **STEP**: the optimizer step over the layer type's parameters with the trainer's global-norm
+  clipping (the norm, and the scaling of an active clip);
 - F's ``bytes``: the activation memory the forward keeps for its backward (tensors autograd saves);
 - **PARAMS** ``bytes``: the layer type's parameter bytes (= its gradient bytes);
 - **MESSAGE**: the stage-boundary tensor (b · s · h elements): its bytes, and its one-way time over a
@@ -25,7 +26,8 @@ the cross-entropy loss) — built from :mod:`pipewright.models.gpt` exactly as t
   the header as ``contention=s(1),…,s(N)``; :mod:`pipewright.sim.sharing` runs the ranks of an
   oversubscribed (or bandwidth-bound) host at rate 1 / s(n).
 
-Every time is the median of ``repeats`` measurements after ``warmup`` unmeasured ones. The work runs
+Every time is the median of ``repeats`` measurements after ``warmup`` unmeasured ones, taken
+round-robin over the layer types (so each type's samples spread over the whole measurement). The work runs
 in spawned worker processes with one CPU thread each (as the training workers): ``workers`` of them
 (default ``tp``) run the same measurements at once — in groups of ``tp`` with tensor-parallel layers, as
 the trainer's, when tp > 1 — and rank 0 records; so with ``workers`` = the run's process count the
@@ -66,7 +68,7 @@ from pipewright.models.gpt import (
     plain_linear_factory,
 )
 from pipewright.models.spec import ModelSpec
-from pipewright.optim import build_optimizer
+from pipewright.optim import build_optimizer, global_grad_norm, scale_grads_
 from pipewright.runtime.launch import spawn
 from pipewright.runtime.wgrad import AccumulateNow, WeightGradStore, deferrable_layers, deferring
 
@@ -209,6 +211,7 @@ class _LayerBench:
         self.layers = deferrable_layers(self.module)
         self.full_layers = deferrable_layers(self.full)
         self.out: torch.Tensor | None = None
+        self.samples: dict[str, list[float]] = {k: [] for k in KINDS}
 
     def forward(self, split: bool = False) -> None:
         """F on the full-backward layers, or (``split``) on the split-backward ones, ahead of an I."""
@@ -235,7 +238,10 @@ class _LayerBench:
         self.store.flush(0)
 
     def step(self) -> None:
-        torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in self.params]))
+        """The trainer's optimizer step: global-norm clipping (the norm, and the scaling of an active
+        clip — here by 1, which costs the same) and the optimizer's update."""
+        global_grad_norm(self.params)
+        scale_grads_(self.params, 1.0)
         self.optimizer.step()
 
     def activation_bytes(self) -> int:
@@ -245,12 +251,10 @@ class _LayerBench:
         self.backward()
         return box[0]
 
-    def measure(self, b: int, repeats: int, warmup: int, sync: Callable[[], None]) -> list[ProfileRow]:
-        """F, B, I, W, STEP and the PARAMS row. One repeat runs F, B (full-backward layers), F, I, W
-        (split-backward layers; this F is not recorded), STEP in turn, so every kind is sampled over
-        the same stretch of time: on a shared machine a burst of load then moves all of them alike
-        instead of one kind's short window."""
-        samples: dict[str, list[float]] = {k: [] for k in KINDS}
+    def sample(self, sync: Callable[[], None], record: bool = True) -> None:
+        """One repeat: F, B (full-backward layers), F, I, W (split-backward layers; this F is not
+        recorded), STEP in turn, so every kind is sampled over the same stretch of time (on a shared
+        machine a burst of load then moves all of them alike instead of one kind's short window)."""
         sequence = (
             (F, self.forward),
             (B, self.backward),
@@ -259,15 +263,17 @@ class _LayerBench:
             (W, self.weight_backward),
             (STEP, self.step),
         )
-        for i in range(warmup + repeats):
-            for kind, fn in sequence:
-                sync()
-                t0 = time.perf_counter()
-                fn()
-                sync()
-                if i >= warmup and kind is not None:
-                    samples[kind].append(time.perf_counter() - t0)
-        times = {k: statistics.median(v) for k, v in samples.items()}
+        for kind, fn in sequence:
+            sync()
+            t0 = time.perf_counter()
+            fn()
+            sync()
+            if record and kind is not None:
+                self.samples[kind].append(time.perf_counter() - t0)
+
+    def rows(self, b: int) -> list[ProfileRow]:
+        """F, B, I, W, STEP (medians of the recorded samples) and the PARAMS row."""
+        times = {k: statistics.median(v) for k, v in self.samples.items()}
         lt = self.layer_type
         param_bytes = sum(p.numel() * p.element_size() for p in self.params)
         return (
@@ -372,12 +378,19 @@ def _worker(rank: int, options: ProfileOptions) -> tuple[list[ProfileRow], dict[
     rows: list[ProfileRow] = []
     if rank < computing:
         torch.manual_seed(0)
-        for b, lt in work:
-            bench = _LayerBench(lt, spec, b, device, factory, loss, options.optimizer, full_factory)
-            rows += bench.measure(b, options.repeats, options.warmup, sync)
+        benches = [
+            _LayerBench(lt, spec, b, device, factory, loss, options.optimizer, full_factory) for b, lt in work
+        ]
+        # round-robin over the layer types: each one's repeats spread over the whole measurement, so a
+        # shift of the machine's speed for a second moves every type alike
+        rounds = options.warmup + options.repeats
+        for i in range(rounds):
+            for bench in benches:
+                bench.sample(sync, record=i >= options.warmup)
             if bar is not None:
-                bar.set_postfix(b=b, layer=lt)
-                bar.update(1)
+                bar.update(len(benches) * (i + 1) // rounds - len(benches) * i // rounds)
+        for (b, _), bench in zip(work, benches, strict=True):
+            rows += bench.rows(b)
     dist.barrier()
     # with a contention count, processes 2..N-1 compute while the message is timed (the run's load)
     loaded = range(2, options.contention)
