@@ -3,8 +3,10 @@
 Before training, :func:`plan_comparison` gets a profile of the run's model — the ``--profile`` file
 (checked to belong to the same model dimensions and to hold the run's microbatch size) or, without one,
 a fresh in-process :func:`~pipewright.runtime.profiler.profile_model` of the model with as many
-measuring workers as the run has processes (saved as ``profile.csv`` in the run folder). After
-training, :func:`compare_run`:
+measuring workers as the run has processes (at most one per core). After training,
+:func:`bracket_profile` profiles an in-process plan again and predicts from the mean of both profiles
+(``profile-before.csv``, ``profile-after.csv`` and the merged ``profile.csv`` in the run folder), and
+:func:`compare_run`:
 
 - **predicted** step time = the simulated iteration time of the run's schedule (``sim.simulate`` with
   :class:`~pipewright.cost.ProfiledCost` and :class:`~pipewright.cost.profiled.ProfiledComm`: the
@@ -361,7 +363,9 @@ def summary(report: dict[str, Any]) -> str:
         )
         + (
             f"\nprofiled before and after the run (predicted {by['before'] * 1e3:.1f} and "
-            f"{by['after'] * 1e3:.1f} ms from each alone); predicted from their mean"
+            f"{by['after'] * 1e3:.1f} ms from each alone; a layer's forward took "
+            f"{report['profile_drift'].get('F', float('nan')):.2f}x as long after as before); "
+            "predicted from their mean"
             if (by := p.get("by_profile"))
             else ""
         )
