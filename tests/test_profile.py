@@ -191,3 +191,34 @@ def test_profile_bad_input_is_one_line(tmp_path, capsys):
     assert "not divisible by --tp 3" in _error(capsys, ["profile", *DIMS, "--tp", "3", *out])
     assert "--contention must be 0 or more" in _error(capsys, ["profile", *DIMS, "--contention", "-1", *out])
     assert not (tmp_path / "p.csv").exists()
+
+
+def test_summary_warns_when_the_machine_drifted_during_the_run():
+    """A bracketed run whose two profiles disagree by more than 10 % on the layer's F or B gets a
+    warning line; one that stayed steady, or a run predicted from a --profile file, does not."""
+    from pipewright.runtime.compare import summary
+
+    def report(drift: dict[str, float] | None) -> dict:
+        predicted = {
+            "step_time_s": 0.5,
+            "pipeline_time_s": 0.45,
+            "optimizer_time_s": 0.05,
+            "bubble_fraction": 0.1,
+        }
+        r = {
+            "pp": 2,
+            "dp": 1,
+            "tp": 1,
+            "ratio": 1.0,
+            "measured": {"step_time_s": 0.5, "bubble_fraction": 0.1, "steps": [1, 2]},
+            "predicted": predicted,
+        }
+        if drift is not None:
+            predicted["by_profile"] = {"before": 0.5, "after": 0.5}
+            r["profile_drift"] = drift
+        return r
+
+    assert "warning: the machine's speed changed" in summary(report({"F": 1.0, "B": 0.85}))
+    assert "warning" not in summary(report({"F": 1.08, "B": 0.95, "MESSAGE": 2.0}))
+    assert "warning" not in summary(report(None))
+    assert "forward took 1.00x as long after as before" in summary(report({"F": 1.0, "B": 0.85}))

@@ -346,6 +346,17 @@ def compare_run(plan: ComparePlan, out_dir: str | Path) -> dict[str, Any]:
     return report
 
 
+#: |after/before − 1| of a bracketed run's profiles beyond which :func:`summary` warns.
+DRIFT_WARNING = 0.10
+
+
+def unsteady(report: dict[str, Any]) -> bool:
+    """Did the layer's forward or backward time move by more than ``DRIFT_WARNING`` between the
+    profiles taken before and after the run?"""
+    drift = report.get("profile_drift", {})
+    return any(abs(drift[k] - 1.0) > DRIFT_WARNING for k in ("F", "B") if k in drift)
+
+
 def summary(report: dict[str, Any]) -> str:
     """Two printable lines: measured vs predicted step time and bubble fraction."""
     m, p = report["measured"], report["predicted"]
@@ -366,6 +377,12 @@ def summary(report: dict[str, Any]) -> str:
             f"{by['after'] * 1e3:.1f} ms from each alone; a layer's forward took "
             f"{report['profile_drift'].get('F', float('nan')):.2f}x as long after as before); "
             "predicted from their mean"
+            + (
+                "\nwarning: the machine's speed changed by more than 10 % during the run (other load?); "
+                "measured/predicted says as much about the machine as about the model"
+                if unsteady(report)
+                else ""
+            )
             if (by := p.get("by_profile"))
             else ""
         )
