@@ -75,7 +75,9 @@ def main() -> None:
             out.mkdir(parents=True, exist_ok=True)
             t0 = time.perf_counter()
             config = _config(schedule, pp, v, args.steps, out)
-            if args.report_only:  # the two profiles the run wrote, merged again
+            if args.report_only and not (out / "profile-after.csv").is_file():  # an older run: one profile
+                plan = plan_comparison(config, str(out / "profile.csv"), progress=False)
+            elif args.report_only:  # the two profiles the run wrote, merged again
                 brackets = tuple(load_profile(out / f"profile-{w}.csv") for w in ("before", "after"))
                 plan = plan_comparison(config, str(out / "profile-before.csv"), progress=False)
                 rows, meta = mean_profile(brackets)
@@ -92,7 +94,7 @@ def main() -> None:
             print(
                 f"round {rnd} {name}: measured {report['measured']['step_time_s'] * 1e3:.1f} ms, predicted "
                 f"{report['predicted']['step_time_s'] * 1e3:.1f} ms, ratio {report['ratio']:.3f}, profile "
-                f"drift {report['profile_drift'].get('F', float('nan')):.2f}, replay "
+                f"drift {report.get('profile_drift', {}).get('F', float('nan')):.2f}, replay "
                 f"{report['replay']['ratio']:.3f}, compute {report['compute_ratio']} "
                 f"(bubble {report['measured']['bubble_fraction']:.3f} vs "
                 f"{report['predicted']['bubble_fraction']:.3f}; {time.perf_counter() - t0:.0f} s, "
@@ -112,7 +114,7 @@ def main() -> None:
         ms = med(r["measured"]["step_time_s"] for r in reps) * 1e3
         ps = med(r["predicted"]["step_time_s"] for r in reps) * 1e3
         ratios = ", ".join(f"{r['ratio']:.2f}" for r in reps)
-        drift = ", ".join(f"{r['profile_drift'].get('F', float('nan')):.2f}" for r in reps)
+        drift = ", ".join(f"{r.get('profile_drift', {}).get('F', float('nan')):.2f}" for r in reps)
         slow = ", ".join(f"{r['compute_ratio']['F']:.2f}" for r in reps)
         replay = ", ".join(f"{r['replay']['ratio']:.2f}" for r in reps)
         mb = med(r["measured"]["bubble_fraction"] for r in reps)

@@ -122,3 +122,7 @@ def test_mean_profile_needs_the_same_rows():
         mean_profile([(ROWS, {}), (ROWS[:-1], {})])
     with pytest.raises(ConfigError, match="no profiles"):
         mean_profile([])
+    with pytest.raises(ConfigError, match="contention curves differ"):
+        mean_profile([(ROWS, {"contention": "1,1.1"}), (ROWS, {"contention": "1,1.1,1.6"})])
+    with pytest.raises(ConfigError, match="contention curves differ"):
+        mean_profile([(ROWS, {"contention": "1,1.1"}), (ROWS, {})])

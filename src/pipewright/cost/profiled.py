@@ -154,12 +154,17 @@ def mean_profile(
     meta = {k: str(v) for k, v in first_meta.items()}
     curves = [str(m["contention"]).split(",") for _, m in profiles if m.get("contention")]
     if curves:
+        if len(curves) != len(profiles) or len({len(c) for c in curves}) > 1:
+            raise ConfigError(
+                "the profiles' contention curves differ in length (or some have none); cannot merge them"
+            )
         try:
             values = [[float(x) for x in c] for c in curves]
         except ValueError:
             raise ConfigError(f"bad contention curve in a profile: {curves}") from None
-        n = min(len(v) for v in values)
-        meta["contention"] = ",".join(f"{sum(v[i] for v in values) / len(values):.4f}" for i in range(n))
+        meta["contention"] = ",".join(
+            f"{sum(v[i] for v in values) / len(values):.4f}" for i in range(len(values[0]))
+        )
     meta["merged"] = str(len(profiles))
     return tuple(rows), meta
 

@@ -274,7 +274,8 @@ def kind_ratios(measured: Timeline, predicted: Timeline) -> dict[str, float]:
 
 def compare_run(plan: ComparePlan, out_dir: str | Path) -> dict[str, Any]:
     """Predict, read the measurement of the finished run in ``out_dir``, write ``compare.json`` and
-    ``compare.png`` there (and ``profile.csv`` when profiled in-process). Returns the report."""
+    ``compare.png`` there (and ``profile.csv`` when profiled in-process; ``profile-before.csv`` and
+    ``profile-after.csv`` too after :func:`bracket_profile`). Returns the report."""
     from pipewright.viz.timeline import draw_timeline
 
     out_dir = Path(out_dir)
@@ -358,7 +359,9 @@ def unsteady(report: dict[str, Any]) -> bool:
 
 
 def summary(report: dict[str, Any]) -> str:
-    """Two printable lines: measured vs predicted step time and bubble fraction."""
+    """Printable lines: measured vs predicted step time and bubble fraction, then whichever of core
+    sharing, the bracketing profiles (with a warning when the machine drifted), the per-kind compute
+    ratios and the replay the report holds."""
     m, p = report["measured"], report["predicted"]
     bubble = "n/a" if m["bubble_fraction"] is None else f"{m['bubble_fraction']:.3f}"
     return (
@@ -378,7 +381,8 @@ def summary(report: dict[str, Any]) -> str:
             f"{report['profile_drift'].get('F', float('nan')):.2f}x as long after as before); "
             "predicted from their mean"
             + (
-                "\nwarning: the machine's speed changed by more than 10 % during the run (other load?); "
+                f"\nwarning: the machine's speed changed by more than {DRIFT_WARNING:.0%} during the run "
+                "(other load?); "
                 "measured/predicted says as much about the machine as about the model"
                 if unsteady(report)
                 else ""

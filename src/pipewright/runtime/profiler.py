@@ -27,7 +27,8 @@ the cross-entropy loss) — built from :mod:`pipewright.models.gpt` exactly as t
   oversubscribed (or bandwidth-bound) host at rate 1 / s(n).
 
 Every time is the median of ``repeats`` measurements after ``warmup`` unmeasured ones, taken
-round-robin over the layer types (so each type's samples spread over the whole measurement). The work runs
+round-robin over the layer types of one microbatch size (so each type's samples spread over that
+size's whole measurement). The work runs
 in spawned worker processes with one CPU thread each (as the training workers): ``workers`` of them
 (default ``tp``) run the same measurements at once — in groups of ``tp`` with tensor-parallel layers, as
 the trainer's, when tp > 1 — and rank 0 records; so with ``workers`` = the run's process count the
@@ -369,7 +370,6 @@ def _worker(rank: int, options: ProfileOptions) -> tuple[list[ProfileRow], dict[
     full_factory = None  # tensor-parallel layers serve both backward forms
     if factory is None:  # as the trainer: nn.Linear without a split backward, DeferrableLinear with one
         factory, full_factory = default_linear_factory, plain_linear_factory
-    work = [(b, lt) for b in options.microbatch_sizes for lt in LAYER_TYPES]
     bar = None
     if rank == 0 and options.progress:
         from tqdm import tqdm
@@ -378,19 +378,23 @@ def _worker(rank: int, options: ProfileOptions) -> tuple[list[ProfileRow], dict[
     rows: list[ProfileRow] = []
     if rank < computing:
         torch.manual_seed(0)
-        benches = [
-            _LayerBench(lt, spec, b, device, factory, loss, options.optimizer, full_factory) for b, lt in work
-        ]
-        # round-robin over the layer types: each one's repeats spread over the whole measurement, so a
-        # shift of the machine's speed for a second moves every type alike
+        # per microbatch size, round-robin over the layer types: each type's repeats spread over the
+        # whole measurement, so a shift of the machine's speed for a second moves every type alike
+        # (one size's benches alive at a time bounds the memory)
         rounds = options.warmup + options.repeats
-        for i in range(rounds):
+        for b in options.microbatch_sizes:
+            benches = [
+                _LayerBench(lt, spec, b, device, factory, loss, options.optimizer, full_factory)
+                for lt in LAYER_TYPES
+            ]
+            for i in range(rounds):
+                for bench in benches:
+                    bench.sample(sync, record=i >= options.warmup)
+                if bar is not None:
+                    bar.update(len(benches) * (i + 1) // rounds - len(benches) * i // rounds)
             for bench in benches:
-                bench.sample(sync, record=i >= options.warmup)
-            if bar is not None:
-                bar.update(len(benches) * (i + 1) // rounds - len(benches) * i // rounds)
-        for (b, _), bench in zip(work, benches, strict=True):
-            rows += bench.rows(b)
+                rows += bench.rows(b)
+            del benches
     dist.barrier()
     # with a contention count, processes 2..N-1 compute while the message is timed (the run's load)
     loaded = range(2, options.contention)
