@@ -8,6 +8,8 @@ workers return plain numbers and the tests assert on them.
 from __future__ import annotations
 
 import copy
+import logging
+import os
 import time
 
 import pytest
@@ -355,6 +357,23 @@ def test_dying_worker_stops_the_run() -> None:
         spawn(_dying_worker, 2, backend="gloo", timeout_s=60)
     assert info_.value.rank == 1
     assert time.monotonic() - start < 60
+
+
+def _aborts_at_exit(rank: int) -> int:
+    if rank == 1:  # dies by SIGABRT after its work, as a C++ teardown abort would
+        import multiprocessing.util
+
+        multiprocessing.util.Finalize(None, os.abort, exitpriority=0)
+    return 10 * rank
+
+
+@pytest.mark.slow
+def test_a_crash_after_every_result_is_written_keeps_the_results(caplog) -> None:
+    """A worker that dies only after all ranks wrote their results and passed the final barrier (a
+    teardown abort) does not fail the run: the results come back, with a warning."""
+    with caplog.at_level(logging.WARNING, logger="pipewright.runtime.launch"):
+        assert spawn(_aborts_at_exit, 2, backend="gloo", timeout_s=60) == [0, 10]
+    assert "after all results were written" in caplog.text
 
 
 # -- single-process checks ------------------------------------------------------------------------

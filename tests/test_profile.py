@@ -129,7 +129,7 @@ def test_compare_sim_profiles_before_and_after_the_run(data, tmp_path, capsys):
     report = json.loads((out / "compare.json").read_text())
     by = report["predicted"]["by_profile"]
     assert by["before"] > 0 and by["after"] > 0
-    assert set(report["profile_drift"]) == {F, B, I, W, STEP, "MESSAGE"}
+    assert set(report["profile_drift"]) == {F, B, I, W, STEP, "MESSAGE", "contention"}
     layer = {
         r.kind: (r.seconds, a.seconds) for r, a in zip(before, after, strict=True) if r.layer_type == "layer"
     }
@@ -221,4 +221,5 @@ def test_summary_warns_when_the_machine_drifted_during_the_run():
     assert "warning: the machine's speed changed" in summary(report({"F": 1.0, "B": 0.85}))
     assert "warning" not in summary(report({"F": 1.08, "B": 0.95, "MESSAGE": 2.0}))
     assert "warning" not in summary(report(None))
-    assert "forward took 1.00x as long after as before" in summary(report({"F": 1.0, "B": 0.85}))
+    assert "layer forward 1.00x, layer backward 0.85x" in summary(report({"F": 1.0, "B": 0.85}))
+    assert "warning" in summary(report({"F": 1.0, "B": 1.0, "contention": 0.84}))

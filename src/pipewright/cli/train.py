@@ -127,11 +127,14 @@ def _train(args: argparse.Namespace) -> int:
     if result.val_losses:
         step, val = max(result.val_losses.items())
         print(f"validation loss {val:.3f} after step {step + 1}")
-    print(f"outputs in {result.out_dir}:")
     if plan is not None:
         from pipewright.runtime.compare import bracket_profile, compare_run, summary
 
-        plan = bracket_profile(plan, progress=config.progress)  # profiled in-process: again, after the run
+        if plan.source is None:
+            print("profiling again after the run (the prediction uses both profiles)", flush=True)
+        plan = bracket_profile(plan, progress=config.progress)
+    print(f"outputs in {result.out_dir}:")
+    if plan is not None:
         print(summary(compare_run(plan, result.out_dir)))
         print(f"  {Path(result.out_dir) / 'compare.json'}")
         print(f"  {Path(result.out_dir) / 'compare.png'}")

@@ -204,13 +204,29 @@ def profile_drift(
     after: tuple[tuple[ProfileRow, ...], dict[str, str]],
 ) -> dict[str, float]:
     """Per kind of the transformer layer: its time in the profile after the run over the one before
-    (1.0: the machine ran at the same speed at both ends of the run)."""
+    (1.0: the machine ran at the same speed at both ends of the run); with contention curves, also
+    ``contention``: the slowdown with every process busy, s(N) relative to the profile's ``workers``,
+    after over before."""
 
     def times(rows: tuple[ProfileRow, ...]) -> dict[str, float]:
         return {r.kind: r.seconds for r in rows if r.layer_type == "layer" and r.seconds > 0}
 
     t0, t1 = times(before[0]), times(after[0])
-    return {k: t1[k] / t0[k] for k in sorted(t0) if k in t1}
+    drift = {k: t1[k] / t0[k] for k in sorted(t0) if k in t1}
+    s0, s1 = _full_load_slowdown(before[1]), _full_load_slowdown(after[1])
+    if s0 and s1:
+        drift["contention"] = s1 / s0
+    return drift
+
+
+def _full_load_slowdown(meta: dict[str, str]) -> float | None:
+    """s(N) / s(workers) of a profile's contention curve (None without a usable one)."""
+    try:
+        curve = [float(x) for x in str(meta.get("contention", "")).split(",") if x]
+        ref = curve[min(max(int(meta.get("workers", "1")), 1), len(curve)) - 1] if curve else 0.0
+    except ValueError:
+        return None
+    return curve[-1] / ref if ref > 0 else None
 
 
 def measured_steps(metrics_path: Path) -> tuple[list[dict[str, Any]], int]:
@@ -352,10 +368,16 @@ DRIFT_WARNING = 0.10
 
 
 def unsteady(report: dict[str, Any]) -> bool:
-    """Did the layer's forward or backward time move by more than ``DRIFT_WARNING`` between the
-    profiles taken before and after the run?"""
+    """Did the layer's forward or backward time, or the slowdown with every process busy, move by more
+    than ``DRIFT_WARNING`` between the profiles taken before and after the run?"""
     drift = report.get("profile_drift", {})
-    return any(abs(drift[k] - 1.0) > DRIFT_WARNING for k in ("F", "B") if k in drift)
+    return any(abs(drift[k] - 1.0) > DRIFT_WARNING for k in ("F", "B", "contention") if k in drift)
+
+
+def _drift_text(report: dict[str, Any]) -> str:
+    names = {"F": "layer forward", "B": "layer backward", "contention": "slowdown with all processes busy"}
+    drift = report.get("profile_drift", {})
+    return ", ".join(f"{name} {drift[k]:.2f}x" for k, name in names.items() if k in drift)
 
 
 def summary(report: dict[str, Any]) -> str:
@@ -377,8 +399,7 @@ def summary(report: dict[str, Any]) -> str:
         )
         + (
             f"\nprofiled before and after the run (predicted {by['before'] * 1e3:.1f} and "
-            f"{by['after'] * 1e3:.1f} ms from each alone; a layer's forward took "
-            f"{report['profile_drift'].get('F', float('nan')):.2f}x as long after as before); "
+            f"{by['after'] * 1e3:.1f} ms from each alone; after/before: {_drift_text(report)}); "
             "predicted from their mean"
             + (
                 f"\nwarning: the machine's speed changed by more than {DRIFT_WARNING:.0%} during the run "

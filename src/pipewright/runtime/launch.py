@@ -87,6 +87,7 @@ def _worker(
             pickle.dump(result, f)
         # Nobody tears down the group (rank 0 hosts the store) while a peer may still be talking to it.
         dist.barrier()
+        (Path(result_dir) / f"done-{rank}").touch()  # every rank's result is written: only teardown is left
     except BaseException as e:
         # Stamp the failure so the parent can report the first one, not its peers' "connection reset".
         last = (f"{type(e).__name__}: {e}".splitlines() or [""])[0]
@@ -126,12 +127,23 @@ def spawn(
                     _terminate(context.processes)
                     raise WorkerError(-1, f"workers did not finish within {timeout_s:g} s; terminated them")
         except ProcessException as e:
-            raise _first_failure(e, result_dir) from None
+            if not _all_done(result_dir, nprocs):
+                raise _first_failure(e, result_dir) from None
+            # every rank wrote its result and passed the final barrier: the failure is in teardown
+            # (e.g. a C++ abort while destroying the process group), not in the work
+            log.warning(
+                "a worker failed after all results were written (%s); using the results", e.msg.strip()
+            )
+            _terminate(context.processes)
         results = []
         for rank in range(nprocs):
             with open(Path(result_dir) / f"{rank}.pkl", "rb") as f:
                 results.append(pickle.load(f))
         return results
+
+
+def _all_done(result_dir: str, nprocs: int) -> bool:
+    return all((Path(result_dir) / f"done-{rank}").exists() for rank in range(nprocs))
 
 
 def _first_failure(e: ProcessException, result_dir: str) -> WorkerError:
