@@ -27,11 +27,10 @@ import json
 import os
 import statistics
 import time
-from dataclasses import replace
 from pathlib import Path
 
-from pipewright.cost.profiled import load_profile, mean_profile
-from pipewright.runtime.compare import bracket_profile, compare_run, plan_comparison
+from pipewright.cost.profiled import load_profile
+from pipewright.runtime.compare import bracket_profile, compare_run, plan_comparison, with_brackets
 from pipewright.runtime.config import TrainConfig
 from pipewright.runtime.trainer import train
 
@@ -78,10 +77,9 @@ def main() -> None:
             if args.report_only and not (out / "profile-after.csv").is_file():  # an older run: one profile
                 plan = plan_comparison(config, str(out / "profile.csv"), progress=False)
             elif args.report_only:  # the two profiles the run wrote, merged again
-                brackets = tuple(load_profile(out / f"profile-{w}.csv") for w in ("before", "after"))
+                before, after = (load_profile(out / f"profile-{w}.csv") for w in ("before", "after"))
                 plan = plan_comparison(config, str(out / "profile-before.csv"), progress=False)
-                rows, meta = mean_profile(brackets)
-                plan = replace(plan, rows=rows, meta=meta, brackets=brackets, source=None)
+                plan = with_brackets(plan, before, after)
             else:  # as `pipewright train --compare-sim`: profiled before and after the run
                 plan = plan_comparison(config, progress=False)
                 train(config)

@@ -119,10 +119,17 @@ def bracket_profile(plan: ComparePlan, *, progress: bool = True) -> ComparePlan:
     ``--profile`` file is returned unchanged."""
     if plan.source is not None:
         return plan
-    after = _profile_in_process(plan.config, plan.spec, progress)
-    before = (plan.rows, plan.meta)
+    return with_brackets(plan, (plan.rows, plan.meta), _profile_in_process(plan.config, plan.spec, progress))
+
+
+def with_brackets(
+    plan: ComparePlan,
+    before: tuple[tuple[ProfileRow, ...], dict[str, str]],
+    after: tuple[tuple[ProfileRow, ...], dict[str, str]],
+) -> ComparePlan:
+    """``plan`` predicting from the mean of the profiles ``before`` and ``after`` a run."""
     rows, meta = mean_profile([before, after])
-    return replace(plan, rows=rows, meta=meta, brackets=(before, after))
+    return replace(plan, rows=rows, meta=meta, brackets=(before, after), source=None)
 
 
 def predicted_schedule(config: TrainConfig) -> Schedule:
@@ -220,13 +227,10 @@ def profile_drift(
 
 
 def _full_load_slowdown(meta: dict[str, str]) -> float | None:
-    """s(N) / s(workers) of a profile's contention curve (None without a usable one)."""
-    try:
-        curve = [float(x) for x in str(meta.get("contention", "")).split(",") if x]
-        ref = curve[min(max(int(meta.get("workers", "1")), 1), len(curve)) - 1] if curve else 0.0
-    except ValueError:
+    """s(N) relative to the profile's ``workers``, as the simulator reads the curve (None without one)."""
+    if not meta.get("contention"):
         return None
-    return curve[-1] / ref if ref > 0 else None
+    return SharedCompute.from_profile(1, 1, meta).slowdown[-1]
 
 
 def measured_steps(metrics_path: Path) -> tuple[list[dict[str, Any]], int]:
@@ -386,40 +390,34 @@ def summary(report: dict[str, Any]) -> str:
     ratios and the replay the report holds."""
     m, p = report["measured"], report["predicted"]
     bubble = "n/a" if m["bubble_fraction"] is None else f"{m['bubble_fraction']:.3f}"
-    return (
+    lines = [
         f"step time: measured {m['step_time_s'] * 1e3:.1f} ms (median of {len(m['steps'])} steps), "
         f"predicted {p['step_time_s'] * 1e3:.1f} ms (pipeline {p['pipeline_time_s'] * 1e3:.1f} + optimizer "
-        f"{p['optimizer_time_s'] * 1e3:.1f}); measured/predicted {report['ratio']:.3f}\n"
-        f"bubble fraction: measured {bubble}, predicted {p['bubble_fraction']:.3f}"
-        + (
-            f"\npredicted with the {report['pp'] * report['dp'] * report['tp']} processes sharing "
+        f"{p['optimizer_time_s'] * 1e3:.1f}); measured/predicted {report['ratio']:.3f}",
+        f"bubble fraction: measured {bubble}, predicted {p['bubble_fraction']:.3f}",
+    ]
+    if p.get("core_sharing"):
+        lines.append(
+            f"predicted with the {report['pp'] * report['dp'] * report['tp']} processes sharing "
             f"{p['core_sharing'][0]:g} CPU cores"
-            if p.get("core_sharing")
-            else ""
         )
-        + (
-            f"\nprofiled before and after the run (predicted {by['before'] * 1e3:.1f} and "
+    if by := p.get("by_profile"):
+        lines.append(
+            f"profiled before and after the run (predicted {by['before'] * 1e3:.1f} and "
             f"{by['after'] * 1e3:.1f} ms from each alone; after/before: {_drift_text(report)}); "
             "predicted from their mean"
-            + (
-                f"\nwarning: the machine's speed changed by more than {DRIFT_WARNING:.0%} during the run "
-                "(other load?); "
-                "measured/predicted says as much about the machine as about the model"
-                if unsteady(report)
-                else ""
+        )
+        if unsteady(report):
+            lines.append(
+                f"warning: the machine's speed changed by more than {DRIFT_WARNING:.0%} during the run "
+                "(other load?); measured/predicted says as much about the machine as about the model"
             )
-            if (by := p.get("by_profile"))
-            else ""
-        )
-        + "".join(
-            f"\n{kind} actions took {ratio:.2f}x their profiled time"
-            for kind, ratio in report.get("compute_ratio", {}).items()
-        )
-        + (
-            f"\nreplay (simulated with each stage's mean action times of the last step): executor "
+    for kind, ratio in report.get("compute_ratio", {}).items():
+        lines.append(f"{kind} actions took {ratio:.2f}x their profiled time")
+    if "replay" in report:
+        lines.append(
+            f"replay (simulated with each stage's mean action times of the last step): executor "
             f"{m['pipeline_time_s'] * 1e3:.1f} ms, simulated "
             f"{report['replay']['pipeline_time_s'] * 1e3:.1f} ms"
-            if "replay" in report
-            else ""
         )
-    )
+    return "\n".join(lines)
