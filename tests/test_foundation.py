@@ -92,7 +92,7 @@ def test_timeline_json_round_trip_with_extension_kind() -> None:
     from pipewright.ir import KindSpec
     from pipewright.timeline import Span, Timeline
 
-    kinds = CORE_KINDS.with_kinds(KindSpec("KFAC_A", lambda a, s: ((("F", a.stage, a.microbatch)),)))
+    kinds = CORE_KINDS.with_kinds(KindSpec("KFAC_A", lambda a, s: (("F", a.stage, a.microbatch, None),)))
     spans = [Span(0, Action(0, "F", 0), 0.0, 1.0), Span(0, Action(0, "KFAC_A", 0), 1.0, 2.0)]
     tl = Timeline.of(1, spans)
     again = Timeline.from_json(tl.to_json(), kinds)

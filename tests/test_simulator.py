@@ -99,7 +99,7 @@ def test_step_barrier_makes_every_iteration_a_full_makespan() -> None:
     # Rank 1 ends its iteration with 5 units of extra work (an extension kind after its backward):
     # with the barrier every iteration waits for it; without, rank 0 starts the next one meanwhile
     # and the period is rank 1's compute time.
-    kinds = sched.kinds.with_kinds(KindSpec("K", lambda a, s: (("W", a.stage, a.microbatch),)))
+    kinds = sched.kinds.with_kinds(KindSpec("K", lambda a, s: (("W", a.stage, a.microbatch, None),)))
     tail = _literal(["0F0 0B0", "1F0 1B0 1K0"], 2, 1, kinds=kinds)
     cost = UnitCost(times={"F": 1, "B": 2, "K": 5})
     assert simulate(tail, cost, iterations=3).iteration_time == 9
@@ -162,7 +162,7 @@ def test_reduce_grad_runs_on_a_collective_stream_that_overlaps_compute() -> None
 
 def test_extension_kinds_are_simulated_by_their_flags() -> None:
     kinds = build_schedule("1f1b", 2, 2).kinds.with_kinds(
-        KindSpec("K", lambda a, s: ((F, a.stage, a.microbatch),), description="curvature")
+        KindSpec("K", lambda a, s: ((F, a.stage, a.microbatch, None),), description="curvature")
     )
     rows = ["0F0 0K0 0F1 0K1 0B0 0B1", "1F0 1K0 1B0 1F1 1K1 1B1"]
     sched = _literal(rows, 2, 2, kinds=kinds)

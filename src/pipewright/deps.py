@@ -1,10 +1,10 @@
 """The dependency rules: what must have completed before each action may start.
 
 This is the one place that knows them; the validator, the lowering pass, the simulator and the runtime
-all ask :func:`requires` / :func:`produces` (through the schedule's :class:`~pipewright.ir.KindRegistry`).
+all ask :func:`requires` / :func:`produces` (through the schedule's :class:`~pipewright.kinds.KindRegistry`).
 
-Requirements are *events* ``(kind, stage, microbatch)``. A full backward ``B`` completes both the
-input-gradient event ``I`` and the weight-gradient event ``W``, so schedules that split the backward
+Requirements are *events* ``(kind, stage, microbatch, payload)``. A full backward ``B`` completes both
+the input-gradient event ``I`` and the weight-gradient event ``W``, so schedules that split the backward
 (zero bubble) and those that do not share one set of rules:
 
 ==========================  ==================================================================
@@ -22,11 +22,19 @@ action                      requires
 ``STEP(s)``                 ``W(s, k)`` for every k, and ``REDUCE_GRAD(s)`` when the schedule has any
 ``STEP(s, k)``              ``W(s, k)`` (asynchronous schedules step after each backward)
 ==========================  ==================================================================
+
+A receive of any point-to-point kind requires the matching send (:func:`matching_send`); a send's peer
+and its matching receive come from the kind's :class:`~pipewright.kinds.P2P` metadata. A feature whose
+compute kind takes data from another stage writes its rule with :func:`from_stage`, as F does.
 """
 
 from __future__ import annotations
 
-from pipewright.ir import (
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from pipewright.kinds import (
+    P2P,
     RECV_B,
     RECV_F,
     REDUCE_GRAD,
@@ -35,66 +43,76 @@ from pipewright.ir import (
     STEP,
     Action,
     B,
+    Collective,
     Event,
     F,
     I,
     KindRegistry,
     KindSpec,
-    Schedule,
     W,
 )
 
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
-def _crosses(schedule: Schedule, a: int, b: int) -> bool:
+    from pipewright.ir import Schedule
+
+
+def crosses(schedule: Schedule, a: int, b: int) -> bool:
     """True when data between stages a and b travels through explicit send/receive actions."""
     return schedule.lowered and not schedule.local(a, b)
 
 
-def _forward_requires(action: Action, schedule: Schedule) -> tuple[Event, ...]:
-    s, k = action.stage, action.microbatch
-    if s == 0:
+def from_stage(
+    schedule: Schedule, action: Action, producer: str, source: int, receive: str
+) -> tuple[Event, ...]:
+    """The event ``action`` needs from stage ``source``: ``producer``'s event there when the two stages
+    share a rank (or the schedule is not lowered), else the ``receive`` kind's event on ``action``'s
+    stage. No event when ``source`` is outside the pipeline."""
+    if not 0 <= source < schedule.num_stages:
         return ()
-    if _crosses(schedule, s - 1, s):
-        return ((RECV_F, s, k),)
-    return ((F, s - 1, k),)
+    k, p = action.microbatch, action.payload
+    if crosses(schedule, source, action.stage):
+        return ((receive, action.stage, k, p),)
+    return ((producer, source, k, p),)
+
+
+def _forward_requires(action: Action, schedule: Schedule) -> tuple[Event, ...]:
+    return from_stage(schedule, action, F, action.stage - 1, RECV_F)
 
 
 def _backward_requires(action: Action, schedule: Schedule) -> tuple[Event, ...]:
     s, k = action.stage, action.microbatch
-    own = (F, s, k)
-    if s == schedule.num_stages - 1:
-        return (own,)
-    if _crosses(schedule, s + 1, s):
-        return (own, (RECV_B, s, k))
-    return (own, (I, s + 1, k))
+    return ((F, s, k, None), *from_stage(schedule, action, I, s + 1, RECV_B))
 
 
 def _full_backward_produces(action: Action, schedule: Schedule) -> tuple[Event, ...]:
-    return ((I, action.stage, action.microbatch), (W, action.stage, action.microbatch))
+    return ((I, action.stage, action.microbatch, None), (W, action.stage, action.microbatch, None))
 
 
 def _weight_requires(action: Action, schedule: Schedule) -> tuple[Event, ...]:
-    return ((I, action.stage, action.microbatch),)
+    return ((I, action.stage, action.microbatch, None),)
 
 
-def _send_f_requires(action: Action, schedule: Schedule) -> tuple[Event, ...]:
-    return ((F, action.stage, action.microbatch),)
+@dataclass(frozen=True)
+class after:
+    """A rule: the action needs ``kind``'s event of its own stage, microbatch and payload (a send needs
+    what it sends). A picklable value, so schedules travel to worker processes."""
+
+    kind: str
+
+    def __call__(self, action: Action, schedule: Schedule) -> tuple[Event, ...]:
+        return ((self.kind, action.stage, action.microbatch, action.payload),)
 
 
-def _recv_f_requires(action: Action, schedule: Schedule) -> tuple[Event, ...]:
-    return ((SEND_F, action.stage - 1, action.microbatch),)
-
-
-def _send_b_requires(action: Action, schedule: Schedule) -> tuple[Event, ...]:
-    return ((I, action.stage, action.microbatch),)
-
-
-def _recv_b_requires(action: Action, schedule: Schedule) -> tuple[Event, ...]:
-    return ((SEND_B, action.stage + 1, action.microbatch),)
+def matching_send(action: Action, schedule: Schedule) -> tuple[Event, ...]:
+    """A receive's rule: the matching send on the peer stage."""
+    spec = schedule.kinds[action.kind].p2p
+    return ((spec.pair, action.stage + spec.offset, action.microbatch, action.payload),)
 
 
 def _all_weight_grads(stage: int, schedule: Schedule) -> tuple[Event, ...]:
-    return tuple((W, stage, k) for k in range(schedule.num_microbatches))
+    return tuple((W, stage, k, None) for k in range(schedule.num_microbatches))
 
 
 def _reduce_requires(action: Action, schedule: Schedule) -> tuple[Event, ...]:
@@ -103,11 +121,25 @@ def _reduce_requires(action: Action, schedule: Schedule) -> tuple[Event, ...]:
 
 def _step_requires(action: Action, schedule: Schedule) -> tuple[Event, ...]:
     if action.microbatch is not None:
-        return ((W, action.stage, action.microbatch),)
+        return ((W, action.stage, action.microbatch, None),)
     events = _all_weight_grads(action.stage, schedule)
     if has_kind(schedule, REDUCE_GRAD):
-        events += ((REDUCE_GRAD, action.stage, None),)
+        events += ((REDUCE_GRAD, action.stage, None, None),)
     return events
+
+
+@dataclass(frozen=True)
+class every_microbatch:
+    """A completeness rule: every stage produces ``kind``'s event for every microbatch (``via`` names
+    the kinds that may produce it, for the message). Picklable."""
+
+    kind: str
+    via: str
+
+    def __call__(self, schedule: Schedule) -> Iterable[tuple[Event, str]]:
+        for s in range(schedule.num_stages):
+            for k in range(schedule.num_microbatches):
+                yield (self.kind, s, k, None), self.via
 
 
 def has_kind(schedule: Schedule, kind: str) -> bool:
@@ -118,7 +150,16 @@ def has_kind(schedule: Schedule, kind: str) -> bool:
 #: The core action kinds. Features extend with ``CORE_KINDS.with_kinds(KindSpec(...))``.
 CORE_KINDS = KindRegistry(
     [
-        KindSpec(F, _forward_requires, memory=1, torch=True, per_microbatch=True, description="forward"),
+        KindSpec(
+            F,
+            _forward_requires,
+            complete=every_microbatch(F, "F"),
+            always=True,
+            memory=1,
+            torch=True,
+            per_microbatch=True,
+            description="forward",
+        ),
         KindSpec(
             B,
             _backward_requires,
@@ -128,24 +169,66 @@ CORE_KINDS = KindRegistry(
             per_microbatch=True,
             description="full backward (input and weight gradients)",
         ),
-        KindSpec(I, _backward_requires, torch=True, per_microbatch=True, description="backward to the input"),
+        KindSpec(
+            I,
+            _backward_requires,
+            complete=every_microbatch(I, "B or I"),
+            always=True,
+            torch=True,
+            per_microbatch=True,
+            description="backward to the input",
+        ),
         KindSpec(
             W,
             _weight_requires,
+            complete=every_microbatch(W, "B or W"),
+            always=True,
             memory=-1,
             torch=True,
             per_microbatch=True,
             description="backward to the weights",
         ),
-        KindSpec(SEND_F, _send_f_requires, compute=False, comm="send", torch=True, per_microbatch=True),
-        KindSpec(RECV_F, _recv_f_requires, compute=False, comm="recv", torch=True, per_microbatch=True),
-        KindSpec(SEND_B, _send_b_requires, compute=False, comm="send", torch=True, per_microbatch=True),
-        KindSpec(RECV_B, _recv_b_requires, compute=False, comm="recv", torch=True, per_microbatch=True),
+        KindSpec(
+            SEND_F,
+            after(F),
+            compute=False,
+            p2p=P2P("send", RECV_F, +1, "activation", attach=(F,)),
+            torch=True,
+            per_microbatch=True,
+            description="send a stage's output to the next stage",
+        ),
+        KindSpec(
+            RECV_F,
+            matching_send,
+            compute=False,
+            p2p=P2P("recv", SEND_F, -1, "activation", attach=(F,)),
+            torch=True,
+            per_microbatch=True,
+            description="receive a stage's input",
+        ),
+        KindSpec(
+            SEND_B,
+            after(I),
+            compute=False,
+            p2p=P2P("send", RECV_B, -1, "activation_grad", attach=(B, I)),
+            torch=True,
+            per_microbatch=True,
+            description="send the gradient of a stage's input to the previous stage",
+        ),
+        KindSpec(
+            RECV_B,
+            matching_send,
+            compute=False,
+            p2p=P2P("recv", SEND_B, +1, "activation_grad", attach=(B, I)),
+            torch=True,
+            per_microbatch=True,
+            description="receive the gradient of a stage's output",
+        ),
         KindSpec(
             REDUCE_GRAD,
             _reduce_requires,
             compute=False,
-            comm="collective",
+            collective=Collective("all_reduce", "dp"),
             torch=True,
             per_microbatch=False,
             description="data-parallel gradient reduction of a stage",
@@ -165,18 +248,17 @@ def produces(action: Action, schedule: Schedule) -> tuple[Event, ...]:
     return schedule.kinds[action.kind].events(action, schedule)
 
 
-#: For each send kind, the receive kind that consumes it and the stage offset of the receiver.
-SEND_TO_RECV: dict[str, tuple[str, int]] = {SEND_F: (RECV_F, +1), SEND_B: (RECV_B, -1)}
+def matching_recv(action: Action, schedule: Schedule) -> Action:
+    """The receive that consumes a send (``SEND_F(s,k)`` → ``RECV_F(s+1,k)``), from its P2P metadata."""
+    spec = schedule.kinds[action.kind].p2p
+    return Action(action.stage + spec.offset, spec.pair, action.microbatch, action.payload)
 
 
-def matching_recv(action: Action) -> Action:
-    """The receive that consumes a send: ``SEND_F(s,k)`` → ``RECV_F(s+1,k)``; ``SEND_B(s,k)`` →
-    ``RECV_B(s-1,k)``."""
-    kind, offset = SEND_TO_RECV[action.kind]
-    return Action(action.stage + offset, kind, action.microbatch)
+def peer_stage(action: Action, schedule: Schedule) -> int:
+    """The stage a send goes to or a receive comes from."""
+    return action.stage + schedule.kinds[action.kind].p2p.offset
 
 
 def peer_rank(action: Action, schedule: Schedule) -> int:
     """The rank a send goes to or a receive comes from."""
-    offset = {SEND_F: 1, RECV_F: -1, SEND_B: -1, RECV_B: 1}[action.kind]
-    return schedule.placement[action.stage + offset]
+    return schedule.placement[peer_stage(action, schedule)]

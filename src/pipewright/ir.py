@@ -1,8 +1,7 @@
 """The schedule IR: actions, action kinds, stage placement, and the per-rank action lists.
 
-An :class:`Action` is a small immutable value — ``(stage, kind, microbatch, payload)`` — whose string
-form is the one ``torch.distributed.pipelining`` uses (``"2F0"``, ``"1SEND_F3"``, ``"0REDUCE_GRAD"``).
-A :class:`Schedule` holds, for every pipeline rank, the ordered tuple of actions it performs in one
+Actions, kinds and events are defined in :mod:`pipewright.kinds` and re-exported here. A
+:class:`Schedule` holds, for every pipeline rank, the ordered tuple of actions it performs in one
 training iteration, plus the stage→rank placement. What each kind needs before it may run lives in
 :mod:`pipewright.deps`; kinds themselves are described by :class:`KindSpec` values collected in an
 immutable :class:`KindRegistry` that features extend by ``registry.with_kinds(...)``.
@@ -12,105 +11,61 @@ Nothing here imports torch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
-from typing import Any, NamedTuple
+from typing import Any
 
-# Core kind names (the strings are torch.distributed.pipelining's _ComputationType values).
-F = "F"
-B = "B"
-I = "I"
-W = "W"
-SEND_F = "SEND_F"
-RECV_F = "RECV_F"
-SEND_B = "SEND_B"
-RECV_B = "RECV_B"
-REDUCE_GRAD = "REDUCE_GRAD"
-STEP = "STEP"
+from pipewright.deps import CORE_KINDS
+from pipewright.kinds import (
+    COLLECTIVE_OPS,
+    MESH_GROUPS,
+    P2P,
+    RECV_B,
+    RECV_F,
+    REDUCE_GRAD,
+    SEND_B,
+    SEND_F,
+    STEP,
+    Action,
+    B,
+    Collective,
+    Event,
+    F,
+    I,
+    KindRegistry,
+    KindSpec,
+    W,
+    event_action,
+)
 
-
-class Action(NamedTuple):
-    """One thing a rank does: ``kind`` on model chunk ``stage`` for ``microbatch``.
-
-    ``microbatch`` is ``None`` for per-stage actions (REDUCE_GRAD, STEP after a flush).
-    ``payload`` carries extra identity for extension kinds (e.g. a K-FAC layer index).
-    """
-
-    stage: int
-    kind: str
-    microbatch: int | None = None
-    payload: Any = None
-
-    def __str__(self) -> str:
-        text = f"{self.stage}{self.kind}"
-        if self.microbatch is not None:
-            text += str(self.microbatch)
-        if self.payload is not None:
-            text += f":{self.payload}"
-        return text
-
-
-#: An event is an action that has completed; requirements are expressed as events.
-Event = tuple[str, int, "int | None"]
-
-
-@dataclass(frozen=True, slots=True)
-class KindSpec:
-    """Description of one action kind.
-
-    requires(action, schedule) -> events that must have happened (anywhere) before ``action`` starts.
-    produces(action, schedule) -> events ``action`` completes (by default, its own ``(kind, stage, mb)``).
-    ``compute``: occupies the rank's compute stream. ``comm``: ``"send"``/``"recv"`` for point-to-point
-    kinds, ``"collective"`` for group collectives, ``None`` otherwise. ``memory``: change in activation
-    memory, in units of one microbatch of one chunk, that the action causes on its rank.
-    ``torch``: the kind exists in torch.distributed.pipelining's CSV format. ``per_microbatch``: True when
-    the action must name a microbatch, False when it never does (per-stage actions), None either way.
-    """
-
-    name: str
-    requires: Callable[[Action, Schedule], tuple[Event, ...]]
-    produces: Callable[[Action, Schedule], tuple[Event, ...]] | None = None
-    compute: bool = True
-    comm: str | None = None
-    memory: int = 0
-    torch: bool = False
-    per_microbatch: bool | None = None
-    description: str = ""
-
-    def events(self, action: Action, schedule: Schedule) -> tuple[Event, ...]:
-        if self.produces is None:
-            return ((action.kind, action.stage, action.microbatch),)
-        return self.produces(action, schedule)
-
-
-class KindRegistry(Mapping[str, KindSpec]):
-    """Immutable mapping kind name → :class:`KindSpec`. ``with_kinds`` returns an extended copy."""
-
-    __slots__ = ("_specs",)
-
-    def __init__(self, specs: Iterable[KindSpec] = ()) -> None:
-        self._specs: dict[str, KindSpec] = {}
-        for spec in specs:
-            if spec.name in self._specs:
-                raise ValueError(f"action kind {spec.name!r} registered twice")
-            self._specs[spec.name] = spec
-
-    def __getitem__(self, name: str) -> KindSpec:
-        return self._specs[name]
-
-    def __iter__(self):
-        return iter(self._specs)
-
-    def __len__(self) -> int:
-        return len(self._specs)
-
-    def with_kinds(self, *specs: KindSpec) -> KindRegistry:
-        """A new registry with ``specs`` added (extension by registration)."""
-        return KindRegistry([*self._specs.values(), *specs])
-
-    def __repr__(self) -> str:
-        return f"KindRegistry({', '.join(self._specs)})"
+__all__ = [
+    "COLLECTIVE_OPS",
+    "CORE_KINDS",
+    "MESH_GROUPS",
+    "P2P",
+    "RECV_B",
+    "RECV_F",
+    "REDUCE_GRAD",
+    "SEND_B",
+    "SEND_F",
+    "STEP",
+    "Action",
+    "B",
+    "Collective",
+    "Event",
+    "F",
+    "I",
+    "KindRegistry",
+    "KindSpec",
+    "Schedule",
+    "W",
+    "event_action",
+    "loop_placement",
+    "peak_in_flight",
+    "render_grid",
+    "v_placement",
+]
 
 
 def loop_placement(ranks: int, chunks: int = 1) -> tuple[int, ...]:
@@ -144,8 +99,6 @@ class Schedule:
 
     def __post_init__(self) -> None:
         if self.kinds is None:
-            from pipewright.deps import CORE_KINDS
-
             object.__setattr__(self, "kinds", CORE_KINDS)
         if len(self.placement) != self.num_stages:
             raise ValueError(f"placement has {len(self.placement)} entries for {self.num_stages} stages")

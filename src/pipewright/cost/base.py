@@ -40,15 +40,19 @@ class CommModel(Protocol):
     """Communication times between the ranks of one simulated pipeline.
 
     ``p2p_time(src, dst, nbytes)``: seconds to move ``nbytes`` from pipeline rank ``src`` to ``dst``
-    (latency + size / bottleneck bandwidth of the best path). ``collective_time(kind, rank, nbytes)``:
-    seconds for ``rank``'s part in a collective of ``kind`` ("all_reduce", "all_gather",
-    "reduce_scatter", "broadcast") over the group that kind implies for that rank (e.g. its
-    data-parallel group for REDUCE_GRAD), ``nbytes`` per device.
+    (latency + size / bottleneck bandwidth of the best path).
+    ``collective_time(op, rank, nbytes, group="dp", members=())``: seconds for ``rank``'s part in a
+    collective ``op`` ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "barrier")
+    over ``group`` — rank's data-parallel (``"dp"``) or tensor-parallel (``"tp"``) group, or, for a
+    group that spans the pipeline (``"pp"`` or a feature's named group), the pipeline ranks
+    ``members`` — with ``nbytes`` per device.
     """
 
     def p2p_time(self, src: int, dst: int, nbytes: float) -> float: ...
 
-    def collective_time(self, kind: str, rank: int, nbytes: float) -> float: ...
+    def collective_time(
+        self, kind: str, rank: int, nbytes: float, group: str = "dp", members: tuple[int, ...] = ()
+    ) -> float: ...
 
 
 class FreeComm:
@@ -57,5 +61,7 @@ class FreeComm:
     def p2p_time(self, src: int, dst: int, nbytes: float) -> float:
         return 0.0
 
-    def collective_time(self, kind: str, rank: int, nbytes: float) -> float:
+    def collective_time(
+        self, kind: str, rank: int, nbytes: float, group: str = "dp", members: tuple[int, ...] = ()
+    ) -> float:
         return 0.0

@@ -81,10 +81,24 @@ class TopologyComm:
             return 0.0
         return self.topology.p2p_time(self.device(src), self.device(dst), nbytes / self.bandwidth_efficiency)
 
-    def collective_time(self, kind: str, rank: int, nbytes: float) -> float:
+    def collective_time(
+        self, kind: str, rank: int, nbytes: float, group: str = "dp", members: tuple[int, ...] = ()
+    ) -> float:
+        """Collective ``kind`` over rank's dp or tp group, or over the devices of pipeline ranks
+        ``members`` (groups that span the pipeline); a barrier costs one all-reduce of 1 byte."""
         self.device(rank)
-        group = [self.topology.devices[g] for g in self.mesh.dp_group(rank)]
-        return self.topology.collective_time(kind, group, nbytes / self.bandwidth_efficiency)
+        if group == "dp":
+            ranks = self.mesh.dp_group(rank)
+        elif group == "tp":
+            ranks = self.mesh.tp_group(rank)
+        else:
+            ranks = tuple(self.mesh.global_rank(m) for m in (members or range(self.mesh.pp)))
+        devices = [self.topology.devices[g] for g in ranks]
+        if kind == "barrier":
+            kind, nbytes = "all_reduce", 1.0
+        elif kind == "reduce":
+            kind = "broadcast"  # a tree reduce moves what a broadcast does, in reverse
+        return self.topology.collective_time(kind, devices, nbytes / self.bandwidth_efficiency)
 
     def tp_all_reduce_time(self, rank: int, nbytes: float) -> float:
         """A ring all-reduce of ``nbytes`` over pipeline rank ``rank``'s tensor-parallel group."""

@@ -361,8 +361,12 @@ class ProfiledComm:
             return self.seconds
         return self.seconds * nbytes / self.nbytes
 
-    def collective_time(self, kind: str, rank: int, nbytes: float) -> float:
-        return 0.0 if self.collectives is None else self.collectives.collective_time(kind, rank, nbytes)
+    def collective_time(
+        self, kind: str, rank: int, nbytes: float, group: str = "dp", members: tuple[int, ...] = ()
+    ) -> float:
+        if self.collectives is None:
+            return 0.0
+        return self.collectives.collective_time(kind, rank, nbytes, group, members)
 
 
 def load_profile(path: str | Path) -> tuple[tuple[ProfileRow, ...], dict[str, str]]:

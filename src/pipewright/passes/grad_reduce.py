@@ -16,7 +16,7 @@ def add_grad_reduction(schedule: Schedule) -> Schedule:
     for row in schedule.actions:
         last: dict[int, int] = {}
         for pos, a in enumerate(row):
-            for kind, stage, _ in produces(a, schedule):
+            for kind, stage, _, _ in produces(a, schedule):
                 if kind == W:
                     last[stage] = pos
         after: dict[int, list[int]] = {}

@@ -1,48 +1,53 @@
 """Lowering: insert the point-to-point actions a compute-only schedule implies.
 
-After ``F(s, k)`` whose next stage sits on another rank, ``SEND_F(s, k)``; before ``F(s, k)`` whose
-previous stage sits on another rank, ``RECV_F(s, k)``; likewise ``SEND_B`` after and ``RECV_B`` before
-the backward (``B`` or ``I``). Adjacent stages on one rank (the V placement's turn) hand over locally.
-Receives sit immediately before their consumer, so a rank blocks on a receive only where it would wait
-for the data anyway: lowering adds no deadlock. The runtime posts the receives earlier, non-blocking.
+Every point-to-point kind names, in its :class:`~pipewright.kinds.P2P` metadata, the compute kinds it is
+attached to and the stage it talks to. Around each action of such a compute kind, lowering puts the
+attached receives right before it and the attached sends right after it, whenever the peer stage exists
+and sits on another rank: after ``F(s, k)`` a ``SEND_F(s, k)`` to stage s+1, before it a
+``RECV_F(s, k)`` from stage s−1; ``SEND_B``/``RECV_B`` likewise around the backward (``B`` or ``I``).
+Feature kinds get their transfers by the same rule. Adjacent stages on one rank (the V placement's
+turn) hand over locally. Receives sit immediately before their consumer, so a rank blocks on a receive
+only where it would wait for the data anyway: lowering adds no deadlock. The runtime posts the
+receives earlier, non-blocking.
 """
 
 from __future__ import annotations
 
-from pipewright.ir import RECV_B, RECV_F, SEND_B, SEND_F, Action, B, F, I, Schedule
+from pipewright.ir import Action, Schedule
 
 
 def lower(schedule: Schedule) -> Schedule:
-    """Return ``schedule`` with explicit SEND_F/RECV_F/SEND_B/RECV_B actions (idempotent)."""
+    """Return ``schedule`` with its explicit point-to-point actions (idempotent)."""
     if schedule.lowered:
         return schedule
-    last = schedule.num_stages - 1
+    kinds = schedule.kinds
+    n = schedule.num_stages
+    placement = schedule.placement
     rows = []
     for row in schedule.actions:
         out: list[Action] = []
         for a in row:
-            s, k = a.stage, a.microbatch
-            if a.kind == F:
-                if s > 0 and not schedule.local(s - 1, s):
-                    out.append(Action(s, RECV_F, k))
+            attached = kinds.attached_to(a.kind)
+            if not attached:
                 out.append(a)
-                if s < last and not schedule.local(s, s + 1):
-                    out.append(Action(s, SEND_F, k))
-            elif a.kind in (B, I):
-                if s < last and not schedule.local(s, s + 1):
-                    out.append(Action(s, RECV_B, k))
-                out.append(a)
-                if s > 0 and not schedule.local(s - 1, s):
-                    out.append(Action(s, SEND_B, k))
-            else:
-                out.append(a)
+                continue
+            sends = []
+            for spec in attached:
+                peer = a.stage + spec.p2p.offset
+                if not 0 <= peer < n or placement[peer] == placement[a.stage]:
+                    continue
+                moved = Action(a.stage, spec.name, a.microbatch, a.payload)
+                if spec.p2p.role == "recv":
+                    out.append(moved)
+                else:
+                    sends.append(moved)
+            out.append(a)
+            out.extend(sends)
         rows.append(out)
     return schedule.with_actions(rows, lowered=True)
 
 
 def strip_comms(schedule: Schedule) -> Schedule:
     """The compute-only form: drop point-to-point actions (inverse of :func:`lower`)."""
-    rows = [
-        [a for a in row if schedule.kinds[a.kind].comm not in ("send", "recv")] for row in schedule.actions
-    ]
+    rows = [[a for a in row if schedule.kinds[a.kind].p2p is None] for row in schedule.actions]
     return schedule.with_actions(rows, lowered=False)

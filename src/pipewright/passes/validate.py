@@ -7,8 +7,10 @@ names rank, position and action, followed by the text grid with the offending ce
    when its kind is per-microbatch (``KindSpec.per_microbatch``), and it runs on the rank that holds its
    stage;
 2. no action appears twice and no event is produced twice (e.g. both ``B`` and ``I`` for one microbatch);
-3. every stage computes F, I and W for every microbatch (B counts as I and W), every requirement is
-   produced somewhere, every send has its receive and no send/receive crosses a local hand-off;
+3. every completeness rule of the schedule's kinds holds (core: every stage computes F, I and W for
+   every microbatch, B counting as I and W; a feature kind's rule applies when the schedule uses the
+   kind), every requirement is produced somewhere, every send has its receive, no send/receive crosses
+   a local hand-off, and every collective that spans pipeline ranks has one action on each member;
 4. executing the ranks in order with blocking receives (sends never block) finishes: an action placed
    before a dependency its own rank produces later is reported as such; otherwise the stuck heads of
    all ranks are reported as a deadlock.
@@ -16,9 +18,9 @@ names rank, position and action, followed by the text grid with the offending ce
 
 from __future__ import annotations
 
-from pipewright.deps import SEND_TO_RECV, matching_recv, produces, requires
+from pipewright.deps import matching_recv, peer_stage, produces, requires
 from pipewright.errors import ValidationError
-from pipewright.ir import Action, Event, F, I, Schedule, W
+from pipewright.ir import Action, Event, Schedule, event_action
 
 _GRID_WIDTH = 24
 
@@ -31,7 +33,7 @@ def _fail(schedule: Schedule, rank: int, pos: int, message: str) -> ValidationEr
 
 
 def _fmt(event: Event) -> str:
-    return str(Action(event[1], event[0], event[2]))
+    return str(event_action(event))
 
 
 def validate(schedule: Schedule) -> Schedule:
@@ -100,53 +102,89 @@ def _check_structure(schedule: Schedule) -> dict[Event, tuple[int, int]]:
 
 
 def _check_complete(schedule: Schedule, producer: dict[Event, tuple[int, int]]) -> None:
-    for s in range(schedule.num_stages):
-        rank = schedule.placement[s]
-        for k in range(schedule.num_microbatches):
-            for kind, via in ((F, "F"), (I, "B or I"), (W, "B or W")):
-                if (kind, s, k) not in producer:
-                    pos = len(schedule.actions[rank])
-                    raise _fail(
-                        schedule,
-                        rank,
-                        pos,
-                        f"missing {Action(s, kind, k)}: stage {s} never runs {via} for microbatch {k}",
-                    )
+    kinds = schedule.kinds
+    used = {a.kind for row in schedule.actions for a in row}
+    for spec in kinds.values():
+        if spec.complete is None or not (spec.always or spec.name in used):
+            continue
+        for ev, via in spec.complete(schedule):
+            if ev not in producer:
+                action = event_action(ev)
+                rank = schedule.placement[action.stage]
+                raise _fail(
+                    schedule,
+                    rank,
+                    len(schedule.actions[rank]),
+                    f"missing {action}: stage {action.stage} never runs {via}"
+                    + (f" for microbatch {action.microbatch}" if action.microbatch is not None else ""),
+                )
+    collectives: set[tuple] = {
+        (rank, a.kind, a.microbatch, a.payload)
+        for rank, row in enumerate(schedule.actions)
+        for a in row
+        if kinds[a.kind].collective is not None
+    }
     for rank, row in enumerate(schedule.actions):
         for pos, a in enumerate(row):
             for ev in requires(a, schedule):
                 if ev not in producer:
                     raise _fail(schedule, rank, pos, f"{a} needs {_fmt(ev)}, which no rank runs")
-            if a.kind in SEND_TO_RECV:
-                recv = matching_recv(a)
-                if not 0 <= recv.stage < schedule.num_stages:
-                    raise _fail(schedule, rank, pos, f"{a} sends past the last stage")
-                if schedule.local(a.stage, recv.stage):
-                    raise _fail(
-                        schedule,
-                        rank,
-                        pos,
-                        f"{a} sends between stages {a.stage} and "
-                        f"{recv.stage}, which share rank {rank}: hand over locally",
-                    )
-                if (recv.kind, recv.stage, recv.microbatch) not in producer:
-                    raise _fail(schedule, rank, pos, f"unmatched send {a}: no rank runs {recv}")
-            if schedule.kinds[a.kind].comm == "recv":
-                # a receive across a local boundary is as wrong as the send
-                src = a.stage - 1 if a.kind == "RECV_F" else a.stage + 1
-                if 0 <= src < schedule.num_stages and schedule.local(a.stage, src):
-                    raise _fail(
-                        schedule,
-                        rank,
-                        pos,
-                        f"{a} receives from stage {src} on the same rank: hand over locally",
-                    )
+            spec = kinds[a.kind]
+            if spec.p2p is not None:
+                _check_p2p(schedule, producer, rank, pos, a)
+            elif spec.collective is not None and spec.collective.spans_pipeline:
+                _check_collective(schedule, collectives, rank, pos, a)
+    _check_collective_order(schedule)
+
+
+def _check_p2p(
+    schedule: Schedule, producer: dict[Event, tuple[int, int]], rank: int, pos: int, a: Action
+) -> None:
+    peer = peer_stage(a, schedule)
+    role = schedule.kinds[a.kind].p2p.role
+    if not 0 <= peer < schedule.num_stages:
+        where = "past the last stage" if peer >= schedule.num_stages else "before the first stage"
+        raise _fail(schedule, rank, pos, f"{a} {'sends' if role == 'send' else 'receives from'} {where}")
+    if schedule.local(a.stage, peer):
+        verb = "sends between" if role == "send" else "receives between"
+        raise _fail(
+            schedule,
+            rank,
+            pos,
+            f"{a} {verb} stages {a.stage} and {peer}, which share rank {rank}: hand over locally",
+        )
+    if role == "send":
+        recv = matching_recv(a, schedule)
+        if recv.event not in producer:
+            raise _fail(schedule, rank, pos, f"unmatched send {a}: no rank runs {recv}")
+
+
+def _check_collective(schedule: Schedule, collectives: set[tuple], rank: int, pos: int, a: Action) -> None:
+    """A pipeline-spanning collective needs one action with its microbatch and payload on every member."""
+    members = schedule.kinds[a.kind].collective.participants(a, schedule)
+    if rank not in members:
+        raise _fail(
+            schedule, rank, pos, f"{a} runs on rank {rank}, which is not in its group {list(members)}"
+        )
+    for other in members:
+        if (other, a.kind, a.microbatch, a.payload) not in collectives:
+            raise _fail(
+                schedule,
+                rank,
+                pos,
+                f"collective {a} has no counterpart on rank {other} (group {list(members)}): "
+                f"every member runs {a.kind} for the same microbatch and payload",
+            )
 
 
 def _check_executes(schedule: Schedule, producer: dict[Event, tuple[int, int]]) -> None:
     rows = schedule.actions
     reqs = [[requires(a, schedule) for a in row] for row in rows]
     outs = [[produces(a, schedule) for a in row] for row in rows]
+    # A collective spanning pipeline ranks is issued without blocking its rank; its events complete
+    # when the last member has issued it (a rendezvous), as in the simulator.
+    rendezvous = _rendezvous_keys(schedule)
+    arrived: dict[tuple, list[tuple[Event, ...]]] = {}
     ptr = [0] * len(rows)
     done: set[Event] = set()
     remaining = sum(len(r) for r in rows)
@@ -156,7 +194,15 @@ def _check_executes(schedule: Schedule, producer: dict[Event, tuple[int, int]]) 
             p = ptr[rank]
             rr, oo = reqs[rank], outs[rank]
             while p < len(row) and all(ev in done for ev in rr[p]):
-                done.update(oo[p])
+                key = rendezvous.get((rank, p)) if rendezvous else None
+                if key is None:
+                    done.update(oo[p])
+                else:
+                    group = arrived.setdefault(key, [])
+                    group.append(oo[p])
+                    if len(group) == len(key[-1]):
+                        for events in group:
+                            done.update(events)
                 p += 1
             if p != ptr[rank]:
                 remaining -= p - ptr[rank]
@@ -189,3 +235,39 @@ def _check_executes(schedule: Schedule, producer: dict[Event, tuple[int, int]]) 
         for r, q, a, miss in stuck
     )
     raise _fail(schedule, rank, p, f"deadlock with blocking receives: {waits}")
+
+
+def _rendezvous_keys(schedule: Schedule) -> dict[tuple[int, int], tuple]:
+    """(rank, position) of each pipeline-spanning collective → its rendezvous key
+    (kind, microbatch, payload, members)."""
+    keys: dict[tuple[int, int], tuple] = {}
+    kinds = schedule.kinds
+    for rank, row in enumerate(schedule.actions):
+        for pos, a in enumerate(row):
+            coll = kinds[a.kind].collective
+            if coll is not None and coll.spans_pipeline:
+                keys[(rank, pos)] = (a.kind, a.microbatch, a.payload, coll.participants(a, schedule))
+    return keys
+
+
+def _check_collective_order(schedule: Schedule) -> None:
+    """Members of one group must issue its collectives in the same order (process groups match
+    collectives by order, not by name)."""
+    sequences: dict[tuple[int, ...], dict[int, list[tuple[Action, int]]]] = {}
+    for (rank, pos), key in _rendezvous_keys(schedule).items():
+        a = schedule.actions[rank][pos]
+        sequences.setdefault(key[-1], {}).setdefault(rank, []).append((a, pos))
+    for members, by_rank in sequences.items():
+        first = min(by_rank)
+        ref = [(a.kind, a.microbatch, a.payload) for a, _ in by_rank[first]]
+        for rank, seq in sorted(by_rank.items()):
+            for i, (a, pos) in enumerate(seq):
+                if i >= len(ref) or (a.kind, a.microbatch, a.payload) != ref[i]:
+                    expected = f"{ref[i][0]} of microbatch {ref[i][1]}" if i < len(ref) else "nothing"
+                    raise _fail(
+                        schedule,
+                        rank,
+                        pos,
+                        f"collective {a} is number {i} of group {list(members)} on rank {rank}, but "
+                        f"rank {first} issues {expected} there: members must issue collectives in one order",
+                    )

@@ -3,17 +3,25 @@
 One handler per action kind, looked up in a dict the executor builds from :func:`default_handlers`
 plus the ``handlers`` the caller passes (features add kinds such as K-FAC tasks without editing this
 file). A handler is ``handler(state, action)``; ``state`` (:class:`RunState`) holds the iteration's
-tensors and gives access to the executor (stages, mesh, communication, weight-gradient stores).
+tensors and gives access to the executor (stages, mesh, process groups, communication, weight-gradient
+stores). Point-to-point kinds are handled from their :class:`~pipewright.kinds.P2P` metadata: a send
+takes the tensor named by ``p2p.tensor`` (core: a stage's output ``"activation"`` or its input gradient
+``"activation_grad"``; any other name: what a feature's handler left in ``state.outbox[send action]``),
+a receive is posted ahead with the shape ``tensor_specs[name](action)`` gives and lands in
+``state.received[receive action]``.
 
 Data flow between stages (one tensor per microbatch crosses each stage boundary):
 
-* F(s, k): input = microbatch k (stage 0), the previous stage's output on this rank (local hand-off,
-  V placement), or the tensor RECV_F(s, k) received. The last stage computes
-  ``loss_fn(output, target_k) / m``, so summed gradients over m microbatches equal those of the mean
-  loss of the whole batch (and the dp all-reduce averages over replicas).
-* B(s, k): full backward of stage s from the scaled loss or the output gradient (local or received);
-  I(s, k): the same with weight gradients deferred (:mod:`pipewright.runtime.wgrad`); W(s, k) computes
-  them. The gradient w.r.t. the stage input is kept for SEND_B or for the local stage s − 1.
+* F(s, k): input = a tensor a feature fed (``state.feeds[(s, k)]``), microbatch k (stage 0), the
+  previous stage's output on this rank (local hand-off, V placement), or the tensor RECV_F(s, k)
+  received. A stage's **output hook** (``output_hooks[s]``) may transform its output: the default
+  puts the loss hook on the stage the layout's output layer sits on (the last by default), which
+  computes ``loss_fn(output, target_k) / m`` so summed gradients over m microbatches equal those of the
+  mean loss of the whole batch (and the dp all-reduce averages over replicas).
+* B(s, k): full backward of stage s from the gradient of its output — one a feature left in
+  ``state.output_grads[(s, k)]``, the next stage's input gradient (local or received), or none when the
+  output is the scaled loss; I(s, k): the same with weight gradients deferred (weight-gradient stores);
+  W(s, k) computes them. The gradient w.r.t. the stage input is kept for SEND_B or the local stage s − 1.
 * REDUCE_GRAD(s): asynchronous all-reduce (average) of stage s's gradients over the dp group, waited
   before STEP(s) and at the end of the iteration. STEP(s[, k]) calls ``step_fn(s, k)``.
 """
@@ -30,7 +38,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipewright.ir import RECV_B, RECV_F, REDUCE_GRAD, SEND_B, SEND_F, STEP, Action, B, F, I, Schedule, W
+from pipewright.deps import peer_stage
+from pipewright.ir import REDUCE_GRAD, STEP, Action, B, F, I, Schedule, W
 from pipewright.passes.grad_reduce import add_grad_reduction
 from pipewright.passes.lower import lower
 from pipewright.passes.validate import validate as validate_schedule
@@ -44,6 +53,10 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[["RunState", Action], None]
 Key = tuple[int, int]  # (stage, microbatch)
+#: ``hook(state, action, output) -> output``: transforms the output of stage ``action.stage``'s forward.
+OutputHook = Callable[["RunState", Action, torch.Tensor], torch.Tensor]
+#: ``spec(action) -> (shape, dtype)`` of what a receive of a feature's tensor gets.
+TensorSpecFn = Callable[[Action], TensorSpec]
 
 
 @dataclass
@@ -63,27 +76,45 @@ class RunState:
     losses: dict[int, torch.Tensor] = field(default_factory=dict)
     sent: set[Action] = field(default_factory=set)
     reductions: dict[int, tuple[Any, torch.Tensor, list[torch.Tensor]]] = field(default_factory=dict)
+    feeds: dict[Key, torch.Tensor] = field(default_factory=dict)
+    output_grads: dict[Key, torch.Tensor] = field(default_factory=dict)
+    outbox: dict[Action, torch.Tensor] = field(default_factory=dict)
+    scratch: dict[Any, Any] = field(default_factory=dict)  # features' per-iteration values
 
 
 def _forward(state: RunState, a: Action) -> None:
     ex, (s, k) = state.executor, (a.stage, a.microbatch)
-    if s == 0:
+    x = state.feeds.pop((s, k), None)
+    if x is not None:
+        pass
+    elif s == 0:
         if state.inputs is None:
             raise ValueError("this rank holds stage 0 but run() got no inputs")
         x = state.inputs[k].to(ex.device, non_blocking=True)
     elif ex.schedule.local(s - 1, s):
         x = state.stage_outputs[(s - 1, k)].detach().requires_grad_()
     else:
-        x = state.received.pop(Action(s, RECV_F, k)).requires_grad_()
+        x = state.received.pop(Action(s, ex.fwd_recv, k)).requires_grad_()
     out = ex.stages[s](x)
     state.stage_inputs[(s, k)] = x
-    if s == ex.last_stage:
-        if state.targets is None:
-            raise ValueError("this rank holds the last stage but run() got no targets")
-        loss = ex.loss_fn(out, state.targets[k].to(ex.device, non_blocking=True))
-        state.losses[k] = loss.detach()
-        out = loss / ex.schedule.num_microbatches
+    hook = ex.output_hooks.get(s)
+    if hook is not None:
+        out = hook(state, a, out)
     state.stage_outputs[(s, k)] = out
+
+
+def loss_hook(loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> OutputHook:
+    """The output hook of the stage holding the loss: records microbatch k's loss and returns it
+    scaled by 1/m (the quantity its backward starts from)."""
+
+    def hook(state: RunState, a: Action, out: torch.Tensor) -> torch.Tensor:
+        if state.targets is None:
+            raise ValueError(f"this rank computes the loss on stage {a.stage} but run() got no targets")
+        loss = loss_fn(out, state.targets[a.microbatch].to(state.executor.device, non_blocking=True))
+        state.losses[a.microbatch] = loss.detach()
+        return loss / state.executor.schedule.num_microbatches
+
+    return hook
 
 
 _ACCUMULATE_NOW = AccumulateNow()
@@ -93,12 +124,13 @@ def _backward(state: RunState, a: Action, store: WeightGradStore | None = None) 
     ex, (s, k) = state.executor, (a.stage, a.microbatch)
     out = state.stage_outputs.pop((s, k))
     x = state.stage_inputs.pop((s, k))
-    if s == ex.last_stage:
-        grad = None
+    grad = state.output_grads.pop((s, k), None)
+    if grad is not None or s == ex.last_stage:
+        pass  # a feature's gradient, or the last stage's output is the scaled loss
     elif ex.schedule.local(s, s + 1):
         grad = state.input_grads.pop((s + 1, k))
     else:
-        grad = state.received.pop(Action(s, RECV_B, k))
+        grad = state.received.pop(Action(s, ex.bwd_recv, k))
     # a full B accumulates its weight gradients fused into .grad; I hands them to the stage's W store
     with deferring(ex.deferrable[s], _ACCUMULATE_NOW if store is None else store, k):
         torch.autograd.backward(out, grad)
@@ -124,17 +156,34 @@ def _send(state: RunState, a: Action) -> None:
         return
     batch = []
     actions = state.actions
+    sources = state.executor.send_sources
     for i in range(state.position, len(actions)):  # no slice: a copy of the tail per send is O(n²)
         b = actions[i]
-        if b.kind not in (SEND_F, SEND_B):
+        source = sources.get(b.kind)
+        if source is None:
             break
-        if b.kind == SEND_F:
-            tensor = state.stage_outputs[(b.stage, b.microbatch)].detach()
-        else:
-            tensor = state.input_grads.pop((b.stage, b.microbatch))
-        batch.append((b, tensor))
+        batch.append((b, source(state, b)))
         state.sent.add(b)
     state.comm.send(batch)
+
+
+def _stage_output(state: RunState, a: Action) -> torch.Tensor:
+    return state.stage_outputs[(a.stage, a.microbatch)].detach()
+
+
+def _input_grad(state: RunState, a: Action) -> torch.Tensor:
+    return state.input_grads.pop((a.stage, a.microbatch))
+
+
+def _from_outbox(state: RunState, a: Action) -> torch.Tensor:
+    return state.outbox.pop(a)
+
+
+#: Where a send finds its tensor, by the ``P2P.tensor`` name (other names: the outbox).
+CORE_TENSORS: dict[str, Callable[[RunState, Action], torch.Tensor]] = {
+    "activation": _stage_output,
+    "activation_grad": _input_grad,
+}
 
 
 def _reduce_grad(state: RunState, a: Action) -> None:
@@ -178,12 +227,17 @@ def default_handlers() -> dict[str, Handler]:
         B: _backward,
         I: _input_backward,
         W: _weight_backward,
-        SEND_F: _send,
-        SEND_B: _send,
-        RECV_F: _recv,
-        RECV_B: _recv,
         REDUCE_GRAD: _reduce_grad,
         STEP: _step,
+    }
+
+
+def _p2p_handlers(schedule: Schedule) -> dict[str, Handler]:
+    """Every point-to-point kind of the schedule's registry is handled from its metadata."""
+    return {
+        name: (_send if spec.p2p.role == "send" else _recv)
+        for name, spec in schedule.kinds.items()
+        if spec.p2p is not None
     }
 
 
@@ -212,6 +266,13 @@ class PipelineExecutor:
     synchronises after each action). ``scatter_gather`` (tp > 1, boundary tensors identical on the
     tp ranks of a stage, as after Megatron's row-parallel all-reduce): each tp rank sends 1/tp of a
     boundary tensor and the receivers all-gather it (Megatron-LM's scatter/gather optimisation).
+
+    Extension points (a feature's runtime parts, :class:`pipewright.features.RuntimeParts`):
+    ``handlers`` per kind; ``output_hooks`` per stage (default: the loss hook of ``loss_fn`` on
+    ``loss_stage``, the last stage unless the layout puts the output layer elsewhere; pass
+    ``loss_fn=None`` when a feature computes the loss); ``tensor_specs`` (shape and dtype of the
+    features' point-to-point tensors, by ``P2P.tensor`` name); ``groups``: named process groups for
+    collectives beyond dp/pp/tp (:meth:`group`).
     """
 
     def __init__(
@@ -220,7 +281,7 @@ class PipelineExecutor:
         mesh: ParallelMesh,
         stages: Mapping[int, nn.Module],
         *,
-        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+        loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None,
         boundary_shape: tuple[int, ...] | Mapping[int, tuple[int, ...]],
         dtype: torch.dtype | Mapping[int, torch.dtype] = torch.float32,
         device: torch.device | str | None = None,
@@ -231,6 +292,10 @@ class PipelineExecutor:
         record: bool = False,
         validate: bool = True,
         scatter_gather: bool = False,
+        loss_stage: int | None = None,
+        output_hooks: Mapping[int, OutputHook] | None = None,
+        tensor_specs: Mapping[str, TensorSpecFn] | None = None,
+        groups: Mapping[str, Any] | None = None,
     ) -> None:
         if schedule.num_ranks != mesh.pp:
             raise LayoutError(f"schedule {schedule.name} has {schedule.num_ranks} ranks but pp = {mesh.pp}")
@@ -259,8 +324,28 @@ class PipelineExecutor:
         self.stages = dict(stages)
         self.last_stage = schedule.num_stages - 1
         self.loss_fn = loss_fn
+        self.loss_stage = self.last_stage if loss_stage is None else loss_stage
+        hooks: dict[int, OutputHook] = {}
+        if loss_fn is not None and self.loss_stage in self.stages:
+            hooks[self.loss_stage] = loss_hook(loss_fn)
+        self.output_hooks = {**hooks, **(output_hooks or {})}
         self.step_fn = step_fn
-        self.handlers: dict[str, Handler] = {**default_handlers(), **(handlers or {})}
+        kinds = schedule.kinds
+        self.recv_kinds = kinds.of_role("recv")
+        self.fwd_recv = next((k.name for k in kinds.attached_to(F) if k.p2p.role == "recv"), None)
+        self.bwd_recv = next((k.name for k in kinds.attached_to(I) if k.p2p.role == "recv"), None)
+        self.send_sources = {
+            name: CORE_TENSORS.get(spec.p2p.tensor, _from_outbox)
+            for name, spec in kinds.items()
+            if spec.p2p is not None and spec.p2p.role == "send"
+        }
+        self.tensor_specs = dict(tensor_specs or {})
+        self.groups = dict(groups or {})
+        self.handlers: dict[str, Handler] = {
+            **default_handlers(),
+            **_p2p_handlers(schedule),
+            **(handlers or {}),
+        }
         missing = {a.kind for a in self.actions} - set(self.handlers)
         if missing:
             raise DistributedError(f"no runtime handler for action kind(s) {', '.join(sorted(missing))}")
@@ -286,10 +371,26 @@ class PipelineExecutor:
         dist.all_reduce(total, group=self.mesh.dp_group)
         return (total[0] / total[1]).item()
 
+    def group(self, name: str) -> Any:
+        """The process group a collective of group ``name`` runs over (dp, pp, tp or a named one)."""
+        mesh_groups = {"dp": self.mesh.dp_group, "pp": self.mesh.pp_group, "tp": self.mesh.tp_group}
+        if name in mesh_groups:
+            return mesh_groups[name]
+        try:
+            return self.groups[name]
+        except KeyError:
+            raise DistributedError(f"no process group named {name!r}; pass it in groups=") from None
+
     def _recv_spec(self, a: Action) -> TensorSpec:
-        # RECV_F(s) receives stage s's input; RECV_B(s) the gradient of stage s's output = input of s+1.
-        s = a.stage if a.kind == RECV_F else a.stage + 1
-        return tuple(self._shapes[s]), self._dtypes[s]
+        tensor = self.schedule.kinds[a.kind].p2p.tensor
+        if tensor in CORE_TENSORS:
+            # the tensor at the boundary between the two stages = the later stage's input (or its grad)
+            s = max(a.stage, peer_stage(a, self.schedule))
+            return tuple(self._shapes[s]), self._dtypes[s]
+        try:
+            return self.tensor_specs[tensor](a)
+        except KeyError:
+            raise DistributedError(f"{a}: no tensor spec for {tensor!r}; pass it in tensor_specs=") from None
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -317,7 +418,7 @@ class PipelineExecutor:
         (a valid schedule stays deadlock-free without its backward actions). Same arguments and
         result as :meth:`run`; no spans are recorded and ``.grad`` is untouched."""
         if self._eval is None:
-            kinds = (F, SEND_F, RECV_F)
+            kinds = {F} | {k.name for k in self.schedule.kinds.attached_to(F)}
             sched = self.schedule.with_actions(
                 [[a for a in row if a.kind in kinds] for row in self.schedule.actions]
             )
@@ -348,11 +449,11 @@ class PipelineExecutor:
         t0 = time.perf_counter()
         window, handlers = self.recv_window, self.handlers
         if window is None:
-            comm.post([a for a in actions if a.kind in (RECV_F, RECV_B)])
+            comm.post([a for a in actions if a.kind in self.recv_kinds])
         for pos, a in enumerate(actions):
             state.position = pos
             if window is not None:
-                comm.post([b for b in actions[pos : pos + window + 1] if b.kind in (RECV_F, RECV_B)])
+                comm.post([b for b in actions[pos : pos + window + 1] if b.kind in self.recv_kinds])
             start = time.perf_counter() if record else 0.0
             try:
                 handlers[a.kind](state, a)

@@ -62,7 +62,7 @@ class PipeComm:
         self._slot: dict[Action, tuple[int, int]] = {}
         for src, row in enumerate(schedule.actions):
             recvs = [
-                matching_recv(a)
+                matching_recv(a, schedule)
                 for a in row
                 if schedule.kinds[a.kind].comm == "send" and peer_rank(a, schedule) == me and src != me
             ]

@@ -12,9 +12,13 @@ Execution rules (see ``docs/simulator.md``):
 - **Link sharing**: each directed rank pair ``(src, dst)`` is one FIFO link; transfers on it run one
   after another in the sender's program order (a transfer starts at max(issue time, link free)).
   Transfers on different pairs never slow each other.
-- A **collective** (``comm == "collective"``, e.g. REDUCE_GRAD) runs on the rank's separate
-  collective stream for ``comm.collective_time("all_reduce", rank, bytes)``, overlapping later compute;
-  actions that require its event (STEP) wait for it.
+- A **collective** (``KindSpec.collective``, e.g. REDUCE_GRAD over dp) runs on the rank's separate
+  collective stream for ``comm.collective_time(op, rank, bytes, group, members)``, overlapping later
+  compute; actions that require its event (STEP) wait for it. A collective whose group spans pipeline
+  ranks (``group="pp"`` or explicit members) is a **rendezvous**: each member issues it without
+  blocking, and it starts when the last member has issued it and each member's stream for that group
+  is free (one FIFO stream per rank and group, as one communicator per process group); all members'
+  actions end together. dp and tp collectives involve only copies of the simulated rank.
 - Any other kind without compute or comm flags is a zero-time marker.
 - Every requirement comes from :func:`pipewright.deps.requires` / :func:`~pipewright.deps.produces`;
   the simulator resolves each requirement once to the index of the action that produces it and never
@@ -44,7 +48,7 @@ from pipewright.sim.sharing import SharedCompute, run_iteration_shared
 from pipewright.timeline import Span, Timeline
 
 # Action modes in the compiled program.
-_COMPUTE, _SEND, _COLLECTIVE, _WAIT = 0, 1, 2, 3
+_COMPUTE, _SEND, _COLLECTIVE, _WAIT, _RENDEZVOUS = 0, 1, 2, 3, 4
 _NOT_DONE = -1.0
 
 
@@ -71,6 +75,11 @@ class _Program:
     flops: float
     model_flops: float
     peak_memory: list[float]
+    # rendezvous collectives: g -> the global indices of all members' actions (g included), and the
+    # previous rendezvous of the same rank and group (-1: none in this iteration; key: (rank, group))
+    meets: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    meet_prev: dict[int, int] = field(default_factory=dict)
+    meet_stream: dict[int, tuple[int, str]] = field(default_factory=dict)
 
     @property
     def missing(self) -> int:
@@ -80,7 +89,9 @@ class _Program:
 def _mode(spec: KindSpec) -> int:
     if spec.compute:
         return _COMPUTE
-    return {"send": _SEND, "collective": _COLLECTIVE}.get(spec.comm, _WAIT)
+    if spec.collective is not None:
+        return _RENDEZVOUS if spec.collective.spans_pipeline else _COLLECTIVE
+    return _SEND if spec.comm == "send" else _WAIT
 
 
 def _compile(schedule: Schedule, cost: CostModel, comm: CommModel) -> _Program:
@@ -104,6 +115,10 @@ def _compile(schedule: Schedule, cost: CostModel, comm: CommModel) -> _Program:
     sends: list[int] = []
     compute_cost: dict[tuple, tuple[float, float, float, float]] = {}
     flops = model_flops = 0.0
+    meetings: dict[tuple, list[int]] = {}
+    meet_prev: dict[int, int] = {}
+    meet_stream: dict[int, tuple[int, str]] = {}
+    last_meet: dict[tuple[int, str], int] = {}
     g = 0
     for rank, row in enumerate(rows):
         deltas = []
@@ -128,9 +143,17 @@ def _compile(schedule: Schedule, cost: CostModel, comm: CommModel) -> _Program:
                 model_flops += c[2]
                 deltas.append(c[3])
                 durs.append(c[0])
-            elif mode == _COLLECTIVE:
+            elif mode in (_COLLECTIVE, _RENDEZVOUS):
+                coll = schedule.kinds[a.kind].collective
+                members = coll.participants(a, schedule)
                 nbytes = cost.message_bytes(a, schedule)
-                durs.append(float(comm.collective_time("all_reduce", rank, nbytes)))
+                durs.append(float(comm.collective_time(coll.op, rank, nbytes, coll.group, members)))
+                if mode == _RENDEZVOUS:
+                    meetings.setdefault((a.kind, a.microbatch, a.payload, members), []).append(g)
+                    stream = (rank, coll.group)
+                    meet_prev[g] = last_meet.get(stream, -1)
+                    meet_stream[g] = stream
+                    last_meet[stream] = g
             else:
                 if mode == _SEND:
                     sends.append(g)
@@ -169,7 +192,22 @@ def _compile(schedule: Schedule, cost: CostModel, comm: CommModel) -> _Program:
             a = rows[src][g - offsets[src]]
             durs[g] = float(comm.p2p_time(src, dst, cost.message_bytes(a, schedule)))
         links[g] = link_id.setdefault((src, dst), len(link_id))
-    return _Program(offsets, reqs, modes, durs, links, len(link_id), busy, flops, model_flops, peaks)
+    meets = {g: tuple(group) for group in meetings.values() for g in group}
+    return _Program(
+        offsets,
+        reqs,
+        modes,
+        durs,
+        links,
+        len(link_id),
+        busy,
+        flops,
+        model_flops,
+        peaks,
+        meets,
+        meet_prev,
+        meet_stream,
+    )
 
 
 @dataclass(frozen=True)
@@ -232,7 +270,7 @@ class SimResult:
                     mode = prog.modes[g]
                     if mode == _COMPUTE:
                         spans.append(Span(rank, a, starts[g], ends[g], "compute", it))
-                    elif mode in (_SEND, _COLLECTIVE) and prog.durs[g] > 0:
+                    elif mode in (_SEND, _COLLECTIVE, _RENDEZVOUS) and prog.durs[g] > 0:
                         spans.append(Span(rank, a, starts[g], ends[g], "comm", it))
         meta = {
             "schedule": sched.name,
@@ -274,13 +312,19 @@ def simulate(
     clock = [0.0] * num_ranks
     coll_free = [0.0] * num_ranks
     link_free = [0.0] * prog.num_links
+    meet_free: dict[tuple[int, str], float] = {}
     all_starts: list[list[float]] = []
     all_ends: list[list[float]] = []
     iteration_ends: list[float] = []
     for _ in range(iterations):
         if shared is None:
-            starts, ends = _run_iteration(sched, prog, clock, coll_free, link_free)
+            starts, ends = _run_iteration(sched, prog, clock, coll_free, link_free, meet_free)
         else:
+            if prog.meets:
+                raise SimulationError(
+                    f"{sched.name}: collectives across pipeline ranks are not simulated with shared "
+                    "cores yet; drop --cores"
+                )
             starts, ends, positions = run_iteration_shared(prog, clock, coll_free, link_free, shared)
             if any(p < len(row) for p, row in zip(positions, sched.actions, strict=True)):
                 _report_deadlock(sched, list(positions))
@@ -318,6 +362,7 @@ def _run_iteration(
     clock: list[float],
     coll_free: list[float],
     link_free: list[float],
+    meet_free: dict[tuple[int, str], float],
 ) -> tuple[list[float], list[float]]:
     """Advance every rank through one iteration from ``clock``; updates clocks and stream/link state.
 
@@ -330,6 +375,36 @@ def _run_iteration(
     waiting: dict[int, list[int]] = {}
     ptr = offsets[:-1]
     ready = list(range(len(clock) - 1, -1, -1))
+    issued: dict[int, float] = {}  # rendezvous member g -> when its rank issued it
+    next_meet = {prev: g for g, prev in prog.meet_prev.items() if prev >= 0}
+
+    def meet(g: int) -> None:
+        """Resolve g's rendezvous once every member issued it and each member's stream is free."""
+        group = prog.meets[g]
+        t = 0.0
+        for h in group:
+            if h not in issued:
+                return
+            prev = prog.meet_prev[h]
+            if prev >= 0:
+                if ends[prev] < 0.0:
+                    return  # resolved when the previous one on that stream is
+                free = ends[prev]
+            else:
+                free = meet_free.get(prog.meet_stream[h], 0.0)
+            t = max(t, issued[h], free)
+        end = t + max(durs[h] for h in group)
+        for h in group:
+            starts[h], ends[h] = t, end
+            meet_free[prog.meet_stream[h]] = end
+            woken = waiting.pop(h, None)
+            if woken:
+                ready.extend(woken)
+        for h in group:
+            nxt = next_meet.get(h)
+            if nxt is not None and nxt in issued:
+                meet(nxt)
+
     while ready:
         r = ready.pop()
         g, stop, t_rank = ptr[r], offsets[r + 1], clock[r]
@@ -355,6 +430,11 @@ def _run_iteration(
                     if coll_free[r] > t:
                         t = coll_free[r]
                     end = coll_free[r] = t + durs[g]
+                elif mode == _RENDEZVOUS:
+                    issued[g] = t  # non-blocking issue; its end comes with the last member
+                    meet(g)
+                    g += 1
+                    continue
                 else:
                     end = t_rank = t
                 starts[g] = t

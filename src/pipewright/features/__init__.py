@@ -1,0 +1,178 @@
+"""Features: one bundle per capability, registered in one place, with no edit to the core.
+
+A :class:`Feature` holds everything a capability adds — its action kinds (with dependency rules and
+point-to-point/collective metadata), cost rules keyed by kind, schedule generators, schedule passes,
+command-line options, and the runtime parts (handlers, output hooks, tensor specs, process groups)
+given as a factory that is imported only when a run needs it, so this module and the simulator side
+stay free of torch. :class:`Features` is an immutable set of bundles; :func:`builtin_features` is the
+one place the library's own features (vocabulary parallelism, K-FAC in the bubbles, asynchronous
+weights) are listed.
+
+How the core uses a bundle (see ``tests/test_feature_contract.py`` for a whole toy feature):
+
+- ``Features.kinds`` — the core kinds plus every feature's: ``Schedule(..., kinds=...)``.
+- ``Features.cost(model)`` — the cost model with the features' rules in front
+  (:class:`pipewright.cost.rules.RuledCost`).
+- ``Features.schedules`` — extra :class:`~pipewright.schedules.registry.ScheduleInfo` entries for
+  :class:`~pipewright.schedules.registry.ScheduleRegistry`.
+- ``Features.runtime_parts(context)`` — merged :class:`RuntimeParts` for
+  :class:`~pipewright.runtime.executor.PipelineExecutor`.
+- ``Features.add_options(command, parser)`` — each feature's flags on ``simulate``/``train``/….
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipewright.deps import CORE_KINDS
+from pipewright.errors import ConfigError
+from pipewright.kinds import KindRegistry, KindSpec
+
+#: The library's own feature packages, each exporting ``FEATURE`` (the one place they are listed).
+BUILTIN: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RuntimeParts:
+    """What a feature adds to the executor: ``handlers`` (kind → ``fn(state, action)``),
+    ``output_hooks`` (stage → ``fn(state, action, output) -> output``), ``tensor_specs`` (P2P tensor
+    name → ``fn(action) -> (shape, dtype)``), ``groups`` (name → process group) and ``loss_fn_off``
+    (True when the feature computes the loss itself, so the default loss hook is not installed)."""
+
+    handlers: Mapping[str, Callable] = field(default_factory=dict)
+    output_hooks: Mapping[int, Callable] = field(default_factory=dict)
+    tensor_specs: Mapping[str, Callable] = field(default_factory=dict)
+    groups: Mapping[str, Any] = field(default_factory=dict)
+    loss_fn_off: bool = False
+
+    def merged(self, other: RuntimeParts) -> RuntimeParts:
+        for name in ("handlers", "output_hooks", "tensor_specs", "groups"):
+            clash = set(getattr(self, name)) & set(getattr(other, name))
+            if clash:
+                raise ConfigError(f"two features both provide {name} for {sorted(map(str, clash))}")
+        return RuntimeParts(
+            {**self.handlers, **other.handlers},
+            {**self.output_hooks, **other.output_hooks},
+            {**self.tensor_specs, **other.tensor_specs},
+            {**self.groups, **other.groups},
+            self.loss_fn_off or other.loss_fn_off,
+        )
+
+    def executor_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for :class:`~pipewright.runtime.executor.PipelineExecutor`."""
+        return {
+            "handlers": dict(self.handlers),
+            "output_hooks": dict(self.output_hooks),
+            "tensor_specs": dict(self.tensor_specs),
+            "groups": dict(self.groups),
+        }
+
+
+#: A runtime factory: ``fn(context) -> RuntimeParts``, or its import path ``"package.module:function"``.
+RuntimeFactory = Callable[[Any], RuntimeParts] | str
+
+
+@dataclass(frozen=True)
+class Feature:
+    """One capability's bundle (see the module docstring). ``cost_rules``: kind → rule (see
+    :mod:`pipewright.cost.rules`). ``passes``: name → ``fn(schedule, **options) -> schedule``.
+    ``options``: ``fn(command, parser)`` adding the feature's flags to a subcommand's parser."""
+
+    name: str
+    kinds: tuple[KindSpec, ...] = ()
+    cost_rules: Mapping[str, Callable] = field(default_factory=dict)
+    schedules: tuple[Any, ...] = ()
+    passes: Mapping[str, Callable] = field(default_factory=dict)
+    runtime: RuntimeFactory | None = None
+    options: Callable[[str, Any], None] | None = None
+    description: str = ""
+
+    def runtime_parts(self, context: Any = None) -> RuntimeParts:
+        if self.runtime is None:
+            return RuntimeParts()
+        factory = self.runtime
+        if isinstance(factory, str):
+            module, _, attr = factory.partition(":")
+            factory = getattr(importlib.import_module(module), attr)
+        return factory(context)
+
+
+class Features:
+    """An immutable set of feature bundles; ``with_features`` returns an extended copy."""
+
+    __slots__ = ("_bundles", "_kinds")
+
+    def __init__(self, bundles: Iterable[Feature] = ()) -> None:
+        self._bundles: dict[str, Feature] = {}
+        for f in bundles:
+            if f.name in self._bundles:
+                raise ConfigError(f"feature {f.name!r} registered twice")
+            self._bundles[f.name] = f
+        owner: dict[str, str] = {}
+        for f in self._bundles.values():
+            for name in [k.name for k in f.kinds] + list(f.cost_rules) + list(f.passes):
+                key = name
+                if key in owner and owner[key] != f.name:
+                    raise ConfigError(f"{name!r} is provided by both {owner[key]} and {f.name}")
+                owner[key] = f.name
+        self._kinds = CORE_KINDS.with_kinds(*(k for f in self._bundles.values() for k in f.kinds))
+
+    def with_features(self, *bundles: Feature) -> Features:
+        return Features([*self._bundles.values(), *bundles])
+
+    def __iter__(self):
+        return iter(self._bundles.values())
+
+    def __len__(self) -> int:
+        return len(self._bundles)
+
+    def __getitem__(self, name: str) -> Feature:
+        try:
+            return self._bundles[name]
+        except KeyError:
+            raise ConfigError(
+                f"unknown feature {name!r}; known: {', '.join(self._bundles) or 'none'}"
+            ) from None
+
+    @property
+    def kinds(self) -> KindRegistry:
+        """The core kinds plus every feature's."""
+        return self._kinds
+
+    @property
+    def cost_rules(self) -> dict[str, Callable]:
+        return {kind: rule for f in self for kind, rule in f.cost_rules.items()}
+
+    @property
+    def schedules(self) -> tuple[Any, ...]:
+        return tuple(s for f in self for s in f.schedules)
+
+    @property
+    def passes(self) -> dict[str, Callable]:
+        return {name: p for f in self for name, p in f.passes.items()}
+
+    def cost(self, model: Any) -> Any:
+        """``model`` with the features' cost rules in front (unchanged when there are none)."""
+        from pipewright.cost.rules import with_rules
+
+        return with_rules(model, self.cost_rules)
+
+    def runtime_parts(self, context: Any = None, names: Iterable[str] | None = None) -> RuntimeParts:
+        """Merged runtime parts of the named features (all when ``names`` is None)."""
+        parts = RuntimeParts()
+        for f in self if names is None else (self[n] for n in names):
+            parts = parts.merged(f.runtime_parts(context))
+        return parts
+
+    def add_options(self, command: str, parser: Any) -> None:
+        for f in self:
+            if f.options is not None:
+                f.options(command, parser)
+
+
+def builtin_features() -> Features:
+    """The library's own features (:data:`BUILTIN`), each package's ``FEATURE``."""
+    return Features(importlib.import_module(f"pipewright.features.{name}").FEATURE for name in BUILTIN)

@@ -1,0 +1,285 @@
+"""The registration contract: a feature defined entirely in this file — a compute kind with a payload,
+a point-to-point pair and a collective over the pipeline group, with cost rules and runtime handlers —
+validates, lowers, simulates (the collective's rendezvous visible in the timeline) and executes on gloo,
+with no edit to any file under src/.
+
+The toy feature ("TOY"): after each forward F(s, k), for layers j = 0, 1, stage s computes
+``value = sum(input of stage s) · (j + 1) + value of stage s − 1`` (received through
+TOY_SEND/TOY_RECV when the previous stage is on another rank), then all pipeline ranks all-reduce
+that value (TOY_AR, group pp).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from pipewright.cost.rules import ActionCost
+from pipewright.cost.unit import UnitCost
+from pipewright.deps import after, from_stage, matching_send
+from pipewright.errors import ValidationError
+from pipewright.features import Feature, Features, RuntimeParts
+from pipewright.ir import Action, Collective, F, KindSpec, Schedule
+from pipewright.kinds import P2P
+from pipewright.passes import lower, validate
+from pipewright.schedules import build_schedule
+from pipewright.sim import simulate
+
+LAYERS = (0, 1)
+HIDDEN, MB = 4, 2
+
+
+def _toy_requires(a: Action, s: Schedule) -> tuple:
+    return ((F, a.stage, a.microbatch, None), *from_stage(s, a, "TOY", a.stage - 1, "TOY_RECV"))
+
+
+def _toy_complete(schedule: Schedule):
+    for s in range(schedule.num_stages):
+        for k in range(schedule.num_microbatches):
+            for j in LAYERS:
+                yield ("TOY", s, k, j), "TOY"
+
+
+def _ar_requires(a: Action, s: Schedule) -> tuple:
+    return (("TOY", a.stage, a.microbatch, a.payload),)
+
+
+def _toy_cost(a: Action, s: Schedule, base) -> ActionCost:
+    return ActionCost(time=0.5, flops=3.0)
+
+
+def _ar_cost(a: Action, s: Schedule, base) -> ActionCost:
+    return ActionCost(message_bytes=8.0)
+
+
+# -- runtime handlers (torch) -------------------------------------------------------------------
+def _toy_handler(state, a: Action) -> None:
+    ex, (s, k, j) = state.executor, (a.stage, a.microbatch, a.payload)
+    value = state.stage_inputs[(s, k)].detach().float().sum().reshape(1) * (j + 1)
+    if s > 0:
+        if ex.schedule.local(s - 1, s):
+            value = value + state.scratch[("toy", s - 1, k, j)]
+        else:
+            value = value + state.received.pop(Action(s, "TOY_RECV", k, j))
+    state.scratch[("toy", s, k, j)] = value
+    if s + 1 < ex.schedule.num_stages and not ex.schedule.local(s, s + 1):
+        state.outbox[Action(s, "TOY_SEND", k, j)] = value.clone()
+
+
+def _ar_handler(state, a: Action) -> None:
+    value = state.scratch[("toy", a.stage, a.microbatch, a.payload)].clone()
+    work = dist.all_reduce(value, group=state.executor.group("pp"), async_op=True)
+    work.wait()
+    state.scratch.setdefault("reduced", {})[(a.microbatch, a.payload)] = value.item()
+
+
+def _runtime(context) -> RuntimeParts:
+    return RuntimeParts(
+        handlers={"TOY": _toy_handler, "TOY_AR": _ar_handler},
+        tensor_specs={"toy": lambda a: ((1,), torch.float32)},
+    )
+
+
+TOY = Feature(
+    name="toy",
+    kinds=(
+        KindSpec("TOY", _toy_requires, complete=_toy_complete, per_microbatch=True, description="toy"),
+        KindSpec(
+            "TOY_SEND",
+            after("TOY"),
+            compute=False,
+            p2p=P2P("send", "TOY_RECV", +1, "toy", attach=("TOY",)),
+            per_microbatch=True,
+        ),
+        KindSpec(
+            "TOY_RECV",
+            matching_send,
+            compute=False,
+            p2p=P2P("recv", "TOY_SEND", -1, "toy", attach=("TOY",)),
+            per_microbatch=True,
+        ),
+        KindSpec(
+            "TOY_AR",
+            _ar_requires,
+            compute=False,
+            collective=Collective("all_reduce", "pp"),
+            per_microbatch=True,
+        ),
+    ),
+    cost_rules={"TOY": _toy_cost, "TOY_AR": _ar_cost},
+    runtime=_runtime,
+)
+FEATURES = Features([TOY])
+
+
+def toy_pass(schedule: Schedule) -> Schedule:
+    """After each F: the TOY tasks of both layers, then their all-reduces."""
+    rows = []
+    for row in schedule.actions:
+        out = []
+        for a in row:
+            out.append(a)
+            if a.kind == F:
+                out += [Action(a.stage, "TOY", a.microbatch, j) for j in LAYERS]
+                out += [Action(a.stage, "TOY_AR", a.microbatch, j) for j in LAYERS]
+        rows.append(out)
+    return schedule.with_actions(rows, kinds=FEATURES.kinds)
+
+
+def toy_schedule(name: str = "1f1b", p: int = 2, m: int = 2) -> Schedule:
+    return toy_pass(build_schedule(name, p, m))
+
+
+class ConstComm:
+    def p2p_time(self, src: int, dst: int, nbytes: float) -> float:
+        return 0.25
+
+    def collective_time(self, kind, rank, nbytes, group="dp", members=()) -> float:
+        assert group == "pp" and kind == "all_reduce" and nbytes == 8.0
+        return 0.75
+
+
+# -- pure side ----------------------------------------------------------------------------------
+def test_the_toy_feature_validates_and_lowers_from_metadata() -> None:
+    sched = toy_schedule()
+    validate(sched)
+    low = lower(sched)
+    validate(low)
+    rows = [[str(a) for a in row] for row in low.actions]
+    # each TOY of stage 0 is followed by its send, each TOY of stage 1 preceded by its receive
+    assert rows[0][rows[0].index("0TOY0:1") + 1] == "0TOY_SEND0:1"
+    assert rows[1][rows[1].index("1TOY0:1") - 1] == "1TOY_RECV0:1"
+    # payloads keep the two layers' events apart (no "computes twice")
+    assert sum(a.kind == "TOY" for row in low.actions for a in row) == 2 * 2 * len(LAYERS)
+
+
+def test_the_validator_applies_the_features_rules() -> None:
+    sched = toy_schedule()
+    # completeness: a missing TOY task is named
+    rows = [[a for a in row if a != Action(1, "TOY", 1, 0)] for row in sched.actions]
+    with pytest.raises(ValidationError, match="missing 1TOY1:0"):
+        validate(sched.with_actions(rows))
+    # a collective over pp without its counterpart on the other rank
+    rows = [[a for a in row if a != Action(1, "TOY_AR", 0, 1)] for row in sched.actions]
+    with pytest.raises(ValidationError, match="no counterpart on rank 1"):
+        validate(sched.with_actions(rows))
+    # members issuing the group's collectives in different orders
+    rows = [list(r) for r in sched.actions]
+    i, j = rows[1].index(Action(1, "TOY_AR", 0, 0)), rows[1].index(Action(1, "TOY_AR", 0, 1))
+    rows[1][i], rows[1][j] = rows[1][j], rows[1][i]
+    with pytest.raises(ValidationError, match="one order"):
+        validate(sched.with_actions(rows))
+
+
+def test_the_toy_feature_simulates_with_its_costs_and_a_rendezvous() -> None:
+    sched = toy_schedule()
+    cost = FEATURES.cost(UnitCost())
+    result = simulate(sched, cost, comm=ConstComm())
+    ar = {}
+    for span in result.timeline.spans:
+        if span.action.kind == "TOY_AR":
+            ar.setdefault((span.action.microbatch, span.action.payload), []).append(span)
+        if span.action.kind == "TOY":
+            assert span.duration == 0.5
+    assert len(ar) == 2 * len(LAYERS)
+    for spans in ar.values():
+        # both members' spans start and end together: the rendezvous, on the comm stream
+        assert len(spans) == 2 and {s.stream for s in spans} == {"comm"}
+        assert spans[0].start == spans[1].start and spans[0].end == spans[1].end
+        assert spans[0].duration == 0.75
+    # it starts when the later member issued it: rank 1's TOY of that microbatch (after the recv)
+    r1 = {str(a): (s, e) for a, s, e in result.spans_of(1)}
+    r0 = {str(a): (s, e) for a, s, e in result.spans_of(0)}
+    assert r0["0TOY_AR0:0"][0] == r1["1TOY_AR0:0"][0] >= r1["1TOY0:1"][1]
+    assert result.flops == 3.0 * 2 * 2 * len(LAYERS) + sum(result.busy) - 0.5 * 2 * 2 * len(LAYERS)
+
+
+# -- runtime ------------------------------------------------------------------------------------
+class _Stage(nn.Module):
+    def __init__(self, first: bool, seed: int) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.embed = nn.Embedding(7, HIDDEN) if first else None
+        self.lin = nn.Linear(HIDDEN, HIDDEN)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.embed is not None:
+            x = self.embed(x)
+        return torch.tanh(self.lin(x))
+
+
+def _loss(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return ((out - target) ** 2).mean()
+
+
+def _batch(m: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    g = torch.Generator().manual_seed(3)
+    tokens = [torch.randint(0, 7, (MB, 3), generator=g) for _ in range(m)]
+    targets = [torch.randn(MB, 3, HIDDEN, generator=g) for _ in range(m)]
+    return tokens, targets
+
+
+def _expected(p: int, m: int) -> dict:
+    """Single process: the toy values and their all-reduced sums."""
+    stages = [_Stage(s == 0, 10 + s) for s in range(p)]
+    tokens, _ = _batch(m)
+    out = {}
+    with torch.no_grad():
+        for k in range(m):
+            x = tokens[k]
+            acc = dict.fromkeys(LAYERS, 0.0)
+            per_stage = []
+            for st in stages:
+                for j in LAYERS:
+                    acc[j] = acc[j] + x.float().sum().item() * (j + 1)
+                per_stage.append(dict(acc))
+                x = st(x)
+            for j in LAYERS:
+                out[(k, j)] = sum(v[j] for v in per_stage)
+    return out
+
+
+def _toy_worker(rank: int, p: int, m: int) -> dict:
+    from pipewright.runtime import ParallelMesh, PipelineExecutor
+
+    torch.set_num_threads(1)
+    mesh = ParallelMesh.build(1, p, 1)
+    sched = toy_schedule("1f1b", p, m)
+    parts = FEATURES.runtime_parts()
+    stages = {s: _Stage(s == 0, 10 + s) for s in sched.stages_of(mesh.pp_rank)}
+    ex = PipelineExecutor(
+        sched,
+        mesh,
+        stages,
+        loss_fn=_loss,
+        boundary_shape=(MB, 3, HIDDEN),
+        recv_timeout_s=60,
+        **parts.executor_kwargs(),
+    )
+    tokens, targets = _batch(m)
+    seen: dict = {}
+    original = ex.handlers["TOY_AR"]
+
+    def spy(state, a):
+        original(state, a)
+        seen.update(state.scratch["reduced"])
+
+    ex.handlers["TOY_AR"] = spy
+    losses = ex.run(tokens, targets)
+    return {"reduced": seen, "losses": losses}
+
+
+@pytest.mark.slow
+def test_the_toy_feature_executes_on_gloo() -> None:
+    from pipewright.runtime import spawn
+
+    p, m = 2, 3
+    results = spawn(_toy_worker, p, (p, m), timeout_s=300)
+    expected = _expected(p, m)
+    for r in results:
+        assert set(r["reduced"]) == set(expected)
+        for key, value in expected.items():
+            assert r["reduced"][key] == pytest.approx(value, rel=1e-5)
+    assert len(results[-1]["losses"]) == m
