@@ -283,3 +283,42 @@ def test_the_toy_feature_executes_on_gloo() -> None:
         for key, value in expected.items():
             assert r["reduced"][key] == pytest.approx(value, rel=1e-5)
     assert len(results[-1]["losses"]) == m
+
+
+# -- schedules: an open registry, and generators that take costs -------------------------------
+def test_features_register_schedules_and_zb_auto_plans_with_real_costs() -> None:
+    from pipewright.cost.transformer import TransformerCost
+    from pipewright.models.presets import get_preset
+    from pipewright.schedules import ScheduleInfo, default_registry, schedule_names
+    from pipewright.schedules.costs import schedule_costs
+    from pipewright.schedules.registry import build_schedule as build
+
+    def reversed_gpipe(p: int, m: int, v: int) -> Schedule:
+        base = build_schedule("gpipe", p, m)
+        return base.with_actions(base.actions, name="toy-gpipe")
+
+    entry = ScheduleInfo(
+        name="toy-gpipe",
+        build=reversed_gpipe,
+        memory=lambda p, m, v: [m] * p,
+        bubble="(p − 1)/m",
+        memory_formula="m",
+        source="test",
+    )
+    registry = default_registry().with_schedules(entry)
+    assert "toy-gpipe" in schedule_names(registry) and "toy-gpipe" not in schedule_names()
+    assert build("toy-gpipe", 3, 4, registry=registry).name == "toy-gpipe"
+
+    # zb-auto with the transformer cost model's stage times: uneven stages (the last holds the
+    # output layer) give another order than unit costs, and the simulated time is no worse than
+    # the unit-cost zb-auto's under those real costs
+    p, m = 4, 8
+    from pipewright.cost.comm import Mesh
+
+    cost = TransformerCost(get_preset("gpt3-xl"), microbatch=1, dtype="bf16", mesh=Mesh(pp=p))
+    costs = schedule_costs(cost, p)
+    assert costs.f[-1] > costs.f[0]
+    real = build("zb-auto", p, m, costs=costs)
+    unit = build("zb-auto", p, m)
+    assert real.actions != unit.actions
+    assert simulate(real, cost).iteration_time <= simulate(unit, cost).iteration_time * (1 + 1e-9)

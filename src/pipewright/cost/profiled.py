@@ -43,9 +43,10 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from pipewright.cost.transformer import uniform_layout
+from pipewright.cost.placement import layer_counts, roles
 from pipewright.errors import ConfigError
 from pipewright.ir import RECV_B, RECV_F, REDUCE_GRAD, SEND_B, SEND_F, Action, B, F, I, Schedule, W
+from pipewright.models.layout import Layout
 
 FORMAT = "pipewright-profile"
 LAYER_TYPES = ("embedding", "layer", "output")
@@ -174,14 +175,15 @@ class ProfiledCost:
     """:class:`~pipewright.cost.base.CostModel` from a measured table (format: module docstring).
 
     ``microbatch``: the microbatch size whose rows are used. ``layers``: the model's transformer layers,
-    split over a schedule's stages by ``layout`` (or uniformly). ``grad_bytes_per_param_byte``: the
+    split over a schedule's stages by ``layout`` (counts or a Layout, which also places the embedding
+    and output rows: :mod:`pipewright.cost.placement`; or uniformly). ``grad_bytes_per_param_byte``: the
     REDUCE_GRAD size as a fraction of a chunk's PARAMS bytes (default 1: PARAMS then means gradient bytes).
     """
 
     rows: tuple[ProfileRow, ...]
     microbatch: int
     layers: int
-    layout: Sequence[int] | None = None
+    layout: Sequence[int] | Layout | None = None
     grad_bytes_per_param_byte: float = 1.0
     meta: Mapping[str, str] = field(default_factory=dict)
     _table: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -296,10 +298,9 @@ class ProfiledCost:
     def composition(self, stage: int, schedule: Schedule) -> dict[str, int]:
         """How many of each layer type chunk ``stage`` holds."""
         n = schedule.num_stages
-        layout = tuple(self.layout) if self.layout is not None else uniform_layout(self.layers, n)
-        if len(layout) != n or sum(layout) != self.layers:
-            raise ConfigError(f"layout {list(layout)} must give {n} stages summing to {self.layers} layers")
-        return {"embedding": int(stage == 0), "layer": layout[stage], "output": int(stage == n - 1)}
+        counts = layer_counts(self.layout, self.layers, n)
+        embedding, head = roles(self.layout, stage, n)
+        return {"embedding": int(embedding), "layer": counts[stage], "output": int(head)}
 
     def _sum(self, stage: int, schedule: Schedule, value: Callable[[str], float]) -> float:
         return sum(count * value(lt) for lt, count in self.composition(stage, schedule).items() if count)

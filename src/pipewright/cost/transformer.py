@@ -37,9 +37,11 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from pipewright.cost.comm import Mesh, TopologyComm
+from pipewright.cost.placement import layer_counts, roles, uniform_counts
 from pipewright.errors import ConfigError
 from pipewright.hardware import accelerator
 from pipewright.ir import RECV_B, RECV_F, REDUCE_GRAD, SEND_B, SEND_F, Action, B, F, I, Schedule, W
+from pipewright.models.layout import Layout
 from pipewright.models.spec import ModelSpec
 from pipewright.topology import Topology, cluster, single_host
 
@@ -120,10 +122,7 @@ def default_topology(gpu: str, devices: int) -> Topology:
 
 def uniform_layout(layers: int, chunks: int) -> tuple[int, ...]:
     """Layers per chunk: ⌊l/n⌋ each, the first l mod n chunks one more."""
-    if chunks > layers:
-        raise ConfigError(f"{chunks} pipeline stages for {layers} layers; use at most {layers} stages")
-    q, r = divmod(layers, chunks)
-    return tuple(q + (c < r) for c in range(chunks))
+    return uniform_counts(layers, chunks)
 
 
 @dataclass(frozen=True)
@@ -142,7 +141,9 @@ class _Chunk:
 class TransformerCost:
     """Analytical :class:`~pipewright.cost.base.CostModel` (formulas: module docstring).
 
-    ``layout``: layers per chunk (length = the schedule's number of stages); ``None`` = uniform.
+    ``layout``: layers per chunk (length = the schedule's number of stages), or a
+    :class:`~pipewright.models.layout.Layout`, which also says which stages hold the embedding and the
+    output layer with its loss (:mod:`pipewright.cost.placement`); ``None`` = uniform.
     ``topology``/``mesh``: where ranks run (:class:`~pipewright.cost.comm.Mesh` order); without a
     topology, :func:`default_topology` of ``gpu``. ``extra_times``: seconds of extension compute kinds
     (e.g. K-FAC tasks), 0 when absent.
@@ -158,7 +159,7 @@ class TransformerCost:
     scatter_gather: bool = True
     topology: Topology | None = None
     efficiency: Efficiency = A100_EFFICIENCY
-    layout: Sequence[int] | None = None
+    layout: Sequence[int] | Layout | None = None
     bytes_per_param: float = 18.0
     grad_bytes: float = 2.0
     extra_times: Mapping[str, float] = field(default_factory=dict)
@@ -182,14 +183,7 @@ class TransformerCost:
 
     # -- per-chunk tables ---------------------------------------------------------------------------
     def layers_of(self, schedule: Schedule) -> tuple[int, ...]:
-        n = schedule.num_stages
-        if self.layout is None:
-            return uniform_layout(self.spec.layers, n)
-        if len(self.layout) != n or sum(self.layout) != self.spec.layers:
-            raise ConfigError(
-                f"layout {list(self.layout)} must give {n} stages summing to {self.spec.layers} layers"
-            )
-        return tuple(self.layout)
+        return layer_counts(self.layout, self.spec.layers, schedule.num_stages)
 
     def _chunk(self, stage: int, schedule: Schedule) -> _Chunk:
         key = (stage, schedule.num_stages)
@@ -202,7 +196,7 @@ class TransformerCost:
         spec, b, t = self.spec, self.microbatch, self.mesh.tp
         s, h, a, V = spec.seq_len, spec.hidden, spec.heads, spec.vocab
         n_layers = layers[stage]
-        first, last = stage == 0, stage == num_stages - 1
+        first, last = roles(self.layout, stage, num_stages)
         full = self.recompute == "full"
         esize = DTYPE_BYTES[self.dtype]
         fwd = n_layers * layer_forward_flops(spec, b)

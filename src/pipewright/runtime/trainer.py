@@ -34,6 +34,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from pipewright.codec import load_csv
+from pipewright.cost.placement import loss_stage
 from pipewright.data import TokenDataset, open_dataset
 from pipewright.errors import ConfigError
 from pipewright.ir import Schedule
@@ -254,6 +255,7 @@ class Trainer:
             recv_timeout_s=c.recv_timeout_s,
             record=True,
             scatter_gather=c.scatter_gather,
+            loss_stage=loss_stage(run.layout, self.schedule.num_stages),
         )
         self.first = 0 in self.stages
         self.last = self.schedule.num_stages - 1 in self.stages

@@ -1,10 +1,20 @@
-"""Name → schedule generator. Each family module exports ``SCHEDULES: tuple[ScheduleInfo, ...]``;
-adding a family means adding its module to ``_FAMILIES``."""
+"""Name → schedule generator, as an open registry.
+
+Each family module exports ``SCHEDULES: tuple[ScheduleInfo, ...]``; :func:`default_registry` collects the
+library's families. A :class:`ScheduleRegistry` is immutable: features add their schedules with
+``registry.with_schedules(...)`` (``Features.schedules``) and pass the result to :func:`build_schedule`,
+:func:`check_args`, :func:`info` and :func:`schedule_names` through ``registry=``.
+
+Generators may take costs: an entry with ``build_costed`` is built from :class:`ScheduleCosts` (per-stage
+F, I, W times, the point-to-point time and a memory limit in microbatches) when the caller has them — from
+the cost model or a profile (:func:`pipewright.schedules.costs.schedule_costs`) — and falls back to
+``build`` (unit costs) otherwise; ``zb-auto`` is such an entry.
+"""
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 from functools import cache
@@ -37,33 +47,74 @@ class ScheduleInfo:
     check: Callable[[int, int, int], None] | None = None
     synchronous: bool = True
     extra: Mapping[str, object] = field(default_factory=dict)
+    build_costed: Callable[[int, int, int, ScheduleCosts], Schedule] | None = None
+
+
+@dataclass(frozen=True)
+class ScheduleCosts:
+    """Costs a generator may plan with: per-stage (chunk) times of F, I and W (length p·v), the
+    point-to-point time of one boundary message and the memory limit in microbatches in flight per rank
+    (None: the generator's default)."""
+
+    f: tuple[float, ...]
+    i: tuple[float, ...]
+    w: tuple[float, ...]
+    comm: float = 0.0
+    memory_limit: float | None = None
+
+
+class ScheduleRegistry(Mapping[str, ScheduleInfo]):
+    """Immutable mapping name → :class:`ScheduleInfo`; ``with_schedules`` returns an extended copy."""
+
+    __slots__ = ("_entries",)
+
+    def __init__(self, entries: Iterable[ScheduleInfo] = ()) -> None:
+        self._entries: dict[str, ScheduleInfo] = {}
+        for entry in entries:
+            if entry.name in self._entries:
+                raise ScheduleError(f"schedule {entry.name!r} registered twice")
+            self._entries[entry.name] = entry
+
+    def __getitem__(self, name: str) -> ScheduleInfo:
+        return self._entries[name]
+
+    def __iter__(self):
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def with_schedules(self, *entries: ScheduleInfo) -> ScheduleRegistry:
+        return ScheduleRegistry([*self._entries.values(), *entries])
 
 
 @cache
-def _table() -> dict[str, ScheduleInfo]:
-    table: dict[str, ScheduleInfo] = {}
+def default_registry() -> ScheduleRegistry:
+    """The library's schedule families (:data:`_FAMILIES`)."""
+    entries: list[ScheduleInfo] = []
     for family in _FAMILIES:
-        module = importlib.import_module(f"pipewright.schedules.{family}")
-        for entry in module.SCHEDULES:
-            table[entry.name] = entry
-    return table
+        entries.extend(importlib.import_module(f"pipewright.schedules.{family}").SCHEDULES)
+    return ScheduleRegistry(entries)
 
 
-def schedule_names() -> tuple[str, ...]:
+def schedule_names(registry: ScheduleRegistry | None = None) -> tuple[str, ...]:
     """Every registered schedule name, in family order."""
-    return tuple(_table())
+    return tuple(registry or default_registry())
 
 
-def info(name: str) -> ScheduleInfo:
+def info(name: str, registry: ScheduleRegistry | None = None) -> ScheduleInfo:
+    table = registry or default_registry()
     try:
-        return _table()[name]
+        return table[name]
     except KeyError:
-        raise ScheduleError(f"unknown schedule {name!r}; choose one of: {', '.join(_table())}") from None
+        raise ScheduleError(f"unknown schedule {name!r}; choose one of: {', '.join(table)}") from None
 
 
-def check_args(name: str, p: int, m: int, v: int | None) -> tuple[ScheduleInfo, int]:
+def check_args(
+    name: str, p: int, m: int, v: int | None, registry: ScheduleRegistry | None = None
+) -> tuple[ScheduleInfo, int]:
     """Resolve the schedule and v, raising a one-line ScheduleError for bad input."""
-    entry = info(name)
+    entry = info(name, registry)
     v = entry.default_chunks if v is None else v
     if p < 1:
         raise ScheduleError(f"{name}: --stages must be at least 1 (got {p})")
@@ -84,7 +135,18 @@ def check_args(name: str, p: int, m: int, v: int | None) -> tuple[ScheduleInfo, 
     return entry, v
 
 
-def build_schedule(name: str, stages: int, microbatches: int, virtual: int | None = None) -> Schedule:
-    """Build the named schedule for p = ``stages`` ranks, m = ``microbatches``, v = ``virtual``."""
-    entry, v = check_args(name, stages, microbatches, virtual)
+def build_schedule(
+    name: str,
+    stages: int,
+    microbatches: int,
+    virtual: int | None = None,
+    *,
+    costs: ScheduleCosts | None = None,
+    registry: ScheduleRegistry | None = None,
+) -> Schedule:
+    """Build the named schedule for p = ``stages`` ranks, m = ``microbatches``, v = ``virtual``;
+    with ``costs``, a generator that plans with costs (``build_costed``) uses them."""
+    entry, v = check_args(name, stages, microbatches, virtual, registry)
+    if costs is not None and entry.build_costed is not None:
+        return entry.build_costed(stages, microbatches, v, costs)
     return entry.build(stages, microbatches, v)

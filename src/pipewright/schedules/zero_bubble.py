@@ -23,7 +23,7 @@ from fractions import Fraction
 
 from pipewright.errors import ScheduleError
 from pipewright.ir import Action, F, I, Schedule, W, loop_placement
-from pipewright.schedules.registry import ScheduleInfo
+from pipewright.schedules.registry import ScheduleCosts, ScheduleInfo
 from pipewright.schedules.zb_greedy import StageCosts, best_orders
 
 
@@ -132,8 +132,19 @@ def zb_auto(
 
 
 def _zb_auto_unit(p: int, m: int, v: int = 1) -> Schedule:
-    """The registry's zb-auto: unit costs (F = I = W = 1, free communication), memory limit p."""
+    """The registry's zb-auto without costs: unit costs (F = I = W = 1, free communication), memory
+    limit p."""
     return zb_auto(p, m, f=[1.0] * p, i=[1.0] * p, w=[1.0] * p, memory_limit=p)
+
+
+def _zb_auto_costed(p: int, m: int, v: int, costs: ScheduleCosts) -> Schedule:
+    """The registry's zb-auto with the caller's costs (from a cost model or a profile); memory limit
+    ``costs.memory_limit`` or p (1F1B's)."""
+    limit = p if costs.memory_limit is None else costs.memory_limit
+    # stages with no work (an empty cost) still need a positive cost for the greedy's ordering
+    tiny = 1e-9 * max((*costs.f, *costs.i, *costs.w, 1e-9))
+    f, i, w = ([max(t, tiny) for t in ts] for ts in (costs.f, costs.i, costs.w))
+    return zb_auto(p, m, f=f, i=i, w=w, comm=costs.comm, memory_limit=limit)
 
 
 def _same_on_every_rank(peak: Callable[[int, int], int]) -> Callable[[int, int, int], list[Fraction]]:
@@ -160,6 +171,7 @@ SCHEDULES = (
     ScheduleInfo(
         name="zb-auto",
         build=_zb_auto_unit,
+        build_costed=_zb_auto_costed,
         memory=_same_on_every_rank(lambda p, m: min(p, m)),
         bubble="greedy; with unit costs and memory limit p as ZB-H1: (p − 1)(T_F + T_I − T_W)",
         memory_formula="at most the memory limit (p in the registry), min(p, m) with unit costs",
