@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 
 def crosses(schedule: Schedule, a: int, b: int) -> bool:
     """True when data between stages a and b travels through explicit send/receive actions."""
-    return schedule.lowered and not schedule.local(a, b)
+    return schedule.lowered and schedule.placement[a] != schedule.placement[b]
 
 
 def from_stage(
@@ -71,9 +71,9 @@ def from_stage(
     stage. No event when ``source`` is outside the pipeline."""
     if not 0 <= source < schedule.num_stages:
         return ()
-    k, p = action.microbatch, action.payload
-    if crosses(schedule, source, action.stage):
-        return ((receive, action.stage, k, p),)
+    stage, k, p = action[0], action[2], action[3]
+    if schedule.lowered and schedule.placement[source] != schedule.placement[stage]:
+        return ((receive, stage, k, p),)
     return ((producer, source, k, p),)
 
 
@@ -262,3 +262,38 @@ def peer_stage(action: Action, schedule: Schedule) -> int:
 def peer_rank(action: Action, schedule: Schedule) -> int:
     """The rank a send goes to or a receive comes from."""
     return schedule.placement[peer_stage(action, schedule)]
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """Every action's requirements and events, computed once for a schedule (rank-major, by position)
+    and shared by the validator and the simulator. Kinds the registry lacks resolve to no events (the
+    validator reports them)."""
+
+    requires: list[list[tuple[Event, ...]]]
+    produces: list[list[tuple[Event, ...]]]
+
+
+def resolve(schedule: Schedule) -> Resolution:
+    """The :class:`Resolution` of ``schedule`` (one call of each kind's rules per action)."""
+    specs = dict(schedule.kinds.items())
+    req_rule = {name: spec.requires for name, spec in specs.items()}
+    prod_rule = {name: spec.produces for name, spec in specs.items()}
+    reqs: list[list[tuple[Event, ...]]] = []
+    outs: list[list[tuple[Event, ...]]] = []
+    for row in schedule.actions:
+        rr: list[tuple[Event, ...]] = []
+        oo: list[tuple[Event, ...]] = []
+        for a in row:
+            kind = a[1]
+            rule = req_rule.get(kind)
+            if rule is None:
+                rr.append(())
+                oo.append(())
+                continue
+            rr.append(rule(a, schedule))
+            prod = prod_rule[kind]
+            oo.append(((kind, a[0], a[2], a[3]),) if prod is None else prod(a, schedule))
+        reqs.append(rr)
+        outs.append(oo)
+    return Resolution(reqs, outs)

@@ -23,25 +23,32 @@ def lower(schedule: Schedule) -> Schedule:
     kinds = schedule.kinds
     n = schedule.num_stages
     placement = schedule.placement
+    # kind -> ((name, offset, is_receive), ...) of the transfers attached to it
+    around = {
+        name: tuple((s.name, s.p2p.offset, s.p2p.role == "recv") for s in kinds.attached_to(name))
+        for name in kinds
+    }
     rows = []
     for row in schedule.actions:
         out: list[Action] = []
+        append = out.append
         for a in row:
-            attached = kinds.attached_to(a.kind)
+            attached = around.get(a[1])
             if not attached:
-                out.append(a)
+                append(a)
                 continue
+            stage = a[0]
             sends = []
-            for spec in attached:
-                peer = a.stage + spec.p2p.offset
-                if not 0 <= peer < n or placement[peer] == placement[a.stage]:
+            for name, offset, is_recv in attached:
+                peer = stage + offset
+                if not 0 <= peer < n or placement[peer] == placement[stage]:
                     continue
-                moved = Action(a.stage, spec.name, a.microbatch, a.payload)
-                if spec.p2p.role == "recv":
-                    out.append(moved)
+                moved = Action(stage, name, a[2], a[3])
+                if is_recv:
+                    append(moved)
                 else:
                     sends.append(moved)
-            out.append(a)
+            append(a)
             out.extend(sends)
         rows.append(out)
     return schedule.with_actions(rows, lowered=True)

@@ -18,7 +18,7 @@ names rank, position and action, followed by the text grid with the offending ce
 
 from __future__ import annotations
 
-from pipewright.deps import matching_recv, peer_stage, produces, requires
+from pipewright.deps import Resolution, matching_recv, resolve
 from pipewright.errors import ValidationError
 from pipewright.ir import Action, Event, Schedule, event_action
 
@@ -38,57 +38,55 @@ def _fmt(event: Event) -> str:
 
 def validate(schedule: Schedule) -> Schedule:
     """Raise ValidationError if ``schedule`` is broken; return it unchanged otherwise."""
-    producer = _check_structure(schedule)
-    _check_complete(schedule, producer)
-    _check_executes(schedule, producer)
+    validate_resolved(schedule)
     return schedule
 
 
-def _check_structure(schedule: Schedule) -> dict[Event, tuple[int, int]]:
+def validate_resolved(schedule: Schedule, resolution: Resolution | None = None) -> Resolution:
+    """:func:`validate`, returning the schedule's dependency :class:`~pipewright.deps.Resolution` so a
+    caller (the simulator) need not derive it again."""
+    res = resolution or resolve(schedule)
+    producer = _check_structure(schedule, res)
+    _check_complete(schedule, producer, res)
+    _check_executes(schedule, producer, res)
+    return res
+
+
+def _check_structure(schedule: Schedule, res: Resolution) -> dict[Event, tuple[int, int]]:
     """Per-action checks; returns event → (rank, position) of the action producing it."""
     producer: dict[Event, tuple[int, int]] = {}
-    seen: dict[Action, tuple[int, int]] = {}
-    kinds = schedule.kinds
+    seen: set[Action] = set()
+    per_mb = {name: spec.per_microbatch for name, spec in schedule.kinds.items()}
+    n_stages, n_mb, placement = schedule.num_stages, schedule.num_microbatches, schedule.placement
     for rank, row in enumerate(schedule.actions):
+        outs = res.produces[rank]
         for pos, a in enumerate(row):
-            if a.kind not in kinds:
-                raise _fail(schedule, rank, pos, f"unknown action kind {a.kind!r} in {a}")
-            if not 0 <= a.stage < schedule.num_stages:
-                raise _fail(
-                    schedule,
-                    rank,
-                    pos,
-                    f"{a} names stage {a.stage}; stages are 0..{schedule.num_stages - 1}",
-                )
-            if a.microbatch is not None and not 0 <= a.microbatch < schedule.num_microbatches:
-                raise _fail(
-                    schedule,
-                    rank,
-                    pos,
-                    f"{a} names microbatch {a.microbatch}; "
-                    f"microbatches are 0..{schedule.num_microbatches - 1}",
-                )
-            per_microbatch = kinds[a.kind].per_microbatch
-            if per_microbatch is not None and (a.microbatch is not None) != per_microbatch:
+            stage, kind, mb = a[0], a[1], a[2]
+            if kind not in per_mb:
+                raise _fail(schedule, rank, pos, f"unknown action kind {kind!r} in {a}")
+            if not 0 <= stage < n_stages:
+                raise _fail(schedule, rank, pos, f"{a} names stage {stage}; stages are 0..{n_stages - 1}")
+            if mb is not None and not 0 <= mb < n_mb:
+                raise _fail(schedule, rank, pos, f"{a} names microbatch {mb}; microbatches are 0..{n_mb - 1}")
+            needs_mb = per_mb[kind]
+            if needs_mb is not None and (mb is not None) != needs_mb:
                 needs = (
-                    "needs a microbatch index"
-                    if per_microbatch
-                    else "runs once per stage, without a microbatch"
+                    "needs a microbatch index" if needs_mb else "runs once per stage, without a microbatch"
                 )
-                raise _fail(schedule, rank, pos, f"{a}: {a.kind} {needs}")
-            owner = schedule.placement[a.stage]
+                raise _fail(schedule, rank, pos, f"{a}: {kind} {needs}")
+            owner = placement[stage]
             if owner != rank:
                 raise _fail(
                     schedule,
                     rank,
                     pos,
-                    f"{a} runs on rank {rank} but stage {a.stage} is placed on rank {owner}",
+                    f"{a} runs on rank {rank} but stage {stage} is placed on rank {owner}",
                 )
             if a in seen:
-                r0, p0 = seen[a]
+                r0, p0 = _position_of(schedule, a)
                 raise _fail(schedule, rank, pos, f"{a} is duplicated (also at rank {r0}, position {p0})")
-            seen[a] = (rank, pos)
-            for ev in produces(a, schedule):
+            seen.add(a)
+            for ev in outs[pos]:
                 if ev in producer:
                     r0, p0 = producer[ev]
                     raise _fail(
@@ -101,7 +99,15 @@ def _check_structure(schedule: Schedule) -> dict[Event, tuple[int, int]]:
     return producer
 
 
-def _check_complete(schedule: Schedule, producer: dict[Event, tuple[int, int]]) -> None:
+def _position_of(schedule: Schedule, action: Action) -> tuple[int, int]:
+    """(rank, position) of the first occurrence of ``action`` (for messages)."""
+    for rank, row in enumerate(schedule.actions):
+        if action in row:
+            return rank, row.index(action)
+    return -1, -1
+
+
+def _check_complete(schedule: Schedule, producer: dict[Event, tuple[int, int]], res: Resolution) -> None:
     kinds = schedule.kinds
     used = {a.kind for row in schedule.actions for a in row}
     for spec in kinds.values():
@@ -118,21 +124,26 @@ def _check_complete(schedule: Schedule, producer: dict[Event, tuple[int, int]]) 
                     f"missing {action}: stage {action.stage} never runs {via}"
                     + (f" for microbatch {action.microbatch}" if action.microbatch is not None else ""),
                 )
+    with_collective = {name for name, spec in kinds.items() if spec.collective is not None}
     collectives: set[tuple] = {
-        (rank, a.kind, a.microbatch, a.payload)
+        (rank, a[1], a[2], a[3])
         for rank, row in enumerate(schedule.actions)
         for a in row
-        if kinds[a.kind].collective is not None
+        if a[1] in with_collective
     }
+    talks = {name for name, spec in kinds.items() if spec.p2p is not None or spec.collective is not None}
     for rank, row in enumerate(schedule.actions):
+        reqs = res.requires[rank]
         for pos, a in enumerate(row):
-            for ev in requires(a, schedule):
+            for ev in reqs[pos]:
                 if ev not in producer:
                     raise _fail(schedule, rank, pos, f"{a} needs {_fmt(ev)}, which no rank runs")
-            spec = kinds[a.kind]
+            if a[1] not in talks:
+                continue
+            spec = kinds[a[1]]
             if spec.p2p is not None:
                 _check_p2p(schedule, producer, rank, pos, a)
-            elif spec.collective is not None and spec.collective.spans_pipeline:
+            elif spec.collective.spans_pipeline:
                 _check_collective(schedule, collectives, rank, pos, a)
     _check_collective_order(schedule)
 
@@ -140,23 +151,22 @@ def _check_complete(schedule: Schedule, producer: dict[Event, tuple[int, int]]) 
 def _check_p2p(
     schedule: Schedule, producer: dict[Event, tuple[int, int]], rank: int, pos: int, a: Action
 ) -> None:
-    peer = peer_stage(a, schedule)
-    role = schedule.kinds[a.kind].p2p.role
+    p2p = schedule.kinds[a[1]].p2p
+    stage = a[0]
+    peer = stage + p2p.offset
     if not 0 <= peer < schedule.num_stages:
         where = "past the last stage" if peer >= schedule.num_stages else "before the first stage"
-        raise _fail(schedule, rank, pos, f"{a} {'sends' if role == 'send' else 'receives from'} {where}")
-    if schedule.local(a.stage, peer):
-        verb = "sends between" if role == "send" else "receives between"
+        raise _fail(schedule, rank, pos, f"{a} {'sends' if p2p.role == 'send' else 'receives from'} {where}")
+    if schedule.placement[peer] == schedule.placement[stage]:
+        verb = "sends between" if p2p.role == "send" else "receives between"
         raise _fail(
             schedule,
             rank,
             pos,
-            f"{a} {verb} stages {a.stage} and {peer}, which share rank {rank}: hand over locally",
+            f"{a} {verb} stages {stage} and {peer}, which share rank {rank}: hand over locally",
         )
-    if role == "send":
-        recv = matching_recv(a, schedule)
-        if recv.event not in producer:
-            raise _fail(schedule, rank, pos, f"unmatched send {a}: no rank runs {recv}")
+    if p2p.role == "send" and (p2p.pair, peer, a[2], a[3]) not in producer:
+        raise _fail(schedule, rank, pos, f"unmatched send {a}: no rank runs {matching_recv(a, schedule)}")
 
 
 def _check_collective(schedule: Schedule, collectives: set[tuple], rank: int, pos: int, a: Action) -> None:
@@ -177,10 +187,9 @@ def _check_collective(schedule: Schedule, collectives: set[tuple], rank: int, po
             )
 
 
-def _check_executes(schedule: Schedule, producer: dict[Event, tuple[int, int]]) -> None:
+def _check_executes(schedule: Schedule, producer: dict[Event, tuple[int, int]], res: Resolution) -> None:
     rows = schedule.actions
-    reqs = [[requires(a, schedule) for a in row] for row in rows]
-    outs = [[produces(a, schedule) for a in row] for row in rows]
+    reqs, outs = res.requires, res.produces
     # A collective spanning pipeline ranks is issued without blocking its rank; its events complete
     # when the last member has issued it (a rendezvous), as in the simulator.
     rendezvous = _rendezvous_keys(schedule)
@@ -241,11 +250,17 @@ def _rendezvous_keys(schedule: Schedule) -> dict[tuple[int, int], tuple]:
     """(rank, position) of each pipeline-spanning collective → its rendezvous key
     (kind, microbatch, payload, members)."""
     keys: dict[tuple[int, int], tuple] = {}
-    kinds = schedule.kinds
+    spanning = {
+        name: spec.collective
+        for name, spec in schedule.kinds.items()
+        if spec.collective is not None and spec.collective.spans_pipeline
+    }
+    if not spanning:
+        return keys
     for rank, row in enumerate(schedule.actions):
         for pos, a in enumerate(row):
-            coll = kinds[a.kind].collective
-            if coll is not None and coll.spans_pipeline:
+            coll = spanning.get(a[1])
+            if coll is not None:
                 keys[(rank, pos)] = (a.kind, a.microbatch, a.payload, coll.participants(a, schedule))
     return keys
 

@@ -39,10 +39,11 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from pipewright.cost.base import CommModel, CostModel, FreeComm
-from pipewright.deps import produces, requires
+from pipewright.deps import Resolution, resolve
 from pipewright.errors import PipewrightError
 from pipewright.ir import Action, KindSpec, Schedule
 from pipewright.passes.lower import lower
+from pipewright.passes.validate import validate, validate_resolved
 from pipewright.sim.memory import peak_from_deltas
 from pipewright.sim.sharing import SharedCompute, run_iteration_shared
 from pipewright.timeline import Span, Timeline
@@ -94,13 +95,14 @@ def _mode(spec: KindSpec) -> int:
     return _SEND if spec.comm == "send" else _WAIT
 
 
-def _compile(schedule: Schedule, cost: CostModel, comm: CommModel) -> _Program:
+def _compile(schedule: Schedule, cost: CostModel, comm: CommModel, res: Resolution | None = None) -> _Program:
     """Resolve every requirement to its producing action and cost every action, once.
 
     Costs are asked once per (kind, stage, payload): every microbatch of a stage costs the same. A
     send's duration needs its destination — the rank of the action that requires its event — so sends
     are costed after the requirements are resolved.
     """
+    res = res or resolve(schedule)
     mode_of = {name: _mode(schedule.kinds[name]) for name in schedule.kinds}
     rows = schedule.actions
     offsets = [0]
@@ -123,9 +125,9 @@ def _compile(schedule: Schedule, cost: CostModel, comm: CommModel) -> _Program:
     for rank, row in enumerate(rows):
         deltas = []
         total = 0.0
-        for a in row:
-            mode = mode_of[a.kind]
-            for ev in produces(a, schedule):
+        for a, events in zip(row, res.produces[rank], strict=True):
+            mode = mode_of[a[1]]
+            for ev in events:
                 producer[ev] = g
             modes.append(mode)
             if mode == _COMPUTE:
@@ -166,12 +168,12 @@ def _compile(schedule: Schedule, cost: CostModel, comm: CommModel) -> _Program:
     reqs: list[tuple[int, ...]] = []
     local = (_COMPUTE, _WAIT)
     get = producer.get
-    for rank, row in enumerate(rows):
+    for rank in range(len(rows)):
         first = g = offsets[rank]
         last = offsets[rank + 1]
-        for a in row:
+        for events in res.requires[rank]:
             needed = ()
-            for ev in requires(a, schedule):
+            for ev in events:
                 src = get(ev, total_actions)
                 if first <= src < g:
                     if modes[src] in local:
@@ -295,19 +297,22 @@ def simulate(
     iterations: int = 1,
     step_barrier: bool = True,
     shared: SharedCompute | None = None,
+    validate: bool = False,
 ) -> SimResult:
     """Simulate ``iterations`` training iterations of ``schedule`` (lowered first if needed).
 
     ``shared``: ranks that share compute units (:mod:`pipewright.sim.sharing`, processor sharing);
     then a compute action lasts longer than its cost while its host is oversubscribed, and
     ``busy[r]`` is the time rank r spent computing in the last iteration (not the sum of costs).
-    The schedule is not validated here (the CLI validates); a schedule that cannot finish is reported
-    with the validator's message.
+    With ``validate=True`` the lowered schedule is validated first, sharing one dependency resolution
+    with the simulation (the fast path for callers that would validate anyway); otherwise it is not
+    validated here, and a schedule that cannot finish is reported with the validator's message.
     """
     if iterations < 1:
         raise SimulationError(f"--iterations must be at least 1 (got {iterations})")
     sched = lower(schedule)
-    prog = _compile(sched, cost, comm or FreeComm())
+    res = validate_resolved(sched) if validate else None
+    prog = _compile(sched, cost, comm or FreeComm(), res)
     num_ranks = sched.num_ranks
     clock = [0.0] * num_ranks
     coll_free = [0.0] * num_ranks
@@ -464,8 +469,6 @@ def _computing_time(prog: _Program, starts: list[float], ends: list[float]) -> l
 
 
 def _report_deadlock(sched: Schedule, positions: list[int]) -> None:
-    from pipewright.passes.validate import validate
-
     validate(sched)  # raises a ValidationError naming rank, position and action
     heads = ", ".join(
         f"rank {r} at {sched.actions[r][p]}" for r, p in enumerate(positions) if p < len(sched.actions[r])
