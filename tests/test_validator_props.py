@@ -250,3 +250,16 @@ def test_csv_round_trip(sched: Schedule, with_comms: bool) -> None:
     compute = strip_comms(sched)
     again = from_csv(to_csv(sched, with_comms=with_comms), name=sched.name)
     assert again == (lower(sched) if with_comms else compute)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(mutated())
+def test_the_fast_path_never_accepts_what_the_precise_checks_reject(case: tuple[Schedule, str]) -> None:
+    """validate() skips the per-action checks when the set-level ones pass: they must agree."""
+    from pipewright.deps import resolve
+    from pipewright.passes.validate import _check_complete, _check_structure, _looks_valid
+
+    sched, _ = case
+    res = resolve(sched)
+    if _looks_valid(sched, res):
+        _check_complete(sched, _check_structure(sched, res), res)  # raises if they disagree
