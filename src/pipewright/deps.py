@@ -266,12 +266,26 @@ def peer_rank(action: Action, schedule: Schedule) -> int:
 
 @dataclass(frozen=True)
 class Resolution:
-    """Every action's requirements and events, computed once for a schedule (rank-major, by position)
-    and shared by the validator and the simulator. Kinds the registry lacks resolve to no events (the
-    validator reports them)."""
+    """Every action's requirements and events, computed once for a schedule and shared by the validator
+    and the simulator. Actions are numbered globally, rank by rank (``offsets[r]`` is rank r's first).
+
+    ``requires`` / ``produces``: events per rank and position. ``producer``: event → global index of
+    the (first) action producing it; ``duplicate``: ``(event, first, second)`` when an event is produced
+    twice, else None. ``needs[g]``: the producer indices of action g's requirements, ``missing`` (= the
+    number of actions) for a requirement nothing produces. Kinds the registry lacks resolve to no events
+    (the validator reports them).
+    """
 
     requires: list[list[tuple[Event, ...]]]
     produces: list[list[tuple[Event, ...]]]
+    offsets: list[int]
+    producer: dict[Event, int]
+    duplicate: tuple[Event, int, int] | None
+    needs: list[tuple[int, ...]]
+
+    @property
+    def missing(self) -> int:
+        return self.offsets[-1]
 
 
 def resolve(schedule: Schedule) -> Resolution:
@@ -281,6 +295,10 @@ def resolve(schedule: Schedule) -> Resolution:
     prod_rule = {name: spec.produces for name, spec in specs.items()}
     reqs: list[list[tuple[Event, ...]]] = []
     outs: list[list[tuple[Event, ...]]] = []
+    offsets = [0]
+    producer: dict[Event, int] = {}
+    duplicate = None
+    g = 0
     for row in schedule.actions:
         rr: list[tuple[Event, ...]] = []
         oo: list[tuple[Event, ...]] = []
@@ -290,10 +308,20 @@ def resolve(schedule: Schedule) -> Resolution:
             if rule is None:
                 rr.append(())
                 oo.append(())
+                g += 1
                 continue
             rr.append(rule(a, schedule))
             prod = prod_rule[kind]
-            oo.append(((kind, a[0], a[2], a[3]),) if prod is None else prod(a, schedule))
+            events = ((kind, a[0], a[2], a[3]),) if prod is None else prod(a, schedule)
+            oo.append(events)
+            for ev in events:
+                first = producer.setdefault(ev, g)
+                if first != g and duplicate is None:
+                    duplicate = (ev, first, g)
+            g += 1
         reqs.append(rr)
         outs.append(oo)
-    return Resolution(reqs, outs)
+        offsets.append(g)
+    get = producer.get
+    needs = [tuple(get(ev, g) for ev in events) for rr in reqs for events in rr]
+    return Resolution(reqs, outs, offsets, producer, duplicate, needs)

@@ -75,16 +75,15 @@ def _looks_valid(schedule: Schedule, res: Resolution) -> bool:
             needs = per_mb[kind]
             if (mb is not None and not 0 <= mb < n_mb) or (needs is not None and (mb is not None) != needs):
                 return False
-    flat = chain.from_iterable
-    produced = set(flat(flat(res.produces)))
-    if len(produced) != sum(map(len, flat(res.produces))):
+    produced = res.producer
+    if res.duplicate is not None:
         return False  # an event computed twice
-    if not produced.issuperset(flat(flat(res.requires))):
-        return False
+    if max(chain.from_iterable(res.needs), default=-1) >= res.missing:
+        return False  # a requirement nothing produces
     used = {a[1] for row in schedule.actions for a in row}
     for spec in kinds.values():
         applies = spec.complete is not None and (spec.always or spec.name in used)
-        if applies and not produced.issuperset(ev for ev, _ in spec.complete(schedule)):
+        if applies and not all(ev in produced for ev, _ in spec.complete(schedule)):
             return False
     p2p = {name: spec.p2p for name, spec in kinds.items() if spec.p2p is not None}
     for row in schedule.actions:
@@ -95,7 +94,7 @@ def _looks_valid(schedule: Schedule, res: Resolution) -> bool:
                 return False
         sends = {name: (spec.pair, spec.offset) for name, spec in p2p.items() if spec.role == "send"}
         needed = {(sends[a[1]][0], a[0] + sends[a[1]][1], a[2], a[3]) for a in row if a[1] in sends}
-        if not produced.issuperset(needed):
+        if not all(ev in produced for ev in needed):
             return False
     # pipeline-spanning collectives: their membership and order checks are per action
     return not any(
@@ -242,29 +241,29 @@ def _check_executes(
     schedule: Schedule, producer_of: Callable[[], dict[Event, tuple[int, int]]], res: Resolution
 ) -> None:
     rows = schedule.actions
-    reqs, outs = res.requires, res.produces
+    needs, offsets = res.needs, res.offsets
     # A collective spanning pipeline ranks is issued without blocking its rank; its events complete
     # when the last member has issued it (a rendezvous), as in the simulator.
     rendezvous = _rendezvous_keys(schedule)
-    arrived: dict[tuple, list[tuple[Event, ...]]] = {}
+    arrived: dict[tuple, list[int]] = {}
+    done = bytearray(res.missing + 1)  # done[g]: action g's events happened; the last never does
+    check = done.__getitem__
     ptr = [0] * len(rows)
-    done: set[Event] = set()
-    remaining = sum(len(r) for r in rows)
+    remaining = len(needs)
     while remaining:
         progress = False
         for rank, row in enumerate(rows):
-            p = ptr[rank]
-            rr, oo = reqs[rank], outs[rank]
-            while p < len(row) and done.issuperset(rr[p]):
+            p, base, n = ptr[rank], offsets[rank], len(row)
+            while p < n and all(map(check, needs[base + p])):
                 key = rendezvous.get((rank, p)) if rendezvous else None
                 if key is None:
-                    done.update(oo[p])
+                    done[base + p] = 1
                 else:
                     group = arrived.setdefault(key, [])
-                    group.append(oo[p])
+                    group.append(base + p)
                     if len(group) == len(key[-1]):
-                        for events in group:
-                            done.update(events)
+                        for g in group:
+                            done[g] = 1
                 p += 1
             if p != ptr[rank]:
                 remaining -= p - ptr[rank]
@@ -280,7 +279,9 @@ def _check_executes(
         p = ptr[rank]
         if p >= len(row):
             continue
-        missing = [ev for ev in reqs[rank][p] if ev not in done]
+        missing = [
+            ev for ev, g in zip(res.requires[rank][p], needs[offsets[rank] + p], strict=True) if not done[g]
+        ]
         for ev in missing:
             r0, p0 = producer[ev]
             if r0 == rank and p0 > p:

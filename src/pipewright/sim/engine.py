@@ -109,7 +109,6 @@ def _compile(schedule: Schedule, cost: CostModel, comm: CommModel, res: Resoluti
     for row in rows:
         offsets.append(offsets[-1] + len(row))
     total_actions = offsets[-1]
-    producer: dict[tuple, int] = {}
     modes: list[int] = []
     durs: list[float] = []
     busy: list[float] = []
@@ -125,10 +124,8 @@ def _compile(schedule: Schedule, cost: CostModel, comm: CommModel, res: Resoluti
     for rank, row in enumerate(rows):
         deltas = []
         total = 0.0
-        for a, events in zip(row, res.produces[rank], strict=True):
+        for a in row:
             mode = mode_of[a[1]]
-            for ev in events:
-                producer[ev] = g
             modes.append(mode)
             if mode == _COMPUTE:
                 key = (a.kind, a.stage, a.payload)
@@ -167,14 +164,12 @@ def _compile(schedule: Schedule, cost: CostModel, comm: CommModel, res: Resoluti
     destination: dict[int, int] = {}  # send g -> the rank that needs its event
     reqs: list[tuple[int, ...]] = []
     local = (_COMPUTE, _WAIT)
-    get = producer.get
+    needs = res.needs
     for rank in range(len(rows)):
-        first = g = offsets[rank]
-        last = offsets[rank + 1]
-        for events in res.requires[rank]:
+        first, last = offsets[rank], offsets[rank + 1]
+        for g in range(first, last):
             needed = ()
-            for ev in events:
-                src = get(ev, total_actions)
+            for src in needs[g]:
                 if first <= src < g:
                     if modes[src] in local:
                         continue  # an earlier compute/wait action of this rank ended before the clock
@@ -182,7 +177,6 @@ def _compile(schedule: Schedule, cost: CostModel, comm: CommModel, res: Resoluti
                     destination[src] = rank  # produced on another rank: a send's destination
                 needed += (src,)
             reqs.append(needed)
-            g += 1
 
     link_id: dict[tuple[int, int], int] = {}
     links = [-1] * total_actions
