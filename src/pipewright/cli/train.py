@@ -14,10 +14,15 @@ from pipewright.errors import ConfigError
 
 # flag → (type, help); the destination is the TrainConfig field of the same name.
 _VALUE_FLAGS: tuple[tuple[str, type, str], ...] = (
-    ("--model", str, "preset (default gpt-small-cpu; gpt-tiny, gpt3-*, megatron-*) or family gpt"),
+    (
+        "--model",
+        str,
+        "preset (default gpt-small-cpu; gpt-tiny, llama-tiny, gpt3-*, llama3-*) or family gpt|llama",
+    ),
     ("--layers", int, "transformer layers"),
     ("--hidden", int, "hidden size h"),
     ("--heads", int, "attention heads"),
+    ("--kv-heads", int, "key/value heads (grouped-query attention, Llama; default: --heads)"),
     ("--ffn-hidden", int, "MLP hidden size (default 4h)"),
     ("--vocab", int, "vocabulary size (default: the dataset's)"),
     ("--seq-len", int, "sequence length"),
@@ -41,6 +46,20 @@ _VALUE_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--checkpoint-every", int, "save a checkpoint every N steps (0: only at the end)"),
     ("--eval-every", int, "validation loss every N steps (0: never)"),
     ("--recv-timeout", float, "seconds a receive may wait before the run fails"),
+    ("--recompute", str, "activation recomputation: none, selective (attention core) or full (per layer)"),
+    (
+        "--precision",
+        str,
+        "fp32, bf16 or fp16 (fp32 master weights and optimizer state; fp16 with loss scaling)",
+    ),
+    ("--init-from", str, "Hugging Face checkpoint folder (GPT-2 or Llama config.json + safetensors)"),
+)
+
+# store-true flags → TrainConfig field
+_SWITCHES: tuple[tuple[str, str], ...] = (
+    ("--shard-optimizer", "ZeRO-1: each data-parallel rank keeps 1/dp of the optimizer state"),
+    ("--tie-embeddings", "tie the output layer to the input embedding (also across pipeline stages)"),
+    ("--reduce-fp32", "with --precision bf16/fp16: sum data-parallel gradients in fp32"),
 )
 
 
@@ -50,6 +69,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--nproc", type=int, help="processes to start (default tp × pp × dp)")
     for flag, kind, text in _VALUE_FLAGS:
         parser.add_argument(flag, type=kind, default=None, help=text)
+    for flag, text in _SWITCHES:
+        parser.add_argument(flag, action="store_true", default=None, help=text)
     parser.add_argument(
         "--resume", action="store_true", default=None, help="continue from --out's checkpoint"
     )
@@ -89,6 +110,9 @@ def config_from_args(args: argparse.Namespace):
     names = [flag.lstrip("-").replace("-", "_") for flag, _, _ in _VALUE_FLAGS]
     values = {name: getattr(args, name) for name in names}
     values["recv_timeout_s"] = values.pop("recv_timeout")
+    values.update(
+        {flag[2:].replace("-", "_"): getattr(args, flag[2:].replace("-", "_")) for flag, _ in _SWITCHES}
+    )
     config = config.with_overrides(
         **values,
         resume=args.resume,

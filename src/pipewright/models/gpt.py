@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipewright.errors import ConfigError
+from pipewright.models.blocks import AttentionCore, tied_output_init_
 from pipewright.models.layout import Layout, StageLayout, resolve_layout
 from pipewright.models.spec import ModelSpec
 
@@ -88,13 +89,14 @@ class CausalSelfAttention(nn.Module):
         self.head_dim = spec.head_dim
         self.qkv = make(spec.hidden, 3 * spec.hidden, bias=True, kind="qkv")
         self.proj = make(spec.hidden, spec.hidden, bias=True, kind="attn_out")
+        self.core = AttentionCore()  # its own module: selective recomputation checkpoints it
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         qkv = self.qkv(x)  # [b, s, 3h/t]; under sequence parallelism x is [b, s/t, h] and qkv full-length
         b, s = qkv.shape[:2]
         heads = qkv.shape[-1] // (3 * self.head_dim)  # local heads (fewer under tensor parallelism)
         q, k, v = qkv.view(b, s, 3, heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = self.core(q, k, v)
         return self.proj(y.transpose(1, 2).reshape(b, s, heads * self.head_dim))
 
 
@@ -227,13 +229,19 @@ def build_stage(
     if not 0 <= stage_index < resolved.num_stages:
         raise ConfigError(f"stage {stage_index} does not exist in layout {resolved}")
     stage = resolved.stages[stage_index]
-    if spec.tied_embeddings and not (stage.embedding and stage.head):
-        raise ConfigError("tied embeddings need a single-stage model; untie them for pipeline parallelism")
     module = GPTStage(spec, stage, linear_factory or default_linear_factory)
     module.reset_parameters(seed)
-    if spec.tied_embeddings:
-        module.head.out.weight = module.embed.tok.weight
+    if spec.tied_embeddings and stage.head:
+        if stage.embedding:
+            module.head.out.weight = module.embed.tok.weight
+        else:  # tied across stages: a copy starting equal, kept equal by runtime/tied.py
+            tied_output_init_(module.head.out, embedding_table(spec, seed))
     return module
+
+
+def embedding_table(spec: ModelSpec, seed: int) -> torch.Tensor:
+    """The initial full-size token-embedding table (what :meth:`Embedding.reset_parameters` draws first)."""
+    return torch.randn(spec.vocab, spec.hidden, generator=layer_generator(seed, "embed")) * 0.02
 
 
 def build_full(spec: ModelSpec, seed: int = 0, *, linear_factory: LinearFactory | None = None) -> GPTStage:

@@ -7,6 +7,9 @@
   vocabulary 51200), named by their parameter count.
 - ``bert-base``, ``bert-large``: Devlin et al. 2019 (vocabulary 30522, sequence 512; PipeFisher's
   profiles use sequence 128 — ``resolve_model("bert-base", seq_len=128)``).
+- ``llama3-8b``, ``llama3-70b``, ``llama3-405b``: Llama 3 (Dubey et al. 2024, Table 3: layers, hidden,
+  FFN, heads, 8 key/value heads, vocabulary 128256, rotary base 500000; sequence 8192);
+  ``llama-tiny``: a CPU-sized Llama (byte vocabulary).
 - ``gpt-tiny``: the runtime's default run (byte vocabulary); ``gpt-small-cpu``: trains in minutes on a CPU.
 
 ``resolve_model("gpt", layers=…, hidden=…, heads=…, vocab=…, seq_len=…)`` builds a spec from a family.
@@ -20,8 +23,17 @@ from types import MappingProxyType
 from pipewright.errors import ConfigError
 from pipewright.models.spec import ModelSpec
 
-FAMILIES = ("gpt", "bert")
+FAMILIES = ("gpt", "bert", "llama")
 DIMENSIONS = ("layers", "hidden", "heads", "vocab", "seq_len")
+OPTIONAL_DIMENSIONS = ("ffn_hidden", "kv_heads")
+LLAMA3_VOCAB, LLAMA3_SEQ = 128256, 8192
+
+#: Llama 3 (Table 3 of "The Llama 3 Herd of Models"): (name, layers, hidden, ffn, heads, kv heads)
+_LLAMA3 = (
+    ("llama3-8b", 32, 4096, 14336, 32, 8),
+    ("llama3-70b", 80, 8192, 28672, 64, 8),
+    ("llama3-405b", 126, 16384, 53248, 128, 8),
+)
 MEGATRON_VOCAB = 51200
 MEGATRON_SEQ = 2048
 
@@ -61,6 +73,11 @@ def _presets() -> Mapping[str, ModelSpec]:
         ModelSpec("gpt-tiny", 4, 64, 4, 256, 64),
         ModelSpec("gpt-small-cpu", 4, 128, 4, 256, 128),
     ]
+    specs += [
+        ModelSpec(n, l, h, a, LLAMA3_VOCAB, LLAMA3_SEQ, ffn_hidden=f, family="llama", kv_heads=g)
+        for n, l, h, f, a, g in _LLAMA3
+    ]
+    specs.append(ModelSpec("llama-tiny", 4, 128, 4, 256, 128, ffn_hidden=352, family="llama", kv_heads=2))
     return MappingProxyType({s.name: s for s in specs})
 
 
@@ -83,9 +100,10 @@ def get_preset(name: str) -> ModelSpec:
 
 
 def resolve_model(name: str, **overrides: int | None) -> ModelSpec:
-    """A preset with ``overrides`` applied (``None`` values ignored), or a family ("gpt", "bert") whose
-    dimensions all come from ``overrides`` (layers, hidden, heads, vocab, seq_len; ffn_hidden optional)."""
-    unknown = set(overrides) - {*DIMENSIONS, "ffn_hidden"}
+    """A preset with ``overrides`` applied (``None`` values ignored), or a family ("gpt", "bert",
+    "llama") whose dimensions all come from ``overrides`` (layers, hidden, heads, vocab, seq_len;
+    ffn_hidden and kv_heads optional)."""
+    unknown = set(overrides) - {*DIMENSIONS, *OPTIONAL_DIMENSIONS}
     if unknown:
         raise ConfigError(f"unknown model dimension(s) {', '.join(sorted(unknown))}")
     if name in FAMILIES:
@@ -99,9 +117,19 @@ def resolve_model(name: str, **overrides: int | None) -> ModelSpec:
         base = get_preset(name)
         if overrides.get("ffn_hidden") is None and base.ffn_hidden == 4 * base.hidden:
             overrides = {**overrides, "ffn_hidden": 4 * (overrides.get("hidden") or base.hidden)}
+        if (
+            overrides.get("heads") is not None
+            and overrides.get("kv_heads") is None
+            and base.kv_heads == base.heads
+        ):
+            overrides = {**overrides, "kv_heads": overrides["heads"]}  # keep multi-head attention
         spec = base.with_overrides(**overrides)
     if spec.hidden % spec.heads:
         raise ConfigError(f"--hidden {spec.hidden} is not divisible by --heads {spec.heads}")
+    if spec.kv_heads < 1 or spec.heads % spec.kv_heads:
+        raise ConfigError(f"--heads {spec.heads} is not divisible by --kv-heads {spec.kv_heads}")
+    if spec.kv_heads != spec.heads and spec.family != "llama":
+        raise ConfigError("--kv-heads (grouped-query attention) needs --model llama (or a llama preset)")
     if min(spec.layers, spec.hidden, spec.heads, spec.vocab, spec.seq_len, spec.ffn_hidden) < 1:
         raise ConfigError("model dimensions must all be at least 1")
     return spec

@@ -8,11 +8,13 @@ from dataclasses import dataclass, replace
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A GPT- (decoder, causal) or BERT-style (encoder) transformer.
+    """A GPT- (decoder, causal), BERT-style (encoder) or Llama-family transformer.
 
-    l = ``layers``, h = ``hidden``, a = ``heads``, ``ffn_hidden`` (4h by default), V = ``vocab``,
-    s = ``seq_len``. Parameters ≈ 12·l·h²·(1 + 13/(12h) + (V + s)/(12·l·h)) (Megatron-LM, SC21),
-    plus V·h more when the output layer is not tied to the embedding.
+    l = ``layers``, h = ``hidden``, a = ``heads``, ``ffn_hidden`` (4h by default; ⌈8h/3⌉ rounded up to
+    a multiple of 8 for Llama), V = ``vocab``, s = ``seq_len``. GPT parameters ≈
+    12·l·h²·(1 + 13/(12h) + (V + s)/(12·l·h)) (Megatron-LM, SC21), plus V·h more when the output layer
+    is not tied to the embedding. Llama only: g = ``kv_heads`` (grouped-query attention; 0 means a)
+    and the rotary base ``rope_theta``.
     """
 
     name: str
@@ -24,10 +26,15 @@ class ModelSpec:
     ffn_hidden: int = 0
     family: str = "gpt"
     tied_embeddings: bool = False
+    kv_heads: int = 0
+    rope_theta: float = 500000.0
 
     def __post_init__(self) -> None:
         if self.ffn_hidden == 0:
-            object.__setattr__(self, "ffn_hidden", 4 * self.hidden)
+            ffn = -(-8 * self.hidden // 3 // 8) * 8 if self.family == "llama" else 4 * self.hidden
+            object.__setattr__(self, "ffn_hidden", ffn)
+        if self.kv_heads == 0:
+            object.__setattr__(self, "kv_heads", self.heads)
 
     def with_overrides(self, **dims: int | None) -> ModelSpec:
         """Override dimensions (``None`` keeps the preset's value)."""
@@ -38,8 +45,17 @@ class ModelSpec:
         return self.hidden // self.heads
 
     def num_parameters(self) -> int:
-        """Exact parameter count of the GPT model in models/gpt.py (biases and LayerNorms included)."""
+        """Exact parameter count of the model in models/gpt.py (biases and LayerNorms included) or, for
+        the Llama family, models/llama.py: l·(2h² + 2h·g·d + 3hf + 2h) + V·h + h (+ V·h untied)."""
         h, f, V, s, l = self.hidden, self.ffn_hidden, self.vocab, self.seq_len, self.layers
+        if self.family == "llama":
+            kv = self.kv_heads * self.head_dim
+            return (
+                l * (2 * h * h + 2 * h * kv + 3 * h * f + 2 * h)
+                + V * h
+                + h
+                + (0 if self.tied_embeddings else V * h)
+            )
         per_layer = 4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h  # attn, mlp, 2 LayerNorms
         embed = V * h + s * h
         head = 2 * h + (0 if self.tied_embeddings else V * h)  # final LayerNorm + output

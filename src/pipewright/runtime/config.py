@@ -24,12 +24,19 @@ class TrainConfig:
     sequence parallelism, and sending 1/t of each stage boundary tensor per tp rank. Global batch =
     microbatch_size × microbatches × dp. ``stop_after``: end (with a checkpoint) once that many steps
     are done, keeping the learning-rate schedule of ``steps`` (for runs split over several jobs: the
-    next one passes ``resume``)."""
+    next one passes ``resume``).
+
+    Runtime features (issue 16): ``recompute`` none|selective|full; ``precision`` fp32|bf16|fp16 (fp32
+    master weights and optimizer state), ``reduce_fp32``: data-parallel gradient sums in fp32;
+    ``shard_optimizer``: ZeRO-1 over dp; ``tie_embeddings``: output layer tied to the embedding (also
+    across stages); ``kv_heads``: grouped-query attention (Llama); ``init_from``: a Hugging Face
+    checkpoint folder whose config.json gives the model and whose safetensors give the weights."""
 
     model: str = "gpt-small-cpu"
     layers: int | None = None
     hidden: int | None = None
     heads: int | None = None
+    kv_heads: int | None = None
     ffn_hidden: int | None = None
     vocab: int | None = None
     seq_len: int | None = None
@@ -62,6 +69,12 @@ class TrainConfig:
     recv_timeout_s: float = 300.0
     progress: bool = True
     artifacts: bool = True
+    recompute: str = "none"
+    precision: str = "fp32"
+    reduce_fp32: bool = False
+    shard_optimizer: bool = False
+    tie_embeddings: bool = False
+    init_from: str | None = None
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, object], *, source: str = "config") -> TrainConfig:
@@ -106,25 +119,38 @@ class TrainConfig:
 
     def num_layers(self) -> int:
         """The model's layer count, known without the data."""
+        if self.init_from:
+            from pipewright.models.hf_load import read_hf_spec
+
+            return read_hf_spec(self.init_from).layers
         return self.layers or resolve_model(self.model, layers=self.layers, vocab=self.vocab or 1).layers
 
     def model_spec(self, dataset_vocab: int | None = None) -> ModelSpec:
         """The preset (or family) with the dimension flags applied; vocab defaults to the dataset's."""
-        spec = resolve_model(
-            self.model,
-            layers=self.layers,
-            hidden=self.hidden,
-            heads=self.heads,
-            ffn_hidden=self.ffn_hidden,
-            vocab=self.vocab or dataset_vocab,
-            seq_len=self.seq_len,
-        )
+        if self.init_from:
+            from pipewright.models.hf_load import read_hf_spec
+
+            spec = read_hf_spec(self.init_from, seq_len=self.seq_len)
+        else:
+            spec = resolve_model(
+                self.model,
+                layers=self.layers,
+                hidden=self.hidden,
+                heads=self.heads,
+                ffn_hidden=self.ffn_hidden,
+                kv_heads=self.kv_heads,
+                vocab=self.vocab or dataset_vocab,
+                seq_len=self.seq_len,
+            )
+        if self.tie_embeddings:
+            spec = replace(spec, tied_embeddings=True)
         if dataset_vocab is not None and spec.vocab < dataset_vocab:
             raise ConfigError(
                 f"--vocab {spec.vocab} is smaller than the dataset's vocabulary ({dataset_vocab}); "
                 f"use --vocab {dataset_vocab} or more"
             )
         split = ("heads", "ffn_hidden", "vocab") + (("seq_len",) if self.sequence_parallel else ())
+        split += ("kv_heads",) if spec.family == "llama" else ()
         for name in split:  # Megatron's tensor-parallel splits (and the sequence, under SP)
             if getattr(spec, name) % self.tp:
                 flag = name.replace("_", "-")
@@ -154,10 +180,42 @@ class TrainConfig:
             raise ConfigError(f"--stop-after must be at least 1 (got {self.stop_after})")
         if self.lr <= 0:
             raise ConfigError(f"--lr must be positive (got {self.lr})")
+        self._check_runtime_features()
         from pipewright.optim import OPTIMIZERS
 
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"unknown optimizer {self.optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}")
+
+    def _check_runtime_features(self) -> None:
+        """Recompute / precision / sharding / init-from options (one-line ConfigErrors)."""
+        from pipewright.runtime.precision import compute_dtype
+        from pipewright.runtime.recompute import check_recompute
+
+        check_recompute(self.recompute)
+        compute_dtype(self.precision)
+        if self.shard_optimizer and self.dp < 2:
+            raise ConfigError(
+                "--shard-optimizer shards over data parallelism; add --dp 2 (or more) or drop it"
+            )
+        if self.reduce_fp32 and self.precision == "fp32":
+            raise ConfigError(
+                "--reduce-fp32 is for --precision bf16/fp16; fp32 gradients already reduce in fp32"
+            )
+        if self.init_from:
+            given = [
+                n
+                for n in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab")
+                if getattr(self, n)
+            ]
+            if given:
+                flags = ", ".join("--" + n.replace("_", "-") for n in given)
+                raise ConfigError(
+                    f"--init-from takes the model's dimensions from the checkpoint; drop {flags}"
+                )
+            if not (Path(self.init_from) / "config.json").is_file():
+                raise ConfigError(
+                    f"--init-from {self.init_from}: no config.json; give a Hugging Face checkpoint folder"
+                )
 
 
 def fingerprint(spec: ModelSpec, tokenizer: str, tp: int = 1) -> str:
@@ -167,6 +225,9 @@ def fingerprint(spec: ModelSpec, tokenizer: str, tp: int = 1) -> str:
     tensor parallelism. Sequence parallelism and scatter/gather change no state: not recorded."""
     dims = asdict(spec)
     dims.pop("name")
+    if spec.family != "llama":  # Llama-only fields: keep older GPT fingerprints unchanged
+        dims.pop("kv_heads")
+        dims.pop("rope_theta")
     record: dict = {"model": dims, "tokenizer": tokenizer}
     if tp > 1:
         record["tensor_parallel"] = {"tp": tp, "embedding": "vocab-parallel"}

@@ -38,7 +38,8 @@ from pipewright.cost.placement import loss_stage
 from pipewright.data import TokenDataset, open_dataset
 from pipewright.errors import ConfigError
 from pipewright.ir import Schedule
-from pipewright.models.gpt import build_stage, loss_fn
+from pipewright.models.family import build_stage
+from pipewright.models.gpt import loss_fn
 from pipewright.models.layout import Layout, resolve_layout
 from pipewright.models.spec import ModelSpec
 from pipewright.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
@@ -55,6 +56,7 @@ from pipewright.runtime.tensor_parallel import (
     tp_linear_factory,
 )
 from pipewright.runtime.timeline import gather_timeline
+from pipewright.runtime.train_options import TrainingOptions
 from pipewright.runtime.wgrad import linear_factory_for
 from pipewright.schedules import build_schedule
 from pipewright.schedules.registry import check_args
@@ -237,20 +239,28 @@ class Trainer:
             s: build_stage(spec, run.layout, s, seed=c.seed, linear_factory=factory).to(self.device)
             for s in self.schedule.stages_of(self.mesh.pp_rank)
         }
+        # recomputation, tied embeddings, --init-from, mixed precision, ZeRO-1 (runtime/train_options.py)
+        self.options = TrainingOptions(c, spec, self.mesh, self.schedule, self.stages)
         self.params = {n: p for mod in self.stages.values() for n, p in mod.named_parameters()}
         # parameters counted in the global gradient norm: shards, and replicated ones on tp rank 0
-        self.norm_params = [
-            p for mod in self.stages.values() for p in grad_norm_params(mod, self.mesh.tp_group)
-        ]
-        self.optimizer = build_optimizer(
-            c.optimizer, self.params.items(), lr=c.lr, weight_decay=c.weight_decay
+        self.norm_params = self.options.norm_params(
+            [p for mod in self.stages.values() for p in grad_norm_params(mod, self.mesh.tp_group)]
         )
+        self.master = None if self.options.plain else self.options.build_optimizer(self.params)
+        if self.master is not None:  # fp32 masters (maybe sharded over dp) for a bf16/fp16 model
+            self.optimizer = self.master.optimizer
+        else:
+            self.optimizer = build_optimizer(
+                c.optimizer, self.params.items(), lr=c.lr, weight_decay=c.weight_decay
+            )
         self.executor = PipelineExecutor(
             self.schedule,
             self.mesh,
             self.stages,
-            loss_fn=self.loss_fn,
+            loss_fn=self.options.loss_fn(self.loss_fn),
             boundary_shape=self.boundary_shape,
+            dtype=self.options.dtype,
+            handlers=self.options.handlers(),
             device=self.device,
             recv_timeout_s=c.recv_timeout_s,
             record=True,
@@ -264,7 +274,11 @@ class Trainer:
         # checkpoint names: a tensor-parallel shard is named with its tp rank
         sharded = {id(p) for mod in self.stages.values() for p in sharded_parameters(mod)}
         suffix = f"#tp{self.mesh.tp_rank}of{self.mesh.tp}"
-        self.named_shards = {n + (suffix if id(p) in sharded else ""): p for n, p in self.params.items()}
+        state = self.master.named_state() if self.master is not None else self.params
+        self.named_shards = {
+            n + (suffix if n in self.params and id(self.params[n]) in sharded else ""): p
+            for n, p in state.items()
+        }
 
     @property
     def tokens_per_step(self) -> int:
@@ -273,6 +287,8 @@ class Trainer:
     def load(self, path: Path) -> int:
         """Load a checkpoint; returns its step (the number of steps done)."""
         meta = load_checkpoint(path, self.named_shards, self.optimizer, fingerprint=self.run.fingerprint)
+        if self.master is not None:
+            self.master.after_load()
         return int(meta["step"])
 
     def save(self, done: int) -> Path:
@@ -293,7 +309,8 @@ class Trainer:
         if self.sequence_parallel:  # replicated parameters saw 1/t of the tokens: sum over tp
             for mod in self.stages.values():
                 sync_sequence_parallel_grads(mod, self.mesh.tp_group)
-        return self.executor.global_loss(losses)
+        self.options.after_backward()
+        return self.executor.global_loss(losses) / self.options.loss_scale
 
     def optimizer_step(self, step: int) -> tuple[float, float]:
         """Clip to the global gradient norm, set the step's learning rate, step. Returns (lr, norm)."""
@@ -301,6 +318,8 @@ class Trainer:
         lr = lr_at(step, lr=c.lr, warmup=c.warmup, total=c.steps, min_ratio=c.min_lr_ratio)
         set_lr(self.optimizer, lr)
         groups = [self.mesh.tp_group, self.mesh.pp_group]
+        if self.master is not None:
+            return lr, self.options.step(self.norm_params, groups, c.grad_clip)
         norm = clip_grad_norm_(list(self.params.values()), c.grad_clip, groups, norm_params=self.norm_params)
         self.optimizer.step()
         return lr, norm
@@ -335,7 +354,12 @@ class Trainer:
                     hidden = x.to(self.device)
                     for s in self.stages:  # this rank's stages, in increasing order
                         if s > 0 and sched.rank_of(s - 1) != mesh.pp_rank:
-                            hidden = torch.empty(x.shape[0], *self.boundary_shape[1:], device=self.device)
+                            hidden = torch.empty(
+                                x.shape[0],
+                                *self.boundary_shape[1:],
+                                device=self.device,
+                                dtype=self.options.dtype,
+                            )
                             dist.recv(hidden, src=mesh.pp_peer(sched.rank_of(s - 1)))
                         hidden = self.stages[s](hidden)
                         if s == sched.num_stages - 1:

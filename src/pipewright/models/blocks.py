@@ -1,0 +1,70 @@
+"""Building blocks shared by the model files (GPT, Llama): the attention core, RMSNorm, rotary
+position embeddings, and the initialisation of a tied output layer.
+
+The attention core is its own (parameter-free) module so that the runtime can recompute exactly it —
+selective activation recomputation (Korthikanti et al., 2022, §5) checkpoints the softmax(QKᵀ)V part of
+attention, whose stored activations grow with s², and keeps everything else.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class AttentionCore(nn.Module):
+    """Causal softmax(QKᵀ/√d)V over [b, heads, s, d] queries and [b, kv_heads, s, d] keys/values.
+
+    Grouped-query attention (Ainslie et al., 2023): with fewer key/value heads than query heads, query
+    head j uses key/value head ⌊j / (heads / kv_heads)⌋ (each kv head repeated, as Llama does)."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        rep = q.shape[1] // k.shape[1]
+        if rep > 1:
+            k = k.repeat_interleave(rep, dim=1)
+            v = v.repeat_interleave(rep, dim=1)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+class RMSNorm(nn.Module):
+    """y = x / √(mean(x²) + ε) · g (Zhang & Sennrich, 2019), computed in float32 and cast back, as
+    Llama does; g starts at 1."""
+
+    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * y.to(x.dtype)
+
+
+def rope_tables(seq_len: int, head_dim: int, theta: float, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [s, d] of rotary position embeddings (Su et al., RoFormer): angle p·θ^(−2i/d) for
+    position p and frequency i < d/2, repeated over the two halves of the head (the "rotate half"
+    layout of Hugging Face's Llama, so its checkpoints load without permuting q/k rows)."""
+    inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim)
+    angles = torch.outer(torch.arange(seq_len, dtype=torch.float64, device=device), inv)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos().float(), angles.sin().float()
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate [b, heads, s, d] by the position angles: x·cos + rotate_half(x)·sin, with
+    rotate_half([x₁, x₂]) = [−x₂, x₁]."""
+    x1, x2 = x.chunk(2, dim=-1)
+    rotated = torch.cat([-x2, x1], dim=-1)
+    return (x * cos.to(x.dtype)) + (rotated * sin.to(x.dtype))
+
+
+def tied_output_init_(out: nn.Module, table: torch.Tensor) -> None:
+    """Initialise an output layer [V, h] with the embedding table it is tied to (full size; a
+    tensor-parallel shard keeps its rows through ``load_full_``)."""
+    with torch.no_grad():
+        if hasattr(out, "load_full_"):
+            out.load_full_(table, None)
+        else:
+            out.weight.copy_(table)
