@@ -65,6 +65,6 @@ def tied_output_init_(out: nn.Module, table: torch.Tensor) -> None:
     tensor-parallel shard keeps its rows through ``load_full_``)."""
     with torch.no_grad():
         if hasattr(out, "load_full_"):
-            out.load_full_(table, None)
+            out.load_full_(table)
         else:
             out.weight.copy_(table)

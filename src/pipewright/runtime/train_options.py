@@ -66,6 +66,7 @@ class TrainingOptions:
             dp_group=mesh.dp_group,
             coords=mesh.coords,
             dp=mesh.dp,
+            separate_masters=self.dtype != torch.float32,
         )
         if self.dtype != torch.float32:
             for module in self.stages.values():

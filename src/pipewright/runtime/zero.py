@@ -79,8 +79,9 @@ def _grad(p: nn.Parameter) -> torch.Tensor:
 
 
 class MasterOptimizer:
-    """The optimizer over fp32 masters of ``params`` (name → parameter), sharded over ``dp_group``
-    when ``shard`` (see the module docstring). ``optimizer`` is the ``torch.optim`` instance (its
+    """The optimizer over fp32 masters of ``params`` (name → parameter, still fp32 here), sharded over
+    ``dp_group`` when ``shard`` (see the module docstring); ``separate_masters``: the model will be cast
+    to a low-precision dtype, so keep fp32 copies. ``optimizer`` is the ``torch.optim`` instance (its
     ``param_groups`` take the learning rate)."""
 
     def __init__(
@@ -94,6 +95,7 @@ class MasterOptimizer:
         dp_group=None,
         coords: tuple[int, int, int] = (0, 0, 0),
         dp: int = 1,
+        separate_masters: bool = False,
     ) -> None:
         self.params = dict(params)
         self.shard = shard and dp > 1
@@ -108,7 +110,7 @@ class MasterOptimizer:
                 flat = _FlatShard(group, dp, d, two_d)
                 self.flats.append(flat)
                 self.masters[f"zero.pp{p}.tp{t}.dp{d}of{dp}.{label}"] = flat.master
-        elif all(q.dtype == torch.float32 for q in self.params.values()):
+        elif not separate_masters:
             self.masters = self.params  # fp32 model: step on the parameters themselves
         else:
             self.masters = {n: nn.Parameter(q.detach().float().clone()) for n, q in self.params.items()}
