@@ -23,6 +23,7 @@ shape shared by all cases; tiny models):
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -220,7 +221,9 @@ def _worker(rank: int, runs: list[tuple[str, PreparedRun]]) -> list | None:
         c = run.config
         if (c.dp, c.pp, c.tp) not in meshes:
             meshes[c.dp, c.pp, c.tp] = ParallelMesh.build(dp=c.dp, pp=c.pp, tp=c.tp)
+        start = time.perf_counter()
         result = _run_case(label, run, meshes[c.dp, c.pp, c.tp])
+        result["seconds"] = time.perf_counter() - start
         gathered = [None] * dist.get_world_size() if rank == 0 else None
         dist.gather_object(result, gathered, dst=0)
         out.append(gathered)
