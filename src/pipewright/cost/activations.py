@@ -76,17 +76,20 @@ def runtime_stage_peak_bytes(
     first: bool = False,
     last: bool = False,
 ) -> float:
-    """Predicted peak activation bytes of one stage: ``in_flight`` microbatches' kept activations
-    (``layers`` layers each, plus the embedding output on the first stage and the logits, kept in the
-    activation dtype and again as fp32 softmax for the loss, on the last), plus — with full
-    recomputation — one layer's activations rebuilt during the backward."""
+    """Predicted peak activation bytes of one stage: ``in_flight`` microbatches' kept activations —
+    ``layers`` layers each; on a stage that sends its output, that output (s·b·h, kept until its
+    gradient returns); on the last stage the final norm's and output layer's inputs (2·s·b·h) and the
+    loss's fp32 log-softmax (4·s·b·V bytes) — plus, with full recomputation, one layer's activations
+    rebuilt during the backward. (``first`` is accepted for symmetry: the embedding's output is the
+    first layer's input, already counted.)"""
+    del first
     sbh = spec.seq_len * b * spec.hidden
     per_mb = (
         layers * runtime_layer_elements(spec, mode, low_precision=element_bytes < 4) * sbh * element_bytes
     )
-    if first:
-        per_mb += sbh * element_bytes
     if last:
-        per_mb += spec.seq_len * b * spec.vocab * (element_bytes + 4)
+        per_mb += 2 * sbh * element_bytes + spec.seq_len * b * spec.vocab * 4
+    else:
+        per_mb += sbh * element_bytes
     transient = runtime_layer_elements(spec, "none") * sbh * element_bytes if mode == "full" else 0.0
     return in_flight * per_mb + transient
