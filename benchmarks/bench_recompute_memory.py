@@ -100,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write the measurements here")
     parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--microbatch-size", type=int, default=8)
+    parser.add_argument("--only", choices=("memory", "optimizer"), help="run one of the two tables")
     args = parser.parse_args(argv)
     root = Path(tempfile.mkdtemp(prefix="pw-mem-"))
     data = root / "tokens.bin"
@@ -129,15 +130,15 @@ def main(argv: list[str] | None = None) -> int:
     opt_runs = [
         ("optimizer", prepare(replace(c, out=str(root / f"o{i}")))) for i, (_, _, c) in enumerate(opt_cases)
     ]
-    mem = spawn(_worker, 2, (mem_runs,), timeout_s=1800)[0]
-    opt = spawn(_worker, 4, (opt_runs,), timeout_s=1800)[0]
+    mem = spawn(_worker, 2, (mem_runs,), timeout_s=1800)[0] if args.only != "optimizer" else []
+    opt = spawn(_worker, 4, (opt_runs,), timeout_s=1800)[0] if args.only != "memory" else []
     spec = mem_runs[0][1].spec
     b = args.microbatch_size
     rows = []
     print(f"activation memory per rank, GPT l=4 h=64 a=4 s={spec.seq_len} b={b}, pp=2 1F1B, m=4 (MiB)")
     print("| precision | recompute | rank | measured peak | runtime model | Korthikanti (cost model) |")
     print("|---|---|---|---:|---:|---:|")
-    for (mode, precision, _), gathered in zip(memory_cases, mem, strict=True):
+    for (mode, precision, _), gathered in zip(memory_cases, mem, strict=False):
         e = 4 if precision == "fp32" else 2
         for value, _, rank in sorted(gathered, key=lambda g: g[2]):
             in_flight = 2 - rank
@@ -150,12 +151,15 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"| {precision} | {mode} | {rank} | {value / MIB:.1f} | {model / MIB:.1f} | {kor / MIB:.1f} |"
             )
-    print("\noptimizer state per rank (AdamW; + fp32 masters under bf16), default model, pp=2 dp=2 (KiB)")
+    print(
+        "\noptimizer state per rank (AdamW moments + separate fp32 masters), default model, pp=2 dp=2 (KiB)"
+    )
     print("| precision | sharded | rank (pp) | measured | predicted |")
     print("|---|---|---|---:|---:|")
-    for (precision, shard, _), gathered in zip(opt_cases, opt, strict=True):
-        for value, params, rank in gathered[::2]:  # dp rank 0's view of each pp rank
-            per_param = 8 + (4 if precision != "fp32" else 0)
+    for (precision, shard, _), gathered in zip(opt_cases, opt, strict=False):
+        for value, params, rank in gathered[:2]:  # global ranks 0, 1: dp rank 0's two pp ranks
+            # Adam's two fp32 moments; an fp32 master copy under bf16, and of the slice when sharded
+            per_param = 8 + (4 if precision != "fp32" or shard else 0)
             predicted = params * per_param / (2 if shard else 1)
             rows.append({"precision": precision, "sharded": shard, "pp_rank": rank, "optimizer_bytes": value,
                          "predicted": predicted})  # fmt: skip
