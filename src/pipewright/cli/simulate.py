@@ -171,7 +171,7 @@ def _sharing(args: argparse.Namespace, setup: _Setup):
 def _model_setup(args: argparse.Namespace) -> _Setup:
     """Model + cluster: resolve the preset, the accelerator and the topology, then the cost models."""
     from pipewright.cost.comm import Mesh
-    from pipewright.cost.transformer import TransformerCost
+    from pipewright.cost.llama import cost_class  # TransformerCost, or LlamaCost for llama models
     from pipewright.hardware import accelerator
     from pipewright.models.presets import resolve_model
     from pipewright.topology import Topology, cluster, single_host
@@ -211,7 +211,7 @@ def _model_setup(args: argparse.Namespace) -> _Setup:
         raise ConfigError("--model needs --global-batch-size (or --microbatches)")
     sched = _load_schedule(args.schedule, p, m, args.virtual)
     dtype = args.dtype or next((x for x in ("bf16", "fp16", "fp32") if x in gpu.peak_flops), "fp32")
-    cost = TransformerCost(
+    cost = cost_class(model)(
         model,
         microbatch=b,
         gpu=gpu.name,

@@ -106,3 +106,9 @@ class LlamaCost(TransformerCost):
         if self.sequence_parallel:
             return s * b * h * (34 + 5 * a * s / h) / t * e / 2
         return s * b * h * (10 + 24 / t + 5 * a * s / (h * t)) * e / 2
+
+
+def cost_class(spec: ModelSpec) -> type[TransformerCost]:
+    """The analytical cost model for ``spec``'s family: :class:`LlamaCost` for Llama, else
+    :class:`TransformerCost`."""
+    return LlamaCost if spec.family == "llama" else TransformerCost
