@@ -18,11 +18,14 @@ shape shared by all cases; tiny models):
 - Hugging Face checkpoints (GPT-2 layout with the ``transformer.`` prefix and no ``lm_head``; Llama
   layout in two safetensors shards with an index) written here load into pp = 2 (tp = 2 for Llama)
   and give one process's logits; each pipeline rank reads only its own layers' tensors.
+
+``PIPEWRIGHT_FULL_FEATURES=1`` adds Llama at pp = 4 × tp = 2 (8 processes).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import replace
 
@@ -466,3 +469,25 @@ def test_hf_checkpoint_loads_into_pp2_with_one_process_logits(results):
             layers = {int(k.split(".")[k.split(".").index("h" if "gpt2" in label else "layers") + 1])
                       for k in r["keys"] if ".h." in k or ".layers." in k}  # fmt: skip
             assert layers == ({0, 1} if r["stages"] == [0] else {2, 3}), (label, r["stages"], r["keys"])
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    os.environ.get("PIPEWRIGHT_FULL_FEATURES") != "1",
+    reason="8 processes; PIPEWRIGHT_FULL_FEATURES=1 runs it",
+)
+def test_llama_pp4_tp2_equals_one_process(tmp_path):
+    """Llama at pp = 4 × tp = 2 (8 processes): plain 1F1B, and zb-h1 with sequence parallelism and full
+    recomputation, against one process (loss, gradients, parameters after 3 steps, 1e-5)."""
+    data = tmp_path / "tokens.bin"
+    write_tokens(data, np.random.default_rng(0).integers(0, 256, 20_000), vocab_size=256)
+    base = replace(_base(str(data)), model="llama", kv_heads=2, ffn_hidden=64, pp=4, tp=2)
+    cases = [
+        ("llama:pp4-tp2", replace(base, schedule="1f1b")),
+        ("llama:pp4-tp2-sp-full", replace(base, schedule="zb-h1", sequence_parallel=True, recompute="full")),
+    ]
+    runs = [(label, prepare(replace(c, out=str(tmp_path / f"r{i}")))) for i, (label, c) in enumerate(cases)]
+    failures: list[str] = []
+    for (label, run), gathered in zip(runs, spawn(_worker, 8, (runs,), timeout_s=900)[0], strict=True):
+        _check_against(gathered, _reference(run), REF_RTOL, label, failures)
+    assert not failures, "\n".join(failures[:20])
