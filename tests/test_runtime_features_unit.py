@@ -23,8 +23,12 @@ from pipewright.models.spec import ModelSpec
 from pipewright.runtime.config import TrainConfig, fingerprint
 from pipewright.runtime.precision import LossScaler
 from pipewright.runtime.recompute import apply_recompute, recomputed_modules
-from pipewright.runtime.wgrad import WeightGradStore, defer_weight_grads
 from pipewright.schedules import build_schedule
+
+try:  # DeferrableLinear's protocol is moving from runtime/ to models/
+    from pipewright.models.wgrad import WeightGradStore, defer_weight_grads
+except ImportError:
+    from pipewright.runtime.wgrad import WeightGradStore, defer_weight_grads
 
 LLAMA = ModelSpec("t", 2, 32, 4, 64, 16, family="llama", kv_heads=2, ffn_hidden=48)
 GPT = ModelSpec("t", 2, 32, 4, 64, 16)
