@@ -64,13 +64,15 @@ class LossScaler:
 
 class ScaledLoss:
     """``loss_fn(output, target) · S``: what the executor backpropagates under fp16 (S read at call
-    time, so the scaler may change it between iterations)."""
+    time, so the scaler may change it between iterations); unscaled when gradients are off."""
 
     def __init__(self, loss_fn: Callable[..., torch.Tensor], scaler: LossScaler) -> None:
         self.loss_fn, self.scaler = loss_fn, scaler
 
     def __call__(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return self.loss_fn(output, target) * self.scaler.scale
+        loss = self.loss_fn(output, target)
+        # a forward-only pass (evaluation, no_grad) reports the plain loss; only backward needs S
+        return loss * self.scaler.scale if torch.is_grad_enabled() else loss
 
 
 def is_finite(value: float) -> bool:
