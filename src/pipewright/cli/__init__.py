@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pipewright import __version__
 from pipewright.errors import PipewrightError, ValidationError
 
-_COMMANDS = ("schedule", "simulate", "train", "profile")
+_COMMANDS = ("schedule", "simulate", "train", "profile", "plan")
 
 
 def build_parser() -> argparse.ArgumentParser:

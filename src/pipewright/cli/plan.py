@@ -1,0 +1,127 @@
+"""``pipewright plan``: the fastest layout for a model on a cluster (docs/planner.md)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from pipewright.errors import ConfigError
+
+_DIMS = ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "plan",
+        help="search tp/pp/dp, partition, device mapping, recomputation and schedule for a model",
+        description="Plan a model on a cluster: --model with --topology FILE or --nodes/--gpus-per-node/"
+        "--gpu, and --global-batch-size. Writes the plan JSON (-o) that `simulate --plan` and "
+        "`train --plan` read; prints the plan, the runner-ups and the baselines.",
+    )
+    parser.add_argument("--model", required=True, help="preset (gpt3-175b, megatron-*, …) or family gpt")
+    for dim in _DIMS:
+        parser.add_argument(f"--{dim.replace('_', '-')}", type=int, default=None, dest=dim)
+    parser.add_argument("--topology", help="cluster topology JSON")
+    parser.add_argument("--gpu", help="accelerator kind (with --nodes/--gpus-per-node), or cpu")
+    parser.add_argument("--nodes", type=int, default=1)
+    parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--global-batch-size", type=int, required=True)
+    parser.add_argument("--dtype", help="compute dtype (default bf16 where the devices have it, else fp16/fp32)")
+    parser.add_argument("--memory-limit", type=float, help="GB per device (default: each device's memory)")
+    parser.add_argument(
+        "--schedules", default="1f1b,interleaved-1f1b,zb-h1", help="comma-separated schedules to consider"
+    )
+    parser.add_argument("--recompute", default="none,selective,full", help="recomputation choices")
+    parser.add_argument("--microbatch-sizes", default="1,2,4,8", help="microbatch sizes to consider")
+    parser.add_argument("--max-tp", type=int, default=8, help="largest tensor-parallel size")
+    parser.add_argument("--finalists", type=int, default=6, help="candidates simulated in full")
+    parser.add_argument("--no-baselines", action="store_true", help="skip the baselines")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--json", action="store_true", help="print the plan JSON")
+    parser.add_argument("-o", "--out", help="write the plan JSON to this file")
+    parser.set_defaults(func=run)
+
+
+def _topology(args: argparse.Namespace):
+    from pipewright.hardware import accelerator
+    from pipewright.topology import Topology, cluster, single_host
+
+    if args.topology:
+        return Topology.load(args.topology)
+    if not args.gpu:
+        raise ConfigError("pipewright plan needs --topology FILE or --gpu KIND with --nodes/--gpus-per-node")
+    gpu = accelerator(args.gpu)
+    if gpu.name == "cpu":
+        return single_host(args.nodes * args.gpus_per_node)
+    return cluster(args.nodes, args.gpus_per_node, gpu.name, intra="nvlink" if gpu.nvlink else "pcie4")
+
+
+def _ints(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(",") if x)
+    except ValueError:
+        raise ConfigError(f"{flag} takes comma-separated integers (got {text!r})") from None
+
+
+class _Bar:
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled and sys.stderr.isatty()
+        self.last = -1
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        pct = 100 * done // max(total, 1)
+        if pct != self.last:
+            self.last = pct
+            bar = "#" * (pct // 4)
+            print(f"\rplanning [{bar:<25}] {pct:3d}% of {total} candidates", end="", file=sys.stderr)
+            if done >= total:
+                print(file=sys.stderr)
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipewright.models.presets import resolve_model
+    from pipewright.plan.report import make_plan, plan_json, summary
+    from pipewright.plan.search import Problem
+    from pipewright.schedules import schedule_names
+
+    spec = resolve_model(args.model, **{d: getattr(args, d) for d in _DIMS})
+    topo = _topology(args)
+    gpu = topo.accelerator(0)
+    dtype = args.dtype or next((x for x in ("bf16", "fp16", "fp32") if x in gpu.peak_flops), "fp32")
+    for name in args.schedules.split(","):
+        if name not in schedule_names():
+            raise ConfigError(f"unknown schedule {name!r} in --schedules; choose from {', '.join(schedule_names())}")
+    recompute = tuple(x for x in args.recompute.split(",") if x)
+    for r in recompute:
+        if r not in ("none", "selective", "full"):
+            raise ConfigError(f"--recompute takes none, selective, full (got {r!r})")
+    if args.global_batch_size < 1:
+        raise ConfigError(f"--global-batch-size must be at least 1 (got {args.global_batch_size})")
+    prob = Problem(
+        spec,
+        topo,
+        args.global_batch_size,
+        dtype=dtype,
+        memory_limit=None if args.memory_limit is None else args.memory_limit * 1e9,
+        schedules=tuple(args.schedules.split(",")),
+        recompute=recompute,
+        microbatch_sizes=_ints(args.microbatch_sizes, "--microbatch-sizes"),
+        max_tp=args.max_tp,
+        finalists=args.finalists,
+    )
+    result = make_plan(prob, baselines=not args.no_baselines, progress=_Bar(not args.no_progress))
+    data = plan_json(prob, result)
+    if args.out:
+        from pipewright.plan.planfile import save
+
+        save(data, args.out)
+    if args.json:
+        print(json.dumps(data, indent=1))
+    else:
+        print(summary(prob, result))
+        if args.out:
+            print(f"wrote {args.out}")
+    return 0

@@ -1,0 +1,77 @@
+"""Apply a plan file to the options of ``pipewright simulate`` and ``pipewright train``."""
+
+from __future__ import annotations
+
+import argparse
+
+from pipewright.errors import ConfigError
+from pipewright.plan.planfile import Plan, load
+
+_SIM_FIELDS = {
+    "tp": "tp",
+    "pp": "pp",
+    "dp": "dp",
+    "virtual": "virtual",
+    "schedule": "schedule",
+    "microbatch_size": "microbatch_size",
+    "global_batch_size": "global_batch_size",
+    "recompute": "recompute",
+    "sequence_parallel": "sequence_parallel",
+}
+
+
+def apply_to_simulate(args: argparse.Namespace) -> Plan:
+    """Set ``args``' layout options from ``args.plan`` (a plan file); the plan's device order and
+    layers per chunk go to ``args.plan_devices`` / ``args.plan_layout``."""
+    plan = load(args.plan)
+    if args.model is None:
+        args.model = plan["model"]["name"]
+        for d in ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len"):
+            if getattr(args, d, None) is None:
+                setattr(args, d, plan["model"][d])
+    for key, attr in _SIM_FIELDS.items():
+        setattr(args, attr, plan[key])
+    args.microbatches = None
+    args.plan_layout = plan.chunk_layers()
+    args.plan_devices = plan.devices
+    return plan
+
+
+def plan_topology(args: argparse.Namespace, topology):
+    """The topology with the plan's devices in rank order (unchanged without --plan)."""
+    devices = getattr(args, "plan_devices", None)
+    if not devices:
+        return topology
+    from pipewright.plan.mapping import permuted
+
+    missing = [d for d in devices if d not in topology.nodes]
+    if missing:
+        raise ConfigError(
+            f"the plan assigns device {missing[0]!r}, which topology {topology.name} does not have; "
+            "give the --topology (or --nodes/--gpus-per-node/--gpu) the plan was made for"
+        )
+    return permuted(topology, devices)
+
+
+def train_overrides(path: str) -> dict[str, object]:
+    """TrainConfig fields from a plan file (``pipewright train --plan``): degrees, schedule, microbatches,
+    layout; the model's dimensions are checked by the caller through :meth:`Plan.check_model`."""
+    plan = load(path)
+    model = plan["model"]
+    out: dict[str, object] = {
+        "layers": model["layers"],
+        "hidden": model["hidden"],
+        "heads": model["heads"],
+        "seq_len": model["seq_len"],
+        "tp": plan["tp"],
+        "pp": plan["pp"],
+        "dp": plan["dp"],
+        "virtual": plan["virtual"] if plan["virtual"] > 1 else None,
+        "schedule": plan["schedule"],
+        "microbatches": plan["microbatches"],
+        "microbatch_size": plan["microbatch_size"],
+        "layout": plan.layout,
+    }
+    if plan["sequence_parallel"]:
+        out["sequence_parallel"] = True
+    return out

@@ -1,0 +1,262 @@
+"""Contiguous layer partition minimising the bottleneck stage under a per-stage memory limit.
+
+Stage i (pipeline rank i, on its own devices) holding layers [a, b) of a model with layer weights w
+(1 for identical transformer layers) costs, per microbatch,
+
+    T_i(a, b) = c_i · Σ_{k∈[a,b)} w_k + e_i + x_i
+
+with c_i the F + B seconds of one unit layer on stage i's devices, e_i the embedding (i = 0) and the
+output layer + loss (i = p − 1) on those devices, and x_i the stage-boundary transfer to stage i + 1 on
+the link it is mapped to (forward activation + backward gradient). Its memory is
+
+    M_i(a, b) = static_i(a, b) + k_i · activation_i(a, b) ≤ limit_i
+
+with k_i the microbatches the schedule keeps in flight on rank i (``ScheduleInfo.memory``, i.e.
+:func:`pipewright.ir.peak_in_flight` of the generated schedule).
+
+:func:`dp_partition` solves min over partitions of max_i T_i exactly by dynamic programming,
+best[i][j] = min_{a} max(best[i−1][a], T_i(a, j)), O(p·L²). :func:`bisect_partition` finds the same
+optimum in O((p + L)·log(1/ε)): a greedy pass that gives each stage the longest prefix with T_i ≤ T and
+M_i ≤ limit_i decides whether bottleneck T is feasible (an exchange argument: its stage ends are never
+left of any feasible partition's, since T and M grow with the range), and bisection on T finds the
+least feasible T. Ties are broken toward the smaller total Σ T_i (shorter fill and drain).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pipewright.errors import ConfigError
+from pipewright.plan.costs import StageCost
+
+
+class DoesNotFitError(ConfigError):
+    """No partition keeps every stage under its memory limit."""
+
+
+@dataclass(frozen=True)
+class StageTerms:
+    """Stage i's coefficients: T = time_per_layer·w + fixed_time; M = static_per_layer·w + fixed_static
+    + in_flight·(act_per_layer·w + fixed_act)."""
+
+    time_per_layer: float
+    fixed_time: float
+    static_per_layer: float
+    fixed_static: float
+    act_per_layer: float
+    fixed_act: float
+    in_flight: float
+    memory_limit: float
+
+    def time(self, w: float) -> float:
+        return self.time_per_layer * w + self.fixed_time
+
+    def memory(self, w: float) -> float:
+        return (
+            self.static_per_layer * w
+            + self.fixed_static
+            + self.in_flight * (self.act_per_layer * w + self.fixed_act)
+        )
+
+
+def stage_terms(
+    costs: Sequence[StageCost],
+    comm: Sequence[float],
+    in_flight: Sequence[float],
+    limits: Sequence[float],
+) -> list[StageTerms]:
+    """Terms of p stages from their devices' :class:`StageCost`, the boundary transfer time to the
+    next stage (0 for the last) and the schedule's microbatches in flight per rank."""
+    p = len(costs)
+    out = []
+    for i, c in enumerate(costs):
+        first, last = i == 0, i == p - 1
+        out.append(
+            StageTerms(
+                c.layer,
+                c.time(0, first, last) + comm[i],
+                c.layer_static,
+                c.memory(0, first, last, 0.0),
+                c.layer_act,
+                first * c.embed_act + last * c.head_act,
+                in_flight[i],
+                limits[i],
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class Partition:
+    """Layers per stage, the bottleneck stage time and the sum of the stage times."""
+
+    layers: tuple[int, ...]
+    bottleneck: float
+    total: float
+
+
+def evaluate(terms: Sequence[StageTerms], layers: Sequence[int], weights: Sequence[float] | None = None):
+    """(bottleneck, total, fits) of a given partition."""
+    return _eval_w(terms, layers, _prefix(weights, sum(layers)))
+
+
+def _prefix(weights: Sequence[float] | None, n: int) -> list[float]:
+    ws = [1.0] * n if weights is None else list(weights)
+    out = [0.0]
+    for x in ws:
+        out.append(out[-1] + x)
+    return out
+
+
+def dp_partition(terms: Sequence[StageTerms], num_layers: int, weights=None) -> Partition:
+    """Exact min-bottleneck partition by dynamic programming (module docstring), ≥ 1 layer per stage."""
+    p, L = len(terms), num_layers
+    if p > L:
+        raise ConfigError(f"{p} pipeline stages for {L} layers; use at most {L} stages")
+    w = _prefix(weights, L)
+    inf = (math.inf, math.inf)
+    best = [[inf] * (L + 1) for _ in range(p + 1)]
+    arg = [[0] * (L + 1) for _ in range(p + 1)]
+    best[0][0] = (0.0, 0.0)
+    for i in range(1, p + 1):
+        t = terms[i - 1]
+        for j in range(i, L - (p - i) + 1):
+            cur, at = inf, 0
+            for a in range(i - 1, j):
+                prev = best[i - 1][a]
+                if prev[0] == math.inf:
+                    continue
+                x = w[j] - w[a]
+                if t.memory(x) > t.memory_limit:
+                    continue
+                ti = t.time(x)
+                cand = (max(prev[0], ti), prev[1] + ti)
+                if cand < cur:
+                    cur, at = cand, a
+            best[i][j], arg[i][j] = cur, at
+    if best[p][L][0] == math.inf:
+        raise DoesNotFitError("no partition fits the memory limit")
+    layers, j = [], L
+    for i in range(p, 0, -1):
+        a = arg[i][j]
+        layers.append(j - a)
+        j = a
+    return Partition(tuple(reversed(layers)), *best[p][L])
+
+
+def _greedy(terms, w: list[float], cap: float) -> list[int] | None:
+    """Longest prefixes with time ≤ cap and memory within limits; None if infeasible."""
+    p, L = len(terms), len(w) - 1
+    out, pos = [], 0
+    for i, t in enumerate(terms):
+        rest = p - i - 1
+        hi = L - rest if rest else L
+        # the largest end e in (pos, hi] whose range fits: binary search (time and memory monotone)
+        lo_e, hi_e, ok = pos + 1, hi, None
+        while lo_e <= hi_e:
+            mid = (lo_e + hi_e) // 2
+            x = w[mid] - w[pos]
+            if t.time(x) <= cap and t.memory(x) <= t.memory_limit:
+                ok, lo_e = mid, mid + 1
+            else:
+                hi_e = mid - 1
+        if ok is None:
+            return None
+        if not rest and ok != L:
+            return None
+        out.append(ok - pos)
+        pos = ok
+    return out
+
+
+def bisect_partition(terms: Sequence[StageTerms], num_layers: int, weights=None) -> Partition:
+    """The min-bottleneck partition by greedy feasibility and bisection on T (module docstring)."""
+    p, L = len(terms), num_layers
+    if p > L:
+        raise ConfigError(f"{p} pipeline stages for {L} layers; use at most {L} stages")
+    w = _prefix(weights, L)
+    hi = max(t.time(w[L]) for t in terms)
+    if _greedy(terms, w, hi) is None:
+        raise DoesNotFitError("no partition fits the memory limit")
+    lo = 0.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if _greedy(terms, w, mid) is None:
+            lo = mid
+        else:
+            hi = mid
+        if hi - lo <= 1e-9 * hi:
+            break
+    layers = _balance_tail(terms, w, _greedy(terms, w, hi))
+    bottleneck, total, _ = evaluate(terms, layers, weights)
+    return Partition(tuple(layers), bottleneck, total)
+
+
+def _balance_tail(terms, w, layers: list[int]) -> list[int]:
+    """The greedy pass leaves the last stages light; move layers backwards one at a time while the
+    bottleneck does not grow and the total shrinks (a cheap tie-break toward a shorter fill/drain)."""
+    layers = list(layers)
+    base = _eval_w(terms, layers, w)
+    improved = True
+    while improved:
+        improved = False
+        for i in range(len(layers) - 1):
+            if layers[i] <= 1:
+                continue
+            trial = layers[:]
+            trial[i] -= 1
+            trial[i + 1] += 1
+            b, tot, fits = _eval_w(terms, trial, w)
+            if fits and b <= base[0] * (1 + 1e-12) and tot < base[1] - 1e-15:
+                layers, base, improved = trial, (b, tot, fits), True
+    return layers
+
+
+def _eval_w(terms, layers, w):
+    pos, times, fits = 0, [], True
+    for t, n in zip(terms, layers, strict=True):
+        x = w[pos + n] - w[pos]
+        times.append(t.time(x))
+        fits &= t.memory(x) <= t.memory_limit
+        pos += n
+    return max(times), sum(times), fits
+
+
+def partition(terms: Sequence[StageTerms], num_layers: int, weights=None) -> Partition:
+    """The min-bottleneck partition: exact DP for small instances, bisection otherwise (same optimum)."""
+    if len(terms) * num_layers * num_layers <= 20_000:
+        return dp_partition(terms, num_layers, weights)
+    return bisect_partition(terms, num_layers, weights)
+
+
+def uniform(num_layers: int, stages: int) -> tuple[int, ...]:
+    """⌊L/p⌋ layers per stage, the first L mod p stages one more (Megatron's default)."""
+    q, r = divmod(num_layers, stages)
+    return tuple(q + (i < r) for i in range(stages))
+
+
+def chunk_layout(rank_layers: Sequence[int], virtual: int) -> tuple[int, ...]:
+    """Layers per chunk (stage c = k·p + r on rank r) from layers per rank: each rank's layers split
+    over its v chunks as evenly as possible (later chunks get the remainder, so the last chunk of the
+    last rank, which holds the head, is not the lighter one)."""
+    p = len(rank_layers)
+    out = [0] * (p * virtual)
+    for r, n in enumerate(rank_layers):
+        if n < virtual:
+            raise ConfigError(f"rank {r} has {n} layers for {virtual} chunks; lower --virtual")
+        q, rem = divmod(n, virtual)
+        for k in range(virtual):
+            out[k * p + r] = q + (k >= virtual - rem)
+    return tuple(out)
+
+
+def layout_string(chunk_layers: Sequence[int]) -> str:
+    """The ``--layout`` string (models/layout.py) of layers per chunk: ``Et*3|t*4|t*3L``."""
+    parts = []
+    n = len(chunk_layers)
+    for c, k in enumerate(chunk_layers):
+        body = "" if k == 0 else ("t" if k == 1 else f"t*{k}")
+        parts.append(("E" if c == 0 else "") + body + ("L" if c == n - 1 else ""))
+    return "|".join(parts)

@@ -1,0 +1,100 @@
+"""Run the planner with its baselines and render the result: plan JSON and a short summary."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pipewright.plan.baselines import megatron_baseline, pipedream_baseline, uniform_baseline
+from pipewright.plan.mapping import device_order
+from pipewright.plan.partition import layout_string
+from pipewright.plan.planfile import FORMAT, model_json
+from pipewright.plan.search import Evaluated, Problem, SearchResult, _Context, search
+
+
+def make_plan(
+    prob: Problem, baselines: bool = True, progress: Callable[[int, int], None] | None = None
+) -> SearchResult:
+    """Search, then compute the baselines in the same run (their configurations also compete)."""
+    ctx = _Context(prob, device_order(prob.topology))
+    bases: list[Evaluated] = []
+    if baselines:
+        for fn in (megatron_baseline, pipedream_baseline):
+            ev = fn(ctx)
+            if ev is not None:
+                bases.append(ev)
+    result = search(prob, progress=progress, baselines=bases)
+    if baselines:
+        uni = uniform_baseline(ctx, result.best.candidate)
+        if uni is not None:
+            result.baselines.insert(0, uni)
+    return result
+
+
+def _row(ev: Evaluated) -> dict[str, Any]:
+    return {
+        "config": ev.candidate.describe(),
+        "layout": layout_string(ev.chunk_layers),
+        "iteration_time_s": ev.time,
+        "peak_memory_bytes": ev.simulated_memory,
+        "fits": ev.fits,
+    }
+
+
+def plan_json(prob: Problem, result: SearchResult) -> dict[str, Any]:
+    best = result.best
+    c = best.candidate
+    return {
+        "format": FORMAT,
+        "version": 1,
+        "model": model_json(prob.spec),
+        "topology": prob.topology.name,
+        "devices": list(best.devices),
+        "tp": c.tp,
+        "pp": c.pp,
+        "dp": c.dp,
+        "virtual": c.virtual,
+        "schedule": c.schedule,
+        "microbatch_size": c.microbatch,
+        "microbatches": c.microbatches,
+        "global_batch_size": prob.global_batch,
+        "recompute": c.recompute,
+        "sequence_parallel": c.sequence_parallel,
+        "dtype": prob.dtype,
+        "layout": layout_string(best.chunk_layers),
+        "predicted": {"iteration_time_s": best.time, "peak_memory_bytes": best.simulated_memory},
+        "baselines": [{"name": b.label, **_row(b)} for b in result.baselines],
+        "runner_ups": [{**_row(ev), "why": ev.why} for ev in result.finalists[1:]],
+        "search": {
+            "candidates": result.considered,
+            "pruned_by_bound": result.pruned,
+            "do_not_fit": result.infeasible,
+            "simulated": len(result.finalists) + len(result.baselines),
+            "seconds": result.seconds,
+        },
+    }
+
+
+def summary(prob: Problem, result: SearchResult) -> str:
+    best = result.best
+    gib = 2**30
+    lines = [
+        f"plan for {prob.spec.name} on {len(prob.topology.devices)} devices ({prob.topology.name}), "
+        f"global batch {prob.global_batch}",
+        f"  {best.candidate.describe()}",
+        f"  layout {layout_string(best.chunk_layers)}",
+        f"  simulated iteration {best.time:.4f} s, peak memory {(best.simulated_memory or 0) / gib:.1f} GiB",
+        f"  searched {result.considered} candidates ({result.pruned} pruned by the bound, "
+        f"{result.infeasible} do not fit) in {result.seconds:.1f} s",
+    ]
+    if result.baselines:
+        lines.append("baselines (simulated):")
+        for b in result.baselines:
+            lines.append(
+                f"  {b.label:<10} {b.time:.4f} s  (plan {b.time / best.time:.2f}x faster)  {b.candidate.describe()}"
+            )
+    if len(result.finalists) > 1:
+        lines.append("runner-ups:")
+        for ev in result.finalists[1:6]:
+            lines.append(f"  {ev.time:.4f} s  {ev.candidate.describe()}: {ev.why}")
+    return "\n".join(lines)

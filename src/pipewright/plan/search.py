@@ -1,0 +1,394 @@
+"""Search over (tp, pp, dp, v, microbatch size, recomputation, schedule, mapping style) with pruning.
+
+For every candidate the planner (1) deals the devices (:mod:`pipewright.plan.mapping`), (2) prices each
+pipeline rank on its slowest device and its tensor-parallel group (:mod:`pipewright.plan.costs`),
+(3) partitions the layers to minimise the bottleneck rank under the schedule's memory
+(:mod:`pipewright.plan.partition`) and (4) estimates the iteration time in closed form:
+
+    T ≈ (m − 1 + 1/v)·t_max + (Σ_r t_r − t_max)·φ/v + exposed gradient all-reduce
+
+with t_r the F + B (+ boundary transfer) seconds of rank r per microbatch, t_max the bottleneck, φ = 1
+for 1F1B and interleaved 1F1B, φ = T_F/(T_F + T_B) for ZB-H1 (its bubble is (p − 1)·T_F), and the
+exposed all-reduce that of the first stage (it finishes its backward last). A cheap lower bound, m·(the
+work of all ranks)/p, discards candidates before partitioning once it exceeds the best estimate. The
+``finalists`` best estimates (and the baselines) are then simulated in full (no validation: the
+generators' schedules are trusted) and ranked by simulated time.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+
+from pipewright.cost.comm import Mesh
+from pipewright.cost.recompute import RECOMPUTE_CHOICES, make_cost
+from pipewright.cost.transformer import A100_EFFICIENCY, Efficiency
+from pipewright.errors import ConfigError, PipewrightError
+from pipewright.models.spec import ModelSpec
+from pipewright.plan.costs import StageCost, parts, stage_cost
+from pipewright.plan.mapping import DeviceMap, device_order, map_devices, permuted, slowest_first
+from pipewright.plan.partition import (
+    DoesNotFitError,
+    chunk_layout,
+    partition,
+    stage_terms,
+)
+from pipewright.schedules.registry import check_args, info
+from pipewright.topology import Topology
+
+SCHEDULES = ("1f1b", "interleaved-1f1b", "zb-h1")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One point of the search space."""
+
+    tp: int
+    pp: int
+    dp: int
+    microbatch: int
+    microbatches: int
+    schedule: str = "1f1b"
+    virtual: int = 1
+    recompute: str = "none"
+    sequence_parallel: bool = False
+    style: str = "pp"
+
+    def describe(self) -> str:
+        v = f" v={self.virtual}" if self.virtual > 1 else ""
+        sp = "+sp" if self.sequence_parallel else ""
+        return (
+            f"t={self.tp} p={self.pp} d={self.dp} b={self.microbatch} m={self.microbatches} "
+            f"{self.schedule}{v} recompute={self.recompute}{sp} map={self.style}"
+        )
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What to plan: a model on a topology with a global batch."""
+
+    spec: ModelSpec
+    topology: Topology
+    global_batch: int
+    dtype: str = "bf16"
+    memory_limit: float | None = None  # bytes per device; None: each device's own memory
+    efficiency: Efficiency = A100_EFFICIENCY
+    schedules: tuple[str, ...] = SCHEDULES
+    recompute: tuple[str, ...] = RECOMPUTE_CHOICES
+    microbatch_sizes: tuple[int, ...] = (1, 2, 4, 8)
+    max_tp: int = 8
+    finalists: int = 6
+
+
+@dataclass
+class Evaluated:
+    """A candidate with its partition, device assignment, estimate and (for finalists) simulation."""
+
+    candidate: Candidate
+    chunk_layers: tuple[int, ...]
+    devices: tuple[str, ...]  # global rank order
+    estimate: float
+    bottleneck: float
+    peak_memory: float = 0.0  # estimated bytes on the fullest device
+    simulated: float | None = None
+    simulated_memory: float | None = None
+    fits: bool = True
+    label: str = "plan"
+    why: str = ""
+
+    @property
+    def time(self) -> float:
+        return self.simulated if self.simulated is not None else self.estimate
+
+
+@dataclass
+class _Context:
+    problem: Problem
+    order: tuple[str, ...]
+    ar_cache: dict = field(default_factory=dict)
+    cost_cache: dict = field(default_factory=dict)
+
+    def all_reduce(self, group: tuple[str, ...]) -> Callable[[float], float]:
+        topo, eff = self.problem.topology, self.problem.efficiency.comm
+
+        def f(nbytes: float) -> float:
+            key = (group, nbytes)
+            hit = self.ar_cache.get(key)
+            if hit is None:
+                hit = self.ar_cache[key] = topo.collective_time("all_reduce", group, nbytes / eff)
+            return hit
+
+        return f
+
+    def p2p(self, a: str, b: str, nbytes: float) -> float:
+        key = (a, b, nbytes)
+        hit = self.ar_cache.get(key)
+        if hit is None:
+            eff = self.problem.efficiency.comm
+            hit = self.ar_cache[key] = self.problem.topology.p2p_time(a, b, nbytes / eff)
+        return hit
+
+
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, n + 1) if n % k == 0]
+
+
+def candidates(problem: Problem) -> Iterable[Candidate]:
+    """Every (t, p, d, b, schedule, v, recompute, style) the model, devices and batch allow."""
+    spec, n = problem.spec, len(problem.topology.devices)
+    for t in _divisors(n):
+        if t > problem.max_tp or spec.heads % t or spec.ffn_hidden % t:
+            continue
+        for p in _divisors(n // t):
+            if p > spec.layers:
+                continue
+            d = n // (t * p)
+            for b in problem.microbatch_sizes:
+                if problem.global_batch % (b * d):
+                    continue
+                m = problem.global_batch // (b * d)
+                for name in problem.schedules:
+                    for v in _chunk_choices(name, p, m, spec.layers):
+                        for rc in problem.recompute:
+                            for style in ("pp", "dp") if p > 1 and d > 1 else ("pp",):
+                                yield Candidate(t, p, d, b, m, name, v, rc, t > 1, style)
+
+
+def _chunk_choices(name: str, p: int, m: int, layers: int) -> list[int]:
+    entry = info(name)
+    if p == 1:
+        return [1] if entry.chunks is None or 1 in entry.chunks else []
+    choices = entry.chunks if entry.chunks is not None else (2, 3, 4, 6, 8)
+    out = []
+    for v in choices:
+        if p * v > layers:
+            continue
+        try:
+            check_args(name, p, m, v)
+        except PipewrightError:
+            continue
+        out.append(v)
+    return out
+
+
+def _stage_costs(ctx: _Context, c: Candidate, dmap: DeviceMap) -> list[StageCost]:
+    prob = ctx.problem
+    pc = parts(prob.spec, c.microbatch, c.tp, c.recompute, c.sequence_parallel, prob.dtype, prob.efficiency)
+    out = []
+    for i in range(c.pp):
+        group = dmap.grid[i][0]
+        kinds = {prob.topology.nodes[d].accelerator for d in dmap.stage_devices(i)}
+        best = None
+        for kind in sorted(kinds):
+            key = (kind, group, c.microbatch, c.tp, c.recompute, c.sequence_parallel)
+            sc = ctx.cost_cache.get(key)
+            if sc is None:
+                gpu = prob.topology.accelerator(next(d for d in dmap.stage_devices(i) if prob.topology.nodes[d].accelerator == kind))
+                sc = ctx.cost_cache[key] = stage_cost(pc, gpu, prob.dtype, prob.efficiency, ctx.all_reduce(group))
+            if best is None or sc.layer > best.layer:
+                best = sc
+        out.append(best)
+    return out
+
+
+def _memory_limit(prob: Problem, devices: Sequence[str]) -> float:
+    if prob.memory_limit is not None:
+        return prob.memory_limit
+    return min(prob.topology.accelerator(d).memory_bytes for d in devices)
+
+
+def estimate(ctx: _Context, c: Candidate, dmap: DeviceMap | None = None, layers=None) -> Evaluated:
+    """Partition (or take ``layers`` per rank) and estimate one candidate (module docstring).
+    Raises DoesNotFitError when no partition fits memory."""
+    prob = ctx.problem
+    if dmap is None:
+        dmap = slowest_first(prob.topology, map_devices(ctx.order, c.tp, c.pp, c.dp, c.style), prob.dtype)
+    costs = _stage_costs(ctx, c, dmap)
+    pc = parts(prob.spec, c.microbatch, c.tp, c.recompute, c.sequence_parallel, prob.dtype, prob.efficiency)
+    p, v = c.pp, c.virtual
+    comm = []
+    for i in range(p):
+        if p == 1 or (i == p - 1 and v == 1):
+            comm.append(0.0)
+            continue
+        a, b = dmap.grid[i][0][0], dmap.grid[(i + 1) % p][0][0]
+        comm.append(2 * v * ctx.p2p(a, b, pc.boundary_bytes))
+    in_flight = [float(x) for x in info(c.schedule).memory(p, c.microbatches, v)]
+    limits = [_memory_limit(prob, dmap.stage_devices(i)) for i in range(p)]
+    terms = stage_terms(costs, comm, in_flight, limits)
+    if layers is None:
+        if p * v > prob.spec.layers:
+            raise DoesNotFitError("more chunks than layers")
+        part = partition(terms, prob.spec.layers) if v == 1 else _partition_chunks(terms, prob.spec.layers, v)
+        layers = part.layers
+    times = [t.time(n) for t, n in zip(terms, layers, strict=True)]
+    mems = [t.memory(n) for t, n in zip(terms, layers, strict=True)]
+    fits = all(mem <= t.memory_limit for mem, t in zip(mems, terms, strict=True))
+    t_max, total = max(times), sum(times)
+    phi = 1.0
+    if c.schedule.startswith("zb"):
+        phi = max(cs.layer_f / cs.layer for cs in costs)
+    est = (c.microbatches - 1 + 1 / v) * t_max + (total - t_max) * phi / v
+    if c.dp > 1:
+        group = tuple(dmap.grid[0][j][0] for j in range(c.dp))
+        grads = (layers[0] * pc.layer.params + pc.embed.params + (p == 1) * pc.head.params) * pc.grad_bytes
+        est += ctx.all_reduce(group)(grads)
+    chunks = chunk_layout(layers, v) if v > 1 else tuple(layers)
+    return Evaluated(c, chunks, dmap.ranks, est, t_max, max(mems), fits=fits)
+
+
+def _partition_chunks(terms, num_layers: int, v: int):
+    """Rank-level partition for v chunks per rank: identical layers make contiguity free, so the
+    per-rank layer counts are partitioned as if contiguous, each rank needing ≥ v layers."""
+    scaled = [replace(t, time_per_layer=t.time_per_layer * v) for t in terms]
+    part = partition(
+        [replace(t, static_per_layer=t.static_per_layer * v, act_per_layer=t.act_per_layer * v) for t in scaled],
+        num_layers // v,
+    )
+    # units of v layers; the remainder goes to the ranks with the smallest time, one layer each
+    layers = [n * v for n in part.layers]
+    rest = num_layers - sum(layers)
+    order = sorted(range(len(terms)), key=lambda i: terms[i].time(layers[i] + 1))
+    for i in order[:rest]:
+        layers[i] += 1
+    return replace(part, layers=tuple(layers))
+
+
+def lower_bound(ctx: _Context, c: Candidate) -> float:
+    """m × (all ranks' work) / p on the fastest device kind: no schedule beats it."""
+    prob = ctx.problem
+    pc = parts(prob.spec, c.microbatch, c.tp, c.recompute, c.sequence_parallel, prob.dtype, prob.efficiency)
+    best = None
+    for kind in {prob.topology.nodes[d].accelerator for d in prob.topology.devices}:
+        gpu = prob.topology.accelerator(next(d for d in prob.topology.devices if prob.topology.nodes[d].accelerator == kind))
+        sc = stage_cost(pc, gpu, prob.dtype, replace(prob.efficiency), lambda n: 0.0)
+        work = sc.time(prob.spec.layers, True, True)
+        best = work if best is None else min(best, work)
+    return c.microbatches * best / c.pp
+
+
+def simulate_plan(prob: Problem, ev: Evaluated) -> Evaluated:
+    """Run the full simulator on one evaluated candidate (no validation) and fill in its time/memory."""
+    from pipewright.passes.grad_reduce import add_grad_reduction
+    from pipewright.schedules import build_schedule
+    from pipewright.sim import simulate
+
+    c = ev.candidate
+    sched = build_schedule(c.schedule, c.pp, c.microbatches, c.virtual)
+    if c.dp > 1:
+        sched = add_grad_reduction(sched)
+    cost = make_cost(
+        c.recompute,
+        spec=prob.spec,
+        microbatch=c.microbatch,
+        gpu=prob.topology.nodes[ev.devices[0]].accelerator,
+        dtype=prob.dtype,
+        mesh=Mesh(c.tp, c.pp, c.dp),
+        sequence_parallel=c.sequence_parallel,
+        topology=permuted(prob.topology, ev.devices),
+        efficiency=prob.efficiency,
+        layout=ev.chunk_layers,
+    )
+    result = simulate(sched, cost, comm=cost.comm)
+    ev.simulated = result.iteration_time
+    ev.simulated_memory = max(result.peak_memory)
+    limits = [_memory_limit(prob, [cost.comm.device(r)]) for r in range(c.pp)]
+    ev.fits = all(m <= lim for m, lim in zip(result.peak_memory, limits, strict=True))
+    return ev
+
+
+@dataclass
+class SearchResult:
+    best: Evaluated
+    finalists: list[Evaluated]
+    baselines: list[Evaluated]
+    considered: int
+    pruned: int
+    infeasible: int
+    seconds: float
+
+
+def search(
+    prob: Problem,
+    progress: Callable[[int, int], None] | None = None,
+    baselines: Sequence[Evaluated] = (),
+) -> SearchResult:
+    """Estimate every candidate (pruned by :func:`lower_bound`), simulate the best ``prob.finalists``
+    and ``baselines``' configurations re-planned, and return the fastest that fits."""
+    start = time.perf_counter()
+    ctx = _Context(prob, device_order(prob.topology))
+    cands = list(candidates(prob))
+    if not cands:
+        raise ConfigError(
+            f"no (tp, pp, dp, microbatch) divides {len(prob.topology.devices)} devices and global batch "
+            f"{prob.global_batch}; change --global-batch-size or the device count"
+        )
+    bounds = sorted((lower_bound(ctx, c), k, c) for k, c in enumerate(cands))
+    pool: list[Evaluated] = []
+    pruned = infeasible = 0
+    for k, (lb, _, c) in enumerate(bounds):
+        if progress is not None:
+            progress(k + 1, len(bounds))
+        if len(pool) >= prob.finalists and lb > pool[prob.finalists - 1].estimate:
+            pruned += len(bounds) - k
+            break
+        try:
+            ev = estimate(ctx, c)
+        except DoesNotFitError:
+            infeasible += 1
+            continue
+        if not ev.fits:
+            infeasible += 1
+            continue
+        pool.append(ev)
+        pool.sort(key=lambda e: e.estimate)
+        del pool[4 * prob.finalists :]
+    if progress is not None:
+        progress(len(bounds), len(bounds))
+    if not pool:
+        raise DoesNotFitError(
+            f"{prob.spec.name} fits nowhere on {len(prob.topology.devices)} devices of this topology at "
+            f"global batch {prob.global_batch}: every layout needs more memory than a device has; add "
+            "devices or use a smaller model"
+        )
+    finalists = [simulate_plan(prob, ev) for ev in pool[: prob.finalists]]
+    # the baselines' own configurations, re-planned (partition + mapping), compete too
+    for base in baselines:
+        try:
+            ev = estimate(ctx, base.candidate)
+        except DoesNotFitError:
+            continue
+        if ev.fits and all(ev.candidate != f.candidate for f in finalists):
+            finalists.append(simulate_plan(prob, ev))
+    finalists.sort(key=lambda e: (not e.fits, e.time))
+    best = finalists[0]
+    if not best.fits:
+        raise DoesNotFitError(f"{prob.spec.name}: no finalist fits in memory in simulation; add devices")
+    for ev in finalists[1:]:
+        ev.label = "runner-up"
+        ev.why = _why(best, ev)
+    return SearchResult(
+        best, finalists, list(baselines), len(cands), pruned, infeasible, time.perf_counter() - start
+    )
+
+
+def _why(best: Evaluated, ev: Evaluated) -> str:
+    if not ev.fits:
+        return "does not fit in memory in simulation"
+    slower = ev.time / best.time - 1
+    a, b = best.candidate, ev.candidate
+    diffs = [
+        f"{name} {getattr(b, attr)} vs {getattr(a, attr)}"
+        for name, attr in (
+            ("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("microbatch", "microbatch"),
+            ("schedule", "schedule"), ("v", "virtual"), ("recompute", "recompute"), ("mapping", "style"),
+        )
+        if getattr(a, attr) != getattr(b, attr)
+    ]  # fmt: skip
+    return f"{100 * slower:.1f}% slower ({', '.join(diffs) or 'same degrees, other partition'})"
+
+
+def _finite(x: float) -> bool:
+    return math.isfinite(x)
