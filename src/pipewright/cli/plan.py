@@ -35,6 +35,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--recompute", default="none,selective,full", help="recomputation choices")
     parser.add_argument("--microbatch-sizes", default="1,2,4,8", help="microbatch sizes to consider")
     parser.add_argument("--max-tp", type=int, default=8, help="largest tensor-parallel size")
+    for dim in ("tp", "pp", "dp"):
+        parser.add_argument(f"--{dim}", type=int, default=None, help=f"fix {dim} (default: searched)")
     parser.add_argument("--finalists", type=int, default=6, help="candidates simulated in full")
     parser.add_argument("--no-baselines", action="store_true", help="skip the baselines")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -111,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
         microbatch_sizes=_ints(args.microbatch_sizes, "--microbatch-sizes"),
         max_tp=args.max_tp,
         finalists=args.finalists,
+        fixed=(args.tp, args.pp, args.dp),
     )
     result = make_plan(prob, baselines=not args.no_baselines, progress=_Bar(not args.no_progress))
     data = plan_json(prob, result)

@@ -57,7 +57,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(measured costs from `pipewright profile`). --cores N: the ranks share N CPU cores.",
     )
     parser.add_argument(
-        "--schedule", required=True, help=f"schedule name ({', '.join(schedule_names())}) or CSV file"
+        "--schedule", default=None, help=f"schedule name ({', '.join(schedule_names())}) or CSV file"
     )
     parser.add_argument("--stages", "-p", type=int, help="pipeline ranks p (unit costs)")
     parser.add_argument("--microbatches", "-m", type=int, help="microbatches per iteration m (unit costs)")
@@ -94,7 +94,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--microbatch-size", type=int, default=None, help="sequences per microbatch (default 1)"
     )
     model.add_argument("--global-batch-size", type=int, default=None)
-    model.add_argument("--recompute", choices=["full", "none"], default="none")
+    model.add_argument("--recompute", choices=["full", "selective", "none"], default="none")
+    model.add_argument(
+        "--sequence-parallel", action="store_true", help="with --tp: sequence parallelism (Korthikanti)"
+    )
+    model.add_argument("--plan", help="a `pipewright plan` file: its layout, degrees and device order")
     model.add_argument("--dtype", help="compute dtype (default: bf16 where the GPU has it, else fp16)")
     model.add_argument("--topology", help="cluster topology JSON (default: built from --nodes/--gpu)")
     parser.add_argument("--iterations", type=int, default=1, help="iterations to simulate (steady state)")
@@ -172,11 +176,15 @@ def _model_setup(args: argparse.Namespace) -> _Setup:
     """Model + cluster: resolve the preset, the accelerator and the topology, then the cost models."""
     from pipewright.cost.comm import Mesh
     from pipewright.cost.llama import cost_class  # TransformerCost, or LlamaCost for llama models
+    from pipewright.cost.recompute import make_cost
+    from pipewright.plan.apply import plan_topology
     from pipewright.hardware import accelerator
     from pipewright.models.presets import resolve_model
     from pipewright.topology import Topology, cluster, single_host
 
     model = resolve_model(args.model, **{d: getattr(args, d) for d in _DIMS})
+    if getattr(args, "plan_obj", None) is not None:
+        args.plan_obj.check_model(model)
     if args.topology:
         topo = Topology.load(args.topology)
         gpu = accelerator(args.gpu) if args.gpu else topo.accelerator(0)
@@ -189,6 +197,7 @@ def _model_setup(args: argparse.Namespace) -> _Setup:
         else:
             intra = "nvlink" if gpu.nvlink else "pcie4"
             topo = cluster(args.nodes, args.gpus_per_node, gpu.name, intra=intra)
+    topo = plan_topology(args, topo)
     t, d = args.tp, args.dp
     p = args.pp if args.pp is not None else (args.stages or 1)
     devices = len(topo.devices)
@@ -211,14 +220,17 @@ def _model_setup(args: argparse.Namespace) -> _Setup:
         raise ConfigError("--model needs --global-batch-size (or --microbatches)")
     sched = _load_schedule(args.schedule, p, m, args.virtual)
     dtype = args.dtype or next((x for x in ("bf16", "fp16", "fp32") if x in gpu.peak_flops), "fp32")
-    cost = cost_class(model)(
-        model,
+    cost = make_cost(
+        args.recompute,
+        cls=cost_class(model),
+        spec=model,
         microbatch=b,
         gpu=gpu.name,
         dtype=dtype,
-        recompute=args.recompute,
         mesh=Mesh(t, p, d),
         topology=topo,
+        sequence_parallel=getattr(args, "sequence_parallel", False),
+        layout=getattr(args, "plan_layout", None),
     )
     label = f"{model.name} on {devices}× {gpu.name} (t={t}, p={p}, d={d}, b={b}, m={m})"
     # TransformerCost's FLOPs are per device (each tensor-parallel rank's share): one device per rank.
@@ -233,6 +245,12 @@ def run(args: argparse.Namespace) -> int:
     ]
     if len(given) > 1:
         raise ConfigError(f"give one of --cost unit, --model, --profile (got {' and '.join(given)})")
+    if getattr(args, "plan", None):
+        from pipewright.plan.apply import apply_to_simulate
+
+        args.plan_obj = apply_to_simulate(args)
+    if args.schedule is None:
+        raise ConfigError("pipewright simulate needs --schedule NAME (or --plan FILE)")
     if args.profile is not None:
         setup = _profile_setup(args)
     else:

@@ -67,6 +67,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("train", help="train a GPT with pipeline parallelism")
     parser.add_argument("--config", help="TOML file with training options (flags override it)")
     parser.add_argument("--nproc", type=int, help="processes to start (default tp × pp × dp)")
+    parser.add_argument("--plan", help="a `pipewright plan` file: its layout, degrees, schedule, batch")
     for flag, kind, text in _VALUE_FLAGS:
         parser.add_argument(flag, type=kind, default=None, help=text)
     for flag, text in _SWITCHES:
@@ -107,6 +108,10 @@ def config_from_args(args: argparse.Namespace):
     from pipewright.runtime.config import TrainConfig
 
     config = TrainConfig.from_toml(args.config) if args.config else TrainConfig()
+    if getattr(args, "plan", None):
+        from pipewright.plan.apply import train_overrides
+
+        config = config.with_overrides(**train_overrides(args.plan, args))
     names = [flag.lstrip("-").replace("-", "_") for flag, _, _ in _VALUE_FLAGS]
     values = {name: getattr(args, name) for name in names}
     values["recv_timeout_s"] = values.pop("recv_timeout")

@@ -103,10 +103,16 @@ class SelectiveCost(TransformerCost):
         return selective_chunk(chunk, self, layers[stage])
 
 
-def make_cost(recompute: str = "none", **kwargs) -> TransformerCost:
-    """A TransformerCost for ``recompute`` in none/selective/full (``kwargs``: TransformerCost's fields)."""
+def make_cost(recompute: str = "none", cls: type[TransformerCost] | None = None, **kwargs) -> TransformerCost:
+    """A cost model of class ``cls`` (default TransformerCost) for ``recompute`` in none/selective/full
+    (``kwargs``: its fields). Selective recomputation is modelled for TransformerCost only."""
     if recompute not in RECOMPUTE_CHOICES:
         raise ConfigError(f"--recompute must be one of {', '.join(RECOMPUTE_CHOICES)} (got {recompute!r})")
+    cls = cls or TransformerCost
     if recompute == "selective":
+        if cls is not TransformerCost:
+            raise ConfigError(
+                f"--recompute selective is not modelled for {cls.__name__} yet; use none or full"
+            )
         return SelectiveCost(recompute="none", **kwargs)
-    return TransformerCost(recompute=recompute, **kwargs)
+    return cls(recompute=recompute, **kwargs)

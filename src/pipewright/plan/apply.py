@@ -53,12 +53,30 @@ def plan_topology(args: argparse.Namespace, topology):
     return permuted(topology, devices)
 
 
-def train_overrides(path: str) -> dict[str, object]:
-    """TrainConfig fields from a plan file (``pipewright train --plan``): degrees, schedule, microbatches,
-    layout; the model's dimensions are checked by the caller through :meth:`Plan.check_model`."""
+def train_overrides(path: str, args: argparse.Namespace | None = None) -> dict[str, object]:
+    """TrainConfig fields from a plan file (``pipewright train --plan``): the model, degrees, schedule,
+    microbatches and layout. A model flag in ``args`` that contradicts the plan is a one-line error."""
+    from pipewright.models.presets import preset_names
+
     plan = load(path)
     model = plan["model"]
+    if args is not None:
+        given = getattr(args, "model", None)
+        if given is not None and given != model["name"] and given in preset_names():
+            raise ConfigError(
+                f"the plan {path} was made for model {model['name']!r}, not {given!r}; "
+                "run `pipewright plan` for this model or drop --model"
+            )
+        for d in ("layers", "hidden", "heads", "seq_len"):
+            flag = getattr(args, d, None)
+            if flag is not None and flag != model[d]:
+                raise ConfigError(
+                    f"the plan {path} was made for a model with {d} {model[d]}, not {flag}; "
+                    "run `pipewright plan` for this model"
+                )
     out: dict[str, object] = {
+        "model": model["name"] if model["name"] in preset_names() else "gpt",
+        "ffn_hidden": model["ffn_hidden"],
         "layers": model["layers"],
         "hidden": model["hidden"],
         "heads": model["heads"],

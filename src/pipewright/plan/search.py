@@ -80,6 +80,7 @@ class Problem:
     microbatch_sizes: tuple[int, ...] = (1, 2, 4, 8)
     max_tp: int = 8
     finalists: int = 6
+    fixed: tuple[int | None, int | None, int | None] = (None, None, None)  # (tp, pp, dp) if given
 
 
 @dataclass
@@ -145,6 +146,8 @@ def candidates(problem: Problem) -> Iterable[Candidate]:
             if p > spec.layers:
                 continue
             d = n // (t * p)
+            if any(f is not None and f != x for f, x in zip(problem.fixed, (t, p, d), strict=True)):
+                continue
             for b in problem.microbatch_sizes:
                 if problem.global_batch % (b * d):
                     continue
@@ -299,6 +302,51 @@ def simulate_plan(prob: Problem, ev: Evaluated) -> Evaluated:
     return ev
 
 
+def refine(prob: Problem, ev: Evaluated, budget: int = 48) -> Evaluated:
+    """Simulator-guided local search around a finalist's partition: the uniform partition and every
+    move of one layer across a stage boundary are simulated; the best improvement is taken until none
+    is left or ``budget`` simulations are spent. (Stages with equal bottleneck still differ in fill
+    and drain; the closed form cannot see which order of heavy and light stages the schedule prefers.)"""
+    c = ev.candidate
+    if c.virtual > 1 or c.pp == 1:
+        return ev
+    from pipewright.plan.partition import uniform
+
+    def trial(layers: tuple[int, ...]) -> Evaluated:
+        t = Evaluated(c, layers, ev.devices, ev.estimate, ev.bottleneck, label=ev.label)
+        return simulate_plan(prob, t)
+
+    seen = {ev.chunk_layers}
+    best = ev
+    uni = uniform(prob.spec.layers, c.pp)
+    if uni not in seen:
+        seen.add(uni)
+        u = trial(uni)
+        budget -= 1
+        if u.fits and u.time < best.time:
+            best = u
+    improved = True
+    while improved and budget > 0:
+        improved = False
+        base = best
+        for i in range(c.pp - 1):
+            for src, dst in ((i, i + 1), (i + 1, i)):
+                layers = list(base.chunk_layers)
+                if layers[src] <= 1:
+                    continue
+                layers[src] -= 1
+                layers[dst] += 1
+                key = tuple(layers)
+                if key in seen or budget <= 0:
+                    continue
+                seen.add(key)
+                budget -= 1
+                t = trial(key)
+                if t.fits and t.time < best.time * (1 - 1e-9):
+                    best, improved = t, True
+    return best
+
+
 @dataclass
 class SearchResult:
     best: Evaluated
@@ -356,12 +404,17 @@ def search(
     finalists = [simulate_plan(prob, ev) for ev in pool[: prob.finalists]]
     # the baselines' own configurations, re-planned (partition + mapping), compete too
     for base in baselines:
+        bc = base.candidate
+        if any(f is not None and f != x for f, x in zip(prob.fixed, (bc.tp, bc.pp, bc.dp), strict=True)):
+            continue
         try:
             ev = estimate(ctx, base.candidate)
         except DoesNotFitError:
             continue
         if ev.fits and all(ev.candidate != f.candidate for f in finalists):
             finalists.append(simulate_plan(prob, ev))
+    finalists.sort(key=lambda e: (not e.fits, e.time))
+    finalists[0] = refine(prob, finalists[0])
     finalists.sort(key=lambda e: (not e.fits, e.time))
     best = finalists[0]
     if not best.fits:
