@@ -27,7 +27,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--nodes", type=int, default=1)
     parser.add_argument("--gpus-per-node", type=int, default=8)
     parser.add_argument("--global-batch-size", type=int, required=True)
-    parser.add_argument("--dtype", help="compute dtype (default bf16 where the devices have it, else fp16/fp32)")
+    parser.add_argument(
+        "--dtype", help="compute dtype (default bf16 where the devices have it, else fp16/fp32)"
+    )
     parser.add_argument("--memory-limit", type=float, help="GB per device (default: each device's memory)")
     parser.add_argument(
         "--schedules", default="1f1b,interleaved-1f1b,zb-h1", help="comma-separated schedules to consider"
@@ -95,7 +97,9 @@ def run(args: argparse.Namespace) -> int:
     dtype = args.dtype or next((x for x in ("bf16", "fp16", "fp32") if x in gpu.peak_flops), "fp32")
     for name in args.schedules.split(","):
         if name not in schedule_names():
-            raise ConfigError(f"unknown schedule {name!r} in --schedules; choose from {', '.join(schedule_names())}")
+            raise ConfigError(
+                f"unknown schedule {name!r} in --schedules; choose from {', '.join(schedule_names())}"
+            )
     recompute = tuple(x for x in args.recompute.split(",") if x)
     for r in recompute:
         if r not in ("none", "selective", "full"):

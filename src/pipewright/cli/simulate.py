@@ -177,9 +177,9 @@ def _model_setup(args: argparse.Namespace) -> _Setup:
     from pipewright.cost.comm import Mesh
     from pipewright.cost.llama import cost_class  # TransformerCost, or LlamaCost for llama models
     from pipewright.cost.recompute import make_cost
-    from pipewright.plan.apply import plan_topology
     from pipewright.hardware import accelerator
     from pipewright.models.presets import resolve_model
+    from pipewright.plan.apply import plan_topology
     from pipewright.topology import Topology, cluster, single_host
 
     model = resolve_model(args.model, **{d: getattr(args, d) for d in _DIMS})

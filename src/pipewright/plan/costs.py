@@ -20,7 +20,7 @@ from functools import cache
 
 from pipewright.cost.comm import Mesh
 from pipewright.cost.recompute import make_cost
-from pipewright.cost.transformer import DTYPE_BYTES, A100_EFFICIENCY, Efficiency
+from pipewright.cost.transformer import A100_EFFICIENCY, DTYPE_BYTES, Efficiency
 from pipewright.hardware import Accelerator
 from pipewright.ir import B, F
 from pipewright.models.spec import ModelSpec
@@ -135,7 +135,9 @@ class StageCost:
 
     def time(self, layers: int, first: bool, last: bool) -> float:
         """F + B seconds of a stage with ``layers`` layers (embedding if ``first``, head if ``last``)."""
-        return layers * self.layer + first * (self.embed_f + self.embed_b) + last * (self.head_f + self.head_b)
+        return (
+            layers * self.layer + first * (self.embed_f + self.embed_b) + last * (self.head_f + self.head_b)
+        )
 
     def memory(self, layers: int, first: bool, last: bool, in_flight: float) -> float:
         """Static bytes + ``in_flight`` microbatches of activations."""

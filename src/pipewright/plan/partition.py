@@ -3,11 +3,13 @@
 Stage i (pipeline rank i, on its own devices) holding layers [a, b) of a model with layer weights w
 (1 for identical transformer layers) costs, per microbatch,
 
-    T_i(a, b) = c_i · Σ_{k∈[a,b)} w_k + e_i + x_i
+    T_i(a, b) = max(c_i · Σ_{k∈[a,b)} w_k + e_i, x_i)
 
 with c_i the F + B seconds of one unit layer on stage i's devices, e_i the embedding (i = 0) and the
 output layer + loss (i = p − 1) on those devices, and x_i the stage-boundary transfer to stage i + 1 on
-the link it is mapped to (forward activation + backward gradient). Its memory is
+the link it is mapped to (forward activation + backward gradient): the link is a resource of its own
+whose transfers overlap compute (sends do not block in the simulator or the runtime), so a stage is a
+bottleneck through its compute or through its link, whichever is busier. Its memory is
 
     M_i(a, b) = static_i(a, b) + k_i · activation_i(a, b) ≤ limit_i
 
@@ -49,9 +51,10 @@ class StageTerms:
     fixed_act: float
     in_flight: float
     memory_limit: float
+    comm: float = 0.0  # the boundary link's busy time per microbatch (overlaps compute)
 
     def time(self, w: float) -> float:
-        return self.time_per_layer * w + self.fixed_time
+        return max(self.time_per_layer * w + self.fixed_time, self.comm)
 
     def memory(self, w: float) -> float:
         return (
@@ -76,13 +79,14 @@ def stage_terms(
         out.append(
             StageTerms(
                 c.layer,
-                c.time(0, first, last) + comm[i],
+                c.time(0, first, last),
                 c.layer_static,
                 c.memory(0, first, last, 0.0),
                 c.layer_act,
                 first * c.embed_act + last * c.head_act,
                 in_flight[i],
                 limits[i],
+                comm[i],
             )
         )
     return out

@@ -54,7 +54,9 @@ class Plan:
     def check_model(self, spec: ModelSpec) -> None:
         """One-line error when the plan was made for a model of other dimensions."""
         model = self.data["model"]
-        diff = [f"{d} {model[d]} (plan) vs {getattr(spec, d)}" for d in _DIMS if model.get(d) != getattr(spec, d)]
+        diff = [
+            f"{d} {model[d]} (plan) vs {getattr(spec, d)}" for d in _DIMS if model.get(d) != getattr(spec, d)
+        ]
         if diff:
             raise ConfigError(
                 f"the plan was made for model {model.get('name')!r}, not this one ({'; '.join(diff)}); "

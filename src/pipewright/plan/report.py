@@ -91,7 +91,8 @@ def summary(prob: Problem, result: SearchResult) -> str:
         lines.append("baselines (simulated):")
         for b in result.baselines:
             lines.append(
-                f"  {b.label:<10} {b.time:.4f} s  (plan {b.time / best.time:.2f}x faster)  {b.candidate.describe()}"
+                f"  {b.label:<10} {b.time:.4f} s  (plan {b.time / best.time:.2f}x faster)  "
+                + b.candidate.describe()
             )
     if len(result.finalists) > 1:
         lines.append("runner-ups:")

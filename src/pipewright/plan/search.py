@@ -17,6 +17,7 @@ generators' schedules are trusted) and ranked by simulated time.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -155,8 +156,18 @@ def candidates(problem: Problem) -> Iterable[Candidate]:
                 for name in problem.schedules:
                     for v in _chunk_choices(name, p, m, spec.layers):
                         for rc in problem.recompute:
-                            for style in ("pp", "dp") if p > 1 and d > 1 else ("pp",):
+                            for style in _styles(problem, p, d):
                                 yield Candidate(t, p, d, b, m, name, v, rc, t > 1, style)
+
+
+def _styles(problem: Problem, p: int, d: int) -> tuple[str, ...]:
+    """Mapping styles worth scoring: stage- or replica-major, and the walk reversed (which end holds the
+    embedding and which the head matters on mixed devices and small graphs)."""
+    base = ("pp", "dp") if p > 1 and d > 1 else ("pp",)
+    kinds = {problem.topology.nodes[x].accelerator for x in problem.topology.devices}
+    if p > 1 and (len(kinds) > 1 or len(problem.topology.devices) <= 64):
+        base += tuple(f"{s}-rev" for s in base)
+    return base
 
 
 def _chunk_choices(name: str, p: int, m: int, layers: int) -> list[int]:
@@ -188,8 +199,12 @@ def _stage_costs(ctx: _Context, c: Candidate, dmap: DeviceMap) -> list[StageCost
             key = (kind, group, c.microbatch, c.tp, c.recompute, c.sequence_parallel)
             sc = ctx.cost_cache.get(key)
             if sc is None:
-                gpu = prob.topology.accelerator(next(d for d in dmap.stage_devices(i) if prob.topology.nodes[d].accelerator == kind))
-                sc = ctx.cost_cache[key] = stage_cost(pc, gpu, prob.dtype, prob.efficiency, ctx.all_reduce(group))
+                gpu = prob.topology.accelerator(
+                    next(d for d in dmap.stage_devices(i) if prob.topology.nodes[d].accelerator == kind)
+                )
+                sc = ctx.cost_cache[key] = stage_cost(
+                    pc, gpu, prob.dtype, prob.efficiency, ctx.all_reduce(group)
+                )
             if best is None or sc.layer > best.layer:
                 best = sc
         out.append(best)
@@ -207,7 +222,9 @@ def estimate(ctx: _Context, c: Candidate, dmap: DeviceMap | None = None, layers=
     Raises DoesNotFitError when no partition fits memory."""
     prob = ctx.problem
     if dmap is None:
-        dmap = slowest_first(prob.topology, map_devices(ctx.order, c.tp, c.pp, c.dp, c.style), prob.dtype)
+        order = ctx.order[::-1] if c.style.endswith("-rev") else ctx.order
+        style = c.style.removesuffix("-rev")
+        dmap = slowest_first(prob.topology, map_devices(order, c.tp, c.pp, c.dp, style), prob.dtype)
     costs = _stage_costs(ctx, c, dmap)
     pc = parts(prob.spec, c.microbatch, c.tp, c.recompute, c.sequence_parallel, prob.dtype, prob.efficiency)
     p, v = c.pp, c.virtual
@@ -217,7 +234,7 @@ def estimate(ctx: _Context, c: Candidate, dmap: DeviceMap | None = None, layers=
             comm.append(0.0)
             continue
         a, b = dmap.grid[i][0][0], dmap.grid[(i + 1) % p][0][0]
-        comm.append(2 * v * ctx.p2p(a, b, pc.boundary_bytes))
+        comm.append(v * ctx.p2p(a, b, pc.boundary_bytes))  # one transfer per direction
     in_flight = [float(x) for x in info(c.schedule).memory(p, c.microbatches, v)]
     limits = [_memory_limit(prob, dmap.stage_devices(i)) for i in range(p)]
     terms = stage_terms(costs, comm, in_flight, limits)
@@ -247,7 +264,10 @@ def _partition_chunks(terms, num_layers: int, v: int):
     per-rank layer counts are partitioned as if contiguous, each rank needing ≥ v layers."""
     scaled = [replace(t, time_per_layer=t.time_per_layer * v) for t in terms]
     part = partition(
-        [replace(t, static_per_layer=t.static_per_layer * v, act_per_layer=t.act_per_layer * v) for t in scaled],
+        [
+            replace(t, static_per_layer=t.static_per_layer * v, act_per_layer=t.act_per_layer * v)
+            for t in scaled
+        ],
         num_layers // v,
     )
     # units of v layers; the remainder goes to the ranks with the smallest time, one layer each
@@ -265,7 +285,9 @@ def lower_bound(ctx: _Context, c: Candidate) -> float:
     pc = parts(prob.spec, c.microbatch, c.tp, c.recompute, c.sequence_parallel, prob.dtype, prob.efficiency)
     best = None
     for kind in {prob.topology.nodes[d].accelerator for d in prob.topology.devices}:
-        gpu = prob.topology.accelerator(next(d for d in prob.topology.devices if prob.topology.nodes[d].accelerator == kind))
+        gpu = prob.topology.accelerator(
+            next(d for d in prob.topology.devices if prob.topology.nodes[d].accelerator == kind)
+        )
         sc = stage_cost(pc, gpu, prob.dtype, replace(prob.efficiency), lambda n: 0.0)
         work = sc.time(prob.spec.layers, True, True)
         best = work if best is None else min(best, work)
@@ -302,26 +324,49 @@ def simulate_plan(prob: Problem, ev: Evaluated) -> Evaluated:
     return ev
 
 
-def refine(prob: Problem, ev: Evaluated, budget: int = 48) -> Evaluated:
-    """Simulator-guided local search around a finalist's partition: the uniform partition and every
-    move of one layer across a stage boundary are simulated; the best improvement is taken until none
-    is left or ``budget`` simulations are spent. (Stages with equal bottleneck still differ in fill
-    and drain; the closed form cannot see which order of heavy and light stages the schedule prefers.)"""
+def refine(prob: Problem, ev: Evaluated, budget: int = 64) -> Evaluated:
+    """Simulator-guided local search around a finalist: the uniform partition, every move of one layer
+    across a stage boundary and every swap of two stages' devices (p ≤ 8) are simulated; the best
+    improvement is taken until none is left or ``budget`` simulations are spent. (Stages with equal
+    bottleneck still differ in fill and drain, and the closed form cannot see which order of heavy and
+    light stages, or of fast and slow devices, the schedule prefers.)"""
     c = ev.candidate
     if c.virtual > 1 or c.pp == 1:
         return ev
     from pipewright.plan.partition import uniform
 
-    def trial(layers: tuple[int, ...]) -> Evaluated:
-        t = Evaluated(c, layers, ev.devices, ev.estimate, ev.bottleneck, label=ev.label)
+    block = c.tp * c.dp
+
+    def trial(layers: tuple[int, ...], devices: tuple[str, ...]) -> Evaluated:
+        t = Evaluated(c, layers, devices, ev.estimate, ev.bottleneck, label=ev.label)
         return simulate_plan(prob, t)
 
-    seen = {ev.chunk_layers}
+    def neighbours(base: Evaluated):
+        for i in range(c.pp - 1):
+            for src, dst in ((i, i + 1), (i + 1, i)):
+                layers = list(base.chunk_layers)
+                if layers[src] > 1:
+                    layers[src] -= 1
+                    layers[dst] += 1
+                    yield tuple(layers), base.devices
+        if c.pp <= 8:
+            for i, j in itertools.combinations(range(c.pp), 2):
+                devs = list(base.devices)
+                devs[i * block : (i + 1) * block], devs[j * block : (j + 1) * block] = (
+                    devs[j * block : (j + 1) * block],
+                    devs[i * block : (i + 1) * block],
+                )
+                yield base.chunk_layers, tuple(devs)
+                layers = list(base.chunk_layers)
+                layers[i], layers[j] = layers[j], layers[i]
+                yield tuple(layers), tuple(devs)
+
+    seen = {(ev.chunk_layers, ev.devices)}
     best = ev
-    uni = uniform(prob.spec.layers, c.pp)
+    uni = (uniform(prob.spec.layers, c.pp), ev.devices)
     if uni not in seen:
         seen.add(uni)
-        u = trial(uni)
+        u = trial(*uni)
         budget -= 1
         if u.fits and u.time < best.time:
             best = u
@@ -329,21 +374,14 @@ def refine(prob: Problem, ev: Evaluated, budget: int = 48) -> Evaluated:
     while improved and budget > 0:
         improved = False
         base = best
-        for i in range(c.pp - 1):
-            for src, dst in ((i, i + 1), (i + 1, i)):
-                layers = list(base.chunk_layers)
-                if layers[src] <= 1:
-                    continue
-                layers[src] -= 1
-                layers[dst] += 1
-                key = tuple(layers)
-                if key in seen or budget <= 0:
-                    continue
-                seen.add(key)
-                budget -= 1
-                t = trial(key)
-                if t.fits and t.time < best.time * (1 - 1e-9):
-                    best, improved = t, True
+        for key in neighbours(base):
+            if key in seen or budget <= 0:
+                continue
+            seen.add(key)
+            budget -= 1
+            t = trial(*key)
+            if t.fits and t.time < best.time * (1 - 1e-9):
+                best, improved = t, True
     return best
 
 
