@@ -114,11 +114,14 @@ def _prefix(weights: Sequence[float] | None, n: int) -> list[float]:
     return out
 
 
-def dp_partition(terms: Sequence[StageTerms], num_layers: int, weights=None) -> Partition:
-    """Exact min-bottleneck partition by dynamic programming (module docstring), ≥ 1 layer per stage."""
-    p, L = len(terms), num_layers
-    if p > L:
-        raise ConfigError(f"{p} pipeline stages for {L} layers; use at most {L} stages")
+def dp_partition(
+    terms: Sequence[StageTerms], num_layers: int, weights=None, min_layers: int = 1
+) -> Partition:
+    """Exact min-bottleneck partition by dynamic programming (module docstring), ≥ ``min_layers``
+    layers per stage."""
+    p, L, k = len(terms), num_layers, min_layers
+    if p * k > L:
+        raise ConfigError(f"{p} pipeline stages of ≥ {k} layers for {L} layers; use fewer stages")
     w = _prefix(weights, L)
     inf = (math.inf, math.inf)
     best = [[inf] * (L + 1) for _ in range(p + 1)]
@@ -126,9 +129,9 @@ def dp_partition(terms: Sequence[StageTerms], num_layers: int, weights=None) -> 
     best[0][0] = (0.0, 0.0)
     for i in range(1, p + 1):
         t = terms[i - 1]
-        for j in range(i, L - (p - i) + 1):
+        for j in range(i * k, L - (p - i) * k + 1):
             cur, at = inf, 0
-            for a in range(i - 1, j):
+            for a in range((i - 1) * k, j - k + 1):
                 prev = best[i - 1][a]
                 if prev[0] == math.inf:
                     continue
@@ -150,15 +153,15 @@ def dp_partition(terms: Sequence[StageTerms], num_layers: int, weights=None) -> 
     return Partition(tuple(reversed(layers)), *best[p][L])
 
 
-def _greedy(terms, w: list[float], cap: float) -> list[int] | None:
-    """Longest prefixes with time ≤ cap and memory within limits; None if infeasible."""
+def _greedy(terms, w: list[float], cap: float, k: int = 1) -> list[int] | None:
+    """Longest prefixes (≥ k layers) with time ≤ cap and memory within limits; None if infeasible."""
     p, L = len(terms), len(w) - 1
     out, pos = [], 0
     for i, t in enumerate(terms):
         rest = p - i - 1
-        hi = L - rest if rest else L
-        # the largest end e in (pos, hi] whose range fits: binary search (time and memory monotone)
-        lo_e, hi_e, ok = pos + 1, hi, None
+        hi = L - rest * k
+        # the largest end e in [pos + k, hi] whose range fits: binary search (time and memory monotone)
+        lo_e, hi_e, ok = pos + k, hi, None
         while lo_e <= hi_e:
             mid = (lo_e + hi_e) // 2
             x = w[mid] - w[pos]
@@ -175,30 +178,69 @@ def _greedy(terms, w: list[float], cap: float) -> list[int] | None:
     return out
 
 
-def bisect_partition(terms: Sequence[StageTerms], num_layers: int, weights=None) -> Partition:
-    """The min-bottleneck partition by greedy feasibility and bisection on T (module docstring)."""
-    p, L = len(terms), num_layers
-    if p > L:
-        raise ConfigError(f"{p} pipeline stages for {L} layers; use at most {L} stages")
+def bisect_partition(
+    terms: Sequence[StageTerms], num_layers: int, weights=None, min_layers: int = 1
+) -> Partition:
+    """The min-bottleneck partition by greedy feasibility and bisection on T (module docstring). With
+    identical layers (``weights`` None) the slack under the optimal T is then spread over the stages in
+    proportion to their capacity, so no stage is left needlessly light."""
+    p, L, k = len(terms), num_layers, min_layers
+    if p * k > L:
+        raise ConfigError(f"{p} pipeline stages of ≥ {k} layers for {L} layers; use fewer stages")
     w = _prefix(weights, L)
     hi = max(t.time(w[L]) for t in terms)
-    if _greedy(terms, w, hi) is None:
+    if _greedy(terms, w, hi, k) is None:
         raise DoesNotFitError("no partition fits the memory limit")
     lo = 0.0
     for _ in range(60):
         mid = (lo + hi) / 2
-        if _greedy(terms, w, mid) is None:
+        if _greedy(terms, w, mid, k) is None:
             lo = mid
         else:
             hi = mid
         if hi - lo <= 1e-9 * hi:
             break
-    layers = _balance_tail(terms, w, _greedy(terms, w, hi))
+    layers = _greedy(terms, w, hi, k)
+    if weights is None:
+        layers = _spread(terms, L, hi, k) or layers
+    layers = _balance_tail(terms, w, layers, k)
     bottleneck, total, _ = evaluate(terms, layers, weights)
     return Partition(tuple(layers), bottleneck, total)
 
 
-def _balance_tail(terms, w, layers: list[int]) -> list[int]:
+def _spread(terms, L: int, cap: float, k: int) -> list[int] | None:
+    """Identical layers: capacity c_i = the most layers stage i takes under ``cap`` and its memory; give
+    each stage ⌊L·c_i/Σc⌋ (≥ k) and the remainder to the stages with the largest fractional parts."""
+    caps = []
+    for t in terms:
+        lo, hi, ok = k, L, None
+        while lo <= hi:
+            mid = (lo + hi) // 2
+            if t.time(mid) <= cap and t.memory(mid) <= t.memory_limit:
+                ok, lo = mid, mid + 1
+            else:
+                hi = mid - 1
+        if ok is None:
+            return None
+        caps.append(ok)
+    total = sum(caps)
+    if total < L:
+        return None
+    share = [L * c / total for c in caps]
+    layers = [max(k, min(c, math.floor(x))) for c, x in zip(caps, share, strict=True)]
+    order = sorted(range(len(terms)), key=lambda i: layers[i] - share[i])
+    while sum(layers) < L:
+        for i in order:
+            if sum(layers) < L and layers[i] < caps[i]:
+                layers[i] += 1
+    while sum(layers) > L:
+        for i in reversed(order):
+            if sum(layers) > L and layers[i] > k:
+                layers[i] -= 1
+    return layers
+
+
+def _balance_tail(terms, w, layers: list[int], k: int = 1) -> list[int]:
     """The greedy pass leaves the last stages light; move layers backwards one at a time while the
     bottleneck does not grow and the total shrinks (a cheap tie-break toward a shorter fill/drain)."""
     layers = list(layers)
@@ -207,7 +249,7 @@ def _balance_tail(terms, w, layers: list[int]) -> list[int]:
     while improved:
         improved = False
         for i in range(len(layers) - 1):
-            if layers[i] <= 1:
+            if layers[i] <= k:
                 continue
             trial = layers[:]
             trial[i] -= 1
@@ -228,11 +270,11 @@ def _eval_w(terms, layers, w):
     return max(times), sum(times), fits
 
 
-def partition(terms: Sequence[StageTerms], num_layers: int, weights=None) -> Partition:
+def partition(terms: Sequence[StageTerms], num_layers: int, weights=None, min_layers: int = 1) -> Partition:
     """The min-bottleneck partition: exact DP for small instances, bisection otherwise (same optimum)."""
     if len(terms) * num_layers * num_layers <= 20_000:
-        return dp_partition(terms, num_layers, weights)
-    return bisect_partition(terms, num_layers, weights)
+        return dp_partition(terms, num_layers, weights, min_layers)
+    return bisect_partition(terms, num_layers, weights, min_layers)
 
 
 def uniform(num_layers: int, stages: int) -> tuple[int, ...]:

@@ -261,22 +261,10 @@ def estimate(ctx: _Context, c: Candidate, dmap: DeviceMap | None = None, layers=
 
 def _partition_chunks(terms, num_layers: int, v: int):
     """Rank-level partition for v chunks per rank: identical layers make contiguity free, so the
-    per-rank layer counts are partitioned as if contiguous, each rank needing ≥ v layers."""
-    scaled = [replace(t, time_per_layer=t.time_per_layer * v) for t in terms]
-    part = partition(
-        [
-            replace(t, static_per_layer=t.static_per_layer * v, act_per_layer=t.act_per_layer * v)
-            for t in scaled
-        ],
-        num_layers // v,
-    )
-    # units of v layers; the remainder goes to the ranks with the smallest time, one layer each
-    layers = [n * v for n in part.layers]
-    rest = num_layers - sum(layers)
-    order = sorted(range(len(terms)), key=lambda i: terms[i].time(layers[i] + 1))
-    for i in order[:rest]:
-        layers[i] += 1
-    return replace(part, layers=tuple(layers))
+    per-rank layer counts are partitioned as if contiguous, each rank holding ≥ v layers (one per
+    chunk); :func:`~pipewright.plan.partition.chunk_layout` then splits each rank's layers over its
+    chunks."""
+    return partition(terms, num_layers, min_layers=v)
 
 
 def lower_bound(ctx: _Context, c: Candidate) -> float:

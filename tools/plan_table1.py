@@ -1,0 +1,80 @@
+"""The planner against Megatron-LM Table 1: for each model, the published configuration and the
+planner's choice, both simulated on a Selene-like cluster under 80 GB per GPU.
+
+    PYTHONPATH=src python tools/plan_table1.py [--rows 1,2,…] [--json FILE]
+
+The CSV is read relative to the repository root (../shared/reference/megatron_table1.csv).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from pipewright.cost.megatron import load_table1, table1_cost, table1_schedule
+from pipewright.plan.report import make_plan
+from pipewright.plan.search import Problem
+from pipewright.sim import simulate
+
+ROOT = Path(__file__).resolve().parents[1]
+CSV = ROOT / ".." / "shared" / "reference" / "megatron_table1.csv"
+LIMIT = 80e9
+
+
+def compare_row(row) -> dict:
+    """Published configuration vs the planner's choice for one Table 1 row."""
+    cost = table1_cost(row)
+    published = simulate(table1_schedule(row), cost, comm=cost.comm)
+    prob = Problem(row.spec(), cost.topology, row.global_batch, dtype="fp16", memory_limit=LIMIT)
+    start = time.perf_counter()
+    result = make_plan(prob, baselines=False)
+    seconds = time.perf_counter() - start
+    best = result.best
+    return {
+        "model": row.name,
+        "gpus": row.gpus,
+        "published": f"t={row.tp} p={row.pp} d={row.dp} b={row.microbatch} v={row.virtual_chunks} full",
+        "published_s": published.iteration_time,
+        "published_gib": max(published.peak_memory) / 2**30,
+        "plan": best.candidate.describe(),
+        "plan_s": best.time,
+        "plan_gib": (best.simulated_memory or 0) / 2**30,
+        "speedup": published.iteration_time / best.time,
+        "planning_s": seconds,
+    }
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = [
+        "| model | GPUs | published (full recomputation) | time | memory | plan | time | memory | speedup |",
+        "|---|---:|---|---:|---:|---|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | {r['gpus']} | {r['published']} | {r['published_s']:.2f} s "
+            f"| {r['published_gib']:.1f} GiB | {r['plan']} | {r['plan_s']:.2f} s | {r['plan_gib']:.1f} GiB "
+            f"| {r['speedup']:.2f}× |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", help="1-based rows to run (default all)")
+    parser.add_argument("--json", help="also write the rows as JSON here")
+    args = parser.parse_args()
+    table = load_table1(CSV)
+    pick = [int(x) - 1 for x in args.rows.split(",")] if args.rows else range(len(table))
+    out = []
+    for i in pick:
+        out.append(compare_row(table[i]))
+        print(json.dumps(out[-1]), flush=True)
+    print(markdown(out))
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
