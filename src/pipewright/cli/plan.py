@@ -93,8 +93,10 @@ def run(args: argparse.Namespace) -> int:
 
     spec = resolve_model(args.model, **{d: getattr(args, d) for d in _DIMS})
     topo = _topology(args)
-    gpu = topo.accelerator(0)
-    dtype = args.dtype or next((x for x in ("bf16", "fp16", "fp32") if x in gpu.peak_flops), "fp32")
+    kinds = [topo.accelerator(d) for d in {topo.nodes[x].accelerator: x for x in topo.devices}.values()]
+    dtype = args.dtype or next(
+        (x for x in ("bf16", "fp16", "fp32") if all(x in g.peak_flops for g in kinds)), "fp32"
+    )
     for name in args.schedules.split(","):
         if name not in schedule_names():
             raise ConfigError(

@@ -90,10 +90,8 @@ def summary(prob: Problem, result: SearchResult) -> str:
     if result.baselines:
         lines.append("baselines (simulated):")
         for b in result.baselines:
-            lines.append(
-                f"  {b.label:<10} {b.time:.4f} s  (plan {b.time / best.time:.2f}x faster)  "
-                + b.candidate.describe()
-            )
+            verdict = f"plan {b.time / best.time:.2f}x faster" if b.fits else "DOES NOT FIT in memory"
+            lines.append(f"  {b.label:<10} {b.time:.4f} s  ({verdict})  " + b.candidate.describe())
     if len(result.finalists) > 1:
         lines.append("runner-ups:")
         for ev in result.finalists[1:6]:

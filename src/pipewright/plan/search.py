@@ -312,17 +312,22 @@ def simulate_plan(prob: Problem, ev: Evaluated) -> Evaluated:
     return ev
 
 
-def refine(prob: Problem, ev: Evaluated, budget: int = 64) -> Evaluated:
-    """Simulator-guided local search around a finalist: the uniform partition, every move of one layer
-    across a stage boundary and every swap of two stages' devices (p ≤ 8) are simulated; the best
+def refine(prob: Problem, ev: Evaluated, budget: int | None = None) -> Evaluated:
+    """Simulator-guided local search around a finalist. Starting points: its own partition and
+    mapping, the uniform partition, and the topology's given device order. Moves: one layer across a
+    chunk boundary, and (p ≤ 8) swapping two ranks' devices, with or without their layers. The best
     improvement is taken until none is left or ``budget`` simulations are spent. (Stages with equal
     bottleneck still differ in fill and drain, and the closed form cannot see which order of heavy and
     light stages, or of fast and slow devices, the schedule prefers.)"""
-    c = ev.candidate
-    if c.virtual > 1 or c.pp == 1:
-        return ev
-    from pipewright.plan.partition import uniform
+    from pipewright.cost.transformer import uniform_layout
+    from pipewright.plan.mapping import given_order
 
+    c = ev.candidate
+    p, v = c.pp, c.virtual
+    if p == 1:
+        return ev
+    if budget is None:  # about 2·10⁶ simulated compute actions in all
+        budget = max(4, min(64, 2_000_000 // (6 * p * c.microbatches * v)))
     block = c.tp * c.dp
 
     def trial(layers: tuple[int, ...], devices: tuple[str, ...]) -> Evaluated:
@@ -330,15 +335,16 @@ def refine(prob: Problem, ev: Evaluated, budget: int = 64) -> Evaluated:
         return simulate_plan(prob, t)
 
     def neighbours(base: Evaluated):
-        for i in range(c.pp - 1):
+        n = len(base.chunk_layers)
+        for i in range(n - 1):
             for src, dst in ((i, i + 1), (i + 1, i)):
                 layers = list(base.chunk_layers)
                 if layers[src] > 1:
                     layers[src] -= 1
                     layers[dst] += 1
                     yield tuple(layers), base.devices
-        if c.pp <= 8:
-            for i, j in itertools.combinations(range(c.pp), 2):
+        if p <= 8:
+            for i, j in itertools.combinations(range(p), 2):
                 devs = list(base.devices)
                 devs[i * block : (i + 1) * block], devs[j * block : (j + 1) * block] = (
                     devs[j * block : (j + 1) * block],
@@ -346,18 +352,22 @@ def refine(prob: Problem, ev: Evaluated, budget: int = 64) -> Evaluated:
                 )
                 yield base.chunk_layers, tuple(devs)
                 layers = list(base.chunk_layers)
-                layers[i], layers[j] = layers[j], layers[i]
+                for k in range(v):
+                    layers[k * p + i], layers[k * p + j] = layers[k * p + j], layers[k * p + i]
                 yield tuple(layers), tuple(devs)
 
     seen = {(ev.chunk_layers, ev.devices)}
     best = ev
-    uni = (uniform(prob.spec.layers, c.pp), ev.devices)
-    if uni not in seen:
-        seen.add(uni)
-        u = trial(*uni)
+    uni = tuple(uniform_layout(prob.spec.layers, p * v))
+    given = given_order(prob.topology, c.tp, p, c.dp).ranks
+    for start in ((uni, ev.devices), (ev.chunk_layers, given), (uni, given)):
+        if start in seen:
+            continue
+        seen.add(start)
         budget -= 1
-        if u.fits and u.time < best.time:
-            best = u
+        t = trial(*start)
+        if t.fits and t.time < best.time:
+            best = t
     improved = True
     while improved and budget > 0:
         improved = False
