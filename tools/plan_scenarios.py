@@ -46,10 +46,27 @@ def mixed_links() -> Topology:
 
 
 MODEL = "gpt3-13b"
+
+
+def mixed_ring(n: int = 8) -> Topology:
+    """n A100s in a ring, each on its own host, the links alternating NVLink 3 and PCIe 4; devices listed
+    starting at a PCIe link (d1 – d2 – … – d0), as a job scheduler might hand them out."""
+    nodes = [Node(f"d{(i + 1) % n}", "a100-80gb", f"h{(i + 1) % n}") for i in range(n)]
+    edges = []
+    for i in range(n):
+        a, b = f"d{i}", f"d{(i + 1) % n}"
+        if i % 2 == 0:
+            edges.append(Edge(a, b, "nvlink3", 300e9, 3e-6))
+        else:
+            edges.append(Edge(a, b, "pcie4", 31.5e9, 5e-6))
+    return Topology(nodes, edges, f"mixed-ring{n}")
+
+
 SCENARIOS = {
     "mixed link speeds": mixed_links,
     "one slow node (V100)": lambda: heterogeneous([(3, 4, "a100-80gb"), (1, 4, "v100")]),
     "ring of 8 (PCIe links)": lambda: ring(8, "a100-80gb", "pcie4", host=None),
+    "ring of 8 (NVLink and PCIe links alternating)": mixed_ring,
     "two-tier fabric (oversubscribed)": lambda: two_tier(2, 2, 4, "a100-80gb", spines=1, nics_per_node=1),
     "mixed GPU kinds (A100 + H100)": lambda: heterogeneous([(2, 4, "a100-80gb"), (2, 4, "h100-sxm")]),
 }

@@ -32,7 +32,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument("--memory-limit", type=float, help="GB per device (default: each device's memory)")
     parser.add_argument(
-        "--schedules", default="1f1b,interleaved-1f1b,zb-h1", help="comma-separated schedules to consider"
+        "--schedules",
+        default="1f1b,interleaved-1f1b,zb-h1,zb-auto",
+        help="schedules to consider (zb-auto: Zero Bubble's greedy on the plan's stage times)",
     )
     parser.add_argument("--recompute", default="none,selective,full", help="recomputation choices")
     parser.add_argument("--microbatch-sizes", default="1,2,4,8", help="microbatch sizes to consider")
@@ -122,7 +124,15 @@ def run(args: argparse.Namespace) -> int:
         fixed=(args.tp, args.pp, args.dp),
     )
     result = make_plan(prob, baselines=not args.no_baselines, progress=_Bar(not args.no_progress))
-    data = plan_json(prob, result)
+    csv = None
+    if args.out and result.best.schedule is not None:
+        from pathlib import Path
+
+        from pipewright.codec import to_csv
+
+        csv = Path(args.out).with_suffix(".schedule.csv")
+        csv.write_text(to_csv(result.best.schedule))
+    data = plan_json(prob, result, schedule_csv=None if csv is None else csv.name)
     if args.out:
         from pipewright.plan.planfile import save
 

@@ -32,6 +32,9 @@ def apply_to_simulate(args: argparse.Namespace) -> Plan:
     for key, attr in _SIM_FIELDS.items():
         setattr(args, attr, plan[key])
     args.microbatches = None
+    csv = plan.schedule_csv(args.plan)
+    if csv is not None:
+        args.schedule, args.virtual = csv, None
     args.plan_layout = plan.chunk_layers()
     args.plan_devices = plan.devices
     return plan
@@ -85,7 +88,7 @@ def train_overrides(path: str, args: argparse.Namespace | None = None) -> dict[s
         "pp": plan["pp"],
         "dp": plan["dp"],
         "virtual": plan["virtual"] if plan["virtual"] > 1 else None,
-        "schedule": plan["schedule"],
+        "schedule": plan.schedule_csv(path) or plan["schedule"],
         "microbatches": plan["microbatches"],
         "microbatch_size": plan["microbatch_size"],
         "layout": plan.layout,

@@ -1,7 +1,8 @@
 """The baselines the planner reports next to its plan, each simulated like the plan.
 
 - **uniform**: the plan's own degrees, schedule and recomputation, but Megatron's uniform partition
-  (⌊L/p⌋ layers per stage) and the devices in the topology's given order (tp-dp-pp rank order).
+  (⌊L/p⌋ layers per stage) and the devices in the topology's given order (tp-dp-pp rank order); when
+  that does not fit in memory, the first runner-up's configuration whose uniform layout fits.
 - **megatron**: Megatron-LM's rules of thumb (Narayanan et al. SC21 §3.3): tensor parallelism inside a
   machine (t = devices per host, at most 8, dividing the heads), pipeline parallelism across machines —
   the smallest p that fits in memory — then data parallelism; microbatch 1, full recomputation,
@@ -31,7 +32,9 @@ def _hosts(prob: Problem) -> dict[str | None, list[str]]:
     return hosts
 
 
-def _run(ctx: _Context, c: Candidate, label: str, layers: Sequence[int] | None) -> Evaluated | None:
+def _run(
+    ctx: _Context, c: Candidate, label: str, layers: Sequence[int] | None, check_fit: bool = True
+) -> Evaluated | None:
     prob = ctx.problem
     dmap = given_order(prob.topology, c.tp, c.pp, c.dp)
     per_rank = layers if layers is not None else uniform(prob.spec.layers, c.pp)
@@ -39,7 +42,7 @@ def _run(ctx: _Context, c: Candidate, label: str, layers: Sequence[int] | None) 
         ev = estimate(ctx, c, dmap, layers=tuple(per_rank))
     except DoesNotFitError:
         return None
-    if not ev.fits:
+    if check_fit and not ev.fits:
         return None
     ev = simulate_plan(prob, ev)
     ev.label = label
@@ -53,7 +56,7 @@ def uniform_baseline(ctx: _Context, plan: Candidate) -> Evaluated | None:
 
         chunks = uniform_layout(ctx.problem.spec.layers, plan.pp * plan.virtual)
         ranks = [sum(chunks[k * plan.pp + r] for k in range(plan.virtual)) for r in range(plan.pp)]
-        ev = _run(ctx, plan, "uniform", ranks)
+        ev = _run(ctx, plan, "uniform", ranks, check_fit=False)
         if ev is not None:
             ev.chunk_layers = tuple(chunks)
             ev = simulate_plan(ctx.problem, ev)

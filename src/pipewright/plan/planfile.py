@@ -46,6 +46,16 @@ class Plan:
     def devices(self) -> list[str]:
         return list(self.data["devices"])
 
+    def schedule_csv(self, plan_path: str | Path) -> str | None:
+        """The generated schedule's CSV (beside the plan file), or None for a schedule built by name."""
+        name = self.data.get("schedule_csv")
+        if not name:
+            return None
+        path = Path(plan_path).parent / name
+        if not path.is_file():
+            raise ConfigError(f"the plan's schedule file {path} is missing; keep it beside the plan")
+        return str(path)
+
     def chunk_layers(self) -> tuple[int, ...]:
         from pipewright.models.layout import parse_layout
 

@@ -25,9 +25,12 @@ def make_plan(
                 bases.append(ev)
     result = search(prob, progress=progress, baselines=bases)
     if baselines:
-        uni = uniform_baseline(ctx, result.best.candidate)
-        if uni is not None:
-            result.baselines.insert(0, uni)
+        # the plan's degrees, else the first finalist's whose uniform layout fits
+        for ev in result.finalists:
+            uni = uniform_baseline(ctx, ev.candidate)
+            if uni is not None and uni.fits:
+                result.baselines.insert(0, uni)
+                break
     return result
 
 
@@ -41,9 +44,14 @@ def _row(ev: Evaluated) -> dict[str, Any]:
     }
 
 
-def plan_json(prob: Problem, result: SearchResult) -> dict[str, Any]:
+def plan_json(prob: Problem, result: SearchResult, schedule_csv: str | None = None) -> dict[str, Any]:
+    """The plan file's contents (schema: :mod:`pipewright.plan.planfile`). ``schedule_csv``: the file,
+    beside the plan, holding a generated order (zb-auto's)."""
     best = result.best
     c = best.candidate
+    extra: dict[str, Any] = {}
+    if best.schedule is not None:
+        extra = {"schedule_csv": schedule_csv, "zb_memory_limit": best.zb_memory_limit}
     return {
         "format": FORMAT,
         "version": 1,
@@ -62,6 +70,7 @@ def plan_json(prob: Problem, result: SearchResult) -> dict[str, Any]:
         "sequence_parallel": c.sequence_parallel,
         "dtype": prob.dtype,
         "layout": layout_string(best.chunk_layers),
+        **extra,
         "predicted": {"iteration_time_s": best.time, "peak_memory_bytes": best.simulated_memory},
         "baselines": [{"name": b.label, **_row(b)} for b in result.baselines],
         "runner_ups": [{**_row(ev), "why": ev.why} for ev in result.finalists[1:]],

@@ -27,6 +27,7 @@ from pipewright.cost.comm import Mesh
 from pipewright.cost.recompute import RECOMPUTE_CHOICES, make_cost
 from pipewright.cost.transformer import A100_EFFICIENCY, Efficiency
 from pipewright.errors import ConfigError, PipewrightError
+from pipewright.ir import Action, F, I, W
 from pipewright.models.spec import ModelSpec
 from pipewright.plan.costs import StageCost, parts, stage_cost
 from pipewright.plan.mapping import DeviceMap, device_order, map_devices, permuted, slowest_first
@@ -39,7 +40,7 @@ from pipewright.plan.partition import (
 from pipewright.schedules.registry import check_args, info
 from pipewright.topology import Topology
 
-SCHEDULES = ("1f1b", "interleaved-1f1b", "zb-h1")
+SCHEDULES = ("1f1b", "interleaved-1f1b", "zb-h1", "zb-auto")
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,8 @@ class Evaluated:
     fits: bool = True
     label: str = "plan"
     why: str = ""
+    schedule: object = None  # a generated Schedule (zb-auto's cost-aware order), else built by name
+    zb_memory_limit: int | None = None
 
     @property
     def time(self) -> float:
@@ -154,6 +157,8 @@ def candidates(problem: Problem) -> Iterable[Candidate]:
                     continue
                 m = problem.global_batch // (b * d)
                 for name in problem.schedules:
+                    if name == "zb-auto":
+                        continue
                     for v in _chunk_choices(name, p, m, spec.layers):
                         for rc in problem.recompute:
                             for style in _styles(problem, p, d):
@@ -282,17 +287,9 @@ def lower_bound(ctx: _Context, c: Candidate) -> float:
     return c.microbatches * best / c.pp
 
 
-def simulate_plan(prob: Problem, ev: Evaluated) -> Evaluated:
-    """Run the full simulator on one evaluated candidate (no validation) and fill in its time/memory."""
-    from pipewright.passes.grad_reduce import add_grad_reduction
-    from pipewright.schedules import build_schedule
-    from pipewright.sim import simulate
-
+def _plan_cost(prob: Problem, ev: Evaluated):
     c = ev.candidate
-    sched = build_schedule(c.schedule, c.pp, c.microbatches, c.virtual)
-    if c.dp > 1:
-        sched = add_grad_reduction(sched)
-    cost = make_cost(
+    return make_cost(
         c.recompute,
         spec=prob.spec,
         microbatch=c.microbatch,
@@ -304,6 +301,22 @@ def simulate_plan(prob: Problem, ev: Evaluated) -> Evaluated:
         efficiency=prob.efficiency,
         layout=ev.chunk_layers,
     )
+
+
+def simulate_plan(prob: Problem, ev: Evaluated) -> Evaluated:
+    """Run the full simulator on one evaluated candidate (no validation) and fill in its time/memory."""
+    from pipewright.passes.grad_reduce import add_grad_reduction
+    from pipewright.schedules import build_schedule
+    from pipewright.sim import simulate
+
+    c = ev.candidate
+    if ev.schedule is not None:
+        sched = ev.schedule
+    else:
+        sched = build_schedule(c.schedule, c.pp, c.microbatches, c.virtual)
+    if c.dp > 1:
+        sched = add_grad_reduction(sched)
+    cost = _plan_cost(prob, ev)
     result = simulate(sched, cost, comm=cost.comm)
     ev.simulated = result.iteration_time
     ev.simulated_memory = max(result.peak_memory)
@@ -383,6 +396,43 @@ def refine(prob: Problem, ev: Evaluated, budget: int | None = None) -> Evaluated
     return best
 
 
+def cost_aware_order(prob: Problem, ev: Evaluated) -> list[Evaluated]:
+    """Where stage times differ, a microbatch order fitted to them instead of a fixed template: Zero
+    Bubble's memory-bounded greedy (:func:`pipewright.schedules.zero_bubble.zb_auto`) fed this plan's
+    per-stage F, I, W times and boundary transfer time, for memory limits p, ⌊3p/2⌋ and 2p − 1
+    microbatches in flight (those the devices hold), each simulated."""
+    from pipewright.ir import SEND_F
+    from pipewright.schedules import build_schedule
+    from pipewright.schedules.zero_bubble import zb_auto
+
+    c = ev.candidate
+    p, m = c.pp, c.microbatches
+    if c.virtual > 1 or p == 1:
+        return []
+    cost = _plan_cost(prob, ev)
+    ref = build_schedule("zb-h1", p, m)
+    f = [cost.compute_time(Action(s, F, 0), ref) for s in range(p)]
+    i = [cost.compute_time(Action(s, I, 0), ref) for s in range(p)]
+    w = [cost.compute_time(Action(s, W, 0), ref) for s in range(p)]
+    nbytes = cost.message_bytes(Action(0, SEND_F, 0), ref)
+    comm = max(cost.comm.p2p_time(r, r + 1, nbytes) for r in range(p - 1))
+    room = []
+    for r in range(p):
+        act = cost.activation_bytes(Action(r, F, 0), ref)
+        limit = _memory_limit(prob, [cost.comm.device(r)]) - cost.static_bytes(r, ref)
+        room.append(math.floor(limit / act) if act > 0 else 2 * p)
+    out = []
+    for lim in sorted({p, (3 * p) // 2, 2 * p - 1}):
+        if lim > min(room) or lim < 1:
+            continue
+        sched = zb_auto(p, m, f=f, i=i, w=w, comm=comm, memory_limit=lim)
+        cand = replace(c, schedule="zb-auto")
+        t = Evaluated(cand, ev.chunk_layers, ev.devices, ev.estimate, ev.bottleneck, schedule=sched,
+                      zb_memory_limit=lim)  # fmt: skip
+        out.append(simulate_plan(prob, t))
+    return out
+
+
 @dataclass
 class SearchResult:
     best: Evaluated
@@ -449,8 +499,13 @@ def search(
             continue
         if ev.fits and all(ev.candidate != f.candidate for f in finalists):
             finalists.append(simulate_plan(prob, ev))
+    # every finalist also tries the uniform partition and the given device order, the best is refined
+    light = 3 if len(prob.topology.devices) <= 64 else 1
+    finalists = [refine(prob, ev, budget=light) for ev in finalists]
     finalists.sort(key=lambda e: (not e.fits, e.time))
     finalists[0] = refine(prob, finalists[0])
+    if "zb-auto" in prob.schedules:
+        finalists.extend(cost_aware_order(prob, finalists[0]))
     finalists.sort(key=lambda e: (not e.fits, e.time))
     best = finalists[0]
     if not best.fits:
