@@ -106,14 +106,21 @@ def given_order(topology: Topology, tp: int, pp: int, dp: int) -> DeviceMap:
     return map_devices(topology.devices, tp, pp, dp, style="dp")
 
 
-def slowest_first(topology: Topology, dmap: DeviceMap, dtype: str) -> DeviceMap:
+def slowest_first(
+    topology: Topology, dmap: DeviceMap, dtype: str, speeds: dict[str, float] | None = None
+) -> DeviceMap:
     """``dmap`` with each stage's slowest tp group (by peak FLOP/s) moved to replica 0 and its slowest
-    device to tp rank 0: the device the simulator prices the stage on."""
-
-    def speed(d: str) -> float:
-        acc = topology.accelerator(d)
-        return acc.peak_flops.get(dtype, min(acc.peak_flops.values()))
-
+    device to tp rank 0: the device the simulator prices the stage on. ``speeds``: a cache of peak
+    FLOP/s per device (filled here); on one device kind the map is returned unchanged."""
+    if speeds is None:
+        speeds = {}
+    if not speeds:
+        for d in topology.devices:
+            acc = topology.accelerator(d)
+            speeds[d] = acc.peak_flops.get(dtype, min(acc.peak_flops.values()))
+    if len(set(speeds.values())) == 1:
+        return dmap
+    speed = speeds.__getitem__
     grid = []
     for stage in dmap.grid:
         replicas = sorted(stage, key=lambda grp: min(map(speed, grp)))

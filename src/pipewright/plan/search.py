@@ -17,6 +17,7 @@ generators' schedules are trusted) and ranked by simulated time.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import time
@@ -114,6 +115,17 @@ class _Context:
     order: tuple[str, ...]
     ar_cache: dict = field(default_factory=dict)
     cost_cache: dict = field(default_factory=dict)
+    speeds: dict = field(default_factory=dict)
+    memory: dict = field(default_factory=dict)  # bytes per device
+
+    def memory_limit(self, devices: Sequence[str]) -> float:
+        prob = self.problem
+        if prob.memory_limit is not None:
+            return prob.memory_limit
+        if not self.memory:
+            for d in prob.topology.devices:
+                self.memory[d] = prob.topology.accelerator(d).memory_bytes
+        return min(self.memory[d] for d in devices)
 
     def all_reduce(self, group: tuple[str, ...]) -> Callable[[float], float]:
         topo, eff = self.problem.topology, self.problem.efficiency.comm
@@ -229,7 +241,8 @@ def estimate(ctx: _Context, c: Candidate, dmap: DeviceMap | None = None, layers=
     if dmap is None:
         order = ctx.order[::-1] if c.style.endswith("-rev") else ctx.order
         style = c.style.removesuffix("-rev")
-        dmap = slowest_first(prob.topology, map_devices(order, c.tp, c.pp, c.dp, style), prob.dtype)
+        dmap = map_devices(order, c.tp, c.pp, c.dp, style)
+        dmap = slowest_first(prob.topology, dmap, prob.dtype, ctx.speeds)
     costs = _stage_costs(ctx, c, dmap)
     pc = parts(prob.spec, c.microbatch, c.tp, c.recompute, c.sequence_parallel, prob.dtype, prob.efficiency)
     p, v = c.pp, c.virtual
@@ -241,7 +254,7 @@ def estimate(ctx: _Context, c: Candidate, dmap: DeviceMap | None = None, layers=
         a, b = dmap.grid[i][0][0], dmap.grid[(i + 1) % p][0][0]
         comm.append(v * ctx.p2p(a, b, pc.boundary_bytes))  # one transfer per direction
     in_flight = [float(x) for x in info(c.schedule).memory(p, c.microbatches, v)]
-    limits = [_memory_limit(prob, dmap.stage_devices(i)) for i in range(p)]
+    limits = [ctx.memory_limit(dmap.stage_devices(i)) for i in range(p)]
     terms = stage_terms(costs, comm, in_flight, limits)
     if layers is None:
         if p * v > prob.spec.layers:
@@ -287,6 +300,18 @@ def lower_bound(ctx: _Context, c: Candidate) -> float:
     return c.microbatches * best / c.pp
 
 
+@functools.lru_cache(maxsize=16)
+def _lowered(name: str, p: int, m: int, v: int, reduce: bool):
+    """A generator's schedule, with the gradient all-reduce when ``reduce``, lowered: built once for
+    all the layouts and mappings of one shape that the refinement simulates."""
+    from pipewright.passes.grad_reduce import add_grad_reduction
+    from pipewright.passes.lower import lower
+    from pipewright.schedules import build_schedule
+
+    sched = build_schedule(name, p, m, v)
+    return lower(add_grad_reduction(sched) if reduce else sched)
+
+
 def _plan_cost(prob: Problem, ev: Evaluated):
     c = ev.candidate
     return make_cost(
@@ -306,16 +331,15 @@ def _plan_cost(prob: Problem, ev: Evaluated):
 def simulate_plan(prob: Problem, ev: Evaluated) -> Evaluated:
     """Run the full simulator on one evaluated candidate (no validation) and fill in its time/memory."""
     from pipewright.passes.grad_reduce import add_grad_reduction
-    from pipewright.schedules import build_schedule
     from pipewright.sim import simulate
 
     c = ev.candidate
     if ev.schedule is not None:
         sched = ev.schedule
+        if c.dp > 1:
+            sched = add_grad_reduction(sched)
     else:
-        sched = build_schedule(c.schedule, c.pp, c.microbatches, c.virtual)
-    if c.dp > 1:
-        sched = add_grad_reduction(sched)
+        sched = _lowered(c.schedule, c.pp, c.microbatches, c.virtual, c.dp > 1)
     cost = _plan_cost(prob, ev)
     result = simulate(sched, cost, comm=cost.comm)
     ev.simulated = result.iteration_time
@@ -339,8 +363,8 @@ def refine(prob: Problem, ev: Evaluated, budget: int | None = None) -> Evaluated
     p, v = c.pp, c.virtual
     if p == 1:
         return ev
-    if budget is None:  # about 2·10⁶ simulated compute actions in all
-        budget = max(4, min(64, 2_000_000 // (6 * p * c.microbatches * v)))
+    if budget is None:  # about 10⁵ microbatch-chunks (6·10⁵ lowered actions) in all
+        budget = max(4, min(64, 100_000 // (p * c.microbatches * v)))
     block = c.tp * c.dp
 
     def trial(layers: tuple[int, ...], devices: tuple[str, ...]) -> Evaluated:
