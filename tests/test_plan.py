@@ -186,3 +186,23 @@ def test_layout_string_is_what_the_parser_reads():
     text = layout_string((3, 1, 4, 2))
     assert text == "Et*3|t|t*4|t*2L"
     assert [len(s.layers) for s in parse_layout(text).stages] == [3, 1, 4, 2]
+
+
+@pytest.mark.slow
+def test_megatron_table1_small_rows_are_beaten_under_80gb():
+    """Megatron-LM Table 1 (../shared/reference): the plan is at least as fast as the published
+    configuration, both simulated, under 80 GB (rows 1–2 here; all ten in tools/plan_table1.py)."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("plan_table1", root / "tools" / "plan_table1.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    if not tool.CSV.is_file():
+        pytest.skip("../shared/reference/megatron_table1.csv is not beside the repository")
+    table = tool.load_table1(tool.CSV)
+    for row in table[:2]:
+        result = tool.compare_row(row)
+        assert result["plan_s"] <= result["published_s"]
+        assert result["plan_gib"] * 2**30 <= tool.LIMIT
