@@ -161,7 +161,8 @@ def test_plan_file_round_trip_and_other_model(tmp_path, capsys):
     _hetero4().save(topo)
     argv = ["plan", "--model", "gpt", "--layers", "8", "--hidden", "1024", "--heads", "16",
             "--vocab", "32000", "--seq-len", "1024", "--topology", str(topo),
-            "--global-batch-size", "8", "--dtype", "fp16", "--dp", "1", "--no-progress", "-o", str(out)]  # fmt: skip
+            "--global-batch-size", "8", "--dtype", "fp16", "--dp", "1", "--no-progress",
+            "-o", str(out)]  # fmt: skip
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "baselines" in text and "megatron" in text
