@@ -41,6 +41,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-tp", type=int, default=8, help="largest tensor-parallel size")
     for dim in ("tp", "pp", "dp"):
         parser.add_argument(f"--{dim}", type=int, default=None, help=f"fix {dim} (default: searched)")
+    parser.add_argument(
+        "--cores",
+        type=float,
+        default=None,
+        help="the processes share this many CPU cores (finalists simulated with processor sharing)",
+    )
     parser.add_argument("--finalists", type=int, default=6, help="candidates simulated in full")
     parser.add_argument("--no-baselines", action="store_true", help="skip the baselines")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -122,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
         max_tp=args.max_tp,
         finalists=args.finalists,
         fixed=(args.tp, args.pp, args.dp),
+        cores=args.cores,
     )
     result = make_plan(prob, baselines=not args.no_baselines, progress=_Bar(not args.no_progress))
     csv = None

@@ -84,6 +84,7 @@ class Problem:
     max_tp: int = 8
     finalists: int = 6
     fixed: tuple[int | None, int | None, int | None] = (None, None, None)  # (tp, pp, dp) if given
+    cores: float | None = None  # all processes share this many CPU cores (sim.sharing), e.g. --gpu cpu
 
 
 @dataclass
@@ -341,7 +342,12 @@ def simulate_plan(prob: Problem, ev: Evaluated) -> Evaluated:
     else:
         sched = _lowered(c.schedule, c.pp, c.microbatches, c.virtual, c.dp > 1)
     cost = _plan_cost(prob, ev)
-    result = simulate(sched, cost, comm=cost.comm)
+    shared = None
+    if prob.cores is not None:
+        from pipewright.sim.sharing import SharedCompute
+
+        shared = SharedCompute.from_profile(c.pp, prob.cores, {}, processes_per_rank=c.tp * c.dp)
+    result = simulate(sched, cost, comm=cost.comm, shared=shared)
     ev.simulated = result.iteration_time
     ev.simulated_memory = max(result.peak_memory)
     limits = [_memory_limit(prob, [cost.comm.device(r)]) for r in range(c.pp)]
