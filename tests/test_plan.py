@@ -12,6 +12,7 @@ import pytest
 from pipewright.cli import main
 from pipewright.cost.comm import Mesh
 from pipewright.cost.recompute import activation_bytes_per_layer, make_cost
+from pipewright.errors import ConfigError
 from pipewright.ir import Action, B, F
 from pipewright.models.presets import resolve_model
 from pipewright.models.spec import ModelSpec
@@ -234,3 +235,19 @@ def test_train_plan_overrides_and_other_model(tmp_path):
     with pytest.raises(ConfigError, match="not a plan file"):
         (tmp_path / "bad.json").write_text("{}")
         train_overrides(str(tmp_path / "bad.json"))
+
+
+def test_per_stage_recomputation_takes_each_stage_from_its_mode():
+    spec = resolve_model("gpt3-175b")
+    sched = build_schedule("1f1b", 2, 4)
+    kw = dict(spec=spec, microbatch=1, mesh=Mesh(8, 2, 1), layout=(48, 48), sequence_parallel=True)
+    mixed = make_cost(per_stage=("selective", "none"), **kw)
+    sel, none = make_cost("selective", **kw), make_cost("none", **kw)
+    for kind in (F, B):
+        assert mixed.compute_time(Action(0, kind, 0), sched) == sel.compute_time(Action(0, kind, 0), sched)
+        assert mixed.compute_time(Action(1, kind, 0), sched) == none.compute_time(Action(1, kind, 0), sched)
+        assert mixed.activation_bytes(Action(1, kind, 0), sched) == none.activation_bytes(
+            Action(1, kind, 0), sched
+        )
+    with pytest.raises(ConfigError, match="--recompute must be one of"):
+        make_cost(per_stage=("some", "none"), **kw)

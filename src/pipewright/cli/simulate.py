@@ -231,6 +231,7 @@ def _model_setup(args: argparse.Namespace) -> _Setup:
         topology=topo,
         sequence_parallel=getattr(args, "sequence_parallel", False),
         layout=getattr(args, "plan_layout", None),
+        per_stage=getattr(args, "plan_recompute", None),
     )
     label = f"{model.name} on {devices}× {gpu.name} (t={t}, p={p}, d={d}, b={b}, m={m})"
     # TransformerCost's FLOPs are per device (each tensor-parallel rank's share): one device per rank.

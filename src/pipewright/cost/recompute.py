@@ -24,7 +24,7 @@ without changing that module: it builds each chunk without recomputation and app
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from types import MappingProxyType
 
 from pipewright.cost.transformer import DTYPE_BYTES, TransformerCost, _Chunk
@@ -103,11 +103,49 @@ class SelectiveCost(TransformerCost):
         return selective_chunk(chunk, self, layers[stage])
 
 
-def make_cost(recompute: str = "none", cls: type[TransformerCost] | None = None, **kwargs) -> TransformerCost:
-    """A cost model of class ``cls`` (default TransformerCost) for ``recompute`` in none/selective/full
-    (``kwargs``: its fields). Selective recomputation is modelled for TransformerCost only."""
+def make_cost_check(recompute: str) -> None:
     if recompute not in RECOMPUTE_CHOICES:
         raise ConfigError(f"--recompute must be one of {', '.join(RECOMPUTE_CHOICES)} (got {recompute!r})")
+
+
+@dataclass(frozen=True, eq=False)
+class PerStageCost(TransformerCost):
+    """:class:`TransformerCost` with a recomputation mode per stage (chunk): ``per_stage[c]`` in
+    none/selective/full. Each chunk's table comes from a cost model of that one mode."""
+
+    per_stage: tuple[str, ...] = ()
+
+    def _build_chunk(self, stage: int, num_stages: int, layers: tuple[int, ...]) -> _Chunk:
+        if len(self.per_stage) != num_stages:
+            raise ConfigError(
+                f"{len(self.per_stage)} per-stage recomputation modes for {num_stages} stages; give one each"
+            )
+        mode = self.per_stage[stage]
+        key = ("mode", mode)
+        model = self._cache.get(key)
+        if model is None:
+            kw = {f.name: getattr(self, f.name) for f in fields(TransformerCost) if f.init}
+            kw.pop("recompute")
+            model = self._cache[key] = make_cost(mode, **kw)
+        return model._build_chunk(stage, num_stages, layers)
+
+
+def make_cost(
+    recompute: str = "none",
+    cls: type[TransformerCost] | None = None,
+    per_stage: tuple[str, ...] | list[str] | None = None,
+    **kwargs,
+) -> TransformerCost:
+    """A cost model of class ``cls`` (default TransformerCost) for ``recompute`` in none/selective/full
+    (``kwargs``: its fields), or with ``per_stage`` one mode per stage (chunk). Selective
+    recomputation is modelled for TransformerCost only."""
+    if per_stage:
+        for mode in per_stage:
+            make_cost_check(mode)
+        if cls not in (None, TransformerCost):
+            raise ConfigError(f"per-stage recomputation is not modelled for {cls.__name__} yet")
+        return PerStageCost(per_stage=tuple(per_stage), **kwargs)
+    make_cost_check(recompute)
     cls = cls or TransformerCost
     if recompute == "selective":
         if cls is not TransformerCost:

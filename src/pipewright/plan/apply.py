@@ -36,6 +36,7 @@ def apply_to_simulate(args: argparse.Namespace) -> Plan:
     if csv is not None:
         args.schedule, args.virtual = csv, None
     args.plan_layout = plan.chunk_layers()
+    args.plan_recompute = plan.data.get("recompute_per_stage")
     args.plan_devices = plan.devices
     return plan
 
@@ -54,6 +55,11 @@ def plan_topology(args: argparse.Namespace, topology):
             "give the --topology (or --nodes/--gpus-per-node/--gpu) the plan was made for"
         )
     return permuted(topology, devices)
+
+
+def _strongest(modes) -> str:
+    order = ("none", "selective", "full")
+    return max(modes, key=order.index)
 
 
 def train_overrides(path: str, args: argparse.Namespace | None = None) -> dict[str, object]:
@@ -92,6 +98,8 @@ def train_overrides(path: str, args: argparse.Namespace | None = None) -> dict[s
         "microbatches": plan["microbatches"],
         "microbatch_size": plan["microbatch_size"],
         "layout": plan.layout,
+        # per-stage choices train with the strongest one (the runtime takes one mode)
+        "recompute": _strongest(plan.data.get("recompute_per_stage") or [plan.data.get("recompute", "none")]),
     }
     if plan["sequence_parallel"]:
         out["sequence_parallel"] = True

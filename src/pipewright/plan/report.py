@@ -52,6 +52,8 @@ def plan_json(prob: Problem, result: SearchResult, schedule_csv: str | None = No
     extra: dict[str, Any] = {}
     if best.schedule is not None:
         extra = {"schedule_csv": schedule_csv, "zb_memory_limit": best.zb_memory_limit}
+    if best.recompute_per_stage is not None:
+        extra["recompute_per_stage"] = list(best.recompute_per_stage)
     return {
         "format": FORMAT,
         "version": 1,
@@ -92,6 +94,11 @@ def summary(prob: Problem, result: SearchResult) -> str:
         f"global batch {prob.global_batch}",
         f"  {best.candidate.describe()}",
         f"  layout {layout_string(best.chunk_layers)}",
+        *(
+            [f"  recomputation per stage {','.join(best.recompute_per_stage)}"]
+            if best.recompute_per_stage is not None
+            else []
+        ),
         f"  simulated iteration {best.time:.4f} s, peak memory {(best.simulated_memory or 0) / gib:.1f} GiB",
         f"  searched {result.considered} candidates ({result.pruned} pruned by the bound, "
         f"{result.infeasible} do not fit) in {result.seconds:.1f} s",

@@ -104,6 +104,7 @@ class Evaluated:
     why: str = ""
     schedule: object = None  # a generated Schedule (zb-auto's cost-aware order), else built by name
     zb_memory_limit: int | None = None
+    recompute_per_stage: tuple[str, ...] | None = None  # one mode per chunk, when they differ
 
     @property
     def time(self) -> float:
@@ -317,6 +318,7 @@ def _plan_cost(prob: Problem, ev: Evaluated):
     c = ev.candidate
     return make_cost(
         c.recompute,
+        per_stage=ev.recompute_per_stage,
         spec=prob.spec,
         microbatch=c.microbatch,
         gpu=prob.topology.nodes[ev.devices[0]].accelerator,
@@ -463,6 +465,32 @@ def cost_aware_order(prob: Problem, ev: Evaluated) -> list[Evaluated]:
     return out
 
 
+def per_stage_recompute(prob: Problem, ev: Evaluated) -> Evaluated:
+    """Recomputation as a per-stage decision: the schedule keeps fewer microbatches in flight on later
+    ranks (1F1B: p − r on rank r), so they may afford less recomputation than rank 0. From the last
+    rank to the first, each rank's chunks try every lighter mode (none, then selective); a change is
+    kept when the simulated plan still fits and is faster. At most 2p simulations (p ≤ 16)."""
+    c = ev.candidate
+    order = ("none", "selective", "full")
+    if c.recompute == "none" or c.pp == 1 or c.pp > 16:
+        return ev
+    n = len(ev.chunk_layers)
+    best = ev
+    modes = list(ev.recompute_per_stage or (c.recompute,) * n)
+    for r in reversed(range(c.pp)):
+        chunks = [k * c.pp + r for k in range(c.virtual)]
+        for mode in order[: order.index(modes[chunks[0]])]:
+            trial_modes = list(modes)
+            for k in chunks:
+                trial_modes[k] = mode
+            t = replace(best, recompute_per_stage=tuple(trial_modes), simulated=None, label=ev.label)
+            t = simulate_plan(prob, t)
+            if t.fits and t.time < best.time * (1 - 1e-9):
+                best, modes = t, trial_modes
+                break
+    return best
+
+
 @dataclass
 class SearchResult:
     best: Evaluated
@@ -537,6 +565,7 @@ def search(
     if "zb-auto" in prob.schedules:
         finalists.extend(cost_aware_order(prob, finalists[0]))
     finalists.sort(key=lambda e: (not e.fits, e.time))
+    finalists[0] = per_stage_recompute(prob, finalists[0])
     best = finalists[0]
     if not best.fits:
         raise DoesNotFitError(f"{prob.spec.name}: no finalist fits in memory in simulation; add devices")
