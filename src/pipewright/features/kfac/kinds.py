@@ -1,0 +1,128 @@
+"""The K-FAC action kinds (pure Python) and their dependency rules.
+
+Payloads name the layer: ``Action(s, KFAC_A, k, l)`` is curvature A of local layer l of stage s from
+microbatch k. An inversion split into pieces carries a :class:`Piece` payload. Events are
+``(kind, stage, microbatch, payload)`` so that every layer's task is its own event.
+
+==========================  ===================================================================
+action                      requires
+==========================  ===================================================================
+``KFAC_A(s, k, l)``         ``F(s, k)`` (the layer inputs of microbatch k exist)
+``KFAC_B(s, k, l)``         ``I(s, k)`` (the output gradients exist; a full ``B`` produces ``I``)
+``KFAC_REDUCE(s, l)``       every ``KFAC_A/B(s, k, l)`` of the refresh (collective over dp)
+``KFAC_INV_A/B(s, l)``      ``KFAC_REDUCE(s, l)``; piece j of a split inversion also piece j − 1
+``KFAC_PRECOND(s)``         ``W(s, k)`` for every k (the stage's last weight gradient)
+==========================  ===================================================================
+
+A refresh may span several iterations; each iteration is its own :class:`~pipewright.ir.Schedule`
+whose ``meta["kfac_prior"]`` holds the K-FAC events completed in earlier iterations of the refresh, so
+requirements only name events of the same iteration; ``meta["kfac_carried"]`` names the curvature tasks
+that use inputs or gradients saved in an earlier iteration (they wait for nothing).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from pipewright.ir import Action, F, I, KindRegistry, KindSpec, Schedule, W
+
+KFAC_A = "KFAC_A"
+KFAC_B = "KFAC_B"
+KFAC_REDUCE = "KFAC_REDUCE"
+KFAC_INV_A = "KFAC_INV_A"
+KFAC_INV_B = "KFAC_INV_B"
+KFAC_PRECOND = "KFAC_PRECOND"
+
+CURVATURE = (KFAC_A, KFAC_B)
+INVERSION = (KFAC_INV_A, KFAC_INV_B)
+KFAC_KINDS_ALL = (KFAC_A, KFAC_B, KFAC_REDUCE, KFAC_INV_A, KFAC_INV_B, KFAC_PRECOND)
+
+
+class Piece(NamedTuple):
+    """Piece ``index`` of ``count`` of layer ``layer``'s inversion (beyond the paper: splitting)."""
+
+    layer: int
+    index: int
+    count: int
+
+    def __str__(self) -> str:
+        return f"{self.layer}#{self.index}/{self.count}"
+
+
+def layer_of(payload: object) -> int:
+    return payload.layer if isinstance(payload, Piece) else int(payload)  # type: ignore[arg-type]
+
+
+def _event(a: Action) -> tuple:
+    return (a.kind, a.stage, a.microbatch, a.payload)
+
+
+def _produces(a: Action, schedule: Schedule) -> tuple:
+    return (_event(a),)
+
+
+def _prior(schedule: Schedule) -> frozenset:
+    return schedule.meta.get("kfac_prior", frozenset())
+
+
+def _carried(a: Action, schedule: Schedule) -> bool:
+    """Curvature from tensors saved in an earlier iteration (listed in ``meta["kfac_carried"]``)."""
+    return _event(a) in schedule.meta.get("kfac_carried", frozenset())
+
+
+def _curv_a_requires(a: Action, schedule: Schedule) -> tuple:
+    return () if _carried(a, schedule) else ((F, a.stage, a.microbatch),)
+
+
+def _curv_b_requires(a: Action, schedule: Schedule) -> tuple:
+    return () if _carried(a, schedule) else ((I, a.stage, a.microbatch),)
+
+
+def _reduce_requires(a: Action, schedule: Schedule) -> tuple:
+    prior = _prior(schedule)
+    evs = [(kind, a.stage, k, a.payload) for k in range(schedule.num_microbatches) for kind in CURVATURE]
+    return tuple(e for e in evs if e not in prior)
+
+
+def _inv_requires(a: Action, schedule: Schedule) -> tuple:
+    p = a.payload
+    if isinstance(p, Piece) and p.index > 0:
+        ev = (a.kind, a.stage, None, Piece(p.layer, p.index - 1, p.count))
+    else:
+        ev = (KFAC_REDUCE, a.stage, None, layer_of(p))
+    return () if ev in _prior(schedule) else (ev,)
+
+
+def _precond_requires(a: Action, schedule: Schedule) -> tuple:
+    return tuple((W, a.stage, k) for k in range(schedule.num_microbatches))
+
+
+KFAC_SPECS = (
+    KindSpec(KFAC_A, _curv_a_requires, _produces, per_microbatch=True, description="K-FAC curvature A"),
+    KindSpec(KFAC_B, _curv_b_requires, _produces, per_microbatch=True, description="K-FAC curvature B"),
+    KindSpec(
+        KFAC_REDUCE,
+        _reduce_requires,
+        _produces,
+        compute=False,
+        comm="collective",
+        per_microbatch=False,
+        description="K-FAC factor all-reduce over data-parallel replicas",
+    ),
+    KindSpec(KFAC_INV_A, _inv_requires, _produces, per_microbatch=False, description="K-FAC inversion of A"),
+    KindSpec(KFAC_INV_B, _inv_requires, _produces, per_microbatch=False, description="K-FAC inversion of B"),
+    KindSpec(
+        KFAC_PRECOND,
+        _precond_requires,
+        _produces,
+        per_microbatch=False,
+        description="K-FAC preconditioning of a stage's gradients",
+    ),
+)
+
+
+def with_kfac_kinds(kinds: KindRegistry) -> KindRegistry:
+    """``kinds`` plus the K-FAC kinds (unchanged if they are there already)."""
+    if KFAC_A in kinds:
+        return kinds
+    return kinds.with_kinds(*KFAC_SPECS)
