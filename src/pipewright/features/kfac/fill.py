@@ -180,10 +180,10 @@ def _split_count(times: TaskTimes, stage: int, kind: str, layer: int, limit: flo
     sh = times.shapes[stage][layer]
     m = sh.dim_a if kind == KFAC_INV_A else sh.dim_b
     whole = times.inv[stage][layer][0 if kind == KFAC_INV_A else 1]
-    for count in range(1, 257):
+    for count in range(2, 513, 2):
         if max(cholesky_piece_weights(m, count)) * whole * FIT <= limit:
             return count
-    return 256
+    return 512
 
 
 def _refresh_tasks(
@@ -251,16 +251,20 @@ def _list_schedule(
     tasks: list[_Task], gaps: list[Gap], period: float, row_len: int, rank: int, max_iterations: int
 ) -> tuple[list[Placement], list[float]]:
     """Place ``tasks`` into ``gaps`` of successive iterations; returns placements and, per iteration,
-    the serial time added after the rank's last action."""
+    the serial time added after the rank's last action. Candidates are the tasks whose dependencies
+    are placed (a counter per task), so each choice scans only those."""
     placements: list[Placement] = []
     extra: list[float] = []
-    todo = list(tasks)
     biggest = max((g.end - g.start for g in gaps), default=0.0)
-    it = 0
+    unmet = {id(t): len(t.deps) for t in tasks}
+    children: dict[int, list[_Task]] = {}
+    for t in tasks:
+        for d in t.deps:
+            children.setdefault(id(d), []).append(t)
+    ready: list[_Task] = [t for t in tasks if not t.deps]
+    left = len(tasks)
 
-    def ready_at(t: _Task, it: int) -> float | None:
-        if any(d.end is None for d in t.deps):
-            return None
+    def ready_at(t: _Task) -> float:
         r = max((d.end + d.collective for d in t.deps), default=0.0)
         if t.ready_in_iteration is not None:
             # the first occurrence of its F/I at or after r; its tensors are kept until it runs
@@ -269,65 +273,58 @@ def _list_schedule(
         return r
 
     def place(t: _Task, it: int, start: float, pos: int, in_bubble: bool) -> None:
+        nonlocal left
         t.end = start + t.duration
         e = t.ready_in_iteration
         carried = e is not None and start < it * period + e - EPS
         placements.append(Placement(rank, t.action, it, start, t.end, pos, in_bubble, t.refresh, carried))
-        todo.remove(t)
+        ready.remove(t)
+        left -= 1
+        for c in children.get(id(t), ()):
+            unmet[id(c)] -= 1
+            if unmet[id(c)] == 0:
+                ready.append(c)
+                if c.action.kind == KFAC_REDUCE:  # on the collective stream, right after its last input
+                    place(c, it, ready_at(c), pos, True)
 
-    def place_reductions(it: int, pos: int) -> None:
-        for t in [t for t in todo if t.action.kind == KFAC_REDUCE]:
-            r = ready_at(t, it)
-            if r is not None:
-                place(t, it, r, pos, True)
+    def best_in(cursor: float, end: float | None) -> tuple[_Task, float] | None:
+        best = None
+        for t in ready:
+            start = max(cursor, ready_at(t))
+            if end is not None and start + FIT * t.duration > end + EPS:
+                continue
+            key = (t.refresh, t.priority, start)
+            if best is None or key < best[0]:
+                best = (key, t, start)
+        return None if best is None else (best[1], best[2])
 
-    while todo and it < max_iterations:
+    it = 0
+    while left and it < max_iterations:
         base = it * period
         for g in gaps:
             cursor, end = base + g.start, base + g.end
-            while True:
-                best = None
-                for t in todo:
-                    if t.action.kind == KFAC_REDUCE:
-                        continue
-                    r = ready_at(t, it)
-                    if r is None:
-                        continue
-                    start = max(cursor, r)
-                    if start + FIT * t.duration <= end + EPS:
-                        key = (t.refresh, t.priority, start)
-                        if best is None or key < best[0]:
-                            best = (key, t, start)
-                if best is None:
-                    break
-                _, t, start = best
+            while (hit := best_in(cursor, end)) is not None:
+                t, start = hit
                 place(t, it, start, g.pos, True)
                 cursor = t.end
-                place_reductions(it, g.pos)
         # tasks that fit no bubble at all run after the rank's last action
         t_end = base + period
         added = 0.0
         while True:
-            stuck = [
-                t
-                for t in todo
-                if t.action.kind != KFAC_REDUCE and ready_at(t, it) is not None and FIT * t.duration > biggest
-            ]
+            stuck = [t for t in ready if FIT * t.duration > biggest]
             if not stuck:
                 break
             t = min(stuck, key=lambda t: (t.refresh, t.priority))
-            place(t, it, max(t_end + added, ready_at(t, it)), row_len, False)
+            place(t, it, max(t_end + added, ready_at(t)), row_len, False)
             added = t.end - t_end
-            place_reductions(it, row_len)
         extra.append(added)
         it += 1
-    if todo:  # whatever is left runs after the last iteration's actions, in dependency order
+    if left:  # whatever is left runs after the last iteration's actions, in dependency order
         it = max_iterations - 1
         t_end = (it + 1) * period + extra[-1]
-        while todo:
-            t = min((t for t in todo if ready_at(t, it) is not None), key=lambda t: (t.refresh, t.priority))
-            start = max(t_end, ready_at(t, it))
-            place(t, it, start, row_len, t.action.kind == KFAC_REDUCE)
+        while left:
+            t, start = best_in(t_end, None)
+            place(t, it, start, row_len, False)
             t_end = max(t_end, t.end)
         extra[-1] = t_end - (it + 1) * period
     return placements, extra
