@@ -71,24 +71,35 @@ def precondition_flops(shape: LinearShape) -> float:
     return 2.0 * e * d * (e + d)
 
 
-def cholesky_piece_weights(m: int, count: int) -> tuple[float, ...]:
-    """Costs of an m×m inversion split into ``count`` pieces, relative to the unsplit inversion (m³).
+def inversion_piece_weights(m: int, panels: int, blocks: int) -> tuple[float, ...]:
+    """Costs of an m×m Cholesky inversion split into pieces, relative to the unsplit inversion (m³).
 
-    count = 1: the whole (Cholesky + inverse from the factor). count = 2c: c pieces of a right-looking
-    blocked Cholesky in equal column panels (panel j of width b = m/c costs b·r_j² with r_j = m − j·b
-    rows left, trailing update included; together m³/3), then c pieces that each solve L·Lᵀ·X_J = E_J
-    for a block J of b columns of the inverse (2·m²·b each; together 2m³). Splitting is exact but costs
-    7/3 of the unsplit work: it buys the use of bubbles too small for the whole inversion."""
-    if count <= 1:
-        return (1.0,)
-    if count % 2:
-        raise ValueError(f"a split inversion has an even number of pieces (got {count})")
-    c = count // 2
-    b = m / c
+    ``panels`` pieces of a right-looking blocked Cholesky in equal column panels (panel j of width
+    b = m/panels costs b·r_j² with r_j = m − j·b rows left, trailing update included; m³/3 together),
+    then either one piece forming the inverse from the factor (``blocks`` = 0: 2m³/3, no extra work),
+    or ``blocks`` pieces that each solve L·Lᵀ·X_J = E_J for m/blocks columns of the inverse (2m³
+    together: the split then costs 7/3 of the unsplit work, the price of pieces that small)."""
+    b = m / panels
     m3 = float(m) ** 3
-    panels = [b * (m - j * b) ** 2 for j in range(c)]
-    scale = (m3 / 3) / sum(panels)
-    return tuple(w * scale / m3 for w in panels) + (2 * m * m * b / m3,) * c
+    work = [b * (m - j * b) ** 2 for j in range(panels)]
+    scale = (m3 / 3) / sum(work)
+    head = tuple(w * scale / m3 for w in work)
+    if blocks == 0:
+        return (*head, 2 / 3)
+    return head + (2 * m * m * (m / blocks) / m3,) * blocks
+
+
+def split_plan(m: int, whole: float, limit: float, margin: float = 1.05) -> tuple[int, int] | None:
+    """The cheapest split of an inversion lasting ``whole`` whose every piece × ``margin`` fits in
+    ``limit``: (panels, blocks), fewest extra FLOPs first, then fewest pieces; None if none does."""
+    for blocks_options in ((0,), tuple(range(1, 257))):
+        for blocks in blocks_options:
+            for panels in range(1, 257):
+                if max(inversion_piece_weights(m, panels, blocks)) * whole * margin <= limit:
+                    return panels, blocks
+                if blocks == 0 and panels > 1 and 2 / 3 * whole * margin > limit:
+                    break  # the inverse-from-factor piece alone is too long
+    return None
 
 
 @dataclass(frozen=True)
@@ -117,7 +128,7 @@ class TaskTimes:
             return whole
         sh = self.shapes[stage][layer]
         m = sh.dim_a if kind == KFAC_INV_A else sh.dim_b
-        return whole * cholesky_piece_weights(m, payload.count)[payload.index]
+        return whole * inversion_piece_weights(m, payload.panels, payload.blocks)[payload.index]
 
     def refresh_work(self, stage: int, microbatches: int) -> float:
         """D·T_kron + T_inv of one stage: curvature of every microbatch plus every inversion."""

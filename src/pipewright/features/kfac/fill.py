@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from pipewright.cost.base import CommModel, CostModel, FreeComm
 from pipewright.errors import PipewrightError
-from pipewright.features.kfac.cost import KFACCost, TaskTimes, cholesky_piece_weights
+from pipewright.features.kfac.cost import KFACCost, TaskTimes, inversion_piece_weights, split_plan
 from pipewright.features.kfac.kinds import (
     KFAC_A,
     KFAC_B,
@@ -115,6 +115,8 @@ class FillResult:
     bubble_work: float
     serial_work: float
     split_inversions: int
+    cost: KFACCost | None = None
+    comm: CommModel | None = None
 
     @property
     def fitted_fraction(self) -> float:
@@ -176,16 +178,6 @@ def _event_ends(schedule: Schedule, sim, rank: int) -> dict[tuple, float]:
     return ends
 
 
-def _split_count(times: TaskTimes, stage: int, kind: str, layer: int, limit: float) -> int:
-    sh = times.shapes[stage][layer]
-    m = sh.dim_a if kind == KFAC_INV_A else sh.dim_b
-    whole = times.inv[stage][layer][0 if kind == KFAC_INV_A else 1]
-    for count in range(2, 513, 2):
-        if max(cholesky_piece_weights(m, count)) * whole * FIT <= limit:
-            return count
-    return 512
-
-
 def _refresh_tasks(
     schedule: Schedule,
     rank: int,
@@ -221,22 +213,22 @@ def _refresh_tasks(
             tasks += [*curv, red]
             for kind, idx in ((KFAC_INV_A, 0), (KFAC_INV_B, 1)):
                 whole = times.inv[s][layer][idx]
-                count = 1
+                sh = times.shapes[s][layer]
+                m_dim = sh.dim_a if idx == 0 else sh.dim_b
+                plan = None
                 if split_limit is not None and whole * FIT > split_limit:
-                    count = _split_count(times, s, kind, layer, split_limit)
+                    plan = split_plan(m_dim, whole, split_limit, FIT)
                 dep = red
-                if count == 1:
+                if plan is None:
                     t = _Task(
                         Action(s, kind, None, layer), whole, PRIORITY[kind], deps=[dep], refresh=refresh
                     )
                     tasks.append(t)
                     continue
                 splits += 1
-                sh = times.shapes[s][layer]
-                weights = cholesky_piece_weights(sh.dim_a if idx == 0 else sh.dim_b, count)
-                for j, w in enumerate(weights):
+                for j, w in enumerate(inversion_piece_weights(m_dim, *plan)):
                     t = _Task(
-                        Action(s, kind, None, Piece(layer, j, count)),
+                        Action(s, kind, None, Piece(layer, j, *plan)),
                         whole * w,
                         PRIORITY[kind],
                         deps=[dep],
@@ -480,4 +472,6 @@ def fill_kfac(
         bubble_work=bubble,
         serial_work=serial,
         split_inversions=splits,
+        cost=full_cost,
+        comm=comm,
     )

@@ -39,14 +39,21 @@ KFAC_KINDS_ALL = (KFAC_A, KFAC_B, KFAC_REDUCE, KFAC_INV_A, KFAC_INV_B, KFAC_PREC
 
 
 class Piece(NamedTuple):
-    """Piece ``index`` of ``count`` of layer ``layer``'s inversion (beyond the paper: splitting)."""
+    """Piece ``index`` of layer ``layer``'s inversion split into ``panels`` Cholesky panels and then
+    ``blocks`` column blocks of the inverse (0: one piece, the inverse from the factor); see
+    :func:`pipewright.features.kfac.cost.inversion_piece_weights`. Beyond the paper."""
 
     layer: int
     index: int
-    count: int
+    panels: int
+    blocks: int
+
+    @property
+    def count(self) -> int:
+        return self.panels + max(self.blocks, 1)
 
     def __str__(self) -> str:
-        return f"{self.layer}#{self.index}/{self.count}"
+        return f"{self.layer}#{self.index}/{self.panels}+{self.blocks}"
 
 
 def layer_of(payload: object) -> int:
@@ -87,7 +94,7 @@ def _reduce_requires(a: Action, schedule: Schedule) -> tuple:
 def _inv_requires(a: Action, schedule: Schedule) -> tuple:
     p = a.payload
     if isinstance(p, Piece) and p.index > 0:
-        ev = (a.kind, a.stage, None, Piece(p.layer, p.index - 1, p.count))
+        ev = (a.kind, a.stage, None, p._replace(index=p.index - 1))
     else:
         ev = (KFAC_REDUCE, a.stage, None, layer_of(p))
     return () if ev in _prior(schedule) else (ev,)
