@@ -271,3 +271,21 @@ def _tp_case(rank: int, world: int) -> list[str]:
 def test_dp_factors_equal_single_process_and_tp_factors_equal_slices():
     results = spawn(_worker, 2, backend="gloo", timeout_s=120)
     assert results == [[], []]
+
+
+@pytest.mark.parametrize(("panels", "blocks"), [(1, 0), (3, 0), (4, 2), (5, 3)])
+def test_piecewise_inverse_equals_dense_inverse(panels, blocks):
+    from pipewright.features.kfac.factors import PiecewiseInverse
+
+    gen = torch.Generator().manual_seed(panels)
+    x = torch.randn(20, 11, generator=gen, dtype=torch.float64)
+    m = x.t() @ x / 20
+    inv = PiecewiseInverse(m, 0.1, panels, blocks)
+    steps = 0
+    while not inv.done:
+        assert inv.result is None
+        inv.step()
+        steps += 1
+    assert steps == panels + max(blocks, 1)
+    want = torch.linalg.inv(m + 0.1 * torch.eye(11, dtype=torch.float64))
+    torch.testing.assert_close(inv.result, want, rtol=1e-10, atol=1e-10)

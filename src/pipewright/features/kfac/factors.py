@@ -92,3 +92,53 @@ def kl_clip_scale(pairs: list[tuple[Tensor, Tensor]], lr: float, kl_clip: float)
     if vg <= 0 or not math.isfinite(vg):
         return 1.0
     return min(1.0, math.sqrt(kl_clip / vg))
+
+
+class PiecewiseInverse:
+    """(M + shift·I)⁻¹ computed in pieces, each a bounded amount of work (beyond PipeFisher, whose
+    inversion is one task): ``panels`` steps of a right-looking blocked Cholesky (step j factors the
+    diagonal block of panel j, solves the panel below it, and updates the trailing matrix), then one
+    step forming the inverse from the factor (``blocks`` = 0) or ``blocks`` steps that each solve
+    L·Lᵀ·X_J = E_J for one block J of columns. :meth:`step` runs the next piece; :attr:`result` is
+    the inverse once :attr:`done`."""
+
+    def __init__(self, m: Tensor, shift: float, panels: int, blocks: int = 0) -> None:
+        n = m.shape[0]
+        self.work = m + shift * torch.eye(n, dtype=m.dtype, device=m.device)
+        self.n, self.panels, self.blocks = n, panels, blocks
+        self.bounds = [round(j * n / panels) for j in range(panels + 1)]
+        self.index = 0
+        self.result: Tensor | None = None
+        self._cols: list[Tensor] = []
+
+    @property
+    def count(self) -> int:
+        return self.panels + max(self.blocks, 1)
+
+    @property
+    def done(self) -> bool:
+        return self.index >= self.count
+
+    def step(self) -> None:
+        j = self.index
+        if j < self.panels:
+            lo, hi = self.bounds[j], self.bounds[j + 1]
+            a = self.work
+            diag = torch.linalg.cholesky(a[lo:hi, lo:hi])
+            a[lo:hi, lo:hi] = diag
+            if hi < self.n:
+                below = torch.linalg.solve_triangular(diag, a[hi:, lo:hi].t(), upper=False).t()
+                a[hi:, lo:hi] = below
+                a[hi:, hi:] -= below @ below.t()
+        else:
+            chol = torch.tril(self.work)
+            if self.blocks == 0:
+                self.result = torch.cholesky_inverse(chol)
+            else:
+                b = j - self.panels
+                lo, hi = round(b * self.n / self.blocks), round((b + 1) * self.n / self.blocks)
+                eye = torch.eye(self.n, dtype=chol.dtype, device=chol.device)[:, lo:hi]
+                self._cols.append(torch.cholesky_solve(eye, chol))
+                if b == self.blocks - 1:
+                    self.result = torch.cat(self._cols, dim=1)
+        self.index += 1
