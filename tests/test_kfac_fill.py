@@ -164,3 +164,22 @@ def test_iterations_per_refresh_agree_with_the_paper_model(name, stages):
     assert model == pytest.approx({4: 2.38, 8: 1.61}[stages], abs=0.01)
     assert res.steady_iterations_per_refresh == pytest.approx(model, rel=0.10)
     assert res.fitted_fraction == 1.0
+
+
+def test_cli_simulate_fill_kfac(tmp_path, capsys):
+    import json
+
+    from pipewright.cli import main
+
+    png = tmp_path / "kfac.png"
+    args = ["simulate", "--schedule", "1f1b", "--stages", "8", "--microbatches", "8"]
+    args += ["--fill", "kfac", "--kfac-profile", "bert-large:v100:32", "--kfac-precondition", "end"]
+    assert main([*args, "--json", "--png", str(png)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["steady_iterations_per_refresh"] == pytest.approx(
+        paper_model("bert-large", "v100", 32, 8), rel=0.1
+    )
+    assert out["utilization_after"] > out["utilization_before"]
+    assert png.stat().st_size > 10_000
+    assert main([*args[:-2], "--kfac-profile", "bert-large"]) != 0
+    assert "--kfac-profile wants MODEL:GPU:BS" in capsys.readouterr().err

@@ -111,6 +111,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--png", help="write the timeline picture to this PNG file")
     parser.add_argument("--trace", help="write a Chrome/Perfetto trace JSON to this file")
     parser.add_argument("--enforce-memory", action="store_true", help="fail when a rank does not fit")
+    from pipewright.features.kfac.cli import add_arguments as add_kfac_arguments  # until the feature hook
+
+    add_kfac_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -256,6 +259,10 @@ def run(args: argparse.Namespace) -> int:
         setup = _profile_setup(args)
     else:
         setup = _unit_setup(args) if args.model is None else _model_setup(args)
+    if getattr(args, "fill", None) == "kfac":
+        from pipewright.features.kfac.cli import run_fill  # until the feature bundle's CLI hook
+
+        return run_fill(args, setup)
     shared = _sharing(args, setup)
     result = simulate(
         setup.schedule,

@@ -1,0 +1,105 @@
+"""``pipewright simulate --fill kfac``: fill the simulated schedule's bubbles with K-FAC tasks.
+
+Task costs: ``--kfac-profile MODEL:GPU:BS`` takes the whole setup from PipeFisher's per-block profile
+(one block per model chunk; F/B and K-FAC times as measured by the paper's authors); otherwise with
+``--model`` the K-FAC tasks cost their FLOPs (:mod:`.cost`) at half the accelerator's fp32 peak, and
+with ``--cost unit`` every K-FAC task of the one layer per chunk costs ``--kfac-unit`` (default 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from pipewright.errors import ConfigError
+from pipewright.features.kfac.cost import LinearShape, TaskTimes, block_layers
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("K-FAC in the bubbles (PipeFisher)")
+    group.add_argument("--fill", choices=["kfac"], help="fill the bubbles with K-FAC tasks and report")
+    group.add_argument("--kfac-profile", help="MODEL:GPU:BS of a PipeFisher profile, e.g. bert-large:v100:32")
+    group.add_argument(
+        "--kfac-precondition",
+        choices=["tail", "end"],
+        default="tail",
+        help="precondition in each stage's tail bubble (default) or after the pipeline (the paper)",
+    )
+    group.add_argument("--kfac-no-split", action="store_true", help="never split an inversion into pieces")
+    group.add_argument(
+        "--kfac-unit", type=float, default=1.0, help="cost of each K-FAC task with --cost unit"
+    )
+
+
+def _unit_times(stages: int, unit: float) -> TaskTimes:
+    one = (LinearShape(1, 1),)
+    return TaskTimes(
+        (one,) * stages, (((unit, unit),),) * stages, (((unit, unit),),) * stages, (unit,) * stages
+    )
+
+
+def _model_times(args: argparse.Namespace, setup) -> TaskTimes:
+    from pipewright.hardware import accelerator
+
+    model = setup.cost.spec
+    stages = setup.schedule.num_stages
+    if model.layers % stages:
+        raise ConfigError(
+            f"--fill kfac: {model.layers} layers do not split evenly over {stages} model chunks"
+        )
+    gpu = accelerator(args.gpu)
+    rate = 0.5 * gpu.peak("fp32")
+    tokens = (args.microbatch_size or 1) * model.seq_len
+    shapes = [block_layers(model.hidden, model.ffn_hidden) * (model.layers // stages)] * stages
+    return TaskTimes.from_flops(shapes, tokens, rate)
+
+
+def run_fill(args: argparse.Namespace, setup) -> int:
+    """Fill, print the summary (or JSON), draw the refresh's timeline with ``--png``."""
+    from pipewright.features.kfac.fill import fill_kfac
+    from pipewright.features.kfac.report import refresh_timeline
+
+    sched, cost, comm = setup.schedule, setup.cost, setup.comm
+    label = setup.label
+    if args.kfac_profile:
+        from pipewright.cost.profiled import ProfiledCost
+        from pipewright.features.kfac.cost import pipefisher_task_times
+
+        try:
+            model, gpu, bs = args.kfac_profile.split(":")
+            bs = int(bs)
+        except ValueError:
+            raise ConfigError(
+                f"--kfac-profile wants MODEL:GPU:BS, e.g. bert-large:v100:32 (got {args.kfac_profile!r})"
+            ) from None
+        cost = ProfiledCost.from_pipefisher(model, gpu, bs, layers=sched.num_stages)
+        times = pipefisher_task_times(model, gpu, bs, sched.num_stages, layers=sched.num_stages)
+        comm = None
+        label = f"PipeFisher profile {model} on {gpu}, microbatch {bs}, one block per chunk"
+    elif getattr(setup, "unit", False):
+        times = _unit_times(sched.num_stages, args.kfac_unit)
+    else:
+        times = _model_times(args, setup)
+    res = fill_kfac(
+        sched, cost, times, comm=comm, precondition=args.kfac_precondition, split=not args.kfac_no_split
+    )
+    summary = res.summary()
+    if args.png:
+        from pipewright.viz import draw_timeline
+
+        title = f"{sched.name} + K-FAC ({res.refresh_interval} iterations of one refresh), {label}"
+        draw_timeline(refresh_timeline(res), args.png, titles=[title])
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    print(f"{sched.name} + K-FAC, {label}")
+    print(f"refresh interval          {res.refresh_interval} iterations (first refresh)")
+    print(f"iterations per refresh    {res.steady_iterations_per_refresh:.3f} (refreshes back to back)")
+    after = summary["iteration_time_after_mean"]
+    print(f"iteration time            {res.iteration_time_before:.6g} → {after:.6g}")
+    print(f"utilization               {res.utilization_before:.3f} → {res.utilization_after:.3f}")
+    split = f"({res.split_inversions} inversions split)"
+    print(f"refresh work in bubbles   {100 * res.fitted_fraction:.1f} %  {split}")
+    if args.png:
+        print(f"wrote {args.png}")
+    return 0
