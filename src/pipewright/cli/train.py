@@ -39,7 +39,7 @@ _VALUE_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--steps", int, "training steps"),
     ("--lr", float, "peak learning rate"),
     ("--warmup", int, "warm-up steps"),
-    ("--optimizer", str, "adamw or sgd"),
+    ("--optimizer", str, "adamw, sgd or kfac (K-FAC in the pipeline bubbles, AdamW update)"),
     ("--seed", int, "seed for weights and data order"),
     ("--out", str, "output folder (default runs/<timestamp>)"),
     ("--stop-after", int, "stop (with a checkpoint) after N steps; continue later with --resume"),

@@ -39,9 +39,11 @@ def _sgd(named, lr: float, weight_decay: float, momentum: float = 0.9, **_) -> t
     return torch.optim.SGD(_param_groups(named, weight_decay), lr=lr, momentum=momentum, foreach=False)
 
 
-#: Optimizer name → builder(named_parameters, lr, weight_decay, **options).
+#: Optimizer name → builder(named_parameters, lr, weight_decay, **options). "kfac" builds the
+#: first-order update K-FAC's preconditioned gradient feeds (AdamW); the trainer wraps it with K-FAC
+#: (pipewright.features.kfac.runtime).
 OPTIMIZERS: Mapping[str, Callable[..., torch.optim.Optimizer]] = MappingProxyType(
-    {"adamw": _adamw, "sgd": _sgd}
+    {"adamw": _adamw, "sgd": _sgd, "kfac": _adamw}
 )
 
 

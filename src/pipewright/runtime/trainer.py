@@ -253,14 +253,27 @@ class Trainer:
             self.optimizer = build_optimizer(
                 c.optimizer, self.params.items(), lr=c.lr, weight_decay=c.weight_decay
             )
+        exec_schedule, handlers = self.schedule, self.options.handlers()
+        if c.optimizer == "kfac":  # K-FAC tasks in the bubbles (features/kfac): optimizer, handlers, slots
+            from pipewright.features.kfac.runtime import attach_kfac
+
+            self.optimizer, kfac_handlers, exec_schedule = attach_kfac(
+                self.stages,
+                self.schedule,
+                self.optimizer,
+                dp_group=self.mesh.dp_group,
+                dp=self.mesh.dp,
+                grad_scale=float(self.schedule.num_microbatches * c.microbatch_size * seq),
+            )
+            handlers = {**handlers, **kfac_handlers}
         self.executor = PipelineExecutor(
-            self.schedule,
+            exec_schedule,
             self.mesh,
             self.stages,
             loss_fn=self.options.loss_fn(self.loss_fn),
             boundary_shape=self.boundary_shape,
             dtype=self.options.dtype,
-            handlers=self.options.handlers(),
+            handlers=handlers,
             device=self.device,
             recv_timeout_s=c.recv_timeout_s,
             record=True,

@@ -101,6 +101,7 @@ class LayerState:
     saved_inputs: dict[int, Tensor] = field(default_factory=dict)
     saved_grads: dict[int, Tensor] = field(default_factory=dict)
     preconditioned: Tensor | None = None
+    grad_norm: float = 0.0  # ‖[∇W, ∇b]‖ when preconditioned (to follow a later clipping)
 
 
 class KFAC:
@@ -212,10 +213,18 @@ class KFAC:
             return
         bias_grad = st.module.bias.grad if st.bias else None
         st.preconditioned = fx.precondition(st.a_inv, st.b_inv, w.grad, bias_grad)
+        st.grad_norm = float(fx.grad_matrix(w.grad, bias_grad).norm())
 
     def apply(self, lr: float) -> float:
-        """KL-clip the preconditioned gradients and write them into ``.grad``; returns ν."""
+        """KL-clip the preconditioned gradients and write them into ``.grad``; returns ν. A gradient
+        scaled since its preconditioning (global-norm clipping) scales its V alike (V is linear in it)."""
         ready = [st for st in self.layers if st.preconditioned is not None]
+        for st in ready:
+            now = float(
+                fx.grad_matrix(st.module.weight.grad, st.module.bias.grad if st.bias else None).norm()
+            )
+            if st.grad_norm > 0 and abs(now - st.grad_norm) > 1e-12 * st.grad_norm:
+                st.preconditioned = st.preconditioned * (now / st.grad_norm)
         pairs = [
             (
                 st.preconditioned,

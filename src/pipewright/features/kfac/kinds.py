@@ -12,6 +12,7 @@ action                      requires
 ``KFAC_REDUCE(s, l)``       every ``KFAC_A/B(s, k, l)`` of the refresh (collective over dp)
 ``KFAC_INV_A/B(s, l)``      ``KFAC_REDUCE(s, l)``; piece j of a split inversion also piece j − 1
 ``KFAC_PRECOND(s)``         ``W(s, k)`` for every k (the stage's last weight gradient)
+``KFAC_FILL(s, j)``         nothing: bubble j of the rank, filled at run time (see ``runtime.py``)
 ==========================  ===================================================================
 
 A refresh may span several iterations; each iteration is its own :class:`~pipewright.ir.Schedule`
@@ -32,10 +33,11 @@ KFAC_REDUCE = "KFAC_REDUCE"
 KFAC_INV_A = "KFAC_INV_A"
 KFAC_INV_B = "KFAC_INV_B"
 KFAC_PRECOND = "KFAC_PRECOND"
+KFAC_FILL = "KFAC_FILL"
 
 CURVATURE = (KFAC_A, KFAC_B)
 INVERSION = (KFAC_INV_A, KFAC_INV_B)
-KFAC_KINDS_ALL = (KFAC_A, KFAC_B, KFAC_REDUCE, KFAC_INV_A, KFAC_INV_B, KFAC_PRECOND)
+KFAC_KINDS_ALL = (KFAC_A, KFAC_B, KFAC_REDUCE, KFAC_INV_A, KFAC_INV_B, KFAC_PRECOND, KFAC_FILL)
 
 
 class Piece(NamedTuple):
@@ -118,6 +120,13 @@ KFAC_SPECS = (
     ),
     KindSpec(KFAC_INV_A, _inv_requires, _produces, per_microbatch=False, description="K-FAC inversion of A"),
     KindSpec(KFAC_INV_B, _inv_requires, _produces, per_microbatch=False, description="K-FAC inversion of B"),
+    KindSpec(
+        KFAC_FILL,
+        lambda a, schedule: (),
+        _produces,
+        per_microbatch=False,
+        description="a predicted bubble: the runtime runs pending K-FAC tasks that fit its length",
+    ),
     KindSpec(
         KFAC_PRECOND,
         _precond_requires,

@@ -72,6 +72,10 @@ class KFACOptimizer:
     def param_groups(self):
         return self.base.param_groups
 
+    @property
+    def state(self):
+        return self.base.state
+
     def record(self) -> bool:
         """Whether this step's microbatches feed the factors."""
         return self.steps % self.kfac.config.factor_interval == 0
