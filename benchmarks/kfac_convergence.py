@@ -20,6 +20,9 @@ GRID = {"adamw": (1e-3, 3e-3, 1e-2), "kfac": (1e-3, 3e-3, 1e-2)}
 
 
 def _run(opt: str, lr: float, steps: int, out: Path) -> list[dict]:
+    metrics = out / "metrics.jsonl"
+    if metrics.exists() and len(metrics.read_text().splitlines()) >= steps:  # done before: reuse
+        return [json.loads(line) for line in metrics.read_text().splitlines()]
     cmd = [sys.executable, "-m", "pipewright", "train", "--optimizer", opt, "--lr", str(lr)]
     cmd += ["--steps", str(steps), "--warmup", "5", "--eval-every", "0", "--no-progress", "--out", str(out)]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
