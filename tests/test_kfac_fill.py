@@ -183,3 +183,30 @@ def test_cli_simulate_fill_kfac(tmp_path, capsys):
     assert png.stat().st_size > 10_000
     assert main([*args[:-2], "--kfac-profile", "bert-large"]) != 0
     assert "--kfac-profile wants MODEL:GPU:BS" in capsys.readouterr().err
+
+
+def test_feature_bundle_registers_kinds_cost_rules_and_the_slot_pass():
+    from pipewright.cost.profiled import ProfiledCost
+    from pipewright.features import Features
+    from pipewright.features.kfac import FEATURE
+    from pipewright.features.kfac.cost import KFACCost, pipefisher_task_times
+    from pipewright.features.kfac.kinds import KFAC_FILL
+    from pipewright.ir import Action
+    from pipewright.sim.engine import simulate
+
+    features = Features([FEATURE])
+    assert set(KFAC_KINDS_ALL) <= set(features.kinds)
+    assert features.kinds[KFAC_REDUCE].collective.group == "dp"
+    prof = ProfiledCost.from_pipefisher("bert-large", "v100", 32, layers=4)
+    sched = build_schedule("1f1b", 4, 4).with_actions(
+        build_schedule("1f1b", 4, 4).actions, kinds=features.kinds
+    )
+    ruled = features.cost(prof)
+    ref = KFACCost(prof, pipefisher_task_times("bert-large", "v100", 32, 4, layers=4))
+    for a in (Action(1, KFAC_A, 2, 3), Action(0, KFAC_INV_B, None, 2), Action(2, KFAC_PRECOND)):
+        assert ruled.compute_time(a, sched) == pytest.approx(ref.compute_time(a, sched))
+    slots = features.passes["kfac-slots"](build_schedule("1f1b", 4, 8))
+    assert any(a.kind == KFAC_FILL for row in slots.actions for a in row)
+    plain = simulate(build_schedule("1f1b", 4, 8), UnitCost()).iteration_time
+    filled = simulate(slots.with_actions(slots.actions, kinds=features.kinds), features.cost(UnitCost()))
+    assert filled.iteration_time == pytest.approx(plain + 1)  # empty bubbles; PRECOND of stage 0 costs 1

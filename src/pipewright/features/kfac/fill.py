@@ -29,11 +29,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from pipewright.cost.base import CommModel, CostModel, FreeComm
+from pipewright.cost.unit import UnitCost
 from pipewright.errors import PipewrightError
 from pipewright.features.kfac.cost import KFACCost, TaskTimes, inversion_piece_weights, split_plan
 from pipewright.features.kfac.kinds import (
     KFAC_A,
     KFAC_B,
+    KFAC_FILL,
     KFAC_INV_A,
     KFAC_INV_B,
     KFAC_PRECOND,
@@ -475,3 +477,24 @@ def fill_kfac(
         cost=full_cost,
         comm=comm,
     )
+
+
+def slot_schedule(schedule: Schedule, *, precondition: bool = True) -> tuple[Schedule, dict[tuple, float]]:
+    """``schedule`` lowered, with a ``KFAC_FILL`` at every predicted bubble (payload: its index on the
+    rank) and a ``KFAC_PRECOND`` after each stage's last W; returns it and each bubble's length in
+    unit costs, keyed by (stage, index)."""
+    base = lower(schedule)
+    base = base.with_actions(base.actions, kinds=with_kfac_kinds(base.kinds))
+    sim = simulate(base, UnitCost())
+    inserts: dict[int, list[tuple[int, int, Action]]] = {}
+    budgets: dict[tuple, float] = {}
+    for rank, row in enumerate(base.actions):
+        first = base.stages_of(rank)[0]
+        for j, g in enumerate(rank_gaps(base, sim, rank, sim.iteration_time)):
+            inserts.setdefault(rank, []).append((g.pos, 1, Action(first, KFAC_FILL, None, j)))
+            budgets[(first, j)] = g.end - g.start
+        if precondition:
+            for s in base.stages_of(rank):
+                last = max(i for i, a in enumerate(row) if a.stage == s and a.kind in (B, W))
+                inserts[rank].append((_skip_sends(row, last + 1, base), 0, Action(s, KFAC_PRECOND)))
+    return _with_tasks(base, inserts, frozenset(), frozenset(), base.name + "+kfac"), budgets

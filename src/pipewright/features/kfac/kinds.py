@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from pipewright.ir import Action, F, I, KindRegistry, KindSpec, Schedule, W
+from pipewright.kinds import Collective
 
 KFAC_A = "KFAC_A"
 KFAC_B = "KFAC_B"
@@ -80,11 +81,11 @@ def _carried(a: Action, schedule: Schedule) -> bool:
 
 
 def _curv_a_requires(a: Action, schedule: Schedule) -> tuple:
-    return () if _carried(a, schedule) else ((F, a.stage, a.microbatch),)
+    return () if _carried(a, schedule) else ((F, a.stage, a.microbatch, None),)
 
 
 def _curv_b_requires(a: Action, schedule: Schedule) -> tuple:
-    return () if _carried(a, schedule) else ((I, a.stage, a.microbatch),)
+    return () if _carried(a, schedule) else ((I, a.stage, a.microbatch, None),)
 
 
 def _reduce_requires(a: Action, schedule: Schedule) -> tuple:
@@ -102,8 +103,12 @@ def _inv_requires(a: Action, schedule: Schedule) -> tuple:
     return () if ev in _prior(schedule) else (ev,)
 
 
+def _no_requirements(a: Action, schedule: Schedule) -> tuple:
+    return ()
+
+
 def _precond_requires(a: Action, schedule: Schedule) -> tuple:
-    return tuple((W, a.stage, k) for k in range(schedule.num_microbatches))
+    return tuple((W, a.stage, k, None) for k in range(schedule.num_microbatches))
 
 
 KFAC_SPECS = (
@@ -114,7 +119,7 @@ KFAC_SPECS = (
         _reduce_requires,
         _produces,
         compute=False,
-        comm="collective",
+        collective=Collective("all_reduce", group="dp"),
         per_microbatch=False,
         description="K-FAC factor all-reduce over data-parallel replicas",
     ),
@@ -122,7 +127,7 @@ KFAC_SPECS = (
     KindSpec(KFAC_INV_B, _inv_requires, _produces, per_microbatch=False, description="K-FAC inversion of B"),
     KindSpec(
         KFAC_FILL,
-        lambda a, schedule: (),
+        _no_requirements,
         _produces,
         per_microbatch=False,
         description="a predicted bubble: the runtime runs pending K-FAC tasks that fit its length",

@@ -34,38 +34,14 @@ from datetime import timedelta
 import torch
 from torch import nn
 
-from pipewright.cost.unit import UnitCost
 from pipewright.features.kfac.factors import PiecewiseInverse
-from pipewright.features.kfac.fill import FIT, _skip_sends, _with_tasks, rank_gaps
+from pipewright.features.kfac.fill import FIT, slot_schedule
 from pipewright.features.kfac.kfac import KFAC, KFACConfig, covered_layers
-from pipewright.features.kfac.kinds import KFAC_FILL, KFAC_PRECOND, with_kfac_kinds
+from pipewright.features.kfac.kinds import KFAC_FILL, KFAC_PRECOND
 from pipewright.features.kfac.optimizer import KFACOptimizer
-from pipewright.ir import RECV_B, RECV_F, Action, B, F, Schedule, W
-from pipewright.passes.lower import lower
-from pipewright.sim.engine import simulate
+from pipewright.ir import RECV_B, RECV_F, Action, F, Schedule
 
 PANEL = 256  # rows per Cholesky panel of a split inversion
-
-
-def slot_schedule(schedule: Schedule, *, precondition: bool = True) -> tuple[Schedule, dict[tuple, float]]:
-    """``schedule`` lowered, with a ``KFAC_FILL`` at every predicted bubble (payload: its index on the
-    rank) and a ``KFAC_PRECOND`` after each stage's last W; returns it and each bubble's length in
-    unit costs, keyed by (stage, index)."""
-    base = lower(schedule)
-    base = base.with_actions(base.actions, kinds=with_kfac_kinds(base.kinds))
-    sim = simulate(base, UnitCost())
-    inserts: dict[int, list[tuple[int, int, Action]]] = {}
-    budgets: dict[tuple, float] = {}
-    for rank, row in enumerate(base.actions):
-        first = base.stages_of(rank)[0]
-        for j, g in enumerate(rank_gaps(base, sim, rank, sim.iteration_time)):
-            inserts.setdefault(rank, []).append((g.pos, 1, Action(first, KFAC_FILL, None, j)))
-            budgets[(first, j)] = g.end - g.start
-        if precondition:
-            for s in base.stages_of(rank):
-                last = max(i for i, a in enumerate(row) if a.stage == s and a.kind in (B, W))
-                inserts[rank].append((_skip_sends(row, last + 1, base), 0, Action(s, KFAC_PRECOND)))
-    return _with_tasks(base, inserts, frozenset(), frozenset(), base.name + "+kfac"), budgets
 
 
 @dataclass
@@ -247,7 +223,7 @@ def kfac_handlers(
                 comm.post([a])
             work, buf = comm._recvs[a]
             if comm.scatter_gather or not worker._next() or work.is_completed():
-                core[a.kind](state, a)
+                state.received[a] = comm.wait_recv(a)  # the core receive
                 return
             # A gloo receive may be waited once only (a second wait() waits for another message), so
             # the helper thread's wait is the wait: the tensor is taken from the channel here.
@@ -299,3 +275,14 @@ def attach_kfac(
     sched, budgets = slot_schedule(schedule)
     handlers = kfac_handlers(worker, budgets, opportunistic=opportunistic)
     return PipelinedKFAC(kfac, base, worker), handlers, sched
+
+
+def parts(context):
+    """The feature bundle's runtime factory: ``context`` has ``worker`` (a :class:`BubbleWorker`),
+    ``budgets`` (from :func:`~.fill.slot_schedule`) and optionally ``opportunistic``."""
+    from pipewright.features import RuntimeParts
+
+    handlers = kfac_handlers(
+        context.worker, context.budgets, opportunistic=getattr(context, "opportunistic", False)
+    )
+    return RuntimeParts(handlers=handlers)
