@@ -59,6 +59,7 @@ class BubbleWorker:
     refreshes: int = 0
     tasks_run: int = 0
     unit_s: float | None = None  # measured duration of one F (a unit of the predicted bubbles)
+    fill_scale: float = 1.0  # fraction of each predicted bubble the tasks may use
     _iteration: int = -1
     _recorded: bool = False
     _start_next: bool = False
@@ -206,7 +207,7 @@ def kfac_handlers(
     def fill(state, a: Action) -> None:
         worker.begin_iteration(state.executor.iteration)
         if worker.unit_s is not None:
-            worker.fill(budgets[(a.stage, a.payload)] * worker.unit_s)
+            worker.fill(budgets[(a.stage, a.payload)] * worker.unit_s * worker.fill_scale)
 
     def precondition(state, a: Action) -> None:
         if worker.dp == 1:
