@@ -289,3 +289,23 @@ def test_piecewise_inverse_equals_dense_inverse(panels, blocks):
     assert steps == panels + max(blocks, 1)
     want = torch.linalg.inv(m + 0.1 * torch.eye(11, dtype=torch.float64))
     torch.testing.assert_close(inv.result, want, rtol=1e-10, atol=1e-10)
+
+
+def test_factor_and_inverse_intervals():
+    """factor_interval 1, inv_interval 2: factors every step, inverses at steps 0, 2, 4."""
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(D_IN, D_OUT)).double()
+    kfac = KFAC(covered_layers(model), KFACConfig(factor_interval=1, inv_interval=2, kl_clip=0.0))
+    opt = KFACOptimizer(kfac, build_base("sgd", model.named_parameters(), lr=0.01, weight_decay=0.0))
+    seen_a, seen_inv = [], []
+    for _ in range(4):
+        kfac.microbatch = 0 if opt.record() else None
+        model(torch.randn(2, TOKENS, D_IN, dtype=torch.float64)).pow(2).mean().backward()
+        kfac.microbatch = None
+        opt.step()
+        opt.zero_grad()
+        seen_a.append(kfac.layers[0].a.clone())
+        seen_inv.append(kfac.layers[0].a_inv.clone())
+    assert all(not torch.equal(seen_a[i], seen_a[i + 1]) for i in range(3))  # factors every step
+    assert torch.equal(seen_inv[0], seen_inv[1]) and torch.equal(seen_inv[2], seen_inv[3])
+    assert not torch.equal(seen_inv[1], seen_inv[2])  # inverted again at step 2
