@@ -49,7 +49,9 @@ def main() -> None:
     ap.add_argument("--schedule", default="1f1b")
     ap.add_argument("--fill-scale", type=float, default=1.0, help="fraction of each predicted bubble used")
     args = ap.parse_args()
-    base = TrainConfig(steps=args.steps, progress=False, artifacts=False, eval_every=0, schedule=args.schedule)
+    base = TrainConfig(
+        steps=args.steps, progress=False, artifacts=False, eval_every=0, schedule=args.schedule
+    )
     runs = [prepare(base, world_size=2), prepare(replace(base, optimizer="kfac"), world_size=2)]
     res = spawn(_worker, 2, (runs, args.steps, args.fill_scale), backend="gloo", timeout_s=1800)[1]
     plain, kfac = (t[3:] for t in res["times"])  # first steps: warm-up, no measured F yet
