@@ -60,6 +60,8 @@ class BubbleWorker:
     tasks_run: int = 0
     unit_s: float | None = None  # measured duration of one F (a unit of the predicted bubbles)
     fill_scale: float = 1.0  # fraction of each predicted bubble the tasks may use
+    min_interval: int = 1  # iterations between the starts of two refreshes (K-FAC's inverse interval)
+    _started: int = 0  # iteration the current refresh started recording
     _iteration: int = -1
     _recorded: bool = False
     _start_next: bool = False
@@ -72,8 +74,11 @@ class BubbleWorker:
         if self._recorded:
             self.recording = False  # one iteration's microbatches per refresh
         self._recorded = False
-        if self._start_next:  # a refresh finished during the last iteration: record this one
+        if self._start_next and iteration - self._started >= self.min_interval:
+            # a refresh finished and the inverse interval has passed: record this iteration
             self.recording, self._start_next = True, False
+        if self.recording:
+            self._started = iteration
 
     def forward(self, k: int) -> None:
         self.kfac.microbatch = k if self.recording else None
@@ -272,7 +277,9 @@ def attach_kfac(
             layers.append((f"{s}.{name}", m))
             stage_of.append(s)
     kfac = KFAC(layers, config, grad_scale=grad_scale, dp_group=dp_group)
-    worker = BubbleWorker(kfac, stage_of, schedule.num_microbatches, dp=dp)
+    worker = BubbleWorker(
+        kfac, stage_of, schedule.num_microbatches, dp=dp, min_interval=kfac.config.inv_interval
+    )
     sched, budgets = slot_schedule(schedule)
     handlers = kfac_handlers(worker, budgets, opportunistic=opportunistic)
     return PipelinedKFAC(kfac, base, worker), handlers, sched
