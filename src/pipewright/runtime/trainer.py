@@ -257,6 +257,8 @@ class Trainer:
         if c.optimizer == "kfac":  # K-FAC tasks in the bubbles (features/kfac): optimizer, handlers, slots
             from pipewright.features.kfac.runtime import attach_kfac
 
+            if self.master is not None:
+                raise ConfigError("--optimizer kfac runs with --precision fp32 (no master weights yet)")
             self.optimizer, kfac_handlers, exec_schedule = attach_kfac(
                 self.stages,
                 self.schedule,
