@@ -6,7 +6,7 @@ microbatch's backward is followed by its stage's update (:mod:`.runtime`), so a 
 makes m updates per stage (``2bw``: one, over the m accumulated gradients). The learning-rate schedule
 runs over updates: update at global microbatch g uses lr_at(g) with warm-up ``warmup·m`` and length
 ``steps·m``, the same sequence a synchronous run with one microbatch per step and ``steps·m`` steps
-sees. Windows end at evaluation and checkpoint steps, so those see the weights of whole steps.
+sees; update g also reads that run's batch g (:meth:`AsyncTrainer._microbatches`). Windows end at evaluation and checkpoint steps, so those see the weights of whole steps.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pipewright.features.async_weights.runtime import AsyncRuntime
 from pipewright.optim import lr_at
 from pipewright.runtime.executor import PipelineExecutor, default_handlers
 from pipewright.runtime.timeline import gather_timeline
-from pipewright.runtime.trainer import Trainer, local_batches
+from pipewright.runtime.trainer import Trainer
 from pipewright.schedules import build_schedule
 
 
@@ -63,10 +63,12 @@ class AsyncTrainer(Trainer):
         return self.runtime.handlers(default_handlers())
 
     def _lr(self, k: int) -> float:
+        """lr of the update made at window microbatch k: lr_at over updates (period P = 1, or m for
+        2bw, whose updates then follow the synchronous run's per-step schedule)."""
         c = self.config
-        g = self._window_start * c.microbatches + k
-        return lr_at(g, lr=c.lr, warmup=c.warmup * c.microbatches, total=c.steps * c.microbatches,
-                     min_ratio=c.min_lr_ratio)
+        per = c.microbatches // self.runtime.period  # updates per step
+        g = (self._window_start * c.microbatches + k) // self.runtime.period
+        return lr_at(g, lr=c.lr, warmup=c.warmup * per, total=c.steps * per, min_ratio=c.min_lr_ratio)
 
     def _executor(self, steps: int) -> PipelineExecutor:
         c = self.config
@@ -95,16 +97,25 @@ class AsyncTrainer(Trainer):
             self._run_window(step, self._window_end(step))
         return self._records.pop(step)
 
+    def _microbatches(self, first: int, last: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """This replica's microbatches of updates [first, last): update g reads global batch g of
+        b × dp sequences (rows [d·b, (d+1)·b) for replica d), the data of a synchronous run with one
+        microbatch per step, so both see the same sequences in the same order."""
+        c, d = self.config, self.mesh.dp_rank
+        b = c.microbatch_size
+        xs, ys = [], []
+        for g in range(first, last):
+            x, y = self.dataset.batch("train", g, b * c.dp, self.spec.seq_len, c.seed)
+            xs.append(torch.from_numpy(x[d * b : (d + 1) * b]))
+            ys.append(torch.from_numpy(y[d * b : (d + 1) * b]))
+        return xs, ys
+
     def _run_window(self, start: int, end: int) -> None:
         c, n = self.config, end - start
         ex = self._executor(n)
         self.runtime.set_schedule(ex.schedule)
         self._window_start = start
-        xs, ys = [], []
-        for step in range(start, end):
-            x, y = local_batches(self.run, self.dataset, "train", step, self.mesh.dp_rank)
-            xs += x
-            ys += y
+        xs, ys = self._microbatches(start * c.microbatches, end * c.microbatches)
         dist.barrier()
         t0 = time.perf_counter()
         losses = ex.run(
