@@ -29,8 +29,16 @@ def _config(opt: str, seed: int, steps: int, m: int, out: Path, **kw):
     from pipewright.runtime.config import TrainConfig
 
     base = dict(
-        pp=4, microbatch_size=8, optimizer=opt, lr=LR[opt], seed=seed, eval_every=0, progress=False,
-        artifacts=False, grad_clip=1.0, out=str(out),
+        pp=4,
+        microbatch_size=8,
+        optimizer=opt,
+        lr=LR[opt],
+        seed=seed,
+        eval_every=0,
+        progress=False,
+        artifacts=False,
+        grad_clip=1.0,
+        out=str(out),
     )
     base.update(kw)
     return TrainConfig(**base)
@@ -45,8 +53,18 @@ def run_one(name: str, opt: str, seed: int, steps: int, m: int, root: Path) -> d
     elif name == "sync-m":  # throughput reference: m microbatches per step, one update per step
         c = _config(opt, seed, steps, m, out, schedule="1f1b", microbatches=m, warmup=20)
     else:
-        c = _config(opt, seed, steps, m, out, schedule="async-1f1b", microbatches=m, warmup=20,
-                    weight_policy=name, async_window=min(25, steps))
+        c = _config(
+            opt,
+            seed,
+            steps,
+            m,
+            out,
+            schedule="async-1f1b",
+            microbatches=m,
+            warmup=20,
+            weight_policy=name,
+            async_window=min(25, steps),
+        )
     t0 = time.perf_counter()
     result = train(c)
     wall = time.perf_counter() - t0
@@ -57,9 +75,15 @@ def run_one(name: str, opt: str, seed: int, steps: int, m: int, root: Path) -> d
         losses = [r["loss"] for r in records]
     tokens = sum(1 for _ in records) * c.global_batch * 128
     return {
-        "name": name, "optimizer": opt, "seed": seed, "losses": losses, "wall_s": wall,
-        "train_s": result.wall_s, "tokens_per_s": tokens / result.wall_s,
-        "weight_versions": records[-1].get("weight_versions"), "config": asdict(c),
+        "name": name,
+        "optimizer": opt,
+        "seed": seed,
+        "losses": losses,
+        "wall_s": wall,
+        "train_s": result.wall_s,
+        "tokens_per_s": tokens / result.wall_s,
+        "weight_versions": records[-1].get("weight_versions"),
+        "config": asdict(c),
     }
 
 
@@ -78,8 +102,11 @@ def study(args) -> None:
                 r = run_one(name, opt, seed, args.steps, args.microbatches, root)
                 done.append(r)
                 path.write_text(json.dumps(done))
-                print(f"{opt:6s} {name:8s} seed {seed}: final {r['losses'][-1]:.4f}  "
-                      f"{r['tokens_per_s']:,.0f} tok/s  {r['wall_s']:.0f} s", flush=True)
+                print(
+                    f"{opt:6s} {name:8s} seed {seed}: final {r['losses'][-1]:.4f}  "
+                    f"{r['tokens_per_s']:,.0f} tok/s  {r['wall_s']:.0f} s",
+                    flush=True,
+                )
 
 
 def report(args) -> None:
@@ -110,8 +137,11 @@ def report(args) -> None:
             print(f"| {opt} | {name} | {len(rs)} | {finals[name]:.4f} | {rel:+.1%} | {tps:,.0f} |")
             if name != "sync-m":
                 ax.plot(range(1, n + 1), mean, label=name, lw=1.2)
-        ax.set(xlabel=f"step (m = {args.microbatches} microbatches)", ylabel="training loss",
-               title=f"async 1F1B weight policies, p = 4, {opt}")
+        ax.set(
+            xlabel=f"step (m = {args.microbatches} microbatches)",
+            ylabel="training loss",
+            title=f"async 1F1B weight policies, p = 4, {opt}",
+        )
         ax.set_ylim(top=min(ax.get_ylim()[1], 4.0))
         ax.legend()
         fig.tight_layout()
@@ -125,8 +155,10 @@ def main() -> None:
     ap.add_argument("--microbatches", type=int, default=4)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--optimizers", nargs="+", default=["sgd", "adamw"])
-    ap.add_argument("--policies", nargs="+", default=list(POLICIES))
-    ap.add_argument("--throughput", action="store_true", help="also run sync 1F1B with m microbatches per step")
+    ap.add_argument("--policies", nargs="+", default=["predict", "none", "stash", "2bw", "dc"])
+    ap.add_argument(
+        "--throughput", action="store_true", help="also run sync 1F1B with m microbatches per step"
+    )
     ap.add_argument("--tail", type=int, default=10, help="final loss = mean over the last N steps")
     ap.add_argument("--out", default="runs/bench_async")
     ap.add_argument("--report", action="store_true")

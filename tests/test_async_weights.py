@@ -166,8 +166,10 @@ def _module(seed: int = 0) -> nn.Module:
 
 def _stage(policy: str, staleness=None, opt="sgd") -> tuple[nn.Module, AsyncStage]:
     mod = _module()
-    o = torch.optim.SGD(mod.parameters(), lr=0.1, momentum=0.9) if opt == "sgd" else torch.optim.AdamW(
-        mod.parameters(), lr=0.01
+    o = (
+        torch.optim.SGD(mod.parameters(), lr=0.1, momentum=0.9)
+        if opt == "sgd"
+        else torch.optim.AdamW(mod.parameters(), lr=0.01)
     )
     return mod, AsyncStage(0, mod, o, make_policy(policy, 4, 1), staleness or {})
 
@@ -286,8 +288,14 @@ def test_one_stage_every_policy_is_synchronous_training(policy, opt_name):
     assert steady_staleness(sched) == {0: 0}
     mod = _module()
     log: list[float] = []
-    rt = AsyncRuntime(sched, {0: mod}, {0: _optim(opt_name, mod)}, policy, period=m, lr_fn=lambda k: 0.05
-                      if opt_name == "sgd" else 0.01)
+    rt = AsyncRuntime(
+        sched,
+        {0: mod},
+        {0: _optim(opt_name, mod)},
+        policy,
+        period=m,
+        lr_fn=lambda k: 0.05 if opt_name == "sgd" else 0.01,
+    )
     handlers = rt.handlers(_fake_base(mod, xs, log))
     for a in sched.actions[0]:
         handlers[a.kind](None, a)

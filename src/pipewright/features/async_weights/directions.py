@@ -93,7 +93,9 @@ def adamw_direction(w: torch.Tensor, g: torch.Tensor | None, state: dict, group:
     return d.add_(w, alpha=wd) if wd else d
 
 
-def rmsprop_direction(w: torch.Tensor, g: torch.Tensor | None, state: dict, group: dict) -> torch.Tensor | None:
+def rmsprop_direction(
+    w: torch.Tensor, g: torch.Tensor | None, state: dict, group: dict
+) -> torch.Tensor | None:
     """torch.optim.RMSprop (not centered)."""
     _refuse(group, "RMSprop", "centered", "maximize")
     if g is None:
@@ -121,7 +123,9 @@ BUILTIN: Mapping[type, DirectionFn] = MappingProxyType(
 )
 
 
-def direction_fn(optimizer: torch.optim.Optimizer, extra: Mapping[type, DirectionFn] | None = None) -> DirectionFn:
+def direction_fn(
+    optimizer: torch.optim.Optimizer, extra: Mapping[type, DirectionFn] | None = None
+) -> DirectionFn:
     """The direction of ``optimizer``: its own ``update_direction`` method, else ``extra`` or
     :data:`BUILTIN` by exact class (a subclass may change the update rule, so no isinstance match)."""
     method = getattr(optimizer, "update_direction", None)

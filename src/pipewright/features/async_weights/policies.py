@@ -39,6 +39,8 @@ class WeightPolicy:
     name = "none"
     #: update only after this many backwards (``None``: every STEP)
     period: int | None = None
+    #: keep the latest gradient after the update (prediction's D(W) reads it)
+    needs_gradient = False
 
     def forward_weights(self, st: AsyncStage, k: int) -> Weights | None:
         """Tensors the forward of microbatch k runs on (None: the live weights)."""
@@ -163,6 +165,7 @@ class TwoBufferedWeights(WeightPolicy):
 
 class Predict(WeightPolicy):
     name = "predict"
+    needs_gradient = True
 
     def __init__(self) -> None:
         self.buffer: Weights | None = None

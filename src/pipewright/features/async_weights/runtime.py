@@ -131,7 +131,8 @@ class AsyncStage:
         set_lr(self.optimizer, lr)
         self.optimizer.step()
         self.version += 1
-        self.last_grads = {p: p.grad for p in self.params}
+        if self.policy.needs_gradient:  # D(W) of the next prediction reads it
+            self.last_grads = {p: p.grad for p in self.params}
         for p in self.params:
             p.grad = None
         self.pending.clear()
@@ -220,4 +221,6 @@ class AsyncRuntime:
 
     def weight_copies(self) -> dict[int, dict[str, int]]:
         """Per stage: weight versions held now and at peak (live included)."""
-        return {s: {"now": 1 + st.policy.copies(), "peak": 1 + st.peak_copies} for s, st in self.stages.items()}
+        return {
+            s: {"now": 1 + st.policy.copies(), "peak": 1 + st.peak_copies} for s, st in self.stages.items()
+        }

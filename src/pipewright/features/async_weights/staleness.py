@@ -79,4 +79,3 @@ def check_async(schedule: Schedule) -> Mapping[tuple[int, int], int]:
     if missing:
         raise ValueError(f"{schedule.name}: forwards without a backward: {sorted(missing)[:4]}")
     return table
-

@@ -30,7 +30,9 @@ def check_config(config) -> None:
     from pipewright.features.async_weights.policies import POLICIES
 
     if config.weight_policy not in POLICIES:
-        raise ConfigError(f"unknown --weight-policy {config.weight_policy!r}; choose one of: {', '.join(POLICIES)}")
+        raise ConfigError(
+            f"unknown --weight-policy {config.weight_policy!r}; choose one of: {', '.join(POLICIES)}"
+        )
     if config.tp > 1:
         raise ConfigError("asynchronous schedules run without tensor parallelism; use --tp 1")
     if config.async_window < 1:
@@ -78,8 +80,14 @@ class AsyncTrainer(Trainer):
             else:
                 sched = build_schedule(c.schedule, c.pp, steps * c.microbatches, c.virtual)
                 self._executors[steps] = PipelineExecutor(
-                    sched, self.mesh, self.stages, loss_fn=self.loss_fn, boundary_shape=self.boundary_shape,
-                    device=self.device, recv_timeout_s=c.recv_timeout_s, record=True,
+                    sched,
+                    self.mesh,
+                    self.stages,
+                    loss_fn=self.loss_fn,
+                    boundary_shape=self.boundary_shape,
+                    device=self.device,
+                    recv_timeout_s=c.recv_timeout_s,
+                    record=True,
                     handlers=self.runtime.handlers(default_handlers()),
                 )
         return self._executors[steps]
