@@ -119,7 +119,7 @@ def report(args) -> None:
     img = ROOT / "docs" / "img"
     img.mkdir(parents=True, exist_ok=True)
     tail = args.tail
-    print("| optimizer | run | seeds | final loss (mean of last %d steps) | vs sync | tokens/s |" % tail)
+    print(f"| optimizer | run | seeds | final loss (mean of last {tail} steps) | vs sync | tokens/s |")
     print("|---|---|---|---|---|---|")
     for opt in sorted({r["optimizer"] for r in runs}):
         fig, ax = plt.subplots(figsize=(7, 4))

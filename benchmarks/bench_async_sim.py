@@ -49,9 +49,7 @@ def per_microbatch(name: str, model: str, p: int, m: int, window: int, gpu: str,
 
 def main() -> None:
     window, gpu = 16, "a100-80gb"
-    print(
-        f"| model | p | m | sync 1F1B ms/microbatch | async-1f1b none/stash | 2bw | predict | async-zb-h1 none |"
-    )
+    print("| model | p | m | sync 1F1B ms/microbatch | async-1f1b none/stash | 2bw | predict | async-zb-h1 |")
     print("|---|---|---|---|---|---|---|---|")
     for model in ("gpt3-xl", "gpt3-2.7b"):
         for p, m in ((4, 4), (4, 8), (8, 8), (8, 16)):

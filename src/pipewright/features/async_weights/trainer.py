@@ -6,7 +6,8 @@ microbatch's backward is followed by its stage's update (:mod:`.runtime`), so a 
 makes m updates per stage (``2bw``: one, over the m accumulated gradients). The learning-rate schedule
 runs over updates: update at global microbatch g uses lr_at(g) with warm-up ``warmup·m`` and length
 ``steps·m``, the same sequence a synchronous run with one microbatch per step and ``steps·m`` steps
-sees; update g also reads that run's batch g (:meth:`AsyncTrainer._microbatches`). Windows end at evaluation and checkpoint steps, so those see the weights of whole steps.
+sees; update g also reads that run's batch g (:meth:`AsyncTrainer._microbatches`). Windows end at
+evaluation and checkpoint steps, so those see the weights of whole steps.
 """
 
 from __future__ import annotations
