@@ -301,3 +301,58 @@ def test_one_stage_every_policy_is_synchronous_training(policy, opt_name):
         handlers[a.kind](None, a)
     want = _sync_reference(xs, m if policy == "2bw" else 1, opt_name)
     assert log == want
+
+
+# -- the trainer: pipewright train --schedule async-1f1b --weight-policy ... ----------------------
+def _train(tmp_path, name: str, **kw):
+    from pipewright.runtime.config import TrainConfig
+    from pipewright.runtime.trainer import train
+
+    base = dict(
+        model="gpt-tiny", layers=2, hidden=32, heads=2, seq_len=16, microbatch_size=2, steps=4, warmup=1,
+        eval_every=0, progress=False, artifacts=False, lr=3e-3, out=str(tmp_path / name),
+    )
+    base.update(kw)
+    result = train(TrainConfig(**base))
+    import json
+
+    records = [json.loads(ln) for ln in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+    return result.losses, records
+
+
+@pytest.mark.slow
+def test_trainer_one_stage_async_equals_synchronous(tmp_path):
+    """pp = 1: async-1f1b (m = 4, an update per microbatch) is a synchronous run with one microbatch
+    per step and 4× the steps: the same losses."""
+    sync, _ = _train(tmp_path, "sync", schedule="1f1b", pp=1, microbatches=1, steps=8, warmup=4)
+    asyn, _ = _train(
+        tmp_path, "async", schedule="async-1f1b", pp=1, microbatches=4, steps=2, weight_policy="predict"
+    )
+    want = [sum(sync[i : i + 4]) / 4 for i in (0, 4)]
+    assert asyn == pytest.approx(want, rel=1e-6)
+
+
+@pytest.mark.slow
+def test_trainer_data_parallel_composes_and_reports_weight_versions(tmp_path):
+    """dp = 2 with b = 2 equals dp = 1 with b = 4 (gradients averaged before each stage's update), and
+    the weight versions the runtime reports are those the memory model gives for the window."""
+    from pipewright.features.async_weights.memory import weight_versions
+
+    kw = dict(schedule="async-1f1b", pp=2, microbatches=2, steps=4, async_window=4)
+    for policy in ("stash",):
+        one, rec = _train(tmp_path, f"dp1-{policy}", microbatch_size=4, weight_policy=policy, **kw)
+        two, _ = _train(tmp_path, f"dp2-{policy}", dp=2, weight_policy=policy, **kw)
+        assert two == pytest.approx(one, rel=2e-5)
+        window = build_schedule("async-1f1b", 2, 8)
+        want = {str(s): v for s, v in weight_versions(policy, window).items()}
+        assert rec[-1]["weight_versions"] == want == {"0": 2, "1": 1}
+
+
+def test_trainer_refuses_bad_async_options():
+    from pipewright.runtime.config import TrainConfig
+    from pipewright.runtime.trainer import resolve_schedule
+
+    with pytest.raises(ConfigError, match="weight-policy"):
+        resolve_schedule(TrainConfig(schedule="async-1f1b", weight_policy="magic"))
+    with pytest.raises(ConfigError, match="microbatches"):
+        resolve_schedule(TrainConfig(schedule="async-1f1b", weight_policy="2bw", pp=4, microbatches=2))
