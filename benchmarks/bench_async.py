@@ -22,7 +22,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICIES = ("none", "stash", "2bw", "predict", "dc")
-LR = {"adamw": 3e-3, "sgd": 0.05}
+LR = {"adamw": 1e-3, "sgd": 0.05}  # per-update (one microbatch) learning rates; --lr overrides
 
 
 def _config(opt: str, seed: int, steps: int, m: int, out: Path, **kw):
@@ -30,6 +30,7 @@ def _config(opt: str, seed: int, steps: int, m: int, out: Path, **kw):
 
     base = dict(
         pp=4,
+        steps=steps,
         microbatch_size=8,
         optimizer=opt,
         lr=LR[opt],
@@ -161,11 +162,14 @@ def main() -> None:
     )
     ap.add_argument("--tail", type=int, default=10, help="final loss = mean over the last N steps")
     ap.add_argument("--out", default="runs/bench_async")
+    ap.add_argument("--lr", nargs=2, action="append", metavar=("OPTIMIZER", "LR"), default=[])
     ap.add_argument("--report", action="store_true")
     args = ap.parse_args()
     import torch
 
     torch.set_num_threads(1)
+    for opt, lr in args.lr:
+        LR[opt] = float(lr)
     report(args) if args.report else study(args)
 
 

@@ -104,11 +104,11 @@ class DelayCompensated(Stash):
         super().__init__()
         self.lam, self.beta = lam, beta
         self.mean_sq: Weights | None = None
-        self.kept: Weights | None = None  # the forward weights of the microbatch just backwarded
+        self.kept: dict[int, Weights | None] = {}  # microbatch → its forward weights (None: live)
 
     def after_backward(self, st: AsyncStage, k: int) -> None:
         v = self.at_forward.pop(k)
-        self.kept = self.saved.get(v)  # None: the version is still the live one (no delay)
+        self.kept[k] = self.saved.get(v)  # None: the version is still the live one (no delay)
         self.release()
 
     def adjust_grads(self, st: AsyncStage, ks: list[int]) -> None:
@@ -118,12 +118,16 @@ class DelayCompensated(Stash):
         else:
             for ms, g in zip(self.mean_sq, grads, strict=True):
                 ms.mul_(self.beta).addcmul_(g, g, value=1 - self.beta)
-        if self.kept is None:
+        fwd = [self.kept.pop(k, None) for k in ks]
+        if len(fwd) != 1 or fwd[0] is None:  # no delay (or several microbatches: not compensated)
             return
-        for g, w_now, w_fwd, ms in zip(grads, st.live, self.kept, self.mean_sq, strict=True):
+        for g, w_now, w_fwd, ms in zip(grads, st.live, fwd[0], self.mean_sq, strict=True):
             lam = self.lam / (ms.mean().sqrt() + 1e-12)
             g.add_(g * g * (w_now - w_fwd) * lam)
-        self.kept = None
+
+    def copies(self) -> int:
+        held = {id(w) for w in self.saved.values()} | {id(w) for w in self.kept.values() if w is not None}
+        return len(held)
 
 
 class TwoBufferedWeights(WeightPolicy):
@@ -134,7 +138,8 @@ class TwoBufferedWeights(WeightPolicy):
         self.shadow: Weights | None = None  # version updates − 1, kept when delay > 0
 
     def _weights(self, st: AsyncStage, k: int) -> Weights | None:
-        version = max(k // self.period - self.delay, 0)  # microbatch k belongs to period k // m
+        # microbatch k of the window belongs to period T0 + k // m (T0 = the window's first version)
+        version = max(st.window_version + k // self.period - self.delay, 0)
         if version == st.version:
             return None
         if version == st.version - 1 and self.shadow is not None:

@@ -32,7 +32,7 @@ from torch import nn
 from pipewright.features.async_weights.directions import DirectionFn
 from pipewright.features.async_weights.policies import WeightPolicy, make_policy
 from pipewright.features.async_weights.staleness import check_async
-from pipewright.ir import REDUCE_GRAD, STEP, Action, B, F, I, Schedule
+from pipewright.ir import REDUCE_GRAD, STEP, Action, B, F, I, Schedule, W
 from pipewright.optim import clip_grad_norm_, set_lr
 
 
@@ -56,6 +56,7 @@ class AsyncStage:
         self.staleness = dict(staleness)  # microbatch → updates between its F and its B
         self.extra_directions = extra_directions
         self.version = 0  # optimizer updates so far
+        self.window_version = 0  # updates before the current window (windows drain completely)
         self.pending: list[int] = []  # microbatches whose gradients wait for the next update
         self.last_grads: dict[torch.Tensor, torch.Tensor] = {}
         self.peak_copies = 0
@@ -96,9 +97,11 @@ class AsyncStage:
                     p.data = w
         self.peak_copies = max(self.peak_copies, self.policy.copies())
 
-    def backward(self, k: int, run: Callable[[], None]) -> None:
+    def backward(self, k: int, run: Callable[[], None], *, complete: bool = True) -> None:
+        """B (``complete``: the weight gradient is in ``.grad`` now) or I (W completes it later)."""
         run()
-        self.pending.append(k)
+        if complete:
+            self.pending.append(k)
         self.policy.after_backward(self, k)
 
     # -- update ---------------------------------------------------------------------------------
@@ -187,6 +190,7 @@ class AsyncRuntime:
         table = check_async(schedule)
         for s, st in self.stages.items():
             st.staleness = {k: v for (stage, k), v in table.items() if stage == s}
+            st.window_version = st.version
 
     def handlers(self, base: Mapping[str, Callable]) -> dict[str, Callable]:
         """Wrapped handlers for F, B, I, STEP (``base``: the executor's default handlers). REDUCE_GRAD
@@ -197,9 +201,14 @@ class AsyncRuntime:
 
         def backward(kind: str) -> Callable:
             def run(state: Any, a: Action) -> None:
-                self.stages[a.stage].backward(a.microbatch, lambda: base[kind](state, a))
+                st = self.stages[a.stage]
+                st.backward(a.microbatch, lambda: base[kind](state, a), complete=kind == B)
 
             return run
+
+        def weight_grad(state: Any, a: Action) -> None:  # W: the deferred weight gradient lands
+            base[W](state, a)
+            self.stages[a.stage].pending.append(a.microbatch)
 
         def step(state: Any, a: Action) -> None:
             st = self.stages[a.stage]
@@ -217,7 +226,16 @@ class AsyncRuntime:
                 for p, g in zip(others, held, strict=True):
                     p.grad = g
 
-        return {F: forward, B: backward(B), I: backward(I), STEP: step, REDUCE_GRAD: lambda state, a: None}
+        handlers = {
+            F: forward,
+            B: backward(B),
+            I: backward(I),
+            STEP: step,
+            REDUCE_GRAD: lambda state, a: None,
+        }
+        if W in base:
+            handlers[W] = weight_grad
+        return handlers
 
     def weight_copies(self) -> dict[int, dict[str, int]]:
         """Per stage: weight versions held now and at peak (live included)."""
