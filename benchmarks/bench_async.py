@@ -110,6 +110,53 @@ def study(args) -> None:
                 )
 
 
+def speed(args) -> None:
+    """Alternating rounds: sync 1F1B (m per step) then async-1f1b with each policy, same steps and
+    microbatches; ratio of training-loop tokens/s (startup excluded) per round."""
+    from pipewright.runtime.trainer import train
+
+    root = Path(args.out) / "speed"
+    rows = []
+    for rnd in range(args.rounds):
+        got = {}
+        for name in ["sync-m", *args.policies]:
+            out = root / f"r{rnd}-{name}"
+            if name == "sync-m":
+                c = _config(
+                    "adamw",
+                    0,
+                    args.steps,
+                    args.microbatches,
+                    out,
+                    schedule="1f1b",
+                    microbatches=args.microbatches,
+                    warmup=2,
+                )
+            else:
+                c = _config(
+                    "adamw",
+                    0,
+                    args.steps,
+                    args.microbatches,
+                    out,
+                    schedule="async-1f1b",
+                    microbatches=args.microbatches,
+                    warmup=2,
+                    weight_policy=name,
+                    async_window=args.steps,
+                )
+            got[name] = train(c).tokens_per_s
+        rows.append(got)
+        print(f"round {rnd}: " + "  ".join(f"{k} {v:,.0f}" for k, v in got.items()), flush=True)
+    (root / "speed.json").write_text(json.dumps(rows))
+    for name in args.policies:
+        ratios = sorted(r[name] / r["sync-m"] for r in rows)
+        print(
+            f"async-1f1b {name} / sync 1F1B tokens/s: median {statistics.median(ratios):.2f} "
+            f"(rounds: {', '.join(f'{x:.2f}' for x in ratios)})"
+        )
+
+
 def report(args) -> None:
     import matplotlib
 
@@ -164,13 +211,20 @@ def main() -> None:
     ap.add_argument("--out", default="runs/bench_async")
     ap.add_argument("--lr", nargs=2, action="append", metavar=("OPTIMIZER", "LR"), default=[])
     ap.add_argument("--report", action="store_true")
+    ap.add_argument("--speed", action="store_true", help="alternating throughput rounds only")
+    ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     import torch
 
     torch.set_num_threads(1)
     for opt, lr in args.lr:
         LR[opt] = float(lr)
-    report(args) if args.report else study(args)
+    if args.speed:
+        speed(args)
+    elif args.report:
+        report(args)
+    else:
+        study(args)
 
 
 if __name__ == "__main__":
