@@ -44,26 +44,36 @@ def check_config(config) -> None:
         )
 
 
+def runtime_parts(trainer: AsyncTrainer):
+    """The feature's runtime factory (:data:`pipewright.features.async_weights.FEATURE`): the wrapped
+    handlers of ``trainer``'s stages (builds its :class:`AsyncRuntime`)."""
+    from pipewright.features import RuntimeParts
+
+    c = trainer.config
+    trainer.runtime = AsyncRuntime(
+        trainer.schedule,
+        trainer.stages,
+        dict.fromkeys(trainer.stages, trainer.optimizer),
+        c.weight_policy,
+        period=c.microbatches,
+        lr_fn=trainer._lr,
+        clip=c.grad_clip,
+        dp_group=trainer.mesh.dp_group,
+        dp=trainer.mesh.dp,
+    )
+    return RuntimeParts(handlers=trainer.runtime.handlers(default_handlers()))
+
+
 class AsyncTrainer(Trainer):
     """:class:`~pipewright.runtime.trainer.Trainer` for asynchronous schedules (see the module doc)."""
 
     def extra_handlers(self) -> dict:
-        c = self.config
-        self.runtime = AsyncRuntime(
-            self.schedule,
-            self.stages,
-            dict.fromkeys(self.stages, self.optimizer),
-            c.weight_policy,
-            period=c.microbatches,
-            lr_fn=self._lr,
-            clip=c.grad_clip,
-            dp_group=self.mesh.dp_group,
-            dp=self.mesh.dp,
-        )
+        from pipewright.features.async_weights import FEATURE
+
         self._window_start = 0
         self._executors: dict[int, PipelineExecutor] = {}
         self._records: dict[int, dict] = {}
-        return self.runtime.handlers(default_handlers())
+        return dict(FEATURE.runtime_parts(self).handlers)
 
     def _lr(self, k: int) -> float:
         """lr of the update made at window microbatch k: lr_at over updates (period P = 1, or m for
@@ -90,6 +100,7 @@ class AsyncTrainer(Trainer):
                     recv_timeout_s=c.recv_timeout_s,
                     record=True,
                     handlers=self.runtime.handlers(default_handlers()),
+                    loss_stage=self.executor.loss_stage,
                 )
         return self._executors[steps]
 
