@@ -328,15 +328,50 @@ def _train(tmp_path, name: str, **kw):
 
 
 @pytest.mark.slow
-def test_trainer_one_stage_async_equals_synchronous(tmp_path):
-    """pp = 1: async-1f1b (m = 4, an update per microbatch) is a synchronous run with one microbatch
-    per step and 4× the steps: the same losses."""
-    sync, _ = _train(tmp_path, "sync", schedule="1f1b", pp=1, microbatches=1, steps=8, warmup=4)
-    asyn, _ = _train(
-        tmp_path, "async", schedule="async-1f1b", pp=1, microbatches=4, steps=2, weight_policy="predict"
+def test_trainer_async_without_staleness_equals_synchronous(tmp_path):
+    """Two pipeline ranks running F, B, STEP per microbatch (an asynchronous order with s = 0) under
+    the async trainer give the losses of synchronous 1F1B with one microbatch per step and 4× the
+    steps (no clipping: the async runtime clips per stage, the synchronous one globally)."""
+    from dataclasses import replace
+
+    from pipewright.ir import Action, Schedule, loop_placement
+    from pipewright.runtime.config import TrainConfig
+    from pipewright.runtime.launch import spawn
+    from pipewright.runtime.trainer import prepare, train_worker
+
+    p, m = 2, 4
+    sync, _ = _train(
+        tmp_path, "sync", schedule="1f1b", pp=p, microbatches=1, steps=8, warmup=4, grad_clip=0.0
     )
-    want = [sum(sync[i : i + 4]) / 4 for i in (0, 4)]
-    assert asyn == pytest.approx(want, rel=1e-6)
+    rows = [
+        [a for k in range(m) for a in (Action(r, F, k), Action(r, B, k), Action(r, STEP, k))]
+        for r in range(p)
+    ]
+    order = Schedule.build("async-no-overlap", m, rows, loop_placement(p), flush=False)
+    config = TrainConfig(
+        model="gpt-tiny",
+        layers=2,
+        hidden=32,
+        heads=2,
+        seq_len=16,
+        microbatch_size=2,
+        steps=2,
+        warmup=1,
+        eval_every=0,
+        progress=False,
+        artifacts=False,
+        lr=3e-3,
+        grad_clip=0.0,
+        pp=p,
+        microbatches=m,
+        schedule="async-1f1b",
+        weight_policy="predict",
+        async_window=1,
+        out=str(tmp_path / "async"),
+    )
+    run = replace(prepare(config), schedule=order)
+    asyn = spawn(train_worker, p, (run,))[0].losses
+    assert asyn == pytest.approx([sum(sync[i : i + 4]) / 4 for i in (0, 4)], rel=1e-6)
 
 
 @pytest.mark.slow
