@@ -167,8 +167,11 @@ def report(args) -> None:
     img = ROOT / "docs" / "img"
     img.mkdir(parents=True, exist_ok=True)
     tail = args.tail
-    print(f"| optimizer | run | seeds | final loss (mean of last {tail} steps) | vs sync | tokens/s |")
-    print("|---|---|---|---|---|---|")
+    print(
+        f"| optimizer | run | seeds | final loss (mean of last {tail} steps, ± sd over seeds) | vs sync "
+        "| tokens/s (shared CPU) | weight versions, ranks 0…3 |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for opt in sorted({r["optimizer"] for r in runs}):
         fig, ax = plt.subplots(figsize=(7, 4))
         mine = [r for r in runs if r["optimizer"] == opt]
@@ -179,10 +182,17 @@ def report(args) -> None:
                 continue
             n = min(len(r["losses"]) for r in rs)
             mean = [statistics.fmean(r["losses"][i] for r in rs) for i in range(n)]
-            finals[name] = statistics.fmean(statistics.fmean(r["losses"][-tail:]) for r in rs)
+            per_seed = [statistics.fmean(r["losses"][-tail:]) for r in rs]
+            finals[name] = statistics.fmean(per_seed)
+            sd = statistics.stdev(per_seed) if len(per_seed) > 1 else 0.0
             tps = statistics.fmean(r["tokens_per_s"] for r in rs)
             rel = finals[name] / finals["sync"] - 1 if "sync" in finals else float("nan")
-            print(f"| {opt} | {name} | {len(rs)} | {finals[name]:.4f} | {rel:+.1%} | {tps:,.0f} |")
+            held = rs[0].get("weight_versions") or {}
+            versions = " ".join(str(held[k]) for k in sorted(held, key=int)) or "1 (no async)"
+            print(
+                f"| {opt} | {name} | {len(rs)} | {finals[name]:.4f} ± {sd:.4f} | {rel:+.1%} | {tps:,.0f} "
+                f"| {versions} |"
+            )
             if name != "sync-m":
                 ax.plot(range(1, n + 1), mean, label=name, lw=1.2)
         ax.set(
