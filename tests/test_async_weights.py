@@ -398,3 +398,27 @@ def test_trainer_refuses_bad_async_options():
         resolve_schedule(TrainConfig(schedule="async-1f1b", weight_policy="magic"))
     with pytest.raises(ConfigError, match="microbatches"):
         resolve_schedule(TrainConfig(schedule="async-1f1b", weight_policy="2bw", pp=4, microbatches=2))
+
+
+def test_memory_model_per_policy():
+    """Weight versions per stage (live included) from the schedule alone; the runtime reports the
+    same (test above for stash; dc on async-zb-h1 measured 4 4 4 1 with m = 8)."""
+    from pipewright.features.async_weights.memory import weight_bytes, weight_versions
+
+    one_f = build_schedule("async-1f1b", 4, 16)
+    want = {
+        "none": [1, 1, 1, 1],
+        "stash": [4, 3, 2, 1],
+        "dc": [4, 3, 2, 1],
+        "2bw": [2] * 4,
+        "predict": [2, 2, 2, 1],
+    }
+    assert {p: list(weight_versions(p, one_f).values()) for p in POLICIES} == want
+    assert list(weight_versions("dc", build_schedule("async-zb-h1", 4, 8)).values()) == [4, 4, 4, 1]
+    assert weight_versions("2bw", build_schedule("async-1f1b", 1, 4)) == {0: 1}
+    assert weight_bytes("predict", one_f, dict.fromkeys(range(4), 10.0)) == {
+        0: 30.0,
+        1: 30.0,
+        2: 30.0,
+        3: 20.0,
+    }

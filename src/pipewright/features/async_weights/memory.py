@@ -8,7 +8,7 @@ policy    versions on stage s                         1F1B without flush, rank r
 ========  ==========================================  =====================================
 none      1                                           1
 stash     distinct versions in flight (schedule)      p − r (m ≥ 2p; fewer at m = p)
-dc        as stash                                    p − r
+dc        in flight until the microbatch's own STEP   p − r (async-zb-h1: 4 4 4 1 at p = 4)
 2bw       2 with a pipeline (1 with one stage)        2
 predict   2 if the stage has s > 0 (Ŵ buffer), else 1 2 (1 on the last stage)
 ========  ==========================================  =====================================
@@ -35,7 +35,7 @@ WEIGHT_VERSIONS: Mapping[str, Callable[[Schedule], dict[int, int]]] = MappingPro
     {
         "none": lambda sched: dict.fromkeys(range(sched.num_stages), 1),
         "stash": versions_in_flight,
-        "dc": versions_in_flight,
+        "dc": lambda sched: versions_in_flight(sched, until_step=True),
         "2bw": lambda sched: dict.fromkeys(range(sched.num_stages), 2 if _delayed(sched) else 1),
         "predict": lambda sched: {s: 2 if d > 0 else 1 for s, d in steady_staleness(sched).items()},
     }

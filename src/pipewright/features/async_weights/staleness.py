@@ -49,21 +49,26 @@ def steady_staleness(schedule: Schedule) -> dict[int, int]:
     return out
 
 
-def versions_in_flight(schedule: Schedule) -> dict[int, int]:
+def versions_in_flight(schedule: Schedule, *, until_step: bool = False) -> dict[int, int]:
     """Most distinct weight versions of each stage referenced at once by microbatches whose forward
-    ran and whose backward has not (the live version included): what weight stashing keeps."""
+    ran and whose backward has not (the live version included): what weight stashing keeps. With
+    ``until_step`` a microbatch whose forward version is already superseded at its backward holds it
+    until its own STEP (delay compensation reads it there; with a split backward the STEP comes
+    after W, later than I)."""
     peak: dict[int, int] = {s: 1 for s in range(schedule.num_stages)}
     for row in schedule.actions:
         version: dict[int, int] = {}
         open_: dict[int, dict[int, int]] = {}  # stage → {microbatch: version at its forward}
         for a in row:
+            mine = open_.get(a.stage, {})
+            if a.kind == STEP or (a.kind in BACKWARD_KINDS and not until_step):
+                mine.pop(a.microbatch, None)
+            elif a.kind in BACKWARD_KINDS and mine.get(a.microbatch) == version.get(a.stage, 0):
+                mine.pop(a.microbatch)  # still the live version at the backward: nothing to keep
             if a.kind == STEP:
                 version[a.stage] = version.get(a.stage, 0) + 1
             elif a.kind == F:
                 open_.setdefault(a.stage, {})[a.microbatch] = version.get(a.stage, 0)
-            elif a.kind in BACKWARD_KINDS:
-                open_.get(a.stage, {}).pop(a.microbatch, None)
-                continue
             else:
                 continue
             held = set(open_.get(a.stage, {}).values()) | {version.get(a.stage, 0)}
