@@ -266,7 +266,7 @@ def _sync_reference(xs, period: int, opt_name: str) -> list[float]:
     for i in range(0, len(xs), period):
         for x in xs[i : i + period]:
             out = mod(x).square().mean()
-            losses.append(float(out))
+            losses.append(float(out.detach()))
             (out / period).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
