@@ -259,13 +259,12 @@ class Trainer:
             loss_fn=self.options.loss_fn(self.loss_fn),
             boundary_shape=self.boundary_shape,
             dtype=self.options.dtype,
-            handlers=self.options.handlers(),
+            handlers={**self.options.handlers(), **(self.extra_handlers() or {})},
             device=self.device,
             recv_timeout_s=c.recv_timeout_s,
             record=True,
             scatter_gather=c.scatter_gather,
             loss_stage=loss_stage(run.layout, self.schedule.num_stages),
-            handlers=self.extra_handlers(),
         )
         self.first = 0 in self.stages
         self.last = self.schedule.num_stages - 1 in self.stages

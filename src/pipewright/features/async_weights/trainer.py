@@ -36,6 +36,16 @@ def check_config(config) -> None:
         )
     if config.tp > 1:
         raise ConfigError("asynchronous schedules run without tensor parallelism; use --tp 1")
+    # recomputation would rerun the forward on the live weights, not the policy's; the fp32 masters
+    # and ZeRO shards are not the stage parameters the policies version
+    for name, plain in (("recompute", "none"), ("precision", "fp32")):
+        if getattr(config, name, plain) != plain:
+            flag = name.replace("_", "-")
+            raise ConfigError(f"asynchronous schedules run with --{flag} {plain}; drop --{flag}")
+    for name in ("shard_optimizer", "tie_embeddings"):
+        if getattr(config, name, False):
+            flag = name.replace("_", "-")
+            raise ConfigError(f"asynchronous schedules do not support --{flag} yet; drop it")
     if config.async_window < 1:
         raise ConfigError(f"--async-window must be at least 1 (got {config.async_window})")
     if config.weight_policy == "2bw" and config.microbatches < config.pp:
