@@ -154,8 +154,12 @@ def test_async_variant_schedules_give_their_own_staleness():
     sched = build_schedule("async-zb-h1", 4, 8)
     s = steady_staleness(sched)
     assert all(s[r] >= 4 - r - 1 for r in range(4))  # W deferred: as stale as 1F1B or more
-    sched = build_schedule("async-interleaved-1f1b", 2, 4, 2)
-    assert set(steady_staleness(sched)) == {0, 1, 2, 3}
+    from pipewright.features.async_weights import FEATURE
+    from pipewright.schedules.registry import default_registry
+
+    registry = default_registry().with_schedules(*FEATURE.schedules)
+    sched = build_schedule("async-interleaved-1f1b", 2, 8, 2, registry=registry)
+    assert steady_staleness(sched) == {0: 3, 1: 2, 2: 1, 3: 0}  # chunks 0, 2 on rank 0; 1, 3 on rank 1
 
 
 # -- the policies' weights ----------------------------------------------------------------------
