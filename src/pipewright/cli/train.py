@@ -40,6 +40,8 @@ _VALUE_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--lr", float, "peak learning rate"),
     ("--warmup", int, "warm-up steps"),
     ("--optimizer", str, "adamw, sgd or kfac (K-FAC in the pipeline bubbles, AdamW update)"),
+    ("--weight-policy", str, "asynchronous schedules: none, stash, 2bw, predict or dc (default stash)"),
+    ("--async-window", int, "asynchronous schedules: steps per flush-free window (default 10)"),
     ("--seed", int, "seed for weights and data order"),
     ("--out", str, "output folder (default runs/<timestamp>)"),
     ("--stop-after", int, "stop (with a checkpoint) after N steps; continue later with --resume"),

@@ -57,6 +57,8 @@ class TrainConfig:
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     optimizer: str = "adamw"
+    weight_policy: str = "stash"  # asynchronous schedules only: pipewright.features.async_weights
+    async_window: int = 10  # asynchronous schedules: steps per flush-free executor window
     seed: int = 0
     data: str | None = None
     tokenizer: str = "byte"

@@ -115,11 +115,10 @@ def resolve_schedule(config: TrainConfig) -> Schedule:
             raise ConfigError(f"schedule {name} has {sched.num_stages} stages, not pp × virtual")
         return validate(sched)
     entry, _ = check_args(name, config.pp, config.microbatches, config.virtual)
-    if not entry.synchronous:
-        raise ConfigError(
-            f"{name} is asynchronous (no pipeline flush); the trainer runs synchronous schedules: "
-            "choose e.g. 1f1b or zb-h1"
-        )
+    if not entry.synchronous:  # weight policies: pipewright.features.async_weights
+        from pipewright.features.async_weights.trainer import check_config
+
+        check_config(config)
     return validate(build_schedule(name, config.pp, config.microbatches, config.virtual))
 
 
@@ -275,7 +274,7 @@ class Trainer:
             loss_fn=self.options.loss_fn(self.loss_fn),
             boundary_shape=self.boundary_shape,
             dtype=self.options.dtype,
-            handlers=handlers,
+            handlers={**handlers, **(self.extra_handlers() or {})},
             device=self.device,
             recv_timeout_s=c.recv_timeout_s,
             record=True,
@@ -294,6 +293,10 @@ class Trainer:
             n + (suffix if n in self.params and id(self.params[n]) in sharded else ""): p
             for n, p in state.items()
         }
+
+    def extra_handlers(self) -> dict | None:
+        """Executor handlers a subclass adds (called once stages and optimizer exist)."""
+        return None
 
     @property
     def tokens_per_step(self) -> int:
@@ -388,7 +391,12 @@ def train_worker(rank: int, run: PreparedRun) -> TrainResult | None:
     """One process's training loop (see the module docstring). Collective: every rank runs it."""
     c = run.config
     torch.manual_seed(c.seed + rank)
-    trainer = Trainer(run)
+    if run.schedule.meta.get("flush", True):
+        trainer = Trainer(run)
+    else:  # asynchronous schedule: weight policies, updates inside the window
+        from pipewright.features.async_weights.trainer import AsyncTrainer
+
+        trainer = AsyncTrainer(run)
     start = trainer.load(run.resume_from) if run.resume_from is not None else 0
     if start:
         log.info("rank %d resumed from %s at step %d", rank, run.resume_from, start)

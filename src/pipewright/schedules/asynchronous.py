@@ -5,7 +5,7 @@ PipeDream's 1F1B without a flush (Narayanan et al., SOSP 2019; the baseline of P
 updates its weights right after every backward (``STEP(r, k)``, which :mod:`pipewright.deps` lets run
 once ``W(r, k)`` is done). A forward on stage r therefore sees weights that are p − r − 1 updates older
 than those its backward meets: weight stashing keeps up to p − r versions, weight prediction
-(:mod:`pipewright.optim.prediction`) extrapolates them.
+(:mod:`pipewright.features.async_weights`) extrapolates them.
 """
 
 from __future__ import annotations

@@ -1,0 +1,20 @@
+"""Asynchronous pipelines (issue 13): weight policies none/stash/2bw/predict/dc for schedules without
+a flush, PipeOptim's optimizer-dependent weight prediction, version differences read from the
+schedule, and the weight memory of each policy. See docs/async-pipelines.md.
+
+The feature adds no action kinds (it uses STEP inside the window) and no cost rules. Its schedules
+live in ``schedules/async_variants.py``: ``async-zb-h1`` is in the default registry,
+``async-interleaved-1f1b`` comes with this bundle (``FEATURE.schedules``). Its runtime part wraps
+the executor's F/B/I/W/STEP handlers (:func:`.trainer.runtime_parts`, context: the
+:class:`.trainer.AsyncTrainer`).
+"""
+
+from pipewright.features import Feature
+from pipewright.schedules.async_variants import ASYNC_INTERLEAVED
+
+FEATURE = Feature(
+    name="async_weights",
+    schedules=(ASYNC_INTERLEAVED,),
+    runtime="pipewright.features.async_weights.trainer:runtime_parts",
+    description="asynchronous pipelines: weight stashing, 2BW, PipeOptim prediction, delay compensation",
+)

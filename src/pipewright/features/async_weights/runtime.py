@@ -1,0 +1,244 @@
+"""Asynchronous pipeline execution: the executor's F, B/I and STEP handlers wrapped per stage.
+
+The executor is not changed: :meth:`AsyncRuntime.handlers` returns ``{kind: fn(state, action)}`` that
+call the executor's own handlers inside a weight context.
+
+How a policy's weights reach the forward and the backward without copies into the live parameters:
+
+* forward: the parameters' ``.data`` point at the policy's tensors (Ŵ for ``predict``, W_{t−1} for
+  ``2bw``) while the default F handler runs, then back at the live tensors, which therefore stay
+  bit-identical (no arithmetic touches them);
+* backward: every tensor the forward saves for the backward is packed by a saved-tensor hook; a
+  tensor that is (a view of) a weight is stored as (parameter, view geometry) and unpacked at backward
+  time as that view of the weights the policy names for this microbatch: the forward's version
+  (``stash``, ``dc``, ``2bw``) or the live weights as they are then (``none``, ``predict``, PipeOptim's
+  choice). In-place optimizer updates between the two therefore never corrupt the backward.
+
+STEP(s, k): the gradients of stage s are averaged over the data-parallel group (before the update,
+so replicas stay equal), rescaled from the executor's 1/M loss scale to the mean over the
+microbatches of this update, clipped to the stage's own norm (stages update at different times, so no
+global norm exists), and the stage's optimizer steps with the learning rate ``lr_fn(k)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from pipewright.features.async_weights.directions import DirectionFn
+from pipewright.features.async_weights.policies import WeightPolicy, make_policy
+from pipewright.features.async_weights.staleness import check_async
+from pipewright.ir import REDUCE_GRAD, STEP, Action, B, F, I, Schedule, W
+from pipewright.optim import clip_grad_norm_, set_lr
+
+
+class AsyncStage:
+    """One stage's live weights, optimizer and weight policy."""
+
+    def __init__(
+        self,
+        stage: int,
+        module: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        policy: WeightPolicy,
+        staleness: Mapping[int, int],
+        *,
+        extra_directions: Mapping[type, DirectionFn] | None = None,
+    ) -> None:
+        self.stage = stage
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self.live = [p.data for p in self.params]
+        self.optimizer, self.policy = optimizer, policy
+        self.staleness = dict(staleness)  # microbatch → updates between its F and its B
+        self.extra_directions = extra_directions
+        self.version = 0  # optimizer updates so far
+        self.window_version = 0  # updates before the current window (windows drain completely)
+        self.pending: list[int] = []  # microbatches whose gradients wait for the next update
+        self.last_grads: dict[torch.Tensor, torch.Tensor] = {}
+        self.peak_copies = 0
+
+    # -- weight contexts ------------------------------------------------------------------------
+    def _hooks(self, k: int, used: list[torch.Tensor]):
+        index = {w.untyped_storage().data_ptr(): i for i, w in enumerate(used)}
+        base = [w.storage_offset() for w in used]
+
+        def pack(t: torch.Tensor) -> Any:
+            i = index.get(t.untyped_storage().data_ptr()) if t.device.type != "meta" else None
+            if i is None:
+                return t
+            return (i, t.size(), t.stride(), t.storage_offset() - base[i], t.requires_grad)
+
+        def unpack(x: Any) -> torch.Tensor:
+            if isinstance(x, torch.Tensor):
+                return x
+            i, size, stride, offset, _ = x
+            target = self.policy.backward_weights(self, k) or self.live
+            w = target[i]
+            return w.as_strided(size, stride, w.storage_offset() + offset)
+
+        return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+
+    def forward(self, k: int, run: Callable[[], None]) -> None:
+        weights = self.policy.forward_weights(self, k)
+        used = self.live if weights is None else weights
+        if weights is not None:
+            for p, w in zip(self.params, weights, strict=True):
+                p.data = w
+        try:
+            with self._hooks(k, used):
+                run()
+        finally:
+            if weights is not None:
+                for p, w in zip(self.params, self.live, strict=True):
+                    p.data = w
+        self.peak_copies = max(self.peak_copies, self.policy.copies())
+
+    def backward(self, k: int, run: Callable[[], None], *, complete: bool = True) -> None:
+        """B (``complete``: the weight gradient is in ``.grad`` now) or I (W completes it later)."""
+        run()
+        if complete:
+            self.pending.append(k)
+        self.policy.after_backward(self, k)
+
+    # -- update ---------------------------------------------------------------------------------
+    def ready(self) -> bool:
+        period = self.policy.period
+        return period is None or len(self.pending) >= period
+
+    def update(self, lr: float, grad_scale: float, clip: float, dp_group: Any = None, dp: int = 1) -> None:
+        """Average over dp, rescale, clip (stage-local norm), adjust (policy), step, keep the gradient
+        for the next prediction and clear ``.grad``."""
+        for p in self.params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        grads = [p.grad for p in self.params]
+        if dp > 1:
+            flat = torch.cat([g.reshape(-1) for g in grads])
+            dist.all_reduce(flat, group=dp_group)
+            flat /= dp
+            offset = 0
+            for g in grads:
+                g.copy_(flat[offset : offset + g.numel()].view_as(g))
+                offset += g.numel()
+        if grad_scale != 1.0:
+            torch._foreach_mul_(grads, grad_scale)
+        if clip > 0:
+            clip_grad_norm_(self.params, clip)
+        self.policy.adjust_grads(self, self.pending)
+        self.policy.before_update(self)
+        self.peak_copies = max(self.peak_copies, self.policy.copies())
+        set_lr(self.optimizer, lr)
+        self.optimizer.step()
+        self.version += 1
+        if self.policy.needs_gradient:  # D(W) of the next prediction reads it
+            self.last_grads = {p: p.grad for p in self.params}
+        for p in self.params:
+            p.grad = None
+        self.pending.clear()
+        self.policy.after_update(self)
+
+
+class AsyncRuntime:
+    """The async stages of one pp rank and the handlers that run them inside the executor.
+
+    ``schedule``: the asynchronous schedule the executor runs (its STEP actions define s).
+    ``optimizers``: one per stage this rank holds. ``lr_fn(k)``: learning rate of the update made at
+    microbatch k of the window. Each update uses the mean gradient of its microbatches: the executor
+    scales each loss by 1/M (M microbatches in the window), the update multiplies by M/period.
+    """
+
+    def __init__(
+        self,
+        schedule: Schedule,
+        stages: Mapping[int, nn.Module],
+        optimizers: Mapping[int, torch.optim.Optimizer],
+        policy: str,
+        *,
+        period: int,
+        lr_fn: Callable[[int], float],
+        clip: float = 0.0,
+        dp_group: Any = None,
+        dp: int = 1,
+        extra_directions: Mapping[type, DirectionFn] | None = None,
+        **options: float,
+    ) -> None:
+        self.schedule = schedule
+        self.lr_fn, self.clip, self.dp_group, self.dp = lr_fn, clip, dp_group, dp
+        table = check_async(schedule)
+        delay = 1 if any(table.values()) else 0
+        self.policy_name = policy
+        self.stages = {
+            s: AsyncStage(
+                s,
+                mod,
+                optimizers[s],
+                make_policy(policy, period, delay, **options),
+                {k: v for (st, k), v in table.items() if st == s},
+                extra_directions=extra_directions,
+            )
+            for s, mod in stages.items()
+        }
+        self.period = period if self.stages[next(iter(self.stages))].policy.period else 1
+
+    def set_schedule(self, schedule: Schedule) -> None:
+        """Use another window (different microbatch count): new staleness per microbatch."""
+        self.schedule = schedule
+        table = check_async(schedule)
+        for s, st in self.stages.items():
+            st.staleness = {k: v for (stage, k), v in table.items() if stage == s}
+            st.window_version = st.version
+
+    def handlers(self, base: Mapping[str, Callable]) -> dict[str, Callable]:
+        """Wrapped handlers for F, B, I, STEP (``base``: the executor's default handlers). REDUCE_GRAD
+        becomes a no-op: gradients are reduced at every STEP instead of once per window."""
+
+        def forward(state: Any, a: Action) -> None:
+            self.stages[a.stage].forward(a.microbatch, lambda: base[F](state, a))
+
+        def backward(kind: str) -> Callable:
+            def run(state: Any, a: Action) -> None:
+                st = self.stages[a.stage]
+                st.backward(a.microbatch, lambda: base[kind](state, a), complete=kind == B)
+
+            return run
+
+        def weight_grad(state: Any, a: Action) -> None:  # W: the deferred weight gradient lands
+            base[W](state, a)
+            self.stages[a.stage].pending.append(a.microbatch)
+
+        def step(state: Any, a: Action) -> None:
+            st = self.stages[a.stage]
+            if not st.ready():
+                return
+            m = self.schedule.num_microbatches
+            # a shared optimizer steps every parameter with a gradient: hide the other stages' ones
+            others = [p for o in self.stages.values() if o is not st for p in o.params]
+            held = [p.grad for p in others]
+            for p in others:
+                p.grad = None
+            try:
+                st.update(self.lr_fn(a.microbatch), m / len(st.pending), self.clip, self.dp_group, self.dp)
+            finally:
+                for p, g in zip(others, held, strict=True):
+                    p.grad = g
+
+        handlers = {
+            F: forward,
+            B: backward(B),
+            I: backward(I),
+            STEP: step,
+            REDUCE_GRAD: lambda state, a: None,
+        }
+        if W in base:
+            handlers[W] = weight_grad
+        return handlers
+
+    def weight_copies(self) -> dict[int, dict[str, int]]:
+        """Per stage: weight versions held now and at peak (live included)."""
+        return {
+            s: {"now": 1 + st.policy.copies(), "peak": 1 + st.peak_copies} for s, st in self.stages.items()
+        }

@@ -1,0 +1,173 @@
+"""Training with an asynchronous schedule (``pipewright train --schedule async-1f1b --weight-policy P``).
+
+The executor runs a *window* of ``async_window`` training steps (M = window × m microbatches) as one
+schedule without a flush: the pipeline fills and drains once per window, not per step. Every
+microbatch's backward is followed by its stage's update (:mod:`.runtime`), so a step of m microbatches
+makes m updates per stage (``2bw``: one, over the m accumulated gradients). The learning-rate schedule
+runs over updates: update at global microbatch g uses lr_at(g) with warm-up ``warmup·m`` and length
+``steps·m``, the same sequence a synchronous run with one microbatch per step and ``steps·m`` steps
+sees; update g also reads that run's batch g (:meth:`AsyncTrainer._microbatches`). Windows end at
+evaluation and checkpoint steps, so those see the weights of whole steps.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.distributed as dist
+
+from pipewright.errors import ConfigError
+from pipewright.features.async_weights.runtime import AsyncRuntime
+from pipewright.optim import lr_at
+from pipewright.runtime.executor import PipelineExecutor, default_handlers
+from pipewright.runtime.timeline import gather_timeline
+from pipewright.runtime.trainer import Trainer
+from pipewright.schedules import build_schedule
+
+
+def check_config(config) -> None:
+    """What an asynchronous run refuses (one-line ConfigErrors)."""
+    from pipewright.features.async_weights.policies import POLICIES
+
+    if config.weight_policy not in POLICIES:
+        raise ConfigError(
+            f"unknown --weight-policy {config.weight_policy!r}; choose one of: {', '.join(POLICIES)}"
+        )
+    if config.tp > 1:
+        raise ConfigError("asynchronous schedules run without tensor parallelism; use --tp 1")
+    # recomputation would rerun the forward on the live weights, not the policy's; the fp32 masters
+    # and ZeRO shards are not the stage parameters the policies version
+    for name, plain in (("recompute", "none"), ("precision", "fp32")):
+        if getattr(config, name, plain) != plain:
+            flag = name.replace("_", "-")
+            raise ConfigError(f"asynchronous schedules run with --{flag} {plain}; drop --{flag}")
+    for name in ("shard_optimizer", "tie_embeddings"):
+        if getattr(config, name, False):
+            flag = name.replace("_", "-")
+            raise ConfigError(f"asynchronous schedules do not support --{flag} yet; drop it")
+    if config.async_window < 1:
+        raise ConfigError(f"--async-window must be at least 1 (got {config.async_window})")
+    if config.weight_policy == "2bw" and config.microbatches < config.pp:
+        raise ConfigError(
+            f"2bw accumulates over m ≥ p microbatches; raise --microbatches to {config.pp} or more"
+        )
+
+
+def runtime_parts(trainer: AsyncTrainer):
+    """The feature's runtime factory (:data:`pipewright.features.async_weights.FEATURE`): the wrapped
+    handlers of ``trainer``'s stages (builds its :class:`AsyncRuntime`)."""
+    from pipewright.features import RuntimeParts
+
+    c = trainer.config
+    trainer.runtime = AsyncRuntime(
+        trainer.schedule,
+        trainer.stages,
+        dict.fromkeys(trainer.stages, trainer.optimizer),
+        c.weight_policy,
+        period=c.microbatches,
+        lr_fn=trainer._lr,
+        clip=c.grad_clip,
+        dp_group=trainer.mesh.dp_group,
+        dp=trainer.mesh.dp,
+    )
+    return RuntimeParts(handlers=trainer.runtime.handlers(default_handlers()))
+
+
+class AsyncTrainer(Trainer):
+    """:class:`~pipewright.runtime.trainer.Trainer` for asynchronous schedules (see the module doc)."""
+
+    def extra_handlers(self) -> dict:
+        from pipewright.features.async_weights import FEATURE
+
+        self._window_start = 0
+        self._executors: dict[int, PipelineExecutor] = {}
+        self._records: dict[int, dict] = {}
+        return dict(FEATURE.runtime_parts(self).handlers)
+
+    def _lr(self, k: int) -> float:
+        """lr of the update made at window microbatch k: lr_at over updates (period P = 1, or m for
+        2bw, whose updates then follow the synchronous run's per-step schedule)."""
+        c = self.config
+        per = c.microbatches // self.runtime.period  # updates per step
+        g = (self._window_start * c.microbatches + k) // self.runtime.period
+        return lr_at(g, lr=c.lr, warmup=c.warmup * per, total=c.steps * per, min_ratio=c.min_lr_ratio)
+
+    def _executor(self, steps: int) -> PipelineExecutor:
+        c = self.config
+        if steps not in self._executors:
+            if steps == 1:
+                self._executors[1] = self.executor
+            else:
+                sched = build_schedule(c.schedule, c.pp, steps * c.microbatches, c.virtual)
+                self._executors[steps] = PipelineExecutor(
+                    sched,
+                    self.mesh,
+                    self.stages,
+                    loss_fn=self.loss_fn,
+                    boundary_shape=self.boundary_shape,
+                    device=self.device,
+                    recv_timeout_s=c.recv_timeout_s,
+                    record=True,
+                    handlers=self.runtime.handlers(default_handlers()),
+                    loss_stage=self.executor.loss_stage,
+                )
+        return self._executors[steps]
+
+    def _window_end(self, step: int) -> int:
+        c = self.config
+        end = min(step + c.async_window, min(c.steps, c.stop_after) if c.stop_after else c.steps)
+        for every in (c.eval_every, c.checkpoint_every):
+            if every:
+                end = min(end, (step // every + 1) * every)
+        return end
+
+    def train_step(self, step: int) -> dict:
+        if step not in self._records:
+            self._run_window(step, self._window_end(step))
+        return self._records.pop(step)
+
+    def _microbatches(self, first: int, last: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """This replica's microbatches of updates [first, last): update g reads global batch g of
+        b × dp sequences (rows [d·b, (d+1)·b) for replica d), the data of a synchronous run with one
+        microbatch per step, so both see the same sequences in the same order."""
+        c, d = self.config, self.mesh.dp_rank
+        b = c.microbatch_size
+        xs, ys = [], []
+        for g in range(first, last):
+            x, y = self.dataset.batch("train", g, b * c.dp, self.spec.seq_len, c.seed)
+            xs.append(torch.from_numpy(x[d * b : (d + 1) * b]))
+            ys.append(torch.from_numpy(y[d * b : (d + 1) * b]))
+        return xs, ys
+
+    def _run_window(self, start: int, end: int) -> None:
+        c, n = self.config, end - start
+        ex = self._executor(n)
+        self.runtime.set_schedule(ex.schedule)
+        self._window_start = start
+        xs, ys = self._microbatches(start * c.microbatches, end * c.microbatches)
+        dist.barrier()
+        t0 = time.perf_counter()
+        losses = ex.run(
+            [x.to(self.device) for x in xs] if self.first else None,
+            [y.to(self.device) for y in ys] if self.last else None,
+        )
+        per_step = (time.perf_counter() - t0) / n
+        self.timeline = gather_timeline(ex.last_spans, self.mesh)
+        versions = [None] * dist.get_world_size()
+        dist.all_gather_object(versions, {s: v["peak"] for s, v in self.runtime.weight_copies().items()})
+        held = {str(s): v for d in versions for s, v in d.items()}
+        m = c.microbatches
+        for i, step in enumerate(range(start, end)):
+            mine = losses[i * m : (i + 1) * m]
+            self._records[step] = {
+                "step": step,
+                "loss": ex.global_loss(mine),
+                "lr": self._lr((i + 1) * m - 1),
+                "grad_norm": None,
+                "step_time_s": per_step,
+                "tokens_per_s": self.tokens_per_step / per_step,
+                "bubble_fraction": self.timeline.bubble_fraction() if self.timeline is not None else None,
+                "weight_policy": c.weight_policy,
+                "weight_versions": held,
+            }
