@@ -32,7 +32,7 @@ from pipewright.errors import ConfigError
 from pipewright.kinds import KindRegistry, KindSpec
 
 #: The library's own feature packages, each exporting ``FEATURE`` (the one place they are listed).
-BUILTIN: tuple[str, ...] = ()
+BUILTIN: tuple[str, ...] = ("kfac", "async_weights")
 
 
 @dataclass(frozen=True)
@@ -176,3 +176,11 @@ class Features:
 def builtin_features() -> Features:
     """The library's own features (:data:`BUILTIN`), each package's ``FEATURE``."""
     return Features(importlib.import_module(f"pipewright.features.{name}").FEATURE for name in BUILTIN)
+
+
+def library_schedules() -> Any:
+    """The schedule registry with the built-in features' schedules added (what the command line and
+    the trainer offer)."""
+    from pipewright.schedules.registry import default_registry
+
+    return default_registry().with_schedules(*builtin_features().schedules)
