@@ -192,7 +192,7 @@ class VocabOutput:
 
     # -- communication of X ------------------------------------------------------------------
     def receive_input(self, mb: int, x: Tensor | None, labels: Tensor, shape: tuple[int, int]) -> Pending:
-        """Broadcast X of microbatch ``mb`` ([tokens, h]) from the last stage (``x`` there, None elsewhere)."""
+        """Broadcast X of ``mb`` ([tokens, h]) from the last stage (``x`` there, None elsewhere)."""
         buf = x.detach().contiguous() if x is not None else self.weight.new_empty(shape)
         work = dist.broadcast(buf, src=self.group.last_stage_src, group=self.group.bcast, async_op=True)
         state = _Microbatch(buf, labels.reshape(-1))
