@@ -124,3 +124,26 @@ def test_last_stage_backward_waits_for_the_input_gradient():
     assert ("VC0", 1, 0) in spec.requires(Action(1, "B", 0), sched)
     assert ("VEC", 0, 1) in sched.kinds["F"].requires(Action(0, "F", 1), sched)
     assert VS in sched.kinds and VT in sched.kinds
+
+
+def test_simulate_cli_vocab_parallel(capsys):
+    """``simulate --vocab-parallel`` on unit costs and on the paper's model: the per-rank report shows
+    the balance (equal busy time on every rank with alg2 on a model, p + 1 memory on unit costs)."""
+    import json
+
+    from pipewright.cli import main
+
+    assert main(["simulate", "--schedule", "1f1b", "-p", "4", "-m", "8", "--cost", "unit",
+                 "--vocab-parallel", "alg2", "--json"]) == 0  # fmt: skip
+    report = json.loads(capsys.readouterr().out)
+    assert [r["peak_memory_bytes"] for r in report["per_rank"]] == [5, 4, 3, 2]
+    args = ["simulate", "--schedule", "1f1b", "--model", "gpt", "--layers", "8", "--hidden", "512",
+            "--heads", "8", "--vocab", "131072", "--seq-len", "512", "--gpu", "a100-80gb", "--pp", "4",
+            "--gpus-per-node", "4", "--microbatches", "8", "--json"]  # fmt: skip
+    busy = {}
+    for option in ("none", "redistribute", "alg2"):
+        assert main([*args, "--vocab-parallel", option]) == 0
+        report = json.loads(capsys.readouterr().out)
+        busy[option] = [r["busy_s"] for r in report["per_rank"]]
+    assert max(busy["alg2"]) / min(busy["alg2"]) < 1.05
+    assert max(busy["none"]) / min(busy["none"]) > 1.5
