@@ -62,8 +62,9 @@ class Pending:
 class VocabGroup:
     """The vocabulary group of one rank.
 
-    ``ranks[q]``: the global rank holding shard q (so ``ranks[p·t − 1 − (t − 1)]`` = the last stage's
-    first tensor rank broadcasts X). ``tp``: tensor ranks per stage. One communicator per traffic kind.
+    ``ranks[q]``: the global rank holding shard q (so ``ranks[(p − 1)·t]``, the last stage's first
+    tensor rank, broadcasts X). ``tp``: tensor ranks per stage. One communicator per traffic kind
+    (statistics, input gradients, X broadcast, embedding reduction, embedding-gradient broadcast).
     """
 
     ranks: list[int]
@@ -73,13 +74,14 @@ class VocabGroup:
     grads: Any
     bcast: Any
     embed: Any
+    embed_back: Any
 
     @classmethod
     def create(cls, ranks: list[int], tp: int = 1) -> VocabGroup:
         """Collective over the whole world (every rank calls it with the same ``ranks``)."""
         if len(ranks) % tp:
             raise ConfigError(f"{len(ranks)} ranks do not split into tensor groups of {tp}")
-        groups = [dist.new_group(ranks) for _ in range(4)]
+        groups = [dist.new_group(ranks) for _ in range(5)]
         me = dist.get_rank()
         index = ranks.index(me) if me in ranks else -1
         return cls(list(ranks), tp, index, *groups)
@@ -119,7 +121,14 @@ class VocabEmbedding:
     def forward(self, ids: Tensor) -> Pending:
         """Local lookup, then the SUM reduction to stage 0 (all-reduce when t > 1, so every tensor
         rank of stage 0 has it). ``Pending.wait()`` gives the embedding output (meaningful on stage 0)."""
-        out = vs.embedding_forward(ids, self.weight.detach(), self.start)
+        return self.reduce(self.lookup(ids))
+
+    def lookup(self, ids: Tensor) -> Tensor:
+        """This rank's rows for ``ids`` (zeros for the ids other ranks hold)."""
+        return vs.embedding_forward(ids, self.weight.detach(), self.start)
+
+    def reduce(self, out: Tensor) -> Pending:
+        """Issue the SUM of the lookups to stage 0 (see :meth:`forward`)."""
         g = self.group
         if g.tp == 1:
             work = dist.reduce(out, dst=g.first_stage_src, group=g.embed, async_op=True)
@@ -134,7 +143,7 @@ class VocabEmbedding:
         buf = grad_out.contiguous() if grad_out is not None else None
         if buf is None:
             buf = self.weight.new_empty(*ids.shape, self.weight.shape[1])
-        work = dist.broadcast(buf, src=g.first_stage_src, group=g.embed, async_op=True)
+        work = dist.broadcast(buf, src=g.first_stage_src, group=g.embed_back, async_op=True)
 
         def then() -> None:
             grad = vs.embedding_backward(ids, buf, self.start, self.weight.shape[0])
@@ -187,6 +196,7 @@ class VocabOutput:
             algorithm,
             chunk,
         )
+        self.source = group.last_stage_src  # the global rank that broadcasts X (set for V placements)
         self.start, _, self.valid = vs.shard_range(vocab, group.shards, group.index)
         self._mb: dict[int, _Microbatch] = {}
 
@@ -194,7 +204,7 @@ class VocabOutput:
     def receive_input(self, mb: int, x: Tensor | None, labels: Tensor, shape: tuple[int, int]) -> Pending:
         """Broadcast X of ``mb`` ([tokens, h]) from the last stage (``x`` there, None elsewhere)."""
         buf = x.detach().contiguous() if x is not None else self.weight.new_empty(shape)
-        work = dist.broadcast(buf, src=self.group.last_stage_src, group=self.group.bcast, async_op=True)
+        work = dist.broadcast(buf, src=self.source, group=self.group.bcast, async_op=True)
         state = _Microbatch(buf, labels.reshape(-1))
         self._mb[mb] = state
         return Pending(work, lambda: buf)
@@ -228,7 +238,7 @@ class VocabOutput:
             )
         local = st.s.stats.stacked()
         flat = local.new_empty(g.shards * local.shape[0], local.shape[1])
-        work = dist.all_gather_into_tensor(flat, local, group=g.stats, async_op=True)
+        work = dist.all_gather_single(flat, local, group=g.stats, async_op=True)
         gathered = flat.view(g.shards, *local.shape)
         if not fused:
             st.merged = Pending(work, lambda: vs.merge_stacked(gathered))
@@ -269,17 +279,29 @@ class VocabOutput:
         )
         _accumulate(self.weight, gw)
         st.s = None
+        st.extra["t_done"] = True
         if input_grad:
             work = dist.all_reduce(gx, group=self.group.grads, async_op=True)
             st.grad_x = Pending(work, lambda: gx)
         else:
             st.extra["dloss"] = dloss.reshape(-1)
+        self._release(mb)
 
-    def input_grad(self, mb: int) -> Tensor:
+    def input_grad(self, mb: int, dloss: Tensor | None = None) -> Tensor:
         """∇X of ``mb`` ([tokens, h], the last stage needs it); waits for the reduction. Also completes
-        the reduction on ranks that do not need the value (call it on every rank, in microbatch order)."""
-        st = self._mb.pop(mb)
+        the reduction on ranks that do not need the value (call it on every rank, in microbatch order).
+        Algorithm 2 applies the per-token loss gradient here: ``dloss``, or the one T was given (the
+        last stage's backward may run before T)."""
+        st = self._mb[mb]
         grad = st.grad_x.wait()
         if self.algorithm == "alg2":
-            grad = grad * st.extra["dloss"].unsqueeze(1)
+            scale = dloss if dloss is not None else st.extra["dloss"]
+            grad = grad * scale.reshape(-1).unsqueeze(1)
+        st.extra["grad_taken"] = True
+        self._release(mb)
         return grad
+
+    def _release(self, mb: int) -> None:
+        st = self._mb[mb]
+        if st.extra.get("t_done") and st.extra.get("grad_taken"):
+            del self._mb[mb]
