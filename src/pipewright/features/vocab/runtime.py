@@ -95,7 +95,9 @@ class VocabRuntime:
     ) -> None:
         emb_full, out_full = full_vocab_weights(spec, seed)
         q = group.index
-        self.embedding = VocabEmbedding(nn.Parameter(vs.split_weight(emb_full, group.shards)[q]), spec.vocab, group)
+        self.embedding = VocabEmbedding(
+            nn.Parameter(vs.split_weight(emb_full, group.shards)[q]), spec.vocab, group
+        )
         self.output = VocabOutput(
             nn.Parameter(vs.split_weight(out_full, group.shards)[q]), spec.vocab, group, algorithm, chunk
         )
@@ -231,7 +233,9 @@ def vocab_group(mesh) -> VocabGroup:
 
     mine = None
     for d in range(mesh.dp):
-        ranks = [coords_to_rank(d, p, t, mesh.dp, mesh.pp, mesh.tp) for p in range(mesh.pp) for t in range(mesh.tp)]
+        ranks = [
+            coords_to_rank(d, p, t, mesh.dp, mesh.pp, mesh.tp) for p in range(mesh.pp) for t in range(mesh.tp)
+        ]
         group = VocabGroup.create(ranks, tp=mesh.tp)
         if d == mesh.dp_rank:
             mine = group
