@@ -61,7 +61,7 @@ def _setup(case: str, mesh, group):
         sched,
         mesh,
         stages,
-        loss_fn=loss_fn,
+        loss_fn=None,
         boundary_shape=(B, SPEC.seq_len, SPEC.hidden),
         handlers=rt.handlers(),
     )

@@ -24,10 +24,9 @@ the vocabulary layers (V = 0 there). Baselines: :func:`naive_cost` (embedding on
 output and loss on the last) and :func:`redistribute_cost` (the layers-per-stage layout that minimizes
 the slowest stage's F + B, the first and last stages taking fewer layers).
 
-Until the core's collective metadata lands, the simulator prices every collective as an all-reduce over
-the rank's data-parallel group; :class:`VocabComm` prices the vocabulary collectives over the p·t
-vocabulary group instead, with each collective's bytes converted to the all-reduce of equal time
-(broadcast and reduce: n·P/(2(P − 1)) for n bytes; all-gather of n per device: n·P/2).
+The simulator asks the CommModel for each collective with its op and group; :class:`VocabComm` prices
+the vocabulary groups (``vocab_*``) over the p·t devices and passes every other group to the
+transformer cost's communication model.
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ from dataclasses import dataclass, field, replace
 from pipewright.cost.comm import Mesh
 from pipewright.cost.transformer import DTYPE_BYTES, TransformerCost, layer_forward_flops
 from pipewright.errors import ConfigError
-from pipewright.features.vocab.kinds import VBX, VC0, VC1, VEB, VEBC, VEC, VEF, VS, VT
+from pipewright.features.vocab.kinds import GROUPS, VBX, VC0, VC1, VEB, VEBC, VEC, VEF, VS, VT
 from pipewright.ir import Action, B, F, Schedule
 from pipewright.models.spec import ModelSpec
 
@@ -138,18 +137,13 @@ class VocabCost:
         ]
         return comm.topology.collective_time(op, devices, nbytes / self.inner.efficiency.comm)
 
-    def _equivalent_all_reduce_bytes(self, kind: str) -> float:
-        """Bytes whose all-reduce over the vocabulary group takes :meth:`collective_time` (see module)."""
-        t = self.collective_time(kind)
-        if t <= 0:
-            return 0.0
-        lo, hi = 0.0, 1.0
-        while self._group_time("all_reduce", hi) < t:
-            hi *= 2
-        for _ in range(50):
-            mid = (lo + hi) / 2
-            lo, hi = (mid, hi) if self._group_time("all_reduce", mid) < t else (lo, mid)
-        return hi
+    def collective_seconds(self, group: str) -> float:
+        """Seconds of the vocabulary collective of a named group (``vocab_x`` …)."""
+        kind = next(k for k, (_, g) in GROUPS.items() if g == group)
+        key = ("coll", kind)
+        if key not in self._cache:
+            self._cache[key] = self.collective_time(kind)
+        return self._cache[key]
 
     def memory_of(self, kind: str, rank: int, schedule: Schedule) -> float:
         """Activation bytes S holds until T on ``rank`` (S adds, T frees)."""
@@ -183,10 +177,7 @@ class VocabCost:
 
     def message_bytes(self, action: Action, schedule: Schedule) -> float:
         if action.kind in (VBX, VC0, VC1, VEC, VEBC):
-            key = ("bytes", action.kind)
-            if key not in self._cache:
-                self._cache[key] = self._equivalent_all_reduce_bytes(action.kind)
-            return self._cache[key]
+            return self.collective_bytes(action.kind)[1]
         return self.inner.message_bytes(action, schedule)
 
     def activation_bytes(self, action: Action, schedule: Schedule) -> float:
@@ -210,16 +201,20 @@ class VocabCost:
 
 @dataclass(frozen=True)
 class VocabComm:
-    """The simulator's CommModel while collectives carry no group: point-to-point from the transformer
-    cost, every collective over the p·t vocabulary group (needs dp = 1; see the module docstring)."""
+    """The simulator's CommModel: the transformer cost's, with the vocabulary collectives (their named
+    ``vocab_*`` groups) priced over the p·t devices by :meth:`VocabCost.collective_time`."""
 
     cost: VocabCost
 
     def p2p_time(self, src: int, dst: int, nbytes: float) -> float:
         return self.cost.inner.comm.p2p_time(src, dst, nbytes)
 
-    def collective_time(self, kind: str, rank: int, nbytes: float) -> float:
-        return self.cost._group_time("all_reduce", nbytes)
+    def collective_time(
+        self, kind: str, rank: int, nbytes: float, group: str = "dp", members: tuple[int, ...] = ()
+    ) -> float:
+        if group.startswith("vocab_"):
+            return self.cost.collective_seconds(group)
+        return self.cost.inner.comm.collective_time(kind, rank, nbytes, group, members)
 
 
 def vocab_cost(

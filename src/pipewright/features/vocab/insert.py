@@ -45,6 +45,10 @@ from pipewright.ir import Action, B, Event, F, I, Schedule, W
 #: Extra microbatches of activation memory the 1F1B first rank needs (the paper's p + 2 / p + 1).
 DEFAULT_EXTRA = {"alg1": 2, "alg2": 1, "naive": 2}
 _COMPUTE_BASE = (F, B, I, W)
+_COLLECTIVES = frozenset((VEC, VBX, VC0, VC1, VEBC))
+#: the vocabulary steps a rank takes (VBX/VEBC: issuing the broadcast; the others compute and issue
+#: the collective they feed: VEF → VEC, VS → VC0, VT → VC1 in alg1)
+_STEPS = (VEF, VBX, VS, VT, VEBC, VEB)
 _INF = float("inf")
 
 
@@ -67,7 +71,13 @@ def unit_costs() -> PlacementCosts:
 
 class _Placer:
     def __init__(
-        self, base: Schedule, algorithm: str, costs: PlacementCosts, shift: int, vocab_first: bool
+        self,
+        base: Schedule,
+        algorithm: str,
+        costs: PlacementCosts,
+        shift: int,
+        vocab_first: bool,
+        order: list[tuple[str, int]] | None = None,
     ) -> None:
         self.alg = algorithm
         self.costs = costs
@@ -91,33 +101,44 @@ class _Placer:
         self.tail = [[a for a in row if a.kind not in _COMPUTE_BASE] for row in base.actions]
         self.taken = [[False] * len(q) for q in self.queue]
         self.head = [0] * p
-        self.next = {kind: [0] * p for kind in (VS, VT, VEF, VEB)}
+        self.next = {kind: [0] * p for kind in _STEPS}
+        self.order = order  # one global sequence of vocabulary steps, the same on every rank
+        self.pos = [0] * p
+        self.starts: dict[tuple[str, int], list[float]] = {}
         self.clock = [0.0] * p
         self.ends: dict[Event, float] = {}
         self.rank_of_event: dict[Event, int] = {}
         self.out: list[list[Action]] = [[] for _ in range(p)]
-        self.pending: list[list[Action]] = [[] for _ in range(p)]
+        self.issued: dict[tuple[str, int], dict[int, float]] = {}  # (kind, k) -> rank -> issue time
+        last = base.num_stages - 1
+        self.last_rank, self.first_rank = base.placement[last], base.placement[0]
         self.window = p + shift + 1
 
     # -- event times -------------------------------------------------------------------------------
     def end(self, ev: Event) -> float | None:
         """When event ``ev`` has completed (collectives: their rendezvous end), None if not yet known."""
         hit = self.ends.get(ev)
-        if hit is not None or ev[0] not in self.costs_collective_kinds:
+        if hit is not None or ev[0] not in _COLLECTIVES:
             return hit
-        kind, stage, k = ev
-        action = Action(stage, kind, k)
-        t = self.ready(action, self.sched.rank_of(stage))
-        if t is None:
+        issued = self.issued.get((ev[0], ev[2]), {})
+        if len(issued) < self.p:
             return None
-        self.ends[ev] = t + self.costs.collective.get(kind, 0.0)
+        self.ends[ev] = max(issued.values()) + self.costs.collective.get(ev[0], 0.0)
         return self.ends[ev]
 
-    costs_collective_kinds = frozenset((VEC, VBX, VC0, VC1, VEBC))
+    def _issue(self, rank: int, kind: str, k: int) -> None:
+        """Rank issues collective ``kind`` of microbatch ``k`` now (non-blocking; a rendezvous)."""
+        if k >= self.m:
+            return
+        self.out[rank].append(Action(self.homes[rank], kind, k))
+        self.issued.setdefault((kind, k), {})[rank] = self.clock[rank]
 
     def ready(self, action: Action, rank: int) -> float | None:
         """Earliest start of ``action`` on ``rank`` from its requirements (None: one is not known)."""
         t = 0.0
+        if action.kind in (VBX, VEBC):  # a broadcast is issued once the root's data exists
+            stage, kind = (self.sched.num_stages - 1, F) if action.kind == VBX else (0, I)
+            return self.ends.get((kind, stage, action.microbatch, None))
         for ev in self.sched.kinds[action.kind].requires(action, self.sched):
             e = self.end(ev)
             if e is None:
@@ -132,7 +153,14 @@ class _Placer:
         k = self.next[kind][rank]
         if k >= self.m:
             return None
-        if kind == VEF and k >= self.next[VS][rank] + self.window:
+        if self.order is not None:
+            if self.pos[rank] >= len(self.order) or self.order[self.pos[rank]] != (kind, k):
+                return None
+        elif kind == VEF and k >= self.next[VS][rank] + self.window:
+            return None
+        elif kind == VBX and k != self.next[VS][rank]:
+            return None  # issued right before its S
+        elif kind == VEBC and k != self.next[VEB][rank]:
             return None
         return Action(self.homes[rank], kind, k)
 
@@ -147,7 +175,7 @@ class _Placer:
     def candidates(self, rank: int) -> list[tuple[Action, int | None]]:
         """(action, queue index or None for vocabulary actions) in priority order."""
         out: list[tuple[Action, int | None]] = []
-        for kind in (VT, VS, VEB, VEF):
+        for kind in (VT, VBX, VS, VEBC, VEB, VEF):
             a = self._vocab(kind, rank)
             if a is not None:
                 out.append((a, None))
@@ -161,41 +189,32 @@ class _Placer:
 
     # -- placing -----------------------------------------------------------------------------------
     def place(self, rank: int, action: Action, index: int | None, start: float) -> None:
-        self._flush(rank, start)
-        end = start + float(self.costs.compute(action))
         kind, k = action.kind, action.microbatch
+        if kind in (VBX, VEBC):
+            self._issue(rank, kind, k)
+            self.next[kind][rank] += 1
+            self.pos[rank] += 1
+            self.starts.setdefault((kind, k), []).append(start)
+            return
+        end = start + float(self.costs.compute(action))
         self.out[rank].append(action)
         if index is None:
             self.next[kind][rank] += 1
+            self.pos[rank] += 1
+            self.starts.setdefault((kind, k), []).append(start)
         else:
             self.taken[rank][index] = True
         for ev in self.sched.kinds[kind].events(action, self.sched):
             self.ends[ev] = end
             self.rank_of_event[ev] = rank
         self.clock[rank] = end
-        # the collectives this action feeds, issued on each participant once every input is there
-        follow = {VS: VC0, VT: VC1 if self.alg != "alg2" else None, VEF: VEC}.get(kind)
-        if follow is not None:
-            self.pending[rank].append(Action(self.homes[rank], follow, k))
-        last = self.sched.num_stages - 1
-        if (kind == F and action.stage == last) or (kind in (B, I) and action.stage == 0):
-            coll = VBX if kind == F else VEBC
-            for r in range(self.p):
-                self.pending[r].append(Action(self.homes[r], coll, k))
-
-    def _flush(self, rank: int, now: float) -> None:
-        """Append rank's pending collectives whose inputs have all completed by ``now``, oldest first."""
-        due = []
-        for a in self.pending[rank]:
-            t = self.ready(a, rank)
-            if t is not None and t <= now:
-                due.append((t, a))
-        if not due:
-            return
-        due.sort(key=lambda x: x[0])
-        for _, a in due:
-            self.out[rank].append(a)
-            self.pending[rank].remove(a)
+        # the collectives this action feeds, issued right after it
+        if kind == VS:
+            self._issue(rank, VC0, k)
+        elif kind == VT and self.alg != "alg2":
+            self._issue(rank, VC1, k)
+        elif kind == VEF:
+            self._issue(rank, VEC, k)
 
     def run(self) -> tuple[Schedule, float]:
         wake: list[float] = list(self.clock)
@@ -222,12 +241,15 @@ class _Placer:
                 continue
             self.place(rank, best[0], best[1], now)
             wake = [self.clock[r] if r == rank else self._rewake(r, wake[r]) for r in range(self.p)]
-        for r in range(self.p):
-            self._flush(r, _INF)
-            if self.pending[r]:
-                raise ScheduleError(f"{self.sched.name}: collectives {self.pending[r]} never complete")
         rows = [out + tail for out, tail in zip(self.out, self.tail, strict=True)]
         return self.sched.with_actions(rows, lowered=False), max(self.clock)
+
+    def global_order(self) -> list[tuple[str, int]]:
+        """The vocabulary steps of this (free) pass ordered by their mean start over the ranks."""
+        rank_of_kind = {kind: i for i, kind in enumerate(_STEPS)}
+        return sorted(
+            self.starts, key=lambda s: (sum(self.starts[s]) / len(self.starts[s]), s[1], rank_of_kind[s[0]])
+        )
 
     def _rewake(self, rank: int, wake: float) -> float:
         """After a placement a blocked rank may run earlier: its clock or its earliest known start."""
@@ -285,11 +307,21 @@ def insert_vocab(
     best: tuple[float, int, bool, Schedule] | None = None
     for shift in range(allowance + 1):
         for vocab_first in (True, False):
-            sched, span = _Placer(schedule, algorithm, costs, shift, vocab_first).run()
+            sched, span = place_variant(schedule, algorithm, costs, shift, vocab_first)
             if best is None or span < best[0] - 1e-9 * max(1.0, span):
                 best = (span, shift, vocab_first, sched)
     assert best is not None
     return replace_meta(best[3], vocab_shift=best[1], vocab_first=best[2])
+
+
+def place_variant(
+    schedule: Schedule, algorithm: str, costs: PlacementCosts, shift: int, vocab_first: bool
+) -> tuple[Schedule, float]:
+    """One placement: a free pass fixes one global order of the vocabulary steps (by their mean start
+    over the ranks), the second places them in that order on every rank. (schedule, planned span)."""
+    free = _Placer(schedule, algorithm, costs, shift, vocab_first)
+    free.run()
+    return _Placer(schedule, algorithm, costs, shift, vocab_first, free.global_order()).run()
 
 
 def replace_meta(schedule: Schedule, **meta: object) -> Schedule:

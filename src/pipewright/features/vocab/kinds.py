@@ -7,34 +7,47 @@ itself under the loop and the V placements), so ``(kind, home(r), k)`` identifie
 kind            what                                       requires
 ==============  =========================================  =====================================
 ``VEF``         input embedding: lookup of the rank's rows —
-``VEC``         SUM of the lookups to stage 0 (collective)  ``VEF(k)`` on every rank
-``VBX``         broadcast of X from the last stage          ``F(last, k)``
+``VEC``         SUM of the lookups to stage 0 (collective)  ``VEF(k)``
+``VBX``         broadcast of X from the last stage          — (the last stage issues it after F(last, k))
 ``VS``          pass S                                     ``VBX(k)`` on the rank
-``VC0``         barrier after S (statistics merge; alg2    ``VS(k)`` on every rank
+``VC0``         barrier after S (statistics merge; alg2    ``VS(k)``
                 also the SUM of the rescaled ∇X)
 ``VT``          pass T                                     ``VC0(k)`` on the rank
-``VC1``         SUM of ∇X after T (alg1 only)              ``VT(k)`` on every rank
-``VEBC``        broadcast of ∇embedding from stage 0       ``I(0, k)``
+``VC1``         SUM of ∇X after T (alg1 only)              ``VT(k)``
+``VEBC``        broadcast of ∇embedding from stage 0       — (stage 0 issues it after its I(0, k))
 ``VEB``         input embedding backward (rank's rows)     ``VEBC(k)`` on the rank
 ==============  =========================================  =====================================
 
 and the core kinds gain two requirements: ``F(0, k)`` needs ``VEC(k)`` of stage 0's rank; the last
 stage's backward ``B``/``I`` needs ∇X — ``VC1(k)`` (alg1) or ``VC0(k)`` (alg2) of the last stage's rank.
-A collective's requirement on *every* rank is the rendezvous: it starts when its last participant
-arrives. ``VS`` adds one vocabulary-microbatch of memory (its softmax and X), ``VT`` frees it; both are
+The collectives are :class:`~pipewright.kinds.Collective` kinds over named groups spanning every pipeline
+rank (one communicator per traffic kind: ``vocab_x``, ``vocab_stats``, ``vocab_grad``, ``vocab_emb``,
+``vocab_emb_back``), so the core treats each as a rendezvous that starts when the last member issued it,
+and checks that members issue a group's collectives in one order. ``VS`` adds one vocabulary-microbatch of memory (its softmax and X), ``VT`` frees it; both are
 counted apart from the transformer activations (``KindSpec.memory`` stays 0 so ``peak_in_flight``
 keeps counting transformer microbatches).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 from pipewright.deps import CORE_KINDS
 from pipewright.ir import Action, B, Event, F, I, KindRegistry, KindSpec, Schedule
+from pipewright.kinds import Collective
 
 VEF, VEC, VBX, VS, VC0, VT, VC1, VEBC, VEB = "VEF", "VEC", "VBX", "VS", "VC0", "VT", "VC1", "VEBC", "VEB"
 COMPUTE_KINDS = (VEF, VS, VT, VEB)
 COLLECTIVE_KINDS = (VEC, VBX, VC0, VC1, VEBC)
 ALL_KINDS = COMPUTE_KINDS + COLLECTIVE_KINDS
+#: collective kind → (operation, named group)
+GROUPS = {
+    VEC: ("reduce", "vocab_emb"),
+    VBX: ("broadcast", "vocab_x"),
+    VC0: ("all_gather", "vocab_stats"),
+    VC1: ("all_reduce", "vocab_grad"),
+    VEBC: ("broadcast", "vocab_emb_back"),
+}
 
 
 def home(schedule: Schedule, rank: int) -> int:
@@ -42,42 +55,48 @@ def home(schedule: Schedule, rank: int) -> int:
     return schedule.placement.index(rank)  # stages are numbered in order: the first listed is lowest
 
 
-def _homes(schedule: Schedule) -> list[int]:
-    return [schedule.placement.index(r) for r in range(schedule.num_ranks)]
+@dataclass(frozen=True)
+class all_ranks:
+    """Members of a vocabulary collective: every pipeline rank, listed from rank ``shift`` on.
+
+    Each traffic kind has its own communicator, so only the collectives of one group must be issued in
+    one order. The validator (``passes/validate.py``) keys that order check by the member tuple, not by
+    the group name; listing the same ranks rotated per group keeps the five groups apart there, while
+    the simulator, which reads members as a set and streams per (rank, group name), is unaffected.
+    """
+
+    shift: int = 0
+
+    def __call__(self, action: Action, schedule: Schedule) -> tuple[int, ...]:
+        p = schedule.num_ranks
+        return tuple((r + self.shift) % p for r in range(p))
 
 
-def _on_every_rank(kind: str):
-    def rule(action: Action, schedule: Schedule) -> tuple[Event, ...]:
-        return tuple((kind, h, action.microbatch) for h in _homes(schedule))
+@dataclass(frozen=True)
+class own:
+    """Requires ``kind`` of the same stage and microbatch (picklable rule)."""
 
-    return rule
+    kind: str
 
-
-def _on_own_rank(kind: str):
-    def rule(action: Action, schedule: Schedule) -> tuple[Event, ...]:
-        return ((kind, action.stage, action.microbatch),)
-
-    return rule
+    def __call__(self, action: Action, schedule: Schedule) -> tuple[Event, ...]:
+        return ((self.kind, action.stage, action.microbatch, None),)
 
 
 def _nothing(action: Action, schedule: Schedule) -> tuple[Event, ...]:
     return ()
 
 
-def _last_forward(action: Action, schedule: Schedule) -> tuple[Event, ...]:
-    return ((F, schedule.num_stages - 1, action.microbatch),)
+def _compute(name: str, requires, description: str) -> KindSpec:
+    return KindSpec(name, requires, per_microbatch=True, description=description)
 
 
-def _first_input_grad(action: Action, schedule: Schedule) -> tuple[Event, ...]:
-    return ((I, 0, action.microbatch),)
-
-
-def _spec(name: str, requires, *, compute: bool, description: str) -> KindSpec:
+def _collective(name: str, requires, description: str) -> KindSpec:
+    op, group = GROUPS[name]
     return KindSpec(
         name,
         requires,
-        compute=compute,
-        comm=None if compute else "collective",
+        compute=False,
+        collective=Collective(op, group, members=all_ranks(list(GROUPS).index(name))),
         per_microbatch=True,
         description=description,
     )
@@ -86,61 +105,48 @@ def _spec(name: str, requires, *, compute: bool, description: str) -> KindSpec:
 def vocab_kinds() -> tuple[KindSpec, ...]:
     """The nine vocabulary kinds (their rules do not depend on the algorithm)."""
     return (
-        _spec(VEF, _nothing, compute=True, description="vocabulary-parallel embedding lookup"),
-        _spec(VEC, _on_every_rank(VEF), compute=False, description="embedding SUM to stage 0"),
-        _spec(VBX, _last_forward, compute=False, description="broadcast of the last stage's output"),
-        _spec(VS, _on_own_rank(VBX), compute=True, description="output pass S"),
-        _spec(VC0, _on_every_rank(VS), compute=False, description="barrier after S"),
-        _spec(VT, _on_own_rank(VC0), compute=True, description="output pass T"),
-        _spec(VC1, _on_every_rank(VT), compute=False, description="input-gradient SUM after T"),
-        _spec(VEBC, _first_input_grad, compute=False, description="broadcast of the embedding gradient"),
-        _spec(VEB, _on_own_rank(VEBC), compute=True, description="embedding backward"),
+        _compute(VEF, _nothing, "vocabulary-parallel embedding lookup"),
+        _collective(VEC, own(VEF), "embedding SUM to stage 0"),
+        _collective(VBX, _nothing, "broadcast of the last stage's output"),
+        _compute(VS, own(VBX), "output pass S"),
+        _collective(VC0, own(VS), "barrier after S"),
+        _compute(VT, own(VC0), "output pass T"),
+        _collective(VC1, own(VT), "input-gradient SUM after T"),
+        _collective(VEBC, _nothing, "broadcast of the embedding gradient"),
+        _compute(VEB, own(VEBC), "embedding backward"),
     )
 
 
-def _with_extra(spec: KindSpec, extra) -> KindSpec:
-    base = spec.requires
+@dataclass(frozen=True)
+class with_vocab:
+    """A core rule plus the vocabulary requirement: F(0, k) needs VEC(k) of stage 0's rank; the last
+    stage's B/I needs ∇X, ``grad_kind`` (VC1 or VC0) of the last stage's rank. Only in schedules whose
+    ``meta["vocab_parallel"]`` is set."""
 
-    def requires(action: Action, schedule: Schedule) -> tuple[Event, ...]:
-        return base(action, schedule) + extra(action, schedule)
+    base: object
+    grad_kind: str
 
-    return KindSpec(
-        spec.name,
-        requires,
-        spec.produces,
-        spec.compute,
-        spec.comm,
-        spec.memory,
-        spec.torch,
-        spec.per_microbatch,
-        spec.description,
-    )
+    def __call__(self, action: Action, schedule: Schedule) -> tuple[Event, ...]:
+        events = self.base(action, schedule)
+        if not schedule.meta.get("vocab_parallel"):
+            return events
+        last = schedule.num_stages - 1
+        if action.kind == F and action.stage == 0:
+            return events + ((VEC, home(schedule, schedule.rank_of(0)), action.microbatch, None),)
+        if action.kind in (B, I) and action.stage == last:
+            return events + (
+                (self.grad_kind, home(schedule, schedule.rank_of(last)), action.microbatch, None),
+            )
+        return events
 
 
 def registry(algorithm: str, base: KindRegistry = CORE_KINDS) -> KindRegistry:
     """``base`` plus the vocabulary kinds, with F of stage 0 and the last stage's backward tied to them."""
     grad_kind = VC1 if algorithm in ("alg1", "naive") else VC0
-
-    def forward_extra(action: Action, schedule: Schedule) -> tuple[Event, ...]:
-        if action.stage != 0 or not _uses_vocab(schedule):
-            return ()
-        return ((VEC, home(schedule, schedule.rank_of(0)), action.microbatch),)
-
-    def backward_extra(action: Action, schedule: Schedule) -> tuple[Event, ...]:
-        last = schedule.num_stages - 1
-        if action.stage != last or not _uses_vocab(schedule):
-            return ()
-        return ((grad_kind, home(schedule, schedule.rank_of(last)), action.microbatch),)
-
     specs = []
     for name, spec in base.items():
-        if name == F:
-            spec = _with_extra(spec, forward_extra)
-        elif name in (B, I):
-            spec = _with_extra(spec, backward_extra)
-        specs.append(spec)
+        if name in (F, B, I) and not isinstance(spec.requires, with_vocab):
+            spec = replace(spec, requires=with_vocab(spec.requires, grad_kind))
+        if name not in ALL_KINDS:
+            specs.append(spec)
     return KindRegistry([*specs, *vocab_kinds()])
-
-
-def _uses_vocab(schedule: Schedule) -> bool:
-    return bool(schedule.meta.get("vocab_parallel"))

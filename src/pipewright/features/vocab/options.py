@@ -53,8 +53,6 @@ def apply_to_simulation(option: str, schedule: Schedule, cost, comm, *, unit: bo
         return insert_vocab(schedule, option, placement_costs(cost, schedule)), cost, comm
     if not isinstance(cost, TransformerCost):
         raise ConfigError("--vocab-parallel needs --model or --cost unit (a profile has no vocabulary costs)")
-    if cost.mesh.dp > 1:
-        raise ConfigError("--vocab-parallel in the simulator needs --dp 1 until collectives name their group")
     spec, mesh = cost.spec, cost.mesh
     common = dict(
         microbatch=cost.microbatch,

@@ -18,7 +18,8 @@ vocabulary kind plus F/B/I wrappers for the first and last stage:
 - B/I of the last stage back-propagate ∇X (waited for there) through the stage;
 - ``VEBC``: stage 0 broadcasts the gradient of its input; ``VEB`` scatters it into the rank's rows.
 
-Every rank needs the microbatches' ids and labels (``run(inputs, targets)`` on every rank). Call
+Build the executor with ``loss_fn=None`` (the loss is computed here, on every rank). Every rank needs
+the microbatches' ids and labels (``run(inputs, targets)`` on every rank). Call
 :meth:`VocabRuntime.finish` after each iteration (it completes the collectives whose result this rank
 does not use).
 """
@@ -33,7 +34,7 @@ from torch import Tensor, nn
 from pipewright.features.vocab import shard as vs
 from pipewright.features.vocab.kinds import VBX, VC0, VC1, VEB, VEBC, VEC, VEF, VS, VT
 from pipewright.features.vocab.layers import Pending, VocabEmbedding, VocabGroup, VocabOutput
-from pipewright.ir import RECV_F, Action, B, F, I
+from pipewright.ir import Action, B, F, I
 from pipewright.models.gpt import Embedding, GPTStage, Head, layer_generator, plain_linear_factory
 from pipewright.models.spec import ModelSpec
 from pipewright.runtime.executor import default_handlers
@@ -150,20 +151,11 @@ class VocabRuntime:
 
     def _forward(self, core):
         def handler(state, a: Action) -> None:
-            ex, (s, k) = state.executor, (a.stage, a.microbatch)
-            if s == 0:
-                x = self._it.emb_out.pop(k).wait().detach().requires_grad_()
-                self._it.emb_inputs[k] = x
-            elif s == ex.last_stage:
-                if ex.schedule.local(s - 1, s):
-                    x = state.stage_outputs[(s - 1, k)].detach().requires_grad_()
-                else:
-                    x = state.received.pop(Action(s, RECV_F, k)).requires_grad_()
-            else:
-                core(state, a)
-                return
-            state.stage_inputs[(s, k)] = x
-            state.stage_outputs[(s, k)] = ex.stages[s](x)
+            if a.stage == 0:  # stage 0's input: the token-embedding SUM (VEC)
+                x = self._it.emb_out.pop(a.microbatch).wait().detach().requires_grad_()
+                self._it.emb_inputs[a.microbatch] = x
+                state.feeds[(0, a.microbatch)] = x
+            core(state, a)
 
         return handler
 
@@ -208,8 +200,7 @@ class VocabRuntime:
             ex, (s, k) = state.executor, (a.stage, a.microbatch)
             if s == ex.last_stage:
                 out = state.stage_outputs[(s, k)]
-                grad = self.output.input_grad(k, self._dloss(state)).reshape(out.shape)
-                state.stage_outputs[(s, k)] = (out * grad).sum()  # backward of this gives ∇X
+                state.output_grads[(s, k)] = self.output.input_grad(k, self._dloss(state)).reshape(out.shape)
             core(state, a)
 
         return handler
