@@ -22,10 +22,11 @@ and the core kinds gain two requirements: ``F(0, k)`` needs ``VEC(k)`` of stage 
 stage's backward ``B``/``I`` needs ∇X — ``VC1(k)`` (alg1) or ``VC0(k)`` (alg2) of the last stage's rank.
 The collectives are :class:`~pipewright.kinds.Collective` kinds over named groups spanning every pipeline
 rank (one communicator per traffic kind: ``vocab_x``, ``vocab_stats``, ``vocab_grad``, ``vocab_emb``,
-``vocab_emb_back``), so the core treats each as a rendezvous that starts when the last member issued it,
-and checks that members issue a group's collectives in one order. ``VS`` adds one vocabulary-microbatch of memory (its softmax and X), ``VT`` frees it; both are
-counted apart from the transformer activations (``KindSpec.memory`` stays 0 so ``peak_in_flight``
-keeps counting transformer microbatches).
+``vocab_emb_back``), so the core treats each as a rendezvous that starts when the last member issued it.
+The validator checks the issue order per member set, so the insertion pass issues all vocabulary
+collectives in one global order on every rank. ``VS`` adds one vocabulary-microbatch of memory (its
+softmax and X), ``VT`` frees it; both are counted apart from the transformer activations
+(``KindSpec.memory`` stays 0 so ``peak_in_flight`` keeps counting transformer microbatches).
 """
 
 from __future__ import annotations
@@ -55,21 +56,9 @@ def home(schedule: Schedule, rank: int) -> int:
     return schedule.placement.index(rank)  # stages are numbered in order: the first listed is lowest
 
 
-@dataclass(frozen=True)
-class all_ranks:
-    """Members of a vocabulary collective: every pipeline rank, listed from rank ``shift`` on.
-
-    Each traffic kind has its own communicator, so only the collectives of one group must be issued in
-    one order. The validator (``passes/validate.py``) keys that order check by the member tuple, not by
-    the group name; listing the same ranks rotated per group keeps the five groups apart there, while
-    the simulator, which reads members as a set and streams per (rank, group name), is unaffected.
-    """
-
-    shift: int = 0
-
-    def __call__(self, action: Action, schedule: Schedule) -> tuple[int, ...]:
-        p = schedule.num_ranks
-        return tuple((r + self.shift) % p for r in range(p))
+def all_ranks(action: Action, schedule: Schedule) -> tuple[int, ...]:
+    """Members of every vocabulary collective: all pipeline ranks."""
+    return tuple(range(schedule.num_ranks))
 
 
 @dataclass(frozen=True)
@@ -96,7 +85,7 @@ def _collective(name: str, requires, description: str) -> KindSpec:
         name,
         requires,
         compute=False,
-        collective=Collective(op, group, members=all_ranks(list(GROUPS).index(name))),
+        collective=Collective(op, group, members=all_ranks),
         per_microbatch=True,
         description=description,
     )
@@ -131,12 +120,11 @@ class with_vocab:
         if not schedule.meta.get("vocab_parallel"):
             return events
         last = schedule.num_stages - 1
+        k = action.microbatch
         if action.kind == F and action.stage == 0:
-            return events + ((VEC, home(schedule, schedule.rank_of(0)), action.microbatch, None),)
+            return (*events, (VEC, home(schedule, schedule.rank_of(0)), k, None))
         if action.kind in (B, I) and action.stage == last:
-            return events + (
-                (self.grad_kind, home(schedule, schedule.rank_of(last)), action.microbatch, None),
-            )
+            return (*events, (self.grad_kind, home(schedule, schedule.rank_of(last)), k, None))
         return events
 
 
