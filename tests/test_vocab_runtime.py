@@ -1,9 +1,10 @@
 """Vocabulary parallelism in the pipeline executor against the single-process model (fp32, 1e-5).
 
 One spawn of 4 workers runs every case: schedules 1F1B, interleaved 1F1B and V-Half with Algorithms 1
-and 2 at p = 4 (one pipeline) and p = 2 (two data-parallel replicas of a 2-rank pipeline, each with its
-own vocabulary group). Each case compares the per-microbatch losses, every transformer parameter's
-gradient and both vocabulary shards' gradients with the unpartitioned model.
+and 2 at p = 4 (one pipeline), p = 2 (two data-parallel replicas of a 2-rank pipeline, each with its
+own vocabulary group) and p = 2 × t = 2 (tensor-parallel stages, 4 vocabulary shards). Each case
+compares the per-microbatch losses, every transformer parameter's gradient (tensor-parallel shards
+gathered) and both vocabulary shards' gradients with the unpartitioned model.
 """
 
 from __future__ import annotations
@@ -25,14 +26,15 @@ from pipewright.models.gpt import build_full, build_stage, loss_fn
 from pipewright.models.spec import ModelSpec
 from pipewright.runtime.executor import PipelineExecutor
 from pipewright.runtime.mesh import ParallelMesh
+from pipewright.runtime.tensor_parallel import full_parameters, tp_linear_factory
 from pipewright.schedules.registry import build_schedule
 
 RTOL = 1e-5
-SPEC = ModelSpec("tiny", layers=8, hidden=16, heads=2, vocab=37, seq_len=6)
+SPEC = ModelSpec("tiny", layers=8, hidden=16, heads=2, vocab=38, seq_len=6)  # padded to 40
 B, M, SEED = 2, 4, 3
 SCHEDULES = [("1f1b", None), ("interleaved-1f1b", 2), ("v-half", None)]
 ALGORITHMS = ("alg1", "alg2")
-PIPELINES = (2, 4)  # p; the world has 4 ranks
+PIPELINES = ((2, 1), (4, 1), (2, 2))  # (p, t); the world has 4 ranks (dp = 4 / (p·t))
 
 
 def _data():
@@ -65,7 +67,12 @@ def _case(mesh, group, name, v, algorithm) -> str:
     base = build_schedule(name, p, M, v)
     sched = insert_vocab(base, algorithm)
     mine = sched.stages_of(mesh.pp_rank)
-    stages = {s: VocabStage(build_stage(SPEC, None, s, seed=SEED, num_stages=sched.num_stages)) for s in mine}
+    factory = tp_linear_factory(mesh.group("tp")) if mesh.tp > 1 else None
+    n = sched.num_stages
+    stages = {
+        s: VocabStage(build_stage(SPEC, None, s, seed=SEED, num_stages=n, linear_factory=factory))
+        for s in mine
+    }
     rt = VocabRuntime(
         SPEC, group, algorithm=algorithm, seed=SEED, microbatch_shape=(B, SPEC.seq_len),
         last_rank=sched.rank_of(sched.num_stages - 1),
@@ -82,8 +89,8 @@ def _case(mesh, group, name, v, algorithm) -> str:
     if sched.num_stages - 1 in mine:
         errors.append(_err("losses", torch.tensor(losses), torch.tensor(ref_losses)))
     for s, module in stages.items():
-        for n, prm in module.named_parameters():
-            errors.append(_err(f"stage {s} {n}", prm.grad, ref_grads[full_name(n)]))
+        for n, grad in full_parameters(module, grad=True).items():
+            errors.append(_err(f"stage {s} {n}", grad, ref_grads[full_name(n)]))
     start, end, _ = vs.shard_range(SPEC.vocab, group.shards, group.index)
     for label, prm, full in (
         ("embedding shard", rt.embedding.weight, ref_grads["embed.tok.weight"]),
@@ -103,12 +110,12 @@ def _worker(rank: int, world: int, init_file: str, queue) -> None:
     )
     results: dict[str, str] = {}
     try:
-        for p in PIPELINES:
-            mesh = ParallelMesh.build(dp=world // p, pp=p, device="cpu")
+        for p, t in PIPELINES:
+            mesh = ParallelMesh.build(dp=world // (p * t), pp=p, tp=t, device="cpu")
             group = vocab_group(mesh)
             for name, v in SCHEDULES:
                 for algorithm in ALGORITHMS:
-                    key = f"p={p} {name} {algorithm}"
+                    key = f"p={p} t={t} {name} {algorithm}"
                     try:
                         results[key] = _case(mesh, group, name, v, algorithm)
                     except Exception:
@@ -143,11 +150,11 @@ def results() -> dict[str, list[str]]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("p", PIPELINES)
+@pytest.mark.parametrize(("p", "t"), PIPELINES)
 @pytest.mark.parametrize(("name", "v"), SCHEDULES)
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
-def test_runtime_equals_unpartitioned_model(results, p, name, v, algorithm) -> None:
-    got = results[f"p={p} {name} {algorithm}"]
+def test_runtime_equals_unpartitioned_model(results, p, t, name, v, algorithm) -> None:
+    got = results[f"p={p} t={t} {name} {algorithm}"]
     assert len(got) == 4
     bad = [e for e in got if e]
     assert not bad, "\n".join(bad)
