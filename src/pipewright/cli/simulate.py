@@ -101,6 +101,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     model.add_argument("--plan", help="a `pipewright plan` file: its layout, degrees and device order")
     model.add_argument("--dtype", help="compute dtype (default: bf16 where the GPU has it, else fp16)")
     model.add_argument("--topology", help="cluster topology JSON (default: built from --nodes/--gpu)")
+    from pipewright.features.vocab.options import CHOICES as _VOCAB
+    from pipewright.features.vocab.options import HELP as _VOCAB_HELP
+
+    parser.add_argument("--vocab-parallel", choices=_VOCAB, default="none", help=_VOCAB_HELP)
     parser.add_argument("--iterations", type=int, default=1, help="iterations to simulate (steady state)")
     parser.add_argument(
         "--no-step-barrier",
@@ -259,6 +263,17 @@ def run(args: argparse.Namespace) -> int:
         setup = _profile_setup(args)
     else:
         setup = _unit_setup(args) if args.model is None else _model_setup(args)
+    if args.vocab_parallel != "none":
+        from dataclasses import replace
+
+        from pipewright.features.vocab.options import apply_to_simulation
+
+        sched, cost, comm = apply_to_simulation(
+            args.vocab_parallel, setup.schedule, setup.cost, setup.comm, unit=setup.unit
+        )
+        setup = replace(
+            setup, schedule=sched, cost=cost, comm=comm, label=f"{setup.label}, vocab {args.vocab_parallel}"
+        )
     if getattr(args, "fill", None) == "kfac":
         from pipewright.features.kfac.cli import run_fill  # until the feature bundle's CLI hook
 

@@ -1,0 +1,27 @@
+"""Vocabulary parallelism (Yeung et al., "Balancing Pipeline Parallelism with Vocabulary Parallelism",
+arXiv 2411.05288): the input embedding and the output layer with its cross-entropy split along the
+vocabulary over all p·t pipeline × tensor ranks.
+
+- :mod:`.shard`: the math on one shard (pure functions, torch), exact against the unpartitioned layers;
+- :mod:`.layers`: the same over a torch.distributed group, asynchronous collectives;
+- :mod:`.kinds`, :mod:`.insert`: the schedule side (action kinds and the pass that places them);
+- :mod:`.cost`: FLOPs, time and memory of the passes and of the baselines (pure Python);
+- :mod:`.runtime`: executor handlers and stage modules; :mod:`.options`: ``--vocab-parallel``.
+
+``FEATURE`` is the bundle for :mod:`pipewright.features` (kinds and the insertion pass; the pass sets
+the schedule's kind registry itself, with F of stage 0 and the last stage's backward tied to the
+vocabulary kinds). This module imports no torch.
+"""
+
+from pipewright.features import Feature
+from pipewright.features.vocab.insert import insert_vocab
+from pipewright.features.vocab.kinds import vocab_kinds
+
+ALGORITHMS = ("naive", "alg1", "alg2")
+
+FEATURE = Feature(
+    name="vocab",
+    kinds=vocab_kinds(),
+    passes={"vocab": insert_vocab},
+    description="vocabulary parallelism: embedding and output layer split over all pipeline ranks",
+)

@@ -1,0 +1,78 @@
+"""``--vocab-parallel none|redistribute|alg1|alg2`` for ``pipewright simulate`` (pure Python).
+
+:func:`apply_to_simulation` turns a simulation set-up (schedule, cost model, communication model) into
+the chosen method's: ``redistribute`` re-lays the transformer layers (TransformerCost only);
+``alg1``/``alg2`` insert the vocabulary actions with :func:`~.insert.insert_vocab`, placed by the same
+costs, and price them with :class:`~.cost.VocabCost` (or 1 per pass under ``--cost unit``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from pipewright.cost.transformer import TransformerCost
+from pipewright.errors import ConfigError
+from pipewright.features.vocab.cost import VocabComm, VocabCost, redistribute_layout
+from pipewright.features.vocab.insert import PlacementCosts, insert_vocab
+from pipewright.features.vocab.kinds import COLLECTIVE_KINDS
+from pipewright.ir import Action, Schedule
+
+CHOICES = ("none", "redistribute", "alg1", "alg2")
+HELP = (
+    "vocabulary layers: none (embedding on the first stage, output on the last), redistribute (fewer "
+    "transformer layers on those stages), alg1/alg2 (vocabulary parallelism, Yeung et al. 2024)"
+)
+
+
+def placement_costs(cost, schedule: Schedule) -> PlacementCosts:
+    """The insertion pass's durations from a cost model (VocabCost: collectives over the vocab group)."""
+    coll = {k: cost.collective_time(k) for k in COLLECTIVE_KINDS} if isinstance(cost, VocabCost) else {}
+    p2p = 0.0
+    if isinstance(cost, VocabCost) and schedule.num_ranks > 1:
+        nbytes = cost.inner.message_bytes(Action(0, "SEND_F", 0), schedule)
+        p2p = cost.inner.comm.p2p_time(0, 1, nbytes)
+    probe = schedule.with_actions(schedule.actions, kinds=_kinds(schedule))
+    return PlacementCosts(lambda a: cost.compute_time(a, probe), coll, p2p)
+
+
+def _kinds(schedule: Schedule):
+    from pipewright.features.vocab.kinds import registry
+
+    return registry("alg2", schedule.kinds)
+
+
+def apply_to_simulation(option: str, schedule: Schedule, cost, comm, *, unit: bool = False):
+    """(schedule, cost, comm) for ``option``; unchanged for ``none``."""
+    if option not in CHOICES:
+        raise ConfigError(f"--vocab-parallel {option!r}; choose one of {', '.join(CHOICES)}")
+    if option == "none":
+        return schedule, cost, comm
+    if unit:
+        if option == "redistribute":
+            raise ConfigError("--vocab-parallel redistribute needs --model (unit costs have no layers)")
+        return insert_vocab(schedule, option, placement_costs(cost, schedule)), cost, comm
+    if not isinstance(cost, TransformerCost):
+        raise ConfigError("--vocab-parallel needs --model or --cost unit (a profile has no vocabulary costs)")
+    spec, mesh = cost.spec, cost.mesh
+    common = dict(
+        microbatch=cost.microbatch,
+        gpu=cost.gpu,
+        dtype=cost.dtype,
+        recompute=cost.recompute,
+        mesh=mesh,
+        topology=cost.topology,
+        sequence_parallel=cost.sequence_parallel,
+        efficiency=cost.efficiency,
+    )
+    if option == "redistribute":
+        layout = redistribute_layout(spec, schedule, pp=mesh.pp, tp=mesh.tp, **_kw(common))
+        new = TransformerCost(spec, layout=layout, **common)
+        return schedule, new, new.comm
+    inner = TransformerCost(replace(spec, vocab=0), **common)
+    vcost = VocabCost(spec, inner, option)
+    sched = insert_vocab(schedule, option, placement_costs(vcost, schedule))
+    return sched, vcost, VocabComm(vcost)
+
+
+def _kw(common: dict) -> dict:
+    return {k: v for k, v in common.items() if k != "mesh"}

@@ -1,0 +1,160 @@
+"""Vocabulary parallelism in the pipeline executor against the single-process model (fp32, 1e-5).
+
+One spawn of 4 workers runs every case: schedules 1F1B, interleaved 1F1B and V-Half with Algorithms 1
+and 2 at p = 4 (one pipeline), p = 2 (two data-parallel replicas of a 2-rank pipeline, each with its
+own vocabulary group) and p = 2 × t = 2 (tensor-parallel stages, 4 vocabulary shards). Each case
+compares the per-microbatch losses, every transformer parameter's gradient (tensor-parallel shards
+gathered) and both vocabulary shards' gradients with the unpartitioned model.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import traceback
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from pipewright.features.vocab import shard as vs
+from pipewright.features.vocab.insert import insert_vocab
+from pipewright.features.vocab.runtime import VocabRuntime, VocabStage, full_name, vocab_group
+from pipewright.models.gpt import build_full, build_stage, loss_fn
+from pipewright.models.spec import ModelSpec
+from pipewright.runtime.executor import PipelineExecutor
+from pipewright.runtime.mesh import ParallelMesh
+from pipewright.runtime.tensor_parallel import full_parameters, tp_linear_factory
+from pipewright.schedules.registry import build_schedule
+
+RTOL = 1e-5
+SPEC = ModelSpec("tiny", layers=8, hidden=16, heads=2, vocab=38, seq_len=6)  # padded to 40
+B, M, SEED = 2, 4, 3
+SCHEDULES = [("1f1b", None), ("interleaved-1f1b", 2), ("v-half", None)]
+ALGORITHMS = ("alg1", "alg2")
+PIPELINES = ((2, 1), (4, 1), (2, 2))  # (p, t); the world has 4 ranks (dp = 4 / (p·t))
+
+
+def _data():
+    g = torch.Generator().manual_seed(11)
+    ids = [torch.randint(0, SPEC.vocab, (B, SPEC.seq_len), generator=g) for _ in range(M)]
+    targets = [torch.randint(0, SPEC.vocab, (B, SPEC.seq_len), generator=g) for _ in range(M)]
+    return ids, targets
+
+
+def _reference():
+    torch.manual_seed(0)
+    model = build_full(SPEC, SEED)
+    ids, targets = _data()
+    losses = []
+    for k in range(M):
+        loss = loss_fn(model(ids[k]), targets[k])
+        (loss / M).backward()
+        losses.append(loss.item())
+    return losses, {n: p.grad for n, p in model.named_parameters()}
+
+
+def _err(label, actual, expected) -> str:
+    err = (actual.double() - expected.double()).abs().max().item()
+    scale = max(expected.double().abs().max().item(), 1e-12)
+    return "" if err <= RTOL * scale else f"{label}: max error {err:.3g} over scale {scale:.3g}"
+
+
+def _case(mesh, group, name, v, algorithm) -> str:
+    p = mesh.pp
+    base = build_schedule(name, p, M, v)
+    sched = insert_vocab(base, algorithm)
+    mine = sched.stages_of(mesh.pp_rank)
+    factory = tp_linear_factory(mesh.group("tp")) if mesh.tp > 1 else None
+    n = sched.num_stages
+    stages = {
+        s: VocabStage(build_stage(SPEC, None, s, seed=SEED, num_stages=n, linear_factory=factory))
+        for s in mine
+    }
+    rt = VocabRuntime(
+        SPEC, group, algorithm=algorithm, seed=SEED, microbatch_shape=(B, SPEC.seq_len),
+        last_rank=sched.rank_of(sched.num_stages - 1),
+    )  # fmt: skip
+    ex = PipelineExecutor(
+        sched, mesh, stages, loss_fn=None, boundary_shape=(B, SPEC.seq_len, SPEC.hidden),
+        handlers=rt.handlers(),
+    )  # fmt: skip
+    ids, targets = _data()
+    losses = ex.run(ids, targets)
+    rt.finish()
+    ref_losses, ref_grads = _reference()
+    errors = []
+    if sched.num_stages - 1 in mine:
+        errors.append(_err("losses", torch.tensor(losses), torch.tensor(ref_losses)))
+    for s, module in stages.items():
+        for n, grad in full_parameters(module, grad=True).items():
+            errors.append(_err(f"stage {s} {n}", grad, ref_grads[full_name(n)]))
+    start, end, _ = vs.shard_range(SPEC.vocab, group.shards, group.index)
+    for label, prm, full in (
+        ("embedding shard", rt.embedding.weight, ref_grads["embed.tok.weight"]),
+        ("output shard", rt.output.weight, ref_grads["head.out.weight"]),
+    ):
+        padded = torch.cat(
+            [full, full.new_zeros(vs.padded_vocab(SPEC.vocab, group.shards) - SPEC.vocab, SPEC.hidden)]
+        )
+        errors.append(_err(label, prm.grad, padded[start:end]))
+    return "; ".join(e for e in errors if e)
+
+
+def _worker(rank: int, world: int, init_file: str, queue) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=timedelta(seconds=60)
+    )
+    results: dict[str, str] = {}
+    try:
+        for p, t in PIPELINES:
+            mesh = ParallelMesh.build(dp=world // (p * t), pp=p, tp=t, device="cpu")
+            group = vocab_group(mesh)
+            for name, v in SCHEDULES:
+                for algorithm in ALGORITHMS:
+                    key = f"p={p} t={t} {name} {algorithm}"
+                    try:
+                        results[key] = _case(mesh, group, name, v, algorithm)
+                    except Exception:
+                        results[key] = traceback.format_exc()
+                    dist.barrier()
+        queue.put((rank, results))
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawn(world: int) -> dict[str, list[str]]:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        init_file = os.path.join(tmp, "init")
+        procs = [ctx.Process(target=_worker, args=(r, world, init_file, queue)) for r in range(world)]
+        for proc in procs:
+            proc.start()
+        got = [queue.get(timeout=300) for _ in procs]
+        for proc in procs:
+            proc.join(timeout=60)
+    merged: dict[str, list[str]] = {}
+    for rank, results in sorted(got):
+        for name, err in results.items():
+            merged.setdefault(name, []).append(f"rank {rank}: {err}" if err else "")
+    return merged
+
+
+@pytest.fixture(scope="module")
+def results() -> dict[str, list[str]]:
+    return _spawn(4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("p", "t"), PIPELINES)
+@pytest.mark.parametrize(("name", "v"), SCHEDULES)
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_runtime_equals_unpartitioned_model(results, p, t, name, v, algorithm) -> None:
+    got = results[f"p={p} t={t} {name} {algorithm}"]
+    assert len(got) == 4
+    bad = [e for e in got if e]
+    assert not bad, "\n".join(bad)
