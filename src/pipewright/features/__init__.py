@@ -32,7 +32,7 @@ from pipewright.errors import ConfigError
 from pipewright.kinds import KindRegistry, KindSpec
 
 #: The library's own feature packages, each exporting ``FEATURE`` (the one place they are listed).
-BUILTIN: tuple[str, ...] = ("kfac", "async_weights")
+BUILTIN: tuple[str, ...] = ("vocab", "kfac", "async_weights")
 
 
 @dataclass(frozen=True)

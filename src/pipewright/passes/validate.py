@@ -322,12 +322,14 @@ def _rendezvous_keys(schedule: Schedule) -> dict[tuple[int, int], tuple]:
 
 def _check_collective_order(schedule: Schedule) -> None:
     """Members of one group must issue its collectives in the same order (process groups match
-    collectives by order, not by name)."""
-    sequences: dict[tuple[int, ...], dict[int, list[tuple[Action, int]]]] = {}
+    collectives by order, not by name). A group is its name and its members: two named groups over the
+    same ranks are two process groups, each with its own order."""
+    sequences: dict[tuple[str, tuple[int, ...]], dict[int, list[tuple[Action, int]]]] = {}
     for (rank, pos), key in _rendezvous_keys(schedule).items():
         a = schedule.actions[rank][pos]
-        sequences.setdefault(key[-1], {}).setdefault(rank, []).append((a, pos))
-    for members, by_rank in sequences.items():
+        group = (schedule.kinds[a.kind].collective.group, key[-1])
+        sequences.setdefault(group, {}).setdefault(rank, []).append((a, pos))
+    for (_, members), by_rank in sequences.items():
         first = min(by_rank)
         ref = [(a.kind, a.microbatch, a.payload) for a, _ in by_rank[first]]
         for rank, seq in sorted(by_rank.items()):
