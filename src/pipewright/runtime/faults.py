@@ -12,11 +12,13 @@ One fault per ``;``-separated item: ``kind:key=value:...``. Kinds:
 * ``kill-save`` SIGKILL this process while the checkpoint of ``step`` is being written (shards on disk,
   not yet renamed);
 * ``nan``       write NaN into the first gradient of stage ``stage`` after the backward of ``step``;
-* ``hang``      sleep forever at ``step``, schedule position ``pos`` (default 0).
+* ``hang``      sleep forever at ``step``, schedule position ``pos`` (default 0);
+* ``pause``     wait ``ms`` milliseconds at ``step``, position ``pos`` (default 0), or until a SIGTERM
+  arrives (a test's window to preempt a run at a known step).
 
 Keys: ``rank`` (global rank; default: every rank, for ``nan`` the ranks holding the stage), ``step``
 (0-based training step; for ``kill-save`` the number of steps the checkpoint holds), ``pos``, ``stage``,
-``attempt`` (the restart count the fault fires in; default 0, the first attempt, so a restarted group
+``ms``, ``attempt`` (the restart count the fault fires in; default 0, the first attempt, so a restarted group
 does not meet the same fault again).
 """
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -33,8 +36,8 @@ from pipewright.errors import ConfigError
 ENV = "PIPEWRIGHT_FAULTS"
 #: restart count set by ``pipewright train``'s own launcher (torchrun sets TORCHELASTIC_RESTART_COUNT)
 RESTART_ENV = "PIPEWRIGHT_RESTART_COUNT"
-KINDS = ("kill", "term", "kill-save", "nan", "hang")
-_KEYS = ("rank", "step", "pos", "stage", "attempt")
+KINDS = ("kill", "term", "kill-save", "nan", "hang", "pause")
+_KEYS = ("rank", "step", "pos", "stage", "ms", "attempt")
 
 
 def restart_count() -> int:
@@ -53,6 +56,7 @@ class Fault:
     rank: int | None = None
     pos: int | None = None
     stage: int | None = None
+    ms: int = 0
     attempt: int = 0
 
 
@@ -78,14 +82,22 @@ def parse_faults(text: str) -> tuple[Fault, ...]:
 class FaultPlan:
     """This process's faults (those of its rank and restart attempt) and the hooks that fire them."""
 
-    def __init__(self, faults: Iterable[Fault], rank: int, attempt: int | None = None) -> None:
+    def __init__(
+        self,
+        faults: Iterable[Fault],
+        rank: int,
+        attempt: int | None = None,
+        wake: threading.Event | None = None,
+    ) -> None:
         attempt = restart_count() if attempt is None else attempt
         self.rank = rank
+        self.wake = wake or threading.Event()
         self.faults = [f for f in faults if f.attempt == attempt and f.rank in (None, rank)]
 
     @classmethod
-    def from_env(cls, rank: int) -> FaultPlan:
-        return cls(parse_faults(os.environ.get(ENV, "")), rank)
+    def from_env(cls, rank: int, wake: threading.Event | None = None) -> FaultPlan:
+        """The faults of ``PIPEWRIGHT_FAULTS``; ``wake`` (set by SIGTERM) ends a ``pause`` early."""
+        return cls(parse_faults(os.environ.get(ENV, "")), rank, wake=wake)
 
     def __bool__(self) -> bool:
         return bool(self.faults)
@@ -102,6 +114,9 @@ class FaultPlan:
             if position == (f.pos or 0):
                 self.faults.remove(f)
                 os.kill(os.getpid(), signal.SIGTERM)
+        for f in self._take("pause", step):
+            if position == (f.pos or 0):
+                self.wake.wait(f.ms / 1000)
         for f in self._take("hang", step):
             if position == (f.pos or 0):
                 while True:  # until the launcher terminates this process

@@ -45,8 +45,8 @@ class RunGuard:
         self.policy = nonfinite.check_policy(on_nonfinite)
         self.keep = keep_checkpoints
         self.rank = mesh.rank
-        self.faults = FaultPlan.from_env(mesh.rank)
         self.preemption = Preemption().install()
+        self.faults = FaultPlan.from_env(mesh.rank, wake=self.preemption.event)
         self.board = PositionBoard.for_default_group()
         self.step = 0
         self.stop_requested = False
