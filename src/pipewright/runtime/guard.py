@@ -50,6 +50,7 @@ class RunGuard:
         self.board = PositionBoard.for_default_group()
         self.step = 0
         self.stop_requested = False
+        self.last_nonfinite: str | None = None  # the message of the last non-finite step
         self._rows: tuple = ()
 
     # -- executor ----------------------------------------------------------------------------------
@@ -112,7 +113,7 @@ class RunGuard:
         mine = nonfinite.local_findings(self.stages, self.rank) if local_bad else []
         findings = nonfinite.gather_findings(mine) if bad else []
         findings = findings or nonfinite.loss_finding(loss)
-        message = nonfinite.report(step, findings, self.policy)
+        message = self.last_nonfinite = nonfinite.report(step, findings, self.policy)
         if self.policy == "stop":
             raise nonfinite.NonFiniteError(message)
         if self.rank == 0:
