@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 from pipewright.errors import ConfigError
 from pipewright.optim import init_optimizer_state
@@ -267,7 +268,7 @@ def load_checkpoint(
         raise ConfigError(f"checkpoint {path} lacks {missing[0]} (+{len(missing) - 1} more); use a new --out")
     try:
         dcp.load(state, checkpoint_id=str(path))
-    except Exception as exc:  # a shard unreadable despite the manifest (or an old checkpoint without one)
+    except (Exception, CheckpointException) as exc:  # a bad shard despite the manifest, or no manifest
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:200]
         raise CheckpointError(
             f"checkpoint {path} cannot be read ({first}); delete it to resume from an older one"
