@@ -94,6 +94,9 @@ class TrainConfig:
             if name not in known:
                 raise ConfigError(f"{source}: unknown key {key!r}; known keys: {', '.join(sorted(known))}")
             clean[name] = value
+        from pipewright.runtime.inputs import check_types
+
+        check_types(cls, clean, source)  # wrong types: one line naming the key, not a traceback later
         return cls(**clean)
 
     @classmethod
@@ -172,6 +175,11 @@ class TrainConfig:
             if int(getattr(self, name)) < 1:
                 flag = name.replace("_", "-")
                 raise ConfigError(f"--{flag} must be at least 1 (got {getattr(self, name)})")
+        for name in ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ConfigError(
+                    f"--{name.replace('_', '-')} must be at least 1 (got {getattr(self, name)})"
+                )
         for name in ("checkpoint_every", "eval_every", "warmup", "keep_checkpoints", "max_restarts"):
             if int(getattr(self, name)) < 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be 0 or more")
