@@ -98,7 +98,7 @@ def run_with_restarts(
         try:
             return attempt(config)
         except WorkerError as exc:
-            if restart == max_restarts:
+            if restart == max_restarts or "NonFiniteError" in str(exc):  # a NaN would come back
                 raise
             found, warnings = resumable_checkpoint(out_dir / "checkpoints")
             for w in warnings:

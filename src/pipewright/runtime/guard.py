@@ -29,8 +29,8 @@ log = logging.getLogger(__name__)
 
 
 class RunGuard:
-    """One rank's reliability state. Construct on every rank (after the mesh); pass :meth:`handlers`
-    to the executor, then :meth:`attach` it."""
+    """One rank's reliability state. Construct on every rank (after the mesh), then :meth:`attach` the
+    executor."""
 
     def __init__(
         self,
@@ -70,7 +70,9 @@ class RunGuard:
         return handler
 
     def attach(self, executor) -> None:
-        """Remember the executor's lowered schedule (the rows of the hang report's grid)."""
+        """Wrap every handler of ``executor`` (compute, point-to-point, features') with :meth:`handlers`
+        and remember its lowered schedule (the rows of the hang report's grid)."""
+        executor.handlers = self.handlers(executor.handlers)
         self._rows = executor.schedule.actions
 
     @contextmanager
