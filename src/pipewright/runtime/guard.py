@@ -95,9 +95,7 @@ class RunGuard:
                     + (f", tp {t}" if m.tp > 1 else "")
                     + ")"
                 )
-            error = hang_error(exc, self.board, self._rows, row_of, labels, self.out_dir)
-            log.error("%s\n%s", error, error.report)
-            raise error from None
+            raise hang_error(exc, self.board, self._rows, row_of, labels, self.out_dir) from None
         self.board.set(step, "optimizer")
 
     # -- optimizer step ----------------------------------------------------------------------------

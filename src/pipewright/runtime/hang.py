@@ -15,6 +15,7 @@ rank to notice (an atomic ``add`` on the store) writes the report to ``hang-repo
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Sequence
@@ -27,6 +28,7 @@ from pipewright.ir import Action
 from pipewright.runtime.errors import DistributedError
 
 PREFIX = "pipewright/position/"
+log = logging.getLogger(__name__)
 
 
 class HangError(DistributedError):
@@ -171,11 +173,15 @@ def hang_error(
     report writes ``out_dir/hang-report.txt``."""
     time.sleep(3 * board.interval_s)  # the other ranks' threads publish where they are stuck
     report = render_positions(rows, board.snapshot(), row_of, labels)
+    first = (str(cause).splitlines() or ["timeout"])[0]
+    if not board.first_to_report():  # another rank writes and logs the report
+        return HangError(f"hang: {first}", report)
     where = ""
-    if out_dir is not None and board.first_to_report():
+    if out_dir is not None:
         path = Path(out_dir) / "hang-report.txt"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(f"{cause}\n\n{report}\n")
         where = f"; every rank's position in {path}"
-    first = (str(cause).splitlines() or ["timeout"])[0]
-    return HangError(f"hang: {first}{where}", report)
+    error = HangError(f"hang: {first}{where}", report)
+    log.error("%s\n%s", error, report)
+    return error
