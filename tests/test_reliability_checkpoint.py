@@ -9,6 +9,7 @@ import logging
 import pytest
 import torch
 
+from pipewright.errors import ConfigError
 from pipewright.models.gpt import build_full
 from pipewright.models.spec import ModelSpec
 from pipewright.optim import build_optimizer
@@ -133,3 +134,29 @@ def test_unreadable_shard_without_manifest_is_one_line(saved):
     with pytest.raises(CheckpointError) as info:
         load_checkpoint(ckpt / "step_6", params, opt, fingerprint="f")
     assert "\n" not in str(info.value) and "cannot be read" in str(info.value)
+
+
+def test_tensor_parallel_shards_are_rebuilt_for_another_tp_size(tmp_path):
+    """Saved as two tp shards of a fused 3-block (QKV-like) weight split along dim 0, loaded whole
+    (tp = 1) and as shard 1 of 4: both equal the pieces cut from the full tensor, optimizer state too."""
+    torch.manual_seed(0)
+    full = torch.randn(24, 5)
+
+    def cut(r: int, t: int) -> torch.Tensor:
+        return torch.cat([blk.chunk(t, 0)[r] for blk in full.chunk(3, 0)], 0)
+
+    saved = {f"qkv.weight#tp{r}of2": torch.nn.Parameter(cut(r, 2).clone()) for r in range(2)}
+    opt = build_optimizer("sgd", saved.items(), lr=0.0, weight_decay=0.0)
+    for p in saved.values():
+        p.grad = p.detach().clone()  # momentum buffer = the weight itself: checkable after resharding
+    opt.step()
+    meta = {"fingerprint": "tp2", "model_fingerprint": "m", "tp_shards": {"qkv.weight": [0, 3]}}
+    save_checkpoint(tmp_path, 1, saved, opt, meta=meta)
+    for name, want in (("qkv.weight", full), ("qkv.weight#tp1of4", cut(1, 4))):
+        target = {name: torch.nn.Parameter(torch.zeros_like(want))}
+        opt2 = build_optimizer("sgd", target.items(), lr=0.0, weight_decay=0.0)
+        with pytest.raises(ConfigError, match="another model"):
+            load_checkpoint(tmp_path / "step_1", target, opt2, fingerprint="tp1")
+        load_checkpoint(tmp_path / "step_1", target, opt2, fingerprint="tp1", model_fingerprint="m")
+        assert torch.equal(target[name], want), name
+        assert torch.equal(opt2.state[target[name]]["momentum_buffer"], want), name

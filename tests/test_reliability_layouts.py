@@ -2,8 +2,9 @@
 of 4 worker processes (one process group shared by every case):
 
 * resharding: a run at pp = 2, dp = 2 checkpoints after step 3 and goes on to step 6; the checkpoint,
-  resumed at pp = 4 and at pp = 1, dp = 4 (torch.distributed.checkpoint loads each rank's parameters
-  and optimizer state from the other layout's shards), gives the same losses within 1e-5 relative;
+  resumed at pp = 4, at pp = 1, dp = 4 (torch.distributed.checkpoint loads each rank's parameters
+  and optimizer state from the other layout's files) and at pp = 2, tp = 2 (shards cut from the full
+  tensors, runtime/reshard.py), gives the same losses within 1e-5 relative;
 * a NaN written into stage 1's gradient after step 2's backward (``PIPEWRIGHT_FAULTS``): with
   ``on_nonfinite="skip"`` every rank skips that optimizer step, the message names the step, the stage
   and the parameter, and every loss equals a run that skipped step 2's optimizer step; with "stop"
@@ -67,10 +68,10 @@ def _worker(rank: int, tmp: Path) -> dict:
         out["straight"].append(t.train_step(step)["loss"])
         if step + 1 == SAVED:
             t.save(SAVED)
-    for pp, dp in ((4, 1), (1, 4)):
-        t = trainer(_config(tmp, pp, dp, resume=True))
+    for pp, dp, tp in ((4, 1, 1), (1, 4, 1), (2, 1, 2)):
+        t = trainer(_config(tmp, pp, dp, resume=True, tp=tp))
         assert t.load(t.run.resume_from) == SAVED
-        out[f"pp{pp}dp{dp}"] = [t.train_step(step)["loss"] for step in range(SAVED, STEPS)]
+        out[f"pp{pp}dp{dp}tp{tp}"] = [t.train_step(step)["loss"] for step in range(SAVED, STEPS)]
 
     # non-finite: NaN into stage 1's gradient at step 2; skip, against a run that skips step 2
     t = _with_faults("nan:stage=1:step=2", lambda: trainer(_config(tmp, 2, 2, on_nonfinite="skip")))
@@ -119,7 +120,7 @@ def results(tmp_path_factory) -> list[dict]:
 @pytest.mark.slow
 def test_resume_at_other_layouts_continues_the_same_losses(results):
     straight = results[0]["straight"]
-    for key in ("pp4dp1", "pp1dp4"):
+    for key in ("pp4dp1tp1", "pp1dp4tp1", "pp2dp1tp2"):
         for r in results:
             np.testing.assert_allclose(r[key], straight[SAVED:], rtol=1e-5, err_msg=key)
 

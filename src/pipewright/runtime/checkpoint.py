@@ -42,6 +42,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from pipewright.errors import ConfigError
 from pipewright.optim import init_optimizer_state
+from pipewright.runtime.reshard import reshard_plan
 
 log = logging.getLogger(__name__)
 
@@ -234,21 +235,36 @@ def read_meta(path: str | Path) -> dict:
     return json.loads((Path(path) / META).read_text())
 
 
+def same_model(meta: Mapping, fingerprint: str, model_fingerprint: str | None = None) -> bool:
+    """The checkpoint (``meta``) is of this model and tp layout, or of this model at another tp size
+    (its ``model_fingerprint``, tp left out, equals ours)."""
+    if meta.get("fingerprint") == fingerprint:
+        return True
+    return model_fingerprint is not None and meta.get("model_fingerprint") == model_fingerprint
+
+
 def load_checkpoint(
     path: str | Path,
     params: Mapping[str, torch.nn.Parameter],
     optimizer: torch.optim.Optimizer,
     *,
     fingerprint: str,
+    model_fingerprint: str | None = None,
+    tp_shards: Mapping[str, list[int]] | None = None,
 ) -> dict:
     """Load a checkpoint into ``params`` and ``optimizer`` in place; return its meta (with ``step``).
+
+    A checkpoint of another tensor-parallel size loads when ``model_fingerprint`` (the model's
+    fingerprint without tp) matches its ``model_fingerprint``: shards are rebuilt by
+    :mod:`pipewright.runtime.reshard` from the ``tp_shards`` layouts (split dim and blocks per
+    parameter) of its meta and of ``tp_shards`` (this run's).
 
     Raises a one-line ConfigError when the checkpoint belongs to another model (fingerprint mismatch).
     Collective: every rank calls it.
     """
     path = Path(path)
     meta = read_meta(path)
-    if meta.get("fingerprint") != fingerprint:
+    if not same_model(meta, fingerprint, model_fingerprint):
         raise ConfigError(
             f"checkpoint {path} was written for another model ({meta.get('model', '?')}); "
             "resume with the same model dimensions or use a new --out"
@@ -264,10 +280,14 @@ def load_checkpoint(
         ) from None
     state = {k: v for k, v in state.items() if k in stored or not k.startswith("rng/")}
     missing = sorted(k for k in state if k not in stored)
-    if missing:
-        raise ConfigError(f"checkpoint {path} lacks {missing[0]} (+{len(missing) - 1} more); use a new --out")
+    temps, fill, unknown = reshard_plan(
+        missing, stored, {**(meta.get("tp_shards") or {}), **(tp_shards or {})}
+    )
+    if unknown:
+        raise ConfigError(f"checkpoint {path} lacks {unknown[0]} (+{len(unknown) - 1} more); use a new --out")
     try:
-        dcp.load(state, checkpoint_id=str(path))
+        dcp.load({**{k: v for k, v in state.items() if k in stored}, **temps}, checkpoint_id=str(path))
+        fill(state)
     except (Exception, CheckpointException) as exc:  # a bad shard despite the manifest, or no manifest
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:200]
         raise CheckpointError(

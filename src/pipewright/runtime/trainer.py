@@ -45,12 +45,19 @@ from pipewright.models.spec import ModelSpec
 from pipewright.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
 from pipewright.passes import validate
 from pipewright.runtime import elastic
-from pipewright.runtime.checkpoint import load_checkpoint, read_meta, resumable_checkpoint, save_checkpoint
+from pipewright.runtime.checkpoint import (
+    load_checkpoint,
+    read_meta,
+    resumable_checkpoint,
+    same_model,
+    save_checkpoint,
+)
 from pipewright.runtime.config import TrainConfig, fingerprint
 from pipewright.runtime.executor import PipelineExecutor
 from pipewright.runtime.guard import RunGuard
 from pipewright.runtime.launch import init_from_env, running_under_torchrun, spawn
 from pipewright.runtime.mesh import ParallelMesh
+from pipewright.runtime.reshard import shard_layout
 from pipewright.runtime.tensor_parallel import (
     grad_norm_params,
     sharded_parameters,
@@ -159,7 +166,7 @@ def prepare(config: TrainConfig, *, world_size: int | None = None) -> PreparedRu
         if resume_from is None:
             raise ConfigError(f"--resume: no checkpoint in {out_dir / 'checkpoints'}; run without --resume")
         meta = read_meta(resume_from)
-        if meta.get("fingerprint") != fp:
+        if not same_model(meta, fp, fingerprint(spec, config.tokenizer)):  # tp may differ: resharded
             raise ConfigError(
                 f"--resume: checkpoint {resume_from} belongs to another model ({meta.get('model', '?')}); "
                 "use the same model dimensions and --tp, or a new --out"
@@ -314,6 +321,12 @@ class Trainer:
             n + (suffix if n in self.params and id(self.params[n]) in sharded else ""): p
             for n, p in state.items()
         }
+        # what lets a resume at another tp size rebuild the shards (runtime/reshard.py)
+        self.model_fingerprint = fingerprint(spec, c.tokenizer)
+        self.meta |= {
+            "model_fingerprint": self.model_fingerprint,
+            "tp_shards": shard_layout(self.stages.values(), sharded),
+        }
 
     def extra_handlers(self) -> dict | None:
         """Executor handlers a subclass adds (called once stages and optimizer exist)."""
@@ -325,7 +338,14 @@ class Trainer:
 
     def load(self, path: Path) -> int:
         """Load a checkpoint; returns its step (the number of steps done)."""
-        meta = load_checkpoint(path, self.named_shards, self.optimizer, fingerprint=self.run.fingerprint)
+        meta = load_checkpoint(
+            path,
+            self.named_shards,
+            self.optimizer,
+            fingerprint=self.run.fingerprint,
+            model_fingerprint=self.model_fingerprint,
+            tp_shards=self.meta["tp_shards"],
+        )
         if self.master is not None:
             self.master.after_load()
         return int(meta["step"])
