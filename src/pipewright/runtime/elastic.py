@@ -26,6 +26,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import torch.distributed as dist
+
 from pipewright.runtime.checkpoint import resumable_checkpoint
 from pipewright.runtime.config import TrainConfig
 from pipewright.runtime.errors import WorkerError
@@ -60,8 +62,16 @@ class Preemption:
 
 
 def auto_resume(config: TrainConfig) -> TrainConfig:
-    """Under torchrun after an elastic restart: resume from ``--out``'s newest complete checkpoint."""
+    """Under torchrun after an elastic restart: resume from ``--out``'s newest complete checkpoint.
+
+    Collective (call after the process group is up): torchrun counts a restart only on the machine
+    whose worker failed — the other machines' agents restart theirs as a membership change, with
+    ``TORCHELASTIC_RESTART_COUNT`` unchanged — so the ranks take the largest count among them."""
     restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+    if dist.is_initialized():
+        counts: list[int | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(counts, restarts)
+        restarts = max(c or 0 for c in counts)
     if restarts == 0 or config.resume:
         return config
     if config.out is None:

@@ -182,8 +182,8 @@ def train(config: TrainConfig) -> TrainResult:
     tp × pp × dp local processes (one CPU thread each). Returns rank 0's result (others: None under
     torchrun)."""
     if running_under_torchrun():
-        run = prepare(elastic.auto_resume(config), world_size=int(os.environ["WORLD_SIZE"]))
         init_from_env()
+        run = prepare(elastic.auto_resume(config), world_size=int(os.environ["WORLD_SIZE"]))
         chosen = [str(run.out_dir)]  # the default folder name has a timestamp: take rank 0's
         dist.broadcast_object_list(chosen, src=0)
         run = replace(run, out_dir=Path(chosen[0]))
