@@ -3,7 +3,8 @@ compared with one uninterrupted run of the same configuration (module fixture):
 
 * a worker SIGKILLed mid-iteration, and a checkpoint write killed half-way, with ``--max-restarts``:
   the run completes, the restart after the killed write resumes from the previous checkpoint, and every
-  loss equals the uninterrupted run's;
+  loss equals the uninterrupted run's; the same SIGKILL under ``torchrun --max-restarts 1`` (torchrun's
+  elastic agent restarts the group, the workers resume by themselves);
 * SIGTERM to the launcher: the workers finish the step they are in, write its checkpoint and the run
   exits with status 75; ``--resume`` then reproduces the uninterrupted losses;
 * two hosts: two Linux network namespaces joined by a veth pair, ``torchrun --nnodes 2`` with c10d
@@ -105,6 +106,20 @@ def test_sigterm_checkpoints_the_current_step_and_resume_reproduces(reference, d
     assert (out / "checkpoints" / "latest").read_text().strip() == "step_4"
     assert len(_losses(out)) == 4
     assert main(["train", *TINY, "--data", data, "--out", str(out), "--resume"]) == 0
+    assert _losses(out) == pytest.approx(reference, rel=1e-6)
+
+
+@pytest.mark.slow
+def test_torchrun_max_restarts_resumes_after_a_killed_worker(reference, data, tmp_path):
+    if shutil.which("torchrun") is None:
+        pytest.skip("needs torchrun")
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PIPEWRIGHT_FAULTS": "kill:rank=1:step=4"}
+    cmd = ["torchrun", "--standalone", "--nproc-per-node", "2", "--max-restarts", "1"]
+    cmd += ["-m", "pipewright", "train", *TINY, "--data", data, "--out", str(out)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"restart 1: resuming from {out / 'checkpoints' / 'step_4'}" in done.stderr
     assert _losses(out) == pytest.approx(reference, rel=1e-6)
 
 
