@@ -40,10 +40,12 @@ class RunGuard:
         out_dir: Path | None,
         on_nonfinite: str = "stop",
         keep_checkpoints: int = 0,
+        check_gradients: bool = True,
     ) -> None:
         self.mesh, self.stages, self.out_dir = mesh, stages, out_dir
         self.policy = nonfinite.check_policy(on_nonfinite)
         self.keep = keep_checkpoints
+        self.check_gradients = check_gradients  # False under fp16 loss scaling: its scaler skips overflows
         self.rank = mesh.rank
         self.preemption = Preemption().install()
         self.faults = FaultPlan.from_env(mesh.rank, wake=self.preemption.event)
@@ -105,7 +107,7 @@ class RunGuard:
         SIGTERM (then :attr:`stop_requested` is set: checkpoint after this step and stop)."""
         if self.faults:
             self.faults.corrupt_gradients(step, {s: list(m.parameters()) for s, m in self.stages.items()})
-        local_bad = nonfinite.local_flag(self.stages)
+        local_bad = self.check_gradients and nonfinite.local_flag(self.stages)
         bad, preempt = nonfinite.agree_flags([local_bad, self.preemption.requested], self.mesh.device)
         self.stop_requested = self.stop_requested or preempt
         if not bad and not nonfinite.loss_finding(loss):

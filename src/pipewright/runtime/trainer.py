@@ -293,6 +293,7 @@ class Trainer:
             out_dir=run.out_dir,
             on_nonfinite=c.on_nonfinite,
             keep_checkpoints=c.keep_checkpoints,
+            check_gradients=c.precision != "fp16",  # fp16: the loss scaler handles overflowed gradients
         )
         self.executor = PipelineExecutor(
             exec_schedule,
