@@ -40,7 +40,8 @@ PREEMPTED_EXIT_CODE = 75
 
 
 class Preemption:
-    """Set by SIGTERM (the handler does nothing else); :meth:`install` in each worker."""
+    """Set by SIGTERM (the handler does nothing else; a second SIGTERM terminates the process);
+    :meth:`install` in each worker."""
 
     def __init__(self) -> None:
         self.event = threading.Event()
@@ -48,8 +49,16 @@ class Preemption:
 
     def install(self) -> Preemption:
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGTERM, lambda signum, frame: self.event.set())
+            self._previous = signal.signal(signal.SIGTERM, self._handle)
         return self
+
+    def _handle(self, signum: int, frame: object) -> None:
+        if not self.event.is_set():
+            self.event.set()
+            return
+        # a second SIGTERM (the process may be stuck, e.g. in a receive): die as SIGTERM would
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
 
     @property
     def requested(self) -> bool:
