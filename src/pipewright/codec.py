@@ -75,13 +75,22 @@ def from_csv(
         for a in row:
             if stage_rank.setdefault(a.stage, rank) != rank:
                 raise PipewrightError(f"stage {a.stage} appears on ranks {stage_rank[a.stage]} and {rank}")
+    # every stage and microbatch needs an action, so a number past the action count is a typo (and
+    # would make the checks below walk billions of stages)
+    n_actions = sum(map(len, rows))
+    mbs = [a.microbatch for row in rows for a in row if a.microbatch is not None]
+    for what, top in (("stage", max(stage_rank)), ("microbatch", max(mbs, default=0))):
+        if top >= n_actions:
+            raise PipewrightError(
+                f"{what} {top} in a CSV of {n_actions} actions: number them 0, 1, ... without gaps"
+            )
     n_stages = num_stages or max(stage_rank) + 1
     if placement is None:
         missing = [s for s in range(n_stages) if s not in stage_rank]
         if missing:
-            raise PipewrightError(f"the CSV never runs stage(s) {missing}")
+            more = f" (+{len(missing) - 5} more)" if len(missing) > 5 else ""
+            raise PipewrightError(f"the CSV never runs stage(s) {missing[:5]}{more}")
         placement = tuple(stage_rank[s] for s in range(n_stages))
-    mbs = [a.microbatch for row in rows for a in row if a.microbatch is not None]
     lowered = any(kinds[a.kind].comm in ("send", "recv") for row in rows for a in row)
     return Schedule(
         name=name,

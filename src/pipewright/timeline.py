@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipewright.codec import parse_action
+from pipewright.errors import PipewrightError
 from pipewright.ir import Action, KindRegistry
 
 
@@ -90,11 +91,23 @@ class Timeline:
 
     @classmethod
     def from_json(cls, data: dict, kinds: KindRegistry | None = None) -> Timeline:
-        """Inverse of :meth:`to_json`; ``kinds`` names extension kinds the spans may hold."""
-        spans = [
-            Span(r, parse_action(a, kinds), float(st), float(en), stream, int(it))
-            for r, a, st, en, stream, it in data["spans"]
-        ]
+        """Inverse of :meth:`to_json`; ``kinds`` names extension kinds the spans may hold. Malformed
+        data is a one-line PipewrightError."""
+        try:
+            spans = [
+                Span(int(r), parse_action(str(a), kinds), float(st), float(en), str(stream), int(it))
+                for r, a, st, en, stream, it in data["spans"]
+            ]
+            if not isinstance(data["num_ranks"], int) or not isinstance(data.get("meta", {}), dict):
+                raise TypeError("num_ranks must be an integer and meta an object")
+            for sp in spans:
+                if not (0 <= sp.rank < data["num_ranks"] and 0.0 <= sp.start <= sp.end < float("inf")):
+                    raise ValueError(f"span {sp.action} of rank {sp.rank} outside the ranks or time")
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
+            raise PipewrightError(
+                "not a timeline: expected {num_ranks, spans: [[rank, action, start, end, stream, "
+                f"iteration], ...]}} ({type(exc).__name__})"
+            ) from None
         return cls.of(
             data["num_ranks"],
             spans,

@@ -339,9 +339,12 @@ class Topology:
         """Parse the schema in the module docstring; one-line PipewrightError on bad input."""
         if not isinstance(data, Mapping) or data.get("format") != FORMAT:
             raise PipewrightError(f'not a topology file: expected "format": "{FORMAT}"')
-        name = str(data.get("name", "topology"))
+        name = data.get("name", "topology")
+        if not isinstance(name, str):
+            raise PipewrightError('topology "name" must be a string')
         nodes = []
         for i, item in enumerate(_list(data, "nodes")):
+            _strings(item, f"topology node {i}", ("name", "type", "accelerator", "host"))
             kind = item.get("type", "device")
             acc = item.get("accelerator")
             if kind not in ("device", "switch") or "name" not in item:
@@ -360,6 +363,7 @@ class Topology:
             )
         edges = []
         for i, item in enumerate(_list(data, "links")):
+            _strings(item, f"topology link {i}", ("a", "b", "kind"))
             try:
                 a, b, kind = str(item["a"]), str(item["b"]), str(item["kind"])
             except (KeyError, TypeError):
@@ -371,6 +375,10 @@ class Topology:
                 bw, lat = item.get("bandwidth", spec.bandwidth), item.get("latency", spec.latency)
             if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in (bw, lat)):
                 raise PipewrightError(f"topology link {i}: bandwidth and latency must be numbers")
+            if not (0 < bw < 1e300 and 0 <= lat < 1e300):  # also NaN, inf and ints past float
+                raise PipewrightError(
+                    f"topology link {i}: bandwidth must be positive and latency 0 or more, both finite"
+                )
             edges.append(Edge(a, b, kind, float(bw), float(lat)))
         return cls(nodes, edges, name)
 
@@ -397,6 +405,14 @@ class Topology:
     def __repr__(self) -> str:
         sizes = f"{len(self.devices)} devices, {len(self.nodes)} nodes, {len(self.edges)} links"
         return f"Topology({self.name!r}, {sizes})"
+
+
+def _strings(item: Mapping[str, Any], where: str, keys: Sequence[str]) -> None:
+    """Each of ``keys`` present in ``item`` is a string (``host`` may be null)."""
+    for key in keys:
+        value = item.get(key)
+        if value is not None and not isinstance(value, str):
+            raise PipewrightError(f'{where}: "{key}" must be a string, not {type(value).__name__}')
 
 
 def _list(data: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:

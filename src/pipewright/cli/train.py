@@ -47,7 +47,10 @@ _VALUE_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--stop-after", int, "stop (with a checkpoint) after N steps; continue later with --resume"),
     ("--checkpoint-every", int, "save a checkpoint every N steps (0: only at the end)"),
     ("--eval-every", int, "validation loss every N steps (0: never)"),
-    ("--recv-timeout", float, "seconds a receive may wait before the run fails"),
+    ("--recv-timeout", float, "seconds a receive may wait before the run fails (with a hang report)"),
+    ("--keep-checkpoints", int, "keep only the newest K checkpoints (0: all)"),
+    ("--max-restarts", int, "restart the workers from the latest checkpoint up to N times after a failure"),
+    ("--on-nonfinite", str, "stop or skip: what a NaN/inf loss or gradient does to its step"),
     ("--recompute", str, "activation recomputation: none, selective (attention core) or full (per layer)"),
     (
         "--precision",
@@ -150,6 +153,14 @@ def _train(args: argparse.Namespace) -> int:
     result = train(config)
     if result is None:  # a torchrun rank other than 0
         return 0
+    if result.preempted_at is not None:
+        from pipewright.runtime.elastic import PREEMPTED_EXIT_CODE
+
+        print(
+            f"preempted (SIGTERM) after step {result.preempted_at}: checkpoint in {result.out_dir}; "
+            "continue with --resume"
+        )
+        return PREEMPTED_EXIT_CODE
     first, last = result.losses[0], result.losses[-1]
     print(
         f"trained {len(result.losses)} steps in {result.wall_s:.1f} s: loss {first:.3f} -> {last:.3f}, "

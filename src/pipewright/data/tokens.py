@@ -98,6 +98,13 @@ def read_sidecar(path: str | os.PathLike) -> dict | None:
         raise DataError(f"{side}: unreadable token sidecar ({exc}); fix or delete it") from exc
     if not isinstance(meta, dict):
         raise DataError(f"{side}: token sidecar must be a JSON object like {{'dtype': 'uint16'}}")
+    if "dtype" in meta and not isinstance(meta["dtype"], str):
+        raise DataError(f'{side}: "dtype" must be a string (uint16 or uint32)')
+    vocab = meta.get("vocab_size")
+    if vocab is not None and (
+        isinstance(vocab, bool) or not isinstance(vocab, int) or not 0 < vocab <= 1 << 32
+    ):
+        raise DataError(f'{side}: "vocab_size" must be an integer in 1..2**32, not {vocab!r:.40}')
     return meta
 
 
@@ -121,7 +128,10 @@ def open_tokens(
         raise DataError(f"token file not found: {path}")
     meta = read_sidecar(path) or {}
     if path.suffix == ".npy":
-        tokens = np.load(path, mmap_mode="r", allow_pickle=False)
+        try:
+            tokens = np.load(path, mmap_mode="r", allow_pickle=False)
+        except (ValueError, OSError, EOFError) as exc:  # not an .npy file, truncated, or pickled objects
+            raise DataError(f"{path}: not a readable .npy array ({str(exc).splitlines()[0][:80]})") from None
         if tokens.ndim != 1 or tokens.dtype.kind != "u":
             raise DataError(
                 f"{path}: expected a 1-D unsigned integer array, got {tokens.dtype} {tokens.shape}"

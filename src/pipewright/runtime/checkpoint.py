@@ -11,6 +11,13 @@ Writing is atomic: all ranks save into ``step_K.tmp``; once every rank is done, 
 temporary file and ``os.replace``). A crash during a save therefore leaves ``latest`` naming the
 previous, complete checkpoint.
 
+Integrity: ``meta.json`` also records every file of the checkpoint with its size and CRC-32
+(``files``), computed by rank 0 once all ranks have written. :func:`resumable_checkpoint` verifies
+them and, when the newest checkpoint is truncated or corrupted, logs which file is wrong and falls back
+to the previous complete checkpoint; ``keep`` > 0 deletes all but the newest ``keep`` complete
+checkpoints after each save. ``before_commit`` (fault injection, tests) runs on every rank after the
+shards are written and before the rename.
+
 Keys are global parameter names (``model/layers.3.attn.qkv.weight``, ``optim/<name>/exp_avg``), so a
 checkpoint does not depend on the pipeline layout: a run may resume with another layout or schedule.
 Data-parallel replicas hold identical tensors under identical keys, which DCP stores once. The data
@@ -22,21 +29,30 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
-from collections.abc import Mapping
+import zlib
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
 
 from pipewright.errors import ConfigError
 from pipewright.optim import init_optimizer_state
+from pipewright.runtime.reshard import reshard_plan
 
 log = logging.getLogger(__name__)
 
 LATEST = "latest"
 META = "meta.json"
+_STEP_DIR = re.compile(r"step_(\d+)")
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint is missing, truncated or corrupted; the message names the file."""
 
 
 def _state_dict(
@@ -65,6 +81,8 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     *,
     meta: Mapping[str, object],
+    keep: int = 0,
+    before_commit: Callable[[Path], None] | None = None,
 ) -> Path:
     """Save after ``step`` completed steps into ``ckpt_dir/step_K`` atomically (see module docstring).
     Collective: every rank calls it. ``meta`` (JSON) must hold the config ``fingerprint``."""
@@ -78,16 +96,124 @@ def save_checkpoint(
     _barrier()
     dcp.save(_state_dict(params, optimizer, rank), checkpoint_id=str(tmp))
     _barrier()
+    if before_commit is not None:
+        before_commit(tmp)
     if rank == 0:
-        (tmp / META).write_text(json.dumps({"step": step, **meta}, indent=1, default=str))
+        record = {"step": step, **meta, "files": file_manifest(tmp)}
+        (tmp / META).write_text(json.dumps(record, indent=1, default=str))
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         pointer = ckpt_dir / f".{LATEST}.tmp"
         pointer.write_text(final.name + "\n")
         os.replace(pointer, ckpt_dir / LATEST)
         log.info("saved checkpoint %s", final)
+        if keep > 0:
+            prune_checkpoints(ckpt_dir, keep)
     _barrier()
     return final
+
+
+def _crc32(path: Path) -> int:
+    crc = 0
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def file_manifest(folder: Path) -> dict[str, list[int]]:
+    """{relative file name: [size in bytes, CRC-32]} of every file under ``folder`` but ``meta.json``."""
+    return {
+        str(f.relative_to(folder)): [f.stat().st_size, _crc32(f)]
+        for f in sorted(folder.rglob("*"))
+        if f.is_file() and f.name != META
+    }
+
+
+def verify_checkpoint(path: str | Path) -> None:
+    """Raise :class:`CheckpointError` naming the first file of checkpoint ``path`` that is missing,
+    truncated or corrupted (size or CRC-32 differs from ``meta.json``'s manifest), or an unreadable
+    ``meta.json``. A checkpoint written before manifests existed is checked for its DCP metadata only."""
+    path = Path(path)
+    try:
+        meta = read_meta(path)
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {path} has no {META} (an interrupted save)") from None
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"checkpoint file {path / META} is unreadable ({exc})") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("step"), int):
+        raise CheckpointError(f"checkpoint file {path / META} has no integer 'step'")
+    files = meta.get("files")
+    if not isinstance(files, dict):
+        if not (path / ".metadata").is_file():
+            raise CheckpointError(f"checkpoint file {path / '.metadata'} is missing")
+        return
+    for name, expected in files.items():
+        f = path / name
+        if not f.is_file():
+            raise CheckpointError(f"checkpoint file {f} is missing")
+        size, crc = expected
+        if f.stat().st_size != size:
+            raise CheckpointError(
+                f"checkpoint file {f} is truncated or grown: {f.stat().st_size} bytes, not {size}"
+            )
+        if _crc32(f) != crc:
+            raise CheckpointError(f"checkpoint file {f} is corrupted (CRC-32 differs from {META})")
+
+
+def complete_checkpoints(ckpt_dir: str | Path) -> list[Path]:
+    """Folders ``step_K`` with a ``meta.json`` (a finished save), oldest first; ``.tmp`` folders of an
+    interrupted save never count."""
+    ckpt_dir = Path(ckpt_dir)
+    if not ckpt_dir.is_dir():
+        return []
+    found = []
+    for d in ckpt_dir.iterdir():
+        m = _STEP_DIR.fullmatch(d.name)
+        if m and d.is_dir() and (d / META).is_file():
+            found.append((int(m.group(1)), d))
+    return [d for _, d in sorted(found)]
+
+
+def prune_checkpoints(ckpt_dir: str | Path, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` complete checkpoints (and never the one ``latest`` names);
+    returns the deleted folders."""
+    pointed = latest_checkpoint(ckpt_dir)
+    old = [d for d in complete_checkpoints(ckpt_dir)[:-keep] if d != pointed]
+    for d in old:
+        shutil.rmtree(d, ignore_errors=True)
+        log.info("deleted old checkpoint %s (--keep-checkpoints %d)", d, keep)
+    return old
+
+
+def resumable_checkpoint(ckpt_dir: str | Path) -> tuple[Path | None, list[str]]:
+    """The newest checkpoint that verifies (:func:`verify_checkpoint`), starting from the one ``latest``
+    names, then older complete ones; and one warning line per checkpoint skipped, naming the bad file
+    and the fallback taken. (None, warnings) when none verifies."""
+    candidates = complete_checkpoints(ckpt_dir)
+    pointed = latest_checkpoint(ckpt_dir)
+    if pointed is not None:  # never anything newer than `latest` (a save that did not finish)
+        candidates = [d for d in candidates if _step_of(d) <= _step_of(pointed)]
+    warnings: list[str] = []
+    bad: str | None = None
+    for d in reversed(candidates):
+        try:
+            verify_checkpoint(d)
+        except CheckpointError as exc:
+            bad = str(exc)
+            continue
+        if bad is not None:
+            warnings.append(f"{bad}; falling back to the previous complete checkpoint {d}")
+            bad = None
+        return d, warnings
+    if bad is not None:
+        warnings.append(f"{bad}; no older complete checkpoint to fall back to")
+    return None, warnings
+
+
+def _step_of(path: Path) -> int:
+    m = _STEP_DIR.fullmatch(path.name)
+    return int(m.group(1)) if m else -1
 
 
 def latest_checkpoint(ckpt_dir: str | Path) -> Path | None:
@@ -95,12 +221,26 @@ def latest_checkpoint(ckpt_dir: str | Path) -> Path | None:
     pointer = Path(ckpt_dir) / LATEST
     if not pointer.is_file():
         return None
-    path = Path(ckpt_dir) / pointer.read_text().strip()
+    try:
+        name = pointer.read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    if not _STEP_DIR.fullmatch(name):
+        return None
+    path = Path(ckpt_dir) / name
     return path if (path / META).is_file() else None
 
 
 def read_meta(path: str | Path) -> dict:
     return json.loads((Path(path) / META).read_text())
+
+
+def same_model(meta: Mapping, fingerprint: str, model_fingerprint: str | None = None) -> bool:
+    """The checkpoint (``meta``) is of this model and tp layout, or of this model at another tp size
+    (its ``model_fingerprint``, tp left out, equals ours)."""
+    if meta.get("fingerprint") == fingerprint:
+        return True
+    return model_fingerprint is not None and meta.get("model_fingerprint") == model_fingerprint
 
 
 def load_checkpoint(
@@ -109,15 +249,22 @@ def load_checkpoint(
     optimizer: torch.optim.Optimizer,
     *,
     fingerprint: str,
+    model_fingerprint: str | None = None,
+    tp_shards: Mapping[str, list[int]] | None = None,
 ) -> dict:
     """Load a checkpoint into ``params`` and ``optimizer`` in place; return its meta (with ``step``).
+
+    A checkpoint of another tensor-parallel size loads when ``model_fingerprint`` (the model's
+    fingerprint without tp) matches its ``model_fingerprint``: shards are rebuilt by
+    :mod:`pipewright.runtime.reshard` from the ``tp_shards`` layouts (split dim and blocks per
+    parameter) of its meta and of ``tp_shards`` (this run's).
 
     Raises a one-line ConfigError when the checkpoint belongs to another model (fingerprint mismatch).
     Collective: every rank calls it.
     """
     path = Path(path)
     meta = read_meta(path)
-    if meta.get("fingerprint") != fingerprint:
+    if not same_model(meta, fingerprint, model_fingerprint):
         raise ConfigError(
             f"checkpoint {path} was written for another model ({meta.get('model', '?')}); "
             "resume with the same model dimensions or use a new --out"
@@ -125,12 +272,27 @@ def load_checkpoint(
     rank = dist.get_rank() if dist.is_initialized() else 0
     init_optimizer_state(optimizer)
     state = _state_dict(params, optimizer, rank)
-    stored = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    try:
+        stored = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    except Exception as exc:
+        raise CheckpointError(
+            f"checkpoint file {path / '.metadata'} cannot be read ({type(exc).__name__})"
+        ) from None
     state = {k: v for k, v in state.items() if k in stored or not k.startswith("rng/")}
     missing = sorted(k for k in state if k not in stored)
-    if missing:
-        raise ConfigError(f"checkpoint {path} lacks {missing[0]} (+{len(missing) - 1} more); use a new --out")
-    dcp.load(state, checkpoint_id=str(path))
+    temps, fill, unknown = reshard_plan(
+        missing, stored, {**(meta.get("tp_shards") or {}), **(tp_shards or {})}
+    )
+    if unknown:
+        raise ConfigError(f"checkpoint {path} lacks {unknown[0]} (+{len(unknown) - 1} more); use a new --out")
+    try:
+        dcp.load({**{k: v for k, v in state.items() if k in stored}, **temps}, checkpoint_id=str(path))
+        fill(state)
+    except (Exception, CheckpointException) as exc:  # a bad shard despite the manifest, or no manifest
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:200]
+        raise CheckpointError(
+            f"checkpoint {path} cannot be read ({first}); delete it to resume from an older one"
+        ) from None
     names = {id(p): n for n, p in params.items()}
     for group in optimizer.param_groups:
         for p in group["params"]:

@@ -69,6 +69,11 @@ class TrainConfig:
     eval_every: int = 50
     eval_batches: int = 2
     recv_timeout_s: float = 300.0
+    # reliability (docs/reliability.md): checkpoints kept (0: all), restarts after a worker failure,
+    # and what a NaN/inf loss or gradient does ("stop" or "skip" the step)
+    keep_checkpoints: int = 0
+    max_restarts: int = 0
+    on_nonfinite: str = "stop"
     progress: bool = True
     artifacts: bool = True
     recompute: str = "none"
@@ -89,6 +94,9 @@ class TrainConfig:
             if name not in known:
                 raise ConfigError(f"{source}: unknown key {key!r}; known keys: {', '.join(sorted(known))}")
             clean[name] = value
+        from pipewright.runtime.inputs import check_types
+
+        check_types(cls, clean, source)  # wrong types: one line naming the key, not a traceback later
         return cls(**clean)
 
     @classmethod
@@ -167,7 +175,12 @@ class TrainConfig:
             if int(getattr(self, name)) < 1:
                 flag = name.replace("_", "-")
                 raise ConfigError(f"--{flag} must be at least 1 (got {getattr(self, name)})")
-        for name in ("checkpoint_every", "eval_every", "warmup"):
+        for name in ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ConfigError(
+                    f"--{name.replace('_', '-')} must be at least 1 (got {getattr(self, name)})"
+                )
+        for name in ("checkpoint_every", "eval_every", "warmup", "keep_checkpoints", "max_restarts"):
             if int(getattr(self, name)) < 0:
                 raise ConfigError(f"--{name.replace('_', '-')} must be 0 or more")
         if (self.sequence_parallel or self.scatter_gather) and self.tp < 2:
@@ -184,6 +197,9 @@ class TrainConfig:
             raise ConfigError(f"--lr must be positive (got {self.lr})")
         self._check_runtime_features()
         from pipewright.optim import OPTIMIZERS
+        from pipewright.runtime.nonfinite import check_policy
+
+        check_policy(self.on_nonfinite)
 
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"unknown optimizer {self.optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}")

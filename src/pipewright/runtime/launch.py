@@ -13,10 +13,13 @@ import datetime
 import logging
 import os
 import pickle
+import signal
 import socket
 import tempfile
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -104,12 +107,15 @@ def spawn(
     *,
     backend: str | None = None,
     timeout_s: float = 600.0,
+    forward_sigterm: bool = False,
 ) -> list[Any]:
     """Run ``fn(rank, *args)`` in ``nprocs`` fresh processes; return their results by rank.
 
     ``fn`` must be importable (a module-level function) and its result picklable. Raises
     :class:`WorkerError` naming the first worker that raised or died, or that the run passed
-    ``timeout_s``; the other workers are terminated, so the caller never hangs.
+    ``timeout_s``; the other workers are terminated, so the caller never hangs. ``forward_sigterm``:
+    a SIGTERM to this process is passed on to the workers (which may checkpoint and return) instead
+    of killing this process and orphaning them.
     """
     backend = backend or default_backend()
     with tempfile.TemporaryDirectory(prefix="pipewright-spawn-") as result_dir:
@@ -121,20 +127,26 @@ def spawn(
             start_method="spawn",
         )
         deadline = time.monotonic() + timeout_s
-        try:
-            while not context.join(timeout=min(1.0, max(0.0, deadline - time.monotonic())), grace_period=2):
-                if time.monotonic() > deadline:
-                    _terminate(context.processes)
-                    raise WorkerError(-1, f"workers did not finish within {timeout_s:g} s; terminated them")
-        except ProcessException as e:
-            if not _all_done(result_dir, nprocs):
-                raise _first_failure(e, result_dir) from None
-            # every rank wrote its result and passed the final barrier: the failure is in teardown
-            # (e.g. a C++ abort while destroying the process group), not in the work
-            log.warning(
-                "a worker failed after all results were written (%s); using the results", e.msg.strip()
-            )
-            _terminate(context.processes)
+        forwarding = _forwarding_sigterm(context.processes) if forward_sigterm else nullcontext()
+        with forwarding:
+            try:
+                while not context.join(
+                    timeout=min(1.0, max(0.0, deadline - time.monotonic())), grace_period=2
+                ):
+                    if time.monotonic() > deadline:
+                        _terminate(context.processes)
+                        raise WorkerError(
+                            -1, f"workers did not finish within {timeout_s:g} s; terminated them"
+                        )
+            except ProcessException as e:
+                if not _all_done(result_dir, nprocs):
+                    raise _first_failure(e, result_dir) from None
+                # every rank wrote its result and passed the final barrier: the failure is in teardown
+                # (e.g. a C++ abort while destroying the process group), not in the work
+                log.warning(
+                    "a worker failed after all results were written (%s); using the results", e.msg.strip()
+                )
+                _terminate(context.processes)
         results = []
         for rank in range(nprocs):
             with open(Path(result_dir) / f"{rank}.pkl", "rb") as f:
@@ -147,7 +159,15 @@ def _all_done(result_dir: str, nprocs: int) -> bool:
 
 
 def _first_failure(e: ProcessException, result_dir: str) -> WorkerError:
-    """The worker that failed first (by the time stamps workers leave), else the one torch reports."""
+    """A worker killed by a signal (it leaves no stamp; its peers then fail on a closed connection),
+    else the worker that failed first (by the time stamps workers leave), else the one torch reports."""
+    rank = e.error_index
+    if (
+        isinstance(e, mp.ProcessExitedException)
+        and e.signal_name
+        and not (Path(result_dir) / f"error-{rank}.txt").exists()
+    ):
+        return WorkerError(rank, f"worker rank {rank} was killed by {e.signal_name}", e.msg)
     stamps = []
     for path in Path(result_dir).glob("error-*.txt"):
         when, _, message = path.read_text().partition("\n")
@@ -168,3 +188,23 @@ def _terminate(processes: list) -> None:
         if p.is_alive():
             p.kill()
             p.join()
+
+
+@contextmanager
+def _forwarding_sigterm(processes: list) -> Iterator[None]:
+    """While waiting for the workers: a SIGTERM to this process is sent on to each live worker."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def forward(signum: int, frame: object) -> None:
+        log.warning("SIGTERM: passing it on to the workers")
+        for p in processes:
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, forward)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,136 @@
+"""The trainer's reliability hooks in one object: hang reports, non-finite checks, preemption, fault
+injection and checkpoint options. The :class:`~pipewright.runtime.trainer.Trainer` calls it from a few
+places (see docs/reliability.md); each concern lives in its own module:
+
+* :mod:`pipewright.runtime.hang` — every rank's schedule position, and the report when a receive times out;
+* :mod:`pipewright.runtime.nonfinite` — NaN/inf in the loss or gradients, agreed over all ranks before
+  the optimizer step; skip the step or stop;
+* :mod:`pipewright.runtime.elastic` — SIGTERM: finish the step, checkpoint, stop;
+* :mod:`pipewright.runtime.faults` — faults injected from ``PIPEWRIGHT_FAULTS`` (tests).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+from torch import nn
+
+from pipewright.runtime import nonfinite
+from pipewright.runtime.elastic import Preemption
+from pipewright.runtime.errors import RecvTimeout
+from pipewright.runtime.faults import FaultPlan
+from pipewright.runtime.hang import PositionBoard, hang_error
+from pipewright.runtime.mesh import ParallelMesh, rank_to_coords
+
+log = logging.getLogger(__name__)
+
+
+class RunGuard:
+    """One rank's reliability state. Construct on every rank (after the mesh), then :meth:`attach` the
+    executor."""
+
+    def __init__(
+        self,
+        mesh: ParallelMesh,
+        stages: Mapping[int, nn.Module],
+        *,
+        out_dir: Path | None,
+        on_nonfinite: str = "stop",
+        keep_checkpoints: int = 0,
+        check_gradients: bool = True,
+    ) -> None:
+        self.mesh, self.stages, self.out_dir = mesh, stages, out_dir
+        self.policy = nonfinite.check_policy(on_nonfinite)
+        self.keep = keep_checkpoints
+        self.check_gradients = check_gradients  # False under fp16 loss scaling: its scaler skips overflows
+        self.rank = mesh.rank
+        self.preemption = Preemption().install()
+        self.faults = FaultPlan.from_env(mesh.rank, wake=self.preemption.event)
+        self.board = PositionBoard.for_default_group()
+        self.step = 0
+        self.stop_requested = False
+        self.last_nonfinite: str | None = None  # the message of the last non-finite step
+        self._rows: tuple = ()
+
+    # -- executor ----------------------------------------------------------------------------------
+    def handlers(self, base: Mapping) -> dict:
+        """``base`` (kind → handler) wrapped to record this rank's position (and fire injected faults)."""
+        return {kind: self._wrap(h) for kind, h in base.items()}
+
+    def _wrap(self, inner):
+        board, faults = self.board, self.faults
+
+        def handler(state, action) -> None:
+            board.set(self.step, "schedule", state.position, action)
+            if faults:
+                faults.at_action(self.step, state.position, len(state.actions))
+            inner(state, action)
+
+        return handler
+
+    def attach(self, executor) -> None:
+        """Wrap every handler of ``executor`` (compute, point-to-point, features') with :meth:`handlers`
+        and remember its lowered schedule (the rows of the hang report's grid)."""
+        executor.handlers = self.handlers(executor.handlers)
+        self._rows = executor.schedule.actions
+
+    @contextmanager
+    def iteration(self, step: int) -> Iterator[None]:
+        """Around one step's schedule: a receive timeout becomes a :class:`HangError` with every rank's
+        position."""
+        self.step = step
+        self.board.set(step, "schedule", 0)
+        try:
+            yield
+        except RecvTimeout as exc:
+            m = self.mesh
+            row_of, labels = {}, {}
+            for r in range(m.dp * m.pp * m.tp):
+                d, p, t = rank_to_coords(r, m.dp, m.pp, m.tp)
+                row_of[r] = p
+                labels[r] = (
+                    f"rank {r} (pp {p}"
+                    + (f", dp {d}" if m.dp > 1 else "")
+                    + (f", tp {t}" if m.tp > 1 else "")
+                    + ")"
+                )
+            raise hang_error(exc, self.board, self._rows, row_of, labels, self.out_dir) from None
+        self.board.set(step, "optimizer")
+
+    # -- optimizer step ----------------------------------------------------------------------------
+    def before_optimizer(self, step: int, loss: float) -> bool:
+        """Collective: True when the optimizer may step. Agrees over all ranks on non-finite values
+        (skipped step or :class:`~pipewright.runtime.nonfinite.NonFiniteError`) and on a pending
+        SIGTERM (then :attr:`stop_requested` is set: checkpoint after this step and stop)."""
+        if self.faults:
+            self.faults.corrupt_gradients(step, {s: list(m.parameters()) for s, m in self.stages.items()})
+        local_bad = self.check_gradients and nonfinite.local_flag(self.stages)
+        bad, preempt = nonfinite.agree_flags([local_bad, self.preemption.requested], self.mesh.device)
+        self.stop_requested = self.stop_requested or preempt
+        if not bad and not nonfinite.loss_finding(loss):
+            return True
+        mine = nonfinite.local_findings(self.stages, self.rank) if local_bad else []
+        findings = nonfinite.gather_findings(mine) if bad else []
+        findings = findings or nonfinite.loss_finding(loss)
+        message = self.last_nonfinite = nonfinite.report(step, findings, self.policy)
+        if self.policy == "stop":
+            raise nonfinite.NonFiniteError(message)
+        if self.rank == 0:
+            log.warning("%s", message)
+        for m in self.stages.values():
+            m.zero_grad(set_to_none=True)
+        return False
+
+    # -- checkpoints -------------------------------------------------------------------------------
+    def save_options(self, step: int) -> dict:
+        """Keyword arguments for :func:`~pipewright.runtime.checkpoint.save_checkpoint`."""
+        self.board.set(step, "checkpoint")
+        hook = (lambda tmp: self.faults.in_save(step)) if self.faults else None
+        return {"keep": self.keep, "before_commit": hook}
+
+    def close(self) -> None:
+        self.board.close()
+        self.preemption.uninstall()

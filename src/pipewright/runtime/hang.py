@@ -1,0 +1,187 @@
+"""Hang reports: where every rank is when a blocking operation times out.
+
+Each rank keeps its current position — (step, phase, position in its schedule row, action) — in
+memory (a handler wrapper sets it before every action: no communication on the hot path), and a daemon
+thread copies it into the c10d store (``pipewright/position/<rank>``) when it changed, at most every
+``interval_s``. A rank busy in a computation that never ends therefore still shows where it is.
+
+When a receive times out (:class:`~pipewright.runtime.errors.RecvTimeout`, raised by ``PipeComm``
+after ``--recv-timeout`` seconds), the rank that noticed waits a few publishing intervals, reads every
+rank's entry and raises :class:`HangError`: one line naming itself, the action it waited for and the
+report file, and the report — a line per rank and the schedule grid (ranks × positions, like the
+validator's :func:`~pipewright.ir.render_grid`) with each rank's current cell in brackets. The first
+rank to notice (an atomic ``add`` on the store) writes the report to ``hang-report.txt``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch.distributed as dist
+
+from pipewright.ir import Action
+from pipewright.runtime.errors import DistributedError
+
+PREFIX = "pipewright/position/"
+log = logging.getLogger(__name__)
+
+
+class HangError(DistributedError):
+    """A blocking operation timed out; ``report`` holds every rank's position and the grid."""
+
+    def __init__(self, message: str, report: str = "") -> None:
+        super().__init__(message)
+        self.report = report
+
+
+@dataclass(frozen=True)
+class Position:
+    """Where one rank is: training step, phase ("schedule", "optimizer", "checkpoint", ...), and in
+    the schedule phase the index and text of the current action."""
+
+    step: int
+    phase: str
+    index: int = -1
+    action: str = ""
+
+    def encode(self) -> str:
+        return f"{self.step}|{self.phase}|{self.index}|{self.action}"
+
+    @classmethod
+    def decode(cls, text: str) -> Position:
+        step, phase, index, action = text.split("|", 3)
+        return cls(int(step), phase, int(index), action)
+
+    def describe(self) -> str:
+        where = f"position {self.index} {self.action}" if self.index >= 0 else self.phase
+        return f"step {self.step}, {where}"
+
+
+class PositionBoard:
+    """This rank's position, published into ``store`` by a daemon thread (see module docstring)."""
+
+    def __init__(self, store: dist.Store | None, rank: int, world_size: int, interval_s: float = 0.2) -> None:
+        self.store, self.rank, self.world_size, self.interval_s = store, rank, world_size, interval_s
+        self.current = Position(-1, "start")
+        self._published: Position | None = None
+        self._stop = threading.Event()
+        self._thread = None
+        if store is not None:
+            self._thread = threading.Thread(
+                target=self._publish_loop, name="pipewright-position", daemon=True
+            )
+            self._thread.start()
+
+    @classmethod
+    def for_default_group(cls, interval_s: float = 0.2) -> PositionBoard:
+        store = None
+        if dist.is_initialized():
+            from torch.distributed.distributed_c10d import _get_default_store
+
+            store = _get_default_store()
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        return cls(store, rank, world, interval_s)
+
+    def set(self, step: int, phase: str, index: int = -1, action: Action | None = None) -> None:
+        self.current = Position(step, phase, index, "" if action is None else str(action))
+
+    def _publish(self) -> None:
+        now = self.current
+        if now != self._published and self.store is not None:
+            self.store.set(PREFIX + str(self.rank), now.encode())
+            self._published = now
+
+    def _publish_loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self._publish()
+            except Exception:  # the store is gone (teardown, or the host rank died): nothing to publish to
+                return
+
+    def snapshot(self) -> dict[int, Position | None]:
+        """Every rank's last published position (None: never published or unreadable)."""
+        self._publish()
+        out: dict[int, Position | None] = {}
+        for r in range(self.world_size):
+            key = PREFIX + str(r)
+            try:
+                out[r] = Position.decode(self.store.get(key).decode()) if self.store.check([key]) else None
+            except Exception:
+                out[r] = None
+        return out
+
+    def first_to_report(self) -> bool:
+        """True for exactly one caller over all ranks (an atomic counter in the store)."""
+        try:
+            return self.store is None or self.store.add("pipewright/hang-reported", 1) == 1
+        except Exception:
+            return True
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+def render_positions(
+    rows: Sequence[Sequence[Action]],
+    positions: dict[int, Position | None],
+    row_of: dict[int, int],
+    labels: dict[int, str],
+    width: int = 12,
+) -> str:
+    """One line per rank (its position), then the grid: one row per rank showing its pp rank's actions
+    around the marked positions, the current cell in brackets."""
+    lines = [
+        f"{labels[r]}: {p.describe() if p else 'no position published'}" for r, p in sorted(positions.items())
+    ]
+    marks = {r: p.index for r, p in positions.items() if p is not None and p.index >= 0}
+    length = max((len(r) for r in rows), default=0)
+    center = (min(marks.values()) + max(marks.values())) // 2 if marks else 0
+    lo = max(0, min(center - width // 2, length - width))
+    hi = min(length, lo + width)
+    cells = {}
+    for r in sorted(positions):
+        row = rows[row_of[r]]
+        cells[r] = [
+            (f"[{row[i]}]" if marks.get(r) == i else str(row[i])) if i < len(row) else ""
+            for i in range(lo, hi)
+        ]
+    col_w = max([len(c) for line in cells.values() for c in line] + [len(str(hi)), 3])
+    label_w = max(len(labels[r]) for r in positions)
+    lines.append("position".ljust(label_w) + " " + " ".join(str(i).rjust(col_w) for i in range(lo, hi)))
+    for r, line in sorted(cells.items()):
+        lines.append(labels[r].ljust(label_w) + " " + " ".join(c.rjust(col_w) for c in line))
+    if lo > 0 or hi < length:
+        lines.append(f"(positions {lo}..{hi - 1} of {length})")
+    return "\n".join(lines)
+
+
+def hang_error(
+    cause: Exception,
+    board: PositionBoard,
+    rows: Sequence[Sequence[Action]],
+    row_of: dict[int, int],
+    labels: dict[int, str],
+    out_dir: Path | None,
+) -> HangError:
+    """The :class:`HangError` for ``cause`` (a timeout), with every rank's position; the first rank to
+    report writes ``out_dir/hang-report.txt``."""
+    time.sleep(3 * board.interval_s)  # the other ranks' threads publish where they are stuck
+    report = render_positions(rows, board.snapshot(), row_of, labels)
+    first = (str(cause).splitlines() or ["timeout"])[0]
+    if not board.first_to_report():  # another rank writes and logs the report
+        return HangError(f"hang: {first}", report)
+    where = ""
+    if out_dir is not None:
+        path = Path(out_dir) / "hang-report.txt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"{cause}\n\n{report}\n")
+        where = f"; every rank's position in {path}"
+    error = HangError(f"hang: {first}{where}", report)
+    log.error("%s\n%s", error, report)
+    return error
