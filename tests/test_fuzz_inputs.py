@@ -362,7 +362,6 @@ PROFILE_GAPS = [
 ]
 
 
-@pytest.mark.xfail(strict=True, reason="pending fix in cost/profiled.py (lead's file)")
 @pytest.mark.parametrize("text", PROFILE_GAPS)
 def test_profile_gaps_found_by_fuzzing(text):
     parse = ProfiledCost.parse_json if text.startswith("{") else read_profile_csv
@@ -419,6 +418,38 @@ def test_token_file_round_trips(tmp_path):
     assert vocab == 257 and np.array_equal(tokens, ids)
 
 
-@pytest.mark.skip(reason="pending: the planner's plan JSON does not exist yet (issue 15 lists it)")
-def test_plan_json():
-    """Pending until the planner writes a plan file."""
+PLAN_JSON = json.dumps(
+    {
+        "format": "pipewright-plan",
+        "version": 1,
+        "model": {"name": "gpt-tiny", "layers": 4, "hidden": 64, "heads": 4, "ffn_hidden": 256,
+                  "vocab": 257, "seq_len": 64},
+        "topology": "1x2-cpu",
+        "devices": ["node0/gpu0", "node0/gpu1"],
+        "tp": 1, "pp": 2, "dp": 1, "virtual": 1, "schedule": "1f1b",
+        "microbatch_size": 1, "microbatches": 4, "global_batch_size": 4,
+        "recompute": "none", "sequence_parallel": False, "dtype": "fp32",
+        "layout": "Et*2|t*2L",
+    }
+)  # fmt: skip
+
+
+def _read_plan(path: Path, text: str) -> None:
+    from pipewright.plan.planfile import load
+
+    path.write_text(text)
+    plan = load(path)
+    plan.chunk_layers()
+
+
+@FUZZ
+@given(st.one_of(mutated(PLAN_JSON), JSON_VALUES.map(_json), st.text(max_size=200)))
+def test_plan_json(tmp_path, text):
+    clean(_read_plan, tmp_path / "plan.json", text)
+
+
+def test_plan_json_round_trips(tmp_path):
+    from pipewright.plan.planfile import load
+
+    (tmp_path / "plan.json").write_text(PLAN_JSON)
+    assert load(tmp_path / "plan.json").chunk_layers() == (2, 2)

@@ -36,6 +36,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from importlib import resources
@@ -86,6 +87,10 @@ def _row(item: Mapping[str, Any], where: str) -> ProfileRow:
         ) from None
     if row.layer_type not in LAYER_TYPES:
         raise ConfigError(f"{where}: layer_type {row.layer_type!r} is not one of {', '.join(LAYER_TYPES)}")
+    if row.microbatch_size < 1:
+        raise ConfigError(f"{where}: microbatch_size must be at least 1 (got {row.microbatch_size})")
+    if not (math.isfinite(row.seconds) and row.seconds >= 0 and math.isfinite(row.bytes) and row.bytes >= 0):
+        raise ConfigError(f"{where}: seconds and bytes must be finite and not negative")
     return row
 
 
@@ -223,8 +228,11 @@ class ProfiledCost:
             or not isinstance(data.get("rows"), list)
         ):
             raise ConfigError(f'not a profile: expected "format": "{FORMAT}" and a "rows" list')
+        meta = data.get("meta", {})
+        if not isinstance(meta, dict):
+            raise ConfigError('profile "meta" must be an object of key/value pairs')
         rows = tuple(_row(item, f"profile row {i}") for i, item in enumerate(data["rows"]))
-        return rows, {str(k): str(v) for k, v in data.get("meta", {}).items()}
+        return rows, {str(k): str(v) for k, v in meta.items()}
 
     def to_json(self) -> dict[str, Any]:
         return {

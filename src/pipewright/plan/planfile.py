@@ -92,4 +92,48 @@ def load(path: str | Path) -> Plan:
         raise ConfigError(f"plan {path} is not valid JSON: {exc.msg} (line {exc.lineno})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ConfigError(f'{path} is not a plan file: expected "format": "{FORMAT}"')
+    check_schema(data, str(path))
     return Plan(data)
+
+
+_POSITIVE = ("tp", "pp", "dp", "virtual", "microbatch_size", "microbatches")
+
+
+def _positive_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def check_schema(data: dict[str, Any], where: str = "plan") -> None:
+    """One-line ConfigError unless ``data`` has every field the commands apply, of the right type: the
+    model's dimensions, positive degrees and microbatch counts, a schedule name, a layout string that
+    parses for pp × virtual stages and the model's layers, and one device name per rank (or none: the
+    devices in the given order)."""
+    from pipewright.models.layout import parse_layout
+
+    model = data.get("model")
+    if not isinstance(model, dict) or not all(_positive_int(model.get(d)) for d in _DIMS):
+        raise ConfigError(f'{where}: "model" must give positive integers {", ".join(_DIMS)}')
+    bad = [k for k in _POSITIVE if not _positive_int(data.get(k, 1 if k == "virtual" else None))]
+    if bad:
+        raise ConfigError(f"{where}: {', '.join(bad)} must be positive integers")
+    if not isinstance(data.get("schedule"), str) or not data["schedule"]:
+        raise ConfigError(f'{where}: "schedule" must be a schedule name')
+    if not isinstance(data.get("layout"), str):
+        raise ConfigError(f'{where}: "layout" must be a layout string such as "Et*2|t*2L"')
+    stages = data["pp"] * data.get("virtual", 1)
+    parse_layout(data["layout"]).check(model["layers"], stages)
+    devices = data.get("devices")
+    ranks = data["tp"] * data["pp"] * data["dp"]
+    if (
+        not isinstance(devices, list)
+        or len(devices) not in (0, ranks)
+        or not all(isinstance(d, str) for d in devices)
+    ):
+        raise ConfigError(
+            f'{where}: "devices" must list one device name for each of the {ranks} ranks (or none)'
+        )
+    for key in ("schedule_csv", "recompute", "dtype"):
+        if key in data and data[key] is not None and not isinstance(data[key], str):
+            raise ConfigError(f'{where}: "{key}" must be a string')
+    if not isinstance(data.get("sequence_parallel", False), bool):
+        raise ConfigError(f'{where}: "sequence_parallel" must be true or false')
