@@ -1,2 +1,2 @@
-"""The planner: partition, device mapping, recomputation and schedule choice, and the search over them
-(Luo et al., INFOCOM 2022; docs/planner.md). Pure Python."""
+"""Planning: building simulation setups from a model, a cluster and a layout (:mod:`.setup`), and the
+Megatron-LM Table 1 fidelity check through that one path (:mod:`.table1`). Pure Python (no torch)."""
