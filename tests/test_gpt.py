@@ -109,7 +109,7 @@ def test_build_stage_allocates_only_its_layers():
 
 
 def test_default_linears_can_defer_weight_gradients():
-    from pipewright.runtime.wgrad import DeferrableLinear
+    from pipewright.models.wgrad import DeferrableLinear
 
     model = build_full(SPEC)
     assert isinstance(model.layers["0"].attn.qkv, DeferrableLinear)

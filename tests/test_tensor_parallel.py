@@ -23,13 +23,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pipewright.errors import ConfigError
-from pipewright.models.gpt import build_full, build_stage, loss_fn, plain_linear_factory
+from pipewright.models.gpt import build_full, build_stage, loss_fn
 from pipewright.models.spec import ModelSpec
+from pipewright.models.wgrad import WeightGradStore, defer_weight_grads, plain_linear_factory
 from pipewright.optim.optimizer import global_grad_norm
 from pipewright.runtime import tensor_parallel as tp
 from pipewright.runtime.executor import PipelineExecutor
 from pipewright.runtime.mesh import ParallelMesh
-from pipewright.runtime.wgrad import WeightGradStore, defer_weight_grads
 from pipewright.schedules.registry import build_schedule
 
 WORLD_SIZES = (2, 4)

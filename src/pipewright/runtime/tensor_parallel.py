@@ -30,7 +30,7 @@ Every layer initialises the *full-size* weight exactly as its non-parallel count
 rank's shard: the same seed gives the same model whatever t.
 
 The weight-gradient part of the linear layers is deferrable (Zero Bubble's B = I + W) through
-``runtime/wgrad.py`` (``defer_weight_grads`` / ``WeightGradStore``): see :class:`_LinearFn`.
+``models/wgrad.py`` (``defer_weight_grads`` / ``WeightGradStore``): see :class:`_LinearFn`.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pipewright.errors import ConfigError
-from pipewright.runtime.wgrad import _weight_grads
+from pipewright.models.wgrad import weight_grads
 
 Group = Any  # a torch.distributed ProcessGroup, or None for the default group
 
@@ -256,8 +256,8 @@ class _LinearFn(torch.autograd.Function):
     """Y = X·Wᵀ + b whose backward computes grad X (the I pass) and either the parameter gradients at
     once (a full B) or, while ``layer._defer`` is ``(store, key)`` with a store, calls
     ``store.put(key, layer.deferred_params, x, grad_out)`` so that the store's W pass computes
-    ∂L/∂W = grad_outᵀ·X (and ∂L/∂b) later: the protocol of ``runtime/wgrad.py``'s DeferrableLinear, so
-    ``defer_weight_grads(store, module, key=k)`` and ``store.flush(k)`` drive these layers too.
+    ∂L/∂W = grad_outᵀ·X (and ∂L/∂b) later: the protocol of ``models/wgrad.py``'s DeferrableLinear, so
+    ``deferweight_grads(store, module, key=k)`` and ``store.flush(k)`` drive these layers too.
     The W pass needs no communication: every collective of a tensor-parallel layer sits in I."""
 
     @staticmethod
@@ -276,7 +276,7 @@ class _LinearFn(torch.autograd.Function):
             return grad_x, None, None, None
         if not (ctx.needs_input_grad[1] or ctx.needs_input_grad[2]):
             return grad_x, None, None, None
-        grad_w, grad_b = _weight_grads(x, g, ctx.needs_input_grad[2])
+        grad_w, grad_b = weight_grads(x, g, ctx.needs_input_grad[2])
         return grad_x, grad_w, grad_b, None
 
 

@@ -42,6 +42,7 @@ from pipewright.models.family import build_stage
 from pipewright.models.gpt import loss_fn
 from pipewright.models.layout import Layout, resolve_layout
 from pipewright.models.spec import ModelSpec
+from pipewright.models.wgrad import linear_factory_for
 from pipewright.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
 from pipewright.passes import validate
 from pipewright.runtime import elastic
@@ -66,7 +67,6 @@ from pipewright.runtime.tensor_parallel import (
 )
 from pipewright.runtime.timeline import gather_timeline
 from pipewright.runtime.train_options import TrainingOptions
-from pipewright.runtime.wgrad import linear_factory_for
 from pipewright.schedules import build_schedule
 from pipewright.schedules.registry import check_args
 from pipewright.timeline import Timeline
