@@ -7,7 +7,7 @@ A linear layer ``y = x Wᵀ + b`` has three backward products (Qi et al., Zero B
     ∂L/∂b = Σ_rows ∂L/∂y
 
 :class:`DeferrableLinear` computes all three in an ordinary backward. Inside
-``deferweight_grads(store, module, key=k)`` its backward computes ∂L/∂x only and appends
+``defer_weight_grads(store, module, key=k)`` its backward computes ∂L/∂x only and appends
 ``(layer, x, ∂L/∂y)`` to ``store`` under ``k``; ``store.flush(k)`` later computes ∂L/∂W and ∂L/∂b from
 them and accumulates into ``.grad``. The arithmetic of I + W is exactly one full backward; the
 autograd graph is not run twice. Other parameters (LayerNorm, embeddings) get their gradients in I.
@@ -61,7 +61,7 @@ class WeightGradStore:
         with torch.no_grad():
             for k in keys:
                 for layer, x, grad_out in self._pending.pop(k, ()):
-                    _accumulateweight_grads(layer, x, grad_out)
+                    _accumulate_weight_grads(layer, x, grad_out)
 
 
 def weight_grads(
@@ -73,7 +73,7 @@ def weight_grads(
     return grad_w, (g2.sum(0) if bias else None)
 
 
-def _accumulateweight_grads(layer: nn.Linear, x: torch.Tensor, grad_out: torch.Tensor) -> None:
+def _accumulate_weight_grads(layer: nn.Linear, x: torch.Tensor, grad_out: torch.Tensor) -> None:
     """``W.grad += (∂L/∂y)ᵀ x`` and ``b.grad += Σ ∂L/∂y``, the weight product fused into the
     accumulation (one GEMM with β = 1, ``addmm_``) so no separate gradient tensor is written and re-read."""
     weight, bias = layer.weight, layer.bias
@@ -141,7 +141,7 @@ class AccumulateNow(WeightGradStore):
 
     def put(self, key: Hashable, layer: DeferrableLinear, x: torch.Tensor, grad_out: torch.Tensor) -> None:
         with torch.no_grad():
-            _accumulateweight_grads(layer, x, grad_out)
+            _accumulate_weight_grads(layer, x, grad_out)
 
 
 def deferrable_layers(*modules: nn.Module) -> list[nn.Module]:
@@ -164,7 +164,7 @@ def deferring(layers: list[nn.Module], store: WeightGradStore, key: Hashable = N
             layer._defer = prev
 
 
-def deferweight_grads(store: WeightGradStore, *modules: nn.Module, key: Hashable = None):
+def defer_weight_grads(store: WeightGradStore, *modules: nn.Module, key: Hashable = None):
     """While active, backward through any DeferrableLinear inside ``modules`` defers its weight and
     bias gradients to ``store`` under ``key`` (run the backward inside the ``with`` block)."""
     return deferring(deferrable_layers(*modules), store, key)

@@ -257,7 +257,7 @@ class _LinearFn(torch.autograd.Function):
     once (a full B) or, while ``layer._defer`` is ``(store, key)`` with a store, calls
     ``store.put(key, layer.deferred_params, x, grad_out)`` so that the store's W pass computes
     ∂L/∂W = grad_outᵀ·X (and ∂L/∂b) later: the protocol of ``models/wgrad.py``'s DeferrableLinear, so
-    ``deferweight_grads(store, module, key=k)`` and ``store.flush(k)`` drive these layers too.
+    ``defer_weight_grads(store, module, key=k)`` and ``store.flush(k)`` drive these layers too.
     The W pass needs no communication: every collective of a tensor-parallel layer sits in I."""
 
     @staticmethod
