@@ -13,10 +13,10 @@ overlap it). TFLOP/s per GPU = :func:`~pipewright.cost.transformer.megatron_flop
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from pipewright.cost.base import CommModel, CostModel
-from pipewright.cost.megatron import GPUS_PER_NODE, TABLE1, Table1Row
+from pipewright.cost.megatron import GPUS_PER_NODE, Table1Row
 from pipewright.cost.transformer import (
     A100_EFFICIENCY,
     Efficiency,
@@ -96,16 +96,3 @@ def predict_table1_row(
     seconds = (iteration_time or simulated_iteration_time)(setup.schedule, setup.cost, setup.comm)
     flops = megatron_flops_per_iteration(row.spec(), row.global_batch, "full")
     return flops / (seconds * row.gpus) / 1e12
-
-
-def table1_errors(
-    rows: Iterable[Table1Row] = TABLE1,
-    efficiency: Efficiency = A100_EFFICIENCY,
-    iteration_time: IterationTime | None = None,
-) -> list[tuple[Table1Row, float, float]]:
-    """(row, predicted TFLOP/s per GPU, relative error vs published) for each row."""
-    out = []
-    for row in rows:
-        predicted = predict_table1_row(row, efficiency, iteration_time)
-        out.append((row, predicted, predicted / row.tflops_per_gpu - 1))
-    return out

@@ -28,9 +28,6 @@ from pipewright.errors import ConfigError
 from pipewright.mesh import DEFAULT_ORDER, Mesh
 from pipewright.runtime.errors import LayoutError
 
-#: The DeviceMesh dimension names of the default order, outermost first.
-DIM_NAMES = tuple(reversed(DEFAULT_ORDER.split("-")))
-
 
 def check_layout(world_size: int, dp: int, pp: int, tp: int) -> None:
     """Raise a one-line LayoutError unless dp · pp · tp = world size (all ≥ 1)."""

@@ -360,7 +360,7 @@ def _worker(rank: int, options: ProfileOptions) -> tuple[list[ProfileRow], dict[
     computing = options.workers or tp
     factory, loss = None, loss_fn
     if tp > 1:
-        from pipewright.runtime.tensor_parallel import tp_linear_factory
+        from pipewright.runtime.tp import tp_linear_factory
 
         groups = [dist.new_group(list(range(g, g + tp))) for g in range(0, computing, tp)]
         tp_group = groups[rank // tp]
