@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from pipewright.errors import ConfigError
@@ -66,13 +66,17 @@ class Mesh:
     dp: int = 1
     order: str = DEFAULT_ORDER
     placement: tuple[int, ...] | None = None
+    _strides: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in DIMS:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"--{name} must be at least 1 (got {value})")
-        object.__setattr__(self, "order", "-".join(parse_order(self.order)))
+        dims = parse_order(self.order)
+        object.__setattr__(self, "order", "-".join(dims))
+        for i, d in enumerate(dims):
+            self._strides[d] = math.prod(getattr(self, x) for x in dims[:i])
         if self.placement is not None:
             placement = tuple(int(x) for x in self.placement)
             if sorted(placement) != list(range(self.size)):
@@ -94,8 +98,7 @@ class Mesh:
 
     def stride(self, dim: str) -> int:
         """Rank distance between neighbours along ``dim``: the product of the sizes inside it."""
-        dims = self.dims
-        return math.prod(getattr(self, d) for d in dims[: dims.index(dim)])
+        return self._strides[dim]
 
     # -- rank arithmetic ---------------------------------------------------------------------------
     def rank(self, tp: int = 0, pp: int = 0, dp: int = 0) -> int:

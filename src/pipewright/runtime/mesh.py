@@ -92,6 +92,7 @@ class ParallelMesh:
     layout: Mesh | None = None
     _channels: dict[tuple[int, int], Any] = field(default_factory=dict, repr=False)
     _warm: set[tuple[int, int]] = field(default_factory=set, repr=False)
+    _coords: tuple[int, int, int] = field(default=(0, 0, 0), init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.layout is None:
@@ -100,6 +101,8 @@ class ParallelMesh:
             raise LayoutError(
                 f"mesh layout {self.layout} does not match dp={self.dp}, pp={self.pp}, tp={self.tp}"
             )
+        c = self.layout.coords(self.layout.rank_on_device(self.rank))
+        self._coords = (c.dp, c.pp, c.tp)  # read on every message: computed once
 
     @classmethod
     def build(
@@ -131,8 +134,7 @@ class ParallelMesh:
     @property
     def coords(self) -> tuple[int, int, int]:
         """(dp, pp, tp) of this process (the mesh rank placed on its device)."""
-        c = self.layout.coords(self.layout.rank_on_device(self.rank))
-        return c.dp, c.pp, c.tp
+        return self._coords
 
     @property
     def dp_rank(self) -> int:
