@@ -127,12 +127,15 @@ def default_dtype(acc: Accelerator) -> str:
     return next((x for x in ("bf16", "fp16", "fp32") if x in acc.peak_flops), "fp32")
 
 
-def _counts(layout: str | Layout | Sequence[int] | None, layers: int, stages: int) -> tuple[int, ...] | None:
-    """Layers per stage of a layout string/Layout (checked), a count tuple as given, or None (uniform)."""
+def _layout(
+    layout: str | Layout | Sequence[int] | None, layers: int, stages: int
+) -> Layout | tuple[int, ...] | None:
+    """A layout string parsed and checked into a Layout (it also places the embedding and the output
+    layer), a Layout checked, a count tuple as given, or None (uniform)."""
     if layout is None or layout == "":
         return None
     if isinstance(layout, (str, Layout)):
-        return resolve_layout(layout, layers, stages).layer_counts
+        return resolve_layout(layout, layers, stages)
     return tuple(layout)
 
 
@@ -177,7 +180,7 @@ def model_setup(
         mesh=mesh,
         topology=topology,
         efficiency=efficiency,
-        layout=_counts(layout, spec.layers, schedule.num_stages),
+        layout=_layout(layout, spec.layers, schedule.num_stages),
     )
     label = (
         f"{spec.name} on {devices}× {acc.name} (t={mesh.tp}, p={mesh.pp}, d={mesh.dp}, b={microbatch}, "
@@ -204,8 +207,9 @@ def profile_setup(
     ``tp × pp × dp`` processes."""
     if dp > 1:
         schedule = with_grad_reduction(schedule, "overlap")
-    counts = _counts(layout, layers, schedule.num_stages)
-    cost = ProfiledCost(tuple(rows), microbatch, layers, layout=counts, meta=dict(meta))
+    cost = ProfiledCost(
+        tuple(rows), microbatch, layers, layout=_layout(layout, layers, schedule.num_stages), meta=dict(meta)
+    )
     mesh = Mesh(tp=tp, pp=schedule.num_ranks, dp=dp)
     comm = ProfiledComm.from_cost(cost, TopologyComm(single_host(mesh.size), mesh))
     return SimSetup(schedule, cost, comm, 1, None, None, label, shared=shared)
