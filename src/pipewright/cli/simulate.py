@@ -12,7 +12,15 @@ from pipewright.errors import ConfigError
 from pipewright.ir import Schedule
 from pipewright.passes import validate
 from pipewright.passes.grad_reduce import GRAD_REDUCE
-from pipewright.plan.setup import SimSetup
+from pipewright.plan.setup import (
+    SimSetup,
+    cluster_topology,
+    core_sharing,
+    microbatches_per_pipeline,
+    model_setup,
+    profile_setup,
+    unit_setup,
+)
 from pipewright.schedules import build_schedule, schedule_names
 from pipewright.sim import metrics
 
@@ -103,18 +111,18 @@ def _load_schedule(name: str, stages: int | None, microbatches: int | None, virt
 
 
 def _unit_setup(args: argparse.Namespace) -> SimSetup:
-    from pipewright.plan.setup import unit_setup
-
     return unit_setup(_load_schedule(args.schedule, args.stages, args.microbatches, args.virtual))
 
 
 def _profile_setup(args: argparse.Namespace) -> SimSetup:
     """Measured costs: ProfiledCost and ProfiledComm from a ``pipewright profile`` file."""
     from pipewright.cost.profiled import load_profile
-    from pipewright.plan.setup import core_sharing, profile_setup
 
     if args.grad_reduce == "after":
-        raise ConfigError("--profile predicts pipewright's executor, which overlaps the gradient reduction")
+        raise ConfigError(
+            "--profile predicts pipewright's executor, which overlaps the gradient reduction; "
+            "drop --grad-reduce after"
+        )
     path = Path(args.profile)
     rows, meta = load_profile(path)
     sizes = sorted({r.microbatch_size for r in rows})
@@ -134,7 +142,6 @@ def _model_setup(args: argparse.Namespace) -> SimSetup:
     """Model + cluster: resolve the preset, the accelerator and the topology, then the cost models."""
     from pipewright.mesh import DEFAULT_ORDER, Mesh
     from pipewright.models.presets import resolve_model
-    from pipewright.plan.setup import cluster_topology, microbatches_per_pipeline, model_setup
 
     model = resolve_model(args.model, **{d: getattr(args, d) for d in _DIMS})
     topo, gpu = cluster_topology(args.gpu, args.nodes, args.gpus_per_node, args.topology)
@@ -175,8 +182,6 @@ def run(args: argparse.Namespace) -> int:
     else:
         setup = _unit_setup(args) if args.model is None else _model_setup(args)
         if args.cores is not None:
-            from pipewright.plan.setup import core_sharing
-
             ppr = args.tp * args.dp
             setup = replace(setup, shared=core_sharing(setup.schedule.num_ranks, args.cores, {}, ppr))
     shared = setup.shared
