@@ -4,10 +4,11 @@ Table 1 (:mod:`pipewright.plan.table1`) and the planner all call these builders,
 priced the same way wherever it is described.
 
 - :func:`unit_setup`: unit costs (F = 1, B = 2, I = W = 1), free communication.
-- :func:`model_setup`: the analytical :class:`~pipewright.cost.transformer.TransformerCost` of a
-  :class:`~pipewright.models.spec.ModelSpec` on a topology, ranks placed by a
-  :class:`~pipewright.mesh.Mesh`; with dp > 1 the gradient all-reduce is added (``grad_reduce``:
-  "after" the pipeline drains, Megatron-LM's default, or "overlap"ped with the remaining backward).
+- :func:`model_setup`: the analytical cost of a :class:`~pipewright.models.spec.ModelSpec`
+  (:class:`~pipewright.cost.transformer.TransformerCost`, or ``LlamaCost`` for Llama models) on a
+  topology, ranks placed by a :class:`~pipewright.mesh.Mesh`; with dp > 1 the gradient all-reduce is
+  added (``grad_reduce``: "after" the pipeline drains, Megatron-LM's default, or "overlap"ped with the
+  remaining backward).
 - :func:`profile_setup`: measured costs (:class:`~pipewright.cost.profiled.ProfiledCost`) from a
   ``pipewright profile`` table, the profiled boundary-message time for p2p and a single host's
   loopback for the data-parallel all-reduce (the gradient reduction overlapped, as the executor runs it).
@@ -22,8 +23,9 @@ from dataclasses import dataclass
 
 from pipewright.cost.base import CommModel, CostModel, FreeComm
 from pipewright.cost.comm import TopologyComm
+from pipewright.cost.llama import cost_class
 from pipewright.cost.profiled import ProfiledComm, ProfiledCost, ProfileRow
-from pipewright.cost.transformer import A100_EFFICIENCY, Efficiency, TransformerCost
+from pipewright.cost.transformer import A100_EFFICIENCY, Efficiency
 from pipewright.cost.unit import UnitCost
 from pipewright.errors import ConfigError
 from pipewright.hardware import Accelerator, accelerator
@@ -171,7 +173,7 @@ def model_setup(
     acc = gpu if isinstance(gpu, Accelerator) else accelerator(gpu) if gpu else topology.accelerator(0)
     if mesh.dp > 1:
         schedule = with_grad_reduction(schedule, grad_reduce)
-    cost = TransformerCost(
+    cost = cost_class(spec)(
         spec,
         microbatch=microbatch,
         gpu=acc.name,
