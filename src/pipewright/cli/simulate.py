@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(measured costs from `pipewright profile`). --cores N: the ranks share N CPU cores.",
     )
     parser.add_argument(
-        "--schedule", required=True, help=f"schedule name ({', '.join(schedule_names())}) or CSV file"
+        "--schedule", default=None, help=f"schedule name ({', '.join(schedule_names())}) or CSV file"
     )
     parser.add_argument("--stages", "-p", type=int, help="pipeline ranks p (unit costs)")
     parser.add_argument("--microbatches", "-m", type=int, help="microbatches per iteration m (unit costs)")
@@ -73,7 +73,11 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--microbatch-size", type=int, default=None, help="sequences per microbatch (default 1)"
     )
     model.add_argument("--global-batch-size", type=int, default=None)
-    model.add_argument("--recompute", choices=["full", "none"], default="none")
+    model.add_argument("--recompute", choices=["full", "selective", "none"], default="none")
+    model.add_argument(
+        "--sequence-parallel", action="store_true", help="with --tp: sequence parallelism (Korthikanti)"
+    )
+    model.add_argument("--plan", help="a `pipewright plan` file: its layout, degrees and device order")
     model.add_argument("--dtype", help="compute dtype (default: bf16 where the GPU has it, else fp16)")
     model.add_argument(
         "--grad-reduce",
@@ -99,6 +103,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--png", help="write the timeline picture to this PNG file")
     parser.add_argument("--trace", help="write a Chrome/Perfetto trace JSON to this file")
     parser.add_argument("--enforce-memory", action="store_true", help="fail when a rank does not fit")
+    from pipewright.features.kfac.cli import add_arguments as add_kfac_arguments  # until the feature hook
+
+    add_kfac_arguments(parser)
     parser.set_defaults(func=run)
 
 
@@ -142,9 +149,13 @@ def _model_setup(args: argparse.Namespace) -> SimSetup:
     """Model + cluster: resolve the preset, the accelerator and the topology, then the cost models."""
     from pipewright.mesh import DEFAULT_ORDER, Mesh
     from pipewright.models.presets import resolve_model
+    from pipewright.plan.apply import plan_topology
 
     model = resolve_model(args.model, **{d: getattr(args, d) for d in _DIMS})
+    if getattr(args, "plan_obj", None) is not None:
+        args.plan_obj.check_model(model)
     topo, gpu = cluster_topology(args.gpu, args.nodes, args.gpus_per_node, args.topology)
+    topo = plan_topology(args, topo)
     t, d = args.tp, args.dp
     p = args.pp if args.pp is not None else (args.stages or 1)
     mesh = Mesh(t, p, d, args.rank_order or DEFAULT_ORDER)
@@ -166,6 +177,9 @@ def _model_setup(args: argparse.Namespace) -> SimSetup:
         dtype=args.dtype,
         recompute=args.recompute,
         grad_reduce=args.grad_reduce or "after",
+        sequence_parallel=getattr(args, "sequence_parallel", False),
+        layout=getattr(args, "plan_layout", None),
+        per_stage_recompute=getattr(args, "plan_recompute", None),
     )
 
 
@@ -177,6 +191,12 @@ def run(args: argparse.Namespace) -> int:
     ]
     if len(given) > 1:
         raise ConfigError(f"give one of --cost unit, --model, --profile (got {' and '.join(given)})")
+    if getattr(args, "plan", None):
+        from pipewright.plan.apply import apply_to_simulate
+
+        args.plan_obj = apply_to_simulate(args)
+    if args.schedule is None:
+        raise ConfigError("pipewright simulate needs --schedule NAME (or --plan FILE)")
     if args.profile is not None:
         setup = _profile_setup(args)
     else:
@@ -184,6 +204,10 @@ def run(args: argparse.Namespace) -> int:
         if args.cores is not None:
             ppr = args.tp * args.dp
             setup = replace(setup, shared=core_sharing(setup.schedule.num_ranks, args.cores, {}, ppr))
+    if getattr(args, "fill", None) == "kfac":
+        from pipewright.features.kfac.cli import run_fill  # until the feature bundle's CLI hook
+
+        return run_fill(args, setup)
     shared = setup.shared
     result = setup.simulate(iterations=args.iterations, step_barrier=not args.no_step_barrier)
     report = metrics(

@@ -25,6 +25,7 @@ from pipewright.cost.base import CommModel, CostModel, FreeComm
 from pipewright.cost.comm import TopologyComm
 from pipewright.cost.llama import cost_class
 from pipewright.cost.profiled import ProfiledComm, ProfiledCost, ProfileRow
+from pipewright.cost.recompute import make_cost
 from pipewright.cost.transformer import A100_EFFICIENCY, Efficiency
 from pipewright.cost.unit import UnitCost
 from pipewright.errors import ConfigError
@@ -154,13 +155,16 @@ def model_setup(
     efficiency: Efficiency = A100_EFFICIENCY,
     grad_reduce: str = "after",
     layout: str | Layout | Sequence[int] | None = None,
+    sequence_parallel: bool = False,
+    per_stage_recompute: Sequence[str] | None = None,
 ) -> SimSetup:
     """The analytical cost of ``spec`` on ``topology`` with ranks placed by ``mesh`` (module docstring).
 
     ``schedule``: compute-only, with ``mesh.pp`` ranks; REDUCE_GRAD actions are added when dp > 1 (where
     ``grad_reduce`` says, unless it has them). ``gpu``: the accelerator priced (default: the topology's
     first device's); ``dtype``: default bf16 where it has it. FLOPs are per device (each tensor-parallel
-    rank's share): one device per simulated rank.
+    rank's share): one device per simulated rank. ``recompute``: none, selective or full
+    (``per_stage_recompute``: one mode per stage, a plan's); ``sequence_parallel`` with tp > 1.
     """
     if schedule.num_ranks != mesh.pp:
         raise ConfigError(f"schedule {schedule.name} has {schedule.num_ranks} ranks but --pp is {mesh.pp}")
@@ -173,13 +177,16 @@ def model_setup(
     acc = gpu if isinstance(gpu, Accelerator) else accelerator(gpu) if gpu else topology.accelerator(0)
     if mesh.dp > 1:
         schedule = with_grad_reduction(schedule, grad_reduce)
-    cost = cost_class(spec)(
-        spec,
+    cost = make_cost(
+        recompute,
+        cls=cost_class(spec),
+        per_stage=per_stage_recompute,
+        spec=spec,
         microbatch=microbatch,
         gpu=acc.name,
         dtype=dtype or default_dtype(acc),
-        recompute=recompute,
         mesh=mesh,
+        sequence_parallel=sequence_parallel,
         topology=topology,
         efficiency=efficiency,
         layout=_layout(layout, spec.layers, schedule.num_stages),
