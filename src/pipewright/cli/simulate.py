@@ -93,6 +93,10 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="rank order, innermost first (default tp-dp-pp, Megatron's; e.g. tp-pp-dp)",
     )
     model.add_argument("--topology", help="cluster topology JSON (default: built from --nodes/--gpu)")
+    from pipewright.features.vocab.options import CHOICES as _VOCAB
+    from pipewright.features.vocab.options import HELP as _VOCAB_HELP
+
+    parser.add_argument("--vocab-parallel", choices=_VOCAB, default="none", help=_VOCAB_HELP)
     parser.add_argument("--iterations", type=int, default=1, help="iterations to simulate (steady state)")
     parser.add_argument(
         "--no-step-barrier",
@@ -204,6 +208,15 @@ def run(args: argparse.Namespace) -> int:
         if args.cores is not None:
             ppr = args.tp * args.dp
             setup = replace(setup, shared=core_sharing(setup.schedule.num_ranks, args.cores, {}, ppr))
+    if args.vocab_parallel != "none":
+        from pipewright.features.vocab.options import apply_to_simulation
+
+        sched, cost, comm = apply_to_simulation(
+            args.vocab_parallel, setup.schedule, setup.cost, setup.comm, unit=setup.unit
+        )
+        setup = replace(
+            setup, schedule=sched, cost=cost, comm=comm, label=f"{setup.label}, vocab {args.vocab_parallel}"
+        )
     if getattr(args, "fill", None) == "kfac":
         from pipewright.features.kfac.cli import run_fill  # until the feature bundle's CLI hook
 

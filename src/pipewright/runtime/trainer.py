@@ -45,11 +45,20 @@ from pipewright.models.spec import ModelSpec
 from pipewright.models.wgrad import linear_factory_for
 from pipewright.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
 from pipewright.passes import validate
-from pipewright.runtime.checkpoint import latest_checkpoint, load_checkpoint, read_meta, save_checkpoint
+from pipewright.runtime import elastic
+from pipewright.runtime.checkpoint import (
+    load_checkpoint,
+    read_meta,
+    resumable_checkpoint,
+    same_model,
+    save_checkpoint,
+)
 from pipewright.runtime.config import TrainConfig, fingerprint
 from pipewright.runtime.executor import PipelineExecutor
+from pipewright.runtime.guard import RunGuard
 from pipewright.runtime.launch import init_from_env, running_under_torchrun, spawn
 from pipewright.runtime.mesh import ParallelMesh
+from pipewright.runtime.reshard import shard_layout
 from pipewright.runtime.timeline import gather_timeline
 from pipewright.runtime.tp import (
     grad_norm_params,
@@ -93,6 +102,7 @@ class TrainResult:
     files: dict[str, Path]
     wall_s: float
     tokens_per_s: float
+    preempted_at: int | None = None  # steps done when a SIGTERM stopped the run (checkpoint written)
 
 
 def resolve_schedule(config: TrainConfig) -> Schedule:
@@ -150,11 +160,13 @@ def prepare(config: TrainConfig, *, world_size: int | None = None) -> PreparedRu
     out_dir = Path(config.out) if config.out else default_out_dir()
     resume_from, start = None, 0
     if config.resume:
-        resume_from = latest_checkpoint(out_dir / "checkpoints")
+        resume_from, warnings = resumable_checkpoint(out_dir / "checkpoints")
+        for warning in warnings:  # a corrupted or truncated newest checkpoint: the previous one is used
+            log.warning("%s", warning)
         if resume_from is None:
             raise ConfigError(f"--resume: no checkpoint in {out_dir / 'checkpoints'}; run without --resume")
         meta = read_meta(resume_from)
-        if meta.get("fingerprint") != fp:
+        if not same_model(meta, fp, fingerprint(spec, config.tokenizer)):  # tp may differ: resharded
             raise ConfigError(
                 f"--resume: checkpoint {resume_from} belongs to another model ({meta.get('model', '?')}); "
                 "use the same model dimensions and --tp, or a new --out"
@@ -170,8 +182,8 @@ def train(config: TrainConfig) -> TrainResult:
     tp × pp × dp local processes (one CPU thread each). Returns rank 0's result (others: None under
     torchrun)."""
     if running_under_torchrun():
-        run = prepare(config, world_size=int(os.environ["WORLD_SIZE"]))
         init_from_env()
+        run = prepare(elastic.auto_resume(config), world_size=int(os.environ["WORLD_SIZE"]))
         chosen = [str(run.out_dir)]  # the default folder name has a timestamp: take rank 0's
         dist.broadcast_object_list(chosen, src=0)
         run = replace(run, out_dir=Path(chosen[0]))
@@ -179,8 +191,16 @@ def train(config: TrainConfig) -> TrainResult:
     run = prepare(config)
     if config.out is None:
         _point_latest(run.out_dir)
-    results = spawn(train_worker, run.config.world_size, (run,), timeout_s=7 * 24 * 3600)
-    return results[0]
+
+    prepared = [run]
+
+    def attempt(c: TrainConfig) -> TrainResult:
+        again = prepared.pop() if prepared else prepare(c)  # a restart resumes from the newest checkpoint
+        return spawn(train_worker, c.world_size, (again,), timeout_s=7 * 24 * 3600, forward_sigterm=True)[0]
+
+    if not config.max_restarts:
+        return attempt(config)
+    return elastic.run_with_restarts(config, run.out_dir, attempt, config.max_restarts)
 
 
 def _point_latest(out_dir: Path) -> None:
@@ -267,6 +287,14 @@ class Trainer:
                 grad_scale=float(self.schedule.num_microbatches * c.microbatch_size * seq),
             )
             handlers = {**handlers, **kfac_handlers}
+        self.guard = RunGuard(
+            self.mesh,
+            self.stages,
+            out_dir=run.out_dir,
+            on_nonfinite=c.on_nonfinite,
+            keep_checkpoints=c.keep_checkpoints,
+            check_gradients=c.precision != "fp16",  # fp16: the loss scaler handles overflowed gradients
+        )
         self.executor = PipelineExecutor(
             exec_schedule,
             self.mesh,
@@ -281,6 +309,7 @@ class Trainer:
             scatter_gather=c.scatter_gather,
             loss_stage=loss_stage(run.layout, self.schedule.num_stages),
         )
+        self.guard.attach(self.executor)  # wraps its handlers: each rank's position, injected faults
         self.first = 0 in self.stages
         self.last = self.schedule.num_stages - 1 in self.stages
         self.timeline: Timeline | None = None
@@ -293,6 +322,12 @@ class Trainer:
             n + (suffix if n in self.params and id(self.params[n]) in sharded else ""): p
             for n, p in state.items()
         }
+        # what lets a resume at another tp size rebuild the shards (runtime/reshard.py)
+        self.model_fingerprint = fingerprint(spec, c.tokenizer)
+        self.meta |= {
+            "model_fingerprint": self.model_fingerprint,
+            "tp_shards": shard_layout(self.stages.values(), sharded),
+        }
 
     def extra_handlers(self) -> dict | None:
         """Executor handlers a subclass adds (called once stages and optimizer exist)."""
@@ -304,14 +339,26 @@ class Trainer:
 
     def load(self, path: Path) -> int:
         """Load a checkpoint; returns its step (the number of steps done)."""
-        meta = load_checkpoint(path, self.named_shards, self.optimizer, fingerprint=self.run.fingerprint)
+        meta = load_checkpoint(
+            path,
+            self.named_shards,
+            self.optimizer,
+            fingerprint=self.run.fingerprint,
+            model_fingerprint=self.model_fingerprint,
+            tp_shards=self.meta["tp_shards"],
+        )
         if self.master is not None:
             self.master.after_load()
         return int(meta["step"])
 
     def save(self, done: int) -> Path:
         return save_checkpoint(
-            self.run.out_dir / "checkpoints", done, self.named_shards, self.optimizer, meta=self.meta
+            self.run.out_dir / "checkpoints",
+            done,
+            self.named_shards,
+            self.optimizer,
+            meta=self.meta,
+            **self.guard.save_options(done),
         )
 
     def forward_backward(self, step: int) -> float:
@@ -346,8 +393,14 @@ class Trainer:
         """One training step; returns its metrics record (the same on every rank, bar timing)."""
         dist.barrier()
         t0 = time.perf_counter()
-        loss = self.forward_backward(step)
-        lr, norm = self.optimizer_step(step)
+        with self.guard.iteration(step):  # a receive timeout: a hang report of every rank's position
+            loss = self.forward_backward(step)
+        skipped = not self.guard.before_optimizer(step, loss)  # NaN/inf anywhere; SIGTERM pending
+        if skipped:
+            c = self.config
+            lr, norm = lr_at(step, lr=c.lr, warmup=c.warmup, total=c.steps, min_ratio=c.min_lr_ratio), None
+        else:
+            lr, norm = self.optimizer_step(step)
         step_time = time.perf_counter() - t0
         self.timeline = gather_timeline(self.executor.last_spans, self.mesh)
         return {
@@ -358,6 +411,7 @@ class Trainer:
             "step_time_s": step_time,
             "tokens_per_s": self.tokens_per_step / step_time,
             "bubble_fraction": self.timeline.bubble_fraction() if self.timeline is not None else None,
+            **({"skipped": True} if skipped else {}),
         }
 
     def evaluate(self) -> float:
@@ -391,6 +445,7 @@ def train_worker(rank: int, run: PreparedRun) -> TrainResult | None:
     val_losses: dict[int, float] = {}
     t_run = time.perf_counter()
     end = min(c.steps, c.stop_after) if c.stop_after else c.steps
+    done = start
     for step in range(start, end):
         record = trainer.train_step(step)
         done = step + 1
@@ -399,8 +454,13 @@ def train_worker(rank: int, run: PreparedRun) -> TrainResult | None:
         losses.append(record["loss"])
         if writer is not None:
             writer.write(record)
-        if (c.checkpoint_every and done % c.checkpoint_every == 0) or done == end:
+        preempted = trainer.guard.stop_requested
+        if (c.checkpoint_every and done % c.checkpoint_every == 0) or done == end or preempted:
             trainer.save(done)
+        if preempted:  # SIGTERM: every rank finished this step and saved it (elastic.Preemption)
+            log.warning("rank %d: preempted, stopping after step %d (checkpoint written)", rank, done)
+            break
+    trainer.guard.close()
     wall = time.perf_counter() - t_run
     if writer is None:
         return None
@@ -408,7 +468,8 @@ def train_worker(rank: int, run: PreparedRun) -> TrainResult | None:
     files = write_artifacts(run, trainer.timeline) if c.artifacts else {}
     files["metrics"] = writer.path
     rate = len(losses) * trainer.tokens_per_step / wall if wall > 0 else 0.0
-    return TrainResult(losses, val_losses, run.out_dir, files, wall, rate)
+    stopped = done if trainer.guard.stop_requested and done < end else None
+    return TrainResult(losses, val_losses, run.out_dir, files, wall, rate, preempted_at=stopped)
 
 
 class MetricsWriter:
