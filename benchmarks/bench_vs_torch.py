@@ -12,7 +12,7 @@ Schedules (p = 2) and PyTorch's twin: ``1f1b`` / ``Schedule1F1B``; ``interleaved
 ``ScheduleInterleaved1F1B``; ``zb-h1`` / ``ScheduleInterleavedZeroBubble`` with one stage per rank;
 ``zbv`` (v = 2, V placement) / ``ScheduleZBVZeroBubble``. For the multi-stage ones the benchmark checks
 that PyTorch's compute order equals ours. Modules: pipewright's stages are built as ``pipewright
-train`` builds them (``runtime.wgrad.linear_factory_for``): ``nn.Linear`` for 1F1B and interleaved
+train`` builds them (``models.wgrad.linear_factory_for``): ``nn.Linear`` for 1F1B and interleaved
 1F1B, ``DeferrableLinear`` for the zero-bubble schedules (the I/W split, with weight gradients
 accumulated into ``.grad`` fused into one GEMM); PyTorch gets ``nn.Linear`` throughout (it splits the
 autograd graph for its zero-bubble schedules), with the same weights.
@@ -35,10 +35,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipewright.models.gpt import build_stage, loss_fn, plain_linear_factory
+from pipewright.models.gpt import build_stage, loss_fn
 from pipewright.models.spec import ModelSpec
+from pipewright.models.wgrad import linear_factory_for, plain_linear_factory
 from pipewright.runtime import ParallelMesh, PipelineExecutor, spawn
-from pipewright.runtime.wgrad import linear_factory_for
 from pipewright.schedules import build_schedule
 
 

@@ -385,7 +385,8 @@ def test_rank_coordinates_round_trip_and_layout_errors() -> None:
         assert coords_to_rank(*c, dp, pp, tp) == r
         seen.add(c)
     assert len(seen) == 24
-    assert rank_to_coords(5, dp, pp, tp) == (0, 1, 1)  # tp fastest, then pp, then dp (Megatron order)
+    assert rank_to_coords(5, dp, pp, tp) == (1, 0, 1)  # tp fastest, then dp, then pp (Megatron's tp-dp-pp)
+    assert rank_to_coords(5, dp, pp, tp, order="tp-pp-dp") == (0, 1, 1)
     with pytest.raises(LayoutError, match="2×2×2 = 8 but there are 6 processes"):
         check_layout(6, 2, 2, 2)
 

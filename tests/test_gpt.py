@@ -109,7 +109,7 @@ def test_build_stage_allocates_only_its_layers():
 
 
 def test_default_linears_can_defer_weight_gradients():
-    from pipewright.runtime.wgrad import DeferrableLinear
+    from pipewright.models.wgrad import DeferrableLinear
 
     model = build_full(SPEC)
     assert isinstance(model.layers["0"].attn.qkv, DeferrableLinear)
@@ -131,7 +131,7 @@ def test_factory_hooks_build_the_embedding_from_the_same_init():
     """A factory with ``embedding`` and ``sequence_chunk`` (here the tensor-parallel one over a group of
     one process) builds the token table; the model is the default one, weight for weight and logit for
     logit."""
-    from pipewright.runtime.tensor_parallel import VocabParallelEmbedding, tp_linear_factory
+    from pipewright.runtime.tp import VocabParallelEmbedding, tp_linear_factory
 
     tp_model = build_full(SPEC, seed=2, linear_factory=tp_linear_factory(None, num_heads=SPEC.heads))
     model = build_full(SPEC, seed=2)

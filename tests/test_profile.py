@@ -16,8 +16,9 @@ from pipewright.cli import main
 from pipewright.cost.profiled import ProfiledCost, read_profile_csv
 from pipewright.data.tokens import write_tokens
 from pipewright.ir import STEP, B, F, I, W
-from pipewright.models.gpt import Block, Embedding, Head, plain_linear_factory
+from pipewright.models.gpt import Block, Embedding, Head
 from pipewright.models.presets import resolve_model
+from pipewright.models.wgrad import plain_linear_factory
 from pipewright.runtime.compare import usable_cores
 
 DIMS = ["--model", "gpt-tiny", "--layers", "2", "--hidden", "32", "--heads", "4", "--seq-len", "16"]

@@ -41,7 +41,7 @@ from pipewright.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
 from pipewright.runtime.config import TrainConfig
 from pipewright.runtime.launch import spawn
 from pipewright.runtime.mesh import ParallelMesh
-from pipewright.runtime.tensor_parallel import full_parameters
+from pipewright.runtime.tp import full_parameters
 from pipewright.runtime.trainer import PreparedRun, Trainer, prepare
 from pipewright.schedules import schedule_names
 from pipewright.schedules.registry import check_args, info

@@ -26,7 +26,7 @@ from pipewright.models.gpt import build_full, build_stage, loss_fn
 from pipewright.models.spec import ModelSpec
 from pipewright.runtime.executor import PipelineExecutor
 from pipewright.runtime.mesh import ParallelMesh
-from pipewright.runtime.tensor_parallel import full_parameters, tp_linear_factory
+from pipewright.runtime.tp import full_parameters, tp_linear_factory
 from pipewright.schedules.registry import build_schedule
 
 RTOL = 1e-5

@@ -13,10 +13,10 @@ import json
 import time
 from pathlib import Path
 
-from pipewright.cost.megatron import load_table1, table1_cost, table1_schedule
+from pipewright.cost.megatron import load_table1
 from pipewright.plan.report import make_plan
 from pipewright.plan.search import Problem
-from pipewright.sim import simulate
+from pipewright.plan.table1 import table1_setup
 
 ROOT = Path(__file__).resolve().parents[1]
 CSV = ROOT / ".." / "shared" / "reference" / "megatron_table1.csv"
@@ -25,8 +25,8 @@ LIMIT = 80e9
 
 def compare_row(row) -> dict:
     """Published configuration vs the planner's choice for one Table 1 row."""
-    cost = table1_cost(row)
-    published = simulate(table1_schedule(row), cost, comm=cost.comm)
+    setup = table1_setup(row)
+    cost, published = setup.cost, setup.simulate()
     prob = Problem(row.spec(), cost.topology, row.global_batch, dtype="fp16", memory_limit=LIMIT)
     start = time.perf_counter()
     result = make_plan(prob, baselines=False)

@@ -10,14 +10,9 @@ from __future__ import annotations
 
 import argparse
 
-from pipewright.cost.megatron import (
-    TABLE1,
-    closed_form_iteration_time,
-    load_table1,
-    predict_table1_row,
-    simulated_iteration_time,
-)
+from pipewright.cost.megatron import TABLE1, closed_form_iteration_time, load_table1
 from pipewright.cost.transformer import A100_EFFICIENCY
+from pipewright.plan.table1 import predict_table1_row, simulated_iteration_time
 
 
 def markdown(rows, efficiency=A100_EFFICIENCY) -> str:

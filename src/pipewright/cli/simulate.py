@@ -4,48 +4,27 @@ from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 
 from pipewright.codec import load_csv
-from pipewright.cost.base import CommModel, CostModel, FreeComm
-from pipewright.cost.unit import UnitCost
 from pipewright.errors import ConfigError
-from pipewright.ir import Action, Schedule
+from pipewright.ir import Schedule
 from pipewright.passes import validate
+from pipewright.passes.grad_reduce import GRAD_REDUCE
+from pipewright.plan.setup import (
+    SimSetup,
+    cluster_topology,
+    core_sharing,
+    microbatches_per_pipeline,
+    model_setup,
+    profile_setup,
+    unit_setup,
+)
 from pipewright.schedules import build_schedule, schedule_names
-from pipewright.sim import metrics, simulate
-
-#: ``--cost unit`` reads one time unit of compute as 10¹² FLOPs and a device's peak as 10¹² FLOPs per
-#: time unit, so "TFLOP/s per device" and MFU both read as the fraction of time a device computes.
-_UNIT_PEAK = 1e12
-
-
-class _UnitWork(UnitCost):
-    """Unit costs whose FLOPs are their compute time × 10¹² (see ``_UNIT_PEAK``)."""
-
-    def flops(self, action: Action, schedule: Schedule) -> float:
-        return self.compute_time(action, schedule) * _UNIT_PEAK
-
-    def model_flops(self, action: Action, schedule: Schedule) -> float:
-        return self.compute_time(action, schedule) * _UNIT_PEAK
-
+from pipewright.sim import metrics
 
 _DIMS = ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len")
-
-
-@dataclass(frozen=True)
-class _Setup:
-    """Everything one simulation needs, however the command line described it."""
-
-    schedule: Schedule
-    cost: CostModel
-    comm: CommModel
-    devices_per_rank: int
-    peak_flops: float | None
-    memory_limit: float | None
-    label: str
-    unit: bool = False  # times in unit costs (else seconds)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -100,6 +79,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     model.add_argument("--plan", help="a `pipewright plan` file: its layout, degrees and device order")
     model.add_argument("--dtype", help="compute dtype (default: bf16 where the GPU has it, else fp16)")
+    model.add_argument(
+        "--grad-reduce",
+        choices=GRAD_REDUCE,
+        default=None,
+        help="with --dp > 1, the gradient all-reduce: 'after' the pipeline drains (Megatron-LM's default; "
+        "the default with --model) or 'overlap'ped with the remaining backward (pipewright's executor; "
+        "the default with --profile)",
+    )
+    model.add_argument(
+        "--rank-order",
+        default=None,
+        help="rank order, innermost first (default tp-dp-pp, Megatron's; e.g. tp-pp-dp)",
+    )
     model.add_argument("--topology", help="cluster topology JSON (default: built from --nodes/--gpu)")
     from pipewright.features.vocab.options import CHOICES as _VOCAB
     from pipewright.features.vocab.options import HELP as _VOCAB_HELP
@@ -129,20 +121,19 @@ def _load_schedule(name: str, stages: int | None, microbatches: int | None, virt
     return validate(build_schedule(name, stages, microbatches, virtual))
 
 
-def _unit_setup(args: argparse.Namespace) -> _Setup:
-    sched = _load_schedule(args.schedule, args.stages, args.microbatches, args.virtual)
-    # activation 1/v per chunk-microbatch: peak memory reads in microbatches of a rank's layers
-    cost = _UnitWork(per_chunk=True, activation=1 / sched.chunks_per_rank)
-    return _Setup(sched, cost, FreeComm(), 1, _UNIT_PEAK, None, "cost unit", unit=True)
+def _unit_setup(args: argparse.Namespace) -> SimSetup:
+    return unit_setup(_load_schedule(args.schedule, args.stages, args.microbatches, args.virtual))
 
 
-def _profile_setup(args: argparse.Namespace) -> _Setup:
+def _profile_setup(args: argparse.Namespace) -> SimSetup:
     """Measured costs: ProfiledCost and ProfiledComm from a ``pipewright profile`` file."""
-    from pipewright.cost.comm import Mesh, TopologyComm
-    from pipewright.cost.profiled import ProfiledComm, ProfiledCost, load_profile
-    from pipewright.passes.grad_reduce import add_grad_reduction
-    from pipewright.topology import single_host
+    from pipewright.cost.profiled import load_profile
 
+    if args.grad_reduce == "after":
+        raise ConfigError(
+            "--profile predicts pipewright's executor, which overlaps the gradient reduction; "
+            "drop --grad-reduce after"
+        )
     path = Path(args.profile)
     rows, meta = load_profile(path)
     sizes = sorted({r.microbatch_size for r in rows})
@@ -153,96 +144,47 @@ def _profile_setup(args: argparse.Namespace) -> _Setup:
     p = args.pp if args.pp is not None else args.stages
     sched = _load_schedule(args.schedule, p, args.microbatches, args.virtual)
     tp, dp = int(meta.get("tp", "1")), args.dp
-    if dp > 1:
-        sched = add_grad_reduction(sched)
-    cost = ProfiledCost(rows, b, layers, meta=meta)
-    world = tp * sched.num_ranks * dp
-    comm = ProfiledComm.from_cost(
-        cost, TopologyComm(single_host(world), Mesh(tp=tp, pp=sched.num_ranks, dp=dp))
-    )
+    shared = core_sharing(sched.num_ranks, args.cores, meta, processes_per_rank=tp * dp)
     label = f"profile {path.name} (b={b}, {layers} layers, t={tp}, d={dp})"
-    return _Setup(sched, cost, comm, 1, None, None, label)
+    return profile_setup(rows, meta, sched, b, layers, tp=tp, dp=dp, shared=shared, label=label)
 
 
-def _sharing(args: argparse.Namespace, setup: _Setup):
-    """``--cores N``: every rank on one host of N cores (the profile's contention curve if any)."""
-    if args.cores is None:
-        return None
-    from pipewright.sim.sharing import SharedCompute
-
-    if args.cores <= 0:
-        raise ConfigError(f"--cores must be positive (got {args.cores:g})")
-    meta = getattr(setup.cost, "meta", {}) or {}
-    tp = int(meta.get("tp", "1")) if args.profile else args.tp
-    return SharedCompute.from_profile(
-        setup.schedule.num_ranks, args.cores, meta, processes_per_rank=tp * args.dp
-    )
-
-
-def _model_setup(args: argparse.Namespace) -> _Setup:
+def _model_setup(args: argparse.Namespace) -> SimSetup:
     """Model + cluster: resolve the preset, the accelerator and the topology, then the cost models."""
-    from pipewright.cost.comm import Mesh
-    from pipewright.cost.llama import cost_class  # TransformerCost, or LlamaCost for llama models
-    from pipewright.cost.recompute import make_cost
-    from pipewright.hardware import accelerator
+    from pipewright.mesh import DEFAULT_ORDER, Mesh
     from pipewright.models.presets import resolve_model
     from pipewright.plan.apply import plan_topology
-    from pipewright.topology import Topology, cluster, single_host
 
     model = resolve_model(args.model, **{d: getattr(args, d) for d in _DIMS})
     if getattr(args, "plan_obj", None) is not None:
         args.plan_obj.check_model(model)
-    if args.topology:
-        topo = Topology.load(args.topology)
-        gpu = accelerator(args.gpu) if args.gpu else topo.accelerator(0)
-    elif not args.gpu:
-        raise ConfigError("--model needs --gpu KIND (or --topology FILE)")
-    else:
-        gpu = accelerator(args.gpu)
-        if gpu.name == "cpu":
-            topo = single_host(args.nodes * args.gpus_per_node)
-        else:
-            intra = "nvlink" if gpu.nvlink else "pcie4"
-            topo = cluster(args.nodes, args.gpus_per_node, gpu.name, intra=intra)
+    topo, gpu = cluster_topology(args.gpu, args.nodes, args.gpus_per_node, args.topology)
     topo = plan_topology(args, topo)
     t, d = args.tp, args.dp
     p = args.pp if args.pp is not None else (args.stages or 1)
-    devices = len(topo.devices)
-    if t * p * d != devices:
-        raise ConfigError(
-            f"--tp {t} × --pp {p} × --dp {d} = {t * p * d} devices, but the cluster has {devices}; "
-            "make the product equal the number of GPUs"
-        )
+    mesh = Mesh(t, p, d, args.rank_order or DEFAULT_ORDER)
     b = args.microbatch_size or 1
     if args.global_batch_size is not None:
-        if args.global_batch_size % (b * d):
-            raise ConfigError(
-                f"--global-batch-size {args.global_batch_size} is not a multiple of "
-                f"--microbatch-size {b} × --dp {d}"
-            )
-        m = args.global_batch_size // (b * d)
+        m = microbatches_per_pipeline(args.global_batch_size, b, d)
     elif args.microbatches is not None:
         m = args.microbatches
     else:
         raise ConfigError("--model needs --global-batch-size (or --microbatches)")
     sched = _load_schedule(args.schedule, p, m, args.virtual)
-    dtype = args.dtype or next((x for x in ("bf16", "fp16", "fp32") if x in gpu.peak_flops), "fp32")
-    cost = make_cost(
-        args.recompute,
-        cls=cost_class(model),
-        spec=model,
-        microbatch=b,
-        gpu=gpu.name,
-        dtype=dtype,
-        mesh=Mesh(t, p, d),
-        topology=topo,
+    return model_setup(
+        model,
+        topo,
+        mesh,
+        sched,
+        b,
+        gpu=gpu,
+        dtype=args.dtype,
+        recompute=args.recompute,
+        grad_reduce=args.grad_reduce or "after",
         sequence_parallel=getattr(args, "sequence_parallel", False),
         layout=getattr(args, "plan_layout", None),
-        per_stage=getattr(args, "plan_recompute", None),
+        per_stage_recompute=getattr(args, "plan_recompute", None),
     )
-    label = f"{model.name} on {devices}× {gpu.name} (t={t}, p={p}, d={d}, b={b}, m={m})"
-    # TransformerCost's FLOPs are per device (each tensor-parallel rank's share): one device per rank.
-    return _Setup(sched, cost, cost.comm, 1, gpu.peak(cost.dtype), gpu.memory_bytes, label)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -263,9 +205,10 @@ def run(args: argparse.Namespace) -> int:
         setup = _profile_setup(args)
     else:
         setup = _unit_setup(args) if args.model is None else _model_setup(args)
+        if args.cores is not None:
+            ppr = args.tp * args.dp
+            setup = replace(setup, shared=core_sharing(setup.schedule.num_ranks, args.cores, {}, ppr))
     if args.vocab_parallel != "none":
-        from dataclasses import replace
-
         from pipewright.features.vocab.options import apply_to_simulation
 
         sched, cost, comm = apply_to_simulation(
@@ -278,15 +221,8 @@ def run(args: argparse.Namespace) -> int:
         from pipewright.features.kfac.cli import run_fill  # until the feature bundle's CLI hook
 
         return run_fill(args, setup)
-    shared = _sharing(args, setup)
-    result = simulate(
-        setup.schedule,
-        setup.cost,
-        comm=setup.comm,
-        iterations=args.iterations,
-        step_barrier=not args.no_step_barrier,
-        shared=shared,
-    )
+    shared = setup.shared
+    result = setup.simulate(iterations=args.iterations, step_barrier=not args.no_step_barrier)
     report = metrics(
         result,
         num_devices_per_rank=setup.devices_per_rank,

@@ -1,10 +1,11 @@
-"""Mapping pipeline ranks onto the devices of a topology, and the CommModel that prices their messages.
+"""The CommModel that prices messages between the devices a :class:`~pipewright.mesh.Mesh` assigns.
 
-PTD-P rank order (Megatron-LM's default ``tp-dp-pp``): tensor-parallel rank innermost, then data-parallel,
-then pipeline-parallel — global rank g = tp_rank + t·(dp_rank + d·pp_rank), and global rank g runs on
-``topology.devices[g]``. With the node-major device order of :func:`pipewright.topology.cluster`, a
-tensor-parallel group of t ≤ GPUs-per-node stays inside one machine (NVLink) and pipeline neighbours sit
-t·d devices apart (usually on other machines, over InfiniBand).
+The rank order and placement are :mod:`pipewright.mesh`'s (the runtime's too): with the default
+``tp-dp-pp``, global rank g = tp_rank + t·(dp_rank + d·pp_rank), and rank g runs on
+``topology.devices[mesh.device_index(g)]``. With the node-major device order of
+:func:`pipewright.topology.cluster`, a tensor-parallel group of t ≤ GPUs-per-node stays inside one
+machine (NVLink) and pipeline neighbours sit t·d devices apart (usually on other machines, over
+InfiniBand).
 """
 
 from __future__ import annotations
@@ -12,48 +13,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pipewright.errors import ConfigError
+from pipewright.mesh import Mesh
 from pipewright.topology import Topology
 
 
-@dataclass(frozen=True)
-class Mesh:
-    """The parallel layout: ``tp`` × ``pp`` × ``dp`` ranks in PTD-P order (see the module docstring)."""
-
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
-
-    def __post_init__(self) -> None:
-        for name in ("tp", "pp", "dp"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"--{name} must be at least 1 (got {getattr(self, name)})")
-
-    @property
-    def size(self) -> int:
-        return self.tp * self.pp * self.dp
-
-    def global_rank(self, pp_rank: int, dp_rank: int = 0, tp_rank: int = 0) -> int:
-        return tp_rank + self.tp * (dp_rank + self.dp * pp_rank)
-
-    def tp_group(self, pp_rank: int, dp_rank: int = 0) -> tuple[int, ...]:
-        return tuple(self.global_rank(pp_rank, dp_rank, i) for i in range(self.tp))
-
-    def dp_group(self, pp_rank: int, tp_rank: int = 0) -> tuple[int, ...]:
-        return tuple(self.global_rank(pp_rank, j, tp_rank) for j in range(self.dp))
-
-    def check(self, topology: Topology) -> None:
-        """One-line error when the topology has too few devices for this mesh."""
-        if len(topology.devices) < self.size:
-            raise ConfigError(
-                f"tp {self.tp} × pp {self.pp} × dp {self.dp} = {self.size} ranks, but topology "
-                f"{topology.name} has {len(topology.devices)} devices; add nodes or shrink the layout"
-            )
+def check_fits(mesh: Mesh, topology: Topology) -> None:
+    """One-line error when the topology has too few devices for ``mesh``."""
+    if len(topology.devices) < mesh.size:
+        raise ConfigError(
+            f"tp {mesh.tp} × pp {mesh.pp} × dp {mesh.dp} = {mesh.size} ranks, but topology "
+            f"{topology.name} has {len(topology.devices)} devices; add nodes or shrink the layout"
+        )
 
 
 @dataclass(frozen=True, eq=False)
 class TopologyComm:
     """:class:`~pipewright.cost.base.CommModel` over a topology: pipeline rank r is the device of global
-    rank ``mesh.global_rank(r)`` (its tp-rank-0, dp-replica-0 device — the one simulated pipeline).
+    rank ``mesh.global_rank(r)`` (its tp-rank-0, dp-replica-0 device — the one simulated pipeline),
+    placed by ``mesh.device_index``.
 
     ``p2p_time`` prices a message by the topology's best path. ``collective_time(kind, rank, nbytes)``
     runs over rank r's data-parallel group (REDUCE_GRAD = ring all-reduce over dp; see
@@ -67,14 +44,21 @@ class TopologyComm:
     bandwidth_efficiency: float = 1.0
 
     def __post_init__(self) -> None:
-        self.mesh.check(self.topology)
+        check_fits(self.mesh, self.topology)
+
+    def _device(self, global_rank: int) -> str:
+        return self.topology.devices[self.mesh.device_index(global_rank)]
+
+    def device_of(self, tp: int = 0, pp: int = 0, dp: int = 0) -> str:
+        """The topology device that runs coordinates (tp, pp, dp)."""
+        return self._device(self.mesh.rank(tp, pp, dp))
 
     def device(self, rank: int) -> str:
         if not 0 <= rank < self.mesh.pp:
             raise ConfigError(
                 f"pipeline rank {rank} is outside the mesh's pp = {self.mesh.pp}; set --pp to the stages"
             )
-        return self.topology.devices[self.mesh.global_rank(rank)]
+        return self._device(self.mesh.global_rank(rank))
 
     def p2p_time(self, src: int, dst: int, nbytes: float) -> float:
         if src == dst:
@@ -93,7 +77,7 @@ class TopologyComm:
             ranks = self.mesh.tp_group(rank)
         else:
             ranks = tuple(self.mesh.global_rank(m) for m in (members or range(self.mesh.pp)))
-        devices = [self.topology.devices[g] for g in ranks]
+        devices = [self._device(g) for g in ranks]
         if kind == "barrier":
             kind, nbytes = "all_reduce", 1.0
         elif kind == "reduce":
@@ -103,5 +87,5 @@ class TopologyComm:
     def tp_all_reduce_time(self, rank: int, nbytes: float) -> float:
         """A ring all-reduce of ``nbytes`` over pipeline rank ``rank``'s tensor-parallel group."""
         self.device(rank)
-        group = [self.topology.devices[g] for g in self.mesh.tp_group(rank)]
+        group = [self._device(g) for g in self.mesh.tp_group(rank)]
         return self.topology.collective_time("all_reduce", group, nbytes / self.bandwidth_efficiency)

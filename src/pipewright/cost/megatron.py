@@ -1,35 +1,24 @@
-"""Megatron-LM Table 1 (Narayanan et al., SC21): the published weak-scaling runs, and our prediction of
-each row's TFLOP/s per GPU — the fidelity check of the cost model.
+"""Megatron-LM Table 1 (Narayanan et al., SC21): the published weak-scaling runs, and Megatron's
+closed-form iteration time on our costs.
 
 Each row runs on Selene (DGX A100 80GB: 8 GPUs on NVSwitch, 8 × HDR InfiniBand per node), fp16, full
-recomputation, sequence 2048, vocabulary 51200, PTD-P rank order, the 1F1B schedule (interleaved with v
-chunks per rank where v > 1). The iteration time comes from the discrete-event simulator
-(:func:`simulated_iteration_time`) or Megatron's closed form (:func:`closed_form_iteration_time`);
-TFLOP/s per GPU = :func:`~pipewright.cost.transformer.megatron_flops_per_iteration` / (iteration time ×
-GPUs), the paper's own accounting.
+recomputation, sequence 2048, vocabulary 51200, Megatron's tp-dp-pp rank order, the 1F1B schedule
+(interleaved with v chunks per rank where v > 1). The prediction of each row (simulated, or with
+:func:`closed_form_iteration_time`) is :mod:`pipewright.plan.table1`: it builds the row's setup with
+:func:`pipewright.plan.setup.model_setup`, the path ``pipewright simulate --model`` takes.
 """
 
 from __future__ import annotations
 
 import csv
-from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from pathlib import Path
 
 from pipewright.cost.base import CommModel, CostModel
-from pipewright.cost.comm import Mesh
-from pipewright.cost.transformer import (
-    A100_EFFICIENCY,
-    Efficiency,
-    TransformerCost,
-    megatron_flops_per_iteration,
-)
 from pipewright.errors import PipewrightError
-from pipewright.ir import REDUCE_GRAD, Action, B, F, Schedule, loop_placement
+from pipewright.ir import REDUCE_GRAD, Action, B, F, Schedule
 from pipewright.models.presets import MEGATRON_SEQ, MEGATRON_VOCAB
 from pipewright.models.spec import ModelSpec
-from pipewright.schedules.registry import build_schedule, schedule_names
-from pipewright.topology import cluster
 
 GPUS_PER_NODE = 8
 
@@ -102,28 +91,6 @@ def load_table1(path: str | Path) -> tuple[Table1Row, ...]:
     return tuple(rows)
 
 
-def with_grad_reduce(schedule: Schedule) -> Schedule:
-    """``schedule`` with a REDUCE_GRAD of every stage appended to its rank's actions (not overlapped)."""
-    rows = [
-        (*row, *(Action(s, REDUCE_GRAD) for s in reversed(schedule.stages_of(r))))
-        for r, row in enumerate(schedule.actions)
-    ]
-    return schedule.with_actions(rows)
-
-
-def table1_schedule(row: Table1Row) -> Schedule:
-    """The row's schedule: "1f1b", or "interleaved-1f1b" with v chunks; where the interleaved generator
-    is not registered, a schedule with the right placement and no compute actions (enough for
-    :func:`closed_form_iteration_time`). REDUCE_GRAD actions are appended."""
-    p, m, v = row.pp, row.microbatches, row.virtual_chunks
-    name = "1f1b" if v == 1 else "interleaved-1f1b"
-    if name in schedule_names():
-        schedule = build_schedule(name, p, m, v)
-    else:
-        schedule = Schedule(name, p, p * v, m, loop_placement(p, v), tuple(() for _ in range(p)))
-    return with_grad_reduce(schedule)
-
-
 def closed_form_iteration_time(schedule: Schedule, cost: CostModel, comm: CommModel) -> float:
     """Megatron's iteration time, stage costs taken from ``cost`` and ``comm``:
 
@@ -154,57 +121,3 @@ def closed_form_iteration_time(schedule: Schedule, cost: CostModel, comm: CommMo
         for r in range(p)
     )
     return pipeline + reduce
-
-
-IterationTime = Callable[[Schedule, CostModel, CommModel], float]
-
-
-def simulated_iteration_time(schedule: Schedule, cost: CostModel, comm: CommModel) -> float:
-    """The discrete-event simulator's iteration time (one iteration, optimizer step behind a barrier)."""
-    from pipewright.sim import simulate
-
-    if not any(schedule.compute_actions(r) for r in range(schedule.num_ranks)):
-        raise PipewrightError(f"schedule {schedule.name!r} is not registered here; cannot simulate it")
-    return simulate(schedule, cost, comm=comm, iterations=1, step_barrier=True).iteration_time
-
-
-def table1_cost(row: Table1Row, efficiency: Efficiency = A100_EFFICIENCY) -> TransformerCost:
-    """The analytical cost model of one row on a Selene-like cluster (8×HDR per DGX A100 80GB)."""
-    topology = cluster(row.gpus // GPUS_PER_NODE, GPUS_PER_NODE, "a100-80gb", nics_per_node=GPUS_PER_NODE)
-    return TransformerCost(
-        row.spec(),
-        microbatch=row.microbatch,
-        dtype="fp16",
-        recompute="full",
-        mesh=Mesh(tp=row.tp, pp=row.pp, dp=row.dp),
-        topology=topology,
-        efficiency=efficiency,
-    )
-
-
-def predict_table1_row(
-    row: Table1Row,
-    efficiency: Efficiency = A100_EFFICIENCY,
-    iteration_time: IterationTime | None = None,
-) -> float:
-    """Predicted TFLOP/s per GPU of ``row`` = Megatron's FLOPs per iteration / (iteration time × GPUs).
-
-    ``iteration_time``: the discrete-event simulator by default (:func:`simulated_iteration_time`), or
-    :func:`closed_form_iteration_time`."""
-    cost = table1_cost(row, efficiency)
-    seconds = (iteration_time or simulated_iteration_time)(table1_schedule(row), cost, cost.comm)
-    flops = megatron_flops_per_iteration(row.spec(), row.global_batch, "full")
-    return flops / (seconds * row.gpus) / 1e12
-
-
-def table1_errors(
-    rows: Iterable[Table1Row] = TABLE1,
-    efficiency: Efficiency = A100_EFFICIENCY,
-    iteration_time: IterationTime | None = None,
-) -> list[tuple[Table1Row, float, float]]:
-    """(row, predicted TFLOP/s per GPU, relative error vs published) for each row."""
-    out = []
-    for row in rows:
-        predicted = predict_table1_row(row, efficiency, iteration_time)
-        out.append((row, predicted, predicted / row.tflops_per_gpu - 1))
-    return out

@@ -13,14 +13,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pipewright.errors import ConfigError
-
-
-def uniform_counts(layers: int, chunks: int) -> tuple[int, ...]:
-    """Layers per chunk: ⌊l/n⌋ each, the first l mod n chunks one more."""
-    if chunks > layers:
-        raise ConfigError(f"{chunks} pipeline stages for {layers} layers; use at most {layers} stages")
-    q, r = divmod(layers, chunks)
-    return tuple(q + (c < r) for c in range(chunks))
+from pipewright.models.layout import uniform_layer_counts as uniform_counts
 
 
 def layer_counts(layout: Any, layers: int, num_stages: int) -> tuple[int, ...]:

@@ -16,12 +16,12 @@ Initialisation (GPT-2): weights N(0, 0.02²), residual output projections N(0, (
 one seed gives the same weights whatever the layout.
 
 Linear layers come from ``linear_factory(in_features, out_features, *, bias, kind)`` with ``kind`` in
-:data:`LINEAR_KINDS`; the default is :class:`pipewright.runtime.wgrad.DeferrableLinear` (a drop-in
-``nn.Linear`` whose weight gradient can be deferred, for split I/W backward) when present. A factory
+:data:`LINEAR_KINDS`; the default is :class:`pipewright.models.wgrad.DeferrableLinear` (a drop-in
+``nn.Linear`` whose weight gradient can be deferred, for split I/W backward). A factory
 whose module holds a shard (tensor parallelism) receives the full initial weight through the module's
 ``load_full_(weight, bias)`` method when it has one; otherwise the weight is copied in.
 
-Tensor parallelism (``runtime/tensor_parallel.py``'s factory). Optional factory hooks, used when
+Tensor parallelism (``runtime/tp/``'s factory). Optional factory hooks, used when
 present: ``make.embedding(V, h)`` builds the token embedding (vocabulary-parallel: rank r holds rows
 [r·V/t, (r+1)·V/t), initialised from the same full-size table, under the same parameter name);
 ``make.sequence_chunk(x)`` cuts a replicated tensor to this rank's part of the sequence (identity
@@ -45,24 +45,9 @@ from pipewright.errors import ConfigError
 from pipewright.models.blocks import AttentionCore, tied_output_init_
 from pipewright.models.layout import Layout, StageLayout, resolve_layout
 from pipewright.models.spec import ModelSpec
+from pipewright.models.wgrad import LinearFactory, default_linear_factory
 
 LINEAR_KINDS = ("qkv", "attn_out", "mlp_in", "mlp_out", "output")
-
-LinearFactory = Callable[..., nn.Module]
-
-
-def plain_linear_factory(in_features: int, out_features: int, *, bias: bool, kind: str) -> nn.Module:
-    """``nn.Linear``: PyTorch's own layer (no split backward)."""
-    return nn.Linear(in_features, out_features, bias=bias)
-
-
-def default_linear_factory(in_features: int, out_features: int, *, bias: bool, kind: str) -> nn.Module:
-    """DeferrableLinear when the runtime provides it (split backward), else ``nn.Linear``."""
-    try:
-        from pipewright.runtime.wgrad import DeferrableLinear
-    except ImportError:
-        return plain_linear_factory(in_features, out_features, bias=bias, kind=kind)
-    return DeferrableLinear(in_features, out_features, bias=bias)
 
 
 def layer_generator(seed: int, name: str) -> torch.Generator:

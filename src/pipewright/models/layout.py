@@ -46,6 +46,11 @@ class Layout:
     def num_layers(self) -> int:
         return sum(len(s.layers) for s in self.stages)
 
+    @property
+    def layer_counts(self) -> tuple[int, ...]:
+        """Transformer layers per stage (what the cost models take as a layout)."""
+        return tuple(len(s.layers) for s in self.stages)
+
     def __str__(self) -> str:
         return "|".join(map(str, self.stages))
 
@@ -107,10 +112,9 @@ def parse_layout(text: str) -> Layout:
     return Layout(tuple(stages))
 
 
-def uniform_layout(num_layers: int, num_stages: int) -> Layout:
-    """Split ``num_layers`` transformer layers over ``num_stages`` stages as evenly as possible (the
-    first stages get the extra layers); the embedding goes on the first stage, the output layer on the
-    last."""
+def uniform_layer_counts(num_layers: int, num_stages: int) -> tuple[int, ...]:
+    """Transformer layers per stage, as even as possible: ⌊l/n⌋ each, the first l mod n stages one
+    more. The one uniform split rule (the cost models and the runtime both use it)."""
     if num_stages < 1:
         raise ConfigError(f"need at least one pipeline stage (got {num_stages})")
     if num_stages > num_layers:
@@ -119,9 +123,15 @@ def uniform_layout(num_layers: int, num_stages: int) -> Layout:
             "lower --pp/--virtual or raise --layers"
         )
     base, extra = divmod(num_layers, num_stages)
+    return tuple(base + (s < extra) for s in range(num_stages))
+
+
+def uniform_layout(num_layers: int, num_stages: int) -> Layout:
+    """:func:`uniform_layer_counts` as a Layout: the embedding on the first stage, the output layer on
+    the last."""
     stages, start = [], 0
-    for s in range(num_stages):
-        n = base + (1 if s < extra else 0)
+    counts = uniform_layer_counts(num_layers, num_stages)
+    for s, n in enumerate(counts):
         stages.append(StageLayout(s == 0, tuple(range(start, start + n)), s == num_stages - 1))
         start += n
     return Layout(tuple(stages))

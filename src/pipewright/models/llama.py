@@ -37,9 +37,10 @@ from torch import nn
 
 from pipewright.errors import ConfigError
 from pipewright.models.blocks import AttentionCore, RMSNorm, apply_rope, rope_tables, tied_output_init_
-from pipewright.models.gpt import LinearFactory, _init_linear, default_linear_factory, layer_generator
+from pipewright.models.gpt import _init_linear, layer_generator
 from pipewright.models.layout import Layout, StageLayout, resolve_layout
 from pipewright.models.spec import ModelSpec
+from pipewright.models.wgrad import LinearFactory, default_linear_factory
 
 NORM_EPS = 1e-5
 COLUMN, ROW = "mlp_in", "mlp_out"  # factory kinds of a plain column- / row-parallel linear

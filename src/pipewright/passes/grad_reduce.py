@@ -1,11 +1,39 @@
-"""Insert the data-parallel gradient reduction: ``REDUCE_GRAD(s)`` right after the last action of each
-rank that completes a weight-gradient event of stage ``s`` (its last ``B`` or ``W``), so the reduction
-of early-finishing stages overlaps the remaining backward work (as in Megatron-LM's overlapped DP)."""
+"""Insert the data-parallel gradient reduction, one ``REDUCE_GRAD(s)`` per stage ``s``:
+
+- overlapped (:func:`add_grad_reduction`, pipewright's executor; Megatron-LM's ``--overlap-grad-reduce``):
+  right after the last action of each rank that completes a weight-gradient event of ``s`` (its last
+  ``B`` or ``W``), so the reduction of early-finishing stages overlaps the remaining backward work;
+- after the pipeline (:func:`append_grad_reduction`, Megatron-LM's default and the SC21 paper's runs):
+  appended to each rank's actions once its pipeline has drained, last stage's first.
+"""
 
 from __future__ import annotations
 
 from pipewright.deps import has_kind, produces
+from pipewright.errors import ConfigError
 from pipewright.ir import REDUCE_GRAD, Action, Schedule, W
+
+#: ``--grad-reduce`` choices: where the REDUCE_GRAD actions go (module docstring).
+GRAD_REDUCE = ("after", "overlap")
+
+
+def with_grad_reduction(schedule: Schedule, mode: str = "overlap") -> Schedule:
+    """``schedule`` with REDUCE_GRAD placed by ``mode`` ("after" or "overlap"; see the module docstring)."""
+    if mode not in GRAD_REDUCE:
+        raise ConfigError(f"--grad-reduce must be one of {', '.join(GRAD_REDUCE)} (got {mode!r})")
+    return append_grad_reduction(schedule) if mode == "after" else add_grad_reduction(schedule)
+
+
+def append_grad_reduction(schedule: Schedule) -> Schedule:
+    """``schedule`` with a REDUCE_GRAD of every stage appended to its rank's actions (not overlapped;
+    unchanged if it already has any)."""
+    if has_kind(schedule, REDUCE_GRAD):
+        return schedule
+    rows = [
+        (*row, *(Action(s, REDUCE_GRAD) for s in reversed(schedule.stages_of(r))))
+        for r, row in enumerate(schedule.actions)
+    ]
+    return schedule.with_actions(rows)
 
 
 def add_grad_reduction(schedule: Schedule) -> Schedule:

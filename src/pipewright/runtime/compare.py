@@ -8,8 +8,9 @@ measuring workers as the run has processes (at most one per core). After trainin
 (``profile-before.csv``, ``profile-after.csv`` and the merged ``profile.csv`` in the run folder), and
 :func:`compare_run`:
 
-- **predicted** step time = the simulated iteration time of the run's schedule (``sim.simulate`` with
-  :class:`~pipewright.cost.ProfiledCost` and :class:`~pipewright.cost.profiled.ProfiledComm`: the
+- **predicted** step time = the simulated iteration time of the run's schedule (the setup
+  :func:`pipewright.plan.setup.profile_setup` builds, as ``pipewright simulate --profile`` does:
+  :class:`~pipewright.cost.ProfiledCost` and :class:`~pipewright.cost.profiled.ProfiledComm`, the
   profiled boundary-message time for p2p, ``topology.single_host`` for data-parallel all-reduces)
   + the optimizer step: max over pipeline ranks of the ``STEP`` times of the layers the rank holds
   (the trainer steps after the pipeline flush, all ranks together);
@@ -34,7 +35,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from pipewright.cost.comm import Mesh, TopologyComm
 from pipewright.cost.profiled import (
     ProfiledComm,
     ProfiledCost,
@@ -45,14 +45,12 @@ from pipewright.cost.profiled import (
 )
 from pipewright.errors import ConfigError
 from pipewright.ir import STEP, Schedule
-from pipewright.models.layout import resolve_layout
 from pipewright.models.spec import ModelSpec
-from pipewright.passes.grad_reduce import add_grad_reduction
+from pipewright.plan.setup import core_sharing, profile_setup
 from pipewright.runtime.config import TrainConfig
 from pipewright.sim.engine import SimResult, simulate
 from pipewright.sim.sharing import SharedCompute, makespan_together
 from pipewright.timeline import Timeline
-from pipewright.topology import single_host
 
 log = logging.getLogger(__name__)
 
@@ -132,14 +130,6 @@ def with_brackets(
     return replace(plan, rows=rows, meta=meta, brackets=(before, after), source=None)
 
 
-def predicted_schedule(config: TrainConfig) -> Schedule:
-    """The schedule the trainer runs (with REDUCE_GRAD when dp > 1, as the executor adds it)."""
-    from pipewright.runtime.trainer import resolve_schedule
-
-    schedule = resolve_schedule(config)
-    return add_grad_reduction(schedule) if config.dp > 1 else schedule
-
-
 def usable_cores() -> int:
     """CPU cores this process may run on (its affinity mask where the OS has one)."""
     if hasattr(os, "sched_getaffinity"):
@@ -164,7 +154,7 @@ def host_sharing(
     meta = meta or {}
     if not meta.get("contention") and config.world_size <= cores:
         return None
-    return SharedCompute.from_profile(config.pp, cores, meta, processes_per_rank=config.tp * config.dp)
+    return core_sharing(config.pp, cores, meta, processes_per_rank=config.tp * config.dp)
 
 
 def profile_workers(config: TrainConfig, cores: int | None = None) -> int:
@@ -194,16 +184,24 @@ def optimizer_time(cost: ProfiledCost, schedule: Schedule, shared: SharedCompute
 def predict(plan: ComparePlan) -> tuple[SimResult, ProfiledCost, float, ProfiledComm]:
     """The simulation of the run's schedule, its cost and comm models and the predicted optimizer-step
     time."""
+    from pipewright.runtime.trainer import resolve_schedule
+
     c = plan.config
-    schedule = predicted_schedule(c)
-    layout = resolve_layout(c.layout, plan.spec.layers, schedule.num_stages)
-    counts = [len(stage.layers) for stage in layout.stages]
-    cost = ProfiledCost(plan.rows, c.microbatch_size, plan.spec.layers, layout=counts, meta=plan.meta)
-    collectives = TopologyComm(single_host(c.world_size), Mesh(tp=c.tp, pp=c.pp, dp=c.dp))
-    comm = ProfiledComm.from_cost(cost, collectives)
     shared = host_sharing(c, plan.meta)
-    sim = simulate(schedule, cost, comm=comm, shared=shared)
-    return sim, cost, optimizer_time(cost, schedule, shared), comm
+    setup = profile_setup(
+        plan.rows,
+        plan.meta,
+        resolve_schedule(c),
+        c.microbatch_size,
+        plan.spec.layers,
+        tp=c.tp,
+        dp=c.dp,
+        layout=c.layout or None,
+        shared=shared,
+    )
+    assert isinstance(setup.cost, ProfiledCost) and isinstance(setup.comm, ProfiledComm)
+    sim = setup.simulate()
+    return sim, setup.cost, optimizer_time(setup.cost, setup.schedule, shared), setup.comm
 
 
 def profile_drift(

@@ -40,13 +40,13 @@ from torch import nn
 
 from pipewright.deps import peer_stage
 from pipewright.ir import REDUCE_GRAD, STEP, Action, B, F, I, Schedule, W
+from pipewright.models.wgrad import AccumulateNow, WeightGradStore, deferrable_layers, deferring
 from pipewright.passes.grad_reduce import add_grad_reduction
 from pipewright.passes.lower import lower
 from pipewright.passes.validate import validate as validate_schedule
 from pipewright.runtime.errors import ActionError, DistributedError, LayoutError
 from pipewright.runtime.mesh import ParallelMesh
 from pipewright.runtime.p2p import PipeComm, TensorSpec, channel_pairs
-from pipewright.runtime.wgrad import AccumulateNow, WeightGradStore, deferrable_layers, deferring
 from pipewright.timeline import Span
 
 log = logging.getLogger(__name__)

@@ -1,14 +1,17 @@
-"""The (dp, pp, tp) process mesh.
+"""The (tp, pp, dp) process mesh of a distributed run.
 
-Rank arithmetic follows Megatron's ``RankGenerator`` with order ``dp-pp-tp``: tensor-parallel ranks are
-the fastest-varying (neighbouring ranks, same node), then pipeline, then data parallel::
+The rank arithmetic is :mod:`pipewright.mesh`'s (the one the simulator's cost model uses): by default
+Megatron's order ``tp-dp-pp``, tensor-parallel ranks fastest-varying (neighbouring ranks, same node),
+then data parallel, then pipeline::
 
-    rank = (d · pp + p) · tp + t
+    rank = t + tp · (d + dp · p)
 
-:func:`rank_to_coords` / :func:`coords_to_rank` are that formula and its inverse (pure, no torch
-process group needed); :class:`ParallelMesh` wraps ``torch.distributed.device_mesh.init_device_mesh``
-with the same layout and adds what the pipeline runtime needs: the pipeline peers' global ranks, the
-dp/tp groups and one process group per directed pipeline channel (see :meth:`ParallelMesh.channel`).
+The process launched as global rank g (on device g: ``cuda:LOCAL_RANK`` of node-major launches) plays
+the mesh rank placed on device g. :func:`rank_to_coords` / :func:`coords_to_rank` are that formula and
+its inverse (pure, no process group needed); :class:`ParallelMesh` builds a torch ``DeviceMesh`` whose
+dimensions follow the order (outermost first) and adds what the pipeline runtime needs: the pipeline
+peers' global ranks, the dp/tp groups and one process group per directed pipeline channel (see
+:meth:`ParallelMesh.channel`).
 """
 
 from __future__ import annotations
@@ -19,11 +22,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 
+from pipewright.errors import ConfigError
+from pipewright.mesh import DEFAULT_ORDER, Mesh
 from pipewright.runtime.errors import LayoutError
-
-DIM_NAMES = ("dp", "pp", "tp")
 
 
 def check_layout(world_size: int, dp: int, pp: int, tp: int) -> None:
@@ -37,16 +40,30 @@ def check_layout(world_size: int, dp: int, pp: int, tp: int) -> None:
         )
 
 
-def rank_to_coords(rank: int, dp: int, pp: int, tp: int) -> tuple[int, int, int]:
-    """Global rank → (dp, pp, tp) coordinates; inverse of :func:`coords_to_rank`."""
+def _mesh(dp: int, pp: int, tp: int, order: str = DEFAULT_ORDER) -> Mesh:
+    try:
+        return Mesh(tp=tp, pp=pp, dp=dp, order=order)
+    except ConfigError as exc:
+        raise LayoutError(str(exc)) from None
+
+
+def rank_to_coords(rank: int, dp: int, pp: int, tp: int, order: str = DEFAULT_ORDER) -> tuple[int, int, int]:
+    """Global rank → (dp, pp, tp) coordinates in ``order``; inverse of :func:`coords_to_rank`."""
     if not 0 <= rank < dp * pp * tp:
         raise LayoutError(f"rank {rank} outside a {dp}×{pp}×{tp} mesh")
-    return rank // (pp * tp), (rank // tp) % pp, rank % tp
+    c = _mesh(dp, pp, tp, order).coords(rank)
+    return c.dp, c.pp, c.tp
 
 
-def coords_to_rank(d: int, p: int, t: int, dp: int, pp: int, tp: int) -> int:
-    """(dp, pp, tp) coordinates → global rank: ``(d · pp + p) · tp + t``."""
-    return (d * pp + p) * tp + t
+def coords_to_rank(d: int, p: int, t: int, dp: int, pp: int, tp: int, order: str = DEFAULT_ORDER) -> int:
+    """(dp, pp, tp) coordinates → global rank in ``order`` (default: ``t + tp · (d + dp · p)``)."""
+    return _mesh(dp, pp, tp, order).rank(tp=t, pp=p, dp=d)
+
+
+def device_grid(layout: Mesh) -> list:
+    """The process ranks of ``layout`` as nested lists, outermost dimension first: the DeviceMesh
+    array (entry = the process, i.e. device, that holds those coordinates)."""
+    return [[[layout.device_index(r) for r in row] for row in plane] for plane in layout.grid()]
 
 
 def default_device() -> torch.device:
@@ -60,7 +77,11 @@ def default_device() -> torch.device:
 
 @dataclass
 class ParallelMesh:
-    """This process's place in a dp × pp × tp mesh (build with :meth:`build`, after init_process_group)."""
+    """This process's place in a dp × pp × tp mesh (build with :meth:`build`, after init_process_group).
+
+    ``layout``: the pure :class:`pipewright.mesh.Mesh` (order and placement) all coordinates come from;
+    ``rank`` is this process's global rank, which runs on device ``rank``.
+    """
 
     dp: int
     pp: int
@@ -68,19 +89,43 @@ class ParallelMesh:
     rank: int
     device: torch.device
     device_mesh: DeviceMesh | None = None
+    layout: Mesh | None = None
     _channels: dict[tuple[int, int], Any] = field(default_factory=dict, repr=False)
     _warm: set[tuple[int, int]] = field(default_factory=set, repr=False)
+    _coords: tuple[int, int, int] = field(default=(0, 0, 0), init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.layout is None:
+            self.layout = _mesh(self.dp, self.pp, self.tp)
+        elif (self.layout.dp, self.layout.pp, self.layout.tp) != (self.dp, self.pp, self.tp):
+            raise LayoutError(
+                f"mesh layout {self.layout} does not match dp={self.dp}, pp={self.pp}, tp={self.tp}"
+            )
+        c = self.layout.coords(self.layout.rank_on_device(self.rank))
+        self._coords = (c.dp, c.pp, c.tp)  # read on every message: computed once
 
     @classmethod
     def build(
-        cls, dp: int = 1, pp: int = 1, tp: int = 1, device: torch.device | str | None = None
+        cls,
+        dp: int = 1,
+        pp: int = 1,
+        tp: int = 1,
+        device: torch.device | str | None = None,
+        *,
+        order: str = DEFAULT_ORDER,
+        placement: Iterable[int] | None = None,
     ) -> ParallelMesh:
-        """Collective over all ranks: create the DeviceMesh (and its dp/pp/tp groups)."""
+        """Collective over all ranks: create the DeviceMesh (and its dp/pp/tp groups). ``order`` and
+        ``placement``: see :mod:`pipewright.mesh` (a plan's chosen rank order / device list)."""
         world = dist.get_world_size()
         check_layout(world, dp, pp, tp)
+        try:
+            layout = Mesh(tp, pp, dp, order, None if placement is None else tuple(placement))
+        except ConfigError as exc:
+            raise LayoutError(str(exc)) from None
         device = torch.device(device) if device is not None else default_device()
-        mesh = init_device_mesh(device.type, (dp, pp, tp), mesh_dim_names=DIM_NAMES)
-        return cls(dp, pp, tp, dist.get_rank(), device, mesh)
+        mesh = DeviceMesh(device.type, device_grid(layout), mesh_dim_names=tuple(reversed(layout.dims)))
+        return cls(dp, pp, tp, dist.get_rank(), device, mesh, layout)
 
     @property
     def backend(self) -> str:
@@ -88,7 +133,8 @@ class ParallelMesh:
 
     @property
     def coords(self) -> tuple[int, int, int]:
-        return rank_to_coords(self.rank, self.dp, self.pp, self.tp)
+        """(dp, pp, tp) of this process (the mesh rank placed on its device)."""
+        return self._coords
 
     @property
     def dp_rank(self) -> int:
@@ -101,6 +147,10 @@ class ParallelMesh:
     @property
     def tp_rank(self) -> int:
         return self.coords[2]
+
+    def process_of(self, d: int, p: int, t: int) -> int:
+        """The global process rank that holds coordinates (dp d, pp p, tp t)."""
+        return self.layout.device_of(tp=t, pp=p, dp=d)
 
     def group(self, dim: str) -> dist.ProcessGroup | None:
         """The process group along ``dim`` ("dp", "pp" or "tp") containing this rank."""
@@ -121,7 +171,7 @@ class ParallelMesh:
     def pp_peer(self, pp_rank: int) -> int:
         """Global rank of pipeline rank ``pp_rank`` in this rank's (dp, tp) replica."""
         d, _, t = self.coords
-        return coords_to_rank(d, pp_rank, t, self.dp, self.pp, self.tp)
+        return self.process_of(d, pp_rank, t)
 
     def open_channels(self, pairs: Iterable[tuple[int, int]] = ()) -> None:
         """Collective over all ranks: one process group per directed pipeline pair (src_pp, dst_pp).
@@ -138,7 +188,7 @@ class ParallelMesh:
             mine = None
             for d in range(self.dp):
                 for t in range(self.tp):
-                    ranks = [coords_to_rank(d, q, t, self.dp, self.pp, self.tp) for q in (src, dst)]
+                    ranks = [self.process_of(d, q, t) for q in (src, dst)]
                     group = dist.new_group(ranks)
                     if self.rank in ranks:
                         mine = group

@@ -7,7 +7,7 @@ the cross-entropy loss) — built from :mod:`pipewright.models.gpt` exactly as t
 - **F**: the forward (for ``output`` including the loss) and **B**: a full backward (input and weight
   gradients), on the layers a schedule without a split backward trains with (``nn.Linear``; with
   tp > 1 the tensor-parallel layers);
-- **I**: the backward with weight gradients deferred (:func:`~pipewright.runtime.wgrad.deferring`),
+- **I**: the backward with weight gradients deferred (:func:`~pipewright.models.wgrad.deferring`),
   **W**: the flush of the deferred weight gradients — the split the zero-bubble schedules run, on
   ``DeferrableLinear`` layers with the same weights;
 - **STEP**: the optimizer step over the layer type's parameters with the trainer's global-norm
@@ -59,19 +59,18 @@ from pipewright.cost.profiled import (
 )
 from pipewright.errors import ConfigError
 from pipewright.ir import STEP, B, F, I, W
-from pipewright.models.gpt import (
-    Block,
-    Embedding,
-    Head,
+from pipewright.models.gpt import Block, Embedding, Head, layer_generator, loss_fn
+from pipewright.models.spec import ModelSpec
+from pipewright.models.wgrad import (
+    AccumulateNow,
+    WeightGradStore,
     default_linear_factory,
-    layer_generator,
-    loss_fn,
+    deferrable_layers,
+    deferring,
     plain_linear_factory,
 )
-from pipewright.models.spec import ModelSpec
 from pipewright.optim import build_optimizer, global_grad_norm, scale_grads_
 from pipewright.runtime.launch import spawn
-from pipewright.runtime.wgrad import AccumulateNow, WeightGradStore, deferrable_layers, deferring
 
 KINDS = (F, B, I, W, STEP)
 
@@ -361,7 +360,7 @@ def _worker(rank: int, options: ProfileOptions) -> tuple[list[ProfileRow], dict[
     computing = options.workers or tp
     factory, loss = None, loss_fn
     if tp > 1:
-        from pipewright.runtime.tensor_parallel import tp_linear_factory
+        from pipewright.runtime.tp import tp_linear_factory
 
         groups = [dist.new_group(list(range(g, g + tp))) for g in range(0, computing, tp)]
         tp_group = groups[rank // tp]

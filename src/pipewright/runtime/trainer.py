@@ -42,6 +42,7 @@ from pipewright.models.family import build_stage
 from pipewright.models.gpt import loss_fn
 from pipewright.models.layout import Layout, resolve_layout
 from pipewright.models.spec import ModelSpec
+from pipewright.models.wgrad import linear_factory_for
 from pipewright.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
 from pipewright.passes import validate
 from pipewright.runtime import elastic
@@ -58,15 +59,14 @@ from pipewright.runtime.guard import RunGuard
 from pipewright.runtime.launch import init_from_env, running_under_torchrun, spawn
 from pipewright.runtime.mesh import ParallelMesh
 from pipewright.runtime.reshard import shard_layout
-from pipewright.runtime.tensor_parallel import (
+from pipewright.runtime.timeline import gather_timeline
+from pipewright.runtime.tp import (
     grad_norm_params,
     sharded_parameters,
     sync_sequence_parallel_grads,
     tp_linear_factory,
 )
-from pipewright.runtime.timeline import gather_timeline
 from pipewright.runtime.train_options import TrainingOptions
-from pipewright.runtime.wgrad import linear_factory_for
 from pipewright.schedules import build_schedule
 from pipewright.schedules.registry import check_args
 from pipewright.timeline import Timeline
@@ -416,28 +416,14 @@ class Trainer:
 
     def evaluate(self) -> float:
         """Validation loss: mean token cross-entropy over ``eval_batches`` fixed global batches of the
-        held-out split, by a forward-only pass through the stages in order (blocking p2p)."""
-        c, sched, mesh = self.config, self.schedule, self.mesh
+        held-out split, each run forward-only through the schedule (:meth:`PipelineExecutor.evaluate`)."""
         losses: list[float] = []
-        with torch.no_grad():
-            for j in range(c.eval_batches):
-                xs, ys = local_batches(self.run, self.dataset, "val", j, mesh.dp_rank)
-                for x, y in zip(xs, ys, strict=True):
-                    hidden = x.to(self.device)
-                    for s in self.stages:  # this rank's stages, in increasing order
-                        if s > 0 and sched.rank_of(s - 1) != mesh.pp_rank:
-                            hidden = torch.empty(
-                                x.shape[0],
-                                *self.boundary_shape[1:],
-                                device=self.device,
-                                dtype=self.options.dtype,
-                            )
-                            dist.recv(hidden, src=mesh.pp_peer(sched.rank_of(s - 1)))
-                        hidden = self.stages[s](hidden)
-                        if s == sched.num_stages - 1:
-                            losses.append(float(self.loss_fn(hidden, y.to(self.device))))
-                        elif sched.rank_of(s + 1) != mesh.pp_rank:
-                            dist.send(hidden.contiguous(), dst=mesh.pp_peer(sched.rank_of(s + 1)))
+        for j in range(self.config.eval_batches):
+            xs, ys = local_batches(self.run, self.dataset, "val", j, self.mesh.dp_rank)
+            losses += self.executor.evaluate(
+                [x.to(self.device) for x in xs] if self.first else None,
+                [y.to(self.device) for y in ys] if self.last else None,
+            )
         return self.executor.global_loss(losses)
 
 

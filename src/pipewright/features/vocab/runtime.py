@@ -35,8 +35,9 @@ from pipewright.features.vocab import shard as vs
 from pipewright.features.vocab.kinds import VBX, VC0, VC1, VEB, VEBC, VEC, VEF, VS, VT
 from pipewright.features.vocab.layers import Pending, VocabEmbedding, VocabGroup, VocabOutput
 from pipewright.ir import Action, B, F, I
-from pipewright.models.gpt import Embedding, GPTStage, Head, layer_generator, plain_linear_factory
+from pipewright.models.gpt import Embedding, GPTStage, Head, layer_generator
 from pipewright.models.spec import ModelSpec
+from pipewright.models.wgrad import plain_linear_factory
 from pipewright.runtime.executor import default_handlers
 
 

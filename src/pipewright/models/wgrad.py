@@ -14,19 +14,25 @@ autograd graph is not run twice. Other parameters (LayerNorm, embeddings) get th
 
 The deferral switch lives on the layer instances (not in a global or thread-local): autograd may run
 backward functions on another thread (one per CUDA device), where a context variable is not visible.
+
+The linear-layer factories the model builders take (``factory(in, out, *, bias, kind)``) live here too:
+:func:`plain_linear_factory` (``nn.Linear``), :func:`default_linear_factory` (DeferrableLinear) and
+:func:`linear_factory_for` (the one a schedule needs).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from contextlib import contextmanager
 
 import torch
 from torch import nn
 
 from pipewright.ir import I, Schedule, W
-from pipewright.models.gpt import LinearFactory, default_linear_factory, plain_linear_factory
+
+#: ``factory(in_features, out_features, *, bias, kind) -> nn.Module`` (kinds: models.gpt.LINEAR_KINDS)
+LinearFactory = Callable[..., nn.Module]
 
 
 class WeightGradStore:
@@ -58,7 +64,7 @@ class WeightGradStore:
                     _accumulate_weight_grads(layer, x, grad_out)
 
 
-def _weight_grads(
+def weight_grads(
     x: torch.Tensor, grad_out: torch.Tensor, bias: bool
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """∂L/∂W = (∂L/∂y)ᵀ x and ∂L/∂b = Σ ∂L/∂y over all leading dimensions."""
@@ -74,7 +80,7 @@ def _accumulate_weight_grads(layer: nn.Linear, x: torch.Tensor, grad_out: torch.
     if not weight.requires_grad:
         return  # a frozen layer (its bias is frozen with it)
     if weight.grad is None or weight.grad.dtype != grad_out.dtype or not weight.grad.is_contiguous():
-        grad_w, grad_b = _weight_grads(x, grad_out, bias is not None)
+        grad_w, grad_b = weight_grads(x, grad_out, bias is not None)
         _accumulate(weight, grad_w)
         if grad_b is not None:
             _accumulate(bias, grad_b)
@@ -111,7 +117,7 @@ class _LinearFn(torch.autograd.Function):
             return grad_x, None, None, None
         grad_w = grad_b = None
         if ctx.needs_input_grad[1] or ctx.needs_input_grad[2]:
-            grad_w, grad_b = _weight_grads(x, grad_out, ctx.has_bias)
+            grad_w, grad_b = weight_grads(x, grad_out, ctx.has_bias)
         return grad_x, grad_w, grad_b, None
 
 
@@ -162,6 +168,16 @@ def defer_weight_grads(store: WeightGradStore, *modules: nn.Module, key: Hashabl
     """While active, backward through any DeferrableLinear inside ``modules`` defers its weight and
     bias gradients to ``store`` under ``key`` (run the backward inside the ``with`` block)."""
     return deferring(deferrable_layers(*modules), store, key)
+
+
+def plain_linear_factory(in_features: int, out_features: int, *, bias: bool, kind: str) -> nn.Module:
+    """``nn.Linear``: PyTorch's own layer (no split backward)."""
+    return nn.Linear(in_features, out_features, bias=bias)
+
+
+def default_linear_factory(in_features: int, out_features: int, *, bias: bool, kind: str) -> nn.Module:
+    """:class:`DeferrableLinear`: an ``nn.Linear`` whose weight gradient can be deferred."""
+    return DeferrableLinear(in_features, out_features, bias=bias)
 
 
 def splits_backward(schedule: Schedule) -> bool:

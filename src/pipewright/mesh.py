@@ -1,0 +1,170 @@
+"""The (tp, pp, dp) parallel mesh: one rank order shared by the cost model, the simulator and the runtime.
+
+An *order* lists the three dimensions innermost (fastest-varying) first, as Megatron-Core's
+``RankGenerator`` writes it. The default, Megatron's ``"tp-dp-pp"``, numbers ranks
+
+    rank = t + tp · (d + dp · p)
+
+so a tensor-parallel group is ``tp`` neighbouring ranks (one machine, NVLink), the data-parallel replicas
+of a stage come next and pipeline neighbours sit ``tp · dp`` ranks apart. ``"tp-pp-dp"`` gives
+``rank = t + tp · (p + pp · d)`` (each data-parallel replica one contiguous block). Any permutation of
+the three names is accepted.
+
+Global rank r runs on device ``placement[r]`` (an index into a topology's devices, or the process
+launched on that device); without an explicit placement, rank r runs on device r. A plan that chooses
+its own placement gives it as that device list.
+
+Pure Python (no torch): :class:`pipewright.cost.comm.TopologyComm` prices messages between the devices
+this module assigns, and :class:`pipewright.runtime.mesh.ParallelMesh` builds its process groups from
+the same arithmetic, so the simulator and the runtime put every (tp, pp, dp) coordinate on one device.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from pipewright.errors import ConfigError
+
+DIMS = ("tp", "pp", "dp")
+#: Megatron-LM's default order (``RankGenerator(order="tp-cp-ep-dp-pp")`` without cp/ep).
+DEFAULT_ORDER = "tp-dp-pp"
+
+
+class Coords(NamedTuple):
+    """A rank's position: tensor-, pipeline- and data-parallel rank."""
+
+    tp: int
+    pp: int
+    dp: int
+
+
+def parse_order(order: str | Sequence[str]) -> tuple[str, str, str]:
+    """``"tp-dp-pp"`` (or a sequence of names) → ``("tp", "dp", "pp")``, innermost first; one-line
+    ConfigError unless it is a permutation of tp, pp and dp."""
+    names = tuple(order.split("-")) if isinstance(order, str) else tuple(order)
+    if sorted(names) != sorted(DIMS):
+        raise ConfigError(
+            f"rank order {'-'.join(names) if names else order!r} must name tp, pp and dp once each, "
+            f"innermost first (e.g. {DEFAULT_ORDER})"
+        )
+    return names  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """``tp`` × ``pp`` × ``dp`` ranks numbered in ``order`` (module docstring), placed on ``placement``.
+
+    ``placement``: the device index of every global rank (a permutation of ``range(size)``; None =
+    identity).
+    """
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    order: str = DEFAULT_ORDER
+    placement: tuple[int, ...] | None = None
+    _strides: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for name in DIMS:
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"--{name} must be at least 1 (got {value})")
+        dims = parse_order(self.order)
+        object.__setattr__(self, "order", "-".join(dims))
+        for i, d in enumerate(dims):
+            self._strides[d] = math.prod(getattr(self, x) for x in dims[:i])
+        if self.placement is not None:
+            placement = tuple(int(x) for x in self.placement)
+            if sorted(placement) != list(range(self.size)):
+                raise ConfigError(
+                    f"device placement {list(placement)} must list each of the {self.size} devices "
+                    f"0…{self.size - 1} once (one per rank of tp {self.tp} × pp {self.pp} × dp {self.dp})"
+                )
+            object.__setattr__(self, "placement", None if placement == tuple(range(self.size)) else placement)
+
+    # -- sizes and strides ------------------------------------------------------------------------
+    @property
+    def size(self) -> int:
+        return self.tp * self.pp * self.dp
+
+    @property
+    def dims(self) -> tuple[str, str, str]:
+        """The dimension names innermost first."""
+        return parse_order(self.order)
+
+    def stride(self, dim: str) -> int:
+        """Rank distance between neighbours along ``dim``: the product of the sizes inside it."""
+        return self._strides[dim]
+
+    # -- rank arithmetic ---------------------------------------------------------------------------
+    def rank(self, tp: int = 0, pp: int = 0, dp: int = 0) -> int:
+        """Coordinates → global rank: Σ over dims of coordinate × stride."""
+        for name, value in (("tp", tp), ("pp", pp), ("dp", dp)):
+            if not 0 <= value < getattr(self, name):
+                raise ConfigError(f"{name} rank {value} outside the mesh's {name} = {getattr(self, name)}")
+        return tp * self.stride("tp") + pp * self.stride("pp") + dp * self.stride("dp")
+
+    def coords(self, rank: int) -> Coords:
+        """Global rank → coordinates (inverse of :meth:`rank`)."""
+        if not 0 <= rank < self.size:
+            raise ConfigError(f"rank {rank} outside a tp {self.tp} × pp {self.pp} × dp {self.dp} mesh")
+        return Coords(*((rank // self.stride(d)) % getattr(self, d) for d in DIMS))
+
+    def group(self, dim: str, rank: int) -> tuple[int, ...]:
+        """The global ranks along ``dim`` through ``rank`` (its tp, pp or dp group), in ``dim`` order."""
+        c = self.coords(rank)._asdict()
+        out = []
+        for i in range(getattr(self, dim)):
+            c[dim] = i
+            out.append(self.rank(**c))
+        return tuple(out)
+
+    def groups(self, dim: str) -> tuple[tuple[int, ...], ...]:
+        """Every group along ``dim``, ordered by their smallest rank."""
+        return tuple(sorted({self.group(dim, r) for r in range(self.size)}))
+
+    def grid(self) -> list:
+        """The global ranks as nested lists, outermost dimension first (``grid[a][b][c]`` with the
+        dims of ``reversed(self.dims)``): the shape of a torch DeviceMesh over this order."""
+        outer, middle, inner = reversed(self.dims)
+        return [
+            [
+                [self.rank(**{outer: a, middle: b, inner: c}) for c in range(getattr(self, inner))]
+                for b in range(getattr(self, middle))
+            ]
+            for a in range(getattr(self, outer))
+        ]
+
+    # -- placement -------------------------------------------------------------------------------
+    def device_index(self, rank: int) -> int:
+        """The device global rank ``rank`` runs on (an index into the topology's device list)."""
+        self.coords(rank)
+        return rank if self.placement is None else self.placement[rank]
+
+    def rank_on_device(self, device: int) -> int:
+        """The global rank that runs on device ``device`` (inverse of :meth:`device_index`)."""
+        if not 0 <= device < self.size:
+            raise ConfigError(f"device {device} outside a mesh of {self.size} devices")
+        return device if self.placement is None else self.placement.index(device)
+
+    def device_of(self, tp: int = 0, pp: int = 0, dp: int = 0) -> int:
+        """The device index of coordinates (tp, pp, dp)."""
+        return self.device_index(self.rank(tp, pp, dp))
+
+    # -- compatibility with the cost model's positional names ----------------------------------------
+    def global_rank(self, pp_rank: int, dp_rank: int = 0, tp_rank: int = 0) -> int:
+        """:meth:`rank` with the pipeline coordinate first."""
+        return self.rank(tp=tp_rank, pp=pp_rank, dp=dp_rank)
+
+    def tp_group(self, pp_rank: int, dp_rank: int = 0) -> tuple[int, ...]:
+        return self.group("tp", self.global_rank(pp_rank, dp_rank))
+
+    def dp_group(self, pp_rank: int, tp_rank: int = 0) -> tuple[int, ...]:
+        return self.group("dp", self.global_rank(pp_rank, 0, tp_rank))
+
+    def pp_group(self, dp_rank: int = 0, tp_rank: int = 0) -> tuple[int, ...]:
+        return self.group("pp", self.global_rank(0, dp_rank, tp_rank))

@@ -1,0 +1,184 @@
+"""The shape of the source tree: no import cycles among the modules under src/, no module over 600 lines,
+lower layers never import higher ones, and the pure layers never import torch.
+
+Imports are read with ``ast`` (nothing is imported). Every ``import`` statement counts as an edge,
+at module level or inside a function: a lazy import hides a cycle from the interpreter, not from the
+design. ``import a.b`` / ``from a import b`` is an edge to module ``a.b`` when it exists, else to
+``a``; the implicit import of a parent package's ``__init__`` is not counted.
+"""
+
+from __future__ import annotations
+
+import ast
+from functools import cache
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+MAX_LINES = 600
+
+#: Known offenders the owners of those files are removing (issue 10); empty these, never add to them.
+KNOWN_CYCLES: set[frozenset[str]] = {
+    frozenset({"pipewright.ir", "pipewright.deps"}),
+    frozenset({"pipewright.features.async_weights.policies", "pipewright.features.async_weights.runtime"}),
+    frozenset({"pipewright.features.async_weights.trainer", "pipewright.runtime.trainer"}),
+}
+KNOWN_LONG: set[str] = set()
+
+#: A module under the key never imports one under the values (lower layers never import higher ones).
+FORBIDDEN = {
+    "pipewright.models": ("pipewright.runtime", "pipewright.sim", "pipewright.plan", "pipewright.cli"),
+    "pipewright.cost": ("pipewright.runtime", "pipewright.sim", "pipewright.plan", "pipewright.cli"),
+    "pipewright.sim": ("pipewright.runtime", "pipewright.plan", "pipewright.cli"),
+    "pipewright.plan": ("pipewright.runtime", "pipewright.cli"),
+    "pipewright.mesh": ("pipewright.runtime", "pipewright.cost", "pipewright.sim", "pipewright.plan"),
+}
+#: Pure Python: these modules (and packages) import no torch.
+PURE = (
+    "pipewright.ir",
+    "pipewright.deps",
+    "pipewright.passes",
+    "pipewright.schedules",
+    "pipewright.cost",
+    "pipewright.sim",
+    "pipewright.plan",
+    "pipewright.topology",
+    "pipewright.hardware",
+    "pipewright.mesh",
+    "pipewright.models.spec",
+    "pipewright.models.layout",
+)
+
+
+@cache
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(SRC.rglob("*.py")):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def imports(name: str) -> set[str]:
+    """Every module name ``name`` imports (module- and function-level), resolved as the docstring says;
+    names outside src/ (torch, stdlib) are kept as written."""
+    path = modules()[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parts, base] if base else parts)
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                out.add(full if full in modules() else base)
+    out.discard(name)
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    return {m: {t for t in imports(m) if t in mods} for m in mods}
+
+
+def cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan), each as one cycle path."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(g[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(_cycle_path(g, set(comp)))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _cycle_path(g: dict[str, set[str]], comp: set[str]) -> list[str]:
+    """One closed path through a strongly connected component, for the failure message."""
+    start = min(comp)
+    path, seen = [start], {start}
+    while True:
+        nxt = sorted(w for w in g[path[-1]] if w in comp)
+        back = [w for w in nxt if w == start]
+        if back and len(path) > 1:
+            return [*path, start]
+        fresh = [w for w in nxt if w not in seen]
+        if not fresh:
+            return [*path, next(iter(nxt))]
+        path.append(fresh[0])
+        seen.add(fresh[0])
+
+
+def _under(name: str, prefix: str) -> bool:
+    return name == prefix or name.startswith(prefix + ".")
+
+
+def test_cycle_finder_reports_a_cycle() -> None:
+    g = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(g) == [["a", "b", "c", "a"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycles() -> None:
+    found = [c for c in cycles(graph()) if frozenset(c) not in KNOWN_CYCLES]
+    assert not found, "import cycles: " + "; ".join(" -> ".join(c) for c in found)
+
+
+def test_no_module_over_600_lines() -> None:
+    long = {
+        name: n
+        for name, path in modules().items()
+        if (n := len(path.read_text().splitlines())) > MAX_LINES and name not in KNOWN_LONG
+    }
+    assert not long, f"modules over {MAX_LINES} lines (split them along their jobs): {long}"
+
+
+def test_lower_layers_never_import_higher_ones() -> None:
+    bad = [
+        f"{m} imports {t}"
+        for m in modules()
+        for layer, above in FORBIDDEN.items()
+        if _under(m, layer)
+        for t in imports(m)
+        if any(_under(t, a) for a in above)
+    ]
+    assert not bad, "; ".join(bad)
+
+
+def test_pure_layers_import_no_torch() -> None:
+    bad = [
+        f"{m} imports {t}"
+        for m in modules()
+        if any(_under(m, p) for p in PURE)
+        for t in imports(m)
+        if _under(t, "torch")
+    ]
+    assert not bad, "; ".join(bad)
