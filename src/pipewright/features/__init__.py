@@ -79,7 +79,8 @@ RuntimeFactory = Callable[[Any], RuntimeParts] | str
 class Feature:
     """One capability's bundle (see the module docstring). ``cost_rules``: kind → rule (see
     :mod:`pipewright.cost.rules`). ``passes``: name → ``fn(schedule, **options) -> schedule``.
-    ``options``: ``fn(command, parser)`` adding the feature's flags to a subcommand's parser."""
+    ``options``: ``fn(command, parser)`` adding the feature's flags to a subcommand's parser.
+    ``training``: import path of a training hook for schedules whose loop the feature owns."""
 
     name: str
     kinds: tuple[KindSpec, ...] = ()
@@ -88,7 +89,17 @@ class Feature:
     passes: Mapping[str, Callable] = field(default_factory=dict)
     runtime: RuntimeFactory | None = None
     options: Callable[[str, Any], None] | None = None
+    training: str | None = None
     description: str = ""
+
+    def training_hook(self) -> Any | None:
+        """The feature's training hook (import path ``"module:attr"`` in :attr:`training`): an object
+        with ``claims(schedule) -> bool``, ``check_config(config)`` and ``trainer(run)`` for the
+        schedules whose training loop the feature owns (asynchronous weight updates)."""
+        if self.training is None:
+            return None
+        module, _, attr = self.training.partition(":")
+        return getattr(importlib.import_module(module), attr)
 
     def runtime_parts(self, context: Any = None) -> RuntimeParts:
         if self.runtime is None:
@@ -184,3 +195,12 @@ def library_schedules() -> Any:
     from pipewright.schedules.registry import default_registry
 
     return default_registry().with_schedules(*builtin_features().schedules)
+
+
+def training_hook(schedule: Any) -> Any | None:
+    """The built-in feature's training hook that claims ``schedule`` (None: the plain trainer)."""
+    for feature in builtin_features():
+        hook = feature.training_hook()
+        if hook is not None and hook.claims(schedule):
+            return hook
+    return None

@@ -37,6 +37,7 @@ from pipewright.codec import load_csv
 from pipewright.cost.placement import loss_stage
 from pipewright.data import TokenDataset, open_dataset
 from pipewright.errors import ConfigError
+from pipewright.features import training_hook
 from pipewright.ir import Schedule
 from pipewright.models.family import build_stage
 from pipewright.models.gpt import loss_fn
@@ -124,12 +125,12 @@ def resolve_schedule(config: TrainConfig) -> Schedule:
         if config.virtual is not None and sched.num_stages != config.pp * config.virtual:
             raise ConfigError(f"schedule {name} has {sched.num_stages} stages, not pp × virtual")
         return validate(sched)
-    entry, _ = check_args(name, config.pp, config.microbatches, config.virtual)
-    if not entry.synchronous:  # weight policies: pipewright.features.async_weights
-        from pipewright.features.async_weights.trainer import check_config
-
-        check_config(config)
-    return validate(build_schedule(name, config.pp, config.microbatches, config.virtual))
+    check_args(name, config.pp, config.microbatches, config.virtual)
+    sched = validate(build_schedule(name, config.pp, config.microbatches, config.virtual))
+    hook = training_hook(sched)  # a feature that owns this schedule's loop (asynchronous weights)
+    if hook is not None:
+        hook.check_config(config)
+    return sched
 
 
 def default_out_dir(root: str | Path = "runs") -> Path:
@@ -431,12 +432,8 @@ def train_worker(rank: int, run: PreparedRun) -> TrainResult | None:
     """One process's training loop (see the module docstring). Collective: every rank runs it."""
     c = run.config
     torch.manual_seed(c.seed + rank)
-    if run.schedule.meta.get("flush", True):
-        trainer = Trainer(run)
-    else:  # asynchronous schedule: weight policies, updates inside the window
-        from pipewright.features.async_weights.trainer import AsyncTrainer
-
-        trainer = AsyncTrainer(run)
+    hook = training_hook(run.schedule)  # e.g. asynchronous schedules: weight policies
+    trainer = Trainer(run) if hook is None else hook.trainer(run)
     start = trainer.load(run.resume_from) if run.resume_from is not None else 0
     if start:
         log.info("rank %d resumed from %s at step %d", rank, run.resume_from, start)

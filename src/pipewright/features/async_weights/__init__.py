@@ -16,5 +16,6 @@ FEATURE = Feature(
     name="async_weights",
     schedules=(ASYNC_INTERLEAVED,),
     runtime="pipewright.features.async_weights.trainer:runtime_parts",
+    training="pipewright.features.async_weights.trainer:TRAINING",
     description="asynchronous pipelines: weight stashing, 2BW, PipeOptim prediction, delay compensation",
 )

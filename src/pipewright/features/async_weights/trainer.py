@@ -171,3 +171,22 @@ class AsyncTrainer(Trainer):
                 "weight_policy": c.weight_policy,
                 "weight_versions": held,
             }
+
+
+class AsyncTraining:
+    """The feature's training hook (``Feature.training``): it owns schedules without a flush."""
+
+    @staticmethod
+    def claims(schedule) -> bool:
+        return not schedule.meta.get("flush", True)
+
+    @staticmethod
+    def check_config(config) -> None:
+        check_config(config)
+
+    @staticmethod
+    def trainer(run) -> AsyncTrainer:
+        return AsyncTrainer(run)
+
+
+TRAINING = AsyncTraining()
