@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pipewright.codec import load_csv
 from pipewright.errors import ConfigError
+from pipewright.features import builtin_features, library_schedules
 from pipewright.ir import Schedule
 from pipewright.passes import validate
 from pipewright.passes.grad_reduce import GRAD_REDUCE
@@ -36,7 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(measured costs from `pipewright profile`). --cores N: the ranks share N CPU cores.",
     )
     parser.add_argument(
-        "--schedule", default=None, help=f"schedule name ({', '.join(schedule_names())}) or CSV file"
+        "--schedule",
+        default=None,
+        help=f"schedule name ({', '.join(schedule_names(library_schedules()))}) or CSV file",
     )
     parser.add_argument("--stages", "-p", type=int, help="pipeline ranks p (unit costs)")
     parser.add_argument("--microbatches", "-m", type=int, help="microbatches per iteration m (unit costs)")
@@ -93,10 +96,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="rank order, innermost first (default tp-dp-pp, Megatron's; e.g. tp-pp-dp)",
     )
     model.add_argument("--topology", help="cluster topology JSON (default: built from --nodes/--gpu)")
-    from pipewright.features.vocab.options import CHOICES as _VOCAB
-    from pipewright.features.vocab.options import HELP as _VOCAB_HELP
-
-    parser.add_argument("--vocab-parallel", choices=_VOCAB, default="none", help=_VOCAB_HELP)
     parser.add_argument("--iterations", type=int, default=1, help="iterations to simulate (steady state)")
     parser.add_argument(
         "--no-step-barrier",
@@ -107,18 +106,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--png", help="write the timeline picture to this PNG file")
     parser.add_argument("--trace", help="write a Chrome/Perfetto trace JSON to this file")
     parser.add_argument("--enforce-memory", action="store_true", help="fail when a rank does not fit")
-    from pipewright.features.kfac.cli import add_arguments as add_kfac_arguments  # until the feature hook
-
-    add_kfac_arguments(parser)
+    builtin_features().add_options("simulate", parser)  # --vocab-parallel, --fill kfac, …
     parser.set_defaults(func=run)
 
 
 def _load_schedule(name: str, stages: int | None, microbatches: int | None, virtual: int | None) -> Schedule:
-    if name not in schedule_names() and (name.endswith(".csv") or Path(name).is_file()):
+    """A schedule file (validated here: user input) or a library schedule, which :func:`run` validates
+    lowered, in one pass with the simulation (``simulate(validate=True)``)."""
+    library = library_schedules()
+    if name not in library and (name.endswith(".csv") or Path(name).is_file()):
         return validate(load_csv(name))
     if stages is None or microbatches is None:
         raise ConfigError(f"--schedule {name} needs --stages and --microbatches (or --pp and batch sizes)")
-    return validate(build_schedule(name, stages, microbatches, virtual))
+    return build_schedule(name, stages, microbatches, virtual, registry=library)
 
 
 def _unit_setup(args: argparse.Namespace) -> SimSetup:
@@ -208,21 +208,15 @@ def run(args: argparse.Namespace) -> int:
         if args.cores is not None:
             ppr = args.tp * args.dp
             setup = replace(setup, shared=core_sharing(setup.schedule.num_ranks, args.cores, {}, ppr))
-    if args.vocab_parallel != "none":
-        from pipewright.features.vocab.options import apply_to_simulation
-
-        sched, cost, comm = apply_to_simulation(
-            args.vocab_parallel, setup.schedule, setup.cost, setup.comm, unit=setup.unit
-        )
-        setup = replace(
-            setup, schedule=sched, cost=cost, comm=comm, label=f"{setup.label}, vocab {args.vocab_parallel}"
-        )
-    if getattr(args, "fill", None) == "kfac":
-        from pipewright.features.kfac.cli import run_fill  # until the feature bundle's CLI hook
-
-        return run_fill(args, setup)
+    for feature in builtin_features():  # each feature may transform the setup or run the command
+        hook = feature.simulate_hook()
+        if hook is not None:
+            outcome = hook(args, setup)
+            if isinstance(outcome, int):
+                return outcome
+            setup = outcome
     shared = setup.shared
-    result = setup.simulate(iterations=args.iterations, step_barrier=not args.no_step_barrier)
+    result = setup.simulate(iterations=args.iterations, step_barrier=not args.no_step_barrier, validate=True)
     report = metrics(
         result,
         num_devices_per_rank=setup.devices_per_rank,

@@ -71,6 +71,12 @@ class RuntimeParts:
         }
 
 
+def _load(path: str) -> Any:
+    """The object at import path ``"package.module:attr"`` (imported only when asked for)."""
+    module, _, attr = path.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
 #: A runtime factory: ``fn(context) -> RuntimeParts``, or its import path ``"package.module:function"``.
 RuntimeFactory = Callable[[Any], RuntimeParts] | str
 
@@ -80,7 +86,8 @@ class Feature:
     """One capability's bundle (see the module docstring). ``cost_rules``: kind → rule (see
     :mod:`pipewright.cost.rules`). ``passes``: name → ``fn(schedule, **options) -> schedule``.
     ``options``: ``fn(command, parser)`` adding the feature's flags to a subcommand's parser.
-    ``training``: import path of a training hook for schedules whose loop the feature owns."""
+    ``training``: import path of a training hook for schedules whose loop the feature owns.
+    ``simulate``: import path of a ``pipewright simulate`` hook (:meth:`simulate_hook`)."""
 
     name: str
     kinds: tuple[KindSpec, ...] = ()
@@ -90,24 +97,25 @@ class Feature:
     runtime: RuntimeFactory | None = None
     options: Callable[[str, Any], None] | None = None
     training: str | None = None
+    simulate: str | None = None
     description: str = ""
+
+    def simulate_hook(self) -> Callable[[Any, Any], Any] | None:
+        """``fn(args, setup) -> setup | int`` (import path in :attr:`simulate`): ``pipewright simulate``
+        passes its parsed options and :class:`~pipewright.plan.setup.SimSetup`; the hook returns the
+        setup it transforms (or the same one), or an exit status when it ran the command itself."""
+        return None if self.simulate is None else _load(self.simulate)
 
     def training_hook(self) -> Any | None:
         """The feature's training hook (import path ``"module:attr"`` in :attr:`training`): an object
         with ``claims(schedule) -> bool``, ``check_config(config)`` and ``trainer(run)`` for the
         schedules whose training loop the feature owns (asynchronous weight updates)."""
-        if self.training is None:
-            return None
-        module, _, attr = self.training.partition(":")
-        return getattr(importlib.import_module(module), attr)
+        return None if self.training is None else _load(self.training)
 
     def runtime_parts(self, context: Any = None) -> RuntimeParts:
         if self.runtime is None:
             return RuntimeParts()
-        factory = self.runtime
-        if isinstance(factory, str):
-            module, _, attr = factory.partition(":")
-            factory = getattr(importlib.import_module(module), attr)
+        factory = _load(self.runtime) if isinstance(self.runtime, str) else self.runtime
         return factory(context)
 
 

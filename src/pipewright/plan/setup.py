@@ -73,8 +73,9 @@ class SimSetup:
     unit: bool = False
     shared: SharedCompute | None = None
 
-    def simulate(self, iterations: int = 1, step_barrier: bool = True) -> SimResult:
-        """:func:`pipewright.sim.simulate` of this setup."""
+    def simulate(self, iterations: int = 1, step_barrier: bool = True, validate: bool = False) -> SimResult:
+        """:func:`pipewright.sim.simulate` of this setup (``validate``: validate the lowered schedule
+        first, sharing the dependency resolution with the simulation)."""
         return simulate(
             self.schedule,
             self.cost,
@@ -82,6 +83,7 @@ class SimSetup:
             iterations=iterations,
             step_barrier=step_barrier,
             shared=self.shared,
+            validate=validate,
         )
 
 

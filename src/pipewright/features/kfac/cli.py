@@ -103,3 +103,10 @@ def run_fill(args: argparse.Namespace, setup) -> int:
     if args.png:
         print(f"wrote {args.png}")
     return 0
+
+
+def simulate_hook(args: argparse.Namespace, setup):
+    """``pipewright simulate --fill kfac``: fill and report (an exit status); otherwise the setup."""
+    if getattr(args, "fill", None) == "kfac":
+        return run_fill(args, setup)
+    return setup

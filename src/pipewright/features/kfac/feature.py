@@ -69,5 +69,6 @@ FEATURE = Feature(
     passes={"kfac-slots": _slot_pass},
     runtime="pipewright.features.kfac.runtime:parts",
     options=_options,
+    simulate="pipewright.features.kfac.cli:simulate_hook",
     description="PipeFisher: K-FAC curvature, inversion and preconditioning in the pipeline bubbles",
 )

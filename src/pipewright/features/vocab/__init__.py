@@ -19,9 +19,18 @@ from pipewright.features.vocab.kinds import vocab_kinds
 
 ALGORITHMS = ("naive", "alg1", "alg2")
 
+
+def _options(command: str, parser) -> None:
+    from pipewright.features.vocab.options import add_options
+
+    add_options(command, parser)
+
+
 FEATURE = Feature(
     name="vocab",
     kinds=vocab_kinds(),
     passes={"vocab": insert_vocab},
+    options=_options,
+    simulate="pipewright.features.vocab.options:simulate_hook",
     description="vocabulary parallelism: embedding and output layer split over all pipeline ranks",
 )

@@ -76,3 +76,18 @@ def apply_to_simulation(option: str, schedule: Schedule, cost, comm, *, unit: bo
 
 def _kw(common: dict) -> dict:
     return {k: v for k, v in common.items() if k != "mesh"}
+
+
+def add_options(command: str, parser) -> None:
+    """The feature's flags: ``--vocab-parallel`` on ``simulate``."""
+    if command == "simulate":
+        parser.add_argument("--vocab-parallel", choices=CHOICES, default="none", help=HELP)
+
+
+def simulate_hook(args, setup):
+    """``pipewright simulate --vocab-parallel``: the setup with the chosen method applied."""
+    option = getattr(args, "vocab_parallel", "none")
+    if option == "none":
+        return setup
+    sched, cost, comm = apply_to_simulation(option, setup.schedule, setup.cost, setup.comm, unit=setup.unit)
+    return replace(setup, schedule=sched, cost=cost, comm=comm, label=f"{setup.label}, vocab {option}")
