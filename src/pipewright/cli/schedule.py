@@ -6,13 +6,14 @@ import argparse
 from pathlib import Path
 
 from pipewright.codec import to_csv
+from pipewright.features import library_schedules
 from pipewright.ir import peak_in_flight
 from pipewright.passes import lower, validate
 from pipewright.schedules import build_schedule, info, schedule_names
 
 
 def add_shape_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", help=f"schedule name: {', '.join(schedule_names())}")
+    parser.add_argument("name", help=f"schedule name: {', '.join(schedule_names(library_schedules()))}")
     parser.add_argument("--stages", "-p", type=int, required=True, help="pipeline ranks p")
     parser.add_argument("--microbatches", "-m", type=int, required=True, help="microbatches m")
     parser.add_argument("--virtual", "-v", type=int, default=None, help="model chunks per rank v")
@@ -36,8 +37,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _show(args: argparse.Namespace) -> int:
-    sched = validate(build_schedule(args.name, args.stages, args.microbatches, args.virtual))
-    entry = info(args.name)
+    sched = validate(
+        build_schedule(args.name, args.stages, args.microbatches, args.virtual, registry=library_schedules())
+    )
+    entry = info(args.name, library_schedules())
     if args.with_comms:
         sched = validate(lower(sched))
     print(
@@ -52,7 +55,9 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    sched = validate(build_schedule(args.name, args.stages, args.microbatches, args.virtual))
+    sched = validate(
+        build_schedule(args.name, args.stages, args.microbatches, args.virtual, registry=library_schedules())
+    )
     Path(args.output).write_text(to_csv(sched, with_comms=args.with_comms))
     print(f"wrote {args.output}")
     return 0

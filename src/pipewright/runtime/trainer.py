@@ -37,7 +37,7 @@ from pipewright.codec import load_csv
 from pipewright.cost.placement import loss_stage
 from pipewright.data import TokenDataset, open_dataset
 from pipewright.errors import ConfigError
-from pipewright.features import training_hook
+from pipewright.features import library_schedules, training_hook
 from pipewright.ir import Schedule
 from pipewright.models.family import build_stage
 from pipewright.models.gpt import loss_fn
@@ -69,7 +69,6 @@ from pipewright.runtime.tp import (
 )
 from pipewright.runtime.train_options import TrainingOptions
 from pipewright.schedules import build_schedule
-from pipewright.schedules.registry import check_args
 from pipewright.timeline import Timeline
 from pipewright.viz.loss import plot_loss
 from pipewright.viz.timeline import draw_timeline
@@ -125,8 +124,8 @@ def resolve_schedule(config: TrainConfig) -> Schedule:
         if config.virtual is not None and sched.num_stages != config.pp * config.virtual:
             raise ConfigError(f"schedule {name} has {sched.num_stages} stages, not pp × virtual")
         return validate(sched)
-    check_args(name, config.pp, config.microbatches, config.virtual)
-    sched = validate(build_schedule(name, config.pp, config.microbatches, config.virtual))
+    library = library_schedules()  # the schedule families and the features' schedules
+    sched = validate(build_schedule(name, config.pp, config.microbatches, config.virtual, registry=library))
     hook = training_hook(sched)  # a feature that owns this schedule's loop (asynchronous weights)
     if hook is not None:
         hook.check_config(config)
