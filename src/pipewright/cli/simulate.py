@@ -146,7 +146,11 @@ def _profile_setup(args: argparse.Namespace) -> SimSetup:
     tp, dp = int(meta.get("tp", "1")), args.dp
     shared = core_sharing(sched.num_ranks, args.cores, meta, processes_per_rank=tp * dp)
     label = f"profile {path.name} (b={b}, {layers} layers, t={tp}, d={dp})"
-    return profile_setup(rows, meta, sched, b, layers, tp=tp, dp=dp, shared=shared, label=label)
+    setup = profile_setup(rows, meta, sched, b, layers, tp=tp, dp=dp, shared=shared, label=label)
+    costed = _costed_schedule(args.schedule, p, args.microbatches, args.virtual, setup)
+    if costed is None:
+        return setup
+    return profile_setup(rows, meta, costed, b, layers, tp=tp, dp=dp, shared=shared, label=label)
 
 
 def _model_setup(args: argparse.Namespace) -> SimSetup:
@@ -171,20 +175,39 @@ def _model_setup(args: argparse.Namespace) -> SimSetup:
     else:
         raise ConfigError("--model needs --global-batch-size (or --microbatches)")
     sched = _load_schedule(args.schedule, p, m, args.virtual)
-    return model_setup(
-        model,
-        topo,
-        mesh,
-        sched,
-        b,
-        gpu=gpu,
-        dtype=args.dtype,
-        recompute=args.recompute,
-        grad_reduce=args.grad_reduce or "after",
-        sequence_parallel=getattr(args, "sequence_parallel", False),
-        layout=getattr(args, "plan_layout", None),
-        per_stage_recompute=getattr(args, "plan_recompute", None),
-    )
+
+    def build(schedule: Schedule) -> SimSetup:
+        return model_setup(
+            model,
+            topo,
+            mesh,
+            schedule,
+            b,
+            gpu=gpu,
+            dtype=args.dtype,
+            recompute=args.recompute,
+            grad_reduce=args.grad_reduce or "after",
+            sequence_parallel=getattr(args, "sequence_parallel", False),
+            layout=getattr(args, "plan_layout", None),
+            per_stage_recompute=getattr(args, "plan_recompute", None),
+        )
+
+    setup = build(sched)
+    costed = _costed_schedule(args.schedule, p, m, args.virtual, setup)
+    return setup if costed is None else build(costed)
+
+
+def _costed_schedule(name: str, p: int, m: int, virtual: int | None, setup: SimSetup) -> Schedule | None:
+    """For a generator that plans with costs (``zb-auto``): the schedule built from this setup's stage
+    times and boundary-message time instead of unit costs; None for other schedules."""
+    library = library_schedules()
+    if name not in library or library[name].build_costed is None:
+        return None
+    from pipewright.schedules.costs import schedule_costs
+
+    probe = setup.schedule
+    costs = schedule_costs(setup.cost, probe.num_ranks, probe.chunks_per_rank, comm=setup.comm)
+    return build_schedule(name, p, m, virtual, costs=costs, registry=library)
 
 
 def run(args: argparse.Namespace) -> int:
