@@ -9,8 +9,6 @@ relative (fp32, max-norm).
 
 from __future__ import annotations
 
-import os
-import tempfile
 import traceback
 from collections.abc import Callable
 from datetime import timedelta
@@ -18,10 +16,10 @@ from datetime import timedelta
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from _queue_spawn import spawn_cases
 from pipewright.errors import ConfigError
 from pipewright.models.gpt import build_full, build_stage, loss_fn
 from pipewright.models.spec import ModelSpec
@@ -476,21 +474,7 @@ def _worker(rank: int, world: int, init_file: str, queue) -> None:
 
 
 def _spawn(world: int) -> dict[str, list[str]]:
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    with tempfile.TemporaryDirectory() as tmp:
-        init_file = os.path.join(tmp, "init")
-        procs = [ctx.Process(target=_worker, args=(r, world, init_file, queue)) for r in range(world)]
-        for p in procs:
-            p.start()
-        got = [queue.get(timeout=300) for _ in procs]
-        for p in procs:
-            p.join(timeout=60)
-    merged: dict[str, list[str]] = {}
-    for rank, results in sorted(got):
-        for name, err in results.items():
-            merged.setdefault(name, []).append(f"rank {rank}: {err}" if err else "")
-    return merged
+    return spawn_cases(_worker, world)
 
 
 @pytest.fixture(scope="module")

@@ -8,18 +8,16 @@ T of k), does all collectives first and compares afterwards, so a mismatch canno
 
 from __future__ import annotations
 
-import os
-import tempfile
 import traceback
 from datetime import timedelta
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import Tensor
 
+from _queue_spawn import spawn_cases
 from pipewright.features.vocab import shard as vs
 from pipewright.features.vocab.layers import VocabEmbedding, VocabGroup, VocabOutput
 
@@ -127,21 +125,7 @@ def _worker(rank: int, world: int, init_file: str, queue) -> None:
 
 
 def _spawn(world: int) -> dict[str, list[str]]:
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    with tempfile.TemporaryDirectory() as tmp:
-        init_file = os.path.join(tmp, "init")
-        procs = [ctx.Process(target=_worker, args=(r, world, init_file, queue)) for r in range(world)]
-        for proc in procs:
-            proc.start()
-        got = [queue.get(timeout=300) for _ in procs]
-        for proc in procs:
-            proc.join(timeout=60)
-    merged: dict[str, list[str]] = {}
-    for rank, results in sorted(got):
-        for name, err in results.items():
-            merged.setdefault(name, []).append(f"rank {rank}: {err}" if err else "")
-    return merged
+    return spawn_cases(_worker, world)
 
 
 @pytest.fixture(scope="module")

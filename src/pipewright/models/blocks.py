@@ -68,3 +68,21 @@ def tied_output_init_(out: nn.Module, table: torch.Tensor) -> None:
             out.load_full_(table)
         else:
             out.weight.copy_(table)
+
+
+class StageModule(nn.Module):
+    """One pipeline stage of a decoder-only model: its optional embedding (``embed``), its transformer
+    layers (``layers``, keyed by global index) and its optional head (``head``), applied in order."""
+
+    embed: nn.Module | None
+    layers: nn.ModuleDict
+    head: nn.Module | None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.embed is not None:
+            x = self.embed(x)
+        for block in self.layers.values():
+            x = block(x)
+        if self.head is not None:
+            x = self.head(x)
+        return x

@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipewright.errors import ConfigError
-from pipewright.models.blocks import AttentionCore, tied_output_init_
+from pipewright.models.blocks import AttentionCore, StageModule, tied_output_init_
 from pipewright.models.layout import Layout, StageLayout, resolve_layout
 from pipewright.models.spec import ModelSpec
 from pipewright.models.wgrad import LinearFactory, default_linear_factory
@@ -164,7 +164,7 @@ class Head(nn.Module):
         _init_linear(self.out, gen, spec.hidden, spec.vocab, 0.02)
 
 
-class GPTStage(nn.Module):
+class GPTStage(StageModule):
     """The layers of one pipeline stage: optional embedding, transformer layers, optional head."""
 
     def __init__(self, spec: ModelSpec, stage: StageLayout, make: LinearFactory) -> None:
@@ -174,15 +174,6 @@ class GPTStage(nn.Module):
         self.embed = Embedding(spec, make) if stage.embedding else None
         self.layers = nn.ModuleDict({str(i): Block(spec, make) for i in stage.layers})
         self.head = Head(spec, make) if stage.head else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.embed is not None:
-            x = self.embed(x)
-        for block in self.layers.values():
-            x = block(x)
-        if self.head is not None:
-            x = self.head(x)
-        return x
 
     def reset_parameters(self, seed: int) -> None:
         """Initialise every layer from its own (seed, name) generator (layout-independent)."""

@@ -36,7 +36,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipewright.errors import ConfigError
-from pipewright.models.blocks import AttentionCore, RMSNorm, apply_rope, rope_tables, tied_output_init_
+from pipewright.models.blocks import (
+    AttentionCore,
+    RMSNorm,
+    StageModule,
+    apply_rope,
+    rope_tables,
+    tied_output_init_,
+)
 from pipewright.models.gpt import _init_linear, layer_generator
 from pipewright.models.layout import Layout, StageLayout, resolve_layout
 from pipewright.models.spec import ModelSpec
@@ -143,7 +150,7 @@ class LlamaHead(nn.Module):
         return self.out(self.norm(x))
 
 
-class LlamaStage(nn.Module):
+class LlamaStage(StageModule):
     """The layers of one pipeline stage: optional embedding, Llama layers, optional head."""
 
     def __init__(self, spec: ModelSpec, stage: StageLayout, make: LinearFactory) -> None:
@@ -152,15 +159,6 @@ class LlamaStage(nn.Module):
         self.embed = LlamaEmbedding(spec, make) if stage.embedding else None
         self.layers = nn.ModuleDict({str(i): LlamaBlock(spec, make) for i in stage.layers})
         self.head = LlamaHead(spec, make) if stage.head else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.embed is not None:
-            x = self.embed(x)
-        for block in self.layers.values():
-            x = block(x)
-        if self.head is not None:
-            x = self.head(x)
-        return x
 
     def reset_parameters(self, seed: int) -> None:
         spec = self.spec
