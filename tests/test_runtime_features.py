@@ -216,6 +216,12 @@ def _run_case(label: str, run: PreparedRun, mesh: ParallelMesh) -> dict:
     )
     result["losses"] = losses
     result["params"] = _full(trainer, grad=False)
+    if label == "precision:fp16":  # the dynamic loss scale survives a checkpoint
+        trainer.options.scaler.load_state({"scale": 1024.0, "good_steps": 7, "skipped": 2})
+        trainer.save(c.steps)
+        again = Trainer(run, mesh=mesh)
+        again.load(run.out_dir / "checkpoints" / f"step_{c.steps}")
+        result["scaler"] = again.options.scaler.state()
     return result
 
 
@@ -448,6 +454,8 @@ def test_mixed_precision_keeps_fp32_masters_and_tracks_fp32(results):
             assert r["boundary_dtype"] == low, label
         want = llama32 if "llama" in label else fp32
         np.testing.assert_allclose(gathered[0]["losses"], want, rtol=0.02, err_msg=label)
+    for r in results["precision:fp16"][1]:
+        assert r["scaler"] == {"scale": 1024.0, "good_steps": 7, "skipped": 2}
     assert results["precision:fp32"][1][0]["losses"][-1] < fp32[0]
 
 

@@ -51,6 +51,15 @@ class LossScaler:
         self.good_steps = 0
         self.skipped = 0
 
+    def state(self) -> dict[str, float]:
+        """What a checkpoint keeps, so a resumed fp16 run continues with the same scale."""
+        return {"scale": self.scale, "good_steps": self.good_steps, "skipped": self.skipped}
+
+    def load_state(self, state: dict) -> None:
+        self.scale = float(state["scale"])
+        self.good_steps = int(state["good_steps"])
+        self.skipped = int(state["skipped"])
+
     def update(self, finite: bool) -> None:
         if not finite:
             self.scale = max(self.scale / 2, 1.0)

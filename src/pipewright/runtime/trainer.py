@@ -349,6 +349,9 @@ class Trainer:
         )
         if self.master is not None:
             self.master.after_load()
+        scaler = self.options.scaler
+        if scaler is not None and "loss_scaler" in meta:  # fp16: continue with the saved scale
+            scaler.load_state(meta["loss_scaler"])
         return int(meta["step"])
 
     def save(self, done: int) -> Path:
@@ -357,7 +360,9 @@ class Trainer:
             done,
             self.named_shards,
             self.optimizer,
-            meta=self.meta,
+            meta=self.meta
+            if self.options.scaler is None
+            else {**self.meta, "loss_scaler": self.options.scaler.state()},
             **self.guard.save_options(done),
         )
 
