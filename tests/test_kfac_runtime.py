@@ -20,7 +20,7 @@ from torch import nn
 from pipewright.data.tokens import write_tokens
 from pipewright.features.kfac.kfac import KFAC, KFACConfig
 from pipewright.features.kfac.kinds import KFAC_FILL, KFAC_PRECOND
-from pipewright.features.kfac.runtime import BubbleWorker, kfac_handlers, slot_schedule
+from pipewright.features.kfac.runtime import BubbleWorker, slot_schedule
 from pipewright.runtime.config import TrainConfig
 from pipewright.runtime.launch import spawn
 from pipewright.runtime.mesh import ParallelMesh
@@ -35,11 +35,8 @@ def _worker(rank: int, runs, opportunistic: list[bool]) -> list:
     mesh = ParallelMesh.build(dp=1, pp=2, tp=1)
     out = []
     for run, opp in zip(runs, opportunistic, strict=True):
-        tr = Trainer(run, mesh=mesh)
-        if opp:
-            worker = tr.optimizer.worker
-            _, budgets = slot_schedule(tr.schedule)
-            tr.executor.handlers.update(kfac_handlers(worker, budgets, opportunistic=True))
+        tr = Trainer(run, mesh=mesh)  # --kfac-opportunistic puts the waiting receive handlers in
+        assert run.config.kfac_opportunistic == opp
         losses = []
         for step in range(STEPS):
             losses.append(tr.forward_backward(step))
@@ -49,6 +46,7 @@ def _worker(rank: int, runs, opportunistic: list[bool]) -> list:
         if run.config.optimizer == "kfac":
             w = tr.optimizer.worker
             facts = (w.refreshes, w.tasks_run)
+        facts = (*facts, tr.optimizer.worker.waits_filled) if facts else None
         out.append((losses, kinds, facts))
         dist.barrier()
     return out
@@ -64,7 +62,11 @@ def results(tmp_path_factory):
         steps=STEPS, lr=0.01, warmup=2, data=str(path), progress=False, artifacts=False, eval_every=0,
         recv_timeout_s=120, seed=3, pp=2, schedule="1f1b",
     )  # fmt: skip
-    configs = [base, replace(base, optimizer="kfac"), replace(base, optimizer="kfac")]
+    configs = [
+        base,
+        replace(base, optimizer="kfac"),
+        replace(base, optimizer="kfac", kfac_opportunistic=True),
+    ]
     runs = [prepare(c, world_size=2) for c in configs]
     return spawn(_worker, 2, (runs, [False, False, True]), backend="gloo", timeout_s=300)
 
@@ -74,9 +76,9 @@ def test_kfac_runs_the_same_forward_backward_and_refreshes(results):
     (adamw, _, _), (kfac, kinds, facts), (opp, _, opp_facts) = results[1]
     assert kfac[0] == adamw[0] and opp[0] == adamw[0]  # the same F/B work at step 1
     assert KFAC_FILL in kinds and KFAC_PRECOND in kinds
-    refreshes, tasks = facts
-    assert refreshes >= 1 and tasks > 0
-    assert opp_facts[0] >= 1
+    refreshes, tasks, waits_filled = facts
+    assert refreshes >= 1 and tasks > 0 and waits_filled == 0
+    assert opp_facts[0] >= 1 and opp_facts[2] > 0  # --kfac-opportunistic: waiting receives ran K-FAC tasks
     assert kfac[-1] != adamw[-1]  # the preconditioned update is in use
     assert all(np.isfinite(kfac)) and kfac[-1] < kfac[0]
 
@@ -117,3 +119,10 @@ def test_slot_schedule_puts_a_fill_in_every_predicted_bubble():
     # 1F1B, p = 4, unit costs: rank r idles r units before its first F; the last rank never waits there
     assert budgets.get((0, 0)) is None or sched.actions[0][0].kind != KFAC_FILL
     assert budgets[(3, 0)] == pytest.approx(3.0)
+
+
+def test_opportunistic_mode_needs_kfac():
+    from pipewright.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--kfac-opportunistic needs --optimizer kfac"):
+        TrainConfig(kfac_opportunistic=True).check()

@@ -65,6 +65,7 @@ _SWITCHES: tuple[tuple[str, str], ...] = (
     ("--shard-optimizer", "ZeRO-1: each data-parallel rank keeps 1/dp of the optimizer state"),
     ("--tie-embeddings", "tie the output layer to the input embedding (also across pipeline stages)"),
     ("--reduce-fp32", "with --precision bf16/fp16: sum data-parallel gradients in fp32"),
+    ("--kfac-opportunistic", "with --optimizer kfac: also run pending K-FAC tasks while a receive waits"),
 )
 
 

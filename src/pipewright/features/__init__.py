@@ -87,7 +87,9 @@ class Feature:
     :mod:`pipewright.cost.rules`). ``passes``: name → ``fn(schedule, **options) -> schedule``.
     ``options``: ``fn(command, parser)`` adding the feature's flags to a subcommand's parser.
     ``training``: import path of a training hook for schedules whose loop the feature owns.
-    ``simulate``: import path of a ``pipewright simulate`` hook (:meth:`simulate_hook`)."""
+    ``simulate``: import path of a ``pipewright simulate`` hook (:meth:`simulate_hook`).
+    ``optimizers``: ``--optimizer`` name → import path of ``attach(trainer) -> (optimizer, handlers,
+    schedule)``, for optimizers whose work runs inside the schedule (K-FAC in the bubbles)."""
 
     name: str
     kinds: tuple[KindSpec, ...] = ()
@@ -98,6 +100,7 @@ class Feature:
     options: Callable[[str, Any], None] | None = None
     training: str | None = None
     simulate: str | None = None
+    optimizers: Mapping[str, str] = field(default_factory=dict)
     description: str = ""
 
     def simulate_hook(self) -> Callable[[Any, Any], Any] | None:
@@ -211,4 +214,13 @@ def training_hook(schedule: Any) -> Any | None:
         hook = feature.training_hook()
         if hook is not None and hook.claims(schedule):
             return hook
+    return None
+
+
+def optimizer_hook(name: str) -> Callable[[Any], Any] | None:
+    """The built-in feature's ``attach(trainer)`` for ``--optimizer name`` (None: a plain optimizer)."""
+    for feature in builtin_features():
+        path = feature.optimizers.get(name)
+        if path is not None:
+            return _load(path)
     return None

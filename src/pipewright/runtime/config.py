@@ -57,6 +57,7 @@ class TrainConfig:
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     optimizer: str = "adamw"
+    kfac_opportunistic: bool = False  # --optimizer kfac: run pending K-FAC tasks while a receive waits
     weight_policy: str = "stash"  # asynchronous schedules only: pipewright.features.async_weights
     async_window: int = 10  # asynchronous schedules: steps per flush-free executor window
     seed: int = 0
@@ -171,6 +172,8 @@ class TrainConfig:
 
     def check(self) -> None:
         """Everything that can be checked without the data or the workers (one-line ConfigErrors)."""
+        if self.kfac_opportunistic and self.optimizer != "kfac":
+            raise ConfigError("--kfac-opportunistic needs --optimizer kfac")
         for name in ("tp", "pp", "dp", "microbatches", "microbatch_size", "steps"):
             if int(getattr(self, name)) < 1:
                 flag = name.replace("_", "-")

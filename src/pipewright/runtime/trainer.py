@@ -37,7 +37,7 @@ from pipewright.codec import load_csv
 from pipewright.cost.placement import loss_stage
 from pipewright.data import TokenDataset, open_dataset
 from pipewright.errors import ConfigError
-from pipewright.features import library_schedules, training_hook
+from pipewright.features import library_schedules, optimizer_hook, training_hook
 from pipewright.ir import Schedule
 from pipewright.models.family import build_stage
 from pipewright.models.gpt import loss_fn
@@ -273,20 +273,10 @@ class Trainer:
                 c.optimizer, self.params.items(), lr=c.lr, weight_decay=c.weight_decay
             )
         exec_schedule, handlers = self.schedule, self.options.handlers()
-        if c.optimizer == "kfac":  # K-FAC tasks in the bubbles (features/kfac): optimizer, handlers, slots
-            from pipewright.features.kfac.runtime import attach_kfac
-
-            if self.master is not None:
-                raise ConfigError("--optimizer kfac runs with --precision fp32 (no master weights yet)")
-            self.optimizer, kfac_handlers, exec_schedule = attach_kfac(
-                self.stages,
-                self.schedule,
-                self.optimizer,
-                dp_group=self.mesh.dp_group,
-                dp=self.mesh.dp,
-                grad_scale=float(self.schedule.num_microbatches * c.microbatch_size * seq),
-            )
-            handlers = {**handlers, **kfac_handlers}
+        attach = optimizer_hook(c.optimizer)  # an optimizer whose work runs inside the schedule (K-FAC)
+        if attach is not None:
+            self.optimizer, extra, exec_schedule = attach(self)
+            handlers = {**handlers, **extra}
         self.guard = RunGuard(
             self.mesh,
             self.stages,

@@ -70,5 +70,6 @@ FEATURE = Feature(
     runtime="pipewright.features.kfac.runtime:parts",
     options=_options,
     simulate="pipewright.features.kfac.cli:simulate_hook",
+    optimizers={"kfac": "pipewright.features.kfac.runtime:attach_to_trainer"},
     description="PipeFisher: K-FAC curvature, inversion and preconditioning in the pipeline bubbles",
 )

@@ -58,6 +58,7 @@ class BubbleWorker:
     reduced: set[int] = field(default_factory=set)
     refreshes: int = 0
     tasks_run: int = 0
+    waits_filled: int = 0  # receives that ran tasks while waiting (opportunistic mode)
     unit_s: float | None = None  # measured duration of one F (a unit of the predicted bubbles)
     fill_scale: float = 1.0  # fraction of each predicted bubble the tasks may use
     min_interval: int = 1  # iterations between the starts of two refreshes (K-FAC's inverse interval)
@@ -245,6 +246,7 @@ def kfac_handlers(
 
             helper = threading.Thread(target=wait, daemon=True)
             helper.start()
+            worker.waits_filled += 1
             while not done.is_set() and worker.run_one(None):
                 pass
             helper.join()
@@ -283,6 +285,26 @@ def attach_kfac(
     sched, budgets = slot_schedule(schedule)
     handlers = kfac_handlers(worker, budgets, opportunistic=opportunistic)
     return PipelinedKFAC(kfac, base, worker), handlers, sched
+
+
+def attach_to_trainer(trainer) -> tuple[PipelinedKFAC, dict[str, Callable], Schedule]:
+    """``--optimizer kfac`` (the feature's ``optimizers`` hook): K-FAC over ``trainer``'s stages with
+    its AdamW as the base update; ``--kfac-opportunistic`` also runs pending tasks while a receive
+    waits."""
+    from pipewright.errors import ConfigError
+
+    if trainer.master is not None:
+        raise ConfigError("--optimizer kfac runs with --precision fp32 (no master weights yet)")
+    c, mesh = trainer.config, trainer.mesh
+    return attach_kfac(
+        trainer.stages,
+        trainer.schedule,
+        trainer.optimizer,
+        dp_group=mesh.dp_group,
+        dp=mesh.dp,
+        grad_scale=float(trainer.schedule.num_microbatches * c.microbatch_size * trainer.boundary_shape[1]),
+        opportunistic=c.kfac_opportunistic,
+    )
 
 
 def parts(context):
