@@ -41,9 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipewright.errors import ConfigError
 from pipewright.models.blocks import AttentionCore, StageModule, tied_output_init_
-from pipewright.models.layout import Layout, StageLayout, resolve_layout
+from pipewright.models.layout import Layout, StageLayout, resolve_stage
 from pipewright.models.spec import ModelSpec
 from pipewright.models.wgrad import LinearFactory, default_linear_factory
 
@@ -196,15 +195,7 @@ def build_stage(
 ) -> GPTStage:
     """Allocate and initialise only stage ``stage_index`` of ``layout`` (a Layout, a layout string,
     or None for :func:`~pipewright.models.layout.uniform_layout` over ``num_stages``)."""
-    if isinstance(layout, Layout):
-        resolved = layout.check(spec.layers)
-    else:
-        if layout is None and num_stages is None:
-            raise ConfigError("build_stage needs a layout or num_stages")
-        resolved = resolve_layout(layout, spec.layers, num_stages or len(layout.split("|")))
-    if not 0 <= stage_index < resolved.num_stages:
-        raise ConfigError(f"stage {stage_index} does not exist in layout {resolved}")
-    stage = resolved.stages[stage_index]
+    stage = resolve_stage(layout, spec.layers, stage_index, num_stages)
     module = GPTStage(spec, stage, linear_factory or default_linear_factory)
     module.reset_parameters(seed)
     if spec.tied_embeddings and stage.head:

@@ -143,3 +143,19 @@ def resolve_layout(layout: str | Layout | None, num_layers: int, num_stages: int
         return uniform_layout(num_layers, num_stages)
     parsed = parse_layout(layout) if isinstance(layout, str) else layout
     return parsed.check(num_layers, num_stages)
+
+
+def resolve_stage(
+    layout: Layout | str | None, num_layers: int, stage_index: int, num_stages: int | None = None
+) -> StageLayout:
+    """Stage ``stage_index`` of ``layout`` (a Layout, a layout string, or None for the uniform split
+    over ``num_stages``), checked against ``num_layers``; one-line ConfigError otherwise."""
+    if isinstance(layout, Layout):
+        resolved = layout.check(num_layers)
+    else:
+        if layout is None and num_stages is None:
+            raise ConfigError("build_stage needs a layout or num_stages")
+        resolved = resolve_layout(layout, num_layers, num_stages or len(layout.split("|")))
+    if not 0 <= stage_index < resolved.num_stages:
+        raise ConfigError(f"stage {stage_index} does not exist in layout {resolved}")
+    return resolved.stages[stage_index]

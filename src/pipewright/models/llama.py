@@ -45,7 +45,7 @@ from pipewright.models.blocks import (
     tied_output_init_,
 )
 from pipewright.models.gpt import _init_linear, layer_generator
-from pipewright.models.layout import Layout, StageLayout, resolve_layout
+from pipewright.models.layout import Layout, StageLayout, resolve_stage
 from pipewright.models.spec import ModelSpec
 from pipewright.models.wgrad import LinearFactory, default_linear_factory
 
@@ -187,15 +187,7 @@ def build_stage(
         raise ConfigError(f"--heads {spec.heads} is not divisible by --kv-heads {spec.kv_heads}")
     if spec.head_dim % 2:
         raise ConfigError(f"rotary embeddings need an even head size (hidden/heads = {spec.head_dim})")
-    if isinstance(layout, Layout):
-        resolved = layout.check(spec.layers)
-    else:
-        if layout is None and num_stages is None:
-            raise ConfigError("build_stage needs a layout or num_stages")
-        resolved = resolve_layout(layout, spec.layers, num_stages or len(layout.split("|")))
-    if not 0 <= stage_index < resolved.num_stages:
-        raise ConfigError(f"stage {stage_index} does not exist in layout {resolved}")
-    stage = resolved.stages[stage_index]
+    stage = resolve_stage(layout, spec.layers, stage_index, num_stages)
     module = LlamaStage(spec, stage, linear_factory or default_linear_factory)
     module.reset_parameters(seed)
     if spec.tied_embeddings and stage.embedding and stage.head:
