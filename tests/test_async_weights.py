@@ -304,27 +304,28 @@ def test_one_stage_every_policy_is_synchronous_training(policy, opt_name):
 
 
 # -- the trainer: pipewright train --schedule async-1f1b --weight-policy ... ----------------------
+#: The tiny training run every trainer test starts from.
+TINY = dict(
+    model="gpt-tiny",
+    layers=2,
+    hidden=32,
+    heads=2,
+    seq_len=16,
+    microbatch_size=2,
+    steps=4,
+    warmup=1,
+    eval_every=0,
+    progress=False,
+    artifacts=False,
+    lr=3e-3,
+)
+
+
 def _train(tmp_path, name: str, **kw):
     from pipewright.runtime.config import TrainConfig
     from pipewright.runtime.trainer import train
 
-    base = dict(
-        model="gpt-tiny",
-        layers=2,
-        hidden=32,
-        heads=2,
-        seq_len=16,
-        microbatch_size=2,
-        steps=4,
-        warmup=1,
-        eval_every=0,
-        progress=False,
-        artifacts=False,
-        lr=3e-3,
-        out=str(tmp_path / name),
-    )
-    base.update(kw)
-    result = train(TrainConfig(**base))
+    result = train(TrainConfig(**{**TINY, "out": str(tmp_path / name), **kw}))
     import json
 
     records = [json.loads(ln) for ln in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
@@ -353,18 +354,7 @@ def test_trainer_async_without_staleness_equals_synchronous(tmp_path):
     ]
     order = Schedule.build("async-no-overlap", m, rows, loop_placement(p), flush=False)
     config = TrainConfig(
-        model="gpt-tiny",
-        layers=2,
-        hidden=32,
-        heads=2,
-        seq_len=16,
-        microbatch_size=2,
-        steps=2,
-        warmup=1,
-        eval_every=0,
-        progress=False,
-        artifacts=False,
-        lr=3e-3,
+        **{**TINY, "steps": 2},
         grad_clip=0.0,
         pp=p,
         microbatches=m,
