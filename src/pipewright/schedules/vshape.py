@@ -260,8 +260,8 @@ def v_half(p: int, m: int, v: int = 2) -> Schedule:
     layers on rank r — ⌊p/2⌋ + 1 = (p + 2)//2 on every rank once m ≥ p + 1, the paper's figure, against
     1F1B's p. One iteration with unit costs (T_F = T_I = T_W = 1 per chunk) takes 6m + bubble once
     m ≥ p + 1, the bubble being 3p − 7 for even p ≥ 4, 3p − 4 for odd p and 1 for p = 2 (p ≤ 16
-    checked) — under half of 1F1B's 6(p − 1); the block order alone: 5, 7, 12, 14, 19, 21, 26 for
-    p = 2..8.
+    checked) — under half of 1F1B's 6(p − 1); the block order alone (:func:`v_half_blocks`): 5, 7, 12,
+    14, 19, 21, 26 for p = 2..8.
     """
     rows = []
     for r, order in enumerate(squeeze([_BLOCKS["v-half"](p, r) for r in range(p)], m)):
@@ -269,6 +269,12 @@ def v_half(p: int, m: int, v: int = 2) -> Schedule:
         kinds = {F0: F, F1: F, I1: I, I0: I, WW: W}
         rows.append([Action(chunks[c], kinds[k], j) for k, j, c in order])
     return _schedule("v-half", p, m, rows)
+
+
+def v_half_blocks(p: int, m: int) -> Schedule:
+    """V-Half's block order before the squeeze (the schedule ``v-half`` was up to session 4): peak
+    :func:`block_memory`, bubble 5, 7, 12, 14, 19, 21, 26 for p = 2..8 with unit costs."""
+    return _from_block("v-half", p, m)
 
 
 def _v_half_memory(p: int, m: int, v: int) -> list[Fraction]:
