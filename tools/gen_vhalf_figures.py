@@ -41,7 +41,8 @@ def measure(sched: Schedule, f: float, i: float, w: float) -> tuple[float, float
 
 def table() -> str:
     lines = [
-        "| F:I:W | p | m | 1F1B bubble | V-Half blocks | V-Half squeezed | squeezed / 1F1B | memory 1F1B / blocks / squeezed |",
+        "| F:I:W | p | m | 1F1B bubble | V-Half blocks (/ 1F1B) | V-Half squeezed | squeezed / 1F1B "
+        "| memory 1F1B / blocks / squeezed |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for label, (f, i, w) in RATIOS.items():
@@ -61,7 +62,8 @@ def picture() -> None:
     p, m = 4, 8
     cost = _cost(1.0, 1.0, 1.0, 2)
     timelines, titles = [], []
-    for label, sched in (("blocks (before)", v_half_blocks(p, m)), ("squeezed", build_schedule("v-half", p, m))):
+    cases = (("blocks (before)", v_half_blocks(p, m)), ("squeezed", build_schedule("v-half", p, m)))
+    for label, sched in cases:
         result = simulate(sched, cost)
         timelines.append(result.timeline)
         titles.append(

@@ -76,42 +76,36 @@ def _events(slots: Slots) -> list[tuple[int, int, int, int]]:
     )
 
 
-def _waits_for(slots: Slots, r: int, k: int, j: int) -> list[int]:
-    """Slots of the passes that pass (r, k, j) depends on: the same pass one rank up- or downstream (F0
-    and I1 flow to higher ranks, F1 and I0 to lower ones), the previous pass of the block on the rank
-    (F0 → F1 → I1 → I0), the same stream's previous microbatch, and for the j-th W the j-th I."""
-    p, before = len(slots), []
+def _waits_for(slots: Slots, r: int, k: int, j: int) -> list[tuple[int, int, int]]:
+    """The passes (rank, type, microbatch) that pass (r, k, j) depends on: the same pass one rank up- or
+    downstream (F0 and I1 flow to higher ranks, F1 and I0 to lower ones), the previous pass of the block
+    on the rank (F0 → F1 → I1 → I0), the same stream's previous microbatch, and for the j-th W the j-th
+    I of the rank."""
+    before = [(r, k, j - 1)] if j > 0 else []
     if k in (F0, I1) and r > 0:
-        before.append(slots[r - 1][k][j])
-    if k in (F1, I0) and r < p - 1:
-        before.append(slots[r + 1][k][j])
+        before.append((r - 1, k, j))
+    if k in (F1, I0) and r < len(slots) - 1:
+        before.append((r + 1, k, j))
     if F0 < k < WW:
-        before.append(slots[r][k - 1][j])
+        before.append((r, k - 1, j))
     if k == WW:
-        before.append(sorted(slots[r][I1] + slots[r][I0])[j])
-    if j > 0:
-        before.append(slots[r][k][j - 1])
+        _, kind, mb = sorted((t, kind, mb) for kind in (I1, I0) for mb, t in enumerate(slots[r][kind]))[j]
+        before.append((r, kind, mb))
     return before
 
 
 def _compact(slots: Slots) -> Slots:
     """Each pass one slot long, as early as its dependencies and its rank's order allow."""
     end: dict[tuple[int, int, int], int] = {}
-    last: list[tuple[int, int] | None] = [None] * len(slots)
+    last: list[tuple[int, int, int] | None] = [None] * len(slots)
     for _, r, k, j in _events(slots):
-        ready = [end[(r, k, j - 1)]] if j > 0 else []
-        if k in (F0, I1) and r > 0:
-            ready.append(end[(r - 1, k, j)])
-        if k in (F1, I0) and r < len(slots) - 1:
-            ready.append(end[(r + 1, k, j)])
-        if F0 < k < WW:
-            ready.append(end[(r, k - 1, j)])
-        prev = last[r]
-        if prev is not None:
-            ready.append(end[(r, *prev)])
-        end[(r, k, j)] = max(ready, default=0) + 1
-        last[r] = (k, j)
-    return [[[end[(r, k, j)] - 1 for j in range(len(ts))] for k, ts in enumerate(rank)] for r, rank in enumerate(slots)]
+        before = _waits_for(slots, r, k, j) + ([prev] if (prev := last[r]) is not None else [])
+        end[(r, k, j)] = max((end[x] for x in before), default=0) + 1
+        last[r] = (r, k, j)
+    return [
+        [[end[(r, k, j)] - 1 for j in range(len(ts))] for k, ts in enumerate(rank)]
+        for r, rank in enumerate(slots)
+    ]
 
 
 def _squeeze(slots: Slots, m: int, warm_up: bool) -> Slots:
@@ -133,7 +127,7 @@ def _squeeze(slots: Slots, m: int, warm_up: bool) -> Slots:
         if phase == "steady" or (phase == "warm-up" and not warm_up):
             taken[r].add(t)
             continue
-        earliest = max(_waits_for(slots, r, k, j), default=-1) + 1
+        earliest = max((slots[x][y][z] for x, y, z in _waits_for(slots, r, k, j)), default=-1) + 1
         rank = slots[r]
         for s in range(earliest, t):
             if s not in taken[r]:
