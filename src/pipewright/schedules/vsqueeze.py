@@ -65,7 +65,8 @@ def _peak(rank: list[list[int]], lazy_w: bool) -> int:
         elif lazy_w and owed:
             live -= 1
             owed -= 1
-        peak = max(peak, live)
+        if live > peak:
+            peak = live
     return peak
 
 
@@ -79,8 +80,8 @@ def _events(slots: Slots) -> list[tuple[int, int, int, int]]:
 def _waits_for(slots: Slots, r: int, k: int, j: int) -> list[tuple[int, int, int]]:
     """The passes (rank, type, microbatch) that pass (r, k, j) depends on: the same pass one rank up- or
     downstream (F0 and I1 flow to higher ranks, F1 and I0 to lower ones), the previous pass of the block
-    on the rank (F0 → F1 → I1 → I0), the same stream's previous microbatch, and for the j-th W the j-th
-    I of the rank."""
+    on the rank (F0 → F1 → I1 → I0) and the same stream's previous microbatch. (The j-th W also waits
+    for the j-th I of its rank, which its place in the rank's order already ensures.)"""
     before = [(r, k, j - 1)] if j > 0 else []
     if k in (F0, I1) and r > 0:
         before.append((r - 1, k, j))
@@ -88,9 +89,6 @@ def _waits_for(slots: Slots, r: int, k: int, j: int) -> list[tuple[int, int, int
         before.append((r + 1, k, j))
     if F0 < k < WW:
         before.append((r, k - 1, j))
-    if k == WW:
-        _, kind, mb = sorted((t, kind, mb) for kind in (I1, I0) for mb, t in enumerate(slots[r][kind]))[j]
-        before.append((r, kind, mb))
     return before
 
 
@@ -127,12 +125,17 @@ def _squeeze(slots: Slots, m: int, warm_up: bool) -> Slots:
         if phase == "steady" or (phase == "warm-up" and not warm_up):
             taken[r].add(t)
             continue
-        earliest = max((slots[x][y][z] for x, y, z in _waits_for(slots, r, k, j)), default=-1) + 1
         rank = slots[r]
+        before = [slots[x][y][z] for x, y, z in _waits_for(slots, r, k, j)]
+        if k == WW:
+            before.append(sorted(rank[I1] + rank[I0])[j])
+        earliest = max(before, default=-1) + 1
+        # with explicit W only an earlier F can raise the peak (an I holds nothing, an earlier W frees)
+        check = lazy_w or k in (F0, F1)
         for s in range(earliest, t):
             if s not in taken[r]:
                 rank[k][j] = s
-                if _peak(rank, lazy_w) <= cap:
+                if not check or _peak(rank, lazy_w) <= cap:
                     break
         else:
             rank[k][j] = t
