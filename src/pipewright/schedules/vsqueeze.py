@@ -19,12 +19,12 @@ a greedy pass we follow here:
 5. drop the W once more and place them lazily per chunk — a rank's c1 W first, as in the reference.
 
 The cap is the block schedule's peak over all ranks (so a rank below it may rise to it). Two details
-make the reference work where a per-rank cap or an event-driven squeeze does not: the dependencies are
-read from slots already moved (a pass moves only after the passes it waits for), and the memory check
-looks at the whole rank with the not-yet-visited passes still at their block slots, so the steady state's
-peak is counted before anything moves in front of it. With few microbatches (the last F0 before rank
-0's first I0) the cool-down squeeze starts at that I0 (the reference never starts it there, and is then
-slower than the block order for odd p and m ≤ p).
+matter: the dependencies are read from slots already moved (a pass moves only after the passes it waits
+for), and the memory check looks at the whole rank with the not-yet-visited passes still at their block
+slots, so the steady state's peak is counted before anything moves in front of it. For m ≥ 2p the
+result is the reference's order pass for pass (p ≤ 12 checked). With few microbatches (the last F0
+before rank 0's first I0) the cool-down squeeze starts at that I0; the reference never starts it there
+and is then up to 13 unit slots longer (p ≤ 14, m < 2p), slower than the block order for odd p, m ≤ p.
 
 Pass types, per rank r with chunks c0 = stage r and c1 = stage 2p − 1 − r: 0 = F0, 1 = F1, 2 = I1,
 3 = I0, 4 = W (either chunk; one per I, in I order). F adds one chunk-microbatch, W frees one.
