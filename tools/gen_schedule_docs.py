@@ -2,6 +2,7 @@
 
 Usage: ``python tools/gen_schedule_docs.py [-o docs/schedules.md]``. The output depends only on the
 registry (no dates, no machine facts), so re-running it after adding a family gives a clean diff.
+A hand-written ``docs/schedule-notes/<name>.md``, where one exists, closes that schedule's section.
 """
 
 from __future__ import annotations
@@ -53,8 +54,14 @@ def section(name: str) -> str:
             "\n".join(line.rstrip() for line in sched.grid().splitlines()),
             "```",
             "",
+            *_notes(name),
         ]
     )
+
+
+def _notes(name: str) -> list[str]:
+    path = ROOT / "docs" / "schedule-notes" / f"{name}.md"
+    return [path.read_text().rstrip(), ""] if path.exists() else []
 
 
 def render() -> str:

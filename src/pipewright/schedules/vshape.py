@@ -23,6 +23,7 @@ from typing import Any
 
 from pipewright.ir import Action, B, F, I, Schedule, W, v_placement
 from pipewright.schedules.registry import ScheduleInfo
+from pipewright.schedules.vsqueeze import F0, F1, I0, I1, WW, squeeze
 
 
 def _schedule(name: str, p: int, m: int, rows: list[list[Action]], **meta: object) -> Schedule:
@@ -251,15 +252,33 @@ def block_memory(name: str, p: int, m: int) -> list[Fraction]:
 
 
 def v_half(p: int, m: int, v: int = 2) -> Schedule:
-    """V-Half (Controllable Memory, NeurIPS 2024): the paper claims half of 1F1B's activation memory and
-    half its bubble.
+    """V-Half (Controllable Memory, NeurIPS 2024): half of 1F1B's activation memory, about half its bubble.
 
-    Exact memory of this code: :func:`block_memory`; ⌊p/2⌋ + 1 microbatches of a rank's layers on every
-    rank for m ≥ p + 1 (p = 2..12 checked), against 1F1B's p. One iteration with unit costs takes 6m +
-    bubble, the bubble being 5, 7, 12, 14, 19, 21, 26 for p = 2..8 (1F1B: 6(p − 1)) — more than half
-    because the warm-up and cool-down are not squeezed (the paper's §3.3 squeeze is not implemented).
+    The block of :data:`_BLOCKS` repeated every 6 slots, then squeezed and reordered under the block's
+    peak as the paper does (:func:`pipewright.schedules.vsqueeze.squeeze`). Exact memory of this code
+    (p = 2..16, m = 1..2p + 2, 3p, 4p checked): min(⌊p/2⌋ + 1, m, (m + 1 + r)/2) microbatches of a rank's
+    layers on rank r — ⌊p/2⌋ + 1 = (p + 2)//2 on every rank once m ≥ p + 1, the paper's figure, against
+    1F1B's p. One iteration with unit costs (T_F = T_I = T_W = 1 per chunk) takes 6m + bubble once
+    m ≥ p + 1, the bubble being 3p − 7 for even p ≥ 4, 3p − 4 for odd p and 1 for p = 2 (p ≤ 16
+    checked) — under half of 1F1B's 6(p − 1); the block order alone (:func:`v_half_blocks`): 5, 7, 12,
+    14, 19, 21, 26 for p = 2..8.
     """
+    rows = []
+    for r, order in enumerate(squeeze([_BLOCKS["v-half"](p, r) for r in range(p)], m)):
+        chunks = (r, 2 * p - 1 - r)
+        kinds = {F0: F, F1: F, I1: I, I0: I, WW: W}
+        rows.append([Action(chunks[c], kinds[k], j) for k, j, c in order])
+    return _schedule("v-half", p, m, rows)
+
+
+def v_half_blocks(p: int, m: int) -> Schedule:
+    """V-Half's block order before the squeeze (the schedule ``v-half`` was up to session 4): peak
+    :func:`block_memory`, bubble 5, 7, 12, 14, 19, 21, 26 for p = 2..8 with unit costs."""
     return _from_block("v-half", p, m)
+
+
+def _v_half_memory(p: int, m: int, v: int) -> list[Fraction]:
+    return [min(Fraction(p // 2 + 1), Fraction(m), Fraction(m + 1 + r, 2)) for r in range(p)]
 
 
 def v_min(p: int, m: int, v: int = 2) -> Schedule:
@@ -295,9 +314,9 @@ SCHEDULES = (
     _v_info(
         "v-half",
         v_half,
-        memory=lambda p, m, v: block_memory("v-half", p, m),
-        bubble="about half of 1F1B's (unsqueezed here, see the docstring)",
-        memory_formula="⌊p/2⌋ + 1 for m ≥ p + 1 (block_memory in general)",
+        memory=_v_half_memory,
+        bubble="about half of 1F1B's or less (unit costs: 17 against 42 at p = 8, m ≥ p + 1)",
+        memory_formula="min(⌊p/2⌋ + 1, m, (m + 1 + r)/2) on rank r (⌊p/2⌋ + 1 once m ≥ p + 1)",
         source="Qi et al., Pipeline Parallelism with Controllable Memory, NeurIPS 2024 (V-Half)",
     ),
     _v_info(

@@ -305,12 +305,18 @@ def insert_vocab(
     allowance = DEFAULT_EXTRA[algorithm] if extra is None else extra
     costs = costs or unit_costs()
     best: tuple[float, int, bool, Schedule] | None = None
+    stuck: ScheduleError | None = None
     for shift in range(allowance + 1):
         for vocab_first in (True, False):
-            sched, span = place_variant(schedule, algorithm, costs, shift, vocab_first)
+            try:
+                sched, span = place_variant(schedule, algorithm, costs, shift, vocab_first)
+            except ScheduleError as err:  # a shift can deadlock a V-shape order (forwards before inputs)
+                stuck = stuck or err
+                continue
             if best is None or span < best[0] - 1e-9 * max(1.0, span):
                 best = (span, shift, vocab_first, sched)
-    assert best is not None
+    if best is None:
+        raise stuck or ScheduleError("no vocabulary placement")
     return replace_meta(best[3], vocab_shift=best[1], vocab_first=best[2])
 
 
