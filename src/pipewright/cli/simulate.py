@@ -252,7 +252,7 @@ def run(args: argparse.Namespace) -> int:
         from pipewright.viz import draw_timeline, write_trace
 
         if args.png:
-            title = f"{result.schedule.name}, {label}"
+            title = f"{result.source.name}, {label}"
             xlabel = "time (unit costs)" if setup.unit else "time (s)"
             draw_timeline(result.timeline, args.png, titles=[title], xlabel=xlabel)
         if args.trace:

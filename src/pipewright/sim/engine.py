@@ -41,58 +41,20 @@ from functools import cached_property
 from pipewright.cost.base import CommModel, CostModel, FreeComm
 from pipewright.deps import Resolution, resolve
 from pipewright.errors import PipewrightError
-from pipewright.ir import Action, KindSpec, Schedule
+from pipewright.ir import Action, Schedule
 from pipewright.passes.lower import lower
 from pipewright.passes.validate import validate, validate_resolved
+from pipewright.sim.flat import compile_flat
 from pipewright.sim.memory import peak_from_deltas
+from pipewright.sim.program import _COLLECTIVE, _COMPUTE, _RENDEZVOUS, _SEND, _WAIT, _mode, _Program
 from pipewright.sim.sharing import SharedCompute, run_iteration_shared
 from pipewright.timeline import Span, Timeline
 
-# Action modes in the compiled program.
-_COMPUTE, _SEND, _COLLECTIVE, _WAIT, _RENDEZVOUS = 0, 1, 2, 3, 4
 _NOT_DONE = -1.0
 
 
 class SimulationError(PipewrightError):
     """The schedule cannot be simulated (it deadlocks or an option is invalid)."""
-
-
-@dataclass(frozen=True)
-class _Program:
-    """A lowered schedule compiled to flat arrays over global action indices g = offset[rank] + position.
-
-    An event is identified with the action that produces it, so ``reqs[g]`` lists the global indices
-    of the actions whose completion action g waits for (``missing``: an index no action has, for
-    requirements nothing produces), and the end time of action g is the time of all its events.
-    """
-
-    offsets: list[int]
-    reqs: list[tuple[int, ...]]
-    modes: list[int]
-    durs: list[float]
-    links: list[int]  # link index of a send, -1 otherwise
-    num_links: int
-    busy: list[float]  # compute time of one iteration per rank
-    flops: float
-    model_flops: float
-    peak_memory: list[float]
-    # rendezvous collectives: g -> the global indices of all members' actions (g included), and the
-    # previous rendezvous of the same rank and group (-1: none in this iteration; key: (rank, group))
-    meets: dict[int, tuple[int, ...]] = field(default_factory=dict)
-    meet_prev: dict[int, int] = field(default_factory=dict)
-    meet_stream: dict[int, tuple[int, str]] = field(default_factory=dict)
-
-    @property
-    def missing(self) -> int:
-        return len(self.modes)
-
-
-def _mode(spec: KindSpec) -> int:
-    if spec.compute:
-        return _COMPUTE
-    if spec.collective is not None:
-        return _RENDEZVOUS if spec.collective.spans_pipeline else _COLLECTIVE
-    return _SEND if spec.comm == "send" else _WAIT
 
 
 def _compile(schedule: Schedule, cost: CostModel, comm: CommModel, res: Resolution | None = None) -> _Program:
@@ -218,7 +180,7 @@ class SimResult:
     The :attr:`timeline` (all iterations) is built on first access.
     """
 
-    schedule: Schedule
+    source: Schedule
     iterations: int
     step_barrier: bool
     iteration_time: float
@@ -232,9 +194,15 @@ class SimResult:
     _ends: list[list[float]] = field(repr=False, compare=False)
     _program: _Program = field(repr=False, compare=False)
 
+    @cached_property
+    def schedule(self) -> Schedule:
+        """The lowered schedule that was simulated (built on first access when the array path,
+        :mod:`pipewright.sim.flat`, simulated it without one)."""
+        return lower(self.source)
+
     @property
     def num_ranks(self) -> int:
-        return self.schedule.num_ranks
+        return self.source.num_ranks
 
     @property
     def makespan(self) -> float:
@@ -244,7 +212,7 @@ class SimResult:
     @property
     def num_actions(self) -> int:
         """Actions simulated: lowered actions per iteration × iterations."""
-        return len(self.schedule) * self.iterations
+        return self._program.missing * self.iterations
 
     @property
     def bubble_fraction(self) -> float:
@@ -304,9 +272,14 @@ def simulate(
     """
     if iterations < 1:
         raise SimulationError(f"--iterations must be at least 1 (got {iterations})")
-    sched = lower(schedule)
-    res = validate_resolved(sched) if validate else None
-    prog = _compile(sched, cost, comm or FreeComm(), res)
+    comm = comm or FreeComm()
+    flat = compile_flat(schedule, cost, comm, check=validate)
+    if flat is not None:  # the array path: no per-action objects, the lowered schedule on demand
+        prog, sched = flat[0], flat[1] or schedule
+    else:  # the per-action path; its validator names what is wrong
+        sched = lower(schedule)
+        res = validate_resolved(sched) if validate else None
+        prog = _compile(sched, cost, comm, res)
     num_ranks = sched.num_ranks
     clock = [0.0] * num_ranks
     coll_free = [0.0] * num_ranks
@@ -325,7 +298,7 @@ def simulate(
                     "cores yet; drop --cores"
                 )
             starts, ends, positions = run_iteration_shared(prog, clock, coll_free, link_free, shared)
-            if any(p < len(row) for p, row in zip(positions, sched.actions, strict=True)):
+            if any(p < prog.offsets[r + 1] - prog.offsets[r] for r, p in enumerate(positions)):
                 _report_deadlock(sched, list(positions))
         all_starts.append(starts)
         all_ends.append(ends)
@@ -339,7 +312,7 @@ def simulate(
         period = iteration_ends[0]
     busy = prog.busy if shared is None else _computing_time(prog, all_starts[-1], all_ends[-1])
     return SimResult(
-        schedule=sched,
+        source=sched,
         iterations=iterations,
         step_barrier=step_barrier,
         iteration_time=period,
@@ -463,6 +436,7 @@ def _computing_time(prog: _Program, starts: list[float], ends: list[float]) -> l
 
 
 def _report_deadlock(sched: Schedule, positions: list[int]) -> None:
+    sched = lower(sched)
     validate(sched)  # raises a ValidationError naming rank, position and action
     heads = ", ".join(
         f"rank {r} at {sched.actions[r][p]}" for r, p in enumerate(positions) if p < len(sched.actions[r])
