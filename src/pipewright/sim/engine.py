@@ -46,7 +46,16 @@ from pipewright.passes.lower import lower
 from pipewright.passes.validate import validate, validate_resolved
 from pipewright.sim.flat import compile_flat
 from pipewright.sim.memory import peak_from_deltas
-from pipewright.sim.program import _COLLECTIVE, _COMPUTE, _RENDEZVOUS, _SEND, _WAIT, _mode, _Program
+from pipewright.sim.program import (
+    _COLLECTIVE,
+    _COMPUTE,
+    _RENDEZVOUS,
+    _SEND,
+    _WAIT,
+    _mode,
+    _Program,
+    gc_paused,
+)
 from pipewright.sim.sharing import SharedCompute, run_iteration_shared
 from pipewright.timeline import Span, Timeline
 
@@ -272,6 +281,19 @@ def simulate(
     """
     if iterations < 1:
         raise SimulationError(f"--iterations must be at least 1 (got {iterations})")
+    with gc_paused():
+        return _simulate(schedule, cost, comm, iterations, step_barrier, shared, validate)
+
+
+def _simulate(
+    schedule: Schedule,
+    cost: CostModel,
+    comm: CommModel | None,
+    iterations: int,
+    step_barrier: bool,
+    shared: SharedCompute | None,
+    validate: bool,
+) -> SimResult:
     comm = comm or FreeComm()
     flat = compile_flat(schedule, cost, comm, check=validate)
     if flat is not None:  # the array path: no per-action objects, the lowered schedule on demand

@@ -33,7 +33,7 @@ import numpy as np
 from pipewright.deps import Term
 from pipewright.ir import Action, Schedule
 from pipewright.passes.lower import lower
-from pipewright.sim.program import _COLLECTIVE, _COMPUTE, _SEND, _WAIT, _mode, _Program
+from pipewright.sim.program import _COLLECTIVE, _COMPUTE, _RENDEZVOUS, _SEND, _WAIT, _mode, _Program
 
 if TYPE_CHECKING:
     from pipewright.cost.base import CommModel, CostModel
@@ -41,6 +41,26 @@ if TYPE_CHECKING:
 
 #: Largest event table (kinds × stages × (microbatches + 1)) the path builds; beyond it, per action.
 MAX_KEYS = 1 << 26
+
+
+def _dense(keys, size: int):
+    """(distinct keys in order of first occurrence, each element's index into them) of non-negative
+    integer ``keys`` below ``size`` — ``np.unique`` without sorting (and without importing numpy.ma)."""
+    n = len(keys)
+    first = np.full(size, n, np.int64)
+    np.minimum.at(first, keys, np.arange(n))
+    present = np.flatnonzero(first < n)
+    present = present[np.argsort(first[present], kind="stable")]
+    index = np.empty(size, np.int64)
+    index[present] = np.arange(len(present))
+    return present, index[keys]
+
+
+def _first(index, size: int):
+    """For each of ``size`` groups, the position of its first member in ``index``."""
+    first = np.full(size, len(index), np.int64)
+    np.minimum.at(first, index, np.arange(len(index)))
+    return first
 
 
 class _Decline(Exception):
@@ -152,7 +172,9 @@ def _lower(codes: _Codes, kc, st, mb, rank, lens):
         if not attach:
             continue
         peer = st + spec.p2p.offset
-        ok = np.isin(kc, attach) & (peer >= 0) & (peer < codes.S)
+        attached = np.zeros(len(codes.specs), bool)
+        attached[attach] = True
+        ok = attached[kc] & (peer >= 0) & (peer < codes.S)
         ok[ok] = codes.place[peer[ok]] != codes.place[st[ok]]
         is_recv = spec.p2p.role == "recv"
         masks.append((c, is_recv, ok))
@@ -184,14 +206,14 @@ def _compile_flat(schedule: Schedule, cost: CostModel, comm: CommModel, check: b
     codes = _Codes(schedule)
     specs, S = codes.specs, codes.S
     kc, st, mb, rank, lens = _columns(schedule, codes)
-    used = np.unique(kc).tolist()
+    used = np.flatnonzero(np.bincount(kc, minlength=len(specs))).tolist()
     if any(specs[c].collective is not None and specs[c].collective.spans_pipeline for c in used):
         raise _Decline
     if not schedule.lowered:
         if any(specs[c].p2p is not None for c in used):
             raise _Decline  # a compute-only schedule with transfers already in it: per action
         kc, st, mb, rank, lens = _lower(codes, kc, st, mb, rank, lens)
-        used = np.unique(kc).tolist()
+        used = np.flatnonzero(np.bincount(kc, minlength=len(specs))).tolist()
     n = len(kc)
     if len(specs) * S * (codes.M + 1) > MAX_KEYS:
         raise _Decline
@@ -214,12 +236,10 @@ def _compile_flat(schedule: Schedule, cost: CostModel, comm: CommModel, check: b
                 keys.append(codes.event_key(ev))
         return np.array(gs, np.int64), np.array(keys, np.int64)
 
-    order = np.argsort(kc, kind="stable")
-    bounds = np.concatenate(([0], np.cumsum(np.bincount(kc, minlength=len(specs)))))
     req_parts, prod_parts = [], []
     for c in used:
         spec = specs[c]
-        g = order[bounds[c] : bounds[c + 1]]
+        g = np.flatnonzero(kc == c)
         s, k = st[g], mb[g]
         for rule, parts in ((spec.requires, req_parts), (spec.produces, prod_parts)):
             if rule is None:  # the default: the action's own event
@@ -245,8 +265,6 @@ def _compile_flat(schedule: Schedule, cost: CostModel, comm: CommModel, check: b
         _check(schedule, codes, producer, used, kc, st, mb, lowered)
 
     modes = np.array([_mode(s) for s in specs], np.int64)[kc]
-    first = np.argsort(rg, kind="stable")  # by action, each action's terms in order
-    rg, need = rg[first], need[first]
     reqs, dest = _requirements(rank, modes, rg, need, n)
     offsets = [0, *np.cumsum(lens).tolist()]
     sched = lowered[0] if lowered else schedule
@@ -300,15 +318,24 @@ def _requirements(rank, modes, rg, need, n):
     own rank, which program order already awaits — and each producer's last consumer rank (a send's
     destination), as :func:`pipewright.sim.engine._compile` derives them."""
     own = rank[need] == rank[rg]
-    local = own & (need < rg) & np.isin(modes[need], (_COMPUTE, _WAIT))
-    reqs: list[tuple[int, ...]] = [()] * n
-    for g, e in zip(rg[~local].tolist(), need[~local].tolist(), strict=True):
+    awaited = np.zeros(_RENDEZVOUS + 1, bool)
+    awaited[[_COMPUTE, _WAIT]] = True
+    keep = ~(own & (need < rg) & awaited[modes[need]])
+    rg, need = rg[keep], need[keep]
+    count = np.bincount(rg, minlength=n)
+    one = count[rg] == 1
+    cells = np.empty(n, object)
+    cells.fill(())
+    cells[rg[one]] = np.fromiter(zip(need[one].tolist()), object, int(one.sum()))
+    reqs: list[tuple[int, ...]] = cells.tolist()
+    for g, e in zip(rg[~one].tolist(), need[~one].tolist(), strict=True):  # in term order
         reqs[g] += (e,)
+    # a send's destination: the rank of the last action (by index) on another rank that needs it
     dest = np.full(n, -1, np.int64)
-    other = np.flatnonzero(~own)
-    if len(other):
-        last = len(other) - 1 - np.unique(need[other][::-1], return_index=True)[1]  # last consumer
-        dest[need[other][last]] = rank[rg[other][last]]
+    other = ~own[keep]
+    np.maximum.at(dest, need[other], rg[other])
+    has = dest >= 0
+    dest[has] = rank[dest[has]]
     return reqs, dest
 
 
@@ -316,9 +343,9 @@ def _compute_costs(codes: _Codes, sched: Schedule, cost: CostModel, kc, st, mb, 
     """Durations of compute actions; per rank the busy time and the activation peak; FLOPs."""
     durs = np.zeros(len(kc))
     comp = np.flatnonzero(modes == _COMPUTE)
-    keys, first, inverse = np.unique(kc[comp] * codes.S + st[comp], return_index=True, return_inverse=True)
+    keys, inverse = _dense(kc[comp] * codes.S + st[comp], len(codes.specs) * codes.S)
     table = np.empty((len(keys), 4))
-    for i, g in enumerate(comp[first].tolist()):
+    for i, g in enumerate(comp[_first(inverse, len(keys))].tolist()):
         a = Action(int(st[g]), codes.names[kc[g]], None if mb[g] < 0 else int(mb[g]), None)
         table[i] = (
             float(cost.compute_time(a, sched)),
@@ -326,7 +353,7 @@ def _compute_costs(codes: _Codes, sched: Schedule, cost: CostModel, kc, st, mb, 
             float(cost.model_flops(a, sched)),
             float(cost.activation_bytes(a, sched)),
         )
-    per = table[inverse.reshape(-1)]
+    per = table[inverse]
     durs[comp] = per[:, 0]
     cuts = np.searchsorted(comp, offsets).tolist()
     busy, peaks = [], []
@@ -353,17 +380,14 @@ def _transfers(
     src = rank[sends]
     dst = np.where(dest[sends] < 0, src, dest[sends])
     num_ranks = sched.num_ranks
-    pairs, first, inverse = np.unique(src * num_ranks + dst, return_index=True, return_inverse=True)
-    ids = np.empty(len(pairs), np.int64)
-    ids[np.argsort(first)] = np.arange(len(pairs))
-    links[sends] = ids[inverse.reshape(-1)]
+    pairs, links[sends] = _dense(src * num_ranks + dst, num_ranks * num_ranks)
     moving = sends[src != dst]
     if len(moving):
         key = (kc[moving] * codes.S + st[moving]) * num_ranks + dst[src != dst]
-        keys, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+        keys, inverse = _dense(key, len(codes.specs) * codes.S * num_ranks)
         times = np.empty(len(keys))
-        for i, g in enumerate(moving[first].tolist()):
+        for i, g in enumerate(moving[_first(inverse, len(keys))].tolist()):
             a = Action(int(st[g]), codes.names[kc[g]], None if mb[g] < 0 else int(mb[g]), None)
             times[i] = float(comm.p2p_time(int(rank[g]), int(dest[g]), cost.message_bytes(a, sched)))
-        durs[moving] = times[inverse.reshape(-1)]
+        durs[moving] = times[inverse]
     return links.tolist(), len(pairs)
