@@ -44,23 +44,16 @@ MAX_KEYS = 1 << 26
 
 
 def _dense(keys, size: int):
-    """(distinct keys in order of first occurrence, each element's index into them) of non-negative
-    integer ``keys`` below ``size`` — ``np.unique`` without sorting (and without importing numpy.ma)."""
+    """Of non-negative integer ``keys`` below ``size``: (the number of distinct keys, each element's
+    index among them in order of first occurrence, the position of each distinct key's first element)
+    — ``np.unique`` without sorting the elements (and without importing numpy.ma)."""
     n = len(keys)
     first = np.full(size, n, np.int64)
     np.minimum.at(first, keys, np.arange(n))
-    present = np.flatnonzero(first < n)
-    present = present[np.argsort(first[present], kind="stable")]
+    firsts = np.sort(first[first < n])
     index = np.empty(size, np.int64)
-    index[present] = np.arange(len(present))
-    return present, index[keys]
-
-
-def _first(index, size: int):
-    """For each of ``size`` groups, the position of its first member in ``index``."""
-    first = np.full(size, len(index), np.int64)
-    np.minimum.at(first, index, np.arange(len(index)))
-    return first
+    index[keys[firsts]] = np.arange(len(firsts))
+    return len(firsts), index[keys], firsts
 
 
 class _Decline(Exception):
@@ -215,9 +208,9 @@ def _compile_flat(schedule: Schedule, cost: CostModel, comm: CommModel, check: b
         kc, st, mb, rank, lens = _lower(codes, kc, st, mb, rank, lens)
         used = np.flatnonzero(np.bincount(kc, minlength=len(specs))).tolist()
     n = len(kc)
-    if len(specs) * S * (codes.M + 1) > MAX_KEYS:
-        raise _Decline
     n_keys = len(specs) * S * (codes.M + 1)
+    if n_keys > MAX_KEYS:
+        raise _Decline
     if np.bincount(codes.key(kc, st, mb), minlength=n_keys).max() > 1:
         raise _Decline  # an action twice
 
@@ -343,9 +336,9 @@ def _compute_costs(codes: _Codes, sched: Schedule, cost: CostModel, kc, st, mb, 
     """Durations of compute actions; per rank the busy time and the activation peak; FLOPs."""
     durs = np.zeros(len(kc))
     comp = np.flatnonzero(modes == _COMPUTE)
-    keys, inverse = _dense(kc[comp] * codes.S + st[comp], len(codes.specs) * codes.S)
-    table = np.empty((len(keys), 4))
-    for i, g in enumerate(comp[_first(inverse, len(keys))].tolist()):
+    distinct, inverse, firsts = _dense(kc[comp] * codes.S + st[comp], len(codes.specs) * codes.S)
+    table = np.empty((distinct, 4))
+    for i, g in enumerate(comp[firsts].tolist()):
         a = Action(int(st[g]), codes.names[kc[g]], None if mb[g] < 0 else int(mb[g]), None)
         table[i] = (
             float(cost.compute_time(a, sched)),
@@ -380,14 +373,14 @@ def _transfers(
     src = rank[sends]
     dst = np.where(dest[sends] < 0, src, dest[sends])
     num_ranks = sched.num_ranks
-    pairs, links[sends] = _dense(src * num_ranks + dst, num_ranks * num_ranks)
+    num_links, links[sends], _ = _dense(src * num_ranks + dst, num_ranks * num_ranks)
     moving = sends[src != dst]
     if len(moving):
         key = (kc[moving] * codes.S + st[moving]) * num_ranks + dst[src != dst]
-        keys, inverse = _dense(key, len(codes.specs) * codes.S * num_ranks)
-        times = np.empty(len(keys))
-        for i, g in enumerate(moving[_first(inverse, len(keys))].tolist()):
+        distinct, inverse, firsts = _dense(key, len(codes.specs) * codes.S * num_ranks)
+        times = np.empty(distinct)
+        for i, g in enumerate(moving[firsts].tolist()):
             a = Action(int(st[g]), codes.names[kc[g]], None if mb[g] < 0 else int(mb[g]), None)
             times[i] = float(comm.p2p_time(int(rank[g]), int(dest[g]), cost.message_bytes(a, sched)))
         durs[moving] = times[inverse]
-    return links.tolist(), len(pairs)
+    return links.tolist(), num_links
