@@ -4,6 +4,9 @@ metrics; on broken ones the same verdict — the same result, or the same error 
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from dataclasses import dataclass
 from unittest.mock import patch
 
@@ -167,3 +170,16 @@ def test_array_path_agrees_with_the_per_action_path(case):
     sched, costs, validate = case
     cost, comm = COSTS[costs]
     _assert_same(*_both(sched, cost, comm, validate=validate))
+
+
+def test_simulate_command_imports_neither_torch_nor_matplotlib():
+    code = (
+        "import sys; from pipewright.cli import main; "
+        "main(['simulate', '--schedule', 'interleaved-1f1b', '--stages', '4', '--virtual', '2', "
+        "'--microbatches', '8', '--cost', 'unit', '--json']); "
+        "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'matplotlib'}); "
+        "sys.exit(f'imported {heavy}' if heavy else 0)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["iteration_time_s"] > 0
