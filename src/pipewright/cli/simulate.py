@@ -212,7 +212,7 @@ def _costed_schedule(name: str, p: int, m: int, virtual: int | None, setup: SimS
 
 
 def run(args: argparse.Namespace) -> int:
-    with gc_paused():  # the schedule's hundreds of thousands of actions hold no cycles
+    with gc_paused(freeze=True):  # the schedule's hundreds of thousands of actions hold no cycles
         return _run(args)
 
 
