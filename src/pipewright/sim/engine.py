@@ -367,6 +367,7 @@ def _run_iteration(
     ends = [_NOT_DONE] * (n_total + 1)  # ends[g] is also the time of g's events; the last never comes
     reqs, modes, durs, links, offsets = prog.reqs, prog.modes, prog.durs, prog.links, prog.offsets
     waiting: dict[int, list[int]] = {}
+    awaited = bytearray(n_total + 1)  # awaited[g]: some rank waits in ``waiting`` for g's end
     ptr = offsets[:-1]
     ready = list(range(len(clock) - 1, -1, -1))
     issued: dict[int, float] = {}  # rendezvous member g -> when its rank issued it
@@ -408,6 +409,7 @@ def _run_iteration(
                 te = ends[e]
                 if te < 0.0:
                     waiting.setdefault(e, []).append(r)
+                    awaited[e] = 1
                     break
                 if te > t:
                     t = te
@@ -433,10 +435,8 @@ def _run_iteration(
                     end = t_rank = t
                 starts[g] = t
                 ends[g] = end
-                if waiting:
-                    woken = waiting.pop(g, None)
-                    if woken:
-                        ready.extend(woken)
+                if awaited[g]:
+                    ready.extend(waiting.pop(g))
                 g += 1
                 continue
             break
