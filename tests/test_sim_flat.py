@@ -61,7 +61,7 @@ COSTS = {
 def _run(schedule: Schedule, cost, comm, *, validate: bool, iterations: int = 1):
     try:
         return simulate(schedule, cost, comm=comm, validate=validate, iterations=iterations)
-    except (PipewrightError, LookupError) as exc:  # unvalidated nonsense may fail on either path
+    except (PipewrightError, LookupError, TypeError) as exc:  # unvalidated nonsense may fail on either path
         return type(exc).__name__, str(exc)
 
 
@@ -157,7 +157,7 @@ def cases(draw):
     elif mutation == "kind":
         rows[r][i] = rows[r][i]._replace(kind=draw(st.sampled_from(["X", "W", "I", "B", "SEND_F", "RECV_B"])))
     elif mutation == "stage":
-        rows[r][i] = rows[r][i]._replace(stage=draw(st.sampled_from([-1, sched.num_stages, 0])))
+        rows[r][i] = rows[r][i]._replace(stage=draw(st.sampled_from([-1, sched.num_stages, 0, 0.0])))
     elif mutation == "reduce":
         sched = with_grad_reduction(sched, draw(st.sampled_from(["after", "overlap"])))
         rows = [list(r) for r in sched.actions]

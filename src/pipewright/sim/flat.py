@@ -135,10 +135,11 @@ def _columns(schedule: Schedule, codes: _Codes):
         mbs = [-1 if k is None else k for k in mbs]
     try:
         kc = np.fromiter(map(codes.code.__getitem__, kinds), np.int64, n)
-        st = np.fromiter(stages, np.int64, n)
-        mb = np.fromiter(mbs, np.int64, n)
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError):
         raise _Decline from None
+    st, mb = np.array(stages), np.array(mbs)
+    if st.dtype.kind != "i" or mb.dtype.kind != "i":
+        raise _Decline  # not all integers
     rank = np.repeat(np.arange(len(lens), dtype=np.int64), lens)
     if st.min() < 0 or st.max() >= codes.S or mb.min() < -1 or mb.max() >= codes.M:
         raise _Decline
