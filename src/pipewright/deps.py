@@ -26,6 +26,11 @@ action                      requires
 A receive of any point-to-point kind requires the matching send (:func:`matching_send`); a send's peer
 and its matching receive come from the kind's :class:`~pipewright.kinds.P2P` metadata. A feature whose
 compute kind takes data from another stage writes its rule with :func:`from_stage`, as F does.
+
+The core rules are data — a :class:`pattern` of :class:`Term` s (F is ``Term(F, -1, RECV_F)``: F of the
+previous stage, or the receive when that stage is on another rank) — so they are evaluated per action
+here and per kind, over integer arrays, by the simulator (:mod:`pipewright.sim.flat`). A feature's rule
+may be either; plain functions are called per action everywhere.
 """
 
 from __future__ import annotations
