@@ -186,7 +186,8 @@ class SimResult:
     ``bubble[r] = iteration_time − busy[r]``. ``peak_memory[r]``: static bytes + the highest running
     sum of activation bytes over the rank's compute actions. ``flops`` / ``model_flops``: per iteration
     (with / without recomputation). ``iteration_ends[k]``: when iteration k's last action finished.
-    The :attr:`timeline` (all iterations) is built on first access.
+    ``source``: the schedule as given (or as lowered by the per-action path); :attr:`schedule`, the
+    lowered one, and the :attr:`timeline` (all iterations) are built on first access.
     """
 
     source: Schedule
