@@ -276,9 +276,13 @@ def simulate(
     ``shared``: ranks that share compute units (:mod:`pipewright.sim.sharing`, processor sharing);
     then a compute action lasts longer than its cost while its host is oversubscribed, and
     ``busy[r]`` is the time rank r spent computing in the last iteration (not the sum of costs).
-    With ``validate=True`` the lowered schedule is validated first, sharing one dependency resolution
-    with the simulation (the fast path for callers that would validate anyway); otherwise it is not
-    validated here, and a schedule that cannot finish is reported with the validator's message.
+    With ``validate=True`` the lowered schedule is validated first; otherwise it is not validated
+    here, and a schedule that cannot finish is reported with the validator's message.
+
+    Two paths give the same results: the array path (:mod:`pipewright.sim.flat`: lowering, resolution,
+    the validator's checks and the compile over integer arrays, no per-action objects) is tried first;
+    when it declines, the per-action path lowers, resolves (:func:`pipewright.deps.resolve`, shared by
+    the validator and the compile) and names whatever is wrong.
     """
     if iterations < 1:
         raise SimulationError(f"--iterations must be at least 1 (got {iterations})")
