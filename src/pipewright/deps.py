@@ -26,6 +26,11 @@ action                      requires
 A receive of any point-to-point kind requires the matching send (:func:`matching_send`); a send's peer
 and its matching receive come from the kind's :class:`~pipewright.kinds.P2P` metadata. A feature whose
 compute kind takes data from another stage writes its rule with :func:`from_stage`, as F does.
+
+The core rules are data — a :class:`pattern` of :class:`Term` s (F is ``Term(F, -1, RECV_F)``: F of the
+previous stage, or the receive when that stage is on another rank) — so they are evaluated per action
+here and per kind, over integer arrays, by the simulator (:mod:`pipewright.sim.flat`). A feature's rule
+may be either; plain functions are called per action everywhere.
 """
 
 from __future__ import annotations
@@ -77,21 +82,55 @@ def from_stage(
     return ((producer, source, k, p),)
 
 
-def _forward_requires(action: Action, schedule: Schedule) -> tuple[Event, ...]:
-    return from_stage(schedule, action, F, action.stage - 1, RECV_F)
+@dataclass(frozen=True)
+class Term:
+    """One event of a :class:`pattern` rule, relative to the action ``(s, kind, k, p)``:
+
+    - ``offset == 0``: ``(kind, s, k, p)`` (payload ``None`` when ``payload`` is False);
+    - ``offset != 0`` with ``receive``: :func:`from_stage` — ``kind``'s event on stage ``s + offset``,
+      or the ``receive`` kind's event on stage s when that stage sits on another rank of a lowered
+      schedule, and no event when ``s + offset`` is outside the pipeline;
+    - ``offset != 0`` without ``receive``: ``(kind, s + offset, k, p)`` (a receive's matching send).
+    """
+
+    kind: str
+    offset: int = 0
+    receive: str | None = None
+    payload: bool = True
+
+    def event(self, action: Action, schedule: Schedule) -> tuple[Event, ...]:
+        stage, k = action[0], action[2]
+        p = action[3] if self.payload else None
+        if self.offset == 0:
+            return ((self.kind, stage, k, p),)
+        if self.receive is None:
+            return ((self.kind, stage + self.offset, k, p),)
+        return from_stage(schedule, action, self.kind, stage + self.offset, self.receive)
 
 
-def _backward_requires(action: Action, schedule: Schedule) -> tuple[Event, ...]:
-    s, k = action.stage, action.microbatch
-    return ((F, s, k, None), *from_stage(schedule, action, I, s + 1, RECV_B))
+@dataclass(frozen=True)
+class pattern:
+    """A rule (``requires`` or ``produces``) written as a tuple of :class:`Term` s: the events of its
+    terms, in order. Because the rule is data, the simulator's array path (:mod:`pipewright.sim.flat`)
+    evaluates it for all actions of a kind at once instead of calling it per action. Picklable."""
+
+    terms: tuple[Term, ...]
+
+    def __call__(self, action: Action, schedule: Schedule) -> tuple[Event, ...]:
+        out: tuple[Event, ...] = ()
+        for term in self.terms:
+            out += term.event(action, schedule)
+        return out
+
+    def template(self, spec: KindSpec) -> tuple[Term, ...]:
+        """The terms of this rule for kind ``spec`` (the array path's view)."""
+        return self.terms
 
 
-def _full_backward_produces(action: Action, schedule: Schedule) -> tuple[Event, ...]:
-    return ((I, action.stage, action.microbatch, None), (W, action.stage, action.microbatch, None))
-
-
-def _weight_requires(action: Action, schedule: Schedule) -> tuple[Event, ...]:
-    return ((I, action.stage, action.microbatch, None),)
+_forward_requires = pattern((Term(F, -1, RECV_F),))
+_backward_requires = pattern((Term(F, payload=False), Term(I, +1, RECV_B)))
+_full_backward_produces = pattern((Term(I, payload=False), Term(W, payload=False)))
+_weight_requires = pattern((Term(I, payload=False),))
 
 
 @dataclass(frozen=True)
@@ -104,11 +143,24 @@ class after:
     def __call__(self, action: Action, schedule: Schedule) -> tuple[Event, ...]:
         return ((self.kind, action.stage, action.microbatch, action.payload),)
 
+    def template(self, spec: KindSpec) -> tuple[Term, ...]:
+        return (Term(self.kind),)
 
-def matching_send(action: Action, schedule: Schedule) -> tuple[Event, ...]:
-    """A receive's rule: the matching send on the peer stage."""
-    spec = schedule.kinds[action.kind].p2p
-    return ((spec.pair, action.stage + spec.offset, action.microbatch, action.payload),)
+
+@dataclass(frozen=True)
+class _MatchingSend:
+    """A receive's rule: the matching send on the peer stage, from the kind's P2P metadata."""
+
+    def __call__(self, action: Action, schedule: Schedule) -> tuple[Event, ...]:
+        spec = schedule.kinds[action.kind].p2p
+        return ((spec.pair, action.stage + spec.offset, action.microbatch, action.payload),)
+
+    def template(self, spec: KindSpec) -> tuple[Term, ...]:
+        return (Term(spec.p2p.pair, spec.p2p.offset),)
+
+
+#: A receive's rule: the matching send on the peer stage.
+matching_send = _MatchingSend()
 
 
 def _all_weight_grads(stage: int, schedule: Schedule) -> tuple[Event, ...]:
@@ -135,6 +187,10 @@ class every_microbatch:
 
     kind: str
     via: str
+
+    def covers(self) -> str:
+        """The kind whose event every (stage, microbatch) must have (the array path's view)."""
+        return self.kind
 
     def __call__(self, schedule: Schedule) -> Iterable[tuple[Event, str]]:
         for s in range(schedule.num_stages):

@@ -41,58 +41,29 @@ from functools import cached_property
 from pipewright.cost.base import CommModel, CostModel, FreeComm
 from pipewright.deps import Resolution, resolve
 from pipewright.errors import PipewrightError
-from pipewright.ir import Action, KindSpec, Schedule
+from pipewright.ir import Action, Schedule
 from pipewright.passes.lower import lower
 from pipewright.passes.validate import validate, validate_resolved
+from pipewright.sim.flat import compile_flat
 from pipewright.sim.memory import peak_from_deltas
+from pipewright.sim.program import (
+    _COLLECTIVE,
+    _COMPUTE,
+    _RENDEZVOUS,
+    _SEND,
+    _WAIT,
+    _mode,
+    _Program,
+    gc_paused,
+)
 from pipewright.sim.sharing import SharedCompute, run_iteration_shared
 from pipewright.timeline import Span, Timeline
 
-# Action modes in the compiled program.
-_COMPUTE, _SEND, _COLLECTIVE, _WAIT, _RENDEZVOUS = 0, 1, 2, 3, 4
 _NOT_DONE = -1.0
 
 
 class SimulationError(PipewrightError):
     """The schedule cannot be simulated (it deadlocks or an option is invalid)."""
-
-
-@dataclass(frozen=True)
-class _Program:
-    """A lowered schedule compiled to flat arrays over global action indices g = offset[rank] + position.
-
-    An event is identified with the action that produces it, so ``reqs[g]`` lists the global indices
-    of the actions whose completion action g waits for (``missing``: an index no action has, for
-    requirements nothing produces), and the end time of action g is the time of all its events.
-    """
-
-    offsets: list[int]
-    reqs: list[tuple[int, ...]]
-    modes: list[int]
-    durs: list[float]
-    links: list[int]  # link index of a send, -1 otherwise
-    num_links: int
-    busy: list[float]  # compute time of one iteration per rank
-    flops: float
-    model_flops: float
-    peak_memory: list[float]
-    # rendezvous collectives: g -> the global indices of all members' actions (g included), and the
-    # previous rendezvous of the same rank and group (-1: none in this iteration; key: (rank, group))
-    meets: dict[int, tuple[int, ...]] = field(default_factory=dict)
-    meet_prev: dict[int, int] = field(default_factory=dict)
-    meet_stream: dict[int, tuple[int, str]] = field(default_factory=dict)
-
-    @property
-    def missing(self) -> int:
-        return len(self.modes)
-
-
-def _mode(spec: KindSpec) -> int:
-    if spec.compute:
-        return _COMPUTE
-    if spec.collective is not None:
-        return _RENDEZVOUS if spec.collective.spans_pipeline else _COLLECTIVE
-    return _SEND if spec.comm == "send" else _WAIT
 
 
 def _compile(schedule: Schedule, cost: CostModel, comm: CommModel, res: Resolution | None = None) -> _Program:
@@ -215,10 +186,11 @@ class SimResult:
     ``bubble[r] = iteration_time − busy[r]``. ``peak_memory[r]``: static bytes + the highest running
     sum of activation bytes over the rank's compute actions. ``flops`` / ``model_flops``: per iteration
     (with / without recomputation). ``iteration_ends[k]``: when iteration k's last action finished.
-    The :attr:`timeline` (all iterations) is built on first access.
+    ``source``: the schedule as given (or as lowered by the per-action path); :attr:`schedule`, the
+    lowered one, and the :attr:`timeline` (all iterations) are built on first access.
     """
 
-    schedule: Schedule
+    source: Schedule
     iterations: int
     step_barrier: bool
     iteration_time: float
@@ -232,9 +204,15 @@ class SimResult:
     _ends: list[list[float]] = field(repr=False, compare=False)
     _program: _Program = field(repr=False, compare=False)
 
+    @cached_property
+    def schedule(self) -> Schedule:
+        """The lowered schedule that was simulated (built on first access when the array path,
+        :mod:`pipewright.sim.flat`, simulated it without one)."""
+        return lower(self.source)
+
     @property
     def num_ranks(self) -> int:
-        return self.schedule.num_ranks
+        return self.source.num_ranks
 
     @property
     def makespan(self) -> float:
@@ -244,7 +222,7 @@ class SimResult:
     @property
     def num_actions(self) -> int:
         """Actions simulated: lowered actions per iteration × iterations."""
-        return len(self.schedule) * self.iterations
+        return self._program.missing * self.iterations
 
     @property
     def bubble_fraction(self) -> float:
@@ -298,15 +276,37 @@ def simulate(
     ``shared``: ranks that share compute units (:mod:`pipewright.sim.sharing`, processor sharing);
     then a compute action lasts longer than its cost while its host is oversubscribed, and
     ``busy[r]`` is the time rank r spent computing in the last iteration (not the sum of costs).
-    With ``validate=True`` the lowered schedule is validated first, sharing one dependency resolution
-    with the simulation (the fast path for callers that would validate anyway); otherwise it is not
-    validated here, and a schedule that cannot finish is reported with the validator's message.
+    With ``validate=True`` the lowered schedule is validated first; otherwise it is not validated
+    here, and a schedule that cannot finish is reported with the validator's message.
+
+    Two paths give the same results: the array path (:mod:`pipewright.sim.flat`: lowering, resolution,
+    the validator's checks and the compile over integer arrays, no per-action objects) is tried first;
+    when it declines, the per-action path lowers, resolves (:func:`pipewright.deps.resolve`, shared by
+    the validator and the compile) and names whatever is wrong.
     """
     if iterations < 1:
         raise SimulationError(f"--iterations must be at least 1 (got {iterations})")
-    sched = lower(schedule)
-    res = validate_resolved(sched) if validate else None
-    prog = _compile(sched, cost, comm or FreeComm(), res)
+    with gc_paused():
+        return _simulate(schedule, cost, comm, iterations, step_barrier, shared, validate)
+
+
+def _simulate(
+    schedule: Schedule,
+    cost: CostModel,
+    comm: CommModel | None,
+    iterations: int,
+    step_barrier: bool,
+    shared: SharedCompute | None,
+    validate: bool,
+) -> SimResult:
+    comm = comm or FreeComm()
+    flat = compile_flat(schedule, cost, comm, check=validate)
+    if flat is not None:  # the array path: no per-action objects, the lowered schedule on demand
+        prog, sched = flat[0], flat[1] or schedule
+    else:  # the per-action path; its validator names what is wrong
+        sched = lower(schedule)
+        res = validate_resolved(sched) if validate else None
+        prog = _compile(sched, cost, comm, res)
     num_ranks = sched.num_ranks
     clock = [0.0] * num_ranks
     coll_free = [0.0] * num_ranks
@@ -325,7 +325,7 @@ def simulate(
                     "cores yet; drop --cores"
                 )
             starts, ends, positions = run_iteration_shared(prog, clock, coll_free, link_free, shared)
-            if any(p < len(row) for p, row in zip(positions, sched.actions, strict=True)):
+            if any(p < prog.offsets[r + 1] - prog.offsets[r] for r, p in enumerate(positions)):
                 _report_deadlock(sched, list(positions))
         all_starts.append(starts)
         all_ends.append(ends)
@@ -339,7 +339,7 @@ def simulate(
         period = iteration_ends[0]
     busy = prog.busy if shared is None else _computing_time(prog, all_starts[-1], all_ends[-1])
     return SimResult(
-        schedule=sched,
+        source=sched,
         iterations=iterations,
         step_barrier=step_barrier,
         iteration_time=period,
@@ -372,6 +372,7 @@ def _run_iteration(
     ends = [_NOT_DONE] * (n_total + 1)  # ends[g] is also the time of g's events; the last never comes
     reqs, modes, durs, links, offsets = prog.reqs, prog.modes, prog.durs, prog.links, prog.offsets
     waiting: dict[int, list[int]] = {}
+    awaited = bytearray(n_total + 1)  # awaited[g]: some rank waits in ``waiting`` for g's end
     ptr = offsets[:-1]
     ready = list(range(len(clock) - 1, -1, -1))
     issued: dict[int, float] = {}  # rendezvous member g -> when its rank issued it
@@ -413,6 +414,7 @@ def _run_iteration(
                 te = ends[e]
                 if te < 0.0:
                     waiting.setdefault(e, []).append(r)
+                    awaited[e] = 1
                     break
                 if te > t:
                     t = te
@@ -438,10 +440,8 @@ def _run_iteration(
                     end = t_rank = t
                 starts[g] = t
                 ends[g] = end
-                if waiting:
-                    woken = waiting.pop(g, None)
-                    if woken:
-                        ready.extend(woken)
+                if awaited[g]:
+                    ready.extend(waiting.pop(g))
                 g += 1
                 continue
             break
@@ -463,6 +463,7 @@ def _computing_time(prog: _Program, starts: list[float], ends: list[float]) -> l
 
 
 def _report_deadlock(sched: Schedule, positions: list[int]) -> None:
+    sched = lower(sched)
     validate(sched)  # raises a ValidationError naming rank, position and action
     heads = ", ".join(
         f"rank {r} at {sched.actions[r][p]}" for r, p in enumerate(positions) if p < len(sched.actions[r])

@@ -51,7 +51,7 @@ def metrics(
     if over and enforce:
         worst = max(over, key=lambda r: r["peak_memory_bytes"])
         raise MemoryLimitError(
-            f"{result.schedule.name}: rank {worst['rank']} needs "
+            f"{result.source.name}: rank {worst['rank']} needs "
             f"{worst['peak_memory_bytes'] / 2**30:.1f} GiB "
             f"but a device has {memory_limit / 2**30:.1f} GiB ({len(over)} of {result.num_ranks} ranks do "
             "not fit); use more pipeline or tensor parallelism, recomputation or a smaller microbatch"
@@ -59,7 +59,7 @@ def metrics(
     tflops = result.flops / time / devices / 1e12 if time > 0 else 0.0
     mfu = result.model_flops / time / devices / peak_flops if time > 0 and peak_flops else None
     return {
-        "schedule": result.schedule.name,
+        "schedule": result.source.name,
         "iterations": result.iterations,
         "step_barrier": result.step_barrier,
         "iteration_time_s": time,

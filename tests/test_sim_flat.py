@@ -1,0 +1,185 @@
+"""The simulator's array path (``sim/flat.py``) against its per-action path (``deps.resolve``, the
+validator, ``engine._compile``): on valid schedules the same lowered schedule, program, times and
+metrics; on broken ones the same verdict — the same result, or the same error and message."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from unittest.mock import patch
+
+import pytest
+from hypothesis import HealthCheck, given, reject, settings
+from hypothesis import strategies as st
+
+from pipewright.cost.base import FreeComm
+from pipewright.cost.unit import UnitCost
+from pipewright.errors import PipewrightError
+from pipewright.features import library_schedules
+from pipewright.features.vocab.insert import PlacementCosts, insert_vocab
+from pipewright.ir import Action, Schedule
+from pipewright.passes.grad_reduce import with_grad_reduction
+from pipewright.passes.lower import lower
+from pipewright.schedules import build_schedule, schedule_names
+from pipewright.sim import engine, flat
+from pipewright.sim.engine import SimResult, simulate
+
+LIBRARY = library_schedules()
+NAMES = schedule_names(LIBRARY)
+
+
+@dataclass(frozen=True)
+class PairComm:
+    """Transfers whose time depends on the rank pair (so links, destinations and FIFO order matter)."""
+
+    def p2p_time(self, src: int, dst: int, nbytes: float) -> float:
+        return nbytes * (1 + (7 * src + 3 * dst) % 5) / 8
+
+    def collective_time(self, kind, rank, nbytes, group="dp", members=()) -> float:
+        return 0.5 + rank / 4
+
+
+@dataclass(frozen=True)
+class MessageCost(UnitCost):
+    """Unit compute with messages of 2 bytes and a static memory that grows with the rank."""
+
+    def message_bytes(self, action: Action, schedule: Schedule) -> float:
+        return 2.0
+
+    def static_bytes(self, rank: int, schedule: Schedule) -> float:
+        return float(rank)
+
+
+COSTS = {
+    "unit": (UnitCost(per_chunk=True, times={"F": 1, "B": 2, "I": 1, "W": 1}), FreeComm()),
+    "links": (MessageCost(times={"F": 1.0, "B": 2.5, "I": 1.25, "W": 0.75}), PairComm()),
+}
+
+
+def _run(schedule: Schedule, cost, comm, *, validate: bool, iterations: int = 1):
+    try:
+        return simulate(schedule, cost, comm=comm, validate=validate, iterations=iterations)
+    except (PipewrightError, LookupError, TypeError) as exc:  # unvalidated nonsense may fail on either path
+        return type(exc).__name__, str(exc)
+
+
+def _both(schedule: Schedule, cost, comm, *, validate: bool, iterations: int = 1):
+    fast = _run(schedule, cost, comm, validate=validate, iterations=iterations)
+    with patch.object(engine, "compile_flat", return_value=None):  # the per-action path only
+        slow = _run(schedule, cost, comm, validate=validate, iterations=iterations)
+    return fast, slow
+
+
+def _assert_same(fast, slow) -> None:
+    if not isinstance(slow, SimResult):
+        assert fast == slow
+        return
+    assert isinstance(fast, SimResult), fast
+    for name in ("iteration_ends", "iteration_time", "busy", "bubble", "peak_memory", "flops", "model_flops"):
+        assert getattr(fast, name) == getattr(slow, name), name
+    assert fast.schedule == slow.schedule  # the lazily lowered schedule is the one simulated
+    assert fast._starts == slow._starts and fast._ends == slow._ends
+    a, b = fast._program, slow._program
+    assert (a.offsets, a.modes, a.durs, a.links, a.num_links) == (
+        b.offsets,
+        b.modes,
+        b.durs,
+        b.links,
+        b.num_links,
+    )
+    assert a.reqs == b.reqs
+
+
+@pytest.mark.parametrize(
+    ("name", "p", "m", "v"),
+    [("1f1b", 4, 8, None), ("interleaved-1f1b", 4, 8, 2), ("zb-h1", 4, 8, None), ("zbv", 4, 8, None)],
+)
+@pytest.mark.parametrize("costs", sorted(COSTS))
+def test_library_schedules_take_the_array_path_and_agree(name, p, m, v, costs):
+    sched = build_schedule(name, p, m, v, registry=LIBRARY)
+    cost, comm = COSTS[costs]
+    assert flat.compile_flat(sched, cost, comm) is not None  # not declined: the test is not vacuous
+    fast, slow = _both(sched, cost, comm, validate=True, iterations=2)
+    _assert_same(fast, slow)
+    assert fast.timeline.spans == slow.timeline.spans
+
+
+def test_per_stage_kinds_go_through_their_own_rules():
+    """REDUCE_GRAD (a dp collective whose rule is a plain function) is resolved per action."""
+    sched = with_grad_reduction(build_schedule("1f1b", 4, 6, registry=LIBRARY), "overlap")
+    cost, comm = COSTS["links"]
+    assert flat.compile_flat(sched, cost, comm) is not None
+    _assert_same(*_both(sched, cost, comm, validate=True))
+
+
+def test_feature_kinds_agree():
+    """Vocabulary collectives span the pipeline: the array path declines and the results are the same."""
+    base = build_schedule("1f1b", 4, 8)
+    unit = UnitCost(per_chunk=True, times={"F": 1.0, "B": 2.0, "VS": 0.25, "VT": 0.25, "VEF": 0.01})
+    sched = insert_vocab(base, "alg1", PlacementCosts(lambda a: 1.0 if a.kind in "FBIW" else 0.25))
+    assert flat.compile_flat(sched, unit, FreeComm()) is None
+    _assert_same(*_both(sched, unit, FreeComm(), validate=True))
+
+
+MUTATIONS = ("none", "swap", "drop", "duplicate", "microbatch", "rank", "kind", "stage", "reduce")
+
+
+@st.composite
+def cases(draw):
+    name = draw(st.sampled_from(NAMES))
+    p = draw(st.integers(1, 4))
+    v = draw(st.sampled_from([None, 1, 2, 3]))
+    m = draw(st.integers(1, 8))
+    try:
+        sched = build_schedule(name, p, m, v, registry=LIBRARY)
+    except PipewrightError:
+        reject()
+    if draw(st.booleans()):
+        sched = lower(sched)
+    rows = [list(r) for r in sched.actions]
+    mutation = draw(st.sampled_from(MUTATIONS))
+    r = draw(st.integers(0, len(rows) - 1))
+    i = draw(st.integers(0, max(len(rows[r]) - 1, 0)))
+    if not rows[r]:
+        mutation = "none"
+    if mutation == "swap" and i + 1 < len(rows[r]):
+        rows[r][i], rows[r][i + 1] = rows[r][i + 1], rows[r][i]
+    elif mutation == "drop":
+        del rows[r][i]
+    elif mutation == "duplicate":
+        rows[r].insert(draw(st.integers(0, len(rows[r]))), rows[r][i])
+    elif mutation == "microbatch":
+        rows[r][i] = rows[r][i]._replace(microbatch=draw(st.sampled_from([None, -1, m, 0])))
+    elif mutation == "rank" and len(rows) > 1:
+        rows[(r + 1) % len(rows)].append(rows[r].pop(i))
+    elif mutation == "kind":
+        rows[r][i] = rows[r][i]._replace(kind=draw(st.sampled_from(["X", "W", "I", "B", "SEND_F", "RECV_B"])))
+    elif mutation == "stage":
+        rows[r][i] = rows[r][i]._replace(stage=draw(st.sampled_from([-1, sched.num_stages, 0, 0.0])))
+    elif mutation == "reduce":
+        sched = with_grad_reduction(sched, draw(st.sampled_from(["after", "overlap"])))
+        rows = [list(r) for r in sched.actions]
+    return sched.with_actions(rows), draw(st.sampled_from(sorted(COSTS))), draw(st.booleans())
+
+
+@settings(max_examples=250, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(cases())
+def test_array_path_agrees_with_the_per_action_path(case):
+    sched, costs, validate = case
+    cost, comm = COSTS[costs]
+    _assert_same(*_both(sched, cost, comm, validate=validate))
+
+
+def test_simulate_command_imports_neither_torch_nor_matplotlib():
+    code = (
+        "import sys; from pipewright.cli import main; "
+        "main(['simulate', '--schedule', 'interleaved-1f1b', '--stages', '4', '--virtual', '2', "
+        "'--microbatches', '8', '--cost', 'unit', '--json']); "
+        "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'matplotlib'}); "
+        "sys.exit(f'imported {heavy}' if heavy else 0)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["iteration_time_s"] > 0
