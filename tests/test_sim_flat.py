@@ -5,9 +5,11 @@ metrics; on broken ones the same verdict — the same result, or the same error 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from unittest.mock import patch
 
 import pytest
@@ -180,6 +182,7 @@ def test_simulate_command_imports_neither_torch_nor_matplotlib():
         "heavy = sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'matplotlib'}); "
         "sys.exit(f'imported {heavy}' if heavy else 0)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["iteration_time_s"] > 0
