@@ -16,6 +16,25 @@ from pipewright.features.kfac.fill import slot_schedule
 from pipewright.features.kfac.kinds import KFAC_REDUCE, KFAC_SPECS
 from pipewright.ir import Action, Schedule
 
+#: ``--kfac-base``: the first-order updates the preconditioned gradient can feed (:func:`.optimizer.build_base`).
+BASE_UPDATES = ("sgd", "adamw", "lamb")
+
+
+def check_config(config) -> None:
+    """One-line errors for the K-FAC options of a ``TrainConfig`` (checked before any worker starts)."""
+    from pipewright.errors import ConfigError
+
+    base = getattr(config, "kfac_base", "adamw")
+    if base not in BASE_UPDATES:
+        raise ConfigError(f"--kfac-base must be one of {', '.join(BASE_UPDATES)} (got {base!r})")
+    if config.optimizer != "kfac":
+        if getattr(config, "kfac_opportunistic", False):
+            raise ConfigError("--kfac-opportunistic needs --optimizer kfac")
+        if base != "adamw":
+            raise ConfigError(f"--kfac-base {base} needs --optimizer kfac")
+    elif getattr(config, "shard_optimizer", False):
+        raise ConfigError("--optimizer kfac does not combine with --shard-optimizer; drop one of them")
+
 
 def task_times_for(base, schedule: Schedule) -> TaskTimes:
     """K-FAC task times for ``base``'s model: a PipeFisher profile's block times (split over the
