@@ -16,7 +16,7 @@ from pipewright.features.kfac.fill import slot_schedule
 from pipewright.features.kfac.kinds import KFAC_REDUCE, KFAC_SPECS
 from pipewright.ir import Action, Schedule
 
-#: ``--kfac-base``: the first-order updates the preconditioned gradient can feed (:func:`.optimizer.build_base`).
+#: ``--kfac-base``: the first-order updates the preconditioned gradient can feed (.optimizer.build_base).
 BASE_UPDATES = ("sgd", "adamw", "lamb")
 
 

@@ -64,6 +64,7 @@ class BubbleWorker:
     unit_s: float | None = None  # measured duration of one F (a unit of the predicted bubbles)
     fill_scale: float = 1.0  # fraction of each predicted bubble the tasks may use (inf: all pending tasks)
     min_interval: int = 1  # iterations between the starts of two refreshes (K-FAC's inverse interval)
+    has_bubbles: bool = True  # False: no bubble on this rank (e.g. pp = 1): the tasks run at the step
     staged: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict)  # dp > 1: inverses to install
     iterations: int = 0  # iterations begun (the counter of the refresh interval)
     _started: int = 0  # iteration (count) the current refresh started recording
@@ -226,6 +227,8 @@ class PipelinedKFAC(KFACOptimizer):
         :meth:`BubbleWorker.begin_iteration`)."""
         self.worker.stepped()
         self.worker.step_sync()
+        if not self.worker.has_bubbles:  # nowhere else to run them (PipeFisher: after the pipeline)
+            self.worker.drain()
         self.worker.install_agreed()
         for i, st in enumerate(self.kfac.layers):
             if st.preconditioned is None or self.worker.dp > 1:
@@ -336,10 +339,16 @@ def attach_kfac(
             layers.append((f"{s}.{name}", m))
             stage_of.append(s)
     kfac = KFAC(layers, config, grad_scale=grad_scale, dp_group=dp_group, loss_scale=loss_scale)
-    worker = BubbleWorker(
-        kfac, stage_of, schedule.num_microbatches, dp=dp, min_interval=kfac.config.inv_interval
-    )
     sched, budgets = slot_schedule(schedule)
+    mine = set(stages)
+    worker = BubbleWorker(
+        kfac,
+        stage_of,
+        schedule.num_microbatches,
+        dp=dp,
+        min_interval=kfac.config.inv_interval,
+        has_bubbles=any(s in mine for s, _ in budgets),
+    )
     handlers = kfac_handlers(worker, budgets, opportunistic=opportunistic)
     if names is None:
         rank = dist.get_rank() if dist.is_initialized() else 0

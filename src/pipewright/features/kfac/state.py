@@ -129,11 +129,12 @@ def wanted_keys(names: StateNames, stored: Mapping[str, object]) -> list[str]:
     other_tp = {_tp_base(n): n for n in saved_layers}
     for name in names.layers:
         if name not in saved_layers and _tp_base(name) in other_tp:
-            theirs = other_tp[_tp_base(name)]
-            t = theirs.partition("#tp")[2].partition("of")[2] or "1"
+            theirs, ours = (
+                n.partition("#tp")[2].partition("of")[2] or "1" for n in (other_tp[_tp_base(name)], name)
+            )
             raise ConfigError(
-                f"--resume: the checkpoint's K-FAC factors are tensor-parallel shards of --tp {t} (layer "
-                f"{theirs}), not of this run's; resume K-FAC with --tp {t}"
+                f"--resume: the checkpoint's K-FAC factors were computed at --tp {theirs} and are not "
+                f"resharded to --tp {ours}; resume K-FAC with --tp {theirs}"
             )
     mine = {f"{LAYER}{n}/" for n in names.layers}
     out = [k for k in layer_keys if k[: k.rindex("/") + 1] in mine]
