@@ -1,7 +1,7 @@
 """K-FAC with mixed precision, in checkpoints, and with each base update (``--kfac-base``).
 
 One 2-process gloo spawn (pp = 2, 1F1B, a tiny model) builds several trainers on one mesh. Every
-trainer fills its bubbles with all pending K-FAC tasks (``fill_scale = inf``), so when a refresh's
+trainer fills its bubbles with all pending K-FAC tasks (``--kfac-fill all``), so when a refresh's
 tasks run depends only on the schedule, not on measured times, and runs are reproducible:
 
 - bf16 K-FAC gives fp32 K-FAC's losses within bf16's precision, with fp32 factors and inverses and
@@ -44,7 +44,7 @@ STEPS = 6
 
 def _trainer(run, mesh, *, interval: int = 10) -> Trainer:
     tr = Trainer(run, mesh=mesh)
-    tr.optimizer.worker.fill_scale = math.inf  # every pending task in every bubble: reproducible
+    assert tr.optimizer.worker.fill_scale == math.inf  # --kfac-fill all: reproducible
     tr.optimizer.worker.min_interval = interval
     return tr
 
@@ -164,7 +164,7 @@ def results(tmp_path_factory):
     base = TrainConfig(
         layers=4, hidden=32, heads=4, vocab=256, seq_len=16, microbatch_size=2, microbatches=4,
         steps=STEPS, lr=0.01, warmup=2, data=str(path), progress=False, artifacts=False, eval_every=0,
-        recv_timeout_s=120, seed=3, pp=2, schedule="1f1b", optimizer="kfac",
+        recv_timeout_s=120, seed=3, pp=2, schedule="1f1b", optimizer="kfac", kfac_fill="all",
     )  # fmt: skip
     out = str(tmp_path_factory.mktemp("ckpt"))
     configs = {
@@ -260,6 +260,8 @@ def test_worker_state_round_trip_mid_inversion():
     [
         (["--optimizer", "kfac", "--kfac-base", "rmsprop"], "--kfac-base must be one of sgd, adamw, lamb"),
         (["--kfac-base", "sgd"], "--kfac-base sgd needs --optimizer kfac"),
+        (["--optimizer", "kfac", "--kfac-fill", "some"], "--kfac-fill must be one of measured, all"),
+        (["--kfac-fill", "all"], "--kfac-fill all needs --optimizer kfac"),
         (["--optimizer", "kfac", "--shard-optimizer"], "does not combine with --shard-optimizer"),
     ],
 )

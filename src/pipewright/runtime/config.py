@@ -59,6 +59,7 @@ class TrainConfig:
     optimizer: str = "adamw"
     kfac_opportunistic: bool = False  # --optimizer kfac: run pending K-FAC tasks while a receive waits
     kfac_base: str = "adamw"  # --optimizer kfac: the update the preconditioned gradient feeds
+    kfac_fill: str = "measured"  # --optimizer kfac: what a bubble runs, "measured" (what fits) or "all"
     weight_policy: str = "stash"  # asynchronous schedules only: pipewright.features.async_weights
     async_window: int = 10  # asynchronous schedules: steps per flush-free executor window
     seed: int = 0

@@ -361,8 +361,9 @@ def attach_kfac(
 
 def attach_to_trainer(trainer) -> tuple[PipelinedKFAC, dict[str, Callable], Schedule]:
     """``--optimizer kfac`` (the feature's ``optimizers`` hook): K-FAC over ``trainer``'s stages with
-    ``--kfac-base`` (sgd, adamw or lamb) as the base update; ``--kfac-opportunistic`` also runs pending
-    tasks while a receive waits.
+    ``--kfac-base`` (sgd, adamw or lamb) as the base update; ``--kfac-fill all``: every bubble runs all
+    pending tasks (reproducible); ``--kfac-opportunistic`` also runs pending tasks while a receive
+    waits.
 
     Mixed precision (``--precision bf16/fp16``): the base update steps the fp32 masters, and the
     masters' optimizer becomes this one (:class:`~pipewright.runtime.zero.MasterOptimizer` calls its
@@ -404,6 +405,8 @@ def attach_to_trainer(trainer) -> tuple[PipelinedKFAC, dict[str, Callable], Sche
         loss_scale=(lambda: scaler.scale) if scaler is not None else None,
         names=names,
     )
+    if getattr(c, "kfac_fill", "measured") == "all":
+        opt.worker.fill_scale = math.inf
     if master is not None:
         opt.kfac.set_masters({id(master.params[n]): m for n, m in master.masters.items()})
         master.optimizer = opt  # MasterOptimizer.step: masters' gradients set, then this step
