@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipewright.data.tokens import write_tokens
+from _kfac_config import tiny_config
 from pipewright.features.kfac.kfac import KFAC, KFACConfig
 from pipewright.features.kfac.kinds import KFAC_FILL, KFAC_PRECOND
 from pipewright.features.kfac.runtime import BubbleWorker, slot_schedule
@@ -54,14 +54,7 @@ def _worker(rank: int, runs, opportunistic: list[bool]) -> list:
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    path = tmp_path_factory.mktemp("data") / "tokens.bin"
-    text = np.frombuffer(b"the quick brown fox jumps over the lazy dog. " * 400, dtype=np.uint8)
-    write_tokens(path, text.astype(np.int64), vocab_size=256)
-    base = TrainConfig(
-        layers=4, hidden=32, heads=4, vocab=256, seq_len=16, microbatch_size=2, microbatches=4,
-        steps=STEPS, lr=0.01, warmup=2, data=str(path), progress=False, artifacts=False, eval_every=0,
-        recv_timeout_s=120, seed=3, pp=2, schedule="1f1b",
-    )  # fmt: skip
+    base = tiny_config(tmp_path_factory, STEPS)
     configs = [
         base,
         replace(base, optimizer="kfac"),

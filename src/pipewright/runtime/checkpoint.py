@@ -18,6 +18,10 @@ to the previous complete checkpoint; ``keep`` > 0 deletes all but the newest ``k
 checkpoints after each save. ``before_commit`` (fault injection, tests) runs on every rank after the
 shards are written and before the rename.
 
+Extra state: an optimizer that implements :class:`ExtraState` (a feature's optimizer, e.g. K-FAC's
+factors and inverses, its interval counters and its refresh in progress) adds tensors under
+``extra/<its keys>`` with the rest, and chooses what to read back on load.
+
 Keys are global parameter names (``model/layers.3.attn.qkv.weight``, ``optim/<name>/exp_avg``), so a
 checkpoint does not depend on the pipeline layout: a run may resume with another layout or schedule.
 Data-parallel replicas hold identical tensors under identical keys, which DCP stores once. The data
@@ -34,6 +38,7 @@ import shutil
 import zlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 import torch
 import torch.distributed as dist
@@ -51,8 +56,37 @@ META = "meta.json"
 _STEP_DIR = re.compile(r"step_(\d+)")
 
 
+EXTRA = "extra/"
+
+
 class CheckpointError(ConfigError):
     """A checkpoint is missing, truncated or corrupted; the message names the file."""
+
+
+#: (shape, dtype) of a stored tensor, from the checkpoint's metadata.
+StoredSpec = tuple[tuple[int, ...], torch.dtype]
+
+
+@runtime_checkable
+class ExtraState(Protocol):
+    """The hook through which an optimizer contributes state beyond its per-parameter slots (a
+    feature's optimizer: K-FAC's factors, inverses and counters). Keys are the hook's own, stored as
+    ``extra/<key>``: per rank unless the tensors are identical on every rank saving them (DCP keeps
+    one copy of a key)."""
+
+    def extra_state(self) -> dict[str, torch.Tensor]:
+        """This rank's tensors to save (called at every save, on every rank)."""
+        ...
+
+    def extra_wanted(self, stored: Mapping[str, StoredSpec]) -> list[str]:
+        """Which of the checkpoint's extra keys this rank reads (``stored``: every extra key with its
+        shape and dtype). May raise a one-line ConfigError (e.g. a layout it cannot resume onto); the
+        verdict must be the same on every rank, as the read that follows is collective."""
+        ...
+
+    def load_extra_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Restore from the keys :meth:`extra_wanted` chose (empty when it chose none)."""
+        ...
 
 
 def _state_dict(
@@ -67,6 +101,15 @@ def _state_dict(
                 state[f"optim/{names[id(p)]}/{key}"] = tensor
     state[f"rng/rank{rank}"] = torch.get_rng_state()
     return state
+
+
+def _stored_extra(stored: Mapping[str, object]) -> dict[str, StoredSpec]:
+    """{key without ``extra/``: (shape, dtype)} of the checkpoint's extra tensors."""
+    out = {}
+    for key, md in stored.items():
+        if key.startswith(EXTRA) and hasattr(md, "size") and hasattr(md, "properties"):
+            out[key[len(EXTRA) :]] = (tuple(md.size), md.properties.dtype)
+    return out
 
 
 def _barrier() -> None:
@@ -94,7 +137,10 @@ def save_checkpoint(
         ckpt_dir.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)  # left by a crash during an earlier save
     _barrier()
-    dcp.save(_state_dict(params, optimizer, rank), checkpoint_id=str(tmp))
+    state = _state_dict(params, optimizer, rank)
+    if isinstance(optimizer, ExtraState):
+        state.update({EXTRA + k: v for k, v in optimizer.extra_state().items()})
+    dcp.save(state, checkpoint_id=str(tmp))
     _barrier()
     if before_commit is not None:
         before_commit(tmp)
@@ -285,8 +331,19 @@ def load_checkpoint(
     )
     if unknown:
         raise ConfigError(f"checkpoint {path} lacks {unknown[0]} (+{len(unknown) - 1} more); use a new --out")
+    extra: dict[str, torch.Tensor] = {}
+    if isinstance(optimizer, ExtraState):  # chosen on every rank before the collective read
+        specs = _stored_extra(stored)
+        extra = {k: torch.empty(specs[k][0], dtype=specs[k][1]) for k in optimizer.extra_wanted(specs)}
     try:
-        dcp.load({**{k: v for k, v in state.items() if k in stored}, **temps}, checkpoint_id=str(path))
+        dcp.load(
+            {
+                **{k: v for k, v in state.items() if k in stored},
+                **temps,
+                **{EXTRA + k: v for k, v in extra.items()},
+            },
+            checkpoint_id=str(path),
+        )
         fill(state)
     except (Exception, CheckpointException) as exc:  # a bad shard despite the manifest, or no manifest
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[-1][:200]
@@ -305,4 +362,6 @@ def load_checkpoint(
                     slot[key] = loaded.item()
     if f"rng/rank{rank}" in state:
         torch.set_rng_state(state[f"rng/rank{rank}"])
+    if isinstance(optimizer, ExtraState):
+        optimizer.load_extra_state(extra)
     return meta

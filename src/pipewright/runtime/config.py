@@ -58,6 +58,8 @@ class TrainConfig:
     grad_clip: float = 1.0
     optimizer: str = "adamw"
     kfac_opportunistic: bool = False  # --optimizer kfac: run pending K-FAC tasks while a receive waits
+    kfac_base: str = "adamw"  # --optimizer kfac: the update the preconditioned gradient feeds
+    kfac_fill: str = "measured"  # --optimizer kfac: what a bubble runs, "measured" (what fits) or "all"
     weight_policy: str = "stash"  # asynchronous schedules only: pipewright.features.async_weights
     async_window: int = 10  # asynchronous schedules: steps per flush-free executor window
     seed: int = 0
@@ -172,8 +174,9 @@ class TrainConfig:
 
     def check(self) -> None:
         """Everything that can be checked without the data or the workers (one-line ConfigErrors)."""
-        if self.kfac_opportunistic and self.optimizer != "kfac":
-            raise ConfigError("--kfac-opportunistic needs --optimizer kfac")
+        from pipewright.features.kfac.feature import check_config as check_kfac
+
+        check_kfac(self)  # --kfac-base, --kfac-opportunistic
         for name in ("tp", "pp", "dp", "microbatches", "microbatch_size", "steps"):
             if int(getattr(self, name)) < 1:
                 flag = name.replace("_", "-")

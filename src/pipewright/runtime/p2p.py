@@ -151,6 +151,28 @@ class PipeComm:
                 return self._gather(buf, shape)
         return buf
 
+    def has_pending_receive(self, action: Action) -> bool:
+        """Whether ``action``'s receive is posted and not yet consumed."""
+        return action in self._recvs
+
+    def pending_receive(self, action: Action) -> tuple[dist.Work, torch.Tensor]:
+        """(work, buffer) of ``action``'s receive, posted first (with the receives before it in channel
+        order) if it is not yet; it stays pending until :meth:`wait_recv` or :meth:`take_received`.
+        For a caller that waits on the work itself (e.g. in a helper thread while it computes)."""
+        if action not in self._recvs:
+            self.post([action])
+        return self._recvs[action]
+
+    def take_received(self, action: Action) -> torch.Tensor:
+        """Consume ``action``'s receive whose work the caller has already waited on (see
+        :meth:`pending_receive`); returns its tensor (gathered over tp under scatter/gather)."""
+        _, buf = self._recvs.pop(action)
+        if self.scatter_gather:
+            shape = self.recv_spec(action)[0]
+            if self._piece(math.prod(shape)) is not None:
+                return self._gather(buf, shape)
+        return buf
+
     def _piece(self, numel: int) -> int | None:
         """Scatter/gather (Megatron-LM, Narayanan et al. SC21 §4.1): tp ranks hold the same boundary
         tensor, so each sends only its 1/tp share and the receivers all-gather it over tp."""

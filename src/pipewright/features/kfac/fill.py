@@ -496,5 +496,7 @@ def slot_schedule(schedule: Schedule, *, precondition: bool = True) -> tuple[Sch
         if precondition:
             for s in base.stages_of(rank):
                 last = max(i for i, a in enumerate(row) if a.stage == s and a.kind in (B, W))
-                inserts[rank].append((_skip_sends(row, last + 1, base), 0, Action(s, KFAC_PRECOND)))
+                inserts.setdefault(rank, []).append(
+                    (_skip_sends(row, last + 1, base), 0, Action(s, KFAC_PRECOND))
+                )
     return _with_tasks(base, inserts, frozenset(), frozenset(), base.name + "+kfac"), budgets

@@ -20,7 +20,7 @@ output gradient (B = the full B). K-FAC then ignores the off-diagonal blocks bet
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -100,6 +100,7 @@ class LayerState:
     b_inv: Tensor | None = None
     saved_inputs: dict[int, Tensor] = field(default_factory=dict)
     saved_grads: dict[int, Tensor] = field(default_factory=dict)
+    saved_scales: dict[int, float] = field(default_factory=dict)  # fp16: the loss scale S of a saved gradient
     preconditioned: Tensor | None = None
     grad_norm: float = 0.0  # ‖[∇W, ∇b]‖ when preconditioned (to follow a later clipping)
 
@@ -108,7 +109,10 @@ class KFAC:
     """K-FAC over ``layers`` [(name, module)]: hooks save inputs and output gradients per microbatch
     while :attr:`microbatch` is set; the task methods turn them into factors, inverses and
     preconditioned gradients. ``grad_scale`` is s in B = (s·g)ᵀ(s·g)/n (see :mod:`.factors`).
-    ``dp_group``: the data-parallel group the factors are averaged over (None: no reduction)."""
+    ``dp_group``: the data-parallel group the factors are averaged over (None: no reduction).
+    ``loss_scale`` (fp16): returns the loss scale S in effect; a saved output gradient is S·g and its
+    B uses s/S. Captured tensors stay in the compute dtype (half the memory) and are upcast to fp32
+    before any arithmetic (:mod:`.factors`); factors and inverses are fp32."""
 
     def __init__(
         self,
@@ -117,8 +121,11 @@ class KFAC:
         *,
         grad_scale: float = 1.0,
         dp_group: object | None = None,
+        loss_scale: Callable[[], float] | None = None,
     ) -> None:
         self.config = config or KFACConfig()
+        self.loss_scale = loss_scale
+        self.masters: dict[int, Tensor] = {}  # id(model parameter) → the fp32 master the optimizer steps
         self.grad_scale = grad_scale
         self.dp_group = dp_group
         self.layers = [
@@ -141,6 +148,8 @@ class KFAC:
 
                 def grad_hook(grad: Tensor, k: int = k) -> None:
                     state.saved_grads[k] = grad.detach()
+                    if self.loss_scale is not None:
+                        state.saved_scales[k] = float(self.loss_scale())
 
                 output.register_hook(grad_hook)
 
@@ -168,7 +177,7 @@ class KFAC:
 
     def curvature_b(self, i: int, k: int) -> None:
         st = self.layers[i]
-        b = fx.curvature_b(st.saved_grads.pop(k), self.grad_scale)
+        b = fx.curvature_b(st.saved_grads.pop(k), self.grad_scale / st.saved_scales.pop(k, 1.0))
         st.b_sum = b if st.b_sum is None else st.b_sum + b
         st.b_count += 1
 
@@ -204,43 +213,63 @@ class KFAC:
         else:
             raise ValueError(f"invert: which must be 'A' or 'B', not {which!r}")
 
-    def precondition(self, i: int) -> None:
-        """V = B⁻¹ [∇W, ∇b] A⁻¹ from the current gradient (nothing before the first inversion)."""
+    def set_masters(self, masters: Mapping[int, Tensor]) -> None:
+        """Mixed precision: ``masters`` maps id(model parameter) → the fp32 master parameter the
+        optimizer steps. Preconditioning at the step (``stepped=True``) and :meth:`apply` then read and
+        write the masters' (unscaled, clipped) fp32 gradients."""
+        self.masters = dict(masters)
+
+    def _grad(self, st: LayerState, stepped: bool) -> Tensor:
+        """[∇W, ∇b] of the model's parameters or (``stepped``) of what the optimizer steps, in fp32."""
+
+        def grad(p: Tensor | None) -> Tensor | None:
+            return None if p is None else (self.masters.get(id(p), p) if stepped else p).grad
+
+        return fx.grad_matrix(grad(st.module.weight), grad(st.module.bias) if st.bias else None)
+
+    def precondition(self, i: int, *, stepped: bool = False) -> None:
+        """V = B⁻¹ [∇W, ∇b] A⁻¹ from the current gradient (nothing before the first inversion): the
+        model's gradient (e.g. in the tail bubble), or ``stepped``: the fp32 master gradient."""
         st = self.layers[i]
         w = st.module.weight
+        w = self.masters.get(id(w), w) if stepped else w
         if st.a_inv is None or st.b_inv is None or w.grad is None:
             st.preconditioned = None
             return
-        bias_grad = st.module.bias.grad if st.bias else None
-        st.preconditioned = fx.precondition(st.a_inv, st.b_inv, w.grad, bias_grad)
-        st.grad_norm = float(fx.grad_matrix(w.grad, bias_grad).norm())
+        g = self._grad(st, stepped)
+        st.preconditioned = st.b_inv @ g @ st.a_inv
+        st.grad_norm = float(g.norm())
 
     def apply(self, lr: float) -> float:
-        """KL-clip the preconditioned gradients and write them into ``.grad``; returns ν. A gradient
-        scaled since its preconditioning (global-norm clipping) scales its V alike (V is linear in it)."""
+        """KL-clip the preconditioned gradients and write them into the stepped parameters' ``.grad``
+        (the fp32 masters under mixed precision); returns ν. A gradient scaled since its
+        preconditioning (global-norm clipping, fp16 unscaling) scales its V alike (V is linear in it)."""
         ready = [st for st in self.layers if st.preconditioned is not None]
+        pairs = []
         for st in ready:
-            now = float(
-                fx.grad_matrix(st.module.weight.grad, st.module.bias.grad if st.bias else None).norm()
-            )
+            g = self._grad(st, True)
+            now = float(g.norm())
             if st.grad_norm > 0 and abs(now - st.grad_norm) > 1e-12 * st.grad_norm:
                 st.preconditioned = st.preconditioned * (now / st.grad_norm)
-        pairs = [
-            (
-                st.preconditioned,
-                fx.grad_matrix(st.module.weight.grad, st.module.bias.grad if st.bias else None),
-            )
-            for st in ready
-        ]
+            pairs.append((st.preconditioned, g))
         nu = fx.kl_clip_scale(pairs, lr, self.config.kl_clip)
         for st in ready:
             v = st.preconditioned * nu
-            w = st.module.weight
+            w = self.masters.get(id(st.module.weight), st.module.weight)
             w.grad.copy_(v[:, : w.shape[1]].to(w.grad.dtype))
             if st.bias:
-                st.module.bias.grad.copy_(v[:, -1].to(st.module.bias.grad.dtype))
+                b = self.masters.get(id(st.module.bias), st.module.bias)
+                b.grad.copy_(v[:, -1].to(b.grad.dtype))
             st.preconditioned = None
         return nu
+
+    def discard_recording(self) -> None:
+        """Forget the refresh's captured tensors, curvature sums and preconditioned gradients (their
+        iteration's optimizer step did not run: fp16 overflow or a skipped non-finite step)."""
+        self.clear_saved()
+        for st in self.layers:
+            st.a_sum = st.b_sum = st.preconditioned = None
+            st.a_count = st.b_count = 0
 
     # ------------------------------------------------------------------ serial use
     def run_pending_curvature(self) -> None:
@@ -264,3 +293,4 @@ class KFAC:
         for st in self.layers:
             st.saved_inputs.clear()
             st.saved_grads.clear()
+            st.saved_scales.clear()

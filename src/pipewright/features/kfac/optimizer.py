@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from pipewright.errors import ConfigError
+from pipewright.features.kfac.feature import BASE_UPDATES
 from pipewright.features.kfac.kfac import KFAC
 from pipewright.optim.optimizer import _param_groups
 
@@ -45,7 +46,9 @@ class Lamb(torch.optim.Optimizer):
 
 
 def build_base(name: str, named: Iterable[tuple[str, nn.Parameter]], lr: float, weight_decay: float):
-    """The first-order update K-FAC's preconditioned gradient feeds: "sgd", "adamw" or "lamb"."""
+    """The first-order update K-FAC's preconditioned gradient feeds (``--kfac-base``): "sgd" (momentum
+    0.9), "adamw" (β = 0.9, 0.95, as ``--optimizer adamw``) or "lamb" (:class:`Lamb`); weight decay on
+    matrices only."""
     groups = _param_groups(list(named), weight_decay)
     if name == "sgd":
         return torch.optim.SGD(groups, lr=lr, momentum=0.9, foreach=False)
@@ -53,7 +56,7 @@ def build_base(name: str, named: Iterable[tuple[str, nn.Parameter]], lr: float, 
         return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), eps=1e-8, foreach=False)
     if name == "lamb":
         return Lamb(groups, lr=lr)
-    raise ConfigError(f"unknown K-FAC base update {name!r}; choose one of: sgd, adamw, lamb")
+    raise ConfigError(f"unknown K-FAC base update {name!r}; choose one of: {', '.join(BASE_UPDATES)}")
 
 
 class KFACOptimizer:

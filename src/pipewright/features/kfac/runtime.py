@@ -27,18 +27,20 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from pipewright.features.kfac.factors import PiecewiseInverse
 from pipewright.features.kfac.fill import FIT, slot_schedule
 from pipewright.features.kfac.kfac import KFAC, KFACConfig, covered_layers
 from pipewright.features.kfac.kinds import KFAC_FILL, KFAC_PRECOND
-from pipewright.features.kfac.optimizer import KFACOptimizer
+from pipewright.features.kfac.optimizer import KFACOptimizer, build_base
+from pipewright.features.kfac.state import StateNames, layout_name, load_state, save_state, wanted_keys
 from pipewright.ir import RECV_B, RECV_F, Action, F, Schedule
 
 PANEL = 256  # rows per Cholesky panel of a split inversion
@@ -60,26 +62,40 @@ class BubbleWorker:
     tasks_run: int = 0
     waits_filled: int = 0  # receives that ran tasks while waiting (opportunistic mode)
     unit_s: float | None = None  # measured duration of one F (a unit of the predicted bubbles)
-    fill_scale: float = 1.0  # fraction of each predicted bubble the tasks may use
+    fill_scale: float = 1.0  # fraction of each predicted bubble the tasks may use (inf: all pending tasks)
     min_interval: int = 1  # iterations between the starts of two refreshes (K-FAC's inverse interval)
-    _started: int = 0  # iteration the current refresh started recording
-    _iteration: int = -1
+    has_bubbles: bool = True  # False: no bubble on this rank (e.g. pp = 1): the tasks run at the step
+    staged: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict)  # dp > 1: inverses to install
+    iterations: int = 0  # iterations begun (the counter of the refresh interval)
+    _started: int = 0  # iteration (count) the current refresh started recording
+    _iteration: int = -1  # the executor's number of the current iteration
     _recorded: bool = False
     _start_next: bool = False
+    _stepped: bool = False  # the current iteration's optimizer step ran
 
     # -- iteration boundaries ------------------------------------------------------------------
     def begin_iteration(self, iteration: int) -> None:
         if iteration == self._iteration:
             return
         self._iteration = iteration
+        self.iterations += 1
+        if self._recorded and not self._stepped:
+            # the recording iteration's optimizer step did not run (fp16 overflow, a skipped non-finite
+            # step): its curvature is discarded and this iteration records again
+            self.kfac.discard_recording()
+            self._recorded = False
         if self._recorded:
             self.recording = False  # one iteration's microbatches per refresh
-        self._recorded = False
-        if self._start_next and iteration - self._started >= self.min_interval:
+        self._recorded = self._stepped = False
+        if self._start_next and self.iterations - self._started >= self.min_interval:
             # a refresh finished and the inverse interval has passed: record this iteration
             self.recording, self._start_next = True, False
         if self.recording:
-            self._started = iteration
+            self._started = self.iterations
+
+    def stepped(self) -> None:
+        """The optimizer step of the current iteration runs (its recorded curvature counts)."""
+        self._stepped = True
 
     def forward(self, k: int) -> None:
         self.kfac.microbatch = k if self.recording else None
@@ -115,16 +131,35 @@ class BubbleWorker:
         job = self.jobs[(i, which)]
         job.step()
         if job.done:
+            self.staged[(i, which)] = job.result
+            del self.jobs[(i, which)]
+            if self.dp == 1:  # with dp > 1 the replicas install at one step (install_agreed)
+                self._install()
+
+    def _install(self) -> None:
+        """Put the finished inverses in use; once the whole refresh is in, the next may start."""
+        for (i, which), inv in self.staged.items():
             st = self.kfac.layers[i]
             if which == "A":
-                st.a_inv = job.result
+                st.a_inv = inv
             else:
-                st.b_inv = job.result
-            del self.jobs[(i, which)]
-            if len(self.reduced) == len(self.kfac.layers) and not self.jobs:
-                self.refreshes += 1
-                self.reduced.clear()
-                self._start_next = True  # the next iteration starts the next refresh
+                st.b_inv = inv
+        self.staged.clear()
+        if len(self.reduced) == len(self.kfac.layers) and not self.jobs:
+            self.refreshes += 1
+            self.reduced.clear()
+            self._start_next = True  # the next iteration starts the next refresh
+
+    def install_agreed(self) -> None:
+        """dp > 1, at the optimizer step: install the refresh's inverses once every replica has all of
+        them (one MIN all-reduce of a flag, only while a refresh is being inverted), so the replicas
+        always precondition with the same inverses and stay identical."""
+        if self.dp == 1 or not self.reduced:
+            return
+        done = torch.tensor([0 if self.jobs else 1], dtype=torch.int32)
+        dist.all_reduce(done, op=dist.ReduceOp.MIN, group=self.kfac.dp_group)
+        if int(done):
+            self._install()
 
     def run_one(self, budget_s: float | None) -> bool:
         """Run the highest-priority task whose estimate fits ``budget_s`` (None: any); False if none."""
@@ -168,16 +203,36 @@ class PipelinedKFAC(KFACOptimizer):
     """The optimizer of ``--optimizer kfac``: the bubbles do the refresh; the step preconditions what the
     tail bubbles did not, KL-clips, and runs the base update."""
 
-    def __init__(self, kfac: KFAC, base: torch.optim.Optimizer, worker: BubbleWorker) -> None:
+    def __init__(
+        self, kfac: KFAC, base: torch.optim.Optimizer, worker: BubbleWorker, names: StateNames
+    ) -> None:
         super().__init__(kfac, base)
-        self.worker = worker
+        self.worker, self.names = worker, names
+
+    # the checkpoint's extra-state hook (pipewright.runtime.checkpoint.ExtraState; see .state)
+    def extra_state(self) -> dict[str, torch.Tensor]:
+        return save_state(self, self.names)
+
+    def extra_wanted(self, stored: Mapping[str, object]) -> list[str]:
+        return wanted_keys(self.names, stored)
+
+    def load_extra_state(self, state: dict[str, torch.Tensor]) -> None:
+        load_state(self, self.names, state)
 
     @torch.no_grad()
     def step(self) -> float:
+        """Under mixed precision :class:`~pipewright.runtime.zero.MasterOptimizer` calls this once the
+        fp32 master gradients are set (unscaled, clipped): preconditioning, KL-clipping and the base
+        update act on them. A step the loss scaler skips never gets here (see
+        :meth:`BubbleWorker.begin_iteration`)."""
+        self.worker.stepped()
         self.worker.step_sync()
+        if not self.worker.has_bubbles:  # nowhere else to run them (PipeFisher: after the pipeline)
+            self.worker.drain()
+        self.worker.install_agreed()
         for i, st in enumerate(self.kfac.layers):
             if st.preconditioned is None or self.worker.dp > 1:
-                self.kfac.precondition(i)
+                self.kfac.precondition(i, stepped=True)
         nu = self.kfac.apply(self.base.param_groups[0]["lr"])
         self.base.step()
         self.steps += 1
@@ -212,7 +267,9 @@ def kfac_handlers(
 
     def fill(state, a: Action) -> None:
         worker.begin_iteration(state.executor.iteration)
-        if worker.unit_s is not None:
+        if math.isinf(worker.fill_scale):  # every pending task, whatever the bubble (reproducible)
+            worker.drain()
+        elif worker.unit_s is not None:
             worker.fill(budgets[(a.stage, a.payload)] * worker.unit_s * worker.fill_scale)
 
     def precondition(state, a: Action) -> None:
@@ -226,9 +283,8 @@ def kfac_handlers(
 
         def recv(state, a: Action) -> None:
             comm = state.comm
-            if a not in comm._recvs:
-                comm.post([a])
-            work, buf = comm._recvs[a]
+            worker.begin_iteration(state.executor.iteration)
+            work, _ = comm.pending_receive(a)
             if comm.scatter_gather or not worker._next() or work.is_completed():
                 state.received[a] = comm.wait_recv(a)  # the core receive
                 return
@@ -250,10 +306,10 @@ def kfac_handlers(
             while not done.is_set() and worker.run_one(None):
                 pass
             helper.join()
-            comm._recvs.pop(a)
             if failed:
+                comm.take_received(a)
                 raise failed[0]
-            state.received[a] = buf
+            state.received[a] = comm.take_received(a)
 
         out[RECV_F] = recv
         out[RECV_B] = recv
@@ -270,41 +326,91 @@ def attach_kfac(
     config: KFACConfig | None = None,
     grad_scale: float = 1.0,
     opportunistic: bool = False,
+    loss_scale: Callable[[], float] | None = None,
+    names: StateNames | None = None,
 ) -> tuple[PipelinedKFAC, dict[str, Callable], Schedule]:
     """K-FAC over the covered linears of this rank's ``stages`` (not the output layer): the optimizer,
-    the executor handlers and the schedule with bubble and preconditioning actions."""
+    the executor handlers and the schedule with bubble and preconditioning actions. ``loss_scale``:
+    fp16's loss scale (see :class:`KFAC`); ``names``: the layer and layout names its checkpoint state
+    is saved under (default: the layers' names on this rank, the schedule, this process's rank)."""
     layers, stage_of = [], []
     for s, mod in sorted(stages.items()):
         for name, m in covered_layers(mod):
             layers.append((f"{s}.{name}", m))
             stage_of.append(s)
-    kfac = KFAC(layers, config, grad_scale=grad_scale, dp_group=dp_group)
-    worker = BubbleWorker(
-        kfac, stage_of, schedule.num_microbatches, dp=dp, min_interval=kfac.config.inv_interval
-    )
+    kfac = KFAC(layers, config, grad_scale=grad_scale, dp_group=dp_group, loss_scale=loss_scale)
     sched, budgets = slot_schedule(schedule)
+    mine = set(stages)
+    worker = BubbleWorker(
+        kfac,
+        stage_of,
+        schedule.num_microbatches,
+        dp=dp,
+        min_interval=kfac.config.inv_interval,
+        has_bubbles=any(s in mine for s, _ in budgets),
+    )
     handlers = kfac_handlers(worker, budgets, opportunistic=opportunistic)
-    return PipelinedKFAC(kfac, base, worker), handlers, sched
+    if names is None:
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        layout = layout_name(
+            schedule.name, schedule.num_stages, schedule.num_microbatches, (schedule.num_ranks, 1, dp), ""
+        )
+        names = StateNames(layout, f"r{rank}", tuple(n for n, _ in layers))
+    return PipelinedKFAC(kfac, base, worker, names), handlers, sched
 
 
 def attach_to_trainer(trainer) -> tuple[PipelinedKFAC, dict[str, Callable], Schedule]:
     """``--optimizer kfac`` (the feature's ``optimizers`` hook): K-FAC over ``trainer``'s stages with
-    its AdamW as the base update; ``--kfac-opportunistic`` also runs pending tasks while a receive
-    waits."""
-    from pipewright.errors import ConfigError
+    ``--kfac-base`` (sgd, adamw or lamb) as the base update; ``--kfac-fill all``: every bubble runs all
+    pending tasks (reproducible); ``--kfac-opportunistic`` also runs pending tasks while a receive
+    waits.
 
-    if trainer.master is not None:
-        raise ConfigError("--optimizer kfac runs with --precision fp32 (no master weights yet)")
-    c, mesh = trainer.config, trainer.mesh
-    return attach_kfac(
+    Mixed precision (``--precision bf16/fp16``): the base update steps the fp32 masters, and the
+    masters' optimizer becomes this one (:class:`~pipewright.runtime.zero.MasterOptimizer` calls its
+    ``step`` once the unscaled, clipped fp32 master gradients are set), so preconditioning and
+    KL-clipping act on them; fp16's saved output gradients are unscaled by the loss scale."""
+    from pipewright.errors import ConfigError
+    from pipewright.runtime.tp import sharded_parameters
+
+    c, mesh, master = trainer.config, trainer.mesh, trainer.master
+    if master is not None and master.shard:
+        raise ConfigError("--optimizer kfac does not combine with --shard-optimizer; drop one of them")
+    stepped = master.masters if master is not None else trainer.params
+    base = build_base(getattr(c, "kfac_base", "adamw"), stepped.items(), c.lr, c.weight_decay)
+    sharded = {id(p) for mod in trainer.stages.values() for p in sharded_parameters(mod)}
+    suffix = f"#tp{mesh.tp_rank}of{mesh.tp}"
+    layers = tuple(
+        name + (suffix if id(m.weight) in sharded else "")
+        for _, mod in sorted(trainer.stages.items())
+        for name, m in covered_layers(mod)
+    )
+    sched = trainer.schedule
+    layout = layout_name(
+        sched.name,
+        sched.num_stages,
+        sched.num_microbatches,
+        (mesh.pp, mesh.tp, mesh.dp),
+        str(trainer.run.layout),
+    )
+    names = StateNames(layout, f"pp{mesh.pp_rank}.tp{mesh.tp_rank}.dp{mesh.dp_rank}", layers)
+    scaler = trainer.options.scaler
+    opt, handlers, out = attach_kfac(
         trainer.stages,
-        trainer.schedule,
-        trainer.optimizer,
+        sched,
+        base,
         dp_group=mesh.dp_group,
         dp=mesh.dp,
-        grad_scale=float(trainer.schedule.num_microbatches * c.microbatch_size * trainer.boundary_shape[1]),
+        grad_scale=float(sched.num_microbatches * c.microbatch_size * trainer.boundary_shape[1]),
         opportunistic=c.kfac_opportunistic,
+        loss_scale=(lambda: scaler.scale) if scaler is not None else None,
+        names=names,
     )
+    if getattr(c, "kfac_fill", "measured") == "all":
+        opt.worker.fill_scale = math.inf
+    if master is not None:
+        opt.kfac.set_masters({id(master.params[n]): m for n, m in master.masters.items()})
+        master.optimizer = opt  # MasterOptimizer.step: masters' gradients set, then this step
+    return opt, handlers, out
 
 
 def parts(context):
