@@ -39,13 +39,12 @@ def device_order(topology: Topology) -> tuple[str, ...]:
     graph does not connect them all."""
     if not topology.devices:
         raise ConfigError(f"topology {topology.name} has no devices")
-    adj = topology._adj  # bonded links: {u: {v: (bandwidth, latency)}}
     start = topology.devices[0]
     seen = {start}
     order = [start]
     heap: list[tuple[float, int, str]] = []
     counter = 0
-    for v, (bw, _) in adj[start].items():
+    for v, (bw, _) in topology.neighbours(start).items():
         counter += 1
         heapq.heappush(heap, (-bw, -counter, v))
     while heap:
@@ -55,7 +54,7 @@ def device_order(topology: Topology) -> tuple[str, ...]:
         seen.add(u)
         if topology.nodes[u].is_device:
             order.append(u)
-        for v, (bw, _) in adj[u].items():
+        for v, (bw, _) in topology.neighbours(u).items():
             if v not in seen:
                 counter += 1
                 heapq.heappush(heap, (-bw, -counter, v))
