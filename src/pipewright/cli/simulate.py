@@ -158,16 +158,15 @@ def _model_setup(args: argparse.Namespace) -> SimSetup:
     """Model + cluster: resolve the preset, the accelerator and the topology, then the cost models."""
     from pipewright.mesh import DEFAULT_ORDER, Mesh
     from pipewright.models.presets import resolve_model
-    from pipewright.plan.apply import plan_topology
+    from pipewright.plan.apply import plan_mesh
 
     model = resolve_model(args.model, **{d: getattr(args, d) for d in _DIMS})
     if getattr(args, "plan_obj", None) is not None:
         args.plan_obj.check_model(model)
     topo, gpu = cluster_topology(args.gpu, args.nodes, args.gpus_per_node, args.topology)
-    topo = plan_topology(args, topo)
     t, d = args.tp, args.dp
     p = args.pp if args.pp is not None else (args.stages or 1)
-    mesh = Mesh(t, p, d, args.rank_order or DEFAULT_ORDER)
+    mesh = plan_mesh(args, topo, Mesh(t, p, d, args.rank_order or DEFAULT_ORDER))  # a plan's placement
     b = args.microbatch_size or 1
     if args.global_batch_size is not None:
         m = microbatches_per_pipeline(args.global_batch_size, b, d)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from pipewright.mesh import DEFAULT_ORDER
 from pipewright.plan.baselines import megatron_baseline, pipedream_baseline, uniform_baseline
-from pipewright.plan.mapping import device_order
+from pipewright.plan.mapping import device_order, placement
 from pipewright.plan.partition import layout_string
 from pipewright.plan.planfile import FORMAT, model_json
 from pipewright.plan.search import Evaluated, Problem, SearchResult, _Context, search
@@ -60,6 +61,8 @@ def plan_json(prob: Problem, result: SearchResult, schedule_csv: str | None = No
         "model": model_json(prob.spec),
         "topology": prob.topology.name,
         "devices": list(best.devices),
+        "rank_order": DEFAULT_ORDER,
+        "placement": list(placement(prob.topology, best.devices)),
         "tp": c.tp,
         "pp": c.pp,
         "dp": c.dp,
