@@ -109,7 +109,7 @@ def train_overrides(path: str, args: argparse.Namespace | None = None) -> dict[s
                 f"the plan {path} was made for model {model['name']!r}, not {given!r}; "
                 "run `pipewright plan` for this model or drop --model"
             )
-        for d in ("layers", "hidden", "heads", "seq_len"):
+        for d in ("layers", "hidden", "heads", "vocab", "seq_len"):
             flag = getattr(args, d, None)
             if flag is not None and flag != model[d]:
                 raise ConfigError(
@@ -122,6 +122,7 @@ def train_overrides(path: str, args: argparse.Namespace | None = None) -> dict[s
         "layers": model["layers"],
         "hidden": model["hidden"],
         "heads": model["heads"],
+        "vocab": model["vocab"],  # the model the plan was made for (at least the dataset's vocabulary)
         "seq_len": model["seq_len"],
         "tp": plan["tp"],
         "pp": plan["pp"],

@@ -109,10 +109,34 @@ def summary(prob: Problem, result: SearchResult) -> str:
     if result.baselines:
         lines.append("baselines (simulated):")
         for b in result.baselines:
-            verdict = f"plan {b.time / best.time:.2f}x faster" if b.fits else "DOES NOT FIT in memory"
+            verdict = _verdict(prob, best, b)
             lines.append(f"  {b.label:<10} {b.time:.4f} s  ({verdict})  " + b.candidate.describe())
     if len(result.finalists) > 1:
         lines.append("runner-ups:")
         for ev in result.finalists[1:6]:
             lines.append(f"  {ev.time:.4f} s  {ev.candidate.describe()}: {ev.why}")
     return "\n".join(lines)
+
+
+def _verdict(prob: Problem, best: Evaluated, base: Evaluated) -> str:
+    """How a baseline compares with the plan, in words; one that beats the plan names the option that
+    kept the search from its configuration (--tp/--pp/--dp, --schedules, --recompute,
+    --microbatch-sizes)."""
+    if not base.fits:
+        return "DOES NOT FIT in memory"
+    if base.time >= best.time:
+        return f"plan {base.time / best.time:.2f}x faster"
+    c = base.candidate
+    fixed = [
+        f"--{name} {want}"
+        for name, want, got in zip(("tp", "pp", "dp"), prob.fixed, (c.tp, c.pp, c.dp), strict=True)
+        if want is not None and want != got
+    ]
+    if c.schedule not in prob.schedules:
+        fixed.append(f"--schedules (has no {c.schedule})")
+    if c.recompute not in prob.recompute:
+        fixed.append(f"--recompute (has no {c.recompute})")
+    if c.microbatch not in prob.microbatch_sizes:
+        fixed.append(f"--microbatch-sizes (has no {c.microbatch})")
+    why = f"outside {', '.join(fixed)}" if fixed else "the search missed it"
+    return f"plan {best.time / base.time:.2f}x slower: {why}"
