@@ -69,7 +69,7 @@ def main() -> None:
             str(b),
             "--microbatches",
             str(m),
-        ],  # fmt: skip
+        ],
     }
     print(f"plan: {plan['schedule']} b={b} m={m} layout {plan['layout']}; uniform: 1f1b b={b} m={m}")
     load_before = _load()

@@ -11,7 +11,7 @@ from pipewright.ir import Action, F
 from pipewright.models.spec import ModelSpec
 from pipewright.plan.mapping import device_order
 from pipewright.plan.search import Candidate, Problem, _Context, estimate, simulate_plan
-from pipewright.plan.simulated import plan_cost
+from pipewright.plan.simulated import plan_models
 from pipewright.plan.zb_limit import _Order, limit_range, search_limit
 from pipewright.schedules import build_schedule
 from pipewright.topology import ring
@@ -42,7 +42,7 @@ def _dense(prob, ev) -> dict[int, float]:
 def test_chosen_limit_is_the_best_of_a_dense_grid(cap) -> None:
     prob, ev = _instance()
     if cap is not None:  # device memory that holds at most 11 microbatches in flight on some rank
-        cost, ref = plan_cost(prob, ev), build_schedule("zb-h1", 8, 16)
+        (cost, _), ref = plan_models(prob, ev), build_schedule("zb-h1", 8, 16)
         need = [
             cost.static_bytes(r, ref) + cap * cost.activation_bytes(Action(r, F, 0), ref) for r in range(8)
         ]

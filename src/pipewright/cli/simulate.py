@@ -147,11 +147,13 @@ def _profile_setup(args: argparse.Namespace) -> SimSetup:
     tp, dp = int(meta.get("tp", "1")), args.dp
     shared = core_sharing(sched.num_ranks, args.cores, meta, processes_per_rank=tp * dp)
     label = f"profile {path.name} (b={b}, {layers} layers, t={tp}, d={dp})"
-    setup = profile_setup(rows, meta, sched, b, layers, tp=tp, dp=dp, shared=shared, label=label)
+    layout = getattr(args, "plan_layout", None)  # a plan's layers per chunk (--plan)
+    opts = {"tp": tp, "dp": dp, "layout": layout, "shared": shared, "label": label}
+    setup = profile_setup(rows, meta, sched, b, layers, **opts)
     costed = _costed_schedule(args.schedule, p, args.microbatches, args.virtual, setup)
     if costed is None:
         return setup
-    return profile_setup(rows, meta, costed, b, layers, tp=tp, dp=dp, shared=shared, label=label)
+    return profile_setup(rows, meta, costed, b, layers, **opts)
 
 
 def _model_setup(args: argparse.Namespace) -> SimSetup:

@@ -36,7 +36,7 @@ def apply_to_simulate(args: argparse.Namespace) -> Plan:
                 setattr(args, d, plan["model"][d])
     for key, attr in _SIM_FIELDS.items():
         setattr(args, attr, plan[key])
-    args.microbatches = None
+    args.microbatches = plan["microbatches"]  # (the model path derives it from the global batch)
     csv = plan.schedule_csv(args.plan)
     if csv is not None:
         args.schedule, args.virtual = csv, None

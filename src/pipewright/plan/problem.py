@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pipewright.cost.recompute import RECOMPUTE_CHOICES
 from pipewright.cost.transformer import A100_EFFICIENCY, Efficiency
 from pipewright.models.spec import ModelSpec
+from pipewright.plan.profiled import ProfileInput
 from pipewright.topology import Topology
 
 SCHEDULES = ("1f1b", "interleaved-1f1b", "zb-h1", "zb-auto")
@@ -54,6 +55,7 @@ class Problem:
     finalists: int = 6
     fixed: tuple[int | None, int | None, int | None] = (None, None, None)  # (tp, pp, dp) if given
     cores: float | None = None  # all processes share this many CPU cores (sim.sharing), e.g. --gpu cpu
+    profile: ProfileInput | None = None  # measured costs instead of the analytical model (plan/profiled.py)
 
 
 @dataclass

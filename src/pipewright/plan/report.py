@@ -19,7 +19,7 @@ def make_plan(
     """Search, then compute the baselines in the same run (their configurations also compete)."""
     ctx = _Context(prob, device_order(prob.topology))
     bases: list[Evaluated] = []
-    if baselines:
+    if baselines and prob.profile is None:  # (rules for analytical clusters: not from one profile)
         for fn in (megatron_baseline, pipedream_baseline):
             ev = fn(ctx)
             if ev is not None:

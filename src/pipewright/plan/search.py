@@ -84,8 +84,11 @@ def _divisors(n: int) -> list[int]:
 def candidates(problem: Problem) -> Iterable[Candidate]:
     """Every (t, p, d, b, schedule, v, recompute, style) the model, devices and batch allow."""
     spec, n = problem.spec, len(problem.topology.devices)
+    measured = problem.profile
     for t in _divisors(n):
         if t > problem.max_tp or spec.heads % t or spec.ffn_hidden % t:
+            continue
+        if measured is not None and t != measured.tp:  # a profile prices only its own tp
             continue
         for p in _divisors(n // t):
             if p > spec.layers:
@@ -94,7 +97,7 @@ def candidates(problem: Problem) -> Iterable[Candidate]:
             if any(f is not None and f != x for f, x in zip(problem.fixed, (t, p, d), strict=True)):
                 continue
             for b in problem.microbatch_sizes:
-                if problem.global_batch % (b * d):
+                if problem.global_batch % (b * d) or (measured and b not in measured.microbatch_sizes):
                     continue
                 m = problem.global_batch // (b * d)
                 for name in problem.schedules:
@@ -135,6 +138,8 @@ def _chunk_choices(name: str, p: int, m: int, layers: int) -> list[int]:
 
 def _stage_costs(ctx: _Context, c: Candidate, dmap: DeviceMap) -> list[StageCost]:
     prob = ctx.problem
+    if prob.profile is not None:  # measured on the profile's device: the same on every rank
+        return [prob.profile.stage_cost(c.microbatch)] * c.pp
     pc = parts(prob.spec, c.microbatch, c.tp, c.recompute, c.sequence_parallel, prob.dtype, prob.efficiency)
     out = []
     for i in range(c.pp):
@@ -167,7 +172,7 @@ def estimate(ctx: _Context, c: Candidate, dmap: DeviceMap | None = None, layers=
         dmap = map_devices(order, c.tp, c.pp, c.dp, style)
         dmap = slowest_first(prob.topology, dmap, prob.dtype, ctx.speeds)
     costs = _stage_costs(ctx, c, dmap)
-    pc = parts(prob.spec, c.microbatch, c.tp, c.recompute, c.sequence_parallel, prob.dtype, prob.efficiency)
+    boundary, grad_bytes = _messages(prob, c)
     p, v = c.pp, c.virtual
     comm = []
     for i in range(p):
@@ -175,7 +180,7 @@ def estimate(ctx: _Context, c: Candidate, dmap: DeviceMap | None = None, layers=
             comm.append(0.0)
             continue
         a, b = dmap.grid[i][0][0], dmap.grid[(i + 1) % p][0][0]
-        comm.append(v * ctx.p2p(a, b, pc.boundary_bytes))  # one transfer per direction
+        comm.append(v * boundary(ctx, a, b))  # one transfer per direction
     in_flight = [float(x) for x in info(c.schedule).memory(p, c.microbatches, v)]
     limits = [ctx.memory_limit(dmap.stage_devices(i)) for i in range(p)]
     terms = stage_terms(costs, comm, in_flight, limits)
@@ -194,10 +199,25 @@ def estimate(ctx: _Context, c: Candidate, dmap: DeviceMap | None = None, layers=
     est = (c.microbatches - 1 + 1 / v) * t_max + (total - t_max) * phi / v
     if c.dp > 1:
         group = tuple(dmap.grid[0][j][0] for j in range(c.dp))
-        grads = (layers[0] * pc.layer.params + pc.embed.params + (p == 1) * pc.head.params) * pc.grad_bytes
-        est += ctx.all_reduce(group)(grads)
+        est += ctx.all_reduce(group)(grad_bytes(layers[0], p == 1))
     chunks = chunk_layout(layers, v) if v > 1 else tuple(layers)
     return Evaluated(c, chunks, dmap.ranks, est, t_max, max(mems), fits=fits)
+
+
+def _messages(prob: Problem, c: Candidate):
+    """(boundary(ctx, a, b): one stage-boundary transfer's seconds from device a to b, grads(layers,
+    last): the first stage's gradient all-reduce bytes), from the profile's measurements or the
+    analytical pieces."""
+    b = c.microbatch
+    if prob.profile is not None:
+        measured = prob.profile.message_seconds(b)  # as the simulation's ProfiledComm prices it
+        return (lambda ctx, a, z: measured), lambda n, last: prob.profile.grad_bytes(b, n, True, last)
+    pc = parts(prob.spec, b, c.tp, c.recompute, c.sequence_parallel, prob.dtype, prob.efficiency)
+
+    def grads(n: int, last: bool) -> float:
+        return (n * pc.layer.params + pc.embed.params + last * pc.head.params) * pc.grad_bytes
+
+    return (lambda ctx, a, z: ctx.p2p(a, z, pc.boundary_bytes)), grads
 
 
 def _partition_chunks(terms, num_layers: int, v: int):
@@ -211,6 +231,9 @@ def _partition_chunks(terms, num_layers: int, v: int):
 def lower_bound(ctx: _Context, c: Candidate) -> float:
     """m × (all ranks' work) / p on the fastest device kind: no schedule beats it."""
     prob = ctx.problem
+    if prob.profile is not None:
+        work = prob.profile.stage_cost(c.microbatch).time(prob.spec.layers, True, True)
+        return c.microbatches * work / c.pp
     pc = parts(prob.spec, c.microbatch, c.tp, c.recompute, c.sequence_parallel, prob.dtype, prob.efficiency)
     best = None
     for kind in {prob.topology.nodes[d].accelerator for d in prob.topology.devices}:

@@ -32,23 +32,39 @@ def _lowered(name: str, p: int, m: int, v: int, reduce: bool):
     return lower(add_grad_reduction(sched) if reduce else sched)
 
 
-def plan_cost(prob: Problem, ev: Evaluated):
-    """The cost model of one evaluated plan: its recomputation (per stage where chosen), degrees, layout
-    and device placement (:func:`pipewright.plan.mapping.placement`, a Mesh placement)."""
+def rank_device(ev: Evaluated, rank: int) -> str:
+    """The device of pipeline rank ``rank``'s (tp 0, dp 0) process — the one the simulator prices — in
+    the mesh order tp-dp-pp of ``ev.devices``."""
     c = ev.candidate
-    return make_cost(
+    return ev.devices[rank * c.tp * c.dp]
+
+
+def plan_models(prob: Problem, ev: Evaluated):
+    """(cost model, comm model) of one evaluated plan: its recomputation (per stage where chosen),
+    degrees, layout and device placement (:func:`pipewright.plan.mapping.placement`, a Mesh placement);
+    from the profile's measurements when the problem has one (:mod:`pipewright.plan.profiled`)."""
+    c = ev.candidate
+    mesh = Mesh(c.tp, c.pp, c.dp, placement=placement(prob.topology, ev.devices))
+    if prob.profile is not None:
+        from pipewright.cost.comm import TopologyComm
+        from pipewright.cost.profiled import ProfiledComm
+
+        cost = prob.profile.cost(c.microbatch, ev.chunk_layers)
+        return cost, ProfiledComm.from_cost(cost, TopologyComm(prob.topology, mesh, prob.efficiency.comm))
+    cost = make_cost(
         c.recompute,
         per_stage=ev.recompute_per_stage,
         spec=prob.spec,
         microbatch=c.microbatch,
         gpu=prob.topology.nodes[ev.devices[0]].accelerator,
         dtype=prob.dtype,
-        mesh=Mesh(c.tp, c.pp, c.dp, placement=placement(prob.topology, ev.devices)),
+        mesh=mesh,
         sequence_parallel=c.sequence_parallel,
         topology=prob.topology,
         efficiency=prob.efficiency,
         layout=ev.chunk_layers,
     )
+    return cost, cost.comm
 
 
 def simulate_plan(prob: Problem, ev: Evaluated) -> Evaluated:
@@ -63,15 +79,16 @@ def simulate_plan(prob: Problem, ev: Evaluated) -> Evaluated:
             sched = add_grad_reduction(sched)
     else:
         sched = _lowered(c.schedule, c.pp, c.microbatches, c.virtual, c.dp > 1)
-    cost = plan_cost(prob, ev)
+    cost, comm = plan_models(prob, ev)
     shared = None
     if prob.cores is not None:
         from pipewright.sim.sharing import SharedCompute
 
-        shared = SharedCompute.from_profile(c.pp, prob.cores, {}, processes_per_rank=c.tp * c.dp)
-    result = simulate(sched, cost, comm=cost.comm, shared=shared)
+        meta = {} if prob.profile is None else prob.profile.meta  # its contention curve, if measured
+        shared = SharedCompute.from_profile(c.pp, prob.cores, meta, processes_per_rank=c.tp * c.dp)
+    result = simulate(sched, cost, comm=comm, shared=shared)
     ev.simulated = result.iteration_time
     ev.simulated_memory = max(result.peak_memory)
-    limits = [device_memory_limit(prob, [cost.comm.device(r)]) for r in range(c.pp)]
+    limits = [device_memory_limit(prob, [rank_device(ev, r)]) for r in range(c.pp)]
     ev.fits = all(m <= lim for m, lim in zip(result.peak_memory, limits, strict=True))
     return ev

@@ -24,7 +24,7 @@ from dataclasses import replace
 
 from pipewright.ir import SEND_F, Action, F, I, W
 from pipewright.plan.problem import Evaluated, Problem
-from pipewright.plan.simulated import device_memory_limit, plan_cost, simulate_plan
+from pipewright.plan.simulated import device_memory_limit, plan_models, rank_device, simulate_plan
 
 
 def limit_range(prob: Problem, ev: Evaluated) -> tuple[int, int]:
@@ -32,12 +32,12 @@ def limit_range(prob: Problem, ev: Evaluated) -> tuple[int, int]:
     is below p when even 1F1B's limit does not fit."""
     c = ev.candidate
     p, m = c.pp, c.microbatches
-    cost = plan_cost(prob, ev)
+    cost, _ = plan_models(prob, ev)
     ref = _reference(p, m)
     room = []
     for r in range(p):
         act = cost.activation_bytes(Action(r, F, 0), ref)
-        limit = device_memory_limit(prob, [cost.comm.device(r)]) - cost.static_bytes(r, ref)
+        limit = device_memory_limit(prob, [rank_device(ev, r)]) - cost.static_bytes(r, ref)
         room.append(math.floor(limit / act) if act > 0 else m)
     return min(p, m), min(m, *room)
 
@@ -98,13 +98,13 @@ class _Order:
         c = ev.candidate
         p, m = c.pp, c.microbatches
         self.prob, self.ev = prob, ev
-        cost = plan_cost(prob, ev)
+        cost, comm = plan_models(prob, ev)
         ref = _reference(p, m)
         self.f = [cost.compute_time(Action(s, F, 0), ref) for s in range(p)]
         self.i = [cost.compute_time(Action(s, I, 0), ref) for s in range(p)]
         self.w = [cost.compute_time(Action(s, W, 0), ref) for s in range(p)]
         nbytes = cost.message_bytes(Action(0, SEND_F, 0), ref)
-        self.comm = max(cost.comm.p2p_time(r, r + 1, nbytes) for r in range(p - 1))
+        self.comm = max(comm.p2p_time(r, r + 1, nbytes) for r in range(p - 1))
 
     def simulate(self, limit: int) -> Evaluated:
         from pipewright.schedules.zero_bubble import zb_auto
