@@ -10,7 +10,9 @@ from pipewright.cli import main
 
 # a heavy output layer (≈ 3 layers' time): the planner moves layers off the last stage
 HEADER = "# model=gpt-small-cpu layers=8 hidden=128 heads=4 ffn_hidden=512 vocab=8192 seq_len=128 tp=1"
-PROFILE = HEADER + """ device=cpu dtype=fp32
+PROFILE = (
+    HEADER
+    + """ device=cpu dtype=fp32
 layer_type,microbatch_size,kind,seconds,bytes
 embedding,1,F,0.0002,65536
 embedding,1,B,0.0004,
@@ -23,6 +25,7 @@ layer,1,PARAMS,0,3200000
 output,1,PARAMS,0,16000000
 layer,1,MESSAGE,0.0005,65536
 """
+)
 
 
 def test_plan_from_a_profile_moves_layers_and_simulates_alike(tmp_path, capsys) -> None:
