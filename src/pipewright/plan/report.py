@@ -113,7 +113,13 @@ def summary(prob: Problem, result: SearchResult) -> str:
             lines.append(f"  {b.label:<10} {b.time:.4f} s  ({verdict})  " + b.candidate.describe())
     if len(result.finalists) > 1:
         lines.append("runner-ups:")
-        for ev in result.finalists[1:6]:
+        shown: set[tuple[str, str]] = set()
+        for ev in result.finalists[1:]:
+            # a mapping style that changes nothing (the walk reversed on identical devices) is shown once
+            key = (f"{ev.time:.6g}", ev.candidate.describe().rsplit(" map=", 1)[0])
+            if key in shown or len(shown) == 5:
+                continue
+            shown.add(key)
             lines.append(f"  {ev.time:.4f} s  {ev.candidate.describe()}: {ev.why}")
     return "\n".join(lines)
 
