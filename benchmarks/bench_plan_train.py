@@ -3,14 +3,14 @@
     PYTHONPATH=src python benchmarks/bench_plan_train.py [--rounds 5] [--steps 20]
 
 The model (gpt-small-cpu with 12 layers and an 8192-token vocabulary: the output layer and its loss
-weigh several transformer layers: ≈ 4 in the cpu cost model, ≈ 7 in a profile taken here) makes the
-last pipeline stage heavy, so the planner moves layers off it. ``pipewright plan --gpu cpu`` plans
-it for two local processes with pp = 2 (the schedules 1F1B, ZB-H1 and the cost-fitted zb-auto order);
-the uniform layout is what one writes by hand: ``train --pp 2 --schedule 1f1b`` with the plan's
-microbatch size and count (half the layers on each stage). Each round trains both, alternating which goes first (ABBA), and takes each run's median
-step time after the first step. Reported: every round's times and uniform/plan ratio, the ratio of the
-medians over all rounds, the spread of the per-round ratios, the ratio of the fastest steps (the least
-disturbed by other load) and the load average before and after.
+weigh several transformer layers: ≈ 4 in the cpu cost model, ≈ 7 in a profile taken here) makes the last
+pipeline stage heavy, so the planner moves layers off it. ``pipewright plan --gpu cpu`` plans it for two
+local processes with pp = 2 (the schedules 1F1B, ZB-H1 and the cost-fitted zb-auto order); the uniform
+layout is what one writes by hand: ``train --pp 2 --schedule 1f1b`` with the plan's microbatch size and
+count (half the layers on each stage). Each round trains both, alternating which goes first (ABBA), and
+takes each run's median step time after the first step. Reported: every round's times and uniform/plan
+ratio, the ratio of the medians over all rounds, the spread of the per-round ratios, the ratio of the
+fastest steps (the least disturbed by other load) and the load average before and after.
 """
 
 from __future__ import annotations
