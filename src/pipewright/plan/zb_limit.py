@@ -121,6 +121,10 @@ class _Order:
 
 def cost_aware_order(prob: Problem, ev: Evaluated) -> list[Evaluated]:
     """Where stage times differ, a microbatch order fitted to them instead of a fixed template: the
-    zb-auto order with the searched memory limit (:func:`search_limit`); [] when none applies."""
-    best, _ = search_limit(prob, ev)
+    zb-auto order with the searched memory limit (:func:`search_limit`); [] when none applies. The
+    budget shrinks with the schedule's size as the refinement's does (about 2·10⁵ microbatches
+    simulated; at least the first grid of 5)."""
+    c = ev.candidate
+    budget = max(5, min(24, 200_000 // (c.pp * c.microbatches)))
+    best, _ = search_limit(prob, ev, budget=budget)
     return [] if best is None else [best]
