@@ -134,9 +134,9 @@ def _placed_worker(rank: int, runs: list) -> list:
 
 @pytest.mark.slow
 def test_training_with_a_placement_runs_each_rank_on_its_process(tmp_path) -> None:
-    """4 gloo processes, pp 2 × dp 2, through the real trainer: a placement that puts global rank g
-    on process (3, 1, 0, 2)[g] gives each process the coordinates of the rank placed on it, the losses
-    of the identity placement, and process 0 (now pp 1) still receives the measured timeline."""
+    """2 gloo processes, pp 2, through the real trainer: the placement (1, 0) — global rank g on process
+    (1, 0)[g] — gives each process the coordinates of the rank placed on it and the losses of the
+    identity placement, and process 0 (now pp rank 1) still receives the measured timeline."""
     from dataclasses import replace
 
     import numpy as np
@@ -148,17 +148,17 @@ def test_training_with_a_placement_runs_each_rank_on_its_process(tmp_path) -> No
 
     data = tmp_path / "tokens.bin"
     write_tokens(data, np.random.default_rng(0).integers(0, 256, 5_000), vocab_size=256)
-    base = TrainConfig(layers=4, hidden=32, heads=4, vocab=256, seq_len=16, pp=2, dp=2, microbatches=4,
+    base = TrainConfig(layers=4, hidden=32, heads=4, vocab=256, seq_len=16, pp=2, dp=1, microbatches=4,
                        microbatch_size=1, steps=2, data=str(data), progress=False, artifacts=False,
                        out=str(tmp_path / "run"))  # fmt: skip
-    place = (3, 1, 0, 2)
+    place = (1, 0)
     runs = [prepare(base), prepare(replace(base, placement=",".join(map(str, place))))]
-    results = spawn(_placed_worker, 4, (runs,), timeout_s=600)
-    layout = Mesh(1, 2, 2, placement=place)
+    results = spawn(_placed_worker, 2, (runs,), timeout_s=600)
+    layout = Mesh(1, 2, 1, placement=place)
     for process, per_run in enumerate(results):
         (ident, loss_id, _), (coords, loss_placed, has_timeline) = per_run
         c = layout.coords(layout.rank_on_device(process))
-        i = Mesh(1, 2, 2).coords(process)
+        i = Mesh(1, 2, 1).coords(process)
         assert ident == (i.dp, i.pp, i.tp) and coords == (c.dp, c.pp, c.tp)
         assert loss_placed == pytest.approx(loss_id, rel=1e-6)
         assert has_timeline == (process == 0)
