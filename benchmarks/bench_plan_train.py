@@ -1,12 +1,16 @@
 """A plan for local CPU processes, trained: measured step time of `train --plan` next to the uniform layout.
 
-    PYTHONPATH=src python benchmarks/bench_plan_train.py [--rounds 3] [--steps 12]
+    PYTHONPATH=src python benchmarks/bench_plan_train.py [--rounds 5] [--steps 20]
 
-Makes two plans with `pipewright plan --gpu cpu` for gpt-small-cpu (8 layers) on 4 processes, global
-batch 16: the free plan, and the plan with pp fixed to 4; then trains, alternating, (a) the free plan,
-(b) the pp = 4 plan and (c) the uniform layout with pp = 4, 1F1B, b = 1 (what one would write by hand),
-and reports the median step time (steps after the first) of each run and its ratio to (c) in the same
-round. The machine is shared: compare within a round.
+The model (gpt-small-cpu with 12 layers and an 8192-token vocabulary: the output layer and its loss
+weigh several transformer layers: ≈ 4 in the cpu cost model, ≈ 7 in a profile taken here) makes the last
+pipeline stage heavy, so the planner moves layers off it. ``pipewright plan --gpu cpu`` plans it for two
+local processes with pp = 2 (the schedules 1F1B, ZB-H1 and the cost-fitted zb-auto order); the uniform
+layout is what one writes by hand: ``train --pp 2 --schedule 1f1b`` with the plan's microbatch size and
+count (half the layers on each stage). Each round trains both, alternating which goes first (ABBA), and
+takes each run's median step time after the first step. Reported: every round's times and uniform/plan
+ratio, the ratio of the medians over all rounds, the spread of the per-round ratios, the ratio of the
+fastest steps (the least disturbed by other load) and the load average before and after.
 """
 
 from __future__ import annotations
@@ -20,65 +24,81 @@ import sys
 import tempfile
 from pathlib import Path
 
-MODEL = ["--model", "gpt-small-cpu", "--layers", "8"]
-PLAN = [*MODEL, "--gpu", "cpu", "--nodes", "1", "--gpus-per-node", "4", "--global-batch-size", "16",
-        "--max-tp", "1", "--no-progress"]  # fmt: skip
-
 
 def _cli(*args: str) -> str:
-    env = dict(os.environ)
-    out = subprocess.run(
-        [sys.executable, "-m", "pipewright", *args], capture_output=True, text=True, env=env, check=True
-    )
+    out = subprocess.run([sys.executable, "-m", "pipewright", *args], capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"pipewright {' '.join(args)} failed:\n{out.stderr[-2000:]}")
     return out.stdout
 
 
-def _median_step(out_dir: Path) -> float:
+def _steps(out_dir: Path) -> list[float]:
+    """Step times after the first (warm-up) step."""
     rows = [json.loads(x) for x in (out_dir / "metrics.jsonl").read_text().splitlines() if x.strip()]
-    return statistics.median(r["step_time_s"] for r in rows[1:])
+    return [r["step_time_s"] for r in rows[1:]]
+
+
+def _load() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--vocab", type=int, default=8192)
+    parser.add_argument("--global-batch-size", type=int, default=16)
     args = parser.parse_args()
+    model = ["--model", "gpt-small-cpu", "--layers", str(args.layers), "--vocab", str(args.vocab)]
     tmp = Path(tempfile.mkdtemp(prefix="bench_plan_train_"))
-    free, pp4 = tmp / "free.json", tmp / "pp4.json"
-    _cli("plan", *PLAN, "-o", str(free))
-    _cli("plan", *PLAN, "--pp", "4", "-o", str(pp4))
+    plan_path = tmp / "plan.json"
+    print(_cli("plan", *model, "--gpu", "cpu", "--nodes", "1", "--gpus-per-node", "2", "--pp", "2",
+               "--max-tp", "1", "--schedules", "1f1b,zb-h1,zb-auto", "--global-batch-size",
+               str(args.global_batch_size), "--no-progress", "-o", str(plan_path)))  # fmt: skip
+    plan = json.loads(plan_path.read_text())
+    b, m = plan["microbatch_size"], plan["microbatches"]
     runs = {
-        "plan (free)": ["--plan", str(free)],
-        "plan (pp=4)": ["--plan", str(pp4)],
-        "uniform pp=4 1f1b": [
-            *MODEL,
+        "plan": ["--plan", str(plan_path)],
+        "uniform": [
+            *model,
             "--pp",
-            "4",
+            "2",
             "--schedule",
             "1f1b",
-            "--microbatches",
-            "16",
             "--microbatch-size",
-            "1",
+            str(b),
+            "--microbatches",
+            str(m),
         ],
     }
-    for name, path in (("free", free), ("pp4", pp4)):
-        data = json.loads(path.read_text())
-        print(f"plan {name}: t={data['tp']} p={data['pp']} d={data['dp']} b={data['microbatch_size']} "
-              f"{data['schedule']} layout {data['layout']}")  # fmt: skip
+    print(f"plan: {plan['schedule']} b={b} m={m} layout {plan['layout']}; uniform: 1f1b b={b} m={m}")
+    load_before = _load()
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    best: dict[str, list[float]] = {name: [] for name in runs}
+    ratios = []
     for k in range(args.rounds):
-        times = {}
-        for name, flags in runs.items():
-            out = tmp / f"r{k}-{name.replace(' ', '_')}"
-            _cli("train", *flags, "--steps", str(args.steps), "--out", str(out), "--no-progress",
-                 "--no-artifacts")  # fmt: skip
-            times[name] = _median_step(out)
-        base = times["uniform pp=4 1f1b"]
-        print(
-            f"round {k + 1}: "
-            + ", ".join(f"{n} {1000 * t:.0f} ms ({t / base:.2f}× uniform)" for n, t in times.items()),
-            flush=True,
-        )
+        order = list(runs) if k % 2 == 0 else list(runs)[::-1]
+        for name in order:
+            out = tmp / f"r{k}-{name}"
+            _cli("train", *runs[name], "--steps", str(args.steps), "--eval-every", "0", "--out", str(out),
+                 "--no-progress", "--no-artifacts")  # fmt: skip
+            steps = _steps(out)
+            times[name].append(statistics.median(steps))
+            best[name].append(min(steps))
+        ratios.append(times["uniform"][-1] / times["plan"][-1])
+        print(f"round {k + 1} ({'-'.join(order)}): plan {1000 * times['plan'][-1]:.0f} ms, uniform "
+              f"{1000 * times['uniform'][-1]:.0f} ms, uniform/plan {ratios[-1]:.3f}  (load {_load()})",
+              flush=True)  # fmt: skip
+    med = {name: statistics.median(ts) for name, ts in times.items()}
+    print(
+        f"median step: plan {1000 * med['plan']:.0f} ms, uniform {1000 * med['uniform']:.0f} ms; "
+        f"ratio of medians uniform/plan {med['uniform'] / med['plan']:.3f}; per-round ratios "
+        f"{min(ratios):.3f}–{max(ratios):.3f} (median {statistics.median(ratios):.3f}); fastest step "
+        f"uniform/plan {min(best['uniform']) / min(best['plan']):.3f}; "
+        f"load average before {load_before}, after {_load()}; predicted plan "
+        f"{plan['predicted']['iteration_time_s'] * 1000:.0f} ms"
+    )
 
 
 if __name__ == "__main__":

@@ -50,6 +50,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from pipewright.errors import PipewrightError
@@ -142,6 +143,15 @@ class Topology:
         if node is None or not node.is_device:
             raise PipewrightError(f"topology {self.name} has no device {d!r}")
         return d
+
+    def neighbours(self, node: str) -> Mapping[str, tuple[float, float]]:
+        """The nodes one link away from ``node`` (devices and switches), each with the link's
+        (bandwidth in bytes/s, latency in s); parallel links between the same two nodes are bonded
+        (bandwidths summed, the lowest latency). Read-only; one-line error for an unknown node."""
+        links = self._adj.get(node)
+        if links is None:
+            raise PipewrightError(f"topology {self.name} has no node {node!r}")
+        return MappingProxyType(links)
 
     def accelerator(self, d: str | int) -> Accelerator:
         return accelerator(self.nodes[self.device(d)].accelerator)  # type: ignore[arg-type]

@@ -19,7 +19,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--gpu, and --global-batch-size. Writes the plan JSON (-o) that `simulate --plan` and "
         "`train --plan` read; prints the plan, the runner-ups and the baselines.",
     )
-    parser.add_argument("--model", required=True, help="preset (gpt3-175b, megatron-*, …) or family gpt")
+    parser.add_argument("--model", help="preset (gpt3-175b, megatron-*, …) or family gpt")
+    parser.add_argument(
+        "--profile",
+        help="plan from a `pipewright profile` table (CSV or JSON) instead of --model: measured times, "
+        "the profile's model, tp and microbatch sizes, no recomputation (use --gpu cpu or --topology)",
+    )
     for dim in _DIMS:
         parser.add_argument(f"--{dim.replace('_', '-')}", type=int, default=None, dest=dim)
     parser.add_argument("--topology", help="cluster topology JSON")
@@ -99,7 +104,31 @@ def run(args: argparse.Namespace) -> int:
     from pipewright.plan.search import Problem
     from pipewright.schedules import schedule_names
 
-    spec = resolve_model(args.model, **{d: getattr(args, d) for d in _DIMS})
+    profile = None
+    if args.profile is not None:
+        if args.model is not None:
+            raise ConfigError("give --model or --profile, not both (the profile names its model)")
+        from pipewright.cost.profiled import load_profile
+        from pipewright.plan.profiled import ProfileInput
+
+        rows, meta = load_profile(args.profile)
+        profile = ProfileInput(rows, meta, layers=args.layers)
+        spec = profile.spec()
+        args.gpu = args.gpu or meta.get("device", "cpu")
+        args.dtype = args.dtype or meta.get("dtype", "fp32")
+        args.recompute = "none"
+        sizes = _ints(args.microbatch_sizes, "--microbatch-sizes")
+        chosen = [b for b in profile.microbatch_sizes if b in sizes]
+        if not chosen:
+            raise ConfigError(
+                f"the profile measured microbatch sizes {', '.join(map(str, profile.microbatch_sizes))}; "
+                "give one of them in --microbatch-sizes"
+            )
+        args.microbatch_sizes = ",".join(map(str, chosen))
+    elif args.model is None:
+        raise ConfigError("pipewright plan needs --model NAME (or --profile FILE)")
+    else:
+        spec = resolve_model(args.model, **{d: getattr(args, d) for d in _DIMS})
     topo = _topology(args)
     kinds = [topo.accelerator(d) for d in {topo.nodes[x].accelerator: x for x in topo.devices}.values()]
     dtype = args.dtype or next(
@@ -129,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
         finalists=args.finalists,
         fixed=(args.tp, args.pp, args.dp),
         cores=args.cores,
+        profile=profile,
     )
     result = make_plan(prob, baselines=not args.no_baselines, progress=_Bar(not args.no_progress))
     csv = None

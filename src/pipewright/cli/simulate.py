@@ -147,27 +147,28 @@ def _profile_setup(args: argparse.Namespace) -> SimSetup:
     tp, dp = int(meta.get("tp", "1")), args.dp
     shared = core_sharing(sched.num_ranks, args.cores, meta, processes_per_rank=tp * dp)
     label = f"profile {path.name} (b={b}, {layers} layers, t={tp}, d={dp})"
-    setup = profile_setup(rows, meta, sched, b, layers, tp=tp, dp=dp, shared=shared, label=label)
+    layout = getattr(args, "plan_layout", None)  # a plan's layers per chunk (--plan)
+    opts = {"tp": tp, "dp": dp, "layout": layout, "shared": shared, "label": label}
+    setup = profile_setup(rows, meta, sched, b, layers, **opts)
     costed = _costed_schedule(args.schedule, p, args.microbatches, args.virtual, setup)
     if costed is None:
         return setup
-    return profile_setup(rows, meta, costed, b, layers, tp=tp, dp=dp, shared=shared, label=label)
+    return profile_setup(rows, meta, costed, b, layers, **opts)
 
 
 def _model_setup(args: argparse.Namespace) -> SimSetup:
     """Model + cluster: resolve the preset, the accelerator and the topology, then the cost models."""
     from pipewright.mesh import DEFAULT_ORDER, Mesh
     from pipewright.models.presets import resolve_model
-    from pipewright.plan.apply import plan_topology
+    from pipewright.plan.apply import plan_mesh
 
     model = resolve_model(args.model, **{d: getattr(args, d) for d in _DIMS})
     if getattr(args, "plan_obj", None) is not None:
         args.plan_obj.check_model(model)
     topo, gpu = cluster_topology(args.gpu, args.nodes, args.gpus_per_node, args.topology)
-    topo = plan_topology(args, topo)
     t, d = args.tp, args.dp
     p = args.pp if args.pp is not None else (args.stages or 1)
-    mesh = Mesh(t, p, d, args.rank_order or DEFAULT_ORDER)
+    mesh = plan_mesh(args, topo, Mesh(t, p, d, args.rank_order or DEFAULT_ORDER))  # a plan's placement
     b = args.microbatch_size or 1
     if args.global_batch_size is not None:
         m = microbatches_per_pipeline(args.global_batch_size, b, d)

@@ -297,3 +297,13 @@ class TransformerCost:
     def parameters(self, schedule: Schedule) -> float:
         """Parameters of the whole model as laid out (per tensor-parallel rank × t)."""
         return sum(self._chunk(c, schedule).params for c in range(schedule.num_stages)) * self.mesh.tp
+
+    def chunk_costs(self, stage: int, layers: Sequence[int]) -> _Chunk:
+        """Per-microbatch costs, per device, of chunk ``stage`` when the chunks hold ``layers[c]``
+        transformer layers each (chunk 0 also the embedding, the last one the output layer and loss):
+        executed and model FLOPs, tensor-parallel all-reduce sizes, memory-bound traffic and activation
+        bytes per kind (F, B, I, W), and parameters per device — the table every method above reads.
+        Subclasses that adjust the table (recomputation modes, other model families) are honoured. The
+        planner prices any stage from ``chunk_costs(1, (0, 1, 0))`` (one layer), ``chunk_costs(0, (0, 1,
+        0))`` (the embedding) and ``chunk_costs(2, (0, 1, 0))`` (the head)."""
+        return self._build_chunk(stage, len(layers), tuple(layers))

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
+from dataclasses import replace
 
 from pipewright.errors import ConfigError
+from pipewright.mesh import DEFAULT_ORDER, Mesh
+from pipewright.plan.mapping import placement
 from pipewright.plan.planfile import Plan, load
+from pipewright.topology import Topology
 
 _SIM_FIELDS = {
     "tp": "tp",
@@ -31,7 +36,7 @@ def apply_to_simulate(args: argparse.Namespace) -> Plan:
                 setattr(args, d, plan["model"][d])
     for key, attr in _SIM_FIELDS.items():
         setattr(args, attr, plan[key])
-    args.microbatches = None
+    args.microbatches = plan["microbatches"]  # (the model path derives it from the global batch)
     csv = plan.schedule_csv(args.plan)
     if csv is not None:
         args.schedule, args.virtual = csv, None
@@ -41,20 +46,48 @@ def apply_to_simulate(args: argparse.Namespace) -> Plan:
     return plan
 
 
-def plan_topology(args: argparse.Namespace, topology):
-    """The topology with the plan's devices in rank order (unchanged without --plan)."""
-    devices = getattr(args, "plan_devices", None)
-    if not devices:
-        return topology
-    from pipewright.plan.mapping import permuted
-
-    missing = [d for d in devices if d not in topology.nodes]
+def plan_placement(devices: Sequence[str], topology: Topology) -> tuple[int, ...]:
+    """The index into ``topology.devices`` of each global rank's device (the plan's ``devices``, in the
+    mesh's default rank order): a :class:`~pipewright.mesh.Mesh` placement. One-line error when the
+    topology lacks one of them or has other devices besides (a plan places every device)."""
+    missing = [d for d in devices if d not in topology.nodes or not topology.nodes[d].is_device]
     if missing:
         raise ConfigError(
             f"the plan assigns device {missing[0]!r}, which topology {topology.name} does not have; "
             "give the --topology (or --nodes/--gpus-per-node/--gpu) the plan was made for"
         )
-    return permuted(topology, devices)
+    if len(devices) != len(topology.devices):
+        raise ConfigError(
+            f"the plan places {len(devices)} devices, topology {topology.name} has "
+            f"{len(topology.devices)}; give the topology the plan was made for"
+        )
+    return placement(topology, devices)
+
+
+def placed(mesh: Mesh, placement: Sequence[int] | None) -> Mesh:
+    """``mesh`` with a plan's ``placement`` (device of each rank in the default ``tp-dp-pp`` order)
+    carried over to ``mesh``'s own rank order: every (tp, pp, dp) coordinate keeps the plan's device."""
+    if placement is None:
+        return mesh
+    plan_order = Mesh(mesh.tp, mesh.pp, mesh.dp, DEFAULT_ORDER)
+    if len(placement) != mesh.size:
+        raise ConfigError(
+            f"the plan places {len(placement)} ranks, but tp {mesh.tp} × pp {mesh.pp} × dp {mesh.dp} = "
+            f"{mesh.size}; drop the --tp/--pp/--dp flags that override the plan"
+        )
+    own = [0] * mesh.size
+    for g, device in enumerate(placement):
+        own[mesh.rank(**plan_order.coords(g)._asdict())] = device
+    return replace(mesh, placement=tuple(own))
+
+
+def plan_mesh(args: argparse.Namespace, topology: Topology, mesh: Mesh) -> Mesh:
+    """``pipewright simulate --plan``: ``mesh`` placed on the plan's devices (unchanged without a
+    plan, or for a plan that names no devices: the devices in the given order)."""
+    devices = getattr(args, "plan_devices", None)
+    if not devices:
+        return mesh
+    return placed(mesh, plan_placement(devices, topology))
 
 
 def _strongest(modes) -> str:
@@ -76,7 +109,7 @@ def train_overrides(path: str, args: argparse.Namespace | None = None) -> dict[s
                 f"the plan {path} was made for model {model['name']!r}, not {given!r}; "
                 "run `pipewright plan` for this model or drop --model"
             )
-        for d in ("layers", "hidden", "heads", "seq_len"):
+        for d in ("layers", "hidden", "heads", "vocab", "seq_len"):
             flag = getattr(args, d, None)
             if flag is not None and flag != model[d]:
                 raise ConfigError(
@@ -89,6 +122,7 @@ def train_overrides(path: str, args: argparse.Namespace | None = None) -> dict[s
         "layers": model["layers"],
         "hidden": model["hidden"],
         "heads": model["heads"],
+        "vocab": model["vocab"],  # the model the plan was made for (at least the dataset's vocabulary)
         "seq_len": model["seq_len"],
         "tp": plan["tp"],
         "pp": plan["pp"],
@@ -103,4 +137,7 @@ def train_overrides(path: str, args: argparse.Namespace | None = None) -> dict[s
     }
     if plan["sequence_parallel"]:
         out["sequence_parallel"] = True
+    place = plan.placement
+    if place is not None and place != tuple(range(len(place))):
+        out["placement"] = ",".join(map(str, place))  # process r runs on device r of the plan's topology
     return out

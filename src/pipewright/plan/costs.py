@@ -8,8 +8,8 @@ layer-free last chunk (the head) and prices any stage from those three, on any d
 tensor-parallel group: time = FLOPs / (peak × gemm efficiency) + memory traffic / memory bandwidth +
 Σ tensor-parallel all-reduces over the group's links (the cost model's own formula).
 
-This is the thin adapter the planner uses until the shared setup builder lands; it reads
-``TransformerCost._build_chunk`` (the cost model's per-chunk table) and nothing else private.
+It reads the cost model's per-chunk table through the public
+:meth:`~pipewright.cost.transformer.TransformerCost.chunk_costs`.
 """
 
 from __future__ import annotations
@@ -97,9 +97,9 @@ def parts(
         topology=single_host(tp, "cpu" if dtype == "fp32" else "a100-80gb"),
         efficiency=efficiency,
     )
-    layer = cost._build_chunk(1, 3, (0, 1, 0))
-    embed = cost._build_chunk(0, 3, (0, 1, 0))
-    head = cost._build_chunk(2, 3, (0, 1, 0))
+    layer = cost.chunk_costs(1, (0, 1, 0))
+    embed = cost.chunk_costs(0, (0, 1, 0))
+    head = cost.chunk_costs(2, (0, 1, 0))
     act = spec.seq_len * microbatch * spec.hidden * DTYPE_BYTES[dtype]
     split = cost.scatter_gather or sequence_parallel
     return Parts(

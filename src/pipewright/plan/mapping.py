@@ -12,10 +12,10 @@ pipeline stage and each data-parallel replica.
    use what remains) or replica-major (``"dp"``: stage i's replicas are groups i·d … i·d + d − 1, the
    data-parallel ring on good links, Megatron's tp-dp-pp order). The search scores both.
 4. The result is a device list in the mesh's global rank order (g = tp_rank + t·(dp_rank + d·pp_rank),
-   :class:`~pipewright.cost.comm.Mesh`), so the simulator and the runtime read it as a permutation of
-   the topology's devices (:func:`permuted`). Within each stage the slowest device is put at
-   (tp 0, dp 0), the device the simulator prices the stage on (a replicated stage runs at its slowest
-   replica's pace).
+   :class:`~pipewright.mesh.Mesh`), which the simulator and the runtime both read as the mesh's
+   placement (:func:`placement`: the device index of each rank). Within each stage the slowest
+   device is put at (tp 0, dp 0), the device the simulator prices the stage on (a replicated stage
+   runs at its slowest replica's pace).
 """
 
 from __future__ import annotations
@@ -39,13 +39,12 @@ def device_order(topology: Topology) -> tuple[str, ...]:
     graph does not connect them all."""
     if not topology.devices:
         raise ConfigError(f"topology {topology.name} has no devices")
-    adj = topology._adj  # bonded links: {u: {v: (bandwidth, latency)}}
     start = topology.devices[0]
     seen = {start}
     order = [start]
     heap: list[tuple[float, int, str]] = []
     counter = 0
-    for v, (bw, _) in adj[start].items():
+    for v, (bw, _) in topology.neighbours(start).items():
         counter += 1
         heapq.heappush(heap, (-bw, -counter, v))
     while heap:
@@ -55,7 +54,7 @@ def device_order(topology: Topology) -> tuple[str, ...]:
         seen.add(u)
         if topology.nodes[u].is_device:
             order.append(u)
-        for v, (bw, _) in adj[u].items():
+        for v, (bw, _) in topology.neighbours(u).items():
             if v not in seen:
                 counter += 1
                 heapq.heappush(heap, (-bw, -counter, v))
@@ -128,13 +127,12 @@ def slowest_first(
     return DeviceMap(dmap.tp, dmap.pp, dmap.dp, tuple(grid))
 
 
-def permuted(topology: Topology, ranks: Sequence[str]) -> Topology:
-    """The same graph with its devices listed in ``ranks`` order first (the rank order the cost model
-    and the runtime read), the other devices after them."""
-    names = [topology.device(d) for d in ranks]
-    if len(set(names)) != len(names):
+def placement(topology: Topology, ranks: Sequence[str]) -> tuple[int, ...]:
+    """The index into ``topology.devices`` of each rank's device: ``ranks`` as a
+    :class:`~pipewright.mesh.Mesh` placement (the rank order the cost model, the simulator and the
+    runtime share). One-line error for an unknown device or a device listed twice."""
+    index = {d: i for i, d in enumerate(topology.devices)}
+    out = tuple(index[topology.device(d)] for d in ranks)
+    if len(set(out)) != len(out):
         raise ConfigError("the device assignment lists a device twice")
-    chosen = set(names)
-    nodes = [topology.nodes[d] for d in names]
-    nodes += [n for n in topology.nodes.values() if n.name not in chosen]
-    return Topology(nodes, topology.edges, topology.name)
+    return out

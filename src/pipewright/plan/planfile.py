@@ -6,6 +6,7 @@ Schema (JSON)::
      "model": {"name": "gpt3-175b", "layers": 96, "hidden": 12288, "heads": 96, "ffn_hidden": 49152,
                "vocab": 50257, "seq_len": 2048},
      "topology": "128x8-a100-80gb", "devices": ["node0/gpu0", …],   # device of global rank g
+     "rank_order": "tp-dp-pp", "placement": [0, 1, …],   # g's device index (Mesh placement)
      "tp": 8, "pp": 8, "dp": 16, "virtual": 1, "schedule": "1f1b",
      "microbatch_size": 1, "microbatches": 96, "global_batch_size": 1536,
      "recompute": "selective", "sequence_parallel": true, "dtype": "bf16",
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pipewright.errors import ConfigError
+from pipewright.mesh import DEFAULT_ORDER
 from pipewright.models.spec import ModelSpec
 
 FORMAT = "pipewright-plan"
@@ -45,6 +47,12 @@ class Plan:
     @property
     def devices(self) -> list[str]:
         return list(self.data["devices"])
+
+    @property
+    def placement(self) -> tuple[int, ...] | None:
+        """The device index of each global rank (mesh order ``tp-dp-pp``), or None: the given order."""
+        place = self.data.get("placement")
+        return tuple(place) if place else None
 
     def schedule_csv(self, plan_path: str | Path) -> str | None:
         """The generated schedule's CSV (beside the plan file), or None for a schedule built by name."""
@@ -131,6 +139,20 @@ def check_schema(data: dict[str, Any], where: str = "plan") -> None:
     ):
         raise ConfigError(
             f'{where}: "devices" must list one device name for each of the {ranks} ranks (or none)'
+        )
+    order = data.get("rank_order", DEFAULT_ORDER)
+    if order != DEFAULT_ORDER:
+        raise ConfigError(
+            f'{where}: "rank_order" must be "{DEFAULT_ORDER}" (the order "placement" lists ranks in)'
+        )
+    place = data.get("placement")
+    if place is not None and (
+        not isinstance(place, list)
+        or not all(isinstance(x, int) and not isinstance(x, bool) for x in place)
+        or sorted(place) != list(range(ranks))
+    ):
+        raise ConfigError(
+            f'{where}: "placement" must list each device index 0…{ranks - 1} once (the device of each rank)'
         )
     for key in ("schedule_csv", "recompute", "dtype"):
         if key in data and data[key] is not None and not isinstance(data[key], str):

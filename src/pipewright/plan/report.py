@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from pipewright.mesh import DEFAULT_ORDER
 from pipewright.plan.baselines import megatron_baseline, pipedream_baseline, uniform_baseline
-from pipewright.plan.mapping import device_order
+from pipewright.plan.mapping import device_order, placement
 from pipewright.plan.partition import layout_string
 from pipewright.plan.planfile import FORMAT, model_json
 from pipewright.plan.search import Evaluated, Problem, SearchResult, _Context, search
@@ -18,7 +19,7 @@ def make_plan(
     """Search, then compute the baselines in the same run (their configurations also compete)."""
     ctx = _Context(prob, device_order(prob.topology))
     bases: list[Evaluated] = []
-    if baselines:
+    if baselines and prob.profile is None:  # (rules for analytical clusters: not from one profile)
         for fn in (megatron_baseline, pipedream_baseline):
             ev = fn(ctx)
             if ev is not None:
@@ -60,6 +61,8 @@ def plan_json(prob: Problem, result: SearchResult, schedule_csv: str | None = No
         "model": model_json(prob.spec),
         "topology": prob.topology.name,
         "devices": list(best.devices),
+        "rank_order": DEFAULT_ORDER,
+        "placement": list(placement(prob.topology, best.devices)),
         "tp": c.tp,
         "pp": c.pp,
         "dp": c.dp,
@@ -106,10 +109,40 @@ def summary(prob: Problem, result: SearchResult) -> str:
     if result.baselines:
         lines.append("baselines (simulated):")
         for b in result.baselines:
-            verdict = f"plan {b.time / best.time:.2f}x faster" if b.fits else "DOES NOT FIT in memory"
+            verdict = _verdict(prob, best, b)
             lines.append(f"  {b.label:<10} {b.time:.4f} s  ({verdict})  " + b.candidate.describe())
     if len(result.finalists) > 1:
         lines.append("runner-ups:")
-        for ev in result.finalists[1:6]:
+        shown: set[tuple[str, str]] = set()
+        for ev in result.finalists[1:]:
+            # a mapping style that changes nothing (the walk reversed on identical devices) is shown once
+            key = (f"{ev.time:.6g}", ev.candidate.describe().rsplit(" map=", 1)[0])
+            if key in shown or len(shown) == 5:
+                continue
+            shown.add(key)
             lines.append(f"  {ev.time:.4f} s  {ev.candidate.describe()}: {ev.why}")
     return "\n".join(lines)
+
+
+def _verdict(prob: Problem, best: Evaluated, base: Evaluated) -> str:
+    """How a baseline compares with the plan, in words; one that beats the plan names the option that
+    kept the search from its configuration (--tp/--pp/--dp, --schedules, --recompute,
+    --microbatch-sizes)."""
+    if not base.fits:
+        return "DOES NOT FIT in memory"
+    if base.time >= best.time:
+        return f"plan {base.time / best.time:.2f}x faster"
+    c = base.candidate
+    fixed = [
+        f"--{name} {want}"
+        for name, want, got in zip(("tp", "pp", "dp"), prob.fixed, (c.tp, c.pp, c.dp), strict=True)
+        if want is not None and want != got
+    ]
+    if c.schedule not in prob.schedules:
+        fixed.append(f"--schedules (has no {c.schedule})")
+    if c.recompute not in prob.recompute:
+        fixed.append(f"--recompute (has no {c.recompute})")
+    if c.microbatch not in prob.microbatch_sizes:
+        fixed.append(f"--microbatch-sizes (has no {c.microbatch})")
+    why = f"outside {', '.join(fixed)}" if fixed else "the search missed it"
+    return f"plan {best.time / base.time:.2f}x slower: {why}"

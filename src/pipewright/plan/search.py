@@ -17,98 +17,25 @@ generators' schedules are trusted) and ranked by simulated time.
 
 from __future__ import annotations
 
-import functools
 import itertools
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
-from pipewright.cost.comm import Mesh
-from pipewright.cost.recompute import RECOMPUTE_CHOICES, make_cost
-from pipewright.cost.transformer import A100_EFFICIENCY, Efficiency
 from pipewright.errors import ConfigError, PipewrightError
-from pipewright.ir import Action, F, I, W
-from pipewright.models.spec import ModelSpec
 from pipewright.plan.costs import StageCost, parts, stage_cost
-from pipewright.plan.mapping import DeviceMap, device_order, map_devices, permuted, slowest_first
+from pipewright.plan.mapping import DeviceMap, device_order, map_devices, slowest_first
 from pipewright.plan.partition import (
     DoesNotFitError,
     chunk_layout,
     partition,
     stage_terms,
 )
+from pipewright.plan.problem import Candidate, Evaluated, Problem
+from pipewright.plan.simulated import simulate_plan
+from pipewright.plan.zb_limit import cost_aware_order
 from pipewright.schedules.registry import check_args, info
-from pipewright.topology import Topology
-
-SCHEDULES = ("1f1b", "interleaved-1f1b", "zb-h1", "zb-auto")
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One point of the search space."""
-
-    tp: int
-    pp: int
-    dp: int
-    microbatch: int
-    microbatches: int
-    schedule: str = "1f1b"
-    virtual: int = 1
-    recompute: str = "none"
-    sequence_parallel: bool = False
-    style: str = "pp"
-
-    def describe(self) -> str:
-        v = f" v={self.virtual}" if self.virtual > 1 else ""
-        sp = "+sp" if self.sequence_parallel else ""
-        return (
-            f"t={self.tp} p={self.pp} d={self.dp} b={self.microbatch} m={self.microbatches} "
-            f"{self.schedule}{v} recompute={self.recompute}{sp} map={self.style}"
-        )
-
-
-@dataclass(frozen=True)
-class Problem:
-    """What to plan: a model on a topology with a global batch."""
-
-    spec: ModelSpec
-    topology: Topology
-    global_batch: int
-    dtype: str = "bf16"
-    memory_limit: float | None = None  # bytes per device; None: each device's own memory
-    efficiency: Efficiency = A100_EFFICIENCY
-    schedules: tuple[str, ...] = SCHEDULES
-    recompute: tuple[str, ...] = RECOMPUTE_CHOICES
-    microbatch_sizes: tuple[int, ...] = (1, 2, 4, 8)
-    max_tp: int = 8
-    finalists: int = 6
-    fixed: tuple[int | None, int | None, int | None] = (None, None, None)  # (tp, pp, dp) if given
-    cores: float | None = None  # all processes share this many CPU cores (sim.sharing), e.g. --gpu cpu
-
-
-@dataclass
-class Evaluated:
-    """A candidate with its partition, device assignment, estimate and (for finalists) simulation."""
-
-    candidate: Candidate
-    chunk_layers: tuple[int, ...]
-    devices: tuple[str, ...]  # global rank order
-    estimate: float
-    bottleneck: float
-    peak_memory: float = 0.0  # estimated bytes on the fullest device
-    simulated: float | None = None
-    simulated_memory: float | None = None
-    fits: bool = True
-    label: str = "plan"
-    why: str = ""
-    schedule: object = None  # a generated Schedule (zb-auto's cost-aware order), else built by name
-    zb_memory_limit: int | None = None
-    recompute_per_stage: tuple[str, ...] | None = None  # one mode per chunk, when they differ
-
-    @property
-    def time(self) -> float:
-        return self.simulated if self.simulated is not None else self.estimate
 
 
 @dataclass
@@ -157,8 +84,11 @@ def _divisors(n: int) -> list[int]:
 def candidates(problem: Problem) -> Iterable[Candidate]:
     """Every (t, p, d, b, schedule, v, recompute, style) the model, devices and batch allow."""
     spec, n = problem.spec, len(problem.topology.devices)
+    measured = problem.profile
     for t in _divisors(n):
         if t > problem.max_tp or spec.heads % t or spec.ffn_hidden % t:
+            continue
+        if measured is not None and t != measured.tp:  # a profile prices only its own tp
             continue
         for p in _divisors(n // t):
             if p > spec.layers:
@@ -167,7 +97,7 @@ def candidates(problem: Problem) -> Iterable[Candidate]:
             if any(f is not None and f != x for f, x in zip(problem.fixed, (t, p, d), strict=True)):
                 continue
             for b in problem.microbatch_sizes:
-                if problem.global_batch % (b * d):
+                if problem.global_batch % (b * d) or (measured and b not in measured.microbatch_sizes):
                     continue
                 m = problem.global_batch // (b * d)
                 for name in problem.schedules:
@@ -208,6 +138,8 @@ def _chunk_choices(name: str, p: int, m: int, layers: int) -> list[int]:
 
 def _stage_costs(ctx: _Context, c: Candidate, dmap: DeviceMap) -> list[StageCost]:
     prob = ctx.problem
+    if prob.profile is not None:  # measured on the profile's device: the same on every rank
+        return [prob.profile.stage_cost(c.microbatch)] * c.pp
     pc = parts(prob.spec, c.microbatch, c.tp, c.recompute, c.sequence_parallel, prob.dtype, prob.efficiency)
     out = []
     for i in range(c.pp):
@@ -230,12 +162,6 @@ def _stage_costs(ctx: _Context, c: Candidate, dmap: DeviceMap) -> list[StageCost
     return out
 
 
-def _memory_limit(prob: Problem, devices: Sequence[str]) -> float:
-    if prob.memory_limit is not None:
-        return prob.memory_limit
-    return min(prob.topology.accelerator(d).memory_bytes for d in devices)
-
-
 def estimate(ctx: _Context, c: Candidate, dmap: DeviceMap | None = None, layers=None) -> Evaluated:
     """Partition (or take ``layers`` per rank) and estimate one candidate (module docstring).
     Raises DoesNotFitError when no partition fits memory."""
@@ -246,7 +172,7 @@ def estimate(ctx: _Context, c: Candidate, dmap: DeviceMap | None = None, layers=
         dmap = map_devices(order, c.tp, c.pp, c.dp, style)
         dmap = slowest_first(prob.topology, dmap, prob.dtype, ctx.speeds)
     costs = _stage_costs(ctx, c, dmap)
-    pc = parts(prob.spec, c.microbatch, c.tp, c.recompute, c.sequence_parallel, prob.dtype, prob.efficiency)
+    boundary, grad_bytes = _messages(prob, c)
     p, v = c.pp, c.virtual
     comm = []
     for i in range(p):
@@ -254,7 +180,7 @@ def estimate(ctx: _Context, c: Candidate, dmap: DeviceMap | None = None, layers=
             comm.append(0.0)
             continue
         a, b = dmap.grid[i][0][0], dmap.grid[(i + 1) % p][0][0]
-        comm.append(v * ctx.p2p(a, b, pc.boundary_bytes))  # one transfer per direction
+        comm.append(v * boundary(ctx, a, b))  # one transfer per direction
     in_flight = [float(x) for x in info(c.schedule).memory(p, c.microbatches, v)]
     limits = [ctx.memory_limit(dmap.stage_devices(i)) for i in range(p)]
     terms = stage_terms(costs, comm, in_flight, limits)
@@ -273,10 +199,25 @@ def estimate(ctx: _Context, c: Candidate, dmap: DeviceMap | None = None, layers=
     est = (c.microbatches - 1 + 1 / v) * t_max + (total - t_max) * phi / v
     if c.dp > 1:
         group = tuple(dmap.grid[0][j][0] for j in range(c.dp))
-        grads = (layers[0] * pc.layer.params + pc.embed.params + (p == 1) * pc.head.params) * pc.grad_bytes
-        est += ctx.all_reduce(group)(grads)
+        est += ctx.all_reduce(group)(grad_bytes(layers[0], p == 1))
     chunks = chunk_layout(layers, v) if v > 1 else tuple(layers)
     return Evaluated(c, chunks, dmap.ranks, est, t_max, max(mems), fits=fits)
+
+
+def _messages(prob: Problem, c: Candidate):
+    """(boundary(ctx, a, b): one stage-boundary transfer's seconds from device a to b, grads(layers,
+    last): the first stage's gradient all-reduce bytes), from the profile's measurements or the
+    analytical pieces."""
+    b = c.microbatch
+    if prob.profile is not None:
+        measured = prob.profile.message_seconds(b)  # as the simulation's ProfiledComm prices it
+        return (lambda ctx, a, z: measured), lambda n, last: prob.profile.grad_bytes(b, n, True, last)
+    pc = parts(prob.spec, b, c.tp, c.recompute, c.sequence_parallel, prob.dtype, prob.efficiency)
+
+    def grads(n: int, last: bool) -> float:
+        return (n * pc.layer.params + pc.embed.params + last * pc.head.params) * pc.grad_bytes
+
+    return (lambda ctx, a, z: ctx.p2p(a, z, pc.boundary_bytes)), grads
 
 
 def _partition_chunks(terms, num_layers: int, v: int):
@@ -290,6 +231,9 @@ def _partition_chunks(terms, num_layers: int, v: int):
 def lower_bound(ctx: _Context, c: Candidate) -> float:
     """m × (all ranks' work) / p on the fastest device kind: no schedule beats it."""
     prob = ctx.problem
+    if prob.profile is not None:
+        work = prob.profile.stage_cost(c.microbatch).time(prob.spec.layers, True, True)
+        return c.microbatches * work / c.pp
     pc = parts(prob.spec, c.microbatch, c.tp, c.recompute, c.sequence_parallel, prob.dtype, prob.efficiency)
     best = None
     for kind in {prob.topology.nodes[d].accelerator for d in prob.topology.devices}:
@@ -300,61 +244,6 @@ def lower_bound(ctx: _Context, c: Candidate) -> float:
         work = sc.time(prob.spec.layers, True, True)
         best = work if best is None else min(best, work)
     return c.microbatches * best / c.pp
-
-
-@functools.lru_cache(maxsize=16)
-def _lowered(name: str, p: int, m: int, v: int, reduce: bool):
-    """A generator's schedule, with the gradient all-reduce when ``reduce``, lowered: built once for
-    all the layouts and mappings of one shape that the refinement simulates."""
-    from pipewright.passes.grad_reduce import add_grad_reduction
-    from pipewright.passes.lower import lower
-    from pipewright.schedules import build_schedule
-
-    sched = build_schedule(name, p, m, v)
-    return lower(add_grad_reduction(sched) if reduce else sched)
-
-
-def _plan_cost(prob: Problem, ev: Evaluated):
-    c = ev.candidate
-    return make_cost(
-        c.recompute,
-        per_stage=ev.recompute_per_stage,
-        spec=prob.spec,
-        microbatch=c.microbatch,
-        gpu=prob.topology.nodes[ev.devices[0]].accelerator,
-        dtype=prob.dtype,
-        mesh=Mesh(c.tp, c.pp, c.dp),
-        sequence_parallel=c.sequence_parallel,
-        topology=permuted(prob.topology, ev.devices),
-        efficiency=prob.efficiency,
-        layout=ev.chunk_layers,
-    )
-
-
-def simulate_plan(prob: Problem, ev: Evaluated) -> Evaluated:
-    """Run the full simulator on one evaluated candidate (no validation) and fill in its time/memory."""
-    from pipewright.passes.grad_reduce import add_grad_reduction
-    from pipewright.sim import simulate
-
-    c = ev.candidate
-    if ev.schedule is not None:
-        sched = ev.schedule
-        if c.dp > 1:
-            sched = add_grad_reduction(sched)
-    else:
-        sched = _lowered(c.schedule, c.pp, c.microbatches, c.virtual, c.dp > 1)
-    cost = _plan_cost(prob, ev)
-    shared = None
-    if prob.cores is not None:
-        from pipewright.sim.sharing import SharedCompute
-
-        shared = SharedCompute.from_profile(c.pp, prob.cores, {}, processes_per_rank=c.tp * c.dp)
-    result = simulate(sched, cost, comm=cost.comm, shared=shared)
-    ev.simulated = result.iteration_time
-    ev.simulated_memory = max(result.peak_memory)
-    limits = [_memory_limit(prob, [cost.comm.device(r)]) for r in range(c.pp)]
-    ev.fits = all(m <= lim for m, lim in zip(result.peak_memory, limits, strict=True))
-    return ev
 
 
 def refine(prob: Problem, ev: Evaluated, budget: int | None = None) -> Evaluated:
@@ -426,43 +315,6 @@ def refine(prob: Problem, ev: Evaluated, budget: int | None = None) -> Evaluated
             if t.fits and t.time < best.time * (1 - 1e-9):
                 best, improved = t, True
     return best
-
-
-def cost_aware_order(prob: Problem, ev: Evaluated) -> list[Evaluated]:
-    """Where stage times differ, a microbatch order fitted to them instead of a fixed template: Zero
-    Bubble's memory-bounded greedy (:func:`pipewright.schedules.zero_bubble.zb_auto`) fed this plan's
-    per-stage F, I, W times and boundary transfer time, for memory limits p, ⌊3p/2⌋ and 2p − 1
-    microbatches in flight (those the devices hold), each simulated."""
-    from pipewright.ir import SEND_F
-    from pipewright.schedules import build_schedule
-    from pipewright.schedules.zero_bubble import zb_auto
-
-    c = ev.candidate
-    p, m = c.pp, c.microbatches
-    if c.virtual > 1 or p == 1:
-        return []
-    cost = _plan_cost(prob, ev)
-    ref = build_schedule("zb-h1", p, m)
-    f = [cost.compute_time(Action(s, F, 0), ref) for s in range(p)]
-    i = [cost.compute_time(Action(s, I, 0), ref) for s in range(p)]
-    w = [cost.compute_time(Action(s, W, 0), ref) for s in range(p)]
-    nbytes = cost.message_bytes(Action(0, SEND_F, 0), ref)
-    comm = max(cost.comm.p2p_time(r, r + 1, nbytes) for r in range(p - 1))
-    room = []
-    for r in range(p):
-        act = cost.activation_bytes(Action(r, F, 0), ref)
-        limit = _memory_limit(prob, [cost.comm.device(r)]) - cost.static_bytes(r, ref)
-        room.append(math.floor(limit / act) if act > 0 else 2 * p)
-    out = []
-    for lim in sorted({p, (3 * p) // 2, 2 * p - 1}):
-        if lim > min(room) or lim < 1:
-            continue
-        sched = zb_auto(p, m, f=f, i=i, w=w, comm=comm, memory_limit=lim)
-        cand = replace(c, schedule="zb-auto")
-        t = Evaluated(cand, ev.chunk_layers, ev.devices, ev.estimate, ev.bottleneck, schedule=sched,
-                      zb_memory_limit=lim)  # fmt: skip
-        out.append(simulate_plan(prob, t))
-    return out
 
 
 def per_stage_recompute(prob: Problem, ev: Evaluated) -> Evaluated:

@@ -85,6 +85,9 @@ class TrainConfig:
     shard_optimizer: bool = False
     tie_embeddings: bool = False
     init_from: str | None = None
+    # the device (process) of each global rank in the mesh's tp-dp-pp order, comma-separated, e.g. "0,2,1,3"
+    # (a `pipewright plan` device assignment, pipewright.mesh.Mesh's placement); None: rank r on process r
+    placement: str | None = None
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, object], *, source: str = "config") -> TrainConfig:
@@ -121,6 +124,18 @@ class TrainConfig:
     def with_overrides(self, **values: object) -> TrainConfig:
         """Replace the values that are not None (command-line flags over the file)."""
         return replace(self, **{k: v for k, v in values.items() if v is not None})
+
+    def placement_ranks(self) -> tuple[int, ...] | None:
+        """:attr:`placement` as device indices (None: the identity); one-line error if it is not a list of
+        integers."""
+        if not self.placement:
+            return None
+        try:
+            return tuple(int(x) for x in self.placement.split(","))
+        except ValueError:
+            raise ConfigError(
+                f"placement {self.placement!r} must be comma-separated device indices, e.g. 0,2,1,3"
+            ) from None
 
     @property
     def world_size(self) -> int:
@@ -201,6 +216,10 @@ class TrainConfig:
             raise ConfigError(f"--stop-after must be at least 1 (got {self.stop_after})")
         if self.lr <= 0:
             raise ConfigError(f"--lr must be positive (got {self.lr})")
+        if self.placement_ranks() is not None:
+            from pipewright.mesh import Mesh
+
+            Mesh(self.tp, self.pp, self.dp, placement=self.placement_ranks())  # one line if not a permutation
         self._check_runtime_features()
         from pipewright.optim import OPTIMIZERS
         from pipewright.runtime.nonfinite import check_policy

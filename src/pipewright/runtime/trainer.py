@@ -240,7 +240,7 @@ class Trainer:
     def __init__(self, run: PreparedRun, *, mesh: ParallelMesh | None = None) -> None:
         c, spec = run.config, run.spec
         self.run, self.config, self.spec = run, c, spec
-        self.mesh = mesh or ParallelMesh.build(dp=c.dp, pp=c.pp, tp=c.tp)
+        self.mesh = mesh or ParallelMesh.build(dp=c.dp, pp=c.pp, tp=c.tp, placement=c.placement_ranks())
         self.device = self.mesh.device
         self.dataset = open_dataset(c.data, tokenizer=c.tokenizer, progress=False)
         self.schedule = run.schedule

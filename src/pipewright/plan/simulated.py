@@ -1,0 +1,94 @@
+"""Simulating one evaluated plan in full: its cost model (recomputation, layout and a Mesh placement of
+its devices) and the generator's schedule, lowered once per shape and not validated (the generators'
+schedules are trusted)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+
+from pipewright.cost.comm import Mesh
+from pipewright.cost.recompute import make_cost
+from pipewright.plan.mapping import placement
+from pipewright.plan.problem import Evaluated, Problem
+
+
+def device_memory_limit(prob: Problem, devices: Sequence[str]) -> float:
+    """Bytes each of ``devices`` may use: ``--memory-limit``, else the smallest device memory."""
+    if prob.memory_limit is not None:
+        return prob.memory_limit
+    return min(prob.topology.accelerator(d).memory_bytes for d in devices)
+
+
+@functools.lru_cache(maxsize=16)
+def _lowered(name: str, p: int, m: int, v: int, reduce: bool):
+    """A generator's schedule, with the gradient all-reduce when ``reduce``, lowered: built once for
+    all the layouts and mappings of one shape that the refinement simulates."""
+    from pipewright.passes.grad_reduce import add_grad_reduction
+    from pipewright.passes.lower import lower
+    from pipewright.schedules import build_schedule
+
+    sched = build_schedule(name, p, m, v)
+    return lower(add_grad_reduction(sched) if reduce else sched)
+
+
+def rank_device(ev: Evaluated, rank: int) -> str:
+    """The device of pipeline rank ``rank``'s (tp 0, dp 0) process — the one the simulator prices — in
+    the mesh order tp-dp-pp of ``ev.devices``."""
+    c = ev.candidate
+    return ev.devices[rank * c.tp * c.dp]
+
+
+def plan_models(prob: Problem, ev: Evaluated):
+    """(cost model, comm model) of one evaluated plan: its recomputation (per stage where chosen),
+    degrees, layout and device placement (:func:`pipewright.plan.mapping.placement`, a Mesh placement);
+    from the profile's measurements when the problem has one (:mod:`pipewright.plan.profiled`)."""
+    c = ev.candidate
+    mesh = Mesh(c.tp, c.pp, c.dp, placement=placement(prob.topology, ev.devices))
+    if prob.profile is not None:
+        from pipewright.cost.comm import TopologyComm
+        from pipewright.cost.profiled import ProfiledComm
+
+        cost = prob.profile.cost(c.microbatch, ev.chunk_layers)
+        return cost, ProfiledComm.from_cost(cost, TopologyComm(prob.topology, mesh, prob.efficiency.comm))
+    cost = make_cost(
+        c.recompute,
+        per_stage=ev.recompute_per_stage,
+        spec=prob.spec,
+        microbatch=c.microbatch,
+        gpu=prob.topology.nodes[ev.devices[0]].accelerator,
+        dtype=prob.dtype,
+        mesh=mesh,
+        sequence_parallel=c.sequence_parallel,
+        topology=prob.topology,
+        efficiency=prob.efficiency,
+        layout=ev.chunk_layers,
+    )
+    return cost, cost.comm
+
+
+def simulate_plan(prob: Problem, ev: Evaluated) -> Evaluated:
+    """Run the full simulator on one evaluated candidate (no validation) and fill in its time/memory."""
+    from pipewright.passes.grad_reduce import add_grad_reduction
+    from pipewright.sim import simulate
+
+    c = ev.candidate
+    if ev.schedule is not None:
+        sched = ev.schedule
+        if c.dp > 1:
+            sched = add_grad_reduction(sched)
+    else:
+        sched = _lowered(c.schedule, c.pp, c.microbatches, c.virtual, c.dp > 1)
+    cost, comm = plan_models(prob, ev)
+    shared = None
+    if prob.cores is not None:
+        from pipewright.sim.sharing import SharedCompute
+
+        meta = {} if prob.profile is None else prob.profile.meta  # its contention curve, if measured
+        shared = SharedCompute.from_profile(c.pp, prob.cores, meta, processes_per_rank=c.tp * c.dp)
+    result = simulate(sched, cost, comm=comm, shared=shared)
+    ev.simulated = result.iteration_time
+    ev.simulated_memory = max(result.peak_memory)
+    limits = [device_memory_limit(prob, [rank_device(ev, r)]) for r in range(c.pp)]
+    ev.fits = all(m <= lim for m, lim in zip(result.peak_memory, limits, strict=True))
+    return ev
