@@ -83,6 +83,7 @@ class TrainConfig:
     shard_optimizer: bool = False
     tie_embeddings: bool = False
     init_from: str | None = None
+    vocab_parallel: str = "none"  # none, naive, alg1 or alg2: pipewright.features.vocab
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, object], *, source: str = "config") -> TrainConfig:
