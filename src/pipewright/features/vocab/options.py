@@ -64,6 +64,7 @@ def apply_to_simulation(option: str, schedule: Schedule, cost, comm, *, unit: bo
         topology=cost.topology,
         sequence_parallel=cost.sequence_parallel,
         efficiency=cost.efficiency,
+        attention=cost.attention,
     )
     if option == "redistribute":
         layout = redistribute_layout(spec, schedule, pp=mesh.pp, tp=mesh.tp, **_kw(common))
