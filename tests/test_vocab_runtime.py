@@ -1,14 +1,15 @@
 """Vocabulary parallelism in the pipeline executor against the single-process model (fp32, 1e-5).
 
-One spawn of 4 workers runs every case: schedules 1F1B, interleaved 1F1B and V-Half with Algorithms 1
-and 2 at p = 4 (one pipeline), p = 2 (two data-parallel replicas of a 2-rank pipeline, each with its
-own vocabulary group) and p = 2 × t = 2 (tensor-parallel stages, 4 vocabulary shards). Each case
-compares the per-microbatch losses, every transformer parameter's gradient (tensor-parallel shards
-gathered) and both vocabulary shards' gradients with the unpartitioned model.
+The acceptance matrix, p ∈ {2, 4} × t ∈ {1, 2} × {1F1B, interleaved 1F1B, V-Half} × {naive, alg1,
+alg2} (36 cases), in one spawn of 8 workers sharing one process group: p = 4 × t = 2 is one pipeline of
+8 vocabulary shards; the smaller pipelines run as 8 / (p·t) data-parallel replicas, each with its own
+vocabulary group. Each case compares the per-microbatch losses, every transformer parameter's gradient
+(tensor-parallel shards gathered) and both vocabulary shards' gradients with the unpartitioned model.
 """
 
 from __future__ import annotations
 
+import functools
 import traceback
 from datetime import timedelta
 
@@ -31,8 +32,9 @@ RTOL = 1e-5
 SPEC = ModelSpec("tiny", layers=8, hidden=16, heads=2, vocab=38, seq_len=6)  # padded to 40
 B, M, SEED = 2, 4, 3
 SCHEDULES = [("1f1b", None), ("interleaved-1f1b", 2), ("v-half", None)]
-ALGORITHMS = ("alg1", "alg2")
-PIPELINES = ((2, 1), (4, 1), (2, 2))  # (p, t); the world has 4 ranks (dp = 4 / (p·t))
+ALGORITHMS = ("naive", "alg1", "alg2")
+PIPELINES = ((2, 1), (4, 1), (2, 2), (4, 2))  # (p, t); the world has 8 ranks (dp = 8 / (p·t))
+WORLD = 8
 
 
 def _data():
@@ -42,6 +44,7 @@ def _data():
     return ids, targets
 
 
+@functools.cache
 def _reference():
     torch.manual_seed(0)
     model = build_full(SPEC, SEED)
@@ -60,10 +63,21 @@ def _err(label, actual, expected) -> str:
     return "" if err <= RTOL * scale else f"{label}: max error {err:.3g} over scale {scale:.3g}"
 
 
-def _case(mesh, group, name, v, algorithm) -> str:
-    p = mesh.pp
-    base = build_schedule(name, p, M, v)
-    sched = insert_vocab(base, algorithm)
+def _schedules() -> dict:
+    """Every case's schedule (naive is placed as alg1), computed on rank 0 and broadcast."""
+    box = [None]
+    if dist.get_rank() == 0:
+        box[0] = {
+            (name, p, alg): insert_vocab(build_schedule(name, p, M, v), alg)
+            for p in sorted({p for p, _ in PIPELINES})
+            for name, v in SCHEDULES
+            for alg in ("alg1", "alg2")
+        }
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _case(mesh, group, sched, algorithm) -> str:
     mine = sched.stages_of(mesh.pp_rank)
     factory = tp_linear_factory(mesh.group("tp")) if mesh.tp > 1 else None
     n = sched.num_stages
@@ -108,14 +122,16 @@ def _worker(rank: int, world: int, init_file: str, queue) -> None:
     )
     results: dict[str, str] = {}
     try:
+        schedules = _schedules()
         for p, t in PIPELINES:
             mesh = ParallelMesh.build(dp=world // (p * t), pp=p, tp=t, device="cpu")
             group = vocab_group(mesh)
-            for name, v in SCHEDULES:
+            for name, _ in SCHEDULES:
                 for algorithm in ALGORITHMS:
                     key = f"p={p} t={t} {name} {algorithm}"
                     try:
-                        results[key] = _case(mesh, group, name, v, algorithm)
+                        sched = schedules[name, p, "alg2" if algorithm == "alg2" else "alg1"]
+                        results[key] = _case(mesh, group, sched, algorithm)
                     except Exception:
                         results[key] = traceback.format_exc()
                     dist.barrier()
@@ -130,7 +146,7 @@ def _spawn(world: int) -> dict[str, list[str]]:
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, list[str]]:
-    return _spawn(4)
+    return _spawn(WORLD)
 
 
 @pytest.mark.slow
@@ -139,6 +155,6 @@ def results() -> dict[str, list[str]]:
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_runtime_equals_unpartitioned_model(results, p, t, name, v, algorithm) -> None:
     got = results[f"p={p} t={t} {name} {algorithm}"]
-    assert len(got) == 4
+    assert len(got) == WORLD
     bad = [e for e in got if e]
     assert not bad, "\n".join(bad)

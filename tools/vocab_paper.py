@@ -2,6 +2,7 @@
 for naive placement, layer redistribution, Algorithm 1 and Algorithm 2; draw MFU against vocabulary.
 
     PYTHONPATH=src python tools/vocab_paper.py [--schedule 1f1b|v-half] [--microbatches 128] [--png FILE]
+        [--attention flash|eager]
 """
 
 from __future__ import annotations
@@ -55,8 +56,9 @@ def main() -> None:
     ap.add_argument("--schedule", default="1f1b")
     ap.add_argument("--microbatches", type=int, default=128)
     ap.add_argument("--png")
+    ap.add_argument("--attention", default="flash", choices=("flash", "eager"), help="as the paper: flash")
     args = ap.parse_args()
-    rows = table(args.schedule, microbatches=args.microbatches)
+    rows = table(args.schedule, microbatches=args.microbatches, attention=args.attention)
     print(markdown(rows))
     if args.png:
         plot(rows, args.png, args.schedule)

@@ -109,6 +109,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--profile", help="profile CSV for --compare-sim (default: profile the model first, in-process)"
     )
+    from pipewright.features import builtin_features
+
+    builtin_features().add_options("train", parser)  # features' flags (--vocab-parallel): TrainConfig fields
     parser.set_defaults(func=_train)
 
 
@@ -126,6 +129,12 @@ def config_from_args(args: argparse.Namespace):
     values.update(
         {flag[2:].replace("-", "_"): getattr(args, flag[2:].replace("-", "_")) for flag, _ in _SWITCHES}
     )
+    from dataclasses import fields
+
+    taken = set(values) | {"resume", "progress", "artifacts", "sequence_parallel", "scatter_gather"}
+    for f in fields(config):  # flags the features added (default None: not given)
+        if f.name not in taken and getattr(args, f.name, None) is not None:
+            values[f.name] = getattr(args, f.name)
     config = config.with_overrides(
         **values,
         resume=args.resume,

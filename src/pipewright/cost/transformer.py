@@ -20,9 +20,14 @@ vocabulary V, tensor-parallel size t:
 - Activation memory added by F, per layer (16-bit activations; Korthikanti et al. 2022):
   s·b·h·(10 + 24/t + 5·a·s/(h·t)) bytes, s·b·h·(34 + 5·a·s/h)/t with sequence parallelism (both
   34·s·b·h + 5·a·s²·b at t = 1); with full recomputation only the layer input, 2·s·b·h (/t with sequence
-  parallelism). Chunk 0 adds the embedding output (s·b·h elements), the last chunk the fp32 logits
-  (4·b·s·V/t bytes). W frees 32·s·b·h/t per layer (the inputs of its linear layers; nothing with
-  recomputation), I frees the rest, B everything (Zero Bubble's accounting).
+  parallelism). ``attention="flash"`` (fused attention, FlashAttention, Dao et al. 2022): the a·s² scores,
+  their softmax and dropout mask are never stored nor moved through memory — the 5·a·s/(h·t) term
+  leaves both the activation and the memory-traffic formula (Korthikanti et al.'s selective-recompute
+  memory, s·b·h·(10 + 24/t), 34·s·b·h/t with sequence parallelism) — and the backward recomputes the
+  scores Q·Kᵀ: +2·b·s²·h executed FLOPs per layer in B (and I), not counted as model FLOPs.
+  Chunk 0 adds the embedding output (s·b·h elements), the last chunk the fp32 logits (4·b·s·V/t bytes).
+  W frees 32·s·b·h/t per layer (the inputs of its linear layers; nothing with recomputation), I frees
+  the rest, B everything (Zero Bubble's accounting).
 - Parameters per layer 4h² + 2hf + 9h + f (= 12h² + 13h), embedding (V + s)·h on chunk 0, a V·h output
   layer (or the tied copy) and the final LayerNorm on the last chunk; static memory = parameters / t ×
   ``bytes_per_param`` (18 by default: fp16 weight 2 + fp32 gradient accumulator 4 + fp32 master weight 4
@@ -47,6 +52,7 @@ from pipewright.topology import Topology, cluster, single_host
 
 DTYPE_BYTES: Mapping[str, int] = MappingProxyType({"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1})
 RECOMPUTE = ("none", "full")
+ATTENTION = ("eager", "flash")  # eager: the a·s² scores are stored (Korthikanti et al.); flash: fused
 _MESSAGES = (SEND_F, RECV_F, SEND_B, RECV_B)
 
 
@@ -146,7 +152,8 @@ class TransformerCost:
     output layer with its loss (:mod:`pipewright.cost.placement`); ``None`` = uniform.
     ``topology``/``mesh``: where ranks run (:class:`~pipewright.cost.comm.Mesh` order); without a
     topology, :func:`default_topology` of ``gpu``. ``extra_times``: seconds of extension compute kinds
-    (e.g. K-FAC tasks), 0 when absent.
+    (e.g. K-FAC tasks), 0 when absent. ``attention``: ``eager`` (default; the attention scores are
+    stored) or ``flash`` (fused attention: no a·s² storage or traffic, scores recomputed in the backward).
     """
 
     spec: ModelSpec
@@ -163,12 +170,15 @@ class TransformerCost:
     bytes_per_param: float = 18.0
     grad_bytes: float = 2.0
     extra_times: Mapping[str, float] = field(default_factory=dict)
+    attention: str = "eager"
     comm: TopologyComm = field(init=False, repr=False, compare=False)
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE:
             raise ConfigError(f"--recompute must be one of {', '.join(RECOMPUTE)} (got {self.recompute!r})")
+        if self.attention not in ATTENTION:
+            raise ConfigError(f"attention must be one of {', '.join(ATTENTION)} (got {self.attention!r})")
         if self.dtype not in DTYPE_BYTES:
             raise ConfigError(f"unknown dtype {self.dtype!r}; choose one of: {', '.join(DTYPE_BYTES)}")
         if self.microbatch < 1:
@@ -203,6 +213,8 @@ class TransformerCost:
         logit = logit_forward_flops(spec, b) if last else 0.0
         half_bwd = fwd + logit  # half of the 2× backward
         recomputed = fwd if full else 0.0
+        if self.attention == "flash":  # the backward recomputes the scores Q·Kᵀ (2·b·s²·h per layer)
+            recomputed += n_layers * 2 * b * s * s * h
         model = {F: fwd + logit, B: 2 * half_bwd, I: half_bwd, W: half_bwd}
         executed = {F: model[F], B: model[B] + recomputed, I: model[I] + recomputed, W: model[W]}
         act = s * b * h * esize  # one b·s·h activation tensor
@@ -220,9 +232,10 @@ class TransformerCost:
         tp_bytes[B] = tp_bytes[I] + tp_bytes[W]
         # activation memory (16-bit formulas scaled by element size / 2)
         scale = esize / 2
-        stored = s * b * h * (10 + 24 / t + 5 * a * s / (h * t)) * scale  # a forward without recomputation
+        scores = 0.0 if self.attention == "flash" else 5 * a * s / h  # the a·s² scores, per s·b·h
+        stored = s * b * h * (10 + 24 / t + scores / t) * scale  # a forward without recomputation
         if self.sequence_parallel:
-            stored = s * b * h * (34 + 5 * a * s / h) / t * scale
+            stored = s * b * h * (34 + scores) / t * scale
         fwd_traffic = self.efficiency.memory_traffic * n_layers * stored
         redo = fwd_traffic if full else 0.0
         traffic = {F: fwd_traffic, B: 2 * fwd_traffic + redo, I: fwd_traffic + redo, W: fwd_traffic}

@@ -40,25 +40,48 @@ class RuntimeParts:
     """What a feature adds to the executor: ``handlers`` (kind → ``fn(state, action)``),
     ``output_hooks`` (stage → ``fn(state, action, output) -> output``), ``tensor_specs`` (P2P tensor
     name → ``fn(action) -> (shape, dtype)``), ``groups`` (name → process group) and ``loss_fn_off``
-    (True when the feature computes the loss itself, so the default loss hook is not installed)."""
+    (True when the feature computes the loss itself, so the default loss hook is not installed).
+
+    What a feature changes in the trainer (:class:`pipewright.runtime.trainer.Trainer`, which names no
+    feature): ``schedule`` and ``stages`` replace the compute-only schedule and this rank's stage
+    modules; ``parameters`` (name → parameter) are trained with the stages (optimizer, global gradient
+    norm — each rank's are counted, they are disjoint shards —, checkpoints); ``batch_everywhere``: every
+    rank gets the microbatches' inputs and targets; ``after_run()`` runs after each executor run (complete
+    collectives, reduce the parameters' gradients over data parallelism); ``evaluate(executor, inputs,
+    targets) -> losses`` replaces the forward-only validation pass."""
 
     handlers: Mapping[str, Callable] = field(default_factory=dict)
     output_hooks: Mapping[int, Callable] = field(default_factory=dict)
     tensor_specs: Mapping[str, Callable] = field(default_factory=dict)
     groups: Mapping[str, Any] = field(default_factory=dict)
     loss_fn_off: bool = False
+    schedule: Any = None
+    stages: Mapping[int, Any] | None = None
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+    batch_everywhere: bool = False
+    after_run: Callable[[], None] | None = None
+    evaluate: Callable[..., list[float]] | None = None
 
     def merged(self, other: RuntimeParts) -> RuntimeParts:
-        for name in ("handlers", "output_hooks", "tensor_specs", "groups"):
+        for name in ("handlers", "output_hooks", "tensor_specs", "groups", "parameters"):
             clash = set(getattr(self, name)) & set(getattr(other, name))
             if clash:
                 raise ConfigError(f"two features both provide {name} for {sorted(map(str, clash))}")
+        single = {}
+        for name in ("schedule", "stages", "after_run", "evaluate"):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            if mine is not None and theirs is not None:
+                raise ConfigError(f"two features both replace the trainer's {name}; enable only one")
+            single[name] = mine if mine is not None else theirs
         return RuntimeParts(
             {**self.handlers, **other.handlers},
             {**self.output_hooks, **other.output_hooks},
             {**self.tensor_specs, **other.tensor_specs},
             {**self.groups, **other.groups},
             self.loss_fn_off or other.loss_fn_off,
+            parameters={**self.parameters, **other.parameters},
+            batch_everywhere=self.batch_everywhere or other.batch_everywhere,
+            **single,
         )
 
     def executor_kwargs(self) -> dict[str, Any]:
@@ -89,7 +112,12 @@ class Feature:
     ``training``: import path of a training hook for schedules whose loop the feature owns.
     ``simulate``: import path of a ``pipewright simulate`` hook (:meth:`simulate_hook`).
     ``optimizers``: ``--optimizer`` name → import path of ``attach(trainer) -> (optimizer, handlers,
-    schedule)``, for optimizers whose work runs inside the schedule (K-FAC in the bubbles)."""
+    schedule)``, for optimizers whose work runs inside the schedule (K-FAC in the bubbles).
+    ``train_runtime``: import path of ``fn(trainer) -> RuntimeParts`` that ``pipewright train`` calls
+    on every rank with its :class:`~pipewright.runtime.trainer.Trainer` (empty parts when the config
+    leaves the feature off); ``check_training``: import path of ``fn(config, spec, schedule)`` run
+    before any worker starts, raising a one-line ConfigError for the combinations the feature's runtime
+    does not support."""
 
     name: str
     kinds: tuple[KindSpec, ...] = ()
@@ -101,6 +129,8 @@ class Feature:
     training: str | None = None
     simulate: str | None = None
     optimizers: Mapping[str, str] = field(default_factory=dict)
+    train_runtime: str | None = None
+    check_training: str | None = None
     description: str = ""
 
     def simulate_hook(self) -> Callable[[Any, Any], Any] | None:
@@ -224,3 +254,20 @@ def optimizer_hook(name: str) -> Callable[[Any], Any] | None:
         if path is not None:
             return _load(path)
     return None
+
+
+def training_parts(trainer: Any) -> RuntimeParts:
+    """Collective: the built-in features' merged ``train_runtime(trainer)`` parts (a feature the
+    config leaves off returns empty parts)."""
+    parts = RuntimeParts()
+    for feature in builtin_features():
+        if feature.train_runtime is not None:
+            parts = parts.merged(_load(feature.train_runtime)(trainer))
+    return parts
+
+
+def check_training(config: Any, spec: Any, schedule: Any) -> None:
+    """Run every built-in feature's ``check_training(config, spec, schedule)`` (one-line ConfigErrors)."""
+    for feature in builtin_features():
+        if feature.check_training is not None:
+            _load(feature.check_training)(config, spec, schedule)

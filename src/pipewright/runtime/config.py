@@ -88,6 +88,7 @@ class TrainConfig:
     # the device (process) of each global rank in the mesh's tp-dp-pp order, comma-separated, e.g. "0,2,1,3"
     # (a `pipewright plan` device assignment, pipewright.mesh.Mesh's placement); None: rank r on process r
     placement: str | None = None
+    vocab_parallel: str = "none"  # none, naive, alg1 or alg2: pipewright.features.vocab
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, object], *, source: str = "config") -> TrainConfig:

@@ -37,7 +37,13 @@ from pipewright.codec import load_csv
 from pipewright.cost.placement import loss_stage
 from pipewright.data import TokenDataset, open_dataset
 from pipewright.errors import ConfigError
-from pipewright.features import library_schedules, optimizer_hook, training_hook
+from pipewright.features import (
+    check_training,
+    library_schedules,
+    optimizer_hook,
+    training_hook,
+    training_parts,
+)
 from pipewright.ir import Schedule
 from pipewright.models.family import build_stage
 from pipewright.models.gpt import loss_fn
@@ -156,6 +162,7 @@ def prepare(config: TrainConfig, *, world_size: int | None = None) -> PreparedRu
     layout = resolve_layout(config.layout, config.num_layers(), schedule.num_stages)  # before the (slow) data
     dataset = open_dataset(config.data, tokenizer=config.tokenizer, progress=config.progress)
     spec = config.model_spec(dataset.vocab_size)
+    check_training(config, spec, schedule)  # the features' unsupported combinations (--vocab-parallel …)
     fp = fingerprint(spec, config.tokenizer, config.tp)
     out_dir = Path(config.out) if config.out else default_out_dir()
     resume_from, start = None, 0
@@ -258,12 +265,20 @@ class Trainer:
             s: build_stage(spec, run.layout, s, seed=c.seed, linear_factory=factory).to(self.device)
             for s in self.schedule.stages_of(self.mesh.pp_rank)
         }
+        # what the enabled features change: schedule, stage modules, extra parameters, handlers (collective)
+        self.parts = training_parts(self)
+        if self.parts.schedule is not None:
+            self.schedule = self.parts.schedule
+        if self.parts.stages is not None:
+            self.stages = dict(self.parts.stages)
         # recomputation, tied embeddings, --init-from, mixed precision, ZeRO-1 (runtime/train_options.py)
         self.options = TrainingOptions(c, spec, self.mesh, self.schedule, self.stages)
         self.params = {n: p for mod in self.stages.values() for n, p in mod.named_parameters()}
+        self.params |= self.parts.parameters
         # parameters counted in the global gradient norm: shards, and replicated ones on tp rank 0
         self.norm_params = self.options.norm_params(
             [p for mod in self.stages.values() for p in grad_norm_params(mod, self.mesh.tp_group)]
+            + list(self.parts.parameters.values())
         )
         self.master = None if self.options.plain else self.options.build_optimizer(self.params)
         if self.master is not None:  # fp32 masters (maybe sharded over dp) for a bf16/fp16 model
@@ -272,7 +287,7 @@ class Trainer:
             self.optimizer = build_optimizer(
                 c.optimizer, self.params.items(), lr=c.lr, weight_decay=c.weight_decay
             )
-        exec_schedule, handlers = self.schedule, self.options.handlers()
+        exec_schedule, handlers = self.schedule, {**self.options.handlers(), **self.parts.handlers}
         attach = optimizer_hook(c.optimizer)  # an optimizer whose work runs inside the schedule (K-FAC)
         if attach is not None:
             self.optimizer, extra, exec_schedule = attach(self)
@@ -289,10 +304,13 @@ class Trainer:
             exec_schedule,
             self.mesh,
             self.stages,
-            loss_fn=self.options.loss_fn(self.loss_fn),
+            loss_fn=None if self.parts.loss_fn_off else self.options.loss_fn(self.loss_fn),
             boundary_shape=self.boundary_shape,
             dtype=self.options.dtype,
             handlers={**handlers, **(self.extra_handlers() or {})},
+            output_hooks=dict(self.parts.output_hooks),
+            tensor_specs=dict(self.parts.tensor_specs),
+            groups=dict(self.parts.groups),
             device=self.device,
             recv_timeout_s=c.recv_timeout_s,
             record=True,
@@ -300,8 +318,8 @@ class Trainer:
             loss_stage=loss_stage(run.layout, self.schedule.num_stages),
         )
         self.guard.attach(self.executor)  # wraps its handlers: each rank's position, injected faults
-        self.first = 0 in self.stages
-        self.last = self.schedule.num_stages - 1 in self.stages
+        self.first = 0 in self.stages or self.parts.batch_everywhere
+        self.last = self.schedule.num_stages - 1 in self.stages or self.parts.batch_everywhere
         self.timeline: Timeline | None = None
         self.meta = {"fingerprint": run.fingerprint, "model": spec.name, "config": asdict(c)}
         # checkpoint names: a tensor-parallel shard is named with its tp rank
@@ -361,11 +379,15 @@ class Trainer:
         over dp. Returns the mean loss over the global batch (on every rank)."""
         for mod in self.stages.values():
             mod.zero_grad(set_to_none=True)
+        for prm in self.parts.parameters.values():
+            prm.grad = None
         xs, ys = local_batches(self.run, self.dataset, "train", step, self.mesh.dp_rank)
         losses = self.executor.run(
             [x.to(self.device) for x in xs] if self.first else None,
             [y.to(self.device) for y in ys] if self.last else None,
         )
+        if self.parts.after_run is not None:  # e.g. complete a feature's collectives, reduce over dp
+            self.parts.after_run()
         if self.sequence_parallel:  # replicated parameters saw 1/t of the tokens: sum over tp
             for mod in self.stages.values():
                 sync_sequence_parallel_grads(mod, self.mesh.tp_group)
@@ -413,9 +435,11 @@ class Trainer:
         """Validation loss: mean token cross-entropy over ``eval_batches`` fixed global batches of the
         held-out split, each run forward-only through the schedule (:meth:`PipelineExecutor.evaluate`)."""
         losses: list[float] = []
+        evaluate = self.parts.evaluate or (lambda executor, xs, ys: executor.evaluate(xs, ys))
         for j in range(self.config.eval_batches):
             xs, ys = local_batches(self.run, self.dataset, "val", j, self.mesh.dp_rank)
-            losses += self.executor.evaluate(
+            losses += evaluate(
+                self.executor,
                 [x.to(self.device) for x in xs] if self.first else None,
                 [y.to(self.device) for y in ys] if self.last else None,
             )

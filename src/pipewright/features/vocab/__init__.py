@@ -6,7 +6,8 @@ vocabulary over all p·t pipeline × tensor ranks.
 - :mod:`.layers`: the same over a torch.distributed group, asynchronous collectives;
 - :mod:`.kinds`, :mod:`.insert`: the schedule side (action kinds and the pass that places them);
 - :mod:`.cost`: FLOPs, time and memory of the passes and of the baselines (pure Python);
-- :mod:`.runtime`: executor handlers and stage modules; :mod:`.options`: ``--vocab-parallel``.
+- :mod:`.runtime`: executor handlers and stage modules; :mod:`.train`: the trainer's parts;
+  :mod:`.options`: ``--vocab-parallel`` on ``simulate`` and ``train``.
 
 ``FEATURE`` is the bundle for :mod:`pipewright.features` (kinds and the insertion pass; the pass sets
 the schedule's kind registry itself, with F of stage 0 and the last stage's backward tied to the
@@ -32,5 +33,7 @@ FEATURE = Feature(
     passes={"vocab": insert_vocab},
     options=_options,
     simulate="pipewright.features.vocab.options:simulate_hook",
+    train_runtime="pipewright.features.vocab.train:runtime_parts",
+    check_training="pipewright.features.vocab.train:check_training",
     description="vocabulary parallelism: embedding and output layer split over all pipeline ranks",
 )

@@ -71,18 +71,21 @@ def run(
     microbatches: int = 128,
     virtual: int | None = None,
     iterations: int = 2,
+    attention: str = "flash",
 ) -> Row:
-    """Simulate one method; MFU from the artifact's model FLOPs over the simulated iteration time."""
+    """Simulate one method; MFU from the artifact's model FLOPs over the simulated iteration time.
+    ``attention``: the transformer layers' (TransformerCost); the paper's runs use flash attention
+    (the artifact's ``pretrain_gpt.sh`` passes ``--use-flash-attn``)."""
     base = build_schedule(schedule_name, pp, microbatches, virtual)
     layout = ""
     if method == "naive":
-        cost, comm, sched = naive_cost(spec, pp=pp), None, base
+        cost, comm, sched = naive_cost(spec, pp=pp, attention=attention), None, base
     elif method == "redistribute":
-        cost = redistribute_cost(spec, base, pp=pp)
+        cost = redistribute_cost(spec, base, pp=pp, attention=attention)
         layout = ",".join(map(str, cost.layout))
         comm, sched = None, base
     else:
-        cost = vocab_cost(spec, pp=pp, algorithm=method)
+        cost = vocab_cost(spec, pp=pp, algorithm=method, attention=attention)
         comm = VocabComm(cost)
         sched = insert_vocab(base, method, placement_costs(cost, base))
     result = simulate(sched, cost, comm=comm if comm is not None else cost.comm, iterations=iterations)
@@ -102,10 +105,14 @@ def run(
 
 
 def table(
-    schedule_name: str = "1f1b", seqs=(2048, 4096), vocabs=VOCABS, microbatches: int = 128
+    schedule_name: str = "1f1b",
+    seqs=(2048, 4096),
+    vocabs=VOCABS,
+    microbatches: int = 128,
+    attention: str = "flash",
 ) -> list[Row]:
     return [
-        run(method, paper_model(vocab, seq), schedule_name, microbatches=microbatches)
+        run(method, paper_model(vocab, seq), schedule_name, microbatches=microbatches, attention=attention)
         for seq in seqs
         for vocab in vocabs
         for method in METHODS

@@ -18,6 +18,7 @@ from pipewright.features.vocab.kinds import COLLECTIVE_KINDS
 from pipewright.ir import Action, Schedule
 
 CHOICES = ("none", "redistribute", "alg1", "alg2")
+TRAIN_CHOICES = ("none", "naive", "alg1", "alg2")
 HELP = (
     "vocabulary layers: none (embedding on the first stage, output on the last), redistribute (fewer "
     "transformer layers on those stages), alg1/alg2 (vocabulary parallelism, Yeung et al. 2024)"
@@ -63,6 +64,7 @@ def apply_to_simulation(option: str, schedule: Schedule, cost, comm, *, unit: bo
         topology=cost.topology,
         sequence_parallel=cost.sequence_parallel,
         efficiency=cost.efficiency,
+        attention=cost.attention,
     )
     if option == "redistribute":
         layout = redistribute_layout(spec, schedule, pp=mesh.pp, tp=mesh.tp, **_kw(common))
@@ -79,9 +81,18 @@ def _kw(common: dict) -> dict:
 
 
 def add_options(command: str, parser) -> None:
-    """The feature's flags: ``--vocab-parallel`` on ``simulate``."""
+    """The feature's flags: ``--vocab-parallel`` on ``simulate`` and ``train`` (TrainConfig's
+    ``vocab_parallel``; default None there so that a TOML value is not overridden)."""
     if command == "simulate":
         parser.add_argument("--vocab-parallel", choices=CHOICES, default="none", help=HELP)
+    elif command == "train":
+        parser.add_argument(
+            "--vocab-parallel",
+            choices=TRAIN_CHOICES,
+            default=None,
+            help="vocabulary layers split over all pipeline (and tensor) ranks: naive (three barriers), "
+            "alg1 (two) or alg2 (one), Yeung et al. 2024; default none",
+        )
 
 
 def simulate_hook(args, setup):

@@ -190,7 +190,8 @@ class VocabRuntime:
     def _dloss(self, state) -> Tensor:
         """dℓ per token: the executor's loss is the token mean over m microbatches."""
         m = state.executor.schedule.num_microbatches
-        return torch.full((self._tokens,), 1.0 / (self._tokens * m), dtype=self.output.weight.dtype)
+        w = self.output.weight
+        return torch.full((self._tokens,), 1.0 / (self._tokens * m), dtype=w.dtype, device=w.device)
 
     def _vc1(self, state, a: Action) -> None:
         if not self._last(state):
