@@ -1,7 +1,8 @@
 """The registration contract: a feature defined entirely in this file — a compute kind with a payload,
 a point-to-point pair and a collective over the pipeline group, with cost rules and runtime handlers —
 validates, lowers, simulates (the collective's rendezvous visible in the timeline) and executes on gloo,
-with no edit to any file under src/.
+with no edit to any file under src/. The executor's handler-wrapper hook is exercised the same way:
+wrappers defined here wrap every kind's handler of the run.
 
 The toy feature ("TOY"): after each forward F(s, k), for layers j = 0, 1, stage s computes
 ``value = sum(input of stage s) · (j + 1) + value of stage s − 1`` (received through
@@ -241,6 +242,19 @@ def _expected(p: int, m: int) -> dict:
     return out
 
 
+def _tracing(tag: str, calls: list):
+    """A handler wrapper (``PipelineExecutor.wrap_handlers``) that logs (tag, action) before each action."""
+
+    def wrapper(kind: str, handler):
+        def wrapped(state, a: Action) -> None:
+            calls.append((tag, str(a)))
+            handler(state, a)
+
+        return wrapped
+
+    return wrapper
+
+
 def _toy_worker(rank: int, p: int, m: int) -> dict:
     from pipewright.runtime import ParallelMesh, PipelineExecutor
 
@@ -249,6 +263,19 @@ def _toy_worker(rank: int, p: int, m: int) -> dict:
     sched = toy_schedule("1f1b", p, m)
     parts = FEATURES.runtime_parts()
     stages = {s: _Stage(s == 0, 10 + s) for s in sched.stages_of(mesh.pp_rank)}
+    seen: dict = {}
+    calls: list = []
+
+    def spy(kind: str, handler):  # a wrapper for one kind, leaving the others alone
+        if kind != "TOY_AR":
+            return handler
+
+        def wrapped(state, a: Action) -> None:
+            handler(state, a)
+            seen.update(state.scratch["reduced"])
+
+        return wrapped
+
     ex = PipelineExecutor(
         sched,
         mesh,
@@ -256,33 +283,40 @@ def _toy_worker(rank: int, p: int, m: int) -> dict:
         loss_fn=_loss,
         boundary_shape=(MB, 3, HIDDEN),
         recv_timeout_s=60,
+        handler_wrappers=[spy, _tracing("inner", calls)],
         **parts.executor_kwargs(),
     )
+    ex.wrap_handlers(_tracing("outer", calls))  # registered after construction: runs first
     tokens, targets = _batch(m)
-    seen: dict = {}
-    original = ex.handlers["TOY_AR"]
-
-    def spy(state, a):
-        original(state, a)
-        seen.update(state.scratch["reduced"])
-
-    ex.handlers["TOY_AR"] = spy
     losses = ex.run(tokens, targets)
-    return {"reduced": seen, "losses": losses}
+    return {"reduced": seen, "losses": losses, "calls": calls, "row": [str(a) for a in ex.actions]}
+
+
+@pytest.fixture(scope="module")
+def toy_run() -> list[dict]:
+    from pipewright.runtime import spawn
+
+    return spawn(_toy_worker, 2, (2, 3), timeout_s=300)
 
 
 @pytest.mark.slow
-def test_the_toy_feature_executes_on_gloo() -> None:
-    from pipewright.runtime import spawn
-
-    p, m = 2, 3
-    results = spawn(_toy_worker, p, (p, m), timeout_s=300)
-    expected = _expected(p, m)
-    for r in results:
+def test_the_toy_feature_executes_on_gloo(toy_run) -> None:
+    expected = _expected(2, 3)
+    for r in toy_run:
         assert set(r["reduced"]) == set(expected)
         for key, value in expected.items():
             assert r["reduced"][key] == pytest.approx(value, rel=1e-5)
-    assert len(results[-1]["losses"]) == m
+    assert len(toy_run[-1]["losses"]) == 3
+
+
+@pytest.mark.slow
+def test_handler_wrappers_plug_in_around_every_kind(toy_run) -> None:
+    """The handler-wrapper hook: wrappers defined here see every action of the rank's row — core,
+    point-to-point and the feature's kinds — once, in order, the later-registered one outermost; a
+    wrapper that returns the handler it was given leaves a kind alone (the spy above wraps TOY_AR only)."""
+    for r in toy_run:
+        assert {a.rstrip("0123456789:").lstrip("0123456789") for a in r["row"]} >= {"F", "B", "TOY", "TOY_AR"}
+        assert r["calls"] == [(tag, a) for a in r["row"] for tag in ("outer", "inner")]
 
 
 # -- schedules: an open registry, and generators that take costs -------------------------------

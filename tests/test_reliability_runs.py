@@ -4,7 +4,10 @@ compared with one uninterrupted run of the same configuration (module fixture):
 * a worker SIGKILLed mid-iteration, and a checkpoint write killed half-way, with ``--max-restarts``:
   the run completes, the restart after the killed write resumes from the previous checkpoint, and every
   loss equals the uninterrupted run's; the same SIGKILL under ``torchrun --max-restarts 1`` (torchrun's
-  elastic agent restarts the group, the workers resume by themselves; opt-in: flaky, see the skip);
+  elastic agent restarts the group, the workers join a namespace of its store fresh for the attempt —
+  ``launch.attempt_store`` — and resume by themselves);
+* a rank that stalls before its data-parallel all-reduce: its peers' collectives time out after
+  ``--collective-timeout`` and the run stops with every rank's position (hang-report.txt);
 * SIGTERM to the launcher: the workers finish the step they are in, write its checkpoint and the run
   exits with status 75; ``--resume`` then reproduces the uninterrupted losses;
 * two hosts: two Linux network namespaces joined by a veth pair, ``torchrun --nnodes 2`` with c10d
@@ -110,11 +113,6 @@ def test_sigterm_checkpoints_the_current_step_and_resume_reproduces(reference, d
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(
-    os.environ.get("PIPEWRIGHT_TORCHRUN_RESTART") != "1",
-    reason="flaky (set PIPEWRIGHT_TORCHRUN_RESTART=1 to run): torch 2.13's restarted workers sometimes "
-    "connect a gloo group to the previous attempt's address and fail or hang (docs/reliability.md)",
-)
 def test_torchrun_max_restarts_resumes_after_a_killed_worker(reference, data, tmp_path):
     if shutil.which("torchrun") is None:
         pytest.skip("needs torchrun")
@@ -126,6 +124,26 @@ def test_torchrun_max_restarts_resumes_after_a_killed_worker(reference, data, tm
     assert done.returncode == 0, done.stderr[-3000:]
     assert f"restart 1: resuming from {out / 'checkpoints' / 'step_4'}" in done.stderr
     assert _losses(out) == pytest.approx(reference, rel=1e-6)
+
+
+@pytest.mark.slow
+def test_a_stalled_dp_all_reduce_stops_the_run_with_every_rank_position(data, tmp_path, monkeypatch, capsys):
+    # pp 2 x dp 2; rank 3 (pp 1, dp 1) stalls before its gradient all-reduce in step 0: its dp peer
+    # (rank 2) waits in that all-reduce, rank 0 in the loss all-reduce with rank 2 - collectives, bounded
+    # by --collective-timeout, not by the receive timeout or the process group's 600 s
+    monkeypatch.setenv("PIPEWRIGHT_FAULTS", "stall-reduce:rank=3:step=0:ms=60000")
+    out = tmp_path / "run"
+    args = ["train", *TINY, "--data", data, "--out", str(out), "--pp", "2", "--dp", "2", "--steps", "2"]
+    assert main([*args, "--recv-timeout", "120", "--collective-timeout", "2"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "HangError: hang: rank " in error and "did not complete within 2 s" in error, error
+    report = (out / "hang-report.txt").read_text()
+    assert error.endswith(f"every rank's position in {out / 'hang-report.txt'}")
+    lines = report.split("\n\n", 1)[1].splitlines()
+    assert lines[3].startswith("rank 3 (pp 1, dp 1): step 0, position 15 1REDUCE_GRAD")
+    grid = {line.split(")")[0] + ")": line for line in lines[5:9]}
+    assert "[1REDUCE_GRAD]" in grid["rank 3 (pp 1, dp 1)"]
+    assert all(row.count("[") <= 1 for row in grid.values())
 
 
 # ------------------------------------------------------------------------------------------- two hosts

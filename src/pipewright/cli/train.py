@@ -50,6 +50,7 @@ _VALUE_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--checkpoint-every", int, "save a checkpoint every N steps (0: only at the end)"),
     ("--eval-every", int, "validation loss every N steps (0: never)"),
     ("--recv-timeout", float, "seconds a receive may wait before the run fails (with a hang report)"),
+    ("--collective-timeout", float, "seconds a collective may wait before the run fails (hang report)"),
     ("--keep-checkpoints", int, "keep only the newest K checkpoints (0: all)"),
     ("--max-restarts", int, "restart the workers from the latest checkpoint up to N times after a failure"),
     ("--on-nonfinite", str, "stop or skip: what a NaN/inf loss or gradient does to its step"),
@@ -126,6 +127,7 @@ def config_from_args(args: argparse.Namespace):
     names = [flag.lstrip("-").replace("-", "_") for flag, _, _ in _VALUE_FLAGS]
     values = {name: getattr(args, name) for name in names}
     values["recv_timeout_s"] = values.pop("recv_timeout")
+    values["collective_timeout_s"] = values.pop("collective_timeout")
     values.update(
         {flag[2:].replace("-", "_"): getattr(args, flag[2:].replace("-", "_")) for flag, _ in _SWITCHES}
     )

@@ -72,6 +72,7 @@ class TrainConfig:
     eval_every: int = 50
     eval_batches: int = 2
     recv_timeout_s: float = 300.0
+    collective_timeout_s: float = 600.0  # every blocking collective (runtime/timeouts.py)
     # reliability (docs/reliability.md): checkpoints kept (0: all), restarts after a worker failure,
     # and what a NaN/inf loss or gradient does ("stop" or "skip" the step)
     keep_checkpoints: int = 0
@@ -221,6 +222,10 @@ class TrainConfig:
             from pipewright.mesh import Mesh
 
             Mesh(self.tp, self.pp, self.dp, placement=self.placement_ranks())  # one line if not a permutation
+        for name in ("recv_timeout_s", "collective_timeout_s"):
+            if not getattr(self, name) > 0:
+                flag = "--" + name.removesuffix("_s").replace("_", "-")
+                raise ConfigError(f"{flag} must be a positive number of seconds (got {getattr(self, name)})")
         self._check_runtime_features()
         from pipewright.optim import OPTIMIZERS
         from pipewright.runtime.nonfinite import check_policy

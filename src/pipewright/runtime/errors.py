@@ -28,3 +28,7 @@ class WorkerError(DistributedError):
         super().__init__(message)
         self.rank = rank
         self.details = details
+
+
+class CollectiveTimeout(DistributedError):
+    """A collective (all-reduce, barrier, a feature's group collective) did not complete in time."""

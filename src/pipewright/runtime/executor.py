@@ -24,13 +24,23 @@ Data flow between stages (one tensor per microbatch crosses each stage boundary)
   W(s, k) computes them. The gradient w.r.t. the stage input is kept for SEND_B or the local stage s − 1.
 * REDUCE_GRAD(s): asynchronous all-reduce (average) of stage s's gradients over the dp group, waited
   before STEP(s) and at the end of the iteration. STEP(s[, k]) calls ``step_fn(s, k)``.
+
+Every wait is bounded: receives by ``recv_timeout_s`` (:class:`~pipewright.runtime.errors.RecvTimeout`),
+collectives by ``collective_timeout_s`` (:class:`~pipewright.runtime.errors.CollectiveTimeout`; see
+:mod:`pipewright.runtime.timeouts`).
+
+Handler wrappers (``handler_wrappers=`` or :meth:`PipelineExecutor.wrap_handlers`) are the extension
+point for code that runs around every action without replacing a kind's handler: a wrapper is
+``wrapper(kind, handler) -> handler`` and is applied to every kind's handler, core, point-to-point and
+features' alike (the run guard's position records, fault injection and non-finite bookkeeping; the
+asynchronous weight policies).
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,9 +54,11 @@ from pipewright.models.wgrad import AccumulateNow, WeightGradStore, deferrable_l
 from pipewright.passes.grad_reduce import add_grad_reduction
 from pipewright.passes.lower import lower
 from pipewright.passes.validate import validate as validate_schedule
-from pipewright.runtime.errors import ActionError, DistributedError, LayoutError
+from pipewright.runtime.errors import ActionError, CollectiveTimeout, DistributedError, LayoutError
+from pipewright.runtime.hang import rank_label
 from pipewright.runtime.mesh import ParallelMesh
 from pipewright.runtime.p2p import PipeComm, TensorSpec, channel_pairs
+from pipewright.runtime.timeouts import is_timeout, wait_work
 from pipewright.timeline import Span
 
 log = logging.getLogger(__name__)
@@ -57,6 +69,9 @@ Key = tuple[int, int]  # (stage, microbatch)
 OutputHook = Callable[["RunState", Action, torch.Tensor], torch.Tensor]
 #: ``spec(action) -> (shape, dtype)`` of what a receive of a feature's tensor gets.
 TensorSpecFn = Callable[[Action], TensorSpec]
+#: ``wrapper(kind, handler) -> handler``: what runs for actions of ``kind`` instead of ``handler``
+#: (return ``handler`` itself to leave a kind alone).
+HandlerWrapper = Callable[[str, Handler], Handler]
 
 
 @dataclass
@@ -206,8 +221,13 @@ def finish_reduction(state: RunState, stage: int) -> None:
     if pending is None:
         return
     work, flat, grads = pending
-    work.wait()
-    flat /= state.executor.mesh.dp
+    ex = state.executor
+    if not wait_work(work, ex.collective_timeout_s, ex.device):
+        raise CollectiveTimeout(
+            f"{ex.where()}: REDUCE_GRAD({stage}): the dp all-reduce of stage {stage}'s gradients did not "
+            f"complete within {ex.collective_timeout_s:g} s"
+        )
+    flat /= ex.mesh.dp
     offset = 0
     for g in grads:
         g.copy_(flat[offset : offset + g.numel()].view_as(g))
@@ -272,7 +292,9 @@ class PipelineExecutor:
     ``loss_stage``, the last stage unless the layout puts the output layer elsewhere; pass
     ``loss_fn=None`` when a feature computes the loss); ``tensor_specs`` (shape and dtype of the
     features' point-to-point tensors, by ``P2P.tensor`` name); ``groups``: named process groups for
-    collectives beyond dp/pp/tp (:meth:`group`).
+    collectives beyond dp/pp/tp (:meth:`group`); ``handler_wrappers``: applied to every handler, first
+    one innermost (:meth:`wrap_handlers`). ``collective_timeout_s`` bounds the executor's own
+    collective waits (gradient all-reduce, loss all-reduce, timing barrier).
     """
 
     def __init__(
@@ -296,6 +318,8 @@ class PipelineExecutor:
         output_hooks: Mapping[int, OutputHook] | None = None,
         tensor_specs: Mapping[str, TensorSpecFn] | None = None,
         groups: Mapping[str, Any] | None = None,
+        handler_wrappers: Sequence[HandlerWrapper] = (),
+        collective_timeout_s: float = 600.0,
     ) -> None:
         if schedule.num_ranks != mesh.pp:
             raise LayoutError(f"schedule {schedule.name} has {schedule.num_ranks} ranks but pp = {mesh.pp}")
@@ -349,6 +373,10 @@ class PipelineExecutor:
         missing = {a.kind for a in self.actions} - set(self.handlers)
         if missing:
             raise DistributedError(f"no runtime handler for action kind(s) {', '.join(sorted(missing))}")
+        self.handler_wrappers: list[HandlerWrapper] = []
+        for wrapper in handler_wrappers:
+            self.wrap_handlers(wrapper)
+        self.collective_timeout_s = collective_timeout_s
         self.wgrad = {s: WeightGradStore() for s in self.stages}
         self.deferrable = {s: deferrable_layers(mod) for s, mod in self.stages.items()}
         self._shapes = _spec_map(boundary_shape, schedule.num_stages)
@@ -363,12 +391,32 @@ class PipelineExecutor:
         )
         self._eval: tuple[tuple[Action, ...], PipeComm] | None = None
 
+    def wrap_handlers(self, wrapper: HandlerWrapper) -> None:
+        """Register ``wrapper``: each kind's handler h becomes ``wrapper(kind, h)``. A wrapper registered
+        later wraps the earlier ones (it runs first). Code that must see every action — whatever kind,
+        whoever provides its handler — plugs in here without editing this class."""
+        self.handlers = {kind: wrapper(kind, h) for kind, h in self.handlers.items()}
+        self.handler_wrappers.append(wrapper)
+
+    def where(self) -> str:
+        """This rank, for messages: ``rank R (pp P[, dp D][, tp T])``."""
+        m = self.mesh
+        return rank_label(m.rank, m.dp_rank, m.pp_rank, m.tp_rank, m.dp, m.tp)
+
+    def bounded(self, work: Any, what: str) -> None:
+        """Wait for an asynchronous collective at most ``collective_timeout_s``; CollectiveTimeout else."""
+        if not wait_work(work, self.collective_timeout_s, self.device):
+            raise CollectiveTimeout(
+                f"{self.where()}: {what} did not complete within {self.collective_timeout_s:g} s"
+            )
+
     def global_loss(self, losses: list[float]) -> float:
         """Collective over all ranks: the iteration's mean loss over every microbatch of every dp
         replica (pass each rank's :meth:`run` result; ranks without the last stage pass [])."""
         total = torch.tensor([sum(losses), len(losses)], dtype=torch.float64, device=self.device)
-        dist.all_reduce(total, group=self.mesh.pp_group)
-        dist.all_reduce(total, group=self.mesh.dp_group)
+        for dim in ("pp", "dp"):
+            work = dist.all_reduce(total, group=self.mesh.group(dim), async_op=True)
+            self.bounded(work, f"the loss all-reduce over {dim}")
         return (total[0] / total[1]).item()
 
     def group(self, name: str) -> Any:
@@ -445,7 +493,8 @@ class PipelineExecutor:
         spans: list[Span] = []
         if record:
             self._sync()
-            dist.barrier(group=self.mesh.pp_group)
+            barrier = dist.barrier(group=self.mesh.pp_group, async_op=True)
+            self.bounded(barrier, "the pp barrier before the step")
         t0 = time.perf_counter()
         window, handlers = self.recv_window, self.handlers
         if window is None:
@@ -460,6 +509,11 @@ class PipelineExecutor:
             except DistributedError:
                 raise
             except Exception as e:
+                if is_timeout(e):  # a feature's collective (bounded by its group's timeout), a send
+                    raise CollectiveTimeout(
+                        f"{self.where()}, position {pos}, action {a}: timed out ({type(e).__name__}: "
+                        f"{(str(e).splitlines() or [''])[0]})"
+                    ) from e
                 raise ActionError(
                     f"rank {self.mesh.rank} (pp {self.pp_rank}), position {pos}, action {a} "
                     f"({self.schedule.name}): {type(e).__name__}: {e}"

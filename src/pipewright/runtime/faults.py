@@ -14,7 +14,9 @@ One fault per ``;``-separated item: ``kind:key=value:...``. Kinds:
 * ``nan``       write NaN into the first gradient of stage ``stage`` after the backward of ``step``;
 * ``hang``      sleep forever at ``step``, schedule position ``pos`` (default 0);
 * ``pause``     wait ``ms`` milliseconds at ``step``, position ``pos`` (default 0), or until a SIGTERM
-  arrives (a test's window to preempt a run at a known step).
+  arrives (a test's window to preempt a run at a known step);
+* ``stall-reduce`` wait ``ms`` milliseconds (or until a SIGTERM) before this rank's data-parallel
+  gradient all-reduce (REDUCE_GRAD) of ``step``: its dp peers wait in the all-reduce (a collective hang).
 
 Keys: ``rank`` (global rank; default: every rank, for ``nan`` the ranks holding the stage), ``step``
 (0-based training step; for ``kill-save`` the number of steps the checkpoint holds), ``pos``, ``stage``,
@@ -32,11 +34,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from pipewright.errors import ConfigError
+from pipewright.ir import REDUCE_GRAD
 
 ENV = "PIPEWRIGHT_FAULTS"
 #: restart count set by ``pipewright train``'s own launcher (torchrun sets TORCHELASTIC_RESTART_COUNT)
 RESTART_ENV = "PIPEWRIGHT_RESTART_COUNT"
-KINDS = ("kill", "term", "kill-save", "nan", "hang", "pause")
+KINDS = ("kill", "term", "kill-save", "nan", "hang", "pause", "stall-reduce")
 _KEYS = ("rank", "step", "pos", "stage", "ms", "attempt")
 
 
@@ -105,8 +108,13 @@ class FaultPlan:
     def _take(self, kind: str, step: int) -> list[Fault]:
         return [f for f in self.faults if f.kind == kind and f.step == step]
 
-    def at_action(self, step: int, position: int, num_actions: int) -> None:
-        """Before the action at ``position`` of ``step``'s schedule row: kill, term or hang here."""
+    def at_action(self, step: int, position: int, num_actions: int, kind: str = "") -> None:
+        """Before the action at ``position`` (of kind ``kind``) of ``step``'s schedule row: kill, term,
+        pause, stall or hang here."""
+        if kind == REDUCE_GRAD:
+            for f in self._take("stall-reduce", step):
+                self.faults.remove(f)  # once: the first REDUCE_GRAD of the step
+                self.wake.wait(f.ms / 1000)
         for f in self._take("kill", step):
             if position == (num_actions // 2 if f.pos is None else f.pos):
                 os.kill(os.getpid(), signal.SIGKILL)

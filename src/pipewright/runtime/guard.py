@@ -2,7 +2,8 @@
 injection and checkpoint options. The :class:`~pipewright.runtime.trainer.Trainer` calls it from a few
 places (see docs/reliability.md); each concern lives in its own module:
 
-* :mod:`pipewright.runtime.hang` — every rank's schedule position, and the report when a receive times out;
+* :mod:`pipewright.runtime.hang` — every rank's schedule position, and the report when a receive or a
+  collective times out (:mod:`pipewright.runtime.timeouts` bounds the collectives);
 * :mod:`pipewright.runtime.nonfinite` — NaN/inf in the loss or gradients, agreed over all ranks before
   the optimizer step; skip the step or stop;
 * :mod:`pipewright.runtime.elastic` — SIGTERM: finish the step, checkpoint, stop;
@@ -12,6 +13,7 @@ places (see docs/reliability.md); each concern lives in its own module:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,10 +22,11 @@ from torch import nn
 
 from pipewright.runtime import nonfinite
 from pipewright.runtime.elastic import Preemption
-from pipewright.runtime.errors import RecvTimeout
+from pipewright.runtime.errors import CollectiveTimeout, DistributedError, RecvTimeout
 from pipewright.runtime.faults import FaultPlan
-from pipewright.runtime.hang import PositionBoard, hang_error
+from pipewright.runtime.hang import HangError, PositionBoard, hang_error, rank_label, shared_hang
 from pipewright.runtime.mesh import ParallelMesh, rank_to_coords
+from pipewright.runtime.timeouts import bound_groups, is_timeout
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +44,11 @@ class RunGuard:
         on_nonfinite: str = "stop",
         keep_checkpoints: int = 0,
         check_gradients: bool = True,
+        collective_timeout_s: float = 600.0,
     ) -> None:
         self.mesh, self.stages, self.out_dir = mesh, stages, out_dir
+        self.collective_timeout_s = collective_timeout_s
+        bound_groups(collective_timeout_s)  # every gloo group's own collectives give up after it too
         self.policy = nonfinite.check_policy(on_nonfinite)
         self.keep = keep_checkpoints
         self.check_gradients = check_gradients  # False under fp16 loss scaling: its scaler skips overflows
@@ -56,59 +62,82 @@ class RunGuard:
         self._rows: tuple = ()
 
     # -- executor ----------------------------------------------------------------------------------
-    def handlers(self, base: Mapping) -> dict:
-        """``base`` (kind → handler) wrapped to record this rank's position (and fire injected faults)."""
-        return {kind: self._wrap(h) for kind, h in base.items()}
-
-    def _wrap(self, inner):
+    def wrap_handler(self, kind: str, inner):
+        """The executor's handler wrapper (:meth:`PipelineExecutor.wrap_handlers`): record this rank's
+        position before every action, and fire the injected faults due there."""
         board, faults = self.board, self.faults
 
         def handler(state, action) -> None:
             board.set(self.step, "schedule", state.position, action)
             if faults:
-                faults.at_action(self.step, state.position, len(state.actions))
+                faults.at_action(self.step, state.position, len(state.actions), kind)
             inner(state, action)
 
         return handler
 
     def attach(self, executor) -> None:
-        """Wrap every handler of ``executor`` (compute, point-to-point, features') with :meth:`handlers`
-        and remember its lowered schedule (the rows of the hang report's grid)."""
-        executor.handlers = self.handlers(executor.handlers)
+        """Register :meth:`wrap_handler` on ``executor`` (every kind: compute, point-to-point,
+        features'), give it this guard's collective timeout and remember its lowered schedule (the rows
+        of the hang report's grid)."""
+        executor.wrap_handlers(self.wrap_handler)
+        executor.collective_timeout_s = self.collective_timeout_s
+        bound_groups(self.collective_timeout_s)  # the groups the executor opened
         self._rows = executor.schedule.actions
 
     @contextmanager
     def iteration(self, step: int) -> Iterator[None]:
-        """Around one step's schedule: a receive timeout becomes a :class:`HangError` with every rank's
-        position."""
+        """Around one training step: a receive or collective that times out — or a failure because a
+        peer gave up on one — becomes a :class:`HangError` with every rank's position."""
         self.step = step
-        self.board.set(step, "schedule", 0)
+        self.board.set(step, "start")
         try:
             yield
-        except RecvTimeout as exc:
-            m = self.mesh
-            row_of, labels = {}, {}
-            for r in range(m.dp * m.pp * m.tp):
-                d, p, t = rank_to_coords(r, m.dp, m.pp, m.tp)
-                row_of[r] = p
-                labels[r] = (
-                    f"rank {r} (pp {p}"
-                    + (f", dp {d}" if m.dp > 1 else "")
-                    + (f", tp {t}" if m.tp > 1 else "")
-                    + ")"
-                )
-            raise hang_error(exc, self.board, self._rows, row_of, labels, self.out_dir) from None
-        self.board.set(step, "optimizer")
+        except (HangError, nonfinite.NonFiniteError):
+            raise
+        except (RecvTimeout, CollectiveTimeout) as exc:
+            raise self._hang(exc) from None
+        except Exception as exc:
+            if is_timeout(exc):
+                raise self._hang(exc) from None
+            if isinstance(exc, (DistributedError, RuntimeError)):  # a peer's timeout closed our links?
+                reported = self._reported_elsewhere(grace_s=2.0)
+                if reported is not None:
+                    raise reported from exc
+            raise
+
+    def _hang(self, exc: Exception) -> HangError:
+        m = self.mesh
+        row_of, labels = {}, {}
+        for r in range(m.dp * m.pp * m.tp):
+            d, p, t = rank_to_coords(r, m.dp, m.pp, m.tp)
+            row_of[r] = p
+            labels[r] = rank_label(r, d, p, t, m.dp, m.tp)
+        return hang_error(exc, self.board, self._rows, row_of, labels, self.out_dir)
+
+    def _reported_elsewhere(self, grace_s: float) -> HangError | None:
+        """The hang another rank claimed within ``grace_s`` (its line and report), else None."""
+        end = time.monotonic() + grace_s
+        while not (claimed := self.board.claimed()):
+            if claimed is None or time.monotonic() > end:
+                return None
+            time.sleep(0.05)
+        return shared_hang(self.board, wait_s=10.0)
 
     # -- optimizer step ----------------------------------------------------------------------------
     def before_optimizer(self, step: int, loss: float) -> bool:
         """Collective: True when the optimizer may step. Agrees over all ranks on non-finite values
         (skipped step or :class:`~pipewright.runtime.nonfinite.NonFiniteError`) and on a pending
         SIGTERM (then :attr:`stop_requested` is set: checkpoint after this step and stop)."""
+        self.board.set(step, "optimizer")
         if self.faults:
             self.faults.corrupt_gradients(step, {s: list(m.parameters()) for s, m in self.stages.items()})
         local_bad = self.check_gradients and nonfinite.local_flag(self.stages)
-        bad, preempt = nonfinite.agree_flags([local_bad, self.preemption.requested], self.mesh.device)
+        flags = [local_bad, self.preemption.requested]
+        try:
+            bad, preempt = nonfinite.agree_flags(flags, self.mesh.device, self.collective_timeout_s)
+        except CollectiveTimeout as exc:
+            (d, p, t), m = self.mesh.coords, self.mesh
+            raise CollectiveTimeout(f"{rank_label(self.rank, d, p, t, m.dp, m.tp)}: {exc}") from None
         self.stop_requested = self.stop_requested or preempt
         if not bad and not nonfinite.loss_finding(loss):
             return True

@@ -6,15 +6,22 @@ thread copies it into the c10d store (``pipewright/position/<rank>``) when it ch
 ``interval_s``. A rank busy in a computation that never ends therefore still shows where it is.
 
 When a receive times out (:class:`~pipewright.runtime.errors.RecvTimeout`, raised by ``PipeComm``
-after ``--recv-timeout`` seconds), the rank that noticed waits a few publishing intervals, reads every
-rank's entry and raises :class:`HangError`: one line naming itself, the action it waited for and the
-report file, and the report — a line per rank and the schedule grid (ranks × positions, like the
-validator's :func:`~pipewright.ir.render_grid`) with each rank's current cell in brackets. The first
-rank to notice (an atomic ``add`` on the store) writes the report to ``hang-report.txt``.
+after ``--recv-timeout`` seconds) or a collective does
+(:class:`~pipewright.runtime.errors.CollectiveTimeout`, after ``--collective-timeout`` seconds), the
+first rank to notice claims the report (an atomic ``add`` on the store), waits a few publishing
+intervals, reads every rank's entry, writes ``hang-report.txt`` and puts its first line and the report
+into the store. It raises :class:`HangError`: one line naming itself, what it waited for and the report
+file, and the report — a line per rank and the schedule grid (ranks × positions, like the validator's
+:func:`~pipewright.ir.render_grid`) with each rank's current cell in brackets. Every other rank that
+times out, or fails because a peer gave up (a timed-out gloo collective closes its connections),
+raises a HangError with that same line and report (:func:`shared_hang`), so whichever rank the launcher
+hears from first, the message is the one that explains the hang.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import logging
 import threading
 import time
@@ -29,6 +36,12 @@ from pipewright.runtime.errors import DistributedError
 
 PREFIX = "pipewright/position/"
 log = logging.getLogger(__name__)
+_boards = itertools.count()  # boards are made in the same order on every rank: one hang namespace each
+
+
+def rank_label(rank: int, d: int, p: int, t: int, dp: int, tp: int) -> str:
+    """``rank R (pp P[, dp D][, tp T])`` (dp and tp shown when used)."""
+    return f"rank {rank} (pp {p}" + (f", dp {d}" if dp > 1 else "") + (f", tp {t}" if tp > 1 else "") + ")"
 
 
 class HangError(DistributedError):
@@ -67,6 +80,7 @@ class PositionBoard:
 
     def __init__(self, store: dist.Store | None, rank: int, world_size: int, interval_s: float = 0.2) -> None:
         self.store, self.rank, self.world_size, self.interval_s = store, rank, world_size, interval_s
+        self.hang_key = f"pipewright/hang/{next(_boards)}/"
         self.current = Position(-1, "start")
         self._published: Position | None = None
         self._stop = threading.Event()
@@ -119,9 +133,38 @@ class PositionBoard:
     def first_to_report(self) -> bool:
         """True for exactly one caller over all ranks (an atomic counter in the store)."""
         try:
-            return self.store is None or self.store.add("pipewright/hang-reported", 1) == 1
+            return self.store is None or self.store.add(self.hang_key + "claimed", 1) == 1
         except Exception:
             return True
+
+    def claimed(self) -> bool | None:
+        """Whether some rank has claimed a hang report (reads the counter without adding); None when
+        the store cannot be reached (its host is gone: nobody will report)."""
+        try:
+            return self.store is not None and self.store.add(self.hang_key + "claimed", 0) > 0
+        except Exception:
+            return None
+
+    def share(self, line: str, report: str) -> None:
+        """Publish the reporting rank's first line and report for the other ranks."""
+        if self.store is not None:
+            with contextlib.suppress(Exception):  # the store is gone: the others fail on their own
+                self.store.set(self.hang_key + "report", f"{line}\n{report}")
+
+    def shared(self, wait_s: float) -> tuple[str, str] | None:
+        """The reporting rank's (line, report), waiting up to ``wait_s`` for it; None if it never came."""
+        key, end = self.hang_key + "report", time.monotonic() + wait_s
+        while self.store is not None:
+            try:
+                if self.store.check([key]):
+                    line, _, report = self.store.get(key).decode().partition("\n")
+                    return line, report
+            except Exception:
+                return None
+            if time.monotonic() > end:
+                return None
+            time.sleep(0.05)
+        return None
 
     def close(self) -> None:
         self._stop.set()
@@ -169,13 +212,15 @@ def hang_error(
     labels: dict[int, str],
     out_dir: Path | None,
 ) -> HangError:
-    """The :class:`HangError` for ``cause`` (a timeout), with every rank's position; the first rank to
-    report writes ``out_dir/hang-report.txt``."""
+    """The :class:`HangError` for ``cause`` (a timeout), with every rank's position. The first rank to
+    report writes ``out_dir/hang-report.txt`` and shares its line; the others raise that line."""
+    if not board.first_to_report():  # another rank writes the report: fail with its line
+        got = shared_hang(board, wait_s=10 * board.interval_s + 5)
+        if got is not None:
+            return got
     time.sleep(3 * board.interval_s)  # the other ranks' threads publish where they are stuck
     report = render_positions(rows, board.snapshot(), row_of, labels)
     first = (str(cause).splitlines() or ["timeout"])[0]
-    if not board.first_to_report():  # another rank writes and logs the report
-        return HangError(f"hang: {first}", report)
     where = ""
     if out_dir is not None:
         path = Path(out_dir) / "hang-report.txt"
@@ -183,5 +228,12 @@ def hang_error(
         path.write_text(f"{cause}\n\n{report}\n")
         where = f"; every rank's position in {path}"
     error = HangError(f"hang: {first}{where}", report)
+    board.share(str(error), report)
     log.error("%s\n%s", error, report)
     return error
+
+
+def shared_hang(board: PositionBoard, wait_s: float) -> HangError | None:
+    """The hang another rank reported (its line and report), waiting up to ``wait_s``; None if none."""
+    got = board.shared(wait_s)
+    return None if got is None else HangError(*got)

@@ -18,6 +18,7 @@ import socket
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
@@ -28,7 +29,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.multiprocessing.spawn import ProcessException
 
-from pipewright.runtime.errors import WorkerError
+from pipewright.runtime.errors import DistributedError, WorkerError
 
 log = logging.getLogger(__name__)
 
@@ -54,15 +55,80 @@ def free_port() -> int:
 def init_from_env(backend: str | None = None, timeout_s: float = 600.0, threads: int | None = 1) -> None:
     """Initialise the default process group from env:// variables (torchrun, or :func:`spawn`).
 
-    With NCCL the current CUDA device becomes ``LOCAL_RANK``; ``threads`` sets torch's CPU threads.
+    Under torchrun's elastic agent with its shared store (``TORCHELASTIC_USE_AGENT_STORE=True``) the
+    group lives in a namespace of that store fresh for this attempt (:func:`attempt_store`). With NCCL
+    the current CUDA device becomes ``LOCAL_RANK``; ``threads`` sets torch's CPU threads.
     """
     backend = backend or default_backend()
     if threads is not None:
         torch.set_num_threads(threads)
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
-    if not dist.is_initialized():
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    if dist.is_initialized():
+        return
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True):
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        store = attempt_store(rank, world, timeout)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+    else:
+        dist.init_process_group(backend, timeout=timeout)
+
+
+def attempt_store(
+    rank: int, world_size: int, timeout: datetime.timedelta, window_s: float = 0.5
+) -> dist.Store:
+    """The agent's store (``MASTER_ADDR:MASTER_PORT``) under a prefix that only this attempt's workers use.
+
+    Why: torch 2.13's c10d rendezvous keeps one TCPStore server for the whole job and its env://
+    handler adds no per-attempt prefix, so after an elastic restart ``init_process_group`` finds the
+    previous attempt's keys (gloo: the dead peers' addresses, "Connection refused" on an old port; the
+    store barrier's counters) — pytorch/pytorch#135712. ``TORCHELASTIC_RESTART_COUNT`` cannot name the
+    attempt: torchrun counts a restart only on the machine whose worker failed.
+
+    The handshake: rank 0 draws a random attempt id ``u`` and sets ``current = u``; every other rank
+    reads ``current``, writes a nonce of its own under ``u/hello/<rank>`` and waits ``window_s`` for
+    rank 0 to echo it under ``u/ack/<rank>``. Rank 0 only answers in its own (fresh) namespace, so a rank
+    that read the previous attempt's ``current`` hears no echo of its nonce and reads again. All old
+    workers are dead before a new attempt starts (the agents stop them before the rendezvous round
+    completes), so nothing rewrites ``current`` behind rank 0.
+    """
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+    client = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size, False, timeout=timeout
+    )
+    base = f"pipewright/{run_id}/"
+    if rank == 0:
+        attempt = uuid.uuid4().hex
+        client.set(base + "current", attempt)
+        hellos = [f"{base}{attempt}/hello/{r}" for r in range(1, world_size)]
+        if hellos:
+            client.wait(hellos)
+            client.multi_set([k.replace("/hello/", "/ack/") for k in hellos], client.multi_get(hellos))
+    else:
+        nonce = uuid.uuid4().hex.encode()
+        deadline = time.monotonic() + timeout.total_seconds()
+        while True:
+            attempt = client.get(base + "current").decode()
+            client.set(f"{base}{attempt}/hello/{rank}", nonce)
+            if _echoed(client, f"{base}{attempt}/ack/{rank}", nonce, window_s):
+                break
+            # no echo: rank 0 is slow, or ``current`` was the previous attempt's: read it again
+            if time.monotonic() > deadline:
+                raise DistributedError(f"rank {rank}: no answer from rank 0 in torchrun's store in {timeout}")
+    log.debug("rank %d: process group of attempt %s (run %s)", rank, attempt, run_id)
+    return dist.PrefixStore(f"{base}{attempt}/", client)
+
+
+def _echoed(store: dist.Store, key: str, value: bytes, window_s: float) -> bool:
+    """Whether ``key`` holds ``value`` within ``window_s`` (polled: a timed-out ``wait`` logs warnings)."""
+    end = time.monotonic() + window_s
+    while True:
+        if store.check([key]) and store.get(key) == value:
+            return True
+        if time.monotonic() > end:
+            return False
+        time.sleep(0.01)
 
 
 def _worker(

@@ -18,7 +18,8 @@ import torch.distributed as dist
 from torch import nn
 
 from pipewright.errors import ConfigError
-from pipewright.runtime.errors import DistributedError
+from pipewright.runtime.errors import CollectiveTimeout, DistributedError
+from pipewright.runtime.timeouts import wait_work
 
 POLICIES = ("stop", "skip")
 
@@ -67,11 +68,19 @@ def local_findings(stages: Mapping[int, nn.Module], rank: int) -> list[Finding]:
     return found
 
 
-def agree_flags(flags: Sequence[bool], device: torch.device) -> list[bool]:
-    """Collective over all ranks: each flag OR-ed over the ranks (one all-reduce)."""
+def agree_flags(flags: Sequence[bool], device: torch.device, timeout_s: float | None = None) -> list[bool]:
+    """Collective over all ranks: each flag OR-ed over the ranks (one all-reduce), waited at most
+    ``timeout_s`` seconds (:class:`~pipewright.runtime.errors.CollectiveTimeout` after)."""
     t = torch.tensor([int(f) for f in flags], dtype=torch.int32, device=device)
     if dist.is_initialized():
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        work = dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True)
+        if timeout_s is None:
+            work.wait()
+        elif not wait_work(work, timeout_s, device):
+            raise CollectiveTimeout(
+                f"the per-step flag all-reduce (non-finite values, preemption) did not complete within "
+                f"{timeout_s:g} s"
+            )
     return [bool(v) for v in t.tolist()]
 
 

@@ -13,9 +13,7 @@ complete within ``timeout_s`` raises :class:`RecvTimeout` naming this rank, the 
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Iterable
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -24,6 +22,7 @@ from pipewright.deps import matching_recv, peer_rank
 from pipewright.ir import Action, Schedule
 from pipewright.runtime.errors import RecvTimeout
 from pipewright.runtime.mesh import ParallelMesh
+from pipewright.runtime.timeouts import wait_work
 
 #: (shape, dtype) of the tensor a RECV action receives.
 TensorSpec = tuple[tuple[int, ...], torch.dtype]
@@ -185,21 +184,7 @@ class PipeComm:
         return full.view(shape)
 
     def _wait(self, work: dist.Work) -> bool:
-        if self.mesh.device.type == "cpu":
-            try:
-                work.wait(timedelta(seconds=self.timeout_s))
-            except RuntimeError as e:
-                if "Timed out" in str(e) or "timed out" in str(e):
-                    return False
-                raise
-            return True
-        deadline = time.monotonic() + self.timeout_s
-        while not work.is_completed():
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(20e-6)
-        work.wait()  # orders the current stream after the transfer
-        return True
+        return wait_work(work, self.timeout_s, self.mesh.device)
 
     # -- sends -----------------------------------------------------------------------------
     def send(self, items: list[tuple[Action, torch.Tensor]]) -> None:

@@ -299,6 +299,7 @@ class Trainer:
             on_nonfinite=c.on_nonfinite,
             keep_checkpoints=c.keep_checkpoints,
             check_gradients=c.precision != "fp16",  # fp16: the loss scaler handles overflowed gradients
+            collective_timeout_s=c.collective_timeout_s,
         )
         self.executor = PipelineExecutor(
             exec_schedule,
@@ -408,16 +409,17 @@ class Trainer:
 
     def train_step(self, step: int) -> dict:
         """One training step; returns its metrics record (the same on every rank, bar timing)."""
-        dist.barrier()
-        t0 = time.perf_counter()
-        with self.guard.iteration(step):  # a receive timeout: a hang report of every rank's position
+        with self.guard.iteration(step):  # a receive or collective timeout: a hang report of every rank
+            dist.barrier()
+            t0 = time.perf_counter()
             loss = self.forward_backward(step)
-        skipped = not self.guard.before_optimizer(step, loss)  # NaN/inf anywhere; SIGTERM pending
-        if skipped:
-            c = self.config
-            lr, norm = lr_at(step, lr=c.lr, warmup=c.warmup, total=c.steps, min_ratio=c.min_lr_ratio), None
-        else:
-            lr, norm = self.optimizer_step(step)
+            skipped = not self.guard.before_optimizer(step, loss)  # NaN/inf anywhere; SIGTERM pending
+            if skipped:
+                c = self.config
+                lr = lr_at(step, lr=c.lr, warmup=c.warmup, total=c.steps, min_ratio=c.min_lr_ratio)
+                norm = None
+            else:
+                lr, norm = self.optimizer_step(step)
         step_time = time.perf_counter() - t0
         self.timeline = gather_timeline(self.executor.last_spans, self.mesh)
         return {

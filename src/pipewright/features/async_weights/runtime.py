@@ -193,21 +193,26 @@ class AsyncRuntime:
             st.window_version = st.version
 
     def handlers(self, base: Mapping[str, Callable]) -> dict[str, Callable]:
-        """Wrapped handlers for F, B, I, STEP (``base``: the executor's default handlers). REDUCE_GRAD
-        becomes a no-op: gradients are reduced at every STEP instead of once per window."""
+        """Wrapped handlers for F, B, I, STEP (``base``: the executor's default handlers) and W when
+        ``base`` has it: :meth:`wrap` applied to each."""
+        kinds = (F, B, I, STEP, REDUCE_GRAD) + ((W,) if W in base else ())
+        return {kind: self.wrap(kind, base.get(kind)) for kind in kinds}
+
+    def wrap(self, kind: str, inner: Callable | None) -> Callable | None:
+        """The executor's handler wrapper (``PipelineExecutor(handler_wrappers=[runtime.wrap])``): F, B
+        and I run inside the stage's weight context, W records its microbatch, STEP makes the update;
+        REDUCE_GRAD becomes a no-op (gradients are reduced at every STEP instead of once per window).
+        Other kinds are left alone."""
 
         def forward(state: Any, a: Action) -> None:
-            self.stages[a.stage].forward(a.microbatch, lambda: base[F](state, a))
+            self.stages[a.stage].forward(a.microbatch, lambda: inner(state, a))
 
-        def backward(kind: str) -> Callable:
-            def run(state: Any, a: Action) -> None:
-                st = self.stages[a.stage]
-                st.backward(a.microbatch, lambda: base[kind](state, a), complete=kind == B)
-
-            return run
+        def backward(state: Any, a: Action) -> None:
+            st = self.stages[a.stage]
+            st.backward(a.microbatch, lambda: inner(state, a), complete=kind == B)
 
         def weight_grad(state: Any, a: Action) -> None:  # W: the deferred weight gradient lands
-            base[W](state, a)
+            inner(state, a)
             self.stages[a.stage].pending.append(a.microbatch)
 
         def step(state: Any, a: Action) -> None:
@@ -226,16 +231,10 @@ class AsyncRuntime:
                 for p, g in zip(others, held, strict=True):
                     p.grad = g
 
-        handlers = {
-            F: forward,
-            B: backward(B),
-            I: backward(I),
-            STEP: step,
-            REDUCE_GRAD: lambda state, a: None,
-        }
-        if W in base:
-            handlers[W] = weight_grad
-        return handlers
+        wrapped = {F: forward, B: backward, I: backward, W: weight_grad, STEP: step}
+        if kind == REDUCE_GRAD:
+            return lambda state, a: None
+        return wrapped.get(kind, inner)
 
     def weight_copies(self) -> dict[int, dict[str, int]]:
         """Per stage: weight versions held now and at peak (live included)."""

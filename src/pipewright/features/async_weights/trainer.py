@@ -109,7 +109,7 @@ class AsyncTrainer(Trainer):
                     device=self.device,
                     recv_timeout_s=c.recv_timeout_s,
                     record=True,
-                    handlers=self.runtime.handlers(default_handlers()),
+                    handler_wrappers=[self.runtime.wrap],
                     loss_stage=self.executor.loss_stage,
                 )
         return self._executors[steps]

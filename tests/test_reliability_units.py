@@ -1,0 +1,88 @@
+"""Single-process pieces of the reliability machinery: the per-attempt store namespace under torchrun
+(against a store holding a previous attempt's keys), the recognition of c10d/gloo timeouts, and the
+``stall-reduce`` fault."""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+import torch.distributed as dist
+
+from pipewright.runtime.errors import ActionError
+from pipewright.runtime.faults import FaultPlan, parse_faults
+from pipewright.runtime.launch import attempt_store
+from pipewright.runtime.timeouts import is_timeout
+
+
+def test_a_restarted_attempt_gets_a_fresh_namespace_despite_the_previous_attempts_keys(monkeypatch):
+    server = dist.TCPStore("127.0.0.1", 0, 3, True, timeout=timedelta(seconds=20), wait_for_workers=False)
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(server.port))
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job")
+    # what the previous attempt left: its id, its ranks' hellos and acks, a process-group key
+    server.set("pipewright/job/current", "old")
+    for r in (1, 2):
+        server.set(f"pipewright/job/old/hello/{r}", b"stale")
+        server.set(f"pipewright/job/old/ack/{r}", b"stale")
+    server.set("pipewright/job/old/default_pg/key", b"previous attempt")
+    stores: dict[int, dist.Store] = {}
+
+    def join(rank: int, delay: float) -> None:
+        time.sleep(delay)
+        stores[rank] = attempt_store(rank, 3, timedelta(seconds=20), window_s=0.2)
+
+    # the other ranks start first and read the old id; rank 0 comes late
+    threads = [threading.Thread(target=join, args=(r, d)) for r, d in ((1, 0.0), (2, 0.1), (0, 0.8))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(stores) == [0, 1, 2]
+    assert not stores[1].check(["default_pg/key"])  # nothing of the old attempt is visible
+    stores[0].set("default_pg/key", b"this attempt")
+    assert stores[1].get("default_pg/key") == stores[2].get("default_pg/key") == b"this attempt"
+    assert server.get("pipewright/job/current") != b"old"
+
+
+def test_timeouts_are_recognised_through_the_wrappers_that_carry_them():
+    gloo = RuntimeError("[tcp/unbound_buffer.cc:78] Timed out waiting 1000ms for recv operation to complete")
+    assert is_timeout(gloo)
+    assert is_timeout(RuntimeError("Application timeout caused pair closure"))
+    try:
+        try:
+            raise gloo
+        except RuntimeError as e:
+            raise ActionError("rank 0 (pp 0), position 3, action 0TOY_AR0: ...") from e
+    except ActionError as wrapped:
+        assert is_timeout(wrapped)
+    assert not is_timeout(RuntimeError("Connection closed by peer [127.0.0.1]:1234"))
+    assert not is_timeout(ValueError("timed out"))  # not a c10d error
+
+
+def test_stall_reduce_fires_once_before_the_gradient_all_reduce_of_its_step():
+    (fault,) = parse_faults("stall-reduce:rank=3:step=1:ms=5000")
+    assert (fault.kind, fault.rank, fault.step, fault.ms) == ("stall-reduce", 3, 1, 5000)
+    assert not FaultPlan([fault], rank=2, attempt=0)  # another rank's fault
+    wake = threading.Event()
+    plan = FaultPlan([fault], rank=3, attempt=0, wake=wake)
+    plan.at_action(1, 15, 17, "B")  # other kinds, other steps: nothing
+    plan.at_action(0, 15, 17, "REDUCE_GRAD")
+    assert plan.faults == [fault]
+    wake.set()  # a SIGTERM ends the stall at once
+    t0 = time.monotonic()
+    plan.at_action(1, 15, 17, "REDUCE_GRAD")
+    assert time.monotonic() - t0 < 2.0
+    assert not plan.faults  # fired, and only once
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan"])
+def test_timeouts_must_be_positive(value):
+    from pipewright.errors import ConfigError
+    from pipewright.runtime.config import TrainConfig
+
+    for name in ("recv_timeout_s", "collective_timeout_s"):
+        with pytest.raises(ConfigError, match="positive number of seconds"):
+            TrainConfig(**{name: float(value)}).check()
