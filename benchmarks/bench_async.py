@@ -23,7 +23,6 @@ import json
 import shutil
 import statistics
 import time
-from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -53,12 +52,12 @@ def _config(opt: str, seed: int, steps: int, out: Path, clip: float, **kw):
     return TrainConfig(**base)
 
 
-def run_config(name: str, opt: str, seed: int, steps: int, m: int, out: Path, clip: float):
-    """The TrainConfig of one run of the study (see the module docstring)."""
+def run_config(name: str, opt: str, seed: int, steps: int, m: int, out: Path, clip: float, warmup: int):
+    """The TrainConfig of one run of the study (see the module docstring); ``warmup`` in steps."""
     if name == "sync":  # one microbatch per step: the exact update sequence of the async runs
-        return _config(opt, seed, steps * m, out, clip, schedule="1f1b", microbatches=1, warmup=20 * m)
+        return _config(opt, seed, steps * m, out, clip, schedule="1f1b", microbatches=1, warmup=warmup * m)
     if name == "sync-m":  # m microbatches per step, one update per step (2bw's reference)
-        return _config(opt, seed, steps, out, clip, schedule="1f1b", microbatches=m, warmup=20)
+        return _config(opt, seed, steps, out, clip, schedule="1f1b", microbatches=m, warmup=warmup)
     return _config(
         opt,
         seed,
@@ -67,9 +66,9 @@ def run_config(name: str, opt: str, seed: int, steps: int, m: int, out: Path, cl
         clip,
         schedule="async-1f1b",
         microbatches=m,
-        warmup=20,
+        warmup=warmup,
         weight_policy=name,
-        async_window=min(25, steps),
+        async_window=steps,
     )
 
 
@@ -105,7 +104,7 @@ def run_one(name: str, opt: str, seed: int, args) -> dict:
     m = args.microbatches
     out = Path(args.out) / f"{opt}-{name}-s{seed}"
     shutil.rmtree(out, ignore_errors=True)
-    c = run_config(name, opt, seed, args.steps, m, out, args.clip)
+    c = run_config(name, opt, seed, args.steps, m, out, args.clip, args.warmup)
     t0 = time.perf_counter()
     result = train(c)
     wall = time.perf_counter() - t0
@@ -122,6 +121,7 @@ def run_one(name: str, opt: str, seed: int, args) -> dict:
         "lr": c.lr,
         "clip": c.grad_clip,
         "steps": args.steps,
+        "warmup": args.warmup,
         "microbatches": m,
         "losses": losses,
         "val_loss": val_loss(c, out),
@@ -168,8 +168,7 @@ def speed(args) -> None:
         got = {}
         for name in ["sync-m", *args.policies]:
             out = root / f"r{rnd}-{name}"
-            c = run_config(name, "adamw", 0, args.steps, args.microbatches, out, args.clip)
-            c = replace(c, warmup=2, async_window=args.steps)
+            c = run_config(name, "adamw", 0, args.steps, args.microbatches, out, args.clip, 2)
             got[name] = train(c).tokens_per_s
         rows.append(got)
         print(f"round {rnd}: " + "  ".join(f"{k} {v:,.0f}" for k, v in got.items()), flush=True)
@@ -243,13 +242,14 @@ def report(args) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=50)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--warmup", type=int, default=10, help="warm-up steps (× m updates)")
     ap.add_argument("--microbatches", type=int, default=4)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--optimizers", nargs="+", default=["adamw", "sgd"])
     ap.add_argument("--policies", nargs="+", default=list(POLICIES))
     ap.add_argument("--throughput", action="store_true", help="also run sync-m (2bw's reference)")
-    ap.add_argument("--clip", type=float, default=0.0, help="gradient clipping norm (0: none)")
+    ap.add_argument("--clip", type=float, default=1.0, help="gradient clipping norm (0: none)")
     ap.add_argument("--tail", type=int, default=10, help="final training loss = mean of the last N steps")
     ap.add_argument("--out", default="runs/bench_async", help="training runs (checkpoints removed)")
     ap.add_argument("--results", default=str(RESULTS), help="one cached JSON per run")
