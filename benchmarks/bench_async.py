@@ -186,6 +186,12 @@ def _mean_sd(xs: list[float]) -> tuple[float, float]:
     return statistics.fmean(xs), statistics.stdev(xs) if len(xs) > 1 else 0.0
 
 
+def names_of(runs: list[dict]) -> list[str]:
+    """The run names present, in table order."""
+    have = {r["name"] for r in runs}
+    return [n for n in ["sync", *POLICIES, "sync-m"] if n in have]
+
+
 def report(args) -> None:
     """Markdown tables (final training and validation loss per run, mean ± sd over seeds, relative to
     sync; per-seed values) and one loss-curve plot per optimizer."""
@@ -208,7 +214,7 @@ def report(args) -> None:
         fig, ax = plt.subplots(figsize=(7, 4))
         mine = [r for r in runs if r["optimizer"] == opt]
         ref: dict[str, float] = {}
-        for name in ["sync", *POLICIES, "sync-m"]:
+        for name in names_of(mine):
             rs = sorted((r for r in mine if r["name"] == name), key=lambda r: r["seed"])
             if not rs:
                 continue
@@ -228,6 +234,15 @@ def report(args) -> None:
             if name != "sync-m":
                 mean = [statistics.fmean(r["losses"][i] for r in rs) for i in range(n)]
                 ax.plot(range(1, n + 1), mean, label=f"{name} (val {val:.3f})", lw=1.2)
+        rates = {
+            n: statistics.fmean(r["tokens_per_s"] for r in mine if r["name"] == n) for n in names_of(mine)
+        }
+        if "sync-m" in rates:
+            print(
+                f"\n{opt} tokens/s (mean over seeds) / sync-m's: "
+                + ", ".join(f"{n} {v / rates['sync-m']:.2f}" for n, v in rates.items())
+                + "\n"
+            )
         ax.set(
             xlabel=f"step (m = {args.microbatches} microbatches, one update each)",
             ylabel="training loss (mean over seeds)",
