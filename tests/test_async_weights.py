@@ -12,10 +12,10 @@ from torch import nn
 
 from pipewright.errors import ConfigError
 from pipewright.features.async_weights.directions import BUILTIN, directions, predict_into
-from pipewright.features.async_weights.policies import POLICIES, make_policy
+from pipewright.features.async_weights.policies import POLICIES, make_policy, policy_optimizer
 from pipewright.features.async_weights.runtime import AsyncRuntime, AsyncStage
 from pipewright.features.async_weights.staleness import staleness, steady_staleness, versions_in_flight
-from pipewright.ir import STEP, B, F
+from pipewright.ir import STEP, Action, B, F
 from pipewright.schedules import build_schedule
 
 torch.set_num_threads(1)
@@ -263,9 +263,9 @@ def _fake_base(mod: nn.Module, xs, log: list):
     return {F: forward, B: backward, STEP: lambda state, a: None}
 
 
-def _sync_reference(xs, period: int, opt_name: str) -> list[float]:
+def _sync_reference(xs, period: int, opt_name: str, policy: str = "none") -> list[float]:
     mod = _module()
-    opt = _optim(opt_name, mod)
+    opt = policy_optimizer(policy, _optim(opt_name, mod))  # nesterov: the Nesterov form
     losses = []
     for i in range(0, len(xs), period):
         for x in xs[i : i + period]:
@@ -299,8 +299,61 @@ def test_one_stage_every_policy_is_synchronous_training(policy, opt_name):
         handlers = rt.handlers(_fake_base(mod, xs[w * m : (w + 1) * m], log))
         for a in sched.actions[0]:
             handlers[a.kind](None, a)
-    want = _sync_reference(xs, m if policy == "2bw" else 1, opt_name)
+    want = _sync_reference(xs, m if policy == "2bw" else 1, opt_name, policy)
     assert log == want
+
+
+# -- nesterov: the look-ahead update of Ajanthan et al. (ICML 2025) -------------------------------
+def test_nesterov_policy_steps_with_the_look_ahead_update():
+    """SGD(μ): b' = μb + g, W ← W − lr(g + μb') (the gradient's step plus the look-ahead along the
+    new momentum); AdamW → NAdam with β₁ = 0.99: W ← W(1 − lr·λ) − lr·(μ_{t+1}m_t/(1 − Πμ_{≤t+1})
+    + (1 − μ_t)g/(1 − Πμ_{≤t}))/(√v̂_t + ε), μ_t = β₁(1 − ½·0.96^{0.004t}), checked by hand."""
+    gs = [torch.randn(4, 3, generator=torch.Generator().manual_seed(40 + t)) for t in range(4)]
+    p = _param(1)
+    opt = policy_optimizer("nesterov", torch.optim.SGD([p], lr=0.1, momentum=0.9))
+    w, b = p.detach().clone(), torch.zeros_like(p)
+    for g in gs:
+        p.grad = g.clone()
+        opt.step()
+        b = 0.9 * b + g
+        w = w - 0.1 * (g + 0.9 * b)
+        assert torch.allclose(p.detach(), w, atol=1e-6)
+    p = _param(2)
+    lr, wd, b1, b2, eps = 1e-2, 0.1, 0.99, 0.95, 1e-8
+    opt = policy_optimizer("nesterov", torch.optim.AdamW([p], lr=lr, betas=(0.9, b2), weight_decay=wd))
+    assert isinstance(opt, torch.optim.NAdam)
+    w, m, v, prod = p.detach().double().clone(), 0.0, 0.0, 1.0
+    for t, g in enumerate(gs, start=1):
+        p.grad = g.clone()
+        opt.step()
+        g = g.double()
+        w = w * (1 - lr * wd)
+        mu, mu_next = (b1 * (1 - 0.5 * 0.96 ** (0.004 * k)) for k in (t, t + 1))
+        prod *= mu
+        m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
+        denom = (v / (1 - b2**t)).sqrt() + eps
+        w = w - lr * ((1 - mu) * g / (1 - prod) + mu_next * m / (1 - prod * mu_next)) / denom
+        assert torch.allclose(p.detach().double(), w, atol=1e-6)
+    with pytest.raises(ConfigError, match="nesterov"):
+        policy_optimizer("nesterov", torch.optim.RMSprop([p]))
+
+
+def test_evaluation_forward_runs_on_the_live_weights():
+    """A forward without autograd (the trainer's evaluation) ignores the policy: with predict and
+    s = 3 it sees W, not Ŵ, and records nothing for a backward."""
+    sched = build_schedule("async-1f1b", 1, 2)
+    mod = _module()
+    rt = AsyncRuntime(sched, {0: mod}, {0: _optim("adamw", mod)}, "predict", period=1, lr_fn=lambda k: 0.01)
+    st = rt.stages[0]
+    _update(mod, st, X2)
+    st.staleness = {0: 3}
+    outs = []
+    handlers = rt.handlers({F: lambda state, a: outs.append(mod(X)), B: None, STEP: None})
+    # the executor does not warn of unreduced gradients, whether given the handlers or the wrapper
+    assert handlers[STEP].reduces_gradients and rt.wrap.reduces_gradients
+    with torch.no_grad():
+        handlers[F](None, Action(0, F, 0))
+    assert torch.equal(outs[0], mod(X).detach()) and st.policy.copies() == 0
 
 
 # -- the trainer: pipewright train --schedule async-1f1b --weight-policy ... ----------------------
@@ -406,6 +459,7 @@ def test_memory_model_per_policy():
         "dc": [4, 3, 2, 1],
         "2bw": [2] * 4,
         "predict": [2, 2, 2, 1],
+        "nesterov": [4, 3, 2, 1],
     }
     assert {p: list(weight_versions(p, one_f).values()) for p in POLICIES} == want
     assert list(weight_versions("dc", build_schedule("async-zb-h1", 4, 8)).values()) == [4, 4, 4, 1]

@@ -42,7 +42,7 @@ _VALUE_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--optimizer", str, "adamw, sgd or kfac (K-FAC in the pipeline bubbles)"),
     ("--kfac-base", str, "with --optimizer kfac: the update it feeds, sgd, adamw (default) or lamb"),
     ("--kfac-fill", str, "with --optimizer kfac: measured (tasks that fit a bubble) or all (reproducible)"),
-    ("--weight-policy", str, "asynchronous schedules: none, stash, 2bw, predict or dc (default stash)"),
+    ("--weight-policy", str, "async schedules: none, stash, 2bw, predict, dc or nesterov (default stash)"),
     ("--async-window", int, "asynchronous schedules: steps per flush-free window (default 10)"),
     ("--seed", int, "seed for weights and data order"),
     ("--out", str, "output folder (default runs/<timestamp>)"),

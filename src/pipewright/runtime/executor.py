@@ -325,7 +325,13 @@ class PipelineExecutor:
             raise LayoutError(f"schedule {schedule.name} has {schedule.num_ranks} ranks but pp = {mesh.pp}")
         schedule = lower(schedule)
         if mesh.dp > 1:
-            if any(a.kind == STEP and a.microbatch is not None for row in schedule.actions for a in row):
+            # a STEP handler (or a wrapper installing one) that all-reduces over dp itself declares
+            # ``reduces_gradients = True``
+            declared = [(handlers or {}).get(STEP), *handler_wrappers]
+            step_reduces = any(getattr(h, "reduces_gradients", False) for h in declared)
+            if not step_reduces and any(
+                a.kind == STEP and a.microbatch is not None for row in schedule.actions for a in row
+            ):
                 log.warning(
                     "%s steps per microbatch but its gradients are all-reduced over dp once per iteration; "
                     "replicas step on unreduced gradients",

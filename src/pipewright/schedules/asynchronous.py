@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from pipewright.ir import STEP, Action, B, F, I, Schedule, loop_placement
+from pipewright.ir import STEP, B, F, I, Schedule, loop_placement
 from pipewright.schedules.classic import one_f_one_b_rows
 from pipewright.schedules.registry import ScheduleInfo
+
+BACKWARD_KINDS = (B, I)  # the action whose backward reads the weights (W needs no weights)
 
 
 def async_1f1b(p: int, m: int, v: int = 1) -> Schedule:
@@ -29,17 +31,33 @@ def async_1f1b(p: int, m: int, v: int = 1) -> Schedule:
     )
 
 
+def staleness_table(schedule: Schedule) -> dict[tuple[int, int], int]:
+    """{(stage, microbatch): updates of that stage between its F and its B (or I)}, for every stage
+    and microbatch of an asynchronous schedule (compute-only or lowered): the number of ``STEP``
+    actions of the stage between the two on the rank's action list. Nothing here assumes 1F1B."""
+    table: dict[tuple[int, int], int] = {}
+    for row in schedule.actions:
+        steps: dict[int, int] = {}  # stage → STEP actions seen so far on this row
+        at_forward: dict[tuple[int, int], int] = {}
+        for a in row:
+            if a.kind == STEP:
+                steps[a.stage] = steps.get(a.stage, 0) + 1
+            elif a.kind == F:
+                at_forward[(a.stage, a.microbatch)] = steps.get(a.stage, 0)
+            elif a.kind in BACKWARD_KINDS:
+                key = (a.stage, a.microbatch)
+                if key in at_forward:
+                    table[key] = steps.get(a.stage, 0) - at_forward.pop(key)
+    return table
+
+
 def staleness(schedule: Schedule, stage: int, microbatch: int) -> int:
     """Optimizer steps ``stage`` takes between the forward and the backward of ``microbatch``.
 
     This is PipeOptim's s (the prediction horizon) read off the schedule: p − r − 1 on rank r in the
     steady state of :func:`async_1f1b`, fewer for the first microbatches of the window.
     """
-    row = schedule.actions[schedule.rank_of(stage)]
-    start = row.index(Action(stage, F, microbatch))
-    backward = {Action(stage, B, microbatch), Action(stage, I, microbatch)}
-    end = next(i for i, a in enumerate(row) if a in backward)
-    return sum(1 for a in row[start:end] if a.stage == stage and a.kind == STEP)
+    return staleness_table(schedule)[(stage, microbatch)]
 
 
 SCHEDULES = (

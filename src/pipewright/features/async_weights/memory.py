@@ -35,6 +35,7 @@ WEIGHT_VERSIONS: Mapping[str, Callable[[Schedule], dict[int, int]]] = MappingPro
     {
         "none": lambda sched: dict.fromkeys(range(sched.num_stages), 1),
         "stash": versions_in_flight,
+        "nesterov": versions_in_flight,
         "dc": lambda sched: versions_in_flight(sched, until_step=True),
         "2bw": lambda sched: dict.fromkeys(range(sched.num_stages), 2 if _delayed(sched) else 1),
         "predict": lambda sched: {s: 2 if d > 0 else 1 for s, d in steady_staleness(sched).items()},
@@ -43,7 +44,7 @@ WEIGHT_VERSIONS: Mapping[str, Callable[[Schedule], dict[int, int]]] = MappingPro
 
 #: policy → extra gradient-sized buffers kept between updates.
 EXTRA_GRADIENTS: Mapping[str, int] = MappingProxyType(
-    {"none": 0, "stash": 0, "dc": 1, "2bw": 0, "predict": 1}
+    {"none": 0, "stash": 0, "dc": 1, "2bw": 0, "predict": 1, "nesterov": 0}
 )
 
 

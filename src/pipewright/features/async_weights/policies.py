@@ -14,6 +14,13 @@ see, and when the optimizer updates. One class per policy, registered by name in
   stage, backward and update on the live weights, which are never written by the prediction.
 * ``dc``: stash plus delay compensation of the stale gradient (DC-ASGD, Zheng et al., ICML 2017):
   g̃ = g + λ·g⊙g⊙(W_now − W_fwd), with λ = λ₀/√(mean g²) of a running average (DC-ASGD-a).
+* ``nesterov``: stash plus a Nesterov look-ahead update (Ajanthan et al., "Nesterov Method for
+  Asynchronous Pipeline Parallel Optimization", ICML 2025), as the authors' code (AsyncPP) runs it:
+  the stage's optimizer becomes its Nesterov form, AdamW → NAdam with decoupled decay and β₁ = 0.99
+  (:func:`nesterov_optimizer`), SGD with momentum → SGD with Nesterov momentum.
+
+A policy that changes the update rule itself names it in :data:`OPTIMIZER_RULES` (policy → function
+of the run's optimizer); :func:`policy_optimizer` applies it once per optimizer.
 """
 
 from __future__ import annotations
@@ -189,6 +196,61 @@ class Predict(WeightPolicy):
         return 0 if self.buffer is None else 1
 
 
+class NesterovLookAhead(Stash):
+    """Weight stashing (the backward uses its forward's version, as AsyncPP's runtime does) with the
+    optimizer replaced by its Nesterov form (:data:`OPTIMIZER_RULES`)."""
+
+    name = "nesterov"
+
+
+def nesterov_optimizer(optimizer: torch.optim.Optimizer, momentum: float = 0.99) -> torch.optim.Optimizer:
+    """The Nesterov look-ahead form of ``optimizer`` over the same parameter groups (lr, decay):
+
+    * AdamW → NAdam (Dozat 2016; ``torch.optim.NAdam``) with decoupled decay, β₁ = ``momentum``
+      (0.99 in AsyncPP's run script), the same β₂ and ε. NAdam's step uses the look-ahead first
+      moment μ_{t+1}·m_t + (1 − μ_t)·g_t, μ_t = β₁(1 − ½·0.96^{tψ}), ψ = 0.004: with β₁ near 1 the
+      update follows the slowly turning momentum, which a gradient τ updates old perturbs little.
+    * SGD with momentum μ → the same μ with Nesterov's look-ahead, b' = μb + g, W ← W − lr(g + μb')
+      (a larger μ would multiply SGD's effective step by (1 − μ)/(1 − μ_new)).
+    * NAdam or Nesterov SGD: returned as is.
+    """
+    keep = ("params", "lr", "weight_decay")
+    groups = [{k: v for k, v in g.items() if k in keep} for g in optimizer.param_groups]
+    first = optimizer.param_groups[0]
+    if type(optimizer) is torch.optim.AdamW:
+        return torch.optim.NAdam(
+            groups,
+            lr=first["lr"],
+            betas=(momentum, first["betas"][1]),
+            eps=first["eps"],
+            decoupled_weight_decay=True,
+            foreach=False,
+        )
+    if type(optimizer) is torch.optim.SGD and first["momentum"] > 0:
+        if first["nesterov"]:
+            return optimizer
+        mu = first["momentum"]
+        return torch.optim.SGD(groups, lr=first["lr"], momentum=mu, nesterov=True, foreach=False)
+    if type(optimizer) is torch.optim.NAdam:
+        return optimizer
+    raise ConfigError(
+        f"--weight-policy nesterov needs AdamW or SGD with momentum (got {type(optimizer).__name__}); "
+        "use --optimizer adamw or sgd"
+    )
+
+
+#: policy → fn(optimizer) → the optimizer that policy steps with (policies not named keep theirs).
+OPTIMIZER_RULES: Mapping[str, Callable[[torch.optim.Optimizer], torch.optim.Optimizer]] = MappingProxyType(
+    {"nesterov": nesterov_optimizer}
+)
+
+
+def policy_optimizer(name: str, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The optimizer policy ``name`` updates with (``optimizer`` itself unless the policy has a rule)."""
+    rule = OPTIMIZER_RULES.get(name)
+    return optimizer if rule is None else rule(optimizer)
+
+
 #: name → factory(period m, delay from the schedule, options) of a stage's policy.
 POLICIES: Mapping[str, Callable[..., WeightPolicy]] = MappingProxyType(
     {
@@ -197,6 +259,7 @@ POLICIES: Mapping[str, Callable[..., WeightPolicy]] = MappingProxyType(
         "2bw": lambda m, delay, **o: TwoBufferedWeights(m, delay),
         "predict": lambda m, delay, **o: Predict(),
         "dc": lambda m, delay, **o: DelayCompensated(o.get("dc_lambda", 2.0)),
+        "nesterov": lambda m, delay, **o: NesterovLookAhead(),
     }
 )
 

@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch import nn
 
 from pipewright.features.async_weights.directions import DirectionFn
-from pipewright.features.async_weights.policies import WeightPolicy, make_policy
+from pipewright.features.async_weights.policies import WeightPolicy, make_policy, policy_optimizer
 from pipewright.features.async_weights.staleness import check_async
 from pipewright.ir import REDUCE_GRAD, STEP, Action, B, F, I, Schedule, W
 from pipewright.optim import clip_grad_norm_, set_lr
@@ -171,6 +171,11 @@ class AsyncRuntime:
         table = check_async(schedule)
         delay = 1 if any(table.values()) else 0
         self.policy_name = policy
+        converted: dict[int, torch.optim.Optimizer] = {}  # one rule application per shared optimizer
+        for o in optimizers.values():
+            if id(o) not in converted:
+                converted[id(o)] = policy_optimizer(policy, o)
+        optimizers = {s: converted[id(o)] for s, o in optimizers.items()}
         self.stages = {
             s: AsyncStage(
                 s,
@@ -205,6 +210,9 @@ class AsyncRuntime:
         Other kinds are left alone."""
 
         def forward(state: Any, a: Action) -> None:
+            if not torch.is_grad_enabled():  # evaluation (forward only): the live weights, no policy
+                inner(state, a)
+                return
             self.stages[a.stage].forward(a.microbatch, lambda: inner(state, a))
 
         def backward(state: Any, a: Action) -> None:
@@ -231,10 +239,14 @@ class AsyncRuntime:
                 for p, g in zip(others, held, strict=True):
                     p.grad = g
 
+        step.reduces_gradients = True  # type: ignore[attr-defined]  # over dp, before each update
         wrapped = {F: forward, B: backward, I: backward, W: weight_grad, STEP: step}
         if kind == REDUCE_GRAD:
             return lambda state, a: None
         return wrapped.get(kind, inner)
+
+    #: the STEP this wrapper installs all-reduces over dp itself (the executor need not warn)
+    wrap.reduces_gradients = True  # type: ignore[attr-defined]
 
     def weight_copies(self) -> dict[int, dict[str, int]]:
         """Per stage: weight versions held now and at peak (live included)."""

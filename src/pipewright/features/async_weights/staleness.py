@@ -5,40 +5,18 @@ microbatch's forward sees on stage s and those its backward meets differ by the 
 stage s between the two actions: PipeOptim's prediction horizon s. For PipeDream's 1F1B without flush
 this is p − r − 1 on rank r in the steady state (Guan et al. 2023, §3; the reference code uses p − r,
 one too many), fewer for the first microbatches of a window. Nothing here is specific to one schedule:
-the same count is right for interleaved or zero-bubble asynchronous variants.
+the same count is right for interleaved or zero-bubble asynchronous variants. The count itself
+lives beside the asynchronous schedules (:func:`pipewright.schedules.asynchronous.staleness_table`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
-from pipewright.ir import STEP, B, F, I, Schedule
+from pipewright.ir import STEP, F, Schedule
+from pipewright.schedules.asynchronous import BACKWARD_KINDS, staleness, staleness_table
 
-BACKWARD_KINDS = (B, I)  # the action whose backward reads the weights (W needs no weights)
-
-
-def staleness_table(schedule: Schedule) -> dict[tuple[int, int], int]:
-    """{(stage, microbatch): updates of that stage between its F and its B (or I)}, for every stage
-    and microbatch of the schedule (compute-only or lowered)."""
-    table: dict[tuple[int, int], int] = {}
-    for row in schedule.actions:
-        steps: dict[int, int] = {}  # stage → STEP actions seen so far on this row
-        at_forward: dict[tuple[int, int], int] = {}
-        for a in row:
-            if a.kind == STEP:
-                steps[a.stage] = steps.get(a.stage, 0) + 1
-            elif a.kind == F:
-                at_forward[(a.stage, a.microbatch)] = steps.get(a.stage, 0)
-            elif a.kind in BACKWARD_KINDS:
-                key = (a.stage, a.microbatch)
-                if key in at_forward:
-                    table[key] = steps.get(a.stage, 0) - at_forward.pop(key)
-    return table
-
-
-def staleness(schedule: Schedule, stage: int, microbatch: int) -> int:
-    """Updates of ``stage`` between the forward and the backward of ``microbatch``."""
-    return staleness_table(schedule)[(stage, microbatch)]
+__all__ = ["check_async", "staleness", "staleness_table", "steady_staleness", "versions_in_flight"]
 
 
 def steady_staleness(schedule: Schedule) -> dict[int, int]:

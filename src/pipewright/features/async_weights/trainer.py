@@ -71,6 +71,8 @@ def runtime_parts(trainer: AsyncTrainer):
         dp_group=trainer.mesh.dp_group,
         dp=trainer.mesh.dp,
     )
+    # a policy may step with another update rule (nesterov): checkpoints save the one in use
+    trainer.optimizer = next(iter(trainer.runtime.stages.values())).optimizer
     return RuntimeParts(handlers=trainer.runtime.handlers(default_handlers()))
 
 
