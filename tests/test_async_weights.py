@@ -226,6 +226,46 @@ def test_none_backward_reads_the_live_weights():
     assert not torch.equal(mod[0].weight.grad, stale[0])
 
 
+@pytest.mark.parametrize("policy", ["none", "stash", "predict"])
+def test_nonfinite_gradient_skips_the_stage_update(policy):
+    """--on-nonfinite skip: the update with a NaN gradient leaves weights and optimizer state as they
+    were, the versions still count it, the message names the step, the stage and the parameter; the
+    next finite update steps as usual."""
+    mod, st = _stage(policy, {0: 1}, "adamw")
+    st.on_nonfinite = "skip"
+    _update(mod, st, X2)  # a finite update: optimizer state exists
+    weights = [p.detach().clone() for p in mod.parameters()]
+    state = copy.deepcopy(st.optimizer.state_dict())
+    box = _fb(mod, st, 1, X)
+    st.backward(1, lambda: box["out"].square().sum().backward())
+    mod[3].bias.grad[0] = float("nan")
+    version = st.version
+    st.update(lr=0.1, grad_scale=1.0, clip=1.0, step=7, rank=2)
+    assert all(torch.equal(p, w) for p, w in zip(mod.parameters(), weights, strict=True))
+    assert str(st.optimizer.state_dict()) == str(state)
+    assert st.version == version + 1 and all(p.grad is None for p in mod.parameters())
+    assert st.nonfinite == [
+        "step 7: non-finite values: nan gradient in stage 0, parameter 3.bias (rank 2); "
+        "skipped stage 0's update (--on-nonfinite skip)"
+    ]
+    _update(mod, st, X2)
+    assert not torch.equal(mod[0].weight, weights[0])
+
+
+def test_nonfinite_gradient_stops_the_run_by_default():
+    from pipewright.runtime.nonfinite import NonFiniteError
+
+    mod, st = _stage("none")
+    st.on_nonfinite = "stop"
+    box = _fb(mod, st, 0, X)
+    st.backward(0, lambda: box["out"].square().sum().backward())
+    mod[0].weight.grad[0, 0] = float("inf")
+    with pytest.raises(
+        NonFiniteError, match=r"^step 3: non-finite values: inf gradient in stage 0, parameter 0\.weight"
+    ):
+        st.update(lr=0.1, grad_scale=1.0, clip=0.0, step=3)
+
+
 @pytest.mark.parametrize("opt", ["sgd", "adamw"])
 def test_predicted_forward_leaves_weights_bit_identical(opt):
     mod, st = _stage("predict", {0: 3}, opt)

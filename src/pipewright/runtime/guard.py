@@ -82,6 +82,11 @@ class RunGuard:
         executor.wrap_handlers(self.wrap_handler)
         executor.collective_timeout_s = self.collective_timeout_s
         bound_groups(self.collective_timeout_s)  # the groups the executor opened
+        self.follow(executor)
+
+    def follow(self, executor) -> None:
+        """The hang report's grid shows ``executor``'s lowered schedule: call it before running one of
+        several attached executors (the asynchronous trainer's windows of different lengths)."""
         self._rows = executor.schedule.actions
 
     @contextmanager

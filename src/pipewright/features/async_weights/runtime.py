@@ -18,6 +18,13 @@ STEP(s, k): the gradients of stage s are averaged over the data-parallel group (
 so replicas stay equal), rescaled from the executor's 1/M loss scale to the mean over the
 microbatches of this update, clipped to the stage's own norm (stages update at different times, so no
 global norm exists), and the stage's optimizer steps with the learning rate ``lr_fn(k)``.
+
+Non-finite gradients (``on_nonfinite``, as ``pipewright train --on-nonfinite``): checked per stage after
+the dp average (so every replica decides alike) and before the update. ``skip`` leaves the weights and
+the optimizer state as they are for that update (the policy's bookkeeping still counts it, so weight
+versions stay aligned) and records a one-line message; ``stop`` raises
+:class:`~pipewright.runtime.nonfinite.NonFiniteError` naming the step, the stage and the parameter.
+There is no cross-stage agreement: asynchronous stages have no common step to skip.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from pipewright.features.async_weights.policies import WeightPolicy, make_policy
 from pipewright.features.async_weights.staleness import check_async
 from pipewright.ir import REDUCE_GRAD, STEP, Action, B, F, I, Schedule, W
 from pipewright.optim import clip_grad_norm_, set_lr
+from pipewright.runtime import nonfinite
 
 
 class AsyncStage:
@@ -50,7 +58,11 @@ class AsyncStage:
         extra_directions: Mapping[type, DirectionFn] | None = None,
     ) -> None:
         self.stage = stage
-        self.params = [p for p in module.parameters() if p.requires_grad]
+        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+        self.names = [n for n, _ in named]
+        self.params = [p for _, p in named]
+        self.on_nonfinite: str | None = None  # None: no check; "stop" or "skip" (module doc)
+        self.nonfinite: list[str] = []  # one line per skipped update
         self.live = [p.data for p in self.params]
         self.optimizer, self.policy = optimizer, policy
         self.staleness = dict(staleness)  # microbatch → updates between its F and its B
@@ -109,9 +121,35 @@ class AsyncStage:
         period = self.policy.period
         return period is None or len(self.pending) >= period
 
-    def update(self, lr: float, grad_scale: float, clip: float, dp_group: Any = None, dp: int = 1) -> None:
-        """Average over dp, rescale, clip (stage-local norm), adjust (policy), step, keep the gradient
-        for the next prediction and clear ``.grad``."""
+    def _finite(self, grads: list[torch.Tensor], step: int, rank: int) -> bool:
+        """True when every gradient is finite; else skip (record) or stop, as ``on_nonfinite`` says."""
+        if self.on_nonfinite is None or bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()):
+            return True
+        findings = [
+            nonfinite.Finding(rank, self.stage, n, "nan" if bool(torch.isnan(g).any()) else "inf")
+            for n, g in zip(self.names, grads, strict=True)
+            if not bool(torch.isfinite(g).all())
+        ]
+        message = nonfinite.report(step, findings, self.on_nonfinite)
+        if self.on_nonfinite == "stop":
+            raise nonfinite.NonFiniteError(message)
+        self.nonfinite.append(message.replace("the optimizer step", f"stage {self.stage}'s update"))
+        return False
+
+    def update(
+        self,
+        lr: float,
+        grad_scale: float,
+        clip: float,
+        dp_group: Any = None,
+        dp: int = 1,
+        *,
+        step: int = 0,
+        rank: int = 0,
+    ) -> None:
+        """Average over dp, rescale, check finiteness (``step``, ``rank``: where a report says it was),
+        clip (stage-local norm), adjust (policy), step, keep the gradient for the next prediction and
+        clear ``.grad``."""
         for p in self.params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -126,15 +164,18 @@ class AsyncStage:
                 offset += g.numel()
         if grad_scale != 1.0:
             torch._foreach_mul_(grads, grad_scale)
-        if clip > 0:
+        finite = self._finite(grads, step, rank)
+        if finite and clip > 0:
             clip_grad_norm_(self.params, clip)
-        self.policy.adjust_grads(self, self.pending)
+        if finite:
+            self.policy.adjust_grads(self, self.pending)
         self.policy.before_update(self)
         self.peak_copies = max(self.peak_copies, self.policy.copies())
-        set_lr(self.optimizer, lr)
-        self.optimizer.step()
+        if finite:
+            set_lr(self.optimizer, lr)
+            self.optimizer.step()
         self.version += 1
-        if self.policy.needs_gradient:  # D(W) of the next prediction reads it
+        if finite and self.policy.needs_gradient:  # D(W) of the next prediction reads it
             self.last_grads = {p: p.grad for p in self.params}
         for p in self.params:
             p.grad = None
@@ -164,9 +205,14 @@ class AsyncRuntime:
         dp_group: Any = None,
         dp: int = 1,
         extra_directions: Mapping[type, DirectionFn] | None = None,
+        on_nonfinite: str | None = None,
+        step_of: Callable[[int], int] | None = None,
+        rank: int = 0,
         **options: float,
     ) -> None:
         self.schedule = schedule
+        self.step_of = step_of or (lambda k: 0)  # window microbatch → training step (reports)
+        self.rank = rank
         self.lr_fn, self.clip, self.dp_group, self.dp = lr_fn, clip, dp_group, dp
         table = check_async(schedule)
         delay = 1 if any(table.values()) else 0
@@ -187,6 +233,8 @@ class AsyncRuntime:
             )
             for s, mod in stages.items()
         }
+        for st in self.stages.values():
+            st.on_nonfinite = nonfinite.check_policy(on_nonfinite) if on_nonfinite else None
         self.period = period if self.stages[next(iter(self.stages))].policy.period else 1
 
     def set_schedule(self, schedule: Schedule) -> None:
@@ -234,7 +282,15 @@ class AsyncRuntime:
             for p in others:
                 p.grad = None
             try:
-                st.update(self.lr_fn(a.microbatch), m / len(st.pending), self.clip, self.dp_group, self.dp)
+                st.update(
+                    self.lr_fn(a.microbatch),
+                    m / len(st.pending),
+                    self.clip,
+                    self.dp_group,
+                    self.dp,
+                    step=self.step_of(a.microbatch),
+                    rank=self.rank,
+                )
             finally:
                 for p, g in zip(others, held, strict=True):
                     p.grad = g

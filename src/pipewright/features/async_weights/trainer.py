@@ -70,6 +70,9 @@ def runtime_parts(trainer: AsyncTrainer):
         clip=c.grad_clip,
         dp_group=trainer.mesh.dp_group,
         dp=trainer.mesh.dp,
+        on_nonfinite=c.on_nonfinite,
+        step_of=lambda k: trainer._window_start + k // c.microbatches,
+        rank=dist.get_rank() if dist.is_initialized() else 0,
     )
     # a policy may step with another update rule (nesterov): checkpoints save the one in use
     trainer.optimizer = next(iter(trainer.runtime.stages.values())).optimizer
@@ -114,6 +117,7 @@ class AsyncTrainer(Trainer):
                     handler_wrappers=[self.runtime.wrap],
                     loss_stage=self.executor.loss_stage,
                 )
+                self.guard.attach(self._executors[steps])  # positions, faults, collective timeouts
         return self._executors[steps]
 
     def _window_end(self, step: int) -> int:
@@ -146,14 +150,21 @@ class AsyncTrainer(Trainer):
         c, n = self.config, end - start
         ex = self._executor(n)
         self.runtime.set_schedule(ex.schedule)
+        self.guard.follow(ex)
         self._window_start = start
         xs, ys = self._microbatches(start * c.microbatches, end * c.microbatches)
-        dist.barrier()
-        t0 = time.perf_counter()
-        losses = ex.run(
-            [x.to(self.device) for x in xs] if self.first else None,
-            [y.to(self.device) for y in ys] if self.last else None,
-        )
+        with self.guard.iteration(start):  # a receive or collective timeout: every rank's position
+            dist.barrier()
+            t0 = time.perf_counter()
+            losses = ex.run(
+                [x.to(self.device) for x in xs] if self.first else None,
+                [y.to(self.device) for y in ys] if self.last else None,
+            )
+        skipped = [line for st in self.runtime.stages.values() for line in st.nonfinite]
+        for st in self.runtime.stages.values():
+            st.nonfinite.clear()
+        if skipped:
+            self.guard.last_nonfinite = skipped[-1]
         per_step = (time.perf_counter() - t0) / n
         self.timeline = gather_timeline(ex.last_spans, self.mesh)
         versions = [None] * dist.get_world_size()
@@ -172,6 +183,7 @@ class AsyncTrainer(Trainer):
                 "bubble_fraction": self.timeline.bubble_fraction() if self.timeline is not None else None,
                 "weight_policy": c.weight_policy,
                 "weight_versions": held,
+                **({"nonfinite": [x for x in skipped if x.startswith(f"step {step}:")]} if skipped else {}),
             }
 
 
