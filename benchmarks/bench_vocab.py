@@ -9,6 +9,9 @@ chunked output layer.
    reported and the ratio vocabulary-parallel / naive.
 2. Chunked S/T (one process): S + T of one shard for 2048 tokens, h = 256, V_p = 8192, whole vs in
    chunks of 256 tokens: time ratio and the peak size of the [tokens × V_p] softmax kept from S to T.
+3. Balance, measured: per pipeline rank, the parameters it holds (exact) and its compute time per step
+   (the executor's recorded compute spans, collectives and transfers excluded), for each case; the
+   spread is max / min over the ranks.
 
     PYTHONPATH=src python benchmarks/bench_vocab.py [--rounds 5] [--steps 6]
 """
@@ -51,7 +54,7 @@ def _setup(case: str, mesh, group):
     if case == "naive":
         stages = {s: build_stage(SPEC, None, s, num_stages=P) for s in base.stages_of(mesh.pp_rank)}
         ex = PipelineExecutor(
-            base, mesh, stages, loss_fn=loss_fn, boundary_shape=(B, SPEC.seq_len, SPEC.hidden)
+            base, mesh, stages, loss_fn=loss_fn, boundary_shape=(B, SPEC.seq_len, SPEC.hidden), record=True
         )
         return ex, None, list(p for m in stages.values() for p in m.parameters())
     sched = insert_vocab(base, case)
@@ -64,6 +67,7 @@ def _setup(case: str, mesh, group):
         loss_fn=None,
         boundary_shape=(B, SPEC.seq_len, SPEC.hidden),
         handlers=rt.handlers(),
+        record=True,
     )
     return ex, rt, [*rt.parameters(), *(p for m in stages.values() for p in m.parameters())]
 
@@ -78,6 +82,7 @@ def _worker(rank: int, init_file: str, rounds: int, steps: int, queue) -> None:
     setups = {case: _setup(case, mesh, group) for case in CASES}
     ids, targets = _data()
     times: dict[str, list[float]] = {case: [] for case in CASES}
+    busy: dict[str, list[float]] = {case: [] for case in CASES}  # this rank's compute seconds per step
     for _ in range(rounds):
         for case in CASES:
             ex, rt, params = setups[case]
@@ -92,12 +97,14 @@ def _worker(rank: int, init_file: str, rounds: int, steps: int, queue) -> None:
                 dist.barrier()
                 if step >= steps // 3:
                     times[case].append(time.perf_counter() - t0)
-    if rank == 0:
-        queue.put(times)
+                    busy[case].append(sum(sp.duration for sp in ex.last_spans if sp.stream == "compute"))
+    params = {case: sum(p.numel() for p in setups[case][2]) for case in CASES}
+    queue.put((rank, times, busy, params))
     dist.destroy_process_group()
 
 
-def pipeline(rounds: int, steps: int) -> dict[str, list[float]]:
+def pipeline(rounds: int, steps: int) -> tuple[dict[str, list[float]], list[tuple]]:
+    """(rank 0's step times per case, every rank's (rank, times, compute seconds, parameter count))."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
@@ -105,10 +112,10 @@ def pipeline(rounds: int, steps: int) -> dict[str, list[float]]:
         procs = [ctx.Process(target=_worker, args=(r, init, rounds, steps, queue)) for r in range(P)]
         for proc in procs:
             proc.start()
-        times = queue.get(timeout=3600)
+        ranks = sorted((queue.get(timeout=3600) for _ in procs), key=lambda r: r[0])
         for proc in procs:
             proc.join(timeout=60)
-    return times
+    return ranks[0][1], ranks
 
 
 def chunked(rounds: int) -> tuple[float, float, int, int]:
@@ -139,7 +146,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=6)
     args = ap.parse_args()
-    times = pipeline(args.rounds, args.steps)
+    times, ranks = pipeline(args.rounds, args.steps)
     med = {case: statistics.median(v) for case, v in times.items()}
     print("| case | median step (ms) | IQR (ms) | ratio over naive |")
     print("|---|---:|---:|---:|")
@@ -153,6 +160,15 @@ def main() -> None:
         f"softmax kept from S to T: {big / 2**20:.0f} MiB whole, 0 chunked (peak transient "
         f"{small / 2**20:.0f} MiB per chunk)"
     )
+    print("\n| case | parameters per rank (M) | spread | compute per step per rank (ms, median) | spread |")
+    print("|---|---|---:|---|---:|")
+    for case in CASES:
+        n = [r[3][case] / 1e6 for r in ranks]
+        c = [1e3 * statistics.median(r[2][case]) for r in ranks]
+        print(
+            f"| {case} | {' / '.join(f'{x:.3f}' for x in n)} | {max(n) / min(n):.2f} | "
+            f"{' / '.join(f'{x:.1f}' for x in c)} | {max(c) / min(c):.2f} |"
+        )
 
 
 if __name__ == "__main__":
