@@ -9,9 +9,10 @@ chunked output layer.
    reported and the ratio vocabulary-parallel / naive.
 2. Chunked S/T (one process): S + T of one shard for 2048 tokens, h = 256, V_p = 8192, whole vs in
    chunks of 256 tokens: time ratio and the peak size of the [tokens × V_p] softmax kept from S to T.
-3. Balance, measured: per pipeline rank, the parameters it holds (exact) and its compute time per step
-   (the executor's recorded compute spans, collectives and transfers excluded), for each case; the
-   spread is max / min over the ranks.
+3. Balance, measured: per pipeline rank, the parameters it holds (exact), the CPU time of its main
+   thread per step (``time.thread_time``: the work it does, not the time it waits) and the wall time of
+   its recorded compute spans (collectives and transfers excluded, but a wait inside a pass counts),
+   for each case; the spread is max / min over the ranks.
 
     PYTHONPATH=src python benchmarks/bench_vocab.py [--rounds 5] [--steps 6]
 """
@@ -83,6 +84,7 @@ def _worker(rank: int, init_file: str, rounds: int, steps: int, queue) -> None:
     ids, targets = _data()
     times: dict[str, list[float]] = {case: [] for case in CASES}
     busy: dict[str, list[float]] = {case: [] for case in CASES}  # this rank's compute seconds per step
+    cpu: dict[str, list[float]] = {case: [] for case in CASES}  # its main thread's CPU seconds per step
     for _ in range(rounds):
         for case in CASES:
             ex, rt, params = setups[case]
@@ -90,21 +92,24 @@ def _worker(rank: int, init_file: str, rounds: int, steps: int, queue) -> None:
                 for prm in params:
                     prm.grad = None
                 dist.barrier()
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 ex.run(ids, targets)
                 if rt is not None:
                     rt.finish()
+                c1 = time.thread_time()
                 dist.barrier()
                 if step >= steps // 3:
                     times[case].append(time.perf_counter() - t0)
                     busy[case].append(sum(sp.duration for sp in ex.last_spans if sp.stream == "compute"))
+                    cpu[case].append(c1 - c0)
     params = {case: sum(p.numel() for p in setups[case][2]) for case in CASES}
-    queue.put((rank, times, busy, params))
+    queue.put((rank, times, busy, params, cpu))
     dist.destroy_process_group()
 
 
 def pipeline(rounds: int, steps: int) -> tuple[dict[str, list[float]], list[tuple]]:
-    """(rank 0's step times per case, every rank's (rank, times, compute seconds, parameter count))."""
+    """(rank 0's step times per case, every rank's (rank, times, compute-span seconds, parameter count,
+    main-thread CPU seconds))."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
@@ -160,15 +165,23 @@ def main() -> None:
         f"softmax kept from S to T: {big / 2**20:.0f} MiB whole, 0 chunked (peak transient "
         f"{small / 2**20:.0f} MiB per chunk)"
     )
-    print("\n| case | parameters per rank (M) | spread | compute per step per rank (ms, median) | spread |")
-    print("|---|---|---:|---|---:|")
+    print(
+        "\n| case | parameters per rank (M) | spread | main-thread CPU per step per rank (ms, mean) | spread "
+        "| compute spans per step per rank (ms, mean) | spread |"
+    )
+    print("|---|---|---:|---|---:|---|---:|")
     for case in CASES:
-        n = [r[3][case] / 1e6 for r in ranks]
-        c = [1e3 * statistics.median(r[2][case]) for r in ranks]
-        print(
-            f"| {case} | {' / '.join(f'{x:.3f}' for x in n)} | {max(n) / min(n):.2f} | "
-            f"{' / '.join(f'{x:.1f}' for x in c)} | {max(c) / min(c):.2f} |"
-        )
+        cols = []
+        for values in (
+            [r[3][case] / 1e6 for r in ranks],
+            [1e3 * statistics.fmean(r[4][case]) for r in ranks],
+            [1e3 * statistics.fmean(r[2][case]) for r in ranks],
+        ):
+            cols += [
+                " / ".join(f"{x:.3f}" if x < 100 else f"{x:.1f}" for x in values),
+                f"{max(values) / min(values):.2f}",
+            ]
+        print(f"| {case} | " + " | ".join(cols) + " |")
 
 
 if __name__ == "__main__":
