@@ -27,6 +27,7 @@ it into its rows.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,11 +49,14 @@ class Pending:
     then: Callable[[], Any] = lambda: None
     _done: bool = False
     _value: Any = None
+    waited_s: float = 0.0  # time spent blocked in the collective (not in ``then``)
 
     def wait(self) -> Any:
         if not self._done:
             if self.work is not None:
+                t0 = time.perf_counter()
                 self.work.wait()
+                self.waited_s = time.perf_counter() - t0
             self._value = self.then()
             self._done = True
         return self._value

@@ -26,6 +26,7 @@ does not use).
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -108,6 +109,20 @@ class VocabRuntime:
         self.spec, self.group, self.algorithm = spec, group, algorithm
         self.shape = microbatch_shape  # (b, s)
         self._it = _Iteration()
+        self._waited_s = 0.0
+
+    @property
+    def waited_s(self) -> float:
+        """Seconds this rank's handlers spent blocked in vocabulary collectives inside compute passes
+        (F(0) on the embedding sum, VS on the X broadcast, the last stage's B/I on ∇X, VEB on the
+        embedding gradient; the last includes scaling ∇X, microseconds): what a measurement of the
+        passes' own work subtracts."""
+        return self._waited_s
+
+    def _wait(self, pending: Pending):
+        value = pending.wait()
+        self._waited_s += pending.waited_s
+        return value
 
     def parameters(self) -> list[nn.Parameter]:
         return [self.embedding.weight, self.output.weight]
@@ -153,7 +168,7 @@ class VocabRuntime:
     def _forward(self, core):
         def handler(state, a: Action) -> None:
             if a.stage == 0:  # stage 0's input: the token-embedding SUM (VEC)
-                x = self._it.emb_out.pop(a.microbatch).wait().detach().requires_grad_()
+                x = self._wait(self._it.emb_out.pop(a.microbatch)).detach().requires_grad_()
                 self._it.emb_inputs[a.microbatch] = x
                 state.feeds[(0, a.microbatch)] = x
             core(state, a)
@@ -170,7 +185,7 @@ class VocabRuntime:
         self._it.x_bcast[k] = self.output.receive_input(k, x, labels, (self._tokens, h))
 
     def _vs(self, state, a: Action) -> None:
-        self._it.x_bcast.pop(a.microbatch).wait()
+        self._wait(self._it.x_bcast.pop(a.microbatch))
         self.output.s_pass(a.microbatch)
 
     def _vc0(self, state, a: Action) -> None:
@@ -202,7 +217,10 @@ class VocabRuntime:
             ex, (s, k) = state.executor, (a.stage, a.microbatch)
             if s == ex.last_stage:
                 out = state.stage_outputs[(s, k)]
-                state.output_grads[(s, k)] = self.output.input_grad(k, self._dloss(state)).reshape(out.shape)
+                t0 = time.perf_counter()
+                grad = self.output.input_grad(k, self._dloss(state))
+                self._waited_s += time.perf_counter() - t0
+                state.output_grads[(s, k)] = grad.reshape(out.shape)
             core(state, a)
 
         return handler
@@ -216,7 +234,7 @@ class VocabRuntime:
         self._it.emb_grad[k] = self.embedding.backward(ids, grad)
 
     def _veb(self, state, a: Action) -> None:
-        self._it.emb_grad.pop(a.microbatch).wait()
+        self._wait(self._it.emb_grad.pop(a.microbatch))
 
 
 def vocab_group(mesh) -> VocabGroup:
