@@ -58,9 +58,8 @@ class AsyncStage:
         extra_directions: Mapping[type, DirectionFn] | None = None,
     ) -> None:
         self.stage = stage
-        named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
-        self.names = [n for n, _ in named]
-        self.params = [p for _, p in named]
+        self.module = module
+        self.params = [p for p in module.parameters() if p.requires_grad]
         self.on_nonfinite: str | None = None  # None: no check; "stop" or "skip" (module doc)
         self.nonfinite: list[str] = []  # one line per skipped update
         self.live = [p.data for p in self.params]
@@ -121,16 +120,12 @@ class AsyncStage:
         period = self.policy.period
         return period is None or len(self.pending) >= period
 
-    def _finite(self, grads: list[torch.Tensor], step: int, rank: int) -> bool:
+    def _finite(self, step: int, rank: int) -> bool:
         """True when every gradient is finite; else skip (record) or stop, as ``on_nonfinite`` says."""
-        if self.on_nonfinite is None or bool(torch.stack([torch.isfinite(g).all() for g in grads]).all()):
+        stages = {self.stage: self.module}
+        if self.on_nonfinite is None or not nonfinite.local_flag(stages):
             return True
-        findings = [
-            nonfinite.Finding(rank, self.stage, n, "nan" if bool(torch.isnan(g).any()) else "inf")
-            for n, g in zip(self.names, grads, strict=True)
-            if not bool(torch.isfinite(g).all())
-        ]
-        message = nonfinite.report(step, findings, self.on_nonfinite)
+        message = nonfinite.report(step, nonfinite.local_findings(stages, rank), self.on_nonfinite)
         if self.on_nonfinite == "stop":
             raise nonfinite.NonFiniteError(message)
         self.nonfinite.append(message.replace("the optimizer step", f"stage {self.stage}'s update"))
@@ -164,7 +159,7 @@ class AsyncStage:
                 offset += g.numel()
         if grad_scale != 1.0:
             torch._foreach_mul_(grads, grad_scale)
-        finite = self._finite(grads, step, rank)
+        finite = self._finite(step, rank)
         if finite and clip > 0:
             clip_grad_norm_(self.params, clip)
         if finite:
