@@ -153,6 +153,24 @@ def dp_partition(
     return Partition(tuple(reversed(layers)), *best[p][L])
 
 
+def _fits(t: StageTerms, x: float, cap: float) -> bool:
+    """Stage ``t`` with ``x`` layers' worth of work stays under the time ``cap`` and its memory limit."""
+    return t.time(x) <= cap and t.memory(x) <= t.memory_limit
+
+
+def _largest(lo: int, hi: int, ok) -> int | None:
+    """The largest n in [lo, hi] with ``ok(n)``, by binary search (``ok`` monotone: true up to some n);
+    None when ``ok(lo)`` is false."""
+    best = None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            best, lo = mid, mid + 1
+        else:
+            hi = mid - 1
+    return best
+
+
 def _greedy(terms, w: list[float], cap: float, k: int = 1) -> list[int] | None:
     """Longest prefixes (≥ k layers) with time ≤ cap and memory within limits; None if infeasible."""
     p, L = len(terms), len(w) - 1
@@ -161,14 +179,7 @@ def _greedy(terms, w: list[float], cap: float, k: int = 1) -> list[int] | None:
         rest = p - i - 1
         hi = L - rest * k
         # the largest end e in [pos + k, hi] whose range fits: binary search (time and memory monotone)
-        lo_e, hi_e, ok = pos + k, hi, None
-        while lo_e <= hi_e:
-            mid = (lo_e + hi_e) // 2
-            x = w[mid] - w[pos]
-            if t.time(x) <= cap and t.memory(x) <= t.memory_limit:
-                ok, lo_e = mid, mid + 1
-            else:
-                hi_e = mid - 1
+        ok = _largest(pos + k, hi, lambda e, t=t, pos=pos: _fits(t, w[e] - w[pos], cap))
         if ok is None:
             return None
         if not rest and ok != L:
@@ -213,13 +224,7 @@ def _spread(terms, L: int, cap: float, k: int) -> list[int] | None:
     each stage ⌊L·c_i/Σc⌋ (≥ k) and the remainder to the stages with the largest fractional parts."""
     caps = []
     for t in terms:
-        lo, hi, ok = k, L, None
-        while lo <= hi:
-            mid = (lo + hi) // 2
-            if t.time(mid) <= cap and t.memory(mid) <= t.memory_limit:
-                ok, lo = mid, mid + 1
-            else:
-                hi = mid - 1
+        ok = _largest(k, L, lambda x, t=t: _fits(t, x, cap))
         if ok is None:
             return None
         caps.append(ok)
