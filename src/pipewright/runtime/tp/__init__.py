@@ -3,20 +3,9 @@ Functions and layers over an explicit tensor-parallel process group.
 
 Notation: t = tensor-parallel size (the group's size), r = this rank in the group.
 
-Mappings (all one autograd Function, ``_Mapping``, given a forward and a backward collective):
-
-==========================  ==============================  ==============================
-function                    forward                         backward
-==========================  ==============================  ==============================
-``copy_to``                 identity                        all-reduce
-``reduce_from``             all-reduce                      identity
-``scatter_to``              keep chunk r of the last dim    all-gather along the last dim
-``gather_from``             all-gather along the last dim   keep chunk r of the last dim
-``reduce_scatter_to_seq``   reduce-scatter, sequence dim    all-gather, sequence dim
-``gather_from_seq``         all-gather, sequence dim        reduce-scatter, sequence dim
-``split_for_send``          keep chunk r of the flat tensor all-gather (flat)
-``gather_after_recv``       all-gather (flat), reshape      keep chunk r of the flat grad
-==========================  ==============================  ==============================
+Mappings (``copy_to``, ``reduce_from``, ``scatter_to``, ``gather_from``, the sequence-parallel pair and the
+split send/receive pair; one autograd Function given a forward and a backward collective): the table in
+:mod:`.ops`.
 
 Layers: :class:`ColumnParallelLinear` (Y = X·Aᵀ with A's output rows split: Y_r = X·A_rᵀ),
 :class:`RowParallelLinear` (A's input columns split: Y = Σ_r X_r·A_rᵀ, then + b),
