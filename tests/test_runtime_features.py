@@ -33,13 +33,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from pipewright.data import open_dataset
+from _single_process import single_process
 from pipewright.data.tokens import write_tokens
 from pipewright.errors import PipewrightError
 from pipewright.models.family import build_full
-from pipewright.models.gpt import loss_fn
 from pipewright.models.hf_load import load_hf_stage_, read_hf_spec
-from pipewright.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
 from pipewright.runtime.config import TrainConfig
 from pipewright.runtime.launch import spawn
 from pipewright.runtime.mesh import ParallelMesh
@@ -247,24 +245,8 @@ def _worker(rank: int, runs: list[tuple[str, PreparedRun]]) -> list | None:
 
 def _reference(run: PreparedRun) -> dict:
     """One process, whole global batch, the same optimizer, learning rates and clipping."""
-    c = run.config
-    model = build_full(run.spec, seed=c.seed)
-    params = dict(model.named_parameters())
-    opt = build_optimizer(c.optimizer, params.items(), lr=c.lr, weight_decay=c.weight_decay)
-    dataset = open_dataset(c.data, progress=False)
-    losses, grads = [], None
-    for step in range(c.steps):
-        x, y = dataset.batch("train", step, c.global_batch, run.spec.seq_len, c.seed)
-        model.zero_grad(set_to_none=True)
-        loss = loss_fn(model(torch.from_numpy(x)), torch.from_numpy(y))
-        loss.backward()
-        losses.append(loss.item())
-        if grads is None:
-            grads = {n: p.grad.clone() for n, p in params.items()}
-        set_lr(opt, lr_at(step, lr=c.lr, warmup=c.warmup, total=c.steps, min_ratio=c.min_lr_ratio))
-        clip_grad_norm_(list(params.values()), c.grad_clip)
-        opt.step()
-    return {"losses": losses, "grads": grads, "params": {n: p.detach().clone() for n, p in params.items()}}
+    ref = single_process(run.config, run.spec, eval_batches=0)
+    return {"losses": ref.losses, "grads": ref.grads0, "params": ref.params}
 
 
 def _rel(got: torch.Tensor, want: torch.Tensor) -> float:

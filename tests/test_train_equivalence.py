@@ -33,11 +33,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from pipewright.data import open_dataset
+from _single_process import single_process
 from pipewright.data.tokens import write_tokens
 from pipewright.errors import PipewrightError
-from pipewright.models.gpt import build_full, loss_fn
-from pipewright.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
 from pipewright.runtime.config import TrainConfig
 from pipewright.runtime.launch import spawn
 from pipewright.runtime.mesh import ParallelMesh
@@ -152,34 +150,10 @@ def _worker(rank: int, runs: list[PreparedRun]) -> list | None:
 
 
 def _reference(run: PreparedRun) -> tuple[list[float], dict, dict]:
-    """Single process, whole global batch, same optimizer, schedule and clipping."""
-    c = run.config
-    model = build_full(run.spec, seed=c.seed)
-    params = dict(model.named_parameters())
-    opt = build_optimizer(c.optimizer, params.items(), lr=c.lr, weight_decay=c.weight_decay)
-    dataset = open_dataset(c.data, progress=False)
-    losses, grads0 = [], None
-    for step in range(c.steps):
-        x, y = dataset.batch("train", step, c.global_batch, run.spec.seq_len, c.seed)
-        model.zero_grad(set_to_none=True)
-        loss = loss_fn(model(torch.from_numpy(x)), torch.from_numpy(y))
-        loss.backward()
-        losses.append(loss.item())
-        if grads0 is None:
-            grads0 = {n: p.grad.clone() for n, p in params.items()}
-        set_lr(opt, lr_at(step, lr=c.lr, warmup=c.warmup, total=c.steps, min_ratio=c.min_lr_ratio))
-        clip_grad_norm_(list(params.values()), c.grad_clip)
-        opt.step()
-    with torch.no_grad():  # validation loss after the last step, as Trainer.evaluate
-        val = [
-            loss_fn(model(torch.from_numpy(x)), torch.from_numpy(y)).item()
-            for x, y in (
-                dataset.batch("val", j, c.global_batch, run.spec.seq_len, c.seed)
-                for j in range(c.eval_batches)
-            )
-        ]
-    losses.append(sum(val) / len(val))
-    return losses, grads0, {n: p.detach().clone() for n, p in params.items()}
+    """Single process (tests/_single_process.py): losses and then the validation loss, the first
+    step's gradients, the final parameters."""
+    ref = single_process(run.config, run.spec)
+    return [*ref.losses, ref.val], ref.grads0, ref.params
 
 
 def _close(got: torch.Tensor, want: torch.Tensor) -> bool:

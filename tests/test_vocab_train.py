@@ -21,13 +21,11 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from _single_process import single_process
 from pipewright.cli import main
-from pipewright.data import open_dataset
 from pipewright.data.tokens import write_tokens
 from pipewright.errors import ConfigError
 from pipewright.features.vocab import shard as vs
-from pipewright.models.gpt import build_full, loss_fn
-from pipewright.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
 from pipewright.runtime.config import TrainConfig
 from pipewright.runtime.launch import spawn
 from pipewright.runtime.mesh import ParallelMesh
@@ -56,27 +54,8 @@ def _base(data: str) -> TrainConfig:
 
 def _reference(c: TrainConfig):
     """Single process: (losses, grad norms, val loss after the last step, parameters)."""
-    spec = c.model_spec()
-    model = build_full(spec, seed=c.seed)
-    params = dict(model.named_parameters())
-    opt = build_optimizer(c.optimizer, params.items(), lr=c.lr, weight_decay=c.weight_decay)
-    dataset = open_dataset(c.data, progress=False)
-    losses, norms = [], []
-    for step in range(c.steps):
-        x, y = dataset.batch("train", step, c.global_batch, spec.seq_len, c.seed)
-        model.zero_grad(set_to_none=True)
-        loss = loss_fn(model(torch.from_numpy(x)), torch.from_numpy(y))
-        loss.backward()
-        losses.append(loss.item())
-        set_lr(opt, lr_at(step, lr=c.lr, warmup=c.warmup, total=c.steps, min_ratio=c.min_lr_ratio))
-        norms.append(float(clip_grad_norm_(list(params.values()), c.grad_clip)))
-        opt.step()
-    with torch.no_grad():
-        val = [
-            loss_fn(model(torch.from_numpy(x)), torch.from_numpy(y)).item()
-            for x, y in (dataset.batch("val", j, c.global_batch, spec.seq_len, c.seed) for j in range(2))
-        ]
-    return losses, norms, sum(val) / len(val), {n: p.detach().clone() for n, p in params.items()}
+    ref = single_process(c, eval_batches=2)
+    return ref.losses, ref.norms, ref.val, ref.params
 
 
 def _close(got, want) -> bool:
