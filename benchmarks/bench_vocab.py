@@ -9,19 +9,27 @@ chunked output layer.
    reported and the ratio vocabulary-parallel / naive.
 2. Chunked S/T (one process): S + T of one shard for 2048 tokens, h = 256, V_p = 8192, whole vs in
    chunks of 256 tokens: time ratio and the peak size of the [tokens × V_p] softmax kept from S to T.
-3. Balance, measured: per pipeline rank, the parameters it holds (exact), the CPU time of its main
-   thread per step (``time.thread_time``) and the wall time of its compute passes: the recorded compute
-   spans minus the time they spent blocked in vocabulary collectives (``VocabRuntime.waited_s``: F(0) on
-   the embedding sum, VS on the X broadcast, the last stage's B on ∇X), for each case; the spread is
-   max / min over the ranks.
+3. Balance, measured, for each vocabulary size of ``--vocab`` (32k … 256k): per pipeline rank, the
+   parameters it holds (exact), the CPU time its main thread spends in compute passes per step
+   (``time.thread_time`` around every handler of a compute kind: F, B, the vocabulary passes; waits in
+   gloo sleep and cost no CPU), the wall time of those passes minus the time they spent blocked in
+   vocabulary collectives (``VocabRuntime.waited_s``) and the rank's peak resident memory; the spread
+   is max / min over the ranks.
 
-    PYTHONPATH=src python benchmarks/bench_vocab.py [--rounds 5] [--steps 6]
+Every worker starts with ``--cpu-allocator`` (default ``retain``, as ``pipewright train``;
+``runtime/host_memory.py``): under glibc's default the large logits and softmax blocks are mapped and
+faulted in afresh every microbatch, unevenly across the ranks, which made equal passes measure up to
+1.6× apart.
+
+    PYTHONPATH=src python benchmarks/bench_vocab.py [--rounds 5] [--steps 6] [--vocab 32768,262144]
+        [--cpu-allocator retain|system] [--skip-chunked]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import tempfile
 import time
@@ -37,12 +45,33 @@ from pipewright.features.vocab.runtime import VocabRuntime, VocabStage, vocab_gr
 from pipewright.models.gpt import build_stage, loss_fn
 from pipewright.models.spec import ModelSpec
 from pipewright.runtime.executor import PipelineExecutor
+from pipewright.runtime.host_memory import ALLOCATORS, use_cpu_allocator
 from pipewright.runtime.mesh import ParallelMesh
 from pipewright.schedules.registry import build_schedule
 
 SPEC = ModelSpec("bench-vocab", layers=2, hidden=64, heads=2, vocab=32768, seq_len=64)
 B, M, P = 4, 8, 2
 CASES = ("naive", "alg1", "alg2")
+
+
+def _cpu_meter(ex: PipelineExecutor) -> list[float]:
+    """A one-element list that accumulates the main thread's CPU seconds in ``ex``'s compute passes."""
+    total = [0.0]
+    compute = {kind for kind, info in ex.schedule.kinds.items() if info.compute}
+
+    def wrapper(kind, handler):
+        if kind not in compute:
+            return handler
+
+        def timed(state, a):
+            c0 = time.thread_time()
+            handler(state, a)
+            total[0] += time.thread_time() - c0
+
+        return timed
+
+    ex.wrap_handlers(wrapper)
+    return total
 
 
 def _data():
@@ -74,7 +103,14 @@ def _setup(case: str, mesh, group):
     return ex, rt, [*rt.parameters(), *(p for m in stages.values() for p in m.parameters())]
 
 
-def _worker(rank: int, init_file: str, rounds: int, steps: int, queue) -> None:
+def _worker(
+    rank: int, init_file: str, rounds: int, steps: int, vocab: int, allocator: str, one_core: bool, queue
+) -> None:
+    global SPEC
+    SPEC = ModelSpec("bench-vocab", layers=2, hidden=64, heads=2, vocab=vocab, seq_len=64)
+    use_cpu_allocator(allocator)
+    if one_core:  # every rank on the same core: a core faster than the other cannot tilt the balance
+        os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo", init_method=f"file://{init_file}", rank=rank, world_size=P, timeout=timedelta(seconds=300)
@@ -82,10 +118,11 @@ def _worker(rank: int, init_file: str, rounds: int, steps: int, queue) -> None:
     mesh = ParallelMesh.build(pp=P, device="cpu")
     group = vocab_group(mesh)
     setups = {case: _setup(case, mesh, group) for case in CASES}
+    meters = {case: _cpu_meter(setups[case][0]) for case in CASES}
     ids, targets = _data()
     times: dict[str, list[float]] = {case: [] for case in CASES}
     busy: dict[str, list[float]] = {case: [] for case in CASES}  # this rank's compute seconds per step
-    cpu: dict[str, list[float]] = {case: [] for case in CASES}  # its main thread's CPU seconds per step
+    cpu: dict[str, list[float]] = {case: [] for case in CASES}  # main-thread CPU in compute passes
     for _ in range(rounds):
         for case in CASES:
             ex, rt, params = setups[case]
@@ -94,11 +131,11 @@ def _worker(rank: int, init_file: str, rounds: int, steps: int, queue) -> None:
                     prm.grad = None
                 dist.barrier()
                 waited0 = rt.waited_s if rt is not None else 0.0
-                t0, c0 = time.perf_counter(), time.thread_time()
+                t0, c0 = time.perf_counter(), meters[case][0]
                 ex.run(ids, targets)
                 if rt is not None:
                     rt.finish()
-                c1 = time.thread_time()
+                c1 = meters[case][0]
                 dist.barrier()
                 if step >= steps // 3:
                     times[case].append(time.perf_counter() - t0)
@@ -106,18 +143,24 @@ def _worker(rank: int, init_file: str, rounds: int, steps: int, queue) -> None:
                     busy[case].append(spans - (rt.waited_s - waited0 if rt is not None else 0.0))
                     cpu[case].append(c1 - c0)
     params = {case: sum(p.numel() for p in setups[case][2]) for case in CASES}
-    queue.put((rank, times, busy, params, cpu))
+    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    queue.put((rank, times, busy, params, cpu, peak_mib))
     dist.destroy_process_group()
 
 
-def pipeline(rounds: int, steps: int) -> tuple[dict[str, list[float]], list[tuple]]:
+def pipeline(
+    rounds: int, steps: int, vocab: int = 32768, allocator: str = "retain", one_core: bool = False
+) -> tuple[dict[str, list[float]], list[tuple]]:
     """(rank 0's step times per case, every rank's (rank, times, compute-span seconds, parameter count,
-    main-thread CPU seconds))."""
+    main-thread CPU seconds in compute passes, peak resident MiB))."""
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         init = os.path.join(tmp, "init")
-        procs = [ctx.Process(target=_worker, args=(r, init, rounds, steps, queue)) for r in range(P)]
+        procs = [
+            ctx.Process(target=_worker, args=(r, init, rounds, steps, vocab, allocator, one_core, queue))
+            for r in range(P)
+        ]
         for proc in procs:
             proc.start()
         ranks = sorted((queue.get(timeout=3600) for _ in procs), key=lambda r: r[0])
@@ -149,42 +192,60 @@ def chunked(rounds: int) -> tuple[float, float, int, int]:
     return statistics.median(out["whole"]), statistics.median(out["chunked"]), 4 * n * rows, 4 * chunk * rows
 
 
+def _per_rank(values: list[float]) -> tuple[str, str]:
+    """("a / b / …", "max/min") for one metric over the ranks."""
+    text = " / ".join(f"{x:.3f}" if x < 10 else f"{x:.1f}" for x in values)
+    return text, f"{max(values) / min(values):.3f}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--vocab", default="32768", help="comma-separated vocabulary sizes, e.g. 32768,262144")
+    ap.add_argument("--cpu-allocator", choices=ALLOCATORS, default="retain")
+    ap.add_argument(
+        "--one-core",
+        action="store_true",
+        help="pin every rank to one core: the balance without core-to-core speed differences "
+        "(step times then add up the ranks' work)",
+    )
+    ap.add_argument("--skip-chunked", action="store_true", help="leave out the chunked S/T measurement")
     args = ap.parse_args()
-    times, ranks = pipeline(args.rounds, args.steps)
-    med = {case: statistics.median(v) for case, v in times.items()}
-    print("| case | median step (ms) | IQR (ms) | ratio over naive |")
-    print("|---|---:|---:|---:|")
-    for case in CASES:
-        q = statistics.quantiles(times[case], n=4)
-        iqr = f"{1e3 * q[0]:.1f}–{1e3 * q[2]:.1f}"
-        print(f"| {case} | {1e3 * med[case]:.1f} | {iqr} | {med[case] / med['naive']:.2f} |")
+    use_cpu_allocator(args.cpu_allocator)
+    where = "all ranks on one core" if args.one_core else "one core each"
+    print(f"cpu allocator: {args.cpu_allocator}; {where}; p = {P}, m = {M}, microbatch {B}×{SPEC.seq_len}\n")
+    print(
+        "| V | case | median step (ms) | IQR (ms) | over naive | parameters per rank (M) | spread "
+        "| compute-pass CPU per step per rank (ms) | spread | compute passes without waits (ms) | spread "
+        "| peak RSS per rank (MiB) |"
+    )
+    print("|---:|---|---:|---:|---:|---|---:|---|---:|---|---:|---|")
+    for vocab in (int(v) for v in args.vocab.split(",")):
+        times, ranks = pipeline(args.rounds, args.steps, vocab, args.cpu_allocator, args.one_core)
+        med = {case: statistics.median(v) for case, v in times.items()}
+        for case in CASES:
+            q = statistics.quantiles(times[case], n=4)
+            cols = [
+                f"{vocab // 1024}k",
+                case,
+                f"{1e3 * med[case]:.1f}",
+                f"{1e3 * q[0]:.1f}–{1e3 * q[2]:.1f}",
+                f"{med[case] / med['naive']:.2f}",
+            ]
+            cols += _per_rank([r[3][case] / 1e6 for r in ranks])
+            cols += _per_rank([1e3 * statistics.fmean(r[4][case]) for r in ranks])
+            cols += _per_rank([1e3 * statistics.fmean(r[2][case]) for r in ranks])
+            cols.append(" / ".join(f"{r[5]:.0f}" for r in ranks))
+            print("| " + " | ".join(cols) + " |", flush=True)
+    if args.skip_chunked:
+        return
     whole, chunk_ms, big, small = chunked(args.rounds * 2)
     print(
         f"\nchunked S+T: whole {whole:.1f} ms, chunked {chunk_ms:.1f} ms (ratio {chunk_ms / whole:.2f}); "
         f"softmax kept from S to T: {big / 2**20:.0f} MiB whole, 0 chunked (peak transient "
         f"{small / 2**20:.0f} MiB per chunk)"
     )
-    print(
-        "\n| case | parameters per rank (M) | spread | main-thread CPU per step per rank (ms, mean) | spread "
-        "| compute passes without their waits, per step per rank (ms, mean) | spread |"
-    )
-    print("|---|---|---:|---|---:|---|---:|")
-    for case in CASES:
-        cols = []
-        for values in (
-            [r[3][case] / 1e6 for r in ranks],
-            [1e3 * statistics.fmean(r[4][case]) for r in ranks],
-            [1e3 * statistics.fmean(r[2][case]) for r in ranks],
-        ):
-            cols += [
-                " / ".join(f"{x:.3f}" if x < 100 else f"{x:.1f}" for x in values),
-                f"{max(values) / min(values):.2f}",
-            ]
-        print(f"| {case} | " + " | ".join(cols) + " |")
 
 
 if __name__ == "__main__":

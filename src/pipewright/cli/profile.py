@@ -43,6 +43,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--repeats", type=int, default=10, help="measurements per value (median)")
     parser.add_argument("--warmup", type=int, default=2, help="unmeasured runs before the repeats")
     parser.add_argument("--optimizer", default="adamw", help="optimizer whose step is timed")
+    parser.add_argument(
+        "--cpu-allocator",
+        default="retain",
+        choices=("retain", "system"),
+        help="how the workers keep freed tensor memory, as `train --cpu-allocator` (default retain)",
+    )
     parser.add_argument("--out", required=True, help="profile file to write (.csv or .json)")
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     parser.set_defaults(func=_profile)
@@ -72,6 +78,7 @@ def _profile(args: argparse.Namespace) -> int:
         progress=args.progress,
         workers=args.workers,
         contention=args.contention,
+        cpu_allocator=args.cpu_allocator,
     )
     rows, meta = profile_model(options)
     path = write_profile(args.out, rows, meta)

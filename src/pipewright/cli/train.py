@@ -60,6 +60,11 @@ _VALUE_FLAGS: tuple[tuple[str, type, str], ...] = (
         str,
         "fp32, bf16 or fp16 (fp32 master weights and optimizer state; fp16 with loss scaling)",
     ),
+    (
+        "--cpu-allocator",
+        str,
+        "retain (default: CPU workers keep freed tensor memory, no page-fault storms) or system",
+    ),
     ("--init-from", str, "Hugging Face checkpoint folder (GPT-2 or Llama config.json + safetensors)"),
 )
 

@@ -103,6 +103,7 @@ def _profile_in_process(
         progress=progress,
         workers=profile_workers(config),
         contention=0 if torch.cuda.is_available() or config.world_size < 2 else config.world_size,
+        cpu_allocator=config.cpu_allocator,
     )
     rows, raw = profile_model(options)
     return tuple(rows), {k: str(v) for k, v in raw.items()}

@@ -90,6 +90,7 @@ class TrainConfig:
     # (a `pipewright plan` device assignment, pipewright.mesh.Mesh's placement); None: rank r on process r
     placement: str | None = None
     vocab_parallel: str = "none"  # none, naive, alg1 or alg2: pipewright.features.vocab
+    cpu_allocator: str = "retain"  # CPU workers keep freed tensor memory (runtime/host_memory.py) or "system"
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, object], *, source: str = "config") -> TrainConfig:
@@ -242,6 +243,12 @@ class TrainConfig:
 
         check_recompute(self.recompute)
         compute_dtype(self.precision)
+        from pipewright.runtime.host_memory import ALLOCATORS
+
+        if self.cpu_allocator not in ALLOCATORS:
+            raise ConfigError(
+                f"--cpu-allocator {self.cpu_allocator!r}: choose one of {', '.join(ALLOCATORS)}"
+            )
         if self.shard_optimizer and self.dp < 2:
             raise ConfigError(
                 "--shard-optimizer shards over data parallelism; add --dp 2 (or more) or drop it"

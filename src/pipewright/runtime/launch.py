@@ -30,6 +30,7 @@ import torch.multiprocessing as mp
 from torch.multiprocessing.spawn import ProcessException
 
 from pipewright.runtime.errors import DistributedError, WorkerError
+from pipewright.runtime.host_memory import use_cpu_allocator
 
 log = logging.getLogger(__name__)
 
@@ -52,16 +53,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_from_env(backend: str | None = None, timeout_s: float = 600.0, threads: int | None = 1) -> None:
+def init_from_env(
+    backend: str | None = None,
+    timeout_s: float = 600.0,
+    threads: int | None = 1,
+    cpu_allocator: str = "retain",
+) -> None:
     """Initialise the default process group from env:// variables (torchrun, or :func:`spawn`).
 
     Under torchrun's elastic agent with its shared store (``TORCHELASTIC_USE_AGENT_STORE=True``) the
     group lives in a namespace of that store fresh for this attempt (:func:`attempt_store`). With NCCL
-    the current CUDA device becomes ``LOCAL_RANK``; ``threads`` sets torch's CPU threads.
+    the current CUDA device becomes ``LOCAL_RANK``; ``threads`` sets torch's CPU threads. With gloo
+    (tensors on the CPU) ``cpu_allocator`` sets how freed tensor memory is kept (:mod:`.host_memory`).
     """
     backend = backend or default_backend()
     if threads is not None:
         torch.set_num_threads(threads)
+    if backend == "gloo":
+        use_cpu_allocator(cpu_allocator)
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
     if dist.is_initialized():
@@ -140,6 +149,7 @@ def _worker(
     port: int,
     result_dir: str,
     timeout_s: float,
+    cpu_allocator: str,
 ) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
@@ -149,7 +159,7 @@ def _worker(
         LOCAL_RANK=str(rank),
         LOCAL_WORLD_SIZE=str(nprocs),
     )
-    init_from_env(backend, timeout_s)
+    init_from_env(backend, timeout_s, cpu_allocator=cpu_allocator)
     try:
         result = fn(rank, *args)
         with open(Path(result_dir) / f"{rank}.pkl", "wb") as f:
@@ -174,6 +184,7 @@ def spawn(
     backend: str | None = None,
     timeout_s: float = 600.0,
     forward_sigterm: bool = False,
+    cpu_allocator: str = "retain",
 ) -> list[Any]:
     """Run ``fn(rank, *args)`` in ``nprocs`` fresh processes; return their results by rank.
 
@@ -181,13 +192,13 @@ def spawn(
     :class:`WorkerError` naming the first worker that raised or died, or that the run passed
     ``timeout_s``; the other workers are terminated, so the caller never hangs. ``forward_sigterm``:
     a SIGTERM to this process is passed on to the workers (which may checkpoint and return) instead
-    of killing this process and orphaning them.
+    of killing this process and orphaning them. ``cpu_allocator``: see :func:`init_from_env`.
     """
     backend = backend or default_backend()
     with tempfile.TemporaryDirectory(prefix="pipewright-spawn-") as result_dir:
         context = mp.start_processes(
             _worker,
-            args=(fn, nprocs, tuple(args), backend, free_port(), result_dir, timeout_s),
+            args=(fn, nprocs, tuple(args), backend, free_port(), result_dir, timeout_s, cpu_allocator),
             nprocs=nprocs,
             join=False,
             start_method="spawn",

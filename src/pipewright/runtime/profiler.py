@@ -90,6 +90,7 @@ class ProfileOptions:
     progress: bool = True
     workers: int | None = None
     contention: int = 0
+    cpu_allocator: str = "retain"  # as the training workers (runtime/host_memory.py)
 
     @property
     def processes(self) -> int:
@@ -138,6 +139,7 @@ class ProfileOptions:
             "repeats": self.repeats,
             "workers": self.workers or self.tp,
             "optimizer": self.optimizer,
+            "cpu_allocator": self.cpu_allocator,
             "torch": torch.__version__.split("+")[0],
         }
 
@@ -425,7 +427,14 @@ def profile_model(options: ProfileOptions) -> tuple[list[ProfileRow], dict[str, 
     """Run the measurements (module docstring) in ``options.processes`` fresh workers; returns the
     profile rows and metadata (write them with :func:`pipewright.cost.profiled.write_profile_csv`)."""
     options.check()
-    results = spawn(_worker, options.processes, (options,), backend="gloo", timeout_s=3600)
+    results = spawn(
+        _worker,
+        options.processes,
+        (options,),
+        backend="gloo",
+        timeout_s=3600,
+        cpu_allocator=options.cpu_allocator,
+    )
     return results[0]
 
 

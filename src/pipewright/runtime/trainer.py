@@ -189,7 +189,7 @@ def train(config: TrainConfig) -> TrainResult:
     tp × pp × dp local processes (one CPU thread each). Returns rank 0's result (others: None under
     torchrun)."""
     if running_under_torchrun():
-        init_from_env()
+        init_from_env(cpu_allocator=config.cpu_allocator)
         run = prepare(elastic.auto_resume(config), world_size=int(os.environ["WORLD_SIZE"]))
         chosen = [str(run.out_dir)]  # the default folder name has a timestamp: take rank 0's
         dist.broadcast_object_list(chosen, src=0)
@@ -203,7 +203,14 @@ def train(config: TrainConfig) -> TrainResult:
 
     def attempt(c: TrainConfig) -> TrainResult:
         again = prepared.pop() if prepared else prepare(c)  # a restart resumes from the newest checkpoint
-        return spawn(train_worker, c.world_size, (again,), timeout_s=7 * 24 * 3600, forward_sigterm=True)[0]
+        return spawn(
+            train_worker,
+            c.world_size,
+            (again,),
+            timeout_s=7 * 24 * 3600,
+            forward_sigterm=True,
+            cpu_allocator=c.cpu_allocator,
+        )[0]
 
     if not config.max_restarts:
         return attempt(config)
