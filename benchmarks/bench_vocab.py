@@ -2,8 +2,8 @@
 naive placement (embedding on the first stage, output layer and loss on the last), and the cost of the
 chunked output layer.
 
-1. Pipeline step (p = 2, 1F1B, m = 8, gloo, one thread per rank): GPT with 2 layers, h = 64, 2 heads,
-   sequence 64, microbatch 4 and V = 32768 — the output layer (2·b·s·h·V ≈ 1.07 GFLOP forward per
+1. Pipeline step (p = 2 or ``--pp``, 1F1B, m = 8, gloo, one thread per rank): GPT with max(2, p) layers,
+   h = 64, 2 heads, sequence 64, microbatch 4 and V = 32768 — the output layer (2·b·s·h·V ≈ 1.07 GFLOP forward per
    microbatch) is ~20× a transformer layer, so it dominates the last stage. Cases ``naive``, ``alg1``,
    ``alg2`` alternate in each round (same process group, same data); the median step after warm-up is
    reported and the ratio vocabulary-parallel / naive.
@@ -22,7 +22,7 @@ faulted in afresh every microbatch, unevenly across the ranks, which made equal 
 1.6× apart.
 
     PYTHONPATH=src python benchmarks/bench_vocab.py [--rounds 5] [--steps 6] [--vocab 32768,262144]
-        [--cpu-allocator retain|system] [--skip-chunked]
+        [--cpu-allocator retain|system] [--one-core] [--pp 4] [--skip-chunked]
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import resource
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
@@ -49,8 +50,7 @@ from pipewright.runtime.host_memory import ALLOCATORS, use_cpu_allocator
 from pipewright.runtime.mesh import ParallelMesh
 from pipewright.schedules.registry import build_schedule
 
-SPEC = ModelSpec("bench-vocab", layers=2, hidden=64, heads=2, vocab=32768, seq_len=64)
-B, M, P = 4, 8, 2
+B, M, SEQ = 4, 8, 64
 CASES = ("naive", "alg1", "alg2")
 
 
@@ -74,52 +74,63 @@ def _cpu_meter(ex: PipelineExecutor) -> list[float]:
     return total
 
 
-def _data():
+@dataclass(frozen=True)
+class Setting:
+    """One measured configuration: vocabulary size, pipeline ranks (one transformer layer each, at
+    least two layers), the allocator policy and whether every rank shares one core."""
+
+    vocab: int = 32768
+    pp: int = 2
+    allocator: str = "retain"
+    one_core: bool = False
+
+    @property
+    def spec(self) -> ModelSpec:
+        return ModelSpec(
+            "bench-vocab", layers=max(2, self.pp), hidden=64, heads=2, vocab=self.vocab, seq_len=SEQ
+        )
+
+
+def _data(spec: ModelSpec):
     g = torch.Generator().manual_seed(0)
-    ids = [torch.randint(0, SPEC.vocab, (B, SPEC.seq_len), generator=g) for _ in range(M)]
+    ids = [torch.randint(0, spec.vocab, (B, spec.seq_len), generator=g) for _ in range(M)]
     return ids, [torch.roll(x, -1, 1) for x in ids]
 
 
-def _setup(case: str, mesh, group):
-    base = build_schedule("1f1b", P, M)
+def _setup(case: str, mesh, group, spec: ModelSpec):
+    p = mesh.pp
+    base = build_schedule("1f1b", p, M)
+    shape = (B, spec.seq_len, spec.hidden)
     if case == "naive":
-        stages = {s: build_stage(SPEC, None, s, num_stages=P) for s in base.stages_of(mesh.pp_rank)}
-        ex = PipelineExecutor(
-            base, mesh, stages, loss_fn=loss_fn, boundary_shape=(B, SPEC.seq_len, SPEC.hidden), record=True
-        )
-        return ex, None, list(p for m in stages.values() for p in m.parameters())
+        stages = {s: build_stage(spec, None, s, num_stages=p) for s in base.stages_of(mesh.pp_rank)}
+        ex = PipelineExecutor(base, mesh, stages, loss_fn=loss_fn, boundary_shape=shape, record=True)
+        return ex, None, list(prm for m in stages.values() for prm in m.parameters())
     sched = insert_vocab(base, case)
-    stages = {s: VocabStage(build_stage(SPEC, None, s, num_stages=P)) for s in sched.stages_of(mesh.pp_rank)}
-    rt = VocabRuntime(SPEC, group, algorithm=case, microbatch_shape=(B, SPEC.seq_len), last_rank=P - 1)
+    stages = {s: VocabStage(build_stage(spec, None, s, num_stages=p)) for s in sched.stages_of(mesh.pp_rank)}
+    rt = VocabRuntime(spec, group, algorithm=case, microbatch_shape=(B, spec.seq_len), last_rank=p - 1)
     ex = PipelineExecutor(
-        sched,
-        mesh,
-        stages,
-        loss_fn=None,
-        boundary_shape=(B, SPEC.seq_len, SPEC.hidden),
-        handlers=rt.handlers(),
-        record=True,
+        sched, mesh, stages, loss_fn=None, boundary_shape=shape, handlers=rt.handlers(), record=True
     )
-    return ex, rt, [*rt.parameters(), *(p for m in stages.values() for p in m.parameters())]
+    return ex, rt, [*rt.parameters(), *(prm for m in stages.values() for prm in m.parameters())]
 
 
-def _worker(
-    rank: int, init_file: str, rounds: int, steps: int, vocab: int, allocator: str, one_core: bool, queue
-) -> None:
-    global SPEC
-    SPEC = ModelSpec("bench-vocab", layers=2, hidden=64, heads=2, vocab=vocab, seq_len=64)
-    use_cpu_allocator(allocator)
-    if one_core:  # every rank on the same core: a core faster than the other cannot tilt the balance
+def _worker(rank: int, init_file: str, rounds: int, steps: int, setting: Setting, queue) -> None:
+    use_cpu_allocator(setting.allocator)
+    if setting.one_core:  # every rank on the same core: a core faster than another cannot tilt the balance
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
     torch.set_num_threads(1)
     dist.init_process_group(
-        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=P, timeout=timedelta(seconds=300)
+        "gloo",
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=setting.pp,
+        timeout=timedelta(seconds=900),
     )
-    mesh = ParallelMesh.build(pp=P, device="cpu")
+    mesh = ParallelMesh.build(pp=setting.pp, device="cpu")
     group = vocab_group(mesh)
-    setups = {case: _setup(case, mesh, group) for case in CASES}
+    setups = {case: _setup(case, mesh, group, setting.spec) for case in CASES}
     meters = {case: _cpu_meter(setups[case][0]) for case in CASES}
-    ids, targets = _data()
+    ids, targets = _data(setting.spec)
     times: dict[str, list[float]] = {case: [] for case in CASES}
     busy: dict[str, list[float]] = {case: [] for case in CASES}  # this rank's compute seconds per step
     cpu: dict[str, list[float]] = {case: [] for case in CASES}  # main-thread CPU in compute passes
@@ -142,14 +153,14 @@ def _worker(
                     spans = sum(sp.duration for sp in ex.last_spans if sp.stream == "compute")
                     busy[case].append(spans - (rt.waited_s - waited0 if rt is not None else 0.0))
                     cpu[case].append(c1 - c0)
-    params = {case: sum(p.numel() for p in setups[case][2]) for case in CASES}
+    params = {case: sum(prm.numel() for prm in setups[case][2]) for case in CASES}
     peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     queue.put((rank, times, busy, params, cpu, peak_mib))
     dist.destroy_process_group()
 
 
 def pipeline(
-    rounds: int, steps: int, vocab: int = 32768, allocator: str = "retain", one_core: bool = False
+    rounds: int, steps: int, setting: Setting = Setting()
 ) -> tuple[dict[str, list[float]], list[tuple]]:
     """(rank 0's step times per case, every rank's (rank, times, compute-span seconds, parameter count,
     main-thread CPU seconds in compute passes, peak resident MiB))."""
@@ -158,12 +169,12 @@ def pipeline(
     with tempfile.TemporaryDirectory() as tmp:
         init = os.path.join(tmp, "init")
         procs = [
-            ctx.Process(target=_worker, args=(r, init, rounds, steps, vocab, allocator, one_core, queue))
-            for r in range(P)
+            ctx.Process(target=_worker, args=(r, init, rounds, steps, setting, queue))
+            for r in range(setting.pp)
         ]
         for proc in procs:
             proc.start()
-        ranks = sorted((queue.get(timeout=3600) for _ in procs), key=lambda r: r[0])
+        ranks = sorted((queue.get(timeout=7200) for _ in procs), key=lambda r: r[0])
         for proc in procs:
             proc.join(timeout=60)
     return ranks[0][1], ranks
@@ -203,6 +214,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--vocab", default="32768", help="comma-separated vocabulary sizes, e.g. 32768,262144")
+    ap.add_argument("--pp", type=int, default=2, help="pipeline ranks (processes; one layer each)")
     ap.add_argument("--cpu-allocator", choices=ALLOCATORS, default="retain")
     ap.add_argument(
         "--one-core",
@@ -214,7 +226,7 @@ def main() -> None:
     args = ap.parse_args()
     use_cpu_allocator(args.cpu_allocator)
     where = "all ranks on one core" if args.one_core else "one core each"
-    print(f"cpu allocator: {args.cpu_allocator}; {where}; p = {P}, m = {M}, microbatch {B}×{SPEC.seq_len}\n")
+    print(f"cpu allocator: {args.cpu_allocator}; {where}; p = {args.pp}, m = {M}, microbatch {B}×{SEQ}\n")
     print(
         "| V | case | median step (ms) | IQR (ms) | over naive | parameters per rank (M) | spread "
         "| compute-pass CPU per step per rank (ms) | spread | compute passes without waits (ms) | spread "
@@ -222,7 +234,8 @@ def main() -> None:
     )
     print("|---:|---|---:|---:|---:|---|---:|---|---:|---|---:|---|")
     for vocab in (int(v) for v in args.vocab.split(",")):
-        times, ranks = pipeline(args.rounds, args.steps, vocab, args.cpu_allocator, args.one_core)
+        setting = Setting(vocab, args.pp, args.cpu_allocator, args.one_core)
+        times, ranks = pipeline(args.rounds, args.steps, setting)
         med = {case: statistics.median(v) for case, v in times.items()}
         for case in CASES:
             q = statistics.quantiles(times[case], n=4)
