@@ -41,8 +41,8 @@ from dataclasses import dataclass, field, replace
 from pipewright.cost.comm import Mesh
 from pipewright.cost.transformer import DTYPE_BYTES, TransformerCost, layer_forward_flops
 from pipewright.errors import ConfigError
-from pipewright.features.vocab import ALGORITHMS
 from pipewright.features.vocab.kinds import (
+    ALGORITHMS,
     COLLECTIVE_KINDS,
     GROUPS,
     VBX,

@@ -47,6 +47,7 @@ from pipewright.ir import Action, B, Event, F, I, KindRegistry, KindSpec, Schedu
 from pipewright.kinds import Collective
 
 VEF, VEC, VBX, VS, VC0, VT, VC1, VEBC, VEB = "VEF", "VEC", "VBX", "VS", "VC0", "VT", "VC1", "VEBC", "VEB"
+ALGORITHMS = ("naive", "alg1", "alg2")  # three, two, one barrier(s)
 VSM, VCM = "VSM", "VCM"  # the naive algorithm's S up to the max, and the MAX all-reduce
 COMPUTE_KINDS = (VEF, VSM, VS, VT, VEB)
 COLLECTIVE_KINDS = (VEC, VBX, VCM, VC0, VC1, VEBC)

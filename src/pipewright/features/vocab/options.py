@@ -111,4 +111,5 @@ def simulate_hook(args, setup):
     if option == "none":
         return setup
     sched, cost, comm = apply_to_simulation(option, setup.schedule, setup.cost, setup.comm, unit=setup.unit)
-    return replace(setup, schedule=sched, cost=cost, comm=comm, label=f"{setup.label}, vocab {option}")
+    method = option if option == "redistribute" else f"parallel {option}"  # "vocab parallel naive"
+    return replace(setup, schedule=sched, cost=cost, comm=comm, label=f"{setup.label}, vocab {method}")
