@@ -45,13 +45,9 @@ from pipewright.features.vocab.kinds import (
     ALGORITHMS,
     COLLECTIVE_KINDS,
     GROUPS,
-    VBX,
     VC0,
-    VC1,
     VCM,
     VEB,
-    VEBC,
-    VEC,
     VEF,
     VS,
     VSM,
@@ -138,21 +134,16 @@ class VocabCost:
     def collective_bytes(self, kind: str) -> tuple[str, float]:
         """(collective op, bytes per device) of a vocabulary collective kind."""
         act = float(self._tokens * self.spec.hidden * self._esize)
-        if kind == VBX:
-            return "broadcast", act
         if kind == VCM:
             return "all_reduce", 4.0 * self._tokens  # the row maxima
         if kind == VC0 and self.algorithm == "naive":
             return "all_reduce", 8.0 * self._tokens  # Σexp and the target logit
         if kind == VC0:
             return "all_gather", 12.0 * self._tokens + (act if self.algorithm == "alg2" else 0.0)
-        if kind == VC1:
-            return "all_reduce", act
-        if kind == VEC:
-            return "broadcast", act  # a reduce: the same time as a broadcast of that size
-        if kind == VEBC:
-            return "broadcast", act
-        return "all_reduce", 0.0
+        if kind not in GROUPS:
+            return "all_reduce", 0.0
+        op = GROUPS[kind][0]  # X, ∇X, the embedding output and its gradient: b·s·h elements each
+        return ("broadcast" if op == "reduce" else op), act  # a reduce takes a broadcast's time
 
     def collective_time(self, kind: str, rank: int = 0) -> float:
         """Seconds of a vocabulary collective over the p·t devices."""
