@@ -64,14 +64,15 @@ def _err(label, actual, expected) -> str:
 
 
 def _schedules() -> dict:
-    """Every case's schedule (naive is placed as alg1), computed on rank 0 and broadcast."""
+    """Every case's schedule (naive: S in two passes around its MAX all-reduce), computed on rank 0 and
+    broadcast."""
     box = [None]
     if dist.get_rank() == 0:
         box[0] = {
             (name, p, alg): insert_vocab(build_schedule(name, p, M, v), alg)
             for p in sorted({p for p, _ in PIPELINES})
             for name, v in SCHEDULES
-            for alg in ("alg1", "alg2")
+            for alg in ALGORITHMS
         }
     dist.broadcast_object_list(box, src=0)
     return box[0]
@@ -130,7 +131,7 @@ def _worker(rank: int, world: int, init_file: str, queue) -> None:
                 for algorithm in ALGORITHMS:
                     key = f"p={p} t={t} {name} {algorithm}"
                     try:
-                        sched = schedules[name, p, "alg2" if algorithm == "alg2" else "alg1"]
+                        sched = schedules[name, p, algorithm]
                         results[key] = _case(mesh, group, sched, algorithm)
                     except Exception:
                         results[key] = traceback.format_exc()

@@ -1,5 +1,6 @@
 """Simulate the vocabulary-parallelism paper's setting and print the markdown tables (MFU, peak memory)
-for naive placement, layer redistribution, Algorithm 1 and Algorithm 2; draw MFU against vocabulary.
+for naive placement, layer redistribution, and vocabulary parallelism with the naive algorithm
+(``vp-naive``), Algorithm 1 and Algorithm 2; draw MFU against vocabulary.
 
     PYTHONPATH=src python tools/vocab_paper.py [--schedule 1f1b|v-half] [--microbatches 128] [--png FILE]
         [--attention flash|eager]

@@ -16,9 +16,9 @@ vocabulary kinds). This module imports no torch.
 
 from pipewright.features import Feature
 from pipewright.features.vocab.insert import insert_vocab
-from pipewright.features.vocab.kinds import vocab_kinds
+from pipewright.features.vocab.kinds import ALGORITHMS, vocab_kinds
 
-ALGORITHMS = ("naive", "alg1", "alg2")
+__all__ = ["ALGORITHMS", "FEATURE", "insert_vocab"]
 
 
 def _options(command: str, parser) -> None:

@@ -4,20 +4,24 @@ Per microbatch of b sequences of length s, hidden h, vocabulary V padded to a mu
 V_p = V/P rows per device, element size e (bf16: 2), the output layer on one device costs
 
 - pass S: 2·b·s·h·V_p FLOPs (the logits); Algorithm 2 adds 2·b·s·h·V_p more (softmax·W_q, half of ∇x);
-- pass T: Algorithm 1 4·b·s·h·V_p (∇W_q and ∇x), Algorithm 2 2·b·s·h·V_p (∇W_q); the chunked variant
-  recomputes the logits in T, +2·b·s·h·V_p (not model FLOPs);
+- pass T: Algorithm 1 and naive 4·b·s·h·V_p (∇W_q and ∇x), Algorithm 2 2·b·s·h·V_p (∇W_q); the chunked
+  variant recomputes the logits in T, +2·b·s·h·V_p (not model FLOPs);
 - both touch the fp32 [b·s × V_p] softmax: S writes logits, exponentials and the softmax (≈ 3 passes of
   4·b·s·V_p bytes), T reads it and writes dZ (≈ 2 passes), at the device's memory bandwidth;
+- the naive algorithm's S is Algorithm 1's S cut at its MAX all-reduce: ``VSM`` the logits and their
+  row maxima (2·b·s·h·V_p FLOPs, 1 pass), ``VS`` the exponentials, Σexp, target logit and softmax
+  (2 passes, no matmul) — the same work as Algorithm 1's S, with a rendezvous in the middle;
 
 so model FLOPs are 6·b·s·h·V over the P devices, as on the last stage of the naive placement. The input
 layer's lookup and its backward scatter move b·s·h·e bytes each. Communication over the p·t devices:
 the broadcast of X (b·s·h·e), the barrier after S (all-gather of 3·b·s fp32 statistics; Algorithm 2 also
-the SUM of the rescaled ∇x, b·s·h·e), the SUM of ∇x after T (Algorithm 1), the SUM of the embedding
-lookups to stage 0 and the broadcast of its gradient (b·s·h·e each).
+the SUM of the rescaled ∇x, b·s·h·e; naive: the SUM all-reduce of Σexp and the target logit, 2·b·s fp32,
+after the MAX all-reduce of the row maxima, b·s fp32), the SUM of ∇x after T (Algorithm 1, naive), the
+SUM of the embedding lookups to stage 0 and the broadcast of its gradient (b·s·h·e each).
 
-Memory: parameters 2·V_p·h per device (embedding + output); S holds X (b·s·h·e, except on the last
-stage, which has it anyway), the softmax (4·b·s·V_p, not in the chunked variant) and in Algorithm 2 the
-fp32 partial ∇x (4·b·s·h) until T.
+Memory: parameters 2·V_p·h per device (embedding + output); S (naive: from ``VSM`` on) holds X
+(b·s·h·e, except on the last stage, which has it anyway), the softmax (4·b·s·V_p, not in the chunked
+variant) and in Algorithm 2 the fp32 partial ∇x (4·b·s·h) until T.
 
 The transformer layers come from :class:`~pipewright.cost.transformer.TransformerCost` built without
 the vocabulary layers (V = 0 there). Baselines: :func:`naive_cost` (embedding on the first stage,
@@ -37,11 +41,24 @@ from dataclasses import dataclass, field, replace
 from pipewright.cost.comm import Mesh
 from pipewright.cost.transformer import DTYPE_BYTES, TransformerCost, layer_forward_flops
 from pipewright.errors import ConfigError
-from pipewright.features.vocab.kinds import GROUPS, VBX, VC0, VC1, VEB, VEBC, VEC, VEF, VS, VT
+from pipewright.features.vocab.kinds import (
+    ALGORITHMS,
+    COLLECTIVE_KINDS,
+    GROUPS,
+    VC0,
+    VCM,
+    VEB,
+    VEF,
+    VS,
+    VSM,
+    VT,
+)
 from pipewright.ir import Action, B, F, Schedule
 from pipewright.models.spec import ModelSpec
 
-_SOFTMAX_PASSES = {VS: 3.0, VT: 2.0}
+#: the output-layer passes (FLOPs, softmax traffic, memory) and every vocabulary compute kind
+_OUTPUT_KINDS = (VSM, VS, VT)
+_COMPUTE = (VSM, VS, VT, VEF, VEB)
 
 
 def padded_vocab(vocab: int, shards: int) -> int:
@@ -58,7 +75,7 @@ class VocabCost:
     """:class:`~pipewright.cost.base.CostModel` of a schedule with the vocabulary actions inserted.
 
     ``inner``: the transformer layers (a TransformerCost of the same spec with V = 0); ``algorithm``:
-    alg1 or alg2; ``chunk``: tokens per chunk of the chunked output layer (None: keep the softmax).
+    naive, alg1 or alg2; ``chunk``: tokens per chunk of the chunked output layer (None: keep the softmax).
     """
 
     spec: ModelSpec
@@ -89,8 +106,12 @@ class VocabCost:
         """(executed, model) FLOPs of a vocabulary compute kind on one device."""
         one = 2.0 * self._tokens * self.spec.hidden * self.rows
         fused = self.algorithm == "alg2"
-        if kind == VS:
-            return (2 * one, 2 * one) if fused else (one, one)
+        naive = self.algorithm == "naive"
+        if kind == VSM:  # the naive algorithm's logits
+            return (one, one) if naive else (0.0, 0.0)
+        if kind == VS:  # naive: exponentials and sums, no matmul; alg2: also softmax·W_q
+            s = 0.0 if naive else (2 * one if fused else one)
+            return s, s
         if kind == VT:
             model = one if fused else 2 * one
             return model + (one if self.chunk else 0.0), model
@@ -98,26 +119,31 @@ class VocabCost:
 
     def vocab_traffic(self, kind: str) -> float:
         """Bytes the memory-bound kernels of a vocabulary kind move on one device."""
-        if kind in _SOFTMAX_PASSES:
-            return _SOFTMAX_PASSES[kind] * 4.0 * self._tokens * self.rows
+        if kind in _OUTPUT_KINDS:
+            return self._softmax_passes(kind) * 4.0 * self._tokens * self.rows
         if kind in (VEF, VEB):
             return 2.0 * self._tokens * self.spec.hidden * self._esize
         return 0.0
 
+    def _softmax_passes(self, kind: str) -> float:
+        """fp32 [b·s × V_p] passes: S 3 (naive: VSM 1 + VS 2), T 2."""
+        if kind == VS and self.algorithm == "naive":
+            return 2.0
+        return {VSM: 1.0, VS: 3.0, VT: 2.0}[kind]
+
     def collective_bytes(self, kind: str) -> tuple[str, float]:
         """(collective op, bytes per device) of a vocabulary collective kind."""
         act = float(self._tokens * self.spec.hidden * self._esize)
-        if kind == VBX:
-            return "broadcast", act
+        if kind == VCM:
+            return "all_reduce", 4.0 * self._tokens  # the row maxima
+        if kind == VC0 and self.algorithm == "naive":
+            return "all_reduce", 8.0 * self._tokens  # Σexp and the target logit
         if kind == VC0:
             return "all_gather", 12.0 * self._tokens + (act if self.algorithm == "alg2" else 0.0)
-        if kind == VC1:
-            return "all_reduce", act
-        if kind == VEC:
-            return "broadcast", act  # a reduce: the same time as a broadcast of that size
-        if kind == VEBC:
-            return "broadcast", act
-        return "all_reduce", 0.0
+        if kind not in GROUPS:
+            return "all_reduce", 0.0
+        op = GROUPS[kind][0]  # X, ∇X, the embedding output and its gradient: b·s·h elements each
+        return ("broadcast" if op == "reduce" else op), act  # a reduce takes a broadcast's time
 
     def collective_time(self, kind: str, rank: int = 0) -> float:
         """Seconds of a vocabulary collective over the p·t devices."""
@@ -146,15 +172,17 @@ class VocabCost:
         return self._cache[key]
 
     def memory_of(self, kind: str, rank: int, schedule: Schedule) -> float:
-        """Activation bytes S holds until T on ``rank`` (S adds, T frees)."""
-        if kind not in (VS, VT):
+        """Activation bytes S holds until T on ``rank`` (S adds — naive: its first part VSM, which
+        writes the logits —, T frees)."""
+        hold = VSM if self.algorithm == "naive" else VS
+        if kind not in (hold, VT):
             return 0.0
         keep = 0.0 if self.chunk else 4.0 * self._tokens * self.rows
         if self.algorithm == "alg2":
             keep += 4.0 * self._tokens * self.spec.hidden
         if rank != schedule.rank_of(schedule.num_stages - 1):
             keep += self._tokens * self.spec.hidden * self._esize
-        return keep if kind == VS else -keep
+        return keep if kind == hold else -keep
 
     def vocab_parameters(self) -> float:
         """Parameters of the vocabulary layers on one device: 2·V_p·h."""
@@ -163,7 +191,7 @@ class VocabCost:
     # -- CostModel -----------------------------------------------------------------------------------
     def compute_time(self, action: Action, schedule: Schedule) -> float:
         kind = action.kind
-        if kind not in (VS, VT, VEF, VEB):
+        if kind not in _COMPUTE:
             return self.inner.compute_time(action, schedule)
         key = ("time", kind)
         hit = self._cache.get(key)
@@ -176,12 +204,12 @@ class VocabCost:
         return hit
 
     def message_bytes(self, action: Action, schedule: Schedule) -> float:
-        if action.kind in (VBX, VC0, VC1, VEC, VEBC):
+        if action.kind in COLLECTIVE_KINDS:
             return self.collective_bytes(action.kind)[1]
         return self.inner.message_bytes(action, schedule)
 
     def activation_bytes(self, action: Action, schedule: Schedule) -> float:
-        if action.kind in (VS, VT):
+        if action.kind in _OUTPUT_KINDS:
             return self.memory_of(action.kind, schedule.rank_of(action.stage), schedule)
         return self.inner.activation_bytes(action, schedule)
 
@@ -189,12 +217,12 @@ class VocabCost:
         return self.inner.static_bytes(rank, schedule) + self.vocab_parameters() * self.inner.bytes_per_param
 
     def flops(self, action: Action, schedule: Schedule) -> float:
-        if action.kind in (VS, VT):
+        if action.kind in _OUTPUT_KINDS:
             return self.vocab_flops(action.kind)[0]
         return self.inner.flops(action, schedule)
 
     def model_flops(self, action: Action, schedule: Schedule) -> float:
-        if action.kind in (VS, VT):
+        if action.kind in _OUTPUT_KINDS:
             return self.vocab_flops(action.kind)[1]
         return self.inner.model_flops(action, schedule)
 
@@ -230,8 +258,10 @@ def vocab_cost(
     **transformer: object,
 ) -> VocabCost:
     """The vocabulary-parallel cost of ``spec`` on a pp × tp mesh (dp = 1)."""
-    if algorithm not in ("alg1", "alg2"):
-        raise ConfigError(f"--vocab-parallel {algorithm}: the cost model knows alg1 and alg2")
+    if algorithm not in ALGORITHMS:
+        raise ConfigError(f"--vocab-parallel {algorithm}: the cost model knows {', '.join(ALGORITHMS)}")
+    if chunk is not None and algorithm == "naive":
+        raise ConfigError("the chunked output layer needs --vocab-parallel alg1 or alg2, not naive")
     inner = TransformerCost(
         _without_vocab(spec),
         microbatch=microbatch,

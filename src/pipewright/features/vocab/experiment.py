@@ -5,9 +5,10 @@ microbatch 1, 128 microbatches, pp = 8 on 8 A100-80GB (one NVLink node), V = 32k
 convention: model FLOPs without recomputation, 3·(2·b·s·h·V + l·(8·b·s·h² + 4·b·s²·h + 4·b·s·h·F)) per
 microbatch, over 312 TFLOP/s per device.
 
-Methods: ``naive`` (embedding on the first stage, output on the last), ``redistribute`` (fewer layers on
-the first and last stages, :func:`~.cost.redistribute_layout`), ``alg1`` and ``alg2`` (vocabulary
-parallelism inserted by :func:`~.insert.insert_vocab`, placed by the same cost model).
+Methods: ``naive`` (the naive placement: embedding on the first stage, output on the last),
+``redistribute`` (fewer layers on the first and last stages, :func:`~.cost.redistribute_layout`),
+``vp-naive``, ``alg1`` and ``alg2`` (vocabulary parallelism with the naive three-barrier algorithm,
+Algorithm 1 or Algorithm 2, inserted by :func:`~.insert.insert_vocab`, placed by the same cost model).
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ from pipewright.models.spec import ModelSpec
 from pipewright.schedules.registry import build_schedule
 from pipewright.sim.engine import simulate
 
-METHODS = ("naive", "redistribute", "alg1", "alg2")
+METHODS = ("naive", "redistribute", "vp-naive", "alg1", "alg2")
+#: method → vocabulary-parallel algorithm (``naive`` is the placement, ``vp-naive`` the algorithm)
+ALGORITHM = {"vp-naive": "naive", "alg1": "alg1", "alg2": "alg2"}
 PEAK = 312e12  # A100 bf16 dense, the paper's MFU denominator
 VOCABS = (32 * 1024, 64 * 1024, 128 * 1024, 256 * 1024)
 
@@ -72,10 +75,12 @@ def run(
     virtual: int | None = None,
     iterations: int = 2,
     attention: str = "flash",
+    extra: int | None = None,
 ) -> Row:
     """Simulate one method; MFU from the artifact's model FLOPs over the simulated iteration time.
     ``attention``: the transformer layers' (TransformerCost); the paper's runs use flash attention
-    (the artifact's ``pretrain_gpt.sh`` passes ``--use-flash-attn``)."""
+    (the artifact's ``pretrain_gpt.sh`` passes ``--use-flash-attn``). ``extra``: the insertion pass's
+    memory allowance (:func:`~.insert.insert_vocab`; default the algorithm's)."""
     base = build_schedule(schedule_name, pp, microbatches, virtual)
     layout = ""
     if method == "naive":
@@ -85,9 +90,10 @@ def run(
         layout = ",".join(map(str, cost.layout))
         comm, sched = None, base
     else:
-        cost = vocab_cost(spec, pp=pp, algorithm=method, attention=attention)
+        algorithm = ALGORITHM[method]
+        cost = vocab_cost(spec, pp=pp, algorithm=algorithm, attention=attention)
         comm = VocabComm(cost)
-        sched = insert_vocab(base, method, placement_costs(cost, base))
+        sched = insert_vocab(base, algorithm, placement_costs(cost, base), extra)
     result = simulate(sched, cost, comm=comm if comm is not None else cost.comm, iterations=iterations)
     t = result.iteration_time
     mfu = paper_model_flops(spec, microbatches) / (t * pp * PEAK)

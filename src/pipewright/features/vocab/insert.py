@@ -6,7 +6,8 @@ profile's F, B, S, T and communication times): whenever a rank is free it runs, 
 
 1. ``VT`` of its oldest microbatch whose barrier C0 has completed (alg1: it is on the path to the last
    stage's backward);
-2. ``VS`` of the next microbatch whose X has been broadcast;
+2. ``VS`` of the next microbatch whose X has been broadcast (naive: its second part ``VS`` once the
+   MAX all-reduce ``VCM`` has completed, then the first part ``VSM`` of the next microbatch);
 3. ``VEB`` whose ∇embedding has been broadcast, ``VEF`` up to a window ahead of the S passes;
 4. the next action of the base schedule, if its inputs are there;
 5. otherwise the next forward of the base schedule ahead of its turn — when the rank's activation
@@ -15,7 +16,8 @@ profile's F, B, S, T and communication times): whenever a rank is free it runs, 
 So the S/T steps land where the X broadcast and the barriers let them, whatever the schedule, and the
 forwards run ahead only as far as the vocabulary round trip delays the last stage's backward: on 1F1B
 the first rank ends with p + 2 microbatches in flight for Algorithm 1 (two barriers between the last
-stage's forward and its backward) and p + 1 for Algorithm 2 (one), against p. A collective is placed on
+stage's forward and its backward), p + 1 for Algorithm 2 (one) and p + 3 for the naive algorithm
+(three), against p. A collective is placed on
 each participant before the first action that starts after its last input completed on the planning
 clock — so every rank issues the collectives of one communicator in the same order, and the schedule
 executes with blocking collectives (the validator's and the simulator's rendezvous). Pure Python.
@@ -28,27 +30,33 @@ from dataclasses import dataclass, field
 
 from pipewright.errors import ScheduleError
 from pipewright.features.vocab.kinds import (
+    COLLECTIVE_KINDS,
     VBX,
     VC0,
     VC1,
+    VCM,
     VEB,
     VEBC,
     VEC,
     VEF,
     VS,
+    VSM,
     VT,
     home,
     registry,
 )
 from pipewright.ir import Action, B, Event, F, I, Schedule, W
 
-#: Extra microbatches of activation memory the 1F1B first rank needs (the paper's p + 2 / p + 1).
-DEFAULT_EXTRA = {"alg1": 2, "alg2": 1, "naive": 2}
+#: Extra microbatches of activation memory the 1F1B first rank needs (the paper's p + 2 / p + 1; one
+#: per barrier between the last stage's forward and its backward, so p + 3 for the naive algorithm).
+DEFAULT_EXTRA = {"alg1": 2, "alg2": 1, "naive": 3}
 _COMPUTE_BASE = (F, B, I, W)
-_COLLECTIVES = frozenset((VEC, VBX, VC0, VC1, VEBC))
+_COLLECTIVES = frozenset(COLLECTIVE_KINDS)
 #: the vocabulary steps a rank takes (VBX/VEBC: issuing the broadcast; the others compute and issue
-#: the collective they feed: VEF → VEC, VS → VC0, VT → VC1 in alg1)
-_STEPS = (VEF, VBX, VS, VT, VEBC, VEB)
+#: the collective they feed: VEF → VEC, VSM → VCM (naive), VS → VC0, VT → VC1 (naive, alg1))
+_STEPS = (VEF, VBX, VSM, VS, VT, VEBC, VEB)
+#: the collective each vocabulary compute step issues right after it ends
+_FEEDS = {VEF: VEC, VSM: VCM, VS: VC0, VT: VC1}
 _INF = float("inf")
 
 
@@ -63,9 +71,16 @@ class PlacementCosts:
     p2p: float = 0.0
 
 
-def unit_costs() -> PlacementCosts:
-    """``--cost unit``: F = 1, B = 2, I = W = 1, each vocabulary pass 1, communication free."""
-    table = {F: 1.0, B: 2.0, I: 1.0, W: 1.0}
+def unit_vocab_times(algorithm: str) -> dict[str, float]:
+    """Unit costs of the vocabulary passes that are not 1: the naive algorithm's S is one pass cut in two
+    halves of 1/2 (``VSM``, ``VS``), so under unit costs it differs from Algorithm 1 by its barrier only."""
+    return {VSM: 0.5, VS: 0.5} if algorithm == "naive" else {}
+
+
+def unit_costs(algorithm: str = "alg2") -> PlacementCosts:
+    """``--cost unit``: F = 1, B = 2, I = W = 1, each vocabulary pass 1 (:func:`unit_vocab_times`),
+    communication free."""
+    table = {F: 1.0, B: 2.0, I: 1.0, W: 1.0, **unit_vocab_times(algorithm)}
     return PlacementCosts(lambda a: table.get(a.kind, 1.0))
 
 
@@ -101,7 +116,11 @@ class _Placer:
         self.tail = [[a for a in row if a.kind not in _COMPUTE_BASE] for row in base.actions]
         self.taken = [[False] * len(q) for q in self.queue]
         self.head = [0] * p
-        self.next = {kind: [0] * p for kind in _STEPS}
+        naive = algorithm == "naive"
+        steps = _STEPS if naive else tuple(k for k in _STEPS if k != VSM)
+        self.next = {kind: [0] * p for kind in steps}
+        self.s_first = VSM if naive else VS  # the step X feeds
+        self.feeds = {k: c for k, c in _FEEDS.items() if k in steps and not (k == VT and algorithm == "alg2")}
         self.order = order  # one global sequence of vocabulary steps, the same on every rank
         self.pos = [0] * p
         self.starts: dict[tuple[str, int], list[float]] = {}
@@ -158,7 +177,7 @@ class _Placer:
                 return None
         elif kind == VEF and k >= self.next[VS][rank] + self.window:
             return None
-        elif kind == VBX and k != self.next[VS][rank]:
+        elif kind == VBX and k != self.next[self.s_first][rank]:
             return None  # issued right before its S
         elif kind == VEBC and k != self.next[VEB][rank]:
             return None
@@ -175,8 +194,8 @@ class _Placer:
     def candidates(self, rank: int) -> list[tuple[Action, int | None]]:
         """(action, queue index or None for vocabulary actions) in priority order."""
         out: list[tuple[Action, int | None]] = []
-        for kind in (VT, VBX, VS, VEBC, VEB, VEF):
-            a = self._vocab(kind, rank)
+        for kind in (VT, VBX, VS, VSM, VEBC, VEB, VEF):
+            a = self._vocab(kind, rank) if kind in self.next else None
             if a is not None:
                 out.append((a, None))
         head = self._base_head(rank)
@@ -208,13 +227,8 @@ class _Placer:
             self.ends[ev] = end
             self.rank_of_event[ev] = rank
         self.clock[rank] = end
-        # the collectives this action feeds, issued right after it
-        if kind == VS:
-            self._issue(rank, VC0, k)
-        elif kind == VT and self.alg != "alg2":
-            self._issue(rank, VC1, k)
-        elif kind == VEF:
-            self._issue(rank, VEC, k)
+        if kind in self.feeds:  # the collective this action feeds, issued right after it
+            self._issue(rank, self.feeds[kind], k)
 
     def run(self) -> tuple[Schedule, float]:
         wake: list[float] = list(self.clock)
@@ -291,7 +305,8 @@ def insert_vocab(
 
     ``extra``: at most this many more forwards run ahead of the backwards on every rank (activation
     memory of ``extra`` more microbatch-chunks) so the pipeline stays fed while the last stage's
-    backward waits for ∇X; default 2 for alg1, 1 for alg2 (the paper's p + 2 and p + 1 on 1F1B). The
+    backward waits for ∇X; default 2 for alg1, 1 for alg2 (the paper's p + 2 and p + 1 on 1F1B), 3 for
+    naive (whose S is two passes, ``VSM`` and ``VS``, around the MAX all-reduce ``VCM``). The
     pass tries every shift 0..extra and both priorities (vocabulary passes first, or the schedule's
     next action first) and keeps the shortest iteration on the planning clock (ties: less memory).
     The result validates with :func:`pipewright.passes.validate.validate`.
@@ -300,10 +315,8 @@ def insert_vocab(
         raise ScheduleError("insert the vocabulary actions before lowering (pass a compute-only schedule)")
     if algorithm not in DEFAULT_EXTRA:
         raise ScheduleError(f"vocabulary algorithm {algorithm!r}; choose alg1, alg2 or naive")
-    if algorithm == "naive":
-        algorithm = "alg1"  # the naive algorithm's extra barrier sits inside S
     allowance = DEFAULT_EXTRA[algorithm] if extra is None else extra
-    costs = costs or unit_costs()
+    costs = costs or unit_costs(algorithm)
     best: tuple[float, int, bool, Schedule] | None = None
     stuck: ScheduleError | None = None
     for shift in range(allowance + 1):

@@ -9,9 +9,14 @@ kind            what                                       requires
 ``VEF``         input embedding: lookup of the rank's rows —
 ``VEC``         SUM of the lookups to stage 0 (collective)  ``VEF(k)``
 ``VBX``         broadcast of X from the last stage          — (the last stage issues it after F(last, k))
-``VS``          pass S                                     ``VBX(k)`` on the rank
-``VC0``         barrier after S (statistics merge; alg2    ``VS(k)``
-                also the SUM of the rescaled ∇X)
+``VSM``         naive only: S up to the max (local logits   ``VBX(k)`` on the rank
+                and their row maxima)
+``VCM``         naive only: MAX of the local maxima         ``VSM(k)``
+``VS``          pass S (naive: its rest — exponentials,     ``VBX(k)`` on the rank (naive: ``VCM(k)``)
+                Σexp and the target logit)
+``VC0``         barrier after S (statistics merge; naive:  ``VS(k)``
+                SUM of Σexp and target; alg2 also the SUM
+                of the rescaled ∇X)
 ``VT``          pass T                                     ``VC0(k)`` on the rank
 ``VC1``         SUM of ∇X after T (alg1 only)              ``VT(k)``
 ``VEBC``        broadcast of ∇embedding from stage 0       — (stage 0 issues it after its I(0, k))
@@ -20,13 +25,17 @@ kind            what                                       requires
 
 and the core kinds gain two requirements: ``F(0, k)`` needs ``VEC(k)`` of stage 0's rank; the last
 stage's backward ``B``/``I`` needs ∇X — ``VC1(k)`` (alg1) or ``VC0(k)`` (alg2) of the last stage's rank.
-The collectives are :class:`~pipewright.kinds.Collective` kinds over named groups spanning every pipeline
-rank (one communicator per traffic kind: ``vocab_x``, ``vocab_stats``, ``vocab_grad``, ``vocab_emb``,
-``vocab_emb_back``), so the core treats each as a rendezvous that starts when the last member issued it.
-The validator checks the issue order per member set, so the insertion pass issues all vocabulary
-collectives in one global order on every rank. ``VS`` adds one vocabulary-microbatch of memory (its
-softmax and X), ``VT`` frees it; both are counted apart from the transformer activations
-(``KindSpec.memory`` stays 0 so ``peak_in_flight`` keeps counting transformer microbatches).
+The naive algorithm's first barrier is a rendezvous in the middle of S: S is two passes, ``VSM`` and
+``VS``, around the MAX all-reduce ``VCM`` (the schedule's ``meta["vocab_parallel"] == "naive"`` makes
+``VS`` wait for it); Algorithms 1 and 2 never use those two kinds. The collectives are
+:class:`~pipewright.kinds.Collective` kinds over named groups spanning every pipeline rank (one
+communicator per traffic kind: ``vocab_x``, ``vocab_max``, ``vocab_stats``, ``vocab_grad``,
+``vocab_emb``, ``vocab_emb_back``), so the core treats each as a rendezvous that starts when the last
+member issued it. The validator checks the issue order per member set, so the insertion pass issues all
+vocabulary collectives in one global order on every rank. S (``VS``; naive: ``VSM``, which writes the
+logits) adds one vocabulary-microbatch of memory (its softmax and X), ``VT`` frees it; both are counted
+apart from the transformer activations (``KindSpec.memory`` stays 0 so ``peak_in_flight`` keeps
+counting transformer microbatches).
 """
 
 from __future__ import annotations
@@ -38,13 +47,16 @@ from pipewright.ir import Action, B, Event, F, I, KindRegistry, KindSpec, Schedu
 from pipewright.kinds import Collective
 
 VEF, VEC, VBX, VS, VC0, VT, VC1, VEBC, VEB = "VEF", "VEC", "VBX", "VS", "VC0", "VT", "VC1", "VEBC", "VEB"
-COMPUTE_KINDS = (VEF, VS, VT, VEB)
-COLLECTIVE_KINDS = (VEC, VBX, VC0, VC1, VEBC)
+ALGORITHMS = ("naive", "alg1", "alg2")  # three, two, one barrier(s)
+VSM, VCM = "VSM", "VCM"  # the naive algorithm's S up to the max, and the MAX all-reduce
+COMPUTE_KINDS = (VEF, VSM, VS, VT, VEB)
+COLLECTIVE_KINDS = (VEC, VBX, VCM, VC0, VC1, VEBC)
 ALL_KINDS = COMPUTE_KINDS + COLLECTIVE_KINDS
 #: collective kind → (operation, named group)
 GROUPS = {
     VEC: ("reduce", "vocab_emb"),
     VBX: ("broadcast", "vocab_x"),
+    VCM: ("all_reduce", "vocab_max"),
     VC0: ("all_gather", "vocab_stats"),
     VC1: ("all_reduce", "vocab_grad"),
     VEBC: ("broadcast", "vocab_emb_back"),
@@ -71,6 +83,13 @@ class own:
         return ((self.kind, action.stage, action.microbatch, None),)
 
 
+def s_input(action: Action, schedule: Schedule) -> tuple[Event, ...]:
+    """Pass S requires X (``VBX``) of its microbatch; under the naive algorithm its second part
+    requires the MAX all-reduce ``VCM`` instead (which requires the first part, which requires X)."""
+    kind = VCM if schedule.meta.get("vocab_parallel") == "naive" else VBX
+    return ((kind, action.stage, action.microbatch, None),)
+
+
 def _nothing(action: Action, schedule: Schedule) -> tuple[Event, ...]:
     return ()
 
@@ -92,12 +111,14 @@ def _collective(name: str, requires, description: str) -> KindSpec:
 
 
 def vocab_kinds() -> tuple[KindSpec, ...]:
-    """The nine vocabulary kinds (their rules do not depend on the algorithm)."""
+    """The eleven vocabulary kinds (only S's rule depends on the algorithm, through the schedule's meta)."""
     return (
         _compute(VEF, _nothing, "vocabulary-parallel embedding lookup"),
         _collective(VEC, own(VEF), "embedding SUM to stage 0"),
         _collective(VBX, _nothing, "broadcast of the last stage's output"),
-        _compute(VS, own(VBX), "output pass S"),
+        _compute(VSM, own(VBX), "output pass S up to the max (naive algorithm)"),
+        _collective(VCM, own(VSM), "MAX all-reduce inside S (naive algorithm)"),
+        _compute(VS, s_input, "output pass S"),
         _collective(VC0, own(VS), "barrier after S"),
         _compute(VT, own(VC0), "output pass T"),
         _collective(VC1, own(VT), "input-gradient SUM after T"),

@@ -214,14 +214,30 @@ class VocabOutput:
         return Pending(work, lambda: buf)
 
     # -- S and the barrier after it --------------------------------------------------------------
+    def s_max(self, mb: int) -> Pending:
+        """Naive algorithm, S up to its first barrier (action ``VSM``): the local logits and their row
+        maxima, and the MAX all-reduce of the maxima issued (barrier 1, action ``VCM``); returns it.
+        :meth:`s_pass` continues once it has completed."""
+        st = self._mb[mb]
+        z, local_max = vs.naive_s_max(st.x, self.weight.detach(), self.valid)
+        work = dist.all_reduce(local_max, op=dist.ReduceOp.MAX, group=self.group.stats, async_op=True)
+        st.extra["max"] = Pending(work, lambda: (z, local_max))
+        return st.extra["max"]
+
+    def row_max(self, mb: int) -> Pending:
+        """The MAX all-reduce :meth:`s_max` issued for ``mb``."""
+        return self._mb[mb].extra["max"]
+
     def s_pass(self, mb: int) -> Pending:
-        """Pass S of ``mb`` and the barrier after it (issued, not waited for); returns the merge."""
+        """Pass S of ``mb`` and the barrier after it (issued, not waited for); returns the merge. Naive
+        algorithm: the rest of S after :meth:`s_max` (called here first if it was not)."""
         st = self._mb[mb]
         w = self.weight.detach()
         g = self.group
         if self.algorithm == "naive":
-            z, local_max = vs.naive_s_max(st.x, w, self.valid)
-            dist.all_reduce(local_max, op=dist.ReduceOp.MAX, group=g.stats)  # barrier 1: S waits
+            if "max" not in st.extra:
+                self.s_max(mb)
+            z, local_max = st.extra.pop("max").wait()  # barrier 1: the global max
             e, stats = vs.naive_s_sum(z, st.labels, self.start, local_max)
             sums = torch.stack([stats.sumexp, stats.target])
             work = dist.all_reduce(sums, group=g.stats, async_op=True)  # barrier 2

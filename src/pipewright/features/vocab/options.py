@@ -1,9 +1,14 @@
-"""``--vocab-parallel none|redistribute|alg1|alg2`` for ``pipewright simulate`` (pure Python).
+"""``--vocab-parallel none|redistribute|naive|alg1|alg2`` for ``pipewright simulate`` (pure Python).
+
+Two words for two things: ``none`` is the naive *placement* (no vocabulary parallelism: embedding on the
+first stage, output layer on the last); ``naive`` is the naive vocabulary-parallel *algorithm* (three
+barriers), as in ``pipewright train --vocab-parallel naive``.
 
 :func:`apply_to_simulation` turns a simulation set-up (schedule, cost model, communication model) into
 the chosen method's: ``redistribute`` re-lays the transformer layers (TransformerCost only);
-``alg1``/``alg2`` insert the vocabulary actions with :func:`~.insert.insert_vocab`, placed by the same
-costs, and price them with :class:`~.cost.VocabCost` (or 1 per pass under ``--cost unit``).
+``naive``/``alg1``/``alg2`` insert the vocabulary actions with :func:`~.insert.insert_vocab`, placed by
+the same costs, and price them with :class:`~.cost.VocabCost` (or 1 per pass under ``--cost unit``;
+the naive algorithm's S there is two halves, :func:`~.insert.unit_vocab_times`).
 """
 
 from __future__ import annotations
@@ -11,17 +16,20 @@ from __future__ import annotations
 from dataclasses import replace
 
 from pipewright.cost.transformer import TransformerCost
+from pipewright.cost.unit import UnitCost
 from pipewright.errors import ConfigError
 from pipewright.features.vocab.cost import VocabComm, VocabCost, redistribute_layout
-from pipewright.features.vocab.insert import PlacementCosts, insert_vocab
+from pipewright.features.vocab.insert import PlacementCosts, insert_vocab, unit_vocab_times
 from pipewright.features.vocab.kinds import COLLECTIVE_KINDS
 from pipewright.ir import Action, Schedule
 
-CHOICES = ("none", "redistribute", "alg1", "alg2")
+CHOICES = ("none", "redistribute", "naive", "alg1", "alg2")
 TRAIN_CHOICES = ("none", "naive", "alg1", "alg2")
+_ALGORITHMS = "naive (three barriers), alg1 (two) or alg2 (one), Yeung et al. 2024"
 HELP = (
-    "vocabulary layers: none (embedding on the first stage, output on the last), redistribute (fewer "
-    "transformer layers on those stages), alg1/alg2 (vocabulary parallelism, Yeung et al. 2024)"
+    "vocabulary layers: none (the naive placement: embedding on the first stage, output on the last), "
+    "redistribute (fewer transformer layers on those stages), or split over all pipeline ranks with the "
+    f"vocabulary-parallel algorithm {_ALGORITHMS}"
 )
 
 
@@ -51,6 +59,8 @@ def apply_to_simulation(option: str, schedule: Schedule, cost, comm, *, unit: bo
     if unit:
         if option == "redistribute":
             raise ConfigError("--vocab-parallel redistribute needs --model (unit costs have no layers)")
+        if isinstance(cost, UnitCost):
+            cost = replace(cost, times={**cost.times, **unit_vocab_times(option)})
         return insert_vocab(schedule, option, placement_costs(cost, schedule)), cost, comm
     if not isinstance(cost, TransformerCost):
         raise ConfigError("--vocab-parallel needs --model or --cost unit (a profile has no vocabulary costs)")
@@ -90,8 +100,8 @@ def add_options(command: str, parser) -> None:
             "--vocab-parallel",
             choices=TRAIN_CHOICES,
             default=None,
-            help="vocabulary layers split over all pipeline (and tensor) ranks: naive (three barriers), "
-            "alg1 (two) or alg2 (one), Yeung et al. 2024; default none",
+            help=f"vocabulary layers split over all pipeline (and tensor) ranks: {_ALGORITHMS}; default "
+            "none (the naive placement)",
         )
 
 
@@ -101,4 +111,5 @@ def simulate_hook(args, setup):
     if option == "none":
         return setup
     sched, cost, comm = apply_to_simulation(option, setup.schedule, setup.cost, setup.comm, unit=setup.unit)
-    return replace(setup, schedule=sched, cost=cost, comm=comm, label=f"{setup.label}, vocab {option}")
+    method = option if option == "redistribute" else f"parallel {option}"  # "vocab parallel naive"
+    return replace(setup, schedule=sched, cost=cost, comm=comm, label=f"{setup.label}, vocab {method}")

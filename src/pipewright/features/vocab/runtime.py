@@ -12,7 +12,9 @@ vocabulary kind plus F/B/I wrappers for the first and last stage:
 
 - ``VEF``/``VEC``: lookup of microbatch k's ids, then the SUM issued to stage 0; F(0, k) waits for it;
 - ``VBX``: the last stage's X broadcast (issued on every rank); ``VS`` waits for it and runs S, which
-  issues the statistics all-gather; ``VC0`` waits for the merge (Algorithm 2: issues the SUM of ∇X);
+  issues the statistics all-gather (naive: ``VSM`` waits for X, computes the logits and issues the MAX
+  all-reduce, ``VCM`` does nothing, ``VS`` waits for the max and issues the SUM of Σexp and target);
+  ``VC0`` waits for the merge (Algorithm 2: issues the SUM of ∇X);
 - ``VT``: pass T with dℓ = 1/(tokens·m) per token (the executor's mean-loss scaling); Algorithm 1
   issues the SUM of ∇X; ``VC1`` completes it on the ranks that do not need it;
 - B/I of the last stage back-propagate ∇X (waited for there) through the stage;
@@ -33,7 +35,7 @@ import torch
 from torch import Tensor, nn
 
 from pipewright.features.vocab import shard as vs
-from pipewright.features.vocab.kinds import VBX, VC0, VC1, VEB, VEBC, VEC, VEF, VS, VT
+from pipewright.features.vocab.kinds import VBX, VC0, VC1, VCM, VEB, VEBC, VEC, VEF, VS, VSM, VT
 from pipewright.features.vocab.layers import Pending, VocabEmbedding, VocabGroup, VocabOutput
 from pipewright.ir import Action, B, F, I
 from pipewright.models.gpt import Embedding, GPTStage, Head, layer_generator
@@ -143,6 +145,8 @@ class VocabRuntime:
             VEF: self._vef,
             VEC: self._vec,
             VBX: self._vbx,
+            VSM: self._vsm,
+            VCM: self._vcm,
             VS: self._vs,
             VC0: self._vc0,
             VT: self._vt,
@@ -184,9 +188,19 @@ class VocabRuntime:
         labels = state.targets[k].reshape(-1)
         self._it.x_bcast[k] = self.output.receive_input(k, x, labels, (self._tokens, h))
 
-    def _vs(self, state, a: Action) -> None:
+    def _vsm(self, state, a: Action) -> None:
         self._wait(self._it.x_bcast.pop(a.microbatch))
-        self.output.s_pass(a.microbatch)
+        self.output.s_max(a.microbatch)
+
+    def _vcm(self, state, a: Action) -> None:
+        """The MAX all-reduce was issued by ``VSM``; only ``VS`` needs its result (it overlaps what the
+        schedule puts between them)."""
+
+    def _vs(self, state, a: Action) -> None:
+        k = a.microbatch
+        x = self._it.x_bcast.pop(k, None)  # naive: X arrived for VSM, S now waits for the max
+        self._wait(x if x is not None else self.output.row_max(k))
+        self.output.s_pass(k)
 
     def _vc0(self, state, a: Action) -> None:
         self.output._mb[a.microbatch].merged.wait()  # alg2: issues the SUM of the rescaled ∇X
