@@ -5,8 +5,8 @@ chunked output layer.
 1. Pipeline step (p = 2 or ``--pp``, 1F1B, m = 8, gloo, one thread per rank): GPT with max(2, p)
    layers, h = 64, 2 heads, sequence 64, microbatch 4 and V = 32768 — the output layer (2·b·s·h·V ≈
    1.07 GFLOP forward per microbatch) is ~20× a transformer layer, so it dominates the last stage.
-   Cases ``naive``, ``alg1``, ``alg2`` alternate in each round (same process group, same data); the median step after warm-up is
-   reported and the ratio vocabulary-parallel / naive.
+   Cases ``naive``, ``alg1``, ``alg2`` alternate in each round (same process group, same data); the
+   median step after warm-up is reported and the ratio vocabulary-parallel / naive.
 2. Chunked S/T (one process): S + T of one shard for 2048 tokens, h = 256, V_p = 8192, whole vs in
    chunks of 256 tokens: time ratio and the peak size of the [tokens × V_p] softmax kept from S to T.
 3. Balance, measured, for each vocabulary size of ``--vocab`` (32k … 256k): per pipeline rank, the
