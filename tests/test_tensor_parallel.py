@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import traceback
 from collections.abc import Callable
-from datetime import timedelta
 
 import pytest
 import torch
@@ -453,33 +452,22 @@ def _run_cases(group, label: str) -> dict[str, str]:
     return out
 
 
-def _worker(rank: int, world: int, init_file: str, queue) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=timedelta(seconds=60)
-    )
-    try:
-        results = _run_cases(dist.group.WORLD, f"t={world}")
-        if world == 4:  # two tensor-parallel groups of 2 inside the world, as a mesh builds them
-            pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
-            results.update(_run_cases(pairs[rank // 2], "t=2 of 4"))
-            try:
-                errors = [_close(*pair) for pair in ptd_pipeline_case(ParallelMesh.build(1, 2, 2, "cpu"))]
-                results["ptd"] = "\n".join(e for e in errors if e)
-            except Exception:
-                results["ptd"] = traceback.format_exc()
-        queue.put((rank, results))
-    finally:
-        dist.destroy_process_group()
-
-
-def _spawn(world: int) -> dict[str, list[str]]:
-    return spawn_cases(_worker, world)
+def _cases(rank: int, world: int) -> dict[str, str]:
+    results = _run_cases(dist.group.WORLD, f"t={world}")
+    if world == 4:  # two tensor-parallel groups of 2 inside the world, as a mesh builds them
+        pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]
+        results.update(_run_cases(pairs[rank // 2], "t=2 of 4"))
+        try:
+            errors = [_close(*pair) for pair in ptd_pipeline_case(ParallelMesh.build(1, 2, 2, "cpu"))]
+            results["ptd"] = "\n".join(e for e in errors if e)
+        except Exception:
+            results["ptd"] = traceback.format_exc()
+    return results
 
 
 @pytest.fixture(scope="module")
 def results() -> dict[int, dict[str, list[str]]]:
-    return {world: _spawn(world) for world in WORLD_SIZES}
+    return {world: spawn_cases(_cases, world) for world in WORLD_SIZES}
 
 
 def _labels(world: int) -> list[str]:

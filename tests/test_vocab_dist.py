@@ -9,7 +9,6 @@ T of k), does all collectives first and compares afterwards, so a mismatch canno
 from __future__ import annotations
 
 import traceback
-from datetime import timedelta
 
 import pytest
 import torch
@@ -101,36 +100,25 @@ def _case(vg: VocabGroup, algorithm: str, chunk: int | None) -> list[tuple[str, 
     return pairs
 
 
-def _worker(rank: int, world: int, init_file: str, queue) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=timedelta(seconds=60)
-    )
+def _cases(rank: int, world: int) -> dict[str, str]:
     results: dict[str, str] = {}
-    try:
-        for p, t, ranks in LAYOUTS[world]:
-            vg = VocabGroup.create(ranks, tp=t)  # collective: every rank creates every group
-            if rank not in ranks:
-                continue
-            for algorithm, chunk in VARIANTS:
-                name = f"p={p} t={t} {algorithm}" + (f" chunk={chunk}" if chunk else "")
-                try:
-                    errors = [_err(*pair) for pair in _case(vg, algorithm, chunk)]
-                    results[name] = "; ".join(e for e in errors if e)
-                except Exception:
-                    results[name] = traceback.format_exc()
-        queue.put((rank, results))
-    finally:
-        dist.destroy_process_group()
-
-
-def _spawn(world: int) -> dict[str, list[str]]:
-    return spawn_cases(_worker, world)
+    for p, t, ranks in LAYOUTS[world]:
+        vg = VocabGroup.create(ranks, tp=t)  # collective: every rank creates every group
+        if rank not in ranks:
+            continue
+        for algorithm, chunk in VARIANTS:
+            name = f"p={p} t={t} {algorithm}" + (f" chunk={chunk}" if chunk else "")
+            try:
+                errors = [_err(*pair) for pair in _case(vg, algorithm, chunk)]
+                results[name] = "; ".join(e for e in errors if e)
+            except Exception:
+                results[name] = traceback.format_exc()
+    return results
 
 
 @pytest.fixture(scope="module")
 def results() -> dict[int, dict[str, list[str]]]:
-    return {world: _spawn(world) for world in LAYOUTS}
+    return {world: spawn_cases(_cases, world) for world in LAYOUTS}
 
 
 @pytest.mark.slow

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import traceback
-from datetime import timedelta
 
 import pytest
 import torch
@@ -116,38 +115,27 @@ def _case(mesh, group, sched, algorithm) -> str:
     return "; ".join(e for e in errors if e)
 
 
-def _worker(rank: int, world: int, init_file: str, queue) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=timedelta(seconds=60)
-    )
+def _cases(rank: int, world: int) -> dict[str, str]:
     results: dict[str, str] = {}
-    try:
-        schedules = _schedules()
-        for p, t in PIPELINES:
-            mesh = ParallelMesh.build(dp=world // (p * t), pp=p, tp=t, device="cpu")
-            group = vocab_group(mesh)
-            for name, _ in SCHEDULES:
-                for algorithm in ALGORITHMS:
-                    key = f"p={p} t={t} {name} {algorithm}"
-                    try:
-                        sched = schedules[name, p, algorithm]
-                        results[key] = _case(mesh, group, sched, algorithm)
-                    except Exception:
-                        results[key] = traceback.format_exc()
-                    dist.barrier()
-        queue.put((rank, results))
-    finally:
-        dist.destroy_process_group()
-
-
-def _spawn(world: int) -> dict[str, list[str]]:
-    return spawn_cases(_worker, world)
+    schedules = _schedules()
+    for p, t in PIPELINES:
+        mesh = ParallelMesh.build(dp=world // (p * t), pp=p, tp=t, device="cpu")
+        group = vocab_group(mesh)
+        for name, _ in SCHEDULES:
+            for algorithm in ALGORITHMS:
+                key = f"p={p} t={t} {name} {algorithm}"
+                try:
+                    sched = schedules[name, p, algorithm]
+                    results[key] = _case(mesh, group, sched, algorithm)
+                except Exception:
+                    results[key] = traceback.format_exc()
+                dist.barrier()
+    return results
 
 
 @pytest.fixture(scope="module")
 def results() -> dict[str, list[str]]:
-    return _spawn(WORLD)
+    return spawn_cases(_cases, WORLD)
 
 
 @pytest.mark.slow
