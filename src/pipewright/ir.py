@@ -152,9 +152,6 @@ class Schedule:
             **changes,
         )
 
-    def compute_actions(self, rank: int) -> tuple[Action, ...]:
-        return tuple(a for a in self.actions[rank] if self.kinds[a.kind].compute)
-
     def __len__(self) -> int:
         return sum(len(r) for r in self.actions)
 
