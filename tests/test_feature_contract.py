@@ -283,8 +283,7 @@ def _toy_worker(rank: int, p: int, m: int) -> dict:
         loss_fn=_loss,
         boundary_shape=(MB, 3, HIDDEN),
         recv_timeout_s=60,
-        handler_wrappers=[spy, _tracing("inner", calls)],
-        **parts.executor_kwargs(),
+        **parts.merged(RuntimeParts(handler_wrappers=(spy, _tracing("inner", calls)))).executor_kwargs(),
     )
     ex.wrap_handlers(_tracing("outer", calls))  # registered after construction: runs first
     tokens, targets = _batch(m)

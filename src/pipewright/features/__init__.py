@@ -39,8 +39,11 @@ BUILTIN: tuple[str, ...] = ("vocab", "kfac", "async_weights")
 class RuntimeParts:
     """What a feature adds to the executor: ``handlers`` (kind → ``fn(state, action)``),
     ``output_hooks`` (stage → ``fn(state, action, output) -> output``), ``tensor_specs`` (P2P tensor
-    name → ``fn(action) -> (shape, dtype)``), ``groups`` (name → process group) and ``loss_fn_off``
-    (True when the feature computes the loss itself, so the default loss hook is not installed).
+    name → ``fn(action) -> (shape, dtype)``), ``groups`` (name → process group), ``loss_fn_off``
+    (True when the feature computes the loss itself, so the default loss hook is not installed) and
+    ``handler_wrappers`` (``fn(kind, handler) -> handler`` around every handler, first one innermost:
+    :meth:`~pipewright.runtime.executor.PipelineExecutor.wrap_handlers`; the trainer builds its
+    executors with them once stages and optimizer exist).
 
     What a feature changes in the trainer (:class:`pipewright.runtime.trainer.Trainer`, which names no
     feature): ``schedule`` and ``stages`` replace the compute-only schedule and this rank's stage
@@ -61,6 +64,7 @@ class RuntimeParts:
     batch_everywhere: bool = False
     after_run: Callable[[], None] | None = None
     evaluate: Callable[..., list[float]] | None = None
+    handler_wrappers: tuple[Callable, ...] = ()
 
     def merged(self, other: RuntimeParts) -> RuntimeParts:
         for name in ("handlers", "output_hooks", "tensor_specs", "groups", "parameters"):
@@ -81,6 +85,7 @@ class RuntimeParts:
             self.loss_fn_off or other.loss_fn_off,
             parameters={**self.parameters, **other.parameters},
             batch_everywhere=self.batch_everywhere or other.batch_everywhere,
+            handler_wrappers=self.handler_wrappers + other.handler_wrappers,
             **single,
         )
 
@@ -91,6 +96,7 @@ class RuntimeParts:
             "output_hooks": dict(self.output_hooks),
             "tensor_specs": dict(self.tensor_specs),
             "groups": dict(self.groups),
+            "handler_wrappers": list(self.handler_wrappers),
         }
 
 

@@ -272,7 +272,8 @@ class Trainer:
             s: build_stage(spec, run.layout, s, seed=c.seed, linear_factory=factory).to(self.device)
             for s in self.schedule.stages_of(self.mesh.pp_rank)
         }
-        # what the enabled features change: schedule, stage modules, extra parameters, handlers (collective)
+        # what the enabled features change: schedule, stage modules, extra parameters, handlers and their
+        # wrappers (collective)
         self.parts = training_parts(self)
         if self.parts.schedule is not None:
             self.schedule = self.parts.schedule
@@ -315,7 +316,8 @@ class Trainer:
             loss_fn=None if self.parts.loss_fn_off else self.options.loss_fn(self.loss_fn),
             boundary_shape=self.boundary_shape,
             dtype=self.options.dtype,
-            handlers={**handlers, **(self.extra_handlers() or {})},
+            handlers=handlers,
+            handler_wrappers=list(self.parts.handler_wrappers),  # before the guard's (it wraps them)
             output_hooks=dict(self.parts.output_hooks),
             tensor_specs=dict(self.parts.tensor_specs),
             groups=dict(self.parts.groups),
@@ -344,10 +346,6 @@ class Trainer:
             "model_fingerprint": self.model_fingerprint,
             "tp_shards": shard_layout(self.stages.values(), sharded),
         }
-
-    def extra_handlers(self) -> dict | None:
-        """Executor handlers a subclass adds (called once stages and optimizer exist)."""
-        return None
 
     @property
     def tokens_per_step(self) -> int:

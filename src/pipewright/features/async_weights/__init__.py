@@ -4,9 +4,9 @@ schedule, and the weight memory of each policy. See docs/async-pipelines.md.
 
 The feature adds no action kinds (it uses STEP inside the window) and no cost rules. Its schedules
 live in ``schedules/async_variants.py``: ``async-zb-h1`` is in the default registry,
-``async-interleaved-1f1b`` comes with this bundle (``FEATURE.schedules``). Its runtime part wraps
-the executor's F/B/I/W/STEP handlers (:func:`.trainer.runtime_parts`, context: the
-:class:`.trainer.AsyncTrainer`).
+``async-interleaved-1f1b`` comes with this bundle (``FEATURE.schedules``). Its ``train_runtime``
+(:func:`.trainer.train_runtime`) gives the :class:`.trainer.AsyncTrainer`'s executors a handler
+wrapper around their F/B/I/W/STEP handlers (:meth:`.runtime.AsyncRuntime.wrap`).
 """
 
 from pipewright.features import Feature
@@ -15,7 +15,7 @@ from pipewright.schedules.async_variants import ASYNC_INTERLEAVED
 FEATURE = Feature(
     name="async_weights",
     schedules=(ASYNC_INTERLEAVED,),
-    runtime="pipewright.features.async_weights.trainer:runtime_parts",
+    train_runtime="pipewright.features.async_weights.trainer:train_runtime",
     training="pipewright.features.async_weights.trainer:TRAINING",
     description="asynchronous pipelines: weight stashing, 2BW, PipeOptim prediction, delay compensation",
 )

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from pipewright.errors import ConfigError
 from pipewright.features.async_weights.runtime import AsyncRuntime
 from pipewright.optim import lr_at
-from pipewright.runtime.executor import PipelineExecutor, default_handlers
+from pipewright.runtime.executor import PipelineExecutor
 from pipewright.runtime.timeline import gather_timeline
 from pipewright.runtime.trainer import Trainer
 from pipewright.schedules import build_schedule
@@ -54,13 +54,21 @@ def check_config(config) -> None:
         )
 
 
-def runtime_parts(trainer: AsyncTrainer):
-    """The feature's runtime factory (:data:`pipewright.features.async_weights.FEATURE`): the wrapped
-    handlers of ``trainer``'s stages (builds its :class:`AsyncRuntime`)."""
+def train_runtime(trainer: Trainer):
+    """The feature's ``train_runtime`` (:data:`pipewright.features.async_weights.FEATURE`): an
+    :class:`AsyncTrainer`'s handler wrapper for its executors; empty parts for any other trainer."""
     from pipewright.features import RuntimeParts
 
+    if not isinstance(trainer, AsyncTrainer):
+        return RuntimeParts()
+    return RuntimeParts(handler_wrappers=(trainer.wrap_handler,))
+
+
+def build_runtime(trainer: AsyncTrainer) -> AsyncRuntime:
+    """``trainer``'s :class:`AsyncRuntime` over its stages and optimizer; the trainer's optimizer
+    becomes the one the policy steps with."""
     c = trainer.config
-    trainer.runtime = AsyncRuntime(
+    runtime = AsyncRuntime(
         trainer.schedule,
         trainer.stages,
         dict.fromkeys(trainer.stages, trainer.optimizer),
@@ -75,20 +83,34 @@ def runtime_parts(trainer: AsyncTrainer):
         rank=dist.get_rank() if dist.is_initialized() else 0,
     )
     # a policy may step with another update rule (nesterov): checkpoints save the one in use
-    trainer.optimizer = next(iter(trainer.runtime.stages.values())).optimizer
-    return RuntimeParts(handlers=trainer.runtime.handlers(default_handlers()))
+    trainer.optimizer = next(iter(runtime.stages.values())).optimizer
+    return runtime
 
 
 class AsyncTrainer(Trainer):
     """:class:`~pipewright.runtime.trainer.Trainer` for asynchronous schedules (see the module doc)."""
 
-    def extra_handlers(self) -> dict:
-        from pipewright.features.async_weights import FEATURE
-
+    def __init__(self, run) -> None:
         self._window_start = 0
         self._executors: dict[int, PipelineExecutor] = {}
         self._records: dict[int, dict] = {}
-        return dict(FEATURE.runtime_parts(self).handlers)
+        self._runtime: AsyncRuntime | None = None
+        super().__init__(run)
+
+    @property
+    def runtime(self) -> AsyncRuntime:
+        """The weight policies' runtime, built on first use: when the trainer builds its executor and
+        applies :meth:`wrap_handler`, the first moment its stages and optimizer both exist."""
+        if self._runtime is None:
+            self._runtime = build_runtime(self)
+        return self._runtime
+
+    def wrap_handler(self, kind: str, inner):
+        """The executors' handler wrapper (``RuntimeParts.handler_wrappers``): :meth:`AsyncRuntime.wrap`."""
+        return self.runtime.wrap(kind, inner)
+
+    #: the STEP the wrapper installs all-reduces over dp itself (the executor need not warn)
+    wrap_handler.reduces_gradients = True  # type: ignore[attr-defined]
 
     def _lr(self, k: int) -> float:
         """lr of the update made at window microbatch k: lr_at over updates (period P = 1, or m for
@@ -114,7 +136,7 @@ class AsyncTrainer(Trainer):
                     device=self.device,
                     recv_timeout_s=c.recv_timeout_s,
                     record=True,
-                    handler_wrappers=[self.runtime.wrap],
+                    handler_wrappers=list(self.parts.handler_wrappers),
                     loss_stage=self.executor.loss_stage,
                 )
                 self.guard.attach(self._executors[steps])  # positions, faults, collective timeouts
