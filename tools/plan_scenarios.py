@@ -11,9 +11,9 @@ one 200 Gb/s uplink each) and a mix of GPU kinds (two A100 machines, two H100 ma
 from __future__ import annotations
 
 import argparse
-import json
 import time
-from pathlib import Path
+
+from _table import markdown_table, report_rows
 
 from pipewright.models.presets import resolve_model
 from pipewright.plan.report import make_plan
@@ -96,32 +96,23 @@ def run(name: str, topo: Topology) -> dict:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = [
-        "| topology | GPUs | plan | plan time | × uniform | × Megatron rules | × PipeDream DP |",
-        "|---|---:|---|---:|---:|---:|---:|",
-    ]
-    for r in rows:
-        cells = [
+    header = "topology | GPUs | plan | plan time | × uniform | × Megatron rules | × PipeDream DP"
+    cells = [
+        [r["scenario"], r["devices"], r["plan"], f"{r['plan_s']:.3f} s"]
+        + [
             f"{r[k] / r['plan_s']:.2f}×" if k in r else "does not fit"
             for k in ("uniform", "megatron", "pipedream")
         ]
-        lines.append(
-            f"| {r['scenario']} | {r['devices']} | {r['plan']} | {r['plan_s']:.3f} s | {' | '.join(cells)} |"
-        )
-    return "\n".join(lines)
+        for r in rows
+    ]
+    return markdown_table(header, "lrlrrrr", cells)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", help="also write the rows as JSON here")
     args = parser.parse_args()
-    rows = []
-    for name, build in SCENARIOS.items():
-        rows.append(run(name, build()))
-        print(json.dumps(rows[-1]), flush=True)
-    print(markdown(rows))
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
+    report_rows((run(name, build()) for name, build in SCENARIOS.items()), markdown, args.json)
 
 
 if __name__ == "__main__":

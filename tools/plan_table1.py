@@ -9,9 +9,10 @@ The CSV is read relative to the repository root (../shared/reference/megatron_ta
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
+
+from _table import markdown_table, report_rows
 
 from pipewright.cost.megatron import load_table1
 from pipewright.plan.report import make_plan
@@ -47,17 +48,22 @@ def compare_row(row) -> dict:
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = [
-        "| model | GPUs | published (full recomputation) | time | memory | plan | time | memory | speedup |",
-        "|---|---:|---|---:|---:|---|---:|---:|---:|",
+    header = "model | GPUs | published (full recomputation) | time | memory | plan | time | memory | speedup"
+    cells = [
+        [
+            r["model"],
+            r["gpus"],
+            r["published"],
+            f"{r['published_s']:.2f} s",
+            f"{r['published_gib']:.1f} GiB",
+            r["plan"],
+            f"{r['plan_s']:.2f} s",
+            f"{r['plan_gib']:.1f} GiB",
+            f"{r['speedup']:.2f}×",
+        ]
+        for r in rows
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['model']} | {r['gpus']} | {r['published']} | {r['published_s']:.2f} s "
-            f"| {r['published_gib']:.1f} GiB | {r['plan']} | {r['plan_s']:.2f} s | {r['plan_gib']:.1f} GiB "
-            f"| {r['speedup']:.2f}× |"
-        )
-    return "\n".join(lines)
+    return markdown_table(header, "lrlrrlrrr", cells)
 
 
 def main() -> None:
@@ -67,13 +73,7 @@ def main() -> None:
     args = parser.parse_args()
     table = load_table1(CSV)
     pick = [int(x) - 1 for x in args.rows.split(",")] if args.rows else range(len(table))
-    out = []
-    for i in pick:
-        out.append(compare_row(table[i]))
-        print(json.dumps(out[-1]), flush=True)
-    print(markdown(out))
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+    report_rows((compare_row(table[i]) for i in pick), markdown, args.json)
 
 
 if __name__ == "__main__":

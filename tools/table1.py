@@ -10,29 +10,29 @@ from __future__ import annotations
 
 import argparse
 
+from _table import markdown_table
+
 from pipewright.cost.megatron import TABLE1, closed_form_iteration_time, load_table1
 from pipewright.cost.transformer import A100_EFFICIENCY
 from pipewright.plan.table1 import predict_table1_row, simulated_iteration_time
 
 
 def markdown(rows, efficiency=A100_EFFICIENCY) -> str:
-    lines = [
-        "| model | t | p | d | v | b | m | GPUs | published TFLOP/s "
-        "| simulated | error | closed form | error |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
+    header = (
+        "model | t | p | d | v | b | m | GPUs | published TFLOP/s | simulated | error | closed form | error"
+    )
     worst = {"sim": 0.0, "closed": 0.0}
+    cells = []
     for row in rows:
-        cells = []
+        line: list[object] = [row.name, row.tp, row.pp, row.dp, row.virtual_chunks, row.microbatch]
+        line += [row.microbatches, row.gpus, f"{row.tflops_per_gpu:g}"]
         for key, timer in (("sim", simulated_iteration_time), ("closed", closed_form_iteration_time)):
             predicted = predict_table1_row(row, efficiency, timer)
             error = predicted / row.tflops_per_gpu - 1
             worst[key] = max(worst[key], abs(error))
-            cells.append(f"{predicted:.1f} | {error:+.1%}")
-        lines.append(
-            f"| {row.name} | {row.tp} | {row.pp} | {row.dp} | {row.virtual_chunks} | {row.microbatch} "
-            f"| {row.microbatches} | {row.gpus} | {row.tflops_per_gpu:g} | {' | '.join(cells)} |"
-        )
+            line += [f"{predicted:.1f}", f"{error:+.1%}"]
+        cells.append(line)
+    lines = [markdown_table(header, "l" + "r" * 12, cells)]
     lines.append("")
     lines.append(
         f"Efficiency: gemm {efficiency.gemm}, memory_traffic {efficiency.memory_traffic}, "
