@@ -485,6 +485,8 @@ def test_trainer_refuses_bad_async_options():
         resolve_schedule(TrainConfig(schedule="async-1f1b", weight_policy="magic"))
     with pytest.raises(ConfigError, match="microbatches"):
         resolve_schedule(TrainConfig(schedule="async-1f1b", weight_policy="2bw", pp=4, microbatches=2))
+    with pytest.raises(ConfigError, match="run with --optimizer adamw or sgd \\(got kfac\\)"):
+        resolve_schedule(TrainConfig(schedule="async-1f1b", optimizer="kfac"))
 
 
 def test_memory_model_per_policy():

@@ -36,6 +36,13 @@ def check_config(config) -> None:
         )
     if config.tp > 1:
         raise ConfigError("asynchronous schedules run without tensor parallelism; use --tp 1")
+    if config.optimizer not in ("adamw", "sgd"):
+        # the policies version and predict the stage parameters' plain optimizer updates; an optimizer
+        # whose work runs inside the schedule (K-FAC) has no bubbles to fill here
+        raise ConfigError(
+            f"asynchronous schedules run with --optimizer adamw or sgd (got {config.optimizer}); "
+            "K-FAC fills the bubbles of synchronous schedules"
+        )
     # recomputation would rerun the forward on the live weights, not the policy's; the fp32 masters
     # and ZeRO shards are not the stage parameters the policies version
     for name, plain in (("recompute", "none"), ("precision", "fp32")):
