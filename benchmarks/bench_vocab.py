@@ -230,7 +230,7 @@ def main() -> None:
     print(
         "| V | case | median step (ms) | IQR (ms) | over naive | parameters per rank (M) | spread "
         "| compute-pass CPU per step per rank (ms) | spread | compute passes without waits (ms) | spread "
-        "| peak RSS per rank (MiB) |"
+        "| peak RSS per rank, all cases (MiB) |"
     )
     print("|---:|---|---:|---:|---:|---|---:|---|---:|---|---:|---|")
     for vocab in (int(v) for v in args.vocab.split(",")):
