@@ -21,9 +21,8 @@ from pipewright.features.vocab.cost import (
     redistribute_cost,
     vocab_cost,
 )
-from pipewright.features.vocab.insert import PlacementCosts, insert_vocab
-from pipewright.features.vocab.kinds import COLLECTIVE_KINDS
-from pipewright.ir import Action, Schedule
+from pipewright.features.vocab.insert import insert_vocab
+from pipewright.features.vocab.options import placement_costs
 from pipewright.models.spec import ModelSpec
 from pipewright.schedules.registry import build_schedule
 from pipewright.sim.engine import simulate
@@ -57,13 +56,6 @@ class Row:
     peak_memory_gib: float
     min_memory_gib: float
     layout: str = ""
-
-
-def placement_costs(cost, schedule: Schedule) -> PlacementCosts:
-    """The pass's durations from a VocabCost (compute on its rank, collectives over the vocab group)."""
-    coll = {k: cost.collective_time(k) for k in COLLECTIVE_KINDS}
-    p2p = cost.inner.comm.p2p_time(0, 1, cost.inner.message_bytes(Action(0, "SEND_F", 0), schedule))
-    return PlacementCosts(lambda a: cost.compute_time(a, schedule), coll, p2p)
 
 
 def run(

@@ -34,7 +34,9 @@ HELP = (
 
 
 def placement_costs(cost, schedule: Schedule) -> PlacementCosts:
-    """The insertion pass's durations from a cost model (VocabCost: collectives over the vocab group)."""
+    """The insertion pass's durations from a cost model: compute on its rank; for a VocabCost also the
+    collectives over the vocab group and one stage-boundary transfer (``simulate --vocab-parallel`` and
+    :mod:`.experiment` both place by it)."""
     coll = {k: cost.collective_time(k) for k in COLLECTIVE_KINDS} if isinstance(cost, VocabCost) else {}
     p2p = 0.0
     if isinstance(cost, VocabCost) and schedule.num_ranks > 1:
