@@ -144,11 +144,7 @@ class PipeComm:
                 f"rank {self.mesh.rank} (pp {self.mesh.pp_rank}): {action} received nothing from rank "
                 f"{self.mesh.pp_peer(src)} (pp {src}) within {self.timeout_s:g} s"
             )
-        if self.scatter_gather:
-            shape = self.recv_spec(action)[0]
-            if self._piece(math.prod(shape)) is not None:
-                return self._gather(buf, shape)
-        return buf
+        return self._full(action, buf)
 
     def has_pending_receive(self, action: Action) -> bool:
         """Whether ``action``'s receive is posted and not yet consumed."""
@@ -166,6 +162,11 @@ class PipeComm:
         """Consume ``action``'s receive whose work the caller has already waited on (see
         :meth:`pending_receive`); returns its tensor (gathered over tp under scatter/gather)."""
         _, buf = self._recvs.pop(action)
+        return self._full(action, buf)
+
+    def _full(self, action: Action, buf: torch.Tensor) -> torch.Tensor:
+        """The whole tensor of ``action``'s received ``buf``: all-gathered over tp when only a piece
+        came (scatter/gather), else ``buf`` itself."""
         if self.scatter_gather:
             shape = self.recv_spec(action)[0]
             if self._piece(math.prod(shape)) is not None:
