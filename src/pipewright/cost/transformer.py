@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from pipewright.cost.comm import Mesh, TopologyComm
-from pipewright.cost.placement import layer_counts, roles, uniform_counts
+from pipewright.cost.placement import layer_counts, roles
 from pipewright.errors import ConfigError
 from pipewright.hardware import accelerator
 from pipewright.ir import RECV_B, RECV_F, REDUCE_GRAD, SEND_B, SEND_F, Action, B, F, I, Schedule, W
@@ -124,11 +124,6 @@ def default_topology(gpu: str, devices: int) -> Topology:
     per_node = min(devices, 8)
     intra = "nvlink" if accelerator(gpu).nvlink else "pcie4"
     return cluster(math.ceil(devices / per_node), per_node, gpu, intra=intra)
-
-
-def uniform_layout(layers: int, chunks: int) -> tuple[int, ...]:
-    """Layers per chunk: ⌊l/n⌋ each, the first l mod n chunks one more."""
-    return uniform_counts(layers, chunks)
 
 
 @dataclass(frozen=True)

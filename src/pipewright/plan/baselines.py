@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from pipewright.models.layout import uniform_layer_counts
 from pipewright.plan.costs import parts, stage_cost
 from pipewright.plan.mapping import given_order
 from pipewright.plan.partition import DoesNotFitError, StageTerms, dp_partition, uniform
@@ -52,9 +53,7 @@ def _run(
 def uniform_baseline(ctx: _Context, plan: Candidate) -> Evaluated | None:
     """The plan's degrees with a uniform partition and the devices as given."""
     if plan.virtual > 1:
-        from pipewright.cost.transformer import uniform_layout
-
-        chunks = uniform_layout(ctx.problem.spec.layers, plan.pp * plan.virtual)
+        chunks = uniform_layer_counts(ctx.problem.spec.layers, plan.pp * plan.virtual)
         ranks = [sum(chunks[k * plan.pp + r] for k in range(plan.virtual)) for r in range(plan.pp)]
         ev = _run(ctx, plan, "uniform", ranks, check_fit=False)
         if ev is not None:

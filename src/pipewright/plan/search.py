@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from pipewright.errors import ConfigError, PipewrightError
+from pipewright.models.layout import uniform_layer_counts
 from pipewright.plan.costs import StageCost, parts, stage_cost
 from pipewright.plan.mapping import DeviceMap, device_order, map_devices, slowest_first
 from pipewright.plan.partition import (
@@ -253,7 +254,6 @@ def refine(prob: Problem, ev: Evaluated, budget: int | None = None) -> Evaluated
     improvement is taken until none is left or ``budget`` simulations are spent. (Stages with equal
     bottleneck still differ in fill and drain, and the closed form cannot see which order of heavy and
     light stages, or of fast and slow devices, the schedule prefers.)"""
-    from pipewright.cost.transformer import uniform_layout
     from pipewright.plan.mapping import given_order
 
     c = ev.candidate
@@ -292,7 +292,7 @@ def refine(prob: Problem, ev: Evaluated, budget: int | None = None) -> Evaluated
 
     seen = {(ev.chunk_layers, ev.devices)}
     best = ev
-    uni = tuple(uniform_layout(prob.spec.layers, p * v))
+    uni = uniform_layer_counts(prob.spec.layers, p * v)
     given = given_order(prob.topology, c.tp, p, c.dp).ranks
     for start in ((uni, ev.devices), (ev.chunk_layers, given), (uni, given)):
         if start in seen:
