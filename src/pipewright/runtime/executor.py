@@ -202,17 +202,24 @@ CORE_TENSORS: dict[str, Callable[[RunState, Action], torch.Tensor]] = {
 
 
 def _reduce_grad(state: RunState, a: Action) -> None:
+    start_reduction(state, a.stage)
+
+
+def start_reduction(state: RunState, stage: int, dtype: torch.dtype | None = None) -> None:
+    """Start stage's asynchronous data-parallel all-reduce of its gradients (zeros for a parameter that
+    has none), flattened into one buffer, summed in ``dtype`` (default: the gradients' own);
+    :func:`finish_reduction` waits for it and writes the average back."""
     ex = state.executor
     if ex.mesh.dp == 1:
         return
-    params = [p for p in ex.stages[a.stage].parameters() if p.requires_grad]
+    params = [p for p in ex.stages[stage].parameters() if p.requires_grad]
     for p in params:
         if p.grad is None:
             p.grad = torch.zeros_like(p)
     grads = [p.grad for p in params]
-    flat = torch.cat([g.reshape(-1) for g in grads])
+    flat = torch.cat([g.reshape(-1) if dtype is None else g.reshape(-1).to(dtype) for g in grads])
     work = dist.all_reduce(flat, group=ex.mesh.dp_group, async_op=True)
-    state.reductions[a.stage] = (work, flat, grads)
+    state.reductions[stage] = (work, flat, grads)
 
 
 def finish_reduction(state: RunState, stage: int) -> None:

@@ -24,9 +24,9 @@ from collections.abc import Mapping as MappingT
 from types import MappingProxyType
 
 import torch
-import torch.distributed as dist
 
 from pipewright.errors import ConfigError
+from pipewright.runtime.executor import start_reduction
 
 PRECISIONS: MappingT[str, torch.dtype] = MappingProxyType(
     {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -92,14 +92,4 @@ def reduce_grad_fp32(state, action) -> None:
     """REDUCE_GRAD handler: the executor's asynchronous data-parallel all-reduce of the stage's
     gradients, summed in fp32 (the averaged result is written back into the compute-dtype gradients
     by the executor's ``finish_reduction``)."""
-    ex = state.executor
-    if ex.mesh.dp == 1:
-        return
-    params = [p for p in ex.stages[action.stage].parameters() if p.requires_grad]
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-    grads = [p.grad for p in params]
-    flat = torch.cat([g.reshape(-1).float() for g in grads])
-    work = dist.all_reduce(flat, group=ex.mesh.dp_group, async_op=True)
-    state.reductions[action.stage] = (work, flat, grads)
+    start_reduction(state, action.stage, torch.float32)
