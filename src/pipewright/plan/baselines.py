@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pipewright.models.layout import uniform_layer_counts
 from pipewright.plan.costs import parts, stage_cost
 from pipewright.plan.mapping import given_order
-from pipewright.plan.partition import DoesNotFitError, StageTerms, dp_partition, uniform
+from pipewright.plan.partition import DoesNotFitError, StageTerms, dp_partition
 from pipewright.plan.search import Candidate, Evaluated, Problem, _Context, estimate, simulate_plan
 
 
@@ -38,7 +38,7 @@ def _run(
 ) -> Evaluated | None:
     prob = ctx.problem
     dmap = given_order(prob.topology, c.tp, c.pp, c.dp)
-    per_rank = layers if layers is not None else uniform(prob.spec.layers, c.pp)
+    per_rank = layers if layers is not None else uniform_layer_counts(prob.spec.layers, c.pp)
     try:
         ev = estimate(ctx, c, dmap, layers=tuple(per_rank))
     except DoesNotFitError:

@@ -282,12 +282,6 @@ def partition(terms: Sequence[StageTerms], num_layers: int, weights=None, min_la
     return bisect_partition(terms, num_layers, weights, min_layers)
 
 
-def uniform(num_layers: int, stages: int) -> tuple[int, ...]:
-    """⌊L/p⌋ layers per stage, the first L mod p stages one more (Megatron's default)."""
-    q, r = divmod(num_layers, stages)
-    return tuple(q + (i < r) for i in range(stages))
-
-
 def chunk_layout(rank_layers: Sequence[int], virtual: int) -> tuple[int, ...]:
     """Layers per chunk (stage c = k·p + r on rank r) from layers per rank: each rank's layers split
     over its v chunks as evenly as possible (later chunks get the remainder, so the last chunk of the
