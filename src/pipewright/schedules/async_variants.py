@@ -18,7 +18,7 @@ from __future__ import annotations
 from fractions import Fraction
 
 from pipewright.ir import STEP, Action, B, Schedule, W
-from pipewright.schedules.classic import check_interleaved, interleaved_1f1b
+from pipewright.schedules.classic import check_interleaved, interleaved_1f1b, interleaved_memory
 from pipewright.schedules.registry import ScheduleInfo
 from pipewright.schedules.zero_bubble import zb_h1
 
@@ -66,7 +66,7 @@ SCHEDULES = (
 ASYNC_INTERLEAVED = ScheduleInfo(
     name="async-interleaved-1f1b",
     build=async_interleaved_1f1b,
-    memory=lambda p, m, v: [Fraction(min(2 * (p - r - 1) + (v - 1) * p + 1, v * m), v) for r in range(p)],
+    memory=interleaved_memory,
     bubble="0 in steady state (no flush)",
     memory_formula="as interleaved-1f1b; weight versions per chunk from its order",
     source="Narayanan et al., SC21 (interleaved 1F1B), made asynchronous as PipeDream",

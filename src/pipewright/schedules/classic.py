@@ -143,7 +143,9 @@ def looped_bfs(p: int, m: int, v: int = 2) -> Schedule:
     return _schedule("looped-bfs", p, m, rows, v)
 
 
-def _interleaved_memory(p: int, m: int, v: int) -> list[Fraction]:
+def interleaved_memory(p: int, m: int, v: int) -> list[Fraction]:
+    """Peak activation memory of interleaved 1F1B on each rank, in microbatches: its warm-up forwards
+    plus one, capped at v·m, chunk-microbatches of 1/v each."""
     return [Fraction(min(interleaved_warmup(p, m, v, r) + 1, m * v), v) for r in range(p)]
 
 
@@ -167,7 +169,7 @@ SCHEDULES = (
     ScheduleInfo(
         name="interleaved-1f1b",
         build=interleaved_1f1b,
-        memory=_interleaved_memory,
+        memory=interleaved_memory,
         bubble="(p − 1)/(v·m)",
         memory_formula="min(2(p − r − 1) + (v − 1)·p + 1, v·m)/v on rank r",
         source="Narayanan et al., Megatron-LM PTD-P, SC21; order of Megatron-Core",
