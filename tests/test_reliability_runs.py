@@ -146,6 +146,60 @@ def test_a_stalled_dp_all_reduce_stops_the_run_with_every_rank_position(data, tm
     assert all(row.count("[") <= 1 for row in grid.values())
 
 
+def _report(error: str, out: Path) -> list[str]:
+    """The lines of ``out``'s hang report after its first (which repeats the error line)."""
+    assert error.endswith(f"every rank's position in {out / 'hang-report.txt'}"), error
+    return (out / "hang-report.txt").read_text().split("\n\n", 1)[1].splitlines()
+
+
+@pytest.mark.slow
+def test_a_stalled_checkpoint_save_or_evaluation_stops_with_every_rank_position(
+    data, tmp_path, monkeypatch, capsys
+):
+    # two runs at once. Save: rank 1 stalls as it starts writing its shards of step_2; rank 0 waits in
+    # DCP's collective for them, bounded by --collective-timeout (its process group's timeout).
+    save = tmp_path / "save"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT / "src"),
+        "PIPEWRIGHT_FAULTS": "stall-save:rank=1:step=2:ms=60000",
+    }
+    args = [*TINY, "--data", data, "--steps", "2", "--recv-timeout", "120", "--collective-timeout", "2"]
+    cmd = [sys.executable, "-m", "pipewright", "train", *args, "--out", str(save)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        # Evaluation: rank 1 stalls at position 0 of the first of the 2 batches after step 2; rank 0 runs
+        # that batch's forwards (rank 1's receives are posted), then waits for its sends of the second
+        monkeypatch.setenv("PIPEWRIGHT_FAULTS", "stall-eval:rank=1:step=2:ms=60000")
+        evaluate = tmp_path / "evaluate"
+        args = [*TINY, "--data", data, "--steps", "2", "--eval-every", "2", "--recv-timeout", "2"]
+        assert main(["train", *args, "--collective-timeout", "2", "--out", str(evaluate)]) == 2
+        output, _ = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    lines = _report(error, evaluate)
+    waited = "0SEND_F0 was not received by rank 1 within 2 s (evaluating after step 2)"
+    assert f"HangError: hang: rank 0 (pp 0): {waited}" in error, error
+    assert lines[:2] == [
+        "rank 0 (pp 0): evaluating after step 2, position 7 0SEND_F3",
+        "rank 1 (pp 1): evaluating after step 2, position 0 1RECV_F0",
+    ]
+    grid = lines[3:5]  # the forward-only schedule, each rank's cell in brackets
+    assert grid[0].split()[-1] == "[0SEND_F3]" and "[1RECV_F0]" in grid[1].split(), lines
+    assert proc.returncode == 2, output
+    error = output.strip().splitlines()[-1]
+    stage = "saving checkpoint step_2, waiting for the other ranks' shards"
+    assert f"HangError: hang: rank 0 (pp 0): {stage}: a collective did not complete within 2 s" in error, (
+        error
+    )
+    assert _report(error, save) == [
+        f"rank 0 (pp 0): {stage}",
+        "rank 1 (pp 1): saving checkpoint step_2, writing its shards",
+    ]
+    assert not (save / "checkpoints" / "latest").exists()  # the save never committed
+
+
 # ------------------------------------------------------------------------------------------- two hosts
 
 

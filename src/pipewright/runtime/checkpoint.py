@@ -15,8 +15,9 @@ Integrity: ``meta.json`` also records every file of the checkpoint with its size
 (``files``), computed by rank 0 once all ranks have written. :func:`resumable_checkpoint` verifies
 them and, when the newest checkpoint is truncated or corrupted, logs which file is wrong and falls back
 to the previous complete checkpoint; ``keep`` > 0 deletes all but the newest ``keep`` complete
-checkpoints after each save. ``before_commit`` (fault injection, tests) runs on every rank after the
-shards are written and before the rename.
+checkpoints after each save. ``progress`` (the run guard: hang reports, fault injection) hears each
+rank's stage of the save (:data:`SAVE_STAGES`): starting, writing its shards, waiting in DCP's
+collective for the other ranks' shards, committing (every rank's shards written, before the rename).
 
 Extra state: an optimizer that implements :class:`ExtraState` (a feature's optimizer, e.g. K-FAC's
 factors and inverses, its interval counters and its refresh in progress) adds tensors under
@@ -57,6 +58,15 @@ _STEP_DIR = re.compile(r"step_(\d+)")
 
 
 EXTRA = "extra/"
+
+#: The stages of a save as :func:`save_checkpoint` reports them to ``progress``: key → what a hang
+#: report says this rank is doing.
+SAVE_STAGES = {
+    "start": "starting",
+    "write": "writing its shards",
+    "wait": "waiting for the other ranks' shards",
+    "commit": "committing",
+}
 
 
 class CheckpointError(ConfigError):
@@ -117,6 +127,22 @@ def _barrier() -> None:
         dist.barrier()
 
 
+class _ReportingWriter(dcp.FileSystemWriter):
+    """DCP's file writer that tells ``progress`` when this rank starts writing its shards and when it
+    is done (it then waits in DCP's collective for the other ranks' results)."""
+
+    def __init__(self, path: Path, progress: Callable[[str], None]) -> None:
+        super().__init__(str(path))
+        self._progress = progress
+
+    def write_data(self, plan, planner):
+        self._progress("write")
+        written = super().write_data(plan, planner)
+        written.wait()
+        self._progress("wait")
+        return written
+
+
 def save_checkpoint(
     ckpt_dir: str | Path,
     step: int,
@@ -125,10 +151,13 @@ def save_checkpoint(
     *,
     meta: Mapping[str, object],
     keep: int = 0,
-    before_commit: Callable[[Path], None] | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> Path:
     """Save after ``step`` completed steps into ``ckpt_dir/step_K`` atomically (see module docstring).
-    Collective: every rank calls it. ``meta`` (JSON) must hold the config ``fingerprint``."""
+    Collective: every rank calls it. ``meta`` (JSON) must hold the config ``fingerprint``.
+    ``progress(stage)``: called on every rank at each stage of :data:`SAVE_STAGES`."""
+    progress = progress or (lambda stage: None)
+    progress("start")
     ckpt_dir = Path(ckpt_dir)
     rank = dist.get_rank() if dist.is_initialized() else 0
     final = ckpt_dir / f"step_{step}"
@@ -140,10 +169,9 @@ def save_checkpoint(
     state = _state_dict(params, optimizer, rank)
     if isinstance(optimizer, ExtraState):
         state.update({EXTRA + k: v for k, v in optimizer.extra_state().items()})
-    dcp.save(state, checkpoint_id=str(tmp))
+    dcp.save(state, checkpoint_id=str(tmp), storage_writer=_ReportingWriter(tmp, progress))
     _barrier()
-    if before_commit is not None:
-        before_commit(tmp)
+    progress("commit")
     if rank == 0:
         record = {"step": step, **meta, "files": file_manifest(tmp)}
         (tmp / META).write_text(json.dumps(record, indent=1, default=str))

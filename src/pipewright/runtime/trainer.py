@@ -369,16 +369,12 @@ class Trainer:
         return int(meta["step"])
 
     def save(self, done: int) -> Path:
-        return save_checkpoint(
-            self.run.out_dir / "checkpoints",
-            done,
-            self.named_shards,
-            self.optimizer,
-            meta=self.meta
-            if self.options.scaler is None
-            else {**self.meta, "loss_scaler": self.options.scaler.state()},
-            **self.guard.save_options(done),
-        )
+        """Checkpoint after ``done`` steps (collective); a stalled save is reported by the guard."""
+        scaler = self.options.scaler
+        meta = self.meta if scaler is None else {**self.meta, "loss_scaler": scaler.state()}
+        with self.guard.saving(done) as options:
+            folder = self.run.out_dir / "checkpoints"
+            return save_checkpoint(folder, done, self.named_shards, self.optimizer, meta=meta, **options)
 
     def forward_backward(self, step: int) -> float:
         """Zero the gradients and run the schedule on global batch ``step``; gradients end up reduced
@@ -438,19 +434,21 @@ class Trainer:
             **({"skipped": True} if skipped else {}),
         }
 
-    def evaluate(self) -> float:
+    def evaluate(self, done: int = 0) -> float:
         """Validation loss: mean token cross-entropy over ``eval_batches`` fixed global batches of the
-        held-out split, each run forward-only through the schedule (:meth:`PipelineExecutor.evaluate`)."""
+        held-out split, each run forward-only through the schedule (:meth:`PipelineExecutor.evaluate`).
+        ``done``: the steps done (a stalled evaluation is reported by the guard as after it)."""
         losses: list[float] = []
         evaluate = self.parts.evaluate or (lambda executor, xs, ys: executor.evaluate(xs, ys))
-        for j in range(self.config.eval_batches):
-            xs, ys = local_batches(self.run, self.dataset, "val", j, self.mesh.dp_rank)
-            losses += evaluate(
-                self.executor,
-                [x.to(self.device) for x in xs] if self.first else None,
-                [y.to(self.device) for y in ys] if self.last else None,
-            )
-        return self.executor.global_loss(losses)
+        with self.guard.evaluation(done):
+            for j in range(self.config.eval_batches):
+                xs, ys = local_batches(self.run, self.dataset, "val", j, self.mesh.dp_rank)
+                losses += evaluate(
+                    self.executor,
+                    [x.to(self.device) for x in xs] if self.first else None,
+                    [y.to(self.device) for y in ys] if self.last else None,
+                )
+            return self.executor.global_loss(losses)
 
 
 def train_worker(rank: int, run: PreparedRun) -> TrainResult | None:
@@ -472,7 +470,7 @@ def train_worker(rank: int, run: PreparedRun) -> TrainResult | None:
         record = trainer.train_step(step)
         done = step + 1
         if c.eval_every and (done % c.eval_every == 0 or done == c.steps):
-            record["val_loss"] = val_losses[step] = trainer.evaluate()
+            record["val_loss"] = val_losses[step] = trainer.evaluate(done)
         losses.append(record["loss"])
         if writer is not None:
             writer.write(record)
