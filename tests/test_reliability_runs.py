@@ -86,30 +86,62 @@ def test_killed_worker_and_killed_checkpoint_write_restart_to_the_same_losses(
     assert not list((out / "checkpoints").glob("*.tmp"))
 
 
-@pytest.mark.slow
-def test_sigterm_checkpoints_the_current_step_and_resume_reproduces(reference, data, tmp_path):
-    out = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PIPEWRIGHT_FAULTS": "pause:step=3:ms=60000"}
-    cmd = [sys.executable, "-m", "pipewright", "train", *TINY, "--data", data, "--out", str(out)]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def _start(args: list[str], out: Path, faults: str = "") -> subprocess.Popen:
+    """``pipewright train args --out out`` in a subprocess (``faults``: its PIPEWRIGHT_FAULTS)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PIPEWRIGHT_FAULTS": faults}
+    cmd = [sys.executable, "-m", "pipewright", "train", *args, "--out", str(out)]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _sigterm_after(proc: subprocess.Popen, out: Path, steps: int) -> tuple[int, str]:
+    """SIGTERM ``proc`` (a launcher) once ``steps`` steps are in ``out/metrics.jsonl``, as a scheduler
+    would; its exit status and output."""
     try:
         metrics = out / "metrics.jsonl"
         deadline = time.monotonic() + 240
-        while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 3):
+        while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= steps):
             assert proc.poll() is None and time.monotonic() < deadline, (
                 proc.stdout.read() if proc.stdout else ""
             )
             time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)  # to the launcher, as a scheduler would; the workers are in step 3
+        proc.send_signal(signal.SIGTERM)
         output, _ = proc.communicate(timeout=240)
     finally:
         proc.kill()
-    assert proc.returncode == PREEMPTED_EXIT_CODE, output
+    return proc.returncode, output
+
+
+@pytest.mark.slow
+def test_sigterm_checkpoints_the_current_step_and_resume_reproduces(reference, data, tmp_path):
+    out = tmp_path / "run"
+    proc = _start([*TINY, "--data", data], out, "pause:step=3:ms=60000")
+    status, output = _sigterm_after(proc, out, 3)  # the workers are in step 3
+    assert status == PREEMPTED_EXIT_CODE, output
     assert "preempted (SIGTERM) after step 4" in output
     assert (out / "checkpoints" / "latest").read_text().strip() == "step_4"
     assert len(_losses(out)) == 4
     assert main(["train", *TINY, "--data", data, "--out", str(out), "--resume"]) == 0
     assert _losses(out) == pytest.approx(reference, rel=1e-6)
+
+
+ASYNC = [*TINY, "--schedule", "async-1f1b", "--weight-policy", "stash"]
+
+
+@pytest.mark.slow
+def test_sigterm_in_an_asynchronous_window_checkpoints_its_end_and_resume_reproduces(data, tmp_path):
+    # windows of 2 steps (they end at checkpoints): the ranks agree on the SIGTERM after the window
+    # [2, 4) they are paused in, checkpoint step_4 and stop; --resume continues with the same windows.
+    # The uninterrupted run meanwhile.
+    out, reference = tmp_path / "run", tmp_path / "reference"
+    proc = _start([*ASYNC, "--data", data], out, "pause:step=2:ms=60000")
+    assert main(["train", *ASYNC, "--data", data, "--out", str(reference)]) == 0
+    status, output = _sigterm_after(proc, out, 2)
+    assert status == PREEMPTED_EXIT_CODE, output
+    assert "preempted (SIGTERM) after step 4" in output
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step_4"
+    assert len(_losses(out)) == 4
+    assert main(["train", *ASYNC, "--data", data, "--out", str(out), "--resume"]) == 0
+    assert _losses(out) == pytest.approx(_losses(reference), rel=1e-6)
 
 
 @pytest.mark.slow

@@ -196,11 +196,7 @@ class RunGuard:
         if self.faults:
             self.faults.corrupt_gradients(step, {s: list(m.parameters()) for s, m in self.stages.items()})
         local_bad = self.check_gradients and nonfinite.local_flag(self.stages)
-        flags = [local_bad, self.preemption.requested]
-        try:
-            bad, preempt = nonfinite.agree_flags(flags, self.mesh.device, self.collective_timeout_s)
-        except CollectiveTimeout as exc:
-            raise CollectiveTimeout(f"{self._label()}: {exc}") from None
+        bad, preempt = self._agree(local_bad)
         self.stop_requested = self.stop_requested or preempt
         if not bad and not nonfinite.loss_finding(loss):
             return True
@@ -215,6 +211,22 @@ class RunGuard:
         for m in self.stages.values():
             m.zero_grad(set_to_none=True)
         return False
+
+    def _agree(self, local_bad: bool) -> list[bool]:
+        """Collective: [anyone saw non-finite values, anyone got a SIGTERM] (one all-reduce)."""
+        flags = [local_bad, self.preemption.requested]
+        try:
+            return nonfinite.agree_flags(flags, self.mesh.device, self.collective_timeout_s)
+        except CollectiveTimeout as exc:
+            raise CollectiveTimeout(f"{self._label()}: {exc}") from None
+
+    def preempted(self, step: int) -> bool:
+        """Collective: whether any rank got a SIGTERM, for loops whose ranks meet less often than every
+        optimizer step (asynchronous windows); setting :attr:`stop_requested` is the caller's, once
+        its state is that of a whole step. Timeouts are reported as in :meth:`iteration`."""
+        with self._watch():
+            self.board.set(step, "preemption check")
+            return self._agree(False)[1]
 
     def close(self) -> None:
         self.board.close()
