@@ -140,8 +140,21 @@ def test_sigterm_in_an_asynchronous_window_checkpoints_its_end_and_resume_reprod
     assert "preempted (SIGTERM) after step 4" in output
     assert (out / "checkpoints" / "latest").read_text().strip() == "step_4"
     assert len(_losses(out)) == 4
+    # meanwhile, a copy resumed with the nesterov policy, which steps with NAdam: one line, before loading
+    shutil.copytree(out, tmp_path / "nesterov")
+    other = _start([*ASYNC, "--data", data, "--resume", "--weight-policy", "nesterov"], tmp_path / "nesterov")
     assert main(["train", *ASYNC, "--data", data, "--out", str(out), "--resume"]) == 0
     assert _losses(out) == pytest.approx(_losses(reference), rel=1e-6)
+    output, _ = other.communicate(timeout=240)
+    assert other.returncode == 2, output
+    step_4 = tmp_path / "nesterov" / "checkpoints" / "step_4"
+    stash, nesterov = "--optimizer adamw --weight-policy stash", "--optimizer adamw --weight-policy nesterov"
+    last = output.strip().splitlines()[-1]
+    assert last.endswith(
+        f"ConfigError: --resume: checkpoint {step_4} holds the optimizer state of {stash} (AdamW: exp_avg, "
+        f"exp_avg_sq, step) but this run has {nesterov} (NAdam: exp_avg, exp_avg_sq, mu_product, step); "
+        f"resume with {stash}, or start a new --out"
+    ), output
 
 
 @pytest.mark.slow

@@ -19,6 +19,12 @@ checkpoints after each save. ``progress`` (the run guard: hang reports, fault in
 rank's stage of the save (:data:`SAVE_STAGES`): starting, writing its shards, waiting in DCP's
 collective for the other ranks' shards, committing (every rank's shards written, before the rename).
 
+Update rule: ``meta.json`` records the class of the optimizer whose state was saved
+(``update_rule``), and a resume refuses, in one line, an optimizer whose per-parameter state slots
+differ from the stored ones (AdamW's ``exp_avg``/``exp_avg_sq``/``step`` against SGD's
+``momentum_buffer``, or NAdam's extra ``mu_product``): the slots are read from DCP's metadata, so
+checkpoints from before the record are checked too.
+
 Extra state: an optimizer that implements :class:`ExtraState` (a feature's optimizer, e.g. K-FAC's
 factors and inverses, its interval counters and its refresh in progress) adds tensors under
 ``extra/<its keys>`` with the rest, and chooses what to read back on load.
@@ -37,7 +43,7 @@ import os
 import re
 import shutil
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -58,6 +64,7 @@ _STEP_DIR = re.compile(r"step_(\d+)")
 
 
 EXTRA = "extra/"
+OPTIM = "optim/"
 
 #: The stages of a save as :func:`save_checkpoint` reports them to ``progress``: key → what a hang
 #: report says this rank is doing.
@@ -67,6 +74,8 @@ SAVE_STAGES = {
     "wait": "waiting for the other ranks' shards",
     "commit": "committing",
 }
+#: The settings (TrainConfig fields) that choose the update rule, named when a resume's differs.
+UPDATE_SETTINGS = ("optimizer", "weight_policy", "kfac_base")
 
 
 class CheckpointError(ConfigError):
@@ -173,7 +182,7 @@ def save_checkpoint(
     _barrier()
     progress("commit")
     if rank == 0:
-        record = {"step": step, **meta, "files": file_manifest(tmp)}
+        record = {"step": step, **meta, "update_rule": type(optimizer).__name__, "files": file_manifest(tmp)}
         (tmp / META).write_text(json.dumps(record, indent=1, default=str))
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
@@ -317,6 +326,42 @@ def same_model(meta: Mapping, fingerprint: str, model_fingerprint: str | None = 
     return model_fingerprint is not None and meta.get("model_fingerprint") == model_fingerprint
 
 
+def _slots(keys: Iterable[str]) -> set[str]:
+    """The per-parameter optimizer slots among checkpoint keys ``optim/<parameter>/<slot>``."""
+    return {k.rsplit("/", 1)[1] for k in keys if k.startswith(OPTIM)}
+
+
+def check_update_rule(
+    path: Path,
+    meta: Mapping,
+    optimizer: torch.optim.Optimizer,
+    keys: Iterable[str],
+    stored: Iterable[str],
+    settings: Mapping[str, object] | None = None,
+) -> None:
+    """One-line ConfigError when the checkpoint's optimizer slots (in ``stored``, its keys) are not
+    this run's (in ``keys``): loading would leave slots unset or fill them from another update rule.
+    The message names the checkpoint's settings (its config) and this run's (``settings``): the
+    optimizer, and the other :data:`UPDATE_SETTINGS` where they differ."""
+    mine, theirs = _slots(keys), _slots(stored)
+    if not mine or not theirs or mine == theirs:
+        return
+    saved = meta.get("config") if isinstance(meta.get("config"), dict) else {}
+    now = settings or {}
+    names = ["optimizer"] + [k for k in UPDATE_SETTINGS[1:] if k in saved and k in now and saved[k] != now[k]]
+
+    def flags(values: Mapping) -> str:
+        return " ".join(f"--{k.replace('_', '-')} {values.get(k, '?')}" for k in names)
+
+    rule = meta.get("update_rule")
+    raise ConfigError(
+        f"--resume: checkpoint {path} holds the optimizer state of {flags(saved)} "
+        f"({f'{rule}: ' if rule else ''}{', '.join(sorted(theirs))}) but this run has {flags(now)} "
+        f"({type(optimizer).__name__}: {', '.join(sorted(mine))}); resume with {flags(saved)}, "
+        "or start a new --out"
+    )
+
+
 def load_checkpoint(
     path: str | Path,
     params: Mapping[str, torch.nn.Parameter],
@@ -325,6 +370,7 @@ def load_checkpoint(
     fingerprint: str,
     model_fingerprint: str | None = None,
     tp_shards: Mapping[str, list[int]] | None = None,
+    settings: Mapping[str, object] | None = None,
 ) -> dict:
     """Load a checkpoint into ``params`` and ``optimizer`` in place; return its meta (with ``step``).
 
@@ -333,8 +379,9 @@ def load_checkpoint(
     :mod:`pipewright.runtime.reshard` from the ``tp_shards`` layouts (split dim and blocks per
     parameter) of its meta and of ``tp_shards`` (this run's).
 
-    Raises a one-line ConfigError when the checkpoint belongs to another model (fingerprint mismatch).
-    Collective: every rank calls it.
+    Raises a one-line ConfigError when the checkpoint belongs to another model (fingerprint mismatch)
+    or holds another update rule's optimizer state (:func:`check_update_rule`; ``settings``: this
+    run's config, for the message). Collective: every rank calls it.
     """
     path = Path(path)
     meta = read_meta(path)
@@ -352,6 +399,7 @@ def load_checkpoint(
         raise CheckpointError(
             f"checkpoint file {path / '.metadata'} cannot be read ({type(exc).__name__})"
         ) from None
+    check_update_rule(path, meta, optimizer, state, stored, settings)
     state = {k: v for k, v in state.items() if k in stored or not k.startswith("rng/")}
     missing = sorted(k for k in state if k not in stored)
     temps, fill, unknown = reshard_plan(

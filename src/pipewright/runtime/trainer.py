@@ -360,6 +360,7 @@ class Trainer:
             fingerprint=self.run.fingerprint,
             model_fingerprint=self.model_fingerprint,
             tp_shards=self.meta["tp_shards"],
+            settings=self.meta["config"],
         )
         if self.master is not None:
             self.master.after_load()
