@@ -124,7 +124,8 @@ def test_sigterm_checkpoints_the_current_step_and_resume_reproduces(reference, d
     assert _losses(out) == pytest.approx(reference, rel=1e-6)
 
 
-ASYNC = [*TINY, "--schedule", "async-1f1b", "--weight-policy", "stash"]
+# 2bw carries the previous weight version from window to window: the checkpoint must hold it
+ASYNC = [*TINY, "--schedule", "async-1f1b", "--weight-policy", "2bw"]
 
 
 @pytest.mark.slow
@@ -148,12 +149,12 @@ def test_sigterm_in_an_asynchronous_window_checkpoints_its_end_and_resume_reprod
     output, _ = other.communicate(timeout=240)
     assert other.returncode == 2, output
     step_4 = tmp_path / "nesterov" / "checkpoints" / "step_4"
-    stash, nesterov = "--optimizer adamw --weight-policy stash", "--optimizer adamw --weight-policy nesterov"
+    saved, nesterov = "--optimizer adamw --weight-policy 2bw", "--optimizer adamw --weight-policy nesterov"
     last = output.strip().splitlines()[-1]
     assert last.endswith(
-        f"ConfigError: --resume: checkpoint {step_4} holds the optimizer state of {stash} (AdamW: exp_avg, "
+        f"ConfigError: --resume: checkpoint {step_4} holds the optimizer state of {saved} (AdamW: exp_avg, "
         f"exp_avg_sq, step) but this run has {nesterov} (NAdam: exp_avg, exp_avg_sq, mu_product, step); "
-        f"resume with {stash}, or start a new --out"
+        f"resume with {saved}, or start a new --out"
     ), output
 
 

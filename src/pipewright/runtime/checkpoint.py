@@ -26,8 +26,9 @@ differ from the stored ones (AdamW's ``exp_avg``/``exp_avg_sq``/``step`` against
 checkpoints from before the record are checked too.
 
 Extra state: an optimizer that implements :class:`ExtraState` (a feature's optimizer, e.g. K-FAC's
-factors and inverses, its interval counters and its refresh in progress) adds tensors under
-``extra/<its keys>`` with the rest, and chooses what to read back on load.
+factors and inverses, its interval counters and its refresh in progress) — or the ``extra`` hook a
+caller passes (the asynchronous weight policies' state) — adds tensors under ``extra/<its keys>``
+with the rest, and chooses what to read back on load.
 
 Keys are global parameter names (``model/layers.3.attn.qkv.weight``, ``optim/<name>/exp_avg``), so a
 checkpoint does not depend on the pipeline layout: a run may resume with another layout or schedule.
@@ -131,6 +132,13 @@ def _stored_extra(stored: Mapping[str, object]) -> dict[str, StoredSpec]:
     return out
 
 
+def _extra_hook(optimizer: torch.optim.Optimizer, extra: ExtraState | None) -> ExtraState | None:
+    """The :class:`ExtraState` hook of a save or load: ``extra``, else the optimizer when it is one."""
+    if extra is not None:
+        return extra
+    return optimizer if isinstance(optimizer, ExtraState) else None
+
+
 def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
@@ -161,10 +169,12 @@ def save_checkpoint(
     meta: Mapping[str, object],
     keep: int = 0,
     progress: Callable[[str], None] | None = None,
+    extra: ExtraState | None = None,
 ) -> Path:
     """Save after ``step`` completed steps into ``ckpt_dir/step_K`` atomically (see module docstring).
     Collective: every rank calls it. ``meta`` (JSON) must hold the config ``fingerprint``.
-    ``progress(stage)``: called on every rank at each stage of :data:`SAVE_STAGES`."""
+    ``progress(stage)``: called on every rank at each stage of :data:`SAVE_STAGES`. ``extra``: the
+    :class:`ExtraState` hook (default: ``optimizer`` when it is one)."""
     progress = progress or (lambda stage: None)
     progress("start")
     ckpt_dir = Path(ckpt_dir)
@@ -176,8 +186,9 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)  # left by a crash during an earlier save
     _barrier()
     state = _state_dict(params, optimizer, rank)
-    if isinstance(optimizer, ExtraState):
-        state.update({EXTRA + k: v for k, v in optimizer.extra_state().items()})
+    hook = _extra_hook(optimizer, extra)
+    if hook is not None:
+        state.update({EXTRA + k: v for k, v in hook.extra_state().items()})
     dcp.save(state, checkpoint_id=str(tmp), storage_writer=_ReportingWriter(tmp, progress))
     _barrier()
     progress("commit")
@@ -371,6 +382,7 @@ def load_checkpoint(
     model_fingerprint: str | None = None,
     tp_shards: Mapping[str, list[int]] | None = None,
     settings: Mapping[str, object] | None = None,
+    extra: ExtraState | None = None,
 ) -> dict:
     """Load a checkpoint into ``params`` and ``optimizer`` in place; return its meta (with ``step``).
 
@@ -407,16 +419,17 @@ def load_checkpoint(
     )
     if unknown:
         raise ConfigError(f"checkpoint {path} lacks {unknown[0]} (+{len(unknown) - 1} more); use a new --out")
-    extra: dict[str, torch.Tensor] = {}
-    if isinstance(optimizer, ExtraState):  # chosen on every rank before the collective read
+    hook = _extra_hook(optimizer, extra)
+    extra_read: dict[str, torch.Tensor] = {}
+    if hook is not None:  # chosen on every rank before the collective read
         specs = _stored_extra(stored)
-        extra = {k: torch.empty(specs[k][0], dtype=specs[k][1]) for k in optimizer.extra_wanted(specs)}
+        extra_read = {k: torch.empty(specs[k][0], dtype=specs[k][1]) for k in hook.extra_wanted(specs)}
     try:
         dcp.load(
             {
                 **{k: v for k, v in state.items() if k in stored},
                 **temps,
-                **{EXTRA + k: v for k, v in extra.items()},
+                **{EXTRA + k: v for k, v in extra_read.items()},
             },
             checkpoint_id=str(path),
         )
@@ -438,6 +451,6 @@ def load_checkpoint(
                     slot[key] = loaded.item()
     if f"rng/rank{rank}" in state:
         torch.set_rng_state(state[f"rng/rank{rank}"])
-    if isinstance(optimizer, ExtraState):
-        optimizer.load_extra_state(extra)
+    if hook is not None:
+        hook.load_extra_state(extra_read)
     return meta

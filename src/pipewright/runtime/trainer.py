@@ -54,6 +54,7 @@ from pipewright.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
 from pipewright.passes import validate
 from pipewright.runtime import elastic
 from pipewright.runtime.checkpoint import (
+    ExtraState,
     load_checkpoint,
     read_meta,
     resumable_checkpoint,
@@ -348,6 +349,12 @@ class Trainer:
         }
 
     @property
+    def extra_state(self) -> ExtraState | None:
+        """State beyond the parameters and the optimizer's that checkpoints carry (None: the
+        optimizer's own :class:`~pipewright.runtime.checkpoint.ExtraState`, if any)."""
+        return None
+
+    @property
     def tokens_per_step(self) -> int:
         return self.config.global_batch * self.spec.seq_len
 
@@ -361,6 +368,7 @@ class Trainer:
             model_fingerprint=self.model_fingerprint,
             tp_shards=self.meta["tp_shards"],
             settings=self.meta["config"],
+            extra=self.extra_state,
         )
         if self.master is not None:
             self.master.after_load()
@@ -375,7 +383,9 @@ class Trainer:
         meta = self.meta if scaler is None else {**self.meta, "loss_scaler": scaler.state()}
         with self.guard.saving(done) as options:
             folder = self.run.out_dir / "checkpoints"
-            return save_checkpoint(folder, done, self.named_shards, self.optimizer, meta=meta, **options)
+            return save_checkpoint(
+                folder, done, self.named_shards, self.optimizer, meta=meta, extra=self.extra_state, **options
+            )
 
     def forward_backward(self, step: int) -> float:
         """Zero the gradients and run the schedule on global batch ``step``; gradients end up reduced

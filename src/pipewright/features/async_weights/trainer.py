@@ -113,6 +113,11 @@ class AsyncTrainer(Trainer):
             self._runtime = build_runtime(self)
         return self._runtime
 
+    @property
+    def extra_state(self) -> AsyncRuntime:
+        """Checkpoints carry the weight policies' state between windows (:meth:`AsyncRuntime.extra_state`)."""
+        return self.runtime
+
     def wrap_handler(self, kind: str, inner):
         """The executors' handler wrapper (``RuntimeParts.handler_wrappers``): :meth:`AsyncRuntime.wrap`."""
         return self.runtime.wrap(kind, inner)
