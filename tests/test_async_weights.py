@@ -512,3 +512,61 @@ def test_memory_model_per_policy():
         2: 30.0,
         3: 20.0,
     }
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
+@pytest.mark.parametrize("policy", ["2bw", "predict"])
+def test_checkpoints_carry_what_a_policy_keeps_between_windows(policy, tmp_path):
+    """What 2bw (the previous weight version) and predict (the last gradient, the last update's lr)
+    carry from one window to the next goes through a real checkpoint into a fresh runtime: versions,
+    learning rates and tensors equal; a stage of another shape reads none of it."""
+    from pipewright.runtime.checkpoint import load_checkpoint, save_checkpoint
+
+    def runtime():
+        mod = _module()
+        rt = AsyncRuntime(
+            build_schedule("async-1f1b", 1, 2),
+            {0: mod},
+            {0: _optim("adamw", mod)},
+            policy,
+            period=1,
+            lr_fn=lambda k: 0.01,
+        )
+        rt.stages[0].policy.delay = 1  # 2bw: keep the previous version, as with stale microbatches
+        return mod, rt
+
+    mod, rt = runtime()
+    st = rt.stages[0]
+    for x in (X, X2):  # two windows of one update each (microbatch 0)
+        rt.set_schedule(rt.schedule)
+        box = _fb(mod, st, 0, x)
+        st.backward(0, lambda box=box: box["out"].square().sum().backward())
+        st.update(lr=0.1, grad_scale=1.0, clip=0.0)
+    st.optimizer.param_groups[0]["lr"] = 0.003
+    kept = st.policy.carried(st)
+    assert list(kept) == (["shadow"] if policy == "2bw" else ["gradient"])
+    params = dict(mod.named_parameters())
+    save_checkpoint(tmp_path, 2, params, st.optimizer, meta={"fingerprint": "f"}, extra=rt)
+    mod2, rt2 = runtime()
+    load_checkpoint(
+        tmp_path / "step_2",
+        dict(mod2.named_parameters()),
+        rt2.stages[0].optimizer,
+        fingerprint="f",
+        extra=rt2,
+    )
+    st2 = rt2.stages[0]
+    assert (st2.version, st2.window_version) == (2, 2)
+    assert [g["lr"] for g in st2.optimizer.param_groups] == [0.003]
+    for name, tensors in kept.items():
+        assert all(torch.equal(a, b) for a, b in zip(tensors, st2.policy.carried(st2)[name], strict=True))
+    other = AsyncRuntime(
+        build_schedule("async-1f1b", 1, 2),
+        {0: nn.Linear(2, 2)},
+        {0: _optim("adamw", nn.Linear(2, 2))},
+        policy,
+        period=1,
+        lr_fn=lambda k: 0.01,
+    )
+    stored = {k: (tuple(t.shape), t.dtype) for k, t in rt.extra_state().items()}
+    assert other.extra_wanted(stored) == []

@@ -160,3 +160,73 @@ def test_tensor_parallel_shards_are_rebuilt_for_another_tp_size(tmp_path):
         load_checkpoint(tmp_path / "step_1", target, opt2, fingerprint="tp1", model_fingerprint="m")
         assert torch.equal(target[name], want), name
         assert torch.equal(opt2.state[target[name]]["momentum_buffer"], want), name
+
+
+def test_resume_with_another_update_rule_is_one_line_naming_both_settings(tmp_path):
+    """An AdamW checkpoint (async ``stash``) resumed with SGD, or with the ``nesterov`` policy's NAdam,
+    and a NAdam checkpoint resumed with AdamW (which would silently take NAdam's moments): one line
+    naming the checkpoint's settings and this run's. A checkpoint without the ``update_rule`` record
+    (older) is judged by its stored slots; the same update rule under another policy loads."""
+    from pipewright.features.async_weights.policies import nesterov_optimizer
+
+    def trained(kind: str):
+        params = dict(build_full(SPEC, seed=0).named_parameters())
+        opt = build_optimizer("sgd" if kind == "sgd" else "adamw", params.items(), lr=0.1)
+        opt = nesterov_optimizer(opt) if kind == "nadam" else opt
+        for p in params.values():
+            p.grad = torch.full_like(p, 0.1)
+        opt.step()
+        return params, opt
+
+    def config(optimizer: str, policy: str) -> dict:
+        return {"optimizer": optimizer, "weight_policy": policy, "kfac_base": "adamw"}
+
+    first, adamw = trained("adamw")
+    meta = {"fingerprint": "f", "config": config("adamw", "stash")}
+    save_checkpoint(tmp_path / "a", 2, first, adamw, meta=meta)
+    params, nadam = trained("nadam")
+    save_checkpoint(
+        tmp_path / "n", 2, params, nadam, meta={"fingerprint": "f", "config": config("adamw", "nesterov")}
+    )
+    path = tmp_path / "a" / "step_2"
+    cases = [
+        (
+            path,
+            "sgd",
+            config("sgd", "stash"),
+            "--optimizer adamw (AdamW: exp_avg, exp_avg_sq, step) but this run "
+            "has --optimizer sgd (SGD: momentum_buffer); resume with --optimizer adamw, or start a new --out",
+        ),
+        (
+            path,
+            "nadam",
+            config("adamw", "nesterov"),
+            "--optimizer adamw --weight-policy stash (AdamW: exp_avg, "
+            "exp_avg_sq, step) but this run has --optimizer adamw --weight-policy nesterov (NAdam: exp_avg, "
+            "exp_avg_sq, mu_product, step); resume with --optimizer adamw --weight-policy stash",
+        ),
+        (
+            tmp_path / "n" / "step_2",
+            "adamw",
+            config("adamw", "predict"),
+            "holds the optimizer state of "
+            "--optimizer adamw --weight-policy nesterov (NAdam: exp_avg, exp_avg_sq, mu_product, step)",
+        ),
+    ]
+    for ckpt, kind, settings, message in cases:
+        params, opt = trained(kind)
+        with pytest.raises(ConfigError) as info:
+            load_checkpoint(ckpt, params, opt, fingerprint="f", settings=settings)
+        assert message in str(info.value) and "\n" not in str(info.value), str(info.value)
+        assert str(info.value).startswith(f"--resume: checkpoint {ckpt} holds the optimizer state of ")
+    record = json.loads((path / "meta.json").read_text())
+    assert record["update_rule"] == "AdamW"
+    del record["update_rule"]  # as written before the record existed
+    (path / "meta.json").write_text(json.dumps(record))
+    params, opt = trained("nadam")
+    with pytest.raises(ConfigError, match=r"stash \(exp_avg, exp_avg_sq, step\) but this run has"):
+        load_checkpoint(path, params, opt, fingerprint="f", settings=config("adamw", "nesterov"))
+    params, opt = trained("adamw")  # the same rule under another policy: loads
+    load_checkpoint(path, params, opt, fingerprint="f", settings=config("adamw", "predict"))
+    for name, p in params.items():
+        assert torch.equal(opt.state[p]["exp_avg"], adamw.state[first[name]]["exp_avg"]), name

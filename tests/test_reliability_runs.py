@@ -86,30 +86,76 @@ def test_killed_worker_and_killed_checkpoint_write_restart_to_the_same_losses(
     assert not list((out / "checkpoints").glob("*.tmp"))
 
 
-@pytest.mark.slow
-def test_sigterm_checkpoints_the_current_step_and_resume_reproduces(reference, data, tmp_path):
-    out = tmp_path / "run"
-    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PIPEWRIGHT_FAULTS": "pause:step=3:ms=60000"}
-    cmd = [sys.executable, "-m", "pipewright", "train", *TINY, "--data", data, "--out", str(out)]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def _start(args: list[str], out: Path, faults: str = "") -> subprocess.Popen:
+    """``pipewright train args --out out`` in a subprocess (``faults``: its PIPEWRIGHT_FAULTS)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PIPEWRIGHT_FAULTS": faults}
+    cmd = [sys.executable, "-m", "pipewright", "train", *args, "--out", str(out)]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _sigterm_after(proc: subprocess.Popen, out: Path, steps: int) -> tuple[int, str]:
+    """SIGTERM ``proc`` (a launcher) once ``steps`` steps are in ``out/metrics.jsonl``, as a scheduler
+    would; its exit status and output."""
     try:
         metrics = out / "metrics.jsonl"
         deadline = time.monotonic() + 240
-        while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 3):
+        while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= steps):
             assert proc.poll() is None and time.monotonic() < deadline, (
                 proc.stdout.read() if proc.stdout else ""
             )
             time.sleep(0.05)
-        proc.send_signal(signal.SIGTERM)  # to the launcher, as a scheduler would; the workers are in step 3
+        proc.send_signal(signal.SIGTERM)
         output, _ = proc.communicate(timeout=240)
     finally:
         proc.kill()
-    assert proc.returncode == PREEMPTED_EXIT_CODE, output
+    return proc.returncode, output
+
+
+@pytest.mark.slow
+def test_sigterm_checkpoints_the_current_step_and_resume_reproduces(reference, data, tmp_path):
+    out = tmp_path / "run"
+    proc = _start([*TINY, "--data", data], out, "pause:step=3:ms=60000")
+    status, output = _sigterm_after(proc, out, 3)  # the workers are in step 3
+    assert status == PREEMPTED_EXIT_CODE, output
     assert "preempted (SIGTERM) after step 4" in output
     assert (out / "checkpoints" / "latest").read_text().strip() == "step_4"
     assert len(_losses(out)) == 4
     assert main(["train", *TINY, "--data", data, "--out", str(out), "--resume"]) == 0
     assert _losses(out) == pytest.approx(reference, rel=1e-6)
+
+
+# 2bw carries the previous weight version from window to window: the checkpoint must hold it
+ASYNC = [*TINY, "--schedule", "async-1f1b", "--weight-policy", "2bw"]
+
+
+@pytest.mark.slow
+def test_sigterm_in_an_asynchronous_window_checkpoints_its_end_and_resume_reproduces(data, tmp_path):
+    # windows of 2 steps (they end at checkpoints): the ranks agree on the SIGTERM after the window
+    # [2, 4) they are paused in, checkpoint step_4 and stop; --resume continues with the same windows.
+    # The uninterrupted run meanwhile.
+    out, reference = tmp_path / "run", tmp_path / "reference"
+    proc = _start([*ASYNC, "--data", data], out, "pause:step=2:ms=60000")
+    assert main(["train", *ASYNC, "--data", data, "--out", str(reference)]) == 0
+    status, output = _sigterm_after(proc, out, 2)
+    assert status == PREEMPTED_EXIT_CODE, output
+    assert "preempted (SIGTERM) after step 4" in output
+    assert (out / "checkpoints" / "latest").read_text().strip() == "step_4"
+    assert len(_losses(out)) == 4
+    # meanwhile, a copy resumed with the nesterov policy, which steps with NAdam: one line, before loading
+    shutil.copytree(out, tmp_path / "nesterov")
+    other = _start([*ASYNC, "--data", data, "--resume", "--weight-policy", "nesterov"], tmp_path / "nesterov")
+    assert main(["train", *ASYNC, "--data", data, "--out", str(out), "--resume"]) == 0
+    assert _losses(out) == pytest.approx(_losses(reference), rel=1e-6)
+    output, _ = other.communicate(timeout=240)
+    assert other.returncode == 2, output
+    step_4 = tmp_path / "nesterov" / "checkpoints" / "step_4"
+    saved, nesterov = "--optimizer adamw --weight-policy 2bw", "--optimizer adamw --weight-policy nesterov"
+    last = output.strip().splitlines()[-1]
+    assert last.endswith(
+        f"ConfigError: --resume: checkpoint {step_4} holds the optimizer state of {saved} (AdamW: exp_avg, "
+        f"exp_avg_sq, step) but this run has {nesterov} (NAdam: exp_avg, exp_avg_sq, mu_product, step); "
+        f"resume with {saved}, or start a new --out"
+    ), output
 
 
 @pytest.mark.slow
@@ -144,6 +190,60 @@ def test_a_stalled_dp_all_reduce_stops_the_run_with_every_rank_position(data, tm
     grid = {line.split(")")[0] + ")": line for line in lines[5:9]}
     assert "[1REDUCE_GRAD]" in grid["rank 3 (pp 1, dp 1)"]
     assert all(row.count("[") <= 1 for row in grid.values())
+
+
+def _report(error: str, out: Path) -> list[str]:
+    """The lines of ``out``'s hang report after its first (which repeats the error line)."""
+    assert error.endswith(f"every rank's position in {out / 'hang-report.txt'}"), error
+    return (out / "hang-report.txt").read_text().split("\n\n", 1)[1].splitlines()
+
+
+@pytest.mark.slow
+def test_a_stalled_checkpoint_save_or_evaluation_stops_with_every_rank_position(
+    data, tmp_path, monkeypatch, capsys
+):
+    # two runs at once. Save: rank 1 stalls as it starts writing its shards of step_2; rank 0 waits in
+    # DCP's collective for them, bounded by --collective-timeout (its process group's timeout).
+    save = tmp_path / "save"
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT / "src"),
+        "PIPEWRIGHT_FAULTS": "stall-save:rank=1:step=2:ms=60000",
+    }
+    args = [*TINY, "--data", data, "--steps", "2", "--recv-timeout", "120", "--collective-timeout", "2"]
+    cmd = [sys.executable, "-m", "pipewright", "train", *args, "--out", str(save)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        # Evaluation: rank 1 stalls at position 0 of the first of the 2 batches after step 2; rank 0 runs
+        # that batch's forwards (rank 1's receives are posted), then waits for its sends of the second
+        monkeypatch.setenv("PIPEWRIGHT_FAULTS", "stall-eval:rank=1:step=2:ms=60000")
+        evaluate = tmp_path / "evaluate"
+        args = [*TINY, "--data", data, "--steps", "2", "--eval-every", "2", "--recv-timeout", "2"]
+        assert main(["train", *args, "--collective-timeout", "2", "--out", str(evaluate)]) == 2
+        output, _ = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    lines = _report(error, evaluate)
+    waited = "0SEND_F0 was not received by rank 1 within 2 s (evaluating after step 2)"
+    assert f"HangError: hang: rank 0 (pp 0): {waited}" in error, error
+    assert lines[:2] == [
+        "rank 0 (pp 0): evaluating after step 2, position 7 0SEND_F3",
+        "rank 1 (pp 1): evaluating after step 2, position 0 1RECV_F0",
+    ]
+    grid = lines[3:5]  # the forward-only schedule, each rank's cell in brackets
+    assert grid[0].split()[-1] == "[0SEND_F3]" and "[1RECV_F0]" in grid[1].split(), lines
+    assert proc.returncode == 2, output
+    error = output.strip().splitlines()[-1]
+    stage = "saving checkpoint step_2, waiting for the other ranks' shards"
+    assert f"HangError: hang: rank 0 (pp 0): {stage}: a collective did not complete within 2 s" in error, (
+        error
+    )
+    assert _report(error, save) == [
+        f"rank 0 (pp 0): {stage}",
+        "rank 1 (pp 1): saving checkpoint step_2, writing its shards",
+    ]
+    assert not (save / "checkpoints" / "latest").exists()  # the save never committed
 
 
 # ------------------------------------------------------------------------------------------- two hosts

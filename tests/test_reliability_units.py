@@ -1,6 +1,6 @@
 """Single-process pieces of the reliability machinery: the per-attempt store namespace under torchrun
-(against a store holding a previous attempt's keys), the recognition of c10d/gloo timeouts, and the
-``stall-reduce`` fault."""
+(against a store holding a previous attempt's keys), the recognition of c10d/gloo timeouts, the
+``stall-*`` faults, and the report of ranks outside a training step (a save, an evaluation)."""
 
 from __future__ import annotations
 
@@ -76,6 +76,48 @@ def test_stall_reduce_fires_once_before_the_gradient_all_reduce_of_its_step():
     plan.at_action(1, 15, 17, "REDUCE_GRAD")
     assert time.monotonic() - t0 < 2.0
     assert not plan.faults  # fired, and only once
+
+
+def test_save_and_evaluation_stalls_fire_only_where_they_are_due():
+    wake = threading.Event()
+    plan = FaultPlan(
+        parse_faults("stall-save:rank=0:step=4:ms=60000;stall-eval:step=2:pos=3:ms=60000"), 0, 0, wake
+    )
+    plan.in_save(4, "start")  # not yet: the stall is at the write
+    plan.in_save(2, "write")  # another checkpoint
+    plan.at_action(2, 3, 8, "F")  # a training step's position 3, not the evaluation's
+    plan.at_action(2, 2, 8, "F", "evaluate")  # another position
+    assert len(plan.faults) == 2
+    wake.set()
+    plan.in_save(4, "write")
+    plan.at_action(2, 3, 8, "F", "evaluate")
+    assert not plan.faults  # both fired, once
+
+
+def test_a_report_outside_the_schedule_says_what_each_rank_does_and_draws_no_grid():
+    from pipewright.ir import Action
+    from pipewright.runtime.hang import Position, render_positions
+
+    rows = ((Action(0, "F", 0), Action(0, "SEND_F", 0)), (Action(1, "RECV_F", 0), Action(1, "F", 0)))
+    labels = {0: "rank 0 (pp 0)", 1: "rank 1 (pp 1)"}
+    saving = {
+        0: Position(4, "checkpoint", action="waiting for the other ranks' shards"),
+        1: Position(4, "checkpoint", action="writing its shards"),
+    }
+    assert render_positions(rows, saving, {0: 0, 1: 1}, labels) == (
+        "rank 0 (pp 0): saving checkpoint step_4, waiting for the other ranks' shards\n"
+        "rank 1 (pp 1): saving checkpoint step_4, writing its shards"
+    )
+    evaluating = {0: Position(2, "evaluate", 1, "0SEND_F0"), 1: Position(2, "evaluate", 0, "1RECV_F0")}
+    lines = render_positions(rows, evaluating, {0: 0, 1: 1}, labels).splitlines()
+    assert lines[:2] == [
+        "rank 0 (pp 0): evaluating after step 2, position 1 0SEND_F0",
+        "rank 1 (pp 1): evaluating after step 2, position 0 1RECV_F0",
+    ]
+    assert lines[3].split()[-1] == "[0SEND_F0]" and lines[4].split()[-2] == "[1RECV_F0]"
+    # a position whose action is not the grid's there (another schedule) is not marked
+    other = {0: Position(2, "evaluate", 1, "0F1"), 1: None}
+    assert "[" not in render_positions(rows, other, {0: 0, 1: 1}, labels)
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "nan"])

@@ -15,12 +15,20 @@ Integrity: ``meta.json`` also records every file of the checkpoint with its size
 (``files``), computed by rank 0 once all ranks have written. :func:`resumable_checkpoint` verifies
 them and, when the newest checkpoint is truncated or corrupted, logs which file is wrong and falls back
 to the previous complete checkpoint; ``keep`` > 0 deletes all but the newest ``keep`` complete
-checkpoints after each save. ``before_commit`` (fault injection, tests) runs on every rank after the
-shards are written and before the rename.
+checkpoints after each save. ``progress`` (the run guard: hang reports, fault injection) hears each
+rank's stage of the save (:data:`SAVE_STAGES`): starting, writing its shards, waiting in DCP's
+collective for the other ranks' shards, committing (every rank's shards written, before the rename).
+
+Update rule: ``meta.json`` records the class of the optimizer whose state was saved
+(``update_rule``), and a resume refuses, in one line, an optimizer whose per-parameter state slots
+differ from the stored ones (AdamW's ``exp_avg``/``exp_avg_sq``/``step`` against SGD's
+``momentum_buffer``, or NAdam's extra ``mu_product``): the slots are read from DCP's metadata, so
+checkpoints from before the record are checked too.
 
 Extra state: an optimizer that implements :class:`ExtraState` (a feature's optimizer, e.g. K-FAC's
-factors and inverses, its interval counters and its refresh in progress) adds tensors under
-``extra/<its keys>`` with the rest, and chooses what to read back on load.
+factors and inverses, its interval counters and its refresh in progress) — or the ``extra`` hook a
+caller passes (the asynchronous weight policies' state) — adds tensors under ``extra/<its keys>``
+with the rest, and chooses what to read back on load.
 
 Keys are global parameter names (``model/layers.3.attn.qkv.weight``, ``optim/<name>/exp_avg``), so a
 checkpoint does not depend on the pipeline layout: a run may resume with another layout or schedule.
@@ -36,7 +44,7 @@ import os
 import re
 import shutil
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
@@ -57,6 +65,18 @@ _STEP_DIR = re.compile(r"step_(\d+)")
 
 
 EXTRA = "extra/"
+OPTIM = "optim/"
+
+#: The stages of a save as :func:`save_checkpoint` reports them to ``progress``: key → what a hang
+#: report says this rank is doing.
+SAVE_STAGES = {
+    "start": "starting",
+    "write": "writing its shards",
+    "wait": "waiting for the other ranks' shards",
+    "commit": "committing",
+}
+#: The settings (TrainConfig fields) that choose the update rule, named when a resume's differs.
+UPDATE_SETTINGS = ("optimizer", "weight_policy", "kfac_base")
 
 
 class CheckpointError(ConfigError):
@@ -112,9 +132,32 @@ def _stored_extra(stored: Mapping[str, object]) -> dict[str, StoredSpec]:
     return out
 
 
+def _extra_hook(optimizer: torch.optim.Optimizer, extra: ExtraState | None) -> ExtraState | None:
+    """The :class:`ExtraState` hook of a save or load: ``extra``, else the optimizer when it is one."""
+    if extra is not None:
+        return extra
+    return optimizer if isinstance(optimizer, ExtraState) else None
+
+
 def _barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
+
+
+class _ReportingWriter(dcp.FileSystemWriter):
+    """DCP's file writer that tells ``progress`` when this rank starts writing its shards and when it
+    is done (it then waits in DCP's collective for the other ranks' results)."""
+
+    def __init__(self, path: Path, progress: Callable[[str], None]) -> None:
+        super().__init__(str(path))
+        self._progress = progress
+
+    def write_data(self, plan, planner):
+        self._progress("write")
+        written = super().write_data(plan, planner)
+        written.wait()
+        self._progress("wait")
+        return written
 
 
 def save_checkpoint(
@@ -125,10 +168,15 @@ def save_checkpoint(
     *,
     meta: Mapping[str, object],
     keep: int = 0,
-    before_commit: Callable[[Path], None] | None = None,
+    progress: Callable[[str], None] | None = None,
+    extra: ExtraState | None = None,
 ) -> Path:
     """Save after ``step`` completed steps into ``ckpt_dir/step_K`` atomically (see module docstring).
-    Collective: every rank calls it. ``meta`` (JSON) must hold the config ``fingerprint``."""
+    Collective: every rank calls it. ``meta`` (JSON) must hold the config ``fingerprint``.
+    ``progress(stage)``: called on every rank at each stage of :data:`SAVE_STAGES`. ``extra``: the
+    :class:`ExtraState` hook (default: ``optimizer`` when it is one)."""
+    progress = progress or (lambda stage: None)
+    progress("start")
     ckpt_dir = Path(ckpt_dir)
     rank = dist.get_rank() if dist.is_initialized() else 0
     final = ckpt_dir / f"step_{step}"
@@ -138,14 +186,14 @@ def save_checkpoint(
         shutil.rmtree(tmp, ignore_errors=True)  # left by a crash during an earlier save
     _barrier()
     state = _state_dict(params, optimizer, rank)
-    if isinstance(optimizer, ExtraState):
-        state.update({EXTRA + k: v for k, v in optimizer.extra_state().items()})
-    dcp.save(state, checkpoint_id=str(tmp))
+    hook = _extra_hook(optimizer, extra)
+    if hook is not None:
+        state.update({EXTRA + k: v for k, v in hook.extra_state().items()})
+    dcp.save(state, checkpoint_id=str(tmp), storage_writer=_ReportingWriter(tmp, progress))
     _barrier()
-    if before_commit is not None:
-        before_commit(tmp)
+    progress("commit")
     if rank == 0:
-        record = {"step": step, **meta, "files": file_manifest(tmp)}
+        record = {"step": step, **meta, "update_rule": type(optimizer).__name__, "files": file_manifest(tmp)}
         (tmp / META).write_text(json.dumps(record, indent=1, default=str))
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
@@ -289,6 +337,42 @@ def same_model(meta: Mapping, fingerprint: str, model_fingerprint: str | None = 
     return model_fingerprint is not None and meta.get("model_fingerprint") == model_fingerprint
 
 
+def _slots(keys: Iterable[str]) -> set[str]:
+    """The per-parameter optimizer slots among checkpoint keys ``optim/<parameter>/<slot>``."""
+    return {k.rsplit("/", 1)[1] for k in keys if k.startswith(OPTIM)}
+
+
+def check_update_rule(
+    path: Path,
+    meta: Mapping,
+    optimizer: torch.optim.Optimizer,
+    keys: Iterable[str],
+    stored: Iterable[str],
+    settings: Mapping[str, object] | None = None,
+) -> None:
+    """One-line ConfigError when the checkpoint's optimizer slots (in ``stored``, its keys) are not
+    this run's (in ``keys``): loading would leave slots unset or fill them from another update rule.
+    The message names the checkpoint's settings (its config) and this run's (``settings``): the
+    optimizer, and the other :data:`UPDATE_SETTINGS` where they differ."""
+    mine, theirs = _slots(keys), _slots(stored)
+    if not mine or not theirs or mine == theirs:
+        return
+    saved = meta.get("config") if isinstance(meta.get("config"), dict) else {}
+    now = settings or {}
+    names = ["optimizer"] + [k for k in UPDATE_SETTINGS[1:] if k in saved and k in now and saved[k] != now[k]]
+
+    def flags(values: Mapping) -> str:
+        return " ".join(f"--{k.replace('_', '-')} {values.get(k, '?')}" for k in names)
+
+    rule = meta.get("update_rule")
+    raise ConfigError(
+        f"--resume: checkpoint {path} holds the optimizer state of {flags(saved)} "
+        f"({f'{rule}: ' if rule else ''}{', '.join(sorted(theirs))}) but this run has {flags(now)} "
+        f"({type(optimizer).__name__}: {', '.join(sorted(mine))}); resume with {flags(saved)}, "
+        "or start a new --out"
+    )
+
+
 def load_checkpoint(
     path: str | Path,
     params: Mapping[str, torch.nn.Parameter],
@@ -297,6 +381,8 @@ def load_checkpoint(
     fingerprint: str,
     model_fingerprint: str | None = None,
     tp_shards: Mapping[str, list[int]] | None = None,
+    settings: Mapping[str, object] | None = None,
+    extra: ExtraState | None = None,
 ) -> dict:
     """Load a checkpoint into ``params`` and ``optimizer`` in place; return its meta (with ``step``).
 
@@ -305,8 +391,9 @@ def load_checkpoint(
     :mod:`pipewright.runtime.reshard` from the ``tp_shards`` layouts (split dim and blocks per
     parameter) of its meta and of ``tp_shards`` (this run's).
 
-    Raises a one-line ConfigError when the checkpoint belongs to another model (fingerprint mismatch).
-    Collective: every rank calls it.
+    Raises a one-line ConfigError when the checkpoint belongs to another model (fingerprint mismatch)
+    or holds another update rule's optimizer state (:func:`check_update_rule`; ``settings``: this
+    run's config, for the message). Collective: every rank calls it.
     """
     path = Path(path)
     meta = read_meta(path)
@@ -324,6 +411,7 @@ def load_checkpoint(
         raise CheckpointError(
             f"checkpoint file {path / '.metadata'} cannot be read ({type(exc).__name__})"
         ) from None
+    check_update_rule(path, meta, optimizer, state, stored, settings)
     state = {k: v for k, v in state.items() if k in stored or not k.startswith("rng/")}
     missing = sorted(k for k in state if k not in stored)
     temps, fill, unknown = reshard_plan(
@@ -331,16 +419,17 @@ def load_checkpoint(
     )
     if unknown:
         raise ConfigError(f"checkpoint {path} lacks {unknown[0]} (+{len(unknown) - 1} more); use a new --out")
-    extra: dict[str, torch.Tensor] = {}
-    if isinstance(optimizer, ExtraState):  # chosen on every rank before the collective read
+    hook = _extra_hook(optimizer, extra)
+    extra_read: dict[str, torch.Tensor] = {}
+    if hook is not None:  # chosen on every rank before the collective read
         specs = _stored_extra(stored)
-        extra = {k: torch.empty(specs[k][0], dtype=specs[k][1]) for k in optimizer.extra_wanted(specs)}
+        extra_read = {k: torch.empty(specs[k][0], dtype=specs[k][1]) for k in hook.extra_wanted(specs)}
     try:
         dcp.load(
             {
                 **{k: v for k, v in state.items() if k in stored},
                 **temps,
-                **{EXTRA + k: v for k, v in extra.items()},
+                **{EXTRA + k: v for k, v in extra_read.items()},
             },
             checkpoint_id=str(path),
         )
@@ -362,6 +451,6 @@ def load_checkpoint(
                     slot[key] = loaded.item()
     if f"rng/rank{rank}" in state:
         torch.set_rng_state(state[f"rng/rank{rank}"])
-    if isinstance(optimizer, ExtraState):
-        optimizer.load_extra_state(extra)
+    if hook is not None:
+        hook.load_extra_state(extra_read)
     return meta

@@ -4,8 +4,10 @@ Preemption: schedulers send SIGTERM before they take a node. :class:`Preemption`
 (the handler only sets it); the ranks agree on it once per step, in the all-reduce that also carries
 the non-finite flag (:mod:`pipewright.runtime.nonfinite`), so every rank finishes the same step, writes
 its checkpoint and stops; ``pipewright train`` then exits with :data:`PREEMPTED_EXIT_CODE` and
-``--resume`` continues. The launching process forwards a SIGTERM it receives to its workers
-(:func:`pipewright.runtime.launch.spawn` with ``forward_sigterm``).
+``--resume`` continues. Asynchronous schedules agree once per window, after it
+(:meth:`~pipewright.runtime.guard.RunGuard.preempted`), and checkpoint the window's end. The
+launching process forwards a SIGTERM it receives to its workers (:func:`pipewright.runtime.launch.spawn`
+with ``forward_sigterm``).
 
 Elastic restart: :func:`run_with_restarts` reruns the worker group after a worker died or failed, up
 to ``max_restarts`` times, resuming from the newest complete checkpoint (at most ``checkpoint_every``

@@ -16,10 +16,15 @@ One fault per ``;``-separated item: ``kind:key=value:...``. Kinds:
 * ``pause``     wait ``ms`` milliseconds at ``step``, position ``pos`` (default 0), or until a SIGTERM
   arrives (a test's window to preempt a run at a known step);
 * ``stall-reduce`` wait ``ms`` milliseconds (or until a SIGTERM) before this rank's data-parallel
-  gradient all-reduce (REDUCE_GRAD) of ``step``: its dp peers wait in the all-reduce (a collective hang).
+  gradient all-reduce (REDUCE_GRAD) of ``step``: its dp peers wait in the all-reduce (a collective hang);
+* ``stall-save`` wait ``ms`` milliseconds (or until a SIGTERM) when this rank starts writing its shards
+  of the checkpoint of ``step``: the other ranks wait in DCP's collective (a hang in a save);
+* ``stall-eval`` wait ``ms`` milliseconds (or until a SIGTERM) at position ``pos`` (default 0) of the
+  evaluation after ``step`` steps (a hang in an evaluation).
 
 Keys: ``rank`` (global rank; default: every rank, for ``nan`` the ranks holding the stage), ``step``
-(0-based training step; for ``kill-save`` the number of steps the checkpoint holds), ``pos``, ``stage``,
+(0-based training step; for ``kill-save``, ``stall-save`` and ``stall-eval`` the number of steps done:
+the checkpoint's, or the one the evaluation follows), ``pos``, ``stage``,
 ``ms``, ``attempt`` (the restart count the fault fires in; default 0, the first attempt, so a restarted group
 does not meet the same fault again).
 """
@@ -39,7 +44,7 @@ from pipewright.ir import REDUCE_GRAD
 ENV = "PIPEWRIGHT_FAULTS"
 #: restart count set by ``pipewright train``'s own launcher (torchrun sets TORCHELASTIC_RESTART_COUNT)
 RESTART_ENV = "PIPEWRIGHT_RESTART_COUNT"
-KINDS = ("kill", "term", "kill-save", "nan", "hang", "pause", "stall-reduce")
+KINDS = ("kill", "term", "kill-save", "nan", "hang", "pause", "stall-reduce", "stall-save", "stall-eval")
 _KEYS = ("rank", "step", "pos", "stage", "ms", "attempt")
 
 
@@ -108,13 +113,25 @@ class FaultPlan:
     def _take(self, kind: str, step: int) -> list[Fault]:
         return [f for f in self.faults if f.kind == kind and f.step == step]
 
-    def at_action(self, step: int, position: int, num_actions: int, kind: str = "") -> None:
-        """Before the action at ``position`` (of kind ``kind``) of ``step``'s schedule row: kill, term,
-        pause, stall or hang here."""
-        if kind == REDUCE_GRAD:
-            for f in self._take("stall-reduce", step):
-                self.faults.remove(f)  # once: the first REDUCE_GRAD of the step
+    def _stall(self, kind: str, step: int, position: int | None = None) -> None:
+        """Wait as the first due ``kind`` fault says (at ``position``: its ``pos``, default 0), once."""
+        for f in self._take(kind, step):
+            if position is None or position == (f.pos or 0):
+                self.faults.remove(f)
                 self.wake.wait(f.ms / 1000)
+                return
+
+    def at_action(
+        self, step: int, position: int, num_actions: int, kind: str = "", phase: str = "schedule"
+    ) -> None:
+        """Before the action at ``position`` (of kind ``kind``) of ``step``'s schedule row: kill, term,
+        pause, stall or hang here. ``phase`` "evaluate": the row of the evaluation after ``step`` steps
+        (only ``stall-eval`` fires there)."""
+        if phase == "evaluate":
+            self._stall("stall-eval", step, position)
+            return
+        if kind == REDUCE_GRAD:
+            self._stall("stall-reduce", step)  # once: the first REDUCE_GRAD of the step
         for f in self._take("kill", step):
             if position == (num_actions // 2 if f.pos is None else f.pos):
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -130,9 +147,13 @@ class FaultPlan:
                 while True:  # until the launcher terminates this process
                     time.sleep(3600)
 
-    def in_save(self, step: int) -> None:
-        """Between writing the shards of checkpoint ``step`` and committing it."""
-        if self._take("kill-save", step):
+    def in_save(self, step: int, stage: str) -> None:
+        """At ``stage`` (:data:`pipewright.runtime.checkpoint.SAVE_STAGES`) of the save of checkpoint
+        ``step``: ``stall-save`` as this rank starts writing its shards ("write"), ``kill-save`` once
+        every rank's shards are written, before the commit ("commit")."""
+        if stage == "write":
+            self._stall("stall-save", step)
+        if stage == "commit" and self._take("kill-save", step):
             os.kill(os.getpid(), signal.SIGKILL)
 
     def corrupt_gradients(self, step: int, stage_params: dict[int, list]) -> None:

@@ -1,6 +1,8 @@
 """The trainer's reliability hooks in one object: hang reports, non-finite checks, preemption, fault
 injection and checkpoint options. The :class:`~pipewright.runtime.trainer.Trainer` calls it from a few
-places (see docs/reliability.md); each concern lives in its own module:
+places (see docs/reliability.md): around each training step (:meth:`RunGuard.iteration`), each
+evaluation (:meth:`RunGuard.evaluation`) and each checkpoint save (:meth:`RunGuard.saving`), a timeout
+becomes one report of what every rank was doing. Each concern lives in its own module:
 
 * :mod:`pipewright.runtime.hang` — every rank's schedule position, and the report when a receive or a
   collective times out (:mod:`pipewright.runtime.timeouts` bounds the collectives);
@@ -21,10 +23,11 @@ from pathlib import Path
 from torch import nn
 
 from pipewright.runtime import nonfinite
+from pipewright.runtime.checkpoint import SAVE_STAGES
 from pipewright.runtime.elastic import Preemption
 from pipewright.runtime.errors import CollectiveTimeout, DistributedError, RecvTimeout
 from pipewright.runtime.faults import FaultPlan
-from pipewright.runtime.hang import HangError, PositionBoard, hang_error, rank_label, shared_hang
+from pipewright.runtime.hang import PHASES, HangError, PositionBoard, hang_error, rank_label, shared_hang
 from pipewright.runtime.mesh import ParallelMesh, rank_to_coords
 from pipewright.runtime.timeouts import bound_groups, is_timeout
 
@@ -57,6 +60,7 @@ class RunGuard:
         self.faults = FaultPlan.from_env(mesh.rank, wake=self.preemption.event)
         self.board = PositionBoard.for_default_group()
         self.step = 0
+        self.phase = "schedule"  # what the executor's actions belong to: "schedule" or "evaluate"
         self.stop_requested = False
         self.last_nonfinite: str | None = None  # the message of the last non-finite step
         self._rows: tuple = ()
@@ -64,13 +68,15 @@ class RunGuard:
     # -- executor ----------------------------------------------------------------------------------
     def wrap_handler(self, kind: str, inner):
         """The executor's handler wrapper (:meth:`PipelineExecutor.wrap_handlers`): record this rank's
-        position before every action, and fire the injected faults due there."""
+        position before every action (and the schedule it belongs to: training or evaluation), and
+        fire the injected faults due there."""
         board, faults = self.board, self.faults
 
         def handler(state, action) -> None:
-            board.set(self.step, "schedule", state.position, action)
+            board.set(self.step, self.phase, state.position, action)
+            self._rows = state.comm.schedule.actions
             if faults:
-                faults.at_action(self.step, state.position, len(state.actions), kind)
+                faults.at_action(self.step, state.position, len(state.actions), kind, self.phase)
             inner(state, action)
 
         return handler
@@ -95,20 +101,73 @@ class RunGuard:
         peer gave up on one — becomes a :class:`HangError` with every rank's position."""
         self.step = step
         self.board.set(step, "start")
+        with self._watch():
+            yield
+
+    @contextmanager
+    def evaluation(self, done: int) -> Iterator[None]:
+        """Around an evaluation after ``done`` steps: as :meth:`iteration`; the report shows each rank
+        "evaluating after step ``done``" at its position in the forward-only schedule."""
+        step = self.step
+        self.step, self.phase = done, "evaluate"
+        self.board.set(done, "evaluate")
+        try:
+            with self._watch():
+                yield
+        finally:
+            self.step, self.phase = step, "schedule"
+
+    @contextmanager
+    def saving(self, done: int) -> Iterator[dict]:
+        """Around the checkpoint save of ``done`` steps; yields the keyword arguments for
+        :func:`~pipewright.runtime.checkpoint.save_checkpoint`. As :meth:`iteration`: a barrier or
+        DCP collective that times out becomes a report of every rank's stage of the save."""
+
+        def progress(stage: str) -> None:
+            self.board.set(done, "checkpoint", action=SAVE_STAGES[stage])
+            if self.faults:
+                self.faults.in_save(done, stage)
+
+        with self._watch():
+            yield {"keep": self.keep, "progress": progress}
+
+    @contextmanager
+    def _watch(self) -> Iterator[None]:
+        """Timeouts (and failures because a peer gave up on one) inside become a :class:`HangError`."""
         try:
             yield
         except (HangError, nonfinite.NonFiniteError):
             raise
         except (RecvTimeout, CollectiveTimeout) as exc:
-            raise self._hang(exc) from None
+            raise self._hang(self._in_phase(exc)) from None
         except Exception as exc:
             if is_timeout(exc):
-                raise self._hang(exc) from None
+                raise self._hang(self._named(exc)) from None
             if isinstance(exc, (DistributedError, RuntimeError)):  # a peer's timeout closed our links?
                 reported = self._reported_elsewhere(grace_s=2.0)
                 if reported is not None:
                     raise reported from exc
             raise
+
+    def _label(self) -> str:
+        (d, p, t), m = self.mesh.coords, self.mesh
+        return rank_label(self.rank, d, p, t, m.dp, m.tp)
+
+    def _named(self, exc: Exception) -> CollectiveTimeout:
+        """A raw c10d/gloo timeout (a barrier, a DCP collective) as a line naming this rank and what
+        it was doing."""
+        first = (str(exc).splitlines() or [""])[0]
+        return CollectiveTimeout(
+            f"{self._label()}: {self.board.current.describe()}: a collective did not complete within "
+            f"{self.collective_timeout_s:g} s ({type(exc).__name__}: {first})"
+        )
+
+    def _in_phase(self, exc: DistributedError) -> DistributedError:
+        """``exc`` with the phase outside training it happened in (evaluation), if any."""
+        now = self.board.current
+        if now.phase not in PHASES:
+            return exc
+        return type(exc)(f"{exc} ({PHASES[now.phase].format(step=now.step)})")
 
     def _hang(self, exc: Exception) -> HangError:
         m = self.mesh
@@ -137,12 +196,7 @@ class RunGuard:
         if self.faults:
             self.faults.corrupt_gradients(step, {s: list(m.parameters()) for s, m in self.stages.items()})
         local_bad = self.check_gradients and nonfinite.local_flag(self.stages)
-        flags = [local_bad, self.preemption.requested]
-        try:
-            bad, preempt = nonfinite.agree_flags(flags, self.mesh.device, self.collective_timeout_s)
-        except CollectiveTimeout as exc:
-            (d, p, t), m = self.mesh.coords, self.mesh
-            raise CollectiveTimeout(f"{rank_label(self.rank, d, p, t, m.dp, m.tp)}: {exc}") from None
+        bad, preempt = self._agree(local_bad)
         self.stop_requested = self.stop_requested or preempt
         if not bad and not nonfinite.loss_finding(loss):
             return True
@@ -158,12 +212,21 @@ class RunGuard:
             m.zero_grad(set_to_none=True)
         return False
 
-    # -- checkpoints -------------------------------------------------------------------------------
-    def save_options(self, step: int) -> dict:
-        """Keyword arguments for :func:`~pipewright.runtime.checkpoint.save_checkpoint`."""
-        self.board.set(step, "checkpoint")
-        hook = (lambda tmp: self.faults.in_save(step)) if self.faults else None
-        return {"keep": self.keep, "before_commit": hook}
+    def _agree(self, local_bad: bool) -> list[bool]:
+        """Collective: [anyone saw non-finite values, anyone got a SIGTERM] (one all-reduce)."""
+        flags = [local_bad, self.preemption.requested]
+        try:
+            return nonfinite.agree_flags(flags, self.mesh.device, self.collective_timeout_s)
+        except CollectiveTimeout as exc:
+            raise CollectiveTimeout(f"{self._label()}: {exc}") from None
+
+    def preempted(self, step: int) -> bool:
+        """Collective: whether any rank got a SIGTERM, for loops whose ranks meet less often than every
+        optimizer step (asynchronous windows); setting :attr:`stop_requested` is the caller's, once
+        its state is that of a whole step. Timeouts are reported as in :meth:`iteration`."""
+        with self._watch():
+            self.board.set(step, "preemption check")
+            return self._agree(False)[1]
 
     def close(self) -> None:
         self.board.close()

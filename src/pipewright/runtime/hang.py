@@ -1,9 +1,11 @@
 """Hang reports: where every rank is when a blocking operation times out.
 
 Each rank keeps its current position — (step, phase, position in its schedule row, action) — in
-memory (a handler wrapper sets it before every action: no communication on the hot path), and a daemon
-thread copies it into the c10d store (``pipewright/position/<rank>``) when it changed, at most every
-``interval_s``. A rank busy in a computation that never ends therefore still shows where it is.
+memory (a handler wrapper sets it before every action: no communication on the hot path; the phase
+says what the rank does: a training step's or an evaluation's schedule, the optimizer step, which stage
+of a checkpoint save), and a daemon thread copies it into the c10d store (``pipewright/position/<rank>``)
+when it changed, at most every ``interval_s``. A rank busy in a computation that never ends therefore
+still shows where it is.
 
 When a receive times out (:class:`~pipewright.runtime.errors.RecvTimeout`, raised by ``PipeComm``
 after ``--recv-timeout`` seconds) or a collective does
@@ -52,10 +54,19 @@ class HangError(DistributedError):
         self.report = report
 
 
+#: How a phase outside the training step's schedule reads in a report (``{step}``: the Position's).
+PHASES = {
+    "checkpoint": "saving checkpoint step_{step}",
+    "evaluate": "evaluating after step {step}",
+}
+
+
 @dataclass(frozen=True)
 class Position:
-    """Where one rank is: training step, phase ("schedule", "optimizer", "checkpoint", ...), and in
-    the schedule phase the index and text of the current action."""
+    """Where one rank is: step, phase ("schedule", "optimizer", "evaluate", "checkpoint", ...), and
+    when it runs a schedule (training or evaluation) the index and text of the current action; in
+    other phases ``action`` may hold a detail ("writing its shards"). A phase in :data:`PHASES`
+    counts its ``step`` as steps done, the others as the 0-based training step."""
 
     step: int
     phase: str
@@ -71,6 +82,9 @@ class Position:
         return cls(int(step), phase, int(index), action)
 
     def describe(self) -> str:
+        if self.phase in PHASES:
+            where = f"position {self.index} {self.action}" if self.index >= 0 else self.action
+            return PHASES[self.phase].format(step=self.step) + (f", {where}" if where else "")
         where = f"position {self.index} {self.action}" if self.index >= 0 else self.phase
         return f"step {self.step}, {where}"
 
@@ -178,18 +192,27 @@ def render_positions(
     width: int = 12,
 ) -> str:
     """One line per rank (its position), then the grid: one row per rank showing its pp rank's actions
-    around the marked positions, the current cell in brackets."""
+    around the marked positions, the current cell in brackets. A position is marked only where its
+    action is the one ``rows`` holds there (a rank may be in another phase, or run another schedule);
+    without any mark there is no grid."""
     lines = [
         f"{labels[r]}: {p.describe() if p else 'no position published'}" for r, p in sorted(positions.items())
     ]
-    marks = {r: p.index for r, p in positions.items() if p is not None and p.index >= 0}
+    row_at = {r: rows[row_of[r]] if row_of[r] < len(rows) else () for r in positions}
+    marks = {
+        r: p.index
+        for r, p in positions.items()
+        if p is not None and 0 <= p.index < len(row_at[r]) and str(row_at[r][p.index]) == p.action
+    }
+    if not marks:
+        return "\n".join(lines)
     length = max((len(r) for r in rows), default=0)
-    center = (min(marks.values()) + max(marks.values())) // 2 if marks else 0
+    center = (min(marks.values()) + max(marks.values())) // 2
     lo = max(0, min(center - width // 2, length - width))
     hi = min(length, lo + width)
     cells = {}
     for r in sorted(positions):
-        row = rows[row_of[r]]
+        row = row_at[r]
         cells[r] = [
             (f"[{row[i]}]" if marks.get(r) == i else str(row[i])) if i < len(row) else ""
             for i in range(lo, hi)

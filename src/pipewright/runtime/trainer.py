@@ -54,6 +54,7 @@ from pipewright.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
 from pipewright.passes import validate
 from pipewright.runtime import elastic
 from pipewright.runtime.checkpoint import (
+    ExtraState,
     load_checkpoint,
     read_meta,
     resumable_checkpoint,
@@ -348,6 +349,12 @@ class Trainer:
         }
 
     @property
+    def extra_state(self) -> ExtraState | None:
+        """State beyond the parameters and the optimizer's that checkpoints carry (None: the
+        optimizer's own :class:`~pipewright.runtime.checkpoint.ExtraState`, if any)."""
+        return None
+
+    @property
     def tokens_per_step(self) -> int:
         return self.config.global_batch * self.spec.seq_len
 
@@ -360,6 +367,8 @@ class Trainer:
             fingerprint=self.run.fingerprint,
             model_fingerprint=self.model_fingerprint,
             tp_shards=self.meta["tp_shards"],
+            settings=self.meta["config"],
+            extra=self.extra_state,
         )
         if self.master is not None:
             self.master.after_load()
@@ -369,16 +378,14 @@ class Trainer:
         return int(meta["step"])
 
     def save(self, done: int) -> Path:
-        return save_checkpoint(
-            self.run.out_dir / "checkpoints",
-            done,
-            self.named_shards,
-            self.optimizer,
-            meta=self.meta
-            if self.options.scaler is None
-            else {**self.meta, "loss_scaler": self.options.scaler.state()},
-            **self.guard.save_options(done),
-        )
+        """Checkpoint after ``done`` steps (collective); a stalled save is reported by the guard."""
+        scaler = self.options.scaler
+        meta = self.meta if scaler is None else {**self.meta, "loss_scaler": scaler.state()}
+        with self.guard.saving(done) as options:
+            folder = self.run.out_dir / "checkpoints"
+            return save_checkpoint(
+                folder, done, self.named_shards, self.optimizer, meta=meta, extra=self.extra_state, **options
+            )
 
     def forward_backward(self, step: int) -> float:
         """Zero the gradients and run the schedule on global batch ``step``; gradients end up reduced
@@ -438,19 +445,21 @@ class Trainer:
             **({"skipped": True} if skipped else {}),
         }
 
-    def evaluate(self) -> float:
+    def evaluate(self, done: int = 0) -> float:
         """Validation loss: mean token cross-entropy over ``eval_batches`` fixed global batches of the
-        held-out split, each run forward-only through the schedule (:meth:`PipelineExecutor.evaluate`)."""
+        held-out split, each run forward-only through the schedule (:meth:`PipelineExecutor.evaluate`).
+        ``done``: the steps done (a stalled evaluation is reported by the guard as after it)."""
         losses: list[float] = []
         evaluate = self.parts.evaluate or (lambda executor, xs, ys: executor.evaluate(xs, ys))
-        for j in range(self.config.eval_batches):
-            xs, ys = local_batches(self.run, self.dataset, "val", j, self.mesh.dp_rank)
-            losses += evaluate(
-                self.executor,
-                [x.to(self.device) for x in xs] if self.first else None,
-                [y.to(self.device) for y in ys] if self.last else None,
-            )
-        return self.executor.global_loss(losses)
+        with self.guard.evaluation(done):
+            for j in range(self.config.eval_batches):
+                xs, ys = local_batches(self.run, self.dataset, "val", j, self.mesh.dp_rank)
+                losses += evaluate(
+                    self.executor,
+                    [x.to(self.device) for x in xs] if self.first else None,
+                    [y.to(self.device) for y in ys] if self.last else None,
+                )
+            return self.executor.global_loss(losses)
 
 
 def train_worker(rank: int, run: PreparedRun) -> TrainResult | None:
@@ -472,7 +481,7 @@ def train_worker(rank: int, run: PreparedRun) -> TrainResult | None:
         record = trainer.train_step(step)
         done = step + 1
         if c.eval_every and (done % c.eval_every == 0 or done == c.steps):
-            record["val_loss"] = val_losses[step] = trainer.evaluate()
+            record["val_loss"] = val_losses[step] = trainer.evaluate(done)
         losses.append(record["loss"])
         if writer is not None:
             writer.write(record)

@@ -71,6 +71,14 @@ class WeightPolicy:
         """Weight copies this policy holds now, besides the live weights."""
         return 0
 
+    def carried(self, st: AsyncStage) -> dict[str, Weights]:
+        """Tensors (one per stage parameter) this policy carries from one window to the next, which a
+        checkpoint must hold for a resumed run to go on as an uninterrupted one."""
+        return {}
+
+    def restore(self, st: AsyncStage, carried: dict[str, Weights]) -> None:
+        """Take back what :meth:`carried` gave (from a checkpoint)."""
+
 
 class Stash(WeightPolicy):
     name = "stash"
@@ -174,6 +182,13 @@ class TwoBufferedWeights(WeightPolicy):
     def copies(self) -> int:
         return 0 if self.shadow is None else 1
 
+    def carried(self, st: AsyncStage) -> dict[str, Weights]:
+        return {} if self.shadow is None else {"shadow": self.shadow}
+
+    def restore(self, st: AsyncStage, carried: dict[str, Weights]) -> None:
+        if "shadow" in carried:
+            self.shadow = [t.clone() for t in carried["shadow"]]
+
 
 class Predict(WeightPolicy):
     name = "predict"
@@ -194,6 +209,13 @@ class Predict(WeightPolicy):
 
     def copies(self) -> int:
         return 0 if self.buffer is None else 1
+
+    def carried(self, st: AsyncStage) -> dict[str, Weights]:
+        return {"gradient": [st.last_grads[p] for p in st.params]} if st.last_grads else {}
+
+    def restore(self, st: AsyncStage, carried: dict[str, Weights]) -> None:
+        if "gradient" in carried:
+            st.last_grads = {p: g.clone() for p, g in zip(st.params, carried["gradient"], strict=True)}
 
 
 class NesterovLookAhead(Stash):

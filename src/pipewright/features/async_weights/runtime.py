@@ -299,6 +299,50 @@ class AsyncRuntime:
     #: the STEP this wrapper installs all-reduces over dp itself (the executor need not warn)
     wrap.reduces_gradients = True  # type: ignore[attr-defined]
 
+    # -- checkpoints (runtime.checkpoint.ExtraState): what a policy carries from window to window --
+    def extra_state(self) -> dict[str, torch.Tensor]:
+        """Per stage s: ``async/s/version`` (updates so far), ``async/s/lr`` (the learning rates of the
+        last update, which predict's next extrapolation reads) and the policy's tensors
+        (:meth:`WeightPolicy.carried`: 2bw's previous weights, predict's last gradient) as
+        ``async/s/<name>/<i>``; identical over dp replicas (DCP stores them once)."""
+        out: dict[str, torch.Tensor] = {}
+        for s, st in self.stages.items():
+            out[f"async/{s}/version"] = torch.tensor(st.version)
+            out[f"async/{s}/lr"] = torch.tensor(
+                [g["lr"] for g in st.optimizer.param_groups], dtype=torch.float64
+            )
+            for name, tensors in st.policy.carried(st).items():
+                out.update({f"async/{s}/{name}/{i}": t for i, t in enumerate(tensors)})
+        return out
+
+    def extra_wanted(self, stored: Mapping[str, tuple]) -> list[str]:
+        """This rank's stages' keys, where the stored shapes are its parameters' (another layout or
+        policy: none, and the policies start afresh)."""
+        wanted = []
+        for s, st in self.stages.items():
+            shapes = [tuple(p.shape) for p in st.params]
+            mine = {k: v for k, v in stored.items() if k.startswith(f"async/{s}/")}
+            index = {k: int(k.rsplit("/", 1)[1]) for k in mine if k.count("/") == 3}
+            if {f"async/{s}/version", f"async/{s}/lr"} <= set(mine) and all(
+                i < len(shapes) and tuple(mine[k][0]) == shapes[i] for k, i in index.items()
+            ):
+                wanted += list(mine)
+        return wanted
+
+    def load_extra_state(self, state: dict[str, torch.Tensor]) -> None:
+        for s, st in self.stages.items():
+            if f"async/{s}/version" not in state:
+                continue
+            st.version = st.window_version = int(state[f"async/{s}/version"])
+            for group, lr in zip(st.optimizer.param_groups, state[f"async/{s}/lr"].tolist(), strict=True):
+                group["lr"] = lr
+            carried: dict[str, list[torch.Tensor]] = {}
+            for key, t in sorted(state.items(), key=lambda kv: kv[0]):
+                stage, name, i = key.split("/")[1:] if key.count("/") == 3 else (None, None, None)
+                if stage == str(s):
+                    carried.setdefault(name, [None] * len(st.params))[int(i)] = t
+            st.policy.restore(st, carried)
+
     def weight_copies(self) -> dict[int, dict[str, int]]:
         """Per stage: weight versions held now and at peak (live included)."""
         return {

@@ -101,6 +101,7 @@ class AsyncTrainer(Trainer):
         self._window_start = 0
         self._executors: dict[int, PipelineExecutor] = {}
         self._records: dict[int, dict] = {}
+        self._preempted = False  # a SIGTERM reached some rank during the current window
         self._runtime: AsyncRuntime | None = None
         super().__init__(run)
 
@@ -111,6 +112,11 @@ class AsyncTrainer(Trainer):
         if self._runtime is None:
             self._runtime = build_runtime(self)
         return self._runtime
+
+    @property
+    def extra_state(self) -> AsyncRuntime:
+        """Checkpoints carry the weight policies' state between windows (:meth:`AsyncRuntime.extra_state`)."""
+        return self.runtime
 
     def wrap_handler(self, kind: str, inner):
         """The executors' handler wrapper (``RuntimeParts.handler_wrappers``): :meth:`AsyncRuntime.wrap`."""
@@ -158,9 +164,16 @@ class AsyncTrainer(Trainer):
         return end
 
     def train_step(self, step: int) -> dict:
+        """Step ``step``'s record, running the window that starts there first. Preemption: the ranks
+        agree on a SIGTERM once per window, after it; the guard's ``stop_requested`` is set with the
+        window's last record, when the weights are those of a whole step (the run then checkpoints
+        the window's end and stops)."""
         if step not in self._records:
             self._run_window(step, self._window_end(step))
-        return self._records.pop(step)
+        record = self._records.pop(step)
+        if not self._records and self._preempted:
+            self.guard.stop_requested = True
+        return record
 
     def _microbatches(self, first: int, last: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """This replica's microbatches of updates [first, last): update g reads global batch g of
@@ -195,6 +208,7 @@ class AsyncTrainer(Trainer):
         if skipped:
             self.guard.last_nonfinite = skipped[-1]
         per_step = (time.perf_counter() - t0) / n
+        self._preempted = self.guard.preempted(end - 1)
         self.timeline = gather_timeline(ex.last_spans, self.mesh)
         versions = [None] * dist.get_world_size()
         dist.all_gather_object(versions, {s: v["peak"] for s, v in self.runtime.weight_copies().items()})
