@@ -17,7 +17,7 @@ from pathlib import Path
 SRC = Path(__file__).resolve().parents[1] / "src"
 MAX_LINES = 600
 
-#: Known offenders the owners of those files are removing (issue 10); empty these, never add to them.
+#: Known offenders, listed only while they are removed; empty these, never add to them.
 KNOWN_CYCLES: set[frozenset[str]] = set()
 KNOWN_LONG: set[str] = set()
 

@@ -26,7 +26,7 @@ class TrainConfig:
     are done, keeping the learning-rate schedule of ``steps`` (for runs split over several jobs: the
     next one passes ``resume``).
 
-    Runtime features (issue 16): ``recompute`` none|selective|full; ``precision`` fp32|bf16|fp16 (fp32
+    Training options: ``recompute`` none|selective|full; ``precision`` fp32|bf16|fp16 (fp32
     master weights and optimizer state), ``reduce_fp32``: data-parallel gradient sums in fp32;
     ``shard_optimizer``: ZeRO-1 over dp; ``tie_embeddings``: output layer tied to the embedding (also
     across stages); ``kv_heads``: grouped-query attention (Llama); ``init_from``: a Hugging Face
