@@ -161,7 +161,8 @@ def _edge_heavy(p: int, comm: float) -> ScheduleCosts:
 @pytest.mark.parametrize("p", [4, 8])
 def test_zb_auto_never_worse_than_the_handcrafted_schedules(p: int, comm: float) -> None:
     """Under the same unequal stage costs and communication, zb-auto at limit p is as fast as zb-h1 and
-    at limit 2p as fast as zb-h2, and zb-h2 as fast as zb-h1 (each scored by the simulator)."""
+    at limit 2p as fast as zb-h2 (one iteration, simulated); without an optimizer barrier zb-h2 is as
+    fast as zb-h1 and zb-auto at 2p as zb-h2."""
     base = _edge_heavy(p, comm)
     cost = _StageCost(base)
     for m in (p, 2 * p, 3 * p):
@@ -173,7 +174,13 @@ def test_zb_auto_never_worse_than_the_handcrafted_schedules(p: int, comm: float)
             t[name, limit] = simulate(sched, cost, comm=ConstComm(comm)).iteration_time
         assert t["zb-auto", p] <= t["zb-h1", None] + 1e-9, (m, t)
         assert t["zb-auto", 2 * p] <= t["zb-h2", None] + 1e-9, (m, t)
-        assert t["zb-h2", None] <= t["zb-h1", None] + 1e-9, (m, t)
+        # ZB-H2 and zb-auto at 2p are chosen for the period without an optimizer barrier
+        period = {}
+        for name, limit in (("zb-h1", None), ("zb-h2", None), ("zb-auto", 2 * p)):
+            sched = build_schedule(name, p, m, costs=replace(base, memory_limit=limit))
+            sim = simulate(sched, cost, comm=ConstComm(comm), iterations=3, step_barrier=False)
+            period[name] = sim.iteration_time
+        assert period["zb-auto"] <= period["zb-h2"] + 1e-9 and period["zb-h2"] <= period["zb-h1"] + 1e-9
 
 
 class _StageCost(UnitCost):

@@ -165,3 +165,46 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     raise SystemExit(main())
+
+
+def ours(name: str, row: dict[str, str], limit: int | None = None) -> tuple[float, float]:
+    """pipewright's ``name`` on the setting of a CSV row, built with those costs (and ``limit``
+    microbatches in flight where given): simulated makespan and largest peak."""
+    from pipewright.schedules import ScheduleCosts, build_schedule
+
+    p, m, comm = int(row["p"]), int(row["m"]), float(row["comm"])
+    fiw = (float(row["f"]), float(row["i"]), float(row["w"]))
+    n = 2 * p if name in ("zbv", "v-half", "v-min") else p
+    costs = ScheduleCosts(*((x,) * n for x in fiw), comm, limit)
+    return score(build_schedule(name, p, m, costs=costs), fiw, comm)
+
+
+#: the reference each of our schedules is held to and the memory limit it is built with ("p", "2p")
+HELD_TO = {
+    "zb-1p": (("zb-auto", "p"), ("zb-h1", None)),
+    "zb-2p": (("zb-auto", "2p"), ("zb-h2", None)),
+    "zbv": (("zbv", None),),
+    "v-half": (("v-half", None),),
+    "v-min": (("v-min", None),),
+}
+
+
+def markdown_table(path: Path = OUT) -> str:
+    """The reference's makespan and peak beside ours for every row of ``path``."""
+    with path.open() as fh:
+        rows = list(csv.DictReader(fh))
+    lines = [
+        "| p | m | F:I:W | comm | reference | its makespan / peak | pipewright | makespan / peak |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        p = int(row["p"])
+        for name, limit in HELD_TO[row["reference"]]:
+            t, peak = ours(name, row, {None: None, "p": p, "2p": 2 * p}[limit])
+            label = name + (f" (limit {limit})" if limit else "")
+            fiw = f"{float(row['f']):g}:{float(row['i']):g}:{float(row['w']):g}"
+            lines.append(
+                f"| {p} | {row['m']} | {fiw} | {float(row['comm']):g} | {row['reference']} | "
+                f"{float(row['makespan']):g} / {float(row['peak']):g} | {label} | {t:g} / {peak:g} |"
+            )
+    return "\n".join(lines)

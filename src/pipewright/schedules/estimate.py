@@ -34,10 +34,24 @@ def order_makespan(rows: Sequence[Sequence[Action]], placement: Sequence[int], c
     """Finish time of the last action of ``rows`` (per-rank orders) with stage s on rank
     ``placement[s]``; ``math.inf`` when the orders cannot run to completion. An I ends the backward
     of its stage for B's sake too (B = I + W of that stage)."""
+    return _times(rows, placement, costs)[0]
+
+
+def order_span(rows: Sequence[Sequence[Action]], placement: Sequence[int], costs: ScheduleCosts) -> float:
+    """The longest time any rank spends from the start of its first action to the end of its last: the
+    objective of the Zero Bubble authors' scheduler, and about the period of iterations that follow each
+    other without an optimizer barrier (the paper's post-validation); ``math.inf`` if they cannot run."""
+    return _times(rows, placement, costs)[1]
+
+
+def _times(
+    rows: Sequence[Sequence[Action]], placement: Sequence[int], costs: ScheduleCosts
+) -> tuple[float, float]:
     last = len(placement) - 1
     price = {F: costs.f, I: costs.i, W: costs.w}
     end: dict[tuple[int, str, int], float] = {}
     clock = [0.0] * len(rows)
+    first = [math.inf] * len(rows)
     pos = [0] * len(rows)
     progress = True
     while progress:
@@ -57,10 +71,12 @@ def order_makespan(rows: Sequence[Sequence[Action]], placement: Sequence[int], c
                     t = costs.i[a.stage] + costs.w[a.stage]
                 else:
                     t = price[a.kind][a.stage] if a.kind in price else 0.0
+                first[r] = min(first[r], start)
                 clock[r] = start + t
                 end[(a.stage, I if a.kind == B else a.kind, a.microbatch)] = clock[r]
                 pos[r] += 1
                 progress = True
     if any(p < len(row) for p, row in zip(pos, rows, strict=True)):
-        return math.inf
-    return max(clock, default=0.0)
+        return math.inf, math.inf
+    spans = [c - f for c, f in zip(clock, first, strict=True) if f < math.inf]
+    return max(clock, default=0.0), max(spans, default=0.0)

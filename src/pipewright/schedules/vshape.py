@@ -312,7 +312,7 @@ def v_half(p: int, m: int, v: int = 2) -> Schedule:
 
 
 def v_half_blocks(p: int, m: int) -> Schedule:
-    """V-Half's block order before the squeeze (the schedule ``v-half`` was up to session 4): peak
+    """V-Half's block order before the squeeze: peak
     :func:`block_memory`, bubble 5, 7, 12, 14, 19, 21, 26 for p = 2..8 with unit costs."""
     return _from_block("v-half", p, m)
 

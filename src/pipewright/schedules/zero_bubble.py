@@ -23,7 +23,7 @@ from fractions import Fraction
 
 from pipewright.errors import ScheduleError
 from pipewright.ir import Action, F, I, Schedule, W, loop_placement, peak_in_flight
-from pipewright.schedules.estimate import order_makespan
+from pipewright.schedules.estimate import order_makespan, order_span
 from pipewright.schedules.registry import ScheduleCosts, ScheduleInfo
 from pipewright.schedules.zb_greedy import StageCosts, all_orders
 
@@ -92,14 +92,20 @@ def _fastest(
     m: int,
     costs: ScheduleCosts,
     options: Sequence[tuple[str, Sequence[Sequence[Action]]]],
+    *,
+    steady: bool = False,
     **meta: object,
 ) -> Schedule:
     """The option with the least :func:`~pipewright.schedules.estimate.order_makespan` under ``costs``
-    (ties: the first); ``meta["order"]`` names where it came from, ``meta["estimated_makespan"]`` its
-    estimate."""
+    — with ``steady``, the least :func:`~pipewright.schedules.estimate.order_span` (the period without
+    an optimizer barrier, which a schedule that needs post-validation runs with), makespan second — ties:
+    the first; ``meta["order"]`` names where it came from, ``meta["estimated_makespan"]`` its makespan."""
     placement = loop_placement(p)
-    scored = [(order_makespan(rows, placement, costs), n) for n, (_, rows) in enumerate(options)]
-    best, n = min(scored)
+    scored = []
+    for n, (_, rows) in enumerate(options):
+        makespan, span = order_makespan(rows, placement, costs), order_span(rows, placement, costs)
+        scored.append(((span, makespan) if steady else (makespan,), makespan, n))
+    _, best, n = min(scored)
     label, rows = options[n]
     return _schedule(name, p, m, rows, order=label, estimated_makespan=best, **meta)
 
@@ -160,7 +166,7 @@ def zb_h2_costed(p: int, m: int, v: int, costs: ScheduleCosts) -> Schedule:
     candidates (:func:`zb_h1_costed`) and the automatic scheduler at ZB-H2's memory (limit 2p, the
     reference code's 2p schedule), so never slower than ``zb-h1`` under the same costs."""
     options = [*_h2_options(p, m, costs), *_h1_options(p, m, costs)[1:], *_greedy(p, m, costs, 2 * p)]
-    return _fastest("zb-h2", p, m, costs, options, needs_post_validation=True)
+    return _fastest("zb-h2", p, m, costs, options, steady=True, needs_post_validation=True)
 
 
 def zb_auto(
@@ -201,10 +207,14 @@ def zb_auto(
         )
     costs = ScheduleCosts(tuple(f), tuple(i), tuple(w), comm)
     options = _greedy(p, m, costs, limit)
+    if limit > p:  # ZB-1p's orders fit a larger limit too (the candidates of zb-h2 at 2p)
+        options += _greedy(p, m, costs, p)
     for label, sched in (("zb-h1", _handcrafted_h1(p, m)), ("zb-h2", _handcrafted_h2(p, m))):
         if max(peak_in_flight(sched)) <= limit:
             options.append((label, sched.actions))
-    return _fastest("zb-auto", p, m, costs, options, memory_limit=limit)
+    steady = limit >= 2 * p - 1  # ZB-2p-like: the paper runs it with post-validation
+    meta = {"needs_post_validation": True} if steady else {}
+    return _fastest("zb-auto", p, m, costs, options, steady=steady, memory_limit=limit, **meta)
 
 
 def _zb_auto_unit(p: int, m: int, v: int = 1) -> Schedule:
