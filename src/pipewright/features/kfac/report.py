@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pipewright.cost.profiled import ProfiledCost
 from pipewright.features.kfac.cost import pipefisher_task_times
 from pipewright.features.kfac.fill import FillResult, fill_kfac
-from pipewright.schedules.registry import build_schedule
+from pipewright.schedules.registry import build_schedule, info
 from pipewright.sim.engine import simulate
 from pipewright.timeline import Span, Timeline
 
@@ -53,8 +53,8 @@ def fill_profiled(
     name: str, model: str, gpu: str, bs: int, stages: int, *, precondition: str = "end", split: bool = True
 ) -> FillResult:
     """Fill ``name`` over ``stages`` ranks (one block per model chunk, D = stages microbatches)."""
-    virtual = 2 if name in ("zbv", "v-half", "v-min", "dualpipev") else None
-    chunks = stages * (virtual or 1)
+    virtual = info(name).default_chunks
+    chunks = stages * virtual
     cost = ProfiledCost.from_pipefisher(model, gpu, bs, layers=chunks)
     times = pipefisher_task_times(model, gpu, bs, chunks, layers=chunks)
     sched = build_schedule(name, stages, stages, virtual)
