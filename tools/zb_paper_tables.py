@@ -3,7 +3,7 @@ throughput ratios for the paper's GPT models, beside the published ratios where 
 
 Setups as the paper's Table 3 (GPT, sequence 1024, vocabulary 50304, A100 SXM 80 GB, 8 GPUs per node,
 pure pipeline parallelism): 1.5B (22 layers, hidden 2304, 24 heads, 8 stages, microbatch 6), 6.2B (30,
-4096, 64, 8 stages, microbatch 3), 14.6B (46, 5120, 40, 16 stages, microbatch 1), 28.3B (62, 6144, 48,
+4096, 32, 8 stages, microbatch 3), 14.6B (46, 5120, 40, 16 stages, microbatch 1), 28.3B (62, 6144, 48,
 32 stages, microbatch 1), each at three microbatch counts. Every schedule is priced by the same
 transformer cost model (``pipewright.plan.setup.model_setup``: the embedding on the first stage, the
 output layer and loss on the last, each with one transformer layer fewer, as the paper's layer counts
@@ -14,8 +14,10 @@ post-validation, §4; three iterations simulated back to back).
 
     PYTHONPATH=src python tools/zb_paper_tables.py [--published FILE.csv]
 
-``--published``: a CSV with columns model, m, zb1p, zb2p (the paper's ratios to 1F1B) to set beside
-the predictions; the difference is printed in points (100 × ratio difference).
+``--published``: a CSV with columns model, m, zb1p, zb2p (the paper's ratios to 1F1B; the middle
+microbatch count of each model is in ``tests/data/zb_paper_ratios.csv``, from the paper's Table 4) to
+set beside the predictions, for those rows only; the difference is printed in points (100 × ratio
+difference).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from pipewright.sim import simulate  # noqa: E402
 #: name: (layers, hidden, heads, stages, microbatch size, microbatch counts)
 MODELS = {
     "1.5B": (22, 2304, 24, 8, 6, (24, 32, 64)),
-    "6.2B": (30, 4096, 64, 8, 3, (24, 32, 64)),
+    "6.2B": (30, 4096, 32, 8, 3, (24, 32, 64)),
     "14.6B": (46, 5120, 40, 16, 1, (48, 64, 128)),
     "28.3B": (62, 6144, 48, 32, 1, (96, 128, 256)),
 }
@@ -83,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
     print("|---|---|---|---|---|---|---|---|")
     for name, (_, _, _, p, _, ms) in MODELS.items():
         for m in ms:
+            if published and (name, m) not in published:
+                continue  # with --published, only its rows
             r = ratios(name, m)
             pub = published.get((name, m))
             given = f"{pub[0]:.3f} / {pub[1]:.3f}" if pub else "–"
