@@ -25,6 +25,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in _COMMANDS:
         importlib.import_module(f"pipewright.cli.{name}").register(sub)
+    from dataclasses import asdict
+
+    from pipewright.cli._help import document
+    from pipewright.runtime.config import TrainConfig
+
+    defaults = asdict(TrainConfig())
+    defaults |= {k.removesuffix("_s"): v for k, v in defaults.items() if k.endswith("_s")}
+    document(parser, defaults)  # every flag with its default (and list separator), new flags included
     return parser
 
 
