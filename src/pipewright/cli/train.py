@@ -70,6 +70,7 @@ _VALUE_FLAGS: tuple[tuple[str, type, str], ...] = (
 
 # store-true flags → TrainConfig field
 _SWITCHES: tuple[tuple[str, str], ...] = (
+    ("--overwrite", "an --out that holds a run: move that run aside (to <out>.replaced-<time>), start anew"),
     ("--shard-optimizer", "ZeRO-1: each data-parallel rank keeps 1/dp of the optimizer state"),
     ("--tie-embeddings", "tie the output layer to the input embedding (also across pipeline stages)"),
     ("--reduce-fp32", "with --precision bf16/fp16: sum data-parallel gradients in fp32"),

@@ -289,6 +289,31 @@ def resumable_checkpoint(ckpt_dir: str | Path) -> tuple[Path | None, list[str]]:
     if pointed is not None:  # never anything newer than `latest` (a save that did not finish)
         candidates = [d for d in candidates if _step_of(d) <= _step_of(pointed)]
     warnings: list[str] = []
+    chosen = _first_verified(candidates, warnings)
+    newest = _step_of(chosen) if chosen is not None else -1
+    for d in _unfinished(ckpt_dir):  # a step folder without meta.json: say so, never skip it silently
+        if _step_of(d) > newest:
+            fallback = (
+                f"resuming from {chosen.name}" if chosen is not None else "no checkpoint to resume from"
+            )
+            warnings.append(
+                f"checkpoint {d} has no {META} (a save that did not finish, or a file removed); "
+                f"skipped, {fallback}"
+            )
+    return chosen, warnings
+
+
+def _unfinished(ckpt_dir: str | Path) -> list[Path]:
+    """Folders ``step_K`` without a ``meta.json``, oldest first."""
+    ckpt_dir = Path(ckpt_dir)
+    if not ckpt_dir.is_dir():
+        return []
+    found = [d for d in ckpt_dir.iterdir() if _STEP_DIR.fullmatch(d.name) and not (d / META).is_file()]
+    return sorted(found, key=_step_of)
+
+
+def _first_verified(candidates: list[Path], warnings: list[str]) -> Path | None:
+    """The newest of ``candidates`` that verifies; a warning line for each one skipped."""
     bad: str | None = None
     for d in reversed(candidates):
         try:
@@ -299,10 +324,10 @@ def resumable_checkpoint(ckpt_dir: str | Path) -> tuple[Path | None, list[str]]:
         if bad is not None:
             warnings.append(f"{bad}; falling back to the previous complete checkpoint {d}")
             bad = None
-        return d, warnings
+        return d
     if bad is not None:
         warnings.append(f"{bad}; no older complete checkpoint to fall back to")
-    return None, warnings
+    return None
 
 
 def _step_of(path: Path) -> int:

@@ -69,6 +69,7 @@ class TrainConfig:
     out: str | None = None
     checkpoint_every: int = 0
     resume: bool = False
+    overwrite: bool = False  # an --out holding a run: move it aside (runtime/run_folder.py)
     stop_after: int | None = None
     eval_every: int = 50
     eval_batches: int = 2

@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -67,6 +68,7 @@ from pipewright.runtime.guard import RunGuard
 from pipewright.runtime.launch import init_from_env, running_under_torchrun, spawn
 from pipewright.runtime.mesh import ParallelMesh
 from pipewright.runtime.reshard import shard_layout
+from pipewright.runtime.run_folder import RunLock, check_out, claim
 from pipewright.runtime.timeline import gather_timeline
 from pipewright.runtime.tp import (
     grad_norm_params,
@@ -166,13 +168,19 @@ def prepare(config: TrainConfig, *, world_size: int | None = None) -> PreparedRu
     check_training(config, spec, schedule)  # the features' unsupported combinations (--vocab-parallel …)
     fp = fingerprint(spec, config.tokenizer, config.tp)
     out_dir = Path(config.out) if config.out else default_out_dir()
+    if config.out:  # another run's folder, or one held by a live run: refused (runtime/run_folder.py)
+        check_out(out_dir, resume=config.resume, overwrite=config.overwrite)
     resume_from, start = None, 0
     if config.resume:
         resume_from, warnings = resumable_checkpoint(out_dir / "checkpoints")
         for warning in warnings:  # a corrupted or truncated newest checkpoint: the previous one is used
             log.warning("%s", warning)
         if resume_from is None:
-            raise ConfigError(f"--resume: no checkpoint in {out_dir / 'checkpoints'}; run without --resume")
+            raise ConfigError(
+                f"--resume: no usable checkpoint in {out_dir / 'checkpoints'}"
+                + (f" ({'; '.join(warnings)})" if warnings else "")
+                + "; start again with --overwrite (moves this run aside) or another --out"
+            )
         meta = read_meta(resume_from)
         if not same_model(meta, fp, fingerprint(spec, config.tokenizer)):  # tp may differ: resharded
             raise ConfigError(
@@ -192,14 +200,29 @@ def train(config: TrainConfig) -> TrainResult:
     if running_under_torchrun():
         init_from_env(cpu_allocator=config.cpu_allocator)
         run = prepare(elastic.auto_resume(config), world_size=int(os.environ["WORLD_SIZE"]))
-        chosen = [str(run.out_dir)]  # the default folder name has a timestamp: take rank 0's
+        lock = _claim(run) if dist.get_rank() == 0 else None
+        chosen = [str(run.out_dir) if lock is None else str(lock.folder)]  # rank 0's folder
         dist.broadcast_object_list(chosen, src=0)
         run = replace(run, out_dir=Path(chosen[0]))
-        return train_worker(dist.get_rank(), run)
+        with lock or nullcontext():
+            return train_worker(dist.get_rank(), run)
     run = prepare(config)
+    lock = _claim(run)
+    run = replace(run, out_dir=lock.folder)
     if config.out is None:
         _point_latest(run.out_dir)
+    with lock:
+        return _train_local(config, run)
 
+
+def _claim(run: PreparedRun) -> RunLock:
+    """The run folder, locked for the run's life (a new default folder; an old run moved aside)."""
+    c = run.config
+    given = Path(c.out) if c.out else None
+    return claim(given, run.out_dir.parent, resume=c.resume, overwrite=c.overwrite)[1]
+
+
+def _train_local(config: TrainConfig, run: PreparedRun) -> TrainResult:
     prepared = [run]
 
     def attempt(c: TrainConfig) -> TrainResult:
