@@ -41,16 +41,17 @@ def check_value(flag: str, value: object, limit: Limit) -> None:
     None (not given) and non-numbers (checked elsewhere) pass."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return
+    shown = f"{value:g}" if isinstance(value, float) else str(value)  # TOML's 1 and the flag's 1.0 alike
     if not math.isfinite(value):
-        raise ConfigError(f"{flag} must be a finite number (got {value})")
+        raise ConfigError(f"{flag} must be a finite number (got {shown})")
     if limit.low is not None:
         if limit.strict and not value > limit.low:
             bound = "positive" if limit.low == 0 else f"greater than {limit.low:g}"
-            raise ConfigError(f"{flag} must be {bound} (got {value})")
+            raise ConfigError(f"{flag} must be {bound} (got {shown})")
         if not limit.strict and value < limit.low:
-            raise ConfigError(f"{flag} must be at least {limit.low:g} (got {value})")
+            raise ConfigError(f"{flag} must be at least {limit.low:g} (got {shown})")
     if limit.high is not None and value > limit.high:
-        raise ConfigError(f"{flag} must be at most {limit.high:g} (got {value})")
+        raise ConfigError(f"{flag} must be at most {limit.high:g} (got {shown})")
 
 
 def check_values(values: Mapping[str, object], limits: Mapping[str, Limit]) -> None:

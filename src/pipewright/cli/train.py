@@ -116,6 +116,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--profile", help="profile CSV for --compare-sim (default: profile the model first, in-process)"
     )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check everything (flags, data, schedule, layout, --out, memory/time estimate); start no worker",
+    )
     from pipewright.features import builtin_features
 
     builtin_features().add_options("train", parser)  # features' flags (--vocab-parallel): TrainConfig fields
@@ -163,6 +168,10 @@ def _train(args: argparse.Namespace) -> int:
     from pipewright.runtime.trainer import train
 
     config = config_from_args(args)
+    if args.dry_run:
+        from pipewright.cli.train_check import dry_run
+
+        return dry_run(config)
     plan = None
     if args.profile is not None and not args.compare_sim:
         raise ConfigError("--profile is used by --compare-sim; add --compare-sim")

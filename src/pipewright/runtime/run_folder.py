@@ -202,3 +202,15 @@ def claim(folder: Path | None, root: Path, *, resume: bool, overwrite: bool) -> 
         moved = move_aside(folder)
         log.warning("warning: --overwrite: moved the previous run in %s to %s", folder, moved)
     return folder, RunLock(folder).acquire()
+
+
+def no_checkpoint_advice(folder: Path, skipped: list[str]) -> str:
+    """The one line for ``--resume`` without a usable checkpoint: what was skipped, and a way on that
+    keeps what the folder holds (never "run without --resume", which would write over it)."""
+    why = f" ({'; '.join(skipped)})" if skipped else ""
+    found = holds_run(folder)
+    if found:
+        way = "start again with --overwrite (moves this run aside) or choose another --out"
+    else:
+        way = "run without --resume to start it"
+    return f"--resume: no checkpoint to resume in {folder / 'checkpoints'}{why}; {way}"

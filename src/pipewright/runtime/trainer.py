@@ -65,10 +65,11 @@ from pipewright.runtime.checkpoint import (
 from pipewright.runtime.config import TrainConfig, fingerprint
 from pipewright.runtime.executor import PipelineExecutor
 from pipewright.runtime.guard import RunGuard
-from pipewright.runtime.launch import init_from_env, running_under_torchrun, spawn
+from pipewright.runtime.launch import default_backend, init_from_env, running_under_torchrun, spawn
 from pipewright.runtime.mesh import ParallelMesh
 from pipewright.runtime.reshard import shard_layout
-from pipewright.runtime.run_folder import RunLock, check_out, claim
+from pipewright.runtime.run_folder import RunLock, check_out, claim, no_checkpoint_advice
+from pipewright.runtime.size_check import check_fits
 from pipewright.runtime.timeline import gather_timeline
 from pipewright.runtime.tp import (
     grad_norm_params,
@@ -176,11 +177,7 @@ def prepare(config: TrainConfig, *, world_size: int | None = None) -> PreparedRu
         for warning in warnings:  # a corrupted or truncated newest checkpoint: the previous one is used
             log.warning("%s", warning)
         if resume_from is None:
-            raise ConfigError(
-                f"--resume: no usable checkpoint in {out_dir / 'checkpoints'}"
-                + (f" ({'; '.join(warnings)})" if warnings else "")
-                + "; start again with --overwrite (moves this run aside) or another --out"
-            )
+            raise ConfigError(no_checkpoint_advice(out_dir, warnings))
         meta = read_meta(resume_from)
         if not same_model(meta, fp, fingerprint(spec, config.tokenizer)):  # tp may differ: resharded
             raise ConfigError(
@@ -190,7 +187,9 @@ def prepare(config: TrainConfig, *, world_size: int | None = None) -> PreparedRu
         start = int(meta["step"])
         if start >= config.steps:
             raise ConfigError(f"--resume: the checkpoint is at step {start}, --steps is {config.steps}")
-    return PreparedRun(config, spec, schedule, layout, out_dir, fp, resume_from, start)
+    run = PreparedRun(config, spec, schedule, layout, out_dir, fp, resume_from, start)
+    check_fits(run, cpu=default_backend() == "gloo" and world_size is None)  # runtime/size_check.py
+    return run
 
 
 def train(config: TrainConfig) -> TrainResult:
