@@ -158,3 +158,19 @@ def test_help_shows_train_defaults_from_the_config(capsys) -> None:
 def test_config_error_is_a_pipewright_error() -> None:
     with pytest.raises(ConfigError):
         TrainConfig(lr=float("inf")).check()
+
+
+def test_unwritable_out_is_refused_before_workers_start(capsys, tmp_path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    line = _err(capsys, ["train", "--model", "gpt-tiny", "--out", str(blocker / "run"), "--dry-run"])
+    assert "--out" in line and "is a file, not a folder" in line
+
+
+def test_out_without_room_for_a_checkpoint_is_refused(capsys, tmp_path, monkeypatch) -> None:
+    import shutil
+
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=1000))
+    line = _err(capsys, ["train", "--model", "gpt-tiny", "--out", str(tmp_path / "r"), "--dry-run"])
+    assert "a checkpoint needs about" in line

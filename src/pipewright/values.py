@@ -122,6 +122,8 @@ def check_train(config: object) -> list[str]:
     """A TrainConfig's numbers: non-finite or out-of-range values raise (:data:`TRAIN_LIMITS`); returns
     the warnings of :func:`train_warnings`."""
     values = dict(vars(config))
+    if values.get("on_save_error", "stop") not in ("stop", "retry", "skip"):
+        raise ConfigError(f"--on-save-error {values['on_save_error']!r}: choose one of stop, retry, skip")
     check_finite(values)
     check_values(values, TRAIN_LIMITS)
     return train_warnings(values["steps"], values["warmup"], values["stop_after"], values["lr"])

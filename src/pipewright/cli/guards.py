@@ -142,3 +142,34 @@ def _check_csv_agrees(args: argparse.Namespace) -> None:
             f"--schedule {args.schedule} has {sched.num_ranks} ranks, {v} chunk(s) per rank and "
             f"{sched.num_microbatches} microbatches; {', '.join(wrong)} disagree(s): drop or correct them"
         )
+
+
+def check_profile(args: argparse.Namespace) -> None:
+    """``profile``: the output writable, every number finite and in range, and one layer's measurement
+    (weights, gradients and AdamW state, 16 bytes a parameter, plus a microbatch's activations and
+    logits) within this machine's available memory — all before the minutes of measuring."""
+    from pipewright.cost.activations import runtime_layer_elements
+    from pipewright.cost.transformer import layer_parameters
+    from pipewright.models.presets import resolve_model
+    from pipewright.runtime.size_check import available_bytes
+
+    check_writable(args.out, "--out")
+    values = vars(args)
+    check_finite(values)
+    positive = ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len", "tp", "repeats")
+    check_values(values, {n: POSITIVE for n in positive})  # the profiler checks the others itself
+    if min(args.microbatch_size) < 1 or args.contention < 0 or args.warmup < 0:
+        return  # the profiler's own one-line errors
+    dims = ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len")
+    spec = resolve_model(args.model or "gpt-small-cpu", **{d: values.get(d) for d in dims})
+    b = max(args.microbatch_size)
+    sbh = spec.seq_len * b * spec.hidden
+    need = 16 * layer_parameters(spec) + 4 * sbh * runtime_layer_elements(spec, "none")
+    need += 8 * spec.seq_len * b * spec.vocab + 16 * spec.vocab * spec.hidden
+    free = available_bytes()
+    if free is not None and need * max(args.workers or args.tp, 1) > free:
+        raise ConfigError(
+            f"profiling {spec.name} (h={spec.hidden}, s={spec.seq_len}, V={spec.vocab}, b={b}) needs about "
+            f"{need / 2**30:.1f} GiB per process, more than the {free / 2**30:.1f} GiB available; use "
+            "smaller --hidden, --seq-len, --vocab or --microbatch-size"
+        )

@@ -54,6 +54,11 @@ _VALUE_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--keep-checkpoints", int, "keep only the newest K checkpoints (0: all)"),
     ("--max-restarts", int, "restart the workers from the latest checkpoint up to N times after a failure"),
     ("--on-nonfinite", str, "stop or skip: what a NaN/inf loss or gradient does to its step"),
+    (
+        "--on-save-error",
+        str,
+        "stop, retry or skip: what a failed checkpoint save does (the last one is kept)",
+    ),
     ("--recompute", str, "activation recomputation: none, selective (attention core) or full (per layer)"),
     (
         "--precision",
@@ -168,13 +173,13 @@ def _train(args: argparse.Namespace) -> int:
     from pipewright.runtime.trainer import train
 
     config = config_from_args(args)
-    if args.dry_run:
-        from pipewright.cli.train_check import dry_run
-
-        return dry_run(config)
     plan = None
     if args.profile is not None and not args.compare_sim:
         raise ConfigError("--profile is used by --compare-sim; add --compare-sim")
+    if args.dry_run:
+        from pipewright.cli.train_check import dry_run
+
+        return dry_run(config, profile=args.profile)
     if args.compare_sim:
         from pipewright.runtime.compare import plan_comparison
 

@@ -80,6 +80,7 @@ class TrainConfig:
     keep_checkpoints: int = 0
     max_restarts: int = 0
     on_nonfinite: str = "stop"
+    on_save_error: str = "stop"  # a failed checkpoint save: stop, retry or skip (runtime/save_errors.py)
     progress: bool = True
     artifacts: bool = True
     recompute: str = "none"

@@ -45,6 +45,8 @@ def _job_id() -> str | None:
 
 
 def _alive(pid: int) -> bool:
+    if pid <= 0:  # never probe process groups (kill(0|-1, 0))
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -84,10 +86,10 @@ def read_lock(folder: Path) -> Holder | None:
     try:
         data = json.loads(path.read_text())
         return Holder(int(data["pid"]), str(data["host"]), str(data.get("started", "?")), data.get("job"))
-    except FileNotFoundError:
+    except OSError:  # no lock (or no folder yet)
         return None
-    except (OSError, ValueError, KeyError, TypeError):  # unreadable or half-written: treat as a dead holder
-        return Holder(-1, socket.gethostname(), "?", None)
+    except (ValueError, KeyError, TypeError):  # half-written: a holder that died while writing it
+        return Holder(0, socket.gethostname(), "?", None)
 
 
 def _check_holder(folder: Path) -> Holder | None:

@@ -13,7 +13,9 @@ Per pipeline rank r (tp = t, its stages' layers l_r, the schedule's peak microba
   8bsh² + 4bshf + 4bs²h), an optimistic rate, so a refusal is certain: the next stage waits at least
   that long in a receive;
 - step time ≈ 3 × (forward FLOPs of the global batch) / (``CPU_FLOPS`` × processes) (backward = 2×
-  forward), shown by ``train --dry-run``.
+  forward), shown by ``train --dry-run``;
+- one checkpoint ≈ 12 bytes per parameter (fp32 weights, AdamW's two moments): the free disk space
+  ``--out`` needs, checked with its writability.
 
 On a CPU run every process lives on this machine, so their sum is compared with the available
 memory (``MemAvailable``); GPU runs are compared per device elsewhere (not here).
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from pipewright.cost.activations import runtime_stage_peak_bytes
 from pipewright.cost.transformer import layer_forward_flops, layer_parameters, logit_forward_flops
 from pipewright.errors import ConfigError
+from pipewright.files import check_writable_folder
 from pipewright.ir import peak_in_flight
 
 #: an optimistic single-thread CPU rate (FLOP/s): a time estimate from it is a lower bound
@@ -41,6 +44,7 @@ class SizeEstimate:
     processes: int
     forward_s: list[float]  # one microbatch's forward on each pipeline rank (lower bound)
     step_s: float  # lower bound
+    checkpoint_bytes: float  # one checkpoint: fp32 weights and AdamW's two moments, 12 bytes a parameter
 
     @property
     def total_bytes(self) -> float:
@@ -51,7 +55,8 @@ class SizeEstimate:
         peak = max(self.rank_bytes)
         return (
             f"estimated memory {self.total_bytes / 2**30:.2f} GiB over {self.processes} process(es) "
-            f"(up to {peak / 2**30:.2f} GiB per process); a step takes at least {self.step_s:.3g} s"
+            f"(up to {peak / 2**30:.2f} GiB per process); a step takes at least {self.step_s:.3g} s; "
+            f"a checkpoint takes about {self.checkpoint_bytes / 2**30:.3g} GiB"
         )
 
 
@@ -99,7 +104,9 @@ def estimate(run) -> SizeEstimate:
         flops = layers * layer_forward_flops(spec, b) + (last_stage in stages) * logit_forward_flops(spec, b)
         forward_s.append(flops / t / CPU_FLOPS)
     total_fwd = c.global_batch * (spec.layers * layer_forward_flops(spec, 1) + logit_forward_flops(spec, 1))
-    return SizeEstimate(rank_bytes, c.world_size, forward_s, 3 * total_fwd / (CPU_FLOPS * c.world_size))
+    step_s = 3 * total_fwd / (CPU_FLOPS * c.world_size)
+    params = spec.layers * layer_parameters(spec) + 2 * spec.vocab * spec.hidden
+    return SizeEstimate(rank_bytes, c.world_size, forward_s, step_s, 12 * params)
 
 
 def check_fits(run, *, cpu: bool) -> SizeEstimate:
@@ -107,6 +114,8 @@ def check_fits(run, *, cpu: bool) -> SizeEstimate:
     whose one-microbatch forward on some rank outlasts ``--recv-timeout``; returns the estimate."""
     est = estimate(run)
     c = run.config
+    # the run folder: writable, with room for one checkpoint (files.py), before any worker starts
+    check_writable_folder(run.out_dir, "--out", need_bytes=int(est.checkpoint_bytes))
     if cpu:
         free = available_bytes()
         if free is not None and est.total_bytes > free:

@@ -32,7 +32,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from tqdm import tqdm
 
 from pipewright.codec import load_csv
 from pipewright.cost.placement import loss_stage
@@ -67,8 +66,10 @@ from pipewright.runtime.executor import PipelineExecutor
 from pipewright.runtime.guard import RunGuard
 from pipewright.runtime.launch import default_backend, init_from_env, running_under_torchrun, spawn
 from pipewright.runtime.mesh import ParallelMesh
+from pipewright.runtime.progress_log import progress, strict_json
 from pipewright.runtime.reshard import shard_layout
 from pipewright.runtime.run_folder import RunLock, check_out, claim, no_checkpoint_advice
+from pipewright.runtime.save_errors import with_policy
 from pipewright.runtime.size_check import check_fits
 from pipewright.runtime.timeline import gather_timeline
 from pipewright.runtime.tp import (
@@ -399,15 +400,25 @@ class Trainer:
             scaler.load_state(meta["loss_scaler"])
         return int(meta["step"])
 
-    def save(self, done: int) -> Path:
+    def save(self, done: int) -> Path | None:
         """Checkpoint after ``done`` steps (collective); a stalled save is reported by the guard."""
         scaler = self.options.scaler
         meta = self.meta if scaler is None else {**self.meta, "loss_scaler": scaler.state()}
-        with self.guard.saving(done) as options:
-            folder = self.run.out_dir / "checkpoints"
-            return save_checkpoint(
-                folder, done, self.named_shards, self.optimizer, meta=meta, extra=self.extra_state, **options
-            )
+        folder = self.run.out_dir / "checkpoints"
+
+        def save() -> Path:
+            with self.guard.saving(done) as options:
+                return save_checkpoint(
+                    folder,
+                    done,
+                    self.named_shards,
+                    self.optimizer,
+                    meta=meta,
+                    extra=self.extra_state,
+                    **options,
+                )
+
+        return with_policy(save, self.config.on_save_error, f"step {done}")  # --on-save-error
 
     def forward_backward(self, step: int) -> float:
         """Zero the gradients and run the schedule on global batch ``step``; gradients end up reduced
@@ -537,14 +548,12 @@ class MetricsWriter:
         self.path.write_text("".join(ln + "\n" for ln in kept))
         (run.out_dir / "config.json").write_text(json.dumps(asdict(run.config), indent=1, default=str))
         self.progress = None
-        if run.config.progress:
-            self.progress = tqdm(
-                total=run.config.steps, initial=start, desc="train", unit="step", dynamic_ncols=True
-            )
+        if run.config.progress:  # a bar on a terminal, plain lines in a log (runtime/progress_log.py)
+            self.progress = progress(run.config.steps, start)
 
     def write(self, record: dict) -> None:
         with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(strict_json(record) + "\n")  # NaN/inf as null
         if self.progress is not None:
             self.progress.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:,.0f}")
             self.progress.update(1)
