@@ -164,9 +164,6 @@ def _vectors(path: tuple[str, ...], parser: argparse.ArgumentParser, files: dict
     return vector()
 
 
-T0 = [0.0]
-
-
 class _Timeout(Exception):
     pass
 
@@ -177,9 +174,6 @@ def _on_alarm(signum, frame):
 
 def _run(vector: Vector) -> None:
     out, err = io.StringIO(), io.StringIO()
-    import time
-
-    T0[0] = time.monotonic()
     previous = signal.signal(signal.SIGALRM, _on_alarm)
     signal.setitimer(signal.ITIMER_REAL, BOUND_S)
     try:
@@ -193,11 +187,6 @@ def _run(vector: Vector) -> None:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-    import os, time
-
-    if os.environ.get("FUZZ_SLOW"):
-        with open(os.environ["FUZZ_SLOW"], "a") as f:
-            f.write(f"{time.monotonic() - T0[0]:.3f} {code} {' '.join(vector.argv)}\n")
     text = err.getvalue().strip()
     assert "Traceback" not in text, f"pipewright {' '.join(vector.argv)}\n{text}"
     if code != 0:

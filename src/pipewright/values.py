@@ -22,6 +22,8 @@ class Limit:
     strict: bool = False
 
 
+#: the largest integer any option takes (what torch, numpy and the C libraries below them hold)
+INT_MAX = 2**63 - 1
 #: counts that must be at least one
 POSITIVE = Limit(low=1)
 #: counts where 0 means "never" / "all"
@@ -36,6 +38,10 @@ def flag_name(name: str) -> str:
     return "--" + name.removesuffix("_s").replace("_", "-") if not name.startswith("-") else name
 
 
+def _bound(x: float) -> str:
+    return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
+
+
 def check_value(flag: str, value: object, limit: Limit) -> None:
     """Raise a one-line :class:`ConfigError` when ``value`` is not finite or outside ``limit``.
     None (not given) and non-numbers (checked elsewhere) pass."""
@@ -46,12 +52,13 @@ def check_value(flag: str, value: object, limit: Limit) -> None:
         raise ConfigError(f"{flag} must be a finite number (got {shown})")
     if limit.low is not None:
         if limit.strict and not value > limit.low:
-            bound = "positive" if limit.low == 0 else f"greater than {limit.low:g}"
+            bound = "positive" if limit.low == 0 else f"greater than {_bound(limit.low)}"
             raise ConfigError(f"{flag} must be {bound} (got {shown})")
         if not limit.strict and value < limit.low:
-            raise ConfigError(f"{flag} must be at least {limit.low:g} (got {shown})")
-    if limit.high is not None and value > limit.high:
-        raise ConfigError(f"{flag} must be at most {limit.high:g} (got {shown})")
+            raise ConfigError(f"{flag} must be at least {_bound(limit.low)} (got {shown})")
+    high = limit.high if limit.high is not None else (INT_MAX if isinstance(value, int) else None)
+    if high is not None and value > high:
+        raise ConfigError(f"{flag} must be at most {_bound(high)} (got {shown})")
 
 
 def check_values(values: Mapping[str, object], limits: Mapping[str, Limit]) -> None:
@@ -93,10 +100,14 @@ TRAIN_LIMITS: dict[str, Limit] = {
             "eval_batches",
         )
     },
-    **{
-        n: COUNT
-        for n in ("checkpoint_every", "eval_every", "warmup", "keep_checkpoints", "max_restarts", "seed")
-    },
+    **{n: COUNT for n in ("checkpoint_every", "eval_every", "warmup", "keep_checkpoints", "max_restarts")},
+    # sizes past these build structures of ~10⁸ entries before any memory estimate can run
+    "layers": Limit(low=1, high=100_000),
+    "pp": Limit(low=1, high=100_000),
+    "virtual": Limit(low=1, high=1_000),
+    "seq_len": Limit(low=1, high=10_000_000),
+    "vocab": Limit(low=1, high=100_000_000),
+    "seed": Limit(low=0, high=2**63 - 1),
     "lr": POSITIVE_REAL,
     "min_lr_ratio": FRACTION,
     "weight_decay": COUNT,
@@ -104,6 +115,10 @@ TRAIN_LIMITS: dict[str, Limit] = {
     "recv_timeout_s": POSITIVE_REAL,
     "collective_timeout_s": POSITIVE_REAL,
 }
+
+
+#: the largest schedule ``train`` builds (3·p·v·m actions): a million microbatch passes per step
+MAX_TRAIN_ACTIONS = 2_000_000
 
 
 def train_warnings(steps: int, warmup: int, stop_after: int | None, lr: float) -> list[str]:
@@ -126,4 +141,11 @@ def check_train(config: object) -> list[str]:
         raise ConfigError(f"--on-save-error {values['on_save_error']!r}: choose one of stop, retry, skip")
     check_finite(values)
     check_values(values, TRAIN_LIMITS)
+    actions = 3 * values["pp"] * (values["virtual"] or 1) * values["microbatches"]
+    if actions > MAX_TRAIN_ACTIONS:
+        raise ConfigError(
+            f"--pp {values['pp']} × --microbatches {values['microbatches']} make a schedule of about "
+            f"{actions:,} actions, more than {MAX_TRAIN_ACTIONS:,}; use fewer microbatches (a larger "
+            "--microbatch-size) or fewer stages"
+        )
     return train_warnings(values["steps"], values["warmup"], values["stop_after"], values["lr"])
