@@ -174,3 +174,10 @@ def test_out_without_room_for_a_checkpoint_is_refused(capsys, tmp_path, monkeypa
     monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=1000))
     line = _err(capsys, ["train", "--model", "gpt-tiny", "--out", str(tmp_path / "r"), "--dry-run"])
     assert "a checkpoint needs about" in line
+
+
+def test_empty_data_file_is_named(capsys, tmp_path) -> None:
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    line = _err(capsys, ["train", "--data", str(empty), "--dry-run"])
+    assert "empty.txt: no text (0 bytes)" in line and "corpus-" not in line

@@ -134,3 +134,15 @@ def test_checkpoint_without_meta_is_reported_not_skipped_silently(tmp_path) -> N
     found, warnings = resumable_checkpoint(tmp_path)
     assert found is None and len(warnings) == 1
     assert "step_10" in warnings[0] and "meta.json" in warnings[0] and "skipped" in warnings[0]
+
+
+def test_resume_of_another_model_names_the_dimension() -> None:
+    from dataclasses import asdict
+
+    from pipewright.runtime.config import TrainConfig
+    from pipewright.runtime.resume_check import model_difference
+
+    meta = {"config": asdict(TrainConfig(model="gpt-tiny", layers=6))}
+    spec = TrainConfig(model="gpt-tiny", layers=4).model_spec(256)
+    assert model_difference(meta, spec, tp=1) == "--layers 6 (this run: 4)"
+    assert model_difference({}, spec, tp=1) == ""

@@ -163,6 +163,8 @@ def tokenize_corpus(
 
     log.info("tokenizing %s (%d files) with %s into %s", description, len(files), spec, bin_path)
     blobs = _read_all(root, files, progress)
+    if not any(blobs):  # else the error would name the cache file built from nothing
+        raise DataError(f"{description}: no text (0 bytes); give a file or folder with training text")
     codec = fit_codec(spec, blobs, progress)
     ids = codec.encode(blobs, progress)
     num_bytes = sum(len(b) for b in blobs)

@@ -68,6 +68,7 @@ from pipewright.runtime.launch import default_backend, init_from_env, running_un
 from pipewright.runtime.mesh import ParallelMesh
 from pipewright.runtime.progress_log import progress, strict_json
 from pipewright.runtime.reshard import shard_layout
+from pipewright.runtime.resume_check import model_difference
 from pipewright.runtime.run_folder import RunLock, check_out, claim, no_checkpoint_advice
 from pipewright.runtime.save_errors import with_policy
 from pipewright.runtime.size_check import check_fits
@@ -181,9 +182,11 @@ def prepare(config: TrainConfig, *, world_size: int | None = None) -> PreparedRu
             raise ConfigError(no_checkpoint_advice(out_dir, warnings))
         meta = read_meta(resume_from)
         if not same_model(meta, fp, fingerprint(spec, config.tokenizer)):  # tp may differ: resharded
+            differs = model_difference(meta, spec, config.tp)  # runtime/resume_check.py
             raise ConfigError(
-                f"--resume: checkpoint {resume_from} belongs to another model ({meta.get('model', '?')}); "
-                "use the same model dimensions and --tp, or a new --out"
+                f"--resume: checkpoint {resume_from} belongs to another model ({meta.get('model', '?')}"
+                + (f"; saved with {differs}" if differs else "")
+                + "); use the same model dimensions and --tp, or a new --out"
             )
         start = int(meta["step"])
         if start >= config.steps:
