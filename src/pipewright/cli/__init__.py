@@ -26,15 +26,21 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in _COMMANDS:
         importlib.import_module(f"pipewright.cli.{name}").register(sub)
+    from pipewright.cli._help import document
+
+    document(parser, _train_defaults)  # every flag with its default (and list separator), new flags included
+    return parser
+
+
+@functools.cache
+def _train_defaults() -> dict[str, object]:
+    """TrainConfig's defaults by flag destination (``recv_timeout`` for ``recv_timeout_s``)."""
     from dataclasses import asdict
 
-    from pipewright.cli._help import document
     from pipewright.runtime.config import TrainConfig
 
     defaults = asdict(TrainConfig())
-    defaults |= {k.removesuffix("_s"): v for k, v in defaults.items() if k.endswith("_s")}
-    document(parser, defaults)  # every flag with its default (and list separator), new flags included
-    return parser
+    return defaults | {k.removesuffix("_s"): v for k, v in defaults.items() if k.endswith("_s")}
 
 
 @functools.cache
