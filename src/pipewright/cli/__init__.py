@@ -4,6 +4,7 @@ that sets ``func`` on its parser; adding a command means adding its module to ``
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import logging
 import sys
@@ -25,11 +26,32 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in _COMMANDS:
         importlib.import_module(f"pipewright.cli.{name}").register(sub)
+    from pipewright.cli._help import document
+
+    document(parser, _train_defaults)  # every flag with its default (and list separator), new flags included
     return parser
 
 
+@functools.cache
+def _train_defaults() -> dict[str, object]:
+    """TrainConfig's defaults by flag destination (``recv_timeout`` for ``recv_timeout_s``)."""
+    from dataclasses import asdict
+
+    from pipewright.runtime.config import TrainConfig
+
+    defaults = asdict(TrainConfig())
+    return defaults | {k.removesuffix("_s"): v for k, v in defaults.items() if k.endswith("_s")}
+
+
+@functools.cache
+def _parser() -> argparse.ArgumentParser:
+    """One parser per process: in-process callers (tests, the CLI fuzzer) reuse it; argparse keeps no
+    state between ``parse_args`` calls."""
+    return build_parser()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    parser = _parser()
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     try:

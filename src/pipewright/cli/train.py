@@ -54,6 +54,11 @@ _VALUE_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--keep-checkpoints", int, "keep only the newest K checkpoints (0: all)"),
     ("--max-restarts", int, "restart the workers from the latest checkpoint up to N times after a failure"),
     ("--on-nonfinite", str, "stop or skip: what a NaN/inf loss or gradient does to its step"),
+    (
+        "--on-save-error",
+        str,
+        "stop, retry or skip: what a failed checkpoint save does (the last one is kept)",
+    ),
     ("--recompute", str, "activation recomputation: none, selective (attention core) or full (per layer)"),
     (
         "--precision",
@@ -70,6 +75,7 @@ _VALUE_FLAGS: tuple[tuple[str, type, str], ...] = (
 
 # store-true flags → TrainConfig field
 _SWITCHES: tuple[tuple[str, str], ...] = (
+    ("--overwrite", "an --out that holds a run: move that run aside (to <out>.replaced-<time>), start anew"),
     ("--shard-optimizer", "ZeRO-1: each data-parallel rank keeps 1/dp of the optimizer state"),
     ("--tie-embeddings", "tie the output layer to the input embedding (also across pipeline stages)"),
     ("--reduce-fp32", "with --precision bf16/fp16: sum data-parallel gradients in fp32"),
@@ -114,6 +120,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     parser.add_argument(
         "--profile", help="profile CSV for --compare-sim (default: profile the model first, in-process)"
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check everything (flags, data, schedule, layout, --out, memory/time estimate); start no worker",
     )
     from pipewright.features import builtin_features
 
@@ -165,6 +176,10 @@ def _train(args: argparse.Namespace) -> int:
     plan = None
     if args.profile is not None and not args.compare_sim:
         raise ConfigError("--profile is used by --compare-sim; add --compare-sim")
+    if args.dry_run:
+        from pipewright.cli.train_check import dry_run
+
+        return dry_run(config, profile=args.profile)
     if args.compare_sim:
         from pipewright.runtime.compare import plan_comparison
 

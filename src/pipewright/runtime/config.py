@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -68,6 +69,7 @@ class TrainConfig:
     out: str | None = None
     checkpoint_every: int = 0
     resume: bool = False
+    overwrite: bool = False  # an --out holding a run: move it aside (runtime/run_folder.py)
     stop_after: int | None = None
     eval_every: int = 50
     eval_batches: int = 2
@@ -78,6 +80,7 @@ class TrainConfig:
     keep_checkpoints: int = 0
     max_restarts: int = 0
     on_nonfinite: str = "stop"
+    on_save_error: str = "stop"  # a failed checkpoint save: stop, retry or skip (runtime/save_errors.py)
     progress: bool = True
     artifacts: bool = True
     recompute: str = "none"
@@ -114,11 +117,11 @@ class TrainConfig:
             import tomllib
         except ImportError:  # Python 3.10
             import tomli as tomllib
+        from pipewright.files import read_text
+
         path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file {path} does not exist")
         try:
-            data = tomllib.loads(path.read_text())
+            data = tomllib.loads(read_text(path, "config file"))
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: not valid TOML ({exc})") from None
         table = data.get("train", data)  # a [train] table or top-level keys
@@ -192,6 +195,10 @@ class TrainConfig:
 
     def check(self) -> None:
         """Everything that can be checked without the data or the workers (one-line ConfigErrors)."""
+        from pipewright.values import check_train
+
+        for note in check_train(self):  # ranges and finiteness, same lines for flags and TOML
+            logging.getLogger(__name__).warning("warning: %s", note)
         from pipewright.features.kfac.feature import check_config as check_kfac
 
         check_kfac(self)  # --kfac-base, --kfac-opportunistic

@@ -25,13 +25,13 @@ import json
 import logging
 import os
 import time
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from tqdm import tqdm
 
 from pipewright.codec import load_csv
 from pipewright.cost.placement import loss_stage
@@ -64,9 +64,14 @@ from pipewright.runtime.checkpoint import (
 from pipewright.runtime.config import TrainConfig, fingerprint
 from pipewright.runtime.executor import PipelineExecutor
 from pipewright.runtime.guard import RunGuard
-from pipewright.runtime.launch import init_from_env, running_under_torchrun, spawn
+from pipewright.runtime.launch import default_backend, init_from_env, running_under_torchrun, spawn
 from pipewright.runtime.mesh import ParallelMesh
+from pipewright.runtime.progress_log import progress, strict_json
 from pipewright.runtime.reshard import shard_layout
+from pipewright.runtime.resume_check import model_difference
+from pipewright.runtime.run_folder import RunLock, check_out, claim, no_checkpoint_advice
+from pipewright.runtime.save_errors import with_policy
+from pipewright.runtime.size_check import check_fits
 from pipewright.runtime.timeline import gather_timeline
 from pipewright.runtime.tp import (
     grad_norm_params,
@@ -166,23 +171,29 @@ def prepare(config: TrainConfig, *, world_size: int | None = None) -> PreparedRu
     check_training(config, spec, schedule)  # the features' unsupported combinations (--vocab-parallel …)
     fp = fingerprint(spec, config.tokenizer, config.tp)
     out_dir = Path(config.out) if config.out else default_out_dir()
+    if config.out:  # another run's folder, or one held by a live run: refused (runtime/run_folder.py)
+        check_out(out_dir, resume=config.resume, overwrite=config.overwrite)
     resume_from, start = None, 0
     if config.resume:
         resume_from, warnings = resumable_checkpoint(out_dir / "checkpoints")
         for warning in warnings:  # a corrupted or truncated newest checkpoint: the previous one is used
             log.warning("%s", warning)
         if resume_from is None:
-            raise ConfigError(f"--resume: no checkpoint in {out_dir / 'checkpoints'}; run without --resume")
+            raise ConfigError(no_checkpoint_advice(out_dir, warnings))
         meta = read_meta(resume_from)
         if not same_model(meta, fp, fingerprint(spec, config.tokenizer)):  # tp may differ: resharded
+            differs = model_difference(meta, spec, config.tp)  # runtime/resume_check.py
             raise ConfigError(
-                f"--resume: checkpoint {resume_from} belongs to another model ({meta.get('model', '?')}); "
-                "use the same model dimensions and --tp, or a new --out"
+                f"--resume: checkpoint {resume_from} belongs to another model ({meta.get('model', '?')}"
+                + (f"; saved with {differs}" if differs else "")
+                + "); use the same model dimensions and --tp, or a new --out"
             )
         start = int(meta["step"])
         if start >= config.steps:
             raise ConfigError(f"--resume: the checkpoint is at step {start}, --steps is {config.steps}")
-    return PreparedRun(config, spec, schedule, layout, out_dir, fp, resume_from, start)
+    run = PreparedRun(config, spec, schedule, layout, out_dir, fp, resume_from, start)
+    check_fits(run, cpu=default_backend() == "gloo" and world_size is None)  # runtime/size_check.py
+    return run
 
 
 def train(config: TrainConfig) -> TrainResult:
@@ -192,14 +203,29 @@ def train(config: TrainConfig) -> TrainResult:
     if running_under_torchrun():
         init_from_env(cpu_allocator=config.cpu_allocator)
         run = prepare(elastic.auto_resume(config), world_size=int(os.environ["WORLD_SIZE"]))
-        chosen = [str(run.out_dir)]  # the default folder name has a timestamp: take rank 0's
+        lock = _claim(run) if dist.get_rank() == 0 else None
+        chosen = [str(run.out_dir) if lock is None else str(lock.folder)]  # rank 0's folder
         dist.broadcast_object_list(chosen, src=0)
         run = replace(run, out_dir=Path(chosen[0]))
-        return train_worker(dist.get_rank(), run)
+        with lock or nullcontext():
+            return train_worker(dist.get_rank(), run)
     run = prepare(config)
+    lock = _claim(run)
+    run = replace(run, out_dir=lock.folder)
     if config.out is None:
         _point_latest(run.out_dir)
+    with lock:
+        return _train_local(config, run)
 
+
+def _claim(run: PreparedRun) -> RunLock:
+    """The run folder, locked for the run's life (a new default folder; an old run moved aside)."""
+    c = run.config
+    given = Path(c.out) if c.out else None
+    return claim(given, run.out_dir.parent, resume=c.resume, overwrite=c.overwrite)[1]
+
+
+def _train_local(config: TrainConfig, run: PreparedRun) -> TrainResult:
     prepared = [run]
 
     def attempt(c: TrainConfig) -> TrainResult:
@@ -377,15 +403,25 @@ class Trainer:
             scaler.load_state(meta["loss_scaler"])
         return int(meta["step"])
 
-    def save(self, done: int) -> Path:
+    def save(self, done: int) -> Path | None:
         """Checkpoint after ``done`` steps (collective); a stalled save is reported by the guard."""
         scaler = self.options.scaler
         meta = self.meta if scaler is None else {**self.meta, "loss_scaler": scaler.state()}
-        with self.guard.saving(done) as options:
-            folder = self.run.out_dir / "checkpoints"
-            return save_checkpoint(
-                folder, done, self.named_shards, self.optimizer, meta=meta, extra=self.extra_state, **options
-            )
+        folder = self.run.out_dir / "checkpoints"
+
+        def save() -> Path:
+            with self.guard.saving(done) as options:
+                return save_checkpoint(
+                    folder,
+                    done,
+                    self.named_shards,
+                    self.optimizer,
+                    meta=meta,
+                    extra=self.extra_state,
+                    **options,
+                )
+
+        return with_policy(save, self.config.on_save_error, f"step {done}")  # --on-save-error
 
     def forward_backward(self, step: int) -> float:
         """Zero the gradients and run the schedule on global batch ``step``; gradients end up reduced
@@ -515,14 +551,12 @@ class MetricsWriter:
         self.path.write_text("".join(ln + "\n" for ln in kept))
         (run.out_dir / "config.json").write_text(json.dumps(asdict(run.config), indent=1, default=str))
         self.progress = None
-        if run.config.progress:
-            self.progress = tqdm(
-                total=run.config.steps, initial=start, desc="train", unit="step", dynamic_ncols=True
-            )
+        if run.config.progress:  # a bar on a terminal, plain lines in a log (runtime/progress_log.py)
+            self.progress = progress(run.config.steps, start)
 
     def write(self, record: dict) -> None:
         with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(strict_json(record) + "\n")  # NaN/inf as null
         if self.progress is not None:
             self.progress.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:,.0f}")
             self.progress.update(1)
