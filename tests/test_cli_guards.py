@@ -1,4 +1,4 @@
-"""Each case of issue 24's lists, reproduced: sizes refused before building, numbers refused up front
+"""Bad input reproduced case by case: sizes refused before building, numbers refused up front
 with the same line on the command line and in TOML, ignored flags named, unreadable files and unwritable
 outputs in one line, help with defaults."""
 
