@@ -111,7 +111,7 @@ TRAIN_LIMITS: dict[str, Limit] = {
     "lr": POSITIVE_REAL,
     "min_lr_ratio": FRACTION,
     "weight_decay": COUNT,
-    "grad_clip": POSITIVE_REAL,
+    "grad_clip": COUNT,  # 0 disables clipping
     "recv_timeout_s": POSITIVE_REAL,
     "collective_timeout_s": POSITIVE_REAL,
 }
