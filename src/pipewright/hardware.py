@@ -125,6 +125,27 @@ _H200 = Accelerator(
     gemm_efficiency=_H100_GEMM,
     source="NVIDIA H200 datasheet (SXM): H100 SXM compute, 141 GB HBM3e, 4.8 TB/s",
 )
+_H100_96 = Accelerator(
+    "h100-hbm2e-96gb-500w",
+    _frozen(_H100),
+    96 * GB,
+    2400 * GB,
+    nvlink="nvlink4",
+    fabric="ib-ndr",
+    sms=132,
+    gemm_efficiency=_H100_GEMM,
+    source="Meta Grand Teton H100 (torchtitan's benchmarks): H100 SXM compute at a 500 W power limit, "
+    "96 GB HBM2e, 2.4 TB/s; 400 Gb/s RoCE per GPU",
+)
+_A800 = Accelerator(
+    "a800",
+    _frozen(_A100),
+    80 * GB,
+    2039 * GB,
+    nvlink="nvlink3-a800",
+    sms=108,
+    source="NVIDIA A800 SXM4 80GB: A100 80GB compute and memory, NVLink cut to 400 GB/s (both directions)",
+)
 _H100_PCIE = Accelerator(
     "h100-pcie",
     _frozen(
@@ -199,7 +220,7 @@ def _cpu() -> Accelerator:
 
 
 _ACCELERATORS: Mapping[str, Accelerator] = MappingProxyType(
-    {a.name: a for a in (_V100, _A100_40, _A100_80, _H100_SXM, _H100_PCIE, _H800, _H200, _B200)}
+    {a.name: a for a in (_V100, _A100_40, _A100_80, _A800, _H100_SXM, _H100_96, _H100_PCIE, _H800, _H200, _B200)}
 )
 
 _LINKS: Mapping[str, Link] = MappingProxyType(
@@ -209,6 +230,7 @@ _LINKS: Mapping[str, Link] = MappingProxyType(
             Link("nvlink2", 150 * GB, 3e-6, "V100 SXM2: 6 NVLink 2 links × 25 GB/s per direction"),
             Link("nvlink3", 300 * GB, 3e-6, "A100 SXM4: 12 NVLink 3 links × 25 GB/s per direction"),
             Link("nvlink4", 450 * GB, 3e-6, "H100/H200 SXM: 18 NVLink 4 links × 25 GB/s per direction"),
+            Link("nvlink3-a800", 200 * GB, 3e-6, "A800 SXM: NVLink cut to 400 GB/s, 200 GB/s per direction"),
             Link("nvlink4-h800", 200 * GB, 3e-6, "H800 SXM: NVLink cut to 400 GB/s, 200 GB/s per direction"),
             Link("nvlink5-sxm", 900 * GB, 3e-6, "B200 SXM: 18 NVLink 5 links × 50 GB/s per direction"),
             Link("pcie3", 15.75 * GB, 5e-6, "PCIe 3.0 x16: 8 GT/s × 16 lanes, 128b/130b"),

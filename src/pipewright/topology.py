@@ -204,6 +204,8 @@ class Topology:
                 best[dst] = candidate
                 heapq.heappush(queue, (*candidate, dst))
             limit = best.get(dst, (math.inf, math.inf))[0]
+            if hops + 1 >= limit:
+                continue  # no neighbour can be on a path shorter than the best found (a big switch's ports)
             for v, (bw, l) in adj[u].items():
                 if (
                     bw >= threshold
