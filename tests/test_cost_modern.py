@@ -75,7 +75,13 @@ def test_optimizer_sharding_memory():
     params = sum(none._chunk(c, SCHED).params for c in SCHED.stages_of(0))
     assert none.static_bytes(0, SCHED) == pytest.approx(18 * params)
     assert zero1.static_bytes(0, SCHED) == pytest.approx((6 + 12 / 8) * params)
-    assert fsdp.static_bytes(0, SCHED) == pytest.approx(18 / 8 * params + fsdp.gather_buffer_bytes())
+    assert fsdp.static_bytes(0, SCHED) == pytest.approx((2 + 16 / 8) * params)  # pipelined: kept gathered
+    assert fsdp.message_bytes(Action(0, "REDUCE_GRAD", 0), SCHED) > 0  # once per step
+    one = build_schedule("1f1b", 1, 4)
+    flat = TransformerCost(spec=GPT, mesh=Mesh(dp=8), gpu="h100-sxm", optimizer_sharding="fsdp")
+    params = flat._chunk(0, one).params
+    assert flat.static_bytes(0, one) == pytest.approx(18 / 8 * params + flat.gather_buffer_bytes())
+    assert flat.message_bytes(Action(0, "REDUCE_GRAD", 0), one) == 0  # reduce-scattered per layer
     with pytest.raises(ConfigError, match="optimizer sharding must be one of"):
         TransformerCost(optimizer_sharding="zero2", **kw)
 

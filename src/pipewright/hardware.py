@@ -30,7 +30,11 @@ class Accelerator:
     cluster's inter-node network, one NIC per GPU (DGX A100: 8 × HDR; DGX H100/H200/B200: 8 × NDR,
     rail-optimised). ``sms``: streaming multiprocessors (the wave size of the GEMM efficiency model,
     :mod:`pipewright.cost.gemm`; 0 = no wave quantisation). ``gemm_efficiency``: the fraction of the
-    dense peak a large, well-shaped GEMM reaches there (the cost model's default calibration)."""
+    dense peak a large, well-shaped GEMM reaches there, ``layer_overhead`` the seconds per layer and
+    forward that do not scale with the work, ``fp8_efficiency`` the fraction of that GEMM efficiency
+    FP8 GEMMs keep, ``attention_efficiency`` the fraction of the 16-bit peak the fused attention
+    kernels reach (None: the GEMMs') — the cost model's default calibration
+    (:func:`pipewright.cost.efficiency.default_efficiency`)."""
 
     name: str
     peak_flops: Mapping[str, float]
@@ -41,6 +45,9 @@ class Accelerator:
     fabric: str = "ib-hdr"
     sms: int = 0
     gemm_efficiency: float = 0.68
+    layer_overhead: float = 0.0
+    fp8_efficiency: float = 1.0
+    attention_efficiency: float | None = None
 
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s for ``dtype``; one-line error naming the dtypes this device has."""
@@ -100,8 +107,9 @@ _H100 = {
     "bf16": 989.5 * TFLOPS,
     "fp8": 1979 * TFLOPS,
 }
-#: fraction of the dense bf16 peak a large GEMM reaches on Hopper/Blackwell (fitted: docs/fidelity.md)
-_H100_GEMM = 0.67
+#: Hopper/Blackwell calibration defaults (fitted on the rows docs/fidelity.md marks): large-GEMM
+#: efficiency, seconds per layer and forward, FP8 GEMM factor
+_HOPPER = {"gemm_efficiency": 0.66, "layer_overhead": 2.5e-4, "fp8_efficiency": 0.75}
 _H100_SXM = Accelerator(
     "h100-sxm",
     _frozen(_H100),
@@ -110,7 +118,7 @@ _H100_SXM = Accelerator(
     nvlink="nvlink4",
     fabric="ib-ndr",
     sms=132,
-    gemm_efficiency=_H100_GEMM,
+    **_HOPPER,
     source="NVIDIA H100 datasheet (SXM5): 67 fp32, 494.5 tf32, 989.5 fp16/bf16, 1979 fp8 TFLOPS dense "
     "(half the sparsity figures), 80 GB HBM3, 3.35 TB/s",
 )
@@ -122,7 +130,7 @@ _H200 = Accelerator(
     nvlink="nvlink4",
     fabric="ib-ndr",
     sms=132,
-    gemm_efficiency=_H100_GEMM,
+    **_HOPPER,
     source="NVIDIA H200 datasheet (SXM): H100 SXM compute, 141 GB HBM3e, 4.8 TB/s",
 )
 _H100_96 = Accelerator(
@@ -133,7 +141,7 @@ _H100_96 = Accelerator(
     nvlink="nvlink4",
     fabric="ib-ndr",
     sms=132,
-    gemm_efficiency=_H100_GEMM,
+    **_HOPPER,
     source="Meta Grand Teton H100 (torchtitan's benchmarks): H100 SXM compute at a 500 W power limit, "
     "96 GB HBM2e, 2.4 TB/s; 400 Gb/s RoCE per GPU",
 )
@@ -162,7 +170,7 @@ _H100_PCIE = Accelerator(
     nvlink=None,
     fabric="ib-ndr",
     sms=114,
-    gemm_efficiency=_H100_GEMM,
+    **_HOPPER,
     source="NVIDIA H100 datasheet (PCIe): 51 fp32, 378 tf32, 756 fp16/bf16, 1513 fp8 TFLOPS dense, "
     "80 GB HBM2e, 2.0 TB/s; PCIe 5.0 to the host",
 )
@@ -174,7 +182,7 @@ _H800 = Accelerator(
     nvlink="nvlink4-h800",
     fabric="ib-ndr",
     sms=132,
-    gemm_efficiency=_H100_GEMM,
+    **_HOPPER,
     source="NVIDIA H800 SXM5: H100 SXM compute and memory, NVLink cut to 400 GB/s (both directions)",
 )
 _B200 = Accelerator(
@@ -193,7 +201,7 @@ _B200 = Accelerator(
     nvlink="nvlink5-sxm",
     fabric="ib-ndr",
     sms=148,
-    gemm_efficiency=_H100_GEMM,
+    **_HOPPER,
     source="NVIDIA HGX B200 datasheet (per GPU): 2.25 PFLOPS fp16/bf16, 4.5 PFLOPS fp8 dense, 180 GB "
     "HBM3e, 8 TB/s, NVLink 5 1.8 TB/s (both directions); DGX B200: 8 × 400 Gb/s ConnectX-7",
 )
@@ -220,7 +228,10 @@ def _cpu() -> Accelerator:
 
 
 _ACCELERATORS: Mapping[str, Accelerator] = MappingProxyType(
-    {a.name: a for a in (_V100, _A100_40, _A100_80, _A800, _H100_SXM, _H100_96, _H100_PCIE, _H800, _H200, _B200)}
+    {
+        a.name: a
+        for a in (_V100, _A100_40, _A100_80, _A800, _H100_SXM, _H100_96, _H100_PCIE, _H800, _H200, _B200)
+    }
 )
 
 _LINKS: Mapping[str, Link] = MappingProxyType(

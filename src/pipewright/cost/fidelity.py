@@ -6,8 +6,10 @@ row, :func:`simulate_argv` builds the ``pipewright simulate`` arguments that des
 the source does not say with documented defaults: microbatch size 1; the 1F1B schedule (interleaved
 where the row gives v > 1); no recomputation; bf16; flash attention; 8 GPUs per node; the gradient
 reduction overlapped with the backward for runs from 2023 on (Megatron's ``--overlap-grad-reduce``,
-FSDP), after the pipeline drains before. Rows that a source gives as "first and last stage one layer
-fewer" (Zero Bubble) get that layout.
+FSDP), after the pipeline drains before; for NVIDIA's recipe tables (:data:`RECIPE_SOURCES`)
+sequence parallelism, tensor-parallel overlap and the distributed optimizer. Rows that a source gives
+as "first and last stage one layer fewer" (Zero Bubble) get that layout; :data:`OVERRIDES` holds the
+few per-row assumptions (each with its reason).
 
 Throughput is compared as tokens per second per GPU: the published one is the row's
 ``tokens_per_s_per_gpu``, or derived from ``iteration_s`` (B·s / time / GPUs), ``samples_per_s``
@@ -34,6 +36,37 @@ GPU_ALIASES = {"a100": "a100-80gb"}
 #: sources whose TFLOP/s count the recomputed forward (hardware FLOPs under full recomputation)
 HFU_SOURCES = ("narayanan-sc21",)
 MLP_ALIASES = {"relu": "gelu", "": ""}
+#: NVIDIA's Megatron-Core recipes (NeMo, Megatron-Bridge): where a row leaves them empty, sequence
+#: parallelism, tensor-parallel communication overlap and the distributed optimizer are on (the
+#: recipes' defaults on H100/B200)
+RECIPE_SOURCES = ("nemo-perf-summary-24.07", "nemo-perf-summary-25.02", "megatron-bridge-perf-summary")
+_RECIPE_DEFAULTS = {"sequence_parallel": "true", "tp_comm_overlap": "true", "optimizer_sharding": "zero1"}
+
+
+#: rows used to fit the calibration defaults (the rest is held out): Megatron-LM Table 1 fits the A100
+#: parameters (hardware.py/transformer.py A100_EFFICIENCY); these eleven Hopper runs fit the Hopper
+#: ones (GEMM efficiency 0.66, layer overhead 0.25 ms, FP8 factor 0.75: hardware._HOPPER)
+FIT_ROWS = frozenset(
+    [f"sc21-a100-gpt-{x}" for x in ("1.7b", "3.6b", "7.5b", "18.4b", "39.1b", "76.1b", "145.6b")]
+    + [f"sc21-a100-gpt-{x}" for x in ("310.1b", "529.6b", "1008.0b")]
+    + [f"mlm24-h100-gpt-{x}" for x in ("1.7b", "16b", "70b", "177b", "462b")]
+    + ["nemo2407-h100-gpt3-5b-64gpu", "nemo2407-h100-llama2-70b-64gpu", "nemo2407-h100-gpt3-175b-512gpu"]
+    + ["nemo2407-h100-llama3-8b-8gpu", "mb2509-h100-8b-8gpu", "mb2509-h100-70b-64gpu"]
+)
+
+#: per-row assumptions where the published row leaves the layout open or is inconsistent: id prefix →
+#: (column values, reason)
+OVERRIDES: Mapping[str, tuple[Mapping[str, str], str]] = {
+    "llama3-405b-": (
+        {"virtual": "8", "microbatch_size": "1"},
+        "Llama 3 §3.3.2: interleaved stages, the first and last chunk holding the embedding or the "
+        "output layer alone (126 layers + 2 = 8 chunks × 16 ranks); microbatch 1 assumed",
+    ),
+    "korthikanti-a100-22b-": (
+        {"gpus": "8"},
+        "the row gives 4 GPUs with tensor parallelism 8; Korthikanti et al. run 22B on 8 GPUs (t = 8)",
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -43,7 +76,13 @@ class Run:
     row: Mapping[str, str]
 
     def __getitem__(self, key: str) -> str:
-        return self.row.get(key, "") or ""
+        for prefix, (values, _) in OVERRIDES.items():
+            if self.row.get("id", "").startswith(prefix) and key in values:
+                return values[key]
+        value = self.row.get(key, "") or ""
+        if not value and self.row.get("source") in RECIPE_SOURCES:
+            return _RECIPE_DEFAULTS.get(key, "")
+        return value
 
     def int(self, key: str, default: int = 0) -> int:
         value = self[key]
@@ -120,12 +159,14 @@ def published_tokens_per_s(run: Run, peak: float | None = None) -> float | None:
 
 
 def layout_for(run: Run, stages: int) -> str | None:
-    """The Zero Bubble runs' layout: layers = k·p − 2, the first and last stage one layer fewer."""
-    if run["source"] != "zero-bubble-iclr2024" or stages < 2:
+    """Zero Bubble's and Llama 3's layouts: layers = k·stages − 2, the first and last stage one layer
+    fewer (Llama 3: one layer per chunk, so the embedding and the output layer alone)."""
+    if run["source"] not in ("zero-bubble-iclr2024", "llama3-herd-2024") or stages < 2:
         return None
     k = (run.int("layers") + 2) // stages
     mid = [f"t*{k}"] * (stages - 2)
-    return "|".join([f"Et*{k - 1}", *mid, f"t*{k - 1}L"])
+    edge = f"t*{k - 1}" if k > 2 else "t" if k == 2 else ""
+    return "|".join([f"E{edge}", *mid, f"{edge}L"])
 
 
 def simulate_argv(run: Run) -> list[str]:

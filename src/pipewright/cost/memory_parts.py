@@ -22,7 +22,6 @@ from typing import Any
 
 from pipewright.cost.layer import embedding_parameters, head_parameters
 from pipewright.cost.placement import roles
-from pipewright.cost.sharding import state_bytes
 from pipewright.ir import SEND_F, Action, Schedule
 
 #: the caching allocator's reserve beyond the live tensors, as a fraction of them (an estimate)
@@ -52,7 +51,7 @@ class MemoryParts:
 def memory_parts(cost: Any, schedule: Schedule, rank: int, activation_peak: float) -> MemoryParts:
     """:class:`MemoryParts` of pipeline ``rank`` given its simulated ``activation_peak`` (bytes)."""
     t = cost.mesh.tp
-    state = state_bytes(cost.optimizer_sharding, cost.mesh.dp * cost.cp, cost.bytes_per_param)
+    state = cost.state()
     layers = edges = 0.0
     for stage in schedule.stages_of(rank):
         chunk = cost._chunk(stage, schedule)
@@ -79,7 +78,7 @@ def memory_parts(cost: Any, schedule: Schedule, rank: int, activation_peak: floa
 def rank_memory_parts(cost: Any, schedule: Schedule, peaks: list[float]) -> list[dict[str, float]] | None:
     """Memory parts of every pipeline rank from the simulated peaks (static + activations); None for
     cost models without the analytical parts (unit, profiled)."""
-    if not all(hasattr(cost, name) for name in ("optimizer_sharding", "gather_buffer_bytes", "_chunk")):
+    if not all(hasattr(cost, name) for name in ("state", "gather_buffer_bytes", "_chunk")):
         return None
     out = []
     for rank, peak in enumerate(peaks):

@@ -56,6 +56,7 @@ from types import MappingProxyType
 from pipewright.cost.calibration import Calibration
 from pipewright.cost.comm import Mesh, TopologyComm
 from pipewright.cost.context import ring_bytes_per_layer
+from pipewright.cost.efficiency import A100_EFFICIENCY, Efficiency, default_efficiency
 from pipewright.cost.gemm import wave_efficiency
 from pipewright.cost.layer import (
     attention_flops,
@@ -68,7 +69,7 @@ from pipewright.cost.layer import (
     layer_stored_units,
 )
 from pipewright.cost.placement import layer_counts, roles
-from pipewright.cost.sharding import check_sharding, exposed, state_bytes
+from pipewright.cost.sharding import WEIGHT_BYTES, StateBytes, check_sharding, exposed, state_bytes
 from pipewright.errors import ConfigError
 from pipewright.hardware import Accelerator, accelerator
 from pipewright.ir import RECV_B, RECV_F, REDUCE_GRAD, SEND_B, SEND_F, Action, B, F, I, Schedule, W
@@ -83,6 +84,8 @@ _MESSAGES = (SEND_F, RECV_F, SEND_B, RECV_B)
 _KINDS = (F, B, I, W)
 #: bytes per logit the fp32 softmax/cross-entropy moves: forward (cast, max, exp-sum, loss), backward
 _CE_BYTES = {F: 12.0, I: 10.0, W: 0.0}
+#: the per-layer fixed overhead τ of each pass, in units of τ (Efficiency.layer_overhead)
+_OVERHEAD = {F: 1.0, I: 1.5, W: 0.5, B: 2.0}
 
 __all__ = [
     "A100_EFFICIENCY",
@@ -98,47 +101,6 @@ __all__ = [
     "megatron_flops_per_iteration",
     "megatron_parameters",
 ]
-
-
-@dataclass(frozen=True)
-class Efficiency:
-    """How close to the hardware's peaks the kernels run — the explicit, calibrated part of the model.
-
-    - ``gemm``: fraction of peak FLOP/s a large, well-shaped matrix multiplication reaches (each GEMM
-      further scaled by its tile/wave quantisation, :mod:`pipewright.cost.gemm`).
-    - ``memory_traffic`` κ: bytes the memory-bound kernels of a layer move through device memory in
-      the forward, per byte of activation a forward without recomputation stores; the backward moves
-      twice that, a recomputed forward once more; the time is bytes / memory bandwidth.
-    - ``comm``: fraction of link bandwidth that collectives and point-to-point transfers reach (NCCL's
-      bus bandwidth over the link's peak).
-    - ``attention``: fraction of peak the attention core reaches (None: ``gemm``).
-    - ``waves``: each GEMM scaled by its tile/wave quantisation on the device's SMs
-      (:mod:`pipewright.cost.gemm`); off, every GEMM runs at ``gemm`` × peak. The calibrated
-      defaults (:data:`A100_EFFICIENCY`, :func:`default_efficiency`) turn it on.
-
-    The defaults are calibrated for A100 (fp16, Selene) on Megatron-LM Table 1 (``tools/table1.py``;
-    docs/simulator.md, "Fidelity: Megatron-LM Table 1").
-    """
-
-    gemm: float = 0.68
-    memory_traffic: float = 2.25
-    comm: float = 0.8
-    attention: float | None = None
-    waves: bool = False
-
-    @property
-    def attention_rate(self) -> float:
-        return self.gemm if self.attention is None else self.attention
-
-
-#: The calibrated A100 parameters (the dataclass defaults, with wave quantisation).
-A100_EFFICIENCY = Efficiency(waves=True)
-
-
-def default_efficiency(acc: Accelerator) -> Efficiency:
-    """The calibration defaults of ``acc``: its large-GEMM efficiency with wave quantisation, the
-    A100's κ and comm."""
-    return replace(A100_EFFICIENCY, gemm=acc.gemm_efficiency, waves=True)
 
 
 def logit_forward_flops(spec: ModelSpec, b: int) -> float:
@@ -372,7 +334,7 @@ class TransformerCost:
         calibration of this dtype, else the base efficiency × wave quantisation (cost/gemm.py)."""
         peak = acc.peak(self.dtype)
         eff = self.efficiency_of(acc)
-        base, sms = eff.gemm, acc.sms if eff.waves else 0
+        base, sms = eff.gemm * (eff.fp8 if self.dtype == "fp8" else 1.0), acc.sms if eff.waves else 0
         total = 0.0
         for m, n, k, count in gemms:
             rate = None
@@ -401,9 +363,17 @@ class TransformerCost:
             per_layer = self.comm.collective_time("all_gather", rank, chunk.ring_bytes[kind], group="cp")
             ring = chunk.layers * exposed(per_layer, attn / chunk.layers)
         fsdp = 0.0
-        if self.optimizer_sharding == "fsdp" and kind != W:
+        if self.regathers and kind != W:
             fsdp = exposed(self._fsdp_comm(chunk, kind, rank), gemm + attn)
-        return gemm + attn + memory + tp + ring + fsdp
+        overhead = chunk.layers * eff.layer_overhead * _OVERHEAD[kind]
+        return gemm + attn + memory + tp + ring + fsdp + overhead
+
+    @property
+    def regathers(self) -> bool:
+        """FSDP re-gathers each layer's weights per microbatch (pp = 1); with pipelining the gathered
+        weights stay for the step (Llama 3's and torchtitan's FSDP with pipeline parallelism): one
+        all-gather and reduce-scatter per iteration, priced as REDUCE_GRAD."""
+        return self.optimizer_sharding == "fsdp" and self.mesh.pp == 1
 
     def _fsdp_comm(self, chunk: _Chunk, kind: str, rank: int) -> float:
         """FSDP per microbatch: all-gather the chunk's 16-bit weights before F and before the backward,
@@ -438,7 +408,7 @@ class TransformerCost:
             split = self.scatter_gather or self.sequence_parallel
             return act / self.mesh.tp if split else act
         if action.kind == REDUCE_GRAD:
-            if self.optimizer_sharding == "fsdp":
+            if self.regathers:
                 return 0.0  # reduce-scattered per layer in the backward
             return self._chunk(action.stage, schedule).params * self.grad_bytes
         return 0.0
@@ -452,12 +422,20 @@ class TransformerCost:
         """Weights, gradients and optimizer state of ``rank``'s chunks (sharded as configured), plus
         FSDP's gathered weights of two layers in flight."""
         params = sum(self._chunk(c, schedule).params for c in schedule.stages_of(rank))
+        return params * self.state().total + self.gather_buffer_bytes()
+
+    def state(self) -> StateBytes:
+        """Bytes per parameter for weights, gradients and optimizer state on one rank (with pipelined
+        FSDP the 16-bit weights stay gathered for the step)."""
         state = state_bytes(self.optimizer_sharding, self.mesh.dp * self.cp, self.bytes_per_param)
-        return params * state.total + self.gather_buffer_bytes()
+        if self.optimizer_sharding == "fsdp" and not self.regathers:
+            state = replace(state, weights=WEIGHT_BYTES)
+        return state
 
     def gather_buffer_bytes(self) -> float:
-        """FSDP: the 16-bit weights of two gathered layers (computing + prefetched); 0 otherwise."""
-        if self.optimizer_sharding != "fsdp":
+        """FSDP re-gathering per layer: the 16-bit weights of two gathered layers (computing +
+        prefetched); 0 otherwise."""
+        if not self.regathers:
             return 0.0
         return 2 * layer_parameters(self.spec) / self.mesh.tp * 2.0
 
