@@ -58,9 +58,10 @@ FIT_ROWS = frozenset(
 #: (column values, reason)
 OVERRIDES: Mapping[str, tuple[Mapping[str, str], str]] = {
     "llama3-405b-": (
-        {"virtual": "8", "microbatch_size": "1"},
+        {"virtual": "8", "microbatch_size": "1", "sequence_parallel": "true"},
         "Llama 3 §3.3.2: interleaved stages, the first and last chunk holding the embedding or the "
-        "output layer alone (126 layers + 2 = 8 chunks × 16 ranks); microbatch 1 assumed",
+        "output layer alone (126 layers + 2 = 8 chunks × 16 ranks); microbatch 1 and sequence "
+        "parallelism with TP 8 assumed",
     ),
     "korthikanti-a100-22b-": (
         {"gpus": "8"},
