@@ -186,7 +186,8 @@ def model_setup(
     devices = len(topology.devices)
     if mesh.size != devices:
         raise ConfigError(
-            f"{mesh._sizes()} = {mesh.size} devices, but the cluster has "
+            f"--tp {mesh.tp} × --pp {mesh.pp} × --dp {mesh.dp}{f' × --cp {mesh.cp}' if mesh.cp > 1 else ''} "
+            f"= {mesh.size} devices, but the cluster has "
             f"{devices}; make the product equal the number of GPUs"
         )
     acc = gpu if isinstance(gpu, Accelerator) else accelerator(gpu) if gpu else topology.accelerator(0)
