@@ -6,7 +6,9 @@ import argparse
 import json
 import sys
 
+from pipewright.cli.paths import check_writable
 from pipewright.errors import ConfigError
+from pipewright.plan.problem import MAX_ACTIONS
 
 _DIMS = ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len")
 
@@ -31,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--gpu", help="accelerator kind (with --nodes/--gpus-per-node), or cpu")
     parser.add_argument("--nodes", type=int, default=1)
     parser.add_argument("--gpus-per-node", type=int, default=8)
-    parser.add_argument("--global-batch-size", type=int, required=True)
+    parser.add_argument("--global-batch-size", type=int, required=True, help="sequences per iteration")
     parser.add_argument(
         "--dtype", help="compute dtype (default bf16 where the devices have it, else fp16/fp32)"
     )
@@ -39,11 +41,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--schedules",
         default="1f1b,interleaved-1f1b,zb-h1,zb-auto",
-        help="schedules to consider (zb-auto: Zero Bubble's greedy on the plan's stage times)",
+        help="schedules to consider, comma-separated (zb-auto: Zero Bubble's greedy on the plan's stage "
+        "times; default %(default)s)",
     )
-    parser.add_argument("--recompute", default="none,selective,full", help="recomputation choices")
-    parser.add_argument("--microbatch-sizes", default="1,2,4,8", help="microbatch sizes to consider")
-    parser.add_argument("--max-tp", type=int, default=8, help="largest tensor-parallel size")
+    parser.add_argument(
+        "--recompute", default="none,selective,full", help="recomputation choices, comma-separated"
+    )
+    parser.add_argument(
+        "--microbatch-sizes", default="1,2,4,8", help="microbatch sizes to consider, comma-separated"
+    )
+    parser.add_argument("--max-tp", type=int, default=8, help="largest tensor-parallel size (default 8)")
+    parser.add_argument(
+        "--max-actions",
+        type=int,
+        default=MAX_ACTIONS,
+        help="skip layouts whose simulation has more lowered actions (about 6·p·m·v; default %(default)s)",
+    )
     for dim in ("tp", "pp", "dp"):
         parser.add_argument(f"--{dim}", type=int, default=None, help=f"fix {dim} (default: searched)")
     parser.add_argument(
@@ -76,9 +89,31 @@ def _topology(args: argparse.Namespace):
 
 def _ints(text: str, flag: str) -> tuple[int, ...]:
     try:
-        return tuple(int(x) for x in text.split(",") if x)
+        values = tuple(int(x) for x in text.split(",") if x)
     except ValueError:
         raise ConfigError(f"{flag} takes comma-separated integers (got {text!r})") from None
+    if not values or min(values) < 1:
+        raise ConfigError(f"{flag} takes comma-separated positive integers (got {text!r})")
+    return values
+
+
+def check_values(args: argparse.Namespace) -> None:
+    """One-line errors for numbers out of range, before any work (and an -o that cannot be written)."""
+    import math
+
+    for flag in ("global_batch_size", "nodes", "gpus_per_node", "max_tp", "finalists", "max_actions"):
+        if getattr(args, flag) < 1:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1 (got {getattr(args, flag)})")
+    for flag in ("tp", "pp", "dp", *_DIMS):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1 (got {value})")
+    for flag in ("memory_limit", "cores"):
+        value = getattr(args, flag)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"--{flag.replace('_', '-')} must be a positive number (got {value})")
+    if args.out:
+        check_writable(args.out, "-o")
 
 
 class _Bar:
@@ -104,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
     from pipewright.plan.search import Problem
     from pipewright.schedules import schedule_names
 
+    check_values(args)
     profile = None
     if args.profile is not None:
         if args.model is not None:
@@ -143,8 +179,6 @@ def run(args: argparse.Namespace) -> int:
     for r in recompute:
         if r not in ("none", "selective", "full"):
             raise ConfigError(f"--recompute takes none, selective, full (got {r!r})")
-    if args.global_batch_size < 1:
-        raise ConfigError(f"--global-batch-size must be at least 1 (got {args.global_batch_size})")
     prob = Problem(
         spec,
         topo,
@@ -159,6 +193,7 @@ def run(args: argparse.Namespace) -> int:
         fixed=(args.tp, args.pp, args.dp),
         cores=args.cores,
         profile=profile,
+        max_actions=args.max_actions,
     )
     result = make_plan(prob, baselines=not args.no_baselines, progress=_Bar(not args.no_progress))
     csv = None

@@ -29,11 +29,15 @@ def apply_to_simulate(args: argparse.Namespace) -> Plan:
     """Set ``args``' layout options from ``args.plan`` (a plan file); the plan's device order and
     layers per chunk go to ``args.plan_devices`` / ``args.plan_layout``."""
     plan = load(args.plan)
+    if getattr(args, "vocab", None) is None:
+        args.vocab = plan.padded_vocab  # the vocabulary the plan was priced with
     if args.model is None:
         args.model = plan["model"]["name"]
-        for d in ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len"):
+        for d in ("layers", "hidden", "heads", "ffn_hidden", "seq_len"):
             if getattr(args, d, None) is None:
                 setattr(args, d, plan["model"][d])
+    if getattr(args, "grad_reduce", None) is None:
+        args.grad_reduce = plan.grad_reduce  # the plan's definition of an iteration
     for key, attr in _SIM_FIELDS.items():
         setattr(args, attr, plan[key])
     args.microbatches = plan["microbatches"]  # (the model path derives it from the global batch)
@@ -111,7 +115,7 @@ def train_overrides(path: str, args: argparse.Namespace | None = None) -> dict[s
             )
         for d in ("layers", "hidden", "heads", "vocab", "seq_len"):
             flag = getattr(args, d, None)
-            if flag is not None and flag != model[d]:
+            if flag is not None and flag != model[d] and not (d == "vocab" and flag == plan.padded_vocab):
                 raise ConfigError(
                     f"the plan {path} was made for a model with {d} {model[d]}, not {flag}; "
                     "run `pipewright plan` for this model"
@@ -122,7 +126,7 @@ def train_overrides(path: str, args: argparse.Namespace | None = None) -> dict[s
         "layers": model["layers"],
         "hidden": model["hidden"],
         "heads": model["heads"],
-        "vocab": model["vocab"],  # the model the plan was made for (at least the dataset's vocabulary)
+        "vocab": plan.padded_vocab,  # padded as the plan priced it (at least the dataset's vocabulary)
         "seq_len": model["seq_len"],
         "tp": plan["tp"],
         "pp": plan["pp"],

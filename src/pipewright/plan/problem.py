@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pipewright.cost.recompute import RECOMPUTE_CHOICES
 from pipewright.cost.transformer import A100_EFFICIENCY, Efficiency
@@ -12,6 +12,36 @@ from pipewright.plan.profiled import ProfileInput
 from pipewright.topology import Topology
 
 SCHEDULES = ("1f1b", "interleaved-1f1b", "zb-h1", "zb-auto")
+
+#: Megatron-LM's ``--make-vocab-size-divisible-by`` default: the vocabulary is padded to a multiple of
+#: this times the tensor-parallel size.
+VOCAB_MULTIPLE = 128
+
+#: Lowered actions a candidate's simulation may have (``--max-actions``): about 6 per microbatch and
+#: chunk (forward, backward, two sends, two receives).
+MAX_ACTIONS = 2_000_000
+
+
+def padded_vocab(vocab: int, tp: int, multiple: int = VOCAB_MULTIPLE) -> int:
+    """Megatron-LM's padded vocabulary (``_vocab_size_with_padding``): the next multiple of
+    multiple·t, so the output layer and the embedding split evenly over t tensor-parallel ranks."""
+    step = multiple * tp
+    return -(-vocab // step) * step
+
+
+def tp_splits(spec: ModelSpec, tp: int) -> bool:
+    """Whether t tensor-parallel ranks split the model as ``pipewright train`` requires: heads, ffn
+    (and Llama's kv heads), and — sequence parallelism being on whenever t > 1 — the sequence. The
+    vocabulary is padded (:func:`padded_vocab`), so it always splits."""
+    dims = [spec.heads, spec.ffn_hidden] + ([spec.seq_len] if tp > 1 else [])
+    if spec.family == "llama":
+        dims.append(spec.kv_heads)
+    return all(x % tp == 0 for x in dims)
+
+
+def lowered_actions(pp: int, microbatches: int, virtual: int) -> int:
+    """About how many lowered actions one pipeline of the layout has (6 per microbatch and chunk)."""
+    return 6 * pp * microbatches * virtual
 
 
 @dataclass(frozen=True)
@@ -56,6 +86,14 @@ class Problem:
     fixed: tuple[int | None, int | None, int | None] = (None, None, None)  # (tp, pp, dp) if given
     cores: float | None = None  # all processes share this many CPU cores (sim.sharing), e.g. --gpu cpu
     profile: ProfileInput | None = None  # measured costs instead of the analytical model (plan/profiled.py)
+    max_actions: int = MAX_ACTIONS  # candidates whose simulation would be larger are skipped
+
+    def spec_for(self, tp: int) -> ModelSpec:
+        """The model as t tensor-parallel ranks run it: the vocabulary padded (:func:`padded_vocab`);
+        a measured profile's model as it was measured."""
+        if self.profile is not None:
+            return self.spec
+        return replace(self.spec, vocab=padded_vocab(self.spec.vocab, tp))
 
 
 @dataclass

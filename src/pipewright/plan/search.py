@@ -33,7 +33,7 @@ from pipewright.plan.partition import (
     partition,
     stage_terms,
 )
-from pipewright.plan.problem import Candidate, Evaluated, Problem
+from pipewright.plan.problem import Candidate, Evaluated, Problem, lowered_actions, tp_splits
 from pipewright.plan.simulated import simulate_plan
 from pipewright.plan.zb_limit import cost_aware_order
 from pipewright.schedules.registry import check_args, info
@@ -82,12 +82,14 @@ def _divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
-def candidates(problem: Problem) -> Iterable[Candidate]:
-    """Every (t, p, d, b, schedule, v, recompute, style) the model, devices and batch allow."""
+def candidates(problem: Problem, too_large: list[Candidate] | None = None) -> Iterable[Candidate]:
+    """Every (t, p, d, b, schedule, v, recompute, style) the model, devices and batch allow, each one
+    ``pipewright train`` accepts (:func:`~pipewright.plan.problem.tp_splits`, the schedule's rules).
+    Layouts whose simulation would exceed ``problem.max_actions`` go to ``too_large`` instead."""
     spec, n = problem.spec, len(problem.topology.devices)
     measured = problem.profile
     for t in _divisors(n):
-        if t > problem.max_tp or spec.heads % t or spec.ffn_hidden % t:
+        if t > problem.max_tp or not tp_splits(spec, t):
             continue
         if measured is not None and t != measured.tp:  # a profile prices only its own tp
             continue
@@ -105,6 +107,10 @@ def candidates(problem: Problem) -> Iterable[Candidate]:
                     if name == "zb-auto":
                         continue
                     for v in _chunk_choices(name, p, m, spec.layers):
+                        if lowered_actions(p, m, v) > problem.max_actions:
+                            if too_large is not None:
+                                too_large.append(Candidate(t, p, d, b, m, name, v))
+                            continue
                         for rc in problem.recompute:
                             for style in _styles(problem, p, d):
                                 yield Candidate(t, p, d, b, m, name, v, rc, t > 1, style)
@@ -137,11 +143,17 @@ def _chunk_choices(name: str, p: int, m: int, layers: int) -> list[int]:
     return out
 
 
+def _parts(prob: Problem, c: Candidate):
+    """The cost pieces of candidate ``c`` (:func:`pipewright.plan.costs.parts`), its vocabulary padded."""
+    spec = prob.spec_for(c.tp)
+    return parts(spec, c.microbatch, c.tp, c.recompute, c.sequence_parallel, prob.dtype, prob.efficiency)
+
+
 def _stage_costs(ctx: _Context, c: Candidate, dmap: DeviceMap) -> list[StageCost]:
     prob = ctx.problem
     if prob.profile is not None:  # measured on the profile's device: the same on every rank
         return [prob.profile.stage_cost(c.microbatch)] * c.pp
-    pc = parts(prob.spec, c.microbatch, c.tp, c.recompute, c.sequence_parallel, prob.dtype, prob.efficiency)
+    pc = _parts(prob, c)
     out = []
     for i in range(c.pp):
         group = dmap.grid[i][0]
@@ -213,7 +225,7 @@ def _messages(prob: Problem, c: Candidate):
     if prob.profile is not None:
         measured = prob.profile.message_seconds(b)  # as the simulation's ProfiledComm prices it
         return (lambda ctx, a, z: measured), lambda n, last: prob.profile.grad_bytes(b, n, True, last)
-    pc = parts(prob.spec, b, c.tp, c.recompute, c.sequence_parallel, prob.dtype, prob.efficiency)
+    pc = _parts(prob, c)
 
     def grads(n: int, last: bool) -> float:
         return (n * pc.layer.params + pc.embed.params + last * pc.head.params) * pc.grad_bytes
@@ -235,7 +247,7 @@ def lower_bound(ctx: _Context, c: Candidate) -> float:
     if prob.profile is not None:
         work = prob.profile.stage_cost(c.microbatch).time(prob.spec.layers, True, True)
         return c.microbatches * work / c.pp
-    pc = parts(prob.spec, c.microbatch, c.tp, c.recompute, c.sequence_parallel, prob.dtype, prob.efficiency)
+    pc = _parts(prob, c)
     best = None
     for kind in {prob.topology.nodes[d].accelerator for d in prob.topology.devices}:
         gpu = prob.topology.accelerator(
@@ -363,7 +375,10 @@ def search(
     and ``baselines``' configurations re-planned, and return the fastest that fits."""
     start = time.perf_counter()
     ctx = _Context(prob, device_order(prob.topology))
-    cands = list(candidates(prob))
+    too_large: list[Candidate] = []
+    cands = list(candidates(prob, too_large))
+    if not cands and too_large:
+        raise ConfigError(_too_large(prob, too_large, "every layout is over"))
     if not cands:
         raise ConfigError(
             f"no (tp, pp, dp, microbatch) divides {len(prob.topology.devices)} devices and global batch "
@@ -391,6 +406,8 @@ def search(
         del pool[4 * prob.finalists :]
     if progress is not None:
         progress(len(bounds), len(bounds))
+    if not pool and too_large:
+        raise ConfigError(_too_large(prob, too_large, "no layout that fits in memory is under"))
     if not pool:
         raise DoesNotFitError(
             f"{prob.spec.name} fits nowhere on {len(prob.topology.devices)} devices of this topology at "
@@ -426,6 +443,17 @@ def search(
         ev.why = _why(best, ev)
     return SearchResult(
         best, finalists, list(baselines), len(cands), pruned, infeasible, time.perf_counter() - start
+    )
+
+
+def _too_large(prob: Problem, skipped: list[Candidate], which: str) -> str:
+    """The one-line refusal when the layouts left are too large to simulate (``--max-actions``)."""
+    small = min(skipped, key=lambda c: lowered_actions(c.pp, c.microbatches, c.virtual))
+    size = lowered_actions(small.pp, small.microbatches, small.virtual)
+    return (
+        f"global batch {prob.global_batch}: {which} --max-actions {prob.max_actions:,} (the smallest "
+        f"skipped, t={small.tp} p={small.pp} d={small.dp} b={small.microbatch} m={small.microbatches}, "
+        f"simulates about {size:,} actions); raise --max-actions or lower --global-batch-size"
     )
 
 

@@ -54,7 +54,7 @@ def plan_models(prob: Problem, ev: Evaluated):
     cost = make_cost(
         c.recompute,
         per_stage=ev.recompute_per_stage,
-        spec=prob.spec,
+        spec=prob.spec_for(c.tp),
         microbatch=c.microbatch,
         gpu=prob.topology.nodes[ev.devices[0]].accelerator,
         dtype=prob.dtype,
