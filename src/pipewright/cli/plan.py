@@ -8,6 +8,7 @@ import sys
 
 from pipewright.cli.paths import check_writable
 from pipewright.errors import ConfigError
+from pipewright.plan.options import ATTENTION_CHOICES, SHARDING_CHOICES
 from pipewright.plan.problem import MAX_ACTIONS
 
 _DIMS = ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len")
@@ -29,6 +30,33 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     for dim in _DIMS:
         parser.add_argument(f"--{dim.replace('_', '-')}", type=int, default=None, dest=dim)
+    parser.add_argument(
+        "--kv-heads", type=int, default=None, help="key/value heads (grouped-query attention; Llama family)"
+    )
+    parser.add_argument(
+        "--attention",
+        choices=ATTENTION_CHOICES,
+        default="eager",
+        help="attention kernel priced: flash (fused, no stored scores) or eager (default %(default)s)",
+    )
+    parser.add_argument(
+        "--calibration", help="a `pipewright profile --calibration` file: measured GEMM rates and links"
+    )
+    parser.add_argument(
+        "--cp", type=int, default=None, help="fix the context-parallel size (default: searched)"
+    )
+    parser.add_argument(
+        "--max-cp", type=int, default=16, help="largest context-parallel size searched (default %(default)s)"
+    )
+    parser.add_argument(
+        "--optimizer-sharding",
+        default=",".join(SHARDING_CHOICES),
+        help="optimizer-state sharding choices over data parallelism, comma-separated: none, zero1 "
+        "(distributed optimizer), fsdp (default %(default)s; none only where the cost model has no sharding)",
+    )
+    parser.add_argument(
+        "--tp-comm-overlap", action="store_true", help="tensor-parallel communication overlapped with GEMMs"
+    )
     parser.add_argument("--topology", help="cluster topology JSON")
     parser.add_argument("--gpu", help="accelerator kind (with --nodes/--gpus-per-node), or cpu")
     parser.add_argument("--nodes", type=int, default=1)
@@ -101,10 +129,18 @@ def check_values(args: argparse.Namespace) -> None:
     """One-line errors for numbers out of range, before any work (and an -o that cannot be written)."""
     import math
 
-    for flag in ("global_batch_size", "nodes", "gpus_per_node", "max_tp", "finalists", "max_actions"):
+    for flag in (
+        "global_batch_size",
+        "nodes",
+        "gpus_per_node",
+        "max_tp",
+        "max_cp",
+        "finalists",
+        "max_actions",
+    ):
         if getattr(args, flag) < 1:
             raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1 (got {getattr(args, flag)})")
-    for flag in ("tp", "pp", "dp", *_DIMS):
+    for flag in ("tp", "pp", "dp", "cp", "kv_heads", *_DIMS):
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1 (got {value})")
@@ -135,6 +171,7 @@ class _Bar:
 
 def run(args: argparse.Namespace) -> int:
     from pipewright.models.presets import resolve_model
+    from pipewright.plan.options import cp_choices, searchable_sharding
     from pipewright.plan.report import make_plan, plan_json, summary
     from pipewright.plan.search import Problem
     from pipewright.schedules import schedule_names
@@ -164,7 +201,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.model is None:
         raise ConfigError("pipewright plan needs --model NAME (or --profile FILE)")
     else:
-        spec = resolve_model(args.model, **{d: getattr(args, d) for d in _DIMS})
+        spec = resolve_model(args.model, kv_heads=args.kv_heads, **{d: getattr(args, d) for d in _DIMS})
     topo = _topology(args)
     kinds = [topo.accelerator(d) for d in {topo.nodes[x].accelerator: x for x in topo.devices}.values()]
     dtype = args.dtype or next(
@@ -194,6 +231,11 @@ def run(args: argparse.Namespace) -> int:
         cores=args.cores,
         profile=profile,
         max_actions=args.max_actions,
+        attention=args.attention,
+        cp_choices=cp_choices(len(topo.devices), spec.seq_len, args.cp, args.max_cp),
+        sharding=searchable_sharding(tuple(x for x in args.optimizer_sharding.split(",") if x)),
+        tp_comm_overlap=args.tp_comm_overlap,
+        calibration=args.calibration,
     )
     result = make_plan(prob, baselines=not args.no_baselines, progress=_Bar(not args.no_progress))
     csv = None

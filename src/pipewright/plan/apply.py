@@ -40,6 +40,14 @@ def apply_to_simulate(args: argparse.Namespace) -> Plan:
         args.grad_reduce = plan.grad_reduce  # the plan's definition of an iteration
     for key, attr in _SIM_FIELDS.items():
         setattr(args, attr, plan[key])
+    for key, (attr, neutral, value) in _cost_fields(plan).items():
+        if hasattr(args, attr):
+            setattr(args, attr, value)
+        elif value != neutral:
+            raise ConfigError(
+                f"the plan sets {key} ({value!r}), which this `pipewright simulate` cannot apply; "
+                "plan without it"
+            )
     args.microbatches = plan["microbatches"]  # (the model path derives it from the global batch)
     csv = plan.schedule_csv(args.plan)
     if csv is not None:
@@ -48,6 +56,19 @@ def apply_to_simulate(args: argparse.Namespace) -> Plan:
     args.plan_recompute = plan.data.get("recompute_per_stage")
     args.plan_devices = plan.devices
     return plan
+
+
+def _cost_fields(plan: Plan) -> dict[str, tuple[str, object, object]]:
+    """The plan's cost-model options as ``simulate`` options: key → (attribute, neutral value, value)."""
+    d = plan.data
+    sharding = d.get("optimizer_sharding", "none")
+    return {
+        "attention": ("attention", "eager", d.get("attention", "eager")),
+        "cp": ("cp", 1, d.get("cp", 1)),
+        "zero1": ("shard_optimizer", False, sharding == "zero1"),
+        "fsdp": ("fsdp", False, sharding == "fsdp"),
+        "tp_comm_overlap": ("tp_comm_overlap", False, d.get("tp_comm_overlap", False)),
+    }
 
 
 def plan_placement(devices: Sequence[str], topology: Topology) -> tuple[int, ...]:

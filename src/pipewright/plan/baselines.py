@@ -40,7 +40,7 @@ def _run(
     prob = ctx.problem
     if lowered_actions(c.pp, c.microbatches, c.virtual) > prob.max_actions:
         return None  # too large to simulate (--max-actions)
-    dmap = given_order(prob.topology, c.tp, c.pp, c.dp)
+    dmap = given_order(prob.topology, c.block, c.pp, c.dp)
     per_rank = layers if layers is not None else uniform_layer_counts(prob.spec.layers, c.pp)
     try:
         ev = estimate(ctx, c, dmap, layers=tuple(per_rank))

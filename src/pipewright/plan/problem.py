@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from pipewright.cost.recompute import RECOMPUTE_CHOICES
 from pipewright.cost.transformer import A100_EFFICIENCY, Efficiency
 from pipewright.models.spec import ModelSpec
+from pipewright.plan.options import CostOptions
 from pipewright.plan.profiled import ProfileInput
 from pipewright.topology import Topology
 
@@ -58,13 +59,23 @@ class Candidate:
     recompute: str = "none"
     sequence_parallel: bool = False
     style: str = "pp"
+    cp: int = 1  # context-parallel size (ring attention)
+    sharding: str = "none"  # optimizer state over the data-parallel group: none, zero1, fsdp
+
+    @property
+    def block(self) -> int:
+        """Devices of one (stage, replica): the tensor- and context-parallel ranks, tp fastest
+        (Megatron's tp-cp-dp-pp order)."""
+        return self.tp * self.cp
 
     def describe(self) -> str:
         v = f" v={self.virtual}" if self.virtual > 1 else ""
         sp = "+sp" if self.sequence_parallel else ""
+        cp = f" cp={self.cp}" if self.cp > 1 else ""
+        shard = f" {self.sharding}" if self.sharding != "none" else ""
         return (
-            f"t={self.tp} p={self.pp} d={self.dp} b={self.microbatch} m={self.microbatches} "
-            f"{self.schedule}{v} recompute={self.recompute}{sp} map={self.style}"
+            f"t={self.tp}{cp} p={self.pp} d={self.dp} b={self.microbatch} m={self.microbatches} "
+            f"{self.schedule}{v} recompute={self.recompute}{sp}{shard} map={self.style}"
         )
 
 
@@ -87,6 +98,15 @@ class Problem:
     cores: float | None = None  # all processes share this many CPU cores (sim.sharing), e.g. --gpu cpu
     profile: ProfileInput | None = None  # measured costs instead of the analytical model (plan/profiled.py)
     max_actions: int = MAX_ACTIONS  # candidates whose simulation would be larger are skipped
+    attention: str = "eager"  # flash or eager (the attention kernel priced)
+    cp_choices: tuple[int, ...] = (1,)  # context-parallel sizes (plan/options.py: cp_choices)
+    sharding: tuple[str, ...] = ("none",)  # optimizer sharding choices (plan/options.py)
+    tp_comm_overlap: bool = False
+    calibration: str | None = None  # a `pipewright profile --calibration` file
+
+    def options(self, c: Candidate) -> CostOptions:
+        """The cost-model options of candidate ``c`` (:mod:`pipewright.plan.options`)."""
+        return CostOptions(self.attention, c.cp, c.sharding, self.tp_comm_overlap, self.calibration)
 
     def spec_for(self, tp: int) -> ModelSpec:
         """The model as t tensor-parallel ranks run it: the vocabulary padded (:func:`padded_vocab`);

@@ -88,15 +88,15 @@ def candidates(problem: Problem, too_large: list[Candidate] | None = None) -> It
     Layouts whose simulation would exceed ``problem.max_actions`` go to ``too_large`` instead."""
     spec, n = problem.spec, len(problem.topology.devices)
     measured = problem.profile
-    for t in _divisors(n):
-        if t > problem.max_tp or not tp_splits(spec, t):
+    for t, cp in itertools.product(_divisors(n), problem.cp_choices):
+        if t > problem.max_tp or not tp_splits(spec, t) or n % (t * cp):
             continue
         if measured is not None and t != measured.tp:  # a profile prices only its own tp
             continue
-        for p in _divisors(n // t):
+        for p in _divisors(n // (t * cp)):
             if p > spec.layers:
                 continue
-            d = n // (t * p)
+            d = n // (t * cp * p)
             if any(f is not None and f != x for f, x in zip(problem.fixed, (t, p, d), strict=True)):
                 continue
             for b in problem.microbatch_sizes:
@@ -111,9 +111,10 @@ def candidates(problem: Problem, too_large: list[Candidate] | None = None) -> It
                             if too_large is not None:
                                 too_large.append(Candidate(t, p, d, b, m, name, v))
                             continue
-                        for rc in problem.recompute:
+                        shardings = problem.sharding if d > 1 else ("none",)
+                        for rc, shard in itertools.product(problem.recompute, shardings):
                             for style in _styles(problem, p, d):
-                                yield Candidate(t, p, d, b, m, name, v, rc, t > 1, style)
+                                yield Candidate(t, p, d, b, m, name, v, rc, t > 1, style, cp, shard)
 
 
 def _styles(problem: Problem, p: int, d: int) -> tuple[str, ...]:
@@ -145,8 +146,10 @@ def _chunk_choices(name: str, p: int, m: int, layers: int) -> list[int]:
 
 def _parts(prob: Problem, c: Candidate):
     """The cost pieces of candidate ``c`` (:func:`pipewright.plan.costs.parts`), its vocabulary padded."""
-    spec = prob.spec_for(c.tp)
-    return parts(spec, c.microbatch, c.tp, c.recompute, c.sequence_parallel, prob.dtype, prob.efficiency)
+    spec, opts = prob.spec_for(c.tp), prob.options(c)
+    return parts(
+        spec, c.microbatch, c.tp, c.recompute, c.sequence_parallel, prob.dtype, prob.efficiency, opts
+    )
 
 
 def _stage_costs(ctx: _Context, c: Candidate, dmap: DeviceMap) -> list[StageCost]:
@@ -156,11 +159,11 @@ def _stage_costs(ctx: _Context, c: Candidate, dmap: DeviceMap) -> list[StageCost
     pc = _parts(prob, c)
     out = []
     for i in range(c.pp):
-        group = dmap.grid[i][0]
+        group = dmap.grid[i][0][: c.tp]  # the tensor-parallel ranks of the stage's first block
         kinds = {prob.topology.nodes[d].accelerator for d in dmap.stage_devices(i)}
         best = None
         for kind in sorted(kinds):
-            key = (kind, group, c.microbatch, c.tp, c.recompute, c.sequence_parallel)
+            key = (kind, group, c.microbatch, c.tp, c.recompute, c.sequence_parallel, c.cp, c.sharding)
             sc = ctx.cost_cache.get(key)
             if sc is None:
                 gpu = prob.topology.accelerator(
@@ -182,7 +185,7 @@ def estimate(ctx: _Context, c: Candidate, dmap: DeviceMap | None = None, layers=
     if dmap is None:
         order = ctx.order[::-1] if c.style.endswith("-rev") else ctx.order
         style = c.style.removesuffix("-rev")
-        dmap = map_devices(order, c.tp, c.pp, c.dp, style)
+        dmap = map_devices(order, c.block, c.pp, c.dp, style)
         dmap = slowest_first(prob.topology, dmap, prob.dtype, ctx.speeds)
     costs = _stage_costs(ctx, c, dmap)
     boundary, grad_bytes = _messages(prob, c)
@@ -274,7 +277,7 @@ def refine(prob: Problem, ev: Evaluated, budget: int | None = None) -> Evaluated
         return ev
     if budget is None:  # about 10⁵ microbatch-chunks (6·10⁵ lowered actions) in all
         budget = max(4, min(64, 100_000 // (p * c.microbatches * v)))
-    block = c.tp * c.dp
+    block = c.block * c.dp
 
     def trial(layers: tuple[int, ...], devices: tuple[str, ...]) -> Evaluated:
         t = Evaluated(c, layers, devices, ev.estimate, ev.bottleneck, label=ev.label)
@@ -305,7 +308,7 @@ def refine(prob: Problem, ev: Evaluated, budget: int | None = None) -> Evaluated
     seen = {(ev.chunk_layers, ev.devices)}
     best = ev
     uni = uniform_layer_counts(prob.spec.layers, p * v)
-    given = given_order(prob.topology, c.tp, p, c.dp).ranks
+    given = given_order(prob.topology, c.block, p, c.dp).ranks
     for start in ((uni, ev.devices), (ev.chunk_layers, given), (uni, given)):
         if start in seen:
             continue
