@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from pipewright.cost.recompute import RECOMPUTE_CHOICES
 from pipewright.cost.transformer import A100_EFFICIENCY, Efficiency
@@ -103,6 +103,14 @@ class Problem:
     sharding: tuple[str, ...] = ("none",)  # optimizer sharding choices (plan/options.py)
     tp_comm_overlap: bool = False
     calibration: str | None = None  # a `pipewright profile --calibration` file
+    _kinds: dict[str, str] = field(default_factory=dict, init=False, compare=False, repr=False)
+
+    def device_kinds(self) -> dict[str, str]:
+        """Each accelerator kind of the topology's devices → its first device (listed once)."""
+        if not self._kinds:
+            for d in self.topology.devices:
+                self._kinds.setdefault(self.topology.nodes[d].accelerator, d)
+        return self._kinds
 
     def options(self, c: Candidate) -> CostOptions:
         """The cost-model options of candidate ``c`` (:mod:`pipewright.plan.options`)."""

@@ -57,6 +57,23 @@ class _Context:
                 self.memory[d] = prob.topology.accelerator(d).memory_bytes
         return min(self.memory[d] for d in devices)
 
+    @property
+    def kinds(self) -> frozenset[str]:
+        """The accelerator kinds of the topology's devices."""
+        return frozenset(self.problem.device_kinds())
+
+    def stage_kinds(self, dmap: DeviceMap, i: int) -> set[str]:
+        """The kinds of stage i's devices (without listing them on a one-kind cluster)."""
+        if len(self.kinds) == 1:
+            return set(self.kinds)
+        return {self.problem.topology.nodes[d].accelerator for d in dmap.stage_devices(i)}
+
+    def stage_memory_limit(self, dmap: DeviceMap, i: int) -> float:
+        """Bytes each device of stage i may use (the smallest device's, or ``--memory-limit``)."""
+        if self.problem.memory_limit is None and len(self.kinds) == 1:
+            return self.problem.topology.accelerator(dmap.grid[i][0][0]).memory_bytes
+        return self.memory_limit(dmap.stage_devices(i))
+
     def all_reduce(self, group: tuple[str, ...]) -> Callable[[float], float]:
         topo, eff = self.problem.topology, self.problem.efficiency.comm
 
@@ -121,7 +138,7 @@ def _styles(problem: Problem, p: int, d: int) -> tuple[str, ...]:
     """Mapping styles worth scoring: stage- or replica-major, and the walk reversed (which end holds the
     embedding and which the head matters on mixed devices and small graphs)."""
     base = ("pp", "dp") if p > 1 and d > 1 else ("pp",)
-    kinds = {problem.topology.nodes[x].accelerator for x in problem.topology.devices}
+    kinds = problem.device_kinds()
     if p > 1 and (len(kinds) > 1 or len(problem.topology.devices) <= 64):
         base += tuple(f"{s}-rev" for s in base)
     return base
@@ -160,7 +177,7 @@ def _stage_costs(ctx: _Context, c: Candidate, dmap: DeviceMap) -> list[StageCost
     out = []
     for i in range(c.pp):
         group = dmap.grid[i][0][: c.tp]  # the tensor-parallel ranks of the stage's first block
-        kinds = {prob.topology.nodes[d].accelerator for d in dmap.stage_devices(i)}
+        kinds = ctx.stage_kinds(dmap, i)
         best = None
         for kind in sorted(kinds):
             key = (kind, group, c.microbatch, c.tp, c.recompute, c.sequence_parallel, c.cp, c.sharding)
@@ -190,6 +207,14 @@ def estimate(ctx: _Context, c: Candidate, dmap: DeviceMap | None = None, layers=
     costs = _stage_costs(ctx, c, dmap)
     boundary, grad_bytes = _messages(prob, c)
     p, v = c.pp, c.virtual
+    in_flight = [float(x) for x in info(c.schedule).memory(p, c.microbatches, v)]
+    limits = [ctx.stage_memory_limit(dmap, i) for i in range(p)]
+    if layers is None:
+        if p * v > prob.spec.layers:
+            raise DoesNotFitError("more chunks than layers")
+        # memory does not depend on the transfers: a layout that fits nowhere is dropped before the
+        # boundary links are priced (path searches on large graphs)
+        _partition(stage_terms(costs, [0.0] * p, in_flight, limits), prob.spec.layers, v)
     comm = []
     for i in range(p):
         if p == 1 or (i == p - 1 and v == 1):
@@ -197,14 +222,9 @@ def estimate(ctx: _Context, c: Candidate, dmap: DeviceMap | None = None, layers=
             continue
         a, b = dmap.grid[i][0][0], dmap.grid[(i + 1) % p][0][0]
         comm.append(v * boundary(ctx, a, b))  # one transfer per direction
-    in_flight = [float(x) for x in info(c.schedule).memory(p, c.microbatches, v)]
-    limits = [ctx.memory_limit(dmap.stage_devices(i)) for i in range(p)]
     terms = stage_terms(costs, comm, in_flight, limits)
     if layers is None:
-        if p * v > prob.spec.layers:
-            raise DoesNotFitError("more chunks than layers")
-        part = partition(terms, prob.spec.layers) if v == 1 else _partition_chunks(terms, prob.spec.layers, v)
-        layers = part.layers
+        layers = _partition(terms, prob.spec.layers, v).layers
     times = [t.time(n) for t, n in zip(terms, layers, strict=True)]
     mems = [t.memory(n) for t, n in zip(terms, layers, strict=True)]
     fits = all(mem <= t.memory_limit for mem, t in zip(mems, terms, strict=True))
@@ -236,12 +256,12 @@ def _messages(prob: Problem, c: Candidate):
     return (lambda ctx, a, z: ctx.p2p(a, z, pc.boundary_bytes)), grads
 
 
-def _partition_chunks(terms, num_layers: int, v: int):
-    """Rank-level partition for v chunks per rank: identical layers make contiguity free, so the
+def _partition(terms, num_layers: int, v: int):
+    """Rank-level partition; for v chunks per rank identical layers make contiguity free, so the
     per-rank layer counts are partitioned as if contiguous, each rank holding ≥ v layers (one per
     chunk); :func:`~pipewright.plan.partition.chunk_layout` then splits each rank's layers over its
     chunks."""
-    return partition(terms, num_layers, min_layers=v)
+    return partition(terms, num_layers) if v == 1 else partition(terms, num_layers, min_layers=v)
 
 
 def lower_bound(ctx: _Context, c: Candidate) -> float:
@@ -252,10 +272,8 @@ def lower_bound(ctx: _Context, c: Candidate) -> float:
         return c.microbatches * work / c.pp
     pc = _parts(prob, c)
     best = None
-    for kind in {prob.topology.nodes[d].accelerator for d in prob.topology.devices}:
-        gpu = prob.topology.accelerator(
-            next(d for d in prob.topology.devices if prob.topology.nodes[d].accelerator == kind)
-        )
+    for first in prob.device_kinds().values():
+        gpu = prob.topology.accelerator(first)
         sc = stage_cost(pc, gpu, prob.dtype, replace(prob.efficiency), lambda n: 0.0)
         work = sc.time(prob.spec.layers, True, True)
         best = work if best is None else min(best, work)
