@@ -1,6 +1,6 @@
 """Print Megatron-LM Table 1, published vs predicted TFLOP/s per GPU, as a markdown table.
 
-    PYTHONPATH=src python tools/table1.py [--csv reference/megatron_table1.csv]
+    PYTHONPATH=src python tools/table1.py [--csv FILE]   (default: the package's data/megatron_table1.csv)
 
 The prediction uses the calibrated A100 efficiency (pipewright.cost.transformer.A100_EFFICIENCY), with
 the iteration time from the discrete-event simulator and, for comparison, Megatron's closed form.
@@ -12,7 +12,7 @@ import argparse
 
 from _table import markdown_table
 
-from pipewright.cost.megatron import TABLE1, closed_form_iteration_time, load_table1
+from pipewright.cost.megatron import closed_form_iteration_time, load_table1, packaged_table1
 from pipewright.cost.transformer import A100_EFFICIENCY
 from pipewright.plan.table1 import predict_table1_row, simulated_iteration_time
 
@@ -46,7 +46,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--csv", help="read the table from this CSV instead of the built-in copy")
     args = parser.parse_args()
-    rows = load_table1(args.csv) if args.csv else TABLE1
+    rows = load_table1(args.csv) if args.csv else packaged_table1()
     print(markdown(rows))
 
 

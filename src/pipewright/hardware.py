@@ -26,7 +26,15 @@ TFLOPS = 1e12
 class Accelerator:
     """One device kind. ``peak_flops`` maps dtype ("fp32", "tf32", "fp16", "bf16", "fp8") to dense peak
     FLOP/s; dtypes the device has no fast path for are absent. ``nvlink``: the name of the device's
-    NVLink generation in :func:`link` (``None`` without NVLink)."""
+    NVLink generation in :func:`link` (``None`` without NVLink). ``fabric``: the link kind of the usual
+    cluster's inter-node network, one NIC per GPU (DGX A100: 8 × HDR; DGX H100/H200/B200: 8 × NDR,
+    rail-optimised). ``sms``: streaming multiprocessors (the wave size of the GEMM efficiency model,
+    :mod:`pipewright.cost.gemm`; 0 = no wave quantisation). ``gemm_efficiency``: the fraction of the
+    dense peak a large, well-shaped GEMM reaches there, ``layer_overhead`` the seconds per layer and
+    forward that do not scale with the work, ``fp8_efficiency`` the fraction of that GEMM efficiency
+    FP8 GEMMs keep, ``attention_efficiency`` the fraction of the 16-bit peak the fused attention
+    kernels reach (None: the GEMMs') — the cost model's default calibration
+    (:func:`pipewright.cost.efficiency.default_efficiency`)."""
 
     name: str
     peak_flops: Mapping[str, float]
@@ -34,6 +42,12 @@ class Accelerator:
     memory_bandwidth: float
     nvlink: str | None = None
     source: str = ""
+    fabric: str = "ib-hdr"
+    sms: int = 0
+    gemm_efficiency: float = 0.68
+    layer_overhead: float = 0.0
+    fp8_efficiency: float = 1.0
+    attention_efficiency: float | None = None
 
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s for ``dtype``; one-line error naming the dtypes this device has."""
@@ -64,6 +78,7 @@ _V100 = Accelerator(
     32 * GB,
     900 * GB,
     nvlink="nvlink2",
+    sms=80,
     source="NVIDIA Tesla V100 datasheet (SXM2 32GB): 15.7 TFLOPS fp32, 125 TFLOPS tensor fp16, 900 GB/s",
 )
 _A100 = {"fp32": 19.5 * TFLOPS, "tf32": 156 * TFLOPS, "fp16": 312 * TFLOPS, "bf16": 312 * TFLOPS}
@@ -73,6 +88,7 @@ _A100_40 = Accelerator(
     40 * GB,
     1555 * GB,
     nvlink="nvlink3",
+    sms=108,
     source="NVIDIA A100 datasheet (SXM4 40GB): 19.5 fp32, 156 tf32, 312 fp16/bf16 TFLOPS dense, 1555 GB/s",
 )
 _A100_80 = Accelerator(
@@ -81,6 +97,7 @@ _A100_80 = Accelerator(
     80 * GB,
     2039 * GB,
     nvlink="nvlink3",
+    sms=108,
     source="NVIDIA A100 datasheet (SXM4 80GB): 19.5 fp32, 156 tf32, 312 fp16/bf16 TFLOPS dense, 2039 GB/s",
 )
 _H100 = {
@@ -90,12 +107,18 @@ _H100 = {
     "bf16": 989.5 * TFLOPS,
     "fp8": 1979 * TFLOPS,
 }
+#: Hopper/Blackwell calibration defaults (fitted on the rows docs/fidelity.md marks): large-GEMM
+#: efficiency, seconds per layer and forward, FP8 GEMM factor
+_HOPPER = {"gemm_efficiency": 0.66, "layer_overhead": 2.5e-4, "fp8_efficiency": 0.75}
 _H100_SXM = Accelerator(
     "h100-sxm",
     _frozen(_H100),
     80 * GB,
     3350 * GB,
     nvlink="nvlink4",
+    fabric="ib-ndr",
+    sms=132,
+    **_HOPPER,
     source="NVIDIA H100 datasheet (SXM5): 67 fp32, 494.5 tf32, 989.5 fp16/bf16, 1979 fp8 TFLOPS dense "
     "(half the sparsity figures), 80 GB HBM3, 3.35 TB/s",
 )
@@ -105,7 +128,82 @@ _H200 = Accelerator(
     141 * GB,
     4800 * GB,
     nvlink="nvlink4",
+    fabric="ib-ndr",
+    sms=132,
+    **_HOPPER,
     source="NVIDIA H200 datasheet (SXM): H100 SXM compute, 141 GB HBM3e, 4.8 TB/s",
+)
+_H100_96 = Accelerator(
+    "h100-hbm2e-96gb-500w",
+    _frozen(_H100),
+    96 * GB,
+    2400 * GB,
+    nvlink="nvlink4",
+    fabric="ib-ndr",
+    sms=132,
+    **_HOPPER,
+    source="Meta Grand Teton H100 (torchtitan's benchmarks): H100 SXM compute at a 500 W power limit, "
+    "96 GB HBM2e, 2.4 TB/s; 400 Gb/s RoCE per GPU",
+)
+_A800 = Accelerator(
+    "a800",
+    _frozen(_A100),
+    80 * GB,
+    2039 * GB,
+    nvlink="nvlink3-a800",
+    sms=108,
+    source="NVIDIA A800 SXM4 80GB: A100 80GB compute and memory, NVLink cut to 400 GB/s (both directions)",
+)
+_H100_PCIE = Accelerator(
+    "h100-pcie",
+    _frozen(
+        {
+            "fp32": 51 * TFLOPS,
+            "tf32": 378 * TFLOPS,
+            "fp16": 756 * TFLOPS,
+            "bf16": 756 * TFLOPS,
+            "fp8": 1513 * TFLOPS,
+        }
+    ),
+    80 * GB,
+    2000 * GB,
+    nvlink=None,
+    fabric="ib-ndr",
+    sms=114,
+    **_HOPPER,
+    source="NVIDIA H100 datasheet (PCIe): 51 fp32, 378 tf32, 756 fp16/bf16, 1513 fp8 TFLOPS dense, "
+    "80 GB HBM2e, 2.0 TB/s; PCIe 5.0 to the host",
+)
+_H800 = Accelerator(
+    "h800",
+    _frozen(_H100),
+    80 * GB,
+    3350 * GB,
+    nvlink="nvlink4-h800",
+    fabric="ib-ndr",
+    sms=132,
+    **_HOPPER,
+    source="NVIDIA H800 SXM5: H100 SXM compute and memory, NVLink cut to 400 GB/s (both directions)",
+)
+_B200 = Accelerator(
+    "b200",
+    _frozen(
+        {
+            "fp32": 75 * TFLOPS,
+            "tf32": 1100 * TFLOPS,
+            "fp16": 2250 * TFLOPS,
+            "bf16": 2250 * TFLOPS,
+            "fp8": 4500 * TFLOPS,
+        }
+    ),
+    180 * GB,
+    8000 * GB,
+    nvlink="nvlink5-sxm",
+    fabric="ib-ndr",
+    sms=148,
+    **_HOPPER,
+    source="NVIDIA HGX B200 datasheet (per GPU): 2.25 PFLOPS fp16/bf16, 4.5 PFLOPS fp8 dense, 180 GB "
+    "HBM3e, 8 TB/s, NVLink 5 1.8 TB/s (both directions); DGX B200: 8 × 400 Gb/s ConnectX-7",
 )
 
 #: Measured on the development machine: a 1-thread fp32 matmul reaches about 90 GFLOP/s per core.
@@ -130,7 +228,10 @@ def _cpu() -> Accelerator:
 
 
 _ACCELERATORS: Mapping[str, Accelerator] = MappingProxyType(
-    {a.name: a for a in (_V100, _A100_40, _A100_80, _H100_SXM, _H200)}
+    {
+        a.name: a
+        for a in (_V100, _A100_40, _A100_80, _A800, _H100_SXM, _H100_96, _H100_PCIE, _H800, _H200, _B200)
+    }
 )
 
 _LINKS: Mapping[str, Link] = MappingProxyType(
@@ -140,6 +241,9 @@ _LINKS: Mapping[str, Link] = MappingProxyType(
             Link("nvlink2", 150 * GB, 3e-6, "V100 SXM2: 6 NVLink 2 links × 25 GB/s per direction"),
             Link("nvlink3", 300 * GB, 3e-6, "A100 SXM4: 12 NVLink 3 links × 25 GB/s per direction"),
             Link("nvlink4", 450 * GB, 3e-6, "H100/H200 SXM: 18 NVLink 4 links × 25 GB/s per direction"),
+            Link("nvlink3-a800", 200 * GB, 3e-6, "A800 SXM: NVLink cut to 400 GB/s, 200 GB/s per direction"),
+            Link("nvlink4-h800", 200 * GB, 3e-6, "H800 SXM: NVLink cut to 400 GB/s, 200 GB/s per direction"),
+            Link("nvlink5-sxm", 900 * GB, 3e-6, "B200 SXM: 18 NVLink 5 links × 50 GB/s per direction"),
             Link("pcie3", 15.75 * GB, 5e-6, "PCIe 3.0 x16: 8 GT/s × 16 lanes, 128b/130b"),
             Link("pcie4", 31.5 * GB, 5e-6, "PCIe 4.0 x16: 16 GT/s × 16 lanes, 128b/130b"),
             Link("pcie5", 63 * GB, 5e-6, "PCIe 5.0 x16: 32 GT/s × 16 lanes, 128b/130b"),
@@ -166,7 +270,8 @@ def link_names() -> tuple[str, ...]:
 
 
 def accelerator(name: str) -> Accelerator:
-    """The accelerator called ``name`` (lowercase: v100, a100-40gb, a100-80gb, h100-sxm, h200, cpu)."""
+    """The accelerator called ``name`` (lowercase: v100, a100-40gb, a100-80gb, h100-sxm, h100-pcie, h800,
+    h200, b200, cpu)."""
     if name == "cpu":
         return _cpu()
     try:

@@ -1,4 +1,5 @@
-"""The (tp, pp, dp) parallel mesh: one rank order shared by the cost model, the simulator and the runtime.
+"""The (tp, cp, pp, dp) parallel mesh: one rank order shared by the cost model, the simulator and the
+runtime.
 
 An *order* lists the three dimensions innermost (fastest-varying) first, as Megatron-Core's
 ``RankGenerator`` writes it. The default, Megatron's ``"tp-dp-pp"``, numbers ranks
@@ -9,6 +10,11 @@ so a tensor-parallel group is ``tp`` neighbouring ranks (one machine, NVLink), t
 of a stage come next and pipeline neighbours sit ``tp · dp`` ranks apart. ``"tp-pp-dp"`` gives
 ``rank = t + tp · (p + pp · d)`` (each data-parallel replica one contiguous block). Any permutation of
 the three names is accepted.
+
+Context parallelism (``cp`` > 1, priced by the cost model; the runtime runs cp = 1) adds a fourth
+dimension. An order may name it (``"tp-cp-dp-pp"``, Megatron's); an order without it places cp right
+after tp (so ``"tp-dp-pp"`` with cp > 1 numbers ranks as ``"tp-cp-dp-pp"``: rank =
+t + tp·(c + cp·(d + dp·p))). With cp = 1 every rank and group is the three-dimensional one.
 
 Global rank r runs on device ``placement[r]`` (an index into a topology's devices, or the process
 launched on that device); without an explicit placement, rank r runs on device r. A plan that chooses
@@ -29,28 +35,39 @@ from typing import NamedTuple
 from pipewright.errors import ConfigError
 
 DIMS = ("tp", "pp", "dp")
+#: every dimension, context parallelism included
+ALL_DIMS = ("tp", "cp", "pp", "dp")
 #: Megatron-LM's default order (``RankGenerator(order="tp-cp-ep-dp-pp")`` without cp/ep).
 DEFAULT_ORDER = "tp-dp-pp"
 
 
 class Coords(NamedTuple):
-    """A rank's position: tensor-, pipeline- and data-parallel rank."""
+    """A rank's position: tensor-, pipeline-, data- and context-parallel rank."""
 
     tp: int
     pp: int
     dp: int
+    cp: int = 0
 
 
-def parse_order(order: str | Sequence[str]) -> tuple[str, str, str]:
+def parse_order(order: str | Sequence[str]) -> tuple[str, ...]:
     """``"tp-dp-pp"`` (or a sequence of names) → ``("tp", "dp", "pp")``, innermost first; one-line
-    ConfigError unless it is a permutation of tp, pp and dp."""
+    ConfigError unless it is a permutation of tp, pp and dp (and optionally cp)."""
     names = tuple(order.split("-")) if isinstance(order, str) else tuple(order)
-    if sorted(names) != sorted(DIMS):
+    if sorted(names) not in (sorted(DIMS), sorted(ALL_DIMS)):
         raise ConfigError(
-            f"rank order {'-'.join(names) if names else order!r} must name tp, pp and dp once each, "
-            f"innermost first (e.g. {DEFAULT_ORDER})"
+            f"rank order {'-'.join(names) if names else order!r} must name tp, pp and dp once each "
+            f"(and optionally cp), innermost first (e.g. {DEFAULT_ORDER} or tp-cp-dp-pp)"
         )
-    return names  # type: ignore[return-value]
+    return names
+
+
+def with_cp(dims: Sequence[str]) -> tuple[str, ...]:
+    """``dims`` with cp placed right after tp where it is not named (Megatron's tp-cp-…)."""
+    if "cp" in dims:
+        return tuple(dims)
+    i = list(dims).index("tp") + 1
+    return (*dims[:i], "cp", *dims[i:])
 
 
 @dataclass(frozen=True)
@@ -58,7 +75,7 @@ class Mesh:
     """``tp`` × ``pp`` × ``dp`` ranks numbered in ``order`` (module docstring), placed on ``placement``.
 
     ``placement``: the device index of every global rank (a permutation of ``range(size)``; None =
-    identity).
+    identity). ``cp``: context-parallel size (module docstring).
     """
 
     tp: int = 1
@@ -66,15 +83,19 @@ class Mesh:
     dp: int = 1
     order: str = DEFAULT_ORDER
     placement: tuple[int, ...] | None = None
+    cp: int = 1
     _strides: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for name in DIMS:
+        for name in ALL_DIMS:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"--{name} must be at least 1 (got {value})")
         dims = parse_order(self.order)
+        if self.cp > 1:
+            dims = with_cp(dims)
         object.__setattr__(self, "order", "-".join(dims))
+        dims = with_cp(dims)
         for i, d in enumerate(dims):
             self._strides[d] = math.prod(getattr(self, x) for x in dims[:i])
         if self.placement is not None:
@@ -82,37 +103,43 @@ class Mesh:
             if sorted(placement) != list(range(self.size)):
                 raise ConfigError(
                     f"device placement {list(placement)} must list each of the {self.size} devices "
-                    f"0…{self.size - 1} once (one per rank of tp {self.tp} × pp {self.pp} × dp {self.dp})"
+                    f"0…{self.size - 1} once (one per rank of {self._sizes()})"
                 )
             object.__setattr__(self, "placement", None if placement == tuple(range(self.size)) else placement)
 
     # -- sizes and strides ------------------------------------------------------------------------
     @property
     def size(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
 
     @property
-    def dims(self) -> tuple[str, str, str]:
-        """The dimension names innermost first."""
+    def dims(self) -> tuple[str, ...]:
+        """The dimension names innermost first (cp only where the order names it, or cp > 1)."""
         return parse_order(self.order)
+
+    def _sizes(self) -> str:
+        cp = f" × cp {self.cp}" if self.cp > 1 else ""
+        return f"tp {self.tp}{cp} × pp {self.pp} × dp {self.dp}"
 
     def stride(self, dim: str) -> int:
         """Rank distance between neighbours along ``dim``: the product of the sizes inside it."""
         return self._strides[dim]
 
     # -- rank arithmetic ---------------------------------------------------------------------------
-    def rank(self, tp: int = 0, pp: int = 0, dp: int = 0) -> int:
+    def rank(self, tp: int = 0, pp: int = 0, dp: int = 0, cp: int = 0) -> int:
         """Coordinates → global rank: Σ over dims of coordinate × stride."""
-        for name, value in (("tp", tp), ("pp", pp), ("dp", dp)):
+        for name, value in (("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp)):
             if not 0 <= value < getattr(self, name):
                 raise ConfigError(f"{name} rank {value} outside the mesh's {name} = {getattr(self, name)}")
-        return tp * self.stride("tp") + pp * self.stride("pp") + dp * self.stride("dp")
+        return (
+            tp * self.stride("tp") + pp * self.stride("pp") + dp * self.stride("dp") + cp * self.stride("cp")
+        )
 
     def coords(self, rank: int) -> Coords:
         """Global rank → coordinates (inverse of :meth:`rank`)."""
         if not 0 <= rank < self.size:
-            raise ConfigError(f"rank {rank} outside a tp {self.tp} × pp {self.pp} × dp {self.dp} mesh")
-        return Coords(*((rank // self.stride(d)) % getattr(self, d) for d in DIMS))
+            raise ConfigError(f"rank {rank} outside a {self._sizes()} mesh")
+        return Coords(*((rank // self.stride(d)) % getattr(self, d) for d in (*DIMS, "cp")))
 
     def group(self, dim: str, rank: int) -> tuple[int, ...]:
         """The global ranks along ``dim`` through ``rank`` (its tp, pp or dp group), in ``dim`` order."""
@@ -129,8 +156,11 @@ class Mesh:
 
     def grid(self) -> list:
         """The global ranks as nested lists, outermost dimension first (``grid[a][b][c]`` with the
-        dims of ``reversed(self.dims)``): the shape of a torch DeviceMesh over this order."""
-        outer, middle, inner = reversed(self.dims)
+        dims of ``reversed(self.dims)``): the shape of a torch DeviceMesh over this order (three
+        dimensions: the runtime runs cp = 1)."""
+        if self.cp > 1:
+            raise ConfigError(f"the runtime runs without context parallelism; got cp = {self.cp}")
+        outer, middle, inner = (d for d in reversed(self.dims) if d != "cp")
         return [
             [
                 [self.rank(**{outer: a, middle: b, inner: c}) for c in range(getattr(self, inner))]
@@ -165,6 +195,18 @@ class Mesh:
 
     def dp_group(self, pp_rank: int, tp_rank: int = 0) -> tuple[int, ...]:
         return self.group("dp", self.global_rank(pp_rank, 0, tp_rank))
+
+    def cp_group(self, pp_rank: int, dp_rank: int = 0) -> tuple[int, ...]:
+        return self.group("cp", self.global_rank(pp_rank, dp_rank))
+
+    def grad_group(self, pp_rank: int, tp_rank: int = 0) -> tuple[int, ...]:
+        """The ranks that hold the same parameters (gradients reduced over them): dp × cp replicas,
+        in rank order (Megatron reduces gradients over its data-and-context-parallel group)."""
+        return tuple(
+            sorted(
+                self.rank(tp=tp_rank, pp=pp_rank, dp=d, cp=c) for d in range(self.dp) for c in range(self.cp)
+            )
+        )
 
     def pp_group(self, dp_rank: int = 0, tp_rank: int = 0) -> tuple[int, ...]:
         return self.group("pp", self.global_rank(0, dp_rank, tp_rank))

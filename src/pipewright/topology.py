@@ -204,6 +204,8 @@ class Topology:
                 best[dst] = candidate
                 heapq.heappush(queue, (*candidate, dst))
             limit = best.get(dst, (math.inf, math.inf))[0]
+            if hops + 1 >= limit:
+                continue  # no neighbour can be on a path shorter than the best found (a big switch's ports)
             for v, (bw, l) in adj[u].items():
                 if (
                     bw >= threshold
@@ -492,13 +494,17 @@ def cluster(
     gpus_per_node: int,
     gpu: str = "a100-80gb",
     intra: str = "nvlink",
-    inter: str = "ib-hdr",
+    inter: str | None = None,
     nics_per_node: int | None = None,
 ) -> Topology:
     """``nodes`` machines of ``gpus_per_node`` GPUs: an NVSwitch-style switch inside each machine (link
     ``intra``; "nvlink" = the GPU's NVLink generation) and one non-blocking fabric switch between them
-    (link ``inter``), reached through ``nics_per_node`` NICs (default: one per GPU, as Selene's 8×HDR
-    per DGX A100). Devices are named ``node{i}/gpu{j}``, rank order node-major."""
+    (link ``inter``; default the GPU's usual fabric, ``Accelerator.fabric``: HDR for A100, NDR for
+    H100/H200/B200 — a rail-optimised fat tree is non-blocking for the rail-aligned traffic of
+    collectives), reached through ``nics_per_node`` NICs (default: one per GPU, as Selene's 8×HDR per
+    DGX A100 and the 8×NDR of a DGX H100). Devices are named ``node{i}/gpu{j}``, rank order node-major."""
+    if inter is None:
+        inter = accelerator(gpu).fabric if gpu != "cpu" else "eth-25g"
     if nodes < 1:
         raise PipewrightError(f"--nodes must be at least 1 (got {nodes})")
     out_nodes: list[Node] = []

@@ -8,9 +8,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from pipewright.codec import load_csv
+from pipewright.cost.memory_parts import memory_table, rank_memory_parts
 from pipewright.errors import ConfigError
 from pipewright.features import builtin_features, library_schedules
 from pipewright.ir import Schedule
+from pipewright.models.spec import MLP_KINDS
 from pipewright.passes import validate
 from pipewright.passes.grad_reduce import GRAD_REDUCE
 from pipewright.plan.setup import (
@@ -26,7 +28,7 @@ from pipewright.schedules import build_schedule, schedule_names
 from pipewright.sim import metrics
 from pipewright.sim.program import gc_paused
 
-_DIMS = ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len")
+_DIMS = ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len", "kv_heads")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -67,17 +69,61 @@ def register(sub: argparse._SubParsersAction) -> None:
     model.add_argument("--model", help="preset (gpt3-175b, gpt-tiny, …) or family (gpt, bert)")
     for dim in _DIMS:
         model.add_argument(f"--{dim.replace('_', '-')}", type=int, default=None, dest=dim)
-    model.add_argument("--gpu", help="accelerator kind: v100, a100-40gb, a100-80gb, h100-sxm, h200, cpu")
+    model.add_argument(
+        "--mlp",
+        choices=MLP_KINDS,
+        default=None,
+        help="MLP kind (default: the family's; gpt gelu, llama swiglu)",
+    )
+    model.add_argument("--no-bias", action="store_true", help="linear layers and norms without biases")
+    model.add_argument(
+        "--gpu",
+        help="accelerator kind: v100, a100-40gb, a100-80gb, h100-sxm, h100-pcie, h800, h200, b200, cpu",
+    )
     model.add_argument("--nodes", type=int, default=1)
     model.add_argument("--gpus-per-node", type=int, default=8)
     model.add_argument("--tp", type=int, default=1, help="tensor-parallel size t")
     model.add_argument("--pp", type=int, default=None, help="pipeline-parallel size p")
     model.add_argument("--dp", type=int, default=1, help="data-parallel size d")
     model.add_argument(
+        "--cp", type=int, default=1, help="context-parallel size c (ring attention; mesh order tp-cp-dp-pp)"
+    )
+    model.add_argument(
         "--microbatch-size", type=int, default=None, help="sequences per microbatch (default 1)"
     )
     model.add_argument("--global-batch-size", type=int, default=None)
     model.add_argument("--recompute", choices=["full", "selective", "none"], default="none")
+    model.add_argument(
+        "--attention",
+        choices=["flash", "eager"],
+        default=None,
+        help="flash (fused attention; the default) or eager (the a·s² scores stored, Megatron-LM 2021); "
+        "with --plan, the plan's (eager for plans that do not record it)",
+    )
+    shard = model.add_mutually_exclusive_group()
+    shard.add_argument(
+        "--shard-optimizer",
+        action="store_true",
+        help="distributed optimizer / ZeRO-1: optimizer state sharded over dp × cp",
+    )
+    shard.add_argument(
+        "--fsdp", action="store_true", help="FSDP / ZeRO-3: weights, gradients and optimizer state sharded"
+    )
+    model.add_argument(
+        "--tp-comm-overlap", action="store_true", help="tensor-parallel communication overlapped with GEMMs"
+    )
+    model.add_argument(
+        "--calibration", help="a measured calibration (`pipewright profile --calibration`) of --gpu"
+    )
+    model.add_argument(
+        "--layout", help="stage layout, e.g. 'E|t*8|t*8|tL' (uneven; embedding- or output-only stages)"
+    )
+    model.add_argument(
+        "--zb-memory-limit",
+        type=float,
+        default=None,
+        help="zb-auto: at most this many microbatches in flight per rank (default 2p − 1)",
+    )
     model.add_argument(
         "--sequence-parallel", action="store_true", help="with --tp: sequence parallelism (Korthikanti)"
     )
@@ -163,12 +209,15 @@ def _model_setup(args: argparse.Namespace) -> SimSetup:
     from pipewright.plan.apply import plan_mesh
 
     model = resolve_model(args.model, **{d: getattr(args, d) for d in _DIMS})
+    if args.mlp or args.no_bias:
+        model = replace(model, mlp=args.mlp or model.mlp, bias=False if args.no_bias else model.bias)
     if getattr(args, "plan_obj", None) is not None:
         args.plan_obj.check_model(model)
     topo, gpu = cluster_topology(args.gpu, args.nodes, args.gpus_per_node, args.topology)
     t, d = args.tp, args.dp
     p = args.pp if args.pp is not None else (args.stages or 1)
-    mesh = plan_mesh(args, topo, Mesh(t, p, d, args.rank_order or DEFAULT_ORDER))  # a plan's placement
+    order = args.rank_order or (DEFAULT_ORDER if args.cp == 1 else "tp-cp-dp-pp")
+    mesh = plan_mesh(args, topo, Mesh(t, p, d, order, cp=args.cp))  # a plan's placement
     b = args.microbatch_size or 1
     if args.global_batch_size is not None:
         m = microbatches_per_pipeline(args.global_batch_size, b, d)
@@ -177,6 +226,12 @@ def _model_setup(args: argparse.Namespace) -> SimSetup:
     else:
         raise ConfigError("--model needs --global-batch-size (or --microbatches)")
     sched = _load_schedule(args.schedule, p, m, args.virtual)
+    calibration = None
+    if args.calibration:
+        from pipewright.cost.calibration import load_calibration
+
+        calibration = load_calibration(args.calibration, gpu.name)
+    sharding = "zero1" if args.shard_optimizer else "fsdp" if args.fsdp else "none"
 
     def build(schedule: Schedule) -> SimSetup:
         return model_setup(
@@ -190,25 +245,43 @@ def _model_setup(args: argparse.Namespace) -> SimSetup:
             recompute=args.recompute,
             grad_reduce=args.grad_reduce or "after",
             sequence_parallel=getattr(args, "sequence_parallel", False),
-            layout=getattr(args, "plan_layout", None),
+            layout=getattr(args, "plan_layout", None) or args.layout,
             per_stage_recompute=getattr(args, "plan_recompute", None),
+            attention=_attention(args),
+            optimizer_sharding=sharding,
+            tp_comm_overlap=args.tp_comm_overlap,
+            calibration=calibration,
         )
 
     setup = build(sched)
-    costed = _costed_schedule(args.schedule, p, m, args.virtual, setup)
+    costed = _costed_schedule(args.schedule, p, m, args.virtual, setup, args.zb_memory_limit)
     return setup if costed is None else build(costed)
 
 
-def _costed_schedule(name: str, p: int, m: int, virtual: int | None, setup: SimSetup) -> Schedule | None:
+def _attention(args: argparse.Namespace) -> str:
+    """--attention, else the plan's (plans made before the planner priced flash attention were
+    priced eager), else flash."""
+    if args.attention:
+        return args.attention
+    plan = getattr(args, "plan_obj", None)
+    return getattr(plan, "attention", "eager") if plan is not None else "flash"
+
+
+def _costed_schedule(
+    name: str, p: int, m: int, virtual: int | None, setup: SimSetup, memory_limit: float | None = None
+) -> Schedule | None:
     """For a generator that plans with costs (``zb-auto``): the schedule built from this setup's stage
-    times and boundary-message time instead of unit costs; None for other schedules."""
+    times and boundary-message time instead of unit costs (at most ``memory_limit`` microbatches in
+    flight per rank); None for other schedules."""
     library = library_schedules()
     if name not in library or library[name].build_costed is None:
         return None
     from pipewright.schedules.costs import schedule_costs
 
     probe = setup.schedule
-    costs = schedule_costs(setup.cost, probe.num_ranks, probe.chunks_per_rank, comm=setup.comm)
+    costs = schedule_costs(
+        setup.cost, probe.num_ranks, probe.chunks_per_rank, comm=setup.comm, memory_limit=memory_limit
+    )
     return build_schedule(name, p, m, virtual, costs=costs, registry=library)
 
 
@@ -254,6 +327,10 @@ def _run(args: argparse.Namespace) -> int:
         memory_limit=setup.memory_limit,
         enforce=args.enforce_memory,
     )
+    parts = rank_memory_parts(setup.cost, result.source, list(result.peak_memory))
+    if parts is not None:
+        for row, part in zip(report["per_rank"], parts, strict=True):
+            row["memory_parts"] = part
     label = setup.label + ("" if shared is None else f", sharing {args.cores:g} cores")
     if args.png or args.trace:
         from pipewright.viz import draw_timeline, write_trace
@@ -302,4 +379,6 @@ def _summary(report: dict, label: str, unit: bool) -> str:
             f"{r['rank']:>4}  {t(r['busy_s']):>10}  {t(r['bubble_s']):>10}  "
             f"{100 * r['bubble_fraction']:>6.1f}%  {size(r['peak_memory_bytes']):>12}"
         )
+    if not unit and report["per_rank"] and "memory_parts" in report["per_rank"][0]:
+        lines.append(memory_table([r["memory_parts"] for r in report["per_rank"]]))
     return "\n".join(lines)

@@ -21,7 +21,7 @@ def check_fits(mesh: Mesh, topology: Topology) -> None:
     """One-line error when the topology has too few devices for ``mesh``."""
     if len(topology.devices) < mesh.size:
         raise ConfigError(
-            f"tp {mesh.tp} × pp {mesh.pp} × dp {mesh.dp} = {mesh.size} ranks, but topology "
+            f"{mesh._sizes()} = {mesh.size} ranks, but topology "
             f"{topology.name} has {len(topology.devices)} devices; add nodes or shrink the layout"
         )
 
@@ -72,9 +72,11 @@ class TopologyComm:
         ``members`` (groups that span the pipeline); a barrier costs one all-reduce of 1 byte."""
         self.device(rank)
         if group == "dp":
-            ranks = self.mesh.dp_group(rank)
+            ranks = self.mesh.grad_group(rank)  # dp × cp replicas of the stage (the dp group at cp 1)
         elif group == "tp":
             ranks = self.mesh.tp_group(rank)
+        elif group == "cp":
+            ranks = self.mesh.cp_group(rank)
         else:
             ranks = tuple(self.mesh.global_rank(m) for m in (members or range(self.mesh.pp)))
         devices = [self._device(g) for g in ranks]

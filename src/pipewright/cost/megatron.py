@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 from dataclasses import dataclass, fields
+from importlib import resources
 from pathlib import Path
 
 from pipewright.cost.base import CommModel, CostModel
@@ -71,8 +72,14 @@ _ROWS = (
     (1008.0, 160, 25600, 128, 8, 64, 6, 3072, 3072, 1, 1, 163, 52, 502.0),
 )
 
-#: The ten published rows (the same numbers as ``reference/megatron_table1.csv``).
+#: The ten published rows (the same numbers as the package's ``data/megatron_table1.csv``).
 TABLE1: tuple[Table1Row, ...] = tuple(Table1Row(*r) for r in _ROWS)
+
+
+def packaged_table1() -> tuple[Table1Row, ...]:
+    """Table 1 as shipped with the package (``cost/data/megatron_table1.csv``, the published rows with
+    their source notes)."""
+    return load_table1(str(resources.files("pipewright.cost").joinpath("data/megatron_table1.csv")))
 
 
 def load_table1(path: str | Path) -> tuple[Table1Row, ...]:

@@ -16,20 +16,17 @@ full                                           2·s·b·h (the layer input; /t w
 its two batched matmuls, 4·b·s²·h FLOPs per layer (/t per device), plus the memory-bound softmax and
 dropout over the a·s² scores.
 
-:class:`SelectiveCost` adds ``recompute="selective"`` to :class:`~pipewright.cost.transformer.TransformerCost`
-without changing that module: it builds each chunk without recomputation and applies
-:func:`selective_chunk`. (The one-line hook that would make it native: in ``TransformerCost._build_chunk``,
-``if self.recompute == "selective": return selective_chunk(chunk, ...)``, with "selective" in ``RECOMPUTE``.)
+:class:`~pipewright.cost.transformer.TransformerCost` models the three modes natively (with flash
+attention there is no score tensor to drop: selective equals none); :class:`SelectiveCost` and
+:class:`PerStageCost` (one mode per stage, a plan's) build on it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
-from types import MappingProxyType
+from dataclasses import dataclass, fields
 
-from pipewright.cost.transformer import DTYPE_BYTES, TransformerCost, _Chunk
+from pipewright.cost.transformer import TransformerCost, _Chunk
 from pipewright.errors import ConfigError
-from pipewright.ir import B, F, I, W
 from pipewright.models.spec import ModelSpec
 
 RECOMPUTE_CHOICES = ("none", "selective", "full")
@@ -62,45 +59,16 @@ def recompute_flops_per_layer(spec: ModelSpec, b: int, recompute: str) -> float:
     return 0.0
 
 
-def selective_chunk(chunk: _Chunk, cost: TransformerCost, n_layers: int) -> _Chunk:
-    """A chunk costed without recomputation turned into one with selective recomputation: the
-    backward (B, and I where split) re-runs the attention core; F stores 5·a·s²·b/t bytes less per
-    layer (scaled by the dtype's element size / 2, as TransformerCost does)."""
-    spec, b, t = cost.spec, cost.microbatch, cost.mesh.tp
-    s, a = spec.seq_len, spec.heads
-    scale = DTYPE_BYTES[cost.dtype] / 2
-    extra = n_layers * recompute_flops_per_layer(spec, b, "selective") / t
-    core = n_layers * 5 * a * s * s * b / t * scale
-    redo = cost.efficiency.memory_traffic * core  # softmax and dropout over the scores, once more
-    flops = dict(chunk.flops)
-    flops[B] += extra
-    flops[I] += extra
-    traffic = dict(chunk.traffic)
-    traffic[B] += redo
-    traffic[I] += redo
-    memory = dict(chunk.memory)
-    memory[F] -= core
-    memory[B] += core
-    memory[I] += core  # I frees what F stored minus what W frees
-    assert memory[W] <= 0
-    return replace(
-        chunk,
-        flops=MappingProxyType(flops),
-        traffic=MappingProxyType(traffic),
-        memory=MappingProxyType(memory),
-    )
-
-
 @dataclass(frozen=True, eq=False)
 class SelectiveCost(TransformerCost):
-    """:class:`TransformerCost` with selective activation recomputation (``recompute`` stays "none"
-    on the instance; :attr:`recompute_mode` reads "selective")."""
+    """:class:`TransformerCost` with selective activation recomputation whatever ``recompute`` says
+    (kept for callers; ``TransformerCost(recompute="selective")`` is the same model)."""
 
     recompute_mode: str = "selective"
 
-    def _build_chunk(self, stage: int, num_stages: int, layers: tuple[int, ...]) -> _Chunk:
-        chunk = super()._build_chunk(stage, num_stages, layers)
-        return selective_chunk(chunk, self, layers[stage])
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "recompute", "selective")
+        super().__post_init__()
 
 
 def make_cost_check(recompute: str) -> None:
@@ -112,6 +80,10 @@ def make_cost_check(recompute: str) -> None:
 class PerStageCost(TransformerCost):
     """:class:`TransformerCost` with a recomputation mode per stage (chunk): ``per_stage[c]`` in
     none/selective/full. Each chunk's table comes from a cost model of that one mode."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "recompute", "none")
+        super().__post_init__()
 
     per_stage: tuple[str, ...] = ()
 
@@ -125,8 +97,8 @@ class PerStageCost(TransformerCost):
         model = self._cache.get(key)
         if model is None:
             kw = {f.name: getattr(self, f.name) for f in fields(TransformerCost) if f.init}
-            kw.pop("recompute")
-            model = self._cache[key] = make_cost(mode, **kw)
+            kw["recompute"] = mode
+            model = self._cache[key] = TransformerCost(**kw)
         return model._build_chunk(stage, num_stages, layers)
 
 
@@ -137,20 +109,10 @@ def make_cost(
     **kwargs,
 ) -> TransformerCost:
     """A cost model of class ``cls`` (default TransformerCost) for ``recompute`` in none/selective/full
-    (``kwargs``: its fields), or with ``per_stage`` one mode per stage (chunk). Selective
-    recomputation is modelled for TransformerCost only."""
+    (``kwargs``: its fields), or with ``per_stage`` one mode per stage (chunk)."""
     if per_stage:
         for mode in per_stage:
             make_cost_check(mode)
-        if cls not in (None, TransformerCost):
-            raise ConfigError(f"per-stage recomputation is not modelled for {cls.__name__} yet")
         return PerStageCost(per_stage=tuple(per_stage), **kwargs)
     make_cost_check(recompute)
-    cls = cls or TransformerCost
-    if recompute == "selective":
-        if cls is not TransformerCost:
-            raise ConfigError(
-                f"--recompute selective is not modelled for {cls.__name__} yet; use none or full"
-            )
-        return SelectiveCost(recompute="none", **kwargs)
-    return cls(recompute=recompute, **kwargs)
+    return (cls or TransformerCost)(recompute=recompute, **kwargs)

@@ -1,104 +1,111 @@
-"""Analytical cost of GPT/BERT training actions (Megatron-LM's FLOP counts, Korthikanti et al.'s memory).
+"""Analytical cost of decoder-transformer training actions (GPT, BERT, Llama and any dense decoder).
 
 A schedule's stage (model chunk) c of n holds a contiguous range of transformer layers (uniform by
 default, the first ``l mod n`` chunks one layer more); chunk 0 also holds the embedding, chunk n − 1 the
-output (logit) layer and the loss. Per microbatch of b sequences of length s, hidden h, FFN f, heads a,
-vocabulary V, tensor-parallel size t:
+output (logit) layer and the loss. Per microbatch of b sequences of length s, hidden h, heads a,
+vocabulary V, tensor-parallel size t, context-parallel size c (each device holds s/c tokens); the
+per-layer terms are :mod:`pipewright.cost.layer`'s (GEMM shapes, attention, stored bytes):
 
-- FLOPs, forward of one layer: 8·b·s·h² + 4·b·s·h·f + 4·b·s²·h (= 24·b·s·h² + 4·b·s²·h for f = 4h);
-  logit layer 2·b·s·h·V; embedding 0. Backward = 2 × forward; full recomputation adds one forward of
-  the layers (not of the logit layer, as in Megatron) to B. I and W each take half of the backward's
-  FLOPs; the recomputed forward belongs to I (it is needed first). Every device does 1/t of them.
-- Time = FLOPs / t / (peak(dtype) × :attr:`Efficiency.gemm`) + memory-bound kernels' bytes / memory
-  bandwidth (:attr:`Efficiency.memory_traffic`; layers only) + tensor-parallel communication:
-  two all-reduces of b·s·h elements per layer in the forward, two in the backward (both in I), two
-  more with recomputation; with sequence parallelism an all-gather plus a reduce-scatter replace each
-  all-reduce (the same ring time). The vocabulary-parallel embedding all-reduces b·s·h in F; the
-  vocabulary-parallel cross-entropy all-reduces 3 × b·s fp32 values in F, and the logit layer's
-  input gradient b·s·h in B/I.
-- Stage-boundary messages: b·s·h elements, / t with Megatron's scatter/gather (or sequence parallelism).
-- Activation memory added by F, per layer (16-bit activations; Korthikanti et al. 2022):
-  s·b·h·(10 + 24/t + 5·a·s/(h·t)) bytes, s·b·h·(34 + 5·a·s/h)/t with sequence parallelism (both
-  34·s·b·h + 5·a·s²·b at t = 1); with full recomputation only the layer input, 2·s·b·h (/t with sequence
-  parallelism). ``attention="flash"`` (fused attention, FlashAttention, Dao et al. 2022): the a·s² scores,
-  their softmax and dropout mask are never stored nor moved through memory — the 5·a·s/(h·t) term
-  leaves both the activation and the memory-traffic formula (Korthikanti et al.'s selective-recompute
-  memory, s·b·h·(10 + 24/t), 34·s·b·h/t with sequence parallelism) — and the backward recomputes the
-  scores Q·Kᵀ: +2·b·s²·h executed FLOPs per layer in B (and I), not counted as model FLOPs.
+- FLOPs: forward = the layer GEMMs + attention (Megatron-LM's 24bsh² + 4bs²h for GPT) + the logit
+  layer 2·b·s·h·V; the backward = 2 × forward, split by what it is (Zero Bubble, Qi et al. 2024): I
+  runs the input-gradient GEMMs (as many FLOPs as the forward's GEMMs), the attention backward (2 × its
+  forward) and the logit layer's input gradient; W runs the weight-gradient GEMMs only. Recomputation
+  adds to I (and B): full the layer forward, selective the attention core (eager attention only);
+  ``attention="flash"`` (FlashAttention, Dao et al. 2022) recomputes Q·Kᵀ in its backward,
+  +2·b·s²·h per layer, not counted as model FLOPs. Every device does 1/(t·c) of them.
+- Time of an action = its GEMMs, each priced by shape (:mod:`pipewright.cost.gemm`: the GPU's base
+  GEMM efficiency × tile/wave quantisation over its SMs, or a measured calibration) + the attention
+  core at :attr:`Efficiency.attention` (flash attention skips the masked half of the causal square) +
+  the memory-bound kernels' bytes / memory bandwidth + tensor-parallel communication (exposed only
+  beyond the GEMMs with ``tp_comm_overlap``) + the context-parallel ring exchange beyond the attention
+  it overlaps (:mod:`pipewright.cost.context`) + FSDP's gathers beyond the compute they overlap
+  (:mod:`pipewright.cost.sharding`). W carries GEMMs only.
+- Memory-bound kernels (norms, activations, dropout, softmax, rotary, residual adds): the forward moves
+  κ (:attr:`Efficiency.memory_traffic`) × the bytes a forward without recomputation stores; I moves
+  twice that (plus a recomputed forward's); the output layer's fp32 softmax/cross-entropy moves 12
+  bytes per logit in F and 10 in I.
+- Tensor-parallel communication: two all-reduces of b·s·h elements per layer in F, two in I (two more
+  with full recomputation); with sequence parallelism an all-gather plus a reduce-scatter replace each
+  all-reduce (the same ring time). The vocabulary-parallel embedding all-reduces b·s·h in F, the
+  vocabulary-parallel cross-entropy 3 × b·s fp32 values in F, the logit layer's input gradient b·s·h
+  in I.
+- Stage-boundary messages: b·s·h/c elements, / t with Megatron's scatter/gather (or sequence
+  parallelism).
+- Activation memory added by F, per layer: :func:`~pipewright.cost.layer.layer_stored_units` × s·b·h
+  (Korthikanti et al. 2022, generalised; the eager a·s² scores dropped with flash attention or
+  selective recomputation), 2·s·b·h with full recomputation (/t with sequence parallelism), all /c.
   Chunk 0 adds the embedding output (s·b·h elements), the last chunk the fp32 logits (4·b·s·V/t bytes).
-  W frees 32·s·b·h/t per layer (the inputs of its linear layers; nothing with recomputation), I frees
-  the rest, B everything (Zero Bubble's accounting).
-- Parameters per layer 4h² + 2hf + 9h + f (= 12h² + 13h), embedding (V + s)·h on chunk 0, a V·h output
-  layer (or the tied copy) and the final LayerNorm on the last chunk; static memory = parameters / t ×
-  ``bytes_per_param`` (18 by default: fp16 weight 2 + fp32 gradient accumulator 4 + fp32 master weight 4
-  + Adam's two fp32 moments 8, Megatron's mixed precision); REDUCE_GRAD sends ``grad_bytes`` per parameter.
+  W frees the inputs of the linear layers (at most 32·s·b·h/t bytes per layer; nothing with full
+  recomputation), I the rest, B everything (Zero Bubble's accounting).
+- Parameters: :func:`~pipewright.cost.layer.layer_parameters` per layer, the embedding (and GPT's
+  position table) on chunk 0, the final norm and a V·h output layer on the last chunk; static memory
+  = parameters / t × the per-parameter bytes of the optimizer sharding
+  (:func:`~pipewright.cost.sharding.state_bytes`; 18 without sharding). REDUCE_GRAD sends
+  ``grad_bytes`` per parameter (nothing under FSDP, which reduce-scatters per layer in the backward).
+- ``dtype="fp8"``: the GEMMs run at the FP8 peak (Transformer Engine), attention, the memory-bound
+  kernels, activations and messages stay bf16.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
+from pipewright.cost.calibration import Calibration
 from pipewright.cost.comm import Mesh, TopologyComm
+from pipewright.cost.context import ring_bytes_per_layer
+from pipewright.cost.efficiency import A100_EFFICIENCY, Efficiency, default_efficiency
+from pipewright.cost.gemm import wave_efficiency
+from pipewright.cost.layer import (
+    attention_flops,
+    embedding_parameters,
+    head_parameters,
+    layer_forward_flops,
+    layer_gemms,
+    layer_linear_flops,
+    layer_parameters,
+    layer_stored_units,
+)
 from pipewright.cost.placement import layer_counts, roles
+from pipewright.cost.sharding import WEIGHT_BYTES, StateBytes, check_sharding, exposed, state_bytes
 from pipewright.errors import ConfigError
-from pipewright.hardware import accelerator
+from pipewright.hardware import Accelerator, accelerator
 from pipewright.ir import RECV_B, RECV_F, REDUCE_GRAD, SEND_B, SEND_F, Action, B, F, I, Schedule, W
 from pipewright.models.layout import Layout
 from pipewright.models.spec import ModelSpec
 from pipewright.topology import Topology, cluster, single_host
 
 DTYPE_BYTES: Mapping[str, int] = MappingProxyType({"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1})
-RECOMPUTE = ("none", "full")
+RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("eager", "flash")  # eager: the a·s² scores are stored (Korthikanti et al.); flash: fused
 _MESSAGES = (SEND_F, RECV_F, SEND_B, RECV_B)
+_KINDS = (F, B, I, W)
+#: bytes per logit the fp32 softmax/cross-entropy moves: forward (cast, max, exp-sum, loss), backward
+_CE_BYTES = {F: 12.0, I: 10.0, W: 0.0}
+#: the per-layer fixed overhead τ of each pass, in units of τ (Efficiency.layer_overhead)
+_OVERHEAD = {F: 1.0, I: 1.5, W: 0.5, B: 2.0}
 
-
-@dataclass(frozen=True)
-class Efficiency:
-    """How close to the hardware's peaks the kernels run — the explicit, calibrated part of the model.
-
-    - ``gemm``: fraction of peak FLOP/s the matrix multiplications reach.
-    - ``memory_traffic`` κ: bytes the memory-bound kernels of a layer (LayerNorm, dropout, residual
-      adds, bias-GeLU, softmax and masking over the a·s² attention scores) move through device memory in
-      the forward, per byte of activation a forward without recomputation stores (Korthikanti et al.:
-      s·b·h·(10 + 24/t + 5·a·s/(h·t))); the backward moves twice that, a recomputed forward once more;
-      the time is bytes / memory bandwidth. This term is why small hidden sizes and long sequences fall
-      short of the GEMM rate.
-    - ``comm``: fraction of link bandwidth that collectives and point-to-point transfers reach (NCCL's
-      bus bandwidth over the link's peak).
-
-    The defaults are calibrated for A100 (fp16, Selene) on Megatron-LM Table 1: with gemm 0.67,
-    κ 2.25 and comm 0.8, the predicted TFLOP/s per GPU of all ten rows is within 5 % of the published
-    ones (``tools/table1.py``; docs/simulator.md, "Fidelity: Megatron-LM Table 1").
-    """
-
-    gemm: float = 0.67
-    memory_traffic: float = 2.25
-    comm: float = 0.8
-
-
-#: The calibrated A100 parameters (the dataclass defaults).
-A100_EFFICIENCY = Efficiency()
-
-
-def layer_forward_flops(spec: ModelSpec, b: int) -> float:
-    """Forward FLOPs of one transformer layer: 8bsh² + 4bshf + 4bs²h (Megatron-LM: 24bsh² + 4bs²h)."""
-    s, h, f = spec.seq_len, spec.hidden, spec.ffn_hidden
-    return 8 * b * s * h * h + 4 * b * s * h * f + 4 * b * s * s * h
+__all__ = [
+    "A100_EFFICIENCY",
+    "ATTENTION",
+    "DTYPE_BYTES",
+    "RECOMPUTE",
+    "Efficiency",
+    "TransformerCost",
+    "default_topology",
+    "layer_forward_flops",
+    "layer_parameters",
+    "logit_forward_flops",
+    "megatron_flops_per_iteration",
+    "megatron_parameters",
+]
 
 
 def logit_forward_flops(spec: ModelSpec, b: int) -> float:
     """Forward FLOPs of the output layer: 2·b·s·h·V."""
     return 2 * b * spec.seq_len * spec.hidden * spec.vocab
-
-
-def layer_parameters(spec: ModelSpec) -> int:
-    """Parameters of one layer: 4h² + 2hf + 9h + f (= 12h² + 13h for f = 4h)."""
-    h, f = spec.hidden, spec.ffn_hidden
-    return 4 * h * h + 2 * h * f + 9 * h + f
 
 
 def megatron_flops_per_iteration(spec: ModelSpec, global_batch: int, recompute: str = "full") -> float:
@@ -117,8 +124,8 @@ def megatron_parameters(spec: ModelSpec) -> float:
 
 
 def default_topology(gpu: str, devices: int) -> Topology:
-    """Where no topology is given: 8-GPU NVLink machines on InfiniBand HDR (one NIC per GPU), or, for
-    ``cpu``, processes of this machine on gloo loopback."""
+    """Where no topology is given: 8-GPU NVLink machines on the GPU's usual fabric (one NIC per GPU),
+    or, for ``cpu``, processes of this machine on gloo loopback."""
     if gpu == "cpu":
         return single_host(devices)
     per_node = min(devices, 8)
@@ -128,7 +135,7 @@ def default_topology(gpu: str, devices: int) -> Topology:
 
 @dataclass(frozen=True)
 class _Chunk:
-    """Per-microbatch costs of one chunk, per device (tensor-parallel share)."""
+    """Per-microbatch costs of one chunk, per device (tensor- and context-parallel share)."""
 
     flops: Mapping[str, float]  # F, B, I, W executed (recomputation included)
     model_flops: Mapping[str, float]  # without recomputation
@@ -136,6 +143,10 @@ class _Chunk:
     traffic: Mapping[str, float]  # bytes the memory-bound kernels move per kind
     memory: Mapping[str, float]
     params: float
+    gemms: Mapping[str, tuple[tuple[float, float, float, int], ...]] = field(default_factory=dict)
+    attention: Mapping[str, float] = field(default_factory=dict)  # attention-core FLOPs executed
+    ring_bytes: Mapping[str, float] = field(default_factory=dict)  # context-parallel exchange, per layer
+    layers: int = 0
 
 
 @dataclass(frozen=True, eq=False)
@@ -147,8 +158,14 @@ class TransformerCost:
     output layer with its loss (:mod:`pipewright.cost.placement`); ``None`` = uniform.
     ``topology``/``mesh``: where ranks run (:class:`~pipewright.cost.comm.Mesh` order); without a
     topology, :func:`default_topology` of ``gpu``. ``extra_times``: seconds of extension compute kinds
-    (e.g. K-FAC tasks), 0 when absent. ``attention``: ``eager`` (default; the attention scores are
-    stored) or ``flash`` (fused attention: no a·s² storage or traffic, scores recomputed in the backward).
+    (e.g. K-FAC tasks), 0 when absent. ``attention``: ``eager`` (the class default; the attention
+    scores are stored) or ``flash`` (fused attention; ``pipewright simulate``'s default).
+    ``recompute``: none, selective or full. ``cp``: context-parallel size (ring attention; the mesh's
+    cp when it has one). ``optimizer_sharding``: none, zero1 or fsdp. ``tp_comm_overlap``: tensor-
+    parallel communication hidden behind the GEMMs. ``calibration``: measured GEMM throughput by shape
+    and memory bandwidth (:mod:`pipewright.cost.calibration`). ``efficiency``: None = each device's
+    ``gpu``'s defaults without wave quantisation (:func:`default_efficiency`; ``model_setup``, the
+    path of ``pipewright simulate``, passes them with it).
     """
 
     spec: ModelSpec
@@ -160,12 +177,16 @@ class TransformerCost:
     sequence_parallel: bool = False
     scatter_gather: bool = True
     topology: Topology | None = None
-    efficiency: Efficiency = A100_EFFICIENCY
+    efficiency: Efficiency | None = None
     layout: Sequence[int] | Layout | None = None
     bytes_per_param: float = 18.0
     grad_bytes: float = 2.0
     extra_times: Mapping[str, float] = field(default_factory=dict)
     attention: str = "eager"
+    cp: int = 1
+    optimizer_sharding: str = "none"
+    tp_comm_overlap: bool = False
+    calibration: Calibration | None = None
     comm: TopologyComm = field(init=False, repr=False, compare=False)
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -180,11 +201,36 @@ class TransformerCost:
             raise ConfigError(f"--microbatch-size must be at least 1 (got {self.microbatch})")
         if self.spec.heads % self.mesh.tp or self.spec.ffn_hidden % self.mesh.tp:
             raise ConfigError(f"--tp {self.mesh.tp} must divide the heads ({self.spec.heads}) and FFN size")
-        topology = self.topology or default_topology(self.gpu, self.mesh.size)
+        check_sharding(self.optimizer_sharding)
+        mesh = self.mesh
+        if self.cp != mesh.cp:
+            if mesh.cp != 1 and self.cp != 1:
+                raise ConfigError(f"cp {self.cp} differs from the mesh's cp {mesh.cp}")
+            mesh = replace(mesh, cp=max(self.cp, mesh.cp))
+            object.__setattr__(self, "mesh", mesh)
+            object.__setattr__(self, "cp", mesh.cp)
+        from pipewright.cost.context import check_context_parallel
+
+        check_context_parallel(self.spec, self.cp)
+        topology = self.topology or default_topology(self.gpu, mesh.size)
         object.__setattr__(self, "topology", topology)
-        object.__setattr__(self, "comm", TopologyComm(topology, self.mesh, self.efficiency.comm))
-        for rank in range(self.mesh.pp):
-            topology.accelerator(self.comm.device(rank)).peak(self.dtype)  # one-line error if it has none
+        if self.efficiency is None:
+            defaults = default_efficiency(accelerator(self.gpu))
+            object.__setattr__(self, "efficiency", replace(defaults, waves=False))
+        object.__setattr__(self, "comm", TopologyComm(topology, mesh, self.efficiency.comm))
+        for rank in range(mesh.pp):
+            acc = topology.accelerator(self.comm.device(rank))
+            acc.peak(self.dtype)  # one-line error if it has none
+            acc.peak(self.act_dtype)
+
+    @property
+    def act_dtype(self) -> str:
+        """The dtype of activations, attention and memory-bound kernels: bf16 under fp8 GEMMs."""
+        return "bf16" if self.dtype == "fp8" else self.dtype
+
+    def efficiency_of(self, acc: Accelerator) -> Efficiency:
+        """The efficiency on ``acc`` (one set per model: ``efficiency``, resolved from ``gpu``)."""
+        return self.efficiency
 
     # -- per-chunk tables ---------------------------------------------------------------------------
     def layers_of(self, schedule: Schedule) -> tuple[int, ...]:
@@ -197,23 +243,44 @@ class TransformerCost:
             hit = self._cache[key] = self._build_chunk(stage, schedule.num_stages, self.layers_of(schedule))
         return hit
 
-    def _build_chunk(self, stage: int, num_stages: int, layers: tuple[int, ...]) -> _Chunk:
+    def layer_stored_bytes(self, mode: str | None = None) -> float:
+        """Bytes one layer's forward stores per microbatch and device under recomputation ``mode``
+        (default: this model's), before the context-parallel split."""
         spec, b, t = self.spec, self.microbatch, self.mesh.tp
-        s, h, a, V = spec.seq_len, spec.hidden, spec.heads, spec.vocab
-        n_layers = layers[stage]
+        mode = mode or self.recompute
+        sbh = spec.seq_len * b * spec.hidden
+        scale = DTYPE_BYTES[self.act_dtype] / 2
+        if mode == "full":
+            return 2 * sbh * scale / (t if self.sequence_parallel else 1)
+        scores = self.attention == "eager" and mode == "none"
+        return sbh * layer_stored_units(spec, t, self.sequence_parallel, scores) * scale
+
+    def _build_chunk(self, stage: int, num_stages: int, layers: tuple[int, ...]) -> _Chunk:
+        spec, b, t, c = self.spec, self.microbatch, self.mesh.tp, self.cp
+        s, h, V = spec.seq_len, spec.hidden, spec.vocab
+        n = layers[stage]
         first, last = roles(self.layout, stage, num_stages)
-        full = self.recompute == "full"
-        esize = DTYPE_BYTES[self.dtype]
-        fwd = n_layers * layer_forward_flops(spec, b)
+        full, selective = self.recompute == "full", self.recompute == "selective"
+        flash = self.attention == "flash"
+        esize = DTYPE_BYTES[self.act_dtype]
+        lin, attn = n * layer_linear_flops(spec, b), n * attention_flops(spec, b)
         logit = logit_forward_flops(spec, b) if last else 0.0
-        half_bwd = fwd + logit  # half of the 2× backward
-        recomputed = fwd if full else 0.0
-        if self.attention == "flash":  # the backward recomputes the scores Q·Kᵀ (2·b·s²·h per layer)
-            recomputed += n_layers * 2 * b * s * s * h
-        model = {F: fwd + logit, B: 2 * half_bwd, I: half_bwd, W: half_bwd}
-        executed = {F: model[F], B: model[B] + recomputed, I: model[I] + recomputed, W: model[W]}
-        act = s * b * h * esize  # one b·s·h activation tensor
-        per_layer_ar = (act,) * 2 * n_layers
+        model = {F: lin + attn + logit, I: lin + 2 * attn + logit, W: lin + logit}
+        redo_attn = attn * ((1 if full or (selective and not flash) else 0) + (0.5 if flash else 0))
+        redo = (lin if full else 0.0) + redo_attn
+        executed = {F: model[F], I: model[I] + redo, W: model[W]}
+        causal = 0.5 if flash else 1.0  # fused kernels skip the masked half of the causal square
+        attention = {F: attn * causal, I: (2 * attn + redo_attn) * causal, W: 0.0}
+        tokens = b * s / c
+        layer_fwd = [(m, nn, k, n) for m, nn, k in layer_gemms(spec, tokens, t)] if n else []
+        fwd_gemms = layer_fwd + ([(tokens, V / t, h, 1)] if last and V else [])
+        dgrad = [(m, k, nn, cnt) for m, nn, k, cnt in fwd_gemms]
+        wgrad = [(nn, k, m, cnt) for m, nn, k, cnt in fwd_gemms]
+        if full:
+            dgrad += layer_fwd  # the recomputed forward (not of the logit layer, as in Megatron)
+        gemms = {F: tuple(fwd_gemms), I: tuple(dgrad), W: tuple(wgrad)}
+        act = s * b * h * esize / c  # one b·s·h activation tensor
+        per_layer_ar = (act,) * 2 * n
         tp_bytes: dict[str, tuple[float, ...]] = {
             F: per_layer_ar,
             I: per_layer_ar * (2 if full else 1),
@@ -222,38 +289,101 @@ class TransformerCost:
         if first:
             tp_bytes[F] += (act,)
         if last:
-            tp_bytes[F] += (4.0 * b * s,) * 3
+            tp_bytes[F] += (4.0 * b * s / c,) * 3
             tp_bytes[I] += (act,)
-        tp_bytes[B] = tp_bytes[I] + tp_bytes[W]
-        # activation memory (16-bit formulas scaled by element size / 2)
-        scale = esize / 2
-        scores = 0.0 if self.attention == "flash" else 5 * a * s / h  # the a·s² scores, per s·b·h
-        stored = s * b * h * (10 + 24 / t + scores / t) * scale  # a forward without recomputation
-        if self.sequence_parallel:
-            stored = s * b * h * (34 + scores) / t * scale
-        fwd_traffic = self.efficiency.memory_traffic * n_layers * stored
-        redo = fwd_traffic if full else 0.0
-        traffic = {F: fwd_traffic, B: 2 * fwd_traffic + redo, I: fwd_traffic + redo, W: fwd_traffic}
-        if full:
-            per_layer = 2 * s * b * h * scale / (t if self.sequence_parallel else 1)
-            w_frees = 0.0
-        else:
-            per_layer = stored
-            w_frees = 32 * s * b * h / t * scale
-        added = n_layers * per_layer + (act if first else 0.0) + (4.0 * b * s * V / t if last else 0.0)
-        memory = {F: added, B: -added, W: -n_layers * w_frees, I: -(added - n_layers * w_frees)}
-        params = n_layers * layer_parameters(spec) / t
-        if first:
-            params += V * h / t + s * h
+        # memory-bound kernels: κ × the bytes a forward without recomputation stores
+        eff = self.efficiency
+        fwd_traffic = eff.memory_traffic * n * self.layer_stored_bytes("none") / c
+        redo_traffic = fwd_traffic if full else 0.0
+        if selective and not flash:
+            redo_traffic = fwd_traffic - eff.memory_traffic * n * self.layer_stored_bytes("selective") / c
+        traffic = {F: fwd_traffic, I: 2 * fwd_traffic + redo_traffic, W: 0.0}
         if last:
-            params += V * h / t + 2 * h
+            for kind in traffic:
+                traffic[kind] += _CE_BYTES[kind] * b * s * V / t / c
+        per_layer = self.layer_stored_bytes() / c
+        w_frees = 0.0 if full else min(32 * s * b * h / t * esize / 2 / c, per_layer)
+        added = n * per_layer + (act if first else 0.0) + (4.0 * b * s * V / t / c if last else 0.0)
+        memory = {F: added, B: -added, W: -n * w_frees, I: -(added - n * w_frees)}
+        params = n * layer_parameters(spec) / t
+        if first:
+            params += embedding_parameters(spec, t)
+        if last:
+            params += head_parameters(spec, t)
+        for table in (model, executed, traffic, attention):
+            table[B] = table[I] + table[W]
+        tp_bytes[B] = tp_bytes[I] + tp_bytes[W]
+        gemms[B] = gemms[I] + gemms[W]
+        ring = ring_bytes_per_layer(spec, b, c, t, esize)
         return _Chunk(
-            MappingProxyType({k: v / t for k, v in executed.items()}),
-            MappingProxyType({k: v / t for k, v in model.items()}),
+            MappingProxyType({k: v / t / c for k, v in executed.items()}),
+            MappingProxyType({k: v / t / c for k, v in model.items()}),
             MappingProxyType(tp_bytes),
             MappingProxyType(traffic),
             MappingProxyType(memory),
             params,
+            MappingProxyType(gemms),
+            MappingProxyType({k: v / t / c for k, v in attention.items()}),
+            MappingProxyType(ring),
+            n,
+        )
+
+    # -- time ---------------------------------------------------------------------------------------
+    def gemm_time(self, gemms, acc: Accelerator) -> float:
+        """Seconds of ``gemms`` ((m, n, k, count) each) on ``acc``: measured throughput by shape with a
+        calibration of this dtype, else the base efficiency × wave quantisation (cost/gemm.py)."""
+        peak = acc.peak(self.dtype)
+        eff = self.efficiency_of(acc)
+        base, sms = eff.gemm * (eff.fp8 if self.dtype == "fp8" else 1.0), acc.sms if eff.waves else 0
+        total = 0.0
+        for m, n, k, count in gemms:
+            rate = None
+            if self.calibration is not None:
+                rate = self.calibration.gemm_flops_per_second(m, n, k, self.dtype)
+            if rate is None:
+                rate = peak * base * wave_efficiency(m, n, sms)
+            total += count * 2 * m * n * k / rate
+        return total
+
+    def kind_time(self, chunk: _Chunk, kind: str, rank: int) -> float:
+        """Seconds of one ``kind`` action of ``chunk`` on pipeline rank ``rank`` (module docstring)."""
+        acc = self.topology.accelerator(self.comm.device(rank))
+        eff = self.efficiency_of(acc)
+        gemm = self.gemm_time(chunk.gemms[kind], acc)
+        attn = chunk.attention[kind] / (acc.peak(self.act_dtype) * eff.attention_rate)
+        bandwidth = acc.memory_bandwidth
+        if self.calibration is not None:
+            bandwidth = self.calibration.memory_bandwidth
+        memory = chunk.traffic[kind] / bandwidth
+        tp = sum(self.comm.tp_all_reduce_time(rank, x) for x in chunk.tp_bytes[kind])
+        if self.tp_comm_overlap:
+            tp = exposed(tp, gemm)
+        ring = 0.0
+        if self.cp > 1 and chunk.layers:
+            per_layer = self.comm.collective_time("all_gather", rank, chunk.ring_bytes[kind], group="cp")
+            ring = chunk.layers * exposed(per_layer, attn / chunk.layers)
+        fsdp = 0.0
+        if self.regathers and kind != W:
+            fsdp = exposed(self._fsdp_comm(chunk, kind, rank), gemm + attn)
+        overhead = chunk.layers * eff.layer_overhead * _OVERHEAD[kind]
+        return gemm + attn + memory + tp + ring + fsdp + overhead
+
+    @property
+    def regathers(self) -> bool:
+        """FSDP re-gathers each layer's weights per microbatch (pp = 1); with pipelining the gathered
+        weights stay for the step (Llama 3's and torchtitan's FSDP with pipeline parallelism): one
+        all-gather and reduce-scatter per iteration, priced as REDUCE_GRAD."""
+        return self.optimizer_sharding == "fsdp" and self.mesh.pp == 1
+
+    def _fsdp_comm(self, chunk: _Chunk, kind: str, rank: int) -> float:
+        """FSDP per microbatch: all-gather the chunk's 16-bit weights before F and before the backward,
+        reduce-scatter its gradients after the backward (I/B)."""
+        weights = chunk.params * 2.0
+        t = self.comm.collective_time("all_gather", rank, weights, group="dp")
+        if kind == F:
+            return t
+        return t + self.comm.collective_time(
+            "reduce_scatter", rank, chunk.params * self.grad_bytes, group="dp"
         )
 
     # -- CostModel ----------------------------------------------------------------------------------
@@ -267,20 +397,19 @@ class TransformerCost:
         key = ("time", action.stage, kind, schedule.num_stages, rank)
         hit = self._cache.get(key)
         if hit is None:
-            chunk = self._chunk(action.stage, schedule)
-            gpu = self.topology.accelerator(self.comm.device(rank))
-            gemm = chunk.flops[kind] / (gpu.peak(self.dtype) * self.efficiency.gemm)
-            memory = chunk.traffic[kind] / gpu.memory_bandwidth
-            comm = sum(self.comm.tp_all_reduce_time(rank, n) for n in chunk.tp_bytes[kind])
-            hit = self._cache[key] = gemm + memory + comm
+            hit = self._cache[key] = self.kind_time(self._chunk(action.stage, schedule), kind, rank)
         return hit
 
     def message_bytes(self, action: Action, schedule: Schedule) -> float:
         if action.kind in _MESSAGES:
-            act = self.spec.seq_len * self.microbatch * self.spec.hidden * DTYPE_BYTES[self.dtype]
+            act = (
+                self.spec.seq_len * self.microbatch * self.spec.hidden * DTYPE_BYTES[self.act_dtype] / self.cp
+            )
             split = self.scatter_gather or self.sequence_parallel
             return act / self.mesh.tp if split else act
         if action.kind == REDUCE_GRAD:
+            if self.regathers:
+                return 0.0  # reduce-scattered per layer in the backward
             return self._chunk(action.stage, schedule).params * self.grad_bytes
         return 0.0
 
@@ -290,7 +419,25 @@ class TransformerCost:
         return self._chunk(action.stage, schedule).memory[action.kind]
 
     def static_bytes(self, rank: int, schedule: Schedule) -> float:
-        return sum(self._chunk(c, schedule).params for c in schedule.stages_of(rank)) * self.bytes_per_param
+        """Weights, gradients and optimizer state of ``rank``'s chunks (sharded as configured), plus
+        FSDP's gathered weights of two layers in flight."""
+        params = sum(self._chunk(c, schedule).params for c in schedule.stages_of(rank))
+        return params * self.state().total + self.gather_buffer_bytes()
+
+    def state(self) -> StateBytes:
+        """Bytes per parameter for weights, gradients and optimizer state on one rank (with pipelined
+        FSDP the 16-bit weights stay gathered for the step)."""
+        state = state_bytes(self.optimizer_sharding, self.mesh.dp * self.cp, self.bytes_per_param)
+        if self.optimizer_sharding == "fsdp" and not self.regathers:
+            state = replace(state, weights=WEIGHT_BYTES)
+        return state
+
+    def gather_buffer_bytes(self) -> float:
+        """FSDP re-gathering per layer: the 16-bit weights of two gathered layers (computing +
+        prefetched); 0 otherwise."""
+        if not self.regathers:
+            return 0.0
+        return 2 * layer_parameters(self.spec) / self.mesh.tp * 2.0
 
     def flops(self, action: Action, schedule: Schedule) -> float:
         if action.kind not in (F, B, I, W):

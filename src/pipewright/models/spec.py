@@ -5,6 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from pipewright.errors import ConfigError
+
+#: MLP kinds: matrices per MLP — gelu and relu2 two (h→f, f→h), swiglu three (gate, up, down)
+MLP_KINDS = ("gelu", "relu2", "swiglu")
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -14,7 +19,9 @@ class ModelSpec:
     a multiple of 8 for Llama), V = ``vocab``, s = ``seq_len``. GPT parameters ≈
     12·l·h²·(1 + 13/(12h) + (V + s)/(12·l·h)) (Megatron-LM, SC21), plus V·h more when the output layer
     is not tied to the embedding. Llama only: g = ``kv_heads`` (grouped-query attention; 0 means a)
-    and the rotary base ``rope_theta``.
+    and the rotary base ``rope_theta``. ``mlp``: the MLP's kind, for the cost model — "gelu" (two
+    matrices, GPT/BERT's default), "relu2" (two matrices, squared ReLU) or "swiglu" (three, Llama's
+    default); ``bias``: linear layers and norms carry biases (default: GPT/BERT yes, Llama no).
     """
 
     name: str
@@ -28,8 +35,16 @@ class ModelSpec:
     tied_embeddings: bool = False
     kv_heads: int = 0
     rope_theta: float = 500000.0
+    mlp: str = ""
+    bias: bool | None = None
 
     def __post_init__(self) -> None:
+        if not self.mlp:
+            object.__setattr__(self, "mlp", "swiglu" if self.family == "llama" else "gelu")
+        if self.mlp not in MLP_KINDS:
+            raise ConfigError(f"--mlp must be one of {', '.join(MLP_KINDS)} (got {self.mlp!r})")
+        if self.bias is None:
+            object.__setattr__(self, "bias", self.family != "llama")
         if self.ffn_hidden == 0:
             ffn = -(-8 * self.hidden // 3 // 8) * 8 if self.family == "llama" else 4 * self.hidden
             object.__setattr__(self, "ffn_hidden", ffn)

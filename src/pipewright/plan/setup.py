@@ -19,14 +19,15 @@ Pure Python (no torch).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pipewright.cost.base import CommModel, CostModel, FreeComm
+from pipewright.cost.calibration import Calibration
 from pipewright.cost.comm import TopologyComm
 from pipewright.cost.llama import cost_class
 from pipewright.cost.profiled import ProfiledComm, ProfiledCost, ProfileRow
 from pipewright.cost.recompute import make_cost
-from pipewright.cost.transformer import A100_EFFICIENCY, Efficiency
+from pipewright.cost.transformer import Efficiency, default_efficiency
 from pipewright.cost.unit import UnitCost
 from pipewright.errors import ConfigError
 from pipewright.hardware import Accelerator, accelerator
@@ -154,11 +155,16 @@ def model_setup(
     gpu: str | Accelerator | None = None,
     dtype: str | None = None,
     recompute: str = "none",
-    efficiency: Efficiency = A100_EFFICIENCY,
+    efficiency: Efficiency | None = None,
     grad_reduce: str = "after",
     layout: str | Layout | Sequence[int] | None = None,
     sequence_parallel: bool = False,
     per_stage_recompute: Sequence[str] | None = None,
+    attention: str = "flash",
+    cp: int = 1,
+    optimizer_sharding: str = "none",
+    tp_comm_overlap: bool = False,
+    calibration: Calibration | None = None,
 ) -> SimSetup:
     """The analytical cost of ``spec`` on ``topology`` with ranks placed by ``mesh`` (module docstring).
 
@@ -167,13 +173,21 @@ def model_setup(
     first device's); ``dtype``: default bf16 where it has it. FLOPs are per device (each tensor-parallel
     rank's share): one device per simulated rank. ``recompute``: none, selective or full
     (``per_stage_recompute``: one mode per stage, a plan's); ``sequence_parallel`` with tp > 1.
+    ``efficiency``: default the accelerator's calibration defaults with wave quantisation
+    (:func:`~pipewright.cost.transformer.default_efficiency`). ``attention`` (flash or eager), ``cp``
+    (context parallelism; or the mesh's cp), ``optimizer_sharding`` (none, zero1, fsdp),
+    ``tp_comm_overlap`` and ``calibration`` (a measured one, :mod:`pipewright.cost.calibration`): the
+    cost model's fields.
     """
+    if cp > 1 and mesh.cp == 1:
+        mesh = replace(mesh, cp=cp)
     if schedule.num_ranks != mesh.pp:
         raise ConfigError(f"schedule {schedule.name} has {schedule.num_ranks} ranks but --pp is {mesh.pp}")
     devices = len(topology.devices)
     if mesh.size != devices:
         raise ConfigError(
-            f"--tp {mesh.tp} × --pp {mesh.pp} × --dp {mesh.dp} = {mesh.size} devices, but the cluster has "
+            f"--tp {mesh.tp} × --pp {mesh.pp} × --dp {mesh.dp}{f' × --cp {mesh.cp}' if mesh.cp > 1 else ''} "
+            f"= {mesh.size} devices, but the cluster has "
             f"{devices}; make the product equal the number of GPUs"
         )
     acc = gpu if isinstance(gpu, Accelerator) else accelerator(gpu) if gpu else topology.accelerator(0)
@@ -190,12 +204,18 @@ def model_setup(
         mesh=mesh,
         sequence_parallel=sequence_parallel,
         topology=topology,
-        efficiency=efficiency,
+        efficiency=efficiency or default_efficiency(acc),
         layout=_layout(layout, spec.layers, schedule.num_stages),
+        attention=attention,
+        cp=mesh.cp,
+        optimizer_sharding=optimizer_sharding,
+        tp_comm_overlap=tp_comm_overlap,
+        calibration=calibration,
     )
+    cp_label = f", c={mesh.cp}" if mesh.cp > 1 else ""
     label = (
-        f"{spec.name} on {devices}× {acc.name} (t={mesh.tp}, p={mesh.pp}, d={mesh.dp}, b={microbatch}, "
-        f"m={schedule.num_microbatches})"
+        f"{spec.name} on {devices}× {acc.name} (t={mesh.tp}{cp_label}, p={mesh.pp}, d={mesh.dp}, "
+        f"b={microbatch}, m={schedule.num_microbatches})"
     )
     return SimSetup(schedule, cost, cost.comm, 1, acc.peak(cost.dtype), acc.memory_bytes, label)
 

@@ -53,6 +53,7 @@ def table1_setup(row: Table1Row, efficiency: Efficiency = A100_EFFICIENCY) -> Si
         recompute="full",
         efficiency=efficiency,
         grad_reduce="after",
+        attention="eager",
     )
 
 
@@ -64,7 +65,7 @@ def table1_arguments(row: Table1Row) -> list[str]:
         "--tp", str(row.tp), "--pp", str(row.pp), "--dp", str(row.dp), "--virtual", str(row.virtual_chunks),
         "--microbatch-size", str(row.microbatch), "--global-batch-size", str(row.global_batch),
         "--schedule", table1_schedule_name(row), "--recompute", "full", "--dtype", "fp16",
-        "--grad-reduce", "after",
+        "--grad-reduce", "after", "--attention", "eager",
     ]  # fmt: skip
 
 

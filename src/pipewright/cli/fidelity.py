@@ -1,0 +1,99 @@
+"""Published runs through ``pipewright simulate`` in-process: the predictions of docs/fidelity.md.
+
+:func:`predict` builds a row's command (:func:`pipewright.cost.fidelity.simulate_argv`), runs it with
+:func:`pipewright.cli.main` and reads its JSON report: predicted tokens/s per GPU (B·s / iteration
+time / GPUs) and the largest per-rank peak memory (GiB). tools/fidelity.py writes the table,
+tests/test_fidelity.py checks it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pipewright.cost.fidelity import FIT_ROWS, Run, published_tokens_per_s, simulate_argv
+from pipewright.hardware import accelerator
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One row's comparison (``error`` is a one-line reason the row was not simulated)."""
+
+    run: Run
+    argv: tuple[str, ...]
+    published: float | None = None
+    predicted: float | None = None
+    memory_gib: float | None = None
+    error: str = ""
+
+    @property
+    def time_error(self) -> float | None:
+        """predicted / published − 1 of tokens/s per GPU."""
+        if self.published is None or self.predicted is None:
+            return None
+        return self.predicted / self.published - 1
+
+    @property
+    def published_memory_gib(self) -> float | None:
+        """The published memory in GiB (the row's ``memory_gb`` is GB unless its note says GiB)."""
+        value = self.run.float("memory_gb")
+        if value is None:
+            return None
+        return value if "GiB" in self.run["memory_note"] else value * 1e9 / 2**30
+
+    @property
+    def memory_error(self) -> float | None:
+        pub = self.published_memory_gib
+        return None if pub is None or self.memory_gib is None else self.memory_gib / pub - 1
+
+    @property
+    def fitted(self) -> bool:
+        return self.run.id in FIT_ROWS
+
+
+def peak_for(run: Run) -> float | None:
+    """The 16-bit dense peak of the row's GPU (for rows published as MFU)."""
+    name = {"a100": "a100-80gb"}.get(run["gpu"], run["gpu"])
+    acc = accelerator(name)
+    for dtype in ("bf16", "fp16"):
+        if dtype in acc.peak_flops:
+            return acc.peak(dtype)
+    return None
+
+
+def predict(run: Run) -> Outcome:
+    """Simulate ``run`` through the command line (module docstring)."""
+    from pipewright.cli import main
+
+    argv = tuple(simulate_argv(run))
+    published = published_tokens_per_s(run, peak_for(run))
+    if published is None:
+        return Outcome(run, argv, error="the source gives no throughput for this run")
+    if not run.int("global_batch_size"):
+        return Outcome(run, argv, published, error="the source gives no global batch size")
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main([*argv, "--json"])
+    if rc != 0:
+        return Outcome(run, argv, published, error=err.getvalue().strip().removeprefix("pipewright: error: "))
+    report = json.loads(out.getvalue())
+    tokens = run.int("global_batch_size") * run.seq / report["iteration_time_s"] / run.gpus
+    memory = max(r["peak_memory_bytes"] for r in report["per_rank"]) / 2**30
+    return Outcome(run, argv, published, tokens, memory)
+
+
+def summary(outcomes: Sequence[Outcome]) -> dict[str, float]:
+    """Rows, median and largest |time error|, and the fraction within 10 % of those simulated."""
+    errors = [abs(o.time_error) for o in outcomes if o.time_error is not None]
+    if not errors:
+        return {"rows": 0, "median": 0.0, "max": 0.0, "within_10": 0.0}
+    return {
+        "rows": len(errors),
+        "median": statistics.median(errors),
+        "max": max(errors),
+        "within_10": sum(e <= 0.10 for e in errors) / len(errors),
+    }

@@ -1,0 +1,218 @@
+"""Published training runs as ``pipewright simulate`` commands: the data of docs/fidelity.md.
+
+``cost/data/published_runs.csv`` (package data; its columns are documented in its first line and in
+docs/fidelity.md) holds measured runs from papers, framework documentation and vendor pages. For each
+row, :func:`simulate_argv` builds the ``pipewright simulate`` arguments that describe it, filling what
+the source does not say with documented defaults: microbatch size 1; the 1F1B schedule (interleaved
+where the row gives v > 1); no recomputation; bf16; flash attention; 8 GPUs per node; the gradient
+reduction overlapped with the backward for runs from 2023 on (Megatron's ``--overlap-grad-reduce``,
+FSDP), after the pipeline drains before; for NVIDIA's recipe tables (:data:`RECIPE_SOURCES`)
+sequence parallelism, tensor-parallel overlap and the distributed optimizer. Rows that a source gives
+as "first and last stage one layer fewer" (Zero Bubble) get that layout; :data:`OVERRIDES` holds the
+few per-row assumptions (each with its reason).
+
+Throughput is compared as tokens per second per GPU: the published one is the row's
+``tokens_per_s_per_gpu``, or derived from ``iteration_s`` (B·s / time / GPUs), ``samples_per_s``
+(× s / GPUs), ``tflops_per_gpu`` or ``mfu`` × peak (÷ the model FLOPs per token of
+:func:`flops_per_token`: Megatron-LM's count, 6 × the GEMM parameters + 12·l·s·h per token, the
+recomputed forward added (× 4/3) for the sources that count it); the predicted one is B·s /
+simulated iteration time / GPUs.
+
+Pure Python: the command line is called by the tool and the test (``pipewright.cli.main``).
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+
+from pipewright.cost.layer import layer_linear_flops
+from pipewright.models.spec import ModelSpec
+
+#: accelerator names in the data that are not :mod:`pipewright.hardware` presets
+GPU_ALIASES = {"a100": "a100-80gb"}
+#: sources whose TFLOP/s count the recomputed forward (hardware FLOPs under full recomputation)
+HFU_SOURCES = ("narayanan-sc21",)
+MLP_ALIASES = {"relu": "gelu", "": ""}
+#: NVIDIA's Megatron-Core recipes (NeMo, Megatron-Bridge): where a row leaves them empty, sequence
+#: parallelism, tensor-parallel communication overlap and the distributed optimizer are on (the
+#: recipes' defaults on H100/B200)
+RECIPE_SOURCES = ("nemo-perf-summary-24.07", "nemo-perf-summary-25.02", "megatron-bridge-perf-summary")
+_RECIPE_DEFAULTS = {"sequence_parallel": "true", "tp_comm_overlap": "true", "optimizer_sharding": "zero1"}
+
+
+#: rows used to fit the calibration defaults (the rest is held out): Megatron-LM Table 1 fits the A100
+#: parameters (hardware.py/transformer.py A100_EFFICIENCY); these eleven Hopper runs fit the Hopper
+#: ones (GEMM efficiency 0.66, layer overhead 0.25 ms, FP8 factor 0.75: hardware._HOPPER)
+FIT_ROWS = frozenset(
+    [f"sc21-a100-gpt-{x}" for x in ("1.7b", "3.6b", "7.5b", "18.4b", "39.1b", "76.1b", "145.6b")]
+    + [f"sc21-a100-gpt-{x}" for x in ("310.1b", "529.6b", "1008.0b")]
+    + [f"mlm24-h100-gpt-{x}" for x in ("1.7b", "16b", "70b", "177b", "462b")]
+    + ["nemo2407-h100-gpt3-5b-64gpu", "nemo2407-h100-llama2-70b-64gpu", "nemo2407-h100-gpt3-175b-512gpu"]
+    + ["nemo2407-h100-llama3-8b-8gpu", "mb2509-h100-8b-8gpu", "mb2509-h100-70b-64gpu"]
+)
+
+#: per-row assumptions where the published row leaves the layout open or is inconsistent: id prefix →
+#: (column values, reason)
+OVERRIDES: Mapping[str, tuple[Mapping[str, str], str]] = {
+    "llama3-405b-": (
+        {"virtual": "8", "microbatch_size": "1", "sequence_parallel": "true"},
+        "Llama 3 §3.3.2: interleaved stages, the first and last chunk holding the embedding or the "
+        "output layer alone (126 layers + 2 = 8 chunks × 16 ranks); microbatch 1 and sequence "
+        "parallelism with TP 8 assumed",
+    ),
+    "korthikanti-a100-22b-": (
+        {"gpus": "8"},
+        "the row gives 4 GPUs with tensor parallelism 8; Korthikanti et al. run 22B on 8 GPUs (t = 8)",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Run:
+    """One published run (a row of the CSV, as strings)."""
+
+    row: Mapping[str, str]
+
+    def __getitem__(self, key: str) -> str:
+        for prefix, (values, _) in OVERRIDES.items():
+            if self.row.get("id", "").startswith(prefix) and key in values:
+                return values[key]
+        value = self.row.get(key, "") or ""
+        if not value and self.row.get("source") in RECIPE_SOURCES:
+            return _RECIPE_DEFAULTS.get(key, "")
+        return value
+
+    def int(self, key: str, default: int = 0) -> int:
+        value = self[key]
+        return int(float(value)) if value else default
+
+    def float(self, key: str) -> float | None:
+        value = self[key]
+        return float(value) if value else None
+
+    @property
+    def id(self) -> str:
+        return self["id"]
+
+    @property
+    def gpus(self) -> int:
+        return self.int("gpus")
+
+    @property
+    def seq(self) -> int:
+        return self.int("seq_len")
+
+    def spec(self) -> ModelSpec:
+        """The row's model (family llama where it has grouped-query attention or the llama family)."""
+        llama = self["family"] == "llama" or self.int("kv_heads") not in (0, self.int("heads"))
+        mlp = MLP_ALIASES.get(self["mlp"], self["mlp"]) or ("swiglu" if llama else "gelu")
+        return ModelSpec(
+            self.id,
+            self.int("layers"),
+            self.int("hidden"),
+            self.int("heads"),
+            self.int("vocab", DEFAULT_VOCAB),
+            self.seq,
+            ffn_hidden=self.int("ffn_hidden"),
+            family="llama" if llama else "gpt",
+            kv_heads=self.int("kv_heads"),
+            mlp=mlp,
+        )
+
+
+#: vocabulary where a source does not give it (Zero Bubble: "size not stated")
+DEFAULT_VOCAB = 50257
+
+
+def load_runs() -> tuple[Run, ...]:
+    """The published runs shipped with the package."""
+    text = resources.files("pipewright.cost").joinpath("data/published_runs.csv").read_text()
+    return tuple(Run(r) for r in csv.DictReader(text.splitlines()))
+
+
+def flops_per_token(run: Run) -> float:
+    """Model FLOPs per token (Megatron-LM's count): 3 × (forward GEMMs + 4·s·h attention per layer +
+    2·h·V logits), × 4/3 for sources that add the recomputed forward (:data:`HFU_SOURCES`)."""
+    spec = run.spec()
+    forward = spec.layers * (layer_linear_flops(spec, 1) / spec.seq_len + 4 * spec.seq_len * spec.hidden)
+    total = 3 * (forward + 2 * spec.hidden * spec.vocab)
+    if run["source"] in HFU_SOURCES and run["recompute"] == "full":
+        total += forward
+    return total
+
+
+def published_tokens_per_s(run: Run, peak: float | None = None) -> float | None:
+    """Published tokens/s per GPU (module docstring); None when the row has no throughput."""
+    if run.float("tokens_per_s_per_gpu"):
+        return run.float("tokens_per_s_per_gpu")
+    gbs = run.int("global_batch_size")
+    if run.float("iteration_s") and gbs:
+        return gbs * run.seq / run.float("iteration_s") / run.gpus
+    if run.float("samples_per_s"):
+        return run.float("samples_per_s") * run.seq / run.gpus
+    tflops = run.float("tflops_per_gpu")
+    if tflops is None and run.float("mfu") and peak:
+        tflops = run.float("mfu") * peak / 1e12
+    return None if tflops is None else tflops * 1e12 / flops_per_token(run)
+
+
+def layout_for(run: Run, stages: int) -> str | None:
+    """Zero Bubble's and Llama 3's layouts: layers = k·stages − 2, the first and last stage one layer
+    fewer (Llama 3: one layer per chunk, so the embedding and the output layer alone)."""
+    if run["source"] not in ("zero-bubble-iclr2024", "llama3-herd-2024") or stages < 2:
+        return None
+    k = (run.int("layers") + 2) // stages
+    mid = [f"t*{k}"] * (stages - 2)
+    edge = f"t*{k - 1}" if k > 2 else "t" if k == 2 else ""
+    return "|".join([f"E{edge}", *mid, f"{edge}L"])
+
+
+def simulate_argv(run: Run) -> list[str]:
+    """``pipewright simulate`` arguments for ``run`` (module docstring)."""
+    spec = run.spec()
+    gpus, per_node = run.gpus, run.int("gpus_per_node", 8)
+    per_node = min(per_node, gpus)
+    tp, pp, cp, dp = (run.int(k, 1) for k in ("tp", "pp", "cp", "dp"))
+    v = run.int("virtual", 1)
+    schedule = run["schedule"] or "1f1b"
+    if schedule in ("fsdp-only",) or pp == 1:
+        schedule, v = "1f1b", 1
+    if schedule == "interleaved-1f1b" and v == 1:
+        schedule = "1f1b"
+    if schedule == "1f1b" and v > 1:
+        schedule = "interleaved-1f1b"
+    argv = ["simulate", "--model", spec.family, "--layers", str(spec.layers), "--hidden", str(spec.hidden)]
+    argv += ["--heads", str(spec.heads), "--vocab", str(spec.vocab), "--seq-len", str(spec.seq_len)]
+    argv += ["--ffn-hidden", str(spec.ffn_hidden), "--mlp", spec.mlp]
+    if spec.family == "llama":
+        argv += ["--kv-heads", str(spec.kv_heads)]
+    gpu = GPU_ALIASES.get(run["gpu"], run["gpu"])
+    argv += ["--gpu", gpu, "--nodes", str(max(1, gpus // per_node)), "--gpus-per-node", str(per_node)]
+    argv += ["--tp", str(tp), "--pp", str(pp), "--dp", str(dp)]
+    if cp > 1:
+        argv += ["--cp", str(cp)]
+    argv += ["--schedule", schedule]
+    if v > 1:
+        argv += ["--virtual", str(v)]
+    argv += ["--microbatch-size", str(run.int("microbatch_size", 1))]
+    argv += ["--global-batch-size", str(run.int("global_batch_size"))]
+    argv += ["--recompute", run["recompute"] or "none"]
+    if run["sequence_parallel"] == "true" and tp > 1:
+        argv.append("--sequence-parallel")
+    sharding = run["optimizer_sharding"]
+    if sharding == "zero1":
+        argv.append("--shard-optimizer")
+    elif sharding == "fsdp":
+        argv.append("--fsdp")
+    argv += ["--dtype", run["dtype"] or "bf16", "--attention", run["attention"] or "flash"]
+    if run["tp_comm_overlap"] == "true" and tp > 1:
+        argv.append("--tp-comm-overlap")
+    if dp * cp > 1:
+        argv += ["--grad-reduce", "overlap" if run.int("year") >= 2023 else "after"]
+    layout = layout_for(run, pp * v)
+    if layout:
+        argv += ["--layout", layout]
+    return argv

@@ -1,0 +1,41 @@
+"""GEMM time by shape: tile and wave quantisation over the GPU's streaming multiprocessors.
+
+A GEMM of m × n × k (2·m·n·k FLOPs) runs as ⌈m/T_m⌉·⌈n/T_n⌉ output tiles of T_m × T_n, spread over
+the device's S SMs in waves of S tiles. The last wave is partly idle, and so are the padded parts of
+edge tiles:
+
+    efficiency(m, n) = (m·n / (T_m·T_n·tiles)) · (tiles / (S·⌈tiles/S⌉))
+
+The libraries choose the tile per shape (cuBLAS/CUTLASS heuristics): the model takes the best of
+256×128, 128×256 and 128×128 tiles, and of 128×64 and 64×128 ones at 90 % of their rate (1 for shapes
+that fill every wave; a small GEMM of a few tiles reaches a few percent of the peak).
+The time is then 2·m·n·k / (peak × base × efficiency), ``base`` the fraction of the peak a large,
+well-shaped GEMM reaches (:attr:`pipewright.hardware.Accelerator.gemm_efficiency`, or a measured
+calibration, :mod:`pipewright.cost.calibration`).
+
+NVIDIA, "Matrix Multiplication Background User's Guide" (tile and wave quantisation).
+"""
+
+from __future__ import annotations
+
+import math
+
+#: output tile shapes the GEMM libraries choose among, with the fraction of the large-tile rate each
+#: reaches (smaller tiles reuse less data per FLOP)
+TILES = ((256, 128, 1.0), (128, 256, 1.0), (128, 128, 1.0), (128, 64, 0.9), (64, 128, 0.9))
+
+
+def tile_efficiency(m: float, n: float, sms: int, tm: int, tn: int) -> float:
+    """Padding × last-wave loss of an m × n output in tm × tn tiles over ``sms`` SMs."""
+    tiles_m, tiles_n = math.ceil(m / tm), math.ceil(n / tn)
+    tiles = tiles_m * tiles_n
+    padding = (m * n) / (tiles * tm * tn)
+    return padding * tiles / (math.ceil(tiles / sms) * sms)
+
+
+def wave_efficiency(m: float, n: float, sms: int) -> float:
+    """The fraction of the SMs' time an m × n output keeps busy with the best of :data:`TILES`
+    (module docstring); 1 with ``sms`` 0."""
+    if sms <= 0:
+        return 1.0
+    return max(rate * tile_efficiency(m, n, sms, tm, tn) for tm, tn, rate in TILES)

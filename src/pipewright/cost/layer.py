@@ -1,0 +1,116 @@
+"""One decoder layer of any dense transformer, by what it is made of: GEMMs, attention, stored bytes.
+
+Per layer and microbatch of b sequences of length s; hidden h, heads a, key/value width g·d (g
+key/value heads of size d = h/a; g·d = h without grouped-query attention), FFN f, MLP matrices
+μ (2 for gelu/relu2, 3 for swiglu):
+
+- GEMMs of the forward (m × n × k, per device at tensor-parallel size t and context-parallel size c,
+  on T = b·s/c tokens): QKV T × (h + 2gd)/t × h; attention output T × h × h/t; MLP up T × (μ−1)·f/t × h
+  (gate and up fused for swiglu); MLP down T × h × f/t. Their FLOPs: 2·b·s·h·(2h + 2gd + μf) —
+  GPT's 8bsh² + 4bshf, Llama's 4bsh² + 4bsh·gd + 6bshf. The backward runs each GEMM twice: the input
+  gradient (same FLOPs, in I) and the weight gradient (same FLOPs, in W).
+- Attention core: 4·b·s²·h FLOPs forward (Q·Kᵀ and scores·V, counted over the whole s × s square as
+  Megatron-LM does); its backward 2× that (in I).
+- Parameters: h·(h + 2gd) + h² + μ·h·f, with biases (h + 2gd) + h + (μ−1)·f + h, and two norms of
+  2h (LayerNorm) or h (RMSNorm, no bias) each: GPT 12h² + 13h at f = 4h, Llama 2h² + 2h·gd + 3hf + 2h.
+- Stored activation bytes (16-bit; Korthikanti et al. 2022, Table 2, generalised): outside the
+  tensor-parallel regions the two norm inputs 4·sbh, the QKV and MLP inputs 2·sbh each and, with
+  dropout (GPT/BERT), two masks sbh each; inside them (/t) q 2·sbh, k and v 4·sbh·gd/h, the output
+  projection's input 2·sbh and the MLP's intermediate tensors 2·sbf per tensor (gelu: its input and
+  output; swiglu: gate, up and the product's input); the eager attention scores a·s²·b·(2 + dropout
+  mask 1 + dropout output 2) /t. GPT at f = 4h: s·b·h·(10 + 24/t + 5·a·s/(h·t)); Llama:
+  s·b·h·(8 + (4 + 4gd/h + 6f/h)/t) + 2·a·s²·b/t. Sequence parallelism divides the replicated part by t
+  too; context parallelism divides every s·b·h term and the scores by c.
+"""
+
+from __future__ import annotations
+
+from pipewright.models.spec import ModelSpec
+
+#: tokens × n × k of one GEMM, per device
+Gemm = tuple[float, float, float]
+
+
+def mlp_matrices(spec: ModelSpec) -> int:
+    """μ: 3 matrices for swiglu (gate, up, down), 2 for gelu and relu2."""
+    return 3 if spec.mlp == "swiglu" else 2
+
+
+def kv_width(spec: ModelSpec) -> int:
+    """g·d: the width of the key (and of the value) projection."""
+    return spec.kv_heads * spec.head_dim
+
+
+def has_dropout(spec: ModelSpec) -> bool:
+    """GPT/BERT train with dropout (masks stored); Llama-family models do not."""
+    return spec.family != "llama"
+
+
+def layer_gemms(spec: ModelSpec, tokens: float, t: int = 1) -> tuple[Gemm, ...]:
+    """The forward's four GEMMs of one layer on ``tokens`` tokens, per device (module docstring)."""
+    h, f, kv, mu = spec.hidden, spec.ffn_hidden, kv_width(spec), mlp_matrices(spec)
+    return (
+        (tokens, (h + 2 * kv) / t, h),
+        (tokens, h, h / t),
+        (tokens, (mu - 1) * f / t, h),
+        (tokens, h, f / t),
+    )
+
+
+def layer_linear_flops(spec: ModelSpec, b: int) -> float:
+    """Forward FLOPs of one layer's GEMMs (whole layer): 2·b·s·h·(2h + 2gd + μf)."""
+    h, f = spec.hidden, spec.ffn_hidden
+    return 2 * b * spec.seq_len * h * (2 * h + 2 * kv_width(spec) + mlp_matrices(spec) * f)
+
+
+def attention_flops(spec: ModelSpec, b: int) -> float:
+    """Forward FLOPs of one layer's attention core: 4·b·s²·h."""
+    return 4 * b * spec.seq_len * spec.seq_len * spec.hidden
+
+
+def layer_forward_flops(spec: ModelSpec, b: int) -> float:
+    """Forward FLOPs of one layer: GEMMs + attention (GPT: 8bsh² + 4bshf + 4bs²h; Megatron-LM's
+    24bsh² + 4bs²h at f = 4h)."""
+    return layer_linear_flops(spec, b) + attention_flops(spec, b)
+
+
+def layer_parameters(spec: ModelSpec) -> int:
+    """Parameters of one layer (module docstring; GPT 4h² + 2hf + 9h + f, Llama 2h² + 2h·gd + 3hf + 2h)."""
+    h, f, kv, mu = spec.hidden, spec.ffn_hidden, kv_width(spec), mlp_matrices(spec)
+    weights = h * (h + 2 * kv) + h * h + mu * h * f
+    biases = (h + 2 * kv) + h + (mu - 1) * f + h if spec.bias else 0
+    return weights + biases + 2 * norm_parameters(spec)
+
+
+def norm_parameters(spec: ModelSpec) -> int:
+    """One norm's parameters: 2h with a bias (LayerNorm), h without (RMSNorm)."""
+    return 2 * spec.hidden if spec.bias else spec.hidden
+
+
+def embedding_parameters(spec: ModelSpec, t: int = 1) -> float:
+    """The embedding stage's parameters per device: V·h/t, plus the learned position table s·h
+    (GPT/BERT; Llama's rotary embedding has none)."""
+    pos = 0 if spec.family == "llama" else spec.seq_len * spec.hidden
+    return spec.vocab * spec.hidden / t + pos
+
+
+def head_parameters(spec: ModelSpec, t: int = 1) -> float:
+    """The output stage's parameters per device: the final norm and a V·h/t output layer."""
+    return spec.vocab * spec.hidden / t + norm_parameters(spec)
+
+
+def layer_stored_units(
+    spec: ModelSpec, t: int = 1, sequence_parallel: bool = False, scores: bool = True
+) -> float:
+    """Stored 16-bit bytes of one layer's forward without recomputation, in units of s·b·h (module
+    docstring); ``scores``: the eager a·s² attention scores are kept (not with flash attention, nor
+    with selective recomputation)."""
+    h, f, kv = spec.hidden, spec.ffn_hidden, kv_width(spec)
+    dropout = has_dropout(spec)
+    replicated = 8 + (2 if dropout else 0)
+    mlp = (6 if spec.mlp == "swiglu" else 4) * f / h
+    parallel = 2 + 4 * kv / h + 2 + mlp
+    units = replicated / (t if sequence_parallel else 1) + parallel / t
+    if scores:
+        units += (5 if dropout else 2) * spec.heads * spec.seq_len / (h * t)
+    return units

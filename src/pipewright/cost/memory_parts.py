@@ -1,0 +1,108 @@
+"""Per-rank memory by parts, so a user sees why a stage does not fit.
+
+For pipeline rank r of an analytical cost model (:class:`~pipewright.cost.transformer.TransformerCost`):
+
+- ``weights``, ``gradients``, ``optimizer_state``: the transformer layers' parameters on r × the
+  per-parameter bytes of the optimizer sharding (:func:`~pipewright.cost.sharding.state_bytes`);
+- ``embedding_output_layer``: the same three for the embedding (chunk 0) and the final norm and output
+  layer (last chunk), when r holds them;
+- ``activations``: the highest activation memory of r over the simulated iteration — the activations
+  of the microbatches in flight (``activation_peak``, from the simulator);
+- ``communication_buffers``: the point-to-point send and receive buffers of one boundary activation
+  each way, and FSDP's gathered weights of two layers;
+- ``allocator_reserve``: what PyTorch's caching allocator holds beyond the live tensors —
+  fragmentation, estimated at :data:`ALLOCATOR_RESERVE` of the rest. It is reported, not counted by
+  the simulator's fit check (``peak_memory_bytes`` = static + activations).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from pipewright.cost.layer import embedding_parameters, head_parameters
+from pipewright.cost.placement import roles
+from pipewright.ir import SEND_F, Action, Schedule
+
+#: the caching allocator's reserve beyond the live tensors, as a fraction of them (an estimate)
+ALLOCATOR_RESERVE = 0.05
+
+
+@dataclass(frozen=True)
+class MemoryParts:
+    """Bytes per part on one rank (module docstring); ``total`` their sum."""
+
+    weights: float
+    gradients: float
+    optimizer_state: float
+    embedding_output_layer: float
+    activations: float
+    communication_buffers: float
+    allocator_reserve: float
+
+    @property
+    def total(self) -> float:
+        return sum(asdict(self).values())
+
+    def as_dict(self) -> dict[str, float]:
+        return {**asdict(self), "total": self.total}
+
+
+def memory_parts(cost: Any, schedule: Schedule, rank: int, activation_peak: float) -> MemoryParts:
+    """:class:`MemoryParts` of pipeline ``rank`` given its simulated ``activation_peak`` (bytes)."""
+    t = cost.mesh.tp
+    state = cost.state()
+    layers = edges = 0.0
+    for stage in schedule.stages_of(rank):
+        chunk = cost._chunk(stage, schedule)
+        first, last = roles(cost.layout, stage, schedule.num_stages)
+        edge = (embedding_parameters(cost.spec, t) if first else 0.0) + (
+            head_parameters(cost.spec, t) if last else 0.0
+        )
+        edges += edge
+        layers += chunk.params - edge
+    message = cost.message_bytes(Action(0, SEND_F, 0), schedule) if schedule.num_stages > 1 else 0.0
+    buffers = 2 * message + cost.gather_buffer_bytes()
+    live = layers * state.total + edges * state.total + max(activation_peak, 0.0) + buffers
+    return MemoryParts(
+        weights=layers * state.weights,
+        gradients=layers * state.gradients,
+        optimizer_state=layers * state.optimizer,
+        embedding_output_layer=edges * state.total,
+        activations=max(activation_peak, 0.0),
+        communication_buffers=buffers,
+        allocator_reserve=ALLOCATOR_RESERVE * live,
+    )
+
+
+def rank_memory_parts(cost: Any, schedule: Schedule, peaks: list[float]) -> list[dict[str, float]] | None:
+    """Memory parts of every pipeline rank from the simulated peaks (static + activations); None for
+    cost models without the analytical parts (unit, profiled)."""
+    if not all(hasattr(cost, name) for name in ("state", "gather_buffer_bytes", "_chunk")):
+        return None
+    out = []
+    for rank, peak in enumerate(peaks):
+        activation = peak - float(cost.static_bytes(rank, schedule))
+        out.append(memory_parts(cost, schedule, rank, activation).as_dict())
+    return out
+
+
+_LABELS = (
+    ("weights", "weights"),
+    ("gradients", "grads"),
+    ("optimizer_state", "optimizer"),
+    ("embedding_output_layer", "emb/out"),
+    ("activations", "activations"),
+    ("communication_buffers", "comm bufs"),
+    ("allocator_reserve", "reserve"),
+    ("total", "total"),
+)
+
+
+def memory_table(parts: list[dict[str, float]]) -> str:
+    """The parts of every rank as a text table in GiB (``pipewright simulate``'s output)."""
+    head = "memory (GiB)  " + "".join(f"{label:>12}" for _, label in _LABELS)
+    rows = [head]
+    for rank, part in enumerate(parts):
+        rows.append(f"rank {rank:<8}" + "".join(f"{part[key] / 2**30:>12.2f}" for key, _ in _LABELS))
+    return "\n".join(rows)

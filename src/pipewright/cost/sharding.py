@@ -1,0 +1,66 @@
+"""Optimizer-state sharding over the data-parallel replicas: none, ZeRO-1 and FSDP (ZeRO-3).
+
+Mixed-precision Adam keeps, per parameter (Megatron-LM's accounting): the 16-bit weight (2 bytes), the
+fp32 gradient accumulator (4) and the optimizer state — an fp32 master weight and Adam's two fp32
+moments (12) — 18 bytes in all (``bytes_per_param``; the optimizer state is what is left after the
+weight and the gradient). Over d = dp × cp replicas of a stage (Rajbhandari et al. 2020):
+
+- ``none``: every replica holds all 18 bytes; the gradients are all-reduced (REDUCE_GRAD).
+- ``zero1`` (Megatron's distributed optimizer, ZeRO-1/2): the optimizer state is sharded, 2 + 4 + 12/d
+  bytes; the gradients are reduce-scattered and the updated weights all-gathered — the ring time of one
+  all-reduce, so REDUCE_GRAD keeps its size.
+- ``fsdp`` (ZeRO-3): weights, gradients and optimizer state sharded, 18/d bytes, plus the gathered
+  16-bit weights of the layers in flight (two layers: the one computing and the one prefetched). Each
+  layer's weights are all-gathered before its forward and again before its backward, and its gradients
+  reduce-scattered after the backward; the transfers overlap the neighbouring layers' compute
+  (prefetch), so only what exceeds it is exposed (:func:`exposed`). No REDUCE_GRAD at the end. With
+  pipeline parallelism the gathered weights stay for the whole step (they would otherwise be gathered
+  for every microbatch; Llama 3 and torchtitan run it so): the weights are held unsharded (2 bytes), one
+  all-gather and one reduce-scatter per iteration — priced as REDUCE_GRAD.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipewright.errors import ConfigError
+
+SHARDING = ("none", "zero1", "fsdp")
+WEIGHT_BYTES = 2.0
+GRAD_BYTES = 4.0
+
+
+def check_sharding(mode: str) -> None:
+    if mode not in SHARDING:
+        raise ConfigError(f"optimizer sharding must be one of {', '.join(SHARDING)} (got {mode!r})")
+
+
+@dataclass(frozen=True)
+class StateBytes:
+    """Bytes per parameter a rank holds for weights, gradients and optimizer state."""
+
+    weights: float
+    gradients: float
+    optimizer: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer
+
+
+def state_bytes(mode: str, replicas: int, bytes_per_param: float = 18.0) -> StateBytes:
+    """Per-parameter bytes on one rank under ``mode`` with ``replicas`` = dp × cp (module docstring)."""
+    check_sharding(mode)
+    weights = min(WEIGHT_BYTES, bytes_per_param)
+    grads = min(GRAD_BYTES, bytes_per_param - weights)
+    optimizer = bytes_per_param - weights - grads
+    if mode == "zero1":
+        return StateBytes(weights, grads, optimizer / replicas)
+    if mode == "fsdp":
+        return StateBytes(weights / replicas, grads / replicas, optimizer / replicas)
+    return StateBytes(weights, grads, optimizer)
+
+
+def exposed(comm: float, compute: float) -> float:
+    """Seconds of communication ``comm`` not hidden behind ``compute`` it overlaps: max(0, comm − compute)."""
+    return max(0.0, comm - compute)

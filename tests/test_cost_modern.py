@@ -1,0 +1,207 @@
+"""The cost model on today's runs: flash attention, Llama memory, the I/W split, sharded optimizer
+state, context parallelism, fp8, GEMM wave quantisation, calibration files and memory by parts."""
+
+import contextlib
+import io
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pipewright.cli import main
+from pipewright.cost.calibration import load_calibration
+from pipewright.cost.gemm import wave_efficiency
+from pipewright.cost.layer import layer_linear_flops
+from pipewright.cost.llama import LlamaCost
+from pipewright.cost.recompute import make_cost
+from pipewright.cost.transformer import TransformerCost
+from pipewright.errors import ConfigError
+from pipewright.ir import Action, B, F, I, W
+from pipewright.mesh import Mesh
+from pipewright.models.presets import resolve_model
+from pipewright.schedules import build_schedule
+
+LLAMA = resolve_model("llama3-8b")
+GPT = resolve_model("gpt3-xl")
+SCHED = build_schedule("1f1b", 2, 4)
+
+
+def _cli(argv: list[str]) -> dict:
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main([*argv, "--json"]) == 0
+    return json.loads(out.getvalue())
+
+
+@pytest.mark.parametrize("sp", [False, True])
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_llama_flash_memory_is_positive_and_sequence_parallel_divides_it(sp, recompute):
+    t = 4
+    kw = dict(mesh=Mesh(tp=t, pp=2), sequence_parallel=sp, recompute=recompute, attention="flash")
+    cost = LlamaCost(LLAMA, **kw)
+    per_layer = cost.layer_stored_bytes()
+    assert per_layer > 0
+    s, h = LLAMA.seq_len, LLAMA.hidden
+    if recompute == "full":
+        assert per_layer == 2 * s * h / (t if sp else 1)
+    elif sp:  # every part of the layer is split over t
+        one = LlamaCost(LLAMA, mesh=Mesh(pp=2), recompute=recompute, attention="flash").layer_stored_bytes()
+        assert per_layer == pytest.approx(one / t)
+    assert cost.activation_bytes(Action(0, F, 0), SCHED) > 0
+
+
+def test_selective_is_modelled_for_llama_and_equals_none_with_flash():
+    eager = [make_cost(r, cls=LlamaCost, spec=LLAMA, mesh=Mesh(pp=2)) for r in ("none", "selective")]
+    f = Action(0, F, 0)
+    assert eager[1].activation_bytes(f, SCHED) < eager[0].activation_bytes(f, SCHED)
+    flash = [LlamaCost(LLAMA, mesh=Mesh(pp=2), recompute=r, attention="flash") for r in ("none", "selective")]
+    assert flash[0].activation_bytes(f, SCHED) == flash[1].activation_bytes(f, SCHED)
+
+
+def test_w_is_the_weight_gradient_gemms_only():
+    cost = TransformerCost(GPT, mesh=Mesh(pp=2), attention="flash")
+    layers = GPT.layers // 2
+    w = cost.flops(Action(0, W, 0), SCHED)
+    assert w == pytest.approx(layers * layer_linear_flops(GPT, 1))
+    assert cost.flops(Action(0, I, 0), SCHED) + w == pytest.approx(cost.flops(Action(0, B, 0), SCHED))
+    times = {k: cost.compute_time(Action(0, k, 0), SCHED) for k in (F, I, W)}
+    assert times[W] < times[F] < times[I]  # attention backward and memory-bound kernels sit in I
+
+
+def test_optimizer_sharding_memory():
+    kw = dict(spec=GPT, mesh=Mesh(pp=2, dp=8), gpu="h100-sxm")
+    none, zero1, fsdp = (TransformerCost(optimizer_sharding=m, **kw) for m in ("none", "zero1", "fsdp"))
+    params = sum(none._chunk(c, SCHED).params for c in SCHED.stages_of(0))
+    assert none.static_bytes(0, SCHED) == pytest.approx(18 * params)
+    assert zero1.static_bytes(0, SCHED) == pytest.approx((6 + 12 / 8) * params)
+    assert fsdp.static_bytes(0, SCHED) == pytest.approx((2 + 16 / 8) * params)  # pipelined: kept gathered
+    assert fsdp.message_bytes(Action(0, "REDUCE_GRAD", 0), SCHED) > 0  # once per step
+    one = build_schedule("1f1b", 1, 4)
+    flat = TransformerCost(spec=GPT, mesh=Mesh(dp=8), gpu="h100-sxm", optimizer_sharding="fsdp")
+    params = flat._chunk(0, one).params
+    assert flat.static_bytes(0, one) == pytest.approx(18 / 8 * params + flat.gather_buffer_bytes())
+    assert flat.message_bytes(Action(0, "REDUCE_GRAD", 0), one) == 0  # reduce-scattered per layer
+    with pytest.raises(ConfigError, match="optimizer sharding must be one of"):
+        TransformerCost(optimizer_sharding="zero2", **kw)
+
+
+def test_context_parallel_divides_work_and_memory_and_checks_the_sequence():
+    kw = dict(mesh=Mesh(pp=2), gpu="h100-sxm", attention="flash")
+    one, four = LlamaCost(LLAMA, **kw), LlamaCost(LLAMA, cp=4, **kw)
+    f = Action(0, F, 0)
+    assert four.flops(f, SCHED) == pytest.approx(one.flops(f, SCHED) / 4)
+    assert four.activation_bytes(f, SCHED) == pytest.approx(one.activation_bytes(f, SCHED) / 4)
+    assert four.mesh.size == 8 and four.mesh.order == "tp-cp-dp-pp"
+    with pytest.raises(ConfigError, match="divisible by 2 × cp = 6"):
+        LlamaCost(LLAMA, cp=3, **kw)
+
+
+def test_fp8_speeds_up_the_gemms_only():
+    kw = dict(mesh=Mesh(pp=2), gpu="h100-sxm", attention="flash")
+    bf16, fp8 = LlamaCost(LLAMA, dtype="bf16", **kw), LlamaCost(LLAMA, dtype="fp8", **kw)
+    f = Action(0, F, 0)
+    ratio = bf16.compute_time(f, SCHED) / fp8.compute_time(f, SCHED)
+    assert 1.2 < ratio < 2.0
+    assert fp8.activation_bytes(f, SCHED) == bf16.activation_bytes(f, SCHED)  # activations stay bf16
+
+
+@given(st.integers(1, 20000), st.integers(1, 20000), st.integers(1, 200))
+def test_wave_efficiency_is_a_fraction_and_one_for_full_waves(m, n, sms):
+    e = wave_efficiency(m, n, sms)
+    assert 0 < e <= 1
+    assert wave_efficiency(128 * sms, 128, sms) == 1.0
+
+
+def _calibration(tmp_path, **over):
+    data = {
+        "format": "pipewright-calibration/1",
+        "accelerator": "h100-sxm",
+        "device_name": "NVIDIA H100 80GB HBM3",
+        "dtype": "bf16",
+        "measured_at": "2026-11-25",
+        "torch": "2.13.0",
+        "gemm": [
+            {"m": 1024, "n": 1024, "k": 1024, "dtype": "bf16", "seconds": 1e-5, "tflops": 214.7},
+            {"m": 8192, "n": 8192, "k": 8192, "dtype": "bf16", "seconds": 1.6e-3, "tflops": 687.2},
+        ],
+        "memory_bandwidth": 2.9e12,
+        "links": {"intra_node": {"bandwidth": 3.6e11, "latency": 3e-6}},
+    }
+    data.update(over)
+    path = tmp_path / "cal.json"
+    path.write_text(json.dumps({k: v for k, v in data.items() if v is not None}))
+    return path
+
+
+def test_calibration_interpolates_and_prices_gemms(tmp_path):
+    cal = load_calibration(_calibration(tmp_path), "h100-sxm")
+    assert cal.gemm_flops_per_second(8192, 8192, 8192) == pytest.approx(687.2e12)
+    mid = cal.gemm_flops_per_second(2896, 2896, 2896)
+    assert 214.7e12 < mid < 687.2e12
+    assert cal.gemm_flops_per_second(64, 64, 64) == pytest.approx(214.7e12)  # below the range
+    kw = dict(mesh=Mesh(pp=2), gpu="h100-sxm", attention="flash")
+    slow = LlamaCost(LLAMA, calibration=cal, **kw)
+    assert slow.compute_time(Action(0, W, 0), SCHED) > 0
+
+
+@pytest.mark.parametrize(
+    "over, gpu, message",
+    [
+        ({}, "a100-80gb", "was measured on 'h100-sxm', not on --gpu a100-80gb"),
+        ({"format": "other/2"}, "h100-sxm", "format must be 'pipewright-calibration/1'"),
+        ({"memory_bandwidth": None}, "h100-sxm", "missing field"),
+        ({"gemm": []}, "h100-sxm", "non-empty list"),
+    ],
+)
+def test_bad_calibration_is_one_line(tmp_path, over, gpu, message):
+    with pytest.raises(ConfigError, match=message) as err:
+        load_calibration(_calibration(tmp_path, **over), gpu)
+    assert "\n" not in str(err.value)
+
+
+BASE = ["simulate", "--model", "llama3-8b", "--gpu", "h100-sxm", "--nodes", "1", "--tp", "2", "--pp", "4"]
+BASE += ["--schedule", "1f1b", "--microbatch-size", "1", "--global-batch-size", "8"]
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--layout", "E|t*8|t*8|t*8L"], "layout"),
+        (["--cp", "3", "--pp", "1", "--nodes", "1", "--gpus-per-node", "6"], "divisible by 2 × cp"),
+    ],
+)
+def test_bad_simulate_input_is_one_line(extra, message, capsys):
+    assert main([*BASE, *extra]) != 0
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
+
+
+def test_simulate_flags_reach_the_model_and_memory_parts(tmp_path):
+    report = _cli([*BASE, "--shard-optimizer", "--sequence-parallel", "--tp-comm-overlap"])
+    parts = report["per_rank"][0]["memory_parts"]
+    assert set(parts) >= {"weights", "gradients", "optimizer_state", "activations", "allocator_reserve"}
+    static_and_act = sum(v for k, v in parts.items() if k not in ("total", "allocator_reserve"))
+    assert static_and_act - parts["communication_buffers"] == pytest.approx(
+        report["per_rank"][0]["peak_memory_bytes"], rel=1e-9
+    )
+    fsdp = _cli([*BASE, "--fsdp"])["per_rank"][0]["memory_parts"]
+    assert fsdp["optimizer_state"] == pytest.approx(parts["optimizer_state"])  # dp = 1: nothing to shard
+    uneven = _cli([*BASE, "--layout", "E|t*11|t*11|t*10L"])
+    busy = [r["busy_s"] for r in uneven["per_rank"]]
+    assert busy[0] < busy[1] / 100  # an embedding-only first stage
+    eager = _cli([*BASE, "--attention", "eager"])
+    assert eager["iteration_time_s"] > report["iteration_time_s"]
+
+
+def test_mlp_and_bias_flags_shape_a_custom_model(capsys):
+    argv = ["simulate", "--model", "gpt", "--layers", "4", "--hidden", "1024", "--heads", "16"]
+    argv += ["--vocab", "32000", "--seq-len", "2048", "--gpu", "h100-sxm", "--pp", "2", "--nodes", "1"]
+    argv += ["--gpus-per-node", "2", "--schedule", "1f1b", "--global-batch-size", "4"]
+    gelu = _cli(argv)
+    swiglu = _cli([*argv, "--mlp", "swiglu", "--no-bias"])
+    assert swiglu["iteration_time_s"] > gelu["iteration_time_s"]  # three MLP matrices instead of two
+    assert main([*argv, "--kv-heads", "4"]) == 2
+    assert "needs --model llama" in capsys.readouterr().err
+    llama = ["--model", "llama", *argv[3:], "--kv-heads", "4", "--mlp", "gelu"]
+    assert _cli(["simulate", *llama])["iteration_time_s"] < gelu["iteration_time_s"]  # fewer K/V FLOPs

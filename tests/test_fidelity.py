@@ -1,0 +1,61 @@
+"""docs/fidelity.md as a test: every published run of the package data, simulated through the command
+line in-process, gives the prediction the page shows (package data only: runs in a plain checkout),
+and the claims the page makes about the table hold."""
+
+import csv
+from importlib import resources
+from pathlib import Path
+
+import pytest
+
+from pipewright.cli.fidelity import predict, summary
+from pipewright.cost.fidelity import FIT_ROWS, load_runs
+
+RUNS = {r.id: r for r in load_runs()}
+EXPECTED = {
+    row["id"]: row
+    for row in csv.DictReader(
+        resources.files("pipewright.cost").joinpath("data/fidelity_expected.csv").read_text().splitlines()
+    )
+}
+DOC = Path(__file__).resolve().parents[1] / "docs" / "fidelity.md"
+
+
+@pytest.fixture(scope="module")
+def outcomes():
+    return {i: predict(RUNS[i]) for i in EXPECTED}
+
+
+@pytest.mark.parametrize("run_id", sorted(EXPECTED))
+def test_each_run_predicts_what_the_page_shows(run_id, outcomes):
+    want, got = EXPECTED[run_id], outcomes[run_id]
+    assert got.error == ""
+    assert got.published == pytest.approx(float(want["published"]), rel=1e-5)
+    assert got.predicted == pytest.approx(float(want["predicted"]), rel=1e-5)
+    assert got.memory_gib == pytest.approx(float(want["memory_gib"]), abs=1e-3)
+    assert bool(int(want["fit"])) == (run_id in FIT_ROWS)
+    assert f"`{run_id}`" in DOC.read_text()
+
+
+def test_the_table_covers_enough_runs_and_fits_on_at_most_half(outcomes):
+    done = list(outcomes.values())
+    sources = {o.run["source"] for o in done}
+    hopper = [o for o in done if o.run["gpu"].startswith(("h100", "h200", "h800", "b200"))]
+    assert len(done) >= 25 and len(sources) >= 6 and len(hopper) >= 10
+    assert sum(o.fitted for o in done) <= len(done) / 2
+
+
+def test_claims_of_the_page(outcomes):
+    """The statistics lines of docs/fidelity.md are the table's."""
+    text = DOC.read_text()
+    held = [o for o in outcomes.values() if not o.fitted]
+    s = summary(held)
+    assert f"| held out | {s['rows']} | {s['median']:.1%} | {s['max']:.1%} | {s['within_10']:.0%} |" in text
+
+
+def test_megatron_table1_within_five_percent_and_korthikanti_table5(outcomes):
+    for o in outcomes.values():
+        if o.run["source"] == "narayanan-sc21":
+            assert abs(o.time_error) <= 0.05, o.run.id
+        if o.run["source"] == "korthikanti-2022":  # Table 5 and §6.3 (the page states 12 %)
+            assert abs(o.time_error) <= 0.12, o.run.id
