@@ -78,7 +78,8 @@ def main() -> None:
                 break
         assert meta_report is not None
         config = (
-            f"t={plan['tp']} cp={plan.get('cp', 1)} p={plan['pp']} d={plan['dp']} b={plan['microbatch_size']} "
+            f"t={plan['tp']} cp={plan.get('cp', 1)} p={plan['pp']} d={plan['dp']} "
+            f"b={plan['microbatch_size']} "
             f"{plan['schedule']} v={plan['virtual']} recompute={plan['recompute']} "
             f"sharding={plan.get('optimizer_sharding', 'none')} attention={plan.get('attention', 'eager')}"
         )

@@ -8,7 +8,7 @@ import sys
 
 from pipewright.cli.paths import check_writable
 from pipewright.errors import ConfigError
-from pipewright.plan.options import ATTENTION_CHOICES, SHARDING_CHOICES
+from pipewright.plan.options import ATTENTION_CHOICES
 from pipewright.plan.problem import MAX_ACTIONS
 
 _DIMS = ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len")
@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--attention",
         choices=ATTENTION_CHOICES,
-        default="eager",
+        default="flash",
         help="attention kernel priced: flash (fused, no stored scores) or eager (default %(default)s)",
     )
     parser.add_argument(
@@ -46,13 +46,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--cp", type=int, default=None, help="fix the context-parallel size (default: searched)"
     )
     parser.add_argument(
-        "--max-cp", type=int, default=16, help="largest context-parallel size searched (default %(default)s)"
+        "--max-cp",
+        type=int,
+        default=1,
+        help="largest context-parallel size searched (default %(default)s: `train` runs cp = 1)",
     )
     parser.add_argument(
         "--optimizer-sharding",
-        default=",".join(SHARDING_CHOICES),
+        default="none,zero1",
         help="optimizer-state sharding choices over data parallelism, comma-separated: none, zero1 "
-        "(distributed optimizer), fsdp (default %(default)s; none only where the cost model has no sharding)",
+        "(distributed optimizer), fsdp (default %(default)s: what `train` runs)",
     )
     parser.add_argument(
         "--tp-comm-overlap", action="store_true", help="tensor-parallel communication overlapped with GEMMs"

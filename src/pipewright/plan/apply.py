@@ -42,7 +42,8 @@ def apply_to_simulate(args: argparse.Namespace) -> Plan:
         setattr(args, attr, plan[key])
     for key, (attr, neutral, value) in _cost_fields(plan).items():
         if hasattr(args, attr):
-            setattr(args, attr, value)
+            if getattr(args, attr, None) in (None, False, neutral):  # a flag given overrides the plan
+                setattr(args, attr, value)
         elif value != neutral:
             raise ConfigError(
                 f"the plan sets {key} ({value!r}), which this `pipewright simulate` cannot apply; "
@@ -68,6 +69,7 @@ def _cost_fields(plan: Plan) -> dict[str, tuple[str, object, object]]:
         "zero1": ("shard_optimizer", False, sharding == "zero1"),
         "fsdp": ("fsdp", False, sharding == "fsdp"),
         "tp_comm_overlap": ("tp_comm_overlap", False, d.get("tp_comm_overlap", False)),
+        "calibration": ("calibration", None, d.get("calibration")),
     }
 
 
@@ -94,11 +96,11 @@ def placed(mesh: Mesh, placement: Sequence[int] | None) -> Mesh:
     carried over to ``mesh``'s own rank order: every (tp, pp, dp) coordinate keeps the plan's device."""
     if placement is None:
         return mesh
-    plan_order = Mesh(mesh.tp, mesh.pp, mesh.dp, DEFAULT_ORDER)
+    plan_order = Mesh(mesh.tp, mesh.pp, mesh.dp, DEFAULT_ORDER, cp=mesh.cp)
     if len(placement) != mesh.size:
         raise ConfigError(
-            f"the plan places {len(placement)} ranks, but tp {mesh.tp} × pp {mesh.pp} × dp {mesh.dp} = "
-            f"{mesh.size}; drop the --tp/--pp/--dp flags that override the plan"
+            f"the plan places {len(placement)} ranks, but tp {mesh.tp} × cp {mesh.cp} × pp {mesh.pp} × "
+            f"dp {mesh.dp} = {mesh.size}; drop the --tp/--cp/--pp/--dp flags that override the plan"
         )
     own = [0] * mesh.size
     for g, device in enumerate(placement):
@@ -162,6 +164,15 @@ def train_overrides(path: str, args: argparse.Namespace | None = None) -> dict[s
     }
     if plan["sequence_parallel"]:
         out["sequence_parallel"] = True
+    sharding, cp = plan.data.get("optimizer_sharding", "none"), plan.data.get("cp", 1)
+    if cp != 1 or sharding == "fsdp":
+        what = f"context parallelism (cp {cp})" if cp != 1 else "FSDP"
+        raise ConfigError(
+            f"the plan {path} uses {what}, which `pipewright train` does not run; plan with --max-cp 1 "
+            "--optimizer-sharding none,zero1"
+        )
+    if sharding == "zero1":
+        out["shard_optimizer"] = True
     place = plan.placement
     if place is not None and place != tuple(range(len(place))):
         out["placement"] = ",".join(map(str, place))  # process r runs on device r of the plan's topology

@@ -82,6 +82,11 @@ class Plan:
         return int(model.get("padded_vocab") or model["vocab"])
 
     @property
+    def attention(self) -> str:
+        """The attention kernel the plan was priced with (older plans: eager)."""
+        return str(self.data.get("attention", "eager"))
+
+    @property
     def grad_reduce(self) -> str:
         return str(self.data.get("grad_reduce", GRAD_REDUCE_PLANNED))
 

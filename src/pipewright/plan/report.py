@@ -79,6 +79,7 @@ def plan_json(prob: Problem, result: SearchResult, schedule_csv: str | None = No
         "cp": c.cp,
         "optimizer_sharding": c.sharding,
         "tp_comm_overlap": prob.tp_comm_overlap,
+        "calibration": prob.calibration,
         "layout": layout_string(best.chunk_layers),
         **extra,
         "predicted": {"iteration_time_s": best.time, "peak_memory_bytes": best.simulated_memory},

@@ -293,8 +293,11 @@ def refine(prob: Problem, ev: Evaluated, budget: int | None = None) -> Evaluated
     p, v = c.pp, c.virtual
     if p == 1:
         return ev
-    if budget is None:  # about 10⁵ microbatch-chunks (6·10⁵ lowered actions) in all
-        budget = max(4, min(64, 100_000 // (p * c.microbatches * v)))
+    if budget is None:
+        # about 10⁵ microbatch-chunks (6·10⁵ lowered actions) in all, and 4·10⁵ chunk × tp·d device
+        # pricings (each trial prices every chunk's collectives over its groups: large meshes)
+        sims = 100_000 // (p * c.microbatches * v)
+        budget = max(4, min(64, sims, 400_000 // (p * v * c.block * c.dp)))
     block = c.block * c.dp
 
     def trial(layers: tuple[int, ...], devices: tuple[str, ...]) -> Evaluated:
