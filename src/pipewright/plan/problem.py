@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from pipewright.cost.recompute import RECOMPUTE_CHOICES
-from pipewright.cost.transformer import A100_EFFICIENCY, Efficiency
+from pipewright.cost.transformer import Efficiency
 from pipewright.models.spec import ModelSpec
 from pipewright.plan.options import CostOptions
 from pipewright.plan.profiled import ProfileInput
@@ -88,7 +88,7 @@ class Problem:
     global_batch: int
     dtype: str = "bf16"
     memory_limit: float | None = None  # bytes per device; None: each device's own memory
-    efficiency: Efficiency = A100_EFFICIENCY
+    efficiency: Efficiency | None = None  # None: each accelerator's own calibration defaults
     schedules: tuple[str, ...] = SCHEDULES
     recompute: tuple[str, ...] = RECOMPUTE_CHOICES
     microbatch_sizes: tuple[int, ...] = (1, 2, 4, 8)
@@ -104,6 +104,16 @@ class Problem:
     tp_comm_overlap: bool = False
     calibration: str | None = None  # a `pipewright profile --calibration` file
     _kinds: dict[str, str] = field(default_factory=dict, init=False, compare=False, repr=False)
+
+    def efficiency_for(self, kind: str | None = None) -> Efficiency:
+        """The efficiency parameters priced on accelerator ``kind`` (default: the first device's): the
+        given ones, else the accelerator's defaults — what ``pipewright simulate`` uses for it."""
+        if self.efficiency is not None:
+            return self.efficiency
+        from pipewright.cost.efficiency import default_efficiency
+        from pipewright.hardware import accelerator
+
+        return default_efficiency(accelerator(kind or next(iter(self.device_kinds()))))
 
     def device_kinds(self) -> dict[str, str]:
         """Each accelerator kind of the topology's devices → its first device (listed once)."""

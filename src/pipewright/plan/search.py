@@ -75,7 +75,7 @@ class _Context:
         return self.memory_limit(dmap.stage_devices(i))
 
     def all_reduce(self, group: tuple[str, ...]) -> Callable[[float], float]:
-        topo, eff = self.problem.topology, self.problem.efficiency.comm
+        topo, eff = self.problem.topology, self.problem.efficiency_for().comm
 
         def f(nbytes: float) -> float:
             key = (group, nbytes)
@@ -90,7 +90,7 @@ class _Context:
         key = (a, b, nbytes)
         hit = self.ar_cache.get(key)
         if hit is None:
-            eff = self.problem.efficiency.comm
+            eff = self.problem.efficiency_for().comm
             hit = self.ar_cache[key] = self.problem.topology.p2p_time(a, b, nbytes / eff)
         return hit
 
@@ -165,7 +165,7 @@ def _parts(prob: Problem, c: Candidate):
     """The cost pieces of candidate ``c`` (:func:`pipewright.plan.costs.parts`), its vocabulary padded."""
     spec, opts = prob.spec_for(c.tp), prob.options(c)
     return parts(
-        spec, c.microbatch, c.tp, c.recompute, c.sequence_parallel, prob.dtype, prob.efficiency, opts
+        spec, c.microbatch, c.tp, c.recompute, c.sequence_parallel, prob.dtype, prob.efficiency_for(), opts
     )
 
 
@@ -187,7 +187,7 @@ def _stage_costs(ctx: _Context, c: Candidate, dmap: DeviceMap) -> list[StageCost
                     next(d for d in dmap.stage_devices(i) if prob.topology.nodes[d].accelerator == kind)
                 )
                 sc = ctx.cost_cache[key] = stage_cost(
-                    pc, gpu, prob.dtype, prob.efficiency, ctx.all_reduce(group)
+                    pc, gpu, prob.dtype, prob.efficiency_for(kind), ctx.all_reduce(group)
                 )
             if best is None or sc.layer > best.layer:
                 best = sc
@@ -274,7 +274,7 @@ def lower_bound(ctx: _Context, c: Candidate) -> float:
     best = None
     for first in prob.device_kinds().values():
         gpu = prob.topology.accelerator(first)
-        sc = stage_cost(pc, gpu, prob.dtype, replace(prob.efficiency), lambda n: 0.0)
+        sc = stage_cost(pc, gpu, prob.dtype, prob.efficiency_for(gpu.name), lambda n: 0.0)
         work = sc.time(prob.spec.layers, True, True)
         best = work if best is None else min(best, work)
     return c.microbatches * best / c.pp

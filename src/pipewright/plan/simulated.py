@@ -55,18 +55,20 @@ def plan_models(prob: Problem, ev: Evaluated):
         from pipewright.cost.profiled import ProfiledComm
 
         cost = prob.profile.cost(c.microbatch, ev.chunk_layers)
-        return cost, ProfiledComm.from_cost(cost, TopologyComm(prob.topology, mesh, prob.efficiency.comm))
+        comm = TopologyComm(prob.topology, mesh, prob.efficiency_for().comm)
+        return cost, ProfiledComm.from_cost(cost, comm)
+    gpu = prob.topology.nodes[ev.devices[0]].accelerator
     cost = make_cost(
         c.recompute,
         per_stage=ev.recompute_per_stage,
         spec=prob.spec_for(c.tp),
         microbatch=c.microbatch,
-        gpu=prob.topology.nodes[ev.devices[0]].accelerator,
+        gpu=gpu,
         dtype=prob.dtype,
         mesh=mesh,
         sequence_parallel=c.sequence_parallel,
         topology=prob.topology,
-        efficiency=prob.efficiency,
+        efficiency=prob.efficiency_for(gpu),
         layout=ev.chunk_layers,
         **prob.options(c).kwargs(),
     )
