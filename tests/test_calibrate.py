@@ -61,6 +61,10 @@ def test_cli_writes_a_calibration_on_cpu(tmp_path, capsys):
         assert g["tflops"] == pytest.approx(2 * g["m"] * g["n"] * g["k"] / g["seconds"] / 1e12)
     assert data["memory_bandwidth"] > 0 and "links" not in data
     assert "calibration of cpu" in capsys.readouterr().out
+    from pipewright.cost.calibration import load_calibration
+
+    cal = load_calibration(out)  # the cost model's reader takes it
+    assert cal.accelerator == "cpu" and len(cal.gemm) == len(data["gemm"])
 
 
 def test_profile_needs_one_output(capsys):

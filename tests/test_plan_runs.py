@@ -87,3 +87,14 @@ def test_a_huge_global_batch_is_refused(capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "--max-actions 2,000,000" in err and "lower --global-batch-size" in err
+
+
+def test_a_calibration_of_another_gpu_is_one_line(tmp_path, capsys):
+    cal = tmp_path / "cal.json"
+    gemm = [{"m": 8, "n": 8, "k": 8, "dtype": "fp32", "seconds": 1e-6, "tflops": 0.001}]
+    cal.write_text(json.dumps({"format": "pipewright-calibration/1", "accelerator": "cpu", "dtype": "fp32",
+                               "gemm": gemm, "memory_bandwidth": 1e10}))  # fmt: skip
+    argv = ["plan", "--model", "gpt3-175b", *CLUSTER, "--global-batch-size", "1536"]
+    assert main([*argv, "--calibration", str(cal)]) == 2
+    err = capsys.readouterr().err
+    assert "measured on 'cpu', not on --gpu a100-80gb" in err and err.count("\n") == 1

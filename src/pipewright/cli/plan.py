@@ -207,6 +207,10 @@ def run(args: argparse.Namespace) -> int:
         spec = resolve_model(args.model, kv_heads=args.kv_heads, **{d: getattr(args, d) for d in _DIMS})
     topo = _topology(args)
     kinds = [topo.accelerator(d) for d in {topo.nodes[x].accelerator: x for x in topo.devices}.values()]
+    if args.calibration is not None:
+        from pipewright.cost.calibration import load_calibration
+
+        load_calibration(args.calibration, kinds[0].name)  # one line if measured on another GPU
     dtype = args.dtype or next(
         (x for x in ("bf16", "fp16", "fp32") if all(x in g.peak_flops for g in kinds)), "fp32"
     )
