@@ -98,3 +98,17 @@ def test_a_calibration_of_another_gpu_is_one_line(tmp_path, capsys):
     assert main([*argv, "--calibration", str(cal)]) == 2
     err = capsys.readouterr().err
     assert "measured on 'cpu', not on --gpu a100-80gb" in err and err.count("\n") == 1
+
+
+def test_a_custom_decoders_plan_simulates_alike(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    model = ["--model", "llama", "--layers", "8", "--hidden", "1024", "--heads", "16", "--kv-heads", "4"]
+    model += ["--vocab", "32000", "--seq-len", "1024", "--mlp", "swiglu", "--no-bias"]
+    node = ["--gpu", "a100-80gb", "--nodes", "1", "--gpus-per-node", "8"]
+    argv = ["plan", *model, *node, "--global-batch-size", "32", "--no-baselines", "--no-progress"]
+    assert main([*argv, "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["simulate", "--plan", str(out), *node, "--json"]) == 0
+    plan = json.loads(out.read_text())
+    assert plan["model"]["kv_heads"] == 4 and plan["model"]["bias"] is False
+    assert json.loads(capsys.readouterr().out)["iteration_time_s"] == plan["predicted"]["iteration_time_s"]

@@ -33,6 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--kv-heads", type=int, default=None, help="key/value heads (grouped-query attention; Llama family)"
     )
+    parser.add_argument("--mlp", choices=("gelu", "relu2", "swiglu"), help="MLP kind (default: the model's)")
+    parser.add_argument("--no-bias", action="store_true", help="linear layers and norms without biases")
     parser.add_argument(
         "--attention",
         choices=ATTENTION_CHOICES,
@@ -205,6 +207,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("pipewright plan needs --model NAME (or --profile FILE)")
     else:
         spec = resolve_model(args.model, kv_heads=args.kv_heads, **{d: getattr(args, d) for d in _DIMS})
+        if args.mlp or args.no_bias:
+            from dataclasses import replace
+
+            spec = replace(spec, mlp=args.mlp or spec.mlp, bias=False if args.no_bias else spec.bias)
     topo = _topology(args)
     kinds = [topo.accelerator(d) for d in {topo.nodes[x].accelerator: x for x in topo.devices}.values()]
     if args.calibration is not None:

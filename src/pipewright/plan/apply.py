@@ -33,9 +33,11 @@ def apply_to_simulate(args: argparse.Namespace) -> Plan:
         args.vocab = plan.padded_vocab  # the vocabulary the plan was priced with
     if args.model is None:
         args.model = plan["model"]["name"]
-        for d in ("layers", "hidden", "heads", "ffn_hidden", "seq_len"):
-            if getattr(args, d, None) is None:
+        for d in ("layers", "hidden", "heads", "ffn_hidden", "seq_len", "kv_heads", "mlp"):
+            if getattr(args, d, None) is None and d in plan["model"]:
                 setattr(args, d, plan["model"][d])
+        if plan["model"].get("bias") is False:
+            args.no_bias = True
     if getattr(args, "grad_reduce", None) is None:
         args.grad_reduce = plan.grad_reduce  # the plan's definition of an iteration
     for key, attr in _SIM_FIELDS.items():

@@ -110,6 +110,10 @@ class Plan:
 def model_json(spec: ModelSpec, padded_vocab: int | None = None) -> dict[str, Any]:
     """The plan's "model": the dimensions, and the padded vocabulary the plan was priced with."""
     out: dict[str, Any] = {"name": spec.name, **{d: getattr(spec, d) for d in _DIMS}}
+    out["kv_heads"] = spec.kv_heads
+    for key in ("mlp", "bias"):  # the model's shape beyond the dimensions, where the spec has it
+        if hasattr(spec, key):
+            out[key] = getattr(spec, key)
     if padded_vocab is not None:
         out["padded_vocab"] = padded_vocab
     return out
