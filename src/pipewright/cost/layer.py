@@ -100,16 +100,18 @@ def head_parameters(spec: ModelSpec, t: int = 1) -> float:
 
 
 def layer_stored_units(
-    spec: ModelSpec, t: int = 1, sequence_parallel: bool = False, scores: bool = True
+    spec: ModelSpec, t: int = 1, sequence_parallel: bool = False, scores: bool = True, fp8: bool = False
 ) -> float:
     """Stored 16-bit bytes of one layer's forward without recomputation, in units of s·b·h (module
     docstring); ``scores``: the eager a·s² attention scores are kept (not with flash attention, nor
-    with selective recomputation)."""
+    with selective recomputation); ``fp8``: the four GEMM inputs (QKV and MLP inputs outside the
+    tensor-parallel regions, the output projection's and the down projection's inside) are kept as
+    their FP8 copies, half the bytes (Transformer Engine saves the cast inputs for the backward)."""
     h, f, kv = spec.hidden, spec.ffn_hidden, kv_width(spec)
     dropout = has_dropout(spec)
-    replicated = 8 + (2 if dropout else 0)
-    mlp = (6 if spec.mlp == "swiglu" else 4) * f / h
-    parallel = 2 + 4 * kv / h + 2 + mlp
+    replicated = 8 + (2 if dropout else 0) - (2 if fp8 else 0)
+    mlp = (6 if spec.mlp == "swiglu" else 4) * f / h - (f / h if fp8 else 0)
+    parallel = 2 + 4 * kv / h + (1 if fp8 else 2) + mlp
     units = replicated / (t if sequence_parallel else 1) + parallel / t
     if scores:
         units += (5 if dropout else 2) * spec.heads * spec.seq_len / (h * t)

@@ -43,7 +43,8 @@ per-layer terms are :mod:`pipewright.cost.layer`'s (GEMM shapes, attention, stor
   (:func:`~pipewright.cost.sharding.state_bytes`; 18 without sharding). REDUCE_GRAD sends
   ``grad_bytes`` per parameter (nothing under FSDP, which reduce-scatters per layer in the backward).
 - ``dtype="fp8"``: the GEMMs run at the FP8 peak (Transformer Engine), attention, the memory-bound
-  kernels, activations and messages stay bf16.
+  kernels, activations and messages stay bf16, except the four GEMM inputs a layer keeps for its
+  backward, kept as FP8 copies.
 """
 
 from __future__ import annotations
@@ -243,9 +244,10 @@ class TransformerCost:
             hit = self._cache[key] = self._build_chunk(stage, schedule.num_stages, self.layers_of(schedule))
         return hit
 
-    def layer_stored_bytes(self, mode: str | None = None) -> float:
+    def layer_stored_bytes(self, mode: str | None = None, fp8: bool | None = None) -> float:
         """Bytes one layer's forward stores per microbatch and device under recomputation ``mode``
-        (default: this model's), before the context-parallel split."""
+        (default: this model's), before the context-parallel split; ``fp8``: GEMM inputs kept as FP8
+        copies (default: with fp8 GEMMs)."""
         spec, b, t = self.spec, self.microbatch, self.mesh.tp
         mode = mode or self.recompute
         sbh = spec.seq_len * b * spec.hidden
@@ -253,7 +255,8 @@ class TransformerCost:
         if mode == "full":
             return 2 * sbh * scale / (t if self.sequence_parallel else 1)
         scores = self.attention == "eager" and mode == "none"
-        return sbh * layer_stored_units(spec, t, self.sequence_parallel, scores) * scale
+        fp8 = self.dtype == "fp8" if fp8 is None else fp8
+        return sbh * layer_stored_units(spec, t, self.sequence_parallel, scores, fp8) * scale
 
     def _build_chunk(self, stage: int, num_stages: int, layers: tuple[int, ...]) -> _Chunk:
         spec, b, t, c = self.spec, self.microbatch, self.mesh.tp, self.cp
@@ -293,10 +296,11 @@ class TransformerCost:
             tp_bytes[I] += (act,)
         # memory-bound kernels: κ × the bytes a forward without recomputation stores
         eff = self.efficiency
-        fwd_traffic = eff.memory_traffic * n * self.layer_stored_bytes("none") / c
+        fwd_traffic = eff.memory_traffic * n * self.layer_stored_bytes("none", fp8=False) / c
         redo_traffic = fwd_traffic if full else 0.0
         if selective and not flash:
-            redo_traffic = fwd_traffic - eff.memory_traffic * n * self.layer_stored_bytes("selective") / c
+            kept = self.layer_stored_bytes("selective", fp8=False)
+            redo_traffic = fwd_traffic - eff.memory_traffic * n * kept / c
         traffic = {F: fwd_traffic, I: 2 * fwd_traffic + redo_traffic, W: 0.0}
         if last:
             for kind in traffic:
