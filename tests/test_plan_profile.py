@@ -37,8 +37,8 @@ def test_plan_from_a_profile_moves_layers_and_simulates_alike(tmp_path, capsys) 
     assert main(argv) == 0
     text = capsys.readouterr().out
     plan = json.loads(plan_path.read_text())
-    assert plan["model"] == {"name": "gpt-small-cpu", "layers": 8, "hidden": 128, "heads": 4,
-                             "ffn_hidden": 512, "vocab": 8192, "seq_len": 128}  # fmt: skip
+    model = {"name": "gpt-small-cpu", "layers": 8, "hidden": 128, "heads": 4, "ffn_hidden": 512}
+    assert plan["model"].items() >= {**model, "vocab": 8192, "seq_len": 128, "padded_vocab": 8192}.items()
     assert (plan["tp"], plan["pp"], plan["microbatch_size"], plan["recompute"]) == (1, 2, 1, "none")
     # F+B per microbatch: stage 0 = 0.0006 + 0.03·n, stage 1 = 0.03·(8 − n) + 0.09: 0.18 s at n = 5 or 6
     # (the simulation prefers 6), 0.21 s uniform

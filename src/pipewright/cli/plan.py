@@ -7,6 +7,9 @@ import json
 import sys
 
 from pipewright.errors import ConfigError
+from pipewright.files import check_writable
+from pipewright.plan.options import ATTENTION_CHOICES
+from pipewright.plan.problem import MAX_ACTIONS
 
 _DIMS = ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len")
 
@@ -27,11 +30,43 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     for dim in _DIMS:
         parser.add_argument(f"--{dim.replace('_', '-')}", type=int, default=None, dest=dim)
+    parser.add_argument(
+        "--kv-heads", type=int, default=None, help="key/value heads (grouped-query attention; Llama family)"
+    )
+    parser.add_argument("--mlp", choices=("gelu", "relu2", "swiglu"), help="MLP kind (default: the model's)")
+    parser.add_argument("--no-bias", action="store_true", help="linear layers and norms without biases")
+    parser.add_argument(
+        "--attention",
+        choices=ATTENTION_CHOICES,
+        default="flash",
+        help="attention kernel priced: flash (fused, no stored scores) or eager (default %(default)s)",
+    )
+    parser.add_argument(
+        "--calibration", help="a `pipewright profile --calibration` file: measured GEMM rates and links"
+    )
+    parser.add_argument(
+        "--cp", type=int, default=None, help="fix the context-parallel size (default: searched)"
+    )
+    parser.add_argument(
+        "--max-cp",
+        type=int,
+        default=1,
+        help="largest context-parallel size searched (default %(default)s: `train` runs cp = 1)",
+    )
+    parser.add_argument(
+        "--optimizer-sharding",
+        default="none,zero1",
+        help="optimizer-state sharding choices over data parallelism, comma-separated: none, zero1 "
+        "(distributed optimizer), fsdp (default %(default)s: what `train` runs)",
+    )
+    parser.add_argument(
+        "--tp-comm-overlap", action="store_true", help="tensor-parallel communication overlapped with GEMMs"
+    )
     parser.add_argument("--topology", help="cluster topology JSON")
     parser.add_argument("--gpu", help="accelerator kind (with --nodes/--gpus-per-node), or cpu")
     parser.add_argument("--nodes", type=int, default=1)
     parser.add_argument("--gpus-per-node", type=int, default=8)
-    parser.add_argument("--global-batch-size", type=int, required=True)
+    parser.add_argument("--global-batch-size", type=int, required=True, help="sequences per iteration")
     parser.add_argument(
         "--dtype", help="compute dtype (default bf16 where the devices have it, else fp16/fp32)"
     )
@@ -39,11 +74,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--schedules",
         default="1f1b,interleaved-1f1b,zb-h1,zb-auto",
-        help="schedules to consider (zb-auto: Zero Bubble's greedy on the plan's stage times)",
+        help="schedules to consider, comma-separated (zb-auto: Zero Bubble's greedy on the plan's stage "
+        "times; default %(default)s)",
     )
-    parser.add_argument("--recompute", default="none,selective,full", help="recomputation choices")
-    parser.add_argument("--microbatch-sizes", default="1,2,4,8", help="microbatch sizes to consider")
-    parser.add_argument("--max-tp", type=int, default=8, help="largest tensor-parallel size")
+    parser.add_argument(
+        "--recompute", default="none,selective,full", help="recomputation choices, comma-separated"
+    )
+    parser.add_argument(
+        "--microbatch-sizes", default="1,2,4,8", help="microbatch sizes to consider, comma-separated"
+    )
+    parser.add_argument("--max-tp", type=int, default=8, help="largest tensor-parallel size (default 8)")
+    parser.add_argument(
+        "--max-actions",
+        type=int,
+        default=MAX_ACTIONS,
+        help="skip layouts whose simulation has more lowered actions (about 6·p·m·v; default %(default)s)",
+    )
     for dim in ("tp", "pp", "dp"):
         parser.add_argument(f"--{dim}", type=int, default=None, help=f"fix {dim} (default: searched)")
     parser.add_argument(
@@ -76,9 +122,39 @@ def _topology(args: argparse.Namespace):
 
 def _ints(text: str, flag: str) -> tuple[int, ...]:
     try:
-        return tuple(int(x) for x in text.split(",") if x)
+        values = tuple(int(x) for x in text.split(",") if x)
     except ValueError:
         raise ConfigError(f"{flag} takes comma-separated integers (got {text!r})") from None
+    if not values or min(values) < 1:
+        raise ConfigError(f"{flag} takes comma-separated positive integers (got {text!r})")
+    return values
+
+
+def check_values(args: argparse.Namespace) -> None:
+    """One-line errors for numbers out of range, before any work (and an -o that cannot be written)."""
+    import math
+
+    for flag in (
+        "global_batch_size",
+        "nodes",
+        "gpus_per_node",
+        "max_tp",
+        "max_cp",
+        "finalists",
+        "max_actions",
+    ):
+        if getattr(args, flag) < 1:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1 (got {getattr(args, flag)})")
+    for flag in ("tp", "pp", "dp", "cp", "kv_heads", *_DIMS):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1 (got {value})")
+    for flag in ("memory_limit", "cores"):
+        value = getattr(args, flag)
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"--{flag.replace('_', '-')} must be a positive number (got {value})")
+    if args.out:
+        check_writable(args.out, "-o")
 
 
 class _Bar:
@@ -99,14 +175,13 @@ class _Bar:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipewright.files import check_writable
-
-    check_writable(args.out, "-o")  # before the search
     from pipewright.models.presets import resolve_model
+    from pipewright.plan.options import cp_choices, searchable_sharding
     from pipewright.plan.report import make_plan, plan_json, summary
     from pipewright.plan.search import Problem
     from pipewright.schedules import schedule_names
 
+    check_values(args)
     profile = None
     if args.profile is not None:
         if args.model is not None:
@@ -131,9 +206,17 @@ def run(args: argparse.Namespace) -> int:
     elif args.model is None:
         raise ConfigError("pipewright plan needs --model NAME (or --profile FILE)")
     else:
-        spec = resolve_model(args.model, **{d: getattr(args, d) for d in _DIMS})
+        spec = resolve_model(args.model, kv_heads=args.kv_heads, **{d: getattr(args, d) for d in _DIMS})
+        if args.mlp or args.no_bias:
+            from dataclasses import replace
+
+            spec = replace(spec, mlp=args.mlp or spec.mlp, bias=False if args.no_bias else spec.bias)
     topo = _topology(args)
     kinds = [topo.accelerator(d) for d in {topo.nodes[x].accelerator: x for x in topo.devices}.values()]
+    if args.calibration is not None:
+        from pipewright.cost.calibration import load_calibration
+
+        load_calibration(args.calibration, kinds[0].name)  # one line if measured on another GPU
     dtype = args.dtype or next(
         (x for x in ("bf16", "fp16", "fp32") if all(x in g.peak_flops for g in kinds)), "fp32"
     )
@@ -146,8 +229,6 @@ def run(args: argparse.Namespace) -> int:
     for r in recompute:
         if r not in ("none", "selective", "full"):
             raise ConfigError(f"--recompute takes none, selective, full (got {r!r})")
-    if args.global_batch_size < 1:
-        raise ConfigError(f"--global-batch-size must be at least 1 (got {args.global_batch_size})")
     prob = Problem(
         spec,
         topo,
@@ -162,6 +243,12 @@ def run(args: argparse.Namespace) -> int:
         fixed=(args.tp, args.pp, args.dp),
         cores=args.cores,
         profile=profile,
+        max_actions=args.max_actions,
+        attention=args.attention,
+        cp_choices=cp_choices(len(topo.devices), spec.seq_len, args.cp, args.max_cp),
+        sharding=searchable_sharding(tuple(x for x in args.optimizer_sharding.split(",") if x)),
+        tp_comm_overlap=args.tp_comm_overlap,
+        calibration=args.calibration,
     )
     result = make_plan(prob, baselines=not args.no_baselines, progress=_Bar(not args.no_progress))
     csv = None

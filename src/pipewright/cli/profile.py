@@ -1,11 +1,15 @@
 """``pipewright profile``: measure a GPT's per-layer F, B, I, W, optimizer-step and message times on this
 machine and write the profile CSV that ``ProfiledCost`` (``pipewright simulate --profile``) and
-``pipewright train --compare-sim --profile`` read. See docs/profiling.md."""
+``pipewright train --compare-sim --profile`` read; or, with ``--calibration OUT``, this accelerator's GEMM
+throughput by shape, memory bandwidth and links for ``simulate``/``plan --calibration``. See
+docs/profiling.md."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+
+from pipewright.files import check_writable
 
 _MODEL_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--model", str, "preset (default gpt-small-cpu) or family gpt"),
@@ -49,18 +53,67 @@ def register(sub: argparse._SubParsersAction) -> None:
         choices=("retain", "system"),
         help="how the workers keep freed tensor memory, as `train --cpu-allocator` (default retain)",
     )
-    parser.add_argument("--out", required=True, help="profile file to write (.csv or .json)")
+    parser.add_argument("--out", help="profile file to write (.csv or .json)")
+    parser.add_argument(
+        "--calibration",
+        metavar="OUT",
+        help="instead of a profile, write a calibration JSON: GEMM time by the model's shapes, memory "
+        "bandwidth, and with --nproc N ≥ 2 (or under torchrun) link bandwidth and latency",
+    )
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        help="with --calibration: processes to spawn for the links (default 1)",
+    )
+    parser.add_argument(
+        "--gpu", help="with --calibration: the hardware preset of this GPU when its name maps to none"
+    )
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
     parser.set_defaults(func=_profile)
 
 
+def _calibrate(args: argparse.Namespace, spec) -> int:
+    from pipewright.runtime.calibrate import CalibrationOptions, calibrate, write_calibration
+
+    check_writable(args.calibration, "--calibration")
+    options = CalibrationOptions(
+        spec,
+        tuple(args.microbatch_size),
+        tp=args.tp,
+        device=args.device,
+        gpu=args.gpu,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        processes=args.nproc,
+    )
+    data = calibrate(options)
+    if data is None:  # a torchrun rank other than 0
+        return 0
+    path = write_calibration(args.calibration, data)
+    best = max(data["gemm"], key=lambda g: g["tflops"])
+    print(
+        f"calibration of {data['device_name']} ({data['accelerator']}, {data['dtype']}) written to {path}: "
+        f"{len(data['gemm'])} GEMM shapes (best {best['tflops']:.2f} TFLOP/s at {best['m']}×{best['n']}×"
+        f"{best['k']}), memory {data['memory_bandwidth'] / 1e9:.1f} GB/s"
+    )
+    for name, link in data.get("links", {}).items():
+        print(f"  {name}: {link['bandwidth'] / 1e9:.2f} GB/s, latency {link['latency'] * 1e6:.1f} µs")
+    return 0
+
+
 def _profile(args: argparse.Namespace) -> int:
     from pipewright.cli.guards import check_profile
+    from pipewright.errors import ConfigError
 
     check_profile(args)  # output writable, numbers in range, memory: before measuring
     from pipewright.models.presets import resolve_model
     from pipewright.runtime.profiler import ProfileOptions, profile_model, write_profile
 
+    if (args.out is None) == (args.calibration is None):
+        raise ConfigError(
+            "pipewright profile needs --out FILE (a profile) or --calibration FILE, one of them"
+        )
     spec = resolve_model(
         args.model or "gpt-small-cpu",
         layers=args.layers,
@@ -70,6 +123,9 @@ def _profile(args: argparse.Namespace) -> int:
         vocab=args.vocab,
         seq_len=args.seq_len,
     )
+    if args.calibration is not None:
+        return _calibrate(args, spec)
+    check_writable(args.out, "--out")
     options = ProfileOptions(
         spec,
         tuple(args.microbatch_size),

@@ -29,13 +29,28 @@ def apply_to_simulate(args: argparse.Namespace) -> Plan:
     """Set ``args``' layout options from ``args.plan`` (a plan file); the plan's device order and
     layers per chunk go to ``args.plan_devices`` / ``args.plan_layout``."""
     plan = load(args.plan)
+    if getattr(args, "vocab", None) is None:
+        args.vocab = plan.padded_vocab  # the vocabulary the plan was priced with
     if args.model is None:
         args.model = plan["model"]["name"]
-        for d in ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len"):
-            if getattr(args, d, None) is None:
+        for d in ("layers", "hidden", "heads", "ffn_hidden", "seq_len", "kv_heads", "mlp"):
+            if getattr(args, d, None) is None and d in plan["model"]:
                 setattr(args, d, plan["model"][d])
+        if plan["model"].get("bias") is False:
+            args.no_bias = True
+    if getattr(args, "grad_reduce", None) is None:
+        args.grad_reduce = plan.grad_reduce  # the plan's definition of an iteration
     for key, attr in _SIM_FIELDS.items():
         setattr(args, attr, plan[key])
+    for key, (attr, neutral, value) in _cost_fields(plan).items():
+        if hasattr(args, attr):
+            if getattr(args, attr, None) in (None, False, neutral):  # a flag given overrides the plan
+                setattr(args, attr, value)
+        elif value != neutral:
+            raise ConfigError(
+                f"the plan sets {key} ({value!r}), which this `pipewright simulate` cannot apply; "
+                "plan without it"
+            )
     args.microbatches = plan["microbatches"]  # (the model path derives it from the global batch)
     csv = plan.schedule_csv(args.plan)
     if csv is not None:
@@ -44,6 +59,20 @@ def apply_to_simulate(args: argparse.Namespace) -> Plan:
     args.plan_recompute = plan.data.get("recompute_per_stage")
     args.plan_devices = plan.devices
     return plan
+
+
+def _cost_fields(plan: Plan) -> dict[str, tuple[str, object, object]]:
+    """The plan's cost-model options as ``simulate`` options: key → (attribute, neutral value, value)."""
+    d = plan.data
+    sharding = d.get("optimizer_sharding", "none")
+    return {
+        "attention": ("attention", "eager", d.get("attention", "eager")),
+        "cp": ("cp", 1, d.get("cp", 1)),
+        "zero1": ("shard_optimizer", False, sharding == "zero1"),
+        "fsdp": ("fsdp", False, sharding == "fsdp"),
+        "tp_comm_overlap": ("tp_comm_overlap", False, d.get("tp_comm_overlap", False)),
+        "calibration": ("calibration", None, d.get("calibration")),
+    }
 
 
 def plan_placement(devices: Sequence[str], topology: Topology) -> tuple[int, ...]:
@@ -69,11 +98,11 @@ def placed(mesh: Mesh, placement: Sequence[int] | None) -> Mesh:
     carried over to ``mesh``'s own rank order: every (tp, pp, dp) coordinate keeps the plan's device."""
     if placement is None:
         return mesh
-    plan_order = Mesh(mesh.tp, mesh.pp, mesh.dp, DEFAULT_ORDER)
+    plan_order = Mesh(mesh.tp, mesh.pp, mesh.dp, DEFAULT_ORDER, cp=mesh.cp)
     if len(placement) != mesh.size:
         raise ConfigError(
-            f"the plan places {len(placement)} ranks, but tp {mesh.tp} × pp {mesh.pp} × dp {mesh.dp} = "
-            f"{mesh.size}; drop the --tp/--pp/--dp flags that override the plan"
+            f"the plan places {len(placement)} ranks, but tp {mesh.tp} × cp {mesh.cp} × pp {mesh.pp} × "
+            f"dp {mesh.dp} = {mesh.size}; drop the --tp/--cp/--pp/--dp flags that override the plan"
         )
     own = [0] * mesh.size
     for g, device in enumerate(placement):
@@ -111,7 +140,7 @@ def train_overrides(path: str, args: argparse.Namespace | None = None) -> dict[s
             )
         for d in ("layers", "hidden", "heads", "vocab", "seq_len"):
             flag = getattr(args, d, None)
-            if flag is not None and flag != model[d]:
+            if flag is not None and flag != model[d] and not (d == "vocab" and flag == plan.padded_vocab):
                 raise ConfigError(
                     f"the plan {path} was made for a model with {d} {model[d]}, not {flag}; "
                     "run `pipewright plan` for this model"
@@ -122,7 +151,7 @@ def train_overrides(path: str, args: argparse.Namespace | None = None) -> dict[s
         "layers": model["layers"],
         "hidden": model["hidden"],
         "heads": model["heads"],
-        "vocab": model["vocab"],  # the model the plan was made for (at least the dataset's vocabulary)
+        "vocab": plan.padded_vocab,  # padded as the plan priced it (at least the dataset's vocabulary)
         "seq_len": model["seq_len"],
         "tp": plan["tp"],
         "pp": plan["pp"],
@@ -137,6 +166,15 @@ def train_overrides(path: str, args: argparse.Namespace | None = None) -> dict[s
     }
     if plan["sequence_parallel"]:
         out["sequence_parallel"] = True
+    sharding, cp = plan.data.get("optimizer_sharding", "none"), plan.data.get("cp", 1)
+    if cp != 1 or sharding == "fsdp":
+        what = f"context parallelism (cp {cp})" if cp != 1 else "FSDP"
+        raise ConfigError(
+            f"the plan {path} uses {what}, which `pipewright train` does not run; plan with --max-cp 1 "
+            "--optimizer-sharding none,zero1"
+        )
+    if sharding == "zero1":
+        out["shard_optimizer"] = True
     place = plan.placement
     if place is not None and place != tuple(range(len(place))):
         out["placement"] = ",".join(map(str, place))  # process r runs on device r of the plan's topology

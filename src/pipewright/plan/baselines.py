@@ -23,6 +23,7 @@ from pipewright.models.layout import uniform_layer_counts
 from pipewright.plan.costs import parts, stage_cost
 from pipewright.plan.mapping import given_order
 from pipewright.plan.partition import DoesNotFitError, StageTerms, dp_partition
+from pipewright.plan.problem import lowered_actions, tp_splits
 from pipewright.plan.search import Candidate, Evaluated, Problem, _Context, estimate, simulate_plan
 
 
@@ -37,7 +38,9 @@ def _run(
     ctx: _Context, c: Candidate, label: str, layers: Sequence[int] | None, check_fit: bool = True
 ) -> Evaluated | None:
     prob = ctx.problem
-    dmap = given_order(prob.topology, c.tp, c.pp, c.dp)
+    if lowered_actions(c.pp, c.microbatches, c.virtual) > prob.max_actions:
+        return None  # too large to simulate (--max-actions)
+    dmap = given_order(prob.topology, c.block, c.pp, c.dp)
     per_rank = layers if layers is not None else uniform_layer_counts(prob.spec.layers, c.pp)
     try:
         ev = estimate(ctx, c, dmap, layers=tuple(per_rank))
@@ -69,7 +72,7 @@ def megatron_baseline(ctx: _Context) -> Evaluated | None:
     n = len(prob.topology.devices)
     per_host = max(len(v) for v in _hosts(prob).values())
     t = min(per_host, 8)
-    while t > 1 and (prob.spec.heads % t or n % t or prob.spec.ffn_hidden % t):
+    while t > 1 and (n % t or not tp_splits(prob.spec, t)):
         t //= 2
     for p in range(1, n // t + 1):
         if (n // t) % p or p > prob.spec.layers:
@@ -106,9 +109,9 @@ def pipedream_baseline(ctx: _Context) -> Evaluated | None:
             continue
         m = prob.global_batch // d
         for rc in ("none", "full"):
-            pc = parts(prob.spec, 1, 1, rc, False, prob.dtype, prob.efficiency)
+            pc = parts(prob.spec_for(1), 1, 1, rc, False, prob.dtype, prob.efficiency_for())
             gpu = topo.accelerator(devs[0])
-            sc = stage_cost(pc, gpu, prob.dtype, prob.efficiency, lambda x: 0.0)
+            sc = stage_cost(pc, gpu, prob.dtype, prob.efficiency_for(gpu.name), lambda x: 0.0)
             # replicas of a stage sit on one level: inside a machine if d fits there, else across
             bw_rep = fast if d <= per_host else slow
             bw_pp = fast if d * p <= per_host else slow

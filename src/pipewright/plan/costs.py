@@ -24,6 +24,7 @@ from pipewright.cost.transformer import A100_EFFICIENCY, DTYPE_BYTES, Efficiency
 from pipewright.hardware import Accelerator
 from pipewright.ir import B, F
 from pipewright.models.spec import ModelSpec
+from pipewright.plan.options import CostOptions
 from pipewright.topology import single_host
 
 
@@ -75,6 +76,10 @@ def _part(chunk, t: int) -> Part:
     )
 
 
+#: The options of the classic cost model (eager attention, no cp, no sharding), the default.
+EAGER = CostOptions(attention="eager")
+
+
 @cache
 def parts(
     spec: ModelSpec,
@@ -84,18 +89,21 @@ def parts(
     sequence_parallel: bool,
     dtype: str,
     efficiency: Efficiency = A100_EFFICIENCY,
+    options: CostOptions = EAGER,
 ) -> Parts:
-    """The pieces, from the cost model (see the module docstring); cached per argument tuple."""
+    """The pieces, from the cost model (see the module docstring); cached per argument tuple.
+    ``options``: attention, context parallelism, sharding, … (:mod:`pipewright.plan.options`)."""
     cost = make_cost(
         recompute,
         spec=spec,
         microbatch=microbatch,
         gpu="cpu" if dtype == "fp32" else "a100-80gb",
         dtype=dtype,
-        mesh=Mesh(tp=tp),
+        mesh=Mesh(tp=tp) if options.cp == 1 else Mesh(tp=tp, cp=options.cp),
         sequence_parallel=sequence_parallel,
-        topology=single_host(tp, "cpu" if dtype == "fp32" else "a100-80gb"),
+        topology=single_host(tp * options.cp, "cpu" if dtype == "fp32" else "a100-80gb"),
         efficiency=efficiency,
+        **options.kwargs(),
     )
     layer = cost.chunk_costs(1, (0, 1, 0))
     embed = cost.chunk_costs(0, (0, 1, 0))

@@ -4,12 +4,14 @@ Schema (JSON)::
 
     {"format": "pipewright-plan", "version": 1,
      "model": {"name": "gpt3-175b", "layers": 96, "hidden": 12288, "heads": 96, "ffn_hidden": 49152,
-               "vocab": 50257, "seq_len": 2048},
+               "vocab": 50257, "padded_vocab": 50688, "seq_len": 2048},   # padded: 128·t multiple
+
      "topology": "128x8-a100-80gb", "devices": ["node0/gpu0", …],   # device of global rank g
      "rank_order": "tp-dp-pp", "placement": [0, 1, …],   # g's device index (Mesh placement)
      "tp": 8, "pp": 8, "dp": 16, "virtual": 1, "schedule": "1f1b",
      "microbatch_size": 1, "microbatches": 96, "global_batch_size": 1536,
      "recompute": "selective", "sequence_parallel": true, "dtype": "bf16",
+     "grad_reduce": "overlap",                      # where the iteration's gradient all-reduce runs
      "layout": "Et*12|t*12|…|t*12L",                                 # models/layout.py's string
      "predicted": {"iteration_time_s": …, "peak_memory_bytes": …},
      "baselines": [{"name": "megatron", "iteration_time_s": …, "config": "…"}, …],
@@ -29,6 +31,9 @@ from pipewright.mesh import DEFAULT_ORDER
 from pipewright.models.spec import ModelSpec
 
 FORMAT = "pipewright-plan"
+#: Where the planner's iteration runs the data-parallel gradient all-reduce (``simulate --grad-reduce``):
+#: each stage's right after its last backward, as ``pipewright train``'s executor does.
+GRAD_REDUCE_PLANNED = "overlap"
 _DIMS = ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len")
 
 
@@ -70,12 +75,32 @@ class Plan:
 
         return tuple(len(s.layers) for s in parse_layout(self.layout).stages)
 
-    def check_model(self, spec: ModelSpec) -> None:
-        """One-line error when the plan was made for a model of other dimensions."""
+    @property
+    def padded_vocab(self) -> int:
+        """The vocabulary the plan was priced with (padded to 128·t, as Megatron does); older plans: the
+        model's."""
         model = self.data["model"]
-        diff = [
-            f"{d} {model[d]} (plan) vs {getattr(spec, d)}" for d in _DIMS if model.get(d) != getattr(spec, d)
-        ]
+        return int(model.get("padded_vocab") or model["vocab"])
+
+    @property
+    def attention(self) -> str:
+        """The attention kernel the plan was priced with (older plans: eager)."""
+        return str(self.data.get("attention", "eager"))
+
+    @property
+    def grad_reduce(self) -> str:
+        return str(self.data.get("grad_reduce", GRAD_REDUCE_PLANNED))
+
+    def check_model(self, spec: ModelSpec) -> None:
+        """One-line error when the plan was made for a model of other dimensions (the vocabulary may be
+        the model's or the plan's padded one)."""
+        model = self.data["model"]
+
+        def same(d: str) -> bool:
+            value = getattr(spec, d)
+            return model.get(d) == value or (d == "vocab" and value == self.padded_vocab)
+
+        diff = [f"{d} {model[d]} (plan) vs {getattr(spec, d)}" for d in _DIMS if not same(d)]
         if diff:
             raise ConfigError(
                 f"the plan was made for model {model.get('name')!r}, not this one ({'; '.join(diff)}); "
@@ -83,8 +108,16 @@ class Plan:
             )
 
 
-def model_json(spec: ModelSpec) -> dict[str, Any]:
-    return {"name": spec.name, **{d: getattr(spec, d) for d in _DIMS}}
+def model_json(spec: ModelSpec, padded_vocab: int | None = None) -> dict[str, Any]:
+    """The plan's "model": the dimensions, and the padded vocabulary the plan was priced with."""
+    out: dict[str, Any] = {"name": spec.name, **{d: getattr(spec, d) for d in _DIMS}}
+    out["kv_heads"] = spec.kv_heads
+    for key in ("mlp", "bias"):  # the model's shape beyond the dimensions, where the spec has it
+        if hasattr(spec, key):
+            out[key] = getattr(spec, key)
+    if padded_vocab is not None:
+        out["padded_vocab"] = padded_vocab
+    return out
 
 
 def save(data: dict[str, Any], path: str | Path) -> None:
@@ -155,6 +188,13 @@ def check_schema(data: dict[str, Any], where: str = "plan") -> None:
         raise ConfigError(
             f'{where}: "placement" must list each device index 0…{ranks - 1} once (the device of each rank)'
         )
+    padded = model.get("padded_vocab")
+    if padded is not None and (not _positive_int(padded) or padded < model["vocab"] or padded % data["tp"]):
+        raise ConfigError(
+            f'{where}: "model.padded_vocab" must be an integer at least "vocab" and divisible by tp'
+        )
+    if data.get("grad_reduce", GRAD_REDUCE_PLANNED) not in ("after", "overlap"):
+        raise ConfigError(f'{where}: "grad_reduce" must be "after" or "overlap"')
     for key in ("schedule_csv", "recompute", "dtype"):
         if key in data and data[key] is not None and not isinstance(data[key], str):
             raise ConfigError(f'{where}: "{key}" must be a string')

@@ -3,15 +3,46 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from pipewright.cost.recompute import RECOMPUTE_CHOICES
-from pipewright.cost.transformer import A100_EFFICIENCY, Efficiency
+from pipewright.cost.transformer import Efficiency
 from pipewright.models.spec import ModelSpec
+from pipewright.plan.options import CostOptions
 from pipewright.plan.profiled import ProfileInput
 from pipewright.topology import Topology
 
 SCHEDULES = ("1f1b", "interleaved-1f1b", "zb-h1", "zb-auto")
+
+#: Megatron-LM's ``--make-vocab-size-divisible-by`` default: the vocabulary is padded to a multiple of
+#: this times the tensor-parallel size.
+VOCAB_MULTIPLE = 128
+
+#: Lowered actions a candidate's simulation may have (``--max-actions``): about 6 per microbatch and
+#: chunk (forward, backward, two sends, two receives).
+MAX_ACTIONS = 2_000_000
+
+
+def padded_vocab(vocab: int, tp: int, multiple: int = VOCAB_MULTIPLE) -> int:
+    """Megatron-LM's padded vocabulary (``_vocab_size_with_padding``): the next multiple of
+    multiple·t, so the output layer and the embedding split evenly over t tensor-parallel ranks."""
+    step = multiple * tp
+    return -(-vocab // step) * step
+
+
+def tp_splits(spec: ModelSpec, tp: int) -> bool:
+    """Whether t tensor-parallel ranks split the model as ``pipewright train`` requires: heads, ffn
+    (and Llama's kv heads), and — sequence parallelism being on whenever t > 1 — the sequence. The
+    vocabulary is padded (:func:`padded_vocab`), so it always splits."""
+    dims = [spec.heads, spec.ffn_hidden] + ([spec.seq_len] if tp > 1 else [])
+    if spec.family == "llama":
+        dims.append(spec.kv_heads)
+    return all(x % tp == 0 for x in dims)
+
+
+def lowered_actions(pp: int, microbatches: int, virtual: int) -> int:
+    """About how many lowered actions one pipeline of the layout has (6 per microbatch and chunk)."""
+    return 6 * pp * microbatches * virtual
 
 
 @dataclass(frozen=True)
@@ -28,13 +59,23 @@ class Candidate:
     recompute: str = "none"
     sequence_parallel: bool = False
     style: str = "pp"
+    cp: int = 1  # context-parallel size (ring attention)
+    sharding: str = "none"  # optimizer state over the data-parallel group: none, zero1, fsdp
+
+    @property
+    def block(self) -> int:
+        """Devices of one (stage, replica): the tensor- and context-parallel ranks, tp fastest
+        (Megatron's tp-cp-dp-pp order)."""
+        return self.tp * self.cp
 
     def describe(self) -> str:
         v = f" v={self.virtual}" if self.virtual > 1 else ""
         sp = "+sp" if self.sequence_parallel else ""
+        cp = f" cp={self.cp}" if self.cp > 1 else ""
+        shard = f" {self.sharding}" if self.sharding != "none" else ""
         return (
-            f"t={self.tp} p={self.pp} d={self.dp} b={self.microbatch} m={self.microbatches} "
-            f"{self.schedule}{v} recompute={self.recompute}{sp} map={self.style}"
+            f"t={self.tp}{cp} p={self.pp} d={self.dp} b={self.microbatch} m={self.microbatches} "
+            f"{self.schedule}{v} recompute={self.recompute}{sp}{shard} map={self.style}"
         )
 
 
@@ -47,7 +88,7 @@ class Problem:
     global_batch: int
     dtype: str = "bf16"
     memory_limit: float | None = None  # bytes per device; None: each device's own memory
-    efficiency: Efficiency = A100_EFFICIENCY
+    efficiency: Efficiency | None = None  # None: each accelerator's own calibration defaults
     schedules: tuple[str, ...] = SCHEDULES
     recompute: tuple[str, ...] = RECOMPUTE_CHOICES
     microbatch_sizes: tuple[int, ...] = (1, 2, 4, 8)
@@ -56,6 +97,41 @@ class Problem:
     fixed: tuple[int | None, int | None, int | None] = (None, None, None)  # (tp, pp, dp) if given
     cores: float | None = None  # all processes share this many CPU cores (sim.sharing), e.g. --gpu cpu
     profile: ProfileInput | None = None  # measured costs instead of the analytical model (plan/profiled.py)
+    max_actions: int = MAX_ACTIONS  # candidates whose simulation would be larger are skipped
+    attention: str = "flash"  # flash or eager (the attention kernel priced)
+    cp_choices: tuple[int, ...] = (1,)  # context-parallel sizes (plan/options.py: cp_choices)
+    sharding: tuple[str, ...] = ("none",)  # optimizer sharding choices (plan/options.py)
+    tp_comm_overlap: bool = False
+    calibration: str | None = None  # a `pipewright profile --calibration` file
+    _kinds: dict[str, str] = field(default_factory=dict, init=False, compare=False, repr=False)
+
+    def efficiency_for(self, kind: str | None = None) -> Efficiency:
+        """The efficiency parameters priced on accelerator ``kind`` (default: the first device's): the
+        given ones, else the accelerator's defaults — what ``pipewright simulate`` uses for it."""
+        if self.efficiency is not None:
+            return self.efficiency
+        from pipewright.cost.efficiency import default_efficiency
+        from pipewright.hardware import accelerator
+
+        return default_efficiency(accelerator(kind or next(iter(self.device_kinds()))))
+
+    def device_kinds(self) -> dict[str, str]:
+        """Each accelerator kind of the topology's devices → its first device (listed once)."""
+        if not self._kinds:
+            for d in self.topology.devices:
+                self._kinds.setdefault(self.topology.nodes[d].accelerator, d)
+        return self._kinds
+
+    def options(self, c: Candidate) -> CostOptions:
+        """The cost-model options of candidate ``c`` (:mod:`pipewright.plan.options`)."""
+        return CostOptions(self.attention, c.cp, c.sharding, self.tp_comm_overlap, self.calibration)
+
+    def spec_for(self, tp: int) -> ModelSpec:
+        """The model as t tensor-parallel ranks run it: the vocabulary padded (:func:`padded_vocab`);
+        a measured profile's model as it was measured."""
+        if self.profile is not None:
+            return self.spec
+        return replace(self.spec, vocab=padded_vocab(self.spec.vocab, tp))
 
 
 @dataclass

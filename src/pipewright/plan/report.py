@@ -9,7 +9,7 @@ from pipewright.mesh import DEFAULT_ORDER
 from pipewright.plan.baselines import megatron_baseline, pipedream_baseline, uniform_baseline
 from pipewright.plan.mapping import device_order, placement
 from pipewright.plan.partition import layout_string
-from pipewright.plan.planfile import FORMAT, model_json
+from pipewright.plan.planfile import FORMAT, GRAD_REDUCE_PLANNED, model_json
 from pipewright.plan.search import Evaluated, Problem, SearchResult, _Context, search
 
 
@@ -58,7 +58,7 @@ def plan_json(prob: Problem, result: SearchResult, schedule_csv: str | None = No
     return {
         "format": FORMAT,
         "version": 1,
-        "model": model_json(prob.spec),
+        "model": model_json(prob.spec, prob.spec_for(c.tp).vocab),
         "topology": prob.topology.name,
         "devices": list(best.devices),
         "rank_order": DEFAULT_ORDER,
@@ -74,6 +74,12 @@ def plan_json(prob: Problem, result: SearchResult, schedule_csv: str | None = No
         "recompute": c.recompute,
         "sequence_parallel": c.sequence_parallel,
         "dtype": prob.dtype,
+        "grad_reduce": GRAD_REDUCE_PLANNED,
+        "attention": prob.attention,
+        "cp": c.cp,
+        "optimizer_sharding": c.sharding,
+        "tp_comm_overlap": prob.tp_comm_overlap,
+        "calibration": prob.calibration,
         "layout": layout_string(best.chunk_layers),
         **extra,
         "predicted": {"iteration_time_s": best.time, "peak_memory_bytes": best.simulated_memory},

@@ -21,10 +21,9 @@ import itertools
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from pipewright.errors import ConfigError, PipewrightError
-from pipewright.models.layout import uniform_layer_counts
 from pipewright.plan.costs import StageCost, parts, stage_cost
 from pipewright.plan.mapping import DeviceMap, device_order, map_devices, slowest_first
 from pipewright.plan.partition import (
@@ -33,7 +32,8 @@ from pipewright.plan.partition import (
     partition,
     stage_terms,
 )
-from pipewright.plan.problem import Candidate, Evaluated, Problem
+from pipewright.plan.problem import Candidate, Evaluated, Problem, lowered_actions, tp_splits
+from pipewright.plan.refine import per_stage_recompute, refine
 from pipewright.plan.simulated import simulate_plan
 from pipewright.plan.zb_limit import cost_aware_order
 from pipewright.schedules.registry import check_args, info
@@ -57,8 +57,25 @@ class _Context:
                 self.memory[d] = prob.topology.accelerator(d).memory_bytes
         return min(self.memory[d] for d in devices)
 
+    @property
+    def kinds(self) -> frozenset[str]:
+        """The accelerator kinds of the topology's devices."""
+        return frozenset(self.problem.device_kinds())
+
+    def stage_kinds(self, dmap: DeviceMap, i: int) -> set[str]:
+        """The kinds of stage i's devices (without listing them on a one-kind cluster)."""
+        if len(self.kinds) == 1:
+            return set(self.kinds)
+        return {self.problem.topology.nodes[d].accelerator for d in dmap.stage_devices(i)}
+
+    def stage_memory_limit(self, dmap: DeviceMap, i: int) -> float:
+        """Bytes each device of stage i may use (the smallest device's, or ``--memory-limit``)."""
+        if self.problem.memory_limit is None and len(self.kinds) == 1:
+            return self.problem.topology.accelerator(dmap.grid[i][0][0]).memory_bytes
+        return self.memory_limit(dmap.stage_devices(i))
+
     def all_reduce(self, group: tuple[str, ...]) -> Callable[[float], float]:
-        topo, eff = self.problem.topology, self.problem.efficiency.comm
+        topo, eff = self.problem.topology, self.problem.efficiency_for().comm
 
         def f(nbytes: float) -> float:
             key = (group, nbytes)
@@ -73,7 +90,7 @@ class _Context:
         key = (a, b, nbytes)
         hit = self.ar_cache.get(key)
         if hit is None:
-            eff = self.problem.efficiency.comm
+            eff = self.problem.efficiency_for().comm
             hit = self.ar_cache[key] = self.problem.topology.p2p_time(a, b, nbytes / eff)
         return hit
 
@@ -82,19 +99,21 @@ def _divisors(n: int) -> list[int]:
     return [k for k in range(1, n + 1) if n % k == 0]
 
 
-def candidates(problem: Problem) -> Iterable[Candidate]:
-    """Every (t, p, d, b, schedule, v, recompute, style) the model, devices and batch allow."""
+def candidates(problem: Problem, too_large: list[Candidate] | None = None) -> Iterable[Candidate]:
+    """Every (t, p, d, b, schedule, v, recompute, style) the model, devices and batch allow, each one
+    ``pipewright train`` accepts (:func:`~pipewright.plan.problem.tp_splits`, the schedule's rules).
+    Layouts whose simulation would exceed ``problem.max_actions`` go to ``too_large`` instead."""
     spec, n = problem.spec, len(problem.topology.devices)
     measured = problem.profile
-    for t in _divisors(n):
-        if t > problem.max_tp or spec.heads % t or spec.ffn_hidden % t:
+    for t, cp in itertools.product(_divisors(n), problem.cp_choices):
+        if t > problem.max_tp or not tp_splits(spec, t) or n % (t * cp):
             continue
         if measured is not None and t != measured.tp:  # a profile prices only its own tp
             continue
-        for p in _divisors(n // t):
+        for p in _divisors(n // (t * cp)):
             if p > spec.layers:
                 continue
-            d = n // (t * p)
+            d = n // (t * cp * p)
             if any(f is not None and f != x for f, x in zip(problem.fixed, (t, p, d), strict=True)):
                 continue
             for b in problem.microbatch_sizes:
@@ -105,16 +124,21 @@ def candidates(problem: Problem) -> Iterable[Candidate]:
                     if name == "zb-auto":
                         continue
                     for v in _chunk_choices(name, p, m, spec.layers):
-                        for rc in problem.recompute:
+                        if lowered_actions(p, m, v) > problem.max_actions:
+                            if too_large is not None:
+                                too_large.append(Candidate(t, p, d, b, m, name, v))
+                            continue
+                        shardings = problem.sharding if d > 1 else ("none",)
+                        for rc, shard in itertools.product(problem.recompute, shardings):
                             for style in _styles(problem, p, d):
-                                yield Candidate(t, p, d, b, m, name, v, rc, t > 1, style)
+                                yield Candidate(t, p, d, b, m, name, v, rc, t > 1, style, cp, shard)
 
 
 def _styles(problem: Problem, p: int, d: int) -> tuple[str, ...]:
     """Mapping styles worth scoring: stage- or replica-major, and the walk reversed (which end holds the
     embedding and which the head matters on mixed devices and small graphs)."""
     base = ("pp", "dp") if p > 1 and d > 1 else ("pp",)
-    kinds = {problem.topology.nodes[x].accelerator for x in problem.topology.devices}
+    kinds = problem.device_kinds()
     if p > 1 and (len(kinds) > 1 or len(problem.topology.devices) <= 64):
         base += tuple(f"{s}-rev" for s in base)
     return base
@@ -137,25 +161,33 @@ def _chunk_choices(name: str, p: int, m: int, layers: int) -> list[int]:
     return out
 
 
+def _parts(prob: Problem, c: Candidate):
+    """The cost pieces of candidate ``c`` (:func:`pipewright.plan.costs.parts`), its vocabulary padded."""
+    spec, opts = prob.spec_for(c.tp), prob.options(c)
+    return parts(
+        spec, c.microbatch, c.tp, c.recompute, c.sequence_parallel, prob.dtype, prob.efficiency_for(), opts
+    )
+
+
 def _stage_costs(ctx: _Context, c: Candidate, dmap: DeviceMap) -> list[StageCost]:
     prob = ctx.problem
     if prob.profile is not None:  # measured on the profile's device: the same on every rank
         return [prob.profile.stage_cost(c.microbatch)] * c.pp
-    pc = parts(prob.spec, c.microbatch, c.tp, c.recompute, c.sequence_parallel, prob.dtype, prob.efficiency)
+    pc = _parts(prob, c)
     out = []
     for i in range(c.pp):
-        group = dmap.grid[i][0]
-        kinds = {prob.topology.nodes[d].accelerator for d in dmap.stage_devices(i)}
+        group = dmap.grid[i][0][: c.tp]  # the tensor-parallel ranks of the stage's first block
+        kinds = ctx.stage_kinds(dmap, i)
         best = None
         for kind in sorted(kinds):
-            key = (kind, group, c.microbatch, c.tp, c.recompute, c.sequence_parallel)
+            key = (kind, group, c.microbatch, c.tp, c.recompute, c.sequence_parallel, c.cp, c.sharding)
             sc = ctx.cost_cache.get(key)
             if sc is None:
                 gpu = prob.topology.accelerator(
                     next(d for d in dmap.stage_devices(i) if prob.topology.nodes[d].accelerator == kind)
                 )
                 sc = ctx.cost_cache[key] = stage_cost(
-                    pc, gpu, prob.dtype, prob.efficiency, ctx.all_reduce(group)
+                    pc, gpu, prob.dtype, prob.efficiency_for(kind), ctx.all_reduce(group)
                 )
             if best is None or sc.layer > best.layer:
                 best = sc
@@ -170,11 +202,19 @@ def estimate(ctx: _Context, c: Candidate, dmap: DeviceMap | None = None, layers=
     if dmap is None:
         order = ctx.order[::-1] if c.style.endswith("-rev") else ctx.order
         style = c.style.removesuffix("-rev")
-        dmap = map_devices(order, c.tp, c.pp, c.dp, style)
+        dmap = map_devices(order, c.block, c.pp, c.dp, style)
         dmap = slowest_first(prob.topology, dmap, prob.dtype, ctx.speeds)
     costs = _stage_costs(ctx, c, dmap)
     boundary, grad_bytes = _messages(prob, c)
     p, v = c.pp, c.virtual
+    in_flight = [float(x) for x in info(c.schedule).memory(p, c.microbatches, v)]
+    limits = [ctx.stage_memory_limit(dmap, i) for i in range(p)]
+    if layers is None:
+        if p * v > prob.spec.layers:
+            raise DoesNotFitError("more chunks than layers")
+        # memory does not depend on the transfers: a layout that fits nowhere is dropped before the
+        # boundary links are priced (path searches on large graphs)
+        _partition(stage_terms(costs, [0.0] * p, in_flight, limits), prob.spec.layers, v)
     comm = []
     for i in range(p):
         if p == 1 or (i == p - 1 and v == 1):
@@ -182,14 +222,9 @@ def estimate(ctx: _Context, c: Candidate, dmap: DeviceMap | None = None, layers=
             continue
         a, b = dmap.grid[i][0][0], dmap.grid[(i + 1) % p][0][0]
         comm.append(v * boundary(ctx, a, b))  # one transfer per direction
-    in_flight = [float(x) for x in info(c.schedule).memory(p, c.microbatches, v)]
-    limits = [ctx.memory_limit(dmap.stage_devices(i)) for i in range(p)]
     terms = stage_terms(costs, comm, in_flight, limits)
     if layers is None:
-        if p * v > prob.spec.layers:
-            raise DoesNotFitError("more chunks than layers")
-        part = partition(terms, prob.spec.layers) if v == 1 else _partition_chunks(terms, prob.spec.layers, v)
-        layers = part.layers
+        layers = _partition(terms, prob.spec.layers, v).layers
     times = [t.time(n) for t, n in zip(terms, layers, strict=True)]
     mems = [t.memory(n) for t, n in zip(terms, layers, strict=True)]
     fits = all(mem <= t.memory_limit for mem, t in zip(mems, terms, strict=True))
@@ -213,7 +248,7 @@ def _messages(prob: Problem, c: Candidate):
     if prob.profile is not None:
         measured = prob.profile.message_seconds(b)  # as the simulation's ProfiledComm prices it
         return (lambda ctx, a, z: measured), lambda n, last: prob.profile.grad_bytes(b, n, True, last)
-    pc = parts(prob.spec, b, c.tp, c.recompute, c.sequence_parallel, prob.dtype, prob.efficiency)
+    pc = _parts(prob, c)
 
     def grads(n: int, last: bool) -> float:
         return (n * pc.layer.params + pc.embed.params + last * pc.head.params) * pc.grad_bytes
@@ -221,12 +256,12 @@ def _messages(prob: Problem, c: Candidate):
     return (lambda ctx, a, z: ctx.p2p(a, z, pc.boundary_bytes)), grads
 
 
-def _partition_chunks(terms, num_layers: int, v: int):
-    """Rank-level partition for v chunks per rank: identical layers make contiguity free, so the
+def _partition(terms, num_layers: int, v: int):
+    """Rank-level partition; for v chunks per rank identical layers make contiguity free, so the
     per-rank layer counts are partitioned as if contiguous, each rank holding ≥ v layers (one per
     chunk); :func:`~pipewright.plan.partition.chunk_layout` then splits each rank's layers over its
     chunks."""
-    return partition(terms, num_layers, min_layers=v)
+    return partition(terms, num_layers) if v == 1 else partition(terms, num_layers, min_layers=v)
 
 
 def lower_bound(ctx: _Context, c: Candidate) -> float:
@@ -235,112 +270,14 @@ def lower_bound(ctx: _Context, c: Candidate) -> float:
     if prob.profile is not None:
         work = prob.profile.stage_cost(c.microbatch).time(prob.spec.layers, True, True)
         return c.microbatches * work / c.pp
-    pc = parts(prob.spec, c.microbatch, c.tp, c.recompute, c.sequence_parallel, prob.dtype, prob.efficiency)
+    pc = _parts(prob, c)
     best = None
-    for kind in {prob.topology.nodes[d].accelerator for d in prob.topology.devices}:
-        gpu = prob.topology.accelerator(
-            next(d for d in prob.topology.devices if prob.topology.nodes[d].accelerator == kind)
-        )
-        sc = stage_cost(pc, gpu, prob.dtype, replace(prob.efficiency), lambda n: 0.0)
+    for first in prob.device_kinds().values():
+        gpu = prob.topology.accelerator(first)
+        sc = stage_cost(pc, gpu, prob.dtype, prob.efficiency_for(gpu.name), lambda n: 0.0)
         work = sc.time(prob.spec.layers, True, True)
         best = work if best is None else min(best, work)
     return c.microbatches * best / c.pp
-
-
-def refine(prob: Problem, ev: Evaluated, budget: int | None = None) -> Evaluated:
-    """Simulator-guided local search around a finalist. Starting points: its own partition and
-    mapping, the uniform partition, and the topology's given device order. Moves: one layer across a
-    chunk boundary, and (p ≤ 8) swapping two ranks' devices, with or without their layers. The best
-    improvement is taken until none is left or ``budget`` simulations are spent. (Stages with equal
-    bottleneck still differ in fill and drain, and the closed form cannot see which order of heavy and
-    light stages, or of fast and slow devices, the schedule prefers.)"""
-    from pipewright.plan.mapping import given_order
-
-    c = ev.candidate
-    p, v = c.pp, c.virtual
-    if p == 1:
-        return ev
-    if budget is None:  # about 10⁵ microbatch-chunks (6·10⁵ lowered actions) in all
-        budget = max(4, min(64, 100_000 // (p * c.microbatches * v)))
-    block = c.tp * c.dp
-
-    def trial(layers: tuple[int, ...], devices: tuple[str, ...]) -> Evaluated:
-        t = Evaluated(c, layers, devices, ev.estimate, ev.bottleneck, label=ev.label)
-        return simulate_plan(prob, t)
-
-    def neighbours(base: Evaluated):
-        n = len(base.chunk_layers)
-        for i in range(n - 1):
-            for src, dst in ((i, i + 1), (i + 1, i)):
-                layers = list(base.chunk_layers)
-                if layers[src] > 1:
-                    layers[src] -= 1
-                    layers[dst] += 1
-                    yield tuple(layers), base.devices
-        if p <= 8:
-            for i, j in itertools.combinations(range(p), 2):
-                devs = list(base.devices)
-                devs[i * block : (i + 1) * block], devs[j * block : (j + 1) * block] = (
-                    devs[j * block : (j + 1) * block],
-                    devs[i * block : (i + 1) * block],
-                )
-                yield base.chunk_layers, tuple(devs)
-                layers = list(base.chunk_layers)
-                for k in range(v):
-                    layers[k * p + i], layers[k * p + j] = layers[k * p + j], layers[k * p + i]
-                yield tuple(layers), tuple(devs)
-
-    seen = {(ev.chunk_layers, ev.devices)}
-    best = ev
-    uni = uniform_layer_counts(prob.spec.layers, p * v)
-    given = given_order(prob.topology, c.tp, p, c.dp).ranks
-    for start in ((uni, ev.devices), (ev.chunk_layers, given), (uni, given)):
-        if start in seen:
-            continue
-        seen.add(start)
-        budget -= 1
-        t = trial(*start)
-        if t.fits and t.time < best.time:
-            best = t
-    improved = True
-    while improved and budget > 0:
-        improved = False
-        base = best
-        for key in neighbours(base):
-            if key in seen or budget <= 0:
-                continue
-            seen.add(key)
-            budget -= 1
-            t = trial(*key)
-            if t.fits and t.time < best.time * (1 - 1e-9):
-                best, improved = t, True
-    return best
-
-
-def per_stage_recompute(prob: Problem, ev: Evaluated) -> Evaluated:
-    """Recomputation as a per-stage decision: the schedule keeps fewer microbatches in flight on later
-    ranks (1F1B: p − r on rank r), so they may afford less recomputation than rank 0. From the last
-    rank to the first, each rank's chunks try every lighter mode (none, then selective); a change is
-    kept when the simulated plan still fits and is faster. At most 2p simulations (p ≤ 16)."""
-    c = ev.candidate
-    order = ("none", "selective", "full")
-    if c.recompute == "none" or c.pp == 1 or c.pp > 16:
-        return ev
-    n = len(ev.chunk_layers)
-    best = ev
-    modes = list(ev.recompute_per_stage or (c.recompute,) * n)
-    for r in reversed(range(c.pp)):
-        chunks = [k * c.pp + r for k in range(c.virtual)]
-        for mode in order[: order.index(modes[chunks[0]])]:
-            trial_modes = list(modes)
-            for k in chunks:
-                trial_modes[k] = mode
-            t = replace(best, recompute_per_stage=tuple(trial_modes), simulated=None, label=ev.label)
-            t = simulate_plan(prob, t)
-            if t.fits and t.time < best.time * (1 - 1e-9):
-                best, modes = t, trial_modes
-                break
-    return best
 
 
 @dataclass
@@ -363,7 +300,10 @@ def search(
     and ``baselines``' configurations re-planned, and return the fastest that fits."""
     start = time.perf_counter()
     ctx = _Context(prob, device_order(prob.topology))
-    cands = list(candidates(prob))
+    too_large: list[Candidate] = []
+    cands = list(candidates(prob, too_large))
+    if not cands and too_large:
+        raise ConfigError(_too_large(prob, too_large, "every layout is over"))
     if not cands:
         raise ConfigError(
             f"no (tp, pp, dp, microbatch) divides {len(prob.topology.devices)} devices and global batch "
@@ -391,6 +331,8 @@ def search(
         del pool[4 * prob.finalists :]
     if progress is not None:
         progress(len(bounds), len(bounds))
+    if not pool and too_large:
+        raise ConfigError(_too_large(prob, too_large, "no layout that fits in memory is under"))
     if not pool:
         raise DoesNotFitError(
             f"{prob.spec.name} fits nowhere on {len(prob.topology.devices)} devices of this topology at "
@@ -426,6 +368,17 @@ def search(
         ev.why = _why(best, ev)
     return SearchResult(
         best, finalists, list(baselines), len(cands), pruned, infeasible, time.perf_counter() - start
+    )
+
+
+def _too_large(prob: Problem, skipped: list[Candidate], which: str) -> str:
+    """The one-line refusal when the layouts left are too large to simulate (``--max-actions``)."""
+    small = min(skipped, key=lambda c: lowered_actions(c.pp, c.microbatches, c.virtual))
+    size = lowered_actions(small.pp, small.microbatches, small.virtual)
+    return (
+        f"global batch {prob.global_batch}: {which} --max-actions {prob.max_actions:,} (the smallest "
+        f"skipped, t={small.tp} p={small.pp} d={small.dp} b={small.microbatch} m={small.microbatches}, "
+        f"simulates about {size:,} actions); raise --max-actions or lower --global-batch-size"
     )
 
 

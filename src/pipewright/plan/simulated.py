@@ -36,7 +36,7 @@ def rank_device(ev: Evaluated, rank: int) -> str:
     """The device of pipeline rank ``rank``'s (tp 0, dp 0) process — the one the simulator prices — in
     the mesh order tp-dp-pp of ``ev.devices``."""
     c = ev.candidate
-    return ev.devices[rank * c.tp * c.dp]
+    return ev.devices[rank * c.block * c.dp]
 
 
 def plan_models(prob: Problem, ev: Evaluated):
@@ -44,25 +44,33 @@ def plan_models(prob: Problem, ev: Evaluated):
     degrees, layout and device placement (:func:`pipewright.plan.mapping.placement`, a Mesh placement);
     from the profile's measurements when the problem has one (:mod:`pipewright.plan.profiled`)."""
     c = ev.candidate
-    mesh = Mesh(c.tp, c.pp, c.dp, placement=placement(prob.topology, ev.devices))
+    place = placement(prob.topology, ev.devices)
+    mesh = (
+        Mesh(c.tp, c.pp, c.dp, placement=place)
+        if c.cp == 1
+        else Mesh(c.tp, c.pp, c.dp, cp=c.cp, placement=place)
+    )
     if prob.profile is not None:
         from pipewright.cost.comm import TopologyComm
         from pipewright.cost.profiled import ProfiledComm
 
         cost = prob.profile.cost(c.microbatch, ev.chunk_layers)
-        return cost, ProfiledComm.from_cost(cost, TopologyComm(prob.topology, mesh, prob.efficiency.comm))
+        comm = TopologyComm(prob.topology, mesh, prob.efficiency_for().comm)
+        return cost, ProfiledComm.from_cost(cost, comm)
+    gpu = prob.topology.nodes[ev.devices[0]].accelerator
     cost = make_cost(
         c.recompute,
         per_stage=ev.recompute_per_stage,
-        spec=prob.spec,
+        spec=prob.spec_for(c.tp),
         microbatch=c.microbatch,
-        gpu=prob.topology.nodes[ev.devices[0]].accelerator,
+        gpu=gpu,
         dtype=prob.dtype,
         mesh=mesh,
         sequence_parallel=c.sequence_parallel,
         topology=prob.topology,
-        efficiency=prob.efficiency,
+        efficiency=prob.efficiency_for(gpu),
         layout=ev.chunk_layers,
+        **prob.options(c).kwargs(),
     )
     return cost, cost.comm
 
@@ -85,7 +93,7 @@ def simulate_plan(prob: Problem, ev: Evaluated) -> Evaluated:
         from pipewright.sim.sharing import SharedCompute
 
         meta = {} if prob.profile is None else prob.profile.meta  # its contention curve, if measured
-        shared = SharedCompute.from_profile(c.pp, prob.cores, meta, processes_per_rank=c.tp * c.dp)
+        shared = SharedCompute.from_profile(c.pp, prob.cores, meta, processes_per_rank=c.block * c.dp)
     result = simulate(sched, cost, comm=comm, shared=shared)
     ev.simulated = result.iteration_time
     ev.simulated_memory = max(result.peak_memory)
