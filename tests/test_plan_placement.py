@@ -144,7 +144,7 @@ def test_training_with_a_placement_runs_each_rank_on_its_process(tmp_path) -> No
     from pipewright.data.tokens import write_tokens
     from pipewright.runtime.config import TrainConfig
     from pipewright.runtime.launch import spawn
-    from pipewright.runtime.trainer import prepare
+    from pipewright.training import prepare
 
     data = tmp_path / "tokens.bin"
     write_tokens(data, np.random.default_rng(0).integers(0, 256, 5_000), vocab_size=256)

@@ -28,7 +28,8 @@ from pipewright.errors import PipewrightError
 from pipewright.runtime.config import TrainConfig
 from pipewright.runtime.launch import spawn
 from pipewright.runtime.mesh import ParallelMesh
-from pipewright.runtime.trainer import Trainer, prepare
+from pipewright.runtime.trainer import Trainer
+from pipewright.training import prepare
 
 STEPS, SAVED = 6, 3
 GLOBAL = 16  # sequences per step: microbatch_size 2 × microbatches × dp

@@ -41,7 +41,8 @@ from pipewright.models.hf_load import load_hf_stage_, read_hf_spec
 from pipewright.runtime.config import TrainConfig
 from pipewright.runtime.launch import spawn
 from pipewright.runtime.mesh import ParallelMesh
-from pipewright.runtime.trainer import PreparedRun, Trainer, prepare
+from pipewright.runtime.trainer import PreparedRun, Trainer
+from pipewright.training import prepare
 from pipewright.schedules import schedule_names
 from pipewright.schedules.registry import check_args, info
 

@@ -30,7 +30,8 @@ from pipewright.runtime.config import TrainConfig
 from pipewright.runtime.launch import spawn
 from pipewright.runtime.mesh import ParallelMesh
 from pipewright.runtime.tp import full_parameters
-from pipewright.runtime.trainer import PreparedRun, Trainer, prepare
+from pipewright.runtime.trainer import PreparedRun, Trainer
+from pipewright.training import prepare
 
 RTOL = 1e-5
 STEPS = 3

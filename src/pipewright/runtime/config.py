@@ -1,12 +1,19 @@
 """TrainConfig: everything ``pipewright train`` needs, from flags and/or a TOML file, checked before any
-worker starts."""
+worker starts.
+
+The core fields are the trainer's own settings and its *training options* (recomputation, precision,
+ZeRO-1, tied embeddings, ``--init-from``). The options of *features* (the bundles of
+:mod:`pipewright.features`) are not fields: they are kept in :attr:`TrainConfig.features` under their
+flat names (``toy_level``, from ``--toy-level``; see :mod:`pipewright.options`), read back as
+attributes (``config.toy_level``), and checked and given their defaults by the composition root
+(:func:`pipewright.training.check_config`), which knows the registered features."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from pipewright.errors import ConfigError
@@ -15,7 +22,7 @@ from pipewright.models.spec import ModelSpec
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class _TrainFields:
     """One training run. ``model``: a preset or family of :mod:`pipewright.models.presets`, whose
     dimensions the other model fields override; ``vocab`` None means the dataset's vocabulary (the
     embedding must fit the tokenizer); ``layout`` None means
@@ -26,7 +33,7 @@ class TrainConfig:
     are done, keeping the learning-rate schedule of ``steps`` (for runs split over several jobs: the
     next one passes ``resume``).
 
-    Runtime features (issue 16): ``recompute`` none|selective|full; ``precision`` fp32|bf16|fp16 (fp32
+    Training options: ``recompute`` none|selective|full; ``precision`` fp32|bf16|fp16 (fp32
     master weights and optimizer state), ``reduce_fp32``: data-parallel gradient sums in fp32;
     ``shard_optimizer``: ZeRO-1 over dp; ``tie_embeddings``: output layer tied to the embedding (also
     across stages); ``kv_heads``: grouped-query attention (Llama); ``init_from``: a Hugging Face
@@ -57,11 +64,6 @@ class TrainConfig:
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     optimizer: str = "adamw"
-    kfac_opportunistic: bool = False  # --optimizer kfac: run pending K-FAC tasks while a receive waits
-    kfac_base: str = "adamw"  # --optimizer kfac: the update the preconditioned gradient feeds
-    kfac_fill: str = "measured"  # --optimizer kfac: what a bubble runs, "measured" (what fits) or "all"
-    weight_policy: str = "stash"  # asynchronous schedules only: pipewright.features.async_weights
-    async_window: int = 10  # asynchronous schedules: steps per flush-free executor window
     seed: int = 0
     data: str | None = None
     tokenizer: str = "byte"
@@ -89,24 +91,50 @@ class TrainConfig:
     # the device (process) of each global rank in the mesh's tp-dp-pp order, comma-separated, e.g. "0,2,1,3"
     # (a `pipewright plan` device assignment, pipewright.mesh.Mesh's placement); None: rank r on process r
     placement: str | None = None
-    vocab_parallel: str = "none"  # none, naive, alg1 or alg2: pipewright.features.vocab
     cpu_allocator: str = "retain"  # CPU workers keep freed tensor memory (runtime/host_memory.py) or "system"
+    # the features' options by flat name (a TOML ``[table]``'s keys as "table.key" until resolved)
+    features: dict = field(default_factory=dict)
+
+
+class TrainConfig(_TrainFields):
+    """One training run (the fields of :class:`_TrainFields`). Keyword arguments that are not fields are
+    feature options (``TrainConfig(toy_level=2)``, ``replace(config, toy_level=3)``): they
+    are kept in :attr:`features` and read back as attributes."""
+
+    def __init__(self, **values: object) -> None:
+        names = {f.name for f in fields(_TrainFields)}
+        extra = {k: values.pop(k) for k in list(values) if k not in names}
+        values["features"] = {**dict(values.get("features") or {}), **extra}
+        super().__init__(**values)
+
+    def __getattr__(self, name: str) -> object:
+        features = self.__dict__.get("features", {})
+        if name in features:
+            return features[name]
+        raise AttributeError(f"{type(self).__name__} has no field or feature option {name!r}")
+
+    def flat(self) -> dict:
+        """Every field and feature option in one flat mapping (``config.json``, checkpoint metadata)."""
+        out = asdict(self)
+        return {**{k: v for k, v in out.items() if k != "features"}, **out["features"]}
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, object], *, source: str = "config") -> TrainConfig:
-        """Build from a mapping (TOML table); dashes in keys read as underscores; unknown keys are an
-        error naming the key."""
-        known = {f.name for f in fields(cls)}
-        clean = {}
+        """Build from a mapping (TOML table); dashes in keys read as underscores. Keys that are not
+        fields are kept as feature options: the composition root checks them against the registered
+        features (an unknown key is then an error naming it)."""
+        known = {f.name for f in fields(cls)} - {"features"}
+        clean, extra = {}, {}
         for key, value in values.items():
             name = key.replace("-", "_")
-            if name not in known:
-                raise ConfigError(f"{source}: unknown key {key!r}; known keys: {', '.join(sorted(known))}")
-            clean[name] = value
+            if name in known:
+                clean[name] = value
+            else:
+                extra[name] = value
         from pipewright.runtime.inputs import check_types
 
-        check_types(cls, clean, source)  # wrong types: one line naming the key, not a traceback later
-        return cls(**clean)
+        check_types(_TrainFields, clean, source)  # wrong types: one line naming the key, not a traceback
+        return cls(**clean, features=extra)
 
     @classmethod
     def from_toml(cls, path: str | Path) -> TrainConfig:
@@ -122,7 +150,11 @@ class TrainConfig:
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: not valid TOML ({exc})") from None
         table = data.get("train", data)  # a [train] table or top-level keys
-        return cls.from_mapping(table, source=str(path))
+        values = {k: v for k, v in table.items() if not isinstance(v, dict)}
+        for name, section in data.items():  # a feature's [table]: its keys as "table.key"
+            if isinstance(section, dict) and name != "train":
+                values.update({f"{name}.{key}": value for key, value in section.items()})
+        return cls.from_mapping(values, source=str(path))
 
     def with_overrides(self, **values: object) -> TrainConfig:
         """Replace the values that are not None (command-line flags over the file)."""
@@ -192,9 +224,6 @@ class TrainConfig:
 
     def check(self) -> None:
         """Everything that can be checked without the data or the workers (one-line ConfigErrors)."""
-        from pipewright.features.kfac.feature import check_config as check_kfac
-
-        check_kfac(self)  # --kfac-base, --kfac-opportunistic
         for name in ("tp", "pp", "dp", "microbatches", "microbatch_size", "steps"):
             if int(getattr(self, name)) < 1:
                 flag = name.replace("_", "-")
@@ -227,7 +256,7 @@ class TrainConfig:
             if not getattr(self, name) > 0:
                 flag = "--" + name.removesuffix("_s").replace("_", "-")
                 raise ConfigError(f"{flag} must be a positive number of seconds (got {getattr(self, name)})")
-        self._check_runtime_features()
+        self._check_training_options()
         from pipewright.optim import OPTIMIZERS
         from pipewright.runtime.nonfinite import check_policy
 
@@ -236,7 +265,7 @@ class TrainConfig:
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"unknown optimizer {self.optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}")
 
-    def _check_runtime_features(self) -> None:
+    def _check_training_options(self) -> None:
         """Recompute / precision / sharding / init-from options (one-line ConfigErrors)."""
         from pipewright.runtime.precision import compute_dtype
         from pipewright.runtime.recompute import check_recompute

@@ -294,13 +294,14 @@ class PipelineExecutor:
     tp ranks of a stage, as after Megatron's row-parallel all-reduce): each tp rank sends 1/tp of a
     boundary tensor and the receivers all-gather it (Megatron-LM's scatter/gather optimisation).
 
-    Extension points (a feature's runtime parts, :class:`pipewright.features.RuntimeParts`):
+    Extension points (a plugin's executor parts, :class:`pipewright.runtime.plugin.ExecutorParts`):
     ``handlers`` per kind; ``output_hooks`` per stage (default: the loss hook of ``loss_fn`` on
     ``loss_stage``, the last stage unless the layout puts the output layer elsewhere; pass
     ``loss_fn=None`` when a feature computes the loss); ``tensor_specs`` (shape and dtype of the
     features' point-to-point tensors, by ``P2P.tensor`` name); ``groups``: named process groups for
     collectives beyond dp/pp/tp (:meth:`group`); ``handler_wrappers``: applied to every handler, first
-    one innermost (:meth:`wrap_handlers`). ``collective_timeout_s`` bounds the executor's own
+    one innermost (:meth:`wrap_handlers`); ``step_reduces_gradients``: the STEP handler (or a wrapper
+    installing one) all-reduces over dp itself. ``collective_timeout_s`` bounds the executor's own
     collective waits (gradient all-reduce, loss all-reduce, timing barrier).
     """
 
@@ -327,16 +328,13 @@ class PipelineExecutor:
         groups: Mapping[str, Any] | None = None,
         handler_wrappers: Sequence[HandlerWrapper] = (),
         collective_timeout_s: float = 600.0,
+        step_reduces_gradients: bool = False,
     ) -> None:
         if schedule.num_ranks != mesh.pp:
             raise LayoutError(f"schedule {schedule.name} has {schedule.num_ranks} ranks but pp = {mesh.pp}")
         schedule = lower(schedule)
         if mesh.dp > 1:
-            # a STEP handler (or a wrapper installing one) that all-reduces over dp itself declares
-            # ``reduces_gradients = True``
-            declared = [(handlers or {}).get(STEP), *handler_wrappers]
-            step_reduces = any(getattr(h, "reduces_gradients", False) for h in declared)
-            if not step_reduces and any(
+            if not step_reduces_gradients and any(
                 a.kind == STEP and a.microbatch is not None for row in schedule.actions for a in row
             ):
                 log.warning(

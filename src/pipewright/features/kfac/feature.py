@@ -1,10 +1,13 @@
 """The K-FAC feature bundle (:class:`pipewright.features.Feature`): kinds, cost rules, the runtime's
-slot pass, the runtime factory and the ``simulate`` options. Pure Python (the runtime is imported
-lazily by name)."""
+slot pass, the training options and plugin (:mod:`.train`), and the ``simulate`` options. Pure Python
+(the plugin is imported lazily by name)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from pipewright.cost.rules import ActionCost
+from pipewright.errors import ConfigError
 from pipewright.features import Feature
 from pipewright.features.kfac.cost import (
     KFACCost,
@@ -15,6 +18,7 @@ from pipewright.features.kfac.cost import (
 from pipewright.features.kfac.fill import slot_schedule
 from pipewright.features.kfac.kinds import KFAC_REDUCE, KFAC_SPECS
 from pipewright.ir import Action, Schedule
+from pipewright.options import option
 
 #: ``--kfac-base``: the first-order updates the preconditioned gradient can feed (.optimizer.build_base).
 BASE_UPDATES = ("sgd", "adamw", "lamb")
@@ -23,24 +27,42 @@ BASE_UPDATES = ("sgd", "adamw", "lamb")
 FILLS = ("measured", "all")
 
 
-def check_config(config) -> None:
-    """One-line errors for the K-FAC options of a ``TrainConfig`` (checked before any worker starts)."""
-    from pipewright.errors import ConfigError
+@dataclass(frozen=True)
+class KfacOptions:
+    """The feature's training options (TOML ``[kfac]``; ``pipewright train --kfac-…``), used with
+    ``--optimizer kfac``."""
 
-    base = getattr(config, "kfac_base", "adamw")
-    if base not in BASE_UPDATES:
-        raise ConfigError(f"--kfac-base must be one of {', '.join(BASE_UPDATES)} (got {base!r})")
-    fill = getattr(config, "kfac_fill", "measured")
-    if fill not in FILLS:
-        raise ConfigError(f"--kfac-fill must be one of {', '.join(FILLS)} (got {fill!r})")
-    if config.optimizer != "kfac":
-        if getattr(config, "kfac_opportunistic", False):
-            raise ConfigError("--kfac-opportunistic needs --optimizer kfac")
-        for flag, value, default in (("base", base, "adamw"), ("fill", fill, "measured")):
-            if value != default:
-                raise ConfigError(f"--kfac-{flag} {value} needs --optimizer kfac")
-    elif getattr(config, "shard_optimizer", False):
-        raise ConfigError("--optimizer kfac does not combine with --shard-optimizer; drop one of them")
+    base: str = option(
+        "adamw",
+        "--kfac-base",
+        "with --optimizer kfac: the update it feeds, sgd, adamw or lamb",
+        update_rule=True,
+    )
+    fill: str = option(
+        "measured",
+        "--kfac-fill",
+        "with --optimizer kfac: measured (tasks that fit a bubble) or all (reproducible)",
+    )
+    opportunistic: bool = option(
+        False,
+        "--kfac-opportunistic",
+        "with --optimizer kfac: also run pending K-FAC tasks while a receive waits",
+    )
+
+    def check(self, config) -> None:
+        """One-line errors for these options in ``config`` (checked before any worker starts)."""
+        if self.base not in BASE_UPDATES:
+            raise ConfigError(f"--kfac-base must be one of {', '.join(BASE_UPDATES)} (got {self.base!r})")
+        if self.fill not in FILLS:
+            raise ConfigError(f"--kfac-fill must be one of {', '.join(FILLS)} (got {self.fill!r})")
+        if config.optimizer != "kfac":
+            if self.opportunistic:
+                raise ConfigError("--kfac-opportunistic needs --optimizer kfac")
+            for flag, value, default in (("base", self.base, "adamw"), ("fill", self.fill, "measured")):
+                if value != default:
+                    raise ConfigError(f"--kfac-{flag} {value} needs --optimizer kfac")
+        elif config.shard_optimizer:
+            raise ConfigError("--optimizer kfac does not combine with --shard-optimizer; drop one of them")
 
 
 def task_times_for(base, schedule: Schedule) -> TaskTimes:
@@ -93,9 +115,9 @@ FEATURE = Feature(
     kinds=KFAC_SPECS,
     cost_rules={spec.name: kfac_cost_rule for spec in KFAC_SPECS},
     passes={"kfac-slots": _slot_pass},
-    runtime="pipewright.features.kfac.runtime:parts",
     options=_options,
     simulate="pipewright.features.kfac.cli:simulate_hook",
-    optimizers={"kfac": "pipewright.features.kfac.runtime:attach_to_trainer"},
+    section=KfacOptions,
+    plugin="pipewright.features.kfac.train:KfacPlugin",
     description="PipeFisher: K-FAC curvature, inversion and preconditioning in the pipeline bubbles",
 )
