@@ -5,10 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pipewright.codec import to_csv
 from pipewright.features import library_schedules
 from pipewright.ir import peak_in_flight
 from pipewright.passes import lower, validate
+from pipewright.passes.export import to_csv
 from pipewright.schedules import build_schedule, info, schedule_names
 
 

@@ -144,7 +144,7 @@ def register(sub: argparse._SubParsersAction, feature_paths: tuple[str, ...] = (
     parser.add_argument(
         "--feature",
         action="append",
-        default=list(feature_paths),
+        default=None,
         metavar="MODULE:ATTR",
         help="a feature of your own (a pipewright.features.Feature), repeatable",
     )

@@ -179,7 +179,7 @@ def user_features(paths: Iterable[str] = ()) -> tuple[Feature, ...]:
     from importlib.metadata import entry_points
 
     found = [ep.load() for ep in entry_points(group="pipewright.features")]
-    found += [load(p) for p in paths]
+    found += [load(p) for p in dict.fromkeys(paths)]
     for f in found:
         if not isinstance(f, Feature):
             raise ConfigError(

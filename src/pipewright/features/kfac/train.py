@@ -20,7 +20,7 @@ import math
 from typing import Any
 
 from pipewright.errors import ConfigError
-from pipewright.features.kfac.feature import KfacOptions
+from pipewright.features.kfac.options import KfacOptions
 from pipewright.options import read_section
 from pipewright.runtime.plugin import BuildContext, Built, ExecutorParts, OptimizerContext, TrainingPlugin
 
