@@ -15,6 +15,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from pipewright.errors import ConfigError
+from pipewright.optim import OPTIMIZERS
 
 # help group → ((flag, type, help), ...); the destination is the TrainConfig field of the same name
 # (``--recv-timeout`` → ``recv_timeout_s``); type None: a store-true switch
@@ -78,7 +79,7 @@ _GROUPS: tuple[tuple[str, tuple[tuple[str, type | None, str], ...]], ...] = (
     (
         "optimizer",
         (
-            ("--optimizer", str, "adamw, sgd or kfac (K-FAC in the pipeline bubbles)"),
+            ("--optimizer", str, "the update rule, one of: " + ", ".join(OPTIMIZERS)),
             ("--lr", float, "peak learning rate"),
             ("--warmup", int, "warm-up steps"),
         ),

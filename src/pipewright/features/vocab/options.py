@@ -113,9 +113,10 @@ def add_options(command: str, parser) -> None:
         parser.add_argument("--vocab-parallel", choices=CHOICES, default="none", help=HELP)
 
 
-def simulate_hook(args, setup):
-    """``pipewright simulate --vocab-parallel``: the setup with the chosen method applied."""
-    option = getattr(args, "vocab_parallel", "none")
+def simulate_hook(request, setup):
+    """``pipewright simulate --vocab-parallel``: the setup with the chosen method applied (``request``:
+    the :class:`~pipewright.plan.request.SimulateRequest`)."""
+    option = request.option("vocab_parallel", "none")
     if option == "none":
         return setup
     sched, cost, comm = apply_to_simulation(option, setup.schedule, setup.cost, setup.comm, unit=setup.unit)
