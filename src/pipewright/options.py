@@ -12,7 +12,7 @@ option under the name its flag has. Pure Python.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, Field, field, fields
 from typing import Any
 
@@ -24,10 +24,13 @@ def option(
     *,
     choices: tuple[str, ...] | None = None,
     update_rule: bool = False,
+    group: str = "",
 ) -> Any:
-    """A section field: ``flag`` (``--name``), ``help``, ``choices``; ``update_rule``: the option changes
-    which per-parameter optimizer state a run keeps (a resume with another value is refused)."""
-    meta = {"flag": flag, "help": help, "choices": choices, "update_rule": update_rule}
+    """A section field: ``flag`` (``--name``; ``--no-name`` for a switch that turns a True default
+    off), ``help``, ``choices``; ``update_rule``: the option changes which per-parameter optimizer
+    state a run keeps (a resume with another value is refused); ``group``: the help group it is listed
+    under (the training config's fields)."""
+    meta = {"flag": flag, "help": help, "choices": choices, "update_rule": update_rule, "group": group}
     return field(default=default, metadata=meta)
 
 
@@ -83,18 +86,40 @@ def read_section(cls: type, values: Mapping[str, Any]) -> Any:
     return cls(**{f.name: values.get(flat_name(f), _default(f)) for f in fields(cls)})
 
 
-def add_flags(parser: argparse.ArgumentParser, cls: type, title: str) -> None:
-    """One argument group ``title`` with a flag per field of section ``cls``. Flags default to None
-    (not given: the TOML value or the field's default holds); the help shows the field's default."""
-    group = parser.add_argument_group(title)
+def add_flags(
+    parser: argparse.ArgumentParser,
+    cls: type,
+    title: str,
+    *,
+    dest: Callable[[Field], str] = flat_name,
+    group: str | None = None,
+) -> None:
+    """One argument group ``title`` with a flag per field of ``cls`` (those of help group ``group``
+    when given; fields without a flag are skipped). Flags default to None (not given: the TOML value or
+    the field's default holds); the help shows the field's default. ``dest``: the parsed value's name
+    (default the flat name; the training config uses the field's own name)."""
+    out = parser.add_argument_group(title)
     for f in fields(cls):
-        meta, default = f.metadata, _default(f)
-        text = f"{meta['help']} (default: {default})"
-        dest = flat_name(f)
-        if f.type in (bool, "bool"):
-            group.add_argument(meta["flag"], dest=dest, action="store_true", default=None, help=text)
+        meta = f.metadata
+        if "flag" not in meta or (group is not None and meta.get("group") != group):
             continue
-        kind = {"int": int, "float": float}.get(str(f.type), type(default) if default is not None else str)
-        group.add_argument(
-            meta["flag"], dest=dest, type=kind, choices=meta.get("choices"), default=None, help=text
+        default = _default(f)
+        text = meta["help"]
+        if "default" not in text and not meta["flag"].startswith("--no-"):
+            text += f" (default: {'none' if default is None else default})"
+        if _kind(f) is bool:
+            action = "store_false" if meta["flag"].startswith("--no-") else "store_true"
+            out.add_argument(meta["flag"], dest=dest(f), action=action, default=None, help=text)
+            continue
+        out.add_argument(
+            meta["flag"], dest=dest(f), type=_kind(f), choices=meta.get("choices"), default=None, help=text
         )
+
+
+def _kind(f: Field) -> type:
+    """The scalar type of field ``f`` (``int | None`` → int), from its annotation."""
+    hint = str(f.type).replace(" ", "")
+    for name, kind in (("bool", bool), ("int", int), ("float", float)):
+        if hint in (name, f"{name}|None"):
+            return kind
+    return str

@@ -15,127 +15,23 @@ from dataclasses import fields
 from pathlib import Path
 
 from pipewright.errors import ConfigError
-from pipewright.optim import OPTIMIZERS
 
-# help group → ((flag, type, help), ...); the destination is the TrainConfig field of the same name
-# (``--recv-timeout`` → ``recv_timeout_s``); type None: a store-true switch
-_GROUPS: tuple[tuple[str, tuple[tuple[str, type | None, str], ...]], ...] = (
-    (
-        "model",
-        (
-            (
-                "--model",
-                str,
-                "preset (gpt-tiny, gpt-small-cpu, llama-tiny, gpt3-*, llama3-*) or family gpt|llama",
-            ),
-            ("--layers", int, "transformer layers (default: the preset's)"),
-            ("--hidden", int, "hidden size h (default: the preset's)"),
-            ("--heads", int, "attention heads (default: the preset's)"),
-            ("--kv-heads", int, "key/value heads (grouped-query attention, Llama; default: --heads)"),
-            ("--ffn-hidden", int, "MLP hidden size (default 4h)"),
-            ("--vocab", int, "vocabulary size (default: the dataset's)"),
-            ("--seq-len", int, "sequence length (default: the preset's)"),
-            ("--init-from", str, "Hugging Face checkpoint folder (GPT-2 or Llama config.json + safetensors)"),
-            ("--tie-embeddings", None, "tie the output layer to the input embedding (also across stages)"),
-        ),
-    ),
-    (
-        "data",
-        (
-            ("--data", str, "token file (.bin/.npy), text file or folder (default: built-in corpus)"),
-            ("--tokenizer", str, "byte or bpe:N (for text data)"),
-            ("--seed", int, "seed for weights and data order"),
-        ),
-    ),
-    (
-        "layout",
-        (
-            ("--tp", int, "tensor-parallel size"),
-            ("--pp", int, "pipeline-parallel size"),
-            ("--dp", int, "data-parallel size"),
-            ("--virtual", int, "model chunks per pipeline rank (default: the schedule's)"),
-            ("--layout", str, "stage layout, e.g. 'Et*2|t*2L' (default: uniform)"),
-            (
-                "--sequence-parallel",
-                None,
-                "with --tp: split LayerNorm/residual regions and boundaries along s",
-            ),
-            (
-                "--scatter-gather",
-                None,
-                "with --tp (not --sequence-parallel): each tp rank sends 1/t of a boundary",
-            ),
-        ),
-    ),
-    (
-        "schedule",
-        (
-            ("--schedule", str, "schedule name or PyTorch schedule CSV"),
-            ("--microbatches", int, "microbatches per data-parallel replica"),
-            ("--microbatch-size", int, "sequences per microbatch"),
-            ("--steps", int, "training steps"),
-        ),
-    ),
-    (
-        "optimizer",
-        (
-            ("--optimizer", str, "the update rule, one of: " + ", ".join(OPTIMIZERS)),
-            ("--lr", float, "peak learning rate"),
-            ("--warmup", int, "warm-up steps"),
-        ),
-    ),
-    (
-        "precision and memory",
-        (
-            (
-                "--precision",
-                str,
-                "fp32, bf16 or fp16 (fp32 master weights and optimizer state; fp16 loss scaling)",
-            ),
-            ("--reduce-fp32", None, "with --precision bf16/fp16: sum data-parallel gradients in fp32"),
-            ("--shard-optimizer", None, "ZeRO-1: each data-parallel rank keeps 1/dp of the optimizer state"),
-            (
-                "--recompute",
-                str,
-                "activation recomputation: none, selective (attention core) or full (per layer)",
-            ),
-            ("--cpu-allocator", str, "retain (CPU workers keep freed tensor memory) or system"),
-        ),
-    ),
-    (
-        "checkpoints and reliability",
-        (
-            ("--out", str, "output folder (default runs/<timestamp>)"),
-            ("--resume", None, "continue from --out's checkpoint"),
-            ("--checkpoint-every", int, "save a checkpoint every N steps (0: only at the end)"),
-            ("--stop-after", int, "stop (with a checkpoint) after N steps; continue later with --resume"),
-            ("--keep-checkpoints", int, "keep only the newest K checkpoints (0: all)"),
-            (
-                "--max-restarts",
-                int,
-                "restart the workers from the latest checkpoint up to N times after a failure",
-            ),
-            ("--on-nonfinite", str, "stop or skip: what a NaN/inf loss or gradient does to its step"),
-            ("--recv-timeout", float, "seconds a receive may wait before the run fails (with a hang report)"),
-            (
-                "--collective-timeout",
-                float,
-                "seconds a collective may wait before the run fails (hang report)",
-            ),
-            ("--eval-every", int, "validation loss every N steps (0: never)"),
-        ),
-    ),
+#: The help groups of TrainConfig's fields (``option(..., group=...)``), in the order --help lists them.
+GROUPS = (
+    "model",
+    "data",
+    "layout",
+    "schedule",
+    "optimizer",
+    "precision and memory",
+    "checkpoints and reliability",
+    "output",
 )
-_SUFFIXED = {"recv_timeout": "recv_timeout_s", "collective_timeout": "collective_timeout_s"}
-
-
-def _field(flag: str) -> str:
-    name = flag.lstrip("-").replace("-", "_")
-    return _SUFFIXED.get(name, name)
 
 
 def register(sub: argparse._SubParsersAction, feature_paths: tuple[str, ...] = ()) -> None:
     from pipewright.features import all_features
+    from pipewright.options import add_flags
     from pipewright.runtime.config import TrainConfig
 
     parser = sub.add_parser("train", help="train a GPT with pipeline parallelism")
@@ -149,24 +45,9 @@ def register(sub: argparse._SubParsersAction, feature_paths: tuple[str, ...] = (
         metavar="MODULE:ATTR",
         help="a feature of your own (a pipewright.features.Feature), repeatable",
     )
-    defaults = {f.name: f.default for f in fields(TrainConfig)}
-    for title, flags in _GROUPS:
-        group = parser.add_argument_group(title)
-        for flag, kind, text in flags:
-            if "default" not in text:  # the value when neither the file nor a flag sets it
-                value = defaults[_field(flag)]
-                text = f"{text} (default: {'none' if value is None else value})"
-            if kind is None:
-                group.add_argument(flag, dest=_field(flag), action="store_true", default=None, help=text)
-            else:
-                group.add_argument(flag, dest=_field(flag), type=kind, default=None, help=text)
-    out = parser.add_argument_group("output")
-    out.add_argument(
-        "--no-progress", dest="progress", action="store_false", default=None, help="no progress bar"
-    )
-    out.add_argument(
-        "--no-artifacts", dest="artifacts", action="store_false", default=None, help="no PNG/trace"
-    )
+    for title in GROUPS:  # flags, help and defaults from TrainConfig's field metadata
+        add_flags(parser, TrainConfig, title, dest=lambda f: f.name, group=title)
+    out = next(g for g in parser._action_groups if g.title == "output")
     out.add_argument(
         "--compare-sim",
         action="store_true",
