@@ -118,6 +118,8 @@ def add_flags(
 
 def _kind(f: Field) -> type:
     """The scalar type of field ``f`` (``int | None`` → int), from its annotation."""
+    if isinstance(f.type, type):
+        return f.type if f.type in (bool, int, float) else str
     hint = str(f.type).replace(" ", "")
     for name, kind in (("bool", bool), ("int", int), ("float", float)):
         if hint in (name, f"{name}|None"):
