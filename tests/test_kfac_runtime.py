@@ -25,8 +25,8 @@ from pipewright.runtime.config import TrainConfig
 from pipewright.runtime.launch import spawn
 from pipewright.runtime.mesh import ParallelMesh
 from pipewright.runtime.trainer import Trainer
-from pipewright.training import check_config, prepare
 from pipewright.schedules.registry import build_schedule
+from pipewright.training import check_config, prepare
 
 STEPS = 6
 

@@ -42,9 +42,9 @@ from pipewright.runtime.config import TrainConfig
 from pipewright.runtime.launch import spawn
 from pipewright.runtime.mesh import ParallelMesh
 from pipewright.runtime.trainer import PreparedRun, Trainer
-from pipewright.training import prepare
 from pipewright.schedules import schedule_names
 from pipewright.schedules.registry import check_args, info
+from pipewright.training import prepare
 
 try:  # runtime/tensor_parallel.py is becoming the runtime/tp package
     from pipewright.runtime.tp import full_parameters

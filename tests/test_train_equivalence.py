@@ -41,9 +41,9 @@ from pipewright.runtime.launch import spawn
 from pipewright.runtime.mesh import ParallelMesh
 from pipewright.runtime.tp import full_parameters
 from pipewright.runtime.trainer import PreparedRun, Trainer
-from pipewright.training import prepare
 from pipewright.schedules import schedule_names
 from pipewright.schedules.registry import check_args, info
+from pipewright.training import prepare
 
 STEPS = 5
 RTOL = 1e-5
