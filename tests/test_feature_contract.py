@@ -541,7 +541,14 @@ def test_a_feature_of_ones_own_trains_through_the_command_line(toy_data, tmp_pat
     config = json.loads((out / "config.json").read_text())
     assert (config["toy_level"], config["toy_note"]) == (2, "hello")  # the TOML table and the flag
     assert [e["event"] for e in _events(out, 0)] == [
-        "build", "optimizer", "executor_parts", "after_run", "after_run", "evaluate", "evaluate", "save",
+        "build",
+        "optimizer",
+        "executor_parts",
+        "after_run",
+        "after_run",
+        "evaluate",
+        "evaluate",
+        "save",
     ]  # fmt: skip (two evaluation batches)
     launcher = [json.loads(line) for line in (out / "toy-launcher.jsonl").read_text().splitlines()]
     assert launcher == [{"event": "check", "layers": 2}]
