@@ -46,7 +46,7 @@ def run_once(src: Path, argv: list[str]) -> tuple[float, float, str]:
 
 
 def unpack(rev: str, into: Path) -> Path:
-    """``src/`` of git revision ``rev`` under ``into`` (no worktree is registered)."""
+    """``src/`` of git revision ``rev`` under ``into``, by ``git archive`` (the checkout is left alone)."""
     archive = subprocess.run(
         ["git", "-C", str(ROOT), "archive", "--format=tar", rev, "src"], capture_output=True, check=True
     ).stdout

@@ -10,7 +10,7 @@ process (``time.process_time``: its threads, gloo's included), which the machine
 
 Schedules (p = 2) and PyTorch's twin: ``1f1b`` / ``Schedule1F1B``; ``interleaved-1f1b`` (v = 2) /
 ``ScheduleInterleaved1F1B``; ``zb-h1`` / ``ScheduleInterleavedZeroBubble`` with one stage per rank;
-``zbv`` (v = 2, V placement) / ``ScheduleZBVZeroBubble``. For the multi-stage ones the benchmark checks
+``zbv-torch`` (v = 2, V placement) / ``ScheduleZBVZeroBubble``. For the multi-stage ones the benchmark checks
 that PyTorch's compute order equals ours. Modules: pipewright's stages are built as ``pipewright
 train`` builds them (``models.wgrad.linear_factory_for``): ``nn.Linear`` for 1F1B and interleaved
 1F1B, ``DeferrableLinear`` for the zero-bubble schedules (the I/W split, with weight gradients
@@ -60,7 +60,7 @@ SCHEDULES = {
     "1f1b": (1, "Schedule1F1B"),
     "interleaved-1f1b": (2, "ScheduleInterleaved1F1B"),
     "zb-h1": (1, "ScheduleInterleavedZeroBubble"),
-    "zbv": (2, "ScheduleZBVZeroBubble"),
+    "zbv-torch": (2, "ScheduleZBVZeroBubble"),
 }
 P = 2
 

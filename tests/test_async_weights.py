@@ -1,4 +1,4 @@
-"""Asynchronous pipelines (issue 13): optimizer directions and prediction, version differences read
+"""Asynchronous pipelines: optimizer directions and prediction, version differences read
 from the schedule, the weight policies' forward/backward weights, and the reduction to synchronous
 training with one stage. Single-process except the two slow trainer checks at the end."""
 

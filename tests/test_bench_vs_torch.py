@@ -19,7 +19,7 @@ def test_same_losses_and_gradients_as_pytorch(monkeypatch: pytest.MonkeyPatch) -
         pytest.skip("this PyTorch has no ScheduleZBVZeroBubble")
     monkeypatch.syspath_prepend(str(BENCHMARKS))  # spawned workers import the benchmark module by name
     bench = importlib.import_module("bench_vs_torch")
-    [result] = bench.run(["tiny"], ["zbv"], [0], warmup=0, timeout_s=120)
+    [result] = bench.run(["tiny"], ["zbv-torch"], [0], warmup=0, timeout_s=120)
     assert result["same_order"] is True
     assert not result["loss_count_mismatch"]
     assert len(result["losses"]) == bench.SIZES["tiny"].microbatches

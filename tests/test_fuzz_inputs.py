@@ -351,9 +351,9 @@ def test_profile_json(text):
     clean(ProfiledCost.parse_json, text)
 
 
-# Found by fuzzing, in cost/profiled.py (the lead's file; the fix is proposed in the report): a "meta"
-# that is not an object raises AttributeError; NaN, infinite or negative times and sizes, and a
-# microbatch size below 1, are accepted and would silently skew every prediction.
+# Found by fuzzing, in cost/profiled.py; each is refused in one line: a "meta" that is not an object
+# (else an AttributeError); NaN, infinite or negative times and sizes, and a microbatch size below 1
+# (else they would silently skew every prediction).
 PROFILE_GAPS = [
     '{"format": "pipewright-profile", "rows": [], "meta": 5}',
     '{"format": "pipewright-profile", "rows": [{"layer_type": "layer", "microbatch_size": 1, "kind": "F",'

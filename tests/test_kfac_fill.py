@@ -17,7 +17,9 @@ from pipewright.features.kfac.kinds import (
     KFAC_KINDS_ALL,
     KFAC_PRECOND,
     KFAC_REDUCE,
+    Factor,
     Piece,
+    factor_of,
     layer_of,
 )
 from pipewright.features.kfac.report import fill_profiled, paper_model
@@ -59,7 +61,7 @@ def test_every_synchronous_schedule_is_filled_and_valid(name, sched):
     times = _times(sched.num_stages)
     res = fill_kfac(sched, UnitCost(), times, max_iterations=40, steady_refreshes=2)
     m = sched.num_microbatches
-    expected = sched.num_stages * 2 * (2 * m + 1 + 2)  # per layer: A, B per mb, reduce, two inversions
+    expected = sched.num_stages * 2 * (2 * m + 2 + 2)  # per layer: A, B per mb, 2 reductions, 2 inversions
     refresh = [p for p in res.placements if p.action.kind != KFAC_PRECOND]
     assert len(refresh) == expected
     assert len({(p.action, p.rank) for p in refresh}) == expected  # each task once
@@ -96,10 +98,13 @@ def test_dependencies_and_priorities_hold_in_the_placements():
             ev = (F if a.kind == KFAC_A else I, a.stage, a.microbatch)
             assert p.start + 1e-9 >= sims[ev]  # after its F / I (in the first iteration at the latest)
         if a.kind == KFAC_REDUCE:
-            ins = [end[(k, a.stage, mb, a.payload)] for k in (KFAC_A, KFAC_B) for mb in range(8)]
+            # one reduction per factor, after that factor's curvature only
+            kind = KFAC_A if a.payload.factor == "A" else KFAC_B
+            ins = [end[(kind, a.stage, mb, a.payload.layer)] for mb in range(8)]
             assert p.start + 1e-9 >= max(ins)
         if a.kind in (KFAC_INV_A, KFAC_INV_B):
-            assert p.start + 1e-9 >= end[(KFAC_REDUCE, a.stage, None, layer_of(a.payload))]
+            reduced = (KFAC_REDUCE, a.stage, None, Factor(layer_of(a.payload), factor_of(a.kind)))
+            assert p.start + 1e-9 >= end[reduced]
         if p.in_bubble and a.kind != KFAC_REDUCE:
             assert p.end <= (p.iteration + 1) * period + 1e-9
     # priority: a curvature task placed after an inversion started no earlier (it was not ready yet)
@@ -210,3 +215,32 @@ def test_feature_bundle_registers_kinds_cost_rules_and_the_slot_pass():
     plain = simulate(build_schedule("1f1b", 4, 8), UnitCost()).iteration_time
     filled = simulate(slots.with_actions(slots.actions, kinds=features.kinds), features.cost(UnitCost()))
     assert filled.iteration_time == pytest.approx(plain + 1)  # empty bubbles; PRECOND of stage 0 costs 1
+
+
+#: PipeFisher's plan period for BERT-Large/V100, bs 32, D = p, computed by PipeFisher's own
+#: auto_schedule.py on pipewright's simulated timelines (tools/pipefisher_reference.py)
+PIPEFISHER_AUTO_SCHEDULE = {
+    ("gpipe", 4): 4,
+    ("1f1b", 4): 4,
+    ("gpipe", 8): 2,
+    ("1f1b", 8): 3,
+    ("gpipe", 16): 2,
+    ("1f1b", 16): 2,
+}
+
+
+@pytest.mark.parametrize(("name", "stages"), list(PIPEFISHER_AUTO_SCHEDULE))
+def test_pipefisher_plan_period_matches_its_auto_schedule(name: str, stages: int) -> None:
+    res = fill_profiled(name, "bert-large", "v100", 32, stages)
+    assert res.pipefisher_plan_iterations == PIPEFISHER_AUTO_SCHEDULE[(name, stages)]
+    assert res.summary()["pipefisher_plan_iterations"] == res.pipefisher_plan_iterations
+
+
+def test_a_inversion_waits_for_a_only() -> None:
+    """As PipeFisher's inv_kron_A: after A's curvature and A's reduction, not B's curvature. GPipe,
+    8 stages: rank 0 inverts every A in the first iteration."""
+    res = fill_profiled("gpipe", "bert-large", "v100", 32, 8)
+    inv_a = [p for p in res.placements if p.rank == 0 and p.action.kind == KFAC_INV_A]
+    assert inv_a and all(p.iteration == 0 for p in inv_a)
+    last_b = max(p.end for p in res.placements if p.rank == 0 and p.action.kind == KFAC_B)
+    assert min(p.start for p in inv_a) < last_b  # one starts before the last B curvature is done

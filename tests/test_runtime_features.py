@@ -1,4 +1,4 @@
-"""Issue 16's runtime features through the real trainer, on 4 gloo processes (one spawn, one mesh per
+"""The training options through the real trainer, on 4 gloo processes (one spawn, one mesh per
 shape shared by all cases; tiny models):
 
 - recomputation: ``selective`` and ``full`` give the loss and every gradient of ``none`` within 1e-6

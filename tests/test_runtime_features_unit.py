@@ -1,4 +1,4 @@
-"""Issue 16 without processes: recomputation with the split backward in one process, the Llama model's
+"""Training options, no processes: recomputation with the split backward in one process, the Llama model's
 pieces (GQA, RoPE, parameter counts, presets), the cost model's Llama terms and activation accounting,
 Hugging Face name maps, and the one-line errors and flags of the new training options."""
 

@@ -31,7 +31,7 @@ P_VALUES = range(2, 9)
 
 def _needs(name: str) -> None:
     if name not in schedule_names():
-        pytest.skip(f"schedule {name!r} is not registered on this branch")
+        pytest.skip(f"schedule {name!r} is not registered")
 
 
 def _literal(rows: list[str], p: int, m: int, stages: int | None = None, kinds=None) -> Schedule:

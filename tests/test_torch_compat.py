@@ -33,6 +33,7 @@ TORCH_TWINS = {
     "looped-bfs": "ScheduleLoopedBFS",
     "zb-h1": None,
     "zbv": None,
+    "zbv-torch": None,
 }
 SAME_ORDER = [name for name, cls in TORCH_TWINS.items() if cls]
 SHARED = [name for name in TORCH_TWINS if name in schedule_names()]

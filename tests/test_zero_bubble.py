@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from _unit_makespan import UNIT, steady_period, unit_makespan
+from _unit_makespan import UNIT, ConstComm, steady_period, unit_makespan
+from pipewright.cost import UnitCost
 from pipewright.errors import ScheduleError
 from pipewright.ir import F, peak_in_flight
 from pipewright.passes import lower, validate
-from pipewright.schedules import build_schedule, info
+from pipewright.schedules import ScheduleCosts, build_schedule, info
 from pipewright.schedules.zero_bubble import zb_auto
+from pipewright.sim import simulate
 
 NAMES = ("zb-h1", "zb-h2", "zb-auto")
 CASES = [(p, m) for p in range(2, 9) for m in (p, 2 * p, 4 * p)] + [(3, 5), (4, 7), (5, 13), (8, 9)]
@@ -131,3 +135,61 @@ def test_bad_input_is_a_one_line_schedule_error(call, message: str) -> None:
     with pytest.raises(ScheduleError, match=message) as err:
         call()
     assert "\n" not in str(err.value)
+
+
+def test_zb_h2_never_slower_than_zb_h1() -> None:
+    """With few microbatches ZB-H2's long warm-up does not pay (p = 8, m = 8: 34 against 31); it then
+    runs ZB-H1's order."""
+    for p in range(2, 9):
+        for m in range(1, 3 * p):
+            h1, h2 = build_schedule("zb-h1", p, m), build_schedule("zb-h2", p, m)
+            assert unit_makespan(h2) <= unit_makespan(h1), (p, m)
+    fallback = build_schedule("zb-h2", 8, 8)
+    assert unit_makespan(fallback) == 31 and fallback.meta["order"].startswith("zb-h1")
+
+
+def _edge_heavy(p: int, comm: float) -> ScheduleCosts:
+    """The embedding on the first stage and the output layer with its loss on the last make those
+    stages slower (GPT-like, Zero Bubble's setting)."""
+    f = tuple(1.0 + 0.6 * (s == 0) + 1.2 * (s == p - 1) for s in range(p))
+    i = tuple(1.0 + 0.3 * (s == 0) + 1.0 * (s == p - 1) for s in range(p))
+    w = tuple(0.6 + 0.4 * (s == p - 1) for s in range(p))
+    return ScheduleCosts(f, i, w, comm)
+
+
+@pytest.mark.parametrize("comm", [0.0, 0.3])
+@pytest.mark.parametrize("p", [4, 8])
+def test_zb_auto_never_worse_than_the_handcrafted_schedules(p: int, comm: float) -> None:
+    """Under the same unequal stage costs and communication, zb-auto at limit p is as fast as zb-h1 and
+    at limit 2p as fast as zb-h2 (one iteration, simulated); without an optimizer barrier zb-h2 is as
+    fast as zb-h1 and zb-auto at 2p as zb-h2."""
+    base = _edge_heavy(p, comm)
+    cost = _StageCost(base)
+    for m in (p, 2 * p, 3 * p):
+        t = {}
+        for name, limit in (("zb-h1", None), ("zb-h2", None), ("zb-auto", p), ("zb-auto", 2 * p)):
+            sched = build_schedule(name, p, m, costs=replace(base, memory_limit=limit))
+            if limit is not None:
+                assert max(peak_in_flight(sched)) <= limit
+            t[name, limit] = simulate(sched, cost, comm=ConstComm(comm)).iteration_time
+        assert t["zb-auto", p] <= t["zb-h1", None] + 1e-9, (m, t)
+        assert t["zb-auto", 2 * p] <= t["zb-h2", None] + 1e-9, (m, t)
+        # ZB-H2 and zb-auto at 2p are chosen for the period without an optimizer barrier
+        period = {}
+        for name, limit in (("zb-h1", None), ("zb-h2", None), ("zb-auto", 2 * p)):
+            sched = build_schedule(name, p, m, costs=replace(base, memory_limit=limit))
+            sim = simulate(sched, cost, comm=ConstComm(comm), iterations=3, step_barrier=False)
+            period[name] = sim.iteration_time
+        assert period["zb-auto"] <= period["zb-h2"] + 1e-9 and period["zb-h2"] <= period["zb-h1"] + 1e-9
+
+
+class _StageCost(UnitCost):
+    """Unit cost model with the per-stage F, I, W times of a ScheduleCosts."""
+
+    def __init__(self, costs: ScheduleCosts) -> None:
+        super().__init__()
+        object.__setattr__(self, "_c", costs)
+
+    def compute_time(self, action, schedule) -> float:
+        table = {"F": self._c.f, "I": self._c.i, "W": self._c.w}
+        return table[action.kind][action.stage] if action.kind in table else 0.0

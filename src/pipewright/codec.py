@@ -97,7 +97,7 @@ def from_csv(
 
 
 def load_csv(path: str | Path, **kwargs) -> Schedule:
+    from pipewright.files import read_text
+
     path = Path(path)
-    if not path.is_file():
-        raise PipewrightError(f"schedule file {path} does not exist")
-    return from_csv(path.read_text(), name=path.stem, **kwargs)
+    return from_csv(read_text(path, "schedule file"), name=path.stem, **kwargs)

@@ -398,7 +398,9 @@ class Topology:
     @classmethod
     def load(cls, path: str | Path) -> Topology:
         try:
-            data = json.loads(Path(path).read_text())
+            from pipewright.files import read_text
+
+            data = json.loads(read_text(path, "topology"))  # one line for a non-UTF-8 file too
         except OSError as exc:
             raise PipewrightError(f"cannot read topology {path}: {exc.strerror}") from None
         except json.JSONDecodeError as exc:

@@ -4,6 +4,7 @@ that sets ``func`` on its parser; adding a command means adding its module to ``
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib
 import logging
 import sys
@@ -30,10 +31,31 @@ def build_parser(feature_paths: Sequence[str] = ()) -> argparse.ArgumentParser:
             module.register(sub, tuple(feature_paths))
         else:
             module.register(sub)
+    from pipewright.cli._help import document
+
+    document(parser, _train_defaults)  # every flag with its default (and list separator), new flags included
     return parser
 
 
-def _feature_paths(argv: Sequence[str]) -> list[str]:
+@functools.cache
+def _train_defaults() -> dict[str, object]:
+    """TrainConfig's defaults by flag destination (``recv_timeout`` for ``recv_timeout_s``)."""
+    from dataclasses import asdict
+
+    from pipewright.runtime.config import TrainConfig
+
+    defaults = asdict(TrainConfig())
+    return defaults | {k.removesuffix("_s"): v for k, v in defaults.items() if k.endswith("_s")}
+
+
+@functools.cache
+def _parser(feature_paths: tuple[str, ...] = ()) -> argparse.ArgumentParser:
+    """One parser per process and set of ``--feature`` values: in-process callers (tests, the CLI
+    fuzzer) reuse it; argparse keeps no state between ``parse_args`` calls."""
+    return build_parser(feature_paths)
+
+
+def _feature_paths(argv: Sequence[str]) -> tuple[str, ...]:
     """The ``--feature X`` / ``--feature=X`` values of ``argv`` (read before the parser is built)."""
     out = []
     for i, arg in enumerate(argv):
@@ -41,13 +63,13 @@ def _feature_paths(argv: Sequence[str]) -> list[str]:
             out.append(argv[i + 1])
         elif arg.startswith("--feature="):
             out.append(arg.partition("=")[2])
-    return out
+    return tuple(out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        parser = build_parser(_feature_paths(argv))
+        parser = _parser(_feature_paths(argv))
     except PipewrightError as exc:  # a --feature that does not load
         print(f"pipewright: error: {exc}", file=sys.stderr)
         return 2

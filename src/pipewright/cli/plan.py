@@ -99,6 +99,9 @@ class _Bar:
 
 
 def run(args: argparse.Namespace) -> int:
+    from pipewright.files import check_writable
+
+    check_writable(args.out, "-o")  # before the search
     from pipewright.models.presets import resolve_model
     from pipewright.plan.report import make_plan, plan_json, summary
     from pipewright.plan.search import Problem

@@ -55,6 +55,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _profile(args: argparse.Namespace) -> int:
+    from pipewright.cli.guards import check_profile
+
+    check_profile(args)  # output writable, numbers in range, memory: before measuring
     from pipewright.models.presets import resolve_model
     from pipewright.runtime.profiler import ProfileOptions, profile_model, write_profile
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from pipewright.cli.guards import add_max_actions, check_schedule_command
 from pipewright.features import library_schedules
+from pipewright.files import check_writable
 from pipewright.ir import peak_in_flight
 from pipewright.passes import lower, validate
 from pipewright.passes.export import to_csv
@@ -17,6 +19,7 @@ def add_shape_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stages", "-p", type=int, required=True, help="pipeline ranks p")
     parser.add_argument("--microbatches", "-m", type=int, required=True, help="microbatches m")
     parser.add_argument("--virtual", "-v", type=int, default=None, help="model chunks per rank v")
+    add_max_actions(parser)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -37,6 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _show(args: argparse.Namespace) -> int:
+    check_schedule_command(args, grid=True)
     sched = validate(
         build_schedule(args.name, args.stages, args.microbatches, args.virtual, registry=library_schedules())
     )
@@ -55,6 +59,8 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
+    check_schedule_command(args, grid=False)
+    check_writable(args.output, "-o")
     sched = validate(
         build_schedule(args.name, args.stages, args.microbatches, args.virtual, registry=library_schedules())
     )

@@ -7,6 +7,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+from pipewright.cli.guards import add_max_actions, check_simulate
 from pipewright.codec import load_csv
 from pipewright.errors import ConfigError
 from pipewright.features import builtin_features, library_schedules
@@ -109,6 +110,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--trace", help="write a Chrome/Perfetto trace JSON to this file")
     parser.add_argument("--enforce-memory", action="store_true", help="fail when a rank does not fit")
     builtin_features().add_options("simulate", parser)  # the features' flags
+    add_max_actions(parser)
     parser.set_defaults(func=run)
 
 
@@ -236,6 +238,7 @@ def _run(args: argparse.Namespace) -> int:
         args = applied(args, plan)
     if args.schedule is None:
         raise ConfigError("pipewright simulate needs --schedule NAME (or --plan FILE)")
+    check_simulate(args)  # ranges, ignored flags, CSV vs flags, size (cli/guards.py)
     if args.profile is not None:
         setup = _profile_setup(args, plan)
     else:

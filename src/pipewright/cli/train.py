@@ -54,6 +54,11 @@ def register(sub: argparse._SubParsersAction, feature_paths: tuple[str, ...] = (
         help="after training, compare the step time with the simulator's prediction (compare.json/png)",
     )
     out.add_argument("--profile", help="profile CSV for --compare-sim (default: profile the model first)")
+    out.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="check everything (flags, data, schedule, layout, --out, memory/time estimate); start no worker",
+    )
     all_features(feature_paths).add_options("train", parser)  # one group per feature (its section)
     parser.set_defaults(func=_train)
 
@@ -103,6 +108,10 @@ def _train(args: argparse.Namespace) -> int:
     plan = None
     if args.profile is not None and not args.compare_sim:
         raise ConfigError("--profile is used by --compare-sim; add --compare-sim")
+    if args.dry_run:
+        from pipewright.cli.train_check import dry_run
+
+        return dry_run(config, profile=args.profile)
     if args.compare_sim:
         from pipewright.runtime.compare import plan_comparison
 

@@ -385,5 +385,27 @@ def load_profile(path: str | Path) -> tuple[tuple[ProfileRow, ...], dict[str, st
         raise ConfigError(
             f"profile file {path} does not exist; write one with `pipewright profile --out {path}`"
         )
-    text = path.read_text()
-    return ProfiledCost.parse_json(text) if path.suffix == ".json" else read_profile_csv(text)
+    from pipewright.files import read_text
+
+    text = read_text(path, "profile file")
+    rows, meta = ProfiledCost.parse_json(text) if path.suffix == ".json" else read_profile_csv(text)
+    check_complete(rows, str(path))
+    return rows, meta
+
+
+def check_complete(rows: Sequence[ProfileRow], where: str) -> None:
+    """Every layer type with an F time and a backward (B, or I and W) at every microbatch size, and a
+    positive layer F: a truncated or hand-cut profile would otherwise cost the missing passes 0 s."""
+    sizes = sorted({r.microbatch_size for r in rows})
+    if not sizes:
+        raise ConfigError(f"profile {where} has no measurements; write one with `pipewright profile`")
+    have = {(r.layer_type, r.microbatch_size, r.kind) for r in rows}
+    for b in sizes:
+        for layer in LAYER_TYPES:
+            backward = (layer, b, B) in have or {(layer, b, I), (layer, b, W)} <= have
+            missing = [k for k, ok in ((F, (layer, b, F) in have), ("B (or I and W)", backward)) if not ok]
+            if missing:
+                raise ConfigError(
+                    f"profile {where} is incomplete: no {' or '.join(missing)} time for {layer} at "
+                    f"microbatch size {b} (a truncated file?); measure again with `pipewright profile`"
+                )

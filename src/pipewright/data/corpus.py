@@ -12,6 +12,7 @@ tokenizer is stored next to it as ``<key>.tokenizer.json``. Every file is writte
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -162,6 +163,8 @@ def tokenize_corpus(
 
     log.info("tokenizing %s (%d files) with %s into %s", description, len(files), spec, bin_path)
     blobs = _read_all(root, files, progress)
+    if not any(blobs):  # else the error would name the cache file built from nothing
+        raise DataError(f"{description}: no text (0 bytes); give a file or folder with training text")
     codec = fit_codec(spec, blobs, progress)
     ids = codec.encode(blobs, progress)
     num_bytes = sum(len(b) for b in blobs)
@@ -183,6 +186,13 @@ def tokenize_corpus(
     return CorpusTokens(tokens, vocab, codec, {**info, "num_bytes": num_bytes, "cache_hit": False})
 
 
+@functools.cache
+def _stdlib_files(root: Path) -> list[CorpusFile]:
+    """The standard library's sources, listed once per process (walking ~900 files takes 0.3 s; the
+    installed library does not change while a process runs)."""
+    return list_files(root, "*.py", STDLIB_SKIP_DIRS)
+
+
 def stdlib_corpus(
     spec: TokenizerSpec,
     *,
@@ -194,7 +204,7 @@ def stdlib_corpus(
     root = stdlib_root()
     return tokenize_corpus(
         root,
-        list_files(root, "*.py", STDLIB_SKIP_DIRS),
+        _stdlib_files(root),
         spec,
         max_bytes=max_bytes,
         cache=cache,

@@ -66,13 +66,33 @@ def _read_config(folder: str | Path) -> dict:
     path = Path(folder) / CONFIG
     if not path.is_file():
         raise ConfigError(f"--init-from {folder}: no {CONFIG}; give a Hugging Face checkpoint folder")
-    return json.loads(path.read_text())
+    return _json_file(path)
+
+
+def _json_file(path: Path) -> dict:
+    """A JSON object from ``path``; one line naming the file when it is not UTF-8 or not a JSON object."""
+    from pipewright.files import read_text
+
+    try:
+        data = json.loads(read_text(path, "--init-from file"))
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--init-from: {path} is not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--init-from: {path} holds a JSON {type(data).__name__}, not an object")
+    return data
 
 
 def read_hf_spec(folder: str | Path, *, seq_len: int | None = None, name: str = "hf") -> ModelSpec:
     """The model a Hugging Face ``config.json`` describes (``model_type`` gpt2 or llama); ``seq_len``
     defaults to the checkpoint's maximum positions."""
     cfg = _read_config(folder)
+    try:
+        return _spec_from(cfg, folder, seq_len, name)
+    except KeyError as exc:
+        raise ConfigError(f"--init-from {folder}: {CONFIG} has no {exc.args[0]!r}") from None
+
+
+def _spec_from(cfg: dict, folder: str | Path, seq_len: int | None, name: str) -> ModelSpec:
     kind = cfg.get("model_type")
     if kind == "gpt2":
         positions = cfg["n_positions"]
@@ -133,7 +153,9 @@ class _Reader:
 
         folder = Path(folder)
         if (folder / INDEX).is_file():
-            weight_map = json.loads((folder / INDEX).read_text())["weight_map"]
+            weight_map = _json_file(folder / INDEX).get("weight_map")
+            if not isinstance(weight_map, dict):
+                raise ConfigError(f"--init-from: {folder / INDEX} has no weight_map object")
             files = sorted(set(weight_map.values()))
         elif (folder / WEIGHTS).is_file():
             files, weight_map = [WEIGHTS], None

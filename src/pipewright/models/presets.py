@@ -124,12 +124,13 @@ def resolve_model(name: str, **overrides: int | None) -> ModelSpec:
         ):
             overrides = {**overrides, "kv_heads": overrides["heads"]}  # keep multi-head attention
         spec = base.with_overrides(**overrides)
+    for dim in ("layers", "hidden", "heads", "vocab", "seq_len", "ffn_hidden"):  # before dividing by them
+        if getattr(spec, dim) < 1:
+            raise ConfigError(f"--{dim.replace('_', '-')} must be at least 1 (got {getattr(spec, dim)})")
     if spec.hidden % spec.heads:
         raise ConfigError(f"--hidden {spec.hidden} is not divisible by --heads {spec.heads}")
     if spec.kv_heads < 1 or spec.heads % spec.kv_heads:
         raise ConfigError(f"--heads {spec.heads} is not divisible by --kv-heads {spec.kv_heads}")
     if spec.kv_heads != spec.heads and spec.family != "llama":
         raise ConfigError("--kv-heads (grouped-query attention) needs --model llama (or a llama preset)")
-    if min(spec.layers, spec.hidden, spec.heads, spec.vocab, spec.seq_len, spec.ffn_hidden) < 1:
-        raise ConfigError("model dimensions must all be at least 1")
     return spec

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from pipewright.errors import ConfigError
+from pipewright.files import read_text
 from pipewright.mesh import DEFAULT_ORDER
 from pipewright.models.spec import ModelSpec
 
@@ -93,7 +94,7 @@ def save(data: dict[str, Any], path: str | Path) -> None:
 def load(path: str | Path) -> Plan:
     """Read a plan file; one-line error on a missing file or another format."""
     try:
-        data = json.loads(Path(path).read_text())
+        data = json.loads(read_text(path, "plan"))  # one line for a non-UTF-8 file too
     except OSError as exc:
         raise ConfigError(f"cannot read plan {path}: {exc.strerror}") from None
     except json.JSONDecodeError as exc:

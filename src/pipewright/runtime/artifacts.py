@@ -8,8 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tqdm import tqdm
-
+from pipewright.runtime.progress_log import progress, strict_json
 from pipewright.timeline import Timeline
 from pipewright.viz.loss import plot_loss
 from pipewright.viz.timeline import draw_timeline
@@ -28,14 +27,12 @@ class MetricsWriter:
         self.path.write_text("".join(ln + "\n" for ln in kept))
         (run.out_dir / "config.json").write_text(json.dumps(run.config.flat(), indent=1, default=str))
         self.progress = None
-        if run.config.progress:
-            self.progress = tqdm(
-                total=run.config.steps, initial=start, desc="train", unit="step", dynamic_ncols=True
-            )
+        if run.config.progress:  # a bar on a terminal, plain lines in a log (runtime/progress_log.py)
+            self.progress = progress(run.config.steps, start)
 
     def write(self, record: dict) -> None:
         with self.path.open("a") as f:
-            f.write(json.dumps(record) + "\n")
+            f.write(strict_json(record) + "\n")  # NaN/inf as null
         if self.progress is not None:
             self.progress.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:,.0f}")
             self.progress.update(1)

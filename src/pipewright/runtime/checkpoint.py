@@ -56,6 +56,13 @@ from torch.distributed.checkpoint.api import CheckpointException
 from pipewright.errors import ConfigError
 from pipewright.optim import init_optimizer_state
 from pipewright.runtime.reshard import reshard_plan
+from pipewright.runtime.save_errors import (
+    CheckpointSaveError,
+    describe,
+    describe_error,
+    raise_shared,
+    save_failed,
+)
 
 log = logging.getLogger(__name__)
 
@@ -179,30 +186,50 @@ def save_checkpoint(
     rank = dist.get_rank() if dist.is_initialized() else 0
     final = ckpt_dir / f"step_{step}"
     tmp = ckpt_dir / f"step_{step}.tmp"
+    error = None
     if rank == 0:
-        ckpt_dir.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)  # left by a crash during an earlier save
-    _barrier()
+        try:
+            ckpt_dir.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(tmp, ignore_errors=True)  # left by a crash during an earlier save
+        except OSError as exc:
+            error = describe_error(exc, rank)
+    raise_shared(error, final)
     state = _state_dict(params, optimizer, rank)
     hook = _extra_hook(optimizer, extra)
     if hook is not None:
         state.update({EXTRA + k: v for k, v in hook.extra_state().items()})
-    dcp.save(state, checkpoint_id=str(tmp), storage_writer=_ReportingWriter(tmp, progress))
+    try:
+        dcp.save(state, checkpoint_id=str(tmp), storage_writer=_ReportingWriter(tmp, progress))
+    except (CheckpointException, OSError) as exc:  # every rank gets it (DCP gathers the ranks' results)
+        why = describe(exc, tmp, rank)
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointSaveError(save_failed(final, why)) from None
     _barrier()
     progress("commit")
     if rank == 0:
-        record = {"step": step, **meta, "update_rule": type(optimizer).__name__, "files": file_manifest(tmp)}
-        (tmp / META).write_text(json.dumps(record, indent=1, default=str))
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        pointer = ckpt_dir / f".{LATEST}.tmp"
-        pointer.write_text(final.name + "\n")
-        os.replace(pointer, ckpt_dir / LATEST)
-        log.info("saved checkpoint %s", final)
-        if keep > 0:
-            prune_checkpoints(ckpt_dir, keep)
+        try:
+            _commit(ckpt_dir, tmp, final, step, meta, optimizer)
+        except OSError as exc:
+            error = describe_error(exc, rank)
+            shutil.rmtree(tmp, ignore_errors=True)
+    raise_shared(error, final)
+    if rank == 0 and keep > 0:
+        prune_checkpoints(ckpt_dir, keep)
     _barrier()
     return final
+
+
+def _commit(ckpt_dir: Path, tmp: Path, final: Path, step: int, meta: Mapping[str, object], optimizer) -> None:
+    """Rank 0: meta.json (with the file manifest), then ``step_K.tmp`` → ``step_K`` and ``latest``."""
+    record = {"step": step, **meta, "update_rule": type(optimizer).__name__, "files": file_manifest(tmp)}
+    (tmp / META).write_text(json.dumps(record, indent=1, default=str))
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    pointer = ckpt_dir / f".{LATEST}.tmp"
+    pointer.write_text(final.name + "\n")
+    os.replace(pointer, ckpt_dir / LATEST)
+    log.info("saved checkpoint %s", final)
 
 
 def _crc32(path: Path) -> int:
@@ -287,6 +314,21 @@ def resumable_checkpoint(ckpt_dir: str | Path) -> tuple[Path | None, list[str]]:
     if pointed is not None:  # never anything newer than `latest` (a save that did not finish)
         candidates = [d for d in candidates if _step_of(d) <= _step_of(pointed)]
     warnings: list[str] = []
+    chosen = _first_verified(candidates, warnings)
+    newest = _step_of(chosen) if chosen is not None else -1
+    fallback = f"resuming from {chosen.name}" if chosen is not None else "no checkpoint to resume from"
+    root = Path(ckpt_dir)
+    steps = sorted(root.iterdir(), key=_step_of) if root.is_dir() else []
+    for d in steps:  # a step folder without meta.json: said, never skipped silently
+        if _STEP_DIR.fullmatch(d.name) and not (d / META).is_file() and _step_of(d) > newest:
+            warnings.append(
+                f"checkpoint {d} has no {META} (unfinished save or file removed); skipped, {fallback}"
+            )
+    return chosen, warnings
+
+
+def _first_verified(candidates: list[Path], warnings: list[str]) -> Path | None:
+    """The newest of ``candidates`` that verifies; a warning line for each one skipped."""
     bad: str | None = None
     for d in reversed(candidates):
         try:
@@ -297,10 +339,10 @@ def resumable_checkpoint(ckpt_dir: str | Path) -> tuple[Path | None, list[str]]:
         if bad is not None:
             warnings.append(f"{bad}; falling back to the previous complete checkpoint {d}")
             bad = None
-        return d, warnings
+        return d
     if bad is not None:
         warnings.append(f"{bad}; no older complete checkpoint to fall back to")
-    return None, warnings
+    return None
 
 
 def _step_of(path: Path) -> int:

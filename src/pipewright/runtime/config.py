@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -110,6 +111,12 @@ class _TrainFields:
     resume: bool = option(
         False, "--resume", "continue from --out's checkpoint", group="checkpoints and reliability"
     )
+    overwrite: bool = option(
+        False,
+        "--overwrite",
+        "an --out that holds a run: move that run aside (to <out>.replaced-<time>), start anew",
+        group="checkpoints and reliability",
+    )  # runtime/run_folder.py
     stop_after: int | None = option(
         None,
         "--stop-after",
@@ -152,6 +159,12 @@ class _TrainFields:
         "stop or skip: what a NaN/inf loss or gradient does to its step",
         group="checkpoints and reliability",
     )
+    on_save_error: str = option(
+        "stop",
+        "--on-save-error",
+        "stop, retry or skip: what a failed checkpoint save does (the last one is kept)",
+        group="checkpoints and reliability",
+    )  # runtime/save_errors.py
     progress: bool = option(True, "--no-progress", "no progress bar", group="output")
     artifacts: bool = option(
         True, "--no-artifacts", "no loss.png, timeline.png or trace.json", group="output"
@@ -251,11 +264,11 @@ class TrainConfig(_TrainFields):
             import tomllib
         except ImportError:  # Python 3.10
             import tomli as tomllib
+        from pipewright.files import read_text
+
         path = Path(path)
-        if not path.is_file():
-            raise ConfigError(f"config file {path} does not exist")
         try:
-            data = tomllib.loads(path.read_text())
+            data = tomllib.loads(read_text(path, "config file"))
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: not valid TOML ({exc})") from None
         table = data.get("train", data)  # a [train] table or top-level keys
@@ -333,6 +346,10 @@ class TrainConfig(_TrainFields):
 
     def check(self) -> None:
         """Everything that can be checked without the data or the workers (one-line ConfigErrors)."""
+        from pipewright.values import check_train
+
+        for note in check_train(self):  # ranges and finiteness, same lines for flags and TOML
+            logging.getLogger(__name__).warning("warning: %s", note)
         for name in ("tp", "pp", "dp", "microbatches", "microbatch_size", "steps"):
             if int(getattr(self, name)) < 1:
                 flag = name.replace("_", "-")

@@ -1,9 +1,9 @@
-"""Checks of values people write in files (TOML config): each value must have its field's type, floats
-must be finite, so a typo is a one-line error naming the key instead of a traceback later."""
+"""Checks of values people write in files (TOML config): each value must have its field's type
+(NaN/inf and ranges: pipewright.values), so a typo is a one-line error naming the key instead of a
+traceback later."""
 
 from __future__ import annotations
 
-import math
 import types
 import typing
 from collections.abc import Mapping
@@ -25,7 +25,8 @@ def _accepts(kind: type, value: object) -> bool:
 
 def check_types(cls: type, values: Mapping[str, object], source: str) -> None:
     """Raise a one-line ConfigError for the first ``values`` entry (field name → value) whose type is not
-    the dataclass field's (``X | None`` also takes no value: TOML has no null), or that is a NaN/inf."""
+    the dataclass field's (``X | None`` also takes no value: TOML has no null). NaN/inf and
+    ranges: :mod:`pipewright.values` (the same lines as on the command line)."""
     hints = typing.get_type_hints(cls)
     for name, value in values.items():
         hint = hints[name]
@@ -38,5 +39,3 @@ def check_types(cls: type, values: Mapping[str, object], source: str) -> None:
             want = " or ".join(_NAMES.get(k, k.__name__) for k in kinds)
             shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
             raise ConfigError(f"{source}: {name} must be {want}, not {shown}")
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ConfigError(f"{source}: {name} must be a finite number, not {value}")

@@ -23,4 +23,5 @@ def gather_timeline(spans: list[Span], mesh: ParallelMesh) -> Timeline | None:
     dist.gather_object(spans, gathered, dst=0, group=mesh.pp_group)
     if gathered is None:
         return None
-    return Timeline.of(mesh.pp, [s for part in gathered for s in part], source="measured")
+    spans_all = [s for part in gathered for s in part]
+    return Timeline.of(mesh.pp, spans_all, source="measured", meta={"dp": mesh.dp})  # replica dp 0 drawn

@@ -53,6 +53,7 @@ from pipewright.runtime.plugin import (
     merge_built,
 )
 from pipewright.runtime.reshard import shard_layout
+from pipewright.runtime.save_errors import with_policy
 from pipewright.runtime.timeline import gather_timeline
 from pipewright.runtime.tp import (
     grad_norm_params,
@@ -278,15 +279,25 @@ class Trainer:
             scaler.load_state(meta["loss_scaler"])
         return int(meta["step"])
 
-    def save(self, done: int) -> Path:
+    def save(self, done: int) -> Path | None:
         """Checkpoint after ``done`` steps (collective); a stalled save is reported by the guard."""
         scaler = self.options.scaler
         meta = self.meta if scaler is None else {**self.meta, "loss_scaler": scaler.state()}
-        with self.guard.saving(done) as options:
-            folder = self.run.out_dir / "checkpoints"
-            return save_checkpoint(
-                folder, done, self.named_shards, self.optimizer, meta=meta, extra=self.extra_state, **options
-            )
+        folder = self.run.out_dir / "checkpoints"
+
+        def save() -> Path:
+            with self.guard.saving(done) as options:
+                return save_checkpoint(
+                    folder,
+                    done,
+                    self.named_shards,
+                    self.optimizer,
+                    meta=meta,
+                    extra=self.extra_state,
+                    **options,
+                )
+
+        return with_policy(save, self.config.on_save_error, f"step {done}")  # --on-save-error
 
     def forward_backward(self, step: int) -> float:
         """Zero the gradients and run the schedule on global batch ``step``; gradients end up reduced

@@ -16,13 +16,17 @@ rank r; F0/I0/W0 act on c0, F1/I1/W1 on c1.
 
 from __future__ import annotations
 
+import math
 from collections import Counter, deque
 from collections.abc import Callable
 from fractions import Fraction
 from typing import Any
 
-from pipewright.ir import Action, B, F, I, Schedule, W, v_placement
-from pipewright.schedules.registry import ScheduleInfo
+from pipewright.errors import ScheduleError
+from pipewright.ir import Action, B, F, I, Schedule, W, peak_in_flight, v_placement
+from pipewright.schedules.estimate import order_makespan
+from pipewright.schedules.registry import ScheduleCosts, ScheduleInfo
+from pipewright.schedules.v_greedy import candidates
 from pipewright.schedules.vsqueeze import F0, F1, I0, I1, WW, squeeze
 
 
@@ -72,8 +76,9 @@ class _RankOrder:
         return self.count[(stage, I if kind == B else kind)]
 
 
-def zbv(p: int, m: int, v: int = 2) -> Schedule:
-    """ZB-V, the handcrafted schedule of Qi et al. 2024 (torch's ScheduleZBVZeroBubble builds the same order).
+def zbv_torch(p: int, m: int, v: int = 2) -> Schedule:
+    """ZB-V as PyTorch hardcodes it (``zbv-torch``; torch's ScheduleZBVZeroBubble builds the same order):
+    the order for T_F = T_I = T_W and free communication, whatever the costs.
 
     Rank r, written for n = max(m, 2p − 1) microbatches (those ≥ m are then dropped):
 
@@ -118,7 +123,37 @@ def zbv(p: int, m: int, v: int = 2) -> Schedule:
         while o.pending_w:
             o.next_w()
         rows.append(o.order)
-    return _schedule("zbv", p, m, rows)
+    return _schedule("zbv-torch", p, m, rows)
+
+
+def zbv_costed(p: int, m: int, v: int, costs: ScheduleCosts) -> Schedule:
+    """ZB-V as Qi et al. build it: the cost-aware greedy of :mod:`pipewright.schedules.v_greedy` with the
+    per-stage F, I, W times and transfer time of ``costs``, at most ``costs.memory_limit`` microbatches of
+    a rank's layers in flight (default p, 1F1B's). Of the greedy's candidates and PyTorch's order
+    (:func:`zbv_torch`, when it fits the limit) the one with the least
+    :func:`~pipewright.schedules.estimate.order_makespan` is kept (ties: the greedy's first);
+    ``meta["estimated_makespan"]`` is that estimate."""
+    limit = 2 * math.floor(p if costs.memory_limit is None else costs.memory_limit)
+    if limit < 2:
+        raise ScheduleError(f"zbv: memory_limit {costs.memory_limit} holds no microbatch; give at least 1")
+    placement = v_placement(p)
+    options = candidates(p, m, costs, limit)
+    handmade = zbv_torch(p, m)
+    if max(peak_in_flight(handmade)) * 2 <= limit:
+        options.append([list(row) for row in handmade.actions])
+    if not options:
+        raise ScheduleError(f"zbv: no order for p={p}, m={m} within memory_limit {costs.memory_limit}")
+    scored = [(order_makespan(rows, placement, costs), n) for n, rows in enumerate(options)]
+    best, n = min(scored)
+    return _schedule("zbv", p, m, options[n], estimated_makespan=best)
+
+
+def zbv(p: int, m: int, v: int = 2) -> Schedule:
+    """ZB-V with unit costs (T_F = T_I = T_W = 1 per chunk, free communication, memory limit p):
+    :func:`zbv_costed`. From p ≥ 2 and m ≥ 2p − 1 one iteration takes 6m + p − 1 at 1F1B's peak p on
+    every rank, as PyTorch's order; with fewer microbatches it is faster (p = 8, m = 8: 55 against 62)."""
+    unit = (1.0,) * (2 * p)
+    return zbv_costed(p, m, v, ScheduleCosts(unit, unit, unit))
 
 
 def dualpipev(p: int, m: int, v: int = 2) -> Schedule:
@@ -251,6 +286,16 @@ def block_memory(name: str, p: int, m: int) -> list[Fraction]:
     return peaks
 
 
+def _squeezed(name: str, p: int, m: int) -> Schedule:
+    """The block schedule of ``name`` squeezed and reordered under its peak (:func:`squeeze`)."""
+    rows = []
+    kinds = {F0: F, F1: F, I1: I, I0: I, WW: W}
+    for r, order in enumerate(squeeze([_BLOCKS[name](p, r) for r in range(p)], m)):
+        chunks = (r, 2 * p - 1 - r)
+        rows.append([Action(chunks[c], kinds[k], j) for k, j, c in order])
+    return _schedule(name, p, m, rows)
+
+
 def v_half(p: int, m: int, v: int = 2) -> Schedule:
     """V-Half (Controllable Memory, NeurIPS 2024): half of 1F1B's activation memory, about half its bubble.
 
@@ -263,16 +308,11 @@ def v_half(p: int, m: int, v: int = 2) -> Schedule:
     checked) — under half of 1F1B's 6(p − 1); the block order alone (:func:`v_half_blocks`): 5, 7, 12,
     14, 19, 21, 26 for p = 2..8.
     """
-    rows = []
-    for r, order in enumerate(squeeze([_BLOCKS["v-half"](p, r) for r in range(p)], m)):
-        chunks = (r, 2 * p - 1 - r)
-        kinds = {F0: F, F1: F, I1: I, I0: I, WW: W}
-        rows.append([Action(chunks[c], kinds[k], j) for k, j, c in order])
-    return _schedule("v-half", p, m, rows)
+    return _squeezed("v-half", p, m)
 
 
 def v_half_blocks(p: int, m: int) -> Schedule:
-    """V-Half's block order before the squeeze (the schedule ``v-half`` was up to session 4): peak
+    """V-Half's block order before the squeeze (``v-half`` without :mod:`.vsqueeze`): peak
     :func:`block_memory`, bubble 5, 7, 12, 14, 19, 21, 26 for p = 2..8 with unit costs."""
     return _from_block("v-half", p, m)
 
@@ -285,11 +325,20 @@ def v_min(p: int, m: int, v: int = 2) -> Schedule:
     """V-Min (Controllable Memory, NeurIPS 2024): the paper claims a third of 1F1B's activation memory and
     about two thirds of its bubble.
 
-    Exact memory of this code: :func:`block_memory`; for m ≥ p: ⌊p/3⌋ + 1 microbatches of a rank's
-    layers, and ⌊p/3⌋ + 2 on ranks r ≢ 0 (mod 3) and on rank p − 1 when p ≡ 2 (mod 3) (p = 2..12
-    checked). One iteration with unit costs: bubble 3, 9, 11, 15, 21, 23, 27 for p = 2..8 (1F1B:
-    6(p − 1)), about two thirds of 1F1B's for p ≥ 6.
+    The block of :data:`_BLOCKS` repeated every 6 slots, then squeezed and reordered under the block's
+    peak over all ranks as the paper and its reference code do (:func:`squeeze`); for m ≥ 2p this is
+    the reference's order pass for pass (p ≤ 8 checked), and for every m it is as fast or faster
+    (:func:`v_min_blocks` is the order before the squeeze). Exact memory of this code for p ≤ m ≤ 3p:
+    ⌊(p + 1)/3⌋ + 1 microbatches of a rank's layers on every rank, rank 0 half a microbatch less when
+    p ≡ 2 (mod 3) (p = 8: [3.5, 4, 4, 4, 4, 4, 4, 4], as the reference) — the squeeze lets every rank
+    rise to the block's largest peak. One iteration with unit costs at m = 3p: bubble 3, 5, 11, 15,
+    17, 23, 27 for p = 2..8 (block order: 3, 9, 11, 15, 21, 23, 27; 1F1B: 6(p − 1)).
     """
+    return _squeezed("v-min", p, m)
+
+
+def v_min_blocks(p: int, m: int) -> Schedule:
+    """V-Min's block order before the squeeze: peak :func:`block_memory`."""
     return _from_block("v-min", p, m)
 
 
@@ -306,10 +355,19 @@ SCHEDULES = (
     _v_info(
         "zbv",
         zbv,
+        build_costed=zbv_costed,
+        memory=lambda p, m, v: peak_in_flight(zbv(p, m)),
+        bubble="cost-aware greedy; (p − 1)·T_F for one iteration alone when T_F = T_I = T_W and m ≥ 2p − 1",
+        memory_formula="at most the memory limit (p microbatches of a rank's layers by default)",
+        source="Qi et al., Zero Bubble Pipeline Parallelism, ICLR 2024 (ZB-V, the reference code's V greedy)",
+    ),
+    _v_info(
+        "zbv-torch",
+        zbv_torch,
         memory=_zbv_memory,
-        bubble="0 in steady state when T_F = T_I = T_W (one iteration alone: (p − 1)·T_F)",
+        bubble="0 in steady state when T_F = T_I = T_W (one iteration alone: (p − 1)·T_F for m ≥ 2p − 1)",
         memory_formula="min(2p, m + 1 + r, 2m)/2 on rank r (p once m ≥ 2p − 1)",
-        source="Qi et al., Zero Bubble Pipeline Parallelism, ICLR 2024 (ZB-V)",
+        source="PyTorch's ScheduleZBVZeroBubble (the handcrafted ZB-V of Qi et al., ICLR 2024)",
     ),
     _v_info(
         "v-half",
@@ -322,9 +380,9 @@ SCHEDULES = (
     _v_info(
         "v-min",
         v_min,
-        memory=lambda p, m, v: block_memory("v-min", p, m),
-        bubble="about two thirds of 1F1B's",
-        memory_formula="⌊p/3⌋ + 1 (+1 on some ranks when p ≡ 2 mod 3) for m ≥ p (block_memory in general)",
+        memory=lambda p, m, v: peak_in_flight(v_min(p, m)),
+        bubble="about two thirds of 1F1B's or less (unit costs: 27 against 42 at p = 8, m = 3p)",
+        memory_formula="⌊(p + 1)/3⌋ + 1 on every rank for p ≤ m ≤ 3p (rank 0: ½ less when p ≡ 2 mod 3)",
         source="Qi et al., Pipeline Parallelism with Controllable Memory, NeurIPS 2024 (V-Min)",
     ),
     _v_info(

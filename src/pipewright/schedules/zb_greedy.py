@@ -119,14 +119,19 @@ def greedy_orders(
     return [st.order for st in ranks], makespan
 
 
-def best_orders(p: int, m: int, costs: StageCosts, memory_limit: int) -> tuple[list[list[Action]], float]:
-    """Try every flag combination; keep the orders with the smallest estimated makespan."""
-    best: tuple[list[list[Action]], float] | None = None
-    for fill_gaps, alternate, staggered in itertools.product((True, False), repeat=3):
-        orders, makespan = greedy_orders(
+def all_orders(
+    p: int, m: int, costs: StageCosts, memory_limit: int
+) -> list[tuple[list[list[Action]], float]]:
+    """The orders and estimates of every flag combination (the heuristic's fill choices)."""
+    return [
+        greedy_orders(
             p, m, costs, memory_limit, fill_gaps=fill_gaps, alternate=alternate, staggered=staggered
         )
-        if best is None or makespan < best[1]:
-            best = (orders, makespan)
-    assert best is not None
-    return best
+        for fill_gaps, alternate, staggered in itertools.product((True, False), repeat=3)
+    ]
+
+
+def best_orders(p: int, m: int, costs: StageCosts, memory_limit: int) -> tuple[list[list[Action]], float]:
+    """Try every flag combination; keep the orders with the smallest estimated makespan (ties: the
+    first tried)."""
+    return min(all_orders(p, m, costs, memory_limit), key=lambda pair: pair[1])

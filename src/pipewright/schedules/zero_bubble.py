@@ -22,9 +22,10 @@ from collections.abc import Callable, Iterable, Sequence
 from fractions import Fraction
 
 from pipewright.errors import ScheduleError
-from pipewright.ir import Action, F, I, Schedule, W, loop_placement
+from pipewright.ir import Action, F, I, Schedule, W, loop_placement, peak_in_flight
+from pipewright.schedules.estimate import order_makespan, order_span
 from pipewright.schedules.registry import ScheduleCosts, ScheduleInfo
-from pipewright.schedules.zb_greedy import StageCosts, best_orders
+from pipewright.schedules.zb_greedy import StageCosts, all_orders
 
 
 def _schedule(name: str, p: int, m: int, rows: Iterable[Iterable[Action]], **meta: object) -> Schedule:
@@ -61,6 +62,58 @@ def _delayed_1f1b(name: str, p: int, m: int, warmup: list[int], delay: list[int]
     return _schedule(name, p, m, rows, **meta)
 
 
+def _handcrafted_h1(p: int, m: int) -> Schedule:
+    return _delayed_1f1b("zb-h1", p, m, [p - 1 - r for r in range(p)], list(range(p)))
+
+
+def _handcrafted_h2(p: int, m: int) -> Schedule:
+    return _delayed_1f1b(
+        "zb-h2",
+        p,
+        m,
+        [2 * (p - 1 - r) for r in range(p)],
+        [2 * r for r in range(p)],
+        needs_post_validation=True,
+    )
+
+
+def _unit(p: int) -> ScheduleCosts:
+    return ScheduleCosts((1.0,) * p, (1.0,) * p, (1.0,) * p)
+
+
+def _greedy(p: int, m: int, costs: ScheduleCosts, limit: int) -> list[tuple[str, list[list[Action]]]]:
+    stage = StageCosts(costs.f, costs.i, costs.w, costs.comm)
+    return [("greedy", orders) for orders, _ in all_orders(p, m, stage, limit)]
+
+
+def _fastest(
+    name: str,
+    p: int,
+    m: int,
+    costs: ScheduleCosts,
+    options: Sequence[tuple[str, Sequence[Sequence[Action]]]],
+    *,
+    steady: bool = False,
+    **meta: object,
+) -> Schedule:
+    """The option with the least :func:`~pipewright.schedules.estimate.order_makespan` under ``costs``
+    — with ``steady``, the least :func:`~pipewright.schedules.estimate.order_span` (the period without
+    an optimizer barrier, which a schedule that needs post-validation runs with), makespan second — ties:
+    the first; ``meta["order"]`` names where it came from, ``meta["estimated_makespan"]`` its makespan."""
+    placement = loop_placement(p)
+    scored = []
+    for n, (_, rows) in enumerate(options):
+        makespan, span = order_makespan(rows, placement, costs), order_span(rows, placement, costs)
+        scored.append(((span, makespan) if steady else (makespan,), makespan, n))
+    _, best, n = min(scored)
+    label, rows = options[n]
+    return _schedule(name, p, m, rows, order=label, estimated_makespan=best, **meta)
+
+
+def _h1_options(p: int, m: int, costs: ScheduleCosts) -> list[tuple[str, Sequence[Sequence[Action]]]]:
+    return [("handcrafted", _handcrafted_h1(p, m).actions), *_greedy(p, m, costs, p)]
+
+
 def zb_h1(p: int, m: int, v: int = 1) -> Schedule:
     """ZB-H1, the handcrafted schedule of Qi et al. 2024 (torch's ScheduleInterleavedZeroBubble with one
     chunk builds the same order).
@@ -70,9 +123,23 @@ def zb_h1(p: int, m: int, v: int = 1) -> Schedule:
     delayed W fill the bubbles where a rank waits for gradients: bubble (p − 1)(T_F + T_I − T_W) for
     T_W ≤ T_F, T_I (with larger T_W it stays at the pipeline fill (p − 1)·T_F); with
     unit costs one iteration takes 3m + p − 1 (1F1B: 3m + 3(p − 1)) for m ≥ p. Peak memory min(p, m)
-    on every rank (see the module docstring).
+    on every rank (see the module docstring). With costs see :func:`zb_h1_costed`.
     """
-    return _delayed_1f1b("zb-h1", p, m, [p - 1 - r for r in range(p)], list(range(p)))
+    return _handcrafted_h1(p, m)
+
+
+def zb_h1_costed(p: int, m: int, v: int, costs: ScheduleCosts) -> Schedule:
+    """ZB-H1 under the caller's costs, with communication: as the paper's reference code builds its
+    1p schedule, the automatic scheduler at 1F1B's memory (limit p), or the handcrafted order when that
+    is faster under ``costs`` (:func:`_fastest`). Peak min(p, m) on every rank or less."""
+    return _fastest("zb-h1", p, m, costs, _h1_options(p, m, costs))
+
+
+def _h2_options(p: int, m: int, costs: ScheduleCosts) -> list[tuple[str, Sequence[Sequence[Action]]]]:
+    return [
+        ("handcrafted", _handcrafted_h2(p, m).actions),
+        ("zb-h1 (faster at this m)", _handcrafted_h1(p, m).actions),
+    ]
 
 
 def zb_h2(p: int, m: int, v: int = 1) -> Schedule:
@@ -86,15 +153,20 @@ def zb_h2(p: int, m: int, v: int = 1) -> Schedule:
     other every 3m: zero bubble in steady state. That needs the paper's post-validation (each stage
     steps its optimizer without a global synchronisation, a later check rolls back on inf/NaN or
     clipping): ``meta["needs_post_validation"]``. Peak memory min(2p − 1, m) on every rank.
+
+    With few microbatches the long warm-up does not pay (p = 8, m = 8: 34 against ZB-H1's 31), so the
+    order is ZB-H1's whenever that is faster with unit costs (``meta["order"]`` says which); ZB-H2 is
+    never slower than ZB-H1.
     """
-    return _delayed_1f1b(
-        "zb-h2",
-        p,
-        m,
-        [2 * (p - 1 - r) for r in range(p)],
-        [2 * r for r in range(p)],
-        needs_post_validation=True,
-    )
+    return _fastest("zb-h2", p, m, _unit(p), _h2_options(p, m, _unit(p)), needs_post_validation=True)
+
+
+def zb_h2_costed(p: int, m: int, v: int, costs: ScheduleCosts) -> Schedule:
+    """ZB-H2 under the caller's costs, with communication: the fastest of the handcrafted order, ZB-H1's
+    candidates (:func:`zb_h1_costed`) and the automatic scheduler at ZB-H2's memory (limit 2p, the
+    reference code's 2p schedule), so never slower than ``zb-h1`` under the same costs."""
+    options = [*_h2_options(p, m, costs), *_h1_options(p, m, costs)[1:], *_greedy(p, m, costs, 2 * p)]
+    return _fastest("zb-h2", p, m, costs, options, steady=True, needs_post_validation=True)
 
 
 def zb_auto(
@@ -110,8 +182,14 @@ def zb_auto(
     """The automatic zero-bubble schedule (Qi et al. 2024, §3.1): the memory-bounded greedy of
     :mod:`pipewright.schedules.zb_greedy` with per-stage costs ``f``, ``i``, ``w`` (length p, > 0),
     point-to-point time ``comm`` and at most ``memory_limit`` microbatches in flight per rank (default
-    2p − 1, ZB-H2-like; p gives ZB-H1-like orders). ``meta["estimated_makespan"]`` is the greedy's own
-    estimate of the iteration time under those costs.
+    2p − 1, ZB-H2-like; p gives ZB-H1-like orders).
+
+    The heuristic runs once per fill choice; every resulting order — and the handcrafted ZB-H1 and ZB-H2
+    where their peak fits the limit — is scored under the same costs
+    (:func:`~pipewright.schedules.estimate.order_makespan`) and the fastest is kept, so zb-auto is never
+    slower than ZB-H1 at limit p nor than ZB-H2 at limit 2p − 1 or more. ``meta["estimated_makespan"]``
+    is that score, ``meta["order"]`` where the order came from. (The paper refines the heuristic's order
+    with an ILP; that refinement is not done here.)
     """
     if p < 1 or m < 1:
         raise ScheduleError(f"zb-auto needs at least 1 stage and 1 microbatch (got p={p}, m={m})")
@@ -127,8 +205,16 @@ def zb_auto(
         raise ScheduleError(
             f"zb-auto: memory_limit {memory_limit} holds no microbatch; give at least 1 (microbatches)"
         )
-    orders, makespan = best_orders(p, m, StageCosts(tuple(f), tuple(i), tuple(w), comm), limit)
-    return _schedule("zb-auto", p, m, orders, memory_limit=limit, estimated_makespan=makespan)
+    costs = ScheduleCosts(tuple(f), tuple(i), tuple(w), comm)
+    options = _greedy(p, m, costs, limit)
+    if limit > p:  # ZB-1p's orders fit a larger limit too (the candidates of zb-h2 at 2p)
+        options += _greedy(p, m, costs, p)
+    for label, sched in (("zb-h1", _handcrafted_h1(p, m)), ("zb-h2", _handcrafted_h2(p, m))):
+        if max(peak_in_flight(sched)) <= limit:
+            options.append((label, sched.actions))
+    steady = limit >= 2 * p - 1  # ZB-2p-like: the paper runs it with post-validation
+    meta = {"needs_post_validation": True} if steady else {}
+    return _fastest("zb-auto", p, m, costs, options, steady=steady, memory_limit=limit, **meta)
 
 
 def _zb_auto_unit(p: int, m: int, v: int = 1) -> Schedule:
@@ -155,6 +241,7 @@ SCHEDULES = (
     ScheduleInfo(
         name="zb-h1",
         build=zb_h1,
+        build_costed=zb_h1_costed,
         memory=_same_on_every_rank(lambda p, m: min(p, m)),
         bubble="(p − 1)(T_F + T_I − T_W)",
         memory_formula="min(p, m) on every rank",
@@ -163,9 +250,10 @@ SCHEDULES = (
     ScheduleInfo(
         name="zb-h2",
         build=zb_h2,
-        memory=_same_on_every_rank(lambda p, m: min(2 * p - 1, m)),
+        build_costed=zb_h2_costed,
+        memory=lambda p, m, v: peak_in_flight(zb_h2(p, m)),
         bubble="0 in steady state (no optimizer barrier; one iteration alone: (p − 1)·T_F with unit costs)",
-        memory_formula="min(2p − 1, m) on every rank",
+        memory_formula="min(2p − 1, m) on every rank (min(p, m) where ZB-H1's order is faster)",
         source="Qi et al., Zero Bubble Pipeline Parallelism, ICLR 2024 (ZB-H2)",
     ),
     ScheduleInfo(

@@ -17,7 +17,11 @@ from pipewright.models.layout import resolve_layout
 from pipewright.options import check_section, take_values, update_rule_names
 from pipewright.runtime.checkpoint import read_meta, resumable_checkpoint, same_model
 from pipewright.runtime.config import TrainConfig, fingerprint
+from pipewright.runtime.launch import default_backend
+from pipewright.runtime.resume_check import model_difference
+from pipewright.runtime.run_folder import check_out, no_checkpoint_advice
 from pipewright.runtime.schedule_source import resolve_schedule as schedule_of
+from pipewright.runtime.size_check import check_fits
 from pipewright.runtime.trainer import PreparedRun
 from pipewright.schedules.registry import default_registry
 
@@ -132,24 +136,28 @@ def prepare(
         plugin.check(config, schedule, spec)
     fp = fingerprint(spec, config.tokenizer, config.tp)
     out_dir = Path(config.out) if config.out else default_out_dir()
+    if config.out:  # another run's folder, or one held by a live run: refused (runtime/run_folder.py)
+        check_out(out_dir, resume=config.resume, overwrite=config.overwrite)
     resume_from, start = None, 0
     if config.resume:
         resume_from, warnings = resumable_checkpoint(out_dir / "checkpoints")
         for warning in warnings:  # a corrupted or truncated newest checkpoint: the previous one is used
             log.warning("%s", warning)
         if resume_from is None:
-            raise ConfigError(f"--resume: no checkpoint in {out_dir / 'checkpoints'}; run without --resume")
+            raise ConfigError(no_checkpoint_advice(out_dir, warnings))
         meta = read_meta(resume_from)
         if not same_model(meta, fp, fingerprint(spec, config.tokenizer)):  # tp may differ: resharded
+            differs = model_difference(meta, spec, config.tp)  # runtime/resume_check.py
             raise ConfigError(
-                f"--resume: checkpoint {resume_from} belongs to another model ({meta.get('model', '?')}); "
-                "use the same model dimensions and --tp, or a new --out"
+                f"--resume: checkpoint {resume_from} belongs to another model ({meta.get('model', '?')}"
+                + (f"; saved with {differs}" if differs else "")
+                + "); use the same model dimensions and --tp, or a new --out"
             )
         start = int(meta["step"])
         if start >= config.steps:
             raise ConfigError(f"--resume: the checkpoint is at step {start}, --steps is {config.steps}")
     update = tuple(n for f in features if f.section is not None for n in update_rule_names(f.section))
-    return PreparedRun(
+    run = PreparedRun(
         config,
         spec,
         schedule,
@@ -161,3 +169,5 @@ def prepare(
         plugins=tuple(plugins),
         update_settings=update,
     )
+    check_fits(run, cpu=default_backend() == "gloo" and world_size is None)  # runtime/size_check.py
+    return run

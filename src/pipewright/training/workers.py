@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from pipewright.runtime import elastic
 from pipewright.runtime.artifacts import MetricsWriter, write_artifacts
 from pipewright.runtime.config import TrainConfig
 from pipewright.runtime.launch import init_from_env, running_under_torchrun, spawn
+from pipewright.runtime.run_folder import RunLock, claim
 from pipewright.runtime.trainer import PreparedRun, Trainer, TrainResult
 from pipewright.training.prepare import prepare
 
@@ -30,14 +32,29 @@ def train(config: TrainConfig) -> TrainResult:
     if running_under_torchrun():
         init_from_env(cpu_allocator=config.cpu_allocator)
         run = prepare(elastic.auto_resume(config), world_size=int(os.environ["WORLD_SIZE"]))
-        chosen = [str(run.out_dir)]  # the default folder name has a timestamp: take rank 0's
+        lock = _claim(run) if dist.get_rank() == 0 else None
+        chosen = [str(run.out_dir) if lock is None else str(lock.folder)]  # rank 0's folder
         dist.broadcast_object_list(chosen, src=0)
         run = replace(run, out_dir=Path(chosen[0]))
-        return train_worker(dist.get_rank(), run)
+        with lock or nullcontext():
+            return train_worker(dist.get_rank(), run)
     run = prepare(config)
+    lock = _claim(run)
+    run = replace(run, out_dir=lock.folder)
     if config.out is None:
         _point_latest(run.out_dir)
+    with lock:
+        return _train_local(config, run)
 
+
+def _claim(run: PreparedRun) -> RunLock:
+    """The run folder, locked for the run's life (a new default folder; an old run moved aside)."""
+    c = run.config
+    given = Path(c.out) if c.out else None
+    return claim(given, run.out_dir.parent, resume=c.resume, overwrite=c.overwrite)[1]
+
+
+def _train_local(config: TrainConfig, run: PreparedRun) -> TrainResult:
     prepared = [run]
 
     def attempt(c: TrainConfig) -> TrainResult:

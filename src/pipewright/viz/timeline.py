@@ -47,8 +47,11 @@ def draw_timeline(
     width: float = 12.0,
     dpi: int = 120,
     xlabel: str = "time (s)",
+    note: str | None = None,
 ) -> Path:
-    """Write a PNG of one or more timelines (one panel each, stacked, shared time axis)."""
+    """Write a PNG of one or more timelines (one panel each, stacked, shared time axis). The x label
+    says what the numbers in the boxes are (microbatches) and, for a timeline whose ``meta`` has
+    ``dp`` > 1, that one data-parallel replica is drawn; ``note`` adds to it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -76,7 +79,7 @@ def draw_timeline(
     for ax, tl, title in zip(axes[:, 0], tls, titles, strict=True):
         used |= _draw_panel(ax, tl, colours, t0, span_x, width * dpi * 0.85)
         ax.set_title(title, fontsize=10, loc="left")
-    axes[-1, 0].set_xlabel(xlabel)
+    axes[-1, 0].set_xlabel(f"{xlabel}    [{_legend_note(tls, note)}]")
     axes[-1, 0].set_xlim(t0, t0 + span_x)
     order = [k for k in colours if k in used]
     fig.legend(
@@ -91,6 +94,14 @@ def draw_timeline(
     fig.savefig(out, dpi=dpi)
     plt.close(fig)
     return out
+
+
+def _legend_note(tls: Sequence[Timeline], note: str | None) -> str:
+    parts = ["numbers in boxes: microbatch"]
+    dp = max(int(tl.meta.get("dp", 1) or 1) for tl in tls)
+    if dp > 1:
+        parts.append(f"one data-parallel replica of {dp} drawn")
+    return "; ".join(parts + ([note] if note else []))
 
 
 def _default_title(tl: Timeline) -> str:

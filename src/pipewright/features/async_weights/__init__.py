@@ -1,4 +1,4 @@
-"""Asynchronous pipelines (issue 13): weight policies none/stash/2bw/predict/dc for schedules without
+"""Asynchronous pipelines: weight policies none/stash/2bw/predict/dc for schedules without
 a flush, PipeOptim's optimizer-dependent weight prediction, version differences read from the
 schedule, and the weight memory of each policy. See docs/async-pipelines.md.
 

@@ -24,6 +24,7 @@ from pipewright.features.kfac.kinds import (
     KFAC_KINDS_ALL,
     KFAC_PRECOND,
     KFAC_REDUCE,
+    Factor,
     Piece,
     layer_of,
 )
@@ -117,9 +118,10 @@ class TaskTimes:
     def layers(self, stage: int) -> int:
         return len(self.shapes[stage])
 
-    def factor_bytes(self, stage: int, layer: int) -> float:
+    def factor_bytes(self, stage: int, layer: int, factor: str | None = None) -> float:
+        """fp32 bytes of the layer's factor ``factor`` ("A" or "B"; None: both)."""
         sh = self.shapes[stage][layer]
-        return 4.0 * (sh.dim_a**2 + sh.dim_b**2)
+        return 4.0 * ((sh.dim_a**2 if factor != "B" else 0) + (sh.dim_b**2 if factor != "A" else 0))
 
     def inversion_piece(self, stage: int, kind: str, payload: object) -> float:
         layer = layer_of(payload)
@@ -224,7 +226,8 @@ class KFACCost:
 
     def message_bytes(self, action: Action, schedule: Schedule) -> float:
         if action.kind == KFAC_REDUCE:
-            return self.times.factor_bytes(action.stage, layer_of(action.payload))
+            factor = action.payload.factor if isinstance(action.payload, Factor) else None
+            return self.times.factor_bytes(action.stage, layer_of(action.payload), factor)
         return self.base.message_bytes(action, schedule)
 
     def activation_bytes(self, action: Action, schedule: Schedule) -> float:

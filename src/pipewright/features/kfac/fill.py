@@ -24,74 +24,25 @@ Pure Python; no torch.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pipewright.cost.base import CommModel, CostModel, FreeComm
 from pipewright.cost.unit import UnitCost
 from pipewright.errors import PipewrightError
-from pipewright.features.kfac.cost import KFACCost, TaskTimes, inversion_piece_weights, split_plan
-from pipewright.features.kfac.kinds import (
-    KFAC_A,
-    KFAC_B,
-    KFAC_FILL,
-    KFAC_INV_A,
-    KFAC_INV_B,
-    KFAC_PRECOND,
-    KFAC_REDUCE,
-    Piece,
-    with_kfac_kinds,
-)
-from pipewright.ir import Action, B, F, I, Schedule, W
+from pipewright.features.kfac.cost import KFACCost, TaskTimes
+from pipewright.features.kfac.gaps import event_ends, rank_gaps, skip_sends, take
+from pipewright.features.kfac.kinds import KFAC_FILL, KFAC_PRECOND, with_kfac_kinds
+from pipewright.features.kfac.pipefisher_plan import plan_iterations
+from pipewright.features.kfac.tasks import FIT, Placement, _Task, list_schedule, refresh_tasks
+from pipewright.ir import Action, B, Schedule, W
 from pipewright.passes.lower import lower
 from pipewright.sim.engine import simulate
 
-PRIORITY = {KFAC_A: 0, KFAC_B: 1, KFAC_REDUCE: 2, KFAC_INV_A: 3, KFAC_INV_B: 4}
-FIT = 1.05  # PipeFisher's margin: a task goes into a bubble if 1.05 × its duration fits
-EPS = 1e-12
+__all__ = ["FIT", "FillError", "FillResult", "Placement", "fill_kfac", "slot_schedule"]
 
 
 class FillError(PipewrightError):
     """The schedule cannot be filled (e.g. it is asynchronous)."""
-
-
-@dataclass(frozen=True)
-class Gap:
-    """An idle interval [start, end) of a rank in iteration 0; tasks go in before row index ``pos``."""
-
-    start: float
-    end: float
-    pos: int
-
-
-@dataclass(frozen=True)
-class Placement:
-    """Where one K-FAC task runs: ``iteration`` of the refresh, its start/end in the plain schedule's
-    timeline (absolute: iteration k starts at k·T), the row index it is inserted before, and whether
-    it sits in a bubble (False: it runs after the rank's last action and lengthens the iteration)."""
-
-    rank: int
-    action: Action
-    iteration: int
-    start: float
-    end: float
-    pos: int
-    in_bubble: bool
-    refresh: int = 0
-    carried: bool = False  # curvature from an earlier iteration's saved tensors
-
-
-@dataclass
-class _Task:
-    action: Action
-    duration: float
-    priority: int
-    deps: list[_Task] = field(default_factory=list)
-    ready_in_iteration: float | None = None  # curvature: the F/I end within each iteration
-    refresh: int = 0
-    end: float | None = None
-    collective: float = 0.0  # reduction: collective time (runs on the collective stream)
 
 
 @dataclass(frozen=True)
@@ -103,7 +54,9 @@ class FillResult:
     iterations per refresh when refreshes run back to back (fractional, the paper's quantity).
     ``utilization_before/after``: Σ compute / (ranks × time) of the plain iteration and over the filled
     iterations; ``iteration_time_before`` and ``iteration_times_after`` from the simulator.
-    ``bubble_work``/``serial_work``: K-FAC refresh work placed in bubbles / after the last action."""
+    ``bubble_work``/``serial_work``: K-FAC refresh work placed in bubbles / after the last action.
+    ``pipefisher_plan_iterations``: PipeFisher's own "iterations per refresh", the period of its
+    automatic plan (:mod:`pipewright.features.kfac.pipefisher_plan`; max over ranks)."""
 
     base: Schedule
     iterations: tuple[Schedule, ...]
@@ -119,6 +72,7 @@ class FillResult:
     split_inversions: int
     cost: KFACCost | None = None
     comm: CommModel | None = None
+    pipefisher_plan_iterations: int = 0
 
     @property
     def fitted_fraction(self) -> float:
@@ -142,186 +96,8 @@ class FillResult:
             "utilization_after": self.utilization_after,
             "fitted_fraction": self.fitted_fraction,
             "split_inversions": self.split_inversions,
+            "pipefisher_plan_iterations": self.pipefisher_plan_iterations,
         }
-
-
-def _skip_sends(row: tuple[Action, ...], pos: int, schedule: Schedule) -> int:
-    while pos < len(row) and schedule.kinds[row[pos].kind].comm == "send":
-        pos += 1
-    return pos
-
-
-def rank_gaps(schedule: Schedule, sim, rank: int, period: float) -> list[Gap]:
-    """Idle gaps of ``rank`` in iteration 0 of ``sim`` (a simulation of lowered ``schedule``)."""
-    row = schedule.actions[rank]
-    spans = [(i, s, e) for i, (a, s, e) in enumerate(sim.spans_of(rank)) if schedule.kinds[a.kind].compute]
-    gaps: list[Gap] = []
-    t, pos = 0.0, 0
-    for i, s, e in spans:
-        if s - t > EPS:
-            gaps.append(Gap(t, s, pos))
-        t = max(t, e)
-        pos = _skip_sends(row, i + 1, schedule)
-    if period - t > EPS:
-        gaps.append(Gap(t, period, len(row)))
-    return gaps
-
-
-def _event_ends(schedule: Schedule, sim, rank: int) -> dict[tuple, float]:
-    """End time in iteration 0 of each F/I/W event produced on ``rank``."""
-    ends: dict[tuple, float] = {}
-    for a, _, e in sim.spans_of(rank):
-        if a.kind == F:
-            ends[(F, a.stage, a.microbatch)] = e
-        elif a.kind in (B, I):
-            ends[(I, a.stage, a.microbatch)] = e
-        if a.kind in (B, W):
-            ends[(W, a.stage, a.microbatch)] = e
-    return ends
-
-
-def _refresh_tasks(
-    schedule: Schedule,
-    rank: int,
-    times: TaskTimes,
-    ends: dict[tuple, float],
-    comm: CommModel,
-    split_limit: float | None,
-    refresh: int,
-    previous: list[_Task] | None,
-) -> tuple[list[_Task], int]:
-    """The tasks of one refresh on ``rank``; with ``split_limit``, inversions longer are split."""
-    tasks: list[_Task] = []
-    splits = 0
-    m = schedule.num_microbatches
-    prev_curv = {
-        (t.action.kind, t.action.stage, t.action.microbatch, t.action.payload): t for t in previous or []
-    }
-    for s in schedule.stages_of(rank):
-        for layer in range(times.layers(s)):
-            curv = []
-            for k in range(m):
-                for kind, idx, ev in ((KFAC_A, 0, (F, s, k)), (KFAC_B, 1, (I, s, k))):
-                    a = Action(s, kind, k, layer)
-                    t = _Task(a, times.curv[s][layer][idx], PRIORITY[kind], ready_in_iteration=ends[ev])
-                    t.refresh = refresh
-                    before = prev_curv.get((kind, s, k, layer))
-                    if before is not None:
-                        t.deps.append(before)  # one accumulator slot: the previous refresh's first
-                    curv.append(t)
-            red = _Task(Action(s, KFAC_REDUCE, None, layer), 0.0, PRIORITY[KFAC_REDUCE], deps=list(curv))
-            red.refresh = refresh
-            red.collective = comm.collective_time("all_reduce", rank, times.factor_bytes(s, layer))
-            tasks += [*curv, red]
-            for kind, idx in ((KFAC_INV_A, 0), (KFAC_INV_B, 1)):
-                whole = times.inv[s][layer][idx]
-                sh = times.shapes[s][layer]
-                m_dim = sh.dim_a if idx == 0 else sh.dim_b
-                plan = None
-                if split_limit is not None and whole * FIT > split_limit:
-                    plan = split_plan(m_dim, whole, split_limit, FIT)
-                dep = red
-                if plan is None:
-                    t = _Task(
-                        Action(s, kind, None, layer), whole, PRIORITY[kind], deps=[dep], refresh=refresh
-                    )
-                    tasks.append(t)
-                    continue
-                splits += 1
-                for j, w in enumerate(inversion_piece_weights(m_dim, *plan)):
-                    t = _Task(
-                        Action(s, kind, None, Piece(layer, j, *plan)),
-                        whole * w,
-                        PRIORITY[kind],
-                        deps=[dep],
-                        refresh=refresh,
-                    )
-                    tasks.append(t)
-                    dep = t
-    return tasks, splits
-
-
-def _list_schedule(
-    tasks: list[_Task], gaps: list[Gap], period: float, row_len: int, rank: int, max_iterations: int
-) -> tuple[list[Placement], list[float]]:
-    """Place ``tasks`` into ``gaps`` of successive iterations; returns placements and, per iteration,
-    the serial time added after the rank's last action. Candidates are the tasks whose dependencies
-    are placed (a counter per task), so each choice scans only those."""
-    placements: list[Placement] = []
-    extra: list[float] = []
-    biggest = max((g.end - g.start for g in gaps), default=0.0)
-    unmet = {id(t): len(t.deps) for t in tasks}
-    children: dict[int, list[_Task]] = {}
-    for t in tasks:
-        for d in t.deps:
-            children.setdefault(id(d), []).append(t)
-    ready: list[_Task] = [t for t in tasks if not t.deps]
-    left = len(tasks)
-
-    def ready_at(t: _Task) -> float:
-        r = max((d.end + d.collective for d in t.deps), default=0.0)
-        if t.ready_in_iteration is not None:
-            # the first occurrence of its F/I at or after r; its tensors are kept until it runs
-            e = t.ready_in_iteration
-            r = max(0, math.ceil((r - e) / period - 1e-9)) * period + e
-        return r
-
-    def place(t: _Task, it: int, start: float, pos: int, in_bubble: bool) -> None:
-        nonlocal left
-        t.end = start + t.duration
-        e = t.ready_in_iteration
-        carried = e is not None and start < it * period + e - EPS
-        placements.append(Placement(rank, t.action, it, start, t.end, pos, in_bubble, t.refresh, carried))
-        ready.remove(t)
-        left -= 1
-        for c in children.get(id(t), ()):
-            unmet[id(c)] -= 1
-            if unmet[id(c)] == 0:
-                ready.append(c)
-                if c.action.kind == KFAC_REDUCE:  # on the collective stream, right after its last input
-                    place(c, it, ready_at(c), pos, True)
-
-    def best_in(cursor: float, end: float | None) -> tuple[_Task, float] | None:
-        best = None
-        for t in ready:
-            start = max(cursor, ready_at(t))
-            if end is not None and start + FIT * t.duration > end + EPS:
-                continue
-            key = (t.refresh, t.priority, start)
-            if best is None or key < best[0]:
-                best = (key, t, start)
-        return None if best is None else (best[1], best[2])
-
-    it = 0
-    while left and it < max_iterations:
-        base = it * period
-        for g in gaps:
-            cursor, end = base + g.start, base + g.end
-            while (hit := best_in(cursor, end)) is not None:
-                t, start = hit
-                place(t, it, start, g.pos, True)
-                cursor = t.end
-        # tasks that fit no bubble at all run after the rank's last action
-        t_end = base + period
-        added = 0.0
-        while True:
-            stuck = [t for t in ready if FIT * t.duration > biggest]
-            if not stuck:
-                break
-            t = min(stuck, key=lambda t: (t.refresh, t.priority))
-            place(t, it, max(t_end + added, ready_at(t)), row_len, False)
-            added = t.end - t_end
-        extra.append(added)
-        it += 1
-    if left:  # whatever is left runs after the last iteration's actions, in dependency order
-        it = max_iterations - 1
-        t_end = (it + 1) * period + extra[-1]
-        while left:
-            t, start = best_in(t_end, None)
-            place(t, it, start, row_len, False)
-            t_end = max(t_end, t.end)
-        extra[-1] = t_end - (it + 1) * period
-    return placements, extra
 
 
 def _with_tasks(
@@ -360,7 +136,7 @@ def _precond_inserts(
             last = max(i for i, a in enumerate(row) if a.stage == s and a.kind in (B, W))
             act = Action(s, KFAC_PRECOND)
             if mode == "tail":
-                pos = _skip_sends(row, last + 1, schedule)
+                pos = skip_sends(row, last + 1, schedule)
                 inserts.setdefault(rank, []).append((pos, -1, act))
                 used.setdefault(rank, []).append((spans[last][2], times.prec[s]))
             else:
@@ -368,17 +144,6 @@ def _precond_inserts(
                 pos = steps[0] if steps else len(row)
                 inserts.setdefault(rank, []).append((pos, -1, act))
     return inserts, used
-
-
-def _take(gaps: list[Gap], uses: Iterable[tuple[float, float]]) -> list[Gap]:
-    """Remove preconditioning time from the gap that begins when it starts."""
-    out = list(gaps)
-    for start, dur in uses:
-        for i, g in enumerate(out):
-            if g.start >= start - 1e-9 and g.start - start <= 1e-9 + 0.0:
-                out[i] = Gap(min(g.end, g.start + dur), g.end, g.pos)
-                break
-    return [g for g in out if g.end - g.start > EPS]
 
 
 def fill_kfac(
@@ -409,23 +174,23 @@ def fill_kfac(
     steady: list[float] = []
     splits = 0
     for rank in range(base.num_ranks):
-        gaps = _take(rank_gaps(base, plain, rank, period), pre_used.get(rank, ()))
+        gaps = take(rank_gaps(base, plain, rank, period), pre_used.get(rank, ()))
         limit = max((g.end - g.start for g in gaps), default=0.0) if split else None
-        ends = _event_ends(base, plain, rank)
+        ends = event_ends(base, plain, rank)
         row_len = len(base.actions[rank])
-        tasks, n_split = _refresh_tasks(base, rank, times, ends, comm, limit, 0, None)
+        tasks, n_split = refresh_tasks(base, rank, times, ends, comm, limit, 0, None)
         splits += n_split
-        placed, extra = _list_schedule(tasks, gaps, period, row_len, rank, max_iterations)
+        placed, extra = list_schedule(tasks, gaps, period, row_len, rank, max_iterations)
         per_rank[rank] = placed
         extra_by_rank[rank] = extra
         # back-to-back refreshes: the steady-state iterations per refresh
         many: list[_Task] = []
         prev = None
         for r in range(steady_refreshes):
-            ts, _ = _refresh_tasks(base, rank, times, ends, comm, limit, r, prev)
+            ts, _ = refresh_tasks(base, rank, times, ends, comm, limit, r, prev)
             many += ts
             prev = ts
-        placed_many, _ = _list_schedule(many, gaps, period, row_len, rank, max_iterations * steady_refreshes)
+        placed_many, _ = list_schedule(many, gaps, period, row_len, rank, max_iterations * steady_refreshes)
         done = [max(p.end for p in placed_many if p.refresh == r) for r in range(steady_refreshes)]
         if steady_refreshes > 1:
             steady.append((done[-1] - done[0]) / (steady_refreshes - 1) / period)
@@ -476,6 +241,16 @@ def fill_kfac(
         split_inversions=splits,
         cost=full_cost,
         comm=comm,
+        pipefisher_plan_iterations=max(
+            plan_iterations(base, plain, r, times, _reduce_time(comm, times, r))
+            for r in range(base.num_ranks)
+        ),
+    )
+
+
+def _reduce_time(comm: CommModel, times: TaskTimes, rank: int):
+    return lambda s, layer, factor: comm.collective_time(
+        "all_reduce", rank, times.factor_bytes(s, layer, factor)
     )
 
 
@@ -497,6 +272,6 @@ def slot_schedule(schedule: Schedule, *, precondition: bool = True) -> tuple[Sch
             for s in base.stages_of(rank):
                 last = max(i for i, a in enumerate(row) if a.stage == s and a.kind in (B, W))
                 inserts.setdefault(rank, []).append(
-                    (_skip_sends(row, last + 1, base), 0, Action(s, KFAC_PRECOND))
+                    (skip_sends(row, last + 1, base), 0, Action(s, KFAC_PRECOND))
                 )
     return _with_tasks(base, inserts, frozenset(), frozenset(), base.name + "+kfac"), budgets

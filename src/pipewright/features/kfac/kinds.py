@@ -9,8 +9,11 @@ action                      requires
 ==========================  ===================================================================
 ``KFAC_A(s, k, l)``         ``F(s, k)`` (the layer inputs of microbatch k exist)
 ``KFAC_B(s, k, l)``         ``I(s, k)`` (the output gradients exist; a full ``B`` produces ``I``)
-``KFAC_REDUCE(s, l)``       every ``KFAC_A/B(s, k, l)`` of the refresh (collective over dp)
-``KFAC_INV_A/B(s, l)``      ``KFAC_REDUCE(s, l)``; piece j of a split inversion also piece j − 1
+``KFAC_REDUCE(s, (l, A))``  every ``KFAC_A(s, k, l)`` of the refresh (collective over dp); ``(l, B)``
+                            every ``KFAC_B(s, k, l)``; a bare layer l: both (one reduction)
+``KFAC_INV_A/B(s, l)``      ``KFAC_REDUCE(s, (l, A))`` / ``(l, B)``: A's inversion waits for A's
+                            curvature and reduction only, as PipeFisher's ``inv_kron_A`` does; piece j
+                            of a split inversion also piece j − 1
 ``KFAC_PRECOND(s)``         ``W(s, k)`` for every k (the stage's last weight gradient)
 ``KFAC_FILL(s, j)``         nothing: bubble j of the rank, filled at run time (see ``runtime.py``)
 ==========================  ===================================================================
@@ -59,8 +62,23 @@ class Piece(NamedTuple):
         return f"{self.layer}#{self.index}/{self.panels}+{self.blocks}"
 
 
+class Factor(NamedTuple):
+    """The payload of a per-factor reduction: Kronecker factor ``factor`` ("A" or "B") of ``layer``."""
+
+    layer: int
+    factor: str
+
+    def __str__(self) -> str:
+        return f"{self.layer}{self.factor}"
+
+
 def layer_of(payload: object) -> int:
-    return payload.layer if isinstance(payload, Piece) else int(payload)  # type: ignore[arg-type]
+    return payload.layer if isinstance(payload, (Piece, Factor)) else int(payload)  # type: ignore[arg-type]
+
+
+def factor_of(kind: str) -> str:
+    """ "A" for curvature or inversion of A, "B" for those of B."""
+    return "A" if kind in (KFAC_A, KFAC_INV_A) else "B"
 
 
 def _event(a: Action) -> tuple:
@@ -90,7 +108,11 @@ def _curv_b_requires(a: Action, schedule: Schedule) -> tuple:
 
 def _reduce_requires(a: Action, schedule: Schedule) -> tuple:
     prior = _prior(schedule)
-    evs = [(kind, a.stage, k, a.payload) for k in range(schedule.num_microbatches) for kind in CURVATURE]
+    layer = layer_of(a.payload)
+    kinds = CURVATURE
+    if isinstance(a.payload, Factor):
+        kinds = tuple(k for k in CURVATURE if factor_of(k) == a.payload.factor)
+    evs = [(kind, a.stage, k, layer) for k in range(schedule.num_microbatches) for kind in kinds]
     return tuple(e for e in evs if e not in prior)
 
 
@@ -99,7 +121,7 @@ def _inv_requires(a: Action, schedule: Schedule) -> tuple:
     if isinstance(p, Piece) and p.index > 0:
         ev = (a.kind, a.stage, None, p._replace(index=p.index - 1))
     else:
-        ev = (KFAC_REDUCE, a.stage, None, layer_of(p))
+        ev = (KFAC_REDUCE, a.stage, None, Factor(layer_of(p), factor_of(a.kind)))
     return () if ev in _prior(schedule) else (ev,)
 
 

@@ -8,6 +8,11 @@ steady-state iterations per refresh with the paper's performance model
 
 The model counts the whole bubble of a stage as usable; the pass packs discrete tasks (with the 1.05
 margin) and respects dependencies, so it can only need as many iterations or more.
+
+Two definitions of "iterations per refresh" sit side by side: pipewright's steady state (refreshes back
+to back, fractional, and the first refresh alone) and PipeFisher's own, the period of its automatic plan
+(:mod:`pipewright.features.kfac.pipefisher_plan`, an integer: the plan repeats every that many
+iterations, and a task that fits no bubble runs after the plan's last iteration).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from dataclasses import dataclass
 from pipewright.cost.profiled import ProfiledCost
 from pipewright.features.kfac.cost import pipefisher_task_times
 from pipewright.features.kfac.fill import FillResult, fill_kfac
-from pipewright.schedules.registry import build_schedule
+from pipewright.schedules.registry import build_schedule, info
 from pipewright.sim.engine import simulate
 from pipewright.timeline import Span, Timeline
 
@@ -48,8 +53,8 @@ def fill_profiled(
     name: str, model: str, gpu: str, bs: int, stages: int, *, precondition: str = "end", split: bool = True
 ) -> FillResult:
     """Fill ``name`` over ``stages`` ranks (one block per model chunk, D = stages microbatches)."""
-    virtual = 2 if name in ("zbv", "v-half", "v-min", "dualpipev") else None
-    chunks = stages * (virtual or 1)
+    virtual = info(name).default_chunks
+    chunks = stages * virtual
     cost = ProfiledCost.from_pipefisher(model, gpu, bs, layers=chunks)
     times = pipefisher_task_times(model, gpu, bs, chunks, layers=chunks)
     sched = build_schedule(name, stages, stages, virtual)
@@ -75,20 +80,26 @@ def utilization_table(
     return rows
 
 
-def markdown(rows: list[Row]) -> str:
+def markdown(rows: list[Row], reference: dict[tuple[str, int], int] | None = None) -> str:
+    """The table of docs/pipefisher.md; ``reference`` maps (schedule, D) to the plan period PipeFisher's
+    own ``auto_schedule.py`` gives on the same simulated timeline (``tools/pipefisher_reference.py``)."""
+    reference = reference or {}
     head = (
         "| schedule | D | paper model | iterations per refresh (steady) | refresh interval (first) | "
-        "deviation | utilization before | after | refresh work in bubbles | step time ratio |\n"
-        "|---|---|---|---|---|---|---|---|---|---|"
+        "PipeFisher's plan period | PipeFisher's auto_schedule.py | deviation | utilization before | "
+        "after | refresh work in bubbles | step time ratio |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
     for r in rows:
         res = r.result
         model = f"{r.model:.2f}" if r.model is not None else "–"
         dev = f"{r.deviation * 100:+.1f} %" if r.deviation is not None else "–"
+        theirs = reference.get((r.schedule, r.stages), "–")
         lines.append(
             f"| {r.schedule} | {r.stages} | {model} | {res.steady_iterations_per_refresh:.2f} | "
-            f"{res.refresh_interval} | {dev} | {res.utilization_before * 100:.1f} % | "
+            f"{res.refresh_interval} | {res.pipefisher_plan_iterations} | {theirs} | {dev} | "
+            f"{res.utilization_before * 100:.1f} % | "
             f"{res.utilization_after * 100:.1f} % | {res.fitted_fraction * 100:.0f} % | "
             f"{res.step_time_ratio:.3f} |"
         )

@@ -87,6 +87,11 @@ def split(x: Tensor, dim: int, group: Group) -> Tensor:
     return x.narrow(dim, tp_rank(group) * n, n).contiguous()
 
 
+# torch 2.13 deprecates reduce_scatter_tensor (a FutureWarning per call) for reduce_scatter_single, which
+# older releases (>= 2.4, supported here) lack
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
 def reduce_scatter(x: Tensor, dim: int, group: Group) -> Tensor:
     """Chunk r along ``dim`` of the sum over the group (older gloo builds lack reduce-scatter: there,
     an all-reduce and a split)."""
@@ -97,7 +102,7 @@ def reduce_scatter(x: Tensor, dim: int, group: Group) -> Tensor:
     src = x.movedim(dim, 0).contiguous()
     out = src.new_empty((n, *src.shape[1:]))
     try:
-        dist.reduce_scatter_tensor(out, src, group=group)
+        _reduce_scatter_single(out, src, group=group)
     except RuntimeError:
         if dist.get_backend(group) != "gloo":
             raise

@@ -1,0 +1,76 @@
+"""Help text for every flag of every command, applied once to the finished parser tree.
+
+:func:`document` walks the parser and each subparser (so flags added by any module or feature are
+covered): every option gets a help line, its default (``train``'s defaults are
+:class:`~pipewright.runtime.config.TrainConfig`'s, since its flags default to None = "not given"), and
+list-valued options say that they take commas. ``train``'s defaults are read only when help is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Iterator, Mapping
+
+#: words in a flag name that mark a comma-separated value (as does a default holding a comma)
+_LIST_WORDS = ("sizes", "placement")
+
+
+def parsers(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    """Every parser of the tree with its command path (``("schedule", "show")``), depth first."""
+    yield path, parser
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from parsers(sub, (*path, name))
+
+
+class _LazyDefault:
+    """A default read only when help is printed (``train``'s come from TrainConfig, whose import would
+    load the runtime package — and torch — for every command)."""
+
+    def __init__(self, dest: str, defaults: Callable[[], Mapping[str, object]]) -> None:
+        self.dest, self.defaults = dest, defaults
+
+    def __str__(self) -> str:
+        value = self.defaults().get(self.dest)
+        return "none" if value is None else str(value)
+
+
+def _default_text(action: argparse.Action, defaults: Callable[[], Mapping[str, object]] | None) -> str | None:
+    if isinstance(action, argparse._StoreTrueAction | argparse._StoreFalseAction):
+        return None  # a switch: off unless given
+    value = action.default
+    if value is None and defaults is not None:
+        action.lazy_default = _LazyDefault(action.dest, defaults)  # argparse formats help with vars(action)
+        return "default: %(lazy_default)s"
+    if value is None or value is argparse.SUPPRESS:
+        return "default: none" if action.option_strings else None
+    return f"default: {value}".replace("%", "%%")
+
+
+def document(
+    parser: argparse.ArgumentParser, train_defaults: Callable[[], Mapping[str, object]] | None = None
+) -> None:
+    """Give every option of the tree a help line that states its default and, for list values, the
+    separator; set a formatter that keeps the lines as written."""
+    for path, sub in parsers(parser):
+        defaults = train_defaults if path[:1] == ("train",) else None
+        for action in sub._actions:
+            if not action.option_strings or action.help is argparse.SUPPRESS:
+                continue
+            if isinstance(action, argparse._HelpAction | argparse._VersionAction):
+                continue
+            text = action.help or action.dest.replace("_", " ")
+            notes = []
+            flag = action.option_strings[-1]
+            listed = isinstance(action.default, str) and "," in action.default
+            said = "comma" in text.lower() or "separated" in text.lower()
+            if (listed or any(w in flag for w in _LIST_WORDS)) and not said:
+                notes.append("comma-separated")
+            if "default" not in text.lower():
+                shown = _default_text(action, defaults)
+                if shown is not None:
+                    notes.append(shown)
+            action.help = text + (f" ({'; '.join(notes)})" if notes else "")

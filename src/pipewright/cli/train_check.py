@@ -1,0 +1,26 @@
+"""``pipewright train --dry-run``: every check ``train`` runs before it starts workers, and the size
+estimate (:mod:`pipewright.runtime.size_check`), without starting any."""
+
+from __future__ import annotations
+
+
+def dry_run(config, profile: str | None = None) -> int:
+    """Prepare the run (and read ``profile``, the ``--compare-sim`` profile) and print the estimate."""
+    from pipewright.runtime.launch import default_backend
+    from pipewright.runtime.size_check import check_fits
+    from pipewright.training import prepare
+
+    if profile is not None:
+        from pipewright.cost.profiled import load_profile
+
+        load_profile(profile)
+    run = prepare(config)  # refuses (one line) what cannot run, including what does not fit
+    est = check_fits(run, cpu=default_backend() == "gloo")
+    where = run.out_dir if config.out else f"a new folder like {run.out_dir}"
+    print(
+        f"ok: {run.spec.name}, {run.schedule.name} over tp={config.tp} pp={config.pp} dp={config.dp}, "
+        f"{config.steps} steps into {where}"
+    )
+    print(est.describe())
+    print("no worker started (--dry-run)")
+    return 0

@@ -1,0 +1,151 @@
+"""Range checks of numbers a user gives, shared by the command line and config files.
+
+One rule per option (:class:`Limit`), one message per kind of mistake, so ``--lr inf`` on the command
+line and ``lr = inf`` in a TOML file are refused with the same line before any work starts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from pipewright.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Limit:
+    """``low`` ≤ value (or ``low`` < value when ``strict``), value ≤ ``high``; None: unbounded."""
+
+    low: float | None = None
+    high: float | None = None
+    strict: bool = False
+
+
+#: the largest integer any option takes (what torch, numpy and the C libraries below them hold)
+INT_MAX = 2**63 - 1
+#: counts that must be at least one
+POSITIVE = Limit(low=1)
+#: counts where 0 means "never" / "all"
+COUNT = Limit(low=0)
+#: a positive real number (rates, seconds)
+POSITIVE_REAL = Limit(low=0, strict=True)
+FRACTION = Limit(low=0, high=1)
+
+
+def flag_name(name: str) -> str:
+    """The command-line spelling of an option (``microbatch_size`` → ``--microbatch-size``)."""
+    return "--" + name.removesuffix("_s").replace("_", "-") if not name.startswith("-") else name
+
+
+def _bound(x: float) -> str:
+    return f"{int(x):,}" if float(x).is_integer() else f"{x:g}"
+
+
+def check_value(flag: str, value: object, limit: Limit) -> None:
+    """Raise a one-line :class:`ConfigError` when ``value`` is not finite or outside ``limit``.
+    None (not given) and non-numbers (checked elsewhere) pass."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return
+    shown = f"{value:g}" if isinstance(value, float) else str(value)  # TOML's 1 and the flag's 1.0 alike
+    if not math.isfinite(value):
+        raise ConfigError(f"{flag} must be a finite number (got {shown})")
+    if limit.low is not None:
+        if limit.strict and not value > limit.low:
+            bound = "positive" if limit.low == 0 else f"greater than {_bound(limit.low)}"
+            raise ConfigError(f"{flag} must be {bound} (got {shown})")
+        if not limit.strict and value < limit.low:
+            raise ConfigError(f"{flag} must be at least {_bound(limit.low)} (got {shown})")
+    high = limit.high if limit.high is not None else (INT_MAX if isinstance(value, int) else None)
+    if high is not None and value > high:
+        raise ConfigError(f"{flag} must be at most {_bound(high)} (got {shown})")
+
+
+def check_values(values: Mapping[str, object], limits: Mapping[str, Limit]) -> None:
+    """:func:`check_value` for every named limit; option names as dataclass fields or dests."""
+    for name, limit in limits.items():
+        if name in values:
+            check_value(flag_name(name), values[name], limit)
+
+
+def check_finite(values: Mapping[str, object], names: Iterable[str] | None = None) -> None:
+    """Every float among ``values`` (or those ``names``) must be finite: NaN/inf are never a setting."""
+    for name in values if names is None else names:
+        value = values.get(name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{flag_name(name)} must be a finite number (got {value})")
+
+
+#: the numbers of ``pipewright train`` (TrainConfig fields), command line and TOML alike
+TRAIN_LIMITS: dict[str, Limit] = {
+    **{
+        n: POSITIVE
+        for n in (
+            "tp",
+            "pp",
+            "dp",
+            "virtual",
+            "microbatches",
+            "microbatch_size",
+            "steps",
+            "layers",
+            "hidden",
+            "heads",
+            "kv_heads",
+            "ffn_hidden",
+            "vocab",
+            "seq_len",
+            "stop_after",
+            "async_window",
+            "eval_batches",
+        )
+    },
+    **{n: COUNT for n in ("checkpoint_every", "eval_every", "warmup", "keep_checkpoints", "max_restarts")},
+    # sizes past these build structures of ~10⁸ entries before any memory estimate can run
+    "layers": Limit(low=1, high=100_000),
+    "pp": Limit(low=1, high=100_000),
+    "virtual": Limit(low=1, high=1_000),
+    "seq_len": Limit(low=1, high=10_000_000),
+    "vocab": Limit(low=1, high=100_000_000),
+    "seed": Limit(low=0, high=2**63 - 1),
+    "lr": POSITIVE_REAL,
+    "min_lr_ratio": FRACTION,
+    "weight_decay": COUNT,
+    "grad_clip": COUNT,  # 0 disables clipping
+    "recv_timeout_s": POSITIVE_REAL,
+    "collective_timeout_s": POSITIVE_REAL,
+}
+
+
+#: the largest schedule ``train`` builds (3·p·v·m actions): a million microbatch passes per step
+MAX_TRAIN_ACTIONS = 2_000_000
+
+
+def train_warnings(steps: int, warmup: int, stop_after: int | None, lr: float) -> list[str]:
+    """Settings that are legal but do not do what they say: one line each, naming the flags."""
+    notes = []
+    if warmup >= steps and warmup > 0:
+        notes.append(
+            f"--warmup {warmup} is not below --steps {steps}: the learning rate never reaches --lr {lr:g}"
+        )
+    if stop_after is not None and stop_after > steps:
+        notes.append(f"--stop-after {stop_after} is beyond --steps {steps}: the run ends at step {steps}")
+    return notes
+
+
+def check_train(config: object) -> list[str]:
+    """A TrainConfig's numbers: non-finite or out-of-range values raise (:data:`TRAIN_LIMITS`); returns
+    the warnings of :func:`train_warnings`."""
+    values = dict(getattr(config, "features", None) or {}) | vars(config)  # feature options included
+    if values.get("on_save_error", "stop") not in ("stop", "retry", "skip"):
+        raise ConfigError(f"--on-save-error {values['on_save_error']!r}: choose one of stop, retry, skip")
+    check_finite(values)
+    check_values(values, TRAIN_LIMITS)
+    actions = 3 * values["pp"] * (values["virtual"] or 1) * values["microbatches"]
+    if actions > MAX_TRAIN_ACTIONS:
+        raise ConfigError(
+            f"--pp {values['pp']} × --microbatches {values['microbatches']} make a schedule of about "
+            f"{actions:,} actions, more than {MAX_TRAIN_ACTIONS:,}; use fewer microbatches (a larger "
+            "--microbatch-size) or fewer stages"
+        )
+    return train_warnings(values["steps"], values["warmup"], values["stop_after"], values["lr"])
