@@ -95,7 +95,12 @@ def resolve_schedule(config: TrainConfig, features: Features | None = None) -> S
     """The config's compute-only schedule (a name in the library, with the features' schedules, or a
     PyTorch CSV), checked by the plugins active on it (before the model is known)."""
     features = run_features(config) if features is None else features
-    config = check_config(config, features)
+    return _checked_schedule(check_config(config, features), features)
+
+
+def _checked_schedule(config: TrainConfig, features: Features) -> Schedule:
+    """:func:`resolve_schedule` for a config :func:`check_config` has already checked (its warnings
+    are printed once)."""
     sched = schedule_of(config, default_registry().with_schedules(*features.schedules))
     for plugin in active_plugins(config, sched, features):
         plugin.check(config, sched, None)
@@ -127,7 +132,7 @@ def prepare(
         )
     if config.data is not None and not Path(config.data).exists():
         raise ConfigError(f"data file {config.data} does not exist; give an existing --data path or omit it")
-    schedule = resolve_schedule(config, features)
+    schedule = _checked_schedule(config, features)
     layout = resolve_layout(config.layout, config.num_layers(), schedule.num_stages)  # before the (slow) data
     dataset = open_dataset(config.data, tokenizer=config.tokenizer, progress=config.progress)
     spec = config.model_spec(dataset.vocab_size)
