@@ -99,7 +99,7 @@ def val_loss(config, out: Path) -> float:
 
 
 def run_one(name: str, opt: str, seed: int, args) -> dict:
-    from pipewright.runtime.trainer import train
+    from pipewright.training import train
 
     m = args.microbatches
     out = Path(args.out) / f"{opt}-{name}-s{seed}"
@@ -160,7 +160,7 @@ def study(args) -> None:
 def speed(args) -> None:
     """Alternating rounds: sync 1F1B (m per step) then async-1f1b with each policy, same steps and
     microbatches; ratio of training-loop tokens/s (startup excluded) per round."""
-    from pipewright.runtime.trainer import train
+    from pipewright.training import train
 
     root = Path(args.out) / "speed"
     rows = []

@@ -25,7 +25,8 @@ import torch.distributed as dist
 from pipewright.runtime.config import TrainConfig
 from pipewright.runtime.launch import spawn
 from pipewright.runtime.mesh import ParallelMesh
-from pipewright.runtime.trainer import Trainer, prepare
+from pipewright.runtime.trainer import Trainer
+from pipewright.training import prepare
 
 WARMUP = 3  # first steps of each trainer: allocator and thread warm-up, not measured
 

@@ -38,7 +38,8 @@ from pipewright.data.tokens import write_tokens
 from pipewright.runtime.config import TrainConfig
 from pipewright.runtime.launch import spawn
 from pipewright.runtime.mesh import ParallelMesh
-from pipewright.runtime.trainer import Trainer, prepare
+from pipewright.runtime.trainer import Trainer
+from pipewright.training import prepare
 
 MIB = 2**20
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from pipewright.cost.profiled import load_profile
 from pipewright.runtime.compare import bracket_profile, compare_run, plan_comparison, with_brackets
 from pipewright.runtime.config import TrainConfig
-from pipewright.runtime.trainer import train
+from pipewright.training import train
 
 MODEL = {"model": "gpt", "layers": 8, "hidden": 256, "heads": 4, "vocab": 256, "seq_len": 128}
 CASES = (("1f1b", 2, None), ("interleaved-1f1b", 2, 2), ("zb-h1", 2, None))

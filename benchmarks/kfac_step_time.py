@@ -22,7 +22,8 @@ import torch.distributed as dist
 from pipewright.runtime.config import TrainConfig
 from pipewright.runtime.launch import spawn
 from pipewright.runtime.mesh import ParallelMesh
-from pipewright.runtime.trainer import Trainer, prepare
+from pipewright.runtime.trainer import Trainer
+from pipewright.training import prepare
 
 
 def _worker(rank: int, runs, steps: int, fill_scale: float) -> dict | None:

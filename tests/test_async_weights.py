@@ -416,7 +416,7 @@ TINY = dict(
 
 def _train(tmp_path, name: str, **kw):
     from pipewright.runtime.config import TrainConfig
-    from pipewright.runtime.trainer import train
+    from pipewright.training import train
 
     result = train(TrainConfig(**{**TINY, "out": str(tmp_path / name), **kw}))
     import json
@@ -435,7 +435,7 @@ def test_trainer_async_without_staleness_equals_synchronous(tmp_path):
     from pipewright.ir import Action, Schedule, loop_placement
     from pipewright.runtime.config import TrainConfig
     from pipewright.runtime.launch import spawn
-    from pipewright.runtime.trainer import prepare, train_worker
+    from pipewright.training import prepare, train_worker
 
     p, m = 2, 4
     sync, _ = _train(
@@ -479,7 +479,7 @@ def test_trainer_data_parallel_composes_and_reports_weight_versions(tmp_path):
 
 def test_trainer_refuses_bad_async_options():
     from pipewright.runtime.config import TrainConfig
-    from pipewright.runtime.trainer import resolve_schedule
+    from pipewright.training import resolve_schedule
 
     with pytest.raises(ConfigError, match="weight-policy"):
         resolve_schedule(TrainConfig(schedule="async-1f1b", weight_policy="magic"))

@@ -2,7 +2,10 @@
 a point-to-point pair and a collective over the pipeline group, with cost rules and runtime handlers —
 validates, lowers, simulates (the collective's rendezvous visible in the timeline) and executes on gloo,
 with no edit to any file under src/. The executor's handler-wrapper hook is exercised the same way:
-wrappers defined here wrap every kind's handler of the run.
+wrappers defined here wrap every kind's handler of the run. A second feature defined here, with an
+option section and a training plugin, runs through ``pipewright train --feature`` end to end (its
+flags, its TOML table, the plugin's calls in order, its checkpoint state on ``--resume``) and is found
+through the ``pipewright.features`` entry point group.
 
 The toy feature ("TOY"): after each forward F(s, k), for layers j = 0, 1, stage s computes
 ``value = sum(input of stage s) · (j + 1) + value of stage s − 1`` (received through
@@ -12,6 +15,11 @@ that value (TOY_AR, group pp).
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -20,11 +28,13 @@ from torch import nn
 from pipewright.cost.rules import ActionCost
 from pipewright.cost.unit import UnitCost
 from pipewright.deps import after, from_stage, matching_send
-from pipewright.errors import ValidationError
-from pipewright.features import Feature, Features, RuntimeParts
+from pipewright.errors import ConfigError, ValidationError
+from pipewright.features import Feature, Features
 from pipewright.ir import Action, Collective, F, KindSpec, Schedule
 from pipewright.kinds import P2P
+from pipewright.options import option, read_section
 from pipewright.passes import lower, validate
+from pipewright.runtime.plugin import Built, ExecutorParts, TrainingPlugin
 from pipewright.schedules import build_schedule
 from pipewright.sim import simulate
 
@@ -76,8 +86,8 @@ def _ar_handler(state, a: Action) -> None:
     state.scratch.setdefault("reduced", {})[(a.microbatch, a.payload)] = value.item()
 
 
-def _runtime(context) -> RuntimeParts:
-    return RuntimeParts(
+def _executor_parts() -> ExecutorParts:
+    return ExecutorParts(
         handlers={"TOY": _toy_handler, "TOY_AR": _ar_handler},
         tensor_specs={"toy": lambda a: ((1,), torch.float32)},
     )
@@ -110,7 +120,6 @@ TOY = Feature(
         ),
     ),
     cost_rules={"TOY": _toy_cost, "TOY_AR": _ar_cost},
-    runtime=_runtime,
 )
 FEATURES = Features([TOY])
 
@@ -261,7 +270,7 @@ def _toy_worker(rank: int, p: int, m: int) -> dict:
     torch.set_num_threads(1)
     mesh = ParallelMesh.build(1, p, 1)
     sched = toy_schedule("1f1b", p, m)
-    parts = FEATURES.runtime_parts()
+    parts = _executor_parts()
     stages = {s: _Stage(s == 0, 10 + s) for s in sched.stages_of(mesh.pp_rank)}
     seen: dict = {}
     calls: list = []
@@ -283,7 +292,7 @@ def _toy_worker(rank: int, p: int, m: int) -> dict:
         loss_fn=_loss,
         boundary_shape=(MB, 3, HIDDEN),
         recv_timeout_s=60,
-        **parts.merged(RuntimeParts(handler_wrappers=(spy, _tracing("inner", calls)))).executor_kwargs(),
+        **parts.merged(ExecutorParts(handler_wrappers=(spy, _tracing("inner", calls)))).executor_kwargs(),
     )
     ex.wrap_handlers(_tracing("outer", calls))  # registered after construction: runs first
     tokens, targets = _batch(m)
@@ -371,3 +380,207 @@ def test_simulate_plans_zb_auto_with_the_models_costs(capsys) -> None:
         times[name] = json.loads(capsys.readouterr().out)["iteration_time_s"]
     # planned with the real (uneven: the last stage holds the output layer) costs, no worse than ZB-H1
     assert times["zb-auto"] <= times["zb-h1"] * (1 + 1e-9)
+
+
+# -- a training feature of one's own through `pipewright train` ---------------------------------
+@dataclass(frozen=True)
+class ToyOptions:
+    """The toy training feature's options: TOML ``[toy]``, flags ``--toy-level`` and ``--toy-note``."""
+
+    level: int = option(1, "--toy-level", "how many TOYMARK actions follow each forward")
+    note: str = option("none", "--toy-note", "a word the plugin records")
+
+
+def _journal(config, rank: int | None, event: str, **data) -> None:
+    """Append one lifecycle event of the toy plugin to ``out/toy-<rank>.jsonl`` (rank None: launcher)."""
+    name = "launcher" if rank is None else f"rank{rank}"
+    with (Path(config.out) / f"toy-{name}.jsonl").open("a") as f:
+        f.write(json.dumps({"event": event, **data}) + "\n")
+
+
+def _mark_requires(a: Action, s: Schedule) -> tuple:
+    return ((F, a.stage, a.microbatch, None),)
+
+
+class ToyPlugin(TrainingPlugin):
+    """Every call of the protocol, journaled: it rewrites the schedule (``level`` TOYMARK actions
+    after each F), keeps the default optimizer, handles TOYMARK and counts the forwards with a handler
+    wrapper, and carries the count in checkpoints."""
+
+    @classmethod
+    def active(cls, config, schedule) -> bool:
+        return read_section(ToyOptions, config.features).level > 0
+
+    @classmethod
+    def check(cls, config, schedule, spec) -> None:
+        if read_section(ToyOptions, config.features).level > 5:
+            raise ConfigError("--toy-level must be at most 5")
+        if spec is not None:
+            Path(config.out).mkdir(parents=True, exist_ok=True)
+            _journal(config, None, "check", layers=spec.layers)
+
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        self.options = read_section(ToyOptions, config.features)
+        self.rank = dist.get_rank()
+        self.marks = 0
+        self.count = _ToyCount(self)
+
+    def build(self, ctx) -> Built:
+        kinds = ctx.schedule.kinds.with_kinds(KindSpec("TOYMARK", _mark_requires, per_microbatch=True))
+        rows = [
+            [x for a in row for x in [a] + [Action(a.stage, "TOYMARK", a.microbatch, j) for j in range(
+                self.options.level) if a.kind == F]]
+            for row in ctx.schedule.actions
+        ]  # fmt: skip
+        _journal(self.config, self.rank, "build", stages=sorted(ctx.stages), note=self.options.note)
+        return Built(schedule=ctx.schedule.with_actions(rows, kinds=kinds))
+
+    def optimizer(self, ctx):
+        _journal(
+            self.config, self.rank, "optimizer", type=type(ctx.optimizer).__name__, params=len(ctx.params)
+        )
+        return ctx.optimizer
+
+    def executor_parts(self, ctx) -> ExecutorParts:
+        def mark(state, a: Action) -> None:
+            self.marks += 1
+
+        def count(kind: str, handler):
+            if kind != F:
+                return handler
+
+            def wrapped(state, a: Action) -> None:
+                self.count.forwards += 1
+                handler(state, a)
+
+            return wrapped
+
+        _journal(self.config, self.rank, "executor_parts")
+        return ExecutorParts(handlers={"TOYMARK": mark}, handler_wrappers=(count,))
+
+    def after_run(self) -> None:
+        _journal(self.config, self.rank, "after_run", marks=self.marks)
+
+    def evaluate(self, executor, inputs, targets):
+        _journal(self.config, self.rank, "evaluate")
+        return None  # the executor's own forward-only pass
+
+    def extra_state(self) -> _ToyCount:
+        return self.count
+
+
+class _ToyCount:
+    """The toy's checkpoint state (:class:`~pipewright.runtime.checkpoint.ExtraState`): the forwards this
+    rank ran, under a per-rank key."""
+
+    def __init__(self, plugin: ToyPlugin) -> None:
+        self.plugin, self.key, self.forwards = plugin, f"toy/rank{plugin.rank}", torch.zeros(1)
+
+    def extra_state(self) -> dict:
+        _journal(self.plugin.config, self.plugin.rank, "save", forwards=int(self.forwards.item()))
+        return {self.key: self.forwards.clone()}
+
+    def extra_wanted(self, stored) -> list[str]:
+        return [k for k in stored if k == self.key]
+
+    def load_extra_state(self, state: dict) -> None:
+        self.forwards = state[self.key].clone()
+        _journal(self.plugin.config, self.plugin.rank, "load", forwards=int(self.forwards.item()))
+
+
+TOY_TRAINING = Feature(
+    name="toytrain",
+    section=ToyOptions,
+    table="toy",
+    plugin=f"{__name__}:ToyPlugin",
+    description="a feature defined in a test",
+)
+
+
+def _events(out: Path, rank: int) -> list[dict]:
+    return [json.loads(line) for line in (out / f"toy-rank{rank}.jsonl").read_text().splitlines()]
+
+
+TRAIN = [
+    "train",
+    "--layers",
+    "2",
+    "--hidden",
+    "16",
+    "--heads",
+    "2",
+    "--seq-len",
+    "8",
+    "--microbatch-size",
+    "1",
+]
+TRAIN += ["--microbatches", "2", "--no-progress", "--no-artifacts", "--eval-every", "2", "--optimizer", "sgd"]
+TRAIN += ["--feature", f"{__name__}:TOY_TRAINING"]
+
+
+@pytest.fixture(scope="module")
+def toy_data(tmp_path_factory) -> str:
+    from pipewright.data.tokens import write_tokens
+
+    path = tmp_path_factory.mktemp("toydata") / "tokens.bin"
+    text = np.frombuffer(b"a toy feature trains through the command line. " * 200, dtype=np.uint8)
+    write_tokens(path, text.astype(np.int64), vocab_size=256)
+    return str(path)
+
+
+@pytest.mark.slow
+def test_a_feature_of_ones_own_trains_through_the_command_line(toy_data, tmp_path, capsys) -> None:
+    from pipewright.cli import main
+
+    out = tmp_path / "run"
+    toml = tmp_path / "train.toml"
+    toml.write_text("[train]\nsteps = 2\n\n[toy]\nlevel = 2\n")
+    common = [*TRAIN, "--data", toy_data, "--out", str(out), "--config", str(toml)]
+    assert main([*common, "--toy-note", "hello", "--checkpoint-every", "2"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert (config["toy_level"], config["toy_note"]) == (2, "hello")  # the TOML table and the flag
+    assert [e["event"] for e in _events(out, 0)] == [
+        "build",
+        "optimizer",
+        "executor_parts",
+        "after_run",
+        "after_run",
+        "evaluate",
+        "evaluate",
+        "save",
+    ]  # fmt: skip (two evaluation batches)
+    launcher = [json.loads(line) for line in (out / "toy-launcher.jsonl").read_text().splitlines()]
+    assert launcher == [{"event": "check", "layers": 2}]
+    for rank in (0, 1):
+        events = {e["event"]: e for e in _events(out, rank)}
+        assert events["build"]["note"] == "hello" and events["build"]["stages"] == [rank]
+        assert events["optimizer"]["type"] == "SGD"
+        assert events["after_run"]["marks"] == 2 * 2 * 2  # level 2 marks after each F, 2 mbs, 2 steps
+        assert events["save"]["forwards"] == 2 * 2 + 2 * 2  # 2 steps of 2 mbs, 2 evaluation batches
+
+    # --resume: the plugin's checkpoint state comes back, then the run goes on
+    assert main([*common, "--toy-note", "hello", "--steps", "3", "--resume"]) == 0
+    for rank in (0, 1):
+        loads = [e for e in _events(out, rank) if e["event"] == "load"]
+        assert loads == [{"event": "load", "forwards": 8}]
+
+    # a check of the feature refuses before any worker starts; its flags are in `train --help`
+    assert main([*common, "--toy-level", "9"]) == 2
+    assert "--toy-level must be at most 5" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["train", "--feature", f"{__name__}:TOY_TRAINING", "--help"])
+    text = capsys.readouterr().out
+    assert "toytrain: a feature defined in a test" in text and "(default: 1)" in text
+
+
+def test_features_are_found_through_the_entry_point_group(tmp_path, monkeypatch) -> None:
+    from pipewright.features import all_features
+
+    info = tmp_path / "toy_feature-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-feature\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[pipewright.features]\ntoy = {__name__}:TOY_TRAINING\n")
+    assert "toytrain" not in {f.name for f in all_features()}
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "toytrain" in {f.name for f in all_features()}

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from pipewright.codec import from_csv, parse_action, to_csv
+from pipewright.codec import from_csv, parse_action
 from pipewright.errors import PipewrightError, ValidationError
 from pipewright.ir import Action, Schedule, loop_placement, peak_in_flight, v_placement
 from pipewright.passes import lower, validate
+from pipewright.passes.export import to_csv
 from pipewright.passes.lower import strip_comms
 from pipewright.schedules import build_schedule
 

@@ -25,11 +25,12 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from pipewright.codec import load_csv, to_csv
+from pipewright.codec import load_csv
 from pipewright.cost.profiled import ProfiledCost, read_profile_csv, write_profile_csv
 from pipewright.data.tokens import open_tokens, write_tokens
 from pipewright.errors import PipewrightError
 from pipewright.passes import validate
+from pipewright.passes.export import to_csv
 from pipewright.runtime.config import TrainConfig
 from pipewright.schedules import build_schedule
 from pipewright.timeline import Timeline

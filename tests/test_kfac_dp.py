@@ -19,7 +19,8 @@ import torch.distributed as dist
 from _kfac_config import tiny_config
 from pipewright.runtime.launch import spawn
 from pipewright.runtime.mesh import ParallelMesh
-from pipewright.runtime.trainer import Trainer, prepare
+from pipewright.runtime.trainer import Trainer
+from pipewright.training import prepare
 
 STEPS = 12
 

@@ -24,8 +24,9 @@ from pipewright.features.kfac.runtime import BubbleWorker, slot_schedule
 from pipewright.runtime.config import TrainConfig
 from pipewright.runtime.launch import spawn
 from pipewright.runtime.mesh import ParallelMesh
-from pipewright.runtime.trainer import Trainer, prepare
+from pipewright.runtime.trainer import Trainer
 from pipewright.schedules.registry import build_schedule
+from pipewright.training import check_config, prepare
 
 STEPS = 6
 
@@ -118,4 +119,4 @@ def test_opportunistic_mode_needs_kfac():
     from pipewright.errors import ConfigError
 
     with pytest.raises(ConfigError, match="--kfac-opportunistic needs --optimizer kfac"):
-        TrainConfig(kfac_opportunistic=True).check()
+        check_config(TrainConfig(kfac_opportunistic=True))

@@ -37,7 +37,8 @@ from pipewright.optim import set_lr
 from pipewright.runtime.config import TrainConfig
 from pipewright.runtime.launch import spawn
 from pipewright.runtime.mesh import ParallelMesh
-from pipewright.runtime.trainer import Trainer, prepare
+from pipewright.runtime.trainer import Trainer
+from pipewright.training import check_config, prepare
 
 STEPS = 6
 
@@ -267,13 +268,13 @@ def test_kfac_flags_one_line_errors(flags, message):
     register(parser.add_subparsers())
     config = config_from_args(parser.parse_args(["train", *flags]))
     with pytest.raises(ConfigError, match=message):
-        config.check()
+        check_config(config)
 
 
 def test_kfac_base_from_toml(tmp_path):
     path = tmp_path / "t.toml"
     path.write_text('[train]\noptimizer = "kfac"\nkfac-base = "lamb"\n')
     config = TrainConfig.from_toml(path)
-    config.check()
+    config = check_config(config)
     assert config.kfac_base == "lamb"
     assert isinstance(build_base(config.kfac_base, nn.Linear(2, 2).named_parameters(), 1e-3, 0.0), Lamb)

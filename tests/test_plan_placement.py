@@ -63,7 +63,7 @@ def test_simulate_and_train_put_every_coordinate_on_the_same_device(tmp_path, ca
     --plan` runs it on a process (process r = device r of the plan's topology): the same device."""
     from pipewright.cli import build_parser, main
     from pipewright.cli.simulate import _model_setup
-    from pipewright.plan.apply import apply_to_simulate, train_overrides
+    from pipewright.plan.apply import applied, simulate_overrides, train_overrides
     from pipewright.runtime.config import TrainConfig
     from pipewright.runtime.mesh import ParallelMesh
 
@@ -84,9 +84,8 @@ def test_simulate_and_train_put_every_coordinate_on_the_same_device(tmp_path, ca
     }
 
     args = build_parser().parse_args(["simulate", "--plan", str(plan_path), "--topology", str(topo_path)])
-    plan_obj = apply_to_simulate(args)
-    args.plan_obj = plan_obj
-    sim = _model_setup(args).comm
+    overrides = simulate_overrides(args)
+    sim = _model_setup(applied(args, overrides), overrides).comm
 
     config = TrainConfig().with_overrides(**train_overrides(str(plan_path)))
     config.check()
@@ -144,7 +143,7 @@ def test_training_with_a_placement_runs_each_rank_on_its_process(tmp_path) -> No
     from pipewright.data.tokens import write_tokens
     from pipewright.runtime.config import TrainConfig
     from pipewright.runtime.launch import spawn
-    from pipewright.runtime.trainer import prepare
+    from pipewright.training import prepare
 
     data = tmp_path / "tokens.bin"
     write_tokens(data, np.random.default_rng(0).integers(0, 256, 5_000), vocab_size=256)

@@ -42,7 +42,7 @@ def test_gpt3_plan_passes_train_checks(gpt3_plan, tmp_path, monkeypatch):
     import shutil
 
     from pipewright.cli.train import config_from_args
-    from pipewright.runtime.trainer import prepare
+    from pipewright.training import prepare
 
     # the 1024 processes are torchrun's on a cluster whose --out has room for a 175B checkpoint; this
     # machine's disk (checked by prepare as well) is not what the plan is tested for

@@ -28,7 +28,8 @@ from pipewright.errors import PipewrightError
 from pipewright.runtime.config import TrainConfig
 from pipewright.runtime.launch import spawn
 from pipewright.runtime.mesh import ParallelMesh
-from pipewright.runtime.trainer import Trainer, prepare
+from pipewright.runtime.trainer import Trainer
+from pipewright.training import prepare
 
 STEPS, SAVED = 6, 3
 GLOBAL = 16  # sequences per step: microbatch_size 2 × microbatches × dp
@@ -73,22 +74,26 @@ def _worker(rank: int, tmp: Path) -> dict:
         assert t.load(t.run.resume_from) == SAVED
         out[f"pp{pp}dp{dp}tp{tp}"] = [t.train_step(step)["loss"] for step in range(SAVED, STEPS)]
 
-    # non-finite: NaN into stage 1's gradient at step 2; skip, against a run that skips step 2
-    t = _with_faults("nan:stage=1:step=2", lambda: trainer(_config(tmp, 2, 2, on_nonfinite="skip")))
+    # non-finite: NaN into stage 1's gradient at step 2; skip, against a run that skips step 2 (a folder
+    # of their own: "layouts" holds the resharding run's checkpoints, which a new run may not overwrite)
+    fresh = str(tmp / "nonfinite")
+    t = _with_faults(
+        "nan:stage=1:step=2", lambda: trainer(_config(tmp, 2, 2, on_nonfinite="skip", out=fresh))
+    )
     records = [t.train_step(step) for step in range(5)]
     out["skip"] = (
         [r["loss"] for r in records],
         [r.get("skipped", False) for r in records],
         t.guard.last_nonfinite,
     )
-    t = trainer(_config(tmp, 2, 2))
+    t = trainer(_config(tmp, 2, 2, out=fresh))
     ref = []
     for step in range(5):
         ref.append(t.forward_backward(step))
         if step != 2:
             t.optimizer_step(step)
     out["skip_reference"] = ref
-    t = _with_faults("nan:stage=1:step=1", lambda: trainer(_config(tmp, 2, 2)))
+    t = _with_faults("nan:stage=1:step=1", lambda: trainer(_config(tmp, 2, 2, out=fresh)))
     t.train_step(0)
     try:
         t.train_step(1)

@@ -41,9 +41,10 @@ from pipewright.models.hf_load import load_hf_stage_, read_hf_spec
 from pipewright.runtime.config import TrainConfig
 from pipewright.runtime.launch import spawn
 from pipewright.runtime.mesh import ParallelMesh
-from pipewright.runtime.trainer import PreparedRun, Trainer, prepare
+from pipewright.runtime.trainer import PreparedRun, Trainer
 from pipewright.schedules import schedule_names
 from pipewright.schedules.registry import check_args, info
+from pipewright.training import prepare
 
 try:  # runtime/tensor_parallel.py is becoming the runtime/tp package
     from pipewright.runtime.tp import full_parameters

@@ -226,7 +226,7 @@ def case_vocab_parallel_embedding(group, r: int, t: int) -> Pairs:
     return pairs
 
 
-def case_vocab_parallel_cross_entropy(group, r: int, t: int) -> Pairs:
+def case_sharded_vocab_cross_entropy(group, r: int, t: int) -> Pairs:
     """Loss and grad equal F.cross_entropy, also for logits around 1e4 (stability) and ignored targets."""
     pairs: Pairs = []
     targets = torch.randint(0, V, (B, S), generator=torch.Generator().manual_seed(15))
@@ -237,9 +237,9 @@ def case_vocab_parallel_cross_entropy(group, r: int, t: int) -> Pairs:
         loss_ref = F.cross_entropy(ref.view(-1, V), targets.view(-1))
         loss_ref.backward()
         shard = _chunk(logits, -1, r, t).clone().requires_grad_()
-        loss = tp.vocab_parallel_cross_entropy(shard, targets, group)
+        loss = tp.sharded_vocab_cross_entropy(shard, targets, group)
         (2 * loss).backward()
-        none = tp.vocab_parallel_cross_entropy(shard.detach(), targets, group, reduction="none")
+        none = tp.sharded_vocab_cross_entropy(shard.detach(), targets, group, reduction="none")
         none_ref = F.cross_entropy(logits.view(-1, V), targets.view(-1), reduction="none").view(B, S)
         pairs += [
             (f"CE(scale={scale}) loss", loss.detach(), loss_ref.detach()),

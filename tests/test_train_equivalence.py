@@ -40,9 +40,10 @@ from pipewright.runtime.config import TrainConfig
 from pipewright.runtime.launch import spawn
 from pipewright.runtime.mesh import ParallelMesh
 from pipewright.runtime.tp import full_parameters
-from pipewright.runtime.trainer import PreparedRun, Trainer, prepare
+from pipewright.runtime.trainer import PreparedRun, Trainer
 from pipewright.schedules import schedule_names
 from pipewright.schedules.registry import check_args, info
+from pipewright.training import prepare
 
 STEPS = 5
 RTOL = 1e-5

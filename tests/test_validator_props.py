@@ -14,11 +14,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipewright.codec import from_csv, parse_action, to_csv
+from pipewright.codec import from_csv, parse_action
 from pipewright.deps import CORE_KINDS
 from pipewright.errors import ValidationError
 from pipewright.ir import Action, Schedule
 from pipewright.passes import lower, validate
+from pipewright.passes.export import to_csv
 from pipewright.passes.lower import strip_comms
 from pipewright.schedules import build_schedule, info, schedule_names
 

@@ -30,7 +30,8 @@ from pipewright.runtime.config import TrainConfig
 from pipewright.runtime.launch import spawn
 from pipewright.runtime.mesh import ParallelMesh
 from pipewright.runtime.tp import full_parameters
-from pipewright.runtime.trainer import PreparedRun, Trainer, prepare
+from pipewright.runtime.trainer import PreparedRun, Trainer
+from pipewright.training import prepare
 
 RTOL = 1e-5
 STEPS = 3
@@ -111,7 +112,7 @@ def _worker(rank: int, runs: list[PreparedRun]):
             losses.append(trainer.forward_backward(step))
             trainer.optimizer_step(step)
         params = {n: t.clone() for m in trainer.stages.values() for n, t in full_parameters(m).items()}
-        shards = {n.split("#")[0]: p.detach().clone() for n, p in trainer.parts.parameters.items()}
+        shards = {n.split("#")[0]: p.detach().clone() for n, p in trainer.built.parameters.items()}
         shard = (trainer.mesh.pp_rank * c.tp + trainer.mesh.tp_rank, c.pp * c.tp)
         gathered = [None] * dist.get_world_size() if rank == 0 else None
         dist.gather_object((losses, params, shards, shard), gathered, dst=0)

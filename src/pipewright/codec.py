@@ -43,14 +43,6 @@ def rows_to_csv(rows: Iterable[Iterable[Action | None]]) -> str:
     return buf.getvalue()
 
 
-def to_csv(schedule: Schedule, with_comms: bool = False) -> str:
-    """PyTorch's CSV: compute-only (``with_comms=False``) or lowered with send/receive actions."""
-    from pipewright.passes.lower import lower, strip_comms
-
-    sched = lower(schedule) if with_comms else strip_comms(schedule)
-    return rows_to_csv(sched.actions)
-
-
 def from_csv(
     text: str,
     *,

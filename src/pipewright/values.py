@@ -20,6 +20,7 @@ class Limit:
     low: float | None = None
     high: float | None = None
     strict: bool = False
+    unit: str | None = None  # a positive quantity of this unit ("seconds"): the error names it
 
 
 #: the largest integer any option takes (what torch, numpy and the C libraries below them hold)
@@ -30,6 +31,8 @@ POSITIVE = Limit(low=1)
 COUNT = Limit(low=0)
 #: a positive real number (rates, seconds)
 POSITIVE_REAL = Limit(low=0, strict=True)
+#: a positive number of seconds (timeouts)
+SECONDS = Limit(low=0, strict=True, unit="seconds")
 FRACTION = Limit(low=0, high=1)
 
 
@@ -48,6 +51,8 @@ def check_value(flag: str, value: object, limit: Limit) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return
     shown = f"{value:g}" if isinstance(value, float) else str(value)  # TOML's 1 and the flag's 1.0 alike
+    if limit.unit is not None and not (math.isfinite(value) and value > (limit.low or 0)):
+        raise ConfigError(f"{flag} must be a positive number of {limit.unit} (got {shown})")
     if not math.isfinite(value):
         raise ConfigError(f"{flag} must be a finite number (got {shown})")
     if limit.low is not None:
@@ -112,8 +117,8 @@ TRAIN_LIMITS: dict[str, Limit] = {
     "min_lr_ratio": FRACTION,
     "weight_decay": COUNT,
     "grad_clip": COUNT,  # 0 disables clipping
-    "recv_timeout_s": POSITIVE_REAL,
-    "collective_timeout_s": POSITIVE_REAL,
+    "recv_timeout_s": SECONDS,
+    "collective_timeout_s": SECONDS,
 }
 
 
@@ -136,11 +141,11 @@ def train_warnings(steps: int, warmup: int, stop_after: int | None, lr: float) -
 def check_train(config: object) -> list[str]:
     """A TrainConfig's numbers: non-finite or out-of-range values raise (:data:`TRAIN_LIMITS`); returns
     the warnings of :func:`train_warnings`."""
-    values = dict(vars(config))
+    values = dict(getattr(config, "features", None) or {}) | vars(config)  # feature options included
     if values.get("on_save_error", "stop") not in ("stop", "retry", "skip"):
         raise ConfigError(f"--on-save-error {values['on_save_error']!r}: choose one of stop, retry, skip")
+    check_values(values, TRAIN_LIMITS)  # before check_finite: a limit's own line for NaN (timeouts)
     check_finite(values)
-    check_values(values, TRAIN_LIMITS)
     actions = 3 * values["pp"] * (values["virtual"] or 1) * values["microbatches"]
     if actions > MAX_TRAIN_ACTIONS:
         raise ConfigError(

@@ -16,7 +16,8 @@ from pipewright.errors import PipewrightError, ValidationError
 _COMMANDS = ("schedule", "simulate", "train", "profile", "plan")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(feature_paths: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The command line; ``feature_paths``: ``--feature module:attr`` values, whose flags ``train`` adds."""
     parser = argparse.ArgumentParser(
         prog="pipewright",
         description="Plan, simulate and run pipeline-parallel training of transformer models.",
@@ -25,7 +26,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in _COMMANDS:
-        importlib.import_module(f"pipewright.cli.{name}").register(sub)
+        module = importlib.import_module(f"pipewright.cli.{name}")
+        if name == "train":  # its flags depend on the features named on the command line
+            module.register(sub, tuple(feature_paths))
+        else:
+            module.register(sub)
     from pipewright.cli._help import document
 
     document(parser, _train_defaults)  # every flag with its default (and list separator), new flags included
@@ -44,14 +49,30 @@ def _train_defaults() -> dict[str, object]:
 
 
 @functools.cache
-def _parser() -> argparse.ArgumentParser:
-    """One parser per process: in-process callers (tests, the CLI fuzzer) reuse it; argparse keeps no
-    state between ``parse_args`` calls."""
-    return build_parser()
+def _parser(feature_paths: tuple[str, ...] = ()) -> argparse.ArgumentParser:
+    """One parser per process and set of ``--feature`` values: in-process callers (tests, the CLI
+    fuzzer) reuse it; argparse keeps no state between ``parse_args`` calls."""
+    return build_parser(feature_paths)
+
+
+def _feature_paths(argv: Sequence[str]) -> tuple[str, ...]:
+    """The ``--feature X`` / ``--feature=X`` values of ``argv`` (read before the parser is built)."""
+    out = []
+    for i, arg in enumerate(argv):
+        if arg == "--feature" and i + 1 < len(argv):
+            out.append(argv[i + 1])
+        elif arg.startswith("--feature="):
+            out.append(arg.partition("=")[2])
+    return tuple(out)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = _parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        parser = _parser(_feature_paths(argv))
+    except PipewrightError as exc:  # a --feature that does not load
+        print(f"pipewright: error: {exc}", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     try:

@@ -6,11 +6,11 @@ import argparse
 from pathlib import Path
 
 from pipewright.cli.guards import add_max_actions, check_schedule_command
-from pipewright.codec import to_csv
 from pipewright.features import library_schedules
 from pipewright.files import check_writable
 from pipewright.ir import peak_in_flight
 from pipewright.passes import lower, validate
+from pipewright.passes.export import to_csv
 from pipewright.schedules import build_schedule, info, schedule_names
 
 

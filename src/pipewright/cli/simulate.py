@@ -16,6 +16,7 @@ from pipewright.ir import Schedule
 from pipewright.models.spec import MLP_KINDS
 from pipewright.passes import validate
 from pipewright.passes.grad_reduce import GRAD_REDUCE
+from pipewright.plan.request import PlanOverrides, SimulateRequest
 from pipewright.plan.setup import (
     SimSetup,
     cluster_topology,
@@ -154,7 +155,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--png", help="write the timeline picture to this PNG file")
     parser.add_argument("--trace", help="write a Chrome/Perfetto trace JSON to this file")
     parser.add_argument("--enforce-memory", action="store_true", help="fail when a rank does not fit")
-    builtin_features().add_options("simulate", parser)  # --vocab-parallel, --fill kfac, …
+    builtin_features().add_options("simulate", parser)  # the features' flags
     add_max_actions(parser)
     parser.set_defaults(func=run)
 
@@ -174,7 +175,7 @@ def _unit_setup(args: argparse.Namespace) -> SimSetup:
     return unit_setup(_load_schedule(args.schedule, args.stages, args.microbatches, args.virtual))
 
 
-def _profile_setup(args: argparse.Namespace) -> SimSetup:
+def _profile_setup(args: argparse.Namespace, plan: PlanOverrides | None = None) -> SimSetup:
     """Measured costs: ProfiledCost and ProfiledComm from a ``pipewright profile`` file."""
     from pipewright.cost.profiled import load_profile
 
@@ -195,7 +196,7 @@ def _profile_setup(args: argparse.Namespace) -> SimSetup:
     tp, dp = int(meta.get("tp", "1")), args.dp
     shared = core_sharing(sched.num_ranks, args.cores, meta, processes_per_rank=tp * dp)
     label = f"profile {path.name} (b={b}, {layers} layers, t={tp}, d={dp})"
-    layout = getattr(args, "plan_layout", None)  # a plan's layers per chunk (--plan)
+    layout = plan.layout if plan is not None else None  # a plan's layers per chunk (--plan)
     opts = {"tp": tp, "dp": dp, "layout": layout, "shared": shared, "label": label}
     setup = profile_setup(rows, meta, sched, b, layers, **opts)
     costed = _costed_schedule(args.schedule, p, args.microbatches, args.virtual, setup)
@@ -204,7 +205,7 @@ def _profile_setup(args: argparse.Namespace) -> SimSetup:
     return profile_setup(rows, meta, costed, b, layers, **opts)
 
 
-def _model_setup(args: argparse.Namespace) -> SimSetup:
+def _model_setup(args: argparse.Namespace, plan: PlanOverrides | None = None) -> SimSetup:
     """Model + cluster: resolve the preset, the accelerator and the topology, then the cost models."""
     from pipewright.mesh import DEFAULT_ORDER, Mesh
     from pipewright.models.presets import resolve_model
@@ -213,13 +214,13 @@ def _model_setup(args: argparse.Namespace) -> SimSetup:
     model = resolve_model(args.model, **{d: getattr(args, d) for d in _DIMS})
     if args.mlp or args.no_bias:
         model = replace(model, mlp=args.mlp or model.mlp, bias=False if args.no_bias else model.bias)
-    if getattr(args, "plan_obj", None) is not None:
-        args.plan_obj.check_model(model)
+    if plan is not None:
+        plan.plan.check_model(model)
     topo, gpu = cluster_topology(args.gpu, args.nodes, args.gpus_per_node, args.topology)
     t, d = args.tp, args.dp
     p = args.pp if args.pp is not None else (args.stages or 1)
     order = args.rank_order or (DEFAULT_ORDER if args.cp == 1 else "tp-cp-dp-pp")
-    mesh = plan_mesh(args, topo, Mesh(t, p, d, order, cp=args.cp))  # a plan's placement
+    mesh = plan_mesh(plan and plan.devices, topo, Mesh(t, p, d, order, cp=args.cp))  # a plan's placement
     b = args.microbatch_size or 1
     if args.global_batch_size is not None:
         m = microbatches_per_pipeline(args.global_batch_size, b, d)
@@ -247,9 +248,9 @@ def _model_setup(args: argparse.Namespace) -> SimSetup:
             recompute=args.recompute,
             grad_reduce=args.grad_reduce or "after",
             sequence_parallel=getattr(args, "sequence_parallel", False),
-            layout=getattr(args, "plan_layout", None) or args.layout,
-            per_stage_recompute=getattr(args, "plan_recompute", None),
-            attention=_attention(args),
+            layout=plan.layout if plan is not None else args.layout,
+            per_stage_recompute=plan.recompute if plan is not None else None,
+            attention=_attention(args, plan),
             optimizer_sharding=sharding,
             tp_comm_overlap=args.tp_comm_overlap,
             calibration=calibration,
@@ -260,13 +261,12 @@ def _model_setup(args: argparse.Namespace) -> SimSetup:
     return setup if costed is None else build(costed)
 
 
-def _attention(args: argparse.Namespace) -> str:
+def _attention(args: argparse.Namespace, plan: PlanOverrides | None) -> str:
     """--attention, else the plan's (plans made before the planner priced flash attention were
     priced eager), else flash."""
     if args.attention:
         return args.attention
-    plan = getattr(args, "plan_obj", None)
-    return getattr(plan, "attention", "eager") if plan is not None else "flash"
+    return getattr(plan.plan, "attention", "eager") if plan is not None else "flash"
 
 
 def _costed_schedule(
@@ -300,24 +300,27 @@ def _run(args: argparse.Namespace) -> int:
     ]
     if len(given) > 1:
         raise ConfigError(f"give one of --cost unit, --model, --profile (got {' and '.join(given)})")
+    plan = None
     if getattr(args, "plan", None):
-        from pipewright.plan.apply import apply_to_simulate
+        from pipewright.plan.apply import applied, simulate_overrides
 
-        args.plan_obj = apply_to_simulate(args)
+        plan = simulate_overrides(args)
+        args = applied(args, plan)
     if args.schedule is None:
         raise ConfigError("pipewright simulate needs --schedule NAME (or --plan FILE)")
     check_simulate(args)  # ranges, ignored flags, CSV vs flags, size (cli/guards.py)
     if args.profile is not None:
-        setup = _profile_setup(args)
+        setup = _profile_setup(args, plan)
     else:
-        setup = _unit_setup(args) if args.model is None else _model_setup(args)
+        setup = _unit_setup(args) if args.model is None else _model_setup(args, plan)
         if args.cores is not None:
             ppr = args.tp * args.dp
             setup = replace(setup, shared=core_sharing(setup.schedule.num_ranks, args.cores, {}, ppr))
+    request = SimulateRequest.from_options(vars(args), plan)
     for feature in builtin_features():  # each feature may transform the setup or run the command
         hook = feature.simulate_hook()
         if hook is not None:
-            outcome = hook(args, setup)
+            outcome = hook(request, setup)
             if isinstance(outcome, int):
                 return outcome
             setup = outcome

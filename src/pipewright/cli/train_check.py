@@ -8,7 +8,7 @@ def dry_run(config, profile: str | None = None) -> int:
     """Prepare the run (and read ``profile``, the ``--compare-sim`` profile) and print the estimate."""
     from pipewright.runtime.launch import default_backend
     from pipewright.runtime.size_check import check_fits
-    from pipewright.runtime.trainer import prepare
+    from pipewright.training import prepare
 
     if profile is not None:
         from pipewright.cost.profiled import load_profile

@@ -2,11 +2,13 @@
 
 A :class:`Feature` holds everything a capability adds — its action kinds (with dependency rules and
 point-to-point/collective metadata), cost rules keyed by kind, schedule generators, schedule passes,
-command-line options, and the runtime parts (handlers, output hooks, tensor specs, process groups)
-given as a factory that is imported only when a run needs it, so this module and the simulator side
-stay free of torch. :class:`Features` is an immutable set of bundles; :func:`builtin_features` is the
-one place the library's own features (vocabulary parallelism, K-FAC in the bubbles, asynchronous
-weights) are listed.
+its training options (a dataclass section, :mod:`pipewright.options`: a ``[table]`` in the TOML file
+and an argument group of ``pipewright train``), ``simulate``'s flags and hook, and its training
+plugin (:mod:`pipewright.runtime.plugin`), given as an import path so that this module and the
+simulator side stay free of torch. :class:`Features` is an immutable set of bundles;
+:func:`builtin_features` is the one place the library's own features (vocabulary parallelism, K-FAC
+in the bubbles, asynchronous weights) are listed, and :func:`user_features` adds the ones installed
+under the entry point group ``pipewright.features`` or named with ``--feature module:attr``.
 
 How the core uses a bundle (see ``tests/test_feature_contract.py`` for a whole toy feature):
 
@@ -15,8 +17,8 @@ How the core uses a bundle (see ``tests/test_feature_contract.py`` for a whole t
   (:class:`pipewright.cost.rules.RuledCost`).
 - ``Features.schedules`` — extra :class:`~pipewright.schedules.registry.ScheduleInfo` entries for
   :class:`~pipewright.schedules.registry.ScheduleRegistry`.
-- ``Features.runtime_parts(context)`` — merged :class:`RuntimeParts` for
-  :class:`~pipewright.runtime.executor.PipelineExecutor`.
+- ``Feature.plugin_class()`` — the training plugin the composition root (:mod:`pipewright.training`)
+  hands to the trainer when ``active(config, schedule)``.
 - ``Features.add_options(command, parser)`` — each feature's flags on ``simulate``/``train``/….
 """
 
@@ -35,127 +37,54 @@ from pipewright.kinds import KindRegistry, KindSpec
 BUILTIN: tuple[str, ...] = ("vocab", "kfac", "async_weights")
 
 
-@dataclass(frozen=True)
-class RuntimeParts:
-    """What a feature adds to the executor: ``handlers`` (kind → ``fn(state, action)``),
-    ``output_hooks`` (stage → ``fn(state, action, output) -> output``), ``tensor_specs`` (P2P tensor
-    name → ``fn(action) -> (shape, dtype)``), ``groups`` (name → process group), ``loss_fn_off``
-    (True when the feature computes the loss itself, so the default loss hook is not installed) and
-    ``handler_wrappers`` (``fn(kind, handler) -> handler`` around every handler, first one innermost:
-    :meth:`~pipewright.runtime.executor.PipelineExecutor.wrap_handlers`; the trainer builds its
-    executors with them once stages and optimizer exist).
-
-    What a feature changes in the trainer (:class:`pipewright.runtime.trainer.Trainer`, which names no
-    feature): ``schedule`` and ``stages`` replace the compute-only schedule and this rank's stage
-    modules; ``parameters`` (name → parameter) are trained with the stages (optimizer, global gradient
-    norm — each rank's are counted, they are disjoint shards —, checkpoints); ``batch_everywhere``: every
-    rank gets the microbatches' inputs and targets; ``after_run()`` runs after each executor run (complete
-    collectives, reduce the parameters' gradients over data parallelism); ``evaluate(executor, inputs,
-    targets) -> losses`` replaces the forward-only validation pass."""
-
-    handlers: Mapping[str, Callable] = field(default_factory=dict)
-    output_hooks: Mapping[int, Callable] = field(default_factory=dict)
-    tensor_specs: Mapping[str, Callable] = field(default_factory=dict)
-    groups: Mapping[str, Any] = field(default_factory=dict)
-    loss_fn_off: bool = False
-    schedule: Any = None
-    stages: Mapping[int, Any] | None = None
-    parameters: Mapping[str, Any] = field(default_factory=dict)
-    batch_everywhere: bool = False
-    after_run: Callable[[], None] | None = None
-    evaluate: Callable[..., list[float]] | None = None
-    handler_wrappers: tuple[Callable, ...] = ()
-
-    def merged(self, other: RuntimeParts) -> RuntimeParts:
-        for name in ("handlers", "output_hooks", "tensor_specs", "groups", "parameters"):
-            clash = set(getattr(self, name)) & set(getattr(other, name))
-            if clash:
-                raise ConfigError(f"two features both provide {name} for {sorted(map(str, clash))}")
-        single = {}
-        for name in ("schedule", "stages", "after_run", "evaluate"):
-            mine, theirs = getattr(self, name), getattr(other, name)
-            if mine is not None and theirs is not None:
-                raise ConfigError(f"two features both replace the trainer's {name}; enable only one")
-            single[name] = mine if mine is not None else theirs
-        return RuntimeParts(
-            {**self.handlers, **other.handlers},
-            {**self.output_hooks, **other.output_hooks},
-            {**self.tensor_specs, **other.tensor_specs},
-            {**self.groups, **other.groups},
-            self.loss_fn_off or other.loss_fn_off,
-            parameters={**self.parameters, **other.parameters},
-            batch_everywhere=self.batch_everywhere or other.batch_everywhere,
-            handler_wrappers=self.handler_wrappers + other.handler_wrappers,
-            **single,
-        )
-
-    def executor_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments for :class:`~pipewright.runtime.executor.PipelineExecutor`."""
-        return {
-            "handlers": dict(self.handlers),
-            "output_hooks": dict(self.output_hooks),
-            "tensor_specs": dict(self.tensor_specs),
-            "groups": dict(self.groups),
-            "handler_wrappers": list(self.handler_wrappers),
-        }
-
-
-def _load(path: str) -> Any:
+def load(path: str) -> Any:
     """The object at import path ``"package.module:attr"`` (imported only when asked for)."""
-    module, _, attr = path.partition(":")
-    return getattr(importlib.import_module(module), attr)
-
-
-#: A runtime factory: ``fn(context) -> RuntimeParts``, or its import path ``"package.module:function"``.
-RuntimeFactory = Callable[[Any], RuntimeParts] | str
+    module, sep, attr = path.partition(":")
+    if not sep or not module or not attr:
+        raise ConfigError(f"{path!r} is not an import path of the form package.module:attr")
+    try:
+        return getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot load {path}: {exc}") from None
 
 
 @dataclass(frozen=True)
 class Feature:
     """One capability's bundle (see the module docstring). ``cost_rules``: kind → rule (see
     :mod:`pipewright.cost.rules`). ``passes``: name → ``fn(schedule, **options) -> schedule``.
-    ``options``: ``fn(command, parser)`` adding the feature's flags to a subcommand's parser.
-    ``training``: import path of a training hook for schedules whose loop the feature owns.
+    ``options``: ``fn(command, parser)`` adding the feature's flags to ``simulate`` or ``plan``.
     ``simulate``: import path of a ``pipewright simulate`` hook (:meth:`simulate_hook`).
-    ``optimizers``: ``--optimizer`` name → import path of ``attach(trainer) -> (optimizer, handlers,
-    schedule)``, for optimizers whose work runs inside the schedule (K-FAC in the bubbles).
-    ``train_runtime``: import path of ``fn(trainer) -> RuntimeParts`` that ``pipewright train`` calls
-    on every rank with its :class:`~pipewright.runtime.trainer.Trainer` (empty parts when the config
-    leaves the feature off); ``check_training``: import path of ``fn(config, spec, schedule)`` run
-    before any worker starts, raising a one-line ConfigError for the combinations the feature's runtime
-    does not support."""
+    ``section``: the dataclass of the feature's training options (:mod:`pipewright.options`), read
+    from the TOML ``[table]`` (default: the name) and from ``pipewright train``'s flags.
+    ``plugin``: import path of its :class:`~pipewright.runtime.plugin.TrainingPlugin` subclass."""
 
     name: str
     kinds: tuple[KindSpec, ...] = ()
     cost_rules: Mapping[str, Callable] = field(default_factory=dict)
     schedules: tuple[Any, ...] = ()
     passes: Mapping[str, Callable] = field(default_factory=dict)
-    runtime: RuntimeFactory | None = None
     options: Callable[[str, Any], None] | None = None
-    training: str | None = None
     simulate: str | None = None
-    optimizers: Mapping[str, str] = field(default_factory=dict)
-    train_runtime: str | None = None
-    check_training: str | None = None
+    section: type | None = None
+    table: str = ""
+    plugin: str | None = None
     description: str = ""
 
+    @property
+    def table_name(self) -> str:
+        """The TOML table of the feature's options."""
+        return self.table or self.name
+
     def simulate_hook(self) -> Callable[[Any, Any], Any] | None:
-        """``fn(args, setup) -> setup | int`` (import path in :attr:`simulate`): ``pipewright simulate``
-        passes its parsed options and :class:`~pipewright.plan.setup.SimSetup`; the hook returns the
-        setup it transforms (or the same one), or an exit status when it ran the command itself."""
-        return None if self.simulate is None else _load(self.simulate)
+        """``fn(request, setup) -> setup | int`` (import path in :attr:`simulate`): ``pipewright
+        simulate`` passes its :class:`~pipewright.plan.request.SimulateRequest` and
+        :class:`~pipewright.plan.setup.SimSetup`; the hook returns the setup it transforms (or the same
+        one), or an exit status when it ran the command itself."""
+        return None if self.simulate is None else load(self.simulate)
 
-    def training_hook(self) -> Any | None:
-        """The feature's training hook (import path ``"module:attr"`` in :attr:`training`): an object
-        with ``claims(schedule) -> bool``, ``check_config(config)`` and ``trainer(run)`` for the
-        schedules whose training loop the feature owns (asynchronous weight updates)."""
-        return None if self.training is None else _load(self.training)
-
-    def runtime_parts(self, context: Any = None) -> RuntimeParts:
-        if self.runtime is None:
-            return RuntimeParts()
-        factory = _load(self.runtime) if isinstance(self.runtime, str) else self.runtime
-        return factory(context)
+    def plugin_class(self) -> Any | None:
+        """The feature's training plugin class (import path in :attr:`plugin`), or None."""
+        return None if self.plugin is None else load(self.plugin)
 
 
 class Features:
@@ -218,17 +147,16 @@ class Features:
 
         return with_rules(model, self.cost_rules)
 
-    def runtime_parts(self, context: Any = None, names: Iterable[str] | None = None) -> RuntimeParts:
-        """Merged runtime parts of the named features (all when ``names`` is None)."""
-        parts = RuntimeParts()
-        for f in self if names is None else (self[n] for n in names):
-            parts = parts.merged(f.runtime_parts(context))
-        return parts
-
     def add_options(self, command: str, parser: Any) -> None:
+        """Each feature's flags on ``command``: its ``options`` hook, and on ``train`` one argument
+        group generated from its training-options section (:func:`pipewright.options.add_flags`)."""
+        from pipewright.options import add_flags
+
         for f in self:
             if f.options is not None:
                 f.options(command, parser)
+            if command == "train" and f.section is not None:
+                add_flags(parser, f.section, f"{f.name}: {f.description}" if f.description else f.name)
 
 
 def builtin_features() -> Features:
@@ -244,36 +172,22 @@ def library_schedules() -> Any:
     return default_registry().with_schedules(*builtin_features().schedules)
 
 
-def training_hook(schedule: Any) -> Any | None:
-    """The built-in feature's training hook that claims ``schedule`` (None: the plain trainer)."""
-    for feature in builtin_features():
-        hook = feature.training_hook()
-        if hook is not None and hook.claims(schedule):
-            return hook
-    return None
+def user_features(paths: Iterable[str] = ()) -> tuple[Feature, ...]:
+    """Features from outside the library: every entry point of the group ``pipewright.features``
+    (installed packages), then each ``"module:attr"`` of ``paths`` (``--feature``); each names a
+    :class:`Feature`."""
+    from importlib.metadata import entry_points
+
+    found = [ep.load() for ep in entry_points(group="pipewright.features")]
+    found += [load(p) for p in dict.fromkeys(paths)]
+    for f in found:
+        if not isinstance(f, Feature):
+            raise ConfigError(
+                f"a pipewright feature must be a pipewright.features.Feature, not {type(f).__name__}"
+            )
+    return tuple(found)
 
 
-def optimizer_hook(name: str) -> Callable[[Any], Any] | None:
-    """The built-in feature's ``attach(trainer)`` for ``--optimizer name`` (None: a plain optimizer)."""
-    for feature in builtin_features():
-        path = feature.optimizers.get(name)
-        if path is not None:
-            return _load(path)
-    return None
-
-
-def training_parts(trainer: Any) -> RuntimeParts:
-    """Collective: the built-in features' merged ``train_runtime(trainer)`` parts (a feature the
-    config leaves off returns empty parts)."""
-    parts = RuntimeParts()
-    for feature in builtin_features():
-        if feature.train_runtime is not None:
-            parts = parts.merged(_load(feature.train_runtime)(trainer))
-    return parts
-
-
-def check_training(config: Any, spec: Any, schedule: Any) -> None:
-    """Run every built-in feature's ``check_training(config, spec, schedule)`` (one-line ConfigErrors)."""
-    for feature in builtin_features():
-        if feature.check_training is not None:
-            _load(feature.check_training)(config, spec, schedule)
+def all_features(paths: Iterable[str] = ()) -> Features:
+    """The built-in features and the user's (:func:`user_features`)."""
+    return builtin_features().with_features(*user_features(paths))

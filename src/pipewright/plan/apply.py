@@ -10,6 +10,7 @@ from pipewright.errors import ConfigError
 from pipewright.mesh import DEFAULT_ORDER, Mesh
 from pipewright.plan.mapping import placement
 from pipewright.plan.planfile import Plan, load
+from pipewright.plan.request import PlanOverrides
 from pipewright.topology import Topology
 
 _SIM_FIELDS = {
@@ -25,40 +26,50 @@ _SIM_FIELDS = {
 }
 
 
-def apply_to_simulate(args: argparse.Namespace) -> Plan:
-    """Set ``args``' layout options from ``args.plan`` (a plan file); the plan's device order and
-    layers per chunk go to ``args.plan_devices`` / ``args.plan_layout``."""
+def simulate_overrides(args: argparse.Namespace) -> PlanOverrides:
+    """What ``args.plan`` (a plan file) sets for ``pipewright simulate``: the layout options (the model's
+    dimensions only where ``args`` leaves them unset), and the plan's device order and layers per chunk.
+    ``args`` is read, not changed."""
     plan = load(args.plan)
+    values: dict[str, object] = {}
     if getattr(args, "vocab", None) is None:
-        args.vocab = plan.padded_vocab  # the vocabulary the plan was priced with
+        values["vocab"] = plan.padded_vocab  # the vocabulary the plan was priced with
     if args.model is None:
-        args.model = plan["model"]["name"]
+        values["model"] = plan["model"]["name"]
         for d in ("layers", "hidden", "heads", "ffn_hidden", "seq_len", "kv_heads", "mlp"):
             if getattr(args, d, None) is None and d in plan["model"]:
-                setattr(args, d, plan["model"][d])
+                values[d] = plan["model"][d]
         if plan["model"].get("bias") is False:
-            args.no_bias = True
+            values["no_bias"] = True
     if getattr(args, "grad_reduce", None) is None:
-        args.grad_reduce = plan.grad_reduce  # the plan's definition of an iteration
-    for key, attr in _SIM_FIELDS.items():
-        setattr(args, attr, plan[key])
+        values["grad_reduce"] = plan.grad_reduce  # the plan's definition of an iteration
+    values |= {attr: plan[key] for key, attr in _SIM_FIELDS.items()}
     for key, (attr, neutral, value) in _cost_fields(plan).items():
         if hasattr(args, attr):
             if getattr(args, attr, None) in (None, False, neutral):  # a flag given overrides the plan
-                setattr(args, attr, value)
+                values[attr] = value
         elif value != neutral:
             raise ConfigError(
                 f"the plan sets {key} ({value!r}), which this `pipewright simulate` cannot apply; "
                 "plan without it"
             )
-    args.microbatches = plan["microbatches"]  # (the model path derives it from the global batch)
+    values["microbatches"] = plan["microbatches"]  # (the model path derives it from the global batch)
     csv = plan.schedule_csv(args.plan)
     if csv is not None:
-        args.schedule, args.virtual = csv, None
-    args.plan_layout = plan.chunk_layers()
-    args.plan_recompute = plan.data.get("recompute_per_stage")
-    args.plan_devices = plan.devices
-    return plan
+        values |= {"schedule": csv, "virtual": None}
+    recompute = plan.data.get("recompute_per_stage")
+    return PlanOverrides(
+        plan,
+        values,
+        layout=plan.chunk_layers(),
+        recompute=tuple(recompute) if recompute is not None else None,
+        devices=tuple(plan.devices) if plan.devices is not None else None,
+    )
+
+
+def applied(args: argparse.Namespace, overrides: PlanOverrides) -> argparse.Namespace:
+    """A copy of ``args`` with the plan's option values."""
+    return argparse.Namespace(**{**vars(args), **overrides.values})
 
 
 def _cost_fields(plan: Plan) -> dict[str, tuple[str, object, object]]:
@@ -110,10 +121,9 @@ def placed(mesh: Mesh, placement: Sequence[int] | None) -> Mesh:
     return replace(mesh, placement=tuple(own))
 
 
-def plan_mesh(args: argparse.Namespace, topology: Topology, mesh: Mesh) -> Mesh:
-    """``pipewright simulate --plan``: ``mesh`` placed on the plan's devices (unchanged without a
+def plan_mesh(devices: Sequence[str] | None, topology: Topology, mesh: Mesh) -> Mesh:
+    """``pipewright simulate --plan``: ``mesh`` placed on the plan's ``devices`` (unchanged without a
     plan, or for a plan that names no devices: the devices in the given order)."""
-    devices = getattr(args, "plan_devices", None)
     if not devices:
         return mesh
     return placed(mesh, plan_placement(devices, topology))

@@ -1,31 +1,48 @@
 """Running schedules on torch.distributed: process mesh, launching, point-to-point transfers, split
-backward and the pipeline executor."""
+backward and the pipeline executor.
 
-from pipewright.models.wgrad import DeferrableLinear, WeightGradStore, defer_weight_grads
-from pipewright.runtime.errors import ActionError, DistributedError, LayoutError, RecvTimeout, WorkerError
-from pipewright.runtime.executor import PipelineExecutor, RunState, default_handlers, finish_reduction
-from pipewright.runtime.launch import init_from_env, running_under_torchrun, spawn
-from pipewright.runtime.mesh import ParallelMesh, coords_to_rank, rank_to_coords
-from pipewright.runtime.timeline import gather_timeline
+The names below are loaded on first use (PEP 562), so that importing a torch-free submodule such as
+:mod:`pipewright.runtime.config` (which ``pipewright train``'s flags are generated from) does not
+import torch for every command."""
 
-__all__ = [
-    "ActionError",
-    "DeferrableLinear",
-    "DistributedError",
-    "LayoutError",
-    "ParallelMesh",
-    "PipelineExecutor",
-    "RecvTimeout",
-    "RunState",
-    "WeightGradStore",
-    "WorkerError",
-    "coords_to_rank",
-    "default_handlers",
-    "defer_weight_grads",
-    "finish_reduction",
-    "gather_timeline",
-    "init_from_env",
-    "rank_to_coords",
-    "running_under_torchrun",
-    "spawn",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+#: public name → the submodule that defines it
+_WHERE = {
+    "DeferrableLinear": "pipewright.models.wgrad",
+    "WeightGradStore": "pipewright.models.wgrad",
+    "defer_weight_grads": "pipewright.models.wgrad",
+    "ActionError": "pipewright.runtime.errors",
+    "DistributedError": "pipewright.runtime.errors",
+    "LayoutError": "pipewright.runtime.errors",
+    "RecvTimeout": "pipewright.runtime.errors",
+    "WorkerError": "pipewright.runtime.errors",
+    "PipelineExecutor": "pipewright.runtime.executor",
+    "RunState": "pipewright.runtime.executor",
+    "default_handlers": "pipewright.runtime.executor",
+    "finish_reduction": "pipewright.runtime.executor",
+    "init_from_env": "pipewright.runtime.launch",
+    "running_under_torchrun": "pipewright.runtime.launch",
+    "spawn": "pipewright.runtime.launch",
+    "ParallelMesh": "pipewright.runtime.mesh",
+    "coords_to_rank": "pipewright.runtime.mesh",
+    "rank_to_coords": "pipewright.runtime.mesh",
+    "gather_timeline": "pipewright.runtime.timeline",
+}
+
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(_WHERE[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_WHERE))

@@ -82,8 +82,6 @@ SAVE_STAGES = {
     "wait": "waiting for the other ranks' shards",
     "commit": "committing",
 }
-#: The settings (TrainConfig fields) that choose the update rule, named when a resume's differs.
-UPDATE_SETTINGS = ("optimizer", "weight_policy", "kfac_base")
 
 
 class CheckpointError(ConfigError):
@@ -394,14 +392,15 @@ def check_update_rule(
 ) -> None:
     """One-line ConfigError when the checkpoint's optimizer slots (in ``stored``, its keys) are not
     this run's (in ``keys``): loading would leave slots unset or fill them from another update rule.
-    The message names the checkpoint's settings (its config) and this run's (``settings``): the
-    optimizer, and the other :data:`UPDATE_SETTINGS` where they differ."""
+    The message names the checkpoint's settings (its config) and this run's (``settings``: the
+    optimizer and the options that choose the update rule): the optimizer, and the others where they
+    differ."""
     mine, theirs = _slots(keys), _slots(stored)
     if not mine or not theirs or mine == theirs:
         return
     saved = meta.get("config") if isinstance(meta.get("config"), dict) else {}
     now = settings or {}
-    names = ["optimizer"] + [k for k in UPDATE_SETTINGS[1:] if k in saved and k in now and saved[k] != now[k]]
+    names = ["optimizer"] + [k for k in now if k != "optimizer" and k in saved and saved[k] != now[k]]
 
     def flags(values: Mapping) -> str:
         return " ".join(f"--{k.replace('_', '-')} {values.get(k, '?')}" for k in names)

@@ -67,9 +67,17 @@ class ComparePlan:
     source: str | None = None
     #: the profiles merged into ``rows`` by :func:`bracket_profile` (before and after the run), else ()
     brackets: tuple[tuple[tuple[ProfileRow, ...], dict[str, str]], ...] = ()
+    #: the run's compute-only schedule (None: the config's, from the schedule library's core families)
+    schedule: Schedule | None = None
 
 
-def plan_comparison(config: TrainConfig, profile: str | None = None, *, progress: bool = True) -> ComparePlan:
+def plan_comparison(
+    config: TrainConfig,
+    profile: str | None = None,
+    *,
+    progress: bool = True,
+    schedule: Schedule | None = None,
+) -> ComparePlan:
     """Resolve the model and get its profile (see the module docstring); all checks happen here, before
     any training."""
     from pipewright.data import open_dataset
@@ -85,7 +93,7 @@ def plan_comparison(config: TrainConfig, profile: str | None = None, *, progress
     else:
         rows, meta = _profile_in_process(config, spec, progress)
     ProfiledCost(tuple(rows), config.microbatch_size, spec.layers)  # the microbatch size must be there
-    return ComparePlan(config, spec, tuple(rows), meta, profile)
+    return ComparePlan(config, spec, tuple(rows), meta, profile, schedule=schedule)
 
 
 def _profile_in_process(
@@ -185,14 +193,14 @@ def optimizer_time(cost: ProfiledCost, schedule: Schedule, shared: SharedCompute
 def predict(plan: ComparePlan) -> tuple[SimResult, ProfiledCost, float, ProfiledComm]:
     """The simulation of the run's schedule, its cost and comm models and the predicted optimizer-step
     time."""
-    from pipewright.runtime.trainer import resolve_schedule
+    from pipewright.runtime.schedule_source import resolve_schedule
 
     c = plan.config
     shared = host_sharing(c, plan.meta)
     setup = profile_setup(
         plan.rows,
         plan.meta,
-        resolve_schedule(c),
+        plan.schedule if plan.schedule is not None else resolve_schedule(c),
         c.microbatch_size,
         plan.spec.layers,
         tp=c.tp,

@@ -1,5 +1,12 @@
 """TrainConfig: everything ``pipewright train`` needs, from flags and/or a TOML file, checked before any
-worker starts."""
+worker starts.
+
+The core fields are the trainer's own settings and its *training options* (recomputation, precision,
+ZeRO-1, tied embeddings, ``--init-from``). The options of *features* (the bundles of
+:mod:`pipewright.features`) are not fields: they are kept in :attr:`TrainConfig.features` under their
+flat names (``toy_level``, from ``--toy-level``; see :mod:`pipewright.options`), read back as
+attributes (``config.toy_level``), and checked and given their defaults by the composition root
+(:func:`pipewright.training.check_config`), which knows the registered features."""
 
 from __future__ import annotations
 
@@ -7,16 +14,17 @@ import hashlib
 import json
 import logging
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from pipewright.errors import ConfigError
 from pipewright.models.presets import resolve_model
 from pipewright.models.spec import ModelSpec
+from pipewright.options import option
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class _TrainFields:
     """One training run. ``model``: a preset or family of :mod:`pipewright.models.presets`, whose
     dimensions the other model fields override; ``vocab`` None means the dataset's vocabulary (the
     embedding must fit the tokenizer); ``layout`` None means
@@ -33,83 +41,222 @@ class TrainConfig:
     across stages); ``kv_heads``: grouped-query attention (Llama); ``init_from``: a Hugging Face
     checkpoint folder whose config.json gives the model and whose safetensors give the weights."""
 
-    model: str = "gpt-small-cpu"
-    layers: int | None = None
-    hidden: int | None = None
-    heads: int | None = None
-    kv_heads: int | None = None
-    ffn_hidden: int | None = None
-    vocab: int | None = None
-    seq_len: int | None = None
-    layout: str | None = None
-    schedule: str = "1f1b"
-    tp: int = 1
-    sequence_parallel: bool = False
-    scatter_gather: bool = False
-    pp: int = 2
-    dp: int = 1
-    virtual: int | None = None
-    microbatches: int = 4
-    microbatch_size: int = 8
-    steps: int = 200
-    lr: float = 3e-3
-    warmup: int = 20
+    model: str = option(
+        "gpt-small-cpu",
+        "--model",
+        "preset (gpt-tiny, gpt-small-cpu, llama-tiny, gpt3-*, llama3-*) or family gpt|llama",
+        group="model",
+    )
+    layers: int | None = option(None, "--layers", "transformer layers (default: the preset's)", group="model")
+    hidden: int | None = option(None, "--hidden", "hidden size h (default: the preset's)", group="model")
+    heads: int | None = option(None, "--heads", "attention heads (default: the preset's)", group="model")
+    kv_heads: int | None = option(
+        None,
+        "--kv-heads",
+        "key/value heads (grouped-query attention, Llama; default: --heads)",
+        group="model",
+    )
+    ffn_hidden: int | None = option(None, "--ffn-hidden", "MLP hidden size (default 4h)", group="model")
+    vocab: int | None = option(None, "--vocab", "vocabulary size (default: the dataset's)", group="model")
+    seq_len: int | None = option(None, "--seq-len", "sequence length (default: the preset's)", group="model")
+    layout: str | None = option(
+        None, "--layout", "stage layout, e.g. 'Et*2|t*2L' (default: uniform)", group="layout"
+    )
+    schedule: str = option("1f1b", "--schedule", "schedule name or PyTorch schedule CSV", group="schedule")
+    tp: int = option(1, "--tp", "tensor-parallel size", group="layout")
+    sequence_parallel: bool = option(
+        False,
+        "--sequence-parallel",
+        "with --tp: split LayerNorm/residual regions and boundaries along s",
+        group="layout",
+    )
+    scatter_gather: bool = option(
+        False,
+        "--scatter-gather",
+        "with --tp (not --sequence-parallel): each tp rank sends 1/t of a boundary",
+        group="layout",
+    )
+    pp: int = option(2, "--pp", "pipeline-parallel size", group="layout")
+    dp: int = option(1, "--dp", "data-parallel size", group="layout")
+    virtual: int | None = option(
+        None, "--virtual", "model chunks per pipeline rank (default: the schedule's)", group="layout"
+    )
+    microbatches: int = option(
+        4, "--microbatches", "microbatches per data-parallel replica", group="schedule"
+    )
+    microbatch_size: int = option(8, "--microbatch-size", "sequences per microbatch", group="schedule")
+    steps: int = option(200, "--steps", "training steps", group="schedule")
+    lr: float = option(3e-3, "--lr", "peak learning rate", group="optimizer")
+    warmup: int = option(20, "--warmup", "warm-up steps", group="optimizer")
     min_lr_ratio: float = 0.1
     weight_decay: float = 0.1
     grad_clip: float = 1.0
-    optimizer: str = "adamw"
-    kfac_opportunistic: bool = False  # --optimizer kfac: run pending K-FAC tasks while a receive waits
-    kfac_base: str = "adamw"  # --optimizer kfac: the update the preconditioned gradient feeds
-    kfac_fill: str = "measured"  # --optimizer kfac: what a bubble runs, "measured" (what fits) or "all"
-    weight_policy: str = "stash"  # asynchronous schedules only: pipewright.features.async_weights
-    async_window: int = 10  # asynchronous schedules: steps per flush-free executor window
-    seed: int = 0
-    data: str | None = None
-    tokenizer: str = "byte"
-    out: str | None = None
-    checkpoint_every: int = 0
-    resume: bool = False
-    overwrite: bool = False  # an --out holding a run: move it aside (runtime/run_folder.py)
-    stop_after: int | None = None
-    eval_every: int = 50
+    optimizer: str = option(
+        "adamw", "--optimizer", "adamw or sgd, or an optimizer a feature provides", group="optimizer"
+    )
+    seed: int = option(0, "--seed", "seed for weights and data order", group="data")
+    data: str | None = option(
+        None, "--data", "token file (.bin/.npy), text file or folder (default: built-in corpus)", group="data"
+    )
+    tokenizer: str = option("byte", "--tokenizer", "byte or bpe:N (for text data)", group="data")
+    out: str | None = option(
+        None, "--out", "output folder (default runs/<timestamp>)", group="checkpoints and reliability"
+    )
+    checkpoint_every: int = option(
+        0,
+        "--checkpoint-every",
+        "save a checkpoint every N steps (0: only at the end)",
+        group="checkpoints and reliability",
+    )
+    resume: bool = option(
+        False, "--resume", "continue from --out's checkpoint", group="checkpoints and reliability"
+    )
+    overwrite: bool = option(
+        False,
+        "--overwrite",
+        "an --out that holds a run: move that run aside (to <out>.replaced-<time>), start anew",
+        group="checkpoints and reliability",
+    )  # runtime/run_folder.py
+    stop_after: int | None = option(
+        None,
+        "--stop-after",
+        "stop (with a checkpoint) after N steps; continue later with --resume",
+        group="checkpoints and reliability",
+    )
+    eval_every: int = option(
+        50, "--eval-every", "validation loss every N steps (0: never)", group="checkpoints and reliability"
+    )
     eval_batches: int = 2
-    recv_timeout_s: float = 300.0
-    collective_timeout_s: float = 600.0  # every blocking collective (runtime/timeouts.py)
+    recv_timeout_s: float = option(
+        300.0,
+        "--recv-timeout",
+        "seconds a receive may wait before the run fails (with a hang report)",
+        group="checkpoints and reliability",
+    )
+    collective_timeout_s: float = option(
+        600.0,
+        "--collective-timeout",
+        "seconds a collective may wait before the run fails (hang report)",
+        group="checkpoints and reliability",
+    )  # every blocking collective (runtime/timeouts.py)
     # reliability (docs/reliability.md): checkpoints kept (0: all), restarts after a worker failure,
     # and what a NaN/inf loss or gradient does ("stop" or "skip" the step)
-    keep_checkpoints: int = 0
-    max_restarts: int = 0
-    on_nonfinite: str = "stop"
-    on_save_error: str = "stop"  # a failed checkpoint save: stop, retry or skip (runtime/save_errors.py)
-    progress: bool = True
-    artifacts: bool = True
-    recompute: str = "none"
-    precision: str = "fp32"
-    reduce_fp32: bool = False
-    shard_optimizer: bool = False
-    tie_embeddings: bool = False
-    init_from: str | None = None
+    keep_checkpoints: int = option(
+        0,
+        "--keep-checkpoints",
+        "keep only the newest K checkpoints (0: all)",
+        group="checkpoints and reliability",
+    )
+    max_restarts: int = option(
+        0,
+        "--max-restarts",
+        "restart the workers from the latest checkpoint up to N times after a failure",
+        group="checkpoints and reliability",
+    )
+    on_nonfinite: str = option(
+        "stop",
+        "--on-nonfinite",
+        "stop or skip: what a NaN/inf loss or gradient does to its step",
+        group="checkpoints and reliability",
+    )
+    on_save_error: str = option(
+        "stop",
+        "--on-save-error",
+        "stop, retry or skip: what a failed checkpoint save does (the last one is kept)",
+        group="checkpoints and reliability",
+    )  # runtime/save_errors.py
+    progress: bool = option(True, "--no-progress", "no progress bar", group="output")
+    artifacts: bool = option(
+        True, "--no-artifacts", "no loss.png, timeline.png or trace.json", group="output"
+    )
+    recompute: str = option(
+        "none",
+        "--recompute",
+        "activation recomputation: none, selective (attention core) or full (per layer)",
+        group="precision and memory",
+    )
+    precision: str = option(
+        "fp32",
+        "--precision",
+        "fp32, bf16 or fp16 (fp32 master weights and optimizer state; fp16 loss scaling)",
+        group="precision and memory",
+    )
+    reduce_fp32: bool = option(
+        False,
+        "--reduce-fp32",
+        "with --precision bf16/fp16: sum data-parallel gradients in fp32",
+        group="precision and memory",
+    )
+    shard_optimizer: bool = option(
+        False,
+        "--shard-optimizer",
+        "ZeRO-1: each data-parallel rank keeps 1/dp of the optimizer state",
+        group="precision and memory",
+    )
+    tie_embeddings: bool = option(
+        False,
+        "--tie-embeddings",
+        "tie the output layer to the input embedding (also across stages)",
+        group="model",
+    )
+    init_from: str | None = option(
+        None,
+        "--init-from",
+        "Hugging Face checkpoint folder (GPT-2 or Llama config.json + safetensors)",
+        group="model",
+    )
     # the device (process) of each global rank in the mesh's tp-dp-pp order, comma-separated, e.g. "0,2,1,3"
     # (a `pipewright plan` device assignment, pipewright.mesh.Mesh's placement); None: rank r on process r
     placement: str | None = None
-    vocab_parallel: str = "none"  # none, naive, alg1 or alg2: pipewright.features.vocab
-    cpu_allocator: str = "retain"  # CPU workers keep freed tensor memory (runtime/host_memory.py) or "system"
+    cpu_allocator: str = option(
+        "retain",
+        "--cpu-allocator",
+        "retain (CPU workers keep freed tensor memory) or system",
+        group="precision and memory",
+    )  # CPU workers keep freed tensor memory (runtime/host_memory.py) or "system"
+    # the features' options by flat name (a TOML ``[table]``'s keys as "table.key" until resolved)
+    features: dict = field(default_factory=dict)
+
+
+class TrainConfig(_TrainFields):
+    """One training run (the fields of :class:`_TrainFields`). Keyword arguments that are not fields are
+    feature options (``TrainConfig(toy_level=2)``, ``replace(config, toy_level=3)``): they
+    are kept in :attr:`features` and read back as attributes."""
+
+    def __init__(self, **values: object) -> None:
+        names = {f.name for f in fields(_TrainFields)}
+        extra = {k: values.pop(k) for k in list(values) if k not in names}
+        values["features"] = {**dict(values.get("features") or {}), **extra}
+        super().__init__(**values)
+
+    def __getattr__(self, name: str) -> object:
+        features = self.__dict__.get("features", {})
+        if name in features:
+            return features[name]
+        raise AttributeError(f"{type(self).__name__} has no field or feature option {name!r}")
+
+    def flat(self) -> dict:
+        """Every field and feature option in one flat mapping (``config.json``, checkpoint metadata)."""
+        out = asdict(self)
+        return {**{k: v for k, v in out.items() if k != "features"}, **out["features"]}
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, object], *, source: str = "config") -> TrainConfig:
-        """Build from a mapping (TOML table); dashes in keys read as underscores; unknown keys are an
-        error naming the key."""
-        known = {f.name for f in fields(cls)}
-        clean = {}
+        """Build from a mapping (TOML table); dashes in keys read as underscores. Keys that are not
+        fields are kept as feature options: the composition root checks them against the registered
+        features (an unknown key is then an error naming it)."""
+        known = {f.name for f in fields(cls)} - {"features"}
+        clean, extra = {}, {}
         for key, value in values.items():
             name = key.replace("-", "_")
-            if name not in known:
-                raise ConfigError(f"{source}: unknown key {key!r}; known keys: {', '.join(sorted(known))}")
-            clean[name] = value
+            if name in known:
+                clean[name] = value
+            else:
+                extra[name] = value
         from pipewright.runtime.inputs import check_types
 
-        check_types(cls, clean, source)  # wrong types: one line naming the key, not a traceback later
-        return cls(**clean)
+        check_types(_TrainFields, clean, source)  # wrong types: one line naming the key, not a traceback
+        return cls(**clean, features=extra)
 
     @classmethod
     def from_toml(cls, path: str | Path) -> TrainConfig:
@@ -125,7 +272,11 @@ class TrainConfig:
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"{path}: not valid TOML ({exc})") from None
         table = data.get("train", data)  # a [train] table or top-level keys
-        return cls.from_mapping(table, source=str(path))
+        values = {k: v for k, v in table.items() if not isinstance(v, dict)}
+        for name, section in data.items():  # a feature's [table]: its keys as "table.key"
+            if isinstance(section, dict) and name != "train":
+                values.update({f"{name}.{key}": value for key, value in section.items()})
+        return cls.from_mapping(values, source=str(path))
 
     def with_overrides(self, **values: object) -> TrainConfig:
         """Replace the values that are not None (command-line flags over the file)."""
@@ -199,9 +350,6 @@ class TrainConfig:
 
         for note in check_train(self):  # ranges and finiteness, same lines for flags and TOML
             logging.getLogger(__name__).warning("warning: %s", note)
-        from pipewright.features.kfac.feature import check_config as check_kfac
-
-        check_kfac(self)  # --kfac-base, --kfac-opportunistic
         for name in ("tp", "pp", "dp", "microbatches", "microbatch_size", "steps"):
             if int(getattr(self, name)) < 1:
                 flag = name.replace("_", "-")
@@ -234,7 +382,7 @@ class TrainConfig:
             if not getattr(self, name) > 0:
                 flag = "--" + name.removesuffix("_s").replace("_", "-")
                 raise ConfigError(f"{flag} must be a positive number of seconds (got {getattr(self, name)})")
-        self._check_runtime_features()
+        self._check_training_options()
         from pipewright.optim import OPTIMIZERS
         from pipewright.runtime.nonfinite import check_policy
 
@@ -243,7 +391,7 @@ class TrainConfig:
         if self.optimizer not in OPTIMIZERS:
             raise ConfigError(f"unknown optimizer {self.optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}")
 
-    def _check_runtime_features(self) -> None:
+    def _check_training_options(self) -> None:
         """Recompute / precision / sharding / init-from options (one-line ConfigErrors)."""
         from pipewright.runtime.precision import compute_dtype
         from pipewright.runtime.recompute import check_recompute

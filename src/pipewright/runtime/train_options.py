@@ -1,4 +1,4 @@
-"""The trainer's optional features in one place, so that the training loop calls them in a few lines:
+"""The trainer's training options in one place, so that the training loop calls them in a few lines:
 activation recomputation (:mod:`.recompute`), initial weights from a Hugging Face checkpoint
 (:mod:`pipewright.models.hf_load`), embeddings tied across stages (:mod:`.tied`), mixed precision
 (:mod:`.precision`) and the fp32-master / ZeRO-1 optimizer (:mod:`.zero`).

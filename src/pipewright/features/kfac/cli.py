@@ -38,7 +38,7 @@ def _unit_times(stages: int, unit: float) -> TaskTimes:
     )
 
 
-def _model_times(args: argparse.Namespace, setup) -> TaskTimes:
+def _model_times(request, setup) -> TaskTimes:
     from pipewright.hardware import accelerator
 
     model = setup.cost.spec
@@ -47,49 +47,56 @@ def _model_times(args: argparse.Namespace, setup) -> TaskTimes:
         raise ConfigError(
             f"--fill kfac: {model.layers} layers do not split evenly over {stages} model chunks"
         )
-    gpu = accelerator(args.gpu)
+    gpu = accelerator(request.gpu)
     rate = 0.5 * gpu.peak("fp32")
-    tokens = (args.microbatch_size or 1) * model.seq_len
+    tokens = (request.microbatch_size or 1) * model.seq_len
     shapes = [block_layers(model.hidden, model.ffn_hidden) * (model.layers // stages)] * stages
     return TaskTimes.from_flops(shapes, tokens, rate)
 
 
-def run_fill(args: argparse.Namespace, setup) -> int:
-    """Fill, print the summary (or JSON), draw the refresh's timeline with ``--png``."""
+def run_fill(request, setup) -> int:
+    """Fill, print the summary (or JSON), draw the refresh's timeline with ``--png`` (``request``: the
+    :class:`~pipewright.plan.request.SimulateRequest`)."""
     from pipewright.features.kfac.fill import fill_kfac
     from pipewright.features.kfac.report import refresh_timeline
 
     sched, cost, comm = setup.schedule, setup.cost, setup.comm
     label = setup.label
-    if args.kfac_profile:
+    profile = request.option("kfac_profile")
+    if profile:
         from pipewright.cost.profiled import ProfiledCost
         from pipewright.features.kfac.cost import pipefisher_task_times
 
         try:
-            model, gpu, bs = args.kfac_profile.split(":")
+            model, gpu, bs = profile.split(":")
             bs = int(bs)
         except ValueError:
             raise ConfigError(
-                f"--kfac-profile wants MODEL:GPU:BS, e.g. bert-large:v100:32 (got {args.kfac_profile!r})"
+                f"--kfac-profile wants MODEL:GPU:BS, e.g. bert-large:v100:32 (got {profile!r})"
             ) from None
         cost = ProfiledCost.from_pipefisher(model, gpu, bs, layers=sched.num_stages)
         times = pipefisher_task_times(model, gpu, bs, sched.num_stages, layers=sched.num_stages)
         comm = None
         label = f"PipeFisher profile {model} on {gpu}, microbatch {bs}, one block per chunk"
     elif getattr(setup, "unit", False):
-        times = _unit_times(sched.num_stages, args.kfac_unit)
+        times = _unit_times(sched.num_stages, request.option("kfac_unit", 1.0))
     else:
-        times = _model_times(args, setup)
+        times = _model_times(request, setup)
     res = fill_kfac(
-        sched, cost, times, comm=comm, precondition=args.kfac_precondition, split=not args.kfac_no_split
+        sched,
+        cost,
+        times,
+        comm=comm,
+        precondition=request.option("kfac_precondition", "tail"),
+        split=not request.option("kfac_no_split", False),
     )
     summary = res.summary()
-    if args.png:
+    if request.png:
         from pipewright.viz import draw_timeline
 
         title = f"{sched.name} + K-FAC ({res.refresh_interval} iterations of one refresh), {label}"
-        draw_timeline(refresh_timeline(res), args.png, titles=[title])
-    if args.json:
+        draw_timeline(refresh_timeline(res), request.png, titles=[title])
+    if request.json:
         print(json.dumps(summary, indent=2))
         return 0
     print(f"{sched.name} + K-FAC, {label}")
@@ -100,13 +107,13 @@ def run_fill(args: argparse.Namespace, setup) -> int:
     print(f"utilization               {res.utilization_before:.3f} → {res.utilization_after:.3f}")
     split = f"({res.split_inversions} inversions split)"
     print(f"refresh work in bubbles   {100 * res.fitted_fraction:.1f} %  {split}")
-    if args.png:
-        print(f"wrote {args.png}")
+    if request.png:
+        print(f"wrote {request.png}")
     return 0
 
 
-def simulate_hook(args: argparse.Namespace, setup):
+def simulate_hook(request, setup):
     """``pipewright simulate --fill kfac``: fill and report (an exit status); otherwise the setup."""
-    if getattr(args, "fill", None) == "kfac":
-        return run_fill(args, setup)
+    if request.option("fill") == "kfac":
+        return run_fill(request, setup)
     return setup

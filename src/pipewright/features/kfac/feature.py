@@ -1,6 +1,6 @@
 """The K-FAC feature bundle (:class:`pipewright.features.Feature`): kinds, cost rules, the runtime's
-slot pass, the runtime factory and the ``simulate`` options. Pure Python (the runtime is imported
-lazily by name)."""
+slot pass, the training options and plugin (:mod:`.train`), and the ``simulate`` options. Pure Python
+(the plugin is imported lazily by name)."""
 
 from __future__ import annotations
 
@@ -14,33 +14,8 @@ from pipewright.features.kfac.cost import (
 )
 from pipewright.features.kfac.fill import slot_schedule
 from pipewright.features.kfac.kinds import KFAC_REDUCE, KFAC_SPECS
+from pipewright.features.kfac.options import KfacOptions
 from pipewright.ir import Action, Schedule
-
-#: ``--kfac-base``: the first-order updates the preconditioned gradient can feed (.optimizer.build_base).
-BASE_UPDATES = ("sgd", "adamw", "lamb")
-#: ``--kfac-fill``: what a bubble runs — the pending tasks whose measured times fit its predicted length,
-#: or every pending task (what runs where then depends only on the schedule: runs repeat exactly).
-FILLS = ("measured", "all")
-
-
-def check_config(config) -> None:
-    """One-line errors for the K-FAC options of a ``TrainConfig`` (checked before any worker starts)."""
-    from pipewright.errors import ConfigError
-
-    base = getattr(config, "kfac_base", "adamw")
-    if base not in BASE_UPDATES:
-        raise ConfigError(f"--kfac-base must be one of {', '.join(BASE_UPDATES)} (got {base!r})")
-    fill = getattr(config, "kfac_fill", "measured")
-    if fill not in FILLS:
-        raise ConfigError(f"--kfac-fill must be one of {', '.join(FILLS)} (got {fill!r})")
-    if config.optimizer != "kfac":
-        if getattr(config, "kfac_opportunistic", False):
-            raise ConfigError("--kfac-opportunistic needs --optimizer kfac")
-        for flag, value, default in (("base", base, "adamw"), ("fill", fill, "measured")):
-            if value != default:
-                raise ConfigError(f"--kfac-{flag} {value} needs --optimizer kfac")
-    elif getattr(config, "shard_optimizer", False):
-        raise ConfigError("--optimizer kfac does not combine with --shard-optimizer; drop one of them")
 
 
 def task_times_for(base, schedule: Schedule) -> TaskTimes:
@@ -93,9 +68,9 @@ FEATURE = Feature(
     kinds=KFAC_SPECS,
     cost_rules={spec.name: kfac_cost_rule for spec in KFAC_SPECS},
     passes={"kfac-slots": _slot_pass},
-    runtime="pipewright.features.kfac.runtime:parts",
     options=_options,
     simulate="pipewright.features.kfac.cli:simulate_hook",
-    optimizers={"kfac": "pipewright.features.kfac.runtime:attach_to_trainer"},
+    section=KfacOptions,
+    plugin="pipewright.features.kfac.train:KfacPlugin",
     description="PipeFisher: K-FAC curvature, inversion and preconditioning in the pipeline bubbles",
 )

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 from pipewright.errors import ConfigError
-from pipewright.features.kfac.feature import BASE_UPDATES
 from pipewright.features.kfac.kfac import KFAC
+from pipewright.features.kfac.options import BASE_UPDATES
 from pipewright.optim.optimizer import _param_groups
 
 

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -39,7 +40,7 @@ from pipewright.features.kfac.factors import PiecewiseInverse
 from pipewright.features.kfac.fill import FIT, slot_schedule
 from pipewright.features.kfac.kfac import KFAC, KFACConfig, covered_layers
 from pipewright.features.kfac.kinds import KFAC_FILL, KFAC_PRECOND
-from pipewright.features.kfac.optimizer import KFACOptimizer, build_base
+from pipewright.features.kfac.optimizer import KFACOptimizer
 from pipewright.features.kfac.state import StateNames, layout_name, load_state, save_state, wanted_keys
 from pipewright.ir import RECV_B, RECV_F, Action, F, Schedule
 
@@ -317,8 +318,23 @@ def kfac_handlers(
 
 
 def attach_kfac(
+    stages: dict[int, nn.Module], schedule: Schedule, base: torch.optim.Optimizer, **options: Any
+) -> tuple[PipelinedKFAC, dict[str, Callable], Schedule]:
+    """K-FAC over the covered linears of this rank's ``stages`` (not the output layer): the optimizer,
+    the executor handlers and the schedule with bubble and preconditioning actions. ``options``: those
+    of :func:`attach_slotted` (``dp_group``, ``dp``, ``config``, ``grad_scale``, ``opportunistic``,
+    ``loss_scale``: fp16's loss scale, see :class:`KFAC`; ``names``: the layer and layout names its
+    checkpoint state is saved under, default the layers' names on this rank, the schedule, this
+    process's rank)."""
+    sched, budgets = slot_schedule(schedule)
+    opt, handlers = attach_slotted(stages, schedule, budgets, base, **options)
+    return opt, handlers, sched
+
+
+def attach_slotted(
     stages: dict[int, nn.Module],
     schedule: Schedule,
+    budgets: dict[tuple, float],
     base: torch.optim.Optimizer,
     *,
     dp_group=None,
@@ -328,18 +344,15 @@ def attach_kfac(
     opportunistic: bool = False,
     loss_scale: Callable[[], float] | None = None,
     names: StateNames | None = None,
-) -> tuple[PipelinedKFAC, dict[str, Callable], Schedule]:
-    """K-FAC over the covered linears of this rank's ``stages`` (not the output layer): the optimizer,
-    the executor handlers and the schedule with bubble and preconditioning actions. ``loss_scale``:
-    fp16's loss scale (see :class:`KFAC`); ``names``: the layer and layout names its checkpoint state
-    is saved under (default: the layers' names on this rank, the schedule, this process's rank)."""
+) -> tuple[PipelinedKFAC, dict[str, Callable]]:
+    """:func:`attach_kfac` for a ``schedule`` (compute-only) whose slotted form the caller already has
+    (``budgets`` from :func:`~.fill.slot_schedule`): the optimizer and the executor handlers."""
     layers, stage_of = [], []
     for s, mod in sorted(stages.items()):
         for name, m in covered_layers(mod):
             layers.append((f"{s}.{name}", m))
             stage_of.append(s)
     kfac = KFAC(layers, config, grad_scale=grad_scale, dp_group=dp_group, loss_scale=loss_scale)
-    sched, budgets = slot_schedule(schedule)
     mine = set(stages)
     worker = BubbleWorker(
         kfac,
@@ -356,69 +369,4 @@ def attach_kfac(
             schedule.name, schedule.num_stages, schedule.num_microbatches, (schedule.num_ranks, 1, dp), ""
         )
         names = StateNames(layout, f"r{rank}", tuple(n for n, _ in layers))
-    return PipelinedKFAC(kfac, base, worker, names), handlers, sched
-
-
-def attach_to_trainer(trainer) -> tuple[PipelinedKFAC, dict[str, Callable], Schedule]:
-    """``--optimizer kfac`` (the feature's ``optimizers`` hook): K-FAC over ``trainer``'s stages with
-    ``--kfac-base`` (sgd, adamw or lamb) as the base update; ``--kfac-fill all``: every bubble runs all
-    pending tasks (reproducible); ``--kfac-opportunistic`` also runs pending tasks while a receive
-    waits.
-
-    Mixed precision (``--precision bf16/fp16``): the base update steps the fp32 masters, and the
-    masters' optimizer becomes this one (:class:`~pipewright.runtime.zero.MasterOptimizer` calls its
-    ``step`` once the unscaled, clipped fp32 master gradients are set), so preconditioning and
-    KL-clipping act on them; fp16's saved output gradients are unscaled by the loss scale."""
-    from pipewright.errors import ConfigError
-    from pipewright.runtime.tp import sharded_parameters
-
-    c, mesh, master = trainer.config, trainer.mesh, trainer.master
-    if master is not None and master.shard:
-        raise ConfigError("--optimizer kfac does not combine with --shard-optimizer; drop one of them")
-    stepped = master.masters if master is not None else trainer.params
-    base = build_base(getattr(c, "kfac_base", "adamw"), stepped.items(), c.lr, c.weight_decay)
-    sharded = {id(p) for mod in trainer.stages.values() for p in sharded_parameters(mod)}
-    suffix = f"#tp{mesh.tp_rank}of{mesh.tp}"
-    layers = tuple(
-        name + (suffix if id(m.weight) in sharded else "")
-        for _, mod in sorted(trainer.stages.items())
-        for name, m in covered_layers(mod)
-    )
-    sched = trainer.schedule
-    layout = layout_name(
-        sched.name,
-        sched.num_stages,
-        sched.num_microbatches,
-        (mesh.pp, mesh.tp, mesh.dp),
-        str(trainer.run.layout),
-    )
-    names = StateNames(layout, f"pp{mesh.pp_rank}.tp{mesh.tp_rank}.dp{mesh.dp_rank}", layers)
-    scaler = trainer.options.scaler
-    opt, handlers, out = attach_kfac(
-        trainer.stages,
-        sched,
-        base,
-        dp_group=mesh.dp_group,
-        dp=mesh.dp,
-        grad_scale=float(sched.num_microbatches * c.microbatch_size * trainer.boundary_shape[1]),
-        opportunistic=c.kfac_opportunistic,
-        loss_scale=(lambda: scaler.scale) if scaler is not None else None,
-        names=names,
-    )
-    if getattr(c, "kfac_fill", "measured") == "all":
-        opt.worker.fill_scale = math.inf
-    if master is not None:
-        opt.kfac.set_masters({id(master.params[n]): m for n, m in master.masters.items()})
-        master.optimizer = opt  # MasterOptimizer.step: masters' gradients set, then this step
-    return opt, handlers, out
-
-
-def parts(context):
-    """The feature bundle's runtime factory: ``context`` has ``worker`` (a :class:`BubbleWorker`),
-    ``budgets`` (from :func:`~.fill.slot_schedule`) and optionally ``opportunistic``."""
-    from pipewright.features import RuntimeParts
-
-    handlers = kfac_handlers(
-        context.worker, context.budgets, opportunistic=getattr(context, "opportunistic", False)
-    )
-    return RuntimeParts(handlers=handlers)
+    return PipelinedKFAC(kfac, base, worker, names), handlers

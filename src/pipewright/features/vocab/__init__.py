@@ -6,8 +6,8 @@ vocabulary over all p·t pipeline × tensor ranks.
 - :mod:`.layers`: the same over a torch.distributed group, asynchronous collectives;
 - :mod:`.kinds`, :mod:`.insert`: the schedule side (action kinds and the pass that places them);
 - :mod:`.cost`: FLOPs, time and memory of the passes and of the baselines (pure Python);
-- :mod:`.runtime`: executor handlers and stage modules; :mod:`.train`: the trainer's parts;
-  :mod:`.options`: ``--vocab-parallel`` on ``simulate`` and ``train``.
+- :mod:`.runtime`: executor handlers and stage modules; :mod:`.train`: the training plugin and its
+  options (``[vocab]``, ``--vocab-parallel``); :mod:`.options`: ``--vocab-parallel`` on ``simulate``.
 
 ``FEATURE`` is the bundle for :mod:`pipewright.features` (kinds and the insertion pass; the pass sets
 the schedule's kind registry itself, with F of stage 0 and the last stage's backward tied to the
@@ -17,6 +17,7 @@ vocabulary kinds). This module imports no torch.
 from pipewright.features import Feature
 from pipewright.features.vocab.insert import insert_vocab
 from pipewright.features.vocab.kinds import ALGORITHMS, vocab_kinds
+from pipewright.features.vocab.options import VocabOptions
 
 __all__ = ["ALGORITHMS", "FEATURE", "insert_vocab"]
 
@@ -33,7 +34,7 @@ FEATURE = Feature(
     passes={"vocab": insert_vocab},
     options=_options,
     simulate="pipewright.features.vocab.options:simulate_hook",
-    train_runtime="pipewright.features.vocab.train:runtime_parts",
-    check_training="pipewright.features.vocab.train:check_training",
+    section=VocabOptions,
+    plugin="pipewright.features.vocab.train:VocabPlugin",
     description="vocabulary parallelism: embedding and output layer split over all pipeline ranks",
 )

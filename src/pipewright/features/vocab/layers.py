@@ -37,8 +37,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from pipewright.errors import ConfigError
-from pipewright.features.vocab import ALGORITHMS
 from pipewright.features.vocab import shard as vs
+from pipewright.features.vocab.kinds import ALGORITHMS
 
 
 @dataclass

@@ -13,7 +13,7 @@ the naive algorithm's S there is two halves, :func:`~.insert.unit_vocab_times`).
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from pipewright.cost.transformer import TransformerCost
 from pipewright.cost.unit import UnitCost
@@ -22,6 +22,7 @@ from pipewright.features.vocab.cost import VocabComm, VocabCost, redistribute_la
 from pipewright.features.vocab.insert import PlacementCosts, insert_vocab, unit_vocab_times
 from pipewright.features.vocab.kinds import COLLECTIVE_KINDS
 from pipewright.ir import Action, Schedule
+from pipewright.options import option
 
 CHOICES = ("none", "redistribute", "naive", "alg1", "alg2")
 TRAIN_CHOICES = ("none", "naive", "alg1", "alg2")
@@ -31,6 +32,19 @@ HELP = (
     "redistribute (fewer transformer layers on those stages), or split over all pipeline ranks with the "
     f"vocabulary-parallel algorithm {_ALGORITHMS}"
 )
+
+
+@dataclass(frozen=True)
+class VocabOptions:
+    """The feature's training options (TOML ``[vocab]``)."""
+
+    parallel: str = option(
+        "none",
+        "--vocab-parallel",
+        f"vocabulary layers split over all pipeline (and tensor) ranks: {_ALGORITHMS}; none: the naive "
+        "placement",
+        choices=TRAIN_CHOICES,
+    )
 
 
 def placement_costs(cost, schedule: Schedule) -> PlacementCosts:
@@ -93,23 +107,16 @@ def _kw(common: dict) -> dict:
 
 
 def add_options(command: str, parser) -> None:
-    """The feature's flags: ``--vocab-parallel`` on ``simulate`` and ``train`` (TrainConfig's
-    ``vocab_parallel``; default None there so that a TOML value is not overridden)."""
+    """The feature's ``simulate`` flag ``--vocab-parallel`` (``train``'s comes from
+    :class:`~.train.VocabOptions`)."""
     if command == "simulate":
         parser.add_argument("--vocab-parallel", choices=CHOICES, default="none", help=HELP)
-    elif command == "train":
-        parser.add_argument(
-            "--vocab-parallel",
-            choices=TRAIN_CHOICES,
-            default=None,
-            help=f"vocabulary layers split over all pipeline (and tensor) ranks: {_ALGORITHMS}; default "
-            "none (the naive placement)",
-        )
 
 
-def simulate_hook(args, setup):
-    """``pipewright simulate --vocab-parallel``: the setup with the chosen method applied."""
-    option = getattr(args, "vocab_parallel", "none")
+def simulate_hook(request, setup):
+    """``pipewright simulate --vocab-parallel``: the setup with the chosen method applied (``request``:
+    the :class:`~pipewright.plan.request.SimulateRequest`)."""
+    option = request.option("vocab_parallel", "none")
     if option == "none":
         return setup
     sched, cost, comm = apply_to_simulation(option, setup.schedule, setup.cost, setup.comm, unit=setup.unit)

@@ -1,8 +1,7 @@
-"""``pipewright train --vocab-parallel naive|alg1|alg2``: the trainer's runtime parts for the feature.
+"""``pipewright train --vocab-parallel naive|alg1|alg2``: the feature's training plugin.
 
-:func:`check_training` runs before any worker starts and refuses, in one line each, what the runtime
-does not support. :func:`runtime_parts` is the feature's ``train_runtime``; the trainer calls it on
-every rank with itself as the context and gets back (:class:`~pipewright.features.RuntimeParts`):
+:meth:`VocabPlugin.check` runs before any worker starts and refuses, in one line each, what the runtime
+does not support. On every rank (:mod:`pipewright.runtime.plugin`), the build call gives:
 
 - the schedule with the vocabulary actions inserted (:func:`~.insert.insert_vocab`, unit placement
   costs: the runtime follows the schedule's order, the durations only choose it);
@@ -10,11 +9,13 @@ every rank with itself as the context and gets back (:class:`~pipewright.feature
 - the rank's two vocabulary shards as extra parameters, named ``embed.tok.weight#vocab{q}of{n}`` and
   ``head.out.weight#vocab{q}of{n}`` (q = pp_rank·t + tp_rank): the optimizer, the global gradient norm
   and the checkpoints take them like any parameter; a checkpoint of another p·t does not load;
-- the handlers of :class:`~.runtime.VocabRuntime`, the loss computed on every rank, the batch on every
-  rank, and ``after_run``: complete the iteration's collectives, then average the shards' gradients
-  over the data-parallel replicas (each replica has its own vocabulary group);
-- ``evaluate``: the validation loss by running the training schedule and discarding the gradients
-  (the vocabulary passes have no forward-only schedule; costs about 3× a forward-only pass).
+- the loss computed on every rank (by the vocabulary handlers), the batch given to every rank;
+
+then the executor parts are the handlers of :class:`~.runtime.VocabRuntime`; ``after_run``: complete
+the iteration's collectives, then average the shards' gradients over the data-parallel replicas (each
+replica has its own vocabulary group); ``evaluate``: the validation loss by running the training
+schedule and discarding the gradients (the vocabulary passes have no forward-only schedule; costs
+about 3× a forward-only pass).
 
 Every shard starts as the rows of the full model's tables (same seed), and AdamW, weight decay and
 clipping are element-wise or use the global norm, so a run's losses equal the run without the feature.
@@ -25,13 +26,15 @@ from __future__ import annotations
 from typing import Any
 
 from pipewright.errors import ConfigError
-from pipewright.features import RuntimeParts
-from pipewright.features.vocab.options import TRAIN_CHOICES
+from pipewright.features.vocab.options import TRAIN_CHOICES, VocabOptions
+from pipewright.options import read_section
+from pipewright.runtime.plugin import BuildContext, Built, ExecutorParts, OptimizerContext, TrainingPlugin
 
 
 def check_training(config: Any, spec: Any, schedule: Any) -> None:
-    """One-line ConfigErrors for the combinations ``train --vocab-parallel`` does not support."""
-    option = getattr(config, "vocab_parallel", "none")
+    """One-line ConfigErrors for the combinations ``train --vocab-parallel`` does not support (``spec``
+    None: before the model is known)."""
+    option = read_section(VocabOptions, config.features).parallel
     if option == "none":
         return
     if option == "redistribute":
@@ -42,81 +45,88 @@ def check_training(config: Any, spec: Any, schedule: Any) -> None:
     if option not in TRAIN_CHOICES:
         raise ConfigError(f"--vocab-parallel {option!r}; choose one of {', '.join(TRAIN_CHOICES)}")
     unsupported = [
-        (spec.tied_embeddings, "tied embeddings (the shards are untied, as in the paper)"),
+        (
+            spec is not None and spec.tied_embeddings,
+            "tied embeddings (the shards are untied, as in the paper)",
+        ),
         (config.sequence_parallel, "--sequence-parallel"),
         (config.precision != "fp32", f"--precision {config.precision} (fp32 only)"),
         (config.shard_optimizer, "--shard-optimizer"),
         (config.optimizer == "kfac", "--optimizer kfac"),
         (config.init_from is not None, "--init-from"),
-        (_async(schedule), f"the asynchronous schedule {schedule.name}"),
+        (not schedule.meta.get("flush", True), f"the asynchronous schedule {schedule.name}"),
     ]
     for bad, what in unsupported:
         if bad:
             raise ConfigError(f"--vocab-parallel does not support {what}; drop one of the two")
-    if spec.family != "gpt":
+    if spec is not None and spec.family != "gpt":
         raise ConfigError(
             f"--vocab-parallel supports the GPT family only, not {spec.family}; use --model gpt"
         )
 
 
-def _async(schedule: Any) -> bool:
-    from pipewright.features import training_hook
+class VocabPlugin(TrainingPlugin):
+    """The feature's training plugin (see the module)."""
 
-    return training_hook(schedule) is not None
+    @classmethod
+    def active(cls, config: Any, schedule: Any) -> bool:
+        return read_section(VocabOptions, config.features).parallel != "none"
 
+    @classmethod
+    def check(cls, config: Any, schedule: Any, spec: Any) -> None:
+        check_training(config, spec, schedule)
 
-def runtime_parts(trainer: Any) -> RuntimeParts:
-    """The feature's runtime factory (see the module); empty parts when the config leaves it off.
-    Collective (creates the vocabulary groups)."""
-    config = trainer.config
-    algorithm = getattr(config, "vocab_parallel", "none")
-    if algorithm == "none":
-        return RuntimeParts()
-    import torch.distributed as dist
+    def build(self, ctx: BuildContext) -> Built:
+        """Collective (creates the vocabulary groups)."""
+        import torch.distributed as dist
 
-    from pipewright.features.vocab.insert import insert_vocab
-    from pipewright.features.vocab.runtime import VocabRuntime, VocabStage, vocab_group
+        from pipewright.features.vocab.insert import insert_vocab
+        from pipewright.features.vocab.runtime import VocabRuntime, VocabStage, vocab_group
 
-    mesh, spec = trainer.mesh, trainer.spec
-    schedule = insert_vocab(trainer.schedule, algorithm)
-    group = vocab_group(mesh)
-    rt = VocabRuntime(
-        spec,
-        group,
-        algorithm=algorithm,
-        seed=config.seed,
-        microbatch_shape=(config.microbatch_size, spec.seq_len),
-        last_rank=schedule.rank_of(schedule.num_stages - 1),
-    )
-    for prm in rt.parameters():
-        prm.data = prm.data.to(trainer.device)
-    tag = f"#vocab{group.index}of{group.shards}"
-    params = {"embed.tok.weight" + tag: rt.embedding.weight, "head.out.weight" + tag: rt.output.weight}
-    stages = {s: VocabStage(module) for s, module in trainer.stages.items()}
+        config, mesh, spec = ctx.config, ctx.mesh, ctx.spec
+        algorithm = read_section(VocabOptions, config.features).parallel
+        schedule = insert_vocab(ctx.schedule, algorithm)
+        group = vocab_group(mesh)
+        rt = VocabRuntime(
+            spec,
+            group,
+            algorithm=algorithm,
+            seed=config.seed,
+            microbatch_shape=(config.microbatch_size, spec.seq_len),
+            last_rank=schedule.rank_of(schedule.num_stages - 1),
+        )
+        for prm in rt.parameters():
+            prm.data = prm.data.to(ctx.device)
+        tag = f"#vocab{group.index}of{group.shards}"
+        self.rt, self.mesh, self.dist = rt, mesh, dist
+        self.params = {
+            "embed.tok.weight" + tag: rt.embedding.weight,
+            "head.out.weight" + tag: rt.output.weight,
+        }
+        stages = {s: VocabStage(module) for s, module in ctx.stages.items()}
+        return Built(
+            schedule=schedule,
+            stages=stages,
+            parameters=self.params,
+            batch_everywhere=True,
+            computes_loss=True,
+        )
 
-    def after_run() -> None:
-        rt.finish()
-        if mesh.dp > 1:
-            for prm in params.values():
-                dist.all_reduce(prm.grad, group=mesh.dp_group)
-                prm.grad /= mesh.dp
+    def executor_parts(self, ctx: OptimizerContext) -> ExecutorParts:
+        return ExecutorParts(handlers=self.rt.handlers())
 
-    def evaluate(executor, inputs, targets) -> list[float]:
+    def after_run(self) -> None:
+        self.rt.finish()
+        if self.mesh.dp > 1:
+            for prm in self.params.values():
+                self.dist.all_reduce(prm.grad, group=self.mesh.dp_group)
+                prm.grad /= self.mesh.dp
+
+    def evaluate(self, executor: Any, inputs: Any, targets: Any) -> list[float]:
         losses = executor.run(inputs, targets)
-        rt.finish()
+        self.rt.finish()
         for module in executor.stages.values():
             module.zero_grad(set_to_none=True)
-        for prm in params.values():
+        for prm in self.params.values():
             prm.grad = None
         return losses
-
-    return RuntimeParts(
-        handlers=rt.handlers(),
-        loss_fn_off=True,
-        schedule=schedule,
-        stages=stages,
-        parameters=params,
-        batch_everywhere=True,
-        after_run=after_run,
-        evaluate=evaluate,
-    )

@@ -10,7 +10,7 @@ split send/receive pair; one autograd Function given a forward and a backward co
 Layers: :class:`ColumnParallelLinear` (Y = X·Aᵀ with A's output rows split: Y_r = X·A_rᵀ),
 :class:`RowParallelLinear` (A's input columns split: Y = Σ_r X_r·A_rᵀ, then + b),
 :class:`VocabParallelEmbedding` (rows split by vocabulary range) and
-:func:`vocab_parallel_cross_entropy`. A transformer layer then costs two all-reduces in the forward
+:func:`sharded_vocab_cross_entropy`. A transformer layer then costs two all-reduces in the forward
 (after attention and after the MLP) and two in the backward (at the inputs of QKV and of the first
 MLP linear); with sequence parallelism each all-reduce becomes a reduce-scatter plus an all-gather.
 
@@ -50,7 +50,7 @@ from pipewright.runtime.tp.ops import (
     tp_rank,
     tp_size,
 )
-from pipewright.runtime.tp.vocab import VocabParallelEmbedding, vocab_parallel_cross_entropy
+from pipewright.runtime.tp.vocab import VocabParallelEmbedding, sharded_vocab_cross_entropy
 
 __all__ = [
     "LINEAR_KINDS",
@@ -70,10 +70,10 @@ __all__ = [
     "scatter_to",
     "sequence_chunk",
     "sharded_parameters",
+    "sharded_vocab_cross_entropy",
     "split_for_send",
     "sync_sequence_parallel_grads",
     "tp_linear_factory",
     "tp_rank",
     "tp_size",
-    "vocab_parallel_cross_entropy",
 ]

@@ -12,7 +12,7 @@ from torch import Tensor, nn
 from pipewright.errors import ConfigError
 from pipewright.runtime.tp.layers import ColumnParallelLinear, RowParallelLinear
 from pipewright.runtime.tp.ops import Group, sequence_chunk, tp_size
-from pipewright.runtime.tp.vocab import VocabParallelEmbedding, vocab_parallel_cross_entropy
+from pipewright.runtime.tp.vocab import VocabParallelEmbedding, sharded_vocab_cross_entropy
 
 
 def _column(f: TensorParallelFactory, i: int, o: int, bias: bool, blocks: int) -> nn.Module:
@@ -117,8 +117,8 @@ class TensorParallelFactory:
         )
 
     def cross_entropy(self, logits_shard: Tensor, targets: Tensor, **kwargs: Any) -> Tensor:
-        """The loss of the ``output`` layer's logits shard (see :func:`vocab_parallel_cross_entropy`)."""
-        return vocab_parallel_cross_entropy(logits_shard, targets, self.group, **kwargs)
+        """The loss of the ``output`` layer's logits shard (see :func:`sharded_vocab_cross_entropy`)."""
+        return sharded_vocab_cross_entropy(logits_shard, targets, self.group, **kwargs)
 
     def sequence_chunk(self, x: Tensor) -> Tensor:
         """This rank's sequence chunk of a replicated tensor (identity without sequence parallelism)."""

@@ -108,7 +108,7 @@ class _VocabParallelCE(torch.autograd.Function):
         return grad.to(ctx.in_dtype), None, None
 
 
-def vocab_parallel_cross_entropy(
+def sharded_vocab_cross_entropy(
     logits_shard: Tensor,
     targets: Tensor,
     group: Group,

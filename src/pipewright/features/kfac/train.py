@@ -1,0 +1,93 @@
+"""``pipewright train --optimizer kfac``: the feature's training plugin (:mod:`pipewright.runtime.plugin`).
+
+- build: the schedule with a ``KFAC_FILL`` in every predicted bubble and a ``KFAC_PRECOND`` after each
+  stage's last W (:func:`~.fill.slot_schedule`, the one rewrite this feature makes);
+- optimizer: K-FAC over the stages' covered linears with ``--kfac-base`` (sgd, adamw or lamb) as the base
+  update; ``--kfac-fill all``: every bubble runs all pending tasks (reproducible). Mixed precision
+  (``--precision bf16/fp16``): the base update steps the fp32 masters, and the masters' optimizer
+  becomes this one (:class:`~pipewright.runtime.zero.MasterOptimizer` calls its ``step`` once the
+  unscaled, clipped fp32 master gradients are set), so preconditioning and KL-clipping act on them;
+  fp16's saved output gradients are unscaled by the loss scale;
+- executor parts: the bubble handlers (``--kfac-opportunistic``: also the waiting receives').
+
+The optimizer implements :class:`~pipewright.runtime.checkpoint.ExtraState` itself (factors, inverses,
+a refresh in progress), so checkpoints carry it without a plugin call.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pipewright.errors import ConfigError
+from pipewright.features.kfac.options import KfacOptions
+from pipewright.options import read_section
+from pipewright.runtime.plugin import BuildContext, Built, ExecutorParts, OptimizerContext, TrainingPlugin
+
+
+class KfacPlugin(TrainingPlugin):
+    """K-FAC in the bubbles of the trainer's schedule (see the module)."""
+
+    @classmethod
+    def active(cls, config: Any, schedule: Any) -> bool:
+        return config.optimizer == "kfac"
+
+    def build(self, ctx: BuildContext) -> Built:
+        from pipewright.features.kfac.fill import slot_schedule
+
+        self.compute = ctx.schedule
+        slotted, self.budgets = slot_schedule(ctx.schedule)
+        return Built(schedule=slotted)
+
+    def optimizer(self, ctx: OptimizerContext) -> Any:
+        from pipewright.features.kfac.kfac import covered_layers
+        from pipewright.features.kfac.optimizer import build_base
+        from pipewright.features.kfac.runtime import attach_slotted
+        from pipewright.features.kfac.state import StateNames, layout_name
+        from pipewright.runtime.tp import sharded_parameters
+
+        options = read_section(KfacOptions, ctx.config.features)
+        c, b = ctx.config, ctx.build
+        mesh, master, stages = b.mesh, ctx.master, b.stages
+        if master is not None and master.shard:
+            raise ConfigError("--optimizer kfac does not combine with --shard-optimizer; drop one of them")
+        stepped = master.masters if master is not None else ctx.params
+        base = build_base(options.base, stepped.items(), c.lr, c.weight_decay)
+        sharded = {id(p) for mod in stages.values() for p in sharded_parameters(mod)}
+        suffix = f"#tp{mesh.tp_rank}of{mesh.tp}"
+        layers = tuple(
+            name + (suffix if id(m.weight) in sharded else "")
+            for _, mod in sorted(stages.items())
+            for name, m in covered_layers(mod)
+        )
+        sched = self.compute
+        layout = layout_name(
+            sched.name,
+            sched.num_stages,
+            sched.num_microbatches,
+            (mesh.pp, mesh.tp, mesh.dp),
+            str(b.run.layout),
+        )
+        names = StateNames(layout, f"pp{mesh.pp_rank}.tp{mesh.tp_rank}.dp{mesh.dp_rank}", layers)
+        scaler = ctx.options.scaler
+        opt, self.handlers = attach_slotted(
+            dict(stages),
+            sched,
+            self.budgets,
+            base,
+            dp_group=mesh.dp_group,
+            dp=mesh.dp,
+            grad_scale=float(sched.num_microbatches * c.microbatch_size * b.boundary_shape[1]),
+            opportunistic=options.opportunistic,
+            loss_scale=(lambda: scaler.scale) if scaler is not None else None,
+            names=names,
+        )
+        if options.fill == "all":
+            opt.worker.fill_scale = math.inf
+        if master is not None:
+            opt.kfac.set_masters({id(master.params[n]): m for n, m in master.masters.items()})
+            master.optimizer = opt  # MasterOptimizer.step: masters' gradients set, then this step
+        return opt
+
+    def executor_parts(self, ctx: OptimizerContext) -> ExecutorParts:
+        return ExecutorParts(handlers=self.handlers)

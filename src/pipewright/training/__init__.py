@@ -1,0 +1,30 @@
+"""The composition root of training: where the core (runtime, models, data) meets the features.
+
+:func:`prepare` checks a config in the launching process (the features' options and plugins
+included) and returns a :class:`~pipewright.runtime.trainer.PreparedRun`; :func:`train` starts the
+workers, each running :func:`train_worker` around a :class:`~pipewright.runtime.trainer.Trainer` with
+the run's training plugins. Nothing below this package (runtime, models, data) imports a feature.
+"""
+
+from pipewright.training.prepare import (
+    active_plugins,
+    check_config,
+    default_out_dir,
+    prepare,
+    resolve_options,
+    resolve_schedule,
+    run_features,
+)
+from pipewright.training.workers import train, train_worker
+
+__all__ = [
+    "active_plugins",
+    "check_config",
+    "default_out_dir",
+    "prepare",
+    "resolve_options",
+    "resolve_schedule",
+    "run_features",
+    "train",
+    "train_worker",
+]
