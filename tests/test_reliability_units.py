@@ -11,6 +11,7 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
+from pipewright.runtime import nonfinite
 from pipewright.runtime.errors import ActionError
 from pipewright.runtime.faults import FaultPlan, parse_faults
 from pipewright.runtime.launch import attempt_store
@@ -128,3 +129,20 @@ def test_timeouts_must_be_positive(value):
     for name in ("recv_timeout_s", "collective_timeout_s"):
         with pytest.raises(ConfigError, match="positive number of seconds"):
             TrainConfig(**{name: float(value)}).check()
+
+
+def test_skipping_every_step_or_too_many_in_a_row_stops_the_run_in_one_line():
+    """--on-nonfinite skip stops a run that never applies an update: all of a short run's steps, or
+    MAX_SKIPPED_IN_A_ROW in a row of a long one; fewer in a row go on."""
+    limit = nonfinite.MAX_SKIPPED_IN_A_ROW
+    assert nonfinite.skip_streak_error(1, steps=20) is None
+    assert nonfinite.skip_streak_error(limit - 1, steps=100) is None
+    assert nonfinite.skip_streak_error(limit - 1, steps=None) is None
+    short = nonfinite.skip_streak_error(6, steps=6)
+    assert short == (
+        "--on-nonfinite skip skipped all 6 steps of the run (non-finite values every time, no update "
+        f"applied); stopped (the limit is {limit} in a row)"
+    )
+    long = nonfinite.skip_streak_error(limit, steps=100)
+    assert long is not None and f"skipped {limit} steps in a row" in long and "\n" not in long
+    assert nonfinite.skip_streak_error(limit, steps=None) == long

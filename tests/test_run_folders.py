@@ -146,3 +146,36 @@ def test_resume_of_another_model_names_the_dimension() -> None:
     spec = TrainConfig(model="gpt-tiny", layers=4).model_spec(256)
     assert model_difference(meta, spec, tp=1) == "--layers 6 (this run: 4)"
     assert model_difference({}, spec, tp=1) == ""
+
+
+def test_torchrun_attempts_of_one_job_share_a_job_id_without_rdzv_id() -> None:
+    """Without ``--rdzv-id``/``--standalone`` torchrun sets ``TORCHELASTIC_RUN_ID=none``; every attempt
+    of the job still sees the agent's store address, which no other live job can bind."""
+    job = run_folder._job_id
+    attempt = {"TORCHELASTIC_RUN_ID": "none", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+    restarted = {**attempt, "TORCHELASTIC_RESTART_COUNT": "1"}
+    assert job(attempt) == job(restarted) == "store 10.0.0.1:29500"
+    assert job({**attempt, "MASTER_PORT": "29501"}) != job(attempt)  # another job
+    loopback = {**attempt, "MASTER_ADDR": "127.0.0.1"}  # static rendezvous on one host: the host tells
+    assert job(loopback, host="a") != job(loopback, host="b")
+    assert job({**attempt, "TORCHELASTIC_RUN_ID": "myrun"}) == "myrun"
+    assert job({"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}) is None  # not under torchrun
+
+
+def test_torchrun_restart_before_the_first_checkpoint_is_not_refused(tmp_path, monkeypatch) -> None:
+    """Attempt 1 (a dead process of the same job, ``--rdzv-id`` not given) left a lock and metrics but
+    no checkpoint: attempt 2 continues in the folder; a run of another job is refused."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"step": 1}\n')
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    lock = {"pid": dead.pid, "host": socket.gethostname(), "started": "now", "job": "store 10.0.0.1:29500"}
+    (out / LOCK_NAME).write_text(json.dumps(lock))
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    run_folder.check_out(out, resume=False, overwrite=False)
+    monkeypatch.setenv("MASTER_PORT", "29501")
+    with pytest.raises(ConfigError, match="already holds a run"):
+        run_folder.check_out(out, resume=False, overwrite=False)

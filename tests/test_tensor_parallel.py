@@ -10,6 +10,7 @@ relative (fp32, max-norm).
 from __future__ import annotations
 
 import traceback
+import warnings
 from collections.abc import Callable
 
 import pytest
@@ -463,6 +464,30 @@ def _cases(rank: int, world: int) -> dict[str, str]:
         except Exception:
             results["ptd"] = traceback.format_exc()
     return results
+
+
+def _warning_cases(rank: int, world: int) -> dict[str, str]:
+    """Every warning the TP ops raise in forward and backward (sequence-parallel MLP: reduce-scatter
+    and all-gather; vocabulary-parallel embedding and cross-entropy), one line each."""
+    group = dist.group.WORLD
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for case in (
+            case_sequence_parallel_mlp,
+            case_vocab_parallel_embedding,
+            case_sharded_vocab_cross_entropy,
+        ):
+            case(group, rank, world)
+    return {
+        "warnings": "; ".join(f"{w.category.__name__}: {w.message} ({w.filename}:{w.lineno})" for w in caught)
+    }
+
+
+def test_tensor_parallel_ops_raise_no_warnings() -> None:
+    """torch 2.13 deprecates ``reduce_scatter_tensor`` with a FutureWarning per call (one per worker per
+    step in a tp run); the ops use ``reduce_scatter_single`` where torch has it, and warn about nothing."""
+    errors = [e for e in spawn_cases(_warning_cases, 2)["warnings"] if e]
+    assert not errors, "\n".join(errors)
 
 
 @pytest.fixture(scope="module")

@@ -48,6 +48,7 @@ class RunGuard:
         keep_checkpoints: int = 0,
         check_gradients: bool = True,
         collective_timeout_s: float = 600.0,
+        steps: int | None = None,
     ) -> None:
         self.mesh, self.stages, self.out_dir = mesh, stages, out_dir
         self.collective_timeout_s = collective_timeout_s
@@ -63,6 +64,8 @@ class RunGuard:
         self.phase = "schedule"  # what the executor's actions belong to: "schedule" or "evaluate"
         self.stop_requested = False
         self.last_nonfinite: str | None = None  # the message of the last non-finite step
+        self.steps = steps  # the steps this run does (None: not known)
+        self.skipped_in_a_row = 0
         self._rows: tuple = ()
 
     # -- executor ----------------------------------------------------------------------------------
@@ -199,6 +202,7 @@ class RunGuard:
         bad, preempt = self._agree(local_bad)
         self.stop_requested = self.stop_requested or preempt
         if not bad and not nonfinite.loss_finding(loss):
+            self.skipped_in_a_row = 0
             return True
         mine = nonfinite.local_findings(self.stages, self.rank) if local_bad else []
         findings = nonfinite.gather_findings(mine) if bad else []
@@ -208,6 +212,9 @@ class RunGuard:
             raise nonfinite.NonFiniteError(message)
         if self.rank == 0:
             log.warning("%s", message)
+        self.skipped_in_a_row += 1
+        if streak := nonfinite.skip_streak_error(self.skipped_in_a_row, self.steps):
+            raise nonfinite.NonFiniteError(streak)  # the same on every rank: the counts are agreed
         for m in self.stages.values():
             m.zero_grad(set_to_none=True)
         return False

@@ -23,6 +23,11 @@ from pipewright.runtime.timeouts import wait_work
 
 POLICIES = ("stop", "skip")
 
+#: steps in a row that ``--on-nonfinite skip`` may skip before the run stops: a spike skips a step or
+#: two; ten without an update mean broken weights or data, and a run would otherwise end with exit 0
+#: having learnt nothing
+MAX_SKIPPED_IN_A_ROW = 10
+
 
 class NonFiniteError(DistributedError):
     """The loss or a gradient is NaN or inf and the policy is ``stop``."""
@@ -109,3 +114,17 @@ def report(step: int, findings: list[Finding], policy: str) -> str:
 
 def loss_finding(loss: float) -> list[Finding]:
     return [] if math.isfinite(loss) else [Finding(0, None, "loss", "nan" if math.isnan(loss) else "inf")]
+
+
+def skip_streak_error(in_a_row: int, steps: int | None, limit: int = MAX_SKIPPED_IN_A_ROW) -> str | None:
+    """The line that stops a ``--on-nonfinite skip`` run whose last ``in_a_row`` steps were all
+    skipped, once that reaches ``limit`` or every one of the run's ``steps`` (None: not known); else
+    None."""
+    whole_run = steps is not None and 0 < steps <= in_a_row
+    if in_a_row < limit and not whole_run:
+        return None
+    what = f"all {in_a_row} steps of the run" if whole_run else f"{in_a_row} steps in a row"
+    return (
+        f"--on-nonfinite skip skipped {what} (non-finite values every time, no update applied); stopped "
+        f"(the limit is {limit} in a row)"
+    )

@@ -6,7 +6,8 @@
 - A lock file ``<out>/.pipewright.lock`` (JSON: pid, host, start time, torchrun job id) is held for the
   run's life. A second run into the folder is refused in one line naming the holder; a lock whose
   process is dead (same host) is taken over with a warning; a torchrun restart of the same job
-  (``TORCHELASTIC_RUN_ID``) continues under its own lock.
+  (``TORCHELASTIC_RUN_ID``, else the agent's store address ``MASTER_ADDR:MASTER_PORT``) continues
+  under its own lock.
 - Default folders (``runs/<UTC time>``) are created with an exclusive ``mkdir``, so two runs started
   in the same second get two folders (``…-1``).
 """
@@ -18,6 +19,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -39,9 +41,23 @@ def _stamp() -> str:
     return datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
 
 
-def _job_id() -> str | None:
-    job = os.environ.get("TORCHELASTIC_RUN_ID")
-    return None if job in (None, "", "none") else job
+_LOOPBACK = ("127.", "localhost", "::1")
+
+
+def _job_id(env: Mapping[str, str] = os.environ, host: str | None = None) -> str | None:
+    """What every attempt of one torchrun job shares: ``--rdzv-id`` (``TORCHELASTIC_RUN_ID``; a fresh
+    id under ``--standalone``), else the address of the agent's store (``MASTER_ADDR:MASTER_PORT``),
+    which torchrun's rendezvous (static and c10d) creates once and keeps bound for the whole job, so no
+    other live job has it (a loopback address is qualified by the host). None outside torchrun."""
+    job = env.get("TORCHELASTIC_RUN_ID")
+    if job not in (None, "", "none"):
+        return job
+    addr, port = env.get("MASTER_ADDR"), env.get("MASTER_PORT")
+    if job is None or not addr or not port:
+        return None
+    if addr.startswith(_LOOPBACK):
+        addr = f"{host or socket.gethostname()}/{addr}"
+    return f"store {addr}:{port}"
 
 
 def _alive(pid: int) -> bool:

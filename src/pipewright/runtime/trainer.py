@@ -171,6 +171,7 @@ class Trainer:
             keep_checkpoints=c.keep_checkpoints,
             check_gradients=c.precision != "fp16",  # fp16: the loss scaler handles overflowed gradients
             collective_timeout_s=c.collective_timeout_s,
+            steps=(min(c.steps, c.stop_after) if c.stop_after else c.steps) - run.start_step,
         )
         self.executor = self.make_executor(self.schedule)
         self.first = 0 in self.stages or self.built.batch_everywhere
