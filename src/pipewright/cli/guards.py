@@ -156,7 +156,7 @@ def check_profile(args: argparse.Namespace) -> None:
     check_writable(args.out, "--out")
     values = vars(args)
     check_finite(values)
-    positive = ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len", "tp", "repeats")
+    positive = ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len", "tp", "repeats", "nproc")
     check_values(values, {n: POSITIVE for n in positive})  # the profiler checks the others itself
     if min(args.microbatch_size) < 1 or args.contention < 0 or args.warmup < 0:
         return  # the profiler's own one-line errors
