@@ -2,7 +2,7 @@
 line in-process, gives the prediction the page shows (package data only: runs in a plain checkout),
 and the claims the page makes about the table hold.
 
-The whole table runs once per test session, spread over two forked processes (the slowest rows, the
+The whole table runs once per pytest run, spread over two forked processes (the slowest rows, the
 cost-aware Zero Bubble schedules at p = 32, m = 128, first), so a plain ``pytest`` checks every row."""
 
 import csv
