@@ -42,6 +42,8 @@ class TopologyComm:
     topology: Topology
     mesh: Mesh = field(default_factory=Mesh)
     bandwidth_efficiency: float = 1.0
+    #: memoised group device lists and collective times (the topology and mesh are immutable)
+    _memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         check_fits(self.mesh, self.topology)
@@ -70,6 +72,16 @@ class TopologyComm:
     ) -> float:
         """Collective ``kind`` over rank's dp or tp group, or over the devices of pipeline ranks
         ``members`` (groups that span the pipeline); a barrier costs one all-reduce of 1 byte."""
+        members = tuple(members)
+        key = (kind, rank, nbytes, group, members)
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = self._collective_time(kind, rank, nbytes, group, members)
+        return hit
+
+    def _collective_time(
+        self, kind: str, rank: int, nbytes: float, group: str, members: tuple[int, ...]
+    ) -> float:
         self.device(rank)
         if group == "dp":
             ranks = self.mesh.grad_group(rank)  # dp × cp replicas of the stage (the dp group at cp 1)
@@ -88,6 +100,4 @@ class TopologyComm:
 
     def tp_all_reduce_time(self, rank: int, nbytes: float) -> float:
         """A ring all-reduce of ``nbytes`` over pipeline rank ``rank``'s tensor-parallel group."""
-        self.device(rank)
-        group = [self._device(g) for g in self.mesh.tp_group(rank)]
-        return self.topology.collective_time("all_reduce", group, nbytes / self.bandwidth_efficiency)
+        return self.collective_time("all_reduce", rank, nbytes, group="tp")

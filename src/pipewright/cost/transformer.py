@@ -364,7 +364,9 @@ class TransformerCost:
             tp = exposed(tp, gemm)
         ring = 0.0
         if self.cp > 1 and chunk.layers:
-            per_layer = self.comm.collective_time("all_gather", rank, chunk.ring_bytes[kind], group="cp")
+            # the ring passes c − 1 blocks: an all-gather whose gathered size is c/(c − 1) × that
+            gathered = chunk.ring_bytes[kind] * self.cp / (self.cp - 1)
+            per_layer = self.comm.collective_time("all_gather", rank, gathered, group="cp")
             ring = chunk.layers * exposed(per_layer, attn / chunk.layers)
         fsdp = 0.0
         if self.regathers and kind != W:
