@@ -2,14 +2,15 @@
 
 Four processes, one spawn: pp = 2 × dp = 2 with expert parallelism ep = 2 carved from dp, and
 pp = 2 × dp = 2 without it, each over 1F1B, interleaved 1F1B, ZB-H1 (split backward: the experts'
-weight gradients deferred to W) and DualPipeV. The models: a GPT with 4 experts (top-2, dropless) and
-a Llama with 4 SwiGLU experts (top-2), a shared expert, a dense first layer and capacity factor 1
-(tokens dropped); load-balancing coefficient 0.1 and z-loss 0.01, large enough that a wrong scale of
-their gradients shows. Checked against a single process that runs the global batch's microbatches one
-after another (the auxiliary losses are per microbatch, as in the pipeline): the loss and the
-auxiliary loss of each of 3 steps, every gradient of the first step, every parameter after the last
-(SGD with momentum, warm-up and clipping), within 1e-5 relative in fp32 — on every rank, for every
-parameter it holds (under ep: its own experts).
+weight gradients deferred to W) and DualPipeV; with ep = 2 also ZB-H2 and ZB-V; and pp = 2 × tp = 2
+(experts split column/row-parallel like the dense MLP) over 1F1B. The models: a GPT with 4
+experts (top-2, dropless) and a Llama with 4 SwiGLU experts (top-2), a shared expert, a dense first
+layer and capacity factor 1 (tokens dropped); load-balancing coefficient 0.1 and z-loss 0.01, large
+enough that a wrong scale of their gradients shows. Checked against a single process that runs the
+global batch's microbatches one after another (the auxiliary losses are per microbatch, as in the
+pipeline): the loss and the auxiliary loss of each of 3 steps, every gradient of the first step, every
+parameter after the last (SGD with momentum, warm-up and clipping), within 1e-5 relative in fp32 — on
+every rank, for every parameter it holds (under ep: its own experts).
 """
 
 from __future__ import annotations
@@ -30,12 +31,14 @@ from pipewright.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
 from pipewright.runtime.config import TrainConfig
 from pipewright.runtime.launch import spawn
 from pipewright.runtime.mesh import ParallelMesh
+from pipewright.runtime.tp import full_parameters
 from pipewright.runtime.trainer import PreparedRun, Trainer
 from pipewright.training import prepare
 
 STEPS = 3
 RTOL = 1e-5
 SCHEDULES = ("1f1b", "interleaved-1f1b", "zb-h1", "dualpipev")
+EP_ONLY = ("zb-h2", "zbv")  # the other split-backward schedules, with ep = 2 only (test time)
 MOE = {"moe_aux_loss_coeff": 0.1, "moe_z_loss_coeff": 0.01}
 
 
@@ -48,36 +51,56 @@ def _cases(data: str, out: str) -> list[TrainConfig]:
     models = {"gpt": {"model": "gpt-moe-tiny"}, "llama": {"model": "llama-moe-tiny", "moe_capacity": 1.0}}
     cases = []
     for ep in (2, 1):
-        for i, name in enumerate(SCHEDULES):
+        for i, name in enumerate(SCHEDULES + (EP_ONLY if ep > 1 else ())):
             family = ("gpt", "llama")[(i + ep) % 2]  # each schedule meets both families over ep ∈ {1, 2}
             cases.append(replace(base, schedule=name, ep=ep, **models[family]))
-    return cases
+    return [*cases, replace(base, schedule="1f1b", dp=1, tp=2, microbatches=8, **models["gpt"])]
 
 
 def _worker(rank: int, runs: list[PreparedRun]) -> list | None:
     meshes, results = {}, []
     for run in runs:
         c = run.config
-        if c.ep not in meshes:
-            meshes[c.ep] = ParallelMesh.build(dp=c.dp, pp=c.pp, tp=c.tp, ep=c.ep)
-        trainer = Trainer(run, mesh=meshes[c.ep])
+        shape = (c.dp, c.pp, c.tp, c.ep)
+        if shape not in meshes:
+            meshes[shape] = ParallelMesh.build(dp=c.dp, pp=c.pp, tp=c.tp, ep=c.ep)
+        trainer = Trainer(run, mesh=meshes[shape])
         losses, aux = [], []
         for step in range(c.steps):
             losses.append(trainer.forward_backward(step))
             aux.append(trainer.moe.report()["moe_aux_loss"])
             if step == 0:
-                grads = {n: p.grad.clone() for n, p in trainer.params.items() if p.grad is not None}
+                grads = _full(trainer, grad=True)
             trainer.optimizer_step(step)
-        params = {n: p.detach().clone() for n, p in trainer.params.items()}
+        params = _full(trainer, grad=False)
         gathered = [None] * dist.get_world_size() if rank == 0 else None
         dist.gather_object((losses, aux, grads, params), gathered, dst=0)
         results.append(gathered)
     return results if rank == 0 else None
 
 
+def _full(trainer: Trainer, grad: bool) -> dict[str, torch.Tensor]:
+    """This rank's parameters (or gradients, where it has them) by name, tp shards gathered."""
+    return {
+        name: t.clone()
+        for stage in trainer.stages.values()
+        for name, t in full_parameters(stage, grad=grad).items()
+        if t is not None
+    }
+
+
 def _reference(c: TrainConfig, spec) -> tuple[list[float], list[float], dict, dict]:
     """One process: each step's global batch as dp·m microbatches in turn, every loss (main and
     auxiliary) scaled by 1/(dp·m); the same optimizer, learning rate and clipping as the trainer."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _train_one_process(c, spec)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train_one_process(c: TrainConfig, spec) -> tuple[list[float], list[float], dict, dict]:
     model = build_full(spec, seed=c.seed)
     params = dict(model.named_parameters())
     opt = build_optimizer(c.optimizer, params.items(), lr=c.lr, weight_decay=c.weight_decay)
@@ -126,10 +149,11 @@ def test_moe_training_equals_single_process(tmp_path):
     failures = []
     for run, gathered in zip(runs, spawn(_worker, 4, (runs,), timeout_s=600)[0], strict=True):
         c = run.config
-        label = f"{c.model} {c.schedule} pp={c.pp} dp={c.dp} ep={c.ep}"
-        if c.model not in references:
-            references[c.model] = _reference(c, run.spec)
-        ref_losses, ref_aux, ref_grads, ref_params = references[c.model]
+        label = f"{c.model} {c.schedule} pp={c.pp} dp={c.dp} tp={c.tp} ep={c.ep}"
+        key = (c.model, c.global_batch)
+        if key not in references:
+            references[key] = _reference(c, run.spec)
+        ref_losses, ref_aux, ref_grads, ref_params = references[key]
         assert ref_aux[0] > 0.05, "the auxiliary losses must weigh in the check"
         held: dict[str, int] = {}
         for losses, aux, grads, params in gathered:
@@ -147,5 +171,5 @@ def test_moe_training_equals_single_process(tmp_path):
         # every parameter somewhere; an expert on dp/ep ranks, every other parameter on all dp ranks
         assert set(held) == set(ref_params), label
         for name, count in held.items():
-            assert count == (c.dp // c.ep if ".experts." in name else c.dp), (label, name, count)
+            assert count == (c.dp // c.ep if ".experts." in name else c.dp) * c.tp, (label, name, count)
     assert not failures, "\n".join(failures[:20])

@@ -27,6 +27,12 @@ def check_moe_run(config: Any, spec: ModelSpec) -> None:
         raise ConfigError(
             f"--moe-experts {spec.moe_experts} is not divisible by --ep {ep}; choose ep dividing it"
         )
+    for name, value in (
+        ("--moe-ffn-hidden", spec.expert_ffn),
+        ("shared experts' hidden size", spec.moe_shared_experts * spec.expert_ffn),
+    ):
+        if value % config.tp:
+            raise ConfigError(f"{name} {value} is not divisible by --tp {config.tp}; choose t dividing it")
     if config.sequence_parallel:
         raise ConfigError(
             "--sequence-parallel splits the tokens a router sees over tp; drop it with --moe-experts"
