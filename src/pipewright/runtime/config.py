@@ -464,9 +464,9 @@ def fingerprint(spec: ModelSpec, tokenizer: str, tp: int = 1) -> str:
     if spec.family != "llama":  # Llama-only fields: keep older GPT fingerprints unchanged
         dims.pop("kv_heads")
         dims.pop("rope_theta")
-    if not spec.is_moe:  # dense: fingerprints as before the mixture-of-experts fields
-        for name in MOE_FIELDS:
-            dims.pop(name)
+    # dense: fingerprints as before the mixture-of-experts fields; the loss weights change no state
+    for name in MOE_FIELDS if not spec.is_moe else ("moe_aux_loss_coeff", "moe_z_loss_coeff"):
+        dims.pop(name)
     record: dict = {"model": dims, "tokenizer": tokenizer}
     if tp > 1:
         record["tensor_parallel"] = {"tp": tp, "embedding": "vocab-parallel"}
