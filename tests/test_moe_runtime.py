@@ -2,15 +2,15 @@
 
 Four processes, one spawn: pp = 2 × dp = 2 with expert parallelism ep = 2 carved from dp, and
 pp = 2 × dp = 2 without it, each over 1F1B, interleaved 1F1B, ZB-H1 (split backward: the experts'
-weight gradients deferred to W) and DualPipeV; with ep = 2 also ZB-H2 and ZB-V; and pp = 2 × tp = 2
-(experts split column/row-parallel like the dense MLP) over 1F1B. The models: a GPT with 4
-experts (top-2, dropless) and a Llama with 4 SwiGLU experts (top-2), a shared expert, a dense first
-layer and capacity factor 1 (tokens dropped); load-balancing coefficient 0.1 and z-loss 0.01, large
-enough that a wrong scale of their gradients shows. Checked against a single process that runs the
-global batch's microbatches one after another (the auxiliary losses are per microbatch, as in the
-pipeline): the loss and the auxiliary loss of each of 3 steps, every gradient of the first step, every
-parameter after the last (SGD with momentum, warm-up and clipping), within 1e-5 relative in fp32 — on
-every rank, for every parameter it holds (under ep: its own experts).
+weight gradients deferred to W) and DualPipeV; with ep = 2 also ZB-H2 and ZB-V; pp = 2 × tp = 2
+(experts split column/row-parallel like the dense MLP) and tp = 2 × dp = 2 with ep = 2, over 1F1B.
+The models: a GPT with 4 experts (top-2, dropless) and a Llama with 4 SwiGLU experts (top-2), a shared
+expert, a dense first layer and capacity factor 1 (tokens dropped); load-balancing coefficient 0.1 and
+z-loss 0.01, large enough that a wrong scale of their gradients shows. Checked against a single
+process that runs the global batch's microbatches one after another (the auxiliary losses are per
+microbatch, as in the pipeline): the loss and the auxiliary loss of each of 3 steps, every gradient of
+the first step, every parameter after the last (SGD with momentum, warm-up and clipping), within 1e-5
+relative in fp32 — on every rank, for every parameter it holds (under ep: its own experts).
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ def _cases(data: str, out: str) -> list[TrainConfig]:
         for i, name in enumerate(SCHEDULES + (EP_ONLY if ep > 1 else ())):
             family = ("gpt", "llama")[(i + ep) % 2]  # each schedule meets both families over ep ∈ {1, 2}
             cases.append(replace(base, schedule=name, ep=ep, **models[family]))
-    return [*cases, replace(base, schedule="1f1b", dp=1, tp=2, microbatches=8, **models["gpt"])]
+    tp = replace(base, schedule="1f1b", tp=2, **models["gpt"])
+    return [*cases, replace(tp, dp=1, microbatches=8), replace(tp, pp=1, ep=2, **models["llama"])]
 
 
 def _worker(rank: int, runs: list[PreparedRun]) -> list | None:
