@@ -16,6 +16,12 @@ dimension. An order may name it (``"tp-cp-dp-pp"``, Megatron's); an order withou
 after tp (so ``"tp-dp-pp"`` with cp > 1 numbers ranks as ``"tp-cp-dp-pp"``: rank =
 t + tp·(c + cp·(d + dp·p))). With cp = 1 every rank and group is the three-dimensional one.
 
+Expert parallelism (``ep``) is carved from the data-parallel ranks, as Megatron-Core does: ep divides
+dp, and data-parallel rank d is expert-parallel rank d mod ep of expert-data-parallel rank ⌊d / ep⌋. An
+ep group is ep consecutive dp ranks (same tp, pp, cp); the expert-data-parallel group (the replicas
+of one set of experts, over which their gradients are reduced) is the dp/ep ranks with the same ep
+rank. ep adds no ranks: the world is still tp·cp·pp·dp.
+
 Global rank r runs on device ``placement[r]`` (an index into a topology's devices, or the process
 launched on that device); without an explicit placement, rank r runs on device r. A plan that chooses
 its own placement gives it as that device list.
@@ -84,6 +90,7 @@ class Mesh:
     order: str = DEFAULT_ORDER
     placement: tuple[int, ...] | None = None
     cp: int = 1
+    ep: int = 1
     _strides: dict[str, int] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -91,6 +98,11 @@ class Mesh:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"--{name} must be at least 1 (got {value})")
+        if not isinstance(self.ep, int) or self.ep < 1 or self.dp % self.ep:
+            raise ConfigError(
+                f"--ep {self.ep} must divide --dp {self.dp} (expert parallelism is carved from the "
+                "data-parallel ranks); choose ep dividing dp"
+            )
         dims = parse_order(self.order)
         if self.cp > 1:
             dims = with_cp(dims)
@@ -210,3 +222,26 @@ class Mesh:
 
     def pp_group(self, dp_rank: int = 0, tp_rank: int = 0) -> tuple[int, ...]:
         return self.group("pp", self.global_rank(0, dp_rank, tp_rank))
+
+    # -- expert parallelism (carved from dp) --------------------------------------------------------
+    def ep_rank(self, rank: int) -> int:
+        """The expert-parallel rank of global rank ``rank``: its dp rank mod ep."""
+        return self.coords(rank).dp % self.ep
+
+    def ep_group(self, rank: int) -> tuple[int, ...]:
+        """The ep consecutive dp ranks through ``rank`` that share its experts' tokens (all-to-all)."""
+        dp = self.group("dp", rank)
+        start = self.coords(rank).dp // self.ep * self.ep
+        return dp[start : start + self.ep]
+
+    def expert_dp_group(self, rank: int) -> tuple[int, ...]:
+        """The dp/ep ranks through ``rank`` holding the same experts (their gradients reduced over it)."""
+        return self.group("dp", rank)[self.ep_rank(rank) :: self.ep]
+
+    def ep_groups(self) -> tuple[tuple[int, ...], ...]:
+        """Every ep group, ordered by their smallest rank."""
+        return tuple(sorted({self.ep_group(r) for r in range(self.size)}))
+
+    def expert_dp_groups(self) -> tuple[tuple[int, ...], ...]:
+        """Every expert-data-parallel group, ordered by their smallest rank."""
+        return tuple(sorted({self.expert_dp_group(r) for r in range(self.size)}))

@@ -36,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +44,7 @@ from torch import nn
 
 from pipewright.models.blocks import AttentionCore, StageModule, tied_output_init_
 from pipewright.models.layout import Layout, StageLayout, resolve_stage
+from pipewright.models.moe import MoE, TokenExchange
 from pipewright.models.spec import ModelSpec
 from pipewright.models.wgrad import LinearFactory, default_linear_factory
 
@@ -95,14 +97,20 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-LayerNorm transformer layer: x + Attn(LN(x)), then x + MLP(LN(x))."""
+    """Pre-LayerNorm transformer layer: x + Attn(LN(x)), then x + MLP(LN(x)); the MLP is a mixture of
+    experts (:class:`~pipewright.models.moe.MoE`) in the layers ``spec.is_moe_layer(index)`` names."""
 
-    def __init__(self, spec: ModelSpec, make: LinearFactory) -> None:
+    def __init__(
+        self, spec: ModelSpec, make: LinearFactory, index: int = 0, exchange: TokenExchange | None = None
+    ) -> None:
         super().__init__()
         self.ln_attn = nn.LayerNorm(spec.hidden)
         self.attn = CausalSelfAttention(spec, make)
         self.ln_mlp = nn.LayerNorm(spec.hidden)
-        self.mlp = MLP(spec, make)
+        if spec.is_moe_layer(index):
+            self.mlp = MoE(spec, lambda f: MLP(replace(spec, ffn_hidden=f), make), _init_mlp(spec), exchange)
+        else:
+            self.mlp = MLP(spec, make)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_attn(x))
@@ -113,8 +121,21 @@ class Block(nn.Module):
         residual_std = 0.02 / math.sqrt(2 * spec.layers)
         _init_linear(self.attn.qkv, gen, h, 3 * h, 0.02)
         _init_linear(self.attn.proj, gen, h, h, residual_std)
+        if isinstance(self.mlp, MoE):
+            self.mlp.reset_parameters(gen)
+            return
         _init_linear(self.mlp.fc_in, gen, h, f, 0.02)
         _init_linear(self.mlp.fc_out, gen, f, h, residual_std)
+
+
+def _init_mlp(spec: ModelSpec) -> Callable[[nn.Module, torch.Generator, int], None]:
+    """Initialise one expert MLP of hidden size f as a dense layer's MLP (GPT-2's stds)."""
+
+    def init(mlp: nn.Module, gen: torch.Generator, f: int) -> None:
+        _init_linear(mlp.fc_in, gen, spec.hidden, f, 0.02)
+        _init_linear(mlp.fc_out, gen, f, spec.hidden, 0.02 / math.sqrt(2 * spec.layers))
+
+    return init
 
 
 class Embedding(nn.Module):
@@ -166,12 +187,14 @@ class Head(nn.Module):
 class GPTStage(StageModule):
     """The layers of one pipeline stage: optional embedding, transformer layers, optional head."""
 
-    def __init__(self, spec: ModelSpec, stage: StageLayout, make: LinearFactory) -> None:
+    def __init__(
+        self, spec: ModelSpec, stage: StageLayout, make: LinearFactory, exchange: TokenExchange | None = None
+    ) -> None:
         super().__init__()
         self.spec = spec
         self.stage = stage
         self.embed = Embedding(spec, make) if stage.embedding else None
-        self.layers = nn.ModuleDict({str(i): Block(spec, make) for i in stage.layers})
+        self.layers = nn.ModuleDict({str(i): Block(spec, make, i, exchange) for i in stage.layers})
         self.head = Head(spec, make) if stage.head else None
 
     def reset_parameters(self, seed: int) -> None:
@@ -192,11 +215,13 @@ def build_stage(
     seed: int = 0,
     num_stages: int | None = None,
     linear_factory: LinearFactory | None = None,
+    expert_parallel: TokenExchange | None = None,
 ) -> GPTStage:
     """Allocate and initialise only stage ``stage_index`` of ``layout`` (a Layout, a layout string,
-    or None for :func:`~pipewright.models.layout.uniform_layout` over ``num_stages``)."""
+    or None for :func:`~pipewright.models.layout.uniform_layout` over ``num_stages``).
+    ``expert_parallel``: the MoE layers hold only this ep rank's experts and exchange tokens with it."""
     stage = resolve_stage(layout, spec.layers, stage_index, num_stages)
-    module = GPTStage(spec, stage, linear_factory or default_linear_factory)
+    module = GPTStage(spec, stage, linear_factory or default_linear_factory, expert_parallel)
     module.reset_parameters(seed)
     if spec.tied_embeddings and stage.head:
         if stage.embedding:

@@ -30,6 +30,8 @@ embedding N(0, 0.02²), RMSNorm gains 1; one generator per layer seeded from (se
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -46,6 +48,7 @@ from pipewright.models.blocks import (
 )
 from pipewright.models.gpt import _init_linear, layer_generator
 from pipewright.models.layout import Layout, StageLayout, resolve_stage
+from pipewright.models.moe import MoE, TokenExchange
 from pipewright.models.spec import ModelSpec
 from pipewright.models.wgrad import LinearFactory, default_linear_factory
 
@@ -92,14 +95,22 @@ class SwiGLU(nn.Module):
 
 
 class LlamaBlock(nn.Module):
-    """x + Attn(RMSNorm(x)), then x + SwiGLU(RMSNorm(x))."""
+    """x + Attn(RMSNorm(x)), then x + SwiGLU(RMSNorm(x)); SwiGLU experts
+    (:class:`~pipewright.models.moe.MoE`) in the layers ``spec.is_moe_layer(index)`` names."""
 
-    def __init__(self, spec: ModelSpec, make: LinearFactory) -> None:
+    def __init__(
+        self, spec: ModelSpec, make: LinearFactory, index: int = 0, exchange: TokenExchange | None = None
+    ) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(spec.hidden, NORM_EPS)
         self.attn = LlamaAttention(spec, make)
         self.mlp_norm = RMSNorm(spec.hidden, NORM_EPS)
-        self.mlp = SwiGLU(spec, make)
+        if spec.is_moe_layer(index):
+            self.mlp = MoE(
+                spec, lambda f: SwiGLU(replace(spec, ffn_hidden=f), make), _init_swiglu(spec), exchange
+            )
+        else:
+            self.mlp = SwiGLU(spec, make)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.attn_norm(x))
@@ -113,11 +124,24 @@ class LlamaBlock(nn.Module):
             (self.attn.k, h, kv, 0.02),
             (self.attn.v, h, kv, 0.02),
             (self.attn.o, h, h, residual_std),
-            (self.mlp.gate, h, f, 0.02),
-            (self.mlp.up, h, f, 0.02),
-            (self.mlp.down, f, h, residual_std),
         ):
             _init_linear(layer, gen, i, o, std)
+        if isinstance(self.mlp, MoE):
+            self.mlp.reset_parameters(gen)
+        else:
+            _init_swiglu(spec)(self.mlp, gen, f)
+
+
+def _init_swiglu(spec: ModelSpec) -> Callable[[nn.Module, torch.Generator, int], None]:
+    """Initialise a SwiGLU of hidden size f: gate, up N(0, 0.02²), down N(0, (0.02/√(2l))²)."""
+
+    def init(mlp: nn.Module, gen: torch.Generator, f: int) -> None:
+        h, residual_std = spec.hidden, 0.02 / math.sqrt(2 * spec.layers)
+        _init_linear(mlp.gate, gen, h, f, 0.02)
+        _init_linear(mlp.up, gen, h, f, 0.02)
+        _init_linear(mlp.down, gen, f, h, residual_std)
+
+    return init
 
 
 class LlamaEmbedding(nn.Module):
@@ -153,11 +177,13 @@ class LlamaHead(nn.Module):
 class LlamaStage(StageModule):
     """The layers of one pipeline stage: optional embedding, Llama layers, optional head."""
 
-    def __init__(self, spec: ModelSpec, stage: StageLayout, make: LinearFactory) -> None:
+    def __init__(
+        self, spec: ModelSpec, stage: StageLayout, make: LinearFactory, exchange: TokenExchange | None = None
+    ) -> None:
         super().__init__()
         self.spec, self.stage = spec, stage
         self.embed = LlamaEmbedding(spec, make) if stage.embedding else None
-        self.layers = nn.ModuleDict({str(i): LlamaBlock(spec, make) for i in stage.layers})
+        self.layers = nn.ModuleDict({str(i): LlamaBlock(spec, make, i, exchange) for i in stage.layers})
         self.head = LlamaHead(spec, make) if stage.head else None
 
     def reset_parameters(self, seed: int) -> None:
@@ -181,6 +207,7 @@ def build_stage(
     seed: int = 0,
     num_stages: int | None = None,
     linear_factory: LinearFactory | None = None,
+    expert_parallel: TokenExchange | None = None,
 ) -> LlamaStage:
     """Allocate and initialise only stage ``stage_index`` of ``layout`` (as GPT's ``build_stage``)."""
     if spec.heads % spec.kv_heads:
@@ -188,7 +215,7 @@ def build_stage(
     if spec.head_dim % 2:
         raise ConfigError(f"rotary embeddings need an even head size (hidden/heads = {spec.head_dim})")
     stage = resolve_stage(layout, spec.layers, stage_index, num_stages)
-    module = LlamaStage(spec, stage, linear_factory or default_linear_factory)
+    module = LlamaStage(spec, stage, linear_factory or default_linear_factory, expert_parallel)
     module.reset_parameters(seed)
     if spec.tied_embeddings and stage.embedding and stage.head:
         module.head.out.weight = module.embed.tok.weight

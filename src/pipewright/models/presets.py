@@ -11,6 +11,12 @@
   FFN, heads, 8 key/value heads, vocabulary 128256, rotary base 500000; sequence 8192);
   ``llama-tiny``: a CPU-sized Llama (byte vocabulary).
 - ``gpt-tiny``: the runtime's default run (byte vocabulary); ``gpt-small-cpu``: trains in minutes on a CPU.
+- Mixtures of experts: ``mixtral-8x7b`` (Jiang et al. 2024: 32 layers, hidden 4096, 32 heads, 8 kv
+  heads, 8 SwiGLU experts of 14336, top-2, vocabulary 32000, rotary base 10⁶; sequence 4096);
+  ``deepseek-v3`` (DeepSeek-AI 2024, its published dimensions: 61 layers, hidden 7168, 128 heads,
+  first 3 layers dense with FFN 18432, then 256 routed experts of 2048, top-8, plus 1 shared expert;
+  vocabulary 129280, sequence 4096 — multi-head latent attention is the cost model's, the runtime
+  builds ordinary attention); ``gpt-moe-tiny``, ``llama-moe-tiny``: CPU-sized, for tests.
 
 ``resolve_model("gpt", layers=…, hidden=…, heads=…, vocab=…, seq_len=…)`` builds a spec from a family.
 """
@@ -26,6 +32,17 @@ from pipewright.models.spec import ModelSpec
 FAMILIES = ("gpt", "bert", "llama")
 DIMENSIONS = ("layers", "hidden", "heads", "vocab", "seq_len")
 OPTIONAL_DIMENSIONS = ("ffn_hidden", "kv_heads")
+#: the mixture-of-experts fields of ModelSpec a preset's values may be overridden with
+MOE_FIELDS = (
+    "moe_experts",
+    "moe_top_k",
+    "moe_shared_experts",
+    "moe_ffn_hidden",
+    "moe_dense_layers",
+    "moe_capacity",
+    "moe_aux_loss_coeff",
+    "moe_z_loss_coeff",
+)
 LLAMA3_VOCAB, LLAMA3_SEQ = 128256, 8192
 
 #: Llama 3 (Table 3 of "The Llama 3 Herd of Models"): (name, layers, hidden, ffn, heads, kv heads)
@@ -78,6 +95,22 @@ def _presets() -> Mapping[str, ModelSpec]:
         for n, l, h, f, a, g in _LLAMA3
     ]
     specs.append(ModelSpec("llama-tiny", 4, 128, 4, 256, 128, ffn_hidden=352, family="llama", kv_heads=2))
+    specs += [
+        ModelSpec(
+            "mixtral-8x7b", 32, 4096, 32, 32000, 4096, ffn_hidden=14336, family="llama", kv_heads=8,
+            rope_theta=1e6, moe_experts=8, moe_top_k=2,
+        ),
+        ModelSpec(
+            "deepseek-v3", 61, 7168, 128, 129280, 4096, ffn_hidden=18432, family="llama", rope_theta=10000.0,
+            moe_experts=256, moe_top_k=8, moe_shared_experts=1, moe_ffn_hidden=2048, moe_dense_layers=3,
+            moe_aux_loss_coeff=0.0001,
+        ),
+        ModelSpec("gpt-moe-tiny", 4, 32, 4, 256, 16, moe_experts=4, moe_top_k=2),
+        ModelSpec(
+            "llama-moe-tiny", 4, 32, 4, 256, 16, ffn_hidden=64, family="llama", kv_heads=2,
+            moe_experts=4, moe_top_k=2, moe_shared_experts=1, moe_ffn_hidden=32, moe_dense_layers=1,
+        ),
+    ]  # fmt: skip
     return MappingProxyType({s.name: s for s in specs})
 
 
@@ -103,7 +136,7 @@ def resolve_model(name: str, **overrides: int | None) -> ModelSpec:
     """A preset with ``overrides`` applied (``None`` values ignored), or a family ("gpt", "bert",
     "llama") whose dimensions all come from ``overrides`` (layers, hidden, heads, vocab, seq_len;
     ffn_hidden and kv_heads optional)."""
-    unknown = set(overrides) - {*DIMENSIONS, *OPTIONAL_DIMENSIONS}
+    unknown = set(overrides) - {*DIMENSIONS, *OPTIONAL_DIMENSIONS, *MOE_FIELDS}
     if unknown:
         raise ConfigError(f"unknown model dimension(s) {', '.join(sorted(unknown))}")
     if name in FAMILIES:
@@ -111,7 +144,7 @@ def resolve_model(name: str, **overrides: int | None) -> ModelSpec:
         if missing:
             flags = " ".join(f"--{d.replace('_', '-')}" for d in missing)
             raise ConfigError(f"model family {name!r} needs {flags}")
-        dims = {k: int(v) for k, v in overrides.items() if v is not None}
+        dims = {k: v if k in MOE_FIELDS else int(v) for k, v in overrides.items() if v is not None}
         spec = ModelSpec(name=name, family=name, tied_embeddings=name == "bert", **dims)
     else:
         base = get_preset(name)

@@ -22,6 +22,14 @@ class ModelSpec:
     and the rotary base ``rope_theta``. ``mlp``: the MLP's kind, for the cost model — "gelu" (two
     matrices, GPT/BERT's default), "relu2" (two matrices, squared ReLU) or "swiglu" (three, Llama's
     default); ``bias``: linear layers and norms carry biases (default: GPT/BERT yes, Llama no).
+
+    Mixture of experts (:mod:`pipewright.models.moe`; ``moe_experts`` 0 = dense): E = ``moe_experts``
+    routed experts, each token sent to the top k = ``moe_top_k``; ``moe_shared_experts`` experts every
+    token passes through; each expert an MLP of hidden size ``moe_ffn_hidden`` (0: ``ffn_hidden``); the
+    first ``moe_dense_layers`` layers keep the dense MLP (DeepSeek-V3: 3). ``moe_capacity``: capacity
+    factor F (each expert keeps at most ⌈F·T·k/E⌉ of a microbatch's T tokens, the rest dropped);
+    0 = dropless. ``moe_aux_loss_coeff`` α and ``moe_z_loss_coeff`` β weigh the router's
+    load-balancing loss E·Σᵢ fᵢ·Pᵢ (Switch Transformer) and z-loss mean(logsumexp(logits)²) (ST-MoE).
     """
 
     name: str
@@ -37,6 +45,14 @@ class ModelSpec:
     rope_theta: float = 500000.0
     mlp: str = ""
     bias: bool | None = None
+    moe_experts: int = 0
+    moe_top_k: int = 2
+    moe_shared_experts: int = 0
+    moe_ffn_hidden: int = 0
+    moe_dense_layers: int = 0
+    moe_capacity: float = 0.0
+    moe_aux_loss_coeff: float = 0.01
+    moe_z_loss_coeff: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.mlp:
@@ -50,6 +66,27 @@ class ModelSpec:
             object.__setattr__(self, "ffn_hidden", ffn)
         if self.kv_heads == 0:
             object.__setattr__(self, "kv_heads", self.heads)
+        if self.moe_experts:
+            check_moe(self)
+
+    @property
+    def is_moe(self) -> bool:
+        """True when the model has routed experts."""
+        return self.moe_experts > 0
+
+    @property
+    def expert_ffn(self) -> int:
+        """The hidden size of one expert's MLP (``moe_ffn_hidden``, else ``ffn_hidden``)."""
+        return self.moe_ffn_hidden or self.ffn_hidden
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether layer ``index`` (0-based) has experts: all layers from ``moe_dense_layers`` on."""
+        return self.is_moe and index >= self.moe_dense_layers
+
+    @property
+    def moe_layers(self) -> int:
+        """The number of layers with experts."""
+        return sum(self.is_moe_layer(i) for i in range(self.layers))
 
     def with_overrides(self, **dims: int | None) -> ModelSpec:
         """Override dimensions (``None`` keeps the preset's value)."""
@@ -59,10 +96,28 @@ class ModelSpec:
     def head_dim(self) -> int:
         return self.hidden // self.heads
 
+    def _mlp_parameters(self, ffn: int) -> int:
+        """One MLP of hidden size ``ffn``: 3hf (SwiGLU, Llama) or 2hf + f + h (GPT, with biases)."""
+        h = self.hidden
+        return 3 * h * ffn if self.family == "llama" else 2 * h * ffn + ffn + h
+
+    def _moe_delta(self, experts: int) -> int:
+        """Parameters a layer with ``experts`` routed experts (of E) holds beyond a dense one's MLP:
+        router E·h, ``experts`` + shared expert MLPs (the shared ones as one MLP of S·f_e), less the
+        dense MLP."""
+        if not self.is_moe:
+            return 0
+        f_e, shared = self.expert_ffn, self.moe_shared_experts
+        moe = self.moe_experts * self.hidden + experts * self._mlp_parameters(f_e)
+        moe += self._mlp_parameters(shared * f_e) if shared else 0
+        return self.moe_layers * (moe - self._mlp_parameters(self.ffn_hidden))
+
     def num_parameters(self) -> int:
         """Exact parameter count of the model in models/gpt.py (biases and LayerNorms included) or, for
-        the Llama family, models/llama.py: l·(2h² + 2h·g·d + 3hf + 2h) + V·h + h (+ V·h untied)."""
+        the Llama family, models/llama.py: l·(2h² + 2h·g·d + 3hf + 2h) + V·h + h (+ V·h untied); a
+        mixture of experts counts every expert (:meth:`activated_parameters`: those one token uses)."""
         h, f, V, s, l = self.hidden, self.ffn_hidden, self.vocab, self.seq_len, self.layers
+        moe = self._moe_delta(self.moe_experts)
         if self.family == "llama":
             kv = self.kv_heads * self.head_dim
             return (
@@ -70,8 +125,30 @@ class ModelSpec:
                 + V * h
                 + h
                 + (0 if self.tied_embeddings else V * h)
+                + moe
             )
         per_layer = 4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h  # attn, mlp, 2 LayerNorms
         embed = V * h + s * h
         head = 2 * h + (0 if self.tied_embeddings else V * h)  # final LayerNorm + output
-        return l * per_layer + embed + head
+        return l * per_layer + embed + head + moe
+
+    def activated_parameters(self) -> int:
+        """Parameters one token's forward uses: :meth:`num_parameters` with k of the E routed experts
+        per layer (the router and the shared experts included); equal to it for a dense model."""
+        return self.num_parameters() - self._moe_delta(self.moe_experts) + self._moe_delta(self.moe_top_k)
+
+
+def check_moe(spec: ModelSpec) -> None:
+    """One-line ConfigErrors for a mixture-of-experts shape that cannot be built."""
+    e, k = spec.moe_experts, spec.moe_top_k
+    if e < 0:
+        raise ConfigError(f"--moe-experts must be 0 (dense) or more (got {e})")
+    if not 1 <= k <= e:
+        raise ConfigError(f"--moe-top-k {k} must be between 1 and --moe-experts {e}")
+    for name in ("moe_shared_experts", "moe_ffn_hidden", "moe_dense_layers"):
+        if getattr(spec, name) < 0:
+            raise ConfigError(f"--{name.replace('_', '-')} must be 0 or more (got {getattr(spec, name)})")
+    for name in ("moe_capacity", "moe_aux_loss_coeff", "moe_z_loss_coeff"):
+        value = getattr(spec, name)
+        if not value >= 0 or value == float("inf"):
+            raise ConfigError(f"--{name.replace('_', '-')} must be a finite number ≥ 0 (got {value})")

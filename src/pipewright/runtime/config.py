@@ -18,9 +18,10 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 from pipewright.errors import ConfigError
-from pipewright.models.presets import resolve_model
+from pipewright.models.presets import MOE_FIELDS, resolve_model
 from pipewright.models.spec import ModelSpec
 from pipewright.options import option
+from pipewright.runtime.moe_config import check_moe_run
 
 
 @dataclass(frozen=True)
@@ -199,6 +200,28 @@ class _TrainFields:
         "tie the output layer to the input embedding (also across stages)",
         group="model",
     )
+    # mixture of experts (pipewright.models.moe; None: the preset's) and expert parallelism (carved from dp)
+    moe_experts: int | None = option(
+        None, "--moe-experts", "routed experts per MoE layer (0: dense)", group="model"
+    )
+    moe_top_k: int | None = option(None, "--moe-top-k", "experts each token is routed to", group="model")
+    moe_shared_experts: int | None = option(
+        None, "--moe-shared-experts", "experts every token passes through", group="model"
+    )
+    moe_ffn_hidden: int | None = option(None, "--moe-ffn-hidden", "expert MLP hidden size", group="model")
+    moe_dense_layers: int | None = option(
+        None, "--moe-dense-layers", "first layers kept dense (no experts)", group="model"
+    )
+    moe_capacity: float | None = option(
+        None, "--moe-capacity", "capacity factor (tokens over capacity dropped; 0: dropless)", group="model"
+    )
+    moe_aux_loss_coeff: float | None = option(
+        None, "--moe-aux-loss-coeff", "load-balancing loss coefficient (default 0.01)", group="model"
+    )
+    moe_z_loss_coeff: float | None = option(
+        None, "--moe-z-loss-coeff", "router z-loss coefficient (default 0)", group="model"
+    )
+    ep: int = option(1, "--ep", "expert-parallel size (divides --dp and the experts)", group="layout")
     init_from: str | None = option(
         None,
         "--init-from",
@@ -326,6 +349,7 @@ class TrainConfig(_TrainFields):
                 kv_heads=self.kv_heads,
                 vocab=self.vocab or dataset_vocab,
                 seq_len=self.seq_len,
+                **{n: getattr(self, n) for n in MOE_FIELDS},
             )
         if self.tie_embeddings:
             spec = replace(spec, tied_embeddings=True)
@@ -342,6 +366,7 @@ class TrainConfig(_TrainFields):
                 raise ConfigError(
                     f"--{flag} {getattr(spec, name)} is not divisible by --tp {self.tp}; choose t dividing it"
                 )
+        check_moe_run(self, spec)
         return spec
 
     def check(self) -> None:
@@ -439,6 +464,9 @@ def fingerprint(spec: ModelSpec, tokenizer: str, tp: int = 1) -> str:
     if spec.family != "llama":  # Llama-only fields: keep older GPT fingerprints unchanged
         dims.pop("kv_heads")
         dims.pop("rope_theta")
+    # dense: fingerprints as before the mixture-of-experts fields; the loss weights change no state
+    for name in MOE_FIELDS if not spec.is_moe else ("moe_aux_loss_coeff", "moe_z_loss_coeff"):
+        dims.pop(name)
     record: dict = {"model": dims, "tokenizer": tokenizer}
     if tp > 1:
         record["tensor_parallel"] = {"tp": tp, "embedding": "vocab-parallel"}

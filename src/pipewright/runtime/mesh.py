@@ -11,7 +11,9 @@ the mesh rank placed on device g. :func:`rank_to_coords` / :func:`coords_to_rank
 its inverse (pure, no process group needed); :class:`ParallelMesh` builds a torch ``DeviceMesh`` whose
 dimensions follow the order (outermost first) and adds what the pipeline runtime needs: the pipeline
 peers' global ranks, the dp/tp groups and one process group per directed pipeline channel (see
-:meth:`ParallelMesh.channel`).
+:meth:`ParallelMesh.channel`). With expert parallelism (``ep`` > 1, carved from dp: see
+:mod:`pipewright.mesh`) it also holds this rank's ep group (the experts' all-to-all) and
+expert-data-parallel group (the experts' gradient reduction).
 """
 
 from __future__ import annotations
@@ -90,6 +92,9 @@ class ParallelMesh:
     device: torch.device
     device_mesh: DeviceMesh | None = None
     layout: Mesh | None = None
+    ep: int = 1
+    ep_group: Any = field(default=None, repr=False)  # the experts' all-to-all group (ep > 1)
+    expert_dp_group: Any = field(default=None, repr=False)  # the experts' gradient group (ep > 1)
     _channels: dict[tuple[int, int], Any] = field(default_factory=dict, repr=False)
     _warm: set[tuple[int, int]] = field(default_factory=set, repr=False)
     _coords: tuple[int, int, int] = field(default=(0, 0, 0), init=False, repr=False)
@@ -114,18 +119,36 @@ class ParallelMesh:
         *,
         order: str = DEFAULT_ORDER,
         placement: Iterable[int] | None = None,
+        ep: int = 1,
     ) -> ParallelMesh:
-        """Collective over all ranks: create the DeviceMesh (and its dp/pp/tp groups). ``order`` and
-        ``placement``: see :mod:`pipewright.mesh` (a plan's chosen rank order / device list)."""
+        """Collective over all ranks: create the DeviceMesh (and its dp/pp/tp groups; with ``ep`` > 1
+        the ep and expert-data-parallel groups). ``order`` and ``placement``: see
+        :mod:`pipewright.mesh` (a plan's chosen rank order / device list)."""
         world = dist.get_world_size()
         check_layout(world, dp, pp, tp)
         try:
-            layout = Mesh(tp, pp, dp, order, None if placement is None else tuple(placement))
+            layout = Mesh(tp, pp, dp, order, None if placement is None else tuple(placement), ep=ep)
         except ConfigError as exc:
             raise LayoutError(str(exc)) from None
         device = torch.device(device) if device is not None else default_device()
         mesh = DeviceMesh(device.type, device_grid(layout), mesh_dim_names=tuple(reversed(layout.dims)))
-        return cls(dp, pp, tp, dist.get_rank(), device, mesh, layout)
+        groups = {}
+        if ep > 1:
+            me = layout.rank_on_device(dist.get_rank())
+            for name, every, mine in (
+                ("ep_group", layout.ep_groups(), layout.ep_group(me)),
+                ("expert_dp_group", layout.expert_dp_groups(), layout.expert_dp_group(me)),
+            ):
+                for ranks in every:  # every rank creates every group, in one order
+                    group = dist.new_group([layout.device_index(r) for r in ranks])
+                    if ranks == mine:
+                        groups[name] = group
+        return cls(dp, pp, tp, dist.get_rank(), device, mesh, layout, ep=ep, **groups)
+
+    @property
+    def ep_rank(self) -> int:
+        """This rank's expert-parallel rank (dp rank mod ep)."""
+        return self.dp_rank % self.ep
 
     @property
     def backend(self) -> str:

@@ -19,6 +19,7 @@ from pipewright.ir import REDUCE_GRAD, Schedule
 from pipewright.models.spec import ModelSpec
 from pipewright.optim import global_grad_norm
 from pipewright.runtime.mesh import ParallelMesh
+from pipewright.runtime.moe import reduce_expert_grads
 from pipewright.runtime.precision import LossScaler, ScaledLoss, compute_dtype, is_finite, reduce_grad_fp32
 from pipewright.runtime.recompute import apply_recompute
 from pipewright.runtime.tied import TiedEmbeddings
@@ -77,6 +78,8 @@ class TrainingOptions:
         return ScaledLoss(base, self.scaler) if self.scaler is not None else base
 
     def handlers(self) -> dict:
+        if getattr(self.config, "ep", 1) > 1:  # experts' gradients over their own group
+            return {REDUCE_GRAD: reduce_expert_grads}
         if self.dtype != torch.float32 and getattr(self.config, "reduce_fp32", False):
             return {REDUCE_GRAD: reduce_grad_fp32}
         return {}

@@ -44,6 +44,7 @@ from pipewright.runtime.config import TrainConfig, fingerprint
 from pipewright.runtime.executor import PipelineExecutor
 from pipewright.runtime.guard import RunGuard
 from pipewright.runtime.mesh import ParallelMesh
+from pipewright.runtime.moe import MoeRuntime, expert_parallel
 from pipewright.runtime.plugin import (
     BuildContext,
     Built,
@@ -126,7 +127,9 @@ class Trainer:
     ) -> None:
         c, spec = run.config, run.spec
         self.run, self.config, self.spec = run, c, spec
-        self.mesh = mesh or ParallelMesh.build(dp=c.dp, pp=c.pp, tp=c.tp, placement=c.placement_ranks())
+        self.mesh = mesh or ParallelMesh.build(
+            dp=c.dp, pp=c.pp, tp=c.tp, placement=c.placement_ranks(), ep=c.ep
+        )
         self.device = self.mesh.device
         self.dataset = open_dataset(c.data, tokenizer=c.tokenizer, progress=False)
         self.plugins = [cls(c) for cls in (run.plugins if plugins is None else plugins)]
@@ -140,8 +143,11 @@ class Trainer:
         # tensor entering a stage: [b, s, h], or this tp rank's [b, s/t, h] under sequence parallelism
         seq = spec.seq_len // self.mesh.tp if self.sequence_parallel else spec.seq_len
         self.boundary_shape = (c.microbatch_size, seq, spec.hidden)
+        experts = expert_parallel(self.mesh)  # MoE layers hold this ep rank's experts (None: all)
         stages = {
-            s: build_stage(spec, run.layout, s, seed=c.seed, linear_factory=factory).to(self.device)
+            s: build_stage(
+                spec, run.layout, s, seed=c.seed, linear_factory=factory, expert_parallel=experts
+            ).to(self.device)
             for s in run.schedule.stages_of(self.mesh.pp_rank)
         }
         self.built, ctx = self._build(run.schedule, stages)  # the plugins' build calls (collective)
@@ -155,6 +161,10 @@ class Trainer:
             [p for mod in self.stages.values() for p in grad_norm_params(mod, self.mesh.tp_group)]
             + list(self.built.parameters.values())
         )
+        # mixture of experts: aux-loss scale and report; under ep the experts' share of the norm
+        self.moe = MoeRuntime(spec, self.mesh, self.stages, c.microbatches) if spec.is_moe else None
+        if self.moe is not None:
+            self.norm_params = self.moe.norm_params(self.norm_params)
         self.master = None if self.options.plain else self.options.build_optimizer(self.params)
         if self.master is not None:  # fp32 masters (maybe sharded over dp) for a bf16/fp16 model
             self.optimizer = self.master.optimizer
@@ -308,6 +318,8 @@ class Trainer:
         for prm in self.built.parameters.values():
             prm.grad = None
         xs, ys = local_batches(self.run, self.dataset, "train", step, self.mesh.dp_rank)
+        if self.moe is not None:
+            self.moe.before_run(self.options.loss_scale)
         losses = self.executor.run(
             [x.to(self.device) for x in xs] if self.first else None,
             [y.to(self.device) for y in ys] if self.last else None,
@@ -326,6 +338,8 @@ class Trainer:
         lr = lr_at(step, lr=c.lr, warmup=c.warmup, total=c.steps, min_ratio=c.min_lr_ratio)
         set_lr(self.optimizer, lr)
         groups = [self.mesh.tp_group, self.mesh.pp_group]
+        if self.moe is not None:  # expert parallelism: experts differ over dp, so their norm sums over it
+            groups = self.moe.norm_groups(groups)
         if self.master is not None:
             return lr, self.options.step(self.norm_params, groups, c.grad_clip)
         norm = clip_grad_norm_(list(self.params.values()), c.grad_clip, groups, norm_params=self.norm_params)
@@ -360,6 +374,7 @@ class Trainer:
             "step_time_s": step_time,
             "tokens_per_s": self.tokens_per_step / step_time,
             "bubble_fraction": self.timeline.bubble_fraction() if self.timeline is not None else None,
+            **(self.moe.report() if self.moe is not None else {}),
             **({"skipped": True} if skipped else {}),
         }
 
