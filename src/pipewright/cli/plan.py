@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from pipewright.cost.attention_kernels import KERNEL_NAMES
 from pipewright.errors import ConfigError
 from pipewright.files import check_writable
 from pipewright.plan.options import ATTENTION_CHOICES
@@ -40,6 +41,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         choices=ATTENTION_CHOICES,
         default="flash",
         help="attention kernel priced: flash (fused, no stored scores) or eager (default %(default)s)",
+    )
+    parser.add_argument(
+        "--attention-kernel",
+        choices=KERNEL_NAMES,
+        default=None,
+        help="the fused attention kernel priced (default the GPU's usual: fa2 on A100, cudnn on Hopper)",
     )
     parser.add_argument(
         "--calibration", help="a `pipewright profile --calibration` file: measured GEMM rates and links"
@@ -249,6 +256,7 @@ def run(args: argparse.Namespace) -> int:
         sharding=searchable_sharding(tuple(x for x in args.optimizer_sharding.split(",") if x)),
         tp_comm_overlap=args.tp_comm_overlap,
         calibration=args.calibration,
+        attention_kernel=args.attention_kernel,
     )
     result = make_plan(prob, baselines=not args.no_baselines, progress=_Bar(not args.no_progress))
     csv = None

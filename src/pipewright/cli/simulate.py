@@ -9,6 +9,7 @@ from pathlib import Path
 
 from pipewright.cli.guards import add_max_actions, check_simulate
 from pipewright.codec import load_csv
+from pipewright.cost.attention_kernels import KERNEL_NAMES
 from pipewright.cost.memory_parts import memory_table, rank_memory_parts
 from pipewright.errors import ConfigError
 from pipewright.features import builtin_features, library_schedules
@@ -101,6 +102,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="flash (fused attention; the default) or eager (the a·s² scores stored, Megatron-LM 2021); "
         "with --plan, the plan's (eager for plans that do not record it)",
+    )
+    model.add_argument(
+        "--attention-kernel",
+        choices=KERNEL_NAMES,
+        default=None,
+        help="the fused attention kernel priced (published speed per GPU; default the GPU's usual: "
+        "fa2 on A100, cudnn on H100/H200/H800)",
     )
     shard = model.add_mutually_exclusive_group()
     shard.add_argument(
@@ -254,6 +262,7 @@ def _model_setup(args: argparse.Namespace, plan: PlanOverrides | None = None) ->
             optimizer_sharding=sharding,
             tp_comm_overlap=args.tp_comm_overlap,
             calibration=calibration,
+            attention_kernel=args.attention_kernel,
         )
 
     setup = build(sched)

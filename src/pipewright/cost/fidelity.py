@@ -4,7 +4,8 @@
 docs/fidelity.md) holds measured runs from papers, framework documentation and vendor pages. For each
 row, :func:`simulate_argv` builds the ``pipewright simulate`` arguments that describe it, filling what
 the source does not say with documented defaults: microbatch size 1; the 1F1B schedule (interleaved
-where the row gives v > 1); no recomputation; bf16; flash attention; 8 GPUs per node; the gradient
+where the row gives v > 1); no recomputation; bf16; flash attention with the GPU's usual kernel (the
+row's ``attention_kernel`` where the source names it); 8 GPUs per node; the gradient
 reduction overlapped with the backward for runs from 2023 on (Megatron's ``--overlap-grad-reduce``,
 FSDP), after the pipeline drains before; for NVIDIA's recipe tables (:data:`RECIPE_SOURCES`)
 sequence parallelism, tensor-parallel overlap and the distributed optimizer. Rows that a source gives
@@ -62,6 +63,11 @@ OVERRIDES: Mapping[str, tuple[Mapping[str, str], str]] = {
         "Llama 3 §3.3.2: interleaved stages, the first and last chunk holding the embedding or the "
         "output layer alone (126 layers + 2 = 8 chunks × 16 ranks); microbatch 1 and sequence "
         "parallelism with TP 8 assumed",
+    ),
+    "tt24-405b-512gpu-t5-interleaved-1f1b": (
+        {"virtual": "2"},
+        "torchtitan's default for a multi-stage schedule without split points: 2 stages per rank "
+        "(generate_split_points in its pipeline code at the benchmarked commit)",
     ),
     "korthikanti-a100-22b-": (
         {"gpus": "8"},
@@ -208,6 +214,8 @@ def simulate_argv(run: Run) -> list[str]:
     elif sharding == "fsdp":
         argv.append("--fsdp")
     argv += ["--dtype", run["dtype"] or "bf16", "--attention", run["attention"] or "flash"]
+    if run["attention_kernel"]:
+        argv += ["--attention-kernel", run["attention_kernel"]]
     if run["tp_comm_overlap"] == "true" and tp > 1:
         argv.append("--tp-comm-overlap")
     if dp * cp > 1:

@@ -15,7 +15,9 @@ per-layer terms are :mod:`pipewright.cost.layer`'s (GEMM shapes, attention, stor
   +2·b·s²·h per layer, not counted as model FLOPs. Every device does 1/(t·c) of them.
 - Time of an action = its GEMMs, each priced by shape (:mod:`pipewright.cost.gemm`: the GPU's base
   GEMM efficiency × tile/wave quantisation over its SMs, or a measured calibration) + the attention
-  core at :attr:`Efficiency.attention` (flash attention skips the masked half of the causal square) +
+  core at :attr:`Efficiency.attention`, the published speed of the attention kernel on the GPU
+  (:mod:`pipewright.cost.attention_kernels`; flash attention skips the masked half of the causal
+  square; eager attention's batched GEMMs run at the GEMM efficiency) +
   the memory-bound kernels' bytes / memory bandwidth + tensor-parallel communication (exposed only
   beyond the GEMMs with ``tp_comm_overlap``) + the context-parallel ring exchange beyond the attention
   it overlaps (:mod:`pipewright.cost.context`) + FSDP's gathers beyond the compute they overlap
@@ -54,6 +56,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
+from pipewright.cost.attention_kernels import kernel_efficiency
 from pipewright.cost.calibration import Calibration
 from pipewright.cost.comm import Mesh, TopologyComm
 from pipewright.cost.context import ring_bytes_per_layer
@@ -164,7 +167,10 @@ class TransformerCost:
     ``recompute``: none, selective or full. ``cp``: context-parallel size (ring attention; the mesh's
     cp when it has one). ``optimizer_sharding``: none, zero1 or fsdp. ``tp_comm_overlap``: tensor-
     parallel communication hidden behind the GEMMs. ``calibration``: measured GEMM throughput by shape
-    and memory bandwidth (:mod:`pipewright.cost.calibration`). ``efficiency``: None = each device's
+    and memory bandwidth (:mod:`pipewright.cost.calibration`). ``attention_kernel``: the fused
+    attention kernel (fa2, fa3, cudnn; :mod:`pipewright.cost.attention_kernels`) whose published speed
+    on ``gpu`` prices the flash attention core; None: the GPU's usual kernel unless ``efficiency``
+    names an attention rate. ``efficiency``: None = each device's
     ``gpu``'s defaults without wave quantisation (:func:`default_efficiency`; ``model_setup``, the
     path of ``pipewright simulate``, passes them with it).
     """
@@ -188,6 +194,7 @@ class TransformerCost:
     optimizer_sharding: str = "none"
     tp_comm_overlap: bool = False
     calibration: Calibration | None = None
+    attention_kernel: str | None = None
     comm: TopologyComm = field(init=False, repr=False, compare=False)
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -218,6 +225,10 @@ class TransformerCost:
         if self.efficiency is None:
             defaults = default_efficiency(accelerator(self.gpu))
             object.__setattr__(self, "efficiency", replace(defaults, waves=False))
+        if self.attention_kernel is not None or self.efficiency.attention is None:
+            rate = kernel_efficiency(self.gpu, self.attention_kernel)
+            if rate is not None:
+                object.__setattr__(self, "efficiency", replace(self.efficiency, attention=rate))
         object.__setattr__(self, "comm", TopologyComm(topology, mesh, self.efficiency.comm))
         for rank in range(mesh.pp):
             acc = topology.accelerator(self.comm.device(rank))
@@ -354,7 +365,8 @@ class TransformerCost:
         acc = self.topology.accelerator(self.comm.device(rank))
         eff = self.efficiency_of(acc)
         gemm = self.gemm_time(chunk.gemms[kind], acc)
-        attn = chunk.attention[kind] / (acc.peak(self.act_dtype) * eff.attention_rate)
+        rate = eff.attention_rate if self.attention == "flash" else eff.gemm  # eager: batched GEMMs
+        attn = chunk.attention[kind] / (acc.peak(self.act_dtype) * rate)
         bandwidth = acc.memory_bandwidth
         if self.calibration is not None:
             bandwidth = self.calibration.memory_bandwidth

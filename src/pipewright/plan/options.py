@@ -20,7 +20,13 @@ SHARDING_CHOICES = ("none", "zero1", "fsdp")
 ATTENTION_CHOICES = ("flash", "eager")
 
 #: Each option's value when it changes nothing (what a cost model without the field prices).
-_NEUTRAL = {"attention": "eager", "cp": 1, "optimizer_sharding": "none", "tp_comm_overlap": False}
+_NEUTRAL = {
+    "attention": "eager",
+    "cp": 1,
+    "optimizer_sharding": "none",
+    "tp_comm_overlap": False,
+    "attention_kernel": None,
+}
 
 
 @functools.cache
@@ -47,6 +53,7 @@ class CostOptions:
     optimizer_sharding: str = "none"
     tp_comm_overlap: bool = False
     calibration: str | None = None  # a ``pipewright profile --calibration`` file
+    attention_kernel: str | None = None  # fa2, fa3, cudnn (None: the GPU's usual)
 
     def kwargs(self) -> dict[str, object]:
         """Keyword arguments for ``make_cost``: the fields the cost model knows; a non-neutral value of

@@ -102,6 +102,7 @@ class Problem:
     cp_choices: tuple[int, ...] = (1,)  # context-parallel sizes (plan/options.py: cp_choices)
     sharding: tuple[str, ...] = ("none",)  # optimizer sharding choices (plan/options.py)
     tp_comm_overlap: bool = False
+    attention_kernel: str | None = None
     calibration: str | None = None  # a `pipewright profile --calibration` file
     _kinds: dict[str, str] = field(default_factory=dict, init=False, compare=False, repr=False)
 
@@ -124,7 +125,9 @@ class Problem:
 
     def options(self, c: Candidate) -> CostOptions:
         """The cost-model options of candidate ``c`` (:mod:`pipewright.plan.options`)."""
-        return CostOptions(self.attention, c.cp, c.sharding, self.tp_comm_overlap, self.calibration)
+        return CostOptions(
+            self.attention, c.cp, c.sharding, self.tp_comm_overlap, self.calibration, self.attention_kernel
+        )
 
     def spec_for(self, tp: int) -> ModelSpec:
         """The model as t tensor-parallel ranks run it: the vocabulary padded (:func:`padded_vocab`);

@@ -165,6 +165,7 @@ def model_setup(
     optimizer_sharding: str = "none",
     tp_comm_overlap: bool = False,
     calibration: Calibration | None = None,
+    attention_kernel: str | None = None,
 ) -> SimSetup:
     """The analytical cost of ``spec`` on ``topology`` with ranks placed by ``mesh`` (module docstring).
 
@@ -176,7 +177,7 @@ def model_setup(
     ``efficiency``: default the accelerator's calibration defaults with wave quantisation
     (:func:`~pipewright.cost.transformer.default_efficiency`). ``attention`` (flash or eager), ``cp``
     (context parallelism; or the mesh's cp), ``optimizer_sharding`` (none, zero1, fsdp),
-    ``tp_comm_overlap`` and ``calibration`` (a measured one, :mod:`pipewright.cost.calibration`): the
+    ``tp_comm_overlap``, ``attention_kernel`` (fa2, fa3, cudnn) and ``calibration`` (a measured one, :mod:`pipewright.cost.calibration`): the
     cost model's fields.
     """
     if cp > 1 and mesh.cp == 1:
@@ -211,6 +212,7 @@ def model_setup(
         optimizer_sharding=optimizer_sharding,
         tp_comm_overlap=tp_comm_overlap,
         calibration=calibration,
+        **({"attention_kernel": attention_kernel} if attention_kernel else {}),
     )
     cp_label = f", c={mesh.cp}" if mesh.cp > 1 else ""
     label = (
