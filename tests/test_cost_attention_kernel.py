@@ -41,7 +41,9 @@ def test_unknown_or_unpublished_kernel_is_one_line(gpu, kernel, message):
 
 
 def _f_time(kernel: str | None, attention: str = "flash") -> float:
-    cost = TransformerCost(LLAMA, gpu="h100-sxm", mesh=Mesh(pp=1), attention=attention, attention_kernel=kernel)
+    cost = TransformerCost(
+        LLAMA, gpu="h100-sxm", mesh=Mesh(pp=1), attention=attention, attention_kernel=kernel
+    )
     return cost.kind_time(cost.chunk_costs(1, (0, 1, 0)), F, 0)
 
 

@@ -177,8 +177,8 @@ def model_setup(
     ``efficiency``: default the accelerator's calibration defaults with wave quantisation
     (:func:`~pipewright.cost.transformer.default_efficiency`). ``attention`` (flash or eager), ``cp``
     (context parallelism; or the mesh's cp), ``optimizer_sharding`` (none, zero1, fsdp),
-    ``tp_comm_overlap``, ``attention_kernel`` (fa2, fa3, cudnn) and ``calibration`` (a measured one, :mod:`pipewright.cost.calibration`): the
-    cost model's fields.
+    ``tp_comm_overlap``, ``attention_kernel`` (fa2, fa3, cudnn) and ``calibration`` (a measured one,
+    :mod:`pipewright.cost.calibration`): the cost model's fields.
     """
     if cp > 1 and mesh.cp == 1:
         mesh = replace(mesh, cp=cp)
