@@ -10,6 +10,7 @@ from pathlib import Path
 from pipewright.cli.guards import add_max_actions, check_simulate
 from pipewright.codec import load_csv
 from pipewright.cost.attention_kernels import KERNEL_NAMES
+from pipewright.cost.moe_options import MOE_FIELDS, add_moe_options
 from pipewright.cost.memory_parts import memory_table, rank_memory_parts
 from pipewright.errors import ConfigError
 from pipewright.features import builtin_features, library_schedules
@@ -110,6 +111,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="the fused attention kernel priced (published speed per GPU; default the GPU's usual: "
         "fa2 on A100, cudnn on H100/H200/H800)",
     )
+    add_moe_options(model)
     shard = model.add_mutually_exclusive_group()
     shard.add_argument(
         "--shard-optimizer",
@@ -219,7 +221,7 @@ def _model_setup(args: argparse.Namespace, plan: PlanOverrides | None = None) ->
     from pipewright.models.presets import resolve_model
     from pipewright.plan.apply import plan_mesh
 
-    model = resolve_model(args.model, **{d: getattr(args, d) for d in _DIMS})
+    model = resolve_model(args.model, **{d: getattr(args, d) for d in (*_DIMS, *MOE_FIELDS)})
     if args.mlp or args.no_bias:
         model = replace(model, mlp=args.mlp or model.mlp, bias=False if args.no_bias else model.bias)
     if plan is not None:
@@ -228,7 +230,9 @@ def _model_setup(args: argparse.Namespace, plan: PlanOverrides | None = None) ->
     t, d = args.tp, args.dp
     p = args.pp if args.pp is not None else (args.stages or 1)
     order = args.rank_order or (DEFAULT_ORDER if args.cp == 1 else "tp-cp-dp-pp")
-    mesh = plan_mesh(plan and plan.devices, topo, Mesh(t, p, d, order, cp=args.cp))  # a plan's placement
+    mesh = plan_mesh(
+        plan and plan.devices, topo, Mesh(t, p, d, order, cp=args.cp, ep=args.ep)
+    )  # a plan's placement
     b = args.microbatch_size or 1
     if args.global_batch_size is not None:
         m = microbatches_per_pipeline(args.global_batch_size, b, d)
@@ -263,6 +267,7 @@ def _model_setup(args: argparse.Namespace, plan: PlanOverrides | None = None) ->
             tp_comm_overlap=args.tp_comm_overlap,
             calibration=calibration,
             attention_kernel=args.attention_kernel,
+            moe_imbalance=args.moe_imbalance,
         )
 
     setup = build(sched)

@@ -89,6 +89,8 @@ class TopologyComm:
             ranks = self.mesh.tp_group(rank)
         elif group == "cp":
             ranks = self.mesh.cp_group(rank)
+        elif group == "ep":
+            ranks = self.mesh.ep_group(self.mesh.global_rank(rank))
         else:
             ranks = tuple(self.mesh.global_rank(m) for m in (members or range(self.mesh.pp)))
         devices = [self._device(g) for g in ranks]

@@ -43,5 +43,9 @@ class LlamaCost(TransformerCost):
 
 def cost_class(spec: ModelSpec) -> type[TransformerCost]:
     """The analytical cost model for ``spec``'s family: :class:`LlamaCost` for Llama, else
-    :class:`TransformerCost`."""
+    :class:`TransformerCost`; :class:`~pipewright.cost.moe_cost.MoECost` for a mixture of experts."""
+    if spec.is_moe:
+        from pipewright.cost.moe_cost import MoECost
+
+        return MoECost
     return LlamaCost if spec.family == "llama" else TransformerCost

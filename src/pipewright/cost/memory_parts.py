@@ -63,11 +63,15 @@ def memory_parts(cost: Any, schedule: Schedule, rank: int, activation_peak: floa
         layers += chunk.params - edge
     message = cost.message_bytes(Action(0, SEND_F, 0), schedule) if schedule.num_stages > 1 else 0.0
     buffers = 2 * message + cost.gather_buffer_bytes()
-    live = layers * state.total + edges * state.total + max(activation_peak, 0.0) + buffers
+    experts = cost.expert_params(rank, schedule) if hasattr(cost, "expert_params") else 0.0
+    ex = cost.expert_state() if experts else state  # routed experts: sharded over dp/ep (MoECost)
+    layers -= experts
+    static = layers * state.total + experts * ex.total
+    live = static + edges * state.total + max(activation_peak, 0.0) + buffers
     return MemoryParts(
-        weights=layers * state.weights,
-        gradients=layers * state.gradients,
-        optimizer_state=layers * state.optimizer,
+        weights=layers * state.weights + experts * ex.weights,
+        gradients=layers * state.gradients + experts * ex.gradients,
+        optimizer_state=layers * state.optimizer + experts * ex.optimizer,
         embedding_output_layer=edges * state.total,
         activations=max(activation_peak, 0.0),
         communication_buffers=buffers,

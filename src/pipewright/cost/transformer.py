@@ -151,6 +151,7 @@ class _Chunk:
     attention: Mapping[str, float] = field(default_factory=dict)  # attention-core FLOPs executed
     ring_bytes: Mapping[str, float] = field(default_factory=dict)  # context-parallel exchange, per layer
     layers: int = 0
+    moe_layers: int = 0  # of ``layers``, those with experts (cost/moe_cost.py)
 
 
 @dataclass(frozen=True, eq=False)

@@ -166,6 +166,7 @@ def model_setup(
     tp_comm_overlap: bool = False,
     calibration: Calibration | None = None,
     attention_kernel: str | None = None,
+    moe_imbalance: float = 1.0,
 ) -> SimSetup:
     """The analytical cost of ``spec`` on ``topology`` with ranks placed by ``mesh`` (module docstring).
 
@@ -213,6 +214,7 @@ def model_setup(
         tp_comm_overlap=tp_comm_overlap,
         calibration=calibration,
         **({"attention_kernel": attention_kernel} if attention_kernel else {}),
+        **({"moe_imbalance": moe_imbalance} if spec.is_moe else {}),
     )
     cp_label = f", c={mesh.cp}" if mesh.cp > 1 else ""
     label = (

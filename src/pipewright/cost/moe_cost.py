@@ -1,0 +1,195 @@
+"""The analytical cost of mixture-of-experts decoders: :class:`MoECost`, a TransformerCost whose MoE
+layers (``spec.is_moe_layer``) price their router, experts and all-to-all (:mod:`pipewright.cost.moe`).
+
+Per MoE layer of a chunk and microbatch, per device (tensor-parallel size t, context-parallel size c,
+expert-parallel size e carved from dp, expert load imbalance φ ≥ 1: the busiest device's expert tokens
+over the even split, Megatron-LM's and DeepSeek's reported max/mean load):
+
+- The dense MLP's FLOPs and GEMMs are replaced by the router's (T × E × h) and the experts' on the
+  busiest device of the ep group (:func:`~pipewright.cost.moe.expert_gemms` with capacity φ, T = b·s/c
+  tokens, experts split over t as Megatron-LM's default expert tensor parallelism); model FLOPs count
+  the activated experts at φ = 1 (k + shared experts per token).
+- All-to-all: dispatch and combine in the forward, their gradients in the backward (I; twice more in
+  I under full recomputation), each moving T·k·φ·h/t 16-bit elements per device (sequence-parallel
+  tokens) over the ep group; priced as an all-gather of that size over the topology (the same (e − 1)/e
+  of the bytes leave each device) and added to the action's time, not overlapped.
+- Stored activations: :func:`~pipewright.cost.moe.moe_stored_units` (flash attention, no scores).
+- Parameters: attention, router and shared experts as the dense layer's (/t); the routed experts E/e
+  per device (/t). Static memory prices the expert parameters' optimizer-state sharding over their
+  own replicas (dp/e × c), the rest over dp × c.
+
+Not priced (stated in docs/moe.md): the memory-bound traffic of the expert MLPs beyond the dense
+MLP's, multi-head latent attention (DeepSeek-V3's attention is priced as multi-head attention of the
+same width), the gradient reduction of expert parameters over their smaller group (priced over dp),
+and the overlap of the all-to-all with another microbatch's compute (DualPipe).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipewright.cost.layer import layer_gemms, mlp_matrices
+from pipewright.cost.moe import MoE, _expert_parameters, expert_gemms, moe_stored_units
+from pipewright.cost.sharding import StateBytes, state_bytes
+from pipewright.cost.transformer import DTYPE_BYTES, TransformerCost, _Chunk
+from pipewright.errors import ConfigError
+from pipewright.ir import B, F, I, Schedule, W
+from pipewright.models.spec import ModelSpec
+
+
+def moe_of(spec: ModelSpec, imbalance: float = 1.0) -> MoE:
+    """The :class:`~pipewright.cost.moe.MoE` of ``spec``'s MoE fields, capacity φ = ``imbalance``."""
+    return MoE(
+        spec.moe_experts,
+        spec.moe_top_k,
+        spec.moe_ffn_hidden,
+        spec.moe_shared_experts,
+        capacity=imbalance,
+    )
+
+
+def check_expert_parallel(spec: ModelSpec, ep: int, dp: int) -> None:
+    """One-line errors: ep must divide the experts and dp; top-k at most the experts."""
+    if spec.moe_top_k > spec.moe_experts:
+        raise ConfigError(f"--moe-top-k {spec.moe_top_k} exceeds --moe-experts {spec.moe_experts}")
+    if ep > 1 and spec.moe_experts % ep:
+        raise ConfigError(f"--ep {ep} must divide the {spec.moe_experts} experts")
+    if dp % ep:
+        raise ConfigError(f"--ep {ep} must divide --dp {dp} (expert parallelism is carved from dp)")
+
+
+@dataclass(frozen=True, eq=False)
+class MoECost(TransformerCost):
+    """:class:`~pipewright.cost.transformer.TransformerCost` of a mixture-of-experts spec (module
+    docstring); ``moe_imbalance`` φ ≥ 1: the busiest device's expert tokens over the even split."""
+
+    moe_imbalance: float = 1.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.moe_imbalance < 1:
+            raise ConfigError(f"--moe-imbalance must be at least 1 (got {self.moe_imbalance})")
+        check_expert_parallel(self.spec, self.mesh.ep, self.mesh.dp)
+
+    def _moe_layers(self, stage: int, layers: tuple[int, ...]) -> int:
+        start = sum(layers[:stage])
+        return sum(self.spec.is_moe_layer(i) for i in range(start, start + layers[stage]))
+
+    def _build_chunk(self, stage: int, num_stages: int, layers: tuple[int, ...]) -> _Chunk:
+        dense = super()._build_chunk(stage, num_stages, layers)
+        k = self._moe_layers(stage, layers)
+        if not k:
+            return dense
+        spec, b, t, c, ep = self.spec, self.microbatch, self.mesh.tp, self.cp, self.mesh.ep
+        s, h = spec.seq_len, spec.hidden
+        moe, even = moe_of(spec, self.moe_imbalance), moe_of(spec)
+        f, mu, tokens = spec.ffn_hidden, mlp_matrices(spec), b * s / c
+        full = self.recompute == "full"
+        # FLOPs (whole layer, before the /t/c split the dense chunk applied)
+        dense_mlp = 2 * b * s * mu * h * f
+        router = 2 * b * s * h * spec.moe_experts
+        experts = 2 * b * s * (even.top_k + even.shared) * mu * h * even.ffn(spec)
+        busiest = 2 * b * s * (moe.top_k * moe.capacity + moe.shared) * mu * h * moe.ffn(spec)
+        tc = t * c
+        d_model = k * (router + experts - dense_mlp) / tc
+        d_exec = k * (router + busiest - dense_mlp) / tc
+        model = {F: d_model, I: d_model, W: d_model}
+        executed = {F: d_exec, I: d_exec * (2 if full else 1), W: d_exec}
+        # GEMMs: the dense MLP's two GEMM kinds out, router and experts in
+        mlp = layer_gemms(spec, tokens, t)[2:]
+        moe_fwd = [((tokens, spec.moe_experts, h), 1), *expert_gemms(spec, moe, tokens, ep, t)]
+
+        def swap(kind_gemms, transform):
+            out = list(kind_gemms)
+            for m, nn, kk in mlp:  # the k MoE layers leave the dense MLP's entry (count = layers)
+                shape = transform(m, nn, kk, 0)[:3]
+                i = next(j for j, g in enumerate(out) if g[:3] == shape and g[3] >= k)
+                out[i] = (*shape, out[i][3] - k)
+            for (m, nn, kk), cnt in moe_fwd:
+                out.append(transform(m, nn, kk, cnt * k))
+            return [g for g in out if g[3]]
+
+        fwd = swap(dense.gemms[F], lambda m, nn, kk, n: (m, nn, kk, n))
+        dgrad = swap(dense.gemms[I], lambda m, nn, kk, n: (m, kk, nn, n))
+        if full:
+            dgrad = swap(dgrad, lambda m, nn, kk, n: (m, nn, kk, n))
+        wgrad = swap(dense.gemms[W], lambda m, nn, kk, n: (nn, kk, m, n))
+        gemms = {F: tuple(fwd), I: tuple(dgrad), W: tuple(wgrad)}
+        gemms[B] = gemms[I] + gemms[W]
+        # stored activations
+        memory = dict(dense.memory)
+        if not full:
+            scale = DTYPE_BYTES[self.act_dtype] / 2
+            dense_layer = self.layer_stored_bytes() / c
+            moe_layer = s * b * h * scale * moe_stored_units(spec, moe, t, self.sequence_parallel) / c
+            delta = k * (moe_layer - dense_layer)
+            memory[F] += delta
+            memory[B] -= delta
+            memory[I] -= delta
+        # parameters per device
+        dense_mlp_params = _expert_parameters(spec, MoE(1, 1, f)) / t
+        router_params = h * spec.moe_experts
+        routed = spec.moe_experts // ep * _expert_parameters(spec, even) / t
+        shared = spec.moe_shared_experts * _expert_parameters(spec, even) / t
+        params = dense.params + k * (router_params + shared - dense_mlp_params + routed)
+        self._cache[("experts", stage, num_stages)] = k * routed
+
+        def plus(table, delta):
+            out = {kind: table[kind] + delta.get(kind, 0.0) for kind in (F, I, W)}
+            out[B] = out[I] + out[W]
+            return out
+
+        return _Chunk(
+            plus(dense.flops, executed),
+            plus(dense.model_flops, model),
+            dense.tp_bytes,
+            dense.traffic,
+            memory,
+            params,
+            gemms,
+            dense.attention,
+            dense.ring_bytes,
+            dense.layers,
+            k,
+        )
+
+    def a2a_bytes(self) -> float:
+        """Bytes one device sends in one all-to-all (dispatch or combine) of one MoE layer."""
+        spec, t = self.spec, self.mesh.tp
+        tokens = self.microbatch * spec.seq_len / self.cp / t
+        return tokens * spec.moe_top_k * self.moe_imbalance * spec.hidden * DTYPE_BYTES[self.act_dtype]
+
+    def kind_time(self, chunk: _Chunk, kind: str, rank: int) -> float:
+        """The dense terms plus the exposed all-to-alls (module docstring)."""
+        base = super().kind_time(chunk, kind, rank)
+        if self.mesh.ep == 1 or kind == W:
+            return base
+        k = chunk.moe_layers
+        if not k:
+            return base
+        per = self.comm.collective_time("all_gather", rank, self.a2a_bytes(), group="ep")
+        count = {F: 2, I: 2 + (2 if self.recompute == "full" else 0)}
+        count[B] = count[I]
+        return base + k * count[kind] * per
+
+    def expert_params(self, rank: int, schedule: Schedule) -> float:
+        """Routed-expert parameters per device on pipeline ``rank``."""
+        n, out = schedule.num_stages, 0.0
+        for c in schedule.stages_of(rank):
+            self._chunk(c, schedule)
+            out += self._cache.get(("experts", c, n), 0.0)
+        return out
+
+    def expert_state(self) -> StateBytes:
+        """Bytes per routed-expert parameter: optimizer sharding over the expert replicas (dp/ep × cp)."""
+        group = self.mesh.dp // self.mesh.ep * self.cp
+        return state_bytes(self.optimizer_sharding, group, self.bytes_per_param)
+
+    def static_bytes(self, rank: int, schedule: Schedule) -> float:
+        """Weights, gradients and optimizer state: the routed experts' state sharded over their own
+        replicas (dp/ep × cp), the rest as the dense model's."""
+        base = super().static_bytes(rank, schedule)
+        if self.optimizer_sharding == "none" or self.mesh.ep == 1:
+            return base
+        extra = self.expert_state().total - self.state().total
+        return base + self.expert_params(rank, schedule) * extra

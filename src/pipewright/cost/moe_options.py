@@ -1,0 +1,33 @@
+"""The mixture-of-experts options of ``pipewright simulate`` and ``pipewright plan``: the MoE shape
+(ModelSpec's ``moe_*`` fields), the expert-parallel size and the expert load imbalance."""
+
+from __future__ import annotations
+
+import argparse
+
+#: the ModelSpec fields the MoE flags set (``--moe-experts`` → ``moe_experts``)
+MOE_FIELDS = ("moe_experts", "moe_top_k", "moe_shared_experts", "moe_ffn_hidden", "moe_dense_layers")
+
+
+def add_moe_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, ep: bool = True) -> None:
+    """``--moe-experts --moe-top-k --moe-shared-experts --moe-ffn-hidden --moe-dense-layers``
+    (default: the preset's), ``--ep`` and ``--moe-imbalance``."""
+    helps = {
+        "moe_experts": "routed experts E (a mixture of experts; default: the preset's)",
+        "moe_top_k": "experts per token k",
+        "moe_shared_experts": "experts every token passes through (DeepSeekMoE)",
+        "moe_ffn_hidden": "FFN width of one expert (default: --ffn-hidden)",
+        "moe_dense_layers": "first layers that keep the dense MLP (DeepSeek-V3: 3)",
+    }
+    for name, text in helps.items():
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, dest=name, help=text)
+    if ep:
+        parser.add_argument(
+            "--ep", type=int, default=1, help="expert-parallel size, carved from --dp (experts split over it)"
+        )
+    parser.add_argument(
+        "--moe-imbalance",
+        type=float,
+        default=1.0,
+        help="expert load imbalance: the busiest device's expert tokens over the even split (≥ 1)",
+    )
