@@ -10,8 +10,8 @@ from pathlib import Path
 from pipewright.cli.guards import add_max_actions, check_simulate
 from pipewright.codec import load_csv
 from pipewright.cost.attention_kernels import KERNEL_NAMES
-from pipewright.cost.moe_options import MOE_FIELDS, add_moe_options
 from pipewright.cost.memory_parts import memory_table, rank_memory_parts
+from pipewright.cost.moe_options import MOE_FIELDS, add_moe_options
 from pipewright.errors import ConfigError
 from pipewright.features import builtin_features, library_schedules
 from pipewright.ir import Schedule
