@@ -7,6 +7,7 @@ import json
 import sys
 
 from pipewright.cost.attention_kernels import KERNEL_NAMES
+from pipewright.cost.moe_options import MOE_FIELDS, add_moe_options
 from pipewright.errors import ConfigError
 from pipewright.files import check_writable
 from pipewright.plan.options import ATTENTION_CHOICES
@@ -42,6 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="flash",
         help="attention kernel priced: flash (fused, no stored scores) or eager (default %(default)s)",
     )
+    add_moe_options(parser, ep=False, imbalance=False)
     parser.add_argument(
         "--attention-kernel",
         choices=KERNEL_NAMES,
@@ -213,7 +215,8 @@ def run(args: argparse.Namespace) -> int:
     elif args.model is None:
         raise ConfigError("pipewright plan needs --model NAME (or --profile FILE)")
     else:
-        spec = resolve_model(args.model, kv_heads=args.kv_heads, **{d: getattr(args, d) for d in _DIMS})
+        dims = {d: getattr(args, d) for d in (*_DIMS, *MOE_FIELDS)}
+        spec = resolve_model(args.model, kv_heads=args.kv_heads, **dims)
         if args.mlp or args.no_bias:
             from dataclasses import replace
 

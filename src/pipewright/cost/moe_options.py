@@ -9,9 +9,11 @@ import argparse
 MOE_FIELDS = ("moe_experts", "moe_top_k", "moe_shared_experts", "moe_ffn_hidden", "moe_dense_layers")
 
 
-def add_moe_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, ep: bool = True) -> None:
+def add_moe_options(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup, ep: bool = True, imbalance: bool = True
+) -> None:
     """``--moe-experts --moe-top-k --moe-shared-experts --moe-ffn-hidden --moe-dense-layers``
-    (default: the preset's), ``--ep`` and ``--moe-imbalance``."""
+    (default: the preset's), and with ``ep``/``imbalance`` ``--ep`` and ``--moe-imbalance``."""
     helps = {
         "moe_experts": "routed experts E (a mixture of experts; default: the preset's)",
         "moe_top_k": "experts per token k",
@@ -25,6 +27,8 @@ def add_moe_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup, e
         parser.add_argument(
             "--ep", type=int, default=1, help="expert-parallel size, carved from --dp (experts split over it)"
         )
+    if not imbalance:
+        return
     parser.add_argument(
         "--moe-imbalance",
         type=float,

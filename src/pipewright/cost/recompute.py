@@ -98,7 +98,9 @@ class PerStageCost(TransformerCost):
         if model is None:
             kw = {f.name: getattr(self, f.name) for f in fields(TransformerCost) if f.init}
             kw["recompute"] = mode
-            model = self._cache[key] = TransformerCost(**kw)
+            from pipewright.cost.llama import cost_class
+
+            model = self._cache[key] = cost_class(self.spec)(**kw)
         return model._build_chunk(stage, num_stages, layers)
 
 
@@ -108,9 +110,17 @@ def make_cost(
     per_stage: tuple[str, ...] | list[str] | None = None,
     **kwargs,
 ) -> TransformerCost:
-    """A cost model of class ``cls`` (default TransformerCost) for ``recompute`` in none/selective/full
-    (``kwargs``: its fields), or with ``per_stage`` one mode per stage (chunk)."""
+    """A cost model of class ``cls`` (default: the spec's, :func:`~pipewright.cost.llama.cost_class`)
+    for ``recompute`` in none/selective/full (``kwargs``: its fields), or with ``per_stage`` one mode
+    per stage (chunk), each chunk priced by the spec's class."""
+    if cls is None and kwargs.get("spec") is not None:
+        from pipewright.cost.llama import cost_class
+
+        cls = cost_class(kwargs["spec"])
     if per_stage:
+        if kwargs.get("moe_imbalance", 1.0) != 1.0:
+            raise ConfigError("per-stage recomputation with --moe-imbalance is not priced yet; drop one")
+        kwargs.pop("moe_imbalance", None)
         for mode in per_stage:
             make_cost_check(mode)
         return PerStageCost(per_stage=tuple(per_stage), **kwargs)
