@@ -1,0 +1,213 @@
+"""Ring attention over a context-parallel group, with causal load balancing.
+
+Layout (Megatron-LM's / Liu et al.'s "striped" zig-zag): the sequence of length S is cut into 2·cp
+chunks of c = S/(2·cp) tokens; context-parallel rank r holds chunks r and 2·cp−1−r, in that order. The
+global positions of a rank's 2c tokens increase along its local sequence, so a causal mask over local
+indices is the causal mask over global positions.
+
+Forward (Liu et al., 2023, "Ring Attention with Blockwise Transformers"): every rank keeps its queries
+and passes its key/value block to the next rank of the ring, cp − 1 times. At step i rank r holds the
+block of rank j = (r − i) mod cp; the isend/irecv of that block to/from the neighbours is started before
+the block is used, so the exchange runs while the rank computes. Each step gives a partial output O_j and
+its log-sum-exp L_j = log Σ_k exp(s_k) per query row; partials merge exactly:
+
+    L = log(e^{L_a} + e^{L_b}),   O = e^{L_a − L}·O_a + e^{L_b − L}·O_b.
+
+Which part of a block a rank needs (chunk order c_r < c_j for j > r ...): for j = r, the causal local
+block; for j < r, all queries against chunk j only (chunk 2·cp−1−j lies after every local query); for
+j > r, the second local chunk's queries against the whole block (the first lies before all of it). Every
+rank so does the same work, 2c² key-query pairs per off-diagonal step (load balancing).
+
+Backward: with the final O and L, each block's P = exp(S − L) is recomputed and
+
+    dV = Pᵀ dO,  dS = P ⊙ (dO Vᵀ − rowsum(dO ⊙ O)),  dQ = dS K / √d,  dK = dSᵀ Q / √d;
+
+the key/value blocks go round the ring again, and each block's dK/dV accumulator travels with it,
+one step behind, so that after cp steps every rank holds the full gradient of its own keys and values.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Protocol
+
+import torch
+import torch.distributed as dist
+
+from pipewright.models.blocks import AttentionCore
+
+
+class Pending(Protocol):
+    def wait(self) -> torch.Tensor: ...
+
+
+class Ring(Protocol):
+    """A context-parallel ring: ``rank`` of ``size``; :meth:`exchange` sends a tensor to the next rank
+    and receives the previous rank's (same shape), asynchronously."""
+
+    rank: int
+    size: int
+
+    def exchange(self, tensor: torch.Tensor) -> Pending: ...
+
+
+class _Received:
+    def __init__(self, works: list, buffer: torch.Tensor) -> None:
+        self.works, self.buffer = works, buffer
+
+    def wait(self) -> torch.Tensor:
+        for work in self.works:
+            work.wait()
+        return self.buffer
+
+
+class DistRing:
+    """The ring over a torch.distributed group: rank r sends to r+1, receives from r−1 (mod size),
+    both posted together (``batch_isend_irecv``: no send waits for the other rank's receive)."""
+
+    def __init__(self, group: dist.ProcessGroup) -> None:
+        self.group = group
+        self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
+        self.next = dist.get_global_rank(group, (self.rank + 1) % self.size)
+        self.prev = dist.get_global_rank(group, (self.rank - 1) % self.size)
+
+    def exchange(self, tensor: torch.Tensor) -> Pending:
+        tensor = tensor.contiguous()
+        buffer = torch.empty_like(tensor)
+        ops = [
+            dist.P2POp(dist.isend, tensor, self.next, self.group),
+            dist.P2POp(dist.irecv, buffer, self.prev, self.group),
+        ]
+        return _Received(dist.batch_isend_irecv(ops), buffer)
+
+
+def block_slices(rank: int, src: int, length: int) -> tuple[slice, slice, bool]:
+    """(query rows, key rows, causal) that local queries of ``rank`` need from the key/value block of
+    ``src``, both of ``length`` = 2c tokens (module docstring)."""
+    half = length // 2
+    if src == rank:
+        return slice(0, length), slice(0, length), True
+    if src < rank:
+        return slice(0, length), slice(0, half), False
+    return slice(half, length), slice(0, length), False
+
+
+def _scores(q: torch.Tensor, k: torch.Tensor, causal: bool, scale: float) -> torch.Tensor:
+    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    if causal:
+        n, m = s.shape[-2:]
+        mask = torch.ones(n, m, dtype=torch.bool, device=s.device).triu(1)
+        s = s.masked_fill(mask, float("-inf"))
+    return s
+
+
+def block_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(qkᵀ·scale)v (float32) and the rows' log-sum-exp [b, heads, n]."""
+    s = _scores(q, k, causal, scale)
+    lse = torch.logsumexp(s, dim=-1)
+    return torch.matmul(torch.exp(s - lse.unsqueeze(-1)), v.float()), lse
+
+
+def merge_(out: torch.Tensor, lse: torch.Tensor, rows: slice, o_b: torch.Tensor, l_b: torch.Tensor) -> None:
+    """Fold a partial (o_b, l_b) over query ``rows`` into the running (out, lse), in place."""
+    l_a = lse[..., rows]
+    new = torch.logaddexp(l_a, l_b)
+    out[..., rows, :] = out[..., rows, :] * torch.exp(l_a - new).unsqueeze(-1) + o_b * torch.exp(
+        l_b - new
+    ).unsqueeze(-1)
+    lse[..., rows] = new
+
+
+def block_backward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    d_out: torch.Tensor,
+    delta: torch.Tensor,
+    lse: torch.Tensor,
+    causal: bool,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of one block given the final log-sum-exp and delta = rowsum(dO ⊙ O) (float32)."""
+    p = torch.exp(_scores(q, k, causal, scale) - lse.unsqueeze(-1))
+    dv = torch.matmul(p.transpose(-1, -2), d_out)
+    ds = p * (torch.matmul(d_out, v.float().transpose(-1, -2)) - delta.unsqueeze(-1))
+    dq = torch.matmul(ds, k.float()) * scale
+    dk = torch.matmul(ds.transpose(-1, -2), q.float()) * scale
+    return dq, dk, dv
+
+
+class RingAttention(torch.autograd.Function):
+    """Causal attention of this rank's queries over the whole (load-balanced) sequence; q, k, v are
+    [b, heads, 2c, d] with as many key/value heads as query heads."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: Ring) -> torch.Tensor:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        n = q.shape[-2]
+        kv = torch.stack([k, v])
+        out = lse = None
+        for i in range(ring.size):
+            pending = ring.exchange(kv) if i < ring.size - 1 else None  # overlapped with this block
+            src = (ring.rank - i) % ring.size
+            rows, cols, causal = block_slices(ring.rank, src, n)
+            o_b, l_b = block_forward(q[..., rows, :], kv[0][..., cols, :], kv[1][..., cols, :], causal, scale)
+            if out is None:  # step 0 is the diagonal block: every row
+                out, lse = o_b, l_b
+            else:
+                merge_(out, lse, rows, o_b, l_b)
+            if pending is not None:
+                kv = pending.wait()
+        ctx.ring, ctx.scale = ring, scale
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out.to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, d_out: torch.Tensor):
+        q, k, v, out, lse = ctx.saved_tensors
+        ring, scale, n = ctx.ring, ctx.scale, q.shape[-2]
+        d_out = d_out.float()
+        delta = (d_out * out).sum(-1)
+        dq = torch.zeros_like(q, dtype=torch.float32)
+        kv = torch.stack([k, v])
+        dkv = torch.zeros_like(kv, dtype=torch.float32)
+        for i in range(ring.size):
+            pending = ring.exchange(kv) if i < ring.size - 1 else None
+            src = (ring.rank - i) % ring.size
+            rows, cols, causal = block_slices(ring.rank, src, n)
+            dq_b, dk_b, dv_b = block_backward(
+                q[..., rows, :],
+                kv[0][..., cols, :],
+                kv[1][..., cols, :],
+                d_out[..., rows, :],
+                delta[..., rows],
+                lse[..., rows],
+                causal,
+                scale,
+            )
+            dq[..., rows, :] += dq_b
+            dkv[0][..., cols, :] += dk_b
+            dkv[1][..., cols, :] += dv_b
+            dkv = ring.exchange(dkv).wait()  # the accumulator follows its block one step behind
+            if pending is not None:
+                kv = pending.wait()
+        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None
+
+
+class RingAttentionCore(AttentionCore):
+    """:class:`~pipewright.models.blocks.AttentionCore` over a context-parallel ring: the same causal
+    softmax(QKᵀ/√d)V, for this rank's two chunks against the whole sequence (grouped-query key/value
+    heads repeated before the ring)."""
+
+    def __init__(self, ring: Ring) -> None:
+        super().__init__()
+        self.ring = ring
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        rep = q.shape[1] // k.shape[1]
+        if rep > 1:
+            k = k.repeat_interleave(rep, dim=1)
+            v = v.repeat_interleave(rep, dim=1)
+        return RingAttention.apply(q, k, v, self.ring)
