@@ -3,6 +3,7 @@ balancing (:mod:`.ring`), and its application to stages, batches and gradients (
 
 from pipewright.runtime.cp.ring import DistRing, RingAttention, RingAttentionCore
 from pipewright.runtime.cp.shard import (
+    ContextParallel,
     apply_context_parallel,
     check_context_parallel,
     local_positions,
@@ -11,6 +12,7 @@ from pipewright.runtime.cp.shard import (
 )
 
 __all__ = [
+    "ContextParallel",
     "DistRing",
     "RingAttention",
     "RingAttentionCore",

@@ -62,14 +62,12 @@ class _Received:
 
 
 class DistRing:
-    """The ring over a torch.distributed group: rank r sends to r+1, receives from r−1 (mod size),
-    both posted together (``batch_isend_irecv``: no send waits for the other rank's receive)."""
+    """The ring over a torch.distributed group: ring rank ``rank`` of ``size`` sends to the process
+    ``next`` (ring rank + 1) and receives from ``prev`` (ring rank − 1), global ranks, both posted
+    together (``batch_isend_irecv``: no send waits for the other rank's receive)."""
 
-    def __init__(self, group: dist.ProcessGroup) -> None:
-        self.group = group
-        self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
-        self.next = dist.get_global_rank(group, (self.rank + 1) % self.size)
-        self.prev = dist.get_global_rank(group, (self.rank - 1) % self.size)
+    def __init__(self, group: dist.ProcessGroup, rank: int, size: int, next: int, prev: int) -> None:
+        self.group, self.rank, self.size, self.next, self.prev = group, rank, size, next, prev
 
     def exchange(self, tensor: torch.Tensor) -> Pending:
         tensor = tensor.contiguous()

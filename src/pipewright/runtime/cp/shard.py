@@ -8,6 +8,7 @@
   :class:`~pipewright.runtime.cp.ring.RingAttentionCore`; a learned position table (GPT) is indexed at
   the global positions (a forward pre-hook maps 0…S/cp−1 to them); rotary tables (Llama, buffers
   ``cos``/``sin`` read as ``[:s]``) keep only the rows of those positions.
+- :class:`ContextParallel`: all of it for one trainer (its ring from the mesh's cp coordinate).
 - :func:`sync_context_parallel_grads`: the parameter gradients averaged over the cp group. Each rank's
   loss is the mean over its S/cp tokens and every rank holds as many, so the mean over the cp ranks is
   the mean over the whole sequence; its gradient is the average of the ranks' gradients (the ring's
@@ -17,13 +18,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from pipewright.errors import ConfigError
 from pipewright.models.blocks import AttentionCore
-from pipewright.runtime.cp.ring import Ring, RingAttentionCore
+from pipewright.runtime.cp.ring import DistRing, Ring, RingAttentionCore
 
 
 def check_context_parallel(seq_len: int, cp: int, tp: int = 1, sequence_parallel: bool = False) -> None:
@@ -82,7 +86,7 @@ def apply_context_parallel(stage: nn.Module, ring: Ring, positions: torch.Tensor
     return stage
 
 
-def sync_context_parallel_grads(modules, group: dist.ProcessGroup, cp: int) -> None:
+def sync_context_parallel_grads(modules: Iterable[nn.Module], group: dist.ProcessGroup, cp: int) -> None:
     """Average every parameter gradient of ``modules`` over the cp ``group`` (one flat all-reduce;
     a parameter without a gradient counts as zeros)."""
     params = [p for mod in modules for p in mod.parameters() if p.requires_grad]
@@ -98,3 +102,46 @@ def sync_context_parallel_grads(modules, group: dist.ProcessGroup, cp: int) -> N
     for p in params:
         p.grad.copy_(flat[offset : offset + p.numel()].view_as(p.grad))
         offset += p.numel()
+
+
+@dataclass
+class ContextParallel:
+    """One trainer's context parallelism: the cp group, its size and this rank's positions."""
+
+    group: dist.ProcessGroup
+    cp: int
+    positions: torch.Tensor
+
+    @classmethod
+    def of(cls, mesh, seq_len: int, stages: Mapping[int, nn.Module]) -> ContextParallel | None:
+        """Apply context parallelism to ``stages`` (built, on the mesh's device) over ``mesh``'s cp
+        ring (a :class:`~pipewright.runtime.mesh.ParallelMesh`); None when cp = 1."""
+        if mesh.cp == 1:
+            return None
+        check_context_parallel(seq_len, mesh.cp)
+        c, cp = mesh.cp_rank, mesh.cp
+        d, p, t = mesh.coords
+        ring = DistRing(
+            mesh.cp_group,
+            c,
+            cp,
+            mesh.process_of(d, p, t, (c + 1) % cp),
+            mesh.process_of(d, p, t, (c - 1) % cp),
+        )
+        positions = local_positions(seq_len, cp, c, mesh.device)
+        for stage in stages.values():
+            apply_context_parallel(stage, ring, positions)
+        return cls(mesh.cp_group, cp, positions)
+
+    def shard(self, batches: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Each [b, S] microbatch at this rank's positions: [b, S/cp]."""
+        return [shard_sequence(x, self.positions) for x in batches]
+
+    def sync_grads(self, modules: Iterable[nn.Module]) -> None:
+        sync_context_parallel_grads(modules, self.group, self.cp)
+
+    def mean(self, value: float, device: torch.device) -> float:
+        """The mean of ``value`` over the cp ranks (collective over the cp group)."""
+        total = torch.tensor([value], dtype=torch.float64, device=device)
+        dist.all_reduce(total, group=self.group)
+        return total.item() / self.cp
