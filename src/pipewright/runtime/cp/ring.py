@@ -137,35 +137,50 @@ def block_backward(
     return dq, dk, dv
 
 
+def _expand(kv: torch.Tensor, rep: int) -> torch.Tensor:
+    """[2, b, g, n, d] key/value heads repeated for grouped-query attention: [2, b, g·rep, n, d]."""
+    return kv if rep == 1 else kv.repeat_interleave(rep, dim=2)
+
+
+def _fold(grad: torch.Tensor, rep: int) -> torch.Tensor:
+    """The gradient of :func:`_expand` for one of k, v: [b, g·rep, n, d] summed to [b, g, n, d]."""
+    if rep == 1:
+        return grad
+    b, heads, n, d = grad.shape
+    return grad.view(b, heads // rep, rep, n, d).sum(2)
+
+
 class RingAttention(torch.autograd.Function):
-    """Causal attention of this rank's queries over the whole (load-balanced) sequence; q, k, v are
-    [b, heads, 2c, d] with as many key/value heads as query heads."""
+    """Causal attention of this rank's queries over the whole (load-balanced) sequence; q is
+    [b, heads, 2c, d], k and v [b, kv_heads, 2c, d] (grouped-query: each kv head serves
+    heads/kv_heads query heads; only the kv heads travel round the ring)."""
 
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: Ring) -> torch.Tensor:
         scale = 1.0 / math.sqrt(q.shape[-1])
-        n = q.shape[-2]
+        n, rep = q.shape[-2], q.shape[1] // k.shape[1]
         kv = torch.stack([k, v])
         out = lse = None
         for i in range(ring.size):
             pending = ring.exchange(kv) if i < ring.size - 1 else None  # overlapped with this block
             src = (ring.rank - i) % ring.size
             rows, cols, causal = block_slices(ring.rank, src, n)
-            o_b, l_b = block_forward(q[..., rows, :], kv[0][..., cols, :], kv[1][..., cols, :], causal, scale)
+            k_b, v_b = _expand(kv[..., cols, :], rep)
+            o_b, l_b = block_forward(q[..., rows, :], k_b, v_b, causal, scale)
             if out is None:  # step 0 is the diagonal block: every row
                 out, lse = o_b, l_b
             else:
                 merge_(out, lse, rows, o_b, l_b)
             if pending is not None:
                 kv = pending.wait()
-        ctx.ring, ctx.scale = ring, scale
+        ctx.ring, ctx.scale, ctx.rep = ring, scale, rep
         ctx.save_for_backward(q, k, v, out, lse)
         return out.to(q.dtype)
 
     @staticmethod
     def backward(ctx, d_out: torch.Tensor):
         q, k, v, out, lse = ctx.saved_tensors
-        ring, scale, n = ctx.ring, ctx.scale, q.shape[-2]
+        ring, scale, rep, n = ctx.ring, ctx.scale, ctx.rep, q.shape[-2]
         d_out = d_out.float()
         delta = (d_out * out).sum(-1)
         dq = torch.zeros_like(q, dtype=torch.float32)
@@ -175,10 +190,11 @@ class RingAttention(torch.autograd.Function):
             pending = ring.exchange(kv) if i < ring.size - 1 else None
             src = (ring.rank - i) % ring.size
             rows, cols, causal = block_slices(ring.rank, src, n)
+            k_b, v_b = _expand(kv[..., cols, :], rep)
             dq_b, dk_b, dv_b = block_backward(
                 q[..., rows, :],
-                kv[0][..., cols, :],
-                kv[1][..., cols, :],
+                k_b,
+                v_b,
                 d_out[..., rows, :],
                 delta[..., rows],
                 lse[..., rows],
@@ -186,8 +202,8 @@ class RingAttention(torch.autograd.Function):
                 scale,
             )
             dq[..., rows, :] += dq_b
-            dkv[0][..., cols, :] += dk_b
-            dkv[1][..., cols, :] += dv_b
+            dkv[0][..., cols, :] += _fold(dk_b, rep)
+            dkv[1][..., cols, :] += _fold(dv_b, rep)
             dkv = ring.exchange(dkv).wait()  # the accumulator follows its block one step behind
             if pending is not None:
                 kv = pending.wait()
@@ -197,15 +213,11 @@ class RingAttention(torch.autograd.Function):
 class RingAttentionCore(AttentionCore):
     """:class:`~pipewright.models.blocks.AttentionCore` over a context-parallel ring: the same causal
     softmax(QKᵀ/√d)V, for this rank's two chunks against the whole sequence (grouped-query key/value
-    heads repeated before the ring)."""
+    heads repeated per block, after the ring)."""
 
     def __init__(self, ring: Ring) -> None:
         super().__init__()
         self.ring = ring
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        rep = q.shape[1] // k.shape[1]
-        if rep > 1:
-            k = k.repeat_interleave(rep, dim=1)
-            v = v.repeat_interleave(rep, dim=1)
         return RingAttention.apply(q, k, v, self.ring)
