@@ -5,7 +5,8 @@ Llama (grouped-query attention, rotary positions) at pp = 2 × cp = 2 over DualP
 tp = 2 × cp = 2 with sequence parallelism (pp = 1): the loss of every step and the validation loss
 after the last, every gradient after the first step and every parameter after 3 steps (SGD with
 momentum, warm-up, global-norm clipping) equal a single-process reference on the same data within
-1e-5 relative (fp32, gloo). All cases run in one launch of four processes, sharing one mesh per shape.
+1e-5 relative (fp32, gloo). DualPipeV's F&B pairs run overlapped (runtime/cp/overlap.py). All cases
+run in one launch of four processes, sharing one mesh per shape.
 """
 
 from __future__ import annotations
@@ -87,7 +88,9 @@ def _worker(rank: int, runs: list[PreparedRun]) -> list | None:
         params = _full(trainer, grad=False)
         losses.append(trainer.evaluate())
         gathered = [None] * dist.get_world_size() if rank == 0 else None
-        dist.gather_object((losses, grads, params, trainer.boundary_shape[1]), gathered, dst=0)
+        pairs = trainer.context.pair_overlap
+        facts = (trainer.boundary_shape[1], pairs.pairs_overlapped if pairs is not None else 0)
+        dist.gather_object((losses, grads, params, facts), gathered, dst=0)
         results.append(gathered)
     return results if rank == 0 else None
 
@@ -113,8 +116,10 @@ def test_context_parallel_training_equals_single_process(tmp_path):
             references[key] = ([*ref.losses, ref.val], ref.grads0, ref.params)
         ref_losses, ref_grads, ref_params = references[key]
         seen: dict[str, int] = defaultdict(int)
-        for losses, grads, params, seq in gathered:
+        for losses, grads, params, (seq, overlapped) in gathered:
             assert seq == c.seq_len // c.cp // (c.tp if c.sequence_parallel else 1), label
+            # DualPipeV's F&B pairs ran overlapped (forward on a second thread), every step
+            assert (overlapped > 0) == (c.schedule == "dualpipev" and c.tp == 1), label
             if not np.allclose(losses, ref_losses, rtol=RTOL, atol=0):
                 failures.append(f"{label}: losses {losses} != {ref_losses}")
             for name, g in grads.items():

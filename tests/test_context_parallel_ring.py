@@ -41,7 +41,7 @@ class ThreadRing:
     def __init__(self, rank: int, size: int, queues: list[queue.Queue]) -> None:
         self.rank, self.size, self.queues, self.posted = rank, size, queues, []
 
-    def exchange(self, tensor: torch.Tensor) -> _Got:
+    def exchange(self, tensor: torch.Tensor, backward: bool = False) -> _Got:
         self.queues[(self.rank + 1) % self.size].put(tensor.clone())
         return _Got(self)
 

@@ -81,6 +81,12 @@ class _TrainFields:
     cp: int = option(
         1, "--cp", "context-parallel size: ring attention over 2·cp sequence chunks", group="layout"
     )
+    blocking_pairs: bool = option(
+        False,
+        "--blocking-pairs",
+        "with --cp: run DualPipe's F&B pairs one after the other (no overlap)",
+        group="layout",
+    )
     virtual: int | None = option(
         None, "--virtual", "model chunks per pipeline rank (default: the schedule's)", group="layout"
     )

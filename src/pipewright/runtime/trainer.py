@@ -246,6 +246,8 @@ class Trainer:
             loss_stage=loss_stage(self.run.layout, self.schedule.num_stages),
             **self.executor_parts.executor_kwargs(),  # handler wrappers: before the guard's
         )
+        if self.context is not None:  # DualPipe's F&B pairs overlapped (runtime/cp/overlap.py)
+            self.context.overlap(executor, c, self.mesh)
         self.guard.attach(executor)  # wraps its handlers: each rank's position, injected faults
         return executor
 

@@ -43,12 +43,13 @@ class Pending(Protocol):
 
 class Ring(Protocol):
     """A context-parallel ring: ``rank`` of ``size``; :meth:`exchange` sends a tensor to the next rank
-    and receives the previous rank's (same shape), asynchronously."""
+    and receives the previous rank's (same shape), asynchronously; ``backward``: an exchange of the
+    backward pass (which may run at the same time as a forward's, :mod:`.overlap`)."""
 
     rank: int
     size: int
 
-    def exchange(self, tensor: torch.Tensor) -> Pending: ...
+    def exchange(self, tensor: torch.Tensor, backward: bool = False) -> Pending: ...
 
 
 class _Received:
@@ -62,19 +63,31 @@ class _Received:
 
 
 class DistRing:
-    """The ring over a torch.distributed group: ring rank ``rank`` of ``size`` sends to the process
+    """The ring over torch.distributed groups: ring rank ``rank`` of ``size`` sends to the process
     ``next`` (ring rank + 1) and receives from ``prev`` (ring rank − 1), global ranks, both posted
-    together (``batch_isend_irecv``: no send waits for the other rank's receive)."""
+    together (``batch_isend_irecv``: no send waits for the other rank's receive). The backward's
+    exchanges go over ``back_group`` (the same ranks; default ``group``), so that a forward and a
+    backward running at once never match each other's messages."""
 
-    def __init__(self, group: dist.ProcessGroup, rank: int, size: int, next: int, prev: int) -> None:
+    def __init__(
+        self,
+        group: dist.ProcessGroup,
+        rank: int,
+        size: int,
+        next: int,
+        prev: int,
+        back_group: dist.ProcessGroup | None = None,
+    ) -> None:
         self.group, self.rank, self.size, self.next, self.prev = group, rank, size, next, prev
+        self.back_group = group if back_group is None else back_group
 
-    def exchange(self, tensor: torch.Tensor) -> Pending:
+    def exchange(self, tensor: torch.Tensor, backward: bool = False) -> Pending:
         tensor = tensor.contiguous()
         buffer = torch.empty_like(tensor)
+        group = self.back_group if backward else self.group
         ops = [
-            dist.P2POp(dist.isend, tensor, self.next, self.group),
-            dist.P2POp(dist.irecv, buffer, self.prev, self.group),
+            dist.P2POp(dist.isend, tensor, self.next, group),
+            dist.P2POp(dist.irecv, buffer, self.prev, group),
         ]
         return _Received(dist.batch_isend_irecv(ops), buffer)
 
@@ -187,7 +200,7 @@ class RingAttention(torch.autograd.Function):
         kv = torch.stack([k, v])
         dkv = torch.zeros_like(kv, dtype=torch.float32)
         for i in range(ring.size):
-            pending = ring.exchange(kv) if i < ring.size - 1 else None
+            pending = ring.exchange(kv, backward=True) if i < ring.size - 1 else None
             src = (ring.rank - i) % ring.size
             rows, cols, causal = block_slices(ring.rank, src, n)
             k_b, v_b = _expand(kv[..., cols, :], rep)
@@ -204,7 +217,9 @@ class RingAttention(torch.autograd.Function):
             dq[..., rows, :] += dq_b
             dkv[0][..., cols, :] += _fold(dk_b, rep)
             dkv[1][..., cols, :] += _fold(dv_b, rep)
-            dkv = ring.exchange(dkv).wait()  # the accumulator follows its block one step behind
+            dkv = ring.exchange(
+                dkv, backward=True
+            ).wait()  # the accumulator follows its block one step behind
             if pending is not None:
                 kv = pending.wait()
         return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None

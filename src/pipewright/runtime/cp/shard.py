@@ -27,6 +27,7 @@ from torch import nn
 
 from pipewright.errors import ConfigError
 from pipewright.models.blocks import AttentionCore
+from pipewright.runtime.cp.overlap import PairOverlap, overlap_pairs_wrapper
 from pipewright.runtime.cp.ring import DistRing, Ring, RingAttentionCore
 
 
@@ -104,6 +105,20 @@ def sync_context_parallel_grads(modules: Iterable[nn.Module], group: dist.Proces
         offset += p.numel()
 
 
+def _second_cp_group(mesh) -> dist.ProcessGroup | None:
+    """Collective over all ranks: a second group over this rank's cp ring (every ring's, created in
+    one order), for the ring's backward exchanges."""
+    mine = None
+    for d in range(mesh.dp):
+        for p in range(mesh.pp):
+            for t in range(mesh.tp):
+                ranks = [mesh.process_of(d, p, t, c) for c in range(mesh.cp)]
+                group = dist.new_group(ranks)
+                if mesh.rank in ranks:
+                    mine = group
+    return mine
+
+
 @dataclass
 class ContextParallel:
     """One trainer's context parallelism: the cp group, its size and this rank's positions."""
@@ -111,6 +126,7 @@ class ContextParallel:
     group: dist.ProcessGroup
     cp: int
     positions: torch.Tensor
+    pair_overlap: PairOverlap | None = None  # set by :meth:`overlap`
 
     @classmethod
     def of(cls, mesh, seq_len: int, stages: Mapping[int, nn.Module]) -> ContextParallel | None:
@@ -127,11 +143,22 @@ class ContextParallel:
             cp,
             mesh.process_of(d, p, t, (c + 1) % cp),
             mesh.process_of(d, p, t, (c - 1) % cp),
+            back_group=_second_cp_group(mesh),
         )
         positions = local_positions(seq_len, cp, c, mesh.device)
         for stage in stages.values():
             apply_context_parallel(stage, ring, positions)
         return cls(mesh.cp_group, cp, positions)
+
+    def overlap(self, executor, config, mesh) -> None:
+        """Overlap the schedule's F&B pairs on ``executor`` (:mod:`.overlap`) unless
+        ``config.blocking_pairs``, tensor parallelism or recomputation (one after the other then)."""
+        if config.blocking_pairs or mesh.tp > 1 or config.recompute != "none":
+            return
+        wrapper = overlap_pairs_wrapper(executor.schedule, mesh.pp_rank)
+        if wrapper is not None:
+            executor.wrap_handlers(wrapper.wrap)
+            self.pair_overlap = wrapper
 
     def shard(self, batches: list[torch.Tensor]) -> list[torch.Tensor]:
         """Each [b, S] microbatch at this rank's positions: [b, S/cp]."""
