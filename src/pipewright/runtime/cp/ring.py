@@ -29,6 +29,7 @@ one step behind, so that after cp steps every rank holds the full gradient of it
 from __future__ import annotations
 
 import math
+import time
 from typing import Protocol
 
 import torch
@@ -53,12 +54,14 @@ class Ring(Protocol):
 
 
 class _Received:
-    def __init__(self, works: list, buffer: torch.Tensor) -> None:
-        self.works, self.buffer = works, buffer
+    def __init__(self, works: list, buffer: torch.Tensor, ring: DistRing, backward: bool) -> None:
+        self.works, self.buffer, self.ring, self.backward = works, buffer, ring, backward
 
     def wait(self) -> torch.Tensor:
+        start = time.perf_counter()
         for work in self.works:
             work.wait()
+        self.ring.waited[self.backward] += time.perf_counter() - start
         return self.buffer
 
 
@@ -80,6 +83,8 @@ class DistRing:
     ) -> None:
         self.group, self.rank, self.size, self.next, self.prev = group, rank, size, next, prev
         self.back_group = group if back_group is None else back_group
+        # seconds spent waiting for exchanges (exposed communication), forward / backward
+        self.waited = {False: 0.0, True: 0.0}
 
     def exchange(self, tensor: torch.Tensor, backward: bool = False) -> Pending:
         tensor = tensor.contiguous()
@@ -89,7 +94,7 @@ class DistRing:
             dist.P2POp(dist.isend, tensor, self.next, group),
             dist.P2POp(dist.irecv, buffer, self.prev, group),
         ]
-        return _Received(dist.batch_isend_irecv(ops), buffer)
+        return _Received(dist.batch_isend_irecv(ops), buffer, self, backward)
 
 
 def block_slices(rank: int, src: int, length: int) -> tuple[slice, slice, bool]:

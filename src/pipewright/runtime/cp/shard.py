@@ -126,6 +126,7 @@ class ContextParallel:
     group: dist.ProcessGroup
     cp: int
     positions: torch.Tensor
+    ring: DistRing | None = None
     pair_overlap: PairOverlap | None = None  # set by :meth:`overlap`
 
     @classmethod
@@ -148,7 +149,7 @@ class ContextParallel:
         positions = local_positions(seq_len, cp, c, mesh.device)
         for stage in stages.values():
             apply_context_parallel(stage, ring, positions)
-        return cls(mesh.cp_group, cp, positions)
+        return cls(mesh.cp_group, cp, positions, ring)
 
     def overlap(self, executor, config, mesh) -> None:
         """Overlap the schedule's F&B pairs on ``executor`` (:mod:`.overlap`) unless
