@@ -108,3 +108,31 @@ def test_sequence_not_split_into_two_cp_chunks_is_one_line_error(seq: int, cp: i
     with pytest.raises(ConfigError) as err:
         check_context_parallel(seq, cp)
     assert "\n" not in str(err.value) and f"2·cp = {2 * cp}" in str(err.value)
+
+
+def test_simulated_pair_overlap_prices_two_streams():
+    """sim/pair_overlap.py: with F, B = 1, 2 of compute plus x of exposed ring waits each, DualPipeV's
+    pairs cost max(c_F + c_B, x_F + x_B) instead of the sum; a schedule without pairs is unchanged."""
+    from pipewright.cost.unit import UnitCost
+    from pipewright.schedules.registry import build_schedule
+    from pipewright.sim.engine import simulate
+    from pipewright.sim.pair_overlap import PairOverlapCost, overlapped_pairs, pair_time
+
+    assert pair_time(1.0, 0.5, 2.0, 0.5, overlap=False) == 4.0
+    assert pair_time(1.0, 0.5, 2.0, 0.5, overlap=True) == 3.0
+    assert pair_time(0.1, 1.0, 0.1, 1.0, overlap=True) == 2.0  # communication-bound pair
+    x = 0.25
+    base = UnitCost(times={"F": 1 + x, "B": 2 + x, "I": 1 + x, "W": 1.0})
+
+    def exposed(a, _):
+        return x if a.kind in ("F", "B", "I") else 0.0
+
+    dual = build_schedule("dualpipev", 2, 8, 2)
+    pairs = overlapped_pairs(dual)
+    assert pairs and all(f.kind == "F" and b.kind == "B" for f, b in pairs.items())
+    over = simulate(dual, PairOverlapCost(base, exposed, overlap=True)).makespan
+    block = simulate(dual, PairOverlapCost(base, exposed, overlap=False)).makespan
+    assert block == simulate(dual, base).makespan
+    assert over < block
+    one = build_schedule("1f1b", 2, 8)
+    assert simulate(one, PairOverlapCost(base, exposed)).makespan == simulate(one, base).makespan
