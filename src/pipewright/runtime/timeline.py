@@ -17,7 +17,8 @@ def gather_timeline(spans: list[Span], mesh: ParallelMesh) -> Timeline | None:
     """
     layout = mesh.layout
     home = layout.coords(layout.rank_on_device(0)) if layout is not None else None  # global rank 0's
-    if (mesh.dp_rank, mesh.tp_rank, mesh.cp_rank) != ((home.dp, home.tp, home.cp) if home else (0, 0, 0)):
+    mine = (mesh.dp_rank, mesh.tp_rank, getattr(mesh, "cp_rank", 0))
+    if mine != ((home.dp, home.tp, home.cp) if home is not None else (0, 0, 0)):
         return None  # (with a plan's placement, global rank 0 need not hold dp 0, tp 0)
     gathered: list[list[Span]] | None = [None] * mesh.pp if mesh.rank == 0 else None  # type: ignore[list-item]
     dist.gather_object(spans, gathered, dst=0, group=mesh.pp_group)

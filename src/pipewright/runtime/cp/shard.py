@@ -133,7 +133,7 @@ class ContextParallel:
     def of(cls, mesh, seq_len: int, stages: Mapping[int, nn.Module]) -> ContextParallel | None:
         """Apply context parallelism to ``stages`` (built, on the mesh's device) over ``mesh``'s cp
         ring (a :class:`~pipewright.runtime.mesh.ParallelMesh`); None when cp = 1."""
-        if mesh.cp == 1:
+        if getattr(mesh, "cp", 1) == 1:
             return None
         check_context_parallel(seq_len, mesh.cp)
         c, cp = mesh.cp_rank, mesh.cp
