@@ -11,7 +11,7 @@ of a stage come next and pipeline neighbours sit ``tp · dp`` ranks apart. ``"tp
 ``rank = t + tp · (p + pp · d)`` (each data-parallel replica one contiguous block). Any permutation of
 the three names is accepted.
 
-Context parallelism (``cp`` > 1, priced by the cost model; the runtime runs cp = 1) adds a fourth
+Context parallelism (``cp`` > 1: the cost model's ring attention and the runtime's ``--cp``) adds a fourth
 dimension. An order may name it (``"tp-cp-dp-pp"``, Megatron's); an order without it places cp right
 after tp (so ``"tp-dp-pp"`` with cp > 1 numbers ranks as ``"tp-cp-dp-pp"``: rank =
 t + tp·(c + cp·(d + dp·p))). With cp = 1 every rank and group is the three-dimensional one.

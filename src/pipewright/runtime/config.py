@@ -79,6 +79,15 @@ class _TrainFields:
     )
     pp: int = option(2, "--pp", "pipeline-parallel size", group="layout")
     dp: int = option(1, "--dp", "data-parallel size", group="layout")
+    cp: int = option(
+        1, "--cp", "context-parallel size: ring attention over 2·cp sequence chunks", group="layout"
+    )
+    blocking_pairs: bool = option(
+        False,
+        "--blocking-pairs",
+        "with --cp: run DualPipe's F&B pairs one after the other (no overlap)",
+        group="layout",
+    )
     virtual: int | None = option(
         None, "--virtual", "model chunks per pipeline rank (default: the schedule's)", group="layout"
     )
@@ -319,7 +328,7 @@ class TrainConfig(_TrainFields):
 
     @property
     def world_size(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.pp * self.dp * self.cp
 
     @property
     def global_batch(self) -> int:
@@ -367,6 +376,10 @@ class TrainConfig(_TrainFields):
                     f"--{flag} {getattr(spec, name)} is not divisible by --tp {self.tp}; choose t dividing it"
                 )
         check_moe_run(self, spec)
+        if self.cp != 1:  # 2·cp load-balanced chunks (runtime/cp)
+            from pipewright.runtime.cp import check_context_parallel
+
+            check_context_parallel(spec.seq_len, self.cp, self.tp, self.sequence_parallel)
         return spec
 
     def check(self) -> None:
@@ -375,7 +388,7 @@ class TrainConfig(_TrainFields):
 
         for note in check_train(self):  # ranges and finiteness, same lines for flags and TOML
             logging.getLogger(__name__).warning("warning: %s", note)
-        for name in ("tp", "pp", "dp", "microbatches", "microbatch_size", "steps"):
+        for name in ("tp", "pp", "dp", "cp", "microbatches", "microbatch_size", "steps"):
             if int(getattr(self, name)) < 1:
                 flag = name.replace("_", "-")
                 raise ConfigError(f"--{flag} must be at least 1 (got {getattr(self, name)})")

@@ -14,6 +14,10 @@ peers' global ranks, the dp/tp groups and one process group per directed pipelin
 :meth:`ParallelMesh.channel`). With expert parallelism (``ep`` > 1, carved from dp: see
 :mod:`pipewright.mesh`) it also holds this rank's ep group (the experts' all-to-all) and
 expert-data-parallel group (the experts' gradient reduction).
+
+Context parallelism (``cp`` > 1) adds a fourth dimension right after tp (Megatron's ``tp-cp-dp-pp``:
+rank = t + tp·(c + cp·(d + dp·p))); the DeviceMesh then has a ``cp`` dimension, the pipeline peers and
+channels of a rank are those of its own cp slice, and :attr:`ParallelMesh.cp_group` is its ring.
 """
 
 from __future__ import annotations
@@ -31,20 +35,25 @@ from pipewright.mesh import DEFAULT_ORDER, Mesh
 from pipewright.runtime.errors import LayoutError
 
 
-def check_layout(world_size: int, dp: int, pp: int, tp: int) -> None:
-    """Raise a one-line LayoutError unless dp · pp · tp = world size (all ≥ 1)."""
-    if min(dp, pp, tp) < 1:
-        raise LayoutError(f"parallel sizes must be at least 1 (got dp={dp}, pp={pp}, tp={tp})")
-    if dp * pp * tp != world_size:
+def check_layout(world_size: int, dp: int, pp: int, tp: int, cp: int = 1) -> None:
+    """Raise a one-line LayoutError unless dp · pp · tp (· cp) = world size (all ≥ 1)."""
+    if min(dp, pp, tp, cp) < 1:
+        raise LayoutError(f"parallel sizes must be at least 1 (got dp={dp}, pp={pp}, tp={tp}, cp={cp})")
+    if cp > 1 and dp * pp * tp * cp != world_size:
+        raise LayoutError(
+            f"dp × pp × tp × cp = {dp}×{pp}×{tp}×{cp} = {dp * pp * tp * cp} but there are {world_size} "
+            f"processes; choose sizes whose product is {world_size}"
+        )
+    if cp == 1 and dp * pp * tp != world_size:
         raise LayoutError(
             f"dp × pp × tp = {dp}×{pp}×{tp} = {dp * pp * tp} but there are {world_size} processes; "
             f"choose sizes whose product is {world_size}"
         )
 
 
-def _mesh(dp: int, pp: int, tp: int, order: str = DEFAULT_ORDER) -> Mesh:
+def _mesh(dp: int, pp: int, tp: int, order: str = DEFAULT_ORDER, cp: int = 1) -> Mesh:
     try:
-        return Mesh(tp=tp, pp=pp, dp=dp, order=order)
+        return Mesh(tp=tp, pp=pp, dp=dp, order=order, cp=cp)
     except ConfigError as exc:
         raise LayoutError(str(exc)) from None
 
@@ -65,7 +74,22 @@ def coords_to_rank(d: int, p: int, t: int, dp: int, pp: int, tp: int, order: str
 def device_grid(layout: Mesh) -> list:
     """The process ranks of ``layout`` as nested lists, outermost dimension first: the DeviceMesh
     array (entry = the process, i.e. device, that holds those coordinates)."""
+    if layout.cp > 1:
+        return _grid4(layout)
     return [[[layout.device_index(r) for r in row] for row in plane] for plane in layout.grid()]
+
+
+def _grid4(layout: Mesh) -> list:
+    """:func:`device_grid` with a cp dimension: four nested levels, ``reversed(layout.dims)``."""
+    dims = tuple(reversed(layout.dims))
+
+    def level(fixed: dict[str, int]) -> list | int:
+        if len(fixed) == len(dims):
+            return layout.device_index(layout.rank(**fixed))
+        name = dims[len(fixed)]
+        return [level({**fixed, name: i}) for i in range(getattr(layout, name))]
+
+    return level({})
 
 
 def default_device() -> torch.device:
@@ -92,22 +116,26 @@ class ParallelMesh:
     device: torch.device
     device_mesh: DeviceMesh | None = None
     layout: Mesh | None = None
+    cp: int = 1
     ep: int = 1
     ep_group: Any = field(default=None, repr=False)  # the experts' all-to-all group (ep > 1)
     expert_dp_group: Any = field(default=None, repr=False)  # the experts' gradient group (ep > 1)
     _channels: dict[tuple[int, int], Any] = field(default_factory=dict, repr=False)
     _warm: set[tuple[int, int]] = field(default_factory=set, repr=False)
     _coords: tuple[int, int, int] = field(default=(0, 0, 0), init=False, repr=False)
+    _cp_rank: int = field(default=0, init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.layout is None:
-            self.layout = _mesh(self.dp, self.pp, self.tp)
-        elif (self.layout.dp, self.layout.pp, self.layout.tp) != (self.dp, self.pp, self.tp):
+            self.layout = _mesh(self.dp, self.pp, self.tp, cp=self.cp)
+        elif (self.layout.dp, self.layout.pp, self.layout.tp, self.layout.cp) != self.sizes:
             raise LayoutError(
-                f"mesh layout {self.layout} does not match dp={self.dp}, pp={self.pp}, tp={self.tp}"
+                f"mesh layout {self.layout} does not match "
+                f"dp={self.dp}, pp={self.pp}, tp={self.tp}, cp={self.cp}"
             )
         c = self.layout.coords(self.layout.rank_on_device(self.rank))
         self._coords = (c.dp, c.pp, c.tp)  # read on every message: computed once
+        self._cp_rank = c.cp
 
     @classmethod
     def build(
@@ -120,14 +148,15 @@ class ParallelMesh:
         order: str = DEFAULT_ORDER,
         placement: Iterable[int] | None = None,
         ep: int = 1,
+        cp: int = 1,
     ) -> ParallelMesh:
-        """Collective over all ranks: create the DeviceMesh (and its dp/pp/tp groups; with ``ep`` > 1
-        the ep and expert-data-parallel groups). ``order`` and ``placement``: see
+        """Collective over all ranks: create the DeviceMesh (and its dp/pp/tp groups; cp's when ``cp`` > 1;
+        with ``ep`` > 1 the ep and expert-data-parallel groups). ``order`` and ``placement``: see
         :mod:`pipewright.mesh` (a plan's chosen rank order / device list)."""
         world = dist.get_world_size()
-        check_layout(world, dp, pp, tp)
+        check_layout(world, dp, pp, tp, cp)
         try:
-            layout = Mesh(tp, pp, dp, order, None if placement is None else tuple(placement), ep=ep)
+            layout = Mesh(tp, pp, dp, order, None if placement is None else tuple(placement), ep=ep, cp=cp)
         except ConfigError as exc:
             raise LayoutError(str(exc)) from None
         device = torch.device(device) if device is not None else default_device()
@@ -143,12 +172,17 @@ class ParallelMesh:
                     group = dist.new_group([layout.device_index(r) for r in ranks])
                     if ranks == mine:
                         groups[name] = group
-        return cls(dp, pp, tp, dist.get_rank(), device, mesh, layout, ep=ep, **groups)
+        return cls(dp, pp, tp, dist.get_rank(), device, mesh, layout, cp=cp, ep=ep, **groups)
 
     @property
     def ep_rank(self) -> int:
         """This rank's expert-parallel rank (dp rank mod ep)."""
         return self.dp_rank % self.ep
+
+    @property
+    def sizes(self) -> tuple[int, int, int, int]:
+        """(dp, pp, tp, cp)."""
+        return self.dp, self.pp, self.tp, self.cp
 
     @property
     def backend(self) -> str:
@@ -171,9 +205,21 @@ class ParallelMesh:
     def tp_rank(self) -> int:
         return self.coords[2]
 
-    def process_of(self, d: int, p: int, t: int) -> int:
-        """The global process rank that holds coordinates (dp d, pp p, tp t)."""
-        return self.layout.device_of(tp=t, pp=p, dp=d)
+    @property
+    def cp_rank(self) -> int:
+        """This process's context-parallel rank (0 without context parallelism)."""
+        return self._cp_rank
+
+    @property
+    def cp_group(self) -> dist.ProcessGroup | None:
+        """The context-parallel ring through this rank (None when cp = 1)."""
+        return self.group("cp") if self.cp > 1 else None
+
+    def process_of(self, d: int, p: int, t: int, c: int | None = None) -> int:
+        """The global process rank that holds coordinates (dp d, pp p, tp t) and cp ``c`` (default:
+        this rank's cp coordinate)."""
+        c = self._cp_rank if c is None else c
+        return self.layout.device_index(self.layout.rank(tp=t, pp=p, dp=d, cp=c))
 
     def group(self, dim: str) -> dist.ProcessGroup | None:
         """The process group along ``dim`` ("dp", "pp" or "tp") containing this rank."""
@@ -196,6 +242,10 @@ class ParallelMesh:
         d, _, t = self.coords
         return self.process_of(d, pp_rank, t)
 
+    def replicas(self) -> list[tuple[int, int, int]]:
+        """Every (dp, tp, cp) coordinate: one pipeline each (the same order on every rank)."""
+        return [(d, t, c) for d in range(self.dp) for t in range(self.tp) for c in range(self.cp)]
+
     def open_channels(self, pairs: Iterable[tuple[int, int]] = ()) -> None:
         """Collective over all ranks: one process group per directed pipeline pair (src_pp, dst_pp).
 
@@ -209,12 +259,11 @@ class ParallelMesh:
             if (src, dst) in self._channels or src == dst:
                 continue
             mine = None
-            for d in range(self.dp):
-                for t in range(self.tp):
-                    ranks = [self.process_of(d, q, t) for q in (src, dst)]
-                    group = dist.new_group(ranks)
-                    if self.rank in ranks:
-                        mine = group
+            for d, t, c in self.replicas():
+                ranks = [self.process_of(d, q, t, c) for q in (src, dst)]
+                group = dist.new_group(ranks)
+                if self.rank in ranks:
+                    mine = group
             self._channels[(src, dst)] = mine
         self._warm_up(sorted(set(pairs)))
 

@@ -33,6 +33,11 @@ def check_moe_run(config: Any, spec: ModelSpec) -> None:
     ):
         if value % config.tp:
             raise ConfigError(f"{name} {value} is not divisible by --tp {config.tp}; choose t dividing it")
+    if int(getattr(config, "cp", 1) or 1) > 1:
+        raise ConfigError(
+            f"--cp {config.cp} with --moe-experts is not supported yet (experts see one cp slice's "
+            "tokens; their balance loss is not averaged over cp); use --cp 1 with experts"
+        )
     if config.sequence_parallel:
         raise ConfigError(
             "--sequence-parallel splits the tokens a router sees over tp; drop it with --moe-experts"

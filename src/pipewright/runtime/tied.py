@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from pipewright.ir import Schedule
-from pipewright.runtime.mesh import ParallelMesh, coords_to_rank
+from pipewright.runtime.mesh import ParallelMesh
 
 
 def _tied_group(mesh: ParallelMesh, first: int, last: int):
@@ -28,12 +28,11 @@ def _tied_group(mesh: ParallelMesh, first: int, last: int):
     cache = mesh.__dict__.setdefault("_tied_groups", {})
     if (first, last) not in cache:
         mine = None
-        for d in range(mesh.dp):
-            for t in range(mesh.tp):
-                ranks = [coords_to_rank(d, p, t, mesh.dp, mesh.pp, mesh.tp) for p in (first, last)]
-                group = dist.new_group(ranks)
-                if mesh.rank in ranks:
-                    mine = group
+        for d, t, c in mesh.replicas():
+            ranks = [mesh.process_of(d, p, t, c) for p in (first, last)]
+            group = dist.new_group(ranks)
+            if mesh.rank in ranks:
+                mine = group
         cache[(first, last)] = mine
     return cache[(first, last)]
 

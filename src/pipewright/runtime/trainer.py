@@ -41,6 +41,7 @@ from pipewright.models.wgrad import linear_factory_for
 from pipewright.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
 from pipewright.runtime.checkpoint import ExtraState, load_checkpoint, save_checkpoint
 from pipewright.runtime.config import TrainConfig, fingerprint
+from pipewright.runtime.cp import ContextParallel
 from pipewright.runtime.executor import PipelineExecutor
 from pipewright.runtime.guard import RunGuard
 from pipewright.runtime.mesh import ParallelMesh
@@ -128,7 +129,7 @@ class Trainer:
         c, spec = run.config, run.spec
         self.run, self.config, self.spec = run, c, spec
         self.mesh = mesh or ParallelMesh.build(
-            dp=c.dp, pp=c.pp, tp=c.tp, placement=c.placement_ranks(), ep=c.ep
+            dp=c.dp, pp=c.pp, tp=c.tp, placement=c.placement_ranks(), ep=c.ep, cp=c.cp
         )
         self.device = self.mesh.device
         self.dataset = open_dataset(c.data, tokenizer=c.tokenizer, progress=False)
@@ -141,7 +142,9 @@ class Trainer:
             )
             self.loss_fn = factory.cross_entropy
         # tensor entering a stage: [b, s, h], or this tp rank's [b, s/t, h] under sequence parallelism
-        seq = spec.seq_len // self.mesh.tp if self.sequence_parallel else spec.seq_len
+        # (this cp rank's S/cp tokens under context parallelism)
+        seq = spec.seq_len // self.mesh.cp
+        seq = seq // self.mesh.tp if self.sequence_parallel else seq
         self.boundary_shape = (c.microbatch_size, seq, spec.hidden)
         experts = expert_parallel(self.mesh)  # MoE layers hold this ep rank's experts (None: all)
         stages = {
@@ -150,6 +153,7 @@ class Trainer:
             ).to(self.device)
             for s in run.schedule.stages_of(self.mesh.pp_rank)
         }
+        self.context = ContextParallel.of(self.mesh, spec.seq_len, stages)  # None when cp = 1
         self.built, ctx = self._build(run.schedule, stages)  # the plugins' build calls (collective)
         self.schedule, self.stages = ctx.schedule, dict(ctx.stages)
         # recomputation, tied embeddings, --init-from, mixed precision, ZeRO-1 (runtime/train_options.py)
@@ -250,6 +254,8 @@ class Trainer:
             loss_stage=loss_stage(self.run.layout, self.schedule.num_stages),
             **self.executor_parts.executor_kwargs(),  # handler wrappers: before the guard's
         )
+        if self.context is not None:  # DualPipe's F&B pairs overlapped (runtime/cp/overlap.py)
+            self.context.overlap(executor, c, self.mesh)
         self.guard.attach(executor)  # wraps its handlers: each rank's position, injected faults
         return executor
 
@@ -317,7 +323,7 @@ class Trainer:
             mod.zero_grad(set_to_none=True)
         for prm in self.built.parameters.values():
             prm.grad = None
-        xs, ys = local_batches(self.run, self.dataset, "train", step, self.mesh.dp_rank)
+        xs, ys = self._batches("train", step)
         if self.moe is not None:
             self.moe.before_run(self.options.loss_scale)
         losses = self.executor.run(
@@ -329,8 +335,22 @@ class Trainer:
         if self.sequence_parallel:  # replicated parameters saw 1/t of the tokens: sum over tp
             for mod in self.stages.values():
                 sync_sequence_parallel_grads(mod, self.mesh.tp_group)
+        if self.context is not None:  # each cp rank saw 1/cp of the tokens: average over cp
+            self.context.sync_grads(self.stages.values())
         self.options.after_backward()
-        return self.executor.global_loss(losses) / self.options.loss_scale
+        return self._global_loss(losses) / self.options.loss_scale
+
+    def _batches(self, split: str, step: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """This replica's microbatches, cut to this cp rank's positions under context parallelism."""
+        xs, ys = local_batches(self.run, self.dataset, split, step, self.mesh.dp_rank)
+        if self.context is not None:
+            xs, ys = self.context.shard(xs), self.context.shard(ys)
+        return xs, ys
+
+    def _global_loss(self, losses: list[float]) -> float:
+        """The executor's mean over pp and dp, then over the cp ranks (equal token counts)."""
+        loss = self.executor.global_loss(losses)
+        return loss if self.context is None else self.context.mean(loss, self.device)
 
     def optimizer_step(self, step: int) -> tuple[float, float]:
         """Clip to the global gradient norm, set the step's learning rate, step. Returns (lr, norm)."""
@@ -393,10 +413,10 @@ class Trainer:
 
         with self.guard.evaluation(done):
             for j in range(self.config.eval_batches):
-                xs, ys = local_batches(self.run, self.dataset, "val", j, self.mesh.dp_rank)
+                xs, ys = self._batches("val", j)
                 losses += evaluate(
                     self.executor,
                     [x.to(self.device) for x in xs] if self.first else None,
                     [y.to(self.device) for y in ys] if self.last else None,
                 )
-            return self.executor.global_loss(losses)
+            return self._global_loss(losses)

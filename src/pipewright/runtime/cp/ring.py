@@ -1,0 +1,243 @@
+"""Ring attention over a context-parallel group, with causal load balancing.
+
+Layout (Megatron-LM's / Liu et al.'s "striped" zig-zag): the sequence of length S is cut into 2·cp
+chunks of c = S/(2·cp) tokens; context-parallel rank r holds chunks r and 2·cp−1−r, in that order. The
+global positions of a rank's 2c tokens increase along its local sequence, so a causal mask over local
+indices is the causal mask over global positions.
+
+Forward (Liu et al., 2023, "Ring Attention with Blockwise Transformers"): every rank keeps its queries
+and passes its key/value block to the next rank of the ring, cp − 1 times. At step i rank r holds the
+block of rank j = (r − i) mod cp; the isend/irecv of that block to/from the neighbours is started before
+the block is used, so the exchange runs while the rank computes. Each step gives a partial output O_j and
+its log-sum-exp L_j = log Σ_k exp(s_k) per query row; partials merge exactly:
+
+    L = log(e^{L_a} + e^{L_b}),   O = e^{L_a − L}·O_a + e^{L_b − L}·O_b.
+
+Which part of a block a rank needs (chunk order c_r < c_j for j > r ...): for j = r, the causal local
+block; for j < r, all queries against chunk j only (chunk 2·cp−1−j lies after every local query); for
+j > r, the second local chunk's queries against the whole block (the first lies before all of it). Every
+rank so does the same work, 2c² key-query pairs per off-diagonal step (load balancing).
+
+Backward: with the final O and L, each block's P = exp(S − L) is recomputed and
+
+    dV = Pᵀ dO,  dS = P ⊙ (dO Vᵀ − rowsum(dO ⊙ O)),  dQ = dS K / √d,  dK = dSᵀ Q / √d;
+
+the key/value blocks go round the ring again, and each block's dK/dV accumulator travels with it,
+one step behind, so that after cp steps every rank holds the full gradient of its own keys and values.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Protocol
+
+import torch
+import torch.distributed as dist
+
+from pipewright.models.blocks import AttentionCore
+
+
+class Pending(Protocol):
+    def wait(self) -> torch.Tensor: ...
+
+
+class Ring(Protocol):
+    """A context-parallel ring: ``rank`` of ``size``; :meth:`exchange` sends a tensor to the next rank
+    and receives the previous rank's (same shape), asynchronously; ``backward``: an exchange of the
+    backward pass (which may run at the same time as a forward's, :mod:`.overlap`)."""
+
+    rank: int
+    size: int
+
+    def exchange(self, tensor: torch.Tensor, backward: bool = False) -> Pending: ...
+
+
+class _Received:
+    def __init__(self, works: list, buffer: torch.Tensor, ring: DistRing, backward: bool) -> None:
+        self.works, self.buffer, self.ring, self.backward = works, buffer, ring, backward
+
+    def wait(self) -> torch.Tensor:
+        start = time.perf_counter()
+        for work in self.works:
+            work.wait()
+        self.ring.waited[self.backward] += time.perf_counter() - start
+        return self.buffer
+
+
+class DistRing:
+    """The ring over torch.distributed groups: ring rank ``rank`` of ``size`` sends to the process
+    ``next`` (ring rank + 1) and receives from ``prev`` (ring rank − 1), global ranks, both posted
+    together (``batch_isend_irecv``: no send waits for the other rank's receive). The backward's
+    exchanges go over ``back_group`` (the same ranks; default ``group``), so that a forward and a
+    backward running at once never match each other's messages."""
+
+    def __init__(
+        self,
+        group: dist.ProcessGroup,
+        rank: int,
+        size: int,
+        next: int,
+        prev: int,
+        back_group: dist.ProcessGroup | None = None,
+    ) -> None:
+        self.group, self.rank, self.size, self.next, self.prev = group, rank, size, next, prev
+        self.back_group = group if back_group is None else back_group
+        # seconds spent waiting for exchanges (exposed communication), forward / backward
+        self.waited = {False: 0.0, True: 0.0}
+
+    def exchange(self, tensor: torch.Tensor, backward: bool = False) -> Pending:
+        tensor = tensor.contiguous()
+        buffer = torch.empty_like(tensor)
+        group = self.back_group if backward else self.group
+        ops = [
+            dist.P2POp(dist.isend, tensor, self.next, group),
+            dist.P2POp(dist.irecv, buffer, self.prev, group),
+        ]
+        return _Received(dist.batch_isend_irecv(ops), buffer, self, backward)
+
+
+def block_slices(rank: int, src: int, length: int) -> tuple[slice, slice, bool]:
+    """(query rows, key rows, causal) that local queries of ``rank`` need from the key/value block of
+    ``src``, both of ``length`` = 2c tokens (module docstring)."""
+    half = length // 2
+    if src == rank:
+        return slice(0, length), slice(0, length), True
+    if src < rank:
+        return slice(0, length), slice(0, half), False
+    return slice(half, length), slice(0, length), False
+
+
+def _scores(q: torch.Tensor, k: torch.Tensor, causal: bool, scale: float) -> torch.Tensor:
+    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    if causal:
+        n, m = s.shape[-2:]
+        mask = torch.ones(n, m, dtype=torch.bool, device=s.device).triu(1)
+        s = s.masked_fill(mask, float("-inf"))
+    return s
+
+
+def block_forward(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(qkᵀ·scale)v (float32) and the rows' log-sum-exp [b, heads, n]."""
+    s = _scores(q, k, causal, scale)
+    lse = torch.logsumexp(s, dim=-1)
+    return torch.matmul(torch.exp(s - lse.unsqueeze(-1)), v.float()), lse
+
+
+def merge_(out: torch.Tensor, lse: torch.Tensor, rows: slice, o_b: torch.Tensor, l_b: torch.Tensor) -> None:
+    """Fold a partial (o_b, l_b) over query ``rows`` into the running (out, lse), in place."""
+    l_a = lse[..., rows]
+    new = torch.logaddexp(l_a, l_b)
+    out[..., rows, :] = out[..., rows, :] * torch.exp(l_a - new).unsqueeze(-1) + o_b * torch.exp(
+        l_b - new
+    ).unsqueeze(-1)
+    lse[..., rows] = new
+
+
+def block_backward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    d_out: torch.Tensor,
+    delta: torch.Tensor,
+    lse: torch.Tensor,
+    causal: bool,
+    scale: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of one block given the final log-sum-exp and delta = rowsum(dO ⊙ O) (float32)."""
+    p = torch.exp(_scores(q, k, causal, scale) - lse.unsqueeze(-1))
+    dv = torch.matmul(p.transpose(-1, -2), d_out)
+    ds = p * (torch.matmul(d_out, v.float().transpose(-1, -2)) - delta.unsqueeze(-1))
+    dq = torch.matmul(ds, k.float()) * scale
+    dk = torch.matmul(ds.transpose(-1, -2), q.float()) * scale
+    return dq, dk, dv
+
+
+def _expand(kv: torch.Tensor, rep: int) -> torch.Tensor:
+    """[2, b, g, n, d] key/value heads repeated for grouped-query attention: [2, b, g·rep, n, d]."""
+    return kv if rep == 1 else kv.repeat_interleave(rep, dim=2)
+
+
+def _fold(grad: torch.Tensor, rep: int) -> torch.Tensor:
+    """The gradient of :func:`_expand` for one of k, v: [b, g·rep, n, d] summed to [b, g, n, d]."""
+    if rep == 1:
+        return grad
+    b, heads, n, d = grad.shape
+    return grad.view(b, heads // rep, rep, n, d).sum(2)
+
+
+class RingAttention(torch.autograd.Function):
+    """Causal attention of this rank's queries over the whole (load-balanced) sequence; q is
+    [b, heads, 2c, d], k and v [b, kv_heads, 2c, d] (grouped-query: each kv head serves
+    heads/kv_heads query heads; only the kv heads travel round the ring)."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ring: Ring) -> torch.Tensor:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        n, rep = q.shape[-2], q.shape[1] // k.shape[1]
+        kv = torch.stack([k, v])
+        out = lse = None
+        for i in range(ring.size):
+            pending = ring.exchange(kv) if i < ring.size - 1 else None  # overlapped with this block
+            src = (ring.rank - i) % ring.size
+            rows, cols, causal = block_slices(ring.rank, src, n)
+            k_b, v_b = _expand(kv[..., cols, :], rep)
+            o_b, l_b = block_forward(q[..., rows, :], k_b, v_b, causal, scale)
+            if out is None:  # step 0 is the diagonal block: every row
+                out, lse = o_b, l_b
+            else:
+                merge_(out, lse, rows, o_b, l_b)
+            if pending is not None:
+                kv = pending.wait()
+        ctx.ring, ctx.scale, ctx.rep = ring, scale, rep
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out.to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, d_out: torch.Tensor):
+        q, k, v, out, lse = ctx.saved_tensors
+        ring, scale, rep, n = ctx.ring, ctx.scale, ctx.rep, q.shape[-2]
+        d_out = d_out.float()
+        delta = (d_out * out).sum(-1)
+        dq = torch.zeros_like(q, dtype=torch.float32)
+        kv = torch.stack([k, v])
+        dkv = torch.zeros_like(kv, dtype=torch.float32)
+        for i in range(ring.size):
+            pending = ring.exchange(kv, backward=True) if i < ring.size - 1 else None
+            src = (ring.rank - i) % ring.size
+            rows, cols, causal = block_slices(ring.rank, src, n)
+            k_b, v_b = _expand(kv[..., cols, :], rep)
+            dq_b, dk_b, dv_b = block_backward(
+                q[..., rows, :],
+                k_b,
+                v_b,
+                d_out[..., rows, :],
+                delta[..., rows],
+                lse[..., rows],
+                causal,
+                scale,
+            )
+            dq[..., rows, :] += dq_b
+            dkv[0][..., cols, :] += _fold(dk_b, rep)
+            dkv[1][..., cols, :] += _fold(dv_b, rep)
+            dkv = ring.exchange(
+                dkv, backward=True
+            ).wait()  # the accumulator follows its block one step behind
+            if pending is not None:
+                kv = pending.wait()
+        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None
+
+
+class RingAttentionCore(AttentionCore):
+    """:class:`~pipewright.models.blocks.AttentionCore` over a context-parallel ring: the same causal
+    softmax(QKᵀ/√d)V, for this rank's two chunks against the whole sequence (grouped-query key/value
+    heads repeated per block, after the ring)."""
+
+    def __init__(self, ring: Ring) -> None:
+        super().__init__()
+        self.ring = ring
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return RingAttention.apply(q, k, v, self.ring)

@@ -1,0 +1,140 @@
+"""Context parallelism through the real trainer equals single-process training.
+
+A dense GPT at pp = 2 × cp = 2 (four processes) over 1F1B, interleaved 1F1B, ZB-H1 and DualPipeV; a
+Llama (grouped-query attention, rotary positions) at pp = 2 × cp = 2 over DualPipeV and at
+tp = 2 × cp = 2 with sequence parallelism (pp = 1): the loss of every step and the validation loss
+after the last, every gradient after the first step and every parameter after 3 steps (SGD with
+momentum, warm-up, global-norm clipping) equal a single-process reference on the same data within
+1e-5 relative (fp32, gloo). DualPipeV's F&B pairs run overlapped (runtime/cp/overlap.py). All cases
+run in one launch of four processes, sharing one mesh per shape.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from _single_process import single_process
+from pipewright.data.tokens import write_tokens
+from pipewright.errors import ConfigError, PipewrightError
+from pipewright.runtime.config import TrainConfig
+from pipewright.runtime.launch import spawn
+from pipewright.runtime.mesh import ParallelMesh
+from pipewright.runtime.tp import full_parameters
+from pipewright.runtime.trainer import PreparedRun, Trainer
+from pipewright.schedules.registry import check_args
+from pipewright.training import prepare
+
+STEPS = 3
+RTOL = 1e-5
+SCHEDULES = (("1f1b", 1), ("interleaved-1f1b", 2), ("zb-h1", 1), ("dualpipev", 2))
+
+
+def _base(data: str, model: str) -> TrainConfig:
+    return TrainConfig(
+        model=model, layers=4, hidden=16, heads=4, kv_heads=2 if model == "llama" else None, vocab=64,
+        seq_len=16, microbatch_size=1, steps=STEPS, lr=0.05, warmup=1, grad_clip=0.5, optimizer="sgd",
+        data=data, progress=False, artifacts=False, eval_every=0, eval_batches=1, recv_timeout_s=120,
+        cp=2, pp=2,
+    )  # fmt: skip
+
+
+def _microbatches(name: str, pp: int, v: int) -> int:
+    for m in (4, 8):
+        try:
+            check_args(name, pp, m, v)
+            return m
+        except PipewrightError:
+            continue
+    raise AssertionError(name)
+
+
+def _cases(data: str) -> list[TrainConfig]:
+    cases = [
+        replace(_base(data, model), schedule=name, virtual=v, microbatches=_microbatches(name, 2, v))
+        for model, name, v in [*(("gpt", *s) for s in SCHEDULES), ("llama", *SCHEDULES[-1])]
+    ]
+    tp = replace(_base(data, "llama"), pp=1, tp=2, sequence_parallel=True, schedule="1f1b", microbatches=2)
+    return [*cases, tp]
+
+
+def _full(trainer: Trainer, grad: bool) -> dict[str, torch.Tensor]:
+    return {
+        name: t.clone()
+        for stage in trainer.stages.values()
+        for name, t in full_parameters(stage, grad=grad).items()
+    }
+
+
+def _worker(rank: int, runs: list[PreparedRun]) -> list | None:
+    results, meshes = [], {}
+    for run in runs:
+        c = run.config
+        shape = (c.dp, c.pp, c.tp, c.cp)
+        if shape not in meshes:
+            meshes[shape] = ParallelMesh.build(dp=c.dp, pp=c.pp, tp=c.tp, cp=c.cp)
+        trainer = Trainer(run, mesh=meshes[shape])
+        losses = [trainer.forward_backward(0)]
+        grads = _full(trainer, grad=True)
+        trainer.optimizer_step(0)
+        for step in range(1, c.steps):
+            losses.append(trainer.forward_backward(step))
+            trainer.optimizer_step(step)
+        params = _full(trainer, grad=False)
+        losses.append(trainer.evaluate())
+        gathered = [None] * dist.get_world_size() if rank == 0 else None
+        pairs = trainer.context.pair_overlap
+        facts = (trainer.boundary_shape[1], pairs.pairs_overlapped if pairs is not None else 0)
+        dist.gather_object((losses, grads, params, facts), gathered, dst=0)
+        results.append(gathered)
+    return results if rank == 0 else None
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
+    return float((got - want).norm()) <= RTOL * float(want.norm()) + 1e-12
+
+
+@pytest.mark.slow
+def test_context_parallel_training_equals_single_process(tmp_path):
+    data = tmp_path / "tokens.bin"
+    write_tokens(data, np.random.default_rng(0).integers(0, 64, 5_000), vocab_size=64)
+    runs = [prepare(replace(c, out=str(tmp_path / "run"))) for c in _cases(str(data))]
+    assert {r.config.world_size for r in runs} == {4}
+    references: dict[tuple, tuple] = {}
+    failures = []
+    for run, gathered in zip(runs, spawn(_worker, 4, (runs,), timeout_s=600)[0], strict=True):
+        c = run.config
+        label = f"{c.model} {c.schedule} pp={c.pp} tp={c.tp} cp={c.cp}"
+        key = (c.model, c.global_batch)
+        if key not in references:
+            ref = single_process(c, run.spec)
+            references[key] = ([*ref.losses, ref.val], ref.grads0, ref.params)
+        ref_losses, ref_grads, ref_params = references[key]
+        seen: dict[str, int] = defaultdict(int)
+        for losses, grads, params, (seq, overlapped) in gathered:
+            assert seq == c.seq_len // c.cp // (c.tp if c.sequence_parallel else 1), label
+            # DualPipeV's F&B pairs ran overlapped (forward on a second thread), every step
+            assert (overlapped > 0) == (c.schedule == "dualpipev" and c.tp == 1), label
+            if not np.allclose(losses, ref_losses, rtol=RTOL, atol=0):
+                failures.append(f"{label}: losses {losses} != {ref_losses}")
+            for name, g in grads.items():
+                seen[name] += 1
+                if not _close(g, ref_grads[name]):
+                    failures.append(f"{label}: gradient of {name} differs")
+                if not _close(params[name], ref_params[name]):
+                    failures.append(f"{label}: {name} differs after {c.steps} steps")
+        # every parameter on one pipeline rank of each (cp, tp) slice
+        assert seen == dict.fromkeys(ref_grads, c.cp * c.tp), label
+    assert not failures, "\n".join(failures[:20])
+
+
+def test_cp_that_does_not_split_the_sequence_is_one_line_error(tmp_path):
+    config = replace(_base(str(tmp_path / "none.bin"), "gpt"), data=None, seq_len=12, cp=4)
+    with pytest.raises(ConfigError) as err:
+        config.model_spec(64)
+    assert "\n" not in str(err.value) and "--cp 4" in str(err.value)
