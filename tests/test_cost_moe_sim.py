@@ -103,3 +103,21 @@ def test_simulate_takes_the_moe_shape_and_reports_memory_by_parts():
     parts = row["memory_parts"]
     live = sum(v for k, v in parts.items() if k not in ("total", "allocator_reserve"))
     assert live - parts["communication_buffers"] == pytest.approx(row["peak_memory_bytes"], rel=1e-9)
+
+
+def test_dualpipev_overlaps_the_all_to_all_of_its_pairs():
+    from pipewright.plan.setup import model_setup
+    from pipewright.schedules import build_schedule
+    from pipewright.sim.pair_overlap import PairOverlapCost
+    from pipewright.topology import cluster
+
+    spec = replace(MIXTRAL, layers=8)
+    topo = cluster(2, 8, "h100-sxm")
+    mesh = Mesh(pp=2, dp=8, ep=8)
+    setup = model_setup(spec, topo, mesh, build_schedule("dualpipev", 2, 8), 1, gpu="h100-sxm")
+    assert isinstance(setup.cost, PairOverlapCost)
+    over = setup.simulate().makespan
+    blocking = replace(setup, cost=PairOverlapCost(setup.cost.base, setup.cost.exposed, overlap=False))
+    assert over < blocking.simulate().makespan
+    one = model_setup(spec, topo, mesh, build_schedule("1f1b", 2, 8), 1, gpu="h100-sxm")
+    assert not isinstance(one.cost, PairOverlapCost)  # other schedules wait for the all-to-all

@@ -12,7 +12,8 @@ over the even split, Megatron-LM's and DeepSeek's reported max/mean load):
 - All-to-all: dispatch and combine in the forward, their gradients in the backward (I; twice more in
   I under full recomputation), each moving T·k·φ·h/t 16-bit elements per device (sequence-parallel
   tokens) over the ep group; priced as an all-gather of that size over the topology (the same (e − 1)/e
-  of the bytes leave each device) and added to the action's time, not overlapped.
+  of the bytes leave each device) and added to the action's time; :meth:`MoECost.exposed_comm` gives
+  it apart, so that DualPipe's F&B pairs overlap it (``pipewright simulate`` with ``dualpipev``).
 - Stored activations: :func:`~pipewright.cost.moe.moe_stored_units` (flash attention, no scores).
 - Parameters: attention, router and shared experts as the dense layer's (/t); the routed experts E/e
   per device (/t). Static memory prices the expert parameters' optimizer-state sharding over their
@@ -20,8 +21,8 @@ over the even split, Megatron-LM's and DeepSeek's reported max/mean load):
 
 Not priced (stated in docs/moe.md): the memory-bound traffic of the expert MLPs beyond the dense
 MLP's, multi-head latent attention (DeepSeek-V3's attention is priced as multi-head attention of the
-same width), the gradient reduction of expert parameters over their smaller group (priced over dp),
-and the overlap of the all-to-all with another microbatch's compute (DualPipe).
+same width) and the gradient reduction of expert parameters over their smaller group (priced over
+dp).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from pipewright.cost.moe import MoE, _expert_parameters, expert_gemms, moe_store
 from pipewright.cost.sharding import StateBytes, state_bytes
 from pipewright.cost.transformer import DTYPE_BYTES, TransformerCost, _Chunk
 from pipewright.errors import ConfigError
-from pipewright.ir import B, F, I, Schedule, W
+from pipewright.ir import Action, B, F, I, Schedule, W
 from pipewright.models.spec import ModelSpec
 
 
@@ -159,18 +160,25 @@ class MoECost(TransformerCost):
         tokens = self.microbatch * spec.seq_len / self.cp / t
         return tokens * spec.moe_top_k * self.moe_imbalance * spec.hidden * DTYPE_BYTES[self.act_dtype]
 
-    def kind_time(self, chunk: _Chunk, kind: str, rank: int) -> float:
-        """The dense terms plus the exposed all-to-alls (module docstring)."""
-        base = super().kind_time(chunk, kind, rank)
-        if self.mesh.ep == 1 or kind == W:
-            return base
-        k = chunk.moe_layers
-        if not k:
-            return base
+    def a2a_time(self, chunk: _Chunk, kind: str, rank: int) -> float:
+        """Seconds of the all-to-alls of one ``kind`` action of ``chunk`` on pipeline rank ``rank``."""
+        if self.mesh.ep == 1 or kind == W or not chunk.moe_layers:
+            return 0.0
         per = self.comm.collective_time("all_gather", rank, self.a2a_bytes(), group="ep")
-        count = {F: 2, I: 2 + (2 if self.recompute == "full" else 0)}
-        count[B] = count[I]
-        return base + k * count[kind] * per
+        count = 2 + (2 if kind in (I, B) and self.recompute == "full" else 0)
+        return chunk.moe_layers * count * per
+
+    def kind_time(self, chunk: _Chunk, kind: str, rank: int) -> float:
+        """The dense terms plus the all-to-alls (module docstring)."""
+        return super().kind_time(chunk, kind, rank) + self.a2a_time(chunk, kind, rank)
+
+    def exposed_comm(self, action: Action, schedule: Schedule) -> float:
+        """The all-to-all seconds inside ``compute_time(action)``: what DualPipe's F&B pairs overlap
+        (:class:`pipewright.sim.pair_overlap.PairOverlapCost`)."""
+        if action.kind not in (F, B, I, W):
+            return 0.0
+        rank = schedule.rank_of(action.stage)
+        return self.a2a_time(self._chunk(action.stage, schedule), action.kind, rank)
 
     def expert_params(self, rank: int, schedule: Schedule) -> float:
         """Routed-expert parameters per device on pipeline ``rank``."""

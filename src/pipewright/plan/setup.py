@@ -216,6 +216,10 @@ def model_setup(
         **({"attention_kernel": attention_kernel} if attention_kernel else {}),
         **({"moe_imbalance": moe_imbalance} if spec.is_moe else {}),
     )
+    if hasattr(cost, "exposed_comm") and (schedule.meta or {}).get("overlapped_pairs"):
+        from pipewright.sim.pair_overlap import PairOverlapCost  # DualPipe: all-to-all under F&B pairs
+
+        cost = PairOverlapCost(cost, cost.exposed_comm)
     cp_label = f", c={mesh.cp}" if mesh.cp > 1 else ""
     label = (
         f"{spec.name} on {devices}× {acc.name} (t={mesh.tp}{cp_label}, p={mesh.pp}, d={mesh.dp}, "
