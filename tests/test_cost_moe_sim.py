@@ -121,3 +121,18 @@ def test_dualpipev_overlaps_the_all_to_all_of_its_pairs():
     assert over < blocking.simulate().makespan
     one = model_setup(spec, topo, mesh, build_schedule("1f1b", 2, 8), 1, gpu="h100-sxm")
     assert not isinstance(one.cost, PairOverlapCost)  # other schedules wait for the all-to-all
+
+
+def test_plan_prices_the_moe_shape_and_its_imbalance(capsys):
+    argv = ["plan", "--model", "mixtral-8x7b", "--layers", "4", "--gpu", "h100-sxm", "--nodes", "1"]
+    argv += ["--gpus-per-node", "2", "--global-batch-size", "4", "--no-progress", "--no-baselines", "--json"]
+    times = []
+    for imbalance in ("1.0", "1.5"):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert main([*argv, "--moe-imbalance", imbalance]) == 0
+        times.append(json.loads(out.getvalue())["predicted"]["iteration_time_s"])
+    assert times[1] > times[0]
+    dense = ["plan", "--model", "llama3-8b", "--gpu", "h100-sxm", "--global-batch-size", "8"]
+    assert main([*dense, "--moe-imbalance", "1.5"]) != 0
+    assert "--moe-imbalance needs a mixture-of-experts model" in capsys.readouterr().err

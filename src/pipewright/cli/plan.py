@@ -43,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="flash",
         help="attention kernel priced: flash (fused, no stored scores) or eager (default %(default)s)",
     )
-    add_moe_options(parser, ep=False, imbalance=False)
+    add_moe_options(parser, ep=False)
     parser.add_argument(
         "--attention-kernel",
         choices=KERNEL_NAMES,
@@ -221,6 +221,8 @@ def run(args: argparse.Namespace) -> int:
             from dataclasses import replace
 
             spec = replace(spec, mlp=args.mlp or spec.mlp, bias=False if args.no_bias else spec.bias)
+    if args.moe_imbalance != 1.0 and not spec.is_moe:
+        raise ConfigError("--moe-imbalance needs a mixture-of-experts model (--moe-experts or a MoE preset)")
     topo = _topology(args)
     kinds = [topo.accelerator(d) for d in {topo.nodes[x].accelerator: x for x in topo.devices}.values()]
     if args.calibration is not None:
@@ -260,6 +262,7 @@ def run(args: argparse.Namespace) -> int:
         tp_comm_overlap=args.tp_comm_overlap,
         calibration=args.calibration,
         attention_kernel=args.attention_kernel,
+        moe_imbalance=args.moe_imbalance,
     )
     result = make_plan(prob, baselines=not args.no_baselines, progress=_Bar(not args.no_progress))
     csv = None

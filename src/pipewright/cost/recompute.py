@@ -86,6 +86,7 @@ class PerStageCost(TransformerCost):
         super().__post_init__()
 
     per_stage: tuple[str, ...] = ()
+    moe_imbalance: float = 1.0  # passed to each chunk's MoECost (cost/moe_cost.py)
 
     def _build_chunk(self, stage: int, num_stages: int, layers: tuple[int, ...]) -> _Chunk:
         if len(self.per_stage) != num_stages:
@@ -98,6 +99,8 @@ class PerStageCost(TransformerCost):
         if model is None:
             kw = {f.name: getattr(self, f.name) for f in fields(TransformerCost) if f.init}
             kw["recompute"] = mode
+            if self.spec.is_moe:
+                kw["moe_imbalance"] = self.moe_imbalance
             from pipewright.cost.llama import cost_class
 
             model = self._cache[key] = cost_class(self.spec)(**kw)
@@ -118,9 +121,6 @@ def make_cost(
 
         cls = cost_class(kwargs["spec"])
     if per_stage:
-        if kwargs.get("moe_imbalance", 1.0) != 1.0:
-            raise ConfigError("per-stage recomputation with --moe-imbalance is not priced yet; drop one")
-        kwargs.pop("moe_imbalance", None)
         for mode in per_stage:
             make_cost_check(mode)
         return PerStageCost(per_stage=tuple(per_stage), **kwargs)

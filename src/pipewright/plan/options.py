@@ -54,6 +54,7 @@ class CostOptions:
     tp_comm_overlap: bool = False
     calibration: str | None = None  # a ``pipewright profile --calibration`` file
     attention_kernel: str | None = None  # fa2, fa3, cudnn (None: the GPU's usual)
+    moe_imbalance: float = 1.0  # expert load imbalance (MoECost; a mixture-of-experts model only)
 
     def kwargs(self) -> dict[str, object]:
         """Keyword arguments for ``make_cost``: the fields the cost model knows; a non-neutral value of
@@ -69,6 +70,8 @@ class CostOptions:
                 raise ConfigError(
                     f"this cost model does not price {flag.get(name, name)} {value!r} yet; drop the option"
                 )
+        if self.moe_imbalance != 1.0:
+            out["moe_imbalance"] = self.moe_imbalance
         if self.calibration is not None:
             if "calibration" not in known:
                 raise ConfigError("this cost model does not read --calibration yet; drop the option")

@@ -103,6 +103,7 @@ class Problem:
     sharding: tuple[str, ...] = ("none",)  # optimizer sharding choices (plan/options.py)
     tp_comm_overlap: bool = False
     attention_kernel: str | None = None
+    moe_imbalance: float = 1.0
     calibration: str | None = None  # a `pipewright profile --calibration` file
     _kinds: dict[str, str] = field(default_factory=dict, init=False, compare=False, repr=False)
 
@@ -126,7 +127,13 @@ class Problem:
     def options(self, c: Candidate) -> CostOptions:
         """The cost-model options of candidate ``c`` (:mod:`pipewright.plan.options`)."""
         return CostOptions(
-            self.attention, c.cp, c.sharding, self.tp_comm_overlap, self.calibration, self.attention_kernel
+            self.attention,
+            c.cp,
+            c.sharding,
+            self.tp_comm_overlap,
+            self.calibration,
+            self.attention_kernel,
+            self.moe_imbalance,
         )
 
     def spec_for(self, tp: int) -> ModelSpec:
