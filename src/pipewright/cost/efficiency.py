@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from pipewright.cost.attention_kernels import kernel_efficiency
 from pipewright.hardware import Accelerator
 
 
@@ -52,12 +53,13 @@ A100_EFFICIENCY = Efficiency(waves=True)
 
 def default_efficiency(acc: Accelerator) -> Efficiency:
     """The calibration defaults of ``acc``: its large-GEMM efficiency, layer overhead and FP8 GEMM
-    factor with wave quantisation, the A100's κ and comm."""
+    factor with wave quantisation, the A100's κ and comm, and the attention rate of its generation's
+    usual kernel (:mod:`pipewright.cost.attention_kernels`; None where it has no figure)."""
     return replace(
         A100_EFFICIENCY,
         gemm=acc.gemm_efficiency,
         layer_overhead=acc.layer_overhead,
         fp8=acc.fp8_efficiency,
-        attention=acc.attention_efficiency,
+        attention=acc.attention_efficiency or kernel_efficiency(acc.name, None),
         waves=True,
     )

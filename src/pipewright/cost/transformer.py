@@ -170,8 +170,8 @@ class TransformerCost:
     parallel communication hidden behind the GEMMs. ``calibration``: measured GEMM throughput by shape
     and memory bandwidth (:mod:`pipewright.cost.calibration`). ``attention_kernel``: the fused
     attention kernel (fa2, fa3, cudnn; :mod:`pipewright.cost.attention_kernels`) whose published speed
-    on ``gpu`` prices the flash attention core; None: the GPU's usual kernel unless ``efficiency``
-    names an attention rate. ``efficiency``: None = each device's
+    on ``gpu`` prices the flash attention core; None: ``efficiency``'s attention rate (the GPU's usual
+    kernel's in :func:`default_efficiency`). ``efficiency``: None = each device's
     ``gpu``'s defaults without wave quantisation (:func:`default_efficiency`; ``model_setup``, the
     path of ``pipewright simulate``, passes them with it).
     """
@@ -226,7 +226,7 @@ class TransformerCost:
         if self.efficiency is None:
             defaults = default_efficiency(accelerator(self.gpu))
             object.__setattr__(self, "efficiency", replace(defaults, waves=False))
-        if self.attention_kernel is not None or self.efficiency.attention is None:
+        if self.attention_kernel is not None:
             rate = kernel_efficiency(self.gpu, self.attention_kernel)
             if rate is not None:
                 object.__setattr__(self, "efficiency", replace(self.efficiency, attention=rate))
