@@ -19,6 +19,7 @@ backend) runs eagerly from then on; the warning names the stage and the first li
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -28,6 +29,9 @@ from torch import nn
 from pipewright.models.wgrad import deferrable_layers
 
 log = logging.getLogger(__name__)
+
+#: The environment variable naming the ``torch.compile`` backend (default: PyTorch's, inductor).
+BACKEND_ENV = "PIPEWRIGHT_COMPILE_BACKEND"
 
 
 def _first_line(exc: BaseException) -> str:
@@ -53,9 +57,9 @@ class CompiledForward:
     def __call__(self, *args: Any) -> Any:
         if self.failed is not None:
             return self.eager(*args)
-        if self.compiled is None:
-            self.compiled = torch.compile(self.eager, **self.options)
         try:
+            if self.compiled is None:
+                self.compiled = torch.compile(self.eager, **self.options)
             return self.compiled(*args)
         except Exception as exc:
             if not _is_compile_error(exc):
@@ -65,9 +69,19 @@ class CompiledForward:
             return self.eager(*args)
 
 
+def compile_options() -> dict[str, Any]:
+    """``torch.compile``'s options: the backend named by the environment variable
+    ``PIPEWRIGHT_COMPILE_BACKEND`` (e.g. ``aot_eager``: tracing and AOTAutograd without code
+    generation), else PyTorch's default (inductor)."""
+    backend = os.environ.get(BACKEND_ENV)
+    return {"backend": backend} if backend else {}
+
+
 def compile_stages(stages: Mapping[int, nn.Module], **options: Any) -> dict[int, CompiledForward]:
-    """Compile each stage's forward (in place; ``options`` go to ``torch.compile``); the deferrable
-    linear layers stay outside the graph (see the module docstring). Returns the wrappers by stage."""
+    """Compile each stage's forward (in place; ``options`` go to ``torch.compile``, default
+    :func:`compile_options`); the deferrable linear layers stay outside the graph (see the module
+    docstring). Returns the wrappers by stage."""
+    options = options or compile_options()
     out = {}
     for s, module in stages.items():
         for layer in deferrable_layers(module):
