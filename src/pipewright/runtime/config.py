@@ -203,6 +203,12 @@ class _TrainFields:
         "ZeRO-1: each data-parallel rank keeps 1/dp of the optimizer state",
         group="precision and memory",
     )
+    compile: bool = option(
+        False,
+        "--compile",
+        "torch.compile each stage's forward (a stage that cannot compile runs eagerly, with a warning)",
+        group="precision and memory",
+    )
     tie_embeddings: bool = option(
         False,
         "--tie-embeddings",
