@@ -47,6 +47,8 @@ _UNSUPPORTED = {
     "tie_embeddings": "tie modules with pipewright.Tied entries instead",
     "sequence_parallel": "it needs tensor parallelism",
     "scatter_gather": "it needs tensor parallelism",
+    "cp": "context parallelism rewrites the families' attention",
+    "ep": "expert parallelism shards the families' MoE layers",
 }
 
 
