@@ -198,3 +198,20 @@ def _tensor_parallel_(part: nn.ModuleDict, make: LinearFactory, adapter: Adapter
             new.load_full_(tok.weight)
         part["tok"] = new
     return None if scale is None else scale.detach().clone()
+
+
+def check_train_options(config) -> None:
+    """One-line errors for training options that contradict ``--hf-model`` (``config``: a TrainConfig)."""
+    config_file(config.hf_model)
+    if config.init_from:
+        raise ConfigError("--hf-model reads its weights from model.safetensors; drop --init-from")
+    given = [
+        n for n in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab") if getattr(config, n)
+    ]
+    if given:
+        flags = ", ".join("--" + n.replace("_", "-") for n in given)
+        raise ConfigError(f"--hf-model takes the model's dimensions from its config.json; drop {flags}")
+    if config.tie_embeddings:
+        raise ConfigError(
+            "--hf-model ties embeddings as its config.json says (tie_word_embeddings); drop --tie-embeddings"
+        )
