@@ -37,15 +37,15 @@ pytest.importorskip("transformers")
 
 RTOL = 1e-5
 STEPS = 3
-#: (schedule, pp, dp, tp, virtual, microbatches)
+#: (schedule, pp, dp, tp, virtual, microbatches): a global batch of 8 sequences in each
 LAYOUTS = (
     ("1f1b", 2, 2, 1, 1, 4),
-    ("1f1b", 4, 1, 1, 1, 4),
+    ("1f1b", 4, 1, 1, 1, 8),
     ("interleaved-1f1b", 2, 2, 1, 2, 4),
-    ("zb-h1", 4, 1, 1, 1, 4),
+    ("zb-h1", 4, 1, 1, 1, 8),
     ("zbv", 2, 2, 1, 2, 4),
 )
-TP_LAYOUT = ("1f1b", 2, 1, 2, 1, 4)
+TP_LAYOUT = ("1f1b", 2, 1, 2, 1, 8)
 TP_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "olmo")
 
 
@@ -141,6 +141,7 @@ def test_hf_families_pipelined_equal_transformers(tmp_path):
     ):
         c = run.config
         label = f"{family} {c.schedule} pp={c.pp} dp={c.dp} tp={c.tp}"
+        assert c.global_batch == 8, label
         if family not in references:
             references[family] = _reference(run)
         ref_losses, ref_grads, ref_params = references[family]

@@ -4,10 +4,10 @@ pipeline stages from it with the ``transformers`` library itself.
 ``--hf-model`` takes a folder holding ``config.json`` or the path of a config file. The model is made
 by ``AutoModelForCausalLM`` — from the weights (``model.safetensors`` or a sharded index) when the
 folder has them, else randomly initialised by the model's own ``_init_weights`` under
-``torch.manual_seed(seed)`` — in fp32, then cut: each stage keeps deep copies of its modules (a
-stage holding both embedding and output layer keeps a tied table as one tensor). Every rank builds the
-whole model once (cached for the stages of the same rank), so the initial weights do not depend on
-the layout; its peak host memory is one fp32 copy of the model.
+``torch.manual_seed(seed)`` — in fp32, then cut: a stage keeps its own modules of the model and the
+rest is freed (a stage holding both embedding and output layer keeps a tied table as one tensor). The
+whole model is built for every stage, so the initial weights do not depend on the layout; the peak
+host memory of building is one fp32 copy of the model.
 
 The :class:`~pipewright.models.spec.ModelSpec` of such a model has family "hf" and the source as its
 ``name``: the stage builder registered for "hf" (``models/family.py``) reads the model from there.
@@ -15,8 +15,6 @@ The :class:`~pipewright.models.spec.ModelSpec` of such a model has family "hf" a
 
 from __future__ import annotations
 
-import copy
-import functools
 import json
 from pathlib import Path
 
@@ -105,7 +103,6 @@ def read_spec(source: str | Path, *, seq_len: int | None = None) -> ModelSpec:
     )
 
 
-@functools.lru_cache(maxsize=1)
 def full_model(source: str, seed: int) -> nn.Module:
     """The whole ``transformers`` model of ``source`` in fp32: its weights, or initialised from ``seed``."""
     transformers = _transformers()
@@ -151,7 +148,7 @@ def build_stage(
         wanted["norm"], wanted["out"] = found["final norm"], found["output layer"]
     if stage.layers and "rotary embedding" in found:
         wanted["rotary"] = found["rotary embedding"]
-    part = copy.deepcopy(wanted)  # one copy: a table tied inside the stage stays one tensor
+    part = wanted  # the model's own modules (a table tied inside the stage stays one tensor)
     scale = None
     if defers_in_place(make):
         make_deferrable_(part)
