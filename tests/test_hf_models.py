@@ -3,15 +3,19 @@ trained in one process.
 
 For every family of ``_hf_families.py`` (Llama, Mistral, Qwen2, Qwen3, Gemma 2, Gemma 3, Phi-3, OLMo,
 OLMo 2, GPT-2, GPT-NeoX; tiny, random, fp32, eager attention; Gemma and GPT-2 with tied embeddings):
-1F1B at pp = 2 and pp = 4, interleaved 1F1B (pp = 2, v = 2), ZB-H1 (pp = 4, split I/W backward) and
-ZB-V (pp = 2, v = 2), and for the families with Llama-style projections 1F1B at pp = 2 × tp = 2: the
-loss of each of 3 SGD steps (warm-up, clipping active), every gradient of the first step and every
-parameter after the third equal the single-process ``transformers`` model's within 1e-5 relative.
-One spawn of 4 gloo processes runs every case (pp = 2 layouts run with dp = 2).
+layouts out of 1F1B at pp = 2 and pp = 4, interleaved 1F1B (pp = 2, v = 2), ZB-H1 (pp = 4, split I/W
+backward) and ZB-V (pp = 2, v = 2), spread so that every layout meets four or more families and the
+tied families all five (:data:`SPREAD`; ``PIPEWRIGHT_FULL_HF=1`` runs every family in every layout),
+and 1F1B at pp = 2 × tp = 2 for Llama, Qwen3 and Gemma 3 (all seven families with Llama-style
+projections in the full run): the loss of each of 3 SGD steps (warm-up, clipping active), every
+gradient of the first step and every parameter after the third equal the single-process
+``transformers`` model's within 1e-5 relative. One spawn of 4 gloo processes runs every case
+(pp = 2 layouts with dp = 2).
 """
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from dataclasses import replace
 
@@ -46,7 +50,24 @@ LAYOUTS = (
     ("zbv", 2, 2, 1, 2, 4),
 )
 TP_LAYOUT = ("1f1b", 2, 1, 2, 1, 8)
-TP_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "olmo")
+#: the layouts (indices into LAYOUTS) each family runs: every layout meets four or more families, the
+#: tied ones (Gemma 2, Gemma 3, GPT-2) together meet all five; PIPEWRIGHT_FULL_HF=1 runs every pair
+SPREAD = {
+    "llama": (0, 2),
+    "mistral": (1, 3),
+    "qwen2": (2, 4),
+    "qwen3": (3, 0),
+    "gemma2": (4, 1, 2),
+    "gemma3": (0, 3),
+    "phi3": (1, 3),
+    "olmo": (2, 4),
+    "olmo2": (3, 0),
+    "gpt2": (4, 1, 3),
+    "gpt_neox": (0, 2),
+}
+#: families run at pp = 2 × tp = 2 (Llama-style projections; Gemma 3 with its tied, scaled embedding)
+TP_FAMILIES = ("llama", "qwen3", "gemma3")
+FULL = os.environ.get("PIPEWRIGHT_FULL_HF") == "1"
 
 
 def _config(folder, data: str) -> TrainConfig:
@@ -60,11 +81,19 @@ def _cases(tmp_path, data: str) -> list[tuple[str, TrainConfig]]:
     out = []
     for family in FAMILIES:
         base = _config(write_family(tmp_path / "models", family), data)
-        layouts = LAYOUTS + ((TP_LAYOUT,) if family in TP_FAMILIES else ())
-        for schedule, pp, dp, tp, v, m in layouts:
-            config = replace(base, schedule=schedule, pp=pp, dp=dp, tp=tp, virtual=v, microbatches=m)
+        chosen = [LAYOUTS[i] for i in (range(len(LAYOUTS)) if FULL else SPREAD[family])]
+        tp = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "olmo") if FULL else TP_FAMILIES
+        for schedule, pp, dp, t, v, m in chosen + ([TP_LAYOUT] if family in tp else []):
+            config = replace(base, schedule=schedule, pp=pp, dp=dp, tp=t, virtual=v, microbatches=m)
             out.append((family, replace(config, out=str(tmp_path / "run"))))
     return out
+
+
+def test_spread_covers_every_layout_and_family():
+    assert set(SPREAD) == set(FAMILIES)
+    for i in range(len(LAYOUTS)):
+        assert sum(i in chosen for chosen in SPREAD.values()) >= 4
+    assert set().union(*(SPREAD[f] for f in ("gemma2", "gemma3", "gpt2"))) == set(range(len(LAYOUTS)))
 
 
 def _full(trainer: Trainer, grad: bool) -> dict[str, torch.Tensor]:

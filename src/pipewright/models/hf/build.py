@@ -184,6 +184,7 @@ def _tensor_parallel_(part: nn.ModuleDict, make: LinearFactory, adapter: Adapter
     returns the embedding's scale (Gemma) when the table was rebuilt."""
     for i in layers:
         rebuild_linears_(part[f"layer{i}"], make, dict(adapter.tp_kinds), f"layers.{i}", model_type)
+        _sum_head_params_over_tp(part[f"layer{i}"], getattr(make, "group", None))
     if "out" in part:
         part["out"] = rebuilt(part["out"], make, "output")
     scale = None
@@ -193,6 +194,7 @@ def _tensor_parallel_(part: nn.ModuleDict, make: LinearFactory, adapter: Adapter
         new = make.embedding(tok.num_embeddings, tok.embedding_dim)
         with torch.no_grad():
             new.load_full_(tok.weight)
+        _keep_padding_row(new, tok.padding_idx)
         part["tok"] = new
     return None if scale is None else scale.detach().clone()
 
@@ -212,3 +214,41 @@ def check_train_options(config) -> None:
         raise ConfigError(
             "--hf-model ties embeddings as its config.json says (tie_word_embeddings); drop --tie-embeddings"
         )
+
+
+def _keep_padding_row(table: nn.Module, padding_idx: int | None) -> None:
+    """``nn.Embedding(padding_idx=p)`` never updates row p: zero its gradient in the shard that holds it
+    (a vocabulary-parallel table keeps rows [vocab_start, vocab_start + per_rank))."""
+    if padding_idx is None:
+        return
+    start = getattr(table, "vocab_start", 0)
+    local = padding_idx - start
+    if 0 <= local < table.weight.shape[0]:
+        table.weight.register_hook(lambda g: g.index_fill(0, torch.tensor([local], device=g.device), 0.0))
+
+
+def _sum_head_params_over_tp(layer: nn.Module, group) -> None:
+    """Parameters inside the attention besides its projections (Qwen3's and Gemma 3's per-head q_norm and
+    k_norm) are replicated but see only this rank's heads: their gradient is summed over the
+    tensor-parallel group as it is computed (all tp ranks run the same backward in step)."""
+    import torch.distributed as dist
+
+    if group is None:
+        return
+    for module in layer.modules():
+        if not hasattr(module, "q_proj"):
+            continue
+        own = {
+            id(p)
+            for child in ("q_proj", "k_proj", "v_proj", "o_proj")
+            for p in module.get_submodule(child).parameters()
+        }
+        for param in module.parameters():
+            if id(param) not in own:
+                param.register_hook(lambda g: _all_reduced(g, group, dist))
+
+
+def _all_reduced(grad: torch.Tensor, group, dist) -> torch.Tensor:
+    total = grad.clone()
+    dist.all_reduce(total, group=group)
+    return total
