@@ -232,4 +232,7 @@ def test_hf_bad_input_one_line_errors(tmp_path):
     with pytest.raises(ConfigError, match="drop --layers") as err:
         replace(config, layers=2).check()
     errors.append(err)
+    with pytest.raises(ConfigError, match=r"'phi3' cannot be split \(self_attn\.qkv_proj") as err:
+        replace(config, hf_model=str(write_family(tmp_path, "phi3")), tp=2).check()
+    errors.append(err)
     assert all("\n" not in str(e.value) for e in errors)

@@ -210,6 +210,16 @@ def check_train_options(config) -> None:
     if given:
         flags = ", ".join("--" + n.replace("_", "-") for n in given)
         raise ConfigError(f"--hf-model takes the model's dimensions from its config.json; drop {flags}")
+    if config.tp > 1:
+        hf = load_config(config.hf_model)
+        adapter = adapter_for(hf.model_type)
+        if not adapter.tp_kinds:
+            raise ConfigError(
+                f"tensor parallelism: model_type {hf.model_type!r} cannot be split ({adapter.tp_blocker}); "
+                "use --tp 1"
+            )
+        if config.sequence_parallel:
+            raise ConfigError("--sequence-parallel is not supported for --hf-model; drop it")
     if config.tie_embeddings:
         raise ConfigError(
             "--hf-model ties embeddings as its config.json says (tie_word_embeddings); drop --tie-embeddings"
