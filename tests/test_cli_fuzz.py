@@ -23,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import pipewright.training  # noqa: F401  (its cold import, torch's, is not counted in a vector's bound)
 from pipewright.cli import build_parser, main
 from pipewright.cli._help import parsers
 
