@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pipewright import __version__
 from pipewright.errors import PipewrightError, ValidationError
 
-_COMMANDS = ("schedule", "simulate", "train", "check", "profile", "plan")
+_COMMANDS = ("schedule", "simulate", "train", "check", "profile", "plan", "data")
 
 
 def build_parser(feature_paths: Sequence[str] = ()) -> argparse.ArgumentParser:
