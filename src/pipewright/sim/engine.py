@@ -434,7 +434,7 @@ def _run_iteration(
                     waiting.setdefault(e, []).append(r)
                     awaited[e] = 1
                     break
-            mode = modes[g]
+            mode = modes[g]  # by frequency: compute, send, receive/marker, collective, rendezvous
             if mode == _COMPUTE:
                 end = t_rank = t + durs[g]
             elif mode == _SEND:
@@ -442,17 +442,17 @@ def _run_iteration(
                 if link_free[link] > t:
                     t = link_free[link]
                 end = link_free[link] = t + durs[g]
+            elif mode == _WAIT:
+                end = t_rank = t
             elif mode == _COLLECTIVE:
                 if coll_free[r] > t:
                     t = coll_free[r]
                 end = coll_free[r] = t + durs[g]
-            elif mode == _RENDEZVOUS:
+            else:  # _RENDEZVOUS
                 issued[g] = t  # non-blocking issue; its end comes with the last member
                 meet(g)
                 g += 1
                 continue
-            else:
-                end = t_rank = t
             starts[g] = t
             ends[g] = end
             if awaited[g]:
