@@ -34,7 +34,6 @@ from pipewright.models.spec import ModelSpec
 from pipewright.plan.options import CostOptions
 from pipewright.topology import single_host
 
-
 Gemms = tuple[tuple[float, float, float, int], ...]  # (m, n, k, count) each
 
 
@@ -192,7 +191,9 @@ def parts(
         cost.bytes_per_param,
         cost.grad_bytes,
         Pricing(
-            getattr(cost, "calibration", None), getattr(cost, "tp_comm_overlap", False), getattr(cost, "cp", 1)
+            getattr(cost, "calibration", None),
+            getattr(cost, "tp_comm_overlap", False),
+            getattr(cost, "cp", 1),
         ),
     )
 

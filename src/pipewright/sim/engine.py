@@ -409,8 +409,8 @@ def _run_iteration(
 
     while ready:
         r = ready.pop()
-        g, stop, t_rank = ptr[r], offsets[r + 1], clock[r]
-        while g < stop:
+        first, stop, t_rank = ptr[r], offsets[r + 1], clock[r]
+        for g in range(first, stop):  # a for over a range: fewer steps per action than a while
             t = t_rank
             e = req1[g]
             if e >= 0:  # one producer (almost every action)
@@ -451,13 +451,13 @@ def _run_iteration(
             else:  # _RENDEZVOUS
                 issued[g] = t  # non-blocking issue; its end comes with the last member
                 meet(g)
-                g += 1
                 continue
             starts[g] = t
             ends[g] = end
             if awaited[g]:
                 ready.extend(waiting.pop(g))
-            g += 1
+        else:  # the rank ran to the end of its row (or had nothing left)
+            g = stop
         ptr[r] = g
         clock[r] = t_rank
     if any(ptr[r] < offsets[r + 1] for r in range(len(clock))):

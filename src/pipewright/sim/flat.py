@@ -326,7 +326,7 @@ def _requirements(rank, modes, rg, need, n):
     first[count > 1] = -2
     extra: dict[int, tuple[int, ...]] = {}
     for g, e in zip(rg[~one].tolist(), need[~one].tolist(), strict=True):  # in term order
-        extra[g] = extra.get(g, ()) + (e,)
+        extra[g] = (*extra.get(g, ()), e)
     # a send's destination: the rank of the last action (by index) on another rank that needs it
     dest = np.full(n, -1, np.int64)
     other = ~own[keep]
