@@ -20,7 +20,7 @@ It reads the cost model's per-chunk table through the public
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 
 from pipewright.cost.comm import Mesh
@@ -70,6 +70,9 @@ class Part:
     ring_f: float = 0.0  # bytes of the context-parallel KV exchange per layer
     ring_b: float = 0.0
     layers: int = 0
+    # (kind, gpu, dtype, efficiency) -> (GEMM, attention, rest) seconds: the terms that do not depend
+    # on the tp/cp group, computed once per device kind (large meshes price thousands of groups)
+    _local: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
 
     def times(
         self,
@@ -88,13 +91,26 @@ class Part:
             self._time(B, gpu, dtype, eff, all_reduce, ring, o),
         )
 
+    def _device_terms(self, kind, gpu, dtype, eff, o: Pricing) -> tuple[float, float, float]:
+        """(GEMM, attention core, memory-bound traffic + layer overhead) seconds of ``kind`` on ``gpu``."""
+        key = (kind, gpu.name, dtype, eff)
+        hit = self._local.get(key)
+        if hit is None:
+            fwd = kind == F
+            gemm = gemm_seconds(self.gemms_f if fwd else self.gemms_b, gpu, dtype, eff, o.calibration)
+            act_dtype = "bf16" if dtype == "fp8" else dtype
+            attn = (self.attention_f if fwd else self.attention_b) / (
+                gpu.peak(act_dtype) * eff.attention_rate
+            )
+            bandwidth = gpu.memory_bandwidth if o.calibration is None else o.calibration.memory_bandwidth
+            memory = (self.traffic_f if fwd else self.traffic_b) / bandwidth
+            overhead = self.layers * eff.layer_overhead * _OVERHEAD[kind]
+            hit = self._local[key] = (gemm, attn, memory + overhead)
+        return hit
+
     def _time(self, kind, gpu, dtype, eff, all_reduce, ring, o: Pricing) -> float:
         fwd = kind == F
-        gemm = gemm_seconds(self.gemms_f if fwd else self.gemms_b, gpu, dtype, eff, o.calibration)
-        act_dtype = "bf16" if dtype == "fp8" else dtype
-        attn = (self.attention_f if fwd else self.attention_b) / (gpu.peak(act_dtype) * eff.attention_rate)
-        bandwidth = gpu.memory_bandwidth if o.calibration is None else o.calibration.memory_bandwidth
-        memory = (self.traffic_f if fwd else self.traffic_b) / bandwidth
+        gemm, attn, rest = self._device_terms(kind, gpu, dtype, eff, o)
         tp = sum(map(all_reduce, self.tp_f if fwd else self.tp_b))
         if o.tp_comm_overlap:
             tp = exposed(tp, gemm)
@@ -102,8 +118,7 @@ class Part:
         if ring is not None and self.layers and o.cp > 1:
             per_layer = ring(self.ring_f if fwd else self.ring_b)
             exchange = self.layers * exposed(per_layer, attn / self.layers)
-        overhead = self.layers * eff.layer_overhead * _OVERHEAD[kind]
-        return gemm + attn + memory + tp + exchange + overhead
+        return gemm + attn + rest + tp + exchange
 
 
 @dataclass(frozen=True)
