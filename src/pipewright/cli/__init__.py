@@ -16,8 +16,9 @@ from pipewright.errors import PipewrightError, ValidationError
 _COMMANDS = ("schedule", "simulate", "train", "check", "profile", "plan", "data")
 
 
-def build_parser(feature_paths: Sequence[str] = ()) -> argparse.ArgumentParser:
-    """The command line; ``feature_paths``: ``--feature module:attr`` values, whose flags ``train`` adds."""
+def build_parser(feature_paths: Sequence[str] = (), only: str | None = None) -> argparse.ArgumentParser:
+    """The command line; ``feature_paths``: ``--feature module:attr`` values, whose flags ``train`` adds.
+    ``only``: register just this command (the one a command line names; the others are not imported)."""
     parser = argparse.ArgumentParser(
         prog="pipewright",
         description="Plan, simulate and run pipeline-parallel training of transformer models.",
@@ -25,7 +26,7 @@ def build_parser(feature_paths: Sequence[str] = ()) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"pipewright {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in _COMMANDS:
+    for name in _COMMANDS if only is None else (only,):
         module = importlib.import_module(f"pipewright.cli.{name}")
         if name == "train":  # its flags depend on the features named on the command line
             module.register(sub, tuple(feature_paths))
@@ -49,10 +50,19 @@ def _train_defaults() -> dict[str, object]:
 
 
 @functools.cache
-def _parser(feature_paths: tuple[str, ...] = ()) -> argparse.ArgumentParser:
-    """One parser per process and set of ``--feature`` values: in-process callers (tests, the CLI
-    fuzzer) reuse it; argparse keeps no state between ``parse_args`` calls."""
-    return build_parser(feature_paths)
+def _parser(feature_paths: tuple[str, ...] = (), only: str | None = None) -> argparse.ArgumentParser:
+    """One parser per process, set of ``--feature`` values and command: in-process callers (tests, the
+    CLI fuzzer) reuse it; argparse keeps no state between ``parse_args`` calls."""
+    return build_parser(feature_paths, only)
+
+
+def _command(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` names when it starts with one (after ``-v``/``--verbose``), else None."""
+    for arg in argv:
+        if arg in ("-v", "--verbose"):
+            continue
+        return arg if arg in _COMMANDS else None
+    return None
 
 
 def _feature_paths(argv: Sequence[str]) -> tuple[str, ...]:
@@ -69,7 +79,7 @@ def _feature_paths(argv: Sequence[str]) -> tuple[str, ...]:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        parser = _parser(_feature_paths(argv))
+        parser = _parser(_feature_paths(argv), _command(argv))
     except PipewrightError as exc:  # a --feature that does not load
         print(f"pipewright: error: {exc}", file=sys.stderr)
         return 2
