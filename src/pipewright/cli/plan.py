@@ -6,10 +6,10 @@ import argparse
 import json
 import sys
 
+from pipewright.cli.guards import DEFAULT_MAX_ACTIONS as MAX_ACTIONS  # = plan.problem.MAX_ACTIONS
 from pipewright.errors import ConfigError
 from pipewright.files import check_writable
 from pipewright.plan.options import ATTENTION_CHOICES
-from pipewright.plan.problem import MAX_ACTIONS
 
 _DIMS = ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len")
 
