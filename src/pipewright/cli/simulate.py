@@ -6,7 +6,6 @@ import argparse
 import json
 from dataclasses import replace
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from pipewright.cli.guards import add_max_actions, check_simulate

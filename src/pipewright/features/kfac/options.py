@@ -56,9 +56,7 @@ class KfacOptions:
         choices=PRECONDITION,
         commands=_SIM,
     )
-    no_split: bool = option(
-        False, "--kfac-no-split", "never split an inversion into pieces", commands=_SIM
-    )
+    no_split: bool = option(False, "--kfac-no-split", "never split an inversion into pieces", commands=_SIM)
     unit: float = option(1.0, "--kfac-unit", "cost of each K-FAC task with --cost unit", commands=_SIM)
 
     def check(self, config) -> None:
