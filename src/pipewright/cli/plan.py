@@ -8,6 +8,7 @@ import sys
 
 from pipewright.cli.guards import DEFAULT_MAX_ACTIONS as MAX_ACTIONS  # = plan.problem.MAX_ACTIONS
 from pipewright.errors import ConfigError
+from pipewright.features import builtin_features
 from pipewright.files import check_writable
 from pipewright.plan.options import ATTENTION_CHOICES
 
@@ -103,6 +104,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--json", action="store_true", help="print the plan JSON")
     parser.add_argument("-o", "--out", help="write the plan JSON to this file")
+    builtin_features().add_options("plan", parser)  # the features' plan flags (their sections' fields)
     parser.set_defaults(func=run)
 
 

@@ -58,6 +58,8 @@ class Feature:
     ``section``: the dataclass of the feature's options (:mod:`pipewright.options`): its training
     options, read from the TOML ``[table]`` (default: the name) and ``train``'s flags, and the flags
     of ``simulate`` and ``plan`` its fields name.
+    ``optimizers``: the ``--optimizer`` names the feature provides (its plugin wraps or replaces the
+    optimizer the trainer builds for them, :data:`pipewright.optim.FEATURE_BASE`).
     ``plugin``: import path of its :class:`~pipewright.runtime.plugin.TrainingPlugin` subclass."""
 
     name: str
@@ -69,6 +71,7 @@ class Feature:
     section: type | None = None
     table: str = ""
     plugin: str | None = None
+    optimizers: tuple[str, ...] = ()
     description: str = ""
 
     @property
@@ -101,7 +104,7 @@ class Features:
             self._bundles[f.name] = f
         owner: dict[str, str] = {}
         for f in self._bundles.values():
-            for name in [k.name for k in f.kinds] + list(f.cost_rules) + list(f.passes):
+            for name in [k.name for k in f.kinds] + [*f.cost_rules, *f.passes, *f.optimizers]:
                 key = name
                 if key in owner and owner[key] != f.name:
                     raise ConfigError(f"{name!r} is provided by both {owner[key]} and {f.name}")

@@ -71,5 +71,6 @@ FEATURE = Feature(
     simulate="pipewright.features.kfac.cli:simulate_hook",
     section=KfacOptions,
     plugin="pipewright.features.kfac.train:KfacPlugin",
+    optimizers=("kfac",),
     description="PipeFisher: K-FAC curvature, inversion and preconditioning in the pipeline bubbles",
 )
