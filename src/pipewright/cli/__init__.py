@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pipewright import __version__
 from pipewright.errors import PipewrightError, ValidationError
 
-_COMMANDS = ("schedule", "simulate", "train", "profile", "plan")
+_COMMANDS = ("schedule", "simulate", "train", "profile", "plan", "export-plan")
 
 
 def build_parser(feature_paths: Sequence[str] = (), command: str | None = None) -> argparse.ArgumentParser:
