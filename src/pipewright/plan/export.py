@@ -180,8 +180,16 @@ def notes(plan: Plan, target: str) -> list[str]:
                 f"the plan's schedule is {name}; Megatron-LM runs {runs} with these chunks, so its "
                 "iteration differs from the plan's prediction"
             )
-    elif name not in TORCH_SCHEDULES:
-        out.append(f"the plan's schedule {name} has no PyTorch class: its order is given as a schedule CSV")
+    else:
+        if name not in TORCH_SCHEDULES:
+            out.append(
+                f"the plan's schedule {name} has no PyTorch class: its order is given as a schedule CSV"
+            )
+        if plan.data.get("optimizer_sharding") == "zero1" and int(plan["dp"]) > 1:
+            out.append(
+                "torchtitan shards weights, gradients and optimizer state over data parallelism (FSDP); "
+                "the plan shards only the optimizer state (ZeRO-1)"
+            )
     recompute, mixed = _recompute(plan)
     if mixed:
         per = ",".join(plan.data["recompute_per_stage"])
