@@ -289,6 +289,7 @@ def _export(data: dict, args: argparse.Namespace) -> None:
     from pathlib import Path
 
     from pipewright.cli.export_plan import SUFFIX, export
+    from pipewright.plan.export import TORCH_SCHEDULES
 
     if args.out:
         target = Path(args.out).with_suffix("").with_suffix(SUFFIX[args.export])
@@ -301,3 +302,5 @@ def _export(data: dict, args: argparse.Namespace) -> None:
         path = Path(folder) / "plan.json"
         save(data, path)
         print(export(path, args.export, write_csv=False)[0], end="")
+    if args.export == "torchtitan" and data["schedule"] not in TORCH_SCHEDULES:
+        print(f"# note: {data['schedule']}.schedule.csv is written with -o (or by `pipewright export-plan`)")
