@@ -224,3 +224,23 @@ def test_cli_output_and_one_line_errors(plans: dict[str, Path], tmp_path: Path, 
     with pytest.raises(ConfigError, match="places chunks in a V, which Megatron-LM cannot run"):
         megatron_args(load(v_plan))
     assert "ZBVZeroBubble" in torchtitan_text(load(v_plan))
+
+
+def test_plan_export_writes_beside_the_plan(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "q.json"
+    argv = ["plan", "--model", "gpt-tiny", "--gpu", "h100-sxm", "--nodes", "1", "--gpus-per-node", "2"]
+    argv += [
+        "--global-batch-size",
+        "4",
+        "--schedules",
+        "1f1b",
+        "--recompute",
+        "none",
+        "--microbatch-sizes",
+        "1",
+    ]
+    assert main([*argv, "--no-baselines", "--finalists", "1", "--export", "megatron", "-o", str(out)]) == 0
+    assert f"wrote {tmp_path / 'q.megatron.sh'}" in capsys.readouterr().out
+    text = (tmp_path / "q.megatron.sh").read_text()
+    body = text[text.index("MEGATRON_ARGS=(") + len("MEGATRON_ARGS=(") : text.rindex(")")]
+    assert _flags(shlex.split(body)) == _flags(megatron_args(load(out)))
