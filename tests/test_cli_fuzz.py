@@ -7,7 +7,7 @@ traceback (every failure is a clean exit whose last stderr line is the one-line 
 the bound, and no exit 0 when the vector holds a value that is nonsense for its flag. ``train`` always
 gets ``--dry-run`` (every check, no worker); ``plan`` and ``profile`` — whose valid runs search or
 measure for a long time — get only vectors holding at least one nonsense value. Fixed seed
-(``derandomize``); :data:`COUNTS` vectors per command, 2,100 in all.
+(``derandomize``); :data:`COUNTS` vectors per command, 2,160 in all.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ COUNTS = {
     ("train",): 450,
     ("plan",): 300,
     ("profile",): 250,
+    ("export-plan",): 60,
 }
 ONLY_NONSENSE = {("plan",), ("profile",)}  # their valid runs take minutes: stopped by a bad value
 INPUT_WORDS = ("config", "profile", "plan", "topology", "schedule", "init_from", "data")
