@@ -203,6 +203,8 @@ def test_cli_fuzz(path, files, tmp_path, monkeypatch) -> None:
     leaves = _leaves()
     assert set(COUNTS) <= set(leaves), f"commands without a fuzz count: {set(leaves) - set(COUNTS)}"
     monkeypatch.chdir(tmp_path)  # default outputs (runs/…) land in a scratch folder
+    if path == ("train",):  # torch's first import (seconds under load) is not the command's work
+        import pipewright.training  # noqa: F401
 
     @settings(
         max_examples=COUNTS[path],
