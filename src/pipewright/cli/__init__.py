@@ -1,5 +1,9 @@
 """``pipewright`` command line. Each subcommand lives in its own module with ``register(subparsers)``
-that sets ``func`` on its parser; adding a command means adding its module to ``_COMMANDS``."""
+that sets ``func`` on its parser; adding a command means adding its module to ``_COMMANDS``.
+
+:func:`main` builds only the command it runs (the others are placeholders that argparse never
+reaches), so ``pipewright simulate`` neither imports ``train``'s modules nor scans the installed
+packages' entry points; no parser imports numpy, torch or matplotlib."""
 
 from __future__ import annotations
 
@@ -13,12 +17,12 @@ from collections.abc import Sequence
 from pipewright import __version__
 from pipewright.errors import PipewrightError, ValidationError
 
-_COMMANDS = ("schedule", "simulate", "train", "check", "profile", "plan", "data")
+_COMMANDS = ("schedule", "simulate", "train", "check", "profile", "plan", "export-plan", "data")
 
 
-def build_parser(feature_paths: Sequence[str] = (), only: str | None = None) -> argparse.ArgumentParser:
-    """The command line; ``feature_paths``: ``--feature module:attr`` values, whose flags ``train`` adds.
-    ``only``: register just this command (the one a command line names; the others are not imported)."""
+def build_parser(feature_paths: Sequence[str] = (), command: str | None = None) -> argparse.ArgumentParser:
+    """The command line; ``feature_paths``: ``--feature module:attr`` values, whose flags ``train`` adds;
+    ``command``: build only this subcommand (the others are bare placeholders), or all when None."""
     parser = argparse.ArgumentParser(
         prog="pipewright",
         description="Plan, simulate and run pipeline-parallel training of transformer models.",
@@ -26,8 +30,11 @@ def build_parser(feature_paths: Sequence[str] = (), only: str | None = None) -> 
     parser.add_argument("--version", action="version", version=f"pipewright {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in _COMMANDS if only is None else (only,):
-        module = importlib.import_module(f"pipewright.cli.{name}")
+    for name in _COMMANDS:
+        if command is not None and name != command:
+            sub.add_parser(name)
+            continue
+        module = importlib.import_module(f"pipewright.cli.{name.replace('-', '_')}")
         if name == "train":  # its flags depend on the features named on the command line
             module.register(sub, tuple(feature_paths))
         else:
@@ -50,19 +57,17 @@ def _train_defaults() -> dict[str, object]:
 
 
 @functools.cache
-def _parser(feature_paths: tuple[str, ...] = (), only: str | None = None) -> argparse.ArgumentParser:
+def _parser(feature_paths: tuple[str, ...] = (), command: str | None = None) -> argparse.ArgumentParser:
     """One parser per process, set of ``--feature`` values and command: in-process callers (tests, the
     CLI fuzzer) reuse it; argparse keeps no state between ``parse_args`` calls."""
-    return build_parser(feature_paths, only)
+    return build_parser(feature_paths, command)
 
 
 def _command(argv: Sequence[str]) -> str | None:
-    """The command ``argv`` names when it starts with one (after ``-v``/``--verbose``), else None."""
-    for arg in argv:
-        if arg in ("-v", "--verbose"):
-            continue
-        return arg if arg in _COMMANDS else None
-    return None
+    """The subcommand ``argv`` names (its first word that is not an option, the top level's options
+    taking no value), or None (then the whole tree is built: ``pipewright --help``, a typo)."""
+    word = next((a for a in argv if not a.startswith("-")), None)
+    return word if word in _COMMANDS else None
 
 
 def _feature_paths(argv: Sequence[str]) -> tuple[str, ...]:

@@ -39,7 +39,7 @@ from pipewright.models.gpt import loss_fn
 from pipewright.models.layout import Layout
 from pipewright.models.spec import ModelSpec
 from pipewright.models.wgrad import linear_factory_for
-from pipewright.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
+from pipewright.optim import base_optimizer, build_optimizer, clip_grad_norm_, lr_at, set_lr
 from pipewright.runtime.checkpoint import ExtraState, load_checkpoint, save_checkpoint
 from pipewright.runtime.compile import compile_stages
 from pipewright.runtime.config import TrainConfig, fingerprint
@@ -193,7 +193,7 @@ class Trainer:
             self.optimizer = self.master.optimizer
         else:
             self.optimizer = build_optimizer(
-                c.optimizer, self.params.items(), lr=c.lr, weight_decay=c.weight_decay
+                base_optimizer(c.optimizer), self.params.items(), lr=c.lr, weight_decay=c.weight_decay
             )
         self.executor_parts = self._optimizer_and_parts(ctx)
         self.guard = RunGuard(
