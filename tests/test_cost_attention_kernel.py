@@ -70,3 +70,10 @@ def test_simulate_takes_the_kernel_and_refuses_one_without_a_figure(capsys):
     assert main([*argv, *a100]) != 0
     err = capsys.readouterr().err.strip()
     assert "no published cudnn attention figure for a100-80gb" in err and "\n" not in err
+
+
+def test_the_cli_flag_lists_every_kernel_with_a_rate():
+    from pipewright.cli.cost_flags import KERNEL_NAMES as FLAGS
+    from pipewright.cost.attention_kernels import KERNEL_NAMES
+
+    assert FLAGS == KERNEL_NAMES

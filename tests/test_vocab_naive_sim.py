@@ -18,7 +18,7 @@ from pipewright.features.vocab.cost import vocab_cost
 from pipewright.features.vocab.experiment import paper_model, run
 from pipewright.features.vocab.insert import PlacementCosts, insert_vocab, unit_vocab_times
 from pipewright.features.vocab.kinds import COLLECTIVE_KINDS, VBX, VCM, VS, VSM
-from pipewright.features.vocab.options import apply_to_simulation
+from pipewright.features.vocab.simulate import apply_to_simulation
 from pipewright.ir import Action, peak_in_flight
 from pipewright.passes.validate import validate
 from pipewright.schedules.registry import build_schedule

@@ -148,3 +148,32 @@ def test_simulate_cli_vocab_parallel(capsys):
         busy[option] = [r["busy_s"] for r in report["per_rank"]]
     assert max(busy["alg2"]) / min(busy["alg2"]) < 1.05
     assert max(busy["none"]) / min(busy["none"]) > 1.5
+
+
+@pytest.mark.parametrize(("name", "algorithm"), [("1f1b", "alg2"), ("v-half", "alg1"), ("1f1b", "naive")])
+def test_broadcast_root_does_not_wait_for_its_own_broadcast(name, algorithm):
+    """S on the last stage's rank needs that rank's forward only; every other rank needs the broadcast
+    (the reference: ``if not is_pipeline_last_stage(): handle.wait()``). With a slow broadcast the
+    root's S starts before the broadcast ends, the others' after."""
+    p = 4
+    sched = insert_vocab(build_schedule(name, p, 4), algorithm)
+    last = sched.num_stages - 1
+    root = sched.rank_of(last)
+    first = VSM if algorithm == "naive" else VS
+    for r in range(p):
+        home = sched.placement.index(r)
+        need = sched.kinds[first].requires(Action(home, first, 1), sched)
+        assert need == ((("F", last, 1, None),) if r == root else (("VBX", home, 1, None),))
+
+    class SlowBroadcast:
+        def p2p_time(self, src: int, dst: int, nbytes: float) -> float:
+            return 0.0
+
+        def collective_time(self, op, rank, nbytes, group="dp", members=()) -> float:
+            return 5.0 if op == "broadcast" else 0.0
+
+    result = simulate(sched, UnitCost(), comm=SlowBroadcast())
+    spans = {r: {(a.kind, a.microbatch): (t0, t1) for a, t0, t1 in result.spans_of(r)} for r in range(p)}
+    bx = spans[0][("VBX", 0)][1]
+    assert spans[root][(first, 0)][0] < bx
+    assert all(spans[r][(first, 0)][0] >= bx for r in range(p) if r != root)

@@ -72,3 +72,16 @@ def test_grid_is_complete() -> None:
     keys = {(r["p"], r["m"], r["f"], r["i"], r["w"], r["comm"]) for r in _rows()}
     assert len(keys) == 2 * 3 * 2 * 2
     assert {r["reference"] for r in _rows()} == set(OURS)
+
+
+@pytest.mark.parametrize("p", [4, 8])
+@pytest.mark.parametrize("m", [8, 16, 24])
+@pytest.mark.parametrize("fiw", [(1.0, 1.0, 1.0), (2.0, 2.0, 1.0)])
+@pytest.mark.parametrize("comm", [0.0, 0.5])
+def test_zb_auto_never_worse_than_the_handcrafted(p, m, fiw, comm) -> None:
+    """zb-auto at memory limit p is as fast as zb-h1, at limit 2p as fast as zb-h2, under the same
+    costs with communication (the paper's claim for its automatic schedule)."""
+    for limit, handcrafted in (("p", "zb-h1"), ("2p", "zb-h2")):
+        auto, _ = _ours("zb-auto", p, m, fiw, comm, limit)
+        hand, _ = _ours(handcrafted, p, m, fiw, comm, None)
+        assert auto <= hand + 1e-9, f"zb-auto at {limit}: {auto} against {handcrafted}'s {hand}"

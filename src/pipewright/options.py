@@ -1,12 +1,18 @@
-"""Option sections: a feature's training options as one frozen dataclass, whose field metadata gives
-each option's command-line flag, help, choices and whether it changes the update rule.
+"""Option sections: a feature's options as one frozen dataclass, whose field metadata gives each
+option's command-line flag, help, choices, the commands that take it and whether it changes the
+update rule.
 
-One declaration serves three readers: the TOML file (a ``[table]`` named for the section, keys named
-like the fields, or the flag's name in ``[train]``), the command line (:func:`add_flags`: one argument
-group per section, defaults shown) and the code that reads the values (:func:`read_section`). A value
-is stored in :class:`~pipewright.runtime.config.TrainConfig` under its *flat name*, the flag without
-its dashes (``--kfac-base`` → ``kfac_base``), so a run's ``config.json`` and checkpoints record every
-option under the name its flag has. Pure Python.
+One declaration serves every reader: the TOML file (a ``[table]`` named for the section, keys named
+like the fields, or the flag's name in ``[train]``), the command lines of ``train``, ``simulate`` and
+``plan`` (:func:`add_flags`: one argument group per section and command, defaults shown) and the code
+that reads the values (:func:`read_section`). A field lists the commands that take it (``commands``,
+default ``("train",)``) and may give a command its own choices, help or default (``variants``:
+``simulate --vocab-parallel`` also takes ``redistribute``). A training value is stored in
+:class:`~pipewright.runtime.config.TrainConfig` under its *flat name*, the flag without its dashes
+(``--kfac-base`` → ``kfac_base``), so a run's ``config.json`` and checkpoints record every option
+under the name its flag has; the other commands parse it under the same name. Only the fields of
+``train`` belong to the TOML table and the config. Pure Python: importing a section imports no
+numpy, torch or matplotlib.
 """
 
 from __future__ import annotations
@@ -15,6 +21,11 @@ import argparse
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, Field, field, fields
 from typing import Any
+
+#: The commands whose flags come from option sections.
+COMMANDS = ("train", "simulate", "plan")
+#: What a field may set differently for one command (``variants``).
+_VARIANT_KEYS = frozenset({"choices", "help", "default"})
 
 
 def option(
@@ -25,12 +36,33 @@ def option(
     choices: tuple[str, ...] | None = None,
     update_rule: bool = False,
     group: str = "",
+    commands: tuple[str, ...] = ("train",),
+    variants: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> Any:
     """A section field: ``flag`` (``--name``; ``--no-name`` for a switch that turns a True default
     off), ``help``, ``choices``; ``update_rule``: the option changes which per-parameter optimizer
     state a run keeps (a resume with another value is refused); ``group``: the help group it is listed
-    under (the training config's fields)."""
-    meta = {"flag": flag, "help": help, "choices": choices, "update_rule": update_rule, "group": group}
+    under (the training config's fields); ``commands``: the commands that take the flag (of
+    :data:`COMMANDS`); ``variants``: command → its own ``choices``/``help``/``default``."""
+    for command in commands:
+        if command not in COMMANDS:
+            raise ValueError(f"option {flag}: unknown command {command!r}; known: {', '.join(COMMANDS)}")
+    variants = {k: dict(v) for k, v in (variants or {}).items()}
+    for command, variant in variants.items():
+        if command not in commands or not set(variant) <= _VARIANT_KEYS:
+            raise ValueError(
+                f"option {flag}: a variant for {command!r} must be of a listed command "
+                f"and set only {', '.join(sorted(_VARIANT_KEYS))}"
+            )
+    meta = {
+        "flag": flag,
+        "help": help,
+        "choices": choices,
+        "update_rule": update_rule,
+        "group": group,
+        "commands": tuple(commands),
+        "variants": variants,
+    }
     return field(default=default, metadata=meta)
 
 
@@ -39,17 +71,32 @@ def flat_name(f: Field) -> str:
     return f.metadata["flag"].lstrip("-").replace("-", "_")
 
 
-def flat_defaults(cls: type) -> dict[str, Any]:
-    """Every option of section ``cls`` with its default, by flat name."""
-    return {flat_name(f): _default(f) for f in fields(cls)}
+def fields_for(cls: type, command: str = "train") -> tuple[Field, ...]:
+    """The fields of section ``cls`` that ``command`` takes (fields without a flag belong to none)."""
+    return tuple(f for f in fields(cls) if command in f.metadata.get("commands", ()))
+
+
+def flat_defaults(cls: type, command: str = "train") -> dict[str, Any]:
+    """Every option of section ``cls`` that ``command`` takes, with its default (that command's
+    variant), by flat name."""
+    return {flat_name(f): _default(f, command) for f in fields_for(cls, command)}
 
 
 def update_rule_names(cls: type) -> tuple[str, ...]:
-    """Flat names of the section's options that change the optimizer's update rule."""
-    return tuple(flat_name(f) for f in fields(cls) if f.metadata.get("update_rule"))
+    """Flat names of the section's training options that change the optimizer's update rule."""
+    return tuple(flat_name(f) for f in fields_for(cls) if f.metadata.get("update_rule"))
 
 
-def _default(f: Field) -> Any:
+def _setting(f: Field, command: str, key: str) -> Any:
+    """Field ``f``'s ``key`` (choices, help) for ``command``: its variant's, else the field's."""
+    variant = f.metadata.get("variants", {}).get(command, {})
+    return variant[key] if key in variant else f.metadata.get(key)
+
+
+def _default(f: Field, command: str = "train") -> Any:
+    variant = f.metadata.get("variants", {}).get(command, {})
+    if "default" in variant:
+        return variant["default"]
     if f.default is not MISSING:
         return f.default
     if f.default_factory is not MISSING:
@@ -61,7 +108,7 @@ def take_values(cls: type, table: str, values: Mapping[str, Any]) -> tuple[dict[
     """Split ``values`` (flat name, or ``"table.key"`` from a TOML ``[table]``) into the options of
     section ``cls`` (by flat name, defaults filled in) and the rest. A ``[table]`` key may use dashes."""
     mine, rest = flat_defaults(cls), dict(values)
-    by_key = {f.name: flat_name(f) for f in fields(cls)}
+    by_key = {f.name: flat_name(f) for f in fields_for(cls)}
     for key in list(rest):
         name = key.replace("-", "_")
         if name in mine:
@@ -76,14 +123,26 @@ def check_section(cls: type, values: Mapping[str, Any], source: str = "config") 
     themselves are the feature's to check (its messages name the combinations it refuses)."""
     from pipewright.runtime.inputs import check_types
 
-    by_flat = {flat_name(f): f for f in fields(cls)}
+    by_flat = {flat_name(f): f for f in fields_for(cls)}
     check_types(cls, {by_flat[n].name: v for n, v in values.items() if n in by_flat}, source)
 
 
-def read_section(cls: type, values: Mapping[str, Any]) -> Any:
-    """Section ``cls`` built from flat-named ``values`` (a config's feature options), defaults for
-    the options not given."""
-    return cls(**{f.name: values.get(flat_name(f), _default(f)) for f in fields(cls)})
+def read_section(cls: type, values: Mapping[str, Any], command: str = "train") -> Any:
+    """Section ``cls`` built from flat-named ``values`` (a config's feature options, or a command's
+    parsed options) for ``command``: its fields from ``values`` (their default when not given), every
+    other field at its default."""
+    mine = {f.name for f in fields_for(cls, command)}
+    return cls(
+        **{
+            f.name: values.get(flat_name(f), _default(f, command)) if f.name in mine else _default(f)
+            for f in fields(cls)
+        }
+    )
+
+
+def has_flags(cls: type, command: str) -> bool:
+    """Whether section ``cls`` gives ``command`` any flag."""
+    return bool(fields_for(cls, command))
 
 
 def add_flags(
@@ -91,28 +150,37 @@ def add_flags(
     cls: type,
     title: str,
     *,
+    command: str = "train",
     dest: Callable[[Field], str] = flat_name,
     group: str | None = None,
 ) -> None:
-    """One argument group ``title`` with a flag per field of ``cls`` (those of help group ``group``
-    when given; fields without a flag are skipped). Flags default to None (not given: the TOML value or
-    the field's default holds); the help shows the field's default. ``dest``: the parsed value's name
-    (default the flat name; the training config uses the field's own name)."""
+    """One argument group ``title`` with a flag per field of ``cls`` that ``command`` takes (those of
+    help group ``group`` when given), with that command's choices and help. ``train``'s flags default
+    to None (not given: the TOML value or the field's default holds); the other commands' default to
+    the field's default. The help shows the default. ``dest``: the parsed value's name (default the
+    flat name; the training config uses the field's own name). No group when no field is taken."""
+    chosen = [f for f in fields_for(cls, command) if group is None or f.metadata.get("group") == group]
+    if not chosen and group is None:
+        return
     out = parser.add_argument_group(title)
-    for f in fields(cls):
-        meta = f.metadata
-        if "flag" not in meta or (group is not None and meta.get("group") != group):
-            continue
-        default = _default(f)
-        text = meta["help"]
-        if "default" not in text and not meta["flag"].startswith("--no-"):
+    for f in chosen:
+        flag = f.metadata["flag"]
+        default = _default(f, command)
+        text = _setting(f, command, "help")
+        if "default" not in text and not flag.startswith("--no-"):
             text += f" (default: {'none' if default is None else default})"
+        given = None if command == "train" else default
         if _kind(f) is bool:
-            action = "store_false" if meta["flag"].startswith("--no-") else "store_true"
-            out.add_argument(meta["flag"], dest=dest(f), action=action, default=None, help=text)
+            action = "store_false" if flag.startswith("--no-") else "store_true"
+            out.add_argument(flag, dest=dest(f), action=action, default=given, help=text)
             continue
         out.add_argument(
-            meta["flag"], dest=dest(f), type=_kind(f), choices=meta.get("choices"), default=None, help=text
+            flag,
+            dest=dest(f),
+            type=_kind(f),
+            choices=_setting(f, command, "choices"),
+            default=given,
+            help=text,
         )
 
 

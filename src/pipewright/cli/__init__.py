@@ -1,5 +1,9 @@
 """``pipewright`` command line. Each subcommand lives in its own module with ``register(subparsers)``
-that sets ``func`` on its parser; adding a command means adding its module to ``_COMMANDS``."""
+that sets ``func`` on its parser; adding a command means adding its module to ``_COMMANDS``.
+
+:func:`main` builds only the command it runs (the others are placeholders that argparse never
+reaches), so ``pipewright simulate`` neither imports ``train``'s modules nor scans the installed
+packages' entry points; no parser imports numpy, torch or matplotlib."""
 
 from __future__ import annotations
 
@@ -13,11 +17,12 @@ from collections.abc import Sequence
 from pipewright import __version__
 from pipewright.errors import PipewrightError, ValidationError
 
-_COMMANDS = ("schedule", "simulate", "train", "profile", "plan")
+_COMMANDS = ("schedule", "simulate", "train", "check", "profile", "plan", "export-plan", "data")
 
 
-def build_parser(feature_paths: Sequence[str] = ()) -> argparse.ArgumentParser:
-    """The command line; ``feature_paths``: ``--feature module:attr`` values, whose flags ``train`` adds."""
+def build_parser(feature_paths: Sequence[str] = (), command: str | None = None) -> argparse.ArgumentParser:
+    """The command line; ``feature_paths``: ``--feature module:attr`` values, whose flags ``train`` adds;
+    ``command``: build only this subcommand (the others are bare placeholders), or all when None."""
     parser = argparse.ArgumentParser(
         prog="pipewright",
         description="Plan, simulate and run pipeline-parallel training of transformer models.",
@@ -26,7 +31,10 @@ def build_parser(feature_paths: Sequence[str] = ()) -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in _COMMANDS:
-        module = importlib.import_module(f"pipewright.cli.{name}")
+        if command is not None and name != command:
+            sub.add_parser(name)
+            continue
+        module = importlib.import_module(f"pipewright.cli.{name.replace('-', '_')}")
         if name == "train":  # its flags depend on the features named on the command line
             module.register(sub, tuple(feature_paths))
         else:
@@ -49,10 +57,17 @@ def _train_defaults() -> dict[str, object]:
 
 
 @functools.cache
-def _parser(feature_paths: tuple[str, ...] = ()) -> argparse.ArgumentParser:
-    """One parser per process and set of ``--feature`` values: in-process callers (tests, the CLI
-    fuzzer) reuse it; argparse keeps no state between ``parse_args`` calls."""
-    return build_parser(feature_paths)
+def _parser(feature_paths: tuple[str, ...] = (), command: str | None = None) -> argparse.ArgumentParser:
+    """One parser per process, set of ``--feature`` values and command: in-process callers (tests, the
+    CLI fuzzer) reuse it; argparse keeps no state between ``parse_args`` calls."""
+    return build_parser(feature_paths, command)
+
+
+def _command(argv: Sequence[str]) -> str | None:
+    """The subcommand ``argv`` names (its first word that is not an option, the top level's options
+    taking no value), or None (then the whole tree is built: ``pipewright --help``, a typo)."""
+    word = next((a for a in argv if not a.startswith("-")), None)
+    return word if word in _COMMANDS else None
 
 
 def _feature_paths(argv: Sequence[str]) -> tuple[str, ...]:
@@ -69,7 +84,7 @@ def _feature_paths(argv: Sequence[str]) -> tuple[str, ...]:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        parser = _parser(_feature_paths(argv))
+        parser = _parser(_feature_paths(argv), _command(argv))
     except PipewrightError as exc:  # a --feature that does not load
         print(f"pipewright: error: {exc}", file=sys.stderr)
         return 2

@@ -6,12 +6,12 @@ import argparse
 import json
 import sys
 
-from pipewright.cost.attention_kernels import KERNEL_NAMES
-from pipewright.cost.moe_options import MOE_FIELDS, add_moe_options
+from pipewright.cli.cost_flags import KERNEL_NAMES, MOE_FIELDS, add_moe_options
+from pipewright.cli.guards import DEFAULT_MAX_ACTIONS as MAX_ACTIONS  # = plan.problem.MAX_ACTIONS
 from pipewright.errors import ConfigError
+from pipewright.features import builtin_features
 from pipewright.files import check_writable
 from pipewright.plan.options import ATTENTION_CHOICES
-from pipewright.plan.problem import MAX_ACTIONS
 
 _DIMS = ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len")
 
@@ -112,6 +112,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--json", action="store_true", help="print the plan JSON")
     parser.add_argument("-o", "--out", help="write the plan JSON to this file")
+    parser.add_argument(
+        "--export",
+        choices=("megatron", "torchtitan"),
+        help="also give the plan as Megatron-LM's arguments or torchtitan's TOML (printed; with -o, "
+        "written beside the plan: PLAN.megatron.sh or PLAN.torchtitan.toml)",
+    )
+    builtin_features().add_options("plan", parser)  # the features' plan flags (their sections' fields)
     parser.set_defaults(func=run)
 
 
@@ -284,4 +291,29 @@ def run(args: argparse.Namespace) -> int:
         print(summary(prob, result))
         if args.out:
             print(f"wrote {args.out}")
+    if args.export:
+        _export(data, args)
     return 0
+
+
+def _export(data: dict, args: argparse.Namespace) -> None:
+    """``--export``: the plan for Megatron-LM or torchtitan, printed or written beside ``-o``."""
+    import tempfile
+    from pathlib import Path
+
+    from pipewright.cli.export_plan import SUFFIX, export
+    from pipewright.plan.export import TORCH_SCHEDULES
+
+    if args.out:
+        target = Path(args.out).with_suffix("").with_suffix(SUFFIX[args.export])
+        for path in export(args.out, args.export, target)[1]:
+            print(f"wrote {path}")
+        return
+    with tempfile.TemporaryDirectory() as folder:  # the plan file the exporter reads
+        from pipewright.plan.planfile import save
+
+        path = Path(folder) / "plan.json"
+        save(data, path)
+        print(export(path, args.export, write_csv=False)[0], end="")
+    if args.export == "torchtitan" and data["schedule"] not in TORCH_SCHEDULES:
+        print(f"# note: {data['schedule']}.schedule.csv is written with -o (or by `pipewright export-plan`)")

@@ -6,31 +6,20 @@ import argparse
 import json
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from pipewright.cli.cost_flags import KERNEL_NAMES, MOE_FIELDS, add_moe_options
 from pipewright.cli.guards import add_max_actions, check_simulate
-from pipewright.codec import load_csv
-from pipewright.cost.attention_kernels import KERNEL_NAMES
-from pipewright.cost.memory_parts import memory_table, rank_memory_parts
-from pipewright.cost.moe_options import MOE_FIELDS, add_moe_options
 from pipewright.errors import ConfigError
 from pipewright.features import builtin_features, library_schedules
-from pipewright.ir import Schedule
 from pipewright.models.spec import MLP_KINDS
-from pipewright.passes import validate
 from pipewright.passes.grad_reduce import GRAD_REDUCE
 from pipewright.plan.request import PlanOverrides, SimulateRequest
-from pipewright.plan.setup import (
-    SimSetup,
-    cluster_topology,
-    core_sharing,
-    microbatches_per_pipeline,
-    model_setup,
-    profile_setup,
-    unit_setup,
-)
 from pipewright.schedules import build_schedule, schedule_names
-from pipewright.sim import metrics
-from pipewright.sim.program import gc_paused
+
+if TYPE_CHECKING:  # the set-up and the simulator import numpy: only when a command runs
+    from pipewright.ir import Schedule
+    from pipewright.plan.setup import SimSetup
 
 _DIMS = ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len", "kv_heads")
 
@@ -173,6 +162,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _load_schedule(name: str, stages: int | None, microbatches: int | None, virtual: int | None) -> Schedule:
     """A schedule file (validated here: user input) or a library schedule, which :func:`run` validates
     lowered, in one pass with the simulation (``simulate(validate=True)``)."""
+    from pipewright.codec import load_csv
+    from pipewright.passes import validate
+
     library = library_schedules()
     if name not in library and (name.endswith(".csv") or Path(name).is_file()):
         return validate(load_csv(name))
@@ -182,12 +174,15 @@ def _load_schedule(name: str, stages: int | None, microbatches: int | None, virt
 
 
 def _unit_setup(args: argparse.Namespace) -> SimSetup:
+    from pipewright.plan.setup import unit_setup
+
     return unit_setup(_load_schedule(args.schedule, args.stages, args.microbatches, args.virtual))
 
 
 def _profile_setup(args: argparse.Namespace, plan: PlanOverrides | None = None) -> SimSetup:
     """Measured costs: ProfiledCost and ProfiledComm from a ``pipewright profile`` file."""
     from pipewright.cost.profiled import load_profile
+    from pipewright.plan.setup import core_sharing, profile_setup
 
     if args.grad_reduce == "after":
         raise ConfigError(
@@ -220,6 +215,7 @@ def _model_setup(args: argparse.Namespace, plan: PlanOverrides | None = None) ->
     from pipewright.mesh import DEFAULT_ORDER, Mesh
     from pipewright.models.presets import resolve_model
     from pipewright.plan.apply import plan_mesh
+    from pipewright.plan.setup import cluster_topology, microbatches_per_pipeline, model_setup
 
     model = resolve_model(args.model, **{d: getattr(args, d) for d in (*_DIMS, *MOE_FIELDS)})
     if args.mlp or args.no_bias:
@@ -302,11 +298,17 @@ def _costed_schedule(
 
 
 def run(args: argparse.Namespace) -> int:
+    from pipewright.sim.program import gc_paused
+
     with gc_paused(freeze=True):  # the schedule's hundreds of thousands of actions hold no cycles
         return _run(args)
 
 
 def _run(args: argparse.Namespace) -> int:
+    from pipewright.cost.memory_parts import rank_memory_parts
+    from pipewright.plan.setup import core_sharing
+    from pipewright.sim import metrics
+
     given = [
         flag
         for flag, value in (("--cost unit", args.cost), ("--model", args.model), ("--profile", args.profile))
@@ -400,5 +402,7 @@ def _summary(report: dict, label: str, unit: bool) -> str:
             f"{100 * r['bubble_fraction']:>6.1f}%  {size(r['peak_memory_bytes']):>12}"
         )
     if not unit and report["per_rank"] and "memory_parts" in report["per_rank"][0]:
+        from pipewright.cost.memory_parts import memory_table
+
         lines.append(memory_table([r["memory_parts"] for r in report["per_rank"]]))
     return "\n".join(lines)

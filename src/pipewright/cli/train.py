@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction, feature_paths: tuple[str, ...] = (
     from pipewright.options import add_flags
     from pipewright.runtime.config import TrainConfig
 
-    parser = sub.add_parser("train", help="train a GPT with pipeline parallelism")
+    parser = sub.add_parser("train", help="train a model with pipeline parallelism")
     parser.add_argument("--config", help="TOML file with training options (flags override it)")
     parser.add_argument("--nproc", type=int, help="processes to start (default tp × pp × dp)")
     parser.add_argument("--plan", help="a `pipewright plan` file: its layout, degrees, schedule, batch")
@@ -102,10 +102,10 @@ def config_from_args(args: argparse.Namespace):
 
 
 def _train(args: argparse.Namespace) -> int:
-    from pipewright.training import resolve_schedule, train
+    from pipewright.training import prepare, train
 
     config = config_from_args(args)
-    plan = None
+    plan = prepared = None
     if args.profile is not None and not args.compare_sim:
         raise ConfigError("--profile is used by --compare-sim; add --compare-sim")
     if args.dry_run:
@@ -115,10 +115,11 @@ def _train(args: argparse.Namespace) -> int:
     if args.compare_sim:
         from pipewright.runtime.compare import plan_comparison
 
+        prepared = prepare(config)  # checked once, for the comparison and the run
         plan = plan_comparison(
-            config, args.profile, progress=config.progress, schedule=resolve_schedule(config)
+            prepared.config, args.profile, progress=config.progress, schedule=prepared.schedule
         )
-    result = train(config)
+    result = train(config, prepared)
     if result is None:  # a torchrun rank other than 0
         return 0
     if result.preempted_at is not None:

@@ -2,10 +2,11 @@
 
 A :class:`Feature` holds everything a capability adds — its action kinds (with dependency rules and
 point-to-point/collective metadata), cost rules keyed by kind, schedule generators, schedule passes,
-its training options (a dataclass section, :mod:`pipewright.options`: a ``[table]`` in the TOML file
-and an argument group of ``pipewright train``), ``simulate``'s flags and hook, and its training
-plugin (:mod:`pipewright.runtime.plugin`), given as an import path so that this module and the
-simulator side stay free of torch. :class:`Features` is an immutable set of bundles;
+its options (a dataclass section, :mod:`pipewright.options`: a ``[table]`` in the TOML file and an
+argument group of ``pipewright train``, ``simulate`` and ``plan``, each field naming the commands
+that take it), ``simulate``'s hook, and its training plugin (:mod:`pipewright.runtime.plugin`); hook
+and plugin are import paths, loaded when used, so that building the command line imports no numpy,
+torch or matplotlib. :class:`Features` is an immutable set of bundles;
 :func:`builtin_features` is the one place the library's own features (vocabulary parallelism, K-FAC
 in the bubbles, asynchronous weights) are listed, and :func:`user_features` adds the ones installed
 under the entry point group ``pipewright.features`` or named with ``--feature module:attr``.
@@ -19,7 +20,8 @@ How the core uses a bundle (see ``tests/test_feature_contract.py`` for a whole t
   :class:`~pipewright.schedules.registry.ScheduleRegistry`.
 - ``Feature.plugin_class()`` — the training plugin the composition root (:mod:`pipewright.training`)
   hands to the trainer when ``active(config, schedule)``.
-- ``Features.add_options(command, parser)`` — each feature's flags on ``simulate``/``train``/….
+- ``Features.add_options(command, parser)`` — each feature's flags on ``train``/``simulate``/``plan``,
+  generated from its section (:func:`pipewright.options.add_flags`).
 """
 
 from __future__ import annotations
@@ -52,10 +54,12 @@ def load(path: str) -> Any:
 class Feature:
     """One capability's bundle (see the module docstring). ``cost_rules``: kind → rule (see
     :mod:`pipewright.cost.rules`). ``passes``: name → ``fn(schedule, **options) -> schedule``.
-    ``options``: ``fn(command, parser)`` adding the feature's flags to ``simulate`` or ``plan``.
     ``simulate``: import path of a ``pipewright simulate`` hook (:meth:`simulate_hook`).
-    ``section``: the dataclass of the feature's training options (:mod:`pipewright.options`), read
-    from the TOML ``[table]`` (default: the name) and from ``pipewright train``'s flags.
+    ``section``: the dataclass of the feature's options (:mod:`pipewright.options`): its training
+    options, read from the TOML ``[table]`` (default: the name) and ``train``'s flags, and the flags
+    of ``simulate`` and ``plan`` its fields name.
+    ``optimizers``: the ``--optimizer`` names the feature provides (its plugin wraps or replaces the
+    optimizer the trainer builds for them, :data:`pipewright.optim.FEATURE_BASE`).
     ``plugin``: import path of its :class:`~pipewright.runtime.plugin.TrainingPlugin` subclass."""
 
     name: str
@@ -63,11 +67,11 @@ class Feature:
     cost_rules: Mapping[str, Callable] = field(default_factory=dict)
     schedules: tuple[Any, ...] = ()
     passes: Mapping[str, Callable] = field(default_factory=dict)
-    options: Callable[[str, Any], None] | None = None
     simulate: str | None = None
     section: type | None = None
     table: str = ""
     plugin: str | None = None
+    optimizers: tuple[str, ...] = ()
     description: str = ""
 
     @property
@@ -100,7 +104,7 @@ class Features:
             self._bundles[f.name] = f
         owner: dict[str, str] = {}
         for f in self._bundles.values():
-            for name in [k.name for k in f.kinds] + list(f.cost_rules) + list(f.passes):
+            for name in [k.name for k in f.kinds] + [*f.cost_rules, *f.passes, *f.optimizers]:
                 key = name
                 if key in owner and owner[key] != f.name:
                     raise ConfigError(f"{name!r} is provided by both {owner[key]} and {f.name}")
@@ -148,15 +152,15 @@ class Features:
         return with_rules(model, self.cost_rules)
 
     def add_options(self, command: str, parser: Any) -> None:
-        """Each feature's flags on ``command``: its ``options`` hook, and on ``train`` one argument
-        group generated from its training-options section (:func:`pipewright.options.add_flags`)."""
+        """Each feature's flags on ``command`` (``train``, ``simulate``, ``plan``): one argument group
+        per feature whose section has fields for it, generated from the section
+        (:func:`pipewright.options.add_flags`)."""
         from pipewright.options import add_flags
 
         for f in self:
-            if f.options is not None:
-                f.options(command, parser)
-            if command == "train" and f.section is not None:
-                add_flags(parser, f.section, f"{f.name}: {f.description}" if f.description else f.name)
+            if f.section is not None:
+                title = f"{f.name}: {f.description}" if f.description else f.name
+                add_flags(parser, f.section, title, command=command)
 
 
 def builtin_features() -> Features:

@@ -13,8 +13,16 @@ from pipewright.errors import ConfigError
 from pipewright.models import gpt, llama
 from pipewright.models.spec import ModelSpec
 
+
+def _hf_build_stage(*args, **kwargs) -> nn.Module:
+    """Hugging Face models (:mod:`pipewright.models.hf`), imported when used (transformers is optional)."""
+    from pipewright.models.hf import build_stage as hf_build_stage
+
+    return hf_build_stage(*args, **kwargs)
+
+
 STAGE_BUILDERS: Mapping[str, Callable[..., nn.Module]] = MappingProxyType(
-    {"gpt": gpt.build_stage, "bert": gpt.build_stage, "llama": llama.build_stage}
+    {"gpt": gpt.build_stage, "bert": gpt.build_stage, "llama": llama.build_stage, "hf": _hf_build_stage}
 )
 
 

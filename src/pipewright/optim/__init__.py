@@ -1,7 +1,9 @@
 """Optimizers, learning-rate schedule and global gradient clipping for pipeline training (torch)."""
 
 from pipewright.optim.optimizer import (
+    FEATURE_BASE,
     OPTIMIZERS,
+    base_optimizer,
     build_optimizer,
     clip_grad_norm_,
     global_grad_norm,
@@ -12,7 +14,9 @@ from pipewright.optim.optimizer import (
 )
 
 __all__ = [
+    "FEATURE_BASE",
     "OPTIMIZERS",
+    "base_optimizer",
     "build_optimizer",
     "clip_grad_norm_",
     "global_grad_norm",

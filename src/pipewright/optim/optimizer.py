@@ -39,12 +39,21 @@ def _sgd(named, lr: float, weight_decay: float, momentum: float = 0.9, **_) -> t
     return torch.optim.SGD(_param_groups(named, weight_decay), lr=lr, momentum=momentum, foreach=False)
 
 
-#: Optimizer name → builder(named_parameters, lr, weight_decay, **options). "kfac" builds the
-#: first-order update K-FAC's preconditioned gradient feeds (AdamW); the trainer wraps it with K-FAC
-#: (pipewright.features.kfac.runtime).
+#: Optimizer name → builder(named_parameters, lr, weight_decay, **options). A feature may provide
+#: more names (``Feature.optimizers``); its training plugin wraps or replaces the optimizer the trainer
+#: builds for them, :data:`FEATURE_BASE`.
 OPTIMIZERS: Mapping[str, Callable[..., torch.optim.Optimizer]] = MappingProxyType(
-    {"adamw": _adamw, "sgd": _sgd, "kfac": _adamw}
+    {"adamw": _adamw, "sgd": _sgd}
 )
+#: What the trainer builds under an optimizer name a feature provides, before the feature's plugin
+#: wraps or replaces it.
+FEATURE_BASE = "adamw"
+
+
+def base_optimizer(name: str) -> str:
+    """The optimizer of :data:`OPTIMIZERS` the trainer builds for ``name``: itself, or
+    :data:`FEATURE_BASE` for a name a feature provides (checked before any worker starts)."""
+    return name if name in OPTIMIZERS else FEATURE_BASE
 
 
 def build_optimizer(

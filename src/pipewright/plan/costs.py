@@ -4,9 +4,14 @@ A stage holding n transformer layers (plus the embedding on the first stage, the
 on the last) costs, per microbatch, n × (one layer) + embedding + head — every term of
 :class:`~pipewright.cost.transformer.TransformerCost` is linear in the layer count. So the planner asks
 the cost model once for a one-layer middle chunk, a layer-free first chunk (the embedding) and a
-layer-free last chunk (the head) and prices any stage from those three, on any device kind and any
-tensor-parallel group: time = FLOPs / (peak × gemm efficiency) + memory traffic / memory bandwidth +
-Σ tensor-parallel all-reduces over the group's links (the cost model's own formula).
+layer-free last chunk (the head) and prices any stage from those three, on any device kind, any
+tensor-parallel group and any context-parallel group with the cost model's own formula
+(:meth:`~pipewright.cost.transformer.TransformerCost.kind_time`): time = Σ GEMMs by shape (peak ×
+gemm efficiency × tile/wave quantisation, or a calibration's measured rate) + attention-core FLOPs /
+(peak × attention efficiency) + memory traffic / memory bandwidth + Σ tensor-parallel all-reduces over
+the group's links (exposed beyond the GEMMs with ``tp_comm_overlap``) + per layer the ring-attention
+exchange over the cp group exposed beyond that layer's attention + τ per layer (launch overhead).
+FSDP's per-layer re-gathering (pipeline size 1 only) is left to the full simulation.
 
 It reads the cost model's per-chunk table through the public
 :meth:`~pipewright.cost.transformer.TransformerCost.chunk_costs`.
@@ -15,17 +20,35 @@ It reads the cost model's per-chunk table through the public
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 
 from pipewright.cost.comm import Mesh
+from pipewright.cost.gemm import wave_efficiency
 from pipewright.cost.recompute import make_cost
-from pipewright.cost.transformer import A100_EFFICIENCY, DTYPE_BYTES, Efficiency
+from pipewright.cost.sharding import exposed
+from pipewright.cost.transformer import _OVERHEAD, A100_EFFICIENCY, DTYPE_BYTES, Efficiency
 from pipewright.hardware import Accelerator
 from pipewright.ir import B, F
 from pipewright.models.spec import ModelSpec
 from pipewright.plan.options import CostOptions
 from pipewright.topology import single_host
+
+Gemms = tuple[tuple[float, float, float, int], ...]  # (m, n, k, count) each
+
+
+def gemm_seconds(gemms: Gemms, gpu: Accelerator, dtype: str, eff: Efficiency, calibration=None) -> float:
+    """Seconds of ``gemms`` on ``gpu``, as :meth:`TransformerCost.gemm_time` prices them: a calibration's
+    measured rate for the shape, else peak × gemm efficiency (× fp8 factor) × wave quantisation."""
+    peak = gpu.peak(dtype)
+    base, sms = eff.gemm * (eff.fp8 if dtype == "fp8" else 1.0), gpu.sms if eff.waves else 0
+    total = 0.0
+    for m, n, k, count in gemms:
+        rate = None if calibration is None else calibration.gemm_flops_per_second(m, n, k, dtype)
+        if rate is None:
+            rate = peak * base * wave_efficiency(m, n, sms)
+        total += count * 2 * m * n * k / rate
+    return total
 
 
 @dataclass(frozen=True)
@@ -40,15 +63,72 @@ class Part:
     tp_b: tuple[float, ...]
     activation: float  # bytes F stores
     params: float  # parameters per device
+    gemms_f: Gemms = ()
+    gemms_b: Gemms = ()
+    attention_f: float = 0.0  # attention-core FLOPs executed
+    attention_b: float = 0.0
+    ring_f: float = 0.0  # bytes of the context-parallel KV exchange per layer
+    ring_b: float = 0.0
+    layers: int = 0
+    # (kind, gpu, dtype, efficiency) -> (GEMM, attention, rest) seconds: the terms that do not depend
+    # on the tp/cp group, computed once per device kind (large meshes price thousands of groups)
+    _local: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
 
     def times(
-        self, gpu: Accelerator, dtype: str, eff: Efficiency, all_reduce: Callable[[float], float]
+        self,
+        gpu: Accelerator,
+        dtype: str,
+        eff: Efficiency,
+        all_reduce: Callable[[float], float],
+        ring: Callable[[float], float] | None = None,
+        options: Pricing | None = None,
     ) -> tuple[float, float]:
-        """(forward, backward) seconds on ``gpu`` with the tp group's ``all_reduce(bytes)`` time."""
-        peak = gpu.peak(dtype) * eff.gemm
-        f = self.flops_f / peak + self.traffic_f / gpu.memory_bandwidth + sum(map(all_reduce, self.tp_f))
-        b = self.flops_b / peak + self.traffic_b / gpu.memory_bandwidth + sum(map(all_reduce, self.tp_b))
-        return f, b
+        """(forward, backward) seconds on ``gpu`` with the tp group's ``all_reduce(bytes)`` and the cp
+        group's ``ring(bytes)`` (an all-gather) times (module docstring)."""
+        o = options or Pricing()
+        return (
+            self._time(F, gpu, dtype, eff, all_reduce, ring, o),
+            self._time(B, gpu, dtype, eff, all_reduce, ring, o),
+        )
+
+    def _device_terms(self, kind, gpu, dtype, eff, o: Pricing) -> tuple[float, float, float]:
+        """(GEMM, attention core, memory-bound traffic + layer overhead) seconds of ``kind`` on ``gpu``."""
+        key = (kind, gpu.name, dtype, eff)
+        hit = self._local.get(key)
+        if hit is None:
+            fwd = kind == F
+            gemm = gemm_seconds(self.gemms_f if fwd else self.gemms_b, gpu, dtype, eff, o.calibration)
+            act_dtype = "bf16" if dtype == "fp8" else dtype
+            attn = (self.attention_f if fwd else self.attention_b) / (
+                gpu.peak(act_dtype) * eff.attention_rate
+            )
+            bandwidth = gpu.memory_bandwidth if o.calibration is None else o.calibration.memory_bandwidth
+            memory = (self.traffic_f if fwd else self.traffic_b) / bandwidth
+            overhead = self.layers * eff.layer_overhead * _OVERHEAD[kind]
+            hit = self._local[key] = (gemm, attn, memory + overhead)
+        return hit
+
+    def _time(self, kind, gpu, dtype, eff, all_reduce, ring, o: Pricing) -> float:
+        fwd = kind == F
+        gemm, attn, rest = self._device_terms(kind, gpu, dtype, eff, o)
+        tp = sum(map(all_reduce, self.tp_f if fwd else self.tp_b))
+        if o.tp_comm_overlap:
+            tp = exposed(tp, gemm)
+        exchange = 0.0
+        if ring is not None and self.layers and o.cp > 1:
+            per_layer = ring(self.ring_f if fwd else self.ring_b)
+            exchange = self.layers * exposed(per_layer, attn / self.layers)
+        return gemm + attn + rest + tp + exchange
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """What the cost model's time formula needs besides the pieces: its calibration, whether
+    tensor-parallel communication overlaps the GEMMs, and the context-parallel size."""
+
+    calibration: object = None
+    tp_comm_overlap: bool = False
+    cp: int = 1
 
 
 @dataclass(frozen=True)
@@ -61,6 +141,7 @@ class Parts:
     boundary_bytes: float  # one stage-boundary message (activation or its gradient)
     bytes_per_param: float
     grad_bytes: float
+    pricing: Pricing = Pricing()
 
 
 def _part(chunk, t: int) -> Part:
@@ -73,6 +154,13 @@ def _part(chunk, t: int) -> Part:
         tuple(chunk.tp_bytes[B]),
         chunk.memory[F],
         chunk.params,
+        tuple(chunk.gemms.get(F, ())),
+        tuple(chunk.gemms.get(B, ())),
+        chunk.attention.get(F, 0.0),
+        chunk.attention.get(B, 0.0),
+        chunk.ring_bytes.get(F, 0.0),
+        chunk.ring_bytes.get(B, 0.0),
+        chunk.layers,
     )
 
 
@@ -117,6 +205,11 @@ def parts(
         act / tp if split else act,
         cost.bytes_per_param,
         cost.grad_bytes,
+        Pricing(
+            getattr(cost, "calibration", None),
+            getattr(cost, "tp_comm_overlap", False),
+            getattr(cost, "cp", 1),
+        ),
     )
 
 
@@ -155,12 +248,19 @@ class StageCost:
 
 
 def stage_cost(
-    p: Parts, gpu: Accelerator, dtype: str, eff: Efficiency, all_reduce: Callable[[float], float]
+    p: Parts,
+    gpu: Accelerator,
+    dtype: str,
+    eff: Efficiency,
+    all_reduce: Callable[[float], float],
+    ring: Callable[[float], float] | None = None,
 ) -> StageCost:
-    """Price the pieces on ``gpu`` with the tensor-parallel group's ``all_reduce``."""
-    lf, lb = p.layer.times(gpu, dtype, eff, all_reduce)
-    ef, eb = p.embed.times(gpu, dtype, eff, all_reduce)
-    hf, hb = p.head.times(gpu, dtype, eff, all_reduce)
+    """Price the pieces on ``gpu`` with the tensor-parallel group's ``all_reduce`` and the
+    context-parallel group's ``ring`` (all-gather) times; without ``ring`` the exchange is free."""
+    args = (gpu, dtype, eff, all_reduce, ring, p.pricing)
+    lf, lb = p.layer.times(*args)
+    ef, eb = p.embed.times(*args)
+    hf, hb = p.head.times(*args)
     bpp = p.bytes_per_param
     return StageCost(
         lf, lb, ef, eb, hf, hb,

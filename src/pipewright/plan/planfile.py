@@ -20,15 +20,15 @@ Schema (JSON)::
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pipewright.errors import ConfigError
-from pipewright.files import read_text
 from pipewright.mesh import DEFAULT_ORDER
 from pipewright.models.spec import ModelSpec
+from pipewright.topology.schema import read as read_json
+from pipewright.topology.schema import save as write_json
 
 FORMAT = "pipewright-plan"
 #: Where the planner's iteration runs the data-parallel gradient all-reduce (``simulate --grad-reduce``):
@@ -121,17 +121,14 @@ def model_json(spec: ModelSpec, padded_vocab: int | None = None) -> dict[str, An
 
 
 def save(data: dict[str, Any], path: str | Path) -> None:
-    Path(path).write_text(json.dumps(data, indent=1) + "\n")
+    """Write a plan file (indented JSON, as topology files are)."""
+    write_json(data, path)
 
 
 def load(path: str | Path) -> Plan:
-    """Read a plan file; one-line error on a missing file or another format."""
-    try:
-        data = json.loads(read_text(path, "plan"))  # one line for a non-UTF-8 file too
-    except OSError as exc:
-        raise ConfigError(f"cannot read plan {path}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"plan {path} is not valid JSON: {exc.msg} (line {exc.lineno})") from None
+    """Read a plan file; one-line error on a missing, unreadable or non-JSON file
+    (:func:`pipewright.topology.schema.read`) or another format."""
+    data = read_json(path, "plan")
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ConfigError(f'{path} is not a plan file: expected "format": "{FORMAT}"')
     check_schema(data, str(path))

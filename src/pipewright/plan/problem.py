@@ -109,13 +109,21 @@ class Problem:
 
     def efficiency_for(self, kind: str | None = None) -> Efficiency:
         """The efficiency parameters priced on accelerator ``kind`` (default: the first device's): the
-        given ones, else the accelerator's defaults — what ``pipewright simulate`` uses for it."""
-        if self.efficiency is not None:
-            return self.efficiency
+        given ones, else the accelerator's defaults — what ``pipewright simulate`` uses for it; the
+        attention rate of ``attention_kernel`` on it where one is named, the GEMM rate for eager
+        attention (its batched GEMMs)."""
+        from pipewright.cost.attention_kernels import kernel_efficiency
         from pipewright.cost.efficiency import default_efficiency
         from pipewright.hardware import accelerator
 
-        return default_efficiency(accelerator(kind or next(iter(self.device_kinds()))))
+        name = kind or next(iter(self.device_kinds()))
+        eff = self.efficiency if self.efficiency is not None else default_efficiency(accelerator(name))
+        if self.attention == "eager":
+            return replace(eff, attention=eff.gemm)
+        if self.attention_kernel is not None:
+            rate = kernel_efficiency(name, self.attention_kernel)
+            return eff if rate is None else replace(eff, attention=rate)
+        return eff
 
     def device_kinds(self) -> dict[str, str]:
         """Each accelerator kind of the topology's devices → its first device (listed once)."""

@@ -74,14 +74,15 @@ class _Context:
             return self.problem.topology.accelerator(dmap.grid[i][0][0]).memory_bytes
         return self.memory_limit(dmap.stage_devices(i))
 
-    def all_reduce(self, group: tuple[str, ...]) -> Callable[[float], float]:
+    def all_reduce(self, group: tuple[str, ...], op: str = "all_reduce") -> Callable[[float], float]:
+        """Seconds of collective ``op`` of n bytes over ``group``'s devices (the cost model's formula)."""
         topo, eff = self.problem.topology, self.problem.efficiency_for().comm
 
         def f(nbytes: float) -> float:
-            key = (group, nbytes)
+            key = (op, group, nbytes)
             hit = self.ar_cache.get(key)
             if hit is None:
-                hit = self.ar_cache[key] = topo.collective_time("all_reduce", group, nbytes / eff)
+                hit = self.ar_cache[key] = topo.collective_time(op, group, nbytes / eff)
             return hit
 
         return f
@@ -176,18 +177,25 @@ def _stage_costs(ctx: _Context, c: Candidate, dmap: DeviceMap) -> list[StageCost
     pc = _parts(prob, c)
     out = []
     for i in range(c.pp):
-        group = dmap.grid[i][0][: c.tp]  # the tensor-parallel ranks of the stage's first block
+        block = dmap.grid[i][0]  # the stage's first (tp × cp) block, tp fastest
+        group = block[: c.tp]  # its tensor-parallel ranks
+        ring = block[:: c.tp]  # the context-parallel group of its tp rank 0
         kinds = ctx.stage_kinds(dmap, i)
         best = None
         for kind in sorted(kinds):
-            key = (kind, group, c.microbatch, c.tp, c.recompute, c.sequence_parallel, c.cp, c.sharding)
+            key = (kind, group, ring, c.microbatch, c.tp, c.recompute, c.sequence_parallel, c.cp, c.sharding)
             sc = ctx.cost_cache.get(key)
             if sc is None:
                 gpu = prob.topology.accelerator(
                     next(d for d in dmap.stage_devices(i) if prob.topology.nodes[d].accelerator == kind)
                 )
                 sc = ctx.cost_cache[key] = stage_cost(
-                    pc, gpu, prob.dtype, prob.efficiency_for(kind), ctx.all_reduce(group)
+                    pc,
+                    gpu,
+                    prob.dtype,
+                    prob.efficiency_for(kind),
+                    ctx.all_reduce(group),
+                    ctx.all_reduce(ring, "all_gather") if c.cp > 1 else None,
                 )
             if best is None or sc.layer > best.layer:
                 best = sc

@@ -203,6 +203,12 @@ class _TrainFields:
         "ZeRO-1: each data-parallel rank keeps 1/dp of the optimizer state",
         group="precision and memory",
     )
+    compile: bool = option(
+        False,
+        "--compile",
+        "torch.compile each stage's forward (a stage that cannot compile runs eagerly, with a warning)",
+        group="precision and memory",
+    )
     tie_embeddings: bool = option(
         False,
         "--tie-embeddings",
@@ -235,6 +241,12 @@ class _TrainFields:
         None,
         "--init-from",
         "Hugging Face checkpoint folder (GPT-2 or Llama config.json + safetensors)",
+        group="model",
+    )
+    hf_model: str | None = option(
+        None,
+        "--hf-model",
+        "Hugging Face model folder or config.json, built with transformers (weights if model.safetensors)",
         group="model",
     )
     # the device (process) of each global rank in the mesh's tp-dp-pp order, comma-separated, e.g. "0,2,1,3"
@@ -336,6 +348,8 @@ class TrainConfig(_TrainFields):
 
     def num_layers(self) -> int:
         """The model's layer count, known without the data."""
+        if self.hf_model:
+            return self.model_spec().layers
         if self.init_from:
             from pipewright.models.hf_load import read_hf_spec
 
@@ -344,7 +358,11 @@ class TrainConfig(_TrainFields):
 
     def model_spec(self, dataset_vocab: int | None = None) -> ModelSpec:
         """The preset (or family) with the dimension flags applied; vocab defaults to the dataset's."""
-        if self.init_from:
+        if self.hf_model:
+            from pipewright.models.hf import read_spec
+
+            spec = read_spec(self.hf_model, seq_len=self.seq_len)
+        elif self.init_from:
             from pipewright.models.hf_load import read_hf_spec
 
             spec = read_hf_spec(self.init_from, seq_len=self.seq_len)
@@ -362,13 +380,18 @@ class TrainConfig(_TrainFields):
             )
         if self.tie_embeddings:
             spec = replace(spec, tied_embeddings=True)
+        if dataset_vocab is not None and spec.vocab < dataset_vocab and spec.family == "hf":
+            raise ConfigError(
+                f"the data's vocabulary ({dataset_vocab}) exceeds the model's ({spec.vocab}); make the "
+                f"token file with the model's tokenizer: pipewright data prepare --tokenizer {self.hf_model}"
+            )
         if dataset_vocab is not None and spec.vocab < dataset_vocab:
             raise ConfigError(
                 f"--vocab {spec.vocab} is smaller than the dataset's vocabulary ({dataset_vocab}); "
                 f"use --vocab {dataset_vocab} or more"
             )
         split = ("heads", "ffn_hidden", "vocab") + (("seq_len",) if self.sequence_parallel else ())
-        split += ("kv_heads",) if spec.family == "llama" else ()
+        split += ("kv_heads",) if spec.family in ("llama", "hf") else ()
         for name in split:  # Megatron's tensor-parallel splits (and the sequence, under SP)
             if getattr(spec, name) % self.tp:
                 flag = name.replace("_", "-")
@@ -421,13 +444,9 @@ class TrainConfig(_TrainFields):
                 flag = "--" + name.removesuffix("_s").replace("_", "-")
                 raise ConfigError(f"{flag} must be a positive number of seconds (got {getattr(self, name)})")
         self._check_training_options()
-        from pipewright.optim import OPTIMIZERS
         from pipewright.runtime.nonfinite import check_policy
 
         check_policy(self.on_nonfinite)
-
-        if self.optimizer not in OPTIMIZERS:
-            raise ConfigError(f"unknown optimizer {self.optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}")
 
     def _check_training_options(self) -> None:
         """Recompute / precision / sharding / init-from options (one-line ConfigErrors)."""
@@ -450,6 +469,10 @@ class TrainConfig(_TrainFields):
             raise ConfigError(
                 "--reduce-fp32 is for --precision bf16/fp16; fp32 gradients already reduce in fp32"
             )
+        if self.hf_model:
+            from pipewright.models.hf.build import check_train_options
+
+            check_train_options(self)
         if self.init_from:
             given = [
                 n

@@ -17,7 +17,7 @@ from torch import nn
 
 from pipewright.ir import REDUCE_GRAD, Schedule
 from pipewright.models.spec import ModelSpec
-from pipewright.optim import global_grad_norm
+from pipewright.optim import base_optimizer, global_grad_norm
 from pipewright.runtime.mesh import ParallelMesh
 from pipewright.runtime.moe import reduce_expert_grads
 from pipewright.runtime.precision import LossScaler, ScaledLoss, compute_dtype, is_finite, reduce_grad_fp32
@@ -60,7 +60,7 @@ class TrainingOptions:
         c, mesh = self.config, self.mesh
         self.master = MasterOptimizer(
             params,
-            c.optimizer,
+            base_optimizer(c.optimizer),
             lr=c.lr,
             weight_decay=c.weight_decay,
             shard=getattr(c, "shard_optimizer", False),

@@ -23,6 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +39,9 @@ from pipewright.models.gpt import loss_fn
 from pipewright.models.layout import Layout
 from pipewright.models.spec import ModelSpec
 from pipewright.models.wgrad import linear_factory_for
-from pipewright.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
+from pipewright.optim import base_optimizer, build_optimizer, clip_grad_norm_, lr_at, set_lr
 from pipewright.runtime.checkpoint import ExtraState, load_checkpoint, save_checkpoint
+from pipewright.runtime.compile import compile_stages
 from pipewright.runtime.config import TrainConfig, fingerprint
 from pipewright.runtime.cp import ContextParallel
 from pipewright.runtime.executor import PipelineExecutor
@@ -84,6 +86,9 @@ class PreparedRun:
     plugins: tuple[type[TrainingPlugin], ...] = ()
     # flat names of the feature options that change the optimizer's update rule (checkpoint checks)
     update_settings: tuple[str, ...] = ()
+    # a model of its own (pipewright.models.layer_list.LayerList): stages, loss, boundary shapes and
+    # data come from it; None: the family's stages on the token data
+    model: Any = None
 
 
 @dataclass(frozen=True)
@@ -132,7 +137,8 @@ class Trainer:
             dp=c.dp, pp=c.pp, tp=c.tp, placement=c.placement_ranks(), ep=c.ep, cp=c.cp
         )
         self.device = self.mesh.device
-        self.dataset = open_dataset(c.data, tokenizer=c.tokenizer, progress=False)
+        own = run.model  # a model given as a list of layers, or None
+        self.dataset = own if own is not None else open_dataset(c.data, tokenizer=c.tokenizer, progress=False)
         self.plugins = [cls(c) for cls in (run.plugins if plugins is None else plugins)]
         factory, self.loss_fn = linear_factory_for(run.schedule), loss_fn
         self.sequence_parallel = c.sequence_parallel and self.mesh.tp > 1
@@ -147,23 +153,36 @@ class Trainer:
         seq = seq // self.mesh.tp if self.sequence_parallel else seq
         self.boundary_shape = (c.microbatch_size, seq, spec.hidden)
         experts = expert_parallel(self.mesh)  # MoE layers hold this ep rank's experts (None: all)
+        if own is None:
+            build = partial(build_stage, spec, expert_parallel=experts)
+        else:
+            build = own.build_stage
+            self.loss_fn, self.boundary_shape = (
+                own.loss_fn,
+                own.boundary_shapes(run.layout, c.microbatch_size),
+            )
         stages = {
-            s: build_stage(
-                spec, run.layout, s, seed=c.seed, linear_factory=factory, expert_parallel=experts
-            ).to(self.device)
+            s: build(run.layout, s, seed=c.seed, linear_factory=factory).to(self.device)
             for s in run.schedule.stages_of(self.mesh.pp_rank)
         }
+        if own is not None:
+            own.share_tied(stages)  # one object per tied module on this rank
         self.context = ContextParallel.of(self.mesh, spec.seq_len, stages)  # None when cp = 1
         self.built, ctx = self._build(run.schedule, stages)  # the plugins' build calls (collective)
         self.schedule, self.stages = ctx.schedule, dict(ctx.stages)
         # recomputation, tied embeddings, --init-from, mixed precision, ZeRO-1 (runtime/train_options.py)
         self.options = TrainingOptions(c, spec, self.mesh, self.schedule, self.stages)
+        if c.compile:  # torch.compile per stage, after recomputation wrapped its layers
+            compile_stages(self.stages)
         self.params = {n: p for mod in self.stages.values() for n, p in mod.named_parameters()}
         self.params |= self.built.parameters
         # parameters counted in the global gradient norm: shards, and replicated ones on tp rank 0
         self.norm_params = self.options.norm_params(
             [p for mod in self.stages.values() for p in grad_norm_params(mod, self.mesh.tp_group)]
             + list(self.built.parameters.values())
+        )  # each parameter once (a module shared by two local stages), copies on other ranks not at all
+        self.norm_params = list(
+            {id(p): p for p in self.norm_params if not getattr(p, "counted_elsewhere", False)}.values()
         )
         # mixture of experts: aux-loss scale and report; under ep the experts' share of the norm
         self.moe = MoeRuntime(spec, self.mesh, self.stages, c.microbatches) if spec.is_moe else None
@@ -174,7 +193,7 @@ class Trainer:
             self.optimizer = self.master.optimizer
         else:
             self.optimizer = build_optimizer(
-                c.optimizer, self.params.items(), lr=c.lr, weight_decay=c.weight_decay
+                base_optimizer(c.optimizer), self.params.items(), lr=c.lr, weight_decay=c.weight_decay
             )
         self.executor_parts = self._optimizer_and_parts(ctx)
         self.guard = RunGuard(

@@ -26,6 +26,7 @@ lowered action list).
 from __future__ import annotations
 
 from itertools import chain
+from operator import itemgetter
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -128,16 +129,18 @@ def _columns(schedule: Schedule, codes: _Codes):
     n = sum(lens)
     if n == 0:
         raise _Decline
-    stages, kinds, mbs, payloads = zip(*chain.from_iterable(schedule.actions), strict=True)
-    if payloads.count(None) != n or -1 in mbs:
+    flat = list(chain.from_iterable(schedule.actions))
+    # one column at a time (itemgetter) — several times faster than zip(*flat) over 10⁵–10⁶ tuples
+    mbs = list(map(itemgetter(2), flat))
+    if list(map(itemgetter(3), flat)).count(None) != n or -1 in mbs:
         raise _Decline
     if None in mbs:
         mbs = [-1 if k is None else k for k in mbs]
     try:
-        kc = np.fromiter(map(codes.code.__getitem__, kinds), np.int64, n)
+        kc = np.fromiter(map(codes.code.__getitem__, map(itemgetter(1), flat)), np.int64, n)
     except (KeyError, TypeError):
         raise _Decline from None
-    st, mb = np.array(stages), np.array(mbs)
+    st, mb = np.array(list(map(itemgetter(0), flat))), np.array(mbs)
     if st.dtype.kind != "i" or mb.dtype.kind != "i":
         raise _Decline  # not all integers
     rank = np.repeat(np.arange(len(lens), dtype=np.int64), lens)
@@ -273,7 +276,7 @@ def _compile_flat(schedule: Schedule, cost: CostModel, comm: CommModel, check: b
         nbytes = cost.message_bytes(a, sched)
         durs[g] = float(comm.collective_time(coll.op, int(rank[g]), nbytes, coll.group, members))
     prog = _Program(
-        offsets, reqs, modes.tolist(), durs.tolist(), links, num_links, busy, flops, model_flops, peaks
+        offsets, *reqs, modes.tolist(), durs.tolist(), links, num_links, busy, flops, model_flops, peaks
     )
     return prog, (lowered[0] if lowered else None)
 
@@ -318,19 +321,19 @@ def _requirements(rank, modes, rg, need, n):
     rg, need = rg[keep], need[keep]
     count = np.bincount(rg, minlength=n)
     one = count[rg] == 1
-    cells = np.empty(n, object)
-    cells.fill(())
-    cells[rg[one]] = np.fromiter(zip(need[one].tolist()), object, int(one.sum()))
-    reqs: list[tuple[int, ...]] = cells.tolist()
+    first = np.full(n, -1, np.int64)
+    first[rg[one]] = need[one]
+    first[count > 1] = -2
+    extra: dict[int, tuple[int, ...]] = {}
     for g, e in zip(rg[~one].tolist(), need[~one].tolist(), strict=True):  # in term order
-        reqs[g] += (e,)
+        extra[g] = (*extra.get(g, ()), e)
     # a send's destination: the rank of the last action (by index) on another rank that needs it
     dest = np.full(n, -1, np.int64)
     other = ~own[keep]
     np.maximum.at(dest, need[other], rg[other])
     has = dest >= 0
     dest[has] = rank[dest[has]]
-    return reqs, dest
+    return (first.tolist(), extra), dest
 
 
 def _compute_costs(codes: _Codes, sched: Schedule, cost: CostModel, kc, st, mb, rank, modes, offsets):

@@ -22,13 +22,16 @@ _COMPUTE, _SEND, _COLLECTIVE, _WAIT, _RENDEZVOUS = 0, 1, 2, 3, 4
 class _Program:
     """A lowered schedule compiled to flat arrays over global action indices g = offset[rank] + position.
 
-    An event is identified with the action that produces it, so ``reqs[g]`` lists the global indices
-    of the actions whose completion action g waits for (``missing``: an index no action has, for
-    requirements nothing produces), and the end time of action g is the time of all its events.
+    An event is identified with the action that produces it, so :attr:`reqs` ``[g]`` lists the global
+    indices of the actions whose completion action g waits for (``missing``: an index no action has,
+    for requirements nothing produces), and the end time of action g is the time of all its events.
+    They are stored flat, as almost every action waits for at most one other: ``req1[g]`` is that
+    action's index, −1 for none, −2 for several, which ``extra[g]`` lists (no tuple per action).
     """
 
     offsets: list[int]
-    reqs: list[tuple[int, ...]]
+    req1: list[int]
+    extra: dict[int, tuple[int, ...]]
     modes: list[int]
     durs: list[float]
     links: list[int]  # link index of a send, -1 otherwise
@@ -46,6 +49,18 @@ class _Program:
     @property
     def missing(self) -> int:
         return len(self.modes)
+
+    @property
+    def reqs(self) -> list[tuple[int, ...]]:
+        """Per action, the producers it waits for (built from :attr:`req1` and :attr:`extra`)."""
+        extra = self.extra
+        return [() if e == -1 else (e,) if e >= 0 else extra[g] for g, e in enumerate(self.req1)]
+
+
+def flat_requirements(reqs: list[tuple[int, ...]]) -> tuple[list[int], dict[int, tuple[int, ...]]]:
+    """``(req1, extra)`` of per-action requirement tuples (:class:`_Program`'s flat form)."""
+    req1 = [e[0] if len(e) == 1 else -1 if not e else -2 for e in reqs]
+    return req1, {g: e for g, e in enumerate(reqs) if len(e) > 1}
 
 
 def _mode(spec: KindSpec) -> int:

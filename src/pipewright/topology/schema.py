@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from pipewright.errors import PipewrightError
+from pipewright.errors import ConfigError, PipewrightError
 from pipewright.hardware import accelerator, link
 from pipewright.topology.elements import Edge, Node
 
@@ -82,19 +82,21 @@ def parse(data: Mapping[str, Any]) -> tuple[list[Node], list[Edge], str]:
 
 
 def save(data: Mapping[str, Any], path: str | Path) -> None:
+    """``data`` as indented JSON (a topology file; plan files are written the same way)."""
     Path(path).write_text(json.dumps(data, indent=1) + "\n")
 
 
-def read(path: str | Path) -> Any:
-    """The parsed JSON of a topology file; one-line PipewrightError when unreadable or not JSON."""
-    try:
-        from pipewright.files import read_text
+def read(path: str | Path, what: str = "topology") -> Any:
+    """The parsed JSON of a ``what`` file (a topology, a plan); one-line ConfigError when missing,
+    unreadable, not UTF-8 or not JSON."""
+    from pipewright.files import read_text
 
-        data = json.loads(read_text(path, "topology"))  # one line for a non-UTF-8 file too
+    try:
+        data = json.loads(read_text(path, what))  # one line for a non-UTF-8 file too
     except OSError as exc:
-        raise PipewrightError(f"cannot read topology {path}: {exc.strerror}") from None
+        raise ConfigError(f"cannot read {what} {path}: {exc.strerror}") from None
     except json.JSONDecodeError as exc:
-        raise PipewrightError(f"topology {path} is not valid JSON: {exc.msg} (line {exc.lineno})") from None
+        raise ConfigError(f"{what} {path} is not valid JSON: {exc.msg} (line {exc.lineno})") from None
     return data
 
 

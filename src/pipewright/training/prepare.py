@@ -66,7 +66,17 @@ def check_config(config: TrainConfig, features: Features | None = None) -> Train
         if check is not None:
             check(_read(section, config.features), config)
     config.check()
+    check_optimizer(config.optimizer, features)
     return config
+
+
+def check_optimizer(name: str, features: Features) -> None:
+    """One-line ConfigError unless ``name`` is a built-in optimizer or one a feature provides."""
+    from pipewright.optim import OPTIMIZERS
+
+    known = [*OPTIMIZERS, *(n for f in features for n in f.optimizers)]
+    if name not in known:
+        raise ConfigError(f"unknown optimizer {name!r}; choose one of: {', '.join(known)}")
 
 
 def _core(config: TrainConfig) -> dict[str, Any]:

@@ -25,10 +25,11 @@ from pipewright.training.prepare import prepare
 log = logging.getLogger(__name__)
 
 
-def train(config: TrainConfig) -> TrainResult:
+def train(config: TrainConfig, prepared: PreparedRun | None = None) -> TrainResult:
     """Prepare, then run the workers: torchrun's processes when launched by torchrun, else
     tp × pp × dp local processes (one CPU thread each). Returns rank 0's result (others: None under
-    torchrun)."""
+    torchrun). ``prepared``: ``prepare(config)`` already made by the caller (local runs; its checks
+    are not repeated)."""
     if running_under_torchrun():
         init_from_env(cpu_allocator=config.cpu_allocator)
         run = prepare(elastic.auto_resume(config), world_size=int(os.environ["WORLD_SIZE"]))
@@ -38,7 +39,7 @@ def train(config: TrainConfig) -> TrainResult:
         run = replace(run, out_dir=Path(chosen[0]))
         with lock or nullcontext():
             return train_worker(dist.get_rank(), run)
-    run = prepare(config)
+    run = prepare(config) if prepared is None else prepared
     lock = _claim(run)
     run = replace(run, out_dir=lock.folder)
     if config.out is None:

@@ -1,4 +1,5 @@
-"""``pipewright simulate --fill kfac``: fill the simulated schedule's bubbles with K-FAC tasks.
+"""``pipewright simulate --fill kfac``: fill the simulated schedule's bubbles with K-FAC tasks (the
+flags are declared by :class:`.options.KfacOptions`).
 
 Task costs: ``--kfac-profile MODEL:GPU:BS`` takes the whole setup from PipeFisher's per-block profile
 (one block per model chunk; F/B and K-FAC times as measured by the paper's authors); otherwise with
@@ -8,27 +9,12 @@ with ``--cost unit`` every K-FAC task of the one layer per chunk costs ``--kfac-
 
 from __future__ import annotations
 
-import argparse
 import json
 
 from pipewright.errors import ConfigError
 from pipewright.features.kfac.cost import LinearShape, TaskTimes, block_layers
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("K-FAC in the bubbles (PipeFisher)")
-    group.add_argument("--fill", choices=["kfac"], help="fill the bubbles with K-FAC tasks and report")
-    group.add_argument("--kfac-profile", help="MODEL:GPU:BS of a PipeFisher profile, e.g. bert-large:v100:32")
-    group.add_argument(
-        "--kfac-precondition",
-        choices=["tail", "end"],
-        default="tail",
-        help="precondition in each stage's tail bubble (default) or after the pipeline (the paper)",
-    )
-    group.add_argument("--kfac-no-split", action="store_true", help="never split an inversion into pieces")
-    group.add_argument(
-        "--kfac-unit", type=float, default=1.0, help="cost of each K-FAC task with --cost unit"
-    )
+from pipewright.features.kfac.options import KfacOptions
+from pipewright.options import read_section
 
 
 def _unit_times(stages: int, unit: float) -> TaskTimes:
@@ -60,9 +46,10 @@ def run_fill(request, setup) -> int:
     from pipewright.features.kfac.fill import fill_kfac
     from pipewright.features.kfac.report import refresh_timeline
 
+    opts = read_section(KfacOptions, request.options, "simulate")
     sched, cost, comm = setup.schedule, setup.cost, setup.comm
     label = setup.label
-    profile = request.option("kfac_profile")
+    profile = opts.profile
     if profile:
         from pipewright.cost.profiled import ProfiledCost
         from pipewright.features.kfac.cost import pipefisher_task_times
@@ -79,7 +66,7 @@ def run_fill(request, setup) -> int:
         comm = None
         label = f"PipeFisher profile {model} on {gpu}, microbatch {bs}, one block per chunk"
     elif getattr(setup, "unit", False):
-        times = _unit_times(sched.num_stages, request.option("kfac_unit", 1.0))
+        times = _unit_times(sched.num_stages, opts.unit)
     else:
         times = _model_times(request, setup)
     res = fill_kfac(
@@ -87,8 +74,8 @@ def run_fill(request, setup) -> int:
         cost,
         times,
         comm=comm,
-        precondition=request.option("kfac_precondition", "tail"),
-        split=not request.option("kfac_no_split", False),
+        precondition=opts.precondition,
+        split=not opts.no_split,
     )
     summary = res.summary()
     if request.png:
@@ -114,6 +101,6 @@ def run_fill(request, setup) -> int:
 
 def simulate_hook(request, setup):
     """``pipewright simulate --fill kfac``: fill and report (an exit status); otherwise the setup."""
-    if request.option("fill") == "kfac":
+    if read_section(KfacOptions, request.options, "simulate").simulate_fill == "kfac":
         return run_fill(request, setup)
     return setup

@@ -1,27 +1,29 @@
 """The K-FAC feature bundle (:class:`pipewright.features.Feature`): kinds, cost rules, the runtime's
-slot pass, the training options and plugin (:mod:`.train`), and the ``simulate`` options. Pure Python
-(the plugin is imported lazily by name)."""
+slot pass, the options of ``train`` and ``simulate`` (:mod:`.options`), the training plugin
+(:mod:`.train`) and the simulate hook (:mod:`.cli`). Pure Python and light: the plugin and the hook are
+imported by name when used, the slot pass imports the simulator when it runs, so building the command
+line imports no numpy."""
 
 from __future__ import annotations
 
-from pipewright.cost.rules import ActionCost
+from typing import TYPE_CHECKING
+
 from pipewright.features import Feature
-from pipewright.features.kfac.cost import (
-    KFACCost,
-    LinearShape,
-    TaskTimes,
-    block_layers,
-)
-from pipewright.features.kfac.fill import slot_schedule
 from pipewright.features.kfac.kinds import KFAC_REDUCE, KFAC_SPECS
 from pipewright.features.kfac.options import KfacOptions
 from pipewright.ir import Action, Schedule
+
+if TYPE_CHECKING:  # the cost package: imported when a rule runs
+    from pipewright.cost.rules import ActionCost
+    from pipewright.features.kfac.cost import TaskTimes
 
 
 def task_times_for(base, schedule: Schedule) -> TaskTimes:
     """K-FAC task times for ``base``'s model: a PipeFisher profile's block times (split over the
     block's linears), the model's FLOPs at half the accelerator's fp32 peak (``TransformerCost``), or
     1 per task for unit costs (one layer per chunk)."""
+    from pipewright.features.kfac.cost import LinearShape, TaskTimes, block_layers
+
     n = schedule.num_stages
     if hasattr(base, "composition") and base.time("layer", "KFAC_KRON") > 0:
         hidden = {"bert-base": 768, "opt-125m": 768}.get(base.meta.get("model", ""), 1024)
@@ -46,20 +48,18 @@ def task_times_for(base, schedule: Schedule) -> TaskTimes:
 
 def kfac_cost_rule(action: Action, schedule: Schedule, base) -> ActionCost:
     """Cost rule of every K-FAC kind (see :mod:`.cost`)."""
+    from pipewright.cost.rules import ActionCost
+    from pipewright.features.kfac.cost import KFACCost
+
     cost = KFACCost(base, task_times_for(base, schedule))
     if action.kind == KFAC_REDUCE:
         return ActionCost(message_bytes=cost.message_bytes(action, schedule))
     return ActionCost(time=cost.compute_time(action, schedule))
 
 
-def _options(command: str, parser) -> None:
-    if command == "simulate":
-        from pipewright.features.kfac.cli import add_arguments
-
-        add_arguments(parser)
-
-
 def _slot_pass(schedule: Schedule, **_: object) -> Schedule:
+    from pipewright.features.kfac.fill import slot_schedule  # the simulator, numpy: only when it runs
+
     return slot_schedule(schedule)[0]
 
 
@@ -68,9 +68,9 @@ FEATURE = Feature(
     kinds=KFAC_SPECS,
     cost_rules={spec.name: kfac_cost_rule for spec in KFAC_SPECS},
     passes={"kfac-slots": _slot_pass},
-    options=_options,
     simulate="pipewright.features.kfac.cli:simulate_hook",
     section=KfacOptions,
     plugin="pipewright.features.kfac.train:KfacPlugin",
+    optimizers=("kfac",),
     description="PipeFisher: K-FAC curvature, inversion and preconditioning in the pipeline bubbles",
 )

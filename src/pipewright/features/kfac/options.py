@@ -1,4 +1,6 @@
-"""The K-FAC feature's training options (TOML ``[kfac]``; ``pipewright train --kfac-…``). Pure Python."""
+"""The K-FAC feature's options, one declaration: training (TOML ``[kfac]``; ``pipewright train
+--kfac-…``) and ``pipewright simulate --fill kfac`` with its ``--kfac-…`` flags (:mod:`.cli`).
+Pure Python."""
 
 from __future__ import annotations
 
@@ -12,12 +14,15 @@ BASE_UPDATES = ("sgd", "adamw", "lamb")
 #: ``--kfac-fill``: what a bubble runs — the pending tasks whose measured times fit its predicted length,
 #: or every pending task (what runs where then depends only on the schedule: runs repeat exactly).
 FILLS = ("measured", "all")
+#: ``simulate --kfac-precondition``: in each stage's tail bubble, or after the pipeline (the paper).
+PRECONDITION = ("tail", "end")
+_SIM = ("simulate",)
 
 
 @dataclass(frozen=True)
 class KfacOptions:
-    """The feature's training options (TOML ``[kfac]``; ``pipewright train --kfac-…``), used with
-    ``--optimizer kfac``."""
+    """The feature's options: training (TOML ``[kfac]``; ``pipewright train --kfac-…``), used with
+    ``--optimizer kfac``; and ``pipewright simulate``'s (``--fill kfac`` and its task costs)."""
 
     base: str = option(
         "adamw",
@@ -35,6 +40,24 @@ class KfacOptions:
         "--kfac-opportunistic",
         "with --optimizer kfac: also run pending K-FAC tasks while a receive waits",
     )
+    simulate_fill: str | None = option(
+        None, "--fill", "fill the bubbles with K-FAC tasks and report", choices=("kfac",), commands=_SIM
+    )
+    profile: str | None = option(
+        None,
+        "--kfac-profile",
+        "MODEL:GPU:BS of a PipeFisher profile, e.g. bert-large:v100:32",
+        commands=_SIM,
+    )
+    precondition: str = option(
+        "tail",
+        "--kfac-precondition",
+        "precondition in each stage's tail bubble or after the pipeline (end: the paper)",
+        choices=PRECONDITION,
+        commands=_SIM,
+    )
+    no_split: bool = option(False, "--kfac-no-split", "never split an inversion into pieces", commands=_SIM)
+    unit: float = option(1.0, "--kfac-unit", "cost of each K-FAC task with --cost unit", commands=_SIM)
 
     def check(self, config) -> None:
         """One-line errors for these options in ``config`` (checked before any worker starts)."""

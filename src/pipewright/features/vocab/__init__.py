@@ -6,8 +6,9 @@ vocabulary over all p·t pipeline × tensor ranks.
 - :mod:`.layers`: the same over a torch.distributed group, asynchronous collectives;
 - :mod:`.kinds`, :mod:`.insert`: the schedule side (action kinds and the pass that places them);
 - :mod:`.cost`: FLOPs, time and memory of the passes and of the baselines (pure Python);
-- :mod:`.runtime`: executor handlers and stage modules; :mod:`.train`: the training plugin and its
-  options (``[vocab]``, ``--vocab-parallel``); :mod:`.options`: ``--vocab-parallel`` on ``simulate``.
+- :mod:`.runtime`: executor handlers and stage modules; :mod:`.train`: the training plugin;
+- :mod:`.options`: the options (``[vocab]``; ``--vocab-parallel`` on ``train`` and ``simulate``);
+  :mod:`.simulate`: what ``simulate --vocab-parallel`` does.
 
 ``FEATURE`` is the bundle for :mod:`pipewright.features` (kinds and the insertion pass; the pass sets
 the schedule's kind registry itself, with F of stage 0 and the last stage's backward tied to the
@@ -22,18 +23,11 @@ from pipewright.features.vocab.options import VocabOptions
 __all__ = ["ALGORITHMS", "FEATURE", "insert_vocab"]
 
 
-def _options(command: str, parser) -> None:
-    from pipewright.features.vocab.options import add_options
-
-    add_options(command, parser)
-
-
 FEATURE = Feature(
     name="vocab",
     kinds=vocab_kinds(),
     passes={"vocab": insert_vocab},
-    options=_options,
-    simulate="pipewright.features.vocab.options:simulate_hook",
+    simulate="pipewright.features.vocab.simulate:simulate_hook",
     section=VocabOptions,
     plugin="pipewright.features.vocab.train:VocabPlugin",
     description="vocabulary parallelism: embedding and output layer split over all pipeline ranks",

@@ -22,7 +22,7 @@ from pipewright.features.vocab.cost import (
     vocab_cost,
 )
 from pipewright.features.vocab.insert import insert_vocab
-from pipewright.features.vocab.options import placement_costs
+from pipewright.features.vocab.simulate import placement_costs
 from pipewright.models.spec import ModelSpec
 from pipewright.schedules.registry import build_schedule
 from pipewright.sim.engine import simulate

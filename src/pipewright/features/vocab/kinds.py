@@ -23,7 +23,9 @@ kind            what                                       requires
 ``VEB``         input embedding backward (rank's rows)     ``VEBC(k)`` on the rank
 ==============  =========================================  =====================================
 
-and the core kinds gain two requirements: ``F(0, k)`` needs ``VEC(k)`` of stage 0's rank; the last
+X is ``VBX(k)`` on every rank but the broadcast's root, the last stage's rank, whose S needs only its own
+``F(last, k)`` (the root does not wait for its own broadcast, as in the reference implementation).
+The core kinds gain two requirements: ``F(0, k)`` needs ``VEC(k)`` of stage 0's rank; the last
 stage's backward ``B``/``I`` needs ∇X — ``VC1(k)`` (alg1) or ``VC0(k)`` (alg2) of the last stage's rank.
 The naive algorithm's first barrier is a rendezvous in the middle of S: S is two passes, ``VSM`` and
 ``VS``, around the MAX all-reduce ``VCM`` (the schedule's ``meta["vocab_parallel"] == "naive"`` makes
@@ -83,11 +85,23 @@ class own:
         return ((self.kind, action.stage, action.microbatch, None),)
 
 
+def x_input(action: Action, schedule: Schedule) -> tuple[Event, ...]:
+    """X of the action's microbatch: the broadcast ``VBX`` on every rank but the broadcast's root, the
+    last stage's rank, whose X is its own forward's output — it does not wait for its own broadcast, as
+    the reference implementation's root does not (``if not is_pipeline_last_stage(): handle.wait()``)."""
+    last = schedule.num_stages - 1
+    k = action.microbatch
+    if schedule.rank_of(action.stage) == schedule.rank_of(last):
+        return ((F, last, k, None),)
+    return ((VBX, action.stage, k, None),)
+
+
 def s_input(action: Action, schedule: Schedule) -> tuple[Event, ...]:
-    """Pass S requires X (``VBX``) of its microbatch; under the naive algorithm its second part
+    """Pass S requires X of its microbatch (:func:`x_input`); under the naive algorithm its second part
     requires the MAX all-reduce ``VCM`` instead (which requires the first part, which requires X)."""
-    kind = VCM if schedule.meta.get("vocab_parallel") == "naive" else VBX
-    return ((kind, action.stage, action.microbatch, None),)
+    if schedule.meta.get("vocab_parallel") == "naive":
+        return ((VCM, action.stage, action.microbatch, None),)
+    return x_input(action, schedule)
 
 
 def _nothing(action: Action, schedule: Schedule) -> tuple[Event, ...]:
@@ -116,7 +130,7 @@ def vocab_kinds() -> tuple[KindSpec, ...]:
         _compute(VEF, _nothing, "vocabulary-parallel embedding lookup"),
         _collective(VEC, own(VEF), "embedding SUM to stage 0"),
         _collective(VBX, _nothing, "broadcast of the last stage's output"),
-        _compute(VSM, own(VBX), "output pass S up to the max (naive algorithm)"),
+        _compute(VSM, x_input, "output pass S up to the max (naive algorithm)"),
         _collective(VCM, own(VSM), "MAX all-reduce inside S (naive algorithm)"),
         _compute(VS, s_input, "output pass S"),
         _collective(VC0, own(VS), "barrier after S"),

@@ -27,6 +27,7 @@ it into its rows.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -50,15 +51,19 @@ class Pending:
     _done: bool = False
     _value: Any = None
     waited_s: float = 0.0  # time spent blocked in the collective (not in ``then``)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def wait(self) -> Any:
-        if not self._done:
-            if self.work is not None:
-                t0 = time.perf_counter()
-                self.work.wait()
-                self.waited_s = time.perf_counter() - t0
-            self._value = self.then()
-            self._done = True
+        """The result; the first caller waits for the collective and runs ``then`` (thread-safe: a second
+        thread waits for the first, as the reduction thread and the executor may both ask)."""
+        with self._lock:
+            if not self._done:
+                if self.work is not None:
+                    t0 = time.perf_counter()
+                    self.work.wait()
+                    self.waited_s = time.perf_counter() - t0
+                self._value = self.then()
+                self._done = True
         return self._value
 
 
@@ -313,6 +318,8 @@ class VocabOutput:
         Algorithm 2 applies the per-token loss gradient here: ``dloss``, or the one T was given (the
         last stage's backward may run before T)."""
         st = self._mb[mb]
+        if self.algorithm == "alg2":
+            st.merged.wait()  # the merge issues the SUM of ∇X (the reduction thread may be doing it)
         grad = st.grad_x.wait()
         if self.algorithm == "alg2":
             scale = dloss if dloss is not None else st.extra["dloss"]

@@ -1,27 +1,16 @@
-"""``--vocab-parallel none|redistribute|naive|alg1|alg2`` for ``pipewright simulate`` (pure Python).
+"""The vocabulary feature's options: ``--vocab-parallel`` of ``pipewright train`` (TOML ``[vocab]``)
+and of ``pipewright simulate``, one declaration (pure Python).
 
 Two words for two things: ``none`` is the naive *placement* (no vocabulary parallelism: embedding on the
 first stage, output layer on the last); ``naive`` is the naive vocabulary-parallel *algorithm* (three
-barriers), as in ``pipewright train --vocab-parallel naive``.
-
-:func:`apply_to_simulation` turns a simulation set-up (schedule, cost model, communication model) into
-the chosen method's: ``redistribute`` re-lays the transformer layers (TransformerCost only);
-``naive``/``alg1``/``alg2`` insert the vocabulary actions with :func:`~.insert.insert_vocab`, placed by
-the same costs, and price them with :class:`~.cost.VocabCost` (or 1 per pass under ``--cost unit``;
-the naive algorithm's S there is two halves, :func:`~.insert.unit_vocab_times`).
+barriers). ``simulate`` also takes ``redistribute`` (fewer transformer layers on the first and last
+stages, :mod:`.simulate`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
-from pipewright.cost.transformer import TransformerCost
-from pipewright.cost.unit import UnitCost
-from pipewright.errors import ConfigError
-from pipewright.features.vocab.cost import VocabComm, VocabCost, redistribute_layout
-from pipewright.features.vocab.insert import PlacementCosts, insert_vocab, unit_vocab_times
-from pipewright.features.vocab.kinds import COLLECTIVE_KINDS
-from pipewright.ir import Action, Schedule
 from pipewright.options import option
 
 CHOICES = ("none", "redistribute", "naive", "alg1", "alg2")
@@ -36,7 +25,7 @@ HELP = (
 
 @dataclass(frozen=True)
 class VocabOptions:
-    """The feature's training options (TOML ``[vocab]``)."""
+    """The feature's options (TOML ``[vocab]``; ``--vocab-parallel`` on ``train`` and ``simulate``)."""
 
     parallel: str = option(
         "none",
@@ -44,81 +33,6 @@ class VocabOptions:
         f"vocabulary layers split over all pipeline (and tensor) ranks: {_ALGORITHMS}; none: the naive "
         "placement",
         choices=TRAIN_CHOICES,
+        commands=("train", "simulate"),
+        variants={"simulate": {"choices": CHOICES, "help": HELP}},
     )
-
-
-def placement_costs(cost, schedule: Schedule) -> PlacementCosts:
-    """The insertion pass's durations from a cost model: compute on its rank; for a VocabCost also the
-    collectives over the vocab group and one stage-boundary transfer (``simulate --vocab-parallel`` and
-    :mod:`.experiment` both place by it)."""
-    coll = {k: cost.collective_time(k) for k in COLLECTIVE_KINDS} if isinstance(cost, VocabCost) else {}
-    p2p = 0.0
-    if isinstance(cost, VocabCost) and schedule.num_ranks > 1:
-        nbytes = cost.inner.message_bytes(Action(0, "SEND_F", 0), schedule)
-        p2p = cost.inner.comm.p2p_time(0, 1, nbytes)
-    probe = schedule.with_actions(schedule.actions, kinds=_kinds(schedule))
-    return PlacementCosts(lambda a: cost.compute_time(a, probe), coll, p2p)
-
-
-def _kinds(schedule: Schedule):
-    from pipewright.features.vocab.kinds import registry
-
-    return registry("alg2", schedule.kinds)
-
-
-def apply_to_simulation(option: str, schedule: Schedule, cost, comm, *, unit: bool = False):
-    """(schedule, cost, comm) for ``option``; unchanged for ``none``."""
-    if option not in CHOICES:
-        raise ConfigError(f"--vocab-parallel {option!r}; choose one of {', '.join(CHOICES)}")
-    if option == "none":
-        return schedule, cost, comm
-    if unit:
-        if option == "redistribute":
-            raise ConfigError("--vocab-parallel redistribute needs --model (unit costs have no layers)")
-        if isinstance(cost, UnitCost):
-            cost = replace(cost, times={**cost.times, **unit_vocab_times(option)})
-        return insert_vocab(schedule, option, placement_costs(cost, schedule)), cost, comm
-    if not isinstance(cost, TransformerCost):
-        raise ConfigError("--vocab-parallel needs --model or --cost unit (a profile has no vocabulary costs)")
-    spec, mesh = cost.spec, cost.mesh
-    common = dict(
-        microbatch=cost.microbatch,
-        gpu=cost.gpu,
-        dtype=cost.dtype,
-        recompute=cost.recompute,
-        mesh=mesh,
-        topology=cost.topology,
-        sequence_parallel=cost.sequence_parallel,
-        efficiency=cost.efficiency,
-        attention=cost.attention,
-    )
-    if option == "redistribute":
-        layout = redistribute_layout(spec, schedule, pp=mesh.pp, tp=mesh.tp, **_kw(common))
-        new = TransformerCost(spec, layout=layout, **common)
-        return schedule, new, new.comm
-    inner = TransformerCost(replace(spec, vocab=0), **common)
-    vcost = VocabCost(spec, inner, option)
-    sched = insert_vocab(schedule, option, placement_costs(vcost, schedule))
-    return sched, vcost, VocabComm(vcost)
-
-
-def _kw(common: dict) -> dict:
-    return {k: v for k, v in common.items() if k != "mesh"}
-
-
-def add_options(command: str, parser) -> None:
-    """The feature's ``simulate`` flag ``--vocab-parallel`` (``train``'s comes from
-    :class:`~.train.VocabOptions`)."""
-    if command == "simulate":
-        parser.add_argument("--vocab-parallel", choices=CHOICES, default="none", help=HELP)
-
-
-def simulate_hook(request, setup):
-    """``pipewright simulate --vocab-parallel``: the setup with the chosen method applied (``request``:
-    the :class:`~pipewright.plan.request.SimulateRequest`)."""
-    option = request.option("vocab_parallel", "none")
-    if option == "none":
-        return setup
-    sched, cost, comm = apply_to_simulation(option, setup.schedule, setup.cost, setup.comm, unit=setup.unit)
-    method = option if option == "redistribute" else f"parallel {option}"  # "vocab parallel naive"
-    return replace(setup, schedule=sched, cost=cost, comm=comm, label=f"{setup.label}, vocab {method}")

@@ -11,12 +11,14 @@ unpartitioned model's.
 vocabulary kind plus F/B/I wrappers for the first and last stage:
 
 - ``VEF``/``VEC``: lookup of microbatch k's ids, then the SUM issued to stage 0; F(0, k) waits for it;
-- ``VBX``: the last stage's X broadcast (issued on every rank); ``VS`` waits for it and runs S, which
-  issues the statistics all-gather (naive: ``VSM`` waits for X, computes the logits and issues the MAX
-  all-reduce, ``VCM`` does nothing, ``VS`` waits for the max and issues the SUM of Σexp and target);
-  ``VC0`` waits for the merge (Algorithm 2: issues the SUM of ∇X);
+- ``VBX``: the last stage's X broadcast (issued on every rank); ``VS`` waits for it (not on the root,
+  which has X) and runs S, which issues the statistics all-gather (naive: ``VSM`` waits for X, computes
+  the logits and issues the MAX all-reduce, ``VCM`` does nothing, ``VS`` waits for the max and issues
+  the SUM of Σexp and target); ``VC0`` blocks nothing (Algorithm 2: the merge, which issues the SUM
+  of ∇X, runs on one reduction thread in ``VC0`` order);
 - ``VT``: pass T with dℓ = 1/(tokens·m) per token (the executor's mean-loss scaling); Algorithm 1
-  issues the SUM of ∇X; ``VC1`` completes it on the ranks that do not need it;
+  issues the SUM of ∇X; ``VC1`` leaves it to :meth:`VocabRuntime.finish` on the ranks that do not
+  need it. No vocabulary collective blocks the rank that issues it (the simulator's rule);
 - B/I of the last stage back-propagate ∇X (waited for there) through the stage;
 - ``VEBC``: stage 0 broadcasts the gradient of its input; ``VEB`` scatters it into the rank's rows.
 
@@ -29,6 +31,7 @@ does not use).
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -81,6 +84,7 @@ class _Iteration:
     emb_grad: dict[int, Pending] = field(default_factory=dict)
     x_bcast: dict[int, Pending] = field(default_factory=dict)
     grad_x: dict[int, Tensor] = field(default_factory=dict)
+    merges: dict[int, Future] = field(default_factory=dict)  # alg2: merge of microbatch k, in flight
     leftovers: list[Pending] = field(default_factory=list)
 
 
@@ -112,6 +116,7 @@ class VocabRuntime:
         self.shape = microbatch_shape  # (b, s)
         self._it = _Iteration()
         self._waited_s = 0.0
+        self._pool: ThreadPoolExecutor | None = None  # Algorithm 2's reduction thread, made on first use
 
     @property
     def waited_s(self) -> float:
@@ -188,8 +193,18 @@ class VocabRuntime:
         labels = state.targets[k].reshape(-1)
         self._it.x_bcast[k] = self.output.receive_input(k, x, labels, (self._tokens, h))
 
+    def _x(self, state, k: int) -> None:
+        """X of microbatch k for S: waited for on the receivers; the broadcast's root (the last stage's
+        rank) holds X already and does not wait for its own broadcast, as the reference's root does
+        not — the send completes later (:meth:`finish`)."""
+        pending = self._it.x_bcast.pop(k)
+        if self._last(state):
+            self._it.leftovers.append(pending)
+        else:
+            self._wait(pending)
+
     def _vsm(self, state, a: Action) -> None:
-        self._wait(self._it.x_bcast.pop(a.microbatch))
+        self._x(state, a.microbatch)
         self.output.s_max(a.microbatch)
 
     def _vcm(self, state, a: Action) -> None:
@@ -198,18 +213,40 @@ class VocabRuntime:
 
     def _vs(self, state, a: Action) -> None:
         k = a.microbatch
-        x = self._it.x_bcast.pop(k, None)  # naive: X arrived for VSM, S now waits for the max
-        self._wait(x if x is not None else self.output.row_max(k))
+        if self.algorithm == "naive":  # X arrived for VSM; the rest of S waits for the max
+            self._wait(self.output.row_max(k))
+        else:
+            self._x(state, k)
         self.output.s_pass(k)
 
     def _vc0(self, state, a: Action) -> None:
-        self.output._mb[a.microbatch].merged.wait()  # alg2: issues the SUM of the rescaled ∇X
+        """The barrier after S was issued by ``VS``; issuing it blocks no rank (the simulator's rule
+        for pipeline-wide collectives). Algorithm 2's merge then issues the SUM of the rescaled ∇X: it
+        runs on the reduction thread (the reference's reduction stream), in this action's order, the
+        same on every rank, while the executor goes on."""
+        if self.algorithm != "alg2":
+            return  # T and the loss wait for the merge where they need it
+        merged = self.output._mb[a.microbatch].merged
+        self._it.merges[a.microbatch] = self._reducer().submit(merged.wait)
+
+    def _merged(self, k: int) -> None:
+        """Algorithm 2: wait until the reduction thread has merged microbatch k (and so every earlier
+        one: one thread, in order), so this thread never issues a SUM of ∇X out of that order."""
+        future = self._it.merges.pop(k, None)
+        if future is not None:
+            future.result()
+
+    def _reducer(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vocab-reduce")
+        return self._pool
 
     def _last(self, state) -> bool:
         return state.executor.last_stage in state.executor.stages
 
     def _vt(self, state, a: Action) -> None:
         k = a.microbatch
+        self._merged(k)
         if self._last(state):
             state.losses[k] = self.output.loss(k).mean().detach()
         self.output.t_pass(k, self._dloss(state))
@@ -223,8 +260,9 @@ class VocabRuntime:
         return torch.full((self._tokens,), 1.0 / (self._tokens * m), dtype=w.dtype, device=w.device)
 
     def _vc1(self, state, a: Action) -> None:
+        """Issued by ``VT``; a rank that does not need ∇X does not wait for it (:meth:`finish` does)."""
         if not self._last(state):
-            self.output.input_grad(a.microbatch)  # completes the SUM this rank contributed to
+            self._it.leftovers.append(Pending(None, lambda k=a.microbatch: self.output.input_grad(k)))
 
     def _backward(self, core):
         def handler(state, a: Action) -> None:
@@ -232,6 +270,7 @@ class VocabRuntime:
             if s == ex.last_stage:
                 out = state.stage_outputs[(s, k)]
                 t0 = time.perf_counter()
+                self._merged(k)
                 grad = self.output.input_grad(k, self._dloss(state))
                 self._waited_s += time.perf_counter() - t0
                 state.output_grads[(s, k)] = grad.reshape(out.shape)

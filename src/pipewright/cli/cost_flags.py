@@ -1,10 +1,13 @@
-"""The mixture-of-experts options of ``pipewright simulate`` and ``pipewright plan``: the MoE shape
-(ModelSpec's ``moe_*`` fields), the expert-parallel size and the expert load imbalance."""
+"""Cost-model flags shared by ``pipewright simulate`` and ``pipewright plan``: the attention kernel,
+the mixture-of-experts shape (ModelSpec's ``moe_*`` fields), the expert-parallel size and the expert
+load imbalance. Light on purpose: building a parser imports no numpy (``pipewright.cost`` does)."""
 
 from __future__ import annotations
 
 import argparse
 
+#: the attention kernels with published rates (:data:`pipewright.cost.attention_kernels.KERNEL_NAMES`)
+KERNEL_NAMES = ("fa2", "fa3", "cudnn")
 #: the ModelSpec fields the MoE flags set (``--moe-experts`` → ``moe_experts``)
 MOE_FIELDS = ("moe_experts", "moe_top_k", "moe_shared_experts", "moe_ffn_hidden", "moe_dense_layers")
 

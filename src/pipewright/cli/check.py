@@ -1,0 +1,222 @@
+"""``pipewright check``: a layout against one process. Trains a few steps with the given model, layout and
+schedule (``train``'s flags), then the same model on one process (pp = dp = tp = 1, the same global
+batch as one run of m·dp microbatches, same data and seeds, no ``--compile``), and compares per step
+
+- the loss: |ℓ_pipe − ℓ_one| / |ℓ_one|;
+- the global gradient norm before clipping, likewise;
+- the parameters after the step: √(Σ_p (Δ‖θ_p‖² + Δ(w·θ_p)²/‖w‖²)) / √(Σ_p ‖θ_p‖²) over every
+  parameter p of the one-process model, with w = linspace(−1, 1) a fixed weighting (two numbers per
+  tensor cross the processes, not the tensors; tensor-parallel shards are gathered first).
+
+A step passes when all three are within the tolerance of the run's precision (:data:`TOLERANCE`, or
+``--tolerance``). The exit status is 1 at the first step that does not, named in the last line (0: all
+equal). See docs/training.md, "Checking a layout against one process".
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+#: Relative tolerance by ``--precision``: fp32 leaves summation-order rounding (AdamW's 1/√v can amplify
+#: it in parameters whose gradient is noise, hence above 1e-5); bf16 and fp16 round each activation.
+TOLERANCE = {"fp32": 1e-4, "bf16": 5e-2, "fp16": 1e-2}
+DEFAULT_STEPS = 3
+#: train's flags about the run folder and restarts, which a check (two throw-away runs) refuses.
+_NOT_FOR_CHECK = ("out", "resume", "overwrite", "stop_after", "max_restarts", "checkpoint_every")
+
+
+def register(sub: argparse._SubParsersAction, feature_paths: tuple[str, ...] = ()) -> None:
+    from pipewright.cli.train import GROUPS
+    from pipewright.features import all_features
+    from pipewright.options import add_flags
+    from pipewright.runtime.config import TrainConfig
+
+    parser = sub.add_parser("check", help="train a few steps pipelined and on one process; compare")
+    parser.add_argument("--config", help="TOML file with training options (default: none)")
+    parser.add_argument(
+        "--plan", help="a `pipewright plan` file: its layout, degrees, schedule (default: none)"
+    )
+    parser.add_argument("--nproc", type=int, help="processes to start (default tp × pp × dp)")
+    parser.add_argument(
+        "--feature",
+        action="append",
+        default=None,
+        metavar="MODULE:ATTR",
+        help="a feature of your own (a pipewright.features.Feature), repeatable (default: none)",
+    )
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        help="relative tolerance (default: by --precision, fp32 1e-4, bf16 5e-2, fp16 1e-2)",
+    )
+    for title in GROUPS:
+        add_flags(parser, TrainConfig, title, dest=lambda f: f.name, group=title)
+    all_features(feature_paths).add_options("train", parser)
+    parser.set_defaults(func=_check)
+
+
+def _check(args: argparse.Namespace) -> int:
+    from pipewright.cli.train import config_from_args
+    from pipewright.errors import ConfigError
+
+    given = [n for n in _NOT_FOR_CHECK if getattr(args, n, None) is not None]
+    if given:
+        flag = "--" + given[0].replace("_", "-")
+        raise ConfigError(f"{flag} does not apply to check (it keeps no run folder); drop it")
+    config = config_from_args(args)
+    if args.steps is None:
+        config = replace(config, steps=DEFAULT_STEPS)
+    if args.warmup is None:  # a few steps at the peak learning rate: differences show sooner
+        config = replace(config, warmup=0)
+    tol = TOLERANCE[config.precision] if args.tolerance is None else args.tolerance
+    if not tol > 0:
+        raise ConfigError(f"--tolerance must be positive (got {args.tolerance})")
+    with tempfile.TemporaryDirectory(prefix="pipewright-check-") as tmp:
+        piped, one = run_both(config, Path(tmp))
+    rows = compare(piped, one, tol)
+    print(table(rows, config, tol))
+    bad = next((r for r in rows if not r["ok"]), None)
+    if bad is None:
+        print(f"equal: {len(rows)} steps within {tol:g} ({config.precision}) of one process")
+        return 0
+    print(f"differs from one process at step {bad['step']}: {bad['why']}")
+    return 1
+
+
+def reference_config(config: Any, out: Path) -> Any:
+    """The same model, data and seeds on one process: pp = dp = tp = 1, m·dp microbatches (the same
+    global batch), the default schedule and layout, no ZeRO-1, no compilation."""
+    return replace(
+        config,
+        pp=1, dp=1, tp=1, virtual=None, layout=None, schedule="1f1b", placement=None,
+        microbatches=config.microbatches * config.dp, sequence_parallel=False, scatter_gather=False,
+        shard_optimizer=False, compile=False, out=str(out), resume=False, overwrite=True,
+        eval_every=0, artifacts=False, progress=False, checkpoint_every=0, max_restarts=0,
+    )  # fmt: skip
+
+
+def run_both(config: Any, tmp: Path) -> tuple[list[dict], list[dict]]:
+    """Per-step records (loss, grad_norm, params: name → (‖θ‖, w·θ, ‖w‖)) of the pipelined run and of
+    the one-process run."""
+    from pipewright.runtime.launch import spawn
+    from pipewright.training import prepare
+
+    piped = replace(
+        config, out=str(tmp / "pipelined"), resume=False, overwrite=True, eval_every=0, artifacts=False,
+        progress=False, checkpoint_every=0, max_restarts=0,
+    )  # fmt: skip
+    out = []
+    for c in (piped, reference_config(config, tmp / "one")):
+        run = prepare(c)
+        out.append(spawn(check_worker, c.world_size, (run,), timeout_s=24 * 3600)[0])
+    return out[0], out[1]
+
+
+def check_worker(rank: int, run: Any) -> list[dict] | None:
+    """Train ``run.config.steps`` steps; after each, rank 0 collects every parameter's statistics."""
+    import torch
+    import torch.distributed as dist
+
+    from pipewright.runtime.tp import full_parameters
+    from pipewright.runtime.trainer import Trainer
+
+    torch.manual_seed(run.config.seed + rank)
+    trainer = Trainer(run)
+    rows = []
+    for step in range(run.config.steps):
+        record = trainer.train_step(step)
+        stats = {}
+        for stage in trainer.stages.values():
+            for name, p in full_parameters(stage).items():
+                stats[name] = _stats(p)
+        if trainer.mesh.dp_rank or trainer.mesh.tp_rank:
+            stats = {}
+        gathered = [None] * dist.get_world_size() if rank == 0 else None
+        dist.gather_object(stats, gathered, dst=0)
+        if rank == 0:
+            merged = {k: v for part in gathered for k, v in part.items()}
+            rows.append(
+                {"step": step, "loss": record["loss"], "grad_norm": record["grad_norm"], "params": merged}
+            )
+    trainer.guard.close()
+    return rows if rank == 0 else None
+
+
+def _stats(p: Any) -> tuple[float, float, float]:
+    import torch
+
+    flat = p.detach().double().flatten()
+    w = torch.linspace(-1.0, 1.0, flat.numel(), dtype=torch.float64, device=flat.device)
+    return float(flat.norm()), float((flat * w).sum()), float(w.norm())
+
+
+def _rel(a: float | None, b: float | None) -> float:
+    if a is None or b is None:
+        return 0.0 if a is None and b is None else math.inf
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return 0.0 if a == b else math.inf
+    return abs(a - b) / max(abs(b), 1e-12)
+
+
+def param_difference(got: dict[str, tuple], want: dict[str, tuple]) -> float:
+    """The relative parameter difference of the module docstring (parameters the one-process model
+    lacks — the output layer's copy of a tied embedding — are left out; a missing one counts as 0)."""
+    num = den = 0.0
+    for name, (norm, dot, wnorm) in want.items():
+        g_norm, g_dot, _ = got.get(name, (0.0, 0.0, wnorm))
+        num += (g_norm - norm) ** 2 + ((g_dot - dot) / max(wnorm, 1e-300)) ** 2
+        den += norm**2
+    return math.sqrt(num) / max(math.sqrt(den), 1e-300)
+
+
+def compare(piped: list[dict], one: list[dict], tol: float) -> list[dict]:
+    """Per step: both values, the relative differences and the verdict (``why``: the first quantity out
+    of tolerance)."""
+    rows = []
+    for a, b in zip(piped, one, strict=True):
+        diffs = {
+            "loss": _rel(a["loss"], b["loss"]),
+            "gradient norm": _rel(a["grad_norm"], b["grad_norm"]),
+            "parameters": param_difference(a["params"], b["params"]),
+        }
+        values = {"loss": (a["loss"], b["loss"]), "gradient norm": (a["grad_norm"], b["grad_norm"])}
+        why = next(
+            (
+                f"{k} {values[k][0]:.6g} vs {values[k][1]:.6g} (relative difference {d:.1e} > {tol:g})"
+                if k in values
+                else f"parameters differ by {d:.1e} (relative, > {tol:g})"
+                for k, d in diffs.items()
+                if not d <= tol
+            ),
+            None,
+        )
+        rows.append({"step": a["step"], "a": a, "b": b, "diffs": diffs, "ok": why is None, "why": why})
+    return rows
+
+
+def table(rows: list[dict], config: Any, tol: float) -> str:
+    """The per-step comparison as text."""
+    v = f" v={config.virtual}" if config.virtual else ""
+    head = (
+        f"{config.schedule} pp={config.pp} dp={config.dp} tp={config.tp}{v} vs one process, "
+        f"{config.precision}, tolerance {tol:g}"
+    )
+    lines = [head, f"{'step':>4}  {'loss':>12} {'(one)':>12} {'rel':>8}  {'grad norm':>12} {'(one)':>12} "
+             f"{'rel':>8}  {'params rel':>10}  verdict"]  # fmt: skip
+    for r in rows:
+        a, b, d = r["a"], r["b"], r["diffs"]
+        lines.append(
+            f"{r['step']:>4}  {a['loss']:>12.6g} {b['loss']:>12.6g} {d['loss']:>8.1e}  "
+            f"{_num(a['grad_norm'])} {_num(b['grad_norm'])} {d['gradient norm']:>8.1e}  "
+            f"{d['parameters']:>10.1e}  {'ok' if r['ok'] else 'DIFFERS'}"
+        )
+    return "\n".join(lines)
+
+
+def _num(x: float | None) -> str:
+    return f"{'skipped':>12}" if x is None else f"{x:>12.6g}"

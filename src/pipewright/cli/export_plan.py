@@ -1,0 +1,81 @@
+"""``pipewright export-plan PLAN --to megatron|torchtitan [-o FILE]``: a plan as Megatron-LM's flags or
+torchtitan's TOML (:mod:`pipewright.plan.export`; docs/planner.md)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from pipewright.plan.export import TARGETS, TORCH_SCHEDULES
+
+#: File suffix of each target's output.
+SUFFIX = {"megatron": ".megatron.sh", "torchtitan": ".torchtitan.toml"}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "export-plan",
+        help="write a plan as Megatron-LM's arguments or torchtitan's job config",
+        description="Read a `pipewright plan` file and print (or write with -o) the same layout for "
+        "Megatron-LM (a shell array MEGATRON_ARGS) or torchtitan (a TOML for --job.config_file).",
+    )
+    parser.add_argument("plan", metavar="PLAN", help="a `pipewright plan` file (JSON)")
+    parser.add_argument("--to", choices=TARGETS, required=True, help="the trainer to export for")
+    parser.add_argument("-o", "--out", help="write to this file instead of printing")
+    parser.set_defaults(func=run)
+
+
+def export(
+    plan_path: str | Path, target: str, out: str | Path | None = None, *, write_csv: bool = True
+) -> tuple[str, list[Path]]:
+    """The export of the plan file at ``plan_path`` for ``target`` and the files written: ``out`` when
+    given, and for torchtitan a schedule CSV when PyTorch has no class for the plan's schedule (the
+    plan's own CSV when it has one, else the schedule built by name, beside ``out`` or the plan;
+    ``write_csv=False``: not written, the text names it)."""
+    from pipewright.files import check_writable
+    from pipewright.plan.export import export_text
+    from pipewright.plan.planfile import load
+
+    plan = load(plan_path)
+    if out is not None:
+        check_writable(str(out), "-o")
+    written: list[Path] = []
+    csv = None
+    if target == "torchtitan" and plan["schedule"] not in TORCH_SCHEDULES and write_csv:
+        csv, made = _schedule_csv(plan, Path(plan_path), None if out is None else Path(out))
+        written += made
+    text = export_text(plan, target, source=Path(plan_path).name, schedule_csv=csv)
+    if out is not None:
+        Path(out).write_text(text)
+        written.append(Path(out))
+    return text, written
+
+
+def _schedule_csv(plan, plan_path: Path, out: Path | None) -> tuple[str, list[Path]]:
+    """The path torchtitan is given for the plan's order, and the files written for it."""
+    own = plan.schedule_csv(plan_path)
+    if own is not None:
+        return own, []
+    from pipewright.features import library_schedules
+    from pipewright.passes.export import to_csv
+    from pipewright.schedules import build_schedule
+
+    sched = build_schedule(
+        plan["schedule"],
+        int(plan["pp"]),
+        int(plan["microbatches"]),
+        int(plan.data.get("virtual", 1)),
+        registry=library_schedules(),
+    )
+    path = (out or plan_path).with_suffix(".schedule.csv")
+    path.write_text(to_csv(sched))
+    return str(path), [path]
+
+
+def run(args: argparse.Namespace) -> int:
+    text, written = export(args.plan, args.to, args.out)
+    if args.out is None:
+        print(text, end="")
+    for path in written:
+        print(f"wrote {path}")
+    return 0
