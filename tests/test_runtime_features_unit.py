@@ -20,7 +20,8 @@ from pipewright.models.gpt import loss_fn
 from pipewright.models.hf_load import hf_name
 from pipewright.models.presets import resolve_model
 from pipewright.models.spec import ModelSpec
-from pipewright.runtime.config import TrainConfig, fingerprint
+from pipewright.runtime.config import TrainConfig
+from pipewright.runtime.fingerprint import fingerprint
 from pipewright.runtime.precision import LossScaler
 from pipewright.runtime.recompute import apply_recompute, recomputed_modules
 from pipewright.schedules import build_schedule

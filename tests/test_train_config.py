@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pipewright.errors import ConfigError
-from pipewright.runtime.config import TrainConfig, fingerprint
+from pipewright.runtime.config import TrainConfig
+from pipewright.runtime.fingerprint import fingerprint
 
 
 def test_toml_then_flags(tmp_path):

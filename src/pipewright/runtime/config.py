@@ -10,8 +10,6 @@ attributes (``config.toy_level``), and checked and given their defaults by the c
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields, replace
@@ -488,23 +486,3 @@ class TrainConfig(_TrainFields):
                 raise ConfigError(
                     f"--init-from {self.init_from}: no config.json; give a Hugging Face checkpoint folder"
                 )
-
-
-def fingerprint(spec: ModelSpec, tokenizer: str, tp: int = 1) -> str:
-    """What a checkpoint must match to be resumed: the model's dimensions, the tokenizer and, when
-    tp > 1, the tensor-parallel state layout (the token embedding is then vocabulary-parallel, so
-    ``embed.tok.weight`` is stored as per-rank shards). tp = 1 fingerprints are those of a run without
-    tensor parallelism. Sequence parallelism and scatter/gather change no state: not recorded."""
-    dims = asdict(spec)
-    dims.pop("name")
-    if spec.family != "llama":  # Llama-only fields: keep older GPT fingerprints unchanged
-        dims.pop("kv_heads")
-        dims.pop("rope_theta")
-    # dense: fingerprints as before the mixture-of-experts fields; the loss weights change no state
-    for name in MOE_FIELDS if not spec.is_moe else ("moe_aux_loss_coeff", "moe_z_loss_coeff"):
-        dims.pop(name)
-    record: dict = {"model": dims, "tokenizer": tokenizer}
-    if tp > 1:
-        record["tensor_parallel"] = {"tp": tp, "embedding": "vocab-parallel"}
-    text = json.dumps(record, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]

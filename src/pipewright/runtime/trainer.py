@@ -42,9 +42,10 @@ from pipewright.models.wgrad import linear_factory_for
 from pipewright.optim import base_optimizer, build_optimizer, clip_grad_norm_, lr_at, set_lr
 from pipewright.runtime.checkpoint import ExtraState, load_checkpoint, save_checkpoint
 from pipewright.runtime.compile import compile_stages
-from pipewright.runtime.config import TrainConfig, fingerprint
+from pipewright.runtime.config import TrainConfig
 from pipewright.runtime.cp import ContextParallel
 from pipewright.runtime.executor import PipelineExecutor
+from pipewright.runtime.fingerprint import fingerprint
 from pipewright.runtime.guard import RunGuard
 from pipewright.runtime.mesh import ParallelMesh
 from pipewright.runtime.moe import MoeRuntime, expert_parallel

@@ -27,7 +27,8 @@ from pipewright.models.layer_list import DataFn, LayerList, LossFn, Tied
 from pipewright.models.spec import ModelSpec
 from pipewright.options import update_rule_names
 from pipewright.runtime.checkpoint import read_meta, resumable_checkpoint, same_model
-from pipewright.runtime.config import TrainConfig, fingerprint
+from pipewright.runtime.config import TrainConfig
+from pipewright.runtime.fingerprint import fingerprint
 from pipewright.runtime.launch import init_from_env, running_under_torchrun, spawn
 from pipewright.runtime.mesh import coords_to_rank
 from pipewright.runtime.plugin import BuildContext, Built, TrainingPlugin

@@ -16,7 +16,8 @@ from pipewright.ir import Schedule
 from pipewright.models.layout import resolve_layout
 from pipewright.options import check_section, take_values, update_rule_names
 from pipewright.runtime.checkpoint import read_meta, resumable_checkpoint, same_model
-from pipewright.runtime.config import TrainConfig, fingerprint
+from pipewright.runtime.config import TrainConfig
+from pipewright.runtime.fingerprint import fingerprint
 from pipewright.runtime.launch import default_backend
 from pipewright.runtime.resume_check import model_difference
 from pipewright.runtime.run_folder import check_out, no_checkpoint_advice
