@@ -154,6 +154,12 @@ class _Chunk:
     moe_layers: int = 0  # of ``layers``, those with experts (cost/moe_cost.py)
 
 
+def ring_gathered_bytes(passed: float, cp: int) -> float:
+    """The all-gather size that prices a ring passing ``passed`` bytes: the ring moves c − 1 blocks,
+    an all-gather of c blocks, so its gathered size is c/(c − 1) × the bytes passed."""
+    return passed * cp / (cp - 1)
+
+
 @dataclass(frozen=True, eq=False)
 class TransformerCost:
     """Analytical :class:`~pipewright.cost.base.CostModel` (formulas: module docstring).
@@ -377,8 +383,7 @@ class TransformerCost:
             tp = exposed(tp, gemm)
         ring = 0.0
         if self.cp > 1 and chunk.layers:
-            # the ring passes c − 1 blocks: an all-gather whose gathered size is c/(c − 1) × that
-            gathered = chunk.ring_bytes[kind] * self.cp / (self.cp - 1)
+            gathered = ring_gathered_bytes(chunk.ring_bytes[kind], self.cp)
             per_layer = self.comm.collective_time("all_gather", rank, gathered, group="cp")
             ring = chunk.layers * exposed(per_layer, attn / chunk.layers)
         fsdp = 0.0

@@ -27,7 +27,13 @@ from pipewright.cost.comm import Mesh
 from pipewright.cost.gemm import wave_efficiency
 from pipewright.cost.recompute import make_cost
 from pipewright.cost.sharding import exposed
-from pipewright.cost.transformer import _OVERHEAD, A100_EFFICIENCY, DTYPE_BYTES, Efficiency
+from pipewright.cost.transformer import (
+    _OVERHEAD,
+    A100_EFFICIENCY,
+    DTYPE_BYTES,
+    Efficiency,
+    ring_gathered_bytes,
+)
 from pipewright.hardware import Accelerator
 from pipewright.ir import B, F
 from pipewright.models.spec import ModelSpec
@@ -116,7 +122,7 @@ class Part:
             tp = exposed(tp, gemm)
         exchange = 0.0
         if ring is not None and self.layers and o.cp > 1:
-            per_layer = ring(self.ring_f if fwd else self.ring_b)
+            per_layer = ring(ring_gathered_bytes(self.ring_f if fwd else self.ring_b, o.cp))
             exchange = self.layers * exposed(per_layer, attn / self.layers)
         return gemm + attn + rest + tp + exchange
 
