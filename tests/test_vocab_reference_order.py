@@ -1,9 +1,10 @@
 """The vocabulary-parallel 1F1B pass order of the authors' code (sail-sg/VocabularyParallelism,
 Algorithm 2), recorded at p = 4, m = 8 and p = 8, m = 16 by ``tools/vp_reference.py`` in
-``tests/data/vp_reference_order.csv`` (pass names: the tool's docstring), and what pipewright's
-insertion pass shares with it: per-rank activation memory, exactly. The recorded order is also held to
-what the reference needs to run: each pass once per microbatch in order, and the same sequence of
-collectives on the output layer's communicator on every rank."""
+``tests/data/vp_reference_order.csv`` (pass names: ``pipewright.features.vocab.reference_order``).
+``reference_order`` reproduces it exactly, and as a pipewright schedule it validates and holds the same
+per-rank activation memory as ``insert_vocab``. The recorded order is also held to what the reference
+needs to run: each pass once per microbatch in order, and the same sequence of collectives on the
+output layer's communicator on every rank."""
 
 from __future__ import annotations
 
@@ -12,8 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from pipewright.errors import ScheduleError
 from pipewright.features.vocab.insert import insert_vocab
+from pipewright.features.vocab.reference_order import orders, reference_schedule
 from pipewright.ir import peak_in_flight
+from pipewright.passes.validate import validate
 from pipewright.schedules import build_schedule
 
 DATA = Path(__file__).resolve().parent / "data" / "vp_reference_order.csv"
@@ -57,3 +61,14 @@ def test_activation_memory_per_rank_equals_the_reference(p, m):
     assert reference == [p + 1 - r for r in range(p)]
     ours = peak_in_flight(insert_vocab(build_schedule("1f1b", p, m), "alg2"))
     assert [int(x) for x in ours] == reference
+    assert [int(x) for x in peak_in_flight(validate(reference_schedule(p, m)))] == reference
+
+
+@pytest.mark.parametrize(("p", "m"), [(4, 8), (8, 16)])
+def test_reference_order_is_reproduced_exactly(p, m):
+    assert orders(p, m) == _orders(p, m)
+
+
+def test_reference_order_needs_more_microbatches_than_stages():
+    with pytest.raises(ScheduleError, match="0 <= rank < p < m"):
+        reference_schedule(4, 4)

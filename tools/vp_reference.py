@@ -34,205 +34,15 @@ from __future__ import annotations
 
 import argparse
 import csv
-from collections.abc import Callable
+import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+
+from pipewright.errors import ScheduleError
+from pipewright.features.vocab.reference_order import orders
+
 RECORDED = ((4, 8), (8, 16))
-
-
-def s_placement(p: int, f: float = 1.0, b: float = 2.0) -> tuple[list[bool], list[float], list[int]]:
-    """(is_bsf, offsets, warm-up S passes) per rank, as the reference derives them from f and b."""
-    if not b >= f:
-        raise ValueError(f"the reference's S placement needs b >= f (got f={f}, b={b})")
-    offset = 0.0
-    is_bsf, offsets = [True], [0.0]
-    while len(is_bsf) < p:
-        if offset - f >= -b:
-            offset -= f
-            is_bsf.append(True)
-            offsets.append(offset)
-        else:
-            is_bsf.append(False)
-            offsets.append(offset)
-            offset += b - f
-            is_bsf.append(True)
-            offsets.append(offset)
-    del is_bsf[p:], offsets[p:]
-    is_bsf.reverse()
-    offsets.reverse()
-    warm = [0] * p
-    for r in range(p - 2, -1, -1):
-        warm[r] = warm[r + 1] if (not is_bsf[r + 1] and is_bsf[r]) else warm[r + 1] + 1
-    return is_bsf, offsets, warm
-
-
-def rank_order(rank: int, p: int, m: int, f: float = 1.0, b: float = 2.0) -> list[str]:
-    """The passes of ``rank`` in the order the reference issues them (Algorithm 2). The reference needs
-    m > p (its warm-up runs p + 1 embedding forwards)."""
-    if not (0 <= rank < p and p < m):
-        raise ValueError(f"the reference's schedule needs 0 <= rank < p < m (got rank={rank}, p={p}, m={m})")
-    is_bsf, offsets, warm_s = s_placement(p, f, b)
-    bsf, off = is_bsf[rank], offsets[rank]
-    last = rank == p - 1
-    out: list[str] = []
-    nothing: Callable[[], None] = lambda: None  # noqa: E731
-    state = {"s": -1}
-
-    def embed_forward(k: int) -> Callable[[], None]:
-        out.append(f"EF{k}")
-        return lambda: out.append(f"EC{k}")
-
-    def embed_backward(k: int) -> Callable[[], None]:
-        out.append(f"EX{k}")
-        return lambda: out.append(f"EB{k}")
-
-    def lm_head(k: int) -> None:
-        out.append(f"S{k}")
-        state["s"] = k
-
-    def reduce() -> None:
-        out.append(f"C{state['s']}")
-
-    def receive(k: int) -> int:
-        if not last:  # the last rank is the root: it broadcasts from its own passes
-            out.append(f"X{k}")
-        return k
-
-    def forward(k: int) -> None:
-        out.append(f"F{k}")
-        if last and k == 0:
-            out.append("X0")
-
-    def backward(k: int) -> None:
-        out.append(f"B{k}")
-        if last and k < m - 1:
-            out.append(f"X{k + 1}")
-
-    warmup = min(p - rank, m)
-    first_warmup = min(p, m)
-    remaining = max(0, m - warmup - 1)
-    ef_left = eb_left = m
-    for i in range(first_warmup - warmup + 1):
-        embed_forward(i)()
-        ef_left -= 1
-    for i in range(warmup):
-        embed_forward(m - ef_left)()
-        ef_left -= 1
-        forward(i)
-    s_left = m
-    lm_head(receive(0))
-    s_left -= 1
-    reduce()
-    if warmup + 1 <= m:
-        forward(warmup)
-    for i in range(warm_s[rank]):
-        if s_left >= 1:
-            lm_head(receive(i + 1))
-            ef_cb = nothing
-            if i + 1 >= warm_s[0] and ef_left > 0:
-                ef_cb = embed_forward(m - ef_left)
-                ef_left -= 1
-            if rank == p - 2 or not is_bsf[rank + 1]:
-                ef_cb()
-                reduce()
-            if rank != p - 2 and is_bsf[rank + 1]:
-                ef_cb()
-                reduce()
-            s_left -= 1
-    eb_cb: Callable[[], None] = nothing
-    ef_cb = nothing
-    for i in range(remaining):
-        if bsf or off - f > -b:
-            eb_cb = nothing
-            if m - s_left >= warm_s[0] + 2:
-                eb_cb = embed_backward(m - eb_left)
-                eb_left -= 1
-            recv = receive(m - s_left)
-        backward(i)
-        if bsf:
-            lm_head(recv)
-            ef_cb = nothing
-            if m - s_left >= warm_s[0] and ef_left > 0:
-                ef_cb = embed_forward(m - ef_left)
-                ef_left -= 1
-            eb_cb()
-            s_left -= 1
-        if bsf and off + f >= 0:
-            ef_cb()
-            reduce()
-        if not bsf and off - f <= -b:
-            eb_cb = nothing
-            if m - s_left >= warm_s[0] + 2:
-                eb_cb = embed_backward(m - eb_left)
-                eb_left -= 1
-            recv = receive(m - s_left)
-        forward(i + warmup + 1)
-        if not bsf:
-            lm_head(recv)
-            ef_cb = nothing
-            if m - s_left >= warm_s[0] and ef_left > 0:
-                ef_cb = embed_forward(m - ef_left)
-                ef_left -= 1
-            eb_cb()
-            s_left -= 1
-        if not bsf or off + f < 0:
-            ef_cb()
-            reduce()
-    for i in range(m - remaining):
-        if bsf or off - f > -b:
-            eb_cb = nothing
-            if m - s_left >= warm_s[0] + 2:
-                eb_cb = embed_backward(m - eb_left)
-                eb_left -= 1
-            if s_left >= 1:
-                recv = receive(m - s_left)
-        backward(i + remaining)
-        s_done = False
-        if bsf:
-            if s_left >= 1:
-                lm_head(recv)
-                s_left -= 1
-                s_done = True
-            eb_cb()
-        if s_done and off + f >= 0:
-            reduce()
-            s_done = False
-        if not bsf and off - f <= -b:
-            eb_cb = nothing
-            if m - s_left >= warm_s[0] + 2:
-                eb_cb = embed_backward(m - eb_left)
-                eb_left -= 1
-            if s_left >= 1:
-                recv = receive(m - s_left)
-        if not bsf:
-            if s_left >= 1:
-                lm_head(recv)
-                s_left -= 1
-                s_done = True
-            eb_cb()
-        if s_done:
-            reduce()
-    while eb_left > 0:
-        embed_backward(m - eb_left)()
-        eb_left -= 1
-    if last:
-        out.append(f"X{m}")
-    lm_head(receive(m))
-    return out
-
-
-COLLECTIVES = ("X", "EC", "EX", "C")
-
-
-def collective_sequence(order: list[str]) -> list[str]:
-    """The passes of ``order`` that issue a collective on the output layer's communicator, which every
-    rank must issue in the same sequence."""
-    return [a for a in order if a.rstrip("0123456789") in COLLECTIVES]
-
-
-def orders(p: int, m: int, f: float = 1.0, b: float = 2.0) -> list[list[str]]:
-    """Every rank's order (:func:`rank_order`)."""
-    return [rank_order(r, p, m, f, b) for r in range(p)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -253,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         rows = orders(args.p, args.m, args.f, args.b)
-    except ValueError as exc:
+    except ScheduleError as exc:
         parser.error(str(exc))
     for r, row in enumerate(rows):
         print(f"rank {r}: {' '.join(row)}")
