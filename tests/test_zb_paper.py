@@ -4,9 +4,9 @@ iterations overlap: ``simulate --iterations 3 --no-step-barrier``, the steady pe
 is the one docs/fidelity.md shows (tests/test_fidelity.py checks it against the simulation); ZB-1p's
 gain is tested there (the barrier changes it by less than 0.3 point).
 
-28.3B (32 stages, m = 128) is left out: 1.209 predicted against 1.250 published (−4.1 points; the
-paper prints its throughputs as 0.8 and 1.0 samples per GPU per second, so the published ratio is
-only known to lie in 1.12–1.40), and planning ZB-2p at p = 32 takes about 20 s."""
+28.3B (32 stages, m = 128) is held to a range instead: the paper prints its throughputs as 0.8 (1F1B)
+and 1.0 (ZB-2p) samples per GPU per second, one decimal, so the published ratio is only known to lie
+in 0.95/0.85 … 1.05/0.75 = 1.12 … 1.40 (1.250 as printed; predicted 1.209)."""
 
 import contextlib
 import csv
@@ -28,6 +28,18 @@ EXPECTED = {
 }
 
 
+def _predicted_gain(model: str) -> tuple[float, float]:
+    """(predicted, published) ZB-2p over 1F1B throughput for one model of Table 4."""
+    base, zb = RUNS[f"zb-a100-{model}-1f1b"], RUNS[f"zb-a100-{model}-zb-2p"]
+    assert zb["schedule"] == "zb-h2"
+    published = float(EXPECTED[zb.id]["published"]) / float(EXPECTED[base.id]["published"])
+    # tokens per second scale as 1 / iteration time: the 1F1B row's predicted tokens/s gives its time
+    tokens = base.int("global_batch_size") * base.seq / base.gpus
+    base_time = tokens / float(EXPECTED[base.id]["predicted"])
+    steady = _iteration_time([*simulate_argv(zb), "--iterations", "3", "--no-step-barrier"])
+    return base_time / steady, published
+
+
 def _iteration_time(argv: list[str]) -> float:
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -37,11 +49,11 @@ def _iteration_time(argv: list[str]) -> float:
 
 @pytest.mark.parametrize("model", ["1.5b-m32", "6.2b-m32", "14.6b-m64"])
 def test_zb2p_gain_within_three_points_with_post_validation(model):
-    base, zb = RUNS[f"zb-a100-{model}-1f1b"], RUNS[f"zb-a100-{model}-zb-2p"]
-    assert zb["schedule"] == "zb-h2"
-    published = float(EXPECTED[zb.id]["published"]) / float(EXPECTED[base.id]["published"])
-    # tokens per second scale as 1 / iteration time: the 1F1B row's predicted tokens/s gives its time
-    tokens = base.int("global_batch_size") * base.seq / base.gpus
-    base_time = tokens / float(EXPECTED[base.id]["predicted"])
-    steady = _iteration_time([*simulate_argv(zb), "--iterations", "3", "--no-step-barrier"])
-    assert base_time / steady == pytest.approx(published, abs=0.03)
+    predicted, published = _predicted_gain(model)
+    assert predicted == pytest.approx(published, abs=0.03)
+
+
+def test_zb2p_gain_at_28b_within_what_the_printed_throughputs_allow():
+    predicted, published = _predicted_gain("28.3b-m128")
+    assert published == pytest.approx(1.0 / 0.8)  # as printed, one decimal each
+    assert 0.95 / 0.85 <= predicted <= 1.05 / 0.75

@@ -19,34 +19,24 @@ from pipewright.ir import Action, B, F, I, W
 from pipewright.schedules.registry import ScheduleCosts
 
 
-def _needs(a: Action, last: int) -> Action | None:
-    """The action on another stage that ``a`` waits for (None: only its rank's order)."""
-    if a.kind == F:
-        return Action(a.stage - 1, F, a.microbatch) if a.stage > 0 else None
-    if a.kind in (I, B):
-        if a.stage == last:
-            return Action(a.stage, F, a.microbatch)
-        return Action(a.stage + 1, I, a.microbatch)
-    return None
-
-
 def order_makespan(rows: Sequence[Sequence[Action]], placement: Sequence[int], costs: ScheduleCosts) -> float:
     """Finish time of the last action of ``rows`` (per-rank orders) with stage s on rank
     ``placement[s]``; ``math.inf`` when the orders cannot run to completion. An I ends the backward
     of its stage for B's sake too (B = I + W of that stage)."""
-    return _times(rows, placement, costs)[0]
+    return order_times(rows, placement, costs)[0]
 
 
 def order_span(rows: Sequence[Sequence[Action]], placement: Sequence[int], costs: ScheduleCosts) -> float:
     """The longest time any rank spends from the start of its first action to the end of its last: the
     objective of the Zero Bubble authors' scheduler, and about the period of iterations that follow each
     other without an optimizer barrier (the paper's post-validation); ``math.inf`` if they cannot run."""
-    return _times(rows, placement, costs)[1]
+    return order_times(rows, placement, costs)[1]
 
 
-def _times(
+def order_times(
     rows: Sequence[Sequence[Action]], placement: Sequence[int], costs: ScheduleCosts
 ) -> tuple[float, float]:
+    """:func:`order_makespan` and :func:`order_span` from one pass over the orders."""
     last = len(placement) - 1
     price = {F: costs.f, I: costs.i, W: costs.w}
     end: dict[tuple[int, str, int], float] = {}
@@ -59,21 +49,28 @@ def _times(
         for r, row in enumerate(rows):
             while pos[r] < len(row):
                 a = row[pos[r]]
-                need = _needs(a, last)
-                start = clock[r]
-                if need is not None:
-                    key = (need.stage, need.kind, need.microbatch)
-                    if key not in end:
-                        break
-                    hop = costs.comm if placement[need.stage] != r else 0.0
-                    start = max(start, end[key] + hop)
-                if a.kind == B:
-                    t = costs.i[a.stage] + costs.w[a.stage]
+                kind, stage = a.kind, a.stage
+                # the action on another stage that a waits for (None: only its rank's order)
+                if kind == F:
+                    key = (stage - 1, F, a.microbatch) if stage > 0 else None
+                elif kind in (I, B):
+                    key = (stage, F, a.microbatch) if stage == last else (stage + 1, I, a.microbatch)
                 else:
-                    t = price[a.kind][a.stage] if a.kind in price else 0.0
+                    key = None
+                start = clock[r]
+                if key is not None:
+                    done = end.get(key)
+                    if done is None:
+                        break
+                    hop = costs.comm if placement[key[0]] != r else 0.0
+                    start = max(start, done + hop)
+                if kind == B:
+                    t = costs.i[stage] + costs.w[stage]
+                else:
+                    t = price[kind][stage] if kind in price else 0.0
                 first[r] = min(first[r], start)
                 clock[r] = start + t
-                end[(a.stage, I if a.kind == B else a.kind, a.microbatch)] = clock[r]
+                end[(stage, I if kind == B else kind, a.microbatch)] = clock[r]
                 pos[r] += 1
                 progress = True
     if any(p < len(row) for p, row in zip(pos, rows, strict=True)):

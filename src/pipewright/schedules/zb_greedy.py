@@ -21,6 +21,7 @@ estimated makespan (ties: the first tried). A scheduling heuristic only; the sim
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 from collections import deque
@@ -54,67 +55,76 @@ class StageCosts:
 def greedy_orders(
     p: int, m: int, costs: StageCosts, memory_limit: int, *, fill_gaps: bool, alternate: bool, staggered: bool
 ) -> tuple[list[list[Action]], float]:
-    """One greedy pass: the per-rank orders and their estimated makespan."""
+    """One greedy pass: the per-rank orders and their estimated makespan.
+
+    Event-driven: the unfinished ranks wait in a heap keyed by (clock, rank), so each step takes the
+    earliest in O(log p); the bound on unknown arrivals (the smallest clock + min(T_F, T_I) over the
+    other unfinished ranks) comes from a second heap whose stale entries are dropped when they surface.
+    """
     ranks = [_Rank() for _ in range(p)]
     f_end = [[_INF] * m for _ in range(p)]
     i_end = [[_INF] * m for _ in range(p)]
+    shortest = [min(costs.f[q], costs.i[q]) for q in range(p)]
+    total = 3 * m
+    by_clock = [(0.0, q) for q in range(p)] if m > 0 else []  # already a heap
+    # (clock + shortest action, rank, version): an entry counts while its version is the rank's current
+    version = [0] * p
+    by_arrival = [(shortest[q], q, 0) for q in range(p)] if m > 0 else []
+    heapq.heapify(by_arrival)
+    comm = costs.comm
 
-    def f_ready(r: int, k: int) -> float:
-        return 0.0 if r == 0 else f_end[r - 1][k] + costs.comm
-
-    def i_ready(r: int, k: int) -> float:
-        return f_end[r][k] if r == p - 1 else i_end[r + 1][k] + costs.comm
-
-    def run(r: int, action: Action, start: float, cost: float) -> float:
-        st = ranks[r]
+    def run(st: _Rank, action: Action, start: float, cost: float) -> float:
         st.order.append(action)
         st.clock = start + cost
         return st.clock
 
-    while True:
-        busy = [r for r in range(p) if len(ranks[r].order) < 3 * m]
-        if not busy:
-            break
-        r = min(busy, key=lambda q: (ranks[q].clock, q))
+    while by_clock:
+        t, r = heapq.heappop(by_clock)
+        version[r] += 1  # r's arrival entry is stale while r is being stepped
         st = ranks[r]
-        t = st.clock
         can_i = st.next_i < st.next_f
         can_f = st.next_f < m and st.in_flight < memory_limit
         if staggered and st.next_i == 0 and st.next_f >= max(1, memory_limit - r):
             can_f = False
         if alternate and st.next_i > 0 and st.forwards_since_i >= 1 and can_i:
             can_f = False
-        ready_i = i_ready(r, st.next_i) if can_i else _INF
-        ready_f = f_ready(r, st.next_f) if can_f else _INF
+        if can_i:
+            k = st.next_i
+            ready_i = f_end[r][k] if r == p - 1 else i_end[r + 1][k] + comm
+        else:
+            ready_i = _INF
+        ready_f = (0.0 if r == 0 else f_end[r - 1][st.next_f] + comm) if can_f else _INF
         after_i = alternate and st.next_i > 0 and st.forwards_since_i == 0
         if ready_i <= t and not (after_i and ready_f <= t):
             k = st.next_i
-            i_end[r][k] = run(r, Action(r, I, k), t, costs.i[r])
+            i_end[r][k] = run(st, Action(r, I, k), t, costs.i[r])
             st.next_i += 1
             st.pending_w.append(k)
             st.forwards_since_i = 0
-            continue
-        if ready_f <= t:
+        elif ready_f <= t:
             k = st.next_f
-            f_end[r][k] = run(r, Action(r, F, k), t, costs.f[r])
+            f_end[r][k] = run(st, Action(r, F, k), t, costs.f[r])
             st.next_f += 1
             st.in_flight += 1
             st.forwards_since_i += 1
-            continue
-        # Arrival not yet known: it cannot come before the producing rank's clock plus one action.
-        soonest = min(
-            ready_i, ready_f, *(ranks[q].clock + min(costs.f[q], costs.i[q]) for q in busy if q != r)
-        )
-        overflow = st.next_f < m and st.in_flight >= memory_limit
-        only_w = st.next_i == m
-        if st.pending_w and (overflow or only_w or (fill_gaps and soonest - t >= costs.w[r])):
-            k = st.pending_w.popleft()
-            run(r, Action(r, W, k), t, costs.w[r])
-            st.in_flight -= 1
-            continue
-        if soonest == _INF:
-            raise RuntimeError("zero-bubble greedy made no progress")  # a bug, not a user error
-        st.clock = soonest  # wait: nothing this rank needs can arrive earlier
+        else:
+            # Arrival not yet known: it cannot come before the producing rank's clock plus one action.
+            while by_arrival and by_arrival[0][2] != version[by_arrival[0][1]]:
+                heapq.heappop(by_arrival)
+            soonest = min(ready_i, ready_f, by_arrival[0][0] if by_arrival else _INF)
+            overflow = st.next_f < m and st.in_flight >= memory_limit
+            only_w = st.next_i == m
+            if st.pending_w and (overflow or only_w or (fill_gaps and soonest - t >= costs.w[r])):
+                k = st.pending_w.popleft()
+                run(st, Action(r, W, k), t, costs.w[r])
+                st.in_flight -= 1
+            elif soonest == _INF:
+                raise RuntimeError("zero-bubble greedy made no progress")  # a bug, not a user error
+            else:
+                st.clock = soonest  # wait: nothing this rank needs can arrive earlier
+        if len(st.order) < total:
+            heapq.heappush(by_clock, (st.clock, r))
+            heapq.heappush(by_arrival, (st.clock + shortest[r], r, version[r]))
     makespan = max(st.clock for st in ranks)
     return [st.order for st in ranks], makespan
 

@@ -23,7 +23,7 @@ from fractions import Fraction
 
 from pipewright.errors import ScheduleError
 from pipewright.ir import Action, F, I, Schedule, W, loop_placement, peak_in_flight
-from pipewright.schedules.estimate import order_makespan, order_span
+from pipewright.schedules.estimate import order_times
 from pipewright.schedules.registry import ScheduleCosts, ScheduleInfo
 from pipewright.schedules.zb_greedy import StageCosts, all_orders
 
@@ -103,7 +103,7 @@ def _fastest(
     placement = loop_placement(p)
     scored = []
     for n, (_, rows) in enumerate(options):
-        makespan, span = order_makespan(rows, placement, costs), order_span(rows, placement, costs)
+        makespan, span = order_times(rows, placement, costs)
         scored.append(((span, makespan) if steady else (makespan,), makespan, n))
     _, best, n = min(scored)
     label, rows = options[n]
