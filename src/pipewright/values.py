@@ -103,9 +103,28 @@ TRAIN_LIMITS: dict[str, Limit] = {
             "stop_after",
             "async_window",
             "eval_batches",
+            "cp",
+            "ep",
+            "moe_top_k",
+            "moe_ffn_hidden",
         )
     },
-    **{n: COUNT for n in ("checkpoint_every", "eval_every", "warmup", "keep_checkpoints", "max_restarts")},
+    **{
+        n: COUNT
+        for n in (
+            "checkpoint_every",
+            "eval_every",
+            "warmup",
+            "keep_checkpoints",
+            "max_restarts",
+            "moe_experts",  # 0: dense
+            "moe_shared_experts",
+            "moe_dense_layers",
+            "moe_capacity",  # 0: dropless
+            "moe_aux_loss_coeff",
+            "moe_z_loss_coeff",
+        )
+    },
     # sizes past these build structures of ~10⁸ entries before any memory estimate can run
     "layers": Limit(low=1, high=100_000),
     "pp": Limit(low=1, high=100_000),
