@@ -155,7 +155,8 @@ class Trainer:
         self.boundary_shape = (c.microbatch_size, seq, spec.hidden)
         experts = expert_parallel(self.mesh)  # MoE layers hold this ep rank's experts (None: all)
         if own is None:
-            build = partial(build_stage, spec, expert_parallel=experts)
+            # only MoE models take the ep argument (a family's builder need not know it)
+            build = partial(build_stage, spec, **({} if experts is None else {"expert_parallel": experts}))
         else:
             build = own.build_stage
             self.loss_fn, self.boundary_shape = (
