@@ -110,6 +110,26 @@ def test_sequence_not_split_into_two_cp_chunks_is_one_line_error(seq: int, cp: i
     assert "\n" not in str(err.value) and f"2·cp = {2 * cp}" in str(err.value)
 
 
+@pytest.mark.parametrize(
+    "flags,names",
+    [
+        (["--vocab-parallel", "alg1"], "--vocab-parallel"),
+        (["--optimizer", "kfac"], "--optimizer kfac"),
+        (["--schedule", "async-1f1b"], "asynchronous schedules"),
+        (["--moe-experts", "4", "--moe-top-k", "2", "--model", "gpt-moe-tiny"], "--moe-experts"),
+    ],
+)
+def test_features_that_hold_whole_sequences_refuse_cp_in_one_line(flags, names, tmp_path, capsys):
+    """Features whose groups or statistics assume whole sequences on a rank refuse --cp before any
+    worker starts (train --dry-run runs every check)."""
+    from pipewright.cli import main
+
+    argv = ["train", "--dry-run", "--pp", "2", "--cp", "2", "--seq-len", "64", "--out", str(tmp_path / "r")]
+    assert main([*argv, *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and names in err[0] and "--cp" in err[0]
+
+
 def test_simulated_pair_overlap_prices_two_streams():
     """sim/pair_overlap.py: with F, B = 1, 2 of compute plus x of exposed ring waits each, DualPipeV's
     pairs cost max(c_F + c_B, x_F + x_B) instead of the sum; a schedule without pairs is unchanged."""

@@ -81,6 +81,9 @@ class AsyncPlugin(TrainingPlugin):
 
     @classmethod
     def check(cls, config: Any, schedule: Any, spec: Any) -> None:
+        cp = int(getattr(config, "cp", 1) or 1)
+        if cp > 1:
+            raise ConfigError(f"asynchronous schedules are not supported with --cp {cp} yet; use --cp 1")
         check_config(config)
 
     def __init__(self, config: Any) -> None:

@@ -74,6 +74,7 @@ class VocabPlugin(TrainingPlugin):
 
     @classmethod
     def check(cls, config: Any, schedule: Any, spec: Any) -> None:
+        _refuse_cp(config, "--vocab-parallel")
         check_training(config, spec, schedule)
 
     def build(self, ctx: BuildContext) -> Built:
@@ -130,3 +131,12 @@ class VocabPlugin(TrainingPlugin):
         for prm in self.params.values():
             prm.grad = None
         return losses
+
+
+def _refuse_cp(config: Any, flag: str) -> None:
+    """One line: the vocabulary groups span dp × tp ranks of one sequence, not cp's slices."""
+    cp = int(getattr(config, "cp", 1) or 1)
+    if cp > 1:
+        raise ConfigError(
+            f"{flag} is not supported with --cp {cp} yet (its groups hold whole sequences); use --cp 1"
+        )
