@@ -34,3 +34,18 @@ def test_estimate_matches_the_simulation_with_context_parallelism(case):
     simulate_plan(prob, ev)
     # measured 2026-11-25: within 1 % on every case (the estimate's schedule formula is approximate)
     assert est == pytest.approx(ev.simulated, rel=0.02)
+
+
+def test_a_plan_with_context_parallelism_reads_and_trains(tmp_path, capsys):
+    """A plan with cp > 1 is a valid plan file (its devices count cp) and `train --plan` runs it with
+    ring attention over cp ranks (checked up to the workers by --dry-run)."""
+    from pipewright.cli import main
+
+    plan = tmp_path / "plan.json"
+    argv = ["plan", "--model", "gpt-small-cpu", "--gpu", "cpu", "--nodes", "1", "--gpus-per-node", "4"]
+    argv += ["--global-batch-size", "8", "--cp", "2", "--seq-len", "64", "--no-baselines", "--no-progress"]
+    assert main([*argv, "-o", str(plan)]) == 0
+    capsys.readouterr()
+    assert main(["train", "--plan", str(plan), "--dry-run", "--out", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert "cp=2" in out and "over 4 process(es)" in out

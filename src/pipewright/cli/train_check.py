@@ -18,7 +18,9 @@ def dry_run(config, profile: str | None = None) -> int:
     est = check_fits(run, cpu=default_backend() == "gloo")
     where = run.out_dir if config.out else f"a new folder like {run.out_dir}"
     print(
-        f"ok: {run.spec.name}, {run.schedule.name} over tp={config.tp} pp={config.pp} dp={config.dp}, "
+        f"ok: {run.spec.name}, {run.schedule.name} over tp={config.tp} pp={config.pp} dp={config.dp}"
+        + (f" cp={config.cp}" if config.cp > 1 else "")
+        + ", "
         f"{config.steps} steps into {where}"
     )
     print(est.describe())

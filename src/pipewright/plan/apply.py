@@ -177,12 +177,13 @@ def train_overrides(path: str, args: argparse.Namespace | None = None) -> dict[s
     if plan["sequence_parallel"]:
         out["sequence_parallel"] = True
     sharding, cp = plan.data.get("optimizer_sharding", "none"), plan.data.get("cp", 1)
-    if cp != 1 or sharding == "fsdp":
-        what = f"context parallelism (cp {cp})" if cp != 1 else "FSDP"
+    if sharding == "fsdp":
         raise ConfigError(
-            f"the plan {path} uses {what}, which `pipewright train` does not run; plan with --max-cp 1 "
+            f"the plan {path} uses FSDP, which `pipewright train` does not run; plan with "
             "--optimizer-sharding none,zero1"
         )
+    if cp != 1:
+        out["cp"] = cp  # ring attention over cp ranks (runtime/cp)
     if sharding == "zero1":
         out["shard_optimizer"] = True
     place = plan.placement

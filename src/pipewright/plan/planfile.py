@@ -162,7 +162,7 @@ def check_schema(data: dict[str, Any], where: str = "plan") -> None:
     stages = data["pp"] * data.get("virtual", 1)
     parse_layout(data["layout"]).check(model["layers"], stages)
     devices = data.get("devices")
-    ranks = data["tp"] * data["pp"] * data["dp"]
+    ranks = data["tp"] * data["pp"] * data["dp"] * data.get("cp", 1)
     if (
         not isinstance(devices, list)
         or len(devices) not in (0, ranks)

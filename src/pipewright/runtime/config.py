@@ -436,7 +436,8 @@ class TrainConfig(_TrainFields):
         if self.placement_ranks() is not None:
             from pipewright.mesh import Mesh
 
-            Mesh(self.tp, self.pp, self.dp, placement=self.placement_ranks())  # one line if not a permutation
+            # one line if not a permutation
+            Mesh(self.tp, self.pp, self.dp, placement=self.placement_ranks(), cp=self.cp)
         for name in ("recv_timeout_s", "collective_timeout_s"):
             if not getattr(self, name) > 0:
                 flag = "--" + name.removesuffix("_s").replace("_", "-")
