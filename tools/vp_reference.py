@@ -1,25 +1,6 @@
-"""The per-rank pass order of the vocabulary-parallel 1F1B schedule that the authors' code runs
-(Yeung et al., "Balancing Pipeline Parallelism with Vocabulary Parallelism", arXiv 2411.05288;
-sail-sg/VocabularyParallelism, ``megatron/core/pipeline_parallel/vocab_parallel_schedule.py``,
-``forward_backward_pipelining_with_vocab_parallel``), Algorithm 2 (its default, backward fusion on).
-
-Our own re-statement of that function's control flow, with each pass recorded instead of run:
-
-- ``F{k}`` / ``B{k}``: the transformer stage's forward / backward of microbatch k (on the last rank
-  B(k) also computes the loss and broadcasts X(k + 1) with ∇loss(k); after B(m − 1) the last
-  broadcast, ∇loss(m − 1) alone, is issued at the end);
-- ``X{k}``: the broadcast of X(k) (and ∇loss(k − 1)) is issued: on the last rank right after F(0) and
-  B(k − 1) (the root does not wait for it), on the others where the reference posts the receive;
-- ``S{k}``: the output-layer step of microbatch k, fused: T(k − 1) then S(k) (``S{m}``: T(m − 1) only);
-- ``C{k}``: the reduction issued after ``S{k}`` (statistics and the SUM of the rescaled ∇X);
-- ``EF{k}`` / ``EC{k}``: the embedding forward's compute / its SUM to stage 0;
-- ``EX{k}`` / ``EB{k}``: the embedding backward's broadcast of ∇ from stage 0 / its compute.
-
-Where the S passes go is fixed per rank from the pass times f (forward), b (backward) and c (the
-reference's third timer; it only has to satisfy f ≥ c): walking from the last rank to the first, the
-offset between the rank's S and its own 1F1B slot either drops by f (S stays before the forward, "BSF")
-or, when that would pass −b, the rank runs S after its forward ("BFS") and the offset grows by b − f.
-Without profiled timers the reference takes f = 1, b = 2, c = 0.
+"""Prints or records the vocabulary-parallel 1F1B pass order of the authors' code, Algorithm 2, as
+:mod:`pipewright.features.vocab.reference_order` re-states it (its docstring names the passes and how the
+S passes are placed).
 
 Usage: ``python tools/vp_reference.py -p 4 -m 8 [-f 1 -b 2]`` prints one line per rank;
 ``python tools/vp_reference.py --write tests/data/vp_reference_order.csv`` records p = 4, m = 8 and
