@@ -16,13 +16,14 @@ pipeline stage and each data-parallel replica.
    placement (:func:`placement`: the device index of each rank). Within each stage the slowest
    device is put at (tp 0, dp 0), the device the simulator prices the stage on (a replicated stage
    runs at its slowest replica's pace).
+5. A map is dealt lazily: a (stage, replica) block is a slice of the order found by arithmetic, so
+   making a 16,384-device map and reading the few blocks the planner prices costs O(t·cp), not O(n).
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from pipewright.errors import ConfigError
 from pipewright.topology import Topology
@@ -67,22 +68,105 @@ def device_order(topology: Topology) -> tuple[str, ...]:
     return tuple(order)
 
 
-@dataclass(frozen=True)
 class DeviceMap:
-    """Devices of each (stage, replica, tp rank): ``grid[i][j][k]``; :attr:`ranks` in global rank order."""
+    """Devices of each (stage i, replica j, tp·cp rank k) of a mesh dealt from a device order.
 
-    tp: int
-    pp: int
-    dp: int
-    grid: tuple[tuple[tuple[str, ...], ...], ...]
+    Built without listing its devices: stage i's replica j is the block ``order[g·B : (g + 1)·B]`` with
+    B the devices per (stage, replica) and g = j·p + i (style ``"pp"``) or i·d + j (``"dp"``), so a
+    16,384-device map costs O(1) to make and each lookup O(B). :attr:`grid` (every block) and
+    :attr:`ranks` (the devices in global rank order, a lazy :class:`Ranks`) are made on demand; a map
+    whose blocks were reordered (:func:`slowest_first`) holds its grid explicitly."""
+
+    __slots__ = ("_grid", "_order", "_style", "dp", "pp", "tp")
+
+    def __init__(
+        self,
+        tp: int,
+        pp: int,
+        dp: int,
+        grid: tuple[tuple[tuple[str, ...], ...], ...] | None = None,
+        order: Sequence[str] | None = None,
+        style: str = "pp",
+    ) -> None:
+        if grid is None and order is None:
+            raise ConfigError("a device map needs its grid or a device order")
+        self.tp, self.pp, self.dp = tp, pp, dp
+        self._order, self._style, self._grid = order, style, grid
+
+    def block(self, i: int, j: int) -> tuple[str, ...]:
+        """The B = tp·cp devices of stage i's replica j, tp fastest."""
+        if self._grid is not None:
+            return self._grid[i][j]
+        g = j * self.pp + i if self._style == "pp" else i * self.dp + j
+        return tuple(self._order[g * self.tp : (g + 1) * self.tp])
+
+    def head(self, i: int) -> str:
+        """Stage i's (replica 0, rank 0) device: the one the simulator prices the stage on."""
+        if self._grid is not None:
+            return self._grid[i][0][0]
+        g = i if self._style == "pp" else i * self.dp
+        return self._order[g * self.tp]
 
     @property
-    def ranks(self) -> tuple[str, ...]:
+    def grid(self) -> tuple[tuple[tuple[str, ...], ...], ...]:
+        """``grid[i][j][k]``: every block (listed on first use)."""
+        if self._grid is None:
+            self._grid = tuple(tuple(self.block(i, j) for j in range(self.dp)) for i in range(self.pp))
+        return self._grid
+
+    @property
+    def ranks(self) -> Ranks:
         """Device of global rank g = k + t·(j + d·i)."""
-        return tuple(dev for stage in self.grid for replica in stage for dev in replica)
+        return Ranks(self)
 
     def stage_devices(self, i: int) -> tuple[str, ...]:
-        return tuple(d for replica in self.grid[i] for d in replica)
+        return tuple(d for j in range(self.dp) for d in self.block(i, j))
+
+
+class Ranks(Sequence[str]):
+    """A :class:`DeviceMap`'s devices in global rank order, listed only when iterated, hashed or
+    compared (indexing one rank is O(1)): equal to, and hashing like, the tuple it stands for."""
+
+    __slots__ = ("_map", "_tuple")
+
+    def __init__(self, dmap: DeviceMap) -> None:
+        self._map, self._tuple = dmap, None
+
+    def __len__(self) -> int:
+        m = self._map
+        return m.tp * m.pp * m.dp
+
+    def __getitem__(self, g):  # type: ignore[override]
+        if isinstance(g, slice):
+            return self.as_tuple()[g]
+        m = self._map
+        if g < 0:
+            g += len(self)
+        if not 0 <= g < len(self):
+            raise IndexError(g)
+        rest, k = divmod(g, m.tp)
+        i, j = divmod(rest, m.dp)
+        return m.block(i, j)[k]
+
+    def as_tuple(self) -> tuple[str, ...]:
+        if self._tuple is None:
+            m = self._map
+            self._tuple = tuple(d for i in range(m.pp) for j in range(m.dp) for d in m.block(i, j))
+        return self._tuple
+
+    def __iter__(self):
+        return iter(self.as_tuple())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Ranks):
+            other = other.as_tuple()
+        return self.as_tuple() == other
+
+    def __hash__(self) -> int:
+        return hash(self.as_tuple())
+
+    def __repr__(self) -> str:
+        return repr(self.as_tuple())
 
 
 def map_devices(order: Sequence[str], tp: int, pp: int, dp: int, style: str = "pp") -> DeviceMap:
@@ -90,14 +174,9 @@ def map_devices(order: Sequence[str], tp: int, pp: int, dp: int, style: str = "p
     n = tp * pp * dp
     if n > len(order):
         raise ConfigError(f"tp {tp} × pp {pp} × dp {dp} = {n} devices, but the topology has {len(order)}")
-    groups = [tuple(order[g * tp : (g + 1) * tp]) for g in range(pp * dp)]
-    if style == "pp":
-        grid = tuple(tuple(groups[j * pp + i] for j in range(dp)) for i in range(pp))
-    elif style == "dp":
-        grid = tuple(tuple(groups[i * dp + j] for j in range(dp)) for i in range(pp))
-    else:
+    if style not in STYLES:
         raise ConfigError(f"unknown mapping style {style!r}; choose one of: {', '.join(STYLES)}")
-    return DeviceMap(tp, pp, dp, grid)
+    return DeviceMap(tp, pp, dp, order=order, style=style)
 
 
 def given_order(topology: Topology, tp: int, pp: int, dp: int) -> DeviceMap:

@@ -171,6 +171,56 @@ def _largest(lo: int, hi: int, ok) -> int | None:
     return best
 
 
+def _capacity(t: StageTerms, cap: float, L: int) -> int:
+    """Identical layers: the most layers x ∈ [0, L] stage ``t`` holds with :func:`_fits` (time ≤ ``cap``,
+    memory ≤ its limit), −1 if none; the linear bounds solved in closed form, then nudged so the
+    answer is exactly what :func:`_fits` says (rounding)."""
+    if t.comm > cap:
+        return -1
+    hi = L
+    for per, fixed, limit in (
+        (t.time_per_layer, t.fixed_time, cap),
+        (t.static_per_layer + t.in_flight * t.act_per_layer, t.memory(0), t.memory_limit),
+    ):
+        if per > 0:
+            room = (limit - fixed) / per
+            hi = min(hi, math.floor(room) if room < L else L)
+        elif fixed > limit:
+            return -1
+    x = max(hi, -1)
+    while x < L and _fits(t, x + 1, cap):
+        x += 1
+    while x >= 0 and not _fits(t, x, cap):
+        x -= 1
+    return x
+
+
+def _capacities(terms, cap: float, L: int) -> list[int]:
+    """:func:`_capacity` of every stage, computed once per distinct stage (stages on like devices
+    share their terms)."""
+    memo: dict[StageTerms, int] = {}
+    out = []
+    for t in terms:
+        x = memo.get(t)
+        if x is None:
+            x = memo[t] = _capacity(t, cap, L)
+        out.append(x)
+    return out
+
+
+def _greedy_identical(caps: Sequence[int], L: int, k: int = 1) -> list[int] | None:
+    """:func:`_greedy` for identical layers from the stages' capacities: stage i takes
+    min(cap_i, what leaves k layers to each later stage), O(p)."""
+    p, out, pos = len(caps), [], 0
+    for i, c in enumerate(caps):
+        x = min(c, L - (p - i - 1) * k - pos)
+        if x < k:
+            return None
+        out.append(x)
+        pos += x
+    return out if pos == L else None
+
+
 def _greedy(terms, w: list[float], cap: float, k: int = 1) -> list[int] | None:
     """Longest prefixes (≥ k layers) with time ≤ cap and memory within limits; None if infeasible."""
     p, L = len(terms), len(w) - 1
@@ -189,6 +239,15 @@ def _greedy(terms, w: list[float], cap: float, k: int = 1) -> list[int] | None:
     return out
 
 
+def fits_somewhere(terms: Sequence[StageTerms], num_layers: int, min_layers: int = 1) -> bool:
+    """Whether some partition of identical layers (≥ ``min_layers`` per stage) keeps every stage under
+    its memory limit: the greedy pass with no time cap (module docstring), O(p·log L)."""
+    if len(terms) * min_layers > num_layers:
+        return False
+    caps = _capacities(terms, math.inf, num_layers)
+    return _greedy_identical(caps, num_layers, min_layers) is not None
+
+
 def bisect_partition(
     terms: Sequence[StageTerms], num_layers: int, weights=None, min_layers: int = 1
 ) -> Partition:
@@ -199,19 +258,28 @@ def bisect_partition(
     if p * k > L:
         raise ConfigError(f"{p} pipeline stages of ≥ {k} layers for {L} layers; use fewer stages")
     w = _prefix(weights, L)
+    if weights is None:  # identical layers: feasibility from closed-form capacities, O(p)
+
+        def greedy(cap: float) -> list[int] | None:
+            return _greedy_identical(_capacities(terms, cap, L), L, k)
+    else:
+
+        def greedy(cap: float) -> list[int] | None:
+            return _greedy(terms, w, cap, k)
+
     hi = max(t.time(w[L]) for t in terms)
-    if _greedy(terms, w, hi, k) is None:
+    if greedy(hi) is None:
         raise DoesNotFitError("no partition fits the memory limit")
     lo = 0.0
     for _ in range(60):
         mid = (lo + hi) / 2
-        if _greedy(terms, w, mid, k) is None:
+        if greedy(mid) is None:
             lo = mid
         else:
             hi = mid
         if hi - lo <= 1e-9 * hi:
             break
-    layers = _greedy(terms, w, hi, k)
+    layers = greedy(hi)
     if weights is None:
         layers = _spread(terms, L, hi, k) or layers
     layers = _balance_tail(terms, w, layers, k)
@@ -222,12 +290,9 @@ def bisect_partition(
 def _spread(terms, L: int, cap: float, k: int) -> list[int] | None:
     """Identical layers: capacity c_i = the most layers stage i takes under ``cap`` and its memory; give
     each stage ⌊L·c_i/Σc⌋ (≥ k) and the remainder to the stages with the largest fractional parts."""
-    caps = []
-    for t in terms:
-        ok = _largest(k, L, lambda x, t=t: _fits(t, x, cap))
-        if ok is None:
-            return None
-        caps.append(ok)
+    caps = _capacities(terms, cap, L)
+    if min(caps) < k:
+        return None
     total = sum(caps)
     if total < L:
         return None
@@ -249,19 +314,37 @@ def _balance_tail(terms, w, layers: list[int], k: int = 1) -> list[int]:
     """The greedy pass leaves the last stages light; move layers backwards one at a time while the
     bottleneck does not grow and the total shrinks (a cheap tie-break toward a shorter fill/drain)."""
     layers = list(layers)
-    base = _eval_w(terms, layers, w)
+    starts = [0]
+    for n in layers:
+        starts.append(starts[-1] + n)
+    spans = list(zip(terms, starts[:-1], starts[1:], strict=True))
+    times = [t.time(w[b] - w[a]) for t, a, b in spans]
+    over = [t.memory(w[b] - w[a]) > t.memory_limit for t, a, b in spans]
+    bottleneck, total, bad = max(times), sum(times), sum(over)
     improved = True
     while improved:
         improved = False
         for i in range(len(layers) - 1):
             if layers[i] <= k:
                 continue
-            trial = layers[:]
-            trial[i] -= 1
-            trial[i + 1] += 1
-            b, tot, fits = _eval_w(terms, trial, w)
-            if fits and b <= base[0] * (1 + 1e-12) and tot < base[1] - 1e-15:
-                layers, base, improved = trial, (b, tot, fits), True
+            # moving stage i's last layer to stage i + 1 changes only their two ranges; the others
+            # are at most the bottleneck, so only the two new times can raise it
+            cut = starts[i + 1] - 1
+            ti, tj = terms[i], terms[i + 1]
+            xi, xj = w[cut] - w[starts[i]], w[starts[i + 2]] - w[cut]
+            new_i, new_j = ti.time(xi), tj.time(xj)
+            trial_times = [*times[:i], new_i, new_j, *times[i + 2 :]]
+            tot = sum(trial_times)  # summed in order, as a fresh evaluation would (ties: 1e-15)
+            over_i, over_j = ti.memory(xi) > ti.memory_limit, tj.memory(xj) > tj.memory_limit
+            trial_bad = bad - over[i] - over[i + 1] + over_i + over_j
+            cap = bottleneck * (1 + 1e-12)
+            if trial_bad == 0 and new_i <= cap and new_j <= cap and tot < total - 1e-15:
+                layers[i] -= 1
+                layers[i + 1] += 1
+                starts[i + 1] = cut
+                times = trial_times
+                over[i], over[i + 1] = over_i, over_j
+                bottleneck, total, bad, improved = max(times), tot, trial_bad, True
     return layers
 
 

@@ -106,17 +106,24 @@ class Problem:
     moe_imbalance: float = 1.0
     calibration: str | None = None  # a `pipewright profile --calibration` file
     _kinds: dict[str, str] = field(default_factory=dict, init=False, compare=False, repr=False)
+    _efficiency: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def efficiency_for(self, kind: str | None = None) -> Efficiency:
         """The efficiency parameters priced on accelerator ``kind`` (default: the first device's): the
         given ones, else the accelerator's defaults — what ``pipewright simulate`` uses for it; the
         attention rate of ``attention_kernel`` on it where one is named, the GEMM rate for eager
-        attention (its batched GEMMs)."""
+        attention (its batched GEMMs)); computed once per kind."""
+        name = kind or next(iter(self.device_kinds()))
+        hit = self._efficiency.get(name)
+        if hit is None:
+            hit = self._efficiency[name] = self._efficiency_of(name)
+        return hit
+
+    def _efficiency_of(self, name: str) -> Efficiency:
         from pipewright.cost.attention_kernels import kernel_efficiency
         from pipewright.cost.efficiency import default_efficiency
         from pipewright.hardware import accelerator
 
-        name = kind or next(iter(self.device_kinds()))
         eff = self.efficiency if self.efficiency is not None else default_efficiency(accelerator(name))
         if self.attention == "eager":
             return replace(eff, attention=eff.gemm)

@@ -9,8 +9,12 @@ pipeline rank on its slowest device and its tensor-parallel group (:mod:`pipewri
 
 with t_r the F + B (+ boundary transfer) seconds of rank r per microbatch, t_max the bottleneck, φ = 1
 for 1F1B and interleaved 1F1B, φ = T_F/(T_F + T_B) for ZB-H1 (its bubble is (p − 1)·T_F), and the
-exposed all-reduce that of the first stage (it finishes its backward last). A cheap lower bound, m·(the
-work of all ranks)/p, discards candidates before partitioning once it exceeds the best estimate. The
+exposed all-reduce that of the first stage (it finishes its backward last). Before any device is
+mapped, a candidate whose layers fit no partition even on the largest device is dropped
+(:func:`may_fit`), and candidates are taken in order of a cheap lower bound on the estimate
+(:func:`lower_bound`), stopping once it exceeds the ``finalists``-th best estimate. Stage costs are
+cached per group signature (size, ring bandwidth, latency), so a symmetric 16,384-device cluster prices
+a handful of groups, and maps are dealt lazily (:class:`~pipewright.plan.mapping.DeviceMap`). The
 ``finalists`` best estimates (and the baselines) are then simulated in full (no validation: the
 generators' schedules are trusted) and ranked by simulated time.
 """
@@ -24,11 +28,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from pipewright.errors import ConfigError, PipewrightError
+from pipewright.hardware import accelerator
 from pipewright.plan.costs import StageCost, parts, stage_cost
 from pipewright.plan.mapping import DeviceMap, device_order, map_devices, slowest_first
 from pipewright.plan.partition import (
     DoesNotFitError,
     chunk_layout,
+    fits_somewhere,
     partition,
     stage_terms,
 )
@@ -47,6 +53,8 @@ class _Context:
     cost_cache: dict = field(default_factory=dict)
     speeds: dict = field(default_factory=dict)
     memory: dict = field(default_factory=dict)  # bytes per device
+    sig_cache: dict = field(default_factory=dict)
+    bound_cache: dict = field(default_factory=dict)
 
     def memory_limit(self, devices: Sequence[str]) -> float:
         prob = self.problem
@@ -71,15 +79,28 @@ class _Context:
     def stage_memory_limit(self, dmap: DeviceMap, i: int) -> float:
         """Bytes each device of stage i may use (the smallest device's, or ``--memory-limit``)."""
         if self.problem.memory_limit is None and len(self.kinds) == 1:
-            return self.problem.topology.accelerator(dmap.grid[i][0][0]).memory_bytes
+            return self.problem.topology.accelerator(dmap.head(i)).memory_bytes
         return self.memory_limit(dmap.stage_devices(i))
 
+    def signature(self, group: tuple[str, ...]) -> tuple[float, ...]:
+        """What a collective's time over ``group`` depends on: its size and its ring's (bus bandwidth,
+        per-step latency) (:meth:`~pipewright.topology.Topology.ring_bandwidth`). Groups with one
+        signature cost the same, so on a symmetric cluster thousands of groups share a few pricings."""
+        if len(group) <= 1:
+            return (len(group),)
+        hit = self.sig_cache.get(group)
+        if hit is None:
+            hit = self.sig_cache[group] = (len(group), *self.problem.topology.ring_bandwidth(group))
+        return hit
+
     def all_reduce(self, group: tuple[str, ...], op: str = "all_reduce") -> Callable[[float], float]:
-        """Seconds of collective ``op`` of n bytes over ``group``'s devices (the cost model's formula)."""
+        """Seconds of collective ``op`` of n bytes over ``group``'s devices (the cost model's formula),
+        cached per group :meth:`signature`."""
         topo, eff = self.problem.topology, self.problem.efficiency_for().comm
+        sig = self.signature(group)
 
         def f(nbytes: float) -> float:
-            key = (op, group, nbytes)
+            key = (op, sig, nbytes)
             hit = self.ar_cache.get(key)
             if hit is None:
                 hit = self.ar_cache[key] = topo.collective_time(op, group, nbytes / eff)
@@ -177,18 +198,17 @@ def _stage_costs(ctx: _Context, c: Candidate, dmap: DeviceMap) -> list[StageCost
     pc = _parts(prob, c)
     out = []
     for i in range(c.pp):
-        block = dmap.grid[i][0]  # the stage's first (tp × cp) block, tp fastest
+        block = dmap.block(i, 0)  # the stage's first (tp × cp) block, tp fastest
         group = block[: c.tp]  # its tensor-parallel ranks
         ring = block[:: c.tp]  # the context-parallel group of its tp rank 0
         kinds = ctx.stage_kinds(dmap, i)
         best = None
+        sigs = (ctx.signature(group), ctx.signature(ring))
         for kind in sorted(kinds):
-            key = (kind, group, ring, c.microbatch, c.tp, c.recompute, c.sequence_parallel, c.cp, c.sharding)
+            key = (kind, sigs, c.microbatch, c.tp, c.recompute, c.sequence_parallel, c.cp, c.sharding)
             sc = ctx.cost_cache.get(key)
             if sc is None:
-                gpu = prob.topology.accelerator(
-                    next(d for d in dmap.stage_devices(i) if prob.topology.nodes[d].accelerator == kind)
-                )
+                gpu = accelerator(kind)
                 sc = ctx.cost_cache[key] = stage_cost(
                     pc,
                     gpu,
@@ -211,7 +231,8 @@ def estimate(ctx: _Context, c: Candidate, dmap: DeviceMap | None = None, layers=
         order = ctx.order[::-1] if c.style.endswith("-rev") else ctx.order
         style = c.style.removesuffix("-rev")
         dmap = map_devices(order, c.block, c.pp, c.dp, style)
-        dmap = slowest_first(prob.topology, dmap, prob.dtype, ctx.speeds)
+        if len(ctx.kinds) > 1:
+            dmap = slowest_first(prob.topology, dmap, prob.dtype, ctx.speeds)
     costs = _stage_costs(ctx, c, dmap)
     boundary, grad_bytes = _messages(prob, c)
     p, v = c.pp, c.virtual
@@ -222,13 +243,14 @@ def estimate(ctx: _Context, c: Candidate, dmap: DeviceMap | None = None, layers=
             raise DoesNotFitError("more chunks than layers")
         # memory does not depend on the transfers: a layout that fits nowhere is dropped before the
         # boundary links are priced (path searches on large graphs)
-        _partition(stage_terms(costs, [0.0] * p, in_flight, limits), prob.spec.layers, v)
+        if not fits_somewhere(stage_terms(costs, [0.0] * p, in_flight, limits), prob.spec.layers, v):
+            raise DoesNotFitError("no partition fits the memory limit")
     comm = []
     for i in range(p):
         if p == 1 or (i == p - 1 and v == 1):
             comm.append(0.0)
             continue
-        a, b = dmap.grid[i][0][0], dmap.grid[(i + 1) % p][0][0]
+        a, b = dmap.head(i), dmap.head((i + 1) % p)
         comm.append(v * boundary(ctx, a, b))  # one transfer per direction
     terms = stage_terms(costs, comm, in_flight, limits)
     if layers is None:
@@ -242,7 +264,7 @@ def estimate(ctx: _Context, c: Candidate, dmap: DeviceMap | None = None, layers=
         phi = max(cs.layer_f / cs.layer for cs in costs)
     est = (c.microbatches - 1 + 1 / v) * t_max + (total - t_max) * phi / v
     if c.dp > 1:
-        group = tuple(dmap.grid[0][j][0] for j in range(c.dp))
+        group = tuple(dmap.block(0, j)[0] for j in range(c.dp))
         est += ctx.all_reduce(group)(grad_bytes(layers[0], p == 1))
     chunks = chunk_layout(layers, v) if v > 1 else tuple(layers)
     return Evaluated(c, chunks, dmap.ranks, est, t_max, max(mems), fits=fits)
@@ -272,20 +294,52 @@ def _partition(terms, num_layers: int, v: int):
     return partition(terms, num_layers) if v == 1 else partition(terms, num_layers, min_layers=v)
 
 
-def lower_bound(ctx: _Context, c: Candidate) -> float:
-    """m × (all ranks' work) / p on the fastest device kind: no schedule beats it."""
+def _bound_cost(ctx: _Context, c: Candidate) -> StageCost:
+    """The pieces of ``c`` on the fastest device kind with free communication (no tensor-parallel,
+    ring or boundary transfers): every stage of every mapping costs at least this, and needs the
+    same bytes (memory does not depend on the devices' links). Cached per cost-model choice."""
     prob = ctx.problem
+    key = (c.microbatch, c.tp, c.recompute, c.sequence_parallel, c.cp, c.sharding)
+    hit = ctx.bound_cache.get(key)
+    if hit is not None:
+        return hit
     if prob.profile is not None:
-        work = prob.profile.stage_cost(c.microbatch).time(prob.spec.layers, True, True)
-        return c.microbatches * work / c.pp
-    pc = _parts(prob, c)
-    best = None
-    for first in prob.device_kinds().values():
-        gpu = prob.topology.accelerator(first)
-        sc = stage_cost(pc, gpu, prob.dtype, prob.efficiency_for(gpu.name), lambda n: 0.0)
-        work = sc.time(prob.spec.layers, True, True)
-        best = work if best is None else min(best, work)
-    return c.microbatches * best / c.pp
+        hit = prob.profile.stage_cost(c.microbatch)
+    else:
+        pc = _parts(prob, c)
+        for kind in prob.device_kinds():
+            sc = stage_cost(pc, accelerator(kind), prob.dtype, prob.efficiency_for(kind), lambda n: 0.0)
+            if hit is None or sc.time(prob.spec.layers, True, True) < hit.time(prob.spec.layers, True, True):
+                hit = sc
+    ctx.bound_cache[key] = hit
+    return hit
+
+
+def lower_bound(ctx: _Context, c: Candidate) -> float:
+    """A bound no estimate of ``c`` goes under: with W the work of all layers, the embedding and the
+    head on the fastest device kind with free communication, Σ_r t_r ≥ W and t_max ≥ W/p, so the
+    estimate (module docstring) is at least W/p·(m − 1 + p/v) for φ = 1 and W/p·(m − 1 + 1/v) for
+    zero-bubble schedules (φ ≥ 0)."""
+    work = _bound_cost(ctx, c).time(ctx.problem.spec.layers, True, True)
+    p, m, v = c.pp, c.microbatches, c.virtual
+    tail = 1 / v if c.schedule.startswith("zb") else p / v
+    return work / p * (m - 1 + tail)
+
+
+def may_fit(ctx: _Context, c: Candidate) -> bool:
+    """False when no partition of ``c`` fits even with every device as large as the largest (or
+    ``--memory-limit``): a necessary condition checked before any device is mapped or link priced."""
+    prob = ctx.problem
+    if prob.memory_limit is not None:
+        limit = prob.memory_limit
+    else:
+        limit = max(accelerator(kind).memory_bytes for kind in prob.device_kinds())
+    p, v = c.pp, c.virtual
+    if p * v > prob.spec.layers:
+        return False
+    in_flight = [float(x) for x in info(c.schedule).memory(p, c.microbatches, v)]
+    cost = _bound_cost(ctx, c)
+    return fits_somewhere(stage_terms([cost] * p, [0.0] * p, in_flight, [limit] * p), prob.spec.layers, v)
 
 
 @dataclass
@@ -326,6 +380,9 @@ def search(
         if len(pool) >= prob.finalists and lb > pool[prob.finalists - 1].estimate:
             pruned += len(bounds) - k
             break
+        if not may_fit(ctx, c):
+            infeasible += 1
+            continue
         try:
             ev = estimate(ctx, c)
         except DoesNotFitError:
