@@ -59,8 +59,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--max-cp",
         type=int,
-        default=1,
-        help="largest context-parallel size searched (default %(default)s: `train` runs cp = 1)",
+        default=8,
+        help="largest context-parallel size searched: powers of two dividing the devices and splitting "
+        "the sequence into 2·cp chunks (default %(default)s)",
+    )
+    parser.add_argument(
+        "--ep",
+        type=int,
+        default=None,
+        help="fix the expert-parallel size of a mixture of experts (default: searched over the sizes "
+        "dividing dp and the experts)",
+    )
+    parser.add_argument(
+        "--max-ep", type=int, default=64, help="largest expert-parallel size searched (default %(default)s)"
     )
     parser.add_argument(
         "--optimizer-sharding",
@@ -156,12 +167,13 @@ def check_values(args: argparse.Namespace) -> None:
         "gpus_per_node",
         "max_tp",
         "max_cp",
+        "max_ep",
         "finalists",
         "max_actions",
     ):
         if getattr(args, flag) < 1:
             raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1 (got {getattr(args, flag)})")
-    for flag in ("tp", "pp", "dp", "cp", "kv_heads", *_DIMS):
+    for flag in ("tp", "pp", "dp", "cp", "ep", "kv_heads", *_DIMS):
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1 (got {value})")
@@ -228,6 +240,12 @@ def run(args: argparse.Namespace) -> int:
             from dataclasses import replace
 
             spec = replace(spec, mlp=args.mlp or spec.mlp, bias=False if args.no_bias else spec.bias)
+    if args.ep is not None:
+        from pipewright.cost.moe_cost import check_expert_parallel
+
+        if not spec.is_moe:
+            raise ConfigError("--ep needs a mixture-of-experts model (--moe-experts or a MoE preset)")
+        check_expert_parallel(spec, args.ep, args.ep if args.dp is None else args.dp)
     if args.moe_imbalance != 1.0 and not spec.is_moe:
         raise ConfigError("--moe-imbalance needs a mixture-of-experts model (--moe-experts or a MoE preset)")
     topo = _topology(args)
@@ -270,6 +288,8 @@ def run(args: argparse.Namespace) -> int:
         calibration=args.calibration,
         attention_kernel=args.attention_kernel,
         moe_imbalance=args.moe_imbalance,
+        ep=args.ep,
+        max_ep=args.max_ep,
     )
     result = make_plan(prob, baselines=not args.no_baselines, progress=_Bar(not args.no_progress))
     csv = None

@@ -79,6 +79,7 @@ def _cost_fields(plan: Plan) -> dict[str, tuple[str, object, object]]:
     return {
         "attention": ("attention", "eager", d.get("attention", "eager")),
         "cp": ("cp", 1, d.get("cp", 1)),
+        "ep": ("ep", 1, d.get("ep", 1)),
         "zero1": ("shard_optimizer", False, sharding == "zero1"),
         "fsdp": ("fsdp", False, sharding == "fsdp"),
         "tp_comm_overlap": ("tp_comm_overlap", False, d.get("tp_comm_overlap", False)),
@@ -184,6 +185,8 @@ def train_overrides(path: str, args: argparse.Namespace | None = None) -> dict[s
         )
     if cp != 1:
         out["cp"] = cp  # ring attention over cp ranks (runtime/cp)
+    if plan.data.get("ep", 1) != 1:
+        out["ep"] = plan.data["ep"]  # experts over ep data-parallel ranks (runtime MoE)
     if sharding == "zero1":
         out["shard_optimizer"] = True
     place = plan.placement

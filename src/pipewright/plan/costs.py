@@ -76,6 +76,9 @@ class Part:
     ring_f: float = 0.0  # bytes of the context-parallel KV exchange per layer
     ring_b: float = 0.0
     layers: int = 0
+    a2a_bytes: float = 0.0  # bytes one device sends in one expert all-to-all (MoECost.a2a_bytes)
+    a2a_f: int = 0  # all-to-alls in F over the expert-parallel group (dispatch + combine per MoE layer)
+    a2a_b: int = 0
     # (kind, gpu, dtype, efficiency) -> (GEMM, attention, rest) seconds: the terms that do not depend
     # on the tp/cp group, computed once per device kind (large meshes price thousands of groups)
     _local: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
@@ -88,13 +91,15 @@ class Part:
         all_reduce: Callable[[float], float],
         ring: Callable[[float], float] | None = None,
         options: Pricing | None = None,
+        a2a: Callable[[float], float] | None = None,
     ) -> tuple[float, float]:
-        """(forward, backward) seconds on ``gpu`` with the tp group's ``all_reduce(bytes)`` and the cp
-        group's ``ring(bytes)`` (an all-gather) times (module docstring)."""
+        """(forward, backward) seconds on ``gpu`` with the tp group's ``all_reduce(bytes)``, the cp
+        group's ``ring(bytes)`` and the ep group's ``a2a(bytes)`` (all-gathers) times (module
+        docstring)."""
         o = options or Pricing()
         return (
-            self._time(F, gpu, dtype, eff, all_reduce, ring, o),
-            self._time(B, gpu, dtype, eff, all_reduce, ring, o),
+            self._time(F, gpu, dtype, eff, all_reduce, ring, o, a2a),
+            self._time(B, gpu, dtype, eff, all_reduce, ring, o, a2a),
         )
 
     def _device_terms(self, kind, gpu, dtype, eff, o: Pricing) -> tuple[float, float, float]:
@@ -114,7 +119,7 @@ class Part:
             hit = self._local[key] = (gemm, attn, memory + overhead)
         return hit
 
-    def _time(self, kind, gpu, dtype, eff, all_reduce, ring, o: Pricing) -> float:
+    def _time(self, kind, gpu, dtype, eff, all_reduce, ring, o: Pricing, a2a=None) -> float:
         fwd = kind == F
         gemm, attn, rest = self._device_terms(kind, gpu, dtype, eff, o)
         tp = sum(map(all_reduce, self.tp_f if fwd else self.tp_b))
@@ -124,6 +129,9 @@ class Part:
         if ring is not None and self.layers and o.cp > 1:
             per_layer = ring(ring_gathered_bytes(self.ring_f if fwd else self.ring_b, o.cp))
             exchange = self.layers * exposed(per_layer, attn / self.layers)
+        count = self.a2a_f if fwd else self.a2a_b
+        if a2a is not None and count:
+            exchange += count * a2a(self.a2a_bytes)  # blocking, as MoECost.kind_time adds them
         return gemm + attn + rest + tp + exchange
 
 
@@ -141,16 +149,20 @@ class Pricing:
 class Parts:
     """The layer, embedding and head pieces of one (model, b, t, recompute, sp, dtype) choice."""
 
-    layer: Part
+    layer: Part  # a layer with experts for a mixture-of-experts model
     embed: Part
     head: Part
     boundary_bytes: float  # one stage-boundary message (activation or its gradient)
     bytes_per_param: float
     grad_bytes: float
     pricing: Pricing = Pricing()
+    dense: Part | None = None  # a mixture of experts' first dense layers (DeepSeek-V3: 3), one of them
 
 
-def _part(chunk, t: int) -> Part:
+def _part(chunk, t: int, a2a_bytes: float = 0.0, full: bool = False) -> Part:
+    """The piece of one chunk table; ``a2a_bytes`` > 0: its MoE layers' all-to-alls over ep, 2 in the
+    forward and 2 in the backward (4 under full recomputation), as MoECost.a2a_time counts them."""
+    moe = getattr(chunk, "moe_layers", 0) if a2a_bytes > 0 else 0
     return Part(
         chunk.flops[F],
         chunk.flops[B],
@@ -167,6 +179,9 @@ def _part(chunk, t: int) -> Part:
         chunk.ring_bytes.get(F, 0.0),
         chunk.ring_bytes.get(B, 0.0),
         chunk.layers,
+        a2a_bytes,
+        2 * moe,
+        (4 if full else 2) * moe,
     )
 
 
@@ -184,28 +199,39 @@ def parts(
     dtype: str,
     efficiency: Efficiency = A100_EFFICIENCY,
     options: CostOptions = EAGER,
+    ep: int = 1,
 ) -> Parts:
     """The pieces, from the cost model (see the module docstring); cached per argument tuple.
-    ``options``: attention, context parallelism, sharding, … (:mod:`pipewright.plan.options`)."""
+    ``options``: attention, context parallelism, sharding, … (:mod:`pipewright.plan.options`);
+    ``ep``: expert-parallel size (a mixture of experts: its layer piece is an expert layer, priced by
+    :class:`~pipewright.cost.moe_cost.MoECost` with the experts split over ep, and its first dense
+    layers are a piece of their own)."""
+    mesh = Mesh(tp=tp) if options.cp == 1 else Mesh(tp=tp, cp=options.cp)
+    if ep > 1:
+        mesh = Mesh(tp=tp, cp=options.cp, dp=ep, ep=ep)
     cost = make_cost(
         recompute,
         spec=spec,
         microbatch=microbatch,
         gpu="cpu" if dtype == "fp32" else "a100-80gb",
         dtype=dtype,
-        mesh=Mesh(tp=tp) if options.cp == 1 else Mesh(tp=tp, cp=options.cp),
+        mesh=mesh,
         sequence_parallel=sequence_parallel,
-        topology=single_host(tp * options.cp, "cpu" if dtype == "fp32" else "a100-80gb"),
+        topology=single_host(mesh.size, "cpu" if dtype == "fp32" else "a100-80gb"),
         efficiency=efficiency,
         **options.kwargs(),
     )
-    layer = cost.chunk_costs(1, (0, 1, 0))
+    first = spec.moe_dense_layers if spec.is_moe else 0
+    layer = cost.chunk_costs(1, (first, 1, 0))  # layer `first`: an expert layer for a MoE model
+    a2a = cost.a2a_bytes() if ep > 1 else 0.0
+    full = recompute == "full"
+    dense = _part(cost.chunk_costs(1, (0, 1, 0)), tp) if first else None
     embed = cost.chunk_costs(0, (0, 1, 0))
     head = cost.chunk_costs(2, (0, 1, 0))
     act = spec.seq_len * microbatch * spec.hidden * DTYPE_BYTES[dtype]
     split = cost.scatter_gather or sequence_parallel
     return Parts(
-        _part(layer, tp),
+        _part(layer, tp, a2a, full),
         _part(embed, tp),
         _part(head, tp),
         act / tp if split else act,
@@ -216,6 +242,7 @@ def parts(
             getattr(cost, "tp_comm_overlap", False),
             getattr(cost, "cp", 1),
         ),
+        dense,
     )
 
 
@@ -235,10 +262,20 @@ class StageCost:
     layer_act: float
     embed_act: float
     head_act: float
+    dense: float = 0.0  # F + B seconds of a first dense layer of a mixture of experts (0: none)
 
     @property
     def layer(self) -> float:
         return self.layer_f + self.layer_b
+
+    def layer_weights(self, spec: ModelSpec) -> list[float] | None:
+        """Each layer's seconds in units of :attr:`layer` where they differ: a mixture of experts' first
+        dense layers weigh dense/layer (the partition's weights; their memory is taken at the same
+        weight, an over-estimate when experts hold most bytes); None when every layer is alike."""
+        first = spec.moe_dense_layers if spec.is_moe else 0
+        if not first or not self.dense:
+            return None
+        return [self.dense / self.layer] * first + [1.0] * (spec.layers - first)
 
     def time(self, layers: int, first: bool, last: bool) -> float:
         """F + B seconds of a stage with ``layers`` layers (embedding if ``first``, head if ``last``)."""
@@ -260,18 +297,21 @@ def stage_cost(
     eff: Efficiency,
     all_reduce: Callable[[float], float],
     ring: Callable[[float], float] | None = None,
+    a2a: Callable[[float], float] | None = None,
 ) -> StageCost:
-    """Price the pieces on ``gpu`` with the tensor-parallel group's ``all_reduce`` and the
-    context-parallel group's ``ring`` (all-gather) times; without ``ring`` the exchange is free."""
-    args = (gpu, dtype, eff, all_reduce, ring, p.pricing)
+    """Price the pieces on ``gpu`` with the tensor-parallel group's ``all_reduce``, the
+    context-parallel group's ``ring`` and the expert-parallel group's ``a2a`` (all-gather) times;
+    without ``ring`` or ``a2a`` that exchange is free."""
+    args = (gpu, dtype, eff, all_reduce, ring, p.pricing, a2a)
     lf, lb = p.layer.times(*args)
     ef, eb = p.embed.times(*args)
     hf, hb = p.head.times(*args)
+    dense = sum(p.dense.times(*args)) if p.dense is not None else 0.0
     bpp = p.bytes_per_param
     return StageCost(
         lf, lb, ef, eb, hf, hb,
         p.layer.params * bpp, p.embed.params * bpp, p.head.params * bpp,
-        p.layer.activation, p.embed.activation, p.head.activation,
+        p.layer.activation, p.embed.activation, p.head.activation, dense,
     )  # fmt: skip
 
 

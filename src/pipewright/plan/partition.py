@@ -248,6 +248,38 @@ def fits_somewhere(terms: Sequence[StageTerms], num_layers: int, min_layers: int
     return _greedy_identical(caps, num_layers, min_layers) is not None
 
 
+def _least_identical(terms: Sequence[StageTerms], L: int, k: int) -> float:
+    """Identical layers: the least feasible bottleneck T. It is one of the stage times T_i(x), x ∈ [k, L]
+    (the bottleneck of the optimal partition is some stage's time), so a binary search over those
+    values, sorted, with the closed-form feasibility check (capacities per distinct stage, O(p)) finds it
+    exactly in O(log(p·L)) checks."""
+    uniq = list(dict.fromkeys(terms))
+    where = {t: n for n, t in enumerate(uniq)}
+    index = [where[t] for t in terms]
+
+    def feasible(cap: float) -> bool:
+        caps = [_capacity(u, cap, L) for u in uniq]
+        return _greedy_identical([caps[n] for n in index], L, k) is not None
+
+    values = sorted(
+        {
+            max(u.time_per_layer * x + u.fixed_time, u.comm)  # StageTerms.time, inlined
+            for u in uniq
+            for x in range(k, max(k, _capacity(u, math.inf, L)) + 1)  # x the stage's memory holds
+        }
+    )
+    if not feasible(values[-1]):
+        raise DoesNotFitError("no partition fits the memory limit")
+    lo, hi = 0, len(values) - 1  # values[hi] feasible
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if feasible(values[mid]):
+            hi = mid
+        else:
+            lo = mid + 1
+    return values[hi]
+
+
 def bisect_partition(
     terms: Sequence[StageTerms], num_layers: int, weights=None, min_layers: int = 1
 ) -> Partition:
@@ -258,28 +290,27 @@ def bisect_partition(
     if p * k > L:
         raise ConfigError(f"{p} pipeline stages of ≥ {k} layers for {L} layers; use fewer stages")
     w = _prefix(weights, L)
-    if weights is None:  # identical layers: feasibility from closed-form capacities, O(p)
-
-        def greedy(cap: float) -> list[int] | None:
-            return _greedy_identical(_capacities(terms, cap, L), L, k)
+    if weights is None:
+        hi = _least_identical(terms, L, k)
+        greedy = None
     else:
 
         def greedy(cap: float) -> list[int] | None:
             return _greedy(terms, w, cap, k)
 
-    hi = max(t.time(w[L]) for t in terms)
-    if greedy(hi) is None:
-        raise DoesNotFitError("no partition fits the memory limit")
-    lo = 0.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if greedy(mid) is None:
-            lo = mid
-        else:
-            hi = mid
-        if hi - lo <= 1e-9 * hi:
-            break
-    layers = greedy(hi)
+        hi = max(t.time(w[L]) for t in terms)
+        if greedy(hi) is None:
+            raise DoesNotFitError("no partition fits the memory limit")
+        lo = 0.0
+        for _ in range(60):
+            mid = (lo + hi) / 2
+            if greedy(mid) is None:
+                lo = mid
+            else:
+                hi = mid
+            if hi - lo <= 1e-9 * hi:
+                break
+    layers = greedy(hi) if greedy is not None else _greedy_identical(_capacities(terms, hi, L), L, k)
     if weights is None:
         layers = _spread(terms, L, hi, k) or layers
     layers = _balance_tail(terms, w, layers, k)

@@ -61,6 +61,7 @@ class Candidate:
     style: str = "pp"
     cp: int = 1  # context-parallel size (ring attention)
     sharding: str = "none"  # optimizer state over the data-parallel group: none, zero1, fsdp
+    ep: int = 1  # expert-parallel size, carved from dp (a mixture-of-experts model only)
 
     @property
     def block(self) -> int:
@@ -73,8 +74,9 @@ class Candidate:
         sp = "+sp" if self.sequence_parallel else ""
         cp = f" cp={self.cp}" if self.cp > 1 else ""
         shard = f" {self.sharding}" if self.sharding != "none" else ""
+        ep = f" ep={self.ep}" if self.ep > 1 else ""
         return (
-            f"t={self.tp}{cp} p={self.pp} d={self.dp} b={self.microbatch} m={self.microbatches} "
+            f"t={self.tp}{cp} p={self.pp} d={self.dp}{ep} b={self.microbatch} m={self.microbatches} "
             f"{self.schedule}{v} recompute={self.recompute}{sp}{shard} map={self.style}"
         )
 
@@ -100,6 +102,8 @@ class Problem:
     max_actions: int = MAX_ACTIONS  # candidates whose simulation would be larger are skipped
     attention: str = "flash"  # flash or eager (the attention kernel priced)
     cp_choices: tuple[int, ...] = (1,)  # context-parallel sizes (plan/options.py: cp_choices)
+    ep: int | None = None  # expert-parallel size if fixed; None: searched (ep_choices)
+    max_ep: int = 64  # the largest expert-parallel size searched
     sharding: tuple[str, ...] = ("none",)  # optimizer sharding choices (plan/options.py)
     tp_comm_overlap: bool = False
     attention_kernel: str | None = None
@@ -149,6 +153,19 @@ class Problem:
             self.calibration,
             self.attention_kernel,
             self.moe_imbalance,
+        )
+
+    def ep_choices(self, dp: int) -> tuple[int, ...]:
+        """Expert-parallel sizes for data-parallel size ``dp``: the fixed ``ep`` where given (if it
+        divides dp), else every ep ≤ ``max_ep`` dividing both dp and the routed experts, as the runtime
+        carves ep from dp (Megatron-LM's expert parallelism); (1,) for a dense model."""
+        spec = self.spec
+        if not spec.is_moe:
+            return (1,)
+        if self.ep is not None:
+            return (self.ep,) if dp % self.ep == 0 else ()
+        return tuple(
+            e for e in range(1, min(dp, self.max_ep) + 1) if dp % e == 0 and spec.moe_experts % e == 0
         )
 
     def spec_for(self, tp: int) -> ModelSpec:

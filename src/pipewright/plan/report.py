@@ -77,6 +77,7 @@ def plan_json(prob: Problem, result: SearchResult, schedule_csv: str | None = No
         "grad_reduce": GRAD_REDUCE_PLANNED,
         "attention": prob.attention,
         "cp": c.cp,
+        **({"ep": c.ep} if c.ep > 1 else {}),
         "optimizer_sharding": c.sharding,
         "tp_comm_overlap": prob.tp_comm_overlap,
         "calibration": prob.calibration,

@@ -44,6 +44,10 @@ from pipewright.plan.simulated import simulate_plan
 from pipewright.plan.zb_limit import cost_aware_order
 from pipewright.schedules.registry import check_args, info
 
+#: Devices above which the finalists other than the best are not refined and zb-auto's memory-limit
+#: search is skipped (each simulation there prices thousands of groups).
+LARGE_MESH = 1024
+
 
 @dataclass
 class _Context:
@@ -151,9 +155,11 @@ def candidates(problem: Problem, too_large: list[Candidate] | None = None) -> It
                                 too_large.append(Candidate(t, p, d, b, m, name, v))
                             continue
                         shardings = problem.sharding if d > 1 else ("none",)
-                        for rc, shard in itertools.product(problem.recompute, shardings):
+                        for rc, shard, ep in itertools.product(
+                            problem.recompute, shardings, problem.ep_choices(d)
+                        ):
                             for style in _styles(problem, p, d):
-                                yield Candidate(t, p, d, b, m, name, v, rc, t > 1, style, cp, shard)
+                                yield Candidate(t, p, d, b, m, name, v, rc, t > 1, style, cp, shard, ep)
 
 
 def _styles(problem: Problem, p: int, d: int) -> tuple[str, ...]:
@@ -187,8 +193,9 @@ def _parts(prob: Problem, c: Candidate):
     """The cost pieces of candidate ``c`` (:func:`pipewright.plan.costs.parts`), its vocabulary padded."""
     spec, opts = prob.spec_for(c.tp), prob.options(c)
     return parts(
-        spec, c.microbatch, c.tp, c.recompute, c.sequence_parallel, prob.dtype, prob.efficiency_for(), opts
-    )
+        spec, c.microbatch, c.tp, c.recompute, c.sequence_parallel, prob.dtype, prob.efficiency_for(), opts,
+        c.ep,
+    )  # fmt: skip
 
 
 def _stage_costs(ctx: _Context, c: Candidate, dmap: DeviceMap) -> list[StageCost]:
@@ -201,11 +208,12 @@ def _stage_costs(ctx: _Context, c: Candidate, dmap: DeviceMap) -> list[StageCost
         block = dmap.block(i, 0)  # the stage's first (tp × cp) block, tp fastest
         group = block[: c.tp]  # its tensor-parallel ranks
         ring = block[:: c.tp]  # the context-parallel group of its tp rank 0
+        experts = tuple(dmap.block(i, j)[0] for j in range(c.ep))  # its ep group: ep dp replicas
         kinds = ctx.stage_kinds(dmap, i)
         best = None
-        sigs = (ctx.signature(group), ctx.signature(ring))
+        sigs = (ctx.signature(group), ctx.signature(ring), ctx.signature(experts))
         for kind in sorted(kinds):
-            key = (kind, sigs, c.microbatch, c.tp, c.recompute, c.sequence_parallel, c.cp, c.sharding)
+            key = (kind, sigs, c.microbatch, c.tp, c.recompute, c.sequence_parallel, c.cp, c.sharding, c.ep)
             sc = ctx.cost_cache.get(key)
             if sc is None:
                 gpu = accelerator(kind)
@@ -216,6 +224,7 @@ def _stage_costs(ctx: _Context, c: Candidate, dmap: DeviceMap) -> list[StageCost
                     prob.efficiency_for(kind),
                     ctx.all_reduce(group),
                     ctx.all_reduce(ring, "all_gather") if c.cp > 1 else None,
+                    ctx.all_reduce(experts, "all_gather") if c.ep > 1 else None,
                 )
             if best is None or sc.layer > best.layer:
                 best = sc
@@ -245,6 +254,7 @@ def estimate(ctx: _Context, c: Candidate, dmap: DeviceMap | None = None, layers=
         # boundary links are priced (path searches on large graphs)
         if not fits_somewhere(stage_terms(costs, [0.0] * p, in_flight, limits), prob.spec.layers, v):
             raise DoesNotFitError("no partition fits the memory limit")
+    weights = costs[0].layer_weights(prob.spec)  # a mixture of experts' lighter first dense layers
     comm = []
     for i in range(p):
         if p == 1 or (i == p - 1 and v == 1):
@@ -254,9 +264,10 @@ def estimate(ctx: _Context, c: Candidate, dmap: DeviceMap | None = None, layers=
         comm.append(v * boundary(ctx, a, b))  # one transfer per direction
     terms = stage_terms(costs, comm, in_flight, limits)
     if layers is None:
-        layers = _partition(terms, prob.spec.layers, v).layers
-    times = [t.time(n) for t, n in zip(terms, layers, strict=True)]
-    mems = [t.memory(n) for t, n in zip(terms, layers, strict=True)]
+        layers = _partition(terms, prob.spec.layers, v, weights).layers
+    work = _work_per_rank(layers, weights)
+    times = [t.time(x) for t, x in zip(terms, work, strict=True)]
+    mems = [t.memory(x) for t, x in zip(terms, work, strict=True)]
     fits = all(mem <= t.memory_limit for mem, t in zip(mems, terms, strict=True))
     t_max, total = max(times), sum(times)
     phi = 1.0
@@ -286,12 +297,23 @@ def _messages(prob: Problem, c: Candidate):
     return (lambda ctx, a, z: ctx.p2p(a, z, pc.boundary_bytes)), grads
 
 
-def _partition(terms, num_layers: int, v: int):
+def _work_per_rank(layers: Sequence[int], weights: Sequence[float] | None) -> list[float]:
+    """Each rank's layers in units of one layer (``weights`` per layer, or all 1)."""
+    if weights is None:
+        return [float(n) for n in layers]
+    out, pos = [], 0
+    for n in layers:
+        out.append(sum(weights[pos : pos + n]))
+        pos += n
+    return out
+
+
+def _partition(terms, num_layers: int, v: int, weights: Sequence[float] | None = None):
     """Rank-level partition; for v chunks per rank identical layers make contiguity free, so the
     per-rank layer counts are partitioned as if contiguous, each rank holding ≥ v layers (one per
     chunk); :func:`~pipewright.plan.partition.chunk_layout` then splits each rank's layers over its
     chunks."""
-    return partition(terms, num_layers) if v == 1 else partition(terms, num_layers, min_layers=v)
+    return partition(terms, num_layers, weights, min_layers=v)
 
 
 def _bound_cost(ctx: _Context, c: Candidate) -> StageCost:
@@ -299,7 +321,7 @@ def _bound_cost(ctx: _Context, c: Candidate) -> StageCost:
     ring or boundary transfers): every stage of every mapping costs at least this, and needs the
     same bytes (memory does not depend on the devices' links). Cached per cost-model choice."""
     prob = ctx.problem
-    key = (c.microbatch, c.tp, c.recompute, c.sequence_parallel, c.cp, c.sharding)
+    key = (c.microbatch, c.tp, c.recompute, c.sequence_parallel, c.cp, c.sharding, c.ep)
     hit = ctx.bound_cache.get(key)
     if hit is not None:
         return hit
@@ -320,7 +342,10 @@ def lower_bound(ctx: _Context, c: Candidate) -> float:
     head on the fastest device kind with free communication, Σ_r t_r ≥ W and t_max ≥ W/p, so the
     estimate (module docstring) is at least W/p·(m − 1 + p/v) for φ = 1 and W/p·(m − 1 + 1/v) for
     zero-bubble schedules (φ ≥ 0)."""
-    work = _bound_cost(ctx, c).time(ctx.problem.spec.layers, True, True)
+    cost = _bound_cost(ctx, c)
+    weights = cost.layer_weights(ctx.problem.spec)
+    layers = ctx.problem.spec.layers if weights is None else sum(weights)
+    work = cost.time(0, True, True) + layers * cost.layer
     p, m, v = c.pp, c.microbatches, c.virtual
     tail = 1 / v if c.schedule.startswith("zb") else p / v
     return work / p * (m - 1 + tail)
@@ -339,6 +364,8 @@ def may_fit(ctx: _Context, c: Candidate) -> bool:
         return False
     in_flight = [float(x) for x in info(c.schedule).memory(p, c.microbatches, v)]
     cost = _bound_cost(ctx, c)
+    if cost.layer_weights(prob.spec) is not None:
+        return True  # unlike layers: the partition itself decides
     return fits_somewhere(stage_terms([cost] * p, [0.0] * p, in_flight, [limit] * p), prob.spec.layers, v)
 
 
@@ -417,11 +444,15 @@ def search(
         if ev.fits and all(ev.candidate != f.candidate for f in finalists):
             finalists.append(simulate_plan(prob, ev))
     # every finalist also tries the uniform partition and the given device order, the best is refined
-    light = 3 if len(prob.topology.devices) <= 64 else 1
-    finalists = [refine(prob, ev, budget=light) for ev in finalists]
+    # (on meshes over LARGE_MESH devices each simulation prices thousands of groups: only the best is
+    # refined and zb-auto's memory-limit search is left out)
+    n = len(prob.topology.devices)
+    if n <= LARGE_MESH:
+        light = 3 if n <= 64 else 1
+        finalists = [refine(prob, ev, budget=light) for ev in finalists]
     finalists.sort(key=lambda e: (not e.fits, e.time))
     finalists[0] = refine(prob, finalists[0])
-    if "zb-auto" in prob.schedules:
+    if "zb-auto" in prob.schedules and n <= LARGE_MESH:
         finalists.extend(cost_aware_order(prob, finalists[0]))
     finalists.sort(key=lambda e: (not e.fits, e.time))
     finalists[0] = per_stage_recompute(prob, finalists[0])

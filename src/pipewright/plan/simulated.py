@@ -45,11 +45,8 @@ def plan_models(prob: Problem, ev: Evaluated):
     from the profile's measurements when the problem has one (:mod:`pipewright.plan.profiled`)."""
     c = ev.candidate
     place = placement(prob.topology, ev.devices)
-    mesh = (
-        Mesh(c.tp, c.pp, c.dp, placement=place)
-        if c.cp == 1
-        else Mesh(c.tp, c.pp, c.dp, cp=c.cp, placement=place)
-    )
+    extra = {"cp": c.cp, "ep": c.ep} if c.cp > 1 or c.ep > 1 else {}
+    mesh = Mesh(c.tp, c.pp, c.dp, placement=place, **extra)
     if prob.profile is not None:
         from pipewright.cost.comm import TopologyComm
         from pipewright.cost.profiled import ProfiledComm
