@@ -198,3 +198,21 @@ class Evaluated:
     @property
     def time(self) -> float:
         return self.simulated if self.simulated is not None else self.estimate
+
+
+def why_slower(best: Evaluated, ev: Evaluated) -> str:
+    """One line on how runner-up ``ev`` differs from ``best``: its slowdown and the choices that differ."""
+    if not ev.fits:
+        return "does not fit in memory in simulation"
+    slower = ev.time / best.time - 1
+    a, b = best.candidate, ev.candidate
+    names = (
+        ("tp", "tp"), ("cp", "cp"), ("pp", "pp"), ("dp", "dp"), ("ep", "ep"), ("microbatch", "microbatch"),
+        ("schedule", "schedule"), ("v", "virtual"), ("recompute", "recompute"), ("mapping", "style"),
+    )  # fmt: skip
+    diffs = [
+        f"{name} {getattr(b, attr)} vs {getattr(a, attr)}"
+        for name, attr in names
+        if getattr(a, attr) != getattr(b, attr)
+    ]
+    return f"{100 * slower:.1f}% slower ({', '.join(diffs) or 'same degrees, other partition'})"

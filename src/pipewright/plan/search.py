@@ -9,7 +9,9 @@ pipeline rank on its slowest device and its tensor-parallel group (:mod:`pipewri
 
 with t_r the F + B (+ boundary transfer) seconds of rank r per microbatch, t_max the bottleneck, φ = 1
 for 1F1B and interleaved 1F1B, φ = T_F/(T_F + T_B) for ZB-H1 (its bubble is (p − 1)·T_F), and the
-exposed all-reduce that of the first stage (it finishes its backward last). Before any device is
+exposed all-reduce that of the first stage (it finishes its backward last); for φ = 1 at least Σ_r t_r,
+the path of one microbatch through every chunk (what interleaving cannot hide when m is near p).
+Before any device is
 mapped, a candidate whose layers fit no partition even on the largest device is dropped
 (:func:`may_fit`), and candidates are taken in order of a cheap lower bound on the estimate
 (:func:`lower_bound`), stopping once it exceeds the ``finalists``-th best estimate. Stage costs are
@@ -22,7 +24,6 @@ generators' schedules are trusted) and ranked by simulated time.
 from __future__ import annotations
 
 import itertools
-import math
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -38,7 +39,14 @@ from pipewright.plan.partition import (
     partition,
     stage_terms,
 )
-from pipewright.plan.problem import Candidate, Evaluated, Problem, lowered_actions, tp_splits
+from pipewright.plan.problem import (
+    Candidate,
+    Evaluated,
+    Problem,
+    lowered_actions,
+    tp_splits,
+    why_slower,
+)
 from pipewright.plan.refine import per_stage_recompute, refine
 from pipewright.plan.simulated import simulate_plan
 from pipewright.plan.zb_limit import cost_aware_order
@@ -274,6 +282,8 @@ def estimate(ctx: _Context, c: Candidate, dmap: DeviceMap | None = None, layers=
     if c.schedule.startswith("zb"):
         phi = max(cs.layer_f / cs.layer for cs in costs)
     est = (c.microbatches - 1 + 1 / v) * t_max + (total - t_max) * phi / v
+    if phi == 1.0:  # one microbatch's forward and backward pass through every chunk in turn
+        est = max(est, total)
     if c.dp > 1:
         group = tuple(dmap.block(0, j)[0] for j in range(c.dp))
         est += ctx.all_reduce(group)(grad_bytes(layers[0], p == 1))
@@ -461,7 +471,7 @@ def search(
         raise DoesNotFitError(f"{prob.spec.name}: no finalist fits in memory in simulation; add devices")
     for ev in finalists[1:]:
         ev.label = "runner-up"
-        ev.why = _why(best, ev)
+        ev.why = why_slower(best, ev)
     return SearchResult(
         best, finalists, list(baselines), len(cands), pruned, infeasible, time.perf_counter() - start
     )
@@ -476,23 +486,3 @@ def _too_large(prob: Problem, skipped: list[Candidate], which: str) -> str:
         f"skipped, t={small.tp} p={small.pp} d={small.dp} b={small.microbatch} m={small.microbatches}, "
         f"simulates about {size:,} actions); raise --max-actions or lower --global-batch-size"
     )
-
-
-def _why(best: Evaluated, ev: Evaluated) -> str:
-    if not ev.fits:
-        return "does not fit in memory in simulation"
-    slower = ev.time / best.time - 1
-    a, b = best.candidate, ev.candidate
-    diffs = [
-        f"{name} {getattr(b, attr)} vs {getattr(a, attr)}"
-        for name, attr in (
-            ("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("microbatch", "microbatch"),
-            ("schedule", "schedule"), ("v", "virtual"), ("recompute", "recompute"), ("mapping", "style"),
-        )
-        if getattr(a, attr) != getattr(b, attr)
-    ]  # fmt: skip
-    return f"{100 * slower:.1f}% slower ({', '.join(diffs) or 'same degrees, other partition'})"
-
-
-def _finite(x: float) -> bool:
-    return math.isfinite(x)
