@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipewright.cost.layer import layer_gemms, mlp_matrices
+from pipewright.cost.layer import mlp_gemms, mlp_matrices
 from pipewright.cost.moe import MoE, _expert_parameters, expert_gemms, moe_stored_units
 from pipewright.cost.sharding import StateBytes, state_bytes
 from pipewright.cost.transformer import DTYPE_BYTES, TransformerCost, _Chunk
@@ -73,8 +73,12 @@ class MoECost(TransformerCost):
         check_expert_parallel(self.spec, self.mesh.ep, self.mesh.dp)
 
     def _moe_layers(self, stage: int, layers: tuple[int, ...]) -> int:
-        start = sum(layers[:stage])
-        return sum(self.spec.is_moe_layer(i) for i in range(start, start + layers[stage]))
+        """MoE layers of chunk ``stage``: by index; an index past the model's layers is a
+        multi-token-prediction block (:mod:`pipewright.cost.mtp`), of the kind of the last layer."""
+        spec, start = self.spec, sum(layers[:stage])
+        last = spec.is_moe_layer(spec.layers - 1)
+        indices = range(start, start + layers[stage])
+        return sum(spec.is_moe_layer(i) if i < spec.layers else last for i in indices)
 
     def _build_chunk(self, stage: int, num_stages: int, layers: tuple[int, ...]) -> _Chunk:
         dense = super()._build_chunk(stage, num_stages, layers)
@@ -97,7 +101,7 @@ class MoECost(TransformerCost):
         model = {F: d_model, I: d_model, W: d_model}
         executed = {F: d_exec, I: d_exec * (2 if full else 1), W: d_exec}
         # GEMMs: the dense MLP's two GEMM kinds out, router and experts in
-        mlp = layer_gemms(spec, tokens, t)[2:]
+        mlp = mlp_gemms(spec, tokens, t)
         moe_fwd = [((tokens, spec.moe_experts, h), 1), *expert_gemms(spec, moe, tokens, ep, t)]
 
         def swap(kind_gemms, transform):

@@ -65,11 +65,13 @@ from pipewright.cost.gemm import wave_efficiency
 from pipewright.cost.layer import (
     attention_flops,
     embedding_parameters,
+    gemm_flops,
     head_parameters,
     layer_forward_flops,
     layer_gemms,
     layer_linear_flops,
     layer_parameters,
+    layer_recomputed_gemms,
     layer_stored_units,
 )
 from pipewright.cost.placement import layer_counts, roles
@@ -288,7 +290,8 @@ class TransformerCost:
         logit = logit_forward_flops(spec, b) if last else 0.0
         model = {F: lin + attn + logit, I: lin + 2 * attn + logit, W: lin + logit}
         redo_attn = attn * ((1 if full or (selective and not flash) else 0) + (0.5 if flash else 0))
-        redo = (lin if full else 0.0) + redo_attn
+        own = 0.0 if full else n * gemm_flops(layer_recomputed_gemms(spec, b * s))  # the kind's (MLA)
+        redo = (lin if full else own) + redo_attn
         executed = {F: model[F], I: model[I] + redo, W: model[W]}
         causal = 0.5 if flash else 1.0  # fused kernels skip the masked half of the causal square
         attention = {F: attn * causal, I: (2 * attn + redo_attn) * causal, W: 0.0}
@@ -299,6 +302,8 @@ class TransformerCost:
         wgrad = [(nn, k, m, cnt) for m, nn, k, cnt in fwd_gemms]
         if full:
             dgrad += layer_fwd  # the recomputed forward (not of the logit layer, as in Megatron)
+        elif n:  # what the attention kind recomputes itself (MLA's up-projections)
+            dgrad += [(m, nn, k, n) for m, nn, k in layer_recomputed_gemms(spec, tokens, t)]
         gemms = {F: tuple(fwd_gemms), I: tuple(dgrad), W: tuple(wgrad)}
         act = s * b * h * esize / c  # one b·s·h activation tensor
         per_layer_ar = (act,) * 2 * n
