@@ -159,6 +159,6 @@ def test_unknown_attention_kind_and_negative_mtp_depth_are_one_line_errors():
     with pytest.raises(ConfigError, match="unknown attention kind 'gqa2'; choose one of: mha, mla") as info:
         attention_of(replace(SMALL, attention_kind="gqa2"))
     assert "\n" not in str(info.value) and set(ATTENTION_KINDS) == {"mha", "mla"}
-    with pytest.raises(ConfigError, match="multi-token-prediction depth") as info:
+    with pytest.raises(ConfigError, match="--mtp-depth must be between 0 and --layers 4") as info:
         replace(SMALL, mtp_depth=-1)
     assert "\n" not in str(info.value)

@@ -8,15 +8,27 @@ import argparse
 
 #: the attention kernels with published rates (:data:`pipewright.cost.attention_kernels.KERNEL_NAMES`)
 KERNEL_NAMES = ("fa2", "fa3", "cudnn")
-#: the ModelSpec fields the MoE flags set (``--moe-experts`` → ``moe_experts``)
-MOE_FIELDS = ("moe_experts", "moe_top_k", "moe_shared_experts", "moe_ffn_hidden", "moe_dense_layers")
+#: the attention kinds of the cost model (:data:`pipewright.cost.attention_kinds.ATTENTION_KINDS`)
+ATTENTION_KIND_NAMES = ("mha", "mla")
+#: the ModelSpec fields the MoE flags set (``--moe-experts`` → ``moe_experts``), with the cost model's
+#: attention kind and multi-token-prediction depth
+MOE_FIELDS = (
+    "moe_experts",
+    "moe_top_k",
+    "moe_shared_experts",
+    "moe_ffn_hidden",
+    "moe_dense_layers",
+    "attention_kind",
+    "mtp_depth",
+)
 
 
 def add_moe_options(
     parser: argparse.ArgumentParser | argparse._ArgumentGroup, ep: bool = True, imbalance: bool = True
 ) -> None:
-    """``--moe-experts --moe-top-k --moe-shared-experts --moe-ffn-hidden --moe-dense-layers``
-    (default: the preset's), and with ``ep``/``imbalance`` ``--ep`` and ``--moe-imbalance``."""
+    """``--moe-experts --moe-top-k --moe-shared-experts --moe-ffn-hidden --moe-dense-layers
+    --attention-kind --mtp-depth`` (default: the preset's), and with ``ep``/``imbalance`` ``--ep`` and
+    ``--moe-imbalance``."""
     helps = {
         "moe_experts": "routed experts E (a mixture of experts; default: the preset's)",
         "moe_top_k": "experts per token k",
@@ -26,6 +38,18 @@ def add_moe_options(
     }
     for name, text in helps.items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, dest=name, help=text)
+    parser.add_argument(
+        "--attention-kind",
+        choices=ATTENTION_KIND_NAMES,
+        default=None,
+        help="attention block: mha, or mla (DeepSeek's multi-head latent attention; default: the preset's)",
+    )
+    parser.add_argument(
+        "--mtp-depth",
+        type=int,
+        default=None,
+        help="multi-token-prediction modules on the last stage (DeepSeek-V3: 1; default: the preset's)",
+    )
     if ep:
         parser.add_argument(
             "--ep", type=int, default=1, help="expert-parallel size, carved from --dp (experts split over it)"

@@ -153,15 +153,21 @@ def all_to_all_time(nbytes: float, ep: int, bandwidth: float, latency: float = 0
     return (ep - 1) / ep * nbytes / bandwidth + (ep - 1) * latency
 
 
-def moe_stored_units(spec: ModelSpec, moe: MoE, t: int = 1, sequence_parallel: bool = False) -> float:
+def moe_stored_units(
+    spec: ModelSpec, moe: MoE, t: int = 1, sequence_parallel: bool = False, fp8: bool = False
+) -> float:
     """Stored 16-bit bytes of one MoE layer's forward without recomputation, in units of s·b·h
-    (module docstring; flash attention: no stored scores)."""
-    h, f = spec.hidden, moe.ffn(spec)
-    dense = layer_stored_units(spec, t, sequence_parallel, scores=False)
-    mlp_parallel = (6 if spec.mlp == "swiglu" else 4) * spec.ffn_hidden / h  # the dense MLP's /t part
-    mlp_replicated = 2  # the dense MLP's input, outside the tensor-parallel region
+    (module docstring; flash attention: no stored scores). ``fp8``: the expert GEMMs' inputs (the
+    dispatched copies and the down projections' inputs) kept as FP8 copies, as the dense layer's
+    GEMM inputs are (:func:`~pipewright.cost.layer.layer_stored_units`); the router's input stays
+    16-bit."""
+    h, f, cast = spec.hidden, moe.ffn(spec), 1 if fp8 else 0
+    dense = layer_stored_units(spec, t, sequence_parallel, scores=False, fp8=fp8)
+    tensors = 6 if spec.mlp == "swiglu" else 4
+    mlp_parallel = (tensors - cast) * spec.ffn_hidden / h  # the dense MLP's /t part
+    mlp_replicated = 2 - cast  # the dense MLP's input, outside the tensor-parallel region
     attention_only = dense - mlp_parallel / t - mlp_replicated / (t if sequence_parallel else 1)
     slots = moe.top_k * moe.capacity
-    experts = (slots + moe.shared) * (6 if spec.mlp == "swiglu" else 4) * f / h
-    per_token = 2 + 2 * slots + 4 * moe.experts / h
+    experts = (slots + moe.shared) * (tensors - cast) * f / h
+    per_token = 2 + (2 - cast) * slots + 4 * moe.experts / h
     return attention_only + per_token / (t if sequence_parallel else 1) + experts / t

@@ -14,7 +14,8 @@ over the even split, Megatron-LM's and DeepSeek's reported max/mean load):
   tokens) over the ep group; priced as an all-gather of that size over the topology (the same (e − 1)/e
   of the bytes leave each device) and added to the action's time; :meth:`MoECost.exposed_comm` gives
   it apart, so that DualPipe's F&B pairs overlap it (``pipewright simulate`` with ``dualpipev``).
-- Stored activations: :func:`~pipewright.cost.moe.moe_stored_units` (flash attention, no scores).
+- Stored activations: :func:`~pipewright.cost.moe.moe_stored_units` (flash attention, no scores; with
+  ``dtype="fp8"`` the expert GEMMs' inputs as FP8 copies).
 - Parameters: attention, router and shared experts as the dense layer's (/t); the routed experts E/e
   per device (/t). Static memory prices the expert parameters' optimizer-state sharding over their
   own replicas (dp/e × c), the rest over dp × c.
@@ -126,7 +127,9 @@ class MoECost(TransformerCost):
         if not full:
             scale = DTYPE_BYTES[self.act_dtype] / 2
             dense_layer = self.layer_stored_bytes() / c
-            moe_layer = s * b * h * scale * moe_stored_units(spec, moe, t, self.sequence_parallel) / c
+            fp8 = self.dtype == "fp8"
+            units = moe_stored_units(spec, moe, t, self.sequence_parallel, fp8)
+            moe_layer = s * b * h * scale * units / c
             delta = k * (moe_layer - dense_layer)
             memory[F] += delta
             memory[B] -= delta

@@ -44,6 +44,8 @@ MOE_FIELDS = (
     "moe_aux_loss_coeff",
     "moe_z_loss_coeff",
 )
+#: fields only the cost model reads (the attention kind, multi-token-prediction modules)
+COST_FIELDS = ("attention_kind", "mtp_depth")
 LLAMA3_VOCAB, LLAMA3_SEQ = 128256, 8192
 
 #: Llama 3 (Table 3 of "The Llama 3 Herd of Models"): (name, layers, hidden, ffn, heads, kv heads)
@@ -137,7 +139,7 @@ def resolve_model(name: str, **overrides: int | None) -> ModelSpec:
     """A preset with ``overrides`` applied (``None`` values ignored), or a family ("gpt", "bert",
     "llama") whose dimensions all come from ``overrides`` (layers, hidden, heads, vocab, seq_len;
     ffn_hidden and kv_heads optional)."""
-    unknown = set(overrides) - {*DIMENSIONS, *OPTIONAL_DIMENSIONS, *MOE_FIELDS}
+    unknown = set(overrides) - {*DIMENSIONS, *OPTIONAL_DIMENSIONS, *MOE_FIELDS, *COST_FIELDS}
     if unknown:
         raise ConfigError(f"unknown model dimension(s) {', '.join(sorted(unknown))}")
     if name in FAMILIES:
@@ -145,7 +147,8 @@ def resolve_model(name: str, **overrides: int | None) -> ModelSpec:
         if missing:
             flags = " ".join(f"--{d.replace('_', '-')}" for d in missing)
             raise ConfigError(f"model family {name!r} needs {flags}")
-        dims = {k: v if k in MOE_FIELDS else int(v) for k, v in overrides.items() if v is not None}
+        kept = (*MOE_FIELDS, *COST_FIELDS)  # not cast to int
+        dims = {k: v if k in kept else int(v) for k, v in overrides.items() if v is not None}
         spec = ModelSpec(name=name, family=name, tied_embeddings=name == "bert", **dims)
     else:
         base = get_preset(name)

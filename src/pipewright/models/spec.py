@@ -75,8 +75,10 @@ class ModelSpec:
             object.__setattr__(self, "kv_heads", self.heads)
         if self.moe_experts:
             check_moe(self)
-        if self.mtp_depth < 0:
-            raise ConfigError(f"the multi-token-prediction depth must be 0 or more (got {self.mtp_depth})")
+        if not 0 <= self.mtp_depth <= self.layers:
+            raise ConfigError(
+                f"--mtp-depth must be between 0 and --layers {self.layers} (got {self.mtp_depth})"
+            )
 
     @property
     def is_moe(self) -> bool:
