@@ -162,3 +162,30 @@ def test_unknown_attention_kind_and_negative_mtp_depth_are_one_line_errors():
     with pytest.raises(ConfigError, match="--mtp-depth must be between 0 and --layers 4") as info:
         replace(SMALL, mtp_depth=-1)
     assert "\n" not in str(info.value)
+
+
+def test_simulate_takes_the_attention_kind_and_the_mtp_depth(capsys):
+    import contextlib
+    import io
+    import json
+
+    from pipewright.cli import main
+    from pipewright.cli.cost_flags import ATTENTION_KIND_NAMES
+
+    assert tuple(ATTENTION_KINDS) == ATTENTION_KIND_NAMES
+    argv = ["simulate", "--model", "llama-moe-tiny", "--gpu", "h100-sxm", "--gpus-per-node", "2", "--pp", "2"]
+    argv += ["--schedule", "1f1b", "--global-batch-size", "4", "--json"]
+    flops = {}
+    for extra in ((), ("--attention-kind", "mla"), ("--attention-kind", "mla", "--mtp-depth", "1")):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert main([*argv, *extra]) == 0
+        flops[extra] = json.loads(out.getvalue())["model_flops_per_iteration"]
+    assert (
+        flops[()]
+        < flops[("--attention-kind", "mla")]
+        < flops[("--attention-kind", "mla", "--mtp-depth", "1")]
+    )
+    assert main([*argv, "--mtp-depth", "5"]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "--mtp-depth must be between 0 and --layers 4 (got 5)" in err and "\n" not in err
