@@ -113,6 +113,6 @@ class LatentAttention:
         return spec.heads * (self.qk_dim + self.v_dim)
 
 
-#: DeepSeek-V2's and V3's MLA (V3 Table/§4.2: r_q 1536, r_kv 512, d_n 128, d_r 64, d_v 128), with the
+#: DeepSeek-V2's and V3's MLA (V3 §4.2: r_q 1536, r_kv 512, d_n 128, d_r 64, d_v 128), with the
 #: up-projections recomputed in the backward as DeepSeek-V3 trains
 DEEPSEEK_V3_MLA = LatentAttention()
