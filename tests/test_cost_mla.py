@@ -189,3 +189,12 @@ def test_simulate_takes_the_attention_kind_and_the_mtp_depth(capsys):
     assert main([*argv, "--mtp-depth", "5"]) != 0
     err = capsys.readouterr().err.strip()
     assert "--mtp-depth must be between 0 and --layers 4 (got 5)" in err and "\n" not in err
+
+
+def test_the_runtime_builds_multi_head_attention_and_no_mtp_module_from_the_same_preset():
+    from pipewright.runtime.config import TrainConfig
+
+    built = TrainConfig(model="deepseek-v3").model_spec()
+    assert (built.attention_kind, built.mtp_depth) == ("mha", 0)
+    assert (DSV3.attention_kind, DSV3.mtp_depth) == ("mla", 1)
+    assert replace(built, attention_kind="mla", mtp_depth=1) == replace(DSV3, name=built.name)
