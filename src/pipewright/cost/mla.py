@@ -36,6 +36,9 @@ of the recomputation.
 
 Context parallelism: the ring passes the up-projected keys and values, a·(d_qk + d_v) elements per token
 (Megatron-Core and Transformer Engine run MLA's core as ordinary attention with unequal head widths).
+
+Approximation: the fused attention backward's recomputed Q·Kᵀ is priced as half the core, the rule of
+:mod:`pipewright.cost.transformer`; for MLA it is d_qk/(d_qk + d_v) = 0.6 of it.
 """
 
 from __future__ import annotations

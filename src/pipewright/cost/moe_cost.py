@@ -20,10 +20,12 @@ over the even split, Megatron-LM's and DeepSeek's reported max/mean load):
   per device (/t). Static memory prices the expert parameters' optimizer-state sharding over their
   own replicas (dp/e × c), the rest over dp × c.
 
+The attention block is the spec's kind (DeepSeek-V3: multi-head latent attention,
+:mod:`pipewright.cost.mla`); a multi-token-prediction block past the model's layers is a MoE layer when
+the model's last layer is (:meth:`MoECost._moe_layers`, :mod:`pipewright.cost.mtp`).
+
 Not priced (stated in docs/moe.md): the memory-bound traffic of the expert MLPs beyond the dense
-MLP's, multi-head latent attention (DeepSeek-V3's attention is priced as multi-head attention of the
-same width) and the gradient reduction of expert parameters over their smaller group (priced over
-dp).
+MLP's and the gradient reduction of expert parameters over their smaller group (priced over dp).
 """
 
 from __future__ import annotations
