@@ -12,10 +12,8 @@ KERNEL_NAMES = ("fa2", "fa3", "cudnn")
 ATTENTION_KIND_NAMES = ("mha", "mla")
 #: the ModelSpec fields the MoE flags set (``--moe-experts`` → ``moe_experts``), with the cost model's
 #: attention kind and multi-token-prediction depth
-MOE_FIELDS = ("moe_experts", "moe_top_k", "moe_shared_experts", "moe_ffn_hidden", "moe_dense_layers") + (
-    "attention_kind",
-    "mtp_depth",
-)
+_MOE_SHAPE = ("moe_experts", "moe_top_k", "moe_shared_experts", "moe_ffn_hidden", "moe_dense_layers")
+MOE_FIELDS = (*_MOE_SHAPE, "attention_kind", "mtp_depth")
 
 
 def add_moe_options(

@@ -112,6 +112,7 @@ def layer_stored_units(
     h, f = spec.hidden, spec.ffn_hidden
     dropout = has_dropout(spec)
     attn_replicated, attn_parallel = attention_of(spec).stored_units(spec, fp8)
+    # the MLP's norm input and input (its FP8 copy), the two dropout masks
     replicated = attn_replicated + 4 + (2 if dropout else 0) - (1 if fp8 else 0)
     mlp = (6 if spec.mlp == "swiglu" else 4) * f / h - (f / h if fp8 else 0)
     parallel = attn_parallel + mlp

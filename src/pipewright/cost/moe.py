@@ -14,7 +14,7 @@ in the formulas below, DeepSeek-V3's multi-head latent attention with ``attentio
 - Parameters: attention h·(h + 2gd) + h², router h·E, experts E·μ·h·f_e (+ shared·μ·h·f_e), two
   norms. *Activated* parameters (what one token uses): attention + router + (k + shared)·μ·h·f_e + norms.
   Mixtral 8×7B: 46.7 × 10⁹ total, 12.9 × 10⁹ activated (with its embedding and output layer);
-  DeepSeek-V3 (MLA, 3 dense layers): 671.0 × 10⁹ and 37.5 × 10⁹ (published: 671 B and 37 B).
+  DeepSeek-V3 (MLA, 3 dense layers): 671.0 × 10⁹ and 37.6 × 10⁹ (published: 671 B and 37 B).
 - Forward FLOPs: the attention block's GEMMs 2·b·s·h·(2h + 2gd) and core 4·b·s²·h (as for a dense
   layer), the router 2·b·s·h·E, the experts 2·b·s·(k·φ + shared)·μ·h·f_e. The backward is twice that,
   split as for dense layers (input gradients in I, weight gradients in W).

@@ -97,5 +97,9 @@ class MultiTokenPrediction(TransformerCost):
 
 @cache
 def with_mtp(cls: type[TransformerCost]) -> type[TransformerCost]:
-    """``cls`` with :class:`MultiTokenPrediction` in front (one class per ``cls``)."""
-    return type(f"MultiTokenPrediction{cls.__name__}", (MultiTokenPrediction, cls), {"__doc__": cls.__doc__})
+    """``cls`` with :class:`MultiTokenPrediction` in front (one class per ``cls``, kept as an attribute
+    of this module so that it pickles by name)."""
+    name = f"MultiTokenPrediction{cls.__name__}"
+    made = type(name, (MultiTokenPrediction, cls), {"__doc__": cls.__doc__, "__module__": __name__})
+    globals()[name] = made
+    return made
