@@ -1,6 +1,7 @@
 """Cost-model flags shared by ``pipewright simulate`` and ``pipewright plan``: the attention kernel,
 the mixture-of-experts shape (ModelSpec's ``moe_*`` fields), the expert-parallel size and the expert
-load imbalance. Light on purpose: building a parser imports no numpy (``pipewright.cost`` does)."""
+load imbalance, the gradient buffer's dtype. Light on purpose: building a parser imports no numpy
+(``pipewright.cost`` does)."""
 
 from __future__ import annotations
 
@@ -38,3 +39,24 @@ def add_moe_options(
         default=1.0,
         help="expert load imbalance: the busiest device's expert tokens over the even split (≥ 1)",
     )
+
+
+#: the cost-model fields the flags of :func:`add_cost_options` set, and their defaults
+COST_FIELDS = {"grad_dtype": None}
+
+
+def add_cost_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--grad-dtype fp32|bf16``: the gradient buffer's element type (memory only; the gradient
+    reduction is priced in 16 bits either way)."""
+    parser.add_argument(
+        "--grad-dtype",
+        choices=("fp32", "bf16"),
+        default=None,
+        help="gradient buffer dtype (default fp32, Megatron-LM's; bf16 is Megatron-Core's grad_reduce_in_fp32"
+        "=False, NeMo/Megatron-Bridge performance recipes)",
+    )
+
+
+def cost_fields(args: argparse.Namespace) -> dict[str, object]:
+    """The cost-model fields the user set with :func:`add_cost_options`' flags (defaults left out)."""
+    return {k: getattr(args, k) for k, default in COST_FIELDS.items() if getattr(args, k, default) != default}

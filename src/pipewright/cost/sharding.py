@@ -3,7 +3,11 @@
 Mixed-precision Adam keeps, per parameter (Megatron-LM's accounting): the 16-bit weight (2 bytes), the
 fp32 gradient accumulator (4) and the optimizer state — an fp32 master weight and Adam's two fp32
 moments (12) — 18 bytes in all (``bytes_per_param``; the optimizer state is what is left after the
-weight and the gradient). Over d = dp × cp replicas of a stage (Rajbhandari et al. 2020):
+weight and the gradient). With 16-bit gradient buffers (``grad_bytes`` 2: Megatron-Core's
+``grad_reduce_in_fp32=False``, the default of ``DistributedDataParallelConfig`` and of NVIDIA's NeMo and
+Megatron-Bridge performance recipes; Apex's ``DistributedFusedAdam`` with ``grad_sync_dtype: bf16``)
+the gradient takes 2 bytes and the optimizer state keeps its 12: 16 in all. Over d = dp × cp replicas
+of a stage (Rajbhandari et al. 2020):
 
 - ``none``: every replica holds all 18 bytes; the gradients are all-reduced (REDUCE_GRAD).
 - ``zero1`` (Megatron's distributed optimizer, ZeRO-1/2): the optimizer state is sharded, 2 + 4 + 12/d
@@ -28,11 +32,16 @@ from pipewright.errors import ConfigError
 SHARDING = ("none", "zero1", "fsdp")
 WEIGHT_BYTES = 2.0
 GRAD_BYTES = 4.0
+#: gradient buffer dtypes and their bytes: fp32 (Megatron-LM forces it for bf16) or bf16
+GRAD_DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0}
 
 
-def check_sharding(mode: str) -> None:
+def check_sharding(mode: str, grad_dtype: str = "fp32") -> None:
+    """One-line errors for an unknown optimizer sharding or gradient dtype."""
     if mode not in SHARDING:
         raise ConfigError(f"optimizer sharding must be one of {', '.join(SHARDING)} (got {mode!r})")
+    if grad_dtype not in GRAD_DTYPE_BYTES:
+        raise ConfigError(f"--grad-dtype must be one of {', '.join(GRAD_DTYPE_BYTES)} (got {grad_dtype!r})")
 
 
 @dataclass(frozen=True)
@@ -48,12 +57,16 @@ class StateBytes:
         return self.weights + self.gradients + self.optimizer
 
 
-def state_bytes(mode: str, replicas: int, bytes_per_param: float = 18.0) -> StateBytes:
-    """Per-parameter bytes on one rank under ``mode`` with ``replicas`` = dp × cp (module docstring)."""
-    check_sharding(mode)
+def state_bytes(
+    mode: str, replicas: int, bytes_per_param: float = 18.0, grad_dtype: str = "fp32"
+) -> StateBytes:
+    """Per-parameter bytes on one rank under ``mode`` with ``replicas`` = dp × cp (module docstring);
+    ``bytes_per_param`` counts an fp32 gradient, ``grad_dtype`` is the gradient buffer's."""
+    check_sharding(mode, grad_dtype)
     weights = min(WEIGHT_BYTES, bytes_per_param)
-    grads = min(GRAD_BYTES, bytes_per_param - weights)
-    optimizer = bytes_per_param - weights - grads
+    fp32_grads = min(GRAD_BYTES, bytes_per_param - weights)
+    optimizer = bytes_per_param - weights - fp32_grads
+    grads = min(GRAD_DTYPE_BYTES[grad_dtype], fp32_grads)
     if mode == "zero1":
         return StateBytes(weights, grads, optimizer / replicas)
     if mode == "fsdp":

@@ -42,7 +42,8 @@ per-layer terms are :mod:`pipewright.cost.layer`'s (GEMM shapes, attention, stor
 - Parameters: :func:`~pipewright.cost.layer.layer_parameters` per layer, the embedding (and GPT's
   position table) on chunk 0, the final norm and a V·h output layer on the last chunk; static memory
   = parameters / t × the per-parameter bytes of the optimizer sharding
-  (:func:`~pipewright.cost.sharding.state_bytes`; 18 without sharding). REDUCE_GRAD sends
+  (:func:`~pipewright.cost.sharding.state_bytes`; 18 without sharding, 16 with ``grad_dtype="bf16"``,
+  16-bit gradient buffers). REDUCE_GRAD sends
   ``grad_bytes`` per parameter (nothing under FSDP, which reduce-scatters per layer in the backward).
 - ``dtype="fp8"``: the GEMMs run at the FP8 peak (Transformer Engine), attention, the memory-bound
   kernels, activations and messages stay bf16, except the four GEMM inputs a layer keeps for its
@@ -202,6 +203,7 @@ class TransformerCost:
     tp_comm_overlap: bool = False
     calibration: Calibration | None = None
     attention_kernel: str | None = None
+    grad_dtype: str = "fp32"
     comm: TopologyComm = field(init=False, repr=False, compare=False)
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -216,7 +218,7 @@ class TransformerCost:
             raise ConfigError(f"--microbatch-size must be at least 1 (got {self.microbatch})")
         if self.spec.heads % self.mesh.tp or self.spec.ffn_hidden % self.mesh.tp:
             raise ConfigError(f"--tp {self.mesh.tp} must divide the heads ({self.spec.heads}) and FFN size")
-        check_sharding(self.optimizer_sharding)
+        check_sharding(self.optimizer_sharding, self.grad_dtype)
         mesh = self.mesh
         if self.cp != mesh.cp:
             if mesh.cp != 1 and self.cp != 1:
@@ -451,7 +453,9 @@ class TransformerCost:
     def state(self) -> StateBytes:
         """Bytes per parameter for weights, gradients and optimizer state on one rank (with pipelined
         FSDP the 16-bit weights stay gathered for the step)."""
-        state = state_bytes(self.optimizer_sharding, self.mesh.dp * self.cp, self.bytes_per_param)
+        state = state_bytes(
+            self.optimizer_sharding, self.mesh.dp * self.cp, self.bytes_per_param, self.grad_dtype
+        )
         if self.optimizer_sharding == "fsdp" and not self.regathers:
             state = replace(state, weights=WEIGHT_BYTES)
         return state
