@@ -9,6 +9,12 @@ import argparse
 
 #: the attention kernels with published rates (:data:`pipewright.cost.attention_kernels.KERNEL_NAMES`)
 KERNEL_NAMES = ("fa2", "fa3", "cudnn")
+#: --recompute modes of simulate (the planner searches none/selective/full)
+RECOMPUTE_FLAGS = ("full", "selective", "op", "none")
+RECOMPUTE_HELP = (
+    "activation recomputation: full (the layer input kept), selective (the attention core re-run), "
+    "op (torchtitan's operator-level policy: every second matmul and the memory-bound ops re-run), none"
+)
 #: the ModelSpec fields the MoE flags set (``--moe-experts`` → ``moe_experts``)
 MOE_FIELDS = ("moe_experts", "moe_top_k", "moe_shared_experts", "moe_ffn_hidden", "moe_dense_layers")
 
@@ -42,18 +48,26 @@ def add_moe_options(
 
 
 #: the cost-model fields the flags of :func:`add_cost_options` set, and their defaults
-COST_FIELDS = {"grad_dtype": None}
+COST_FIELDS = {"grad_dtype": None, "kernels": None}
 
 
 def add_cost_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """``--grad-dtype fp32|bf16``: the gradient buffer's element type (memory only; the gradient
-    reduction is priced in 16 bits either way)."""
+    reduction is priced in 16 bits either way); ``--kernels fused|eager|compiled``: how the
+    memory-bound kernels run (:mod:`pipewright.cost.kernels`)."""
     parser.add_argument(
         "--grad-dtype",
         choices=("fp32", "bf16"),
         default=None,
         help="gradient buffer dtype (default fp32, Megatron-LM's; bf16 is Megatron-Core's grad_reduce_in_fp32"
         "=False, NeMo/Megatron-Bridge performance recipes)",
+    )
+    parser.add_argument(
+        "--kernels",
+        choices=("fused", "eager", "compiled"),
+        default=None,
+        help="memory-bound kernels: fused (Megatron/Transformer Engine; the default), eager (PyTorch eager: "
+        "one kernel per operator, fp32 cross-entropy) or compiled (torch.compile'd blocks, eager loss)",
     )
 
 

@@ -8,7 +8,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipewright.cli.cost_flags import KERNEL_NAMES, MOE_FIELDS, add_cost_options, add_moe_options, cost_fields
+from pipewright.cli.cost_flags import (
+    KERNEL_NAMES,
+    MOE_FIELDS,
+    RECOMPUTE_FLAGS,
+    RECOMPUTE_HELP,
+    add_cost_options,
+    add_moe_options,
+    cost_fields,
+)
 from pipewright.cli.guards import add_max_actions, check_simulate
 from pipewright.errors import ConfigError
 from pipewright.features import builtin_features, library_schedules
@@ -85,7 +93,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--microbatch-size", type=int, default=None, help="sequences per microbatch (default 1)"
     )
     model.add_argument("--global-batch-size", type=int, default=None)
-    model.add_argument("--recompute", choices=["full", "selective", "none"], default="none")
+    model.add_argument("--recompute", choices=RECOMPUTE_FLAGS, default="none", help=RECOMPUTE_HELP)
     model.add_argument(
         "--attention",
         choices=["flash", "eager"],

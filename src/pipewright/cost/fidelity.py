@@ -8,8 +8,9 @@ where the row gives v > 1); no recomputation; bf16; flash attention with the GPU
 row's ``attention_kernel`` where the source names it); 8 GPUs per node; the gradient
 reduction overlapped with the backward for runs from 2023 on (Megatron's ``--overlap-grad-reduce``,
 FSDP), after the pipeline drains before; for NVIDIA's recipe tables (:data:`RECIPE_SOURCES`)
-sequence parallelism, tensor-parallel overlap, the distributed optimizer and bf16 gradient buffers. Rows that a source gives
-as "first and last stage one layer fewer" (Zero Bubble) get that layout; :data:`OVERRIDES` holds the
+sequence parallelism, tensor-parallel overlap, the distributed optimizer and bf16 gradient buffers.
+Rows that a source gives as "first and last stage one layer fewer" (Zero Bubble) get that layout;
+:data:`OVERRIDES` holds the
 few per-row assumptions (each with its reason).
 
 Throughput is compared as tokens per second per GPU: the published one is the row's
@@ -222,8 +223,9 @@ def simulate_argv(run: Run) -> list[str]:
     elif sharding == "fsdp":
         argv.append("--fsdp")
     argv += ["--dtype", run["dtype"] or "bf16", "--attention", run["attention"] or "flash"]
-    if run["grad_dtype"]:
-        argv += ["--grad-dtype", run["grad_dtype"]]
+    for column in ("grad_dtype", "kernels"):
+        if run[column]:
+            argv += [f"--{column.replace('_', '-')}", run[column]]
     if run["attention_kernel"]:
         argv += ["--attention-kernel", run["attention_kernel"]]
     if run["tp_comm_overlap"] == "true" and tp > 1:
