@@ -245,6 +245,8 @@ def test_op_recompute_keeps_what_torchtitans_policy_saves_and_reruns_the_rest():
     assert _cli([*BASE, "--recompute", "op"])["iteration_time_s"] > _cli(BASE)["iteration_time_s"]
     with pytest.raises(ConfigError, match="dense layers only"):
         make_cost("op", spec=resolve_model("mixtral-8x7b"), mesh=Mesh(pp=2), gpu="h100-sxm")
+    with pytest.raises(ConfigError, match="needs --attention flash"):
+        make_cost("op", spec=LLAMA, mesh=Mesh(pp=2), gpu="h100-sxm", attention="eager")
 
 
 def test_eager_kernels_move_the_bytes_of_pytorchs_decomposition():

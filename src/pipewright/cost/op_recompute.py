@@ -51,6 +51,8 @@ class OpRecomputeCost(TransformerCost):
             raise ConfigError(
                 "--recompute op prices dense layers only; use none, selective or full with experts"
             )
+        if self.attention != "flash":
+            raise ConfigError("--recompute op keeps SDPA's output: it needs --attention flash")
         super().__post_init__()
 
     def op_stored_bytes(self) -> float:
