@@ -269,3 +269,22 @@ def test_eager_kernels_move_the_bytes_of_pytorchs_decomposition():
         TransformerCost(kernels="triton", **kw)
     times = [_cli([*BASE, "--kernels", k])["iteration_time_s"] for k in ("fused", "eager")]
     assert times[1] > times[0]
+
+
+def test_pipelined_fsdp_holds_unsharded_gradients_until_the_step_when_it_syncs_once():
+    kw = dict(spec=GPT, mesh=Mesh(pp=2, dp=8), gpu="h100-sxm", optimizer_sharding="fsdp")
+    micro, step = (TransformerCost(fsdp_grad_sync=g, **kw) for g in ("microbatch", "step"))
+    params = sum(micro._chunk(c, SCHED).params for c in SCHED.stages_of(0))
+    assert step.static_bytes(0, SCHED) - micro.static_bytes(0, SCHED) == pytest.approx((4 - 4 / 8) * params)
+    bf16 = TransformerCost(fsdp_grad_sync="step", grad_dtype="bf16", **kw)
+    assert bf16.state().gradients == 2
+    one = build_schedule("1f1b", 1, 4)  # without pipelining FSDP reduce-scatters per layer: no change
+    flat = [
+        TransformerCost(
+            spec=GPT, mesh=Mesh(dp=8), gpu="h100-sxm", optimizer_sharding="fsdp", fsdp_grad_sync=g
+        )
+        for g in ("microbatch", "step")
+    ]
+    assert flat[0].static_bytes(0, one) == flat[1].static_bytes(0, one)
+    with pytest.raises(ConfigError, match="--fsdp-grad-sync must be one of microbatch, step"):
+        TransformerCost(fsdp_grad_sync="never", **kw).state()

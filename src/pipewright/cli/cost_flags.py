@@ -48,13 +48,14 @@ def add_moe_options(
 
 
 #: the cost-model fields the flags of :func:`add_cost_options` set, and their defaults
-COST_FIELDS = {"grad_dtype": None, "kernels": None}
+COST_FIELDS = {"grad_dtype": None, "kernels": None, "fsdp_grad_sync": None}
 
 
 def add_cost_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """``--grad-dtype fp32|bf16``: the gradient buffer's element type (memory only; the gradient
     reduction is priced in 16 bits either way); ``--kernels fused|eager|compiled``: how the
-    memory-bound kernels run (:mod:`pipewright.cost.kernels`)."""
+    memory-bound kernels run (:mod:`pipewright.cost.kernels`); ``--fsdp-grad-sync microbatch|step``:
+    when pipelined FSDP reduce-scatters the gradients (:mod:`pipewright.cost.sharding`)."""
     parser.add_argument(
         "--grad-dtype",
         choices=("fp32", "bf16"),
@@ -68,6 +69,13 @@ def add_cost_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) 
         default=None,
         help="memory-bound kernels: fused (Megatron/Transformer Engine; the default), eager (PyTorch eager: "
         "one kernel per operator, fp32 cross-entropy) or compiled (torch.compile'd blocks, eager loss)",
+    )
+    parser.add_argument(
+        "--fsdp-grad-sync",
+        choices=("microbatch", "step"),
+        default=None,
+        help="with --fsdp and --pp > 1: gradients reduce-scattered every microbatch (sharded; the default) "
+        "or once per step (held unsharded until then: torch.distributed.pipelining with FSDP2)",
     )
 
 

@@ -223,7 +223,7 @@ def simulate_argv(run: Run) -> list[str]:
     elif sharding == "fsdp":
         argv.append("--fsdp")
     argv += ["--dtype", run["dtype"] or "bf16", "--attention", run["attention"] or "flash"]
-    for column in ("grad_dtype", "kernels"):
+    for column in ("grad_dtype", "kernels", "fsdp_grad_sync"):
         if run[column]:
             argv += [f"--{column.replace('_', '-')}", run[column]]
     if run["attention_kernel"]:

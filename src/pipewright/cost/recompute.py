@@ -127,10 +127,8 @@ def make_cost(
         cls = cost_class(kwargs["spec"])
     if per_stage:
         for mode in per_stage:
-            if mode not in RECOMPUTE_CHOICES:
-                raise ConfigError(
-                    f"a plan's per-stage recomputation must be one of {', '.join(RECOMPUTE_CHOICES)}"
-                )
+            if mode not in RECOMPUTE_CHOICES:  # a plan's modes: the ones the planner searches
+                raise ConfigError(f"--recompute must be one of {', '.join(RECOMPUTE_CHOICES)} (got {mode!r})")
         return PerStageCost(per_stage=tuple(per_stage), **kwargs)
     make_cost_check(recompute)
     if recompute in RECOMPUTE_CLASSES:

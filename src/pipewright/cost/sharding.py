@@ -20,7 +20,11 @@ of a stage (Rajbhandari et al. 2020):
   (prefetch), so only what exceeds it is exposed (:func:`exposed`). No REDUCE_GRAD at the end. With
   pipeline parallelism the gathered weights stay for the whole step (they would otherwise be gathered
   for every microbatch; Llama 3 and torchtitan run it so): the weights are held unsharded (2 bytes), one
-  all-gather and one reduce-scatter per iteration — priced as REDUCE_GRAD.
+  all-gather and one reduce-scatter per iteration — priced as REDUCE_GRAD. Where the gradients wait
+  for the step (``grad_sync="step"``: torch.distributed.pipelining turns FSDP2's gradient sync off for
+  every backward but the last, and FSDP2 accumulates the unsharded gradients in its reduce dtype, fp32
+  in torchtitan) they are held unsharded too, in the gradient buffer's dtype; with
+  ``grad_sync="microbatch"`` (Llama 3 §3.3.2: gradients sharded) they stay /d.
 """
 
 from __future__ import annotations
@@ -72,6 +76,19 @@ def state_bytes(
     if mode == "fsdp":
         return StateBytes(weights / replicas, grads / replicas, optimizer / replicas)
     return StateBytes(weights, grads, optimizer)
+
+
+#: when pipelined FSDP reduce-scatters the gradients: after every microbatch or once per step
+GRAD_SYNC = ("microbatch", "step")
+
+
+def pipelined_fsdp_state(state: StateBytes, grad_sync: str, grad_dtype: str = "fp32") -> StateBytes:
+    """Pipelined FSDP: the 16-bit weights stay gathered for the step, and with ``grad_sync="step"`` the
+    gradients accumulate unsharded (module docstring)."""
+    if grad_sync not in GRAD_SYNC:
+        raise ConfigError(f"--fsdp-grad-sync must be one of {', '.join(GRAD_SYNC)} (got {grad_sync!r})")
+    grads = GRAD_DTYPE_BYTES[grad_dtype] if grad_sync == "step" else state.gradients
+    return StateBytes(WEIGHT_BYTES, grads, state.optimizer)
 
 
 def exposed(comm: float, compute: float) -> float:

@@ -75,7 +75,7 @@ from pipewright.cost.layer import (
     layer_stored_units,
 )
 from pipewright.cost.placement import layer_counts, roles
-from pipewright.cost.sharding import WEIGHT_BYTES, StateBytes, check_sharding, exposed, state_bytes
+from pipewright.cost.sharding import StateBytes, check_sharding, exposed, pipelined_fsdp_state, state_bytes
 from pipewright.errors import ConfigError
 from pipewright.hardware import Accelerator, accelerator
 from pipewright.ir import RECV_B, RECV_F, REDUCE_GRAD, SEND_B, SEND_F, Action, B, F, I, Schedule, W
@@ -204,6 +204,7 @@ class TransformerCost:
     attention_kernel: str | None = None
     grad_dtype: str = "fp32"
     kernels: str = "fused"
+    fsdp_grad_sync: str = "microbatch"
     comm: TopologyComm = field(init=False, repr=False, compare=False)
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -459,7 +460,7 @@ class TransformerCost:
             self.optimizer_sharding, self.mesh.dp * self.cp, self.bytes_per_param, self.grad_dtype
         )
         if self.optimizer_sharding == "fsdp" and not self.regathers:
-            state = replace(state, weights=WEIGHT_BYTES)
+            state = pipelined_fsdp_state(state, self.fsdp_grad_sync, self.grad_dtype)
         return state
 
     def gather_buffer_bytes(self) -> float:
