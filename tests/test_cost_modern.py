@@ -252,7 +252,7 @@ def test_op_recompute_keeps_what_torchtitans_policy_saves_and_reruns_the_rest():
 def test_eager_kernels_move_the_bytes_of_pytorchs_decomposition():
     h, f, kv = LLAMA.hidden, LLAMA.ffn_hidden, kv_width(LLAMA)
     common = 20 * (h + kv) + 2 * (2 * kv + 2 * h) + 4 * h + 12 * h  # rotary, repeat_kv, contiguous, adds
-    assert eager_layer_bytes(LLAMA) == pytest.approx((72 * h + 10 * f + common, 152 * h + 18 * f + common))
+    assert eager_layer_bytes(LLAMA) == pytest.approx((72 * h + 10 * f + common, 184 * h + 18 * f + common))
     kw = dict(spec=LLAMA, mesh=Mesh(pp=2), gpu="h100-sxm", attention="flash")
     fused, eager, compiled = (TransformerCost(kernels=k, **kw) for k in ("fused", "eager", "compiled"))
     layers, s = LLAMA.layers // 2, LLAMA.seq_len

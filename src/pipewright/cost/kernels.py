@@ -8,31 +8,28 @@ one fused kernel (12 bytes per logit forward, 10 backward) that keeps one fp32 c
 
 ``eager`` (PyTorch eager, as torchtitan's Llama runs it: ``models/norms.py`` RMSNorm,
 ``models/llama/model.py`` rotary embedding, ``repeat_kv``, SwiGLU and residual adds): every operator
-is its own kernel that reads its inputs and writes its output through device memory. Bytes per token
-and layer, bf16 activations (2 bytes) and fp32 intermediates (4), h hidden, g·d key/value width, f FFN
-width; the backward as autograd runs each operator's derivative (reads the incoming gradient and what
-the derivative needs, writes the input gradients; gradients of a tensor used twice are summed):
+is its own kernel that reads its inputs and writes its output through device memory. Bytes per
+element (bf16 activations, fp32 intermediates), forward and backward as autograd runs them — the sum,
+over the ATen operators PyTorch dispatches, of each one's tensor inputs and outputs (broadcast
+operands once), counted with a ``TorchDispatchMode`` (``tests/test_cost_modern.py`` recounts them):
 
-=========================================  =======================================  ===================
-operator (PyTorch's decomposition)         forward                                  backward
-=========================================  =======================================  ===================
-RMSNorm ``(x.float() * rsqrt(mean(x²)))``  float 6h, pow 8h, mean 4h, mul 8h,       mul 12h, cast 6h,
-``.type_as(x) * weight``, twice a layer    cast 6h, weight mul 4h → 36h             mul 24h, pow 16h,
-                                                                                    sum 12h, cast 6h → 76h
-rotary (complex product) on q and k        float 6w, complex mul 8w, cast 6w → 20w  the same 20w
-``repeat_kv`` of k and v (g·d < h)         copy 2(2gd + 2h)                         sum 2(2gd + 2h)
-attention output ``.contiguous()``         4h                                       4h
-SwiGLU ``silu(w1 x) * w3 x``               silu 4f, mul 6f → 10f                    mul 12f, silu 6f → 18f
-two residual adds                          2 × 6h                                   2 × 6h (summed grads)
-=========================================  =======================================  ===================
+==============================================  ===========  ========  ==========  ===============
+operator                                        per element  forward   backward    ATen operators
+==============================================  ===========  ========  ==========  ===============
+RMSNorm ``(x.float() * rsqrt(mean(x²) + ε))``   h, twice     36        92          6 fwd, 13 bwd
+``.type_as(x) * weight``
+rotary embedding (complex product), q and k     h + g·d      20        20          3, 3
+``repeat_kv`` of k and v (g·d < h)              h, twice     2 + 2gd/h same        1, 1
+attention output ``.contiguous()``              h            4         4           1, 1
+SwiGLU ``silu(w1 x) * w3 x``                    f            10        18          2, 3
+residual add (backward: the fan-out's sum)      h, twice     6         6           1, 1
+cross-entropy on ``pred.float()``               logit        18        26          3, 3
+==============================================  ===========  ========  ==========  ===============
 
-Families other than Llama use ``nn.LayerNorm`` (one ``native_layer_norm`` kernel even in eager: 4h
-forward, 6h backward), no rotary embedding, and a one-input activation (GeLU: 4f forward, 6f backward).
-
-(w = h for q, g·d for k.) The cross-entropy on the fp32 logits (``cross_entropy(pred.float(), …)``):
-cast 6, log-softmax 16 (max, sum of exponentials, output), forward 22 bytes per logit; backward:
-the NLL gradient 4, log-softmax's 16, the cast 6 → 26. Its memory at the backward's peak: the
-log-softmax output, its incoming gradient and the input gradient, 12 bytes per logit.
+The cross-entropy keeps, at the backward's peak, the log-softmax output, its incoming gradient and
+the input gradient: 12 bytes per logit. Families other than Llama use ``nn.LayerNorm`` (one
+``native_layer_norm`` kernel even in eager: 4 forward, 6 backward per h), no rotary embedding, and a
+one-input activation (GeLU: 4 forward, 6 backward per f).
 
 ``compiled`` (``torch.compile`` of each transformer block, torchtitan's ``apply_compile``): the blocks'
 elementwise chains fused as ``fused`` prices them; the loss stays eager (outside the compiled blocks).
@@ -52,10 +49,21 @@ from pipewright.ir import F, I, W
 from pipewright.models.spec import ModelSpec
 
 KERNELS = ("fused", "eager", "compiled")
+#: eager bytes per element, (forward, backward), of the module docstring's operators
+EAGER_BYTES = {
+    "rmsnorm": (36.0, 92.0),
+    "layernorm": (4.0, 6.0),
+    "rotary": (20.0, 20.0),
+    "contiguous": (4.0, 4.0),
+    "swiglu": (10.0, 18.0),
+    "gelu": (4.0, 6.0),
+    "residual": (6.0, 6.0),
+    "cross_entropy": (18.0, 26.0),
+}
 #: bytes per logit the cross-entropy moves (F, I) and keeps at its peak, per kernel implementation
 _LOSS = {
     "fused": ({F: 12.0, I: 10.0, W: 0.0}, 4.0),
-    "eager": ({F: 22.0, I: 26.0, W: 0.0}, 12.0),
+    "eager": ({F: EAGER_BYTES["cross_entropy"][0], I: EAGER_BYTES["cross_entropy"][1], W: 0.0}, 12.0),
 }
 
 
@@ -66,19 +74,22 @@ def check_kernels(kernels: str) -> None:
 
 def eager_layer_bytes(spec: ModelSpec, t: int = 1, sequence_parallel: bool = False) -> tuple[float, float]:
     """Bytes per token one layer's eager memory-bound operators move, forward and backward, per device
-    (module docstring's table)."""
+    (module docstring's table; tensor parallelism splits q/k/v, the MLP and the attention output by t,
+    sequence parallelism the norms and residual adds too)."""
     h, f, kv = spec.hidden, spec.ffn_hidden, kv_width(spec)
     outside = h / (t if sequence_parallel else 1)  # norms and residual adds
-    llama = spec.family == "llama"  # RMSNorm decomposed as above; else aten.native_layer_norm: 4h, 6h
-    norms_f, norms_b = 2 * (36 if llama else 4) * outside, 2 * (76 if llama else 6) * outside
-    residual = 2 * 6 * outside
-    rotary = 20 * (h + kv) / t if llama else 0.0
-    repeat = 2 * (2 * kv + 2 * h) / t if kv < h else 0.0
-    contiguous = 4 * h / t
-    gated = spec.mlp == "swiglu"
-    mlp_f, mlp_b = ((10 if gated else 4) * f / t, (18 if gated else 6) * f / t)
-    common = rotary + repeat + contiguous + residual
-    return norms_f + mlp_f + common, norms_b + mlp_b + common
+    llama = spec.family == "llama"
+    widths = {
+        "rmsnorm" if llama else "layernorm": 2 * outside,
+        "residual": 2 * outside,
+        "rotary": (h + kv) / t if llama else 0.0,
+        "contiguous": h / t,
+        "swiglu" if spec.mlp == "swiglu" else "gelu": f / t,
+    }
+    fwd = sum(EAGER_BYTES[op][0] * n for op, n in widths.items())
+    bwd = sum(EAGER_BYTES[op][1] * n for op, n in widths.items())
+    repeat = 2 * (2 * kv + 2 * h) / t if kv < h else 0.0  # read g·d, write h (bf16), k and v
+    return fwd + repeat, bwd + repeat
 
 
 def loss_bytes(kernels: str) -> tuple[Mapping[str, float], float]:
