@@ -8,7 +8,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipewright.cli.cost_flags import KERNEL_NAMES, MOE_FIELDS, add_moe_options
+from pipewright.cli.cost_flags import (
+    KERNEL_NAMES,
+    MOE_FIELDS,
+    RECOMPUTE_FLAGS,
+    RECOMPUTE_HELP,
+    add_cost_options,
+    add_moe_options,
+    cost_fields,
+)
 from pipewright.cli.guards import add_max_actions, check_simulate
 from pipewright.errors import ConfigError
 from pipewright.features import builtin_features, library_schedules
@@ -85,7 +93,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--microbatch-size", type=int, default=None, help="sequences per microbatch (default 1)"
     )
     model.add_argument("--global-batch-size", type=int, default=None)
-    model.add_argument("--recompute", choices=["full", "selective", "none"], default="none")
+    model.add_argument("--recompute", choices=RECOMPUTE_FLAGS, default="none", help=RECOMPUTE_HELP)
     model.add_argument(
         "--attention",
         choices=["flash", "eager"],
@@ -101,6 +109,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "fa2 on A100, cudnn on H100/H200/H800)",
     )
     add_moe_options(model)
+    add_cost_options(model)
     shard = model.add_mutually_exclusive_group()
     shard.add_argument(
         "--shard-optimizer",
@@ -264,6 +273,7 @@ def _model_setup(args: argparse.Namespace, plan: PlanOverrides | None = None) ->
             calibration=calibration,
             attention_kernel=args.attention_kernel,
             moe_imbalance=args.moe_imbalance,
+            **cost_fields(args),
         )
 
     setup = build(sched)
