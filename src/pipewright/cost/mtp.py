@@ -30,8 +30,9 @@ from __future__ import annotations
 from functools import cache
 from types import MappingProxyType
 
+from pipewright.cost.kernels import loss_bytes
 from pipewright.cost.placement import roles
-from pipewright.cost.transformer import _CE_BYTES, DTYPE_BYTES, TransformerCost, _Chunk
+from pipewright.cost.transformer import DTYPE_BYTES, TransformerCost, _Chunk
 from pipewright.ir import B, F, I, W
 
 _KINDS = (F, I, W)
@@ -61,8 +62,9 @@ class MultiTokenPrediction(TransformerCost):
         }
         gemms[B] = gemms[I] + gemms[W]
         flops = depth * 2 * b * s * h * (V + 2 * h) / t / c
-        stored = depth * (8 * s * b * h * esize / 2 + 4 * b * s * V / t) / c
-        traffic = {k: depth * _CE_BYTES[k] * b * s * V / t / c for k in _KINDS}
+        loss_moved, loss_kept = loss_bytes(self.kernels)
+        stored = depth * (8 * s * b * h * esize / 2 + loss_kept * b * s * V / t) / c
+        traffic = {k: depth * loss_moved[k] * b * s * V / t / c for k in _KINDS}
         traffic[F] += self.efficiency.memory_traffic * stored
         traffic[I] += 2 * self.efficiency.memory_traffic * stored
         act = s * b * h * esize / c
