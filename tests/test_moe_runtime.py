@@ -2,7 +2,9 @@
 
 Four processes, one spawn: pp = 2 × dp = 2 with expert parallelism ep = 2 carved from dp, and
 pp = 2 × dp = 2 without it, each over 1F1B, interleaved 1F1B, ZB-H1 (split backward: the experts'
-weight gradients deferred to W) and DualPipeV; with ep = 2 also ZB-H2 and ZB-V; pp = 2 × tp = 2
+weight gradients deferred to W) and DualPipeV (with ep = 2 its F&B pairs overlapped: one microbatch's
+all-to-alls on one thread while the other microbatch computes on another, checked to have run);
+with ep = 2 also ZB-H2 and ZB-V; pp = 2 × tp = 2
 (experts split column/row-parallel like the dense MLP) and tp = 2 × dp = 2 with ep = 2, over 1F1B.
 The models: a GPT with 4 experts (top-2, dropless) and a Llama with 4 SwiGLU experts (top-2), a shared
 expert, a dense first layer and capacity factor 1 (tokens dropped); load-balancing coefficient 0.1 and
@@ -74,8 +76,10 @@ def _worker(rank: int, runs: list[PreparedRun]) -> list | None:
                 grads = _full(trainer, grad=True)
             trainer.optimizer_step(step)
         params = _full(trainer, grad=False)
+        pairs = trainer.moe.pair_overlap
+        overlapped = pairs.pairs_overlapped if pairs is not None else 0
         gathered = [None] * dist.get_world_size() if rank == 0 else None
-        dist.gather_object((losses, aux, grads, params), gathered, dst=0)
+        dist.gather_object((losses, aux, grads, params, overlapped), gathered, dst=0)
         results.append(gathered)
     return results if rank == 0 else None
 
@@ -157,7 +161,10 @@ def test_moe_training_equals_single_process(tmp_path):
         ref_losses, ref_aux, ref_grads, ref_params = references[key]
         assert ref_aux[0] > 0.05, "the auxiliary losses must weigh in the check"
         held: dict[str, int] = {}
-        for losses, aux, grads, params in gathered:
+        overlaps = c.schedule == "dualpipev" and c.ep > 1 and c.tp == 1
+        for losses, aux, grads, params, overlapped in gathered:
+            # DualPipeV's pairs ran on two threads under ep (every step), nothing else did
+            assert (overlapped >= STEPS) if overlaps else (overlapped == 0), (label, overlapped)
             if not np.allclose(losses, ref_losses, rtol=RTOL, atol=0):
                 failures.append(f"{label}: losses {losses} != {ref_losses}")
             if not np.allclose(aux, ref_aux, rtol=RTOL, atol=0):

@@ -27,7 +27,7 @@ from torch import nn
 
 from pipewright.errors import ConfigError
 from pipewright.models.blocks import AttentionCore
-from pipewright.runtime.cp.overlap import PairOverlap, overlap_pairs_wrapper
+from pipewright.runtime.cp.overlap import PairOverlap, install_pair_overlap
 from pipewright.runtime.cp.ring import DistRing, Ring, RingAttentionCore
 
 
@@ -154,12 +154,7 @@ class ContextParallel:
     def overlap(self, executor, config, mesh) -> None:
         """Overlap the schedule's F&B pairs on ``executor`` (:mod:`.overlap`) unless
         ``config.blocking_pairs``, tensor parallelism or recomputation (one after the other then)."""
-        if config.blocking_pairs or mesh.tp > 1 or config.recompute != "none":
-            return
-        wrapper = overlap_pairs_wrapper(executor.schedule, mesh.pp_rank)
-        if wrapper is not None:
-            executor.wrap_handlers(wrapper.wrap)
-            self.pair_overlap = wrapper
+        self.pair_overlap = install_pair_overlap(executor, config, mesh)
 
     def shard(self, batches: list[torch.Tensor]) -> list[torch.Tensor]:
         """Each [b, S] microbatch at this rank's positions: [b, S/cp]."""
