@@ -153,8 +153,8 @@ class ParallelMesh:
     ) -> ParallelMesh:
         """Collective over all ranks: create the DeviceMesh (and its dp/pp/tp groups; cp's when ``cp`` > 1;
         with ``ep`` > 1 the ep and expert-data-parallel groups, and a second ep group for the backward's
-        all-to-alls, so that an overlapped F&B pair's two threads never share a group). ``order`` and ``placement``: see
-        :mod:`pipewright.mesh` (a plan's chosen rank order / device list)."""
+        all-to-alls, so that an overlapped F&B pair's two threads never share a group). ``order`` and
+        ``placement``: see :mod:`pipewright.mesh` (a plan's chosen rank order / device list)."""
         world = dist.get_world_size()
         check_layout(world, dp, pp, tp, cp)
         try:

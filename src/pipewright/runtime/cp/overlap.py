@@ -17,9 +17,9 @@ the ring's forward exchanges and its backward exchanges use two groups over the 
 (:class:`~pipewright.runtime.cp.ring.DistRing`), so do the experts' forward and backward all-to-alls
 (``ParallelMesh.ep_group`` / ``ep_back_group``; :class:`pipewright.runtime.moe.AllToAll`); each
 group then sees its collectives in the same order on every rank (the forwards in F order, the
-backwards in B order), as the schedule is the same on every peer. Pairs run one after the other (no thread) with
-tensor parallelism (whose collectives share the tp group), with recomputation (a backward that
-re-runs a forward would use the forward's ring) and without gradients (validation).
+backwards in B order), as the schedule is the same on every peer. Pairs run one after the other
+(no thread) with tensor parallelism (whose collectives share the tp group), with recomputation (a
+backward that re-runs a forward would use the forward's groups) and without gradients (validation).
 """
 
 from __future__ import annotations
