@@ -33,6 +33,7 @@ loss's 1/m, so the data-parallel average makes it 1/(dp·m) like the main loss.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -49,40 +50,52 @@ from pipewright.runtime.mesh import ParallelMesh
 
 class AllToAll(torch.autograd.Function):
     """Rows of ``x`` in ``send`` blocks to the group's ranks, ``recv`` rows from each; backward: the
-    reverse exchange of the gradient (blocks swapped) over ``back_group`` (the same ranks)."""
+    reverse exchange of the gradient (blocks swapped), over the exchange's backward group."""
 
     @staticmethod
     def forward(  # type: ignore[override]
-        ctx, x: torch.Tensor, send: list[int], recv: list[int], group: Any, back_group: Any
+        ctx, x: torch.Tensor, send: list[int], recv: list[int], exchange: GroupExchange
     ) -> torch.Tensor:
-        ctx.send, ctx.recv, ctx.group = send, recv, back_group
+        ctx.send, ctx.recv, ctx.exchange = send, recv, exchange
         out = x.new_empty((sum(recv), *x.shape[1:]))
-        dist.all_to_all_single(out, x.contiguous(), recv, send, group=group)
+        exchange.run(out, x.contiguous(), recv, send, backward=False)
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         out = grad.new_empty((sum(ctx.send), *grad.shape[1:]))
-        dist.all_to_all_single(out, grad.contiguous(), ctx.send, ctx.recv, group=ctx.group)
-        return out, None, None, None, None
+        ctx.exchange.run(out, grad.contiguous(), ctx.send, ctx.recv, backward=True)
+        return out, None, None, None
 
 
 class GroupExchange:
     """:class:`pipewright.models.moe.TokenExchange` over a process group of ``size`` ranks; the
-    backward's exchanges over ``back_group`` (a second group of the same ranks; default ``group``)."""
+    backward's exchanges over ``back_group`` (a second group of the same ranks; default ``group``).
+    ``waited``: seconds spent in the forward's (False) and the backward's (True) exchanges since reset
+    (transfer and waiting for the peers: the communication a blocking run exposes)."""
 
     def __init__(self, group: Any, size: int, rank: int, back_group: Any = None) -> None:
         self.group, self.size, self.rank = group, size, rank
         self.back_group = group if back_group is None else back_group
+        self.waited = {False: 0.0, True: 0.0}
+
+    def run(
+        self, out: torch.Tensor, x: torch.Tensor, out_splits: Any, in_splits: Any, backward: bool
+    ) -> None:
+        """One blocking ``all_to_all_single`` over the forward's or the backward's group, timed."""
+        start = time.perf_counter()
+        group = self.back_group if backward else self.group
+        dist.all_to_all_single(out, x, out_splits, in_splits, group=group)
+        self.waited[backward] += time.perf_counter() - start
 
     def counts(self, send: torch.Tensor) -> torch.Tensor:
         """[E] counts in expert order → [size, E/size]: what each rank sends to each of my experts."""
         recv = torch.empty_like(send)
-        dist.all_to_all_single(recv, send.contiguous(), group=self.group)
+        self.run(recv, send.contiguous(), None, None, backward=False)
         return recv.view(self.size, -1)
 
     def tokens(self, x: torch.Tensor, send_splits: list[int], recv_splits: list[int]) -> torch.Tensor:
-        return AllToAll.apply(x, send_splits, recv_splits, self.group, self.back_group)
+        return AllToAll.apply(x, send_splits, recv_splits, self)
 
 
 def expert_parallel(mesh: ParallelMesh) -> GroupExchange | None:
