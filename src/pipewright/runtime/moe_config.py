@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipewright.errors import ConfigError
+from pipewright.mesh import check_ep
 from pipewright.models.spec import ModelSpec
 
 
@@ -18,11 +19,7 @@ def check_moe_run(config: Any, spec: ModelSpec) -> None:
         if ep > 1:
             raise ConfigError(f"--ep {ep} shards experts; add --moe-experts E (a multiple of {ep})")
         return
-    if ep > 1 and config.dp % ep:
-        raise ConfigError(
-            f"--ep {ep} must divide --dp {config.dp} (expert parallelism is carved from the data-parallel "
-            "ranks); choose ep dividing dp"
-        )
+    check_ep(ep, config.dp)
     if spec.moe_experts % ep:
         raise ConfigError(
             f"--moe-experts {spec.moe_experts} is not divisible by --ep {ep}; choose ep dividing it"
