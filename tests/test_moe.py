@@ -124,6 +124,10 @@ def test_bad_input_is_one_line():
     assert "add --moe-experts" in _spec_error(model="gpt-tiny", dp=2, ep=2)
     assert "--sequence-parallel" in _spec_error(tp=2, sequence_parallel=True)
     assert "--shard-optimizer" in _spec_error(dp=2, ep=2, shard_optimizer=True)
+    assert "--moe-capacity 1 with --cp 2 would cap each cp rank's own tokens" in _spec_error(
+        cp=2, moe_capacity=1.0
+    )
+    TrainConfig(model="gpt-moe-tiny", pp=2, cp=2).model_spec(256)  # dropless experts run under cp
     with pytest.raises(ConfigError, match="must divide --dp 3"):
         Mesh(dp=3, ep=2)
     with pytest.raises(ConfigError, match="between 1 and --moe-experts 2"):

@@ -167,15 +167,16 @@ class MoeRuntime:
     def report(self) -> dict[str, float]:
         """``moe_aux_loss``: Σ over MoE layers of α·L_bal + β·L_z, the mean over microbatches and
         replicas (what the auxiliary losses add to the step's loss); ``moe_balance``: L_bal averaged
-        over layers, microbatches and replicas (1 = perfectly balanced). Collective over pp and dp."""
+        over layers, microbatches and replicas (1 = perfectly balanced). Collective over pp, dp and
+        cp (each cp rank's values are its share of the sequence's: :mod:`pipewright.models.moe`)."""
         a, b = self.spec.moe_aux_loss_coeff, self.spec.moe_z_loss_coeff
         bal = sum((float(r[0]) for layer in self.layers for r in layer.records), 0.0)
         aux = sum((a * float(r[0]) + b * float(r[1]) for layer in self.layers for r in layer.records), 0.0)
         total = torch.tensor([aux, bal], dtype=torch.float64, device=self.mesh.device)
-        for group in (self.mesh.pp_group, self.mesh.dp_group):
+        for group in (self.mesh.pp_group, self.mesh.dp_group, self.mesh.cp_group):
             if group is not None and dist.get_world_size(group) > 1:
                 dist.all_reduce(total, group=group)
-        runs = self.mesh.dp * self.microbatches
+        runs = self.mesh.dp * self.mesh.cp * self.microbatches
         return {
             "moe_aux_loss": float(total[0]) / runs,
             "moe_balance": float(total[1]) / (runs * max(self.spec.moe_layers, 1)),

@@ -30,10 +30,10 @@ def check_moe_run(config: Any, spec: ModelSpec) -> None:
     ):
         if value % config.tp:
             raise ConfigError(f"{name} {value} is not divisible by --tp {config.tp}; choose t dividing it")
-    if int(getattr(config, "cp", 1) or 1) > 1:
+    if int(getattr(config, "cp", 1) or 1) > 1 and spec.moe_capacity > 0:
         raise ConfigError(
-            f"--cp {config.cp} with --moe-experts is not supported yet (experts see one cp slice's "
-            "tokens; their balance loss is not averaged over cp); use --cp 1 with experts"
+            f"--moe-capacity {spec.moe_capacity:g} with --cp {config.cp} would cap each cp rank's own "
+            "tokens, not the sequence's; use --moe-capacity 0 (dropless) with --cp"
         )
     if config.sequence_parallel:
         raise ConfigError(
