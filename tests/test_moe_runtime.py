@@ -5,8 +5,8 @@ pp = 2 × dp = 2 without it, each over 1F1B, interleaved 1F1B, ZB-H1 (split back
 weight gradients deferred to W) and DualPipeV (with ep = 2 its F&B pairs overlapped: one microbatch's
 all-to-alls on one thread while the other microbatch computes on another, checked to have run);
 with ep = 2 also ZB-H2 and ZB-V; pp = 2 × tp = 2 (experts split column/row-parallel like the dense
-MLP) and tp = 2 × dp = 2 with ep = 2, over 1F1B; pp = 2 × cp = 2 over DualPipeV (each cp rank routes its own tokens, the balance counts summed over cp;
-the F&B pairs overlapped).
+MLP) and tp = 2 × dp = 2 with ep = 2, over 1F1B; pp = 2 × cp = 2 over DualPipeV (each cp rank
+routes its own tokens, the balance counts summed over cp; the F&B pairs overlapped).
 The models: a GPT with 4 experts (top-2, dropless) and a Llama with 4 SwiGLU experts (top-2), a shared
 expert, a dense first layer and capacity factor 1 (tokens dropped); load-balancing coefficient 0.1 and
 z-loss 0.01, large enough that a wrong scale of their gradients shows. Checked against a single
