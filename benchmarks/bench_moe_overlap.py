@@ -34,25 +34,17 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import tempfile
 import time
-from collections import defaultdict
 from dataclasses import replace
-from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
-from bench_dualpipe_overlap import BACKWARD, predicted_ratio
+from bench_dualpipe_overlap import alternate, blocking_costs, predicted_ratio, run_both
 
-from pipewright.data.tokens import write_tokens
-from pipewright.ir import F
 from pipewright.models.moe import moe_layers
 from pipewright.runtime.config import TrainConfig
-from pipewright.runtime.launch import spawn
 from pipewright.runtime.mesh import ParallelMesh
 from pipewright.runtime.trainer import PreparedRun, Trainer
-from pipewright.training import prepare
 
 MODEL = {
     "model": "gpt", "layers": 4, "hidden": 64, "heads": 4, "vocab": 256, "seq_len": 256,
@@ -80,30 +72,15 @@ def _worker(rank: int, runs: list[PreparedRun], rounds: int, steps: int) -> dict
     mesh = ParallelMesh.build(dp=c.dp, pp=c.pp, tp=c.tp, ep=c.ep)
     trainers = [Trainer(run, mesh=mesh) for run in runs]  # [overlapped, blocking]
     startup = time.perf_counter() - start
-    times: dict[int, list[float]] = defaultdict(list)
-    step = 0
-    for _ in range(rounds):
-        for i, trainer in enumerate(trainers):
-            exchange = _exchange(trainer)
-            for j in range(steps):
-                exchange.waited = {False: 0.0, True: 0.0}
-                record = trainer.train_step(step)
-                step += 1
-                if j > 0:
-                    times[i].append(record["step_time_s"])
-    blocking = trainers[1]
-    spans = [(s.action, s.duration) for s in blocking.executor.last_spans if s.stream == "compute"]
-    n_f = sum(1 for a, _ in spans if a.kind == F)
-    n_b = sum(1 for a, _ in spans if a.kind in BACKWARD)
-    waits = _exchange(blocking).waited  # of the blocking trainer's last step
-    exposed = (waits[False] / max(n_f, 1), waits[True] / max(n_b, 1))
+    times = alternate(trainers, rounds, steps, _exchange)
+    spans, exposed = blocking_costs(trainers[1], _exchange(trainers[1]).waited)
     gathered = [None] * dist.get_world_size() if rank == 0 else None
     dist.gather_object((mesh.dp_rank, spans, exposed), gathered, dst=0)
     if rank != 0:
         return None
     pairs = trainers[0].moe.pair_overlap
     return {
-        "times": dict(times),
+        "times": times,
         "ranks": gathered,
         "pairs": pairs.pairs_overlapped if pairs is not None else 0,
         "startup_s": startup,
@@ -137,16 +114,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--cores", type=float, default=float(os.cpu_count() or 1))
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        data = Path(tmp) / "tokens.bin"
-        write_tokens(data, np.random.default_rng(0).integers(0, 256, 200_000), vocab_size=256)
-        base = _config(str(data))
-        runs = [
-            prepare(replace(base, out=str(Path(tmp) / f"run{b}"), blocking_pairs=b)) for b in (False, True)
-        ]
-        t0 = time.perf_counter()
-        result = spawn(_worker, 4, (runs, args.rounds, args.steps), timeout_s=3600)[0]
-        wall = time.perf_counter() - t0
+    runs, result, wall = run_both(_config, _worker, args.rounds, args.steps)
     over, block = (statistics.median(result["times"][i]) for i in (0, 1))
     r_over, r_block, r_ratio = predicted_ratio(runs[0].schedule, result["ranks"])
     s_over, s_block, s_ratio = simulated_ratio(args.cores)
