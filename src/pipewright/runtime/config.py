@@ -83,7 +83,7 @@ class _TrainFields:
     blocking_pairs: bool = option(
         False,
         "--blocking-pairs",
-        "with --cp: run DualPipe's F&B pairs one after the other (no overlap)",
+        "with --cp or --ep: run DualPipe's F&B pairs one after the other (no overlap)",
         group="layout",
     )
     virtual: int | None = option(
