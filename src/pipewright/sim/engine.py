@@ -58,6 +58,7 @@ from pipewright.sim.program import (
     gc_paused,
 )
 from pipewright.sim.sharing import SharedCompute, run_iteration_shared
+from pipewright.sim.steps import expand, run_steps
 from pipewright.timeline import Span, Timeline
 
 _NOT_DONE = -1.0
@@ -235,12 +236,12 @@ class SimResult:
     @cached_property
     def timeline(self) -> Timeline:
         """Compute spans (stream "compute") and non-zero transfers/collectives (stream "comm")."""
-        sched, prog = self.schedule, self._program
+        sched, prog = self.schedule, self._program.listed
         spans: list[Span] = []
         for rank, row in enumerate(sched.actions):
             first = prog.offsets[rank]
             for it in range(self.iterations):
-                starts, ends = self._starts[it], self._ends[it]
+                starts, ends = self._times(it)
                 for g, a in enumerate(row, first):
                     mode = prog.modes[g]
                     if mode == _COMPUTE:
@@ -255,10 +256,18 @@ class SimResult:
         }
         return Timeline.of(sched.num_ranks, spans, source="simulated", meta=meta)
 
+    def _times(self, iteration: int) -> tuple[list[float], list[float]]:
+        """Starts and ends of ``iteration`` by global index, as lists (the compute-only loop gives
+        arrays: converted here once)."""
+        for times in (self._starts, self._ends):
+            if not isinstance(times[iteration], list):
+                times[iteration] = times[iteration].tolist()
+        return self._starts[iteration], self._ends[iteration]
+
     def spans_of(self, rank: int, iteration: int = 0) -> list[tuple[Action, float, float]]:
         """(action, start, end) of every action of ``rank`` in ``iteration`` (sends: the transfer)."""
         first = self._program.offsets[rank]
-        s, e = self._starts[iteration], self._ends[iteration]
+        s, e = self._times(iteration)
         return [(a, s[g], e[g]) for g, a in enumerate(self.schedule.actions[rank], first)]
 
 
@@ -316,21 +325,27 @@ def _simulate(
     all_starts: list[list[float]] = []
     all_ends: list[list[float]] = []
     iteration_ends: list[float] = []
+    steps = prog.steps if shared is None else None
     for _ in range(iterations):
-        if shared is None:
-            starts, ends = _run_iteration(sched, prog, clock, coll_free, link_free, meet_free)
+        done = run_steps(steps, clock, link_free) if steps is not None else None
+        if done is not None:  # the compute-only loop (pipewright.sim.steps)
+            starts, ends = expand(steps, prog.missing, prog.offsets, done[0], done[1], clock)
+            clock[:], link_free[:] = done[2], done[3]
+        elif shared is None:
+            starts, ends = _run_iteration(sched, prog.listed, clock, coll_free, link_free, meet_free)
         else:
             if prog.meets:
                 raise SimulationError(
                     f"{sched.name}: collectives across pipeline ranks are not simulated with shared "
                     "cores yet; drop --cores"
                 )
-            starts, ends, positions = run_iteration_shared(prog, clock, coll_free, link_free, shared)
+            starts, ends, positions = run_iteration_shared(prog.listed, clock, coll_free, link_free, shared)
             if any(p < prog.offsets[r + 1] - prog.offsets[r] for r, p in enumerate(positions)):
                 _report_deadlock(sched, list(positions))
         all_starts.append(starts)
         all_ends.append(ends)
-        end = max(max(ends, default=0.0), max(clock, default=0.0))
+        latest = float(ends.max()) if not isinstance(ends, list) else max(ends, default=0.0)
+        end = max(latest, max(clock, default=0.0))
         iteration_ends.append(end)
         if step_barrier:
             clock = [end] * num_ranks
@@ -338,7 +353,7 @@ def _simulate(
         period = (iteration_ends[-1] - iteration_ends[0]) / (iterations - 1)
     else:
         period = iteration_ends[0]
-    busy = prog.busy if shared is None else _computing_time(prog, all_starts[-1], all_ends[-1])
+    busy = prog.busy if shared is None else _computing_time(prog.listed, all_starts[-1], all_ends[-1])
     return SimResult(
         source=sched,
         iterations=iterations,

@@ -35,6 +35,7 @@ from pipewright.deps import Term
 from pipewright.ir import Action, Schedule
 from pipewright.passes.lower import lower
 from pipewright.sim.program import _COLLECTIVE, _COMPUTE, _RENDEZVOUS, _SEND, _WAIT, _mode, _Program
+from pipewright.sim.steps import compute_steps
 
 if TYPE_CHECKING:
     from pipewright.cost.base import CommModel, CostModel
@@ -125,6 +126,31 @@ def compile_flat(
 
 def _columns(schedule: Schedule, codes: _Codes):
     """Stage, kind code, microbatch and rank of every action, as arrays; the actions per rank."""
+    cols = schedule.columns
+    if cols is not None:  # a generator's columns: no action objects at all
+        try:
+            lut = np.array([codes.code[name] for name in cols.kinds], np.int64)
+        except KeyError:
+            raise _Decline from None
+        kc, st, mb, lens = lut[cols.kind], cols.stage, cols.microbatch, cols.lens.tolist()
+    else:
+        kc, st, mb, lens = _action_columns(schedule, codes)
+    if not len(kc):
+        raise _Decline
+    rank = np.repeat(np.arange(len(lens), dtype=np.int64), lens)
+    if st.min() < 0 or st.max() >= codes.S or mb.min() < -1 or mb.max() >= codes.M:
+        raise _Decline
+    if (codes.place[st] != rank).any():
+        raise _Decline
+    per_mb = np.array([2 if s.per_microbatch is None else int(s.per_microbatch) for s in codes.specs])
+    pm, given = per_mb[kc], mb >= 0
+    if ((pm == 1) & ~given).any() or ((pm == 0) & given).any():
+        raise _Decline
+    return kc, st, mb, rank, np.array(lens, dtype=np.int64)
+
+
+def _action_columns(schedule: Schedule, codes: _Codes):
+    """Kind code, stage and microbatch columns of a schedule given as action tuples; the row lengths."""
     lens = [len(row) for row in schedule.actions]
     n = sum(lens)
     if n == 0:
@@ -143,16 +169,7 @@ def _columns(schedule: Schedule, codes: _Codes):
     st, mb = np.array(list(map(itemgetter(0), flat))), np.array(mbs)
     if st.dtype.kind != "i" or mb.dtype.kind != "i":
         raise _Decline  # not all integers
-    rank = np.repeat(np.arange(len(lens), dtype=np.int64), lens)
-    if st.min() < 0 or st.max() >= codes.S or mb.min() < -1 or mb.max() >= codes.M:
-        raise _Decline
-    if (codes.place[st] != rank).any():
-        raise _Decline
-    per_mb = np.array([2 if s.per_microbatch is None else int(s.per_microbatch) for s in codes.specs])
-    pm, given = per_mb[kc], mb >= 0
-    if ((pm == 1) & ~given).any() or ((pm == 0) & given).any():
-        raise _Decline
-    return kc, st, mb, rank, np.array(lens, dtype=np.int64)
+    return kc, st, mb, lens
 
 
 def _lower(codes: _Codes, kc, st, mb, rank, lens):
@@ -262,7 +279,7 @@ def _compile_flat(schedule: Schedule, cost: CostModel, comm: CommModel, check: b
         _check(schedule, codes, producer, used, kc, st, mb, lowered)
 
     modes = np.array([_mode(s) for s in specs], np.int64)[kc]
-    reqs, dest = _requirements(rank, modes, rg, need, n)
+    pairs, dest = _requirements(rank, modes, rg, need, n)
     offsets = [0, *np.cumsum(lens).tolist()]
     sched = lowered[0] if lowered else schedule
     durs, busy, flops, model_flops, peaks = _compute_costs(
@@ -275,9 +292,11 @@ def _compile_flat(schedule: Schedule, cost: CostModel, comm: CommModel, check: b
         members = coll.participants(a, sched)
         nbytes = cost.message_bytes(a, sched)
         durs[g] = float(comm.collective_time(coll.op, int(rank[g]), nbytes, coll.group, members))
+    steps = compute_steps(modes, durs, links, *pairs, offsets)
     prog = _Program(
-        offsets, *reqs, modes.tolist(), durs.tolist(), links, num_links, busy, flops, model_flops, peaks
-    )
+        offsets, None, None, modes, durs, links, num_links, busy, flops, model_flops, peaks,
+        pairs=pairs, steps=steps,
+    )  # fmt: skip
     return prog, (lowered[0] if lowered else None)
 
 
@@ -312,28 +331,21 @@ def _check(schedule: Schedule, codes: _Codes, producer, used, kc, st, mb, lowere
 
 def _requirements(rank, modes, rg, need, n):
     """Per action, the producers it waits for — without those of earlier compute/marker actions of its
-    own rank, which program order already awaits — and each producer's last consumer rank (a send's
-    destination), as :func:`pipewright.sim.engine._compile` derives them."""
+    own rank, which program order already awaits — as (consumer, producer) arrays in requirement order,
+    and each producer's last consumer rank (a send's destination), as
+    :func:`pipewright.sim.engine._compile` derives them."""
     own = rank[need] == rank[rg]
     awaited = np.zeros(_RENDEZVOUS + 1, bool)
     awaited[[_COMPUTE, _WAIT]] = True
     keep = ~(own & (need < rg) & awaited[modes[need]])
     rg, need = rg[keep], need[keep]
-    count = np.bincount(rg, minlength=n)
-    one = count[rg] == 1
-    first = np.full(n, -1, np.int64)
-    first[rg[one]] = need[one]
-    first[count > 1] = -2
-    extra: dict[int, tuple[int, ...]] = {}
-    for g, e in zip(rg[~one].tolist(), need[~one].tolist(), strict=True):  # in term order
-        extra[g] = (*extra.get(g, ()), e)
     # a send's destination: the rank of the last action (by index) on another rank that needs it
     dest = np.full(n, -1, np.int64)
     other = ~own[keep]
     np.maximum.at(dest, need[other], rg[other])
     has = dest >= 0
     dest[has] = rank[dest[has]]
-    return (first.tolist(), extra), dest
+    return (rg, need), dest
 
 
 def _compute_costs(codes: _Codes, sched: Schedule, cost: CostModel, kc, st, mb, rank, modes, offsets):
@@ -373,7 +385,7 @@ def _transfers(
     links = np.full(len(kc), -1, np.int64)
     sends = np.flatnonzero(modes == _SEND)
     if not len(sends):
-        return links.tolist(), 0
+        return links, 0
     src = rank[sends]
     dst = np.where(dest[sends] < 0, src, dest[sends])
     num_ranks = sched.num_ranks
@@ -387,4 +399,4 @@ def _transfers(
             a = Action(int(st[g]), codes.names[kc[g]], None if mb[g] < 0 else int(mb[g]), None)
             times[i] = float(comm.p2p_time(int(rank[g]), int(dest[g]), cost.message_bytes(a, sched)))
         durs[moving] = times[inverse]
-    return links.tolist(), num_links
+    return links, num_links

@@ -10,7 +10,9 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import cached_property
+from typing import Any
 
 from pipewright.kinds import KindSpec
 
@@ -27,14 +29,19 @@ class _Program:
     for requirements nothing produces), and the end time of action g is the time of all its events.
     They are stored flat, as almost every action waits for at most one other: ``req1[g]`` is that
     action's index, −1 for none, −2 for several, which ``extra[g]`` lists (no tuple per action).
+
+    The array path (:mod:`pipewright.sim.flat`) gives ``modes``, ``durs`` and ``links`` as numpy arrays
+    and the requirements as ``pairs`` (consumer, producer) arrays instead of ``req1``/``extra``, with
+    ``steps`` (:class:`pipewright.sim.steps.Steps`) when the compute-only loop can run it; the
+    per-action loops read :attr:`listed`, these as lists, built on first access.
     """
 
     offsets: list[int]
-    req1: list[int]
-    extra: dict[int, tuple[int, ...]]
-    modes: list[int]
-    durs: list[float]
-    links: list[int]  # link index of a send, -1 otherwise
+    req1: list[int] | None
+    extra: dict[int, tuple[int, ...]] | None
+    modes: Any  # list[int] (or an array, see above)
+    durs: Any  # list[float]
+    links: Any  # list[int]: link index of a send, -1 otherwise
     num_links: int
     busy: list[float]  # compute time of one iteration per rank
     flops: float
@@ -45,10 +52,30 @@ class _Program:
     meets: dict[int, tuple[int, ...]] = field(default_factory=dict)
     meet_prev: dict[int, int] = field(default_factory=dict)
     meet_stream: dict[int, tuple[int, str]] = field(default_factory=dict)
+    pairs: Any = None  # (consumers, producers) arrays when req1 is None
+    steps: Any = None  # the compute-only form (pipewright.sim.steps.Steps), when it applies
 
     @property
     def missing(self) -> int:
         return len(self.modes)
+
+    @cached_property
+    def listed(self) -> _Program:
+        """This program with every per-action column a list (itself when they already are)."""
+        if self.req1 is not None and isinstance(self.modes, list):
+            return self
+        req1, extra = self.req1, self.extra
+        if req1 is None:
+            req1, extra = _flat_pairs(*self.pairs, len(self.modes))
+        return replace(
+            self,
+            req1=req1,
+            extra=extra,
+            modes=self.modes.tolist(),
+            durs=self.durs.tolist(),
+            links=self.links.tolist(),
+            pairs=None,
+        )
 
     @property
     def reqs(self) -> list[tuple[int, ...]]:
@@ -61,6 +88,21 @@ def flat_requirements(reqs: list[tuple[int, ...]]) -> tuple[list[int], dict[int,
     """``(req1, extra)`` of per-action requirement tuples (:class:`_Program`'s flat form)."""
     req1 = [e[0] if len(e) == 1 else -1 if not e else -2 for e in reqs]
     return req1, {g: e for g, e in enumerate(reqs) if len(e) > 1}
+
+
+def _flat_pairs(rg, need, n: int) -> tuple[list[int], dict[int, tuple[int, ...]]]:
+    """``(req1, extra)`` of (consumer, producer) index arrays in requirement order (numpy)."""
+    import numpy as np
+
+    count = np.bincount(rg, minlength=n)
+    one = count[rg] == 1
+    first = np.full(n, -1, np.int64)
+    first[rg[one]] = need[one]
+    first[count > 1] = -2
+    extra: dict[int, tuple[int, ...]] = {}
+    for g, e in zip(rg[~one].tolist(), need[~one].tolist(), strict=True):  # in term order
+        extra[g] = (*extra.get(g, ()), e)
+    return first.tolist(), extra
 
 
 def _mode(spec: KindSpec) -> int:

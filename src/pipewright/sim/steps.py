@@ -1,0 +1,208 @@
+"""The simulator's compute-only loop: one step per compute action, receives and sends folded in.
+
+A lowered schedule whose ranks run groups of the form *receives, one compute action, sends* (what
+lowering makes of every compute-only schedule: receives right before, sends right after the action
+they serve) is simulated one compute action at a time instead of one lowered action at a time:
+
+- a receive (a marker, ``_WAIT``) takes no time; it ends at max(rank clock, its send's end), so the
+  compute action after it starts at max(rank clock, the ends of its receives' sends, the ends of its
+  own cross-rank requirements) — the same maximum the per-action loop takes in two steps;
+- a send issued right after compute action c starts at max(end of c, its link's free time) and ends
+  ``p2p_time`` later (each directed rank pair a FIFO link, in the sender's program order — the order
+  the steps visit them), exactly as in :func:`pipewright.sim.engine._run_iteration`.
+
+The receives' own times (the running maximum of the rank's clock and their sends' ends) are filled in
+afterwards over arrays (:func:`expand`). Only max and the same additions in the same order are taken,
+so every start and end is bit-for-bit the per-action loop's. Anything else — collectives, markers
+with several requirements, a send with requirements of its own, a receive not followed by a compute
+action, negative durations — keeps the per-action loop (:func:`compute_steps` returns None).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from pipewright.sim.program import _COMPUTE, _SEND, _WAIT
+
+
+@dataclass(frozen=True)
+class Steps:
+    """A program in compute-only form. Events are numbered computes first (0 … C − 1, in global
+    order), then sends (C … C + S − 1); ``in1[j]`` is the one event compute j waits for (−1 none,
+    −2 several: ``in_extra[j]``), ``post1[j]`` the one send issued right after it (−1, −2:
+    ``post_extra[j]``, in program order). ``dur``/``link`` are per event; ``cuts`` the steps per rank."""
+
+    comp: Any  # global index of each compute action
+    sends: Any  # global index of each send
+    waits: Any  # global index of each receive/marker
+    wait_in: Any  # the event each receive waits for (−1: none)
+    cuts: list[int]
+    in1: list[int]
+    in_extra: dict[int, tuple[int, ...]]
+    post1: list[int]
+    post_extra: dict[int, tuple[int, ...]]
+    dur: list[float]
+    link: list[int]
+
+
+def _flat(steps, events, count: int) -> tuple[list[int], dict[int, tuple[int, ...]]]:
+    """One event per step as a list (−1 none, −2 several) and the several as tuples, in given order."""
+    n_per = np.bincount(steps, minlength=count)
+    one = n_per[steps] == 1
+    first = np.full(count, -1, np.int64)
+    first[steps[one]] = events[one]
+    first[n_per > 1] = -2
+    extra: dict[int, tuple[int, ...]] = {}
+    for j, e in zip(steps[~one].tolist(), events[~one].tolist(), strict=True):
+        extra[j] = (*extra.get(j, ()), e)
+    return first.tolist(), extra
+
+
+def compute_steps(modes, durs, links, rg, need, offsets: list[int]) -> Steps | None:
+    """The compute-only form of a compiled program's arrays (requirements as (consumer, producer)
+    pairs, own-rank earlier compute/marker producers already left out), or None when it does not
+    apply."""
+    n = len(modes)
+    is_c, is_s, is_w = modes == _COMPUTE, modes == _SEND, modes == _WAIT
+    if not n or not (is_c | is_s | is_w).all() or not (durs >= 0).all():
+        return None
+    comp, sends, waits = np.flatnonzero(is_c), np.flatnonzero(is_s), np.flatnonzero(is_w)
+    if not len(comp) or is_s[rg].any() or is_w[need].any():
+        return None  # a send with requirements, or a marker someone waits for
+    rank = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+    prev = sends - 1  # a send follows a compute action or another send of its rank
+    if len(sends) and ((prev < 0).any() or (rank[prev] != rank[sends]).any() or is_w[prev].any()):
+        return None
+    nxt = waits + 1  # a receive is followed by a compute action or another receive of its rank
+    if len(waits) and ((nxt >= n).any() or (rank[np.minimum(nxt, n - 1)] != rank[waits]).any()):
+        return None
+    if len(waits) and is_s[nxt].any():
+        return None
+    by_wait = is_w[rg]
+    if np.bincount(rg[by_wait], minlength=n).max(initial=0) > 1:
+        return None  # a marker with several requirements
+    count = len(comp)
+    event = np.full(n, -1, np.int64)
+    event[comp] = np.arange(count)
+    event[sends] = count + np.arange(len(sends))
+    wait_in = np.full(n, -1, np.int64)
+    wait_in[rg[by_wait]] = event[need[by_wait]]
+    in1, in_extra = _flat(np.searchsorted(comp, rg), event[need], count)
+    post1, post_extra = _flat(np.searchsorted(comp, sends, "right") - 1, event[sends], count)
+    return Steps(
+        comp=comp,
+        sends=sends,
+        waits=waits,
+        wait_in=wait_in[waits],
+        cuts=np.searchsorted(comp, offsets).tolist(),
+        in1=in1,
+        in_extra=in_extra,
+        post1=post1,
+        post_extra=post_extra,
+        dur=np.concatenate((durs[comp], durs[sends])).tolist(),
+        link=np.concatenate((np.full(count, -1, np.int64), links[sends])).tolist(),
+    )
+
+
+def run_steps(steps: Steps, clock: list[float], link_free: list[float]):
+    """One iteration from ``clock`` over the steps: (starts, ends) per event, or None when some rank
+    cannot finish (then ``clock`` and ``link_free`` are left as they were)."""
+    in1, in_extra, post1, post_extra = steps.in1, steps.in_extra, steps.post1, steps.post_extra
+    dur, link, cuts = steps.dur, steps.link, steps.cuts
+    n_ev = len(dur)
+    starts = [0.0] * n_ev
+    ends = [-1.0] * (n_ev + 1)
+    clock, link_free = list(clock), list(link_free)
+    waiting: dict[int, list[int]] = {}
+    awaited = bytearray(n_ev + 1)
+    ptr = cuts[:-1]
+    ready = list(range(len(clock) - 1, -1, -1))
+    while ready:
+        r = ready.pop()
+        stop, t_rank = cuts[r + 1], clock[r]
+        for j in range(ptr[r], stop):
+            t = t_rank
+            e = in1[j]
+            if e >= 0:
+                te = ends[e]
+                if te < 0.0:
+                    waiting.setdefault(e, []).append(r)
+                    awaited[e] = 1
+                    break
+                if te > t:
+                    t = te
+            elif e == -2:
+                for e in in_extra[j]:
+                    te = ends[e]
+                    if te < 0.0:
+                        break
+                    if te > t:
+                        t = te
+                else:
+                    e = -1
+                if e >= 0:
+                    waiting.setdefault(e, []).append(r)
+                    awaited[e] = 1
+                    break
+            starts[j] = t
+            ends[j] = t_rank = t + dur[j]
+            if awaited[j]:
+                ready.extend(waiting.pop(j))
+            s = post1[j]
+            if s >= 0:
+                lk = link[s]
+                ts = link_free[lk]
+                if t_rank > ts:
+                    ts = t_rank
+                starts[s] = ts
+                ends[s] = link_free[lk] = ts + dur[s]
+                if awaited[s]:
+                    ready.extend(waiting.pop(s))
+            elif s == -2:
+                for s in post_extra[j]:
+                    lk = link[s]
+                    ts = link_free[lk]
+                    if t_rank > ts:
+                        ts = t_rank
+                    starts[s] = ts
+                    ends[s] = link_free[lk] = ts + dur[s]
+                    if awaited[s]:
+                        ready.extend(waiting.pop(s))
+        else:
+            j = stop
+        ptr[r] = j
+        clock[r] = t_rank
+    if any(ptr[r] < cuts[r + 1] for r in range(len(clock))):
+        return None
+    ends.pop()
+    return starts, ends, clock, link_free
+
+
+def expand(steps: Steps, n: int, offsets: list[int], starts: list[float], ends: list[float], clock0):
+    """Start and end of every lowered action (arrays by global index) from the steps' event times: a
+    receive's time is the running maximum of its rank's start clock, the ends of its rank's earlier
+    compute actions and the ends its rank's receives waited for, up to and including its own."""
+    s_ev, e_ev = np.array(starts), np.array(ends)
+    count = len(steps.comp)
+    out_s, out_e = np.zeros(n), np.zeros(n)
+    out_s[steps.comp], out_e[steps.comp] = s_ev[:count], e_ev[:count]
+    out_s[steps.sends], out_e[steps.sends] = s_ev[count:], e_ev[count:]
+    if len(steps.waits):
+        got = steps.wait_in >= 0
+        vals = np.full(len(steps.waits), -np.inf)
+        vals[got] = e_ev[steps.wait_in[got]]
+        out_e[steps.waits] = vals  # for the running maximum below; replaced by it
+        marks = np.sort(np.concatenate((steps.comp, steps.waits)))
+        cuts = np.searchsorted(marks, offsets).tolist()
+        running = out_e[marks]
+        for r in range(len(offsets) - 1):
+            lo, hi = cuts[r], cuts[r + 1]
+            if hi > lo:
+                running[lo] = max(running[lo], clock0[r])
+                np.maximum.accumulate(running[lo:hi], out=running[lo:hi])
+        out_e[marks] = running
+        out_s[steps.waits] = out_e[steps.waits]
+    return out_s, out_e
