@@ -58,7 +58,7 @@ from pipewright.sim.program import (
     gc_paused,
 )
 from pipewright.sim.sharing import SharedCompute, run_iteration_shared
-from pipewright.sim.steps import expand, run_steps
+from pipewright.sim.steps import StepTimes, run_steps
 from pipewright.timeline import Span, Timeline
 
 _NOT_DONE = -1.0
@@ -202,8 +202,9 @@ class SimResult:
     peak_memory: tuple[float, ...]
     flops: float
     model_flops: float
-    _starts: list[list[float]] = field(repr=False, compare=False)  # per iteration, per global index
-    _ends: list[list[float]] = field(repr=False, compare=False)
+    # per iteration, per global index (or StepTimes, expanded on first access: use _times)
+    _starts: list[list[float] | StepTimes] = field(repr=False, compare=False)
+    _ends: list[list[float] | StepTimes] = field(repr=False, compare=False)
     _program: _Program = field(repr=False, compare=False)
 
     @cached_property
@@ -257,11 +258,11 @@ class SimResult:
         return Timeline.of(sched.num_ranks, spans, source="simulated", meta=meta)
 
     def _times(self, iteration: int) -> tuple[list[float], list[float]]:
-        """Starts and ends of ``iteration`` by global index, as lists (the compute-only loop gives
-        arrays: converted here once)."""
-        for times in (self._starts, self._ends):
-            if not isinstance(times[iteration], list):
-                times[iteration] = times[iteration].tolist()
+        """Starts and ends of ``iteration`` by global index, as lists (the compute-only loop's event
+        times are expanded here, once)."""
+        times = self._starts[iteration]
+        if isinstance(times, StepTimes):
+            self._starts[iteration], self._ends[iteration] = times.expand()
         return self._starts[iteration], self._ends[iteration]
 
     def spans_of(self, rank: int, iteration: int = 0) -> list[tuple[Action, float, float]]:
@@ -322,14 +323,14 @@ def _simulate(
     coll_free = [0.0] * num_ranks
     link_free = [0.0] * prog.num_links
     meet_free: dict[tuple[int, str], float] = {}
-    all_starts: list[list[float]] = []
-    all_ends: list[list[float]] = []
+    all_starts: list[list[float] | StepTimes] = []
+    all_ends: list[list[float] | StepTimes] = []
     iteration_ends: list[float] = []
     steps = prog.steps if shared is None else None
     for _ in range(iterations):
         done = run_steps(steps, clock, link_free) if steps is not None else None
-        if done is not None:  # the compute-only loop (pipewright.sim.steps)
-            starts, ends = expand(steps, prog.missing, prog.offsets, done[0], done[1], clock)
+        if done is not None:  # the compute-only loop (pipewright.sim.steps): times expanded on demand
+            starts = ends = StepTimes(steps, prog.missing, prog.offsets, done[0], done[1], list(clock))
             clock[:], link_free[:] = done[2], done[3]
         elif shared is None:
             starts, ends = _run_iteration(sched, prog.listed, clock, coll_free, link_free, meet_free)
@@ -344,8 +345,8 @@ def _simulate(
                 _report_deadlock(sched, list(positions))
         all_starts.append(starts)
         all_ends.append(ends)
-        latest = float(ends.max()) if not isinstance(ends, list) else max(ends, default=0.0)
-        end = max(latest, max(clock, default=0.0))
+        latest = ends.ends if isinstance(ends, StepTimes) else ends  # computes end by the clock
+        end = max(max(latest, default=0.0), max(clock, default=0.0))
         iteration_ends.append(end)
         if step_barrier:
             clock = [end] * num_ranks

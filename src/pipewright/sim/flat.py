@@ -179,20 +179,27 @@ def _lower(codes: _Codes, kc, st, mb, rank, lens):
     masks = []
     before = np.zeros(n, np.int64)
     after = np.zeros(n, np.int64)
+    stages = np.arange(codes.S)
+    kind_stage = kc * codes.S + st  # one gather per transfer kind from a (kind, stage) table
     for c, spec in enumerate(codes.specs):
         if spec.p2p is None:
             continue
         attach = [codes.code[k] for k in spec.p2p.attach if k in codes.code]
         if not attach:
             continue
-        peer = st + spec.p2p.offset
-        attached = np.zeros(len(codes.specs), bool)
-        attached[attach] = True
-        ok = attached[kc] & (peer >= 0) & (peer < codes.S)
-        ok[ok] = codes.place[peer[ok]] != codes.place[st[ok]]
+        peer = stages + spec.p2p.offset
+        inside = (peer >= 0) & (peer < codes.S)
+        cross = np.zeros(codes.S, bool)
+        cross[inside] = codes.place[peer[inside]] != codes.place[stages[inside]]
+        table = np.zeros((len(codes.specs), codes.S), bool)
+        table[attach] = cross
+        ok = table.ravel()[kind_stage]
         is_recv = spec.p2p.role == "recv"
         masks.append((c, is_recv, ok))
-        (before if is_recv else after)[ok] += 1
+        if is_recv:
+            before += ok
+        else:
+            after += ok
     inserted = before + after
     pos = np.arange(n) + np.cumsum(inserted) - inserted + before
     total = n + int(inserted.sum())

@@ -85,13 +85,12 @@ def compute_steps(modes, durs, links, rg, need, offsets: list[int]) -> Steps | N
     if np.bincount(rg[by_wait], minlength=n).max(initial=0) > 1:
         return None  # a marker with several requirements
     count = len(comp)
-    event = np.full(n, -1, np.int64)
-    event[comp] = np.arange(count)
-    event[sends] = count + np.arange(len(sends))
+    step = np.cumsum(is_c) - 1  # of a compute action its own step, of a send the step it follows
+    event = np.where(is_s, count + np.cumsum(is_s) - 1, step)  # (receives: never an event)
     wait_in = np.full(n, -1, np.int64)
     wait_in[rg[by_wait]] = event[need[by_wait]]
-    in1, in_extra = _flat(np.searchsorted(comp, rg), event[need], count)
-    post1, post_extra = _flat(np.searchsorted(comp, sends, "right") - 1, event[sends], count)
+    in1, in_extra = _flat(step[rg] + by_wait, event[need], count)  # a receive: the step after it
+    post1, post_extra = _flat(step[sends], event[sends], count)
     return Steps(
         comp=comp,
         sends=sends,
@@ -179,6 +178,24 @@ def run_steps(steps: Steps, clock: list[float], link_free: list[float]):
         return None
     ends.pop()
     return starts, ends, clock, link_free
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """One iteration's event times from :func:`run_steps`, expanded to every lowered action on
+    demand (:meth:`expand`): the steps, the action count, rank offsets and the ranks' start clocks."""
+
+    steps: Steps
+    n: int
+    offsets: list[int]
+    starts: list[float]
+    ends: list[float]
+    clock0: list[float]
+
+    def expand(self) -> tuple[list[float], list[float]]:
+        """Start and end of every lowered action by global index."""
+        out_s, out_e = expand(self.steps, self.n, self.offsets, self.starts, self.ends, self.clock0)
+        return out_s.tolist(), out_e.tolist()
 
 
 def expand(steps: Steps, n: int, offsets: list[int], starts: list[float], ends: list[float], clock0):
