@@ -330,8 +330,9 @@ def _simulate(
     for _ in range(iterations):
         done = run_steps(steps, clock, link_free) if steps is not None else None
         if done is not None:  # the compute-only loop (pipewright.sim.steps): times expanded on demand
-            starts = ends = StepTimes(steps, prog.missing, prog.offsets, done[0], done[1], list(clock))
-            clock[:], link_free[:] = done[2], done[3]
+            times = StepTimes(steps, prog.missing, prog.offsets, done[0], list(clock), list(link_free))
+            starts = ends = times
+            clock[:], link_free[:] = done[1], done[2]
         elif shared is None:
             starts, ends = _run_iteration(sched, prog.listed, clock, coll_free, link_free, meet_free)
         else:

@@ -46,10 +46,13 @@ class Steps:
     post_extra: dict[int, tuple[int, ...]]
     dur: list[float]
     link: list[int]
+    in_first: Any  # in1 as an array
+    send_step: Any  # the step each send follows
+    send_link: Any  # each send's link
 
 
-def _flat(steps, events, count: int) -> tuple[list[int], dict[int, tuple[int, ...]]]:
-    """One event per step as a list (−1 none, −2 several) and the several as tuples, in given order."""
+def _flat(steps, events, count: int):
+    """One event per step (an array: −1 none, −2 several) and the several as tuples, in given order."""
     n_per = np.bincount(steps, minlength=count)
     one = n_per[steps] == 1
     first = np.full(count, -1, np.int64)
@@ -58,7 +61,7 @@ def _flat(steps, events, count: int) -> tuple[list[int], dict[int, tuple[int, ..
     extra: dict[int, tuple[int, ...]] = {}
     for j, e in zip(steps[~one].tolist(), events[~one].tolist(), strict=True):
         extra[j] = (*extra.get(j, ()), e)
-    return first.tolist(), extra
+    return first, extra
 
 
 def compute_steps(modes, durs, links, rg, need, offsets: list[int]) -> Steps | None:
@@ -90,29 +93,33 @@ def compute_steps(modes, durs, links, rg, need, offsets: list[int]) -> Steps | N
     wait_in = np.full(n, -1, np.int64)
     wait_in[rg[by_wait]] = event[need[by_wait]]
     in1, in_extra = _flat(step[rg] + by_wait, event[need], count)  # a receive: the step after it
-    post1, post_extra = _flat(step[sends], event[sends], count)
+    send_step = step[sends]
+    post1, post_extra = _flat(send_step, event[sends], count)
     return Steps(
         comp=comp,
         sends=sends,
         waits=waits,
         wait_in=wait_in[waits],
         cuts=np.searchsorted(comp, offsets).tolist(),
-        in1=in1,
+        in1=in1.tolist(),
         in_extra=in_extra,
-        post1=post1,
+        post1=post1.tolist(),
         post_extra=post_extra,
-        dur=np.concatenate((durs[comp], durs[sends])).tolist(),
-        link=np.concatenate((np.full(count, -1, np.int64), links[sends])).tolist(),
+        dur=durs[comp].tolist() + durs[sends].tolist(),
+        link=[-1] * count + links[sends].tolist(),
+        in_first=in1,
+        send_step=send_step,
+        send_link=links[sends],
     )
 
 
 def run_steps(steps: Steps, clock: list[float], link_free: list[float]):
-    """One iteration from ``clock`` over the steps: (starts, ends) per event, or None when some rank
-    cannot finish (then ``clock`` and ``link_free`` are left as they were)."""
+    """One iteration from ``clock`` over the steps: (ends per event, clocks, links' free times) or
+    None when some rank cannot finish. ``clock`` and ``link_free`` are not changed. Starts are not
+    kept: :meth:`StepTimes.expand` derives them (a maximum of ends)."""
     in1, in_extra, post1, post_extra = steps.in1, steps.in_extra, steps.post1, steps.post_extra
     dur, link, cuts = steps.dur, steps.link, steps.cuts
     n_ev = len(dur)
-    starts = [0.0] * n_ev
     ends = [-1.0] * (n_ev + 1)
     clock, link_free = list(clock), list(link_free)
     waiting: dict[int, list[int]] = {}
@@ -146,7 +153,6 @@ def run_steps(steps: Steps, clock: list[float], link_free: list[float]):
                     waiting.setdefault(e, []).append(r)
                     awaited[e] = 1
                     break
-            starts[j] = t
             ends[j] = t_rank = t + dur[j]
             if awaited[j]:
                 ready.extend(waiting.pop(j))
@@ -156,7 +162,6 @@ def run_steps(steps: Steps, clock: list[float], link_free: list[float]):
                 ts = link_free[lk]
                 if t_rank > ts:
                     ts = t_rank
-                starts[s] = ts
                 ends[s] = link_free[lk] = ts + dur[s]
                 if awaited[s]:
                     ready.extend(waiting.pop(s))
@@ -166,7 +171,6 @@ def run_steps(steps: Steps, clock: list[float], link_free: list[float]):
                     ts = link_free[lk]
                     if t_rank > ts:
                         ts = t_rank
-                    starts[s] = ts
                     ends[s] = link_free[lk] = ts + dur[s]
                     if awaited[s]:
                         ready.extend(waiting.pop(s))
@@ -177,36 +181,62 @@ def run_steps(steps: Steps, clock: list[float], link_free: list[float]):
     if any(ptr[r] < cuts[r + 1] for r in range(len(clock))):
         return None
     ends.pop()
-    return starts, ends, clock, link_free
+    return ends, clock, link_free
 
 
 @dataclass(frozen=True)
 class StepTimes:
-    """One iteration's event times from :func:`run_steps`, expanded to every lowered action on
-    demand (:meth:`expand`): the steps, the action count, rank offsets and the ranks' start clocks."""
+    """One iteration's event ends from :func:`run_steps`, expanded to the start and end of every
+    lowered action on demand (:meth:`expand`): with the action count, rank offsets, and the ranks'
+    clocks and the links' free times when the iteration began."""
 
     steps: Steps
     n: int
     offsets: list[int]
-    starts: list[float]
     ends: list[float]
     clock0: list[float]
+    link_free0: list[float]
 
     def expand(self) -> tuple[list[float], list[float]]:
         """Start and end of every lowered action by global index."""
-        out_s, out_e = expand(self.steps, self.n, self.offsets, self.starts, self.ends, self.clock0)
+        out_s, out_e = expand(self)
         return out_s.tolist(), out_e.tolist()
 
 
-def expand(steps: Steps, n: int, offsets: list[int], starts: list[float], ends: list[float], clock0):
-    """Start and end of every lowered action (arrays by global index) from the steps' event times: a
-    receive's time is the running maximum of its rank's start clock, the ends of its rank's earlier
-    compute actions and the ends its rank's receives waited for, up to and including its own."""
-    s_ev, e_ev = np.array(starts), np.array(ends)
+def expand(times: StepTimes):
+    """Start and end of every lowered action (arrays by global index) from the event ends, taking the
+    maxima the loop took: a compute action starts at max(its rank's clock — the previous step's end or
+    the start clock —, the ends it waits for); a send at max(its compute action's end, the previous
+    send's end on its link or the link's free time); a receive's time is the running maximum of its
+    rank's start clock, the ends of its rank's earlier compute actions and the ends its rank's
+    receives waited for, up to and including its own."""
+    steps, n, offsets, clock0 = times.steps, times.n, times.offsets, times.clock0
+    e_ev = np.array(times.ends)
     count = len(steps.comp)
+    comp_end = e_ev[:count]
+    prev = np.empty(count)  # the rank's clock before each step
+    prev[1:] = comp_end[:-1]
+    for r, lo in enumerate(steps.cuts[:-1]):
+        if lo < steps.cuts[r + 1]:
+            prev[lo] = clock0[r]
+    got = steps.in_first >= 0
+    waited = np.full(count, -np.inf)
+    waited[got] = e_ev[steps.in_first[got]]
+    for j, events in steps.in_extra.items():
+        waited[j] = max(e_ev[e] for e in events)
     out_s, out_e = np.zeros(n), np.zeros(n)
-    out_s[steps.comp], out_e[steps.comp] = s_ev[:count], e_ev[:count]
-    out_s[steps.sends], out_e[steps.sends] = s_ev[count:], e_ev[count:]
+    out_s[steps.comp], out_e[steps.comp] = np.maximum(prev, waited), comp_end
+    if len(steps.sends):
+        send_end = e_ev[count:]
+        order = np.argsort(steps.send_link, kind="stable")  # each link's sends in program order
+        link = steps.send_link[order]
+        before = np.array(times.link_free0)[link]
+        same = np.flatnonzero(link[1:] == link[:-1]) + 1
+        before[same] = send_end[order[same - 1]]
+        free = np.empty(len(order))
+        free[order] = before
+        out_s[steps.sends] = np.maximum(comp_end[steps.send_step], free)
+        out_e[steps.sends] = send_end
     if len(steps.waits):
         got = steps.wait_in >= 0
         vals = np.full(len(steps.waits), -np.inf)
