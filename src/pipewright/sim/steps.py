@@ -33,29 +33,29 @@ class Steps:
     """A program in compute-only form. Events are numbered computes first (0 … C − 1, in global
     order), then sends (C … C + S − 1); ``in1[j]`` is the one event compute j waits for (−1 none,
     −2 several: ``in_extra[j]``), ``post1[j]`` the one send issued right after it (−1, −2:
-    ``post_extra[j]``, in program order). ``dur``/``link`` are per event; ``cuts`` the steps per rank."""
+    ``post_extra[j]``, in program order). ``dur``/``link`` are per event; ``cuts`` the steps per rank.
+    The columns are integer/float64 arrays, which the loop reads through memoryviews (an element read
+    costs about what a list's does, and no list of half a million numbers is built)."""
 
     comp: Any  # global index of each compute action
     sends: Any  # global index of each send
     waits: Any  # global index of each receive/marker
     wait_in: Any  # the event each receive waits for (−1: none)
     cuts: list[int]
-    in1: list[int]
+    in1: Any
     in_extra: dict[int, tuple[int, ...]]
-    post1: list[int]
+    post1: Any
     post_extra: dict[int, tuple[int, ...]]
-    dur: list[float]
-    link: list[int]
-    in_first: Any  # in1 as an array
+    dur: Any
+    link: Any
     send_step: Any  # the step each send follows
-    send_link: Any  # each send's link
 
 
 def _flat(steps, events, count: int):
     """One event per step (an array: −1 none, −2 several) and the several as tuples, in given order."""
     n_per = np.bincount(steps, minlength=count)
     one = n_per[steps] == 1
-    first = np.full(count, -1, np.int64)
+    first = np.full(count, -1, events.dtype)
     first[steps[one]] = events[one]
     first[n_per > 1] = -2
     extra: dict[int, tuple[int, ...]] = {}
@@ -88,9 +88,10 @@ def compute_steps(modes, durs, links, rg, need, offsets: list[int]) -> Steps | N
     if np.bincount(rg[by_wait], minlength=n).max(initial=0) > 1:
         return None  # a marker with several requirements
     count = len(comp)
-    step = np.cumsum(is_c) - 1  # of a compute action its own step, of a send the step it follows
-    event = np.where(is_s, count + np.cumsum(is_s) - 1, step)  # (receives: never an event)
-    wait_in = np.full(n, -1, np.int64)
+    # of a compute action its own step, of a send the step it follows
+    step = np.cumsum(is_c, dtype=need.dtype) - 1
+    event = np.where(is_s, count + np.cumsum(is_s, dtype=need.dtype) - 1, step)  # (receives: never an event)
+    wait_in = np.full(n, -1, need.dtype)
     wait_in[rg[by_wait]] = event[need[by_wait]]
     in1, in_extra = _flat(step[rg] + by_wait, event[need], count)  # a receive: the step after it
     send_step = step[sends]
@@ -101,15 +102,13 @@ def compute_steps(modes, durs, links, rg, need, offsets: list[int]) -> Steps | N
         waits=waits,
         wait_in=wait_in[waits],
         cuts=np.searchsorted(comp, offsets).tolist(),
-        in1=in1.tolist(),
+        in1=in1,
         in_extra=in_extra,
-        post1=post1.tolist(),
+        post1=post1,
         post_extra=post_extra,
-        dur=durs[comp].tolist() + durs[sends].tolist(),
-        link=[-1] * count + links[sends].tolist(),
-        in_first=in1,
+        dur=np.concatenate((durs[comp], durs[sends])),
+        link=np.concatenate((np.full(count, -1, links.dtype), links[sends])),
         send_step=send_step,
-        send_link=links[sends],
     )
 
 
@@ -117,8 +116,9 @@ def run_steps(steps: Steps, clock: list[float], link_free: list[float]):
     """One iteration from ``clock`` over the steps: (ends per event, clocks, links' free times) or
     None when some rank cannot finish. ``clock`` and ``link_free`` are not changed. Starts are not
     kept: :meth:`StepTimes.expand` derives them (a maximum of ends)."""
-    in1, in_extra, post1, post_extra = steps.in1, steps.in_extra, steps.post1, steps.post_extra
-    dur, link, cuts = steps.dur, steps.link, steps.cuts
+    in1, post1 = memoryview(steps.in1), memoryview(steps.post1)
+    dur, link = memoryview(steps.dur), memoryview(steps.link)
+    in_extra, post_extra, cuts = steps.in_extra, steps.post_extra, steps.cuts
     n_ev = len(dur)
     ends = [-1.0] * (n_ev + 1)
     clock, link_free = list(clock), list(link_free)
@@ -219,17 +219,18 @@ def expand(times: StepTimes):
     for r, lo in enumerate(steps.cuts[:-1]):
         if lo < steps.cuts[r + 1]:
             prev[lo] = clock0[r]
-    got = steps.in_first >= 0
+    got = steps.in1 >= 0
     waited = np.full(count, -np.inf)
-    waited[got] = e_ev[steps.in_first[got]]
+    waited[got] = e_ev[steps.in1[got]]
     for j, events in steps.in_extra.items():
         waited[j] = max(e_ev[e] for e in events)
     out_s, out_e = np.zeros(n), np.zeros(n)
     out_s[steps.comp], out_e[steps.comp] = np.maximum(prev, waited), comp_end
     if len(steps.sends):
         send_end = e_ev[count:]
-        order = np.argsort(steps.send_link, kind="stable")  # each link's sends in program order
-        link = steps.send_link[order]
+        send_link = steps.link[count:]
+        order = np.argsort(send_link, kind="stable")  # each link's sends in program order
+        link = send_link[order]
         before = np.array(times.link_free0)[link]
         same = np.flatnonzero(link[1:] == link[:-1]) + 1
         before[same] = send_end[order[same - 1]]
