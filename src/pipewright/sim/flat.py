@@ -182,13 +182,13 @@ def _action_columns(schedule: Schedule, codes: _Codes):
 
 def _lower(codes: _Codes, kc, st, mb, rank, lens):
     """:func:`pipewright.passes.lower.lower` over arrays: receives right before, sends right after each
-    action of a kind they attach to, when the peer stage exists and sits on another rank."""
+    action of a kind they attach to, when the peer stage exists and sits on another rank (receives,
+    then sends, in registry order). Each action gets a row of slots — receive kinds, itself, send
+    kinds —; the used slots, row after row, are the lowered actions."""
     n = len(kc)
-    masks = []
-    before = np.zeros(n, INDEX)
-    after = np.zeros(n, INDEX)
     stages = np.arange(codes.S)
     kind_stage = kc * codes.S + st  # one gather per transfer kind from a (kind, stage) table
+    recvs, sends = [], []
     for c, spec in enumerate(codes.specs):
         if spec.p2p is None:
             continue
@@ -201,33 +201,17 @@ def _lower(codes: _Codes, kc, st, mb, rank, lens):
         cross[inside] = codes.place[peer[inside]] != codes.place[stages[inside]]
         table = np.zeros((len(codes.specs), codes.S), bool)
         table[attach] = cross
-        ok = table.ravel()[kind_stage]
-        is_recv = spec.p2p.role == "recv"
-        masks.append((c, is_recv, ok))
-        if is_recv:
-            before += ok
-        else:
-            after += ok
-    inserted = before + after
-    pos = np.arange(n) + np.cumsum(inserted) - inserted + before
-    total = n + int(inserted.sum())
-    out = [np.empty(total, INDEX) for _ in range(4)]
-    for arr, src in zip(out, (kc, st, mb, rank), strict=True):
-        arr[pos] = src
-    seen_before = np.zeros(n, INDEX)
-    seen_after = np.zeros(n, INDEX)
-    for c, is_recv, ok in masks:
-        idx = np.flatnonzero(ok)
-        if is_recv:
-            where = pos[idx] - before[idx] + seen_before[idx]
-            seen_before[idx] += 1
-        else:
-            where = pos[idx] + 1 + seen_after[idx]
-            seen_after[idx] += 1
-        out[0][where] = c
-        for arr, src in zip(out[1:], (st, mb, rank), strict=True):
-            arr[where] = src[idx]
-    lens = lens + np.bincount(rank, weights=inserted, minlength=len(lens)).astype(np.int64)
+        (recvs if spec.p2p.role == "recv" else sends).append((c, table.ravel()[kind_stage]))
+    slots = [*recvs, (-1, None), *sends]
+    kinds = np.empty((n, len(slots)), kc.dtype)
+    used = np.empty((n, len(slots)), bool)
+    for i, (c, ok) in enumerate(slots):
+        kinds[:, i] = kc if ok is None else c
+        used[:, i] = True if ok is None else ok
+    per = used.sum(axis=1)
+    out_kind = kinds.ravel()[used.ravel()]
+    out = [out_kind, *(np.repeat(col, per) for col in (st, mb, rank))]
+    lens = np.bincount(out[3], minlength=len(lens)).astype(np.int64)
     return (*out, lens)
 
 
@@ -357,7 +341,11 @@ def _requirements(rank, modes, rg, need, n):
     # a send's destination: the rank of the last action (by index) on another rank that needs it
     dest = np.full(n, -1, INDEX)
     other = ~own[keep]
-    np.maximum.at(dest, need[other], rg[other])
+    by, of = need[other], rg[other]
+    alone = np.bincount(by, minlength=n)[by] == 1  # almost every event has one consumer elsewhere
+    dest[by[alone]] = of[alone]
+    if not alone.all():
+        np.maximum.at(dest, by[~alone], of[~alone])
     has = dest >= 0
     dest[has] = rank[dest[has]]
     return (rg, need), dest
