@@ -202,9 +202,8 @@ class SimResult:
     peak_memory: tuple[float, ...]
     flops: float
     model_flops: float
-    # per iteration, per global index (or StepTimes, expanded on first access: use _times)
-    _starts: list[list[float] | StepTimes] = field(repr=False, compare=False)
-    _ends: list[list[float] | StepTimes] = field(repr=False, compare=False)
+    _starts: list = field(repr=False, compare=False)  # per iteration, by global index (or StepTimes)
+    _ends: list = field(repr=False, compare=False)  # read through _times
     _program: _Program = field(repr=False, compare=False)
 
     @cached_property
@@ -323,15 +322,14 @@ def _simulate(
     coll_free = [0.0] * num_ranks
     link_free = [0.0] * prog.num_links
     meet_free: dict[tuple[int, str], float] = {}
-    all_starts: list[list[float] | StepTimes] = []
+    all_starts: list[list[float] | StepTimes] = []  # per iteration, as SimResult._starts
     all_ends: list[list[float] | StepTimes] = []
     iteration_ends: list[float] = []
     steps = prog.steps if shared is None else None
     for _ in range(iterations):
         done = run_steps(steps, clock, link_free) if steps is not None else None
         if done is not None:  # the compute-only loop (pipewright.sim.steps): times expanded on demand
-            times = StepTimes(steps, prog.missing, prog.offsets, done[0], list(clock), list(link_free))
-            starts = ends = times
+            starts = ends = StepTimes(steps, done[0], list(clock), list(link_free))
             clock[:], link_free[:] = done[1], done[2]
         elif shared is None:
             starts, ends = _run_iteration(sched, prog.listed, clock, coll_free, link_free, meet_free)

@@ -49,6 +49,7 @@ class Steps:
     dur: Any
     link: Any
     send_step: Any  # the step each send follows
+    offsets: list[int]  # of the lowered actions (global index = offsets[rank] + position)
 
 
 def _flat(steps, events, count: int):
@@ -109,6 +110,7 @@ def compute_steps(modes, durs, links, rg, need, offsets: list[int]) -> Steps | N
         dur=np.concatenate((durs[comp], durs[sends])),
         link=np.concatenate((np.full(count, -1, links.dtype), links[sends])),
         send_step=send_step,
+        offsets=offsets,
     )
 
 
@@ -187,12 +189,10 @@ def run_steps(steps: Steps, clock: list[float], link_free: list[float]):
 @dataclass(frozen=True)
 class StepTimes:
     """One iteration's event ends from :func:`run_steps`, expanded to the start and end of every
-    lowered action on demand (:meth:`expand`): with the action count, rank offsets, and the ranks'
-    clocks and the links' free times when the iteration began."""
+    lowered action on demand (:meth:`expand`), with the ranks' clocks and the links' free times when
+    the iteration began."""
 
     steps: Steps
-    n: int
-    offsets: list[int]
     ends: list[float]
     clock0: list[float]
     link_free0: list[float]
@@ -210,7 +210,9 @@ def expand(times: StepTimes):
     send's end on its link or the link's free time); a receive's time is the running maximum of its
     rank's start clock, the ends of its rank's earlier compute actions and the ends its rank's
     receives waited for, up to and including its own."""
-    steps, n, offsets, clock0 = times.steps, times.n, times.offsets, times.clock0
+    steps, clock0 = times.steps, times.clock0
+    offsets = steps.offsets
+    n = offsets[-1]
     e_ev = np.array(times.ends)
     count = len(steps.comp)
     comp_end = e_ev[:count]
