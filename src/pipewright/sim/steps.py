@@ -76,17 +76,18 @@ def compute_steps(modes, durs, links, rg, need, offsets: list[int]) -> Steps | N
     comp, sends, waits = np.flatnonzero(is_c), np.flatnonzero(is_s), np.flatnonzero(is_w)
     if not len(comp) or is_s[rg].any() or is_w[need].any():
         return None  # a send with requirements, or a marker someone waits for
-    rank = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
-    prev = sends - 1  # a send follows a compute action or another send of its rank
-    if len(sends) and ((prev < 0).any() or (rank[prev] != rank[sends]).any() or is_w[prev].any()):
+    starts_row = np.zeros(n + 1, bool)
+    starts_row[offsets] = True  # (and the end of the last row)
+    # a send follows a compute action or another send of its rank
+    if len(sends) and (starts_row[sends].any() or is_w[sends - 1].any()):
         return None
-    nxt = waits + 1  # a receive is followed by a compute action or another receive of its rank
-    if len(waits) and ((nxt >= n).any() or (rank[np.minimum(nxt, n - 1)] != rank[waits]).any()):
-        return None
-    if len(waits) and is_s[nxt].any():
+    # a receive is followed by a compute action or another receive of its rank
+    if len(waits) and (starts_row[waits + 1].any() or is_s[(waits + 1) % n].any()):
         return None
     by_wait = is_w[rg]
-    if np.bincount(rg[by_wait], minlength=n).max(initial=0) > 1:
+    marked = np.zeros(n, bool)
+    marked[rg[by_wait]] = True
+    if np.count_nonzero(marked) != np.count_nonzero(by_wait):
         return None  # a marker with several requirements
     count = len(comp)
     # of a compute action its own step, of a send the step it follows
