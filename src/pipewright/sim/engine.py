@@ -344,7 +344,8 @@ def _simulate(
                 _report_deadlock(sched, list(positions))
         all_starts.append(starts)
         all_ends.append(ends)
-        latest = ends.ends if isinstance(ends, StepTimes) else ends  # computes end by the clock
+        # compute-only loop: a compute action ends by its rank's clock, a send by its link's free time
+        latest = link_free if isinstance(ends, StepTimes) else ends
         end = max(max(latest, default=0.0), max(clock, default=0.0))
         iteration_ends.append(end)
         if step_barrier:
