@@ -39,9 +39,9 @@ def _warm_columns(name: str, p: int, m: int, v: int, rank_parts) -> Schedule:
         lens.append(2 * total)
     cols = ActionColumns(
         (F, B),
-        np.concatenate(kinds).astype(np.int64),
-        np.concatenate(stages).astype(np.int64),
-        np.concatenate(mbs).astype(np.int64),
+        np.concatenate(kinds).astype(np.int32),
+        np.concatenate(stages).astype(np.int32),
+        np.concatenate(mbs).astype(np.int32),
         np.array(lens, np.int64),
     )
     return Schedule.from_columns(name, m, cols, loop_placement(p, v))

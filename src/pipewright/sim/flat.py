@@ -63,6 +63,13 @@ def _dense(keys, size: int):
     return len(firsts), index[keys], firsts
 
 
+def _repeats(keys, size: int) -> bool:
+    """Whether some of the non-negative integer ``keys`` (below ``size``) occurs twice."""
+    seen = np.zeros(size, bool)
+    seen[keys] = True
+    return int(np.count_nonzero(seen)) != len(keys)
+
+
 class _Decline(Exception):
     """The schedule is not one for the array path (the per-action path decides)."""
 
@@ -231,7 +238,7 @@ def _compile_flat(schedule: Schedule, cost: CostModel, comm: CommModel, check: b
     n_keys = len(specs) * S * (codes.M + 1)
     if n_keys > MAX_KEYS:
         raise _Decline
-    if np.bincount(codes.key(kc, st, mb), minlength=n_keys).max() > 1:
+    if _repeats(codes.key(kc, st, mb), n_keys):
         raise _Decline  # an action twice
 
     lowered: list[Schedule] = []  # built only for rules that are plain functions
@@ -266,7 +273,7 @@ def _compile_flat(schedule: Schedule, cost: CostModel, comm: CommModel, check: b
 
     pg = np.concatenate([p[0] for p in prod_parts])
     pk = np.concatenate([p[1] for p in prod_parts])
-    if len(pk) and np.bincount(pk, minlength=n_keys).max() > 1:
+    if _repeats(pk, n_keys):
         raise _Decline  # an event computed twice
     producer = np.full(n_keys, n, INDEX)
     producer[pk] = pg
