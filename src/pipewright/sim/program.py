@@ -90,18 +90,25 @@ def flat_requirements(reqs: list[tuple[int, ...]]) -> tuple[list[int], dict[int,
     return req1, {g: e for g, e in enumerate(reqs) if len(e) > 1}
 
 
-def _flat_pairs(rg, need, n: int) -> tuple[list[int], dict[int, tuple[int, ...]]]:
-    """``(req1, extra)`` of (consumer, producer) index arrays in requirement order (numpy)."""
+def one_or_several(keys, values, count: int):
+    """Per key below ``count``, its one value (an array: −1 for none, −2 for several) and, for keys
+    with several, their values as tuples in the given order — of equal-length numpy arrays."""
     import numpy as np
 
-    count = np.bincount(rg, minlength=n)
-    one = count[rg] == 1
-    first = np.full(n, -1, np.int64)
-    first[rg[one]] = need[one]
-    first[count > 1] = -2
-    extra: dict[int, tuple[int, ...]] = {}
-    for g, e in zip(rg[~one].tolist(), need[~one].tolist(), strict=True):  # in term order
-        extra[g] = (*extra.get(g, ()), e)
+    per_key = np.bincount(keys, minlength=count)
+    one = per_key[keys] == 1
+    first = np.full(count, -1, values.dtype if values.dtype.kind == "i" else np.int64)
+    first[keys[one]] = values[one]
+    first[per_key > 1] = -2
+    several: dict[int, tuple[int, ...]] = {}
+    for k, v in zip(keys[~one].tolist(), values[~one].tolist(), strict=True):
+        several[k] = (*several.get(k, ()), v)
+    return first, several
+
+
+def _flat_pairs(rg, need, n: int) -> tuple[list[int], dict[int, tuple[int, ...]]]:
+    """``(req1, extra)`` of (consumer, producer) index arrays in requirement order (numpy)."""
+    first, extra = one_or_several(rg, need, n)
     return first.tolist(), extra
 
 

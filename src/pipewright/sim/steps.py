@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from pipewright.sim.program import _COMPUTE, _SEND, _WAIT
+from pipewright.sim.program import _COMPUTE, _SEND, _WAIT, one_or_several
 
 
 @dataclass(frozen=True)
@@ -50,19 +50,6 @@ class Steps:
     link: Any
     send_step: Any  # the step each send follows
     offsets: list[int]  # of the lowered actions (global index = offsets[rank] + position)
-
-
-def _flat(steps, events, count: int):
-    """One event per step (an array: −1 none, −2 several) and the several as tuples, in given order."""
-    n_per = np.bincount(steps, minlength=count)
-    one = n_per[steps] == 1
-    first = np.full(count, -1, events.dtype)
-    first[steps[one]] = events[one]
-    first[n_per > 1] = -2
-    extra: dict[int, tuple[int, ...]] = {}
-    for j, e in zip(steps[~one].tolist(), events[~one].tolist(), strict=True):
-        extra[j] = (*extra.get(j, ()), e)
-    return first, extra
 
 
 def compute_steps(modes, durs, links, rg, need, offsets: list[int]) -> Steps | None:
@@ -95,9 +82,9 @@ def compute_steps(modes, durs, links, rg, need, offsets: list[int]) -> Steps | N
     event = np.where(is_s, count + np.cumsum(is_s, dtype=need.dtype) - 1, step)  # (receives: never an event)
     wait_in = np.full(n, -1, need.dtype)
     wait_in[rg[by_wait]] = event[need[by_wait]]
-    in1, in_extra = _flat(step[rg] + by_wait, event[need], count)  # a receive: the step after it
+    in1, in_extra = one_or_several(step[rg] + by_wait, event[need], count)  # a receive: the step after it
     send_step = step[sends]
-    post1, post_extra = _flat(send_step, event[sends], count)
+    post1, post_extra = one_or_several(send_step, event[sends], count)
     return Steps(
         comp=comp,
         sends=sends,
