@@ -256,6 +256,23 @@ def test_compute_only_loop_agrees_bit_for_bit(name, p, m, v, times, links, itera
     _assert_same(fast, slow)
 
 
+def test_several_receives_and_sends_around_one_compute_action():
+    """A hand-lowered schedule whose compute actions wait for two receives each and issue two sends
+    each (lowering never makes these; the loop's "several" branches): the same times as per action."""
+    rows = [
+        [(0, F, 0), (0, F, 1), (0, "SEND_F", 0), (0, "SEND_F", 1), (0, "RECV_B", 0), (0, "RECV_B", 1)],
+        [(1, "RECV_F", 0), (1, "RECV_F", 1), (1, F, 0), (1, F, 1), (1, B, 0), (1, B, 1)],
+    ]
+    rows[0] += [(0, B, 0), (0, B, 1)]
+    rows[1] += [(1, "SEND_B", 0), (1, "SEND_B", 1)]
+    sched = Schedule.build("by-hand", 2, [[Action(*a) for a in row] for row in rows], (0, 1))
+    sched = sched.with_actions(sched.actions, lowered=True)
+    cost, comm = COSTS["links"]
+    steps = flat.compile_flat(sched, cost, comm)[0].steps
+    assert len(steps.in_extra) == 2 and len(steps.post_extra) == 2
+    _assert_same(*_both(sched, cost, comm, validate=True, iterations=2))
+
+
 def test_simulate_command_imports_neither_torch_nor_matplotlib():
     code = (
         "import sys; from pipewright.cli import main; "

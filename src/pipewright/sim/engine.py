@@ -54,6 +54,7 @@ from pipewright.sim.program import (
     _WAIT,
     _mode,
     _Program,
+    first_missing,
     flat_requirements,
     gc_paused,
 )
@@ -438,14 +439,7 @@ def _run_iteration(
                 if te > t:
                     t = te
             elif e == -2:  # several
-                for e in extra[g]:
-                    te = ends[e]
-                    if te < 0.0:
-                        break
-                    if te > t:
-                        t = te
-                else:
-                    e = -1
+                e, t = first_missing(extra[g], ends, t)
                 if e >= 0:
                     waiting.setdefault(e, []).append(r)
                     awaited[e] = 1

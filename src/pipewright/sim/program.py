@@ -106,6 +106,18 @@ def one_or_several(keys, values, count: int):
     return first, several
 
 
+def first_missing(events: tuple[int, ...], ends: list[float], t: float) -> tuple[int, float]:
+    """Of an action waiting for several ``events`` from clock ``t``: (−1, its start: max of ``t`` and
+    their ends) when all have ended, else (the first that has not — ``ends`` < 0 —, ``t``)."""
+    for e in events:
+        te = ends[e]
+        if te < 0.0:
+            return e, t
+        if te > t:
+            t = te
+    return -1, t
+
+
 def _flat_pairs(rg, need, n: int) -> tuple[list[int], dict[int, tuple[int, ...]]]:
     """``(req1, extra)`` of (consumer, producer) index arrays in requirement order (numpy)."""
     first, extra = one_or_several(rg, need, n)

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from pipewright.sim.program import _COMPUTE, _SEND, _WAIT, one_or_several
+from pipewright.sim.program import _COMPUTE, _SEND, _WAIT, first_missing, one_or_several
 
 
 @dataclass(frozen=True)
@@ -131,14 +131,7 @@ def run_steps(steps: Steps, clock: list[float], link_free: list[float]):
                 if te > t:
                     t = te
             elif e == -2:
-                for e in in_extra[j]:
-                    te = ends[e]
-                    if te < 0.0:
-                        break
-                    if te > t:
-                        t = te
-                else:
-                    e = -1
+                e, t = first_missing(in_extra[j], ends, t)
                 if e >= 0:
                     waiting.setdefault(e, []).append(r)
                     awaited[e] = 1
@@ -155,13 +148,9 @@ def run_steps(steps: Steps, clock: list[float], link_free: list[float]):
                 ends[s] = link_free[lk] = ts + dur[s]
                 if awaited[s]:
                     ready.extend(waiting.pop(s))
-            elif s == -2:
+            elif s == -2:  # several sends (rare): the same, one after another
                 for s in post_extra[j]:
-                    lk = link[s]
-                    ts = link_free[lk]
-                    if t_rank > ts:
-                        ts = t_rank
-                    ends[s] = link_free[lk] = ts + dur[s]
+                    _send(s, t_rank, link, dur, link_free, ends)
                     if awaited[s]:
                         ready.extend(waiting.pop(s))
         else:
@@ -172,6 +161,16 @@ def run_steps(steps: Steps, clock: list[float], link_free: list[float]):
         return None
     ends.pop()
     return ends, clock, link_free
+
+
+def _send(s: int, t: float, link, dur, link_free: list[float], ends: list[float]) -> None:
+    """Send ``s`` issued at ``t``: it starts when its link is free and ends ``dur[s]`` later (what the
+    loop does inline for a step's single send)."""
+    lk = link[s]
+    ts = link_free[lk]
+    if t > ts:
+        ts = t
+    ends[s] = link_free[lk] = ts + dur[s]
 
 
 @dataclass(frozen=True)
