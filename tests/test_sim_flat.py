@@ -199,7 +199,7 @@ def _rows_by_hand(name: str, p: int, m: int, v: int) -> list[list[Action]]:
     return rows
 
 
-@settings(max_examples=40, deadline=None, derandomize=True)
+@settings(max_examples=30, deadline=None, derandomize=True)
 @given(
     st.sampled_from(["gpipe", "1f1b", "interleaved-1f1b", "looped-bfs"]),
     st.integers(1, 6),
@@ -226,11 +226,11 @@ def test_column_schedules_are_their_action_rows(name, p, m, v):
 TIMES = st.fixed_dictionaries({k: st.sampled_from([0.0, 0.3, 1.0, 1.7, 2.5]) for k in "FBIW"})
 
 
-@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.sampled_from(NAMES),
-    st.integers(1, 6),
-    st.integers(1, 12),
+    st.integers(1, 5),
+    st.integers(1, 10),
     st.sampled_from([None, 1, 2, 3]),
     TIMES,
     st.booleans(),
