@@ -257,9 +257,9 @@ def _compile_flat(schedule: Schedule, cost: CostModel, comm: CommModel, check: b
         return np.array(gs, np.int64), np.array(keys, np.int64)
 
     req_parts, prod_parts = [], []
-    for c in used:
+    groups = {c: np.flatnonzero(kc == c) for c in used}  # the actions of each kind
+    for c, g in groups.items():
         spec = specs[c]
-        g = np.flatnonzero(kc == c)
         s, k = st[g], mb[g]
         for rule, parts in ((spec.requires, req_parts), (spec.produces, prod_parts)):
             if rule is None:  # the default: the action's own event
@@ -282,7 +282,7 @@ def _compile_flat(schedule: Schedule, cost: CostModel, comm: CommModel, check: b
     if (need == n).any():
         raise _Decline  # a requirement nothing produces
     if check:
-        _check(schedule, codes, producer, used, kc, st, mb, lowered)
+        _check(schedule, codes, producer, groups, st, mb, lowered)
 
     modes = np.array([_mode(s) for s in specs], np.int8)[kc]
     pairs, dest = _requirements(rank, modes, rg, need, n)
@@ -306,9 +306,10 @@ def _compile_flat(schedule: Schedule, cost: CostModel, comm: CommModel, check: b
     return prog, (lowered[0] if lowered else None)
 
 
-def _check(schedule: Schedule, codes: _Codes, producer, used, kc, st, mb, lowered) -> None:
-    """The validator's completeness and send/receive checks over the event table."""
-    specs, S, n = codes.specs, codes.S, len(kc)
+def _check(schedule: Schedule, codes: _Codes, producer, groups, st, mb, lowered) -> None:
+    """The validator's completeness and send/receive checks over the event table (``groups``: the
+    actions of each kind used)."""
+    specs, S, n, used = codes.specs, codes.S, len(st), groups
     width = S * (codes.M + 1)
     for c, spec in enumerate(specs):
         if spec.complete is None or not (spec.always or c in used):
@@ -323,11 +324,10 @@ def _check(schedule: Schedule, codes: _Codes, producer, used, kc, st, mb, lowere
         sched = lowered[0] if lowered else lower(schedule)
         if any(producer[codes.event_key(ev)] == n for ev, _ in spec.complete(sched)):
             raise _Decline
-    for c in used:
+    for c, g in groups.items():
         p2p = specs[c].p2p
         if p2p is None:
             continue
-        g = np.flatnonzero(kc == c)
         peer = st[g] + p2p.offset
         if peer.min() < 0 or peer.max() >= S or (codes.place[peer] == codes.place[st[g]]).any():
             raise _Decline
