@@ -349,10 +349,10 @@ def _requirements(rank, modes, rg, need, n):
     dest = np.full(n, -1, INDEX)
     other = ~own[keep]
     by, of = need[other], rg[other]
-    alone = np.bincount(by, minlength=n)[by] == 1  # almost every event has one consumer elsewhere
-    dest[by[alone]] = of[alone]
-    if not alone.all():
-        np.maximum.at(dest, by[~alone], of[~alone])
+    if _repeats(by, n):  # an event needed on other ranks by several actions: the last one's
+        np.maximum.at(dest, by, of)
+    else:  # (the common case: one consumer elsewhere)
+        dest[by] = of
     has = dest >= 0
     dest[has] = rank[dest[has]]
     return (rg, need), dest

@@ -79,7 +79,8 @@ def compute_steps(modes, durs, links, rg, need, offsets: list[int]) -> Steps | N
     count = len(comp)
     # of a compute action its own step, of a send the step it follows
     step = np.cumsum(is_c, dtype=need.dtype) - 1
-    event = np.where(is_s, count + np.cumsum(is_s, dtype=need.dtype) - 1, step)  # (receives: never an event)
+    event = step.copy()  # (receives: never an event)
+    event[sends] = count + np.arange(len(sends), dtype=step.dtype)
     wait_in = np.full(n, -1, need.dtype)
     wait_in[rg[by_wait]] = event[need[by_wait]]
     in1, in_extra = one_or_several(step[rg] + by_wait, event[need], count)  # a receive: the step after it
