@@ -107,3 +107,9 @@ def test_cli_simulate_refines_zb_auto_only(capsys) -> None:
     assert main(["simulate", "--schedule", "zb-auto", "-p", "3", "-m", "4", "--zb-ilp-time-limit", "2"]) == 0
     assert main(["simulate", "--schedule", "1f1b", "-p", "3", "-m", "4", "--zb-refine"]) == 2
     assert "--zb-refine refines zb-auto only (got 1f1b)" in capsys.readouterr().err
+
+
+def test_cli_plan_refuses_refining_without_zb_auto(capsys) -> None:
+    argv = ["plan", "--model", "gpt-tiny", "--gpu", "cpu", "--global-batch-size", "8", "--schedules", "1f1b"]
+    assert main([*argv, "--zb-refine", "--no-progress"]) == 2
+    assert "--zb-refine refines zb-auto only (got 1f1b)" in capsys.readouterr().err

@@ -44,10 +44,11 @@ from pipewright.ir import Action, F, I, W, loop_placement, peak_in_flight
 from pipewright.schedules.registry import ScheduleCosts
 
 _KINDS = (F, I, W)
-#: free pairs (binaries) per solve at most; the window shrinks to fit
-MAX_PAIRS = 6000
-#: up to this many free pairs the first solve is the whole ILP, beyond it the window starts at 2
+#: free pairs (binaries) per solve: up to this many the whole ILP, beyond it one slab of microbatches
+#: at a time (:func:`_refine_by_slabs`)
 WHOLE_PAIRS = 400
+#: free pairs per slab solve at most
+SLAB_PAIRS = 1500
 #: relative optimality gap at which a solve stops (the reference stops at an absolute 0.5 of its units)
 GAP = 1e-3
 
@@ -55,7 +56,8 @@ GAP = 1e-3
 @dataclass(frozen=True)
 class Refined:
     """What a refinement did: the orders (None: no gain), the start's and the result's score
-    ((span, makespan) or (makespan,)), solves run and the seconds they took, and the window used."""
+    ((span, makespan) or (makespan,)), solves run and the seconds they took, the window (or slab of
+    microbatches) used, and whether the result is proven optimal (to the solver's gap)."""
 
     rows: list[list[Action]] | None
     start_score: tuple[float, ...]
@@ -63,6 +65,7 @@ class Refined:
     solves: int
     seconds: float
     window: int
+    proven: bool = False
 
 
 def scipy_available() -> bool:
@@ -139,9 +142,11 @@ def _bounds(prob: _Problem, extra: list[tuple[int, int, float]], horizon: float)
     return lb, ub
 
 
-def _window_edges(prob: _Problem, rows: Sequence[Sequence[Action]], window: int):
-    """Free pairs within ``window`` positions of each other in ``rows``, and the forced edges that
-    keep farther pairs in ``rows``' order."""
+def _window_edges(prob: _Problem, rows: Sequence[Sequence[Action]], window: int, slab=None):
+    """Free pairs within ``window`` positions of each other in ``rows`` (and, with ``slab`` = (lo, hi),
+    of microbatches lo … hi − 1 only), and the forced edges that keep the other pairs in ``rows``'
+    order."""
+    lo_k, hi_k = slab or (0, prob.m)
     pairs: list[tuple[int, int]] = []  # (a, b): a's position before b's in rows
     edges: list[tuple[int, int, float]] = []
     kind_index = {F: 0, I: 1, W: 2}
@@ -154,7 +159,7 @@ def _window_edges(prob: _Problem, rows: Sequence[Sequence[Action]], window: int)
                     for j in range(lo, k):  # the pairs the forced precedences leave open
                         pa, pb = pos[(ka, k)], pos[(kb, j)]
                         a, b = prob.id(ka, s, k), prob.id(kb, s, j)
-                        if abs(pa - pb) <= window:
+                        if abs(pa - pb) <= window and lo_k <= j and k < hi_k:
                             pairs.append((a, b) if pa < pb else (b, a))
                         elif pa < pb:
                             edges.append((a, b, 0.0))
@@ -163,8 +168,8 @@ def _window_edges(prob: _Problem, rows: Sequence[Sequence[Action]], window: int)
     return pairs, edges
 
 
-def _pair_count(prob: _Problem, rows: Sequence[Sequence[Action]], window: int) -> int:
-    return len(_window_edges(prob, rows, window)[0])
+def _pair_count(prob: _Problem, rows: Sequence[Sequence[Action]], window: int, slab=None) -> int:
+    return len(_window_edges(prob, rows, window, slab)[0])
 
 
 def _floors(prob: _Problem, lb: list[float]) -> tuple[float, float]:
@@ -179,14 +184,14 @@ def _floors(prob: _Problem, lb: list[float]) -> tuple[float, float]:
     return makespan, span
 
 
-def _solve(prob: _Problem, rows, window: int, horizon: float, steady: bool, time_limit: float):
+def _solve(prob: _Problem, rows, window: int, horizon: float, steady: bool, time_limit: float, slab=None):
     """One MILP over ``rows``' neighbourhood: the per-rank orders of its solution (None: none found)
     and whether the solver proved it optimal within the neighbourhood (to its gap)."""
     import numpy as np
     from scipy.optimize import LinearConstraint, milp
     from scipy.sparse import coo_array
 
-    pairs, fixed = _window_edges(prob, rows, window)
+    pairs, fixed = _window_edges(prob, rows, window, slab)
     lb, ub = _bounds(prob, fixed, horizon)
     if any(lo > hi + 1e-9 for lo, hi in zip(lb, ub, strict=True)):
         return None, True
@@ -289,6 +294,43 @@ def _score(rows, p: int, m: int, costs: ScheduleCosts, limit: int, steady: bool)
     return (span, makespan) if steady else (makespan,)
 
 
+def _slabs(m: int, size: int) -> list[tuple[int, int]]:
+    """Windows of ``size`` consecutive microbatches: the cool-down's, the warm-up's, then the rest
+    overlapping by half (where the heuristic's bubbles are first)."""
+    if size >= m:
+        return [(0, m)]
+    out = [(m - size, m), (0, size)]
+    step = max(1, size // 2)
+    out += [(lo, lo + size) for lo in range(step, m - size, step)]
+    return out
+
+
+def _refine_by_slabs(prob, rows, best, first, steady, t0, time_limit, budget) -> Refined:
+    """The ILP over one slab of microbatches at a time, the rest of the order fixed: the largest slab
+    whose free pairs fit ``budget``, slabs visited in :func:`_slabs` order until a pass brings no gain
+    or the time is spent; each solve gets a share of what is left."""
+    p, m, costs, limit = prob.p, prob.m, prob.costs, prob.limit
+    size = m
+    while size > 2 and _pair_count(prob, rows, 3 * m, (m - size, m)) > budget:
+        size = size * 3 // 4
+    slabs = _slabs(m, size)
+    solves, improved, gained = 0, False, True
+    while gained:
+        gained = False
+        for n, slab in enumerate(slabs):
+            left = time_limit - (time.perf_counter() - t0)
+            if left <= 0:
+                break
+            share = max(left / (len(slabs) - n), min(left, 1.0))
+            found, _ = _solve(prob, rows, 3 * m, best[-1] + 1e-9, steady, share, slab)
+            solves += 1
+            score = None if found is None else _score(found, p, m, costs, limit, steady)
+            if score is not None and score < tuple(x - 1e-9 for x in best):
+                rows, best, improved, gained = found, score, True, True
+    seconds = time.perf_counter() - t0
+    return Refined(rows if improved else None, first, best, solves, seconds, size)
+
+
 def refine(
     p: int,
     m: int,
@@ -298,7 +340,6 @@ def refine(
     *,
     time_limit: float,
     steady: bool = False,
-    max_pairs: int = MAX_PAIRS,
     whole_pairs: int = WHOLE_PAIRS,
 ) -> Refined:
     """Refine the one-chunk order ``start`` (per-rank lists of F, I, W) under ``costs`` and at most
@@ -313,25 +354,15 @@ def refine(
     prob = _Problem(p, m, costs, limit)
     floor_c, floor_s = _floors(prob, _bounds(prob, [], best[-1])[0])
     if best[-1] <= floor_c + 1e-9 and (not steady or best[0] <= floor_s + 1e-9):
-        return Refined(None, first, best, 0, time.perf_counter() - t0, 0)  # the start is optimal
+        return Refined(None, first, best, 0, time.perf_counter() - t0, 0, True)  # the start is optimal
     whole = 3 * m
-    window = whole if _pair_count(prob, rows, whole) <= whole_pairs else 2
-    solves, improved = 0, False
-    while True:
-        left = time_limit - (time.perf_counter() - t0)
-        count = _pair_count(prob, rows, window)
-        if left <= 0 or count > max_pairs:
-            break
-        if count == _pair_count(prob, rows, whole):
-            window = whole
-        found, proven = _solve(prob, rows, window, best[-1] + 1e-9, steady, left)
-        solves += 1
-        score = None if found is None else _score(found, p, m, costs, limit, steady)
-        if score is not None and score < tuple(x - 1e-9 for x in best):
-            rows, best, improved = found, score, True  # re-centre on the better order
-        elif not proven or window >= whole:
-            break  # out of time, or the whole ILP has nothing better
-        else:
-            window = min(2 * window, whole)
+    if _pair_count(prob, rows, whole) > whole_pairs:
+        return _refine_by_slabs(prob, rows, best, first, steady, t0, time_limit, SLAB_PAIRS)
+    left = max(time_limit - (time.perf_counter() - t0), 0.01)
+    found, proven = _solve(prob, rows, whole, best[-1] + 1e-9, steady, left)
+    score = None if found is None else _score(found, p, m, costs, limit, steady)
+    improved = score is not None and score < tuple(x - 1e-9 for x in best)
+    if improved:
+        rows, best = found, score
     seconds = time.perf_counter() - t0
-    return Refined(rows if improved else None, first, best, solves, seconds, window)
+    return Refined(rows if improved else None, first, best, 1, seconds, whole, proven)

@@ -248,6 +248,7 @@ def _refined(
         "solves": done.solves,
         "seconds": round(done.seconds, 3),
         "window": done.window,
+        "proven": done.proven,
     }
     if done.rows is None:
         return replace(best, meta={**best.meta, "ilp": report})
