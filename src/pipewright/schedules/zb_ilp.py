@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pipewright.ir import Action, F, I, W, loop_placement, peak_in_flight
 from pipewright.schedules.registry import ScheduleCosts
@@ -57,7 +57,8 @@ GAP = 1e-3
 class Refined:
     """What a refinement did: the orders (None: no gain), the start's and the result's score
     ((span, makespan) or (makespan,)), solves run and the seconds they took, the window (or slab of
-    microbatches) used, and whether the result is proven optimal (to the solver's gap)."""
+    microbatches) used, whether the result is proven optimal (to the solver's gap), and the lower
+    bound on the score's first term (:func:`_floors`; 0 where none was computed)."""
 
     rows: list[list[Action]] | None
     start_score: tuple[float, ...]
@@ -66,6 +67,7 @@ class Refined:
     seconds: float
     window: int
     proven: bool = False
+    bound: float = 0.0
 
 
 def scipy_available() -> bool:
@@ -353,11 +355,13 @@ def refine(
         return Refined(None, first, best, 0, 0.0, 0)
     prob = _Problem(p, m, costs, limit)
     floor_c, floor_s = _floors(prob, _bounds(prob, [], best[-1])[0])
+    bound = floor_s if steady else floor_c
     if best[-1] <= floor_c + 1e-9 and (not steady or best[0] <= floor_s + 1e-9):
-        return Refined(None, first, best, 0, time.perf_counter() - t0, 0, True)  # the start is optimal
+        return Refined(None, first, best, 0, time.perf_counter() - t0, 0, True, bound)  # optimal start
     whole = 3 * m
     if _pair_count(prob, rows, whole) > whole_pairs:
-        return _refine_by_slabs(prob, rows, best, first, steady, t0, time_limit, SLAB_PAIRS)
+        done = _refine_by_slabs(prob, rows, best, first, steady, t0, time_limit, SLAB_PAIRS)
+        return replace(done, bound=bound)
     left = max(time_limit - (time.perf_counter() - t0), 0.01)
     found, proven = _solve(prob, rows, whole, best[-1] + 1e-9, steady, left)
     score = None if found is None else _score(found, p, m, costs, limit, steady)
@@ -365,4 +369,4 @@ def refine(
     if improved:
         rows, best = found, score
     seconds = time.perf_counter() - t0
-    return Refined(rows if improved else None, first, best, 1, seconds, whole, proven)
+    return Refined(rows if improved else None, first, best, 1, seconds, whole, proven, bound)

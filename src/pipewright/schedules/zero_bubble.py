@@ -303,7 +303,8 @@ SCHEDULES = (
         build=_zb_auto_unit,
         build_costed=_zb_auto_costed,
         memory=_same_on_every_rank(lambda p, m: min(p, m)),
-        bubble="greedy; with unit costs and memory limit p as ZB-H1: (p − 1)(T_F + T_I − T_W)",
+        bubble="greedy, ILP-refined with --zb-refine; with unit costs and memory limit p as ZB-H1: "
+        "(p − 1)(T_F + T_I − T_W)",
         memory_formula="at most the memory limit (p in the registry), min(p, m) with unit costs",
         source="Qi et al., Zero Bubble Pipeline Parallelism, ICLR 2024 (automatic scheduling)",
     ),
