@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from fractions import Fraction
 
-from pipewright.errors import ScheduleError
+from pipewright.errors import ScheduleError, ValidationError
 from pipewright.ir import Action, F, I, Schedule, W, loop_placement, peak_in_flight
 from pipewright.schedules.estimate import order_times
 from pipewright.schedules.registry import ScheduleCosts, ScheduleInfo
@@ -254,7 +254,16 @@ def _refined(
         return replace(best, meta={**best.meta, "ilp": report})
     meta = {**best.meta, "order": f"ilp refinement of {best.meta['order']}", "ilp": report}
     meta["estimated_makespan"] = done.score[-1]
-    return _schedule("zb-auto", p, m, done.rows, **{k: v for k, v in meta.items() if k != "flush"})
+    refined = _schedule("zb-auto", p, m, done.rows, **{k: v for k, v in meta.items() if k != "flush"})
+    from pipewright.passes import validate
+
+    try:
+        return validate(refined)
+    except ValidationError as exc:  # not expected: the ILP's constraints are the dependencies
+        logging.getLogger(__name__).warning(
+            "zb-auto: the ILP's order does not validate (%s)", str(exc).split("\n")[0]
+        )
+        return replace(best, meta={**best.meta, "ilp": report})
 
 
 def _zb_auto_unit(p: int, m: int, v: int = 1) -> Schedule:
