@@ -104,7 +104,8 @@ def test_cli_schedule_show_refines(capsys) -> None:
 
 
 def test_cli_simulate_refines_zb_auto_only(capsys) -> None:
-    assert main(["simulate", "--schedule", "zb-auto", "-p", "3", "-m", "4", "--zb-ilp-time-limit", "2"]) == 0
+    assert main(["simulate", "--schedule", "zb-auto", "-p", "4", "-m", "8", "--zb-ilp-time-limit", "2"]) == 0
+    assert "ILP refinement: the heuristic's order is optimal" in capsys.readouterr().out
     assert main(["simulate", "--schedule", "1f1b", "-p", "3", "-m", "4", "--zb-refine"]) == 2
     assert "--zb-refine refines zb-auto only (got 1f1b)" in capsys.readouterr().err
 

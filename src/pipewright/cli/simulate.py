@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from pipewright.cli.cost_flags import KERNEL_NAMES, MOE_FIELDS, add_moe_options
 from pipewright.cli.guards import add_max_actions, check_simulate
-from pipewright.cli.zb_flags import add_zb_refine_flags, refine_seconds
+from pipewright.cli.zb_flags import add_zb_refine_flags, ilp_line, refine_seconds
 from pipewright.errors import ConfigError
 from pipewright.features import builtin_features, library_schedules
 from pipewright.models.spec import MLP_KINDS
@@ -379,10 +379,15 @@ def _run(args: argparse.Namespace) -> int:
             draw_timeline(result.timeline, args.png, titles=[title], xlabel=xlabel)
         if args.trace:
             write_trace(result.timeline, args.trace)
+    ilp = setup.schedule.meta.get("ilp")  # zb-auto's refinement (--zb-refine), when it ran
+    if ilp is not None:
+        report["zb_ilp"] = ilp
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         print(_summary(report, label, unit=setup.unit))
+        if ilp is not None:
+            print(ilp_line(ilp))
         for path in (args.png, args.trace):
             if path:
                 print(f"wrote {path}")

@@ -48,7 +48,12 @@ def refine_seconds(args: argparse.Namespace, schedules: tuple[str, ...]) -> floa
 def ilp_line(report: dict) -> str:
     """One line on what the refinement did (a schedule's ``meta["ilp"]``)."""
     start, result = report["start"][-1], report["result"][-1]
-    verdict = "kept the heuristic's order" if result >= start else f"{start:g} → {result:g}"
+    if result < start:
+        verdict = f"{start:g} → {result:g}"
+    elif report.get("proven"):
+        verdict = "the heuristic's order is optimal"
+    else:
+        verdict = "kept the heuristic's order (nothing faster found)"
     return (
         f"ILP refinement: {verdict} (estimated makespan; {report['solves']} solves, {report['seconds']:g} s)"
     )
