@@ -23,14 +23,19 @@ Objective: the makespan max_s E_W(s,m−1) — or, for orders run without an opt
 with post-validation), the paper's max over ranks of E_W(s,m−1) − E_F(s,0) + T_F(s), with the makespan
 as a 10⁻³-weighted second term.
 
+Also the reference's strengthening rows: the objective is at least any pass's end plus the work its
+rank still has after it (a sum over the binaries).
+
 The paper warm-starts its solver with the heuristic's schedule. scipy's ``milp`` (HiGHS) takes no
-starting point, so the start enters as the bound H and as a neighbourhood: two passes whose positions
-in the starting order lie more than ``window`` apart keep that order (on each rank and each pair of
-kinds two forced precedences express it), only closer pairs get a binary. ``window`` grows until the
-free pairs reach ``max_pairs``, so small cases (p = 4, m = 8) are the paper's whole ILP. Each solve's
-order re-centres the next until one brings no gain or the time limit is spent. The solved order is
-re-timed as soon as possible (:func:`pipewright.schedules.estimate.order_times`) and returned only
-when that is strictly better than the start: the refinement never makes a schedule slower.
+starting point, so the start enters as the bound H and, above ``WHOLE_PAIRS`` open pairs, as a
+neighbourhood: one slab of consecutive microbatches is free at a time, every pair outside it keeps the
+start's order (per rank, pass and other kind two forced precedences express it), slabs visited
+cool-down first, then warm-up, then the middle, each improvement re-centring the next, until a pass
+over all slabs brings no gain or the time limit is spent. Up to ``WHOLE_PAIRS`` (p = 4, m = 8) it is
+the paper's whole ILP. The solved order is re-timed as soon as possible
+(:func:`pipewright.schedules.estimate.order_times`) and returned only when that is strictly better than
+the start: the refinement never makes a schedule slower. When the start already meets the lower bound
+of :func:`_floors` no solve runs.
 """
 
 from __future__ import annotations
@@ -157,21 +162,31 @@ def _window_edges(prob: _Problem, rows: Sequence[Sequence[Action]], window: int,
         for ka in range(3):
             for kb in range(ka + 1, 3):
                 for k in range(prob.m):
-                    lo = max(0, k - prob.limit + 1)
-                    for j in range(lo, k):  # the pairs the forced precedences leave open
-                        pa, pb = pos[(ka, k)], pos[(kb, j)]
-                        a, b = prob.id(ka, s, k), prob.id(kb, s, j)
+                    a, pa = prob.id(ka, s, k), pos[(ka, k)]
+                    before, after = -1, prob.m  # the fixed partners nearest to a on either side
+                    for j in range(max(0, k - prob.limit + 1), k):  # the pairs left open
+                        pb = pos[(kb, j)]
                         if abs(pa - pb) <= window and lo_k <= j and k < hi_k:
+                            b = prob.id(kb, s, j)
                             pairs.append((a, b) if pa < pb else (b, a))
-                        elif pa < pb:
-                            edges.append((a, b, 0.0))
+                        elif pb < pa:
+                            before = max(before, j)
                         else:
-                            edges.append((b, a, 0.0))
+                            after = min(after, j)
+                    # kb's passes run in microbatch order, so one edge per side keeps every fixed pair
+                    if before >= 0:
+                        edges.append((prob.id(kb, s, before), a, 0.0))
+                    if after < prob.m:
+                        edges.append((a, prob.id(kb, s, after), 0.0))
     return pairs, edges
 
 
-def _pair_count(prob: _Problem, rows: Sequence[Sequence[Action]], window: int, slab=None) -> int:
-    return len(_window_edges(prob, rows, window, slab)[0])
+def _open_pairs(prob: _Problem, lo: int = 0, hi: int | None = None) -> int:
+    """How many pairs the forced precedences leave open among microbatches lo … hi − 1: on every
+    rank and for each of the three pairs of kinds, (k, j) with max(lo, k − L + 1) ≤ j < k."""
+    hi = prob.m if hi is None else hi
+    per_kind_pair = sum(k - max(lo, k - prob.limit + 1) for k in range(lo, hi) if k > lo)
+    return 3 * prob.p * per_kind_pair
 
 
 def _floors(prob: _Problem, lb: list[float]) -> tuple[float, float]:
@@ -313,7 +328,7 @@ def _refine_by_slabs(prob, rows, best, first, steady, t0, time_limit, budget) ->
     or the time is spent; each solve gets a share of what is left."""
     p, m, costs, limit = prob.p, prob.m, prob.costs, prob.limit
     size = m
-    while size > 2 and _pair_count(prob, rows, 3 * m, (m - size, m)) > budget:
+    while size > 2 and _open_pairs(prob, m - size, m) > budget:
         size = size * 3 // 4
     slabs = _slabs(m, size)
     solves, improved, gained = 0, False, True
@@ -359,7 +374,7 @@ def refine(
     if best[-1] <= floor_c + 1e-9 and (not steady or best[0] <= floor_s + 1e-9):
         return Refined(None, first, best, 0, time.perf_counter() - t0, 0, True, bound)  # optimal start
     whole = 3 * m
-    if _pair_count(prob, rows, whole) > whole_pairs:
+    if _open_pairs(prob) > whole_pairs:
         done = _refine_by_slabs(prob, rows, best, first, steady, t0, time_limit, SLAB_PAIRS)
         return replace(done, bound=bound)
     left = max(time_limit - (time.perf_counter() - t0), 0.01)
