@@ -124,16 +124,11 @@ class _Problem:
             order += [self.id(2, s, k) for s in range(self.p)]
         return order
 
-    def free(self, a_kind: int, a_k: int, b_kind: int, b_k: int) -> bool:
-        """Whether two passes of one rank (different kinds, a's kind before b's in F, I, W) are not
-        ordered by the forced precedences: a(k) precedes b(j) for j ≥ k, b(j) precedes a(k) for
-        j ≤ k − L (through W(j) before F(j + L)); between lies the choice."""
-        del a_kind, b_kind
-        return a_k - self.limit < b_k < a_k
-
 
 def _bounds(prob: _Problem, extra: list[tuple[int, int, float]], horizon: float):
-    """Earliest end of every pass and the latest end that still meets ``horizon``."""
+    """Earliest end of every pass and the latest end that still meets ``horizon``, by one pass over
+    :meth:`_Problem.topological` each way. An ``extra`` edge that runs against that order (a slab's
+    fixed pair, e.g. F(s, k) before I(s, j < k)) only loosens the bounds: both stay valid."""
     preds: list[list[tuple[int, float]]] = [[] for _ in range(prob.n)]
     succs: list[list[tuple[int, float]]] = [[] for _ in range(prob.n)]
     for a, b, d in (*prob.edges, *extra):
