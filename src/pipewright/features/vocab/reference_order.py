@@ -105,9 +105,9 @@ def rank_order(rank: int, p: int, m: int, f: float = 1.0, b: float = 2.0) -> lis
             out.append("X0")
 
     def backward(k: int) -> None:
-        out.append(f"B{k}")
-        if last and k < m - 1:
+        if last and k < m - 1:  # the root broadcasts X(k + 1) with ∇loss(k) before B(k)'s layers
             out.append(f"X{k + 1}")
+        out.append(f"B{k}")
 
     warmup = min(p - rank, m)
     first_warmup = min(p, m)
