@@ -203,7 +203,9 @@ class _Recorder:
                 "sync_timer": True,
                 "joint_conclusion": staticmethod(lambda **kw: self.conclusion),
                 "for_chunk": staticmethod(
-                    lambda c: SimpleNamespace(s=timer, input_f=timer, input_b=timer, s_cnt=0, input_f_cnt=0, input_b_cnt=0)
+                    lambda c: SimpleNamespace(
+                        s=timer, input_f=timer, input_b=timer, s_cnt=0, input_f_cnt=0, input_b_cnt=0
+                    )
                 ),
             },
         )
@@ -226,7 +228,9 @@ class _Recorder:
             finish_embedding_wgrad_compute=lambda *a: None,
             ScheduleTimers=timers,
             VocabOutputStore=SimpleNamespace(
-                microbatch_id=0, forward_get=lambda: tuple(_Value() for _ in range(6)), backward_store=lambda *a: None
+                microbatch_id=0,
+                forward_get=lambda: tuple(_Value() for _ in range(6)),
+                backward_store=lambda *a: None,
             ),
             VocabInputStore=SimpleNamespace(
                 forward_store=lambda *a: None, backward_store=lambda *a: None, backward_get=lambda: _Value()
@@ -254,7 +258,9 @@ def trace(path: Path, p: int, m: int, *, fused: bool = True, f: float = 1.0, b: 
         rec = _Recorder(rank, p, fused, f, b, c)
         torch, megatron = rec.modules()
 
-        def fake_import(name, globals=None, locals=None, fromlist=(), level=0, torch=torch, megatron=megatron):
+        def fake_import(
+            name, globals=None, locals=None, fromlist=(), level=0, torch=torch, megatron=megatron
+        ):
             if name == "torch" or name.startswith("torch."):
                 return torch
             if name.startswith("megatron"):
