@@ -14,12 +14,15 @@ from pathlib import Path
 
 import pytest
 
+from pipewright.cost.unit import UnitCost
 from pipewright.errors import ScheduleError
 from pipewright.features.vocab.insert import insert_vocab
+from pipewright.features.vocab.kinds import VBX, VS
 from pipewright.features.vocab.reference_order import COLLECTIVES, orders, reference_schedule
 from pipewright.ir import peak_in_flight
 from pipewright.passes.validate import validate
 from pipewright.schedules import build_schedule
+from pipewright.sim.engine import simulate
 
 DATA = Path(__file__).resolve().parent / "data" / "vp_reference_order.csv"
 CASES = [(alg, p, m) for alg in ("alg1", "alg2") for p, m in ((4, 8), (8, 16))]
@@ -81,3 +84,38 @@ def test_reference_order_needs_more_microbatches_than_stages_and_a_reference_alg
         reference_schedule(4, 4)
     with pytest.raises(ScheduleError, match="the reference implements alg1 and alg2, not 'naive'"):
         reference_schedule(4, 8, algorithm="naive")
+
+
+def test_a_collective_starts_when_its_last_member_issued_it_and_only_its_consumers_wait():
+    """The simulator's rule for the vocabulary collectives, as the runtime issues them and as the
+    reference's NCCL streams run them: a rank issues a collective where it reaches it in its order and
+    goes on computing; the collective starts when every member has issued it; only an action that
+    needs its result waits. The broadcast root's S needs only its own forward."""
+    p, m = 4, 8
+    result = simulate(reference_schedule(p, m), UnitCost())
+    rows = [result.spans_of(rank) for rank in range(p)]
+    compute = result.schedule.kinds
+    for k in range(m):
+        issued, starts = [], set()
+        for row in rows:
+            i = next(i for i, (a, _, _) in enumerate(row) if (a.kind, a.microbatch) == (VBX, k))
+            before = [e for a, _, e in row[:i] if compute[a.kind].compute]
+            issued.append(before[-1] if before else 0.0)
+            starts.add(row[i][1])
+        assert starts == {max(issued)}  # one start, when the last member issued it
+        end = max(issued)  # free under unit costs
+        for rank, row in enumerate(rows):
+            s_start = next(s for a, s, _ in row if (a.kind, a.microbatch) == (VS, k))
+            if rank == p - 1:
+                assert s_start == _previous_compute_end(row, VS, k)  # the root never waits for X
+            else:
+                assert s_start >= end
+    root = rows[p - 1]
+    assert next(s for a, s, _ in root if (a.kind, a.microbatch) == (VS, 0)) < next(
+        s for a, s, _ in root if (a.kind, a.microbatch) == (VBX, 0)
+    )
+
+
+def _previous_compute_end(row, kind: str, k: int) -> float:
+    i = next(i for i, (a, _, _) in enumerate(row) if (a.kind, a.microbatch) == (kind, k))
+    return max((e for a, _, e in row[:i] if a.kind in ("F", "B", "VS", "VT", "VEF", "VEB")), default=0.0)
