@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipewright.cost.rules import ActionCost, RuledCost
+from pipewright.cost.unit import UnitCost
 from pipewright.features.vocab.kinds import GROUPS, VEF, registry
 from pipewright.features.vocab.reference_order import REFERENCE_ALGORITHMS, reference_schedule
 from pipewright.ir import Action, B, F, I, Schedule, W
@@ -23,31 +25,6 @@ from pipewright.ir import Action, B, F, I, Schedule, W
 REFERENCE_EXTRA = {"alg1": 2, "alg2": 1}
 _BASE = (F, B, I, W)
 _KIND_OF_GROUP = {group: kind for kind, (_, group) in GROUPS.items()}
-
-
-@dataclass(frozen=True)
-class _PlacementCost:
-    """A cost model from placement costs: every compute action's time; no memory or FLOPs."""
-
-    costs: object  # PlacementCosts (not imported: insert imports this module)
-
-    def compute_time(self, action: Action, schedule: Schedule) -> float:
-        return float(self.costs.compute(action))
-
-    def message_bytes(self, action: Action, schedule: Schedule) -> float:
-        return 1.0
-
-    def activation_bytes(self, action: Action, schedule: Schedule) -> float:
-        return 0.0
-
-    def static_bytes(self, rank: int, schedule: Schedule) -> float:
-        return 0.0
-
-    def flops(self, action: Action, schedule: Schedule) -> float:
-        return 0.0
-
-    def model_flops(self, action: Action, schedule: Schedule) -> float:
-        return 0.0
 
 
 @dataclass(frozen=True)
@@ -67,10 +44,16 @@ class _PlacementComm:
 
 
 def simulated_span(schedule: Schedule, costs) -> float:
-    """One iteration of ``schedule`` in the simulator under placement costs ``costs``."""
+    """One iteration of ``schedule`` in the simulator under placement costs ``costs`` (every compute
+    action's time from ``costs.compute``; no memory or FLOPs are needed)."""
     from pipewright.sim.engine import simulate
 
-    return simulate(schedule, _PlacementCost(costs), comm=_PlacementComm(costs)).makespan
+    def rule(action: Action, sched: Schedule, base) -> ActionCost:
+        return ActionCost(time=float(costs.compute(action)))
+
+    kinds = [name for name, spec in schedule.kinds.items() if spec.compute]
+    cost = RuledCost(UnitCost(), dict.fromkeys(kinds, rule))
+    return simulate(schedule, cost, comm=_PlacementComm(costs)).makespan
 
 
 def _is_plain_1f1b(schedule: Schedule) -> bool:
