@@ -20,7 +20,9 @@ stage's forward and its backward), p + 1 for Algorithm 2 (one) and p + 3 for the
 (three), against p. A collective is placed on
 each participant before the first action that starts after its last input completed on the planning
 clock — so every rank issues the collectives of one communicator in the same order, and the schedule
-executes with blocking collectives (the validator's and the simulator's rendezvous). Pure Python.
+executes with blocking collectives (the validator's and the simulator's rendezvous). On plain 1F1B
+the reference implementation's order (:mod:`.reference_choice`) is kept instead where the simulator
+predicts it no slower. Pure Python.
 """
 
 from __future__ import annotations
