@@ -114,11 +114,12 @@ def test_placement_follows_the_costs():
 def test_reference_order_only_where_the_reference_runs():
     """Interleaved 1F1B, the naive algorithm, m <= p and an allowance below the reference's warm-up
     keep the planned order."""
+    assert insert_vocab(build_schedule("1f1b", 2, 4), "alg1").meta["vocab_order"] == "reference"
     for name, p, m, v, algorithm, extra in (
-        ("interleaved-1f1b", 4, 16, 2, "alg2", None),
-        ("1f1b", 4, 8, None, "naive", None),
-        ("1f1b", 4, 4, None, "alg2", None),
-        ("1f1b", 4, 8, None, "alg1", 1),
+        ("interleaved-1f1b", 2, 4, 2, "alg2", None),
+        ("1f1b", 2, 4, None, "naive", None),
+        ("1f1b", 2, 2, None, "alg2", None),
+        ("1f1b", 2, 4, None, "alg1", 1),
     ):
         base = build_schedule(name, p, m, v)
         costs = None if algorithm == "naive" else _costs(base)[1]  # unit costs: the naive S in halves
