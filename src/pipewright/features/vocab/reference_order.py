@@ -150,6 +150,8 @@ class _Rank:
         self.reduce()
 
     def post_embed_backward_and_receive(self, cooldown: bool) -> None:
+        """Issue the next embedding backward's broadcast (from the third step on) and post the receive
+        of the next X (in the cooldown only while steps are left)."""
         self.eb_cb = _nothing
         if self.m - self.s_left >= self.warm_s[0] + 2 + self.wo:
             self.eb_cb = self.embed_backward()
