@@ -23,8 +23,11 @@ import statistics
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -51,34 +54,47 @@ def _config(data: str, seq_len: int, hidden: int) -> TrainConfig:
     )  # fmt: skip
 
 
+def alternate(
+    trainers: list[Trainer], rounds: int, steps: int, waits: Callable[[Trainer], Any]
+) -> dict[int, list[float]]:
+    """Step times of ``trainers`` by index: ``rounds`` rounds of ``steps`` steps each, the first step
+    of each round dropped; ``waits(trainer).waited`` is reset before every step."""
+    times: dict[int, list[float]] = defaultdict(list)
+    step = 0
+    for _ in range(rounds):
+        for i, trainer in enumerate(trainers):
+            for j in range(steps):
+                waits(trainer).waited = {False: 0.0, True: 0.0}
+                record = trainer.train_step(step)
+                step += 1
+                if j > 0:
+                    times[i].append(record["step_time_s"])
+    return dict(times)
+
+
+def blocking_costs(blocking: Trainer, waited: dict[bool, float]) -> tuple[list, tuple[float, float]]:
+    """The blocking trainer's last step: its compute spans (action, seconds) and the communication
+    waited per forward and per backward action (``waited``: seconds by backward or not)."""
+    spans = [(s.action, s.duration) for s in blocking.executor.last_spans if s.stream == "compute"]
+    n_f = sum(1 for a, _ in spans if a.kind == F)
+    n_b = sum(1 for a, _ in spans if a.kind in BACKWARD)
+    return spans, (waited[False] / max(n_f, 1), waited[True] / max(n_b, 1))
+
+
 def _worker(rank: int, runs: list[PreparedRun], rounds: int, steps: int) -> dict | None:
     torch.set_num_threads(1)
     c = runs[0].config
     mesh = ParallelMesh.build(dp=c.dp, pp=c.pp, tp=c.tp, cp=c.cp)
     trainers = [Trainer(run, mesh=mesh) for run in runs]  # [overlapped, blocking]
-    times: dict[int, list[float]] = defaultdict(list)
-    step = 0
-    for _ in range(rounds):
-        for i, trainer in enumerate(trainers):
-            ring = trainer.context.ring
-            for j in range(steps):
-                ring.waited = {False: 0.0, True: 0.0}
-                record = trainer.train_step(step)
-                step += 1
-                if j > 0:
-                    times[i].append(record["step_time_s"])
+    times = alternate(trainers, rounds, steps, lambda t: t.context.ring)
     blocking = trainers[1]
-    spans = [(s.action, s.duration) for s in blocking.executor.last_spans if s.stream == "compute"]
-    n_f = sum(1 for a, _ in spans if a.kind == F)
-    n_b = sum(1 for a, _ in spans if a.kind in BACKWARD)
-    waits = blocking.context.ring.waited  # of the blocking trainer's last step
-    exposed = (waits[False] / max(n_f, 1), waits[True] / max(n_b, 1))
+    spans, exposed = blocking_costs(blocking, blocking.context.ring.waited)
     gathered = [None] * dist.get_world_size() if rank == 0 else None
     dist.gather_object((mesh.cp_rank, spans, exposed), gathered, dst=0)
     if rank != 0:
         return None
     return {
-        "times": dict(times),
+        "times": times,
         "ranks": gathered,
         "pairs": trainers[0].context.pair_overlap.pairs_overlapped,
     }
@@ -134,6 +150,23 @@ def predicted_ratio(schedule: Schedule, ranks: list) -> tuple[float, float, floa
     return over, block, over / block
 
 
+def run_both(
+    config: Callable[[str], TrainConfig], worker: Callable, rounds: int, steps: int
+) -> tuple[list[PreparedRun], dict, float]:
+    """Prepare ``config(data)`` overlapped and with ``--blocking-pairs`` on a fresh token file, run
+    ``worker(rank, runs, rounds, steps)`` in four processes: (the two runs, rank 0's result, wall s)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "tokens.bin"
+        write_tokens(data, np.random.default_rng(0).integers(0, 256, 200_000), vocab_size=256)
+        base = config(str(data))
+        runs = [
+            prepare(replace(base, out=str(Path(tmp) / f"run{b}"), blocking_pairs=b)) for b in (False, True)
+        ]
+        t0 = time.perf_counter()
+        result = spawn(worker, 4, (runs, rounds, steps), timeout_s=3600)[0]
+        return runs, result, time.perf_counter() - t0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=3)
@@ -141,16 +174,8 @@ def main() -> None:
     ap.add_argument("--seq-len", type=int, default=256)
     ap.add_argument("--hidden", type=int, default=64)
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        data = Path(tmp) / "tokens.bin"
-        write_tokens(data, np.random.default_rng(0).integers(0, 256, 200_000), vocab_size=256)
-        base = _config(str(data), args.seq_len, args.hidden)
-        runs = [
-            prepare(replace(base, out=str(Path(tmp) / f"run{b}"), blocking_pairs=b)) for b in (False, True)
-        ]
-        t0 = time.perf_counter()
-        result = spawn(_worker, 4, (runs, args.rounds, args.steps), timeout_s=3600)[0]
-        wall = time.perf_counter() - t0
+    config = partial(_config, seq_len=args.seq_len, hidden=args.hidden)
+    runs, result, wall = run_both(config, _worker, args.rounds, args.steps)
     over, block = (statistics.median(result["times"][i]) for i in (0, 1))
     s_over, s_block, s_ratio = predicted_ratio(runs[0].schedule, result["ranks"])
     print(f"dualpipev pp=2 cp=2, gpt 4 layers h={args.hidden} s={args.seq_len} m=8, {wall:.0f} s wall")

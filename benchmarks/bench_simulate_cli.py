@@ -1,6 +1,6 @@
 """End-to-end speed of ``pipewright simulate``: lowered actions per CPU-second of the whole command.
 
-    python benchmarks/bench_simulate_cli.py [--rounds 3] [--old-rev main | --old-src DIR]
+    python benchmarks/bench_simulate_cli.py [--rounds 3] [--old-rev main | --old-src DIR] [--split]
         [--schedule interleaved-1f1b --stages 64 --virtual 4 --microbatches 512]
 
 Runs ``python -m pipewright simulate --schedule … --cost unit --json`` as a child process — start-up,
@@ -11,6 +11,10 @@ round, and their JSON outputs must be equal. Both ``src/`` trees are byte-compil
 as an installed package is), so a ``PYTHONDONTWRITEBYTECODE`` environment does not add the compiling of
 every module to each run (≈ 0.2 s). "actions" counts the lowered schedule's actions (compute +
 send/receive). The machine may be shared: the load average is printed with the figures.
+
+``--split`` also runs the current code once more in a child that times its parts (CPU seconds):
+the interpreter alone (``python -c pass``), the imports, the schedule's generator, the array compile
+(``sim/flat.py``), the compute-only loop (``sim/steps.py``) and the rest of the command.
 """
 
 from __future__ import annotations
@@ -71,6 +75,46 @@ def count_actions(args: argparse.Namespace) -> int:
     return len(lower(sched))
 
 
+SPLIT = """
+import contextlib, io, sys, time
+t0 = time.process_time()
+from pipewright.cli import main
+import pipewright.cli.simulate as cli_sim, pipewright.sim.engine as engine
+spent = {"imports": time.process_time() - t0}
+def timed(mod, name, label):
+    f = getattr(mod, name)
+    def g(*a, **k):
+        t = time.process_time()
+        try:
+            return f(*a, **k)
+        finally:
+            spent[label] = spent.get(label, 0.0) + time.process_time() - t
+    setattr(mod, name, g)
+timed(cli_sim, "build_schedule", "generator")
+timed(engine, "compile_flat", "compile")
+timed(engine, "run_steps", "loop")
+t1 = time.process_time()
+with contextlib.redirect_stdout(io.StringIO()):
+    main(sys.argv[1:])
+spent["rest"] = time.process_time() - t1 - sum(v for k, v in spent.items() if k != "imports")
+print(" ".join(f"{k} {v:.3f}" for k, v in spent.items()))
+"""
+
+
+def split(src: Path, argv: list[str]) -> None:
+    """Print where one run's CPU time goes (see the module docstring)."""
+    env = {**os.environ, "PYTHONPATH": str(src)}
+    cpu0 = _child_cpu()
+    subprocess.run([sys.executable, "-c", "pass"], env=env, check=True)
+    bare = _child_cpu() - cpu0
+    out = subprocess.run(
+        [sys.executable, "-c", SPLIT, "simulate", *argv], env=env, capture_output=True, text=True
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"split run failed: {out.stderr.strip()}")
+    print(f"split (CPU s): interpreter {bare:.3f} {out.stdout.strip()}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--schedule", default="interleaved-1f1b")
@@ -80,6 +124,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--old-rev", help="git revision to compare against (e.g. main)")
     parser.add_argument("--old-src", help="a src/ directory of the old code to compare against")
+    parser.add_argument("--split", action="store_true", help="also time the current code's parts")
     args = parser.parse_args()
     argv = [
         "--schedule",
@@ -124,6 +169,8 @@ def main() -> None:
         if old is not None:
             ratios = [o / n for o, n in zip(cpu["old"], cpu["new"], strict=True)]
             print(f"old / new CPU per round: {' '.join(f'{r:.2f}' for r in ratios)}")
+        if args.split:
+            split(ROOT / "src", argv)
         print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 

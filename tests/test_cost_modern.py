@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from pipewright.cli import main
 from pipewright.cost.calibration import load_calibration
 from pipewright.cost.gemm import wave_efficiency
-from pipewright.cost.layer import layer_linear_flops
+from pipewright.cost.kernels import eager_layer_bytes
+from pipewright.cost.layer import kv_width, layer_linear_flops
 from pipewright.cost.llama import LlamaCost
 from pipewright.cost.recompute import make_cost
 from pipewright.cost.transformer import TransformerCost
@@ -207,3 +208,83 @@ def test_mlp_and_bias_flags_shape_a_custom_model(capsys):
     assert "needs --model llama" in capsys.readouterr().err
     llama = ["--model", "llama", *argv[3:], "--kv-heads", "4", "--mlp", "gelu"]
     assert _cli(["simulate", *llama])["iteration_time_s"] < gelu["iteration_time_s"]  # fewer K/V FLOPs
+
+
+def test_bf16_gradient_buffers_take_two_bytes_per_parameter():
+    kw = dict(spec=GPT, mesh=Mesh(pp=2, dp=8), gpu="h100-sxm", optimizer_sharding="zero1")
+    fp32, bf16 = (TransformerCost(grad_dtype=g, **kw) for g in ("fp32", "bf16"))
+    params = sum(fp32._chunk(c, SCHED).params for c in SCHED.stages_of(0))
+    assert fp32.static_bytes(0, SCHED) - bf16.static_bytes(0, SCHED) == pytest.approx(2 * params)
+    assert (bf16.state().gradients, bf16.state().optimizer) == pytest.approx((2, 12 / 8))
+    f = Action(0, F, 0)
+    assert bf16.compute_time(f, SCHED) == fp32.compute_time(f, SCHED)  # memory only
+    with pytest.raises(ConfigError, match="--grad-dtype must be one of fp32, bf16"):
+        TransformerCost(grad_dtype="fp16", **kw)
+    grads = [
+        _cli([*BASE, *g])["per_rank"][0]["memory_parts"]["gradients"] for g in ([], ["--grad-dtype", "bf16"])
+    ]
+    assert grads[1] == pytest.approx(grads[0] / 2)
+
+
+def test_op_recompute_keeps_what_torchtitans_policy_saves_and_reruns_the_rest():
+    """torchtitan's "op" policy: the block input, q, v, w1, w2 (1st, 3rd, 5th, 7th matmul) and the
+    SDPA output (+ fp32 log-sum-exp) kept; k, o, w3 and the memory-bound forward re-run in I."""
+    kw = dict(spec=LLAMA, mesh=Mesh(pp=2), gpu="h100-sxm", attention="flash")
+    none, op, full = (make_cost(m, **kw) for m in ("none", "op", "full"))
+    s, h, f, kv = LLAMA.seq_len, LLAMA.hidden, LLAMA.ffn_hidden, kv_width(LLAMA)
+    kept = s * (2 * (h + h + kv + f + h + h) + 4 * LLAMA.heads)
+    layers, f0, i0 = LLAMA.layers // 2, Action(0, F, 0), Action(0, I, 0)
+    more = op.activation_bytes(f0, SCHED) - none.activation_bytes(f0, SCHED)
+    assert more == pytest.approx(layers * (kept - none.layer_stored_bytes()))
+    assert (
+        full.activation_bytes(f0, SCHED) < op.activation_bytes(f0, SCHED) < none.activation_bytes(f0, SCHED)
+    )
+    assert op.flops(i0, SCHED) - none.flops(i0, SCHED) == pytest.approx(layers * 2 * s * h * (kv + h + f))
+    assert op.model_flops(i0, SCHED) == none.model_flops(i0, SCHED)
+    assert none.compute_time(i0, SCHED) < op.compute_time(i0, SCHED) < full.compute_time(i0, SCHED)
+    assert _cli([*BASE, "--recompute", "op"])["iteration_time_s"] > _cli(BASE)["iteration_time_s"]
+    with pytest.raises(ConfigError, match="dense layers only"):
+        make_cost("op", spec=resolve_model("mixtral-8x7b"), mesh=Mesh(pp=2), gpu="h100-sxm")
+    with pytest.raises(ConfigError, match="needs --attention flash"):
+        make_cost("op", spec=LLAMA, mesh=Mesh(pp=2), gpu="h100-sxm", attention="eager")
+
+
+def test_eager_kernels_move_the_bytes_of_pytorchs_decomposition():
+    h, f, kv = LLAMA.hidden, LLAMA.ffn_hidden, kv_width(LLAMA)
+    common = 20 * (h + kv) + 2 * (2 * kv + 2 * h) + 4 * h + 12 * h  # rotary, repeat_kv, contiguous, adds
+    assert eager_layer_bytes(LLAMA) == pytest.approx((72 * h + 10 * f + common, 184 * h + 18 * f + common))
+    kw = dict(spec=LLAMA, mesh=Mesh(pp=2), gpu="h100-sxm", attention="flash")
+    fused, eager, compiled = (TransformerCost(kernels=k, **kw) for k in ("fused", "eager", "compiled"))
+    layers, s = LLAMA.layers // 2, LLAMA.seq_len
+    assert eager._chunk(0, SCHED).traffic[F] == pytest.approx(layers * s * eager_layer_bytes(LLAMA)[0])
+    assert compiled._chunk(0, SCHED).traffic == fused._chunk(0, SCHED).traffic  # fused blocks
+    last = Action(1, F, 0)  # the loss: three fp32 logit tensors at the eager backward's peak, not one
+    gap = eager.activation_bytes(last, SCHED) - fused.activation_bytes(last, SCHED)
+    assert gap == pytest.approx(8 * s * LLAMA.vocab)
+    assert compiled.activation_bytes(last, SCHED) == pytest.approx(eager.activation_bytes(last, SCHED))
+    assert (
+        fused.compute_time(last, SCHED) < compiled.compute_time(last, SCHED) < eager.compute_time(last, SCHED)
+    )
+    with pytest.raises(ConfigError, match="--kernels must be one of fused, eager, compiled"):
+        TransformerCost(kernels="triton", **kw)
+    times = [_cli([*BASE, "--kernels", k])["iteration_time_s"] for k in ("fused", "eager")]
+    assert times[1] > times[0]
+
+
+def test_pipelined_fsdp_holds_unsharded_gradients_until_the_step_when_it_syncs_once():
+    kw = dict(spec=GPT, mesh=Mesh(pp=2, dp=8), gpu="h100-sxm", optimizer_sharding="fsdp")
+    micro, step = (TransformerCost(fsdp_grad_sync=g, **kw) for g in ("microbatch", "step"))
+    params = sum(micro._chunk(c, SCHED).params for c in SCHED.stages_of(0))
+    assert step.static_bytes(0, SCHED) - micro.static_bytes(0, SCHED) == pytest.approx((4 - 4 / 8) * params)
+    bf16 = TransformerCost(fsdp_grad_sync="step", grad_dtype="bf16", **kw)
+    assert bf16.state().gradients == 2
+    one = build_schedule("1f1b", 1, 4)  # without pipelining FSDP reduce-scatters per layer: no change
+    flat = [
+        TransformerCost(
+            spec=GPT, mesh=Mesh(dp=8), gpu="h100-sxm", optimizer_sharding="fsdp", fsdp_grad_sync=g
+        )
+        for g in ("microbatch", "step")
+    ]
+    assert flat[0].static_bytes(0, one) == flat[1].static_bytes(0, one)
+    with pytest.raises(ConfigError, match="--fsdp-grad-sync must be one of microbatch, step"):
+        TransformerCost(fsdp_grad_sync="never", **kw).state()

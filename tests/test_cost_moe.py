@@ -69,3 +69,12 @@ def test_bad_input_is_one_line(build, message):
     with pytest.raises(ConfigError, match=message) as info:
         build()
     assert "\n" not in str(info.value)
+
+
+def test_fp8_keeps_the_expert_gemm_inputs_as_fp8_copies():
+    moe = MoE(experts=8, top_k=2, shared=1, capacity=1.25)
+    h, f = DENSE.hidden, DENSE.ffn_hidden
+    slots = 2 * 1.25
+    # the QKV and output-projection inputs, the dispatched copies and every expert's down input
+    saved = 1 + 1 + slots + (slots + 1) * f / h
+    assert moe_stored_units(DENSE, moe) - moe_stored_units(DENSE, moe, fp8=True) == pytest.approx(saved)

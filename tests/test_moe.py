@@ -124,6 +124,10 @@ def test_bad_input_is_one_line():
     assert "add --moe-experts" in _spec_error(model="gpt-tiny", dp=2, ep=2)
     assert "--sequence-parallel" in _spec_error(tp=2, sequence_parallel=True)
     assert "--shard-optimizer" in _spec_error(dp=2, ep=2, shard_optimizer=True)
+    assert "--moe-capacity 1 with --cp 2 would cap each cp rank's own tokens" in _spec_error(
+        cp=2, moe_capacity=1.0
+    )
+    TrainConfig(model="gpt-moe-tiny", pp=2, cp=2).model_spec(256)  # dropless experts run under cp
     with pytest.raises(ConfigError, match="must divide --dp 3"):
         Mesh(dp=3, ep=2)
     with pytest.raises(ConfigError, match="between 1 and --moe-experts 2"):
@@ -141,3 +145,22 @@ def test_train_flags(capsys, tmp_path):
     config = TrainConfig(model="gpt-moe-tiny", moe_top_k=1, moe_capacity=1.25, moe_shared_experts=2)
     spec = config.model_spec(256)
     assert (spec.moe_experts, spec.moe_top_k, spec.moe_capacity, spec.moe_shared_experts) == (4, 1, 1.25, 2)
+
+
+def test_rank_labels_name_the_ep_and_cp_coordinates():
+    # tp-cp-dp-pp at cp 2, pp 2, dp 2 with ep 2: rank = c + 2·(d + 2·p)
+    from pipewright.runtime.hang import mesh_rank_label
+
+    layout = Mesh(1, 2, 2, "tp-cp-dp-pp", cp=2, ep=2)
+    assert mesh_rank_label(layout, 0) == "rank 0 (pp 0, dp 0, ep 0, cp 0)"
+    assert mesh_rank_label(layout, 7) == "rank 7 (pp 1, dp 1, ep 1, cp 1)"
+    assert mesh_rank_label(Mesh(2, 2, 1), 3) == "rank 3 (pp 1, tp 1)"
+    # a placement: the process on device 0 holds global rank 1's coordinates
+    assert mesh_rank_label(Mesh(1, 2, 1, placement=(1, 0)), 0) == "rank 0 (pp 1)"
+
+
+def test_process_count_messages_count_cp():
+    from pipewright.training import prepare
+
+    with pytest.raises(ConfigError, match=r"tp × cp × pp × dp = 1×2×2×1 = 4 but there are 2 processes"):
+        prepare(TrainConfig(model="gpt-tiny", pp=2, cp=2), world_size=2)

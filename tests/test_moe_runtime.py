@@ -2,8 +2,11 @@
 
 Four processes, one spawn: pp = 2 × dp = 2 with expert parallelism ep = 2 carved from dp, and
 pp = 2 × dp = 2 without it, each over 1F1B, interleaved 1F1B, ZB-H1 (split backward: the experts'
-weight gradients deferred to W) and DualPipeV; with ep = 2 also ZB-H2 and ZB-V; pp = 2 × tp = 2
-(experts split column/row-parallel like the dense MLP) and tp = 2 × dp = 2 with ep = 2, over 1F1B.
+weight gradients deferred to W) and DualPipeV (with ep = 2 its F&B pairs overlapped: one microbatch's
+all-to-alls on one thread while the other microbatch computes on another, checked to have run);
+with ep = 2 also ZB-H2 and ZB-V; pp = 2 × tp = 2 (experts split column/row-parallel like the dense
+MLP) and tp = 2 × dp = 2 with ep = 2, over 1F1B; pp = 2 × cp = 2 over DualPipeV (each cp rank
+routes its own tokens, the balance counts summed over cp; the F&B pairs overlapped).
 The models: a GPT with 4 experts (top-2, dropless) and a Llama with 4 SwiGLU experts (top-2), a shared
 expert, a dense first layer and capacity factor 1 (tokens dropped); load-balancing coefficient 0.1 and
 z-loss 0.01, large enough that a wrong scale of their gradients shows. Checked against a single
@@ -55,16 +58,17 @@ def _cases(data: str, out: str) -> list[TrainConfig]:
             family = ("gpt", "llama")[(i + ep) % 2]  # each schedule meets both families over ep ∈ {1, 2}
             cases.append(replace(base, schedule=name, ep=ep, **models[family]))
     tp = replace(base, schedule="1f1b", tp=2, **models["gpt"])
-    return [*cases, replace(tp, dp=1, microbatches=8), replace(tp, pp=1, ep=2, **models["llama"])]
+    cp = replace(base, schedule="dualpipev", dp=1, cp=2, microbatches=8, **models["gpt"])
+    return [*cases, replace(tp, dp=1, microbatches=8), replace(tp, pp=1, ep=2, **models["llama"]), cp]
 
 
 def _worker(rank: int, runs: list[PreparedRun]) -> list | None:
     meshes, results = {}, []
     for run in runs:
         c = run.config
-        shape = (c.dp, c.pp, c.tp, c.ep)
+        shape = (c.dp, c.pp, c.tp, c.ep, c.cp)
         if shape not in meshes:
-            meshes[shape] = ParallelMesh.build(dp=c.dp, pp=c.pp, tp=c.tp, ep=c.ep)
+            meshes[shape] = ParallelMesh.build(dp=c.dp, pp=c.pp, tp=c.tp, ep=c.ep, cp=c.cp)
         trainer = Trainer(run, mesh=meshes[shape])
         losses, aux = [], []
         for step in range(c.steps):
@@ -74,8 +78,10 @@ def _worker(rank: int, runs: list[PreparedRun]) -> list | None:
                 grads = _full(trainer, grad=True)
             trainer.optimizer_step(step)
         params = _full(trainer, grad=False)
+        pairs = trainer.moe.pair_overlap or (trainer.context and trainer.context.pair_overlap)
+        overlapped = pairs.pairs_overlapped if pairs is not None else 0
         gathered = [None] * dist.get_world_size() if rank == 0 else None
-        dist.gather_object((losses, aux, grads, params), gathered, dst=0)
+        dist.gather_object((losses, aux, grads, params, overlapped), gathered, dst=0)
         results.append(gathered)
     return results if rank == 0 else None
 
@@ -150,14 +156,17 @@ def test_moe_training_equals_single_process(tmp_path):
     failures = []
     for run, gathered in zip(runs, spawn(_worker, 4, (runs,), timeout_s=600)[0], strict=True):
         c = run.config
-        label = f"{c.model} {c.schedule} pp={c.pp} dp={c.dp} tp={c.tp} ep={c.ep}"
+        label = f"{c.model} {c.schedule} pp={c.pp} dp={c.dp} tp={c.tp} ep={c.ep} cp={c.cp}"
         key = (c.model, c.global_batch)
         if key not in references:
             references[key] = _reference(c, run.spec)
         ref_losses, ref_aux, ref_grads, ref_params = references[key]
         assert ref_aux[0] > 0.05, "the auxiliary losses must weigh in the check"
         held: dict[str, int] = {}
-        for losses, aux, grads, params in gathered:
+        overlaps = c.schedule == "dualpipev" and max(c.ep, c.cp) > 1 and c.tp == 1
+        for losses, aux, grads, params, overlapped in gathered:
+            # DualPipeV's pairs ran on two threads under ep (every step), nothing else did
+            assert (overlapped >= STEPS) if overlaps else (overlapped == 0), (label, overlapped)
             if not np.allclose(losses, ref_losses, rtol=RTOL, atol=0):
                 failures.append(f"{label}: losses {losses} != {ref_losses}")
             if not np.allclose(aux, ref_aux, rtol=RTOL, atol=0):
@@ -172,5 +181,5 @@ def test_moe_training_equals_single_process(tmp_path):
         # every parameter somewhere; an expert on dp/ep ranks, every other parameter on all dp ranks
         assert set(held) == set(ref_params), label
         for name, count in held.items():
-            assert count == (c.dp // c.ep if ".experts." in name else c.dp) * c.tp, (label, name, count)
+            assert count == (c.dp // c.ep if ".experts." in name else c.dp) * c.tp * c.cp, (label, name)
     assert not failures, "\n".join(failures[:20])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -21,10 +22,11 @@ from pipewright.cost.unit import UnitCost
 from pipewright.errors import PipewrightError
 from pipewright.features import library_schedules
 from pipewright.features.vocab.insert import PlacementCosts, insert_vocab
-from pipewright.ir import Action, Schedule
+from pipewright.ir import Action, B, F, Schedule, loop_placement
 from pipewright.passes.grad_reduce import with_grad_reduction
 from pipewright.passes.lower import lower
 from pipewright.schedules import build_schedule, schedule_names
+from pipewright.schedules.classic import interleaved_warmup, megatron_order
 from pipewright.sim import engine, flat
 from pipewright.sim.engine import SimResult, simulate
 
@@ -82,8 +84,9 @@ def _assert_same(fast, slow) -> None:
     for name in ("iteration_ends", "iteration_time", "busy", "bubble", "peak_memory", "flops", "model_flops"):
         assert getattr(fast, name) == getattr(slow, name), name
     assert fast.schedule == slow.schedule  # the lazily lowered schedule is the one simulated
-    assert fast._starts == slow._starts and fast._ends == slow._ends
-    a, b = fast._program, slow._program
+    for it in range(fast.iterations):  # bit-for-bit equal times (the compute-only loop's included)
+        assert fast._times(it) == slow._times(it)
+    a, b = fast._program.listed, slow._program.listed
     assert (a.offsets, a.modes, a.durs, a.links, a.num_links) == (
         b.offsets,
         b.modes,
@@ -172,6 +175,102 @@ def test_array_path_agrees_with_the_per_action_path(case):
     sched, costs, validate = case
     cost, comm = COSTS[costs]
     _assert_same(*_both(sched, cost, comm, validate=validate))
+
+
+def _rows_by_hand(name: str, p: int, m: int, v: int) -> list[list[Action]]:
+    """The classic schedules' rows written out one action at a time (what the column generators of
+    ``schedules/classic.py`` must equal)."""
+    rows = []
+    for r in range(p):
+        if name == "looped-bfs":
+            chunks = [c * p + r for c in range(v)]
+            row = [Action(s, F, k) for s in chunks for k in range(m)]
+            rows.append(row + [Action(s, B, k) for s in reversed(chunks) for k in reversed(range(m))])
+            continue
+        order = megatron_order(m, v, p) if name == "interleaved-1f1b" else [(k, 0) for k in range(m)]
+        fwd = [Action(c * p + r, F, k) for k, c in order]
+        bwd = [Action((v - 1 - c) * p + r, B, k) for k, c in order]
+        if name == "interleaved-1f1b":
+            warm = interleaved_warmup(p, m, v, r)
+        else:
+            warm = m if name == "gpipe" else min(p - r - 1, m)
+        steady = [a for i in range(len(fwd) - warm) for a in (fwd[warm + i], bwd[i])]
+        rows.append(fwd[:warm] + steady + bwd[len(fwd) - warm :])
+    return rows
+
+
+@settings(max_examples=30, deadline=None, derandomize=True)
+@given(
+    st.sampled_from(["gpipe", "1f1b", "interleaved-1f1b", "looped-bfs"]),
+    st.integers(1, 6),
+    st.integers(1, 14),
+    st.integers(1, 3),
+)
+def test_column_schedules_are_their_action_rows(name, p, m, v):
+    """The generators emit columns; the action tuples built from them on first access are the rows
+    written out by hand, and a schedule from columns equals (and pickles as) one from tuples."""
+    v = v if name in ("interleaved-1f1b", "looped-bfs") else 1
+    try:
+        sched = build_schedule(name, p, m, v, registry=LIBRARY)
+    except PipewrightError:
+        reject()
+    assert sched.columns is not None and sched.__dict__["_rows"] is None  # nothing built yet
+    assert len(sched) == 2 * p * m * v
+    rows = _rows_by_hand(name, p, m, v)
+    by_hand = Schedule.build(name, m, rows, loop_placement(p, v))
+    assert sched.actions == tuple(map(tuple, rows))
+    assert sched == by_hand and hash(sched) == hash(by_hand)
+    assert pickle.loads(pickle.dumps(sched)) == by_hand
+
+
+TIMES = st.fixed_dictionaries({k: st.sampled_from([0.0, 0.3, 1.0, 1.7, 2.5]) for k in "FBIW"})
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.sampled_from(NAMES),
+    st.integers(1, 5),
+    st.integers(1, 10),
+    st.sampled_from([None, 1, 2, 3]),
+    TIMES,
+    st.booleans(),
+    st.integers(1, 3),
+    st.booleans(),
+)
+def test_compute_only_loop_agrees_bit_for_bit(name, p, m, v, times, links, iterations, barrier):
+    """The compute-only loop (sim/steps.py) gives every action's start and end, the iteration ends,
+    busy, bubble and memory exactly as the per-action loop, on every library schedule, with free and
+    with pair-dependent transfers (links shared FIFO), over several iterations with and without the
+    step barrier."""
+    try:
+        sched = build_schedule(name, p, m, v, registry=LIBRARY)
+    except PipewrightError:
+        reject()
+    cost = MessageCost(times=times) if links else UnitCost(per_chunk=True, times=times)
+    comm = PairComm() if links else FreeComm()
+    compiled = flat.compile_flat(sched, cost, comm)
+    assert compiled is not None and compiled[0].steps is not None  # the compute-only loop runs it
+    fast = simulate(sched, cost, comm=comm, iterations=iterations, step_barrier=barrier)
+    with patch.object(engine, "compile_flat", return_value=None):
+        slow = simulate(sched, cost, comm=comm, iterations=iterations, step_barrier=barrier)
+    _assert_same(fast, slow)
+
+
+def test_several_receives_and_sends_around_one_compute_action():
+    """A hand-lowered schedule whose compute actions wait for two receives each and issue two sends
+    each (lowering never makes these; the loop's "several" branches): the same times as per action."""
+    rows = [
+        [(0, F, 0), (0, F, 1), (0, "SEND_F", 0), (0, "SEND_F", 1), (0, "RECV_B", 0), (0, "RECV_B", 1)],
+        [(1, "RECV_F", 0), (1, "RECV_F", 1), (1, F, 0), (1, F, 1), (1, B, 0), (1, B, 1)],
+    ]
+    rows[0] += [(0, B, 0), (0, B, 1)]
+    rows[1] += [(1, "SEND_B", 0), (1, "SEND_B", 1)]
+    sched = Schedule.build("by-hand", 2, [[Action(*a) for a in row] for row in rows], (0, 1))
+    sched = sched.with_actions(sched.actions, lowered=True)
+    cost, comm = COSTS["links"]
+    steps = flat.compile_flat(sched, cost, comm)[0].steps
+    assert len(steps.in_extra) == 2 and len(steps.post_extra) == 2
+    _assert_same(*_both(sched, cost, comm, validate=True, iterations=2))
 
 
 def test_simulate_command_imports_neither_torch_nor_matplotlib():

@@ -66,10 +66,10 @@ def test_redistribution_moves_layers_off_the_last_stage():
 def test_paper_setting_small():
     """The paper's ordering on a shortened run (32 microbatches): vocabulary parallelism beats the naive
     placement (``naive``) at every size and the gain grows with the vocabulary; memory: Algorithm 2 <
-    Algorithm 1 < the naive algorithm (p + 1, p + 2, p + 3 microbatches). The naive algorithm holds one
-    microbatch more than Algorithm 1 here (and ties it at 256k); at the same memory it is slower
-    (tests/test_vocab_naive_sim.py). (At 32k Algorithm 2 within p + 1 pays for the pass's placement at
-    that memory, see docs/vocabulary-parallelism.md.)"""
+    Algorithm 1 < the naive algorithm (p + 1, p + 2, p + 3 microbatches), and Algorithm 1 is faster
+    than the naive algorithm, which holds one microbatch more. Algorithm 2 is within 1 MFU point of
+    Algorithm 1, as the artifact measures them (within 0.5 at 32k): on 1F1B both run the reference
+    implementation's order, which the simulator predicts no slower than the planned one."""
     rows = {
         (m, v): run(m, paper_model(v, 2048), microbatches=32)
         for m in ("naive", "vp-naive", "alg1", "alg2")
@@ -79,6 +79,8 @@ def test_paper_setting_small():
         assert rows["alg1", v].mfu > rows["naive", v].mfu and rows["vp-naive", v].mfu > rows["naive", v].mfu
         assert rows["alg2", v].peak_memory_gib < rows["alg1", v].peak_memory_gib
         assert rows["alg1", v].peak_memory_gib < rows["vp-naive", v].peak_memory_gib
+        assert rows["alg1", v].mfu > rows["vp-naive", v].mfu
+        assert abs(rows["alg2", v].mfu - rows["alg1", v].mfu) < 0.01
     assert rows["vp-naive", 262144].mfu > 1.5 * rows["naive", 262144].mfu
     assert rows["alg2", 262144].mfu > 1.5 * rows["naive", 262144].mfu
     gain_small = rows["alg2", 32768].mfu / rows["naive", 32768].mfu

@@ -11,6 +11,7 @@ from pipewright.cost.unit import UnitCost
 from pipewright.errors import ScheduleError
 from pipewright.features.vocab.insert import PlacementCosts, insert_vocab, place_variant, shift_forwards
 from pipewright.features.vocab.kinds import ALL_KINDS, COLLECTIVE_KINDS, VC1, VCM, VS, VSM, VT
+from pipewright.features.vocab.reference_choice import reference_candidate, simulated_span
 from pipewright.ir import Action, F, peak_in_flight
 from pipewright.passes.validate import validate
 from pipewright.schedules.registry import build_schedule
@@ -81,7 +82,8 @@ def test_vhalf_memory_stays_half_of_1f1b():
 
 def test_placement_follows_the_costs():
     """The pass keeps the variant (forward shift, priority) with the shortest iteration on the planning
-    clock of the given costs; different costs give different placements."""
+    clock of the given costs — or, on plain 1F1B, the reference implementation's order where the
+    simulator predicts it no slower under those costs; different costs give different placements."""
     base = build_schedule("1f1b", 4, 12)
     _, cheap = _costs(base)
     costly = PlacementCosts(lambda a: {"F": 1.0, "B": 2.0}.get(a.kind, 3.0), {"VC0": 2.0, "VC1": 2.0})
@@ -89,14 +91,39 @@ def test_placement_follows_the_costs():
     for label, costs in (("cheap", cheap), ("costly", costly)):
         sched = insert_vocab(base, "alg1", costs)
         spans = {
-            (shift, first): place_variant(base, "alg1", costs, shift, first)[1]
+            (shift, first): place_variant(base, "alg1", costs, shift, first)
             for shift in range(3)
             for first in (True, False)
         }
-        variant = (sched.meta["vocab_shift"], sched.meta["vocab_first"])
-        assert spans[variant] == min(spans.values())
-        chosen[label] = sched.actions
+        best = min(spans, key=lambda v: spans[v][1])  # the first of the shortest, as the pass tries them
+        planned = spans[best][0]
+        reference = reference_candidate(base, "alg1", costs, 2)
+        if sched.meta["vocab_order"] == "reference":
+            assert sched.actions == reference.actions
+            assert simulated_span(reference, costs) <= simulated_span(planned, costs)
+        else:
+            assert (sched.meta["vocab_shift"], sched.meta["vocab_first"]) == best
+            assert sched.actions == planned.actions
+            assert reference is None or simulated_span(reference, costs) > simulated_span(planned, costs)
+        chosen[label] = sched.meta["vocab_order"], sched.actions
     assert chosen["cheap"] != chosen["costly"]
+    # the reference refuses an embedding forward slower than the forward (its ``f >= c``)
+    assert chosen["costly"][0] == "planned" and reference_candidate(base, "alg1", costly, 2) is None
+
+
+def test_reference_order_only_where_the_reference_runs():
+    """Interleaved 1F1B, the naive algorithm, m <= p and an allowance below the reference's warm-up
+    keep the planned order."""
+    assert insert_vocab(build_schedule("1f1b", 2, 4), "alg1").meta["vocab_order"] == "reference"
+    for name, p, m, v, algorithm, extra in (
+        ("interleaved-1f1b", 2, 4, 2, "alg2", None),
+        ("1f1b", 2, 4, None, "naive", None),
+        ("1f1b", 2, 2, None, "alg2", None),
+        ("1f1b", 2, 4, None, "alg1", 1),
+    ):
+        base = build_schedule(name, p, m, v)
+        costs = None if algorithm == "naive" else _costs(base)[1]  # unit costs: the naive S in halves
+        assert insert_vocab(base, algorithm, costs, extra).meta["vocab_order"] == "planned"
 
 
 def test_shift_forwards_is_1f1b_with_longer_warmup():

@@ -51,6 +51,7 @@ __all__ = [
     "SEND_F",
     "STEP",
     "Action",
+    "ActionColumns",
     "B",
     "Collective",
     "Event",
@@ -78,13 +79,49 @@ def v_placement(ranks: int) -> tuple[int, ...]:
     return tuple(range(ranks)) + tuple(reversed(range(ranks)))
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
+class ActionColumns:
+    """Every rank's actions as columns (what schedule generators of the common schedules emit, and
+    what :mod:`pipewright.sim.flat` reads without one Python object per action).
+
+    Action i is ``Action(stage[i], kinds[kind[i]], microbatch[i] or None when −1)``, ranks one after
+    another: rank r holds the ``lens[r]`` actions after those of ranks 0 … r − 1. The columns are
+    integer sequences with ``tolist()`` (numpy arrays; nothing here imports numpy).
+    """
+
+    kinds: tuple[str, ...]
+    kind: Any
+    stage: Any
+    microbatch: Any
+    lens: Any
+
+    def rows(self) -> tuple[tuple[Action, ...], ...]:
+        """The per-rank action tuples these columns describe."""
+        names = self.kinds
+        acts = list(
+            map(
+                Action,
+                self.stage.tolist(),
+                [names[c] for c in self.kind.tolist()],
+                [None if k < 0 else k for k in self.microbatch.tolist()],
+            )
+        )
+        out, at = [], 0
+        for n in self.lens.tolist():
+            out.append(tuple(acts[at : at + n]))
+            at += n
+        return tuple(out)
+
+
+@dataclass(frozen=True)
 class Schedule:
     """One training iteration: for each rank, the ordered actions it runs.
 
     ``placement[s]`` is the rank that holds stage (model chunk) ``s``. ``lowered`` is True once the
     send/receive actions are explicit (then cross-rank data dependencies go through RECV actions).
     ``meta`` holds schedule-specific facts (e.g. ``{"flush": False}`` for asynchronous schedules).
+    ``actions`` may be given as :class:`ActionColumns` (:meth:`from_columns`): the action tuples are
+    then built on first access, and :attr:`columns` keeps the columns.
     """
 
     name: str
@@ -102,8 +139,37 @@ class Schedule:
             object.__setattr__(self, "kinds", CORE_KINDS)
         if len(self.placement) != self.num_stages:
             raise ValueError(f"placement has {len(self.placement)} entries for {self.num_stages} stages")
-        if len(self.actions) != self.num_ranks:
-            raise ValueError(f"{len(self.actions)} action lists for {self.num_ranks} ranks")
+        cols = self.__dict__["_columns"]
+        rows = len(cols.lens) if cols is not None else len(self.__dict__["_rows"])
+        if rows != self.num_ranks:
+            raise ValueError(f"{rows} action lists for {self.num_ranks} ranks")
+
+    @property
+    def columns(self) -> ActionColumns | None:
+        """The actions as columns when the schedule was built from them, else None."""
+        return self.__dict__["_columns"]
+
+    @classmethod
+    def from_columns(
+        cls,
+        name: str,
+        microbatches: int,
+        columns: ActionColumns,
+        placement: tuple[int, ...],
+        *,
+        flush: bool = True,
+        **meta: Any,
+    ) -> Schedule:
+        """A compute-only schedule from :class:`ActionColumns` (its action tuples built on demand)."""
+        return cls(
+            name=name,
+            num_ranks=len(columns.lens),
+            num_stages=len(placement),
+            num_microbatches=microbatches,
+            placement=placement,
+            actions=columns,  # type: ignore[arg-type]
+            meta={"flush": flush, **meta},
+        )
 
     @classmethod
     def build(
@@ -153,6 +219,9 @@ class Schedule:
         )
 
     def __len__(self) -> int:
+        cols = self.__dict__["_columns"]
+        if cols is not None:
+            return int(sum(cols.lens.tolist()))
         return sum(len(r) for r in self.actions)
 
     def grid(self, mark: tuple[int, int] | None = None, width: int | None = None) -> str:
@@ -167,6 +236,24 @@ class Schedule:
             f"{self.name}: {self.num_ranks} ranks, {self.num_stages} stages, "
             f"{self.num_microbatches} microbatches\n{self.grid(width=40)}"
         )
+
+
+def _get_actions(self: Schedule) -> tuple[tuple[Action, ...], ...]:
+    rows = self.__dict__["_rows"]
+    if rows is None:  # built from columns: the tuples on first access
+        rows = self.__dict__["_rows"] = self.__dict__["_columns"].rows()
+    return rows
+
+
+def _set_actions(self: Schedule, value: Any) -> None:
+    """The dataclass ``__init__`` sets ``actions`` here: tuples, or columns kept for later."""
+    if isinstance(value, ActionColumns):
+        self.__dict__["_rows"], self.__dict__["_columns"] = None, value
+    else:
+        self.__dict__["_rows"], self.__dict__["_columns"] = value, None
+
+
+Schedule.actions = property(_get_actions, _set_actions, doc="Per rank, the ordered actions.")  # type: ignore[assignment,method-assign]
 
 
 def render_grid(

@@ -56,6 +56,16 @@ class Coords(NamedTuple):
     cp: int = 0
 
 
+def check_ep(ep: int, dp: int) -> None:
+    """One-line ConfigError unless ``ep`` ≥ 1 divides ``dp`` (expert parallelism is carved from the
+    data-parallel ranks: module docstring)."""
+    if not isinstance(ep, int) or ep < 1 or dp % ep:
+        raise ConfigError(
+            f"--ep {ep} must divide --dp {dp} (expert parallelism is carved from the data-parallel "
+            "ranks); choose ep dividing dp"
+        )
+
+
 def parse_order(order: str | Sequence[str]) -> tuple[str, ...]:
     """``"tp-dp-pp"`` (or a sequence of names) → ``("tp", "dp", "pp")``, innermost first; one-line
     ConfigError unless it is a permutation of tp, pp and dp (and optionally cp)."""
@@ -98,11 +108,7 @@ class Mesh:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"--{name} must be at least 1 (got {value})")
-        if not isinstance(self.ep, int) or self.ep < 1 or self.dp % self.ep:
-            raise ConfigError(
-                f"--ep {self.ep} must divide --dp {self.dp} (expert parallelism is carved from the "
-                "data-parallel ranks); choose ep dividing dp"
-            )
+        check_ep(self.ep, self.dp)
         dims = parse_order(self.order)
         if self.cp > 1:
             dims = with_cp(dims)

@@ -41,7 +41,7 @@ def register(sub: argparse._SubParsersAction, feature_paths: tuple[str, ...] = (
     parser.add_argument(
         "--plan", help="a `pipewright plan` file: its layout, degrees, schedule (default: none)"
     )
-    parser.add_argument("--nproc", type=int, help="processes to start (default tp × pp × dp)")
+    parser.add_argument("--nproc", type=int, help="processes to start (default tp × cp × pp × dp)")
     parser.add_argument(
         "--feature",
         action="append",

@@ -1,6 +1,7 @@
 """Cost-model flags shared by ``pipewright simulate`` and ``pipewright plan``: the attention kernel,
 the mixture-of-experts shape (ModelSpec's ``moe_*`` fields), the expert-parallel size and the expert
-load imbalance. Light on purpose: building a parser imports no numpy (``pipewright.cost`` does)."""
+load imbalance, the gradient buffer's dtype. Light on purpose: building a parser imports no numpy
+(``pipewright.cost`` does)."""
 
 from __future__ import annotations
 
@@ -8,15 +9,26 @@ import argparse
 
 #: the attention kernels with published rates (:data:`pipewright.cost.attention_kernels.KERNEL_NAMES`)
 KERNEL_NAMES = ("fa2", "fa3", "cudnn")
-#: the ModelSpec fields the MoE flags set (``--moe-experts`` → ``moe_experts``)
-MOE_FIELDS = ("moe_experts", "moe_top_k", "moe_shared_experts", "moe_ffn_hidden", "moe_dense_layers")
+#: --recompute modes of simulate (the planner searches none/selective/full)
+RECOMPUTE_FLAGS = ("full", "selective", "op", "none")
+RECOMPUTE_HELP = (
+    "activation recomputation: full (the layer input kept), selective (the attention core re-run), "
+    "op (torchtitan's operator-level policy: every second matmul and the memory-bound ops re-run), none"
+)
+#: the attention kinds of the cost model (:data:`pipewright.cost.attention_kinds.ATTENTION_KINDS`)
+ATTENTION_KIND_NAMES = ("mha", "mla")
+#: the ModelSpec fields the MoE flags set (``--moe-experts`` → ``moe_experts``), with the cost model's
+#: attention kind and multi-token-prediction depth
+_MOE_SHAPE = ("moe_experts", "moe_top_k", "moe_shared_experts", "moe_ffn_hidden", "moe_dense_layers")
+MOE_FIELDS = (*_MOE_SHAPE, "attention_kind", "mtp_depth")
 
 
 def add_moe_options(
     parser: argparse.ArgumentParser | argparse._ArgumentGroup, ep: bool = True, imbalance: bool = True
 ) -> None:
-    """``--moe-experts --moe-top-k --moe-shared-experts --moe-ffn-hidden --moe-dense-layers``
-    (default: the preset's), and with ``ep``/``imbalance`` ``--ep`` and ``--moe-imbalance``."""
+    """``--moe-experts --moe-top-k --moe-shared-experts --moe-ffn-hidden --moe-dense-layers
+    --attention-kind --mtp-depth`` (default: the preset's), and with ``ep``/``imbalance`` ``--ep`` and
+    ``--moe-imbalance``."""
     helps = {
         "moe_experts": "routed experts E (a mixture of experts; default: the preset's)",
         "moe_top_k": "experts per token k",
@@ -26,6 +38,18 @@ def add_moe_options(
     }
     for name, text in helps.items():
         parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=None, dest=name, help=text)
+    parser.add_argument(
+        "--attention-kind",
+        choices=ATTENTION_KIND_NAMES,
+        default=None,
+        help="attention block: mha, or mla (DeepSeek's multi-head latent attention; default: the preset's)",
+    )
+    parser.add_argument(
+        "--mtp-depth",
+        type=int,
+        default=None,
+        help="multi-token-prediction modules on the last stage (DeepSeek-V3: 1; default: the preset's)",
+    )
     if ep:
         parser.add_argument(
             "--ep", type=int, default=1, help="expert-parallel size, carved from --dp (experts split over it)"
@@ -38,3 +62,41 @@ def add_moe_options(
         default=1.0,
         help="expert load imbalance: the busiest device's expert tokens over the even split (≥ 1)",
     )
+
+
+#: the cost-model fields the flags of :func:`add_cost_options` set, and their defaults
+COST_FIELDS = {"grad_dtype": None, "kernels": None, "fsdp_grad_sync": None}
+
+
+def add_cost_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``pipewright simulate``'s inputs on how the framework runs (the planner prices the defaults):
+    ``--grad-dtype fp32|bf16``: the gradient buffer's element type (memory only; the gradient
+    reduction is priced in 16 bits either way); ``--kernels fused|eager|compiled``: how the
+    memory-bound kernels run (:mod:`pipewright.cost.kernels`); ``--fsdp-grad-sync microbatch|step``:
+    when pipelined FSDP reduce-scatters the gradients (:mod:`pipewright.cost.sharding`)."""
+    parser.add_argument(
+        "--grad-dtype",
+        choices=("fp32", "bf16"),
+        default=None,
+        help="gradient buffer dtype (default fp32, Megatron-LM's; bf16 is Megatron-Core's grad_reduce_in_fp32"
+        "=False, NeMo/Megatron-Bridge performance recipes)",
+    )
+    parser.add_argument(
+        "--kernels",
+        choices=("fused", "eager", "compiled"),
+        default=None,
+        help="memory-bound kernels: fused (Megatron/Transformer Engine; the default), eager (PyTorch eager: "
+        "one kernel per operator, fp32 cross-entropy) or compiled (torch.compile'd blocks, eager loss)",
+    )
+    parser.add_argument(
+        "--fsdp-grad-sync",
+        choices=("microbatch", "step"),
+        default=None,
+        help="with --fsdp and --pp > 1: gradients reduce-scattered every microbatch (sharded; the default) "
+        "or once per step (held unsharded until then: torch.distributed.pipelining with FSDP2)",
+    )
+
+
+def cost_fields(args: argparse.Namespace) -> dict[str, object]:
+    """The cost-model fields the user set with :func:`add_cost_options`' flags (defaults left out)."""
+    return {k: getattr(args, k) for k, default in COST_FIELDS.items() if getattr(args, k, default) != default}

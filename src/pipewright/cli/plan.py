@@ -8,6 +8,7 @@ import sys
 
 from pipewright.cli.cost_flags import KERNEL_NAMES, MOE_FIELDS, add_moe_options
 from pipewright.cli.guards import DEFAULT_MAX_ACTIONS as MAX_ACTIONS  # = plan.problem.MAX_ACTIONS
+from pipewright.cli.zb_flags import add_zb_refine_flags, refine_seconds
 from pipewright.errors import ConfigError
 from pipewright.features import builtin_features
 from pipewright.files import check_writable
@@ -97,6 +98,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="schedules to consider, comma-separated (zb-auto: Zero Bubble's greedy on the plan's stage "
         "times; default %(default)s)",
     )
+    add_zb_refine_flags(parser)
     parser.add_argument(
         "--recompute", default="none,selective,full", help="recomputation choices, comma-separated"
     )
@@ -290,6 +292,7 @@ def run(args: argparse.Namespace) -> int:
         moe_imbalance=args.moe_imbalance,
         ep=args.ep,
         max_ep=args.max_ep,
+        zb_refine_seconds=refine_seconds(args, tuple(args.schedules.split(","))),
     )
     result = make_plan(prob, baselines=not args.no_baselines, progress=_Bar(not args.no_progress))
     csv = None

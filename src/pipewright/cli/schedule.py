@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from pipewright.cli.guards import add_max_actions, check_schedule_command
+from pipewright.cli.zb_flags import add_zb_refine_flags, ilp_line, refine_seconds
 from pipewright.features import library_schedules
 from pipewright.files import check_writable
 from pipewright.ir import peak_in_flight
@@ -19,6 +20,7 @@ def add_shape_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stages", "-p", type=int, required=True, help="pipeline ranks p")
     parser.add_argument("--microbatches", "-m", type=int, required=True, help="microbatches m")
     parser.add_argument("--virtual", "-v", type=int, default=None, help="model chunks per rank v")
+    add_zb_refine_flags(parser)
     add_max_actions(parser)
 
 
@@ -39,11 +41,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     export.set_defaults(func=_export)
 
 
+def _build(args: argparse.Namespace):
+    """The named schedule; with ``--zb-refine``, zb-auto's order refined under unit costs (limit p)."""
+    seconds = refine_seconds(args, (args.name,))
+    costs = None
+    if seconds is not None:
+        from pipewright.schedules import ScheduleCosts
+
+        unit = (1.0,) * args.stages
+        costs = ScheduleCosts(unit, unit, unit, 0.0, None, seconds)
+    library = library_schedules()
+    return build_schedule(
+        args.name, args.stages, args.microbatches, args.virtual, costs=costs, registry=library
+    )
+
+
 def _show(args: argparse.Namespace) -> int:
     check_schedule_command(args, grid=True)
-    sched = validate(
-        build_schedule(args.name, args.stages, args.microbatches, args.virtual, registry=library_schedules())
-    )
+    sched = validate(_build(args))
     entry = info(args.name, library_schedules())
     if args.with_comms:
         sched = validate(lower(sched))
@@ -53,6 +68,8 @@ def _show(args: argparse.Namespace) -> int:
     )
     print(f"bubble {entry.bubble}; activation memory {entry.memory_formula}  [{entry.source}]")
     print(sched.grid())
+    if "ilp" in sched.meta:
+        print(ilp_line(sched.meta["ilp"]))
     peaks = ", ".join(f"{float(x):g}" for x in peak_in_flight(sched))
     print(f"peak microbatches in flight per rank: {peaks}")
     return 0
@@ -61,9 +78,7 @@ def _show(args: argparse.Namespace) -> int:
 def _export(args: argparse.Namespace) -> int:
     check_schedule_command(args, grid=False)
     check_writable(args.output, "-o")
-    sched = validate(
-        build_schedule(args.name, args.stages, args.microbatches, args.virtual, registry=library_schedules())
-    )
+    sched = validate(_build(args))
     Path(args.output).write_text(to_csv(sched, with_comms=args.with_comms))
     print(f"wrote {args.output}")
     return 0

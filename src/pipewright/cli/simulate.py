@@ -8,8 +8,17 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipewright.cli.cost_flags import KERNEL_NAMES, MOE_FIELDS, add_moe_options
+from pipewright.cli.cost_flags import (
+    KERNEL_NAMES,
+    MOE_FIELDS,
+    RECOMPUTE_FLAGS,
+    RECOMPUTE_HELP,
+    add_cost_options,
+    add_moe_options,
+    cost_fields,
+)
 from pipewright.cli.guards import add_max_actions, check_simulate
+from pipewright.cli.zb_flags import add_zb_refine_flags, ilp_line, refine_seconds
 from pipewright.errors import ConfigError
 from pipewright.features import builtin_features, library_schedules
 from pipewright.models.spec import MLP_KINDS
@@ -85,7 +94,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--microbatch-size", type=int, default=None, help="sequences per microbatch (default 1)"
     )
     model.add_argument("--global-batch-size", type=int, default=None)
-    model.add_argument("--recompute", choices=["full", "selective", "none"], default="none")
+    model.add_argument("--recompute", choices=RECOMPUTE_FLAGS, default="none", help=RECOMPUTE_HELP)
     model.add_argument(
         "--attention",
         choices=["flash", "eager"],
@@ -101,6 +110,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "fa2 on A100, cudnn on H100/H200/H800)",
     )
     add_moe_options(model)
+    add_cost_options(model)
     shard = model.add_mutually_exclusive_group()
     shard.add_argument(
         "--shard-optimizer",
@@ -125,6 +135,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=None,
         help="zb-auto: at most this many microbatches in flight per rank (default 2p − 1)",
     )
+    add_zb_refine_flags(model)
     model.add_argument(
         "--sequence-parallel", action="store_true", help="with --tp: sequence parallelism (Korthikanti)"
     )
@@ -176,7 +187,12 @@ def _load_schedule(name: str, stages: int | None, microbatches: int | None, virt
 def _unit_setup(args: argparse.Namespace) -> SimSetup:
     from pipewright.plan.setup import unit_setup
 
-    return unit_setup(_load_schedule(args.schedule, args.stages, args.microbatches, args.virtual))
+    setup = unit_setup(_load_schedule(args.schedule, args.stages, args.microbatches, args.virtual))
+    seconds = refine_seconds(args, (args.schedule,))
+    if seconds is None:
+        return setup
+    m, v = args.microbatches, args.virtual
+    return unit_setup(_costed_schedule(args.schedule, args.stages, m, v, setup, refine=seconds))
 
 
 def _profile_setup(args: argparse.Namespace, plan: PlanOverrides | None = None) -> SimSetup:
@@ -204,7 +220,8 @@ def _profile_setup(args: argparse.Namespace, plan: PlanOverrides | None = None) 
     layout = plan.layout if plan is not None else None  # a plan's layers per chunk (--plan)
     opts = {"tp": tp, "dp": dp, "layout": layout, "shared": shared, "label": label}
     setup = profile_setup(rows, meta, sched, b, layers, **opts)
-    costed = _costed_schedule(args.schedule, p, args.microbatches, args.virtual, setup)
+    seconds = refine_seconds(args, (args.schedule,))
+    costed = _costed_schedule(args.schedule, p, args.microbatches, args.virtual, setup, refine=seconds)
     if costed is None:
         return setup
     return profile_setup(rows, meta, costed, b, layers, **opts)
@@ -264,10 +281,12 @@ def _model_setup(args: argparse.Namespace, plan: PlanOverrides | None = None) ->
             calibration=calibration,
             attention_kernel=args.attention_kernel,
             moe_imbalance=args.moe_imbalance,
+            **cost_fields(args),
         )
 
     setup = build(sched)
-    costed = _costed_schedule(args.schedule, p, m, args.virtual, setup, args.zb_memory_limit)
+    seconds = refine_seconds(args, (args.schedule,))
+    costed = _costed_schedule(args.schedule, p, m, args.virtual, setup, args.zb_memory_limit, seconds)
     return setup if costed is None else build(costed)
 
 
@@ -280,11 +299,17 @@ def _attention(args: argparse.Namespace, plan: PlanOverrides | None) -> str:
 
 
 def _costed_schedule(
-    name: str, p: int, m: int, virtual: int | None, setup: SimSetup, memory_limit: float | None = None
+    name: str,
+    p: int,
+    m: int,
+    virtual: int | None,
+    setup: SimSetup,
+    memory_limit: float | None = None,
+    refine: float | None = None,
 ) -> Schedule | None:
     """For a generator that plans with costs (``zb-auto``): the schedule built from this setup's stage
     times and boundary-message time instead of unit costs (at most ``memory_limit`` microbatches in
-    flight per rank); None for other schedules."""
+    flight per rank; ``refine``: seconds for zb-auto's ILP refinement); None for other schedules."""
     library = library_schedules()
     if name not in library or library[name].build_costed is None:
         return None
@@ -294,6 +319,7 @@ def _costed_schedule(
     costs = schedule_costs(
         setup.cost, probe.num_ranks, probe.chunks_per_rank, comm=setup.comm, memory_limit=memory_limit
     )
+    costs = replace(costs, refine_time_limit=refine)
     return build_schedule(name, p, m, virtual, costs=costs, registry=library)
 
 
@@ -363,10 +389,15 @@ def _run(args: argparse.Namespace) -> int:
             draw_timeline(result.timeline, args.png, titles=[title], xlabel=xlabel)
         if args.trace:
             write_trace(result.timeline, args.trace)
+    ilp = setup.schedule.meta.get("ilp")  # zb-auto's refinement (--zb-refine), when it ran
+    if ilp is not None:
+        report["zb_ilp"] = ilp
     if args.json:
         print(json.dumps(report, indent=2))
     else:
         print(_summary(report, label, unit=setup.unit))
+        if ilp is not None:
+            print(ilp_line(ilp))
         for path in (args.png, args.trace):
             if path:
                 print(f"wrote {path}")

@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction, feature_paths: tuple[str, ...] = (
 
     parser = sub.add_parser("train", help="train a model with pipeline parallelism")
     parser.add_argument("--config", help="TOML file with training options (flags override it)")
-    parser.add_argument("--nproc", type=int, help="processes to start (default tp × pp × dp)")
+    parser.add_argument("--nproc", type=int, help="processes to start (default tp × cp × pp × dp)")
     parser.add_argument("--plan", help="a `pipewright plan` file: its layout, degrees, schedule, batch")
     parser.add_argument(
         "--feature",
@@ -95,8 +95,8 @@ def config_from_args(args: argparse.Namespace):
     config = resolve_options(config.with_overrides(features={**config.features, **given}), features)
     if args.nproc is not None and args.nproc != config.world_size:
         raise ConfigError(
-            f"--nproc {args.nproc} but tp × pp × dp = {config.tp}×{config.pp}×{config.dp} = "
-            f"{config.world_size}; make them equal"
+            f"--nproc {args.nproc} but tp × cp × pp × dp = {config.tp}×{config.cp}×{config.pp}×"
+            f"{config.dp} = {config.world_size}; make them equal"
         )
     return config
 

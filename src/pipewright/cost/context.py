@@ -3,20 +3,58 @@
 Each of the c ranks of a context-parallel group holds s/c tokens of every sequence (2·c chunks, rank i
 holding chunks i and 2c − 1 − i, so the causal work is balanced: the sequence must split into 2·c equal
 chunks). Every layer's attention runs c steps; at each step a rank computes its queries against the
-key/value block it holds and passes that block to its ring neighbour: c − 1 transfers of
-2·b·(s/c)·g·d/t elements (K and V) per layer in the forward, the backward twice that (the K/V blocks
-and their gradients). The transfers overlap the block computations, so only what exceeds the
-attention core's time is exposed. Everything else in the layer (GEMMs, norms, activations) is per
-token and divides by c; the attention FLOPs divide by c too (the balanced split). Gradients are
-reduced over the dp × cp replicas.
+key/value block it holds and passes that block to its ring neighbour. One block is
+KV = b·(s/c)·w/t elements, w the key plus value width per token of the attention kind
+(:mod:`pipewright.cost.attention_kinds`: 2·g·d for multi-head attention, a·(d_qk + d_v) for MLA).
+
+- Forward: c − 1 transfers of a block in the activation dtype (e bytes per element).
+- Backward: the blocks go round again and each block's dK/dV accumulator travels with it, one step
+  behind. How many transfers and in which dtype depends on the implementation (``RING_BACKWARDS``):
+
+  - ``transformer-engine`` (the cost model's default): Transformer Engine's ring, which Megatron-LM's
+    context parallelism runs on GPUs, sends one buffer [K/V, dK/dV] in the activation dtype — the
+    block alone at the first step, both in the middle steps, the accumulator alone at the last:
+    (c − 1)·KV·e + (c − 1)·KV·e bytes, twice the forward's.
+  - ``pipewright``: this package's runtime (``runtime/cp/ring.py``) keeps the accumulator in fp32 and
+    sends it after every one of the c steps, the last one bringing it home: (c − 1)·KV·e + c·KV·4.
+
+  The default is Transformer Engine's because the cost model describes GPU runs, where Megatron-LM and
+  its descendants run that ring; pipewright's own ring is a CPU reference (gloo) whose fp32 accumulator
+  keeps the gradients equal to a single process.
+
+The transfers overlap the block computations, so only what exceeds the attention core's time is exposed.
+Everything else in the layer (GEMMs, norms, activations) is per token and divides by c; the attention
+FLOPs divide by c too (the balanced split). Gradients are reduced over the dp × cp replicas.
 """
 
 from __future__ import annotations
 
-from pipewright.cost.layer import kv_width
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from pipewright.cost.attention_kinds import attention_of
 from pipewright.errors import ConfigError
 from pipewright.ir import B, F, I, W
 from pipewright.models.spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class RingBackward:
+    """The dK/dV accumulator of a ring's backward: bytes per element (0: the activations') and whether
+    it makes a c-th transfer home after the last step."""
+
+    grad_element_bytes: int = 0
+    transfer_home: bool = False
+
+
+#: ring implementations by name (module docstring)
+RING_BACKWARDS: Mapping[str, RingBackward] = MappingProxyType(
+    {
+        "transformer-engine": RingBackward(),
+        "pipewright": RingBackward(grad_element_bytes=4, transfer_home=True),
+    }
+)
 
 
 def check_context_parallel(spec: ModelSpec, cp: int) -> None:
@@ -30,10 +68,17 @@ def check_context_parallel(spec: ModelSpec, cp: int) -> None:
         )
 
 
-def ring_bytes_per_layer(spec: ModelSpec, b: int, cp: int, t: int, element_bytes: int) -> dict[str, float]:
+def ring_bytes_per_layer(
+    spec: ModelSpec, b: int, cp: int, t: int, element_bytes: int, ring: str = "transformer-engine"
+) -> dict[str, float]:
     """Bytes one rank sends around the ring per layer and microbatch, per kind (module docstring)."""
+    if ring not in RING_BACKWARDS:
+        raise ConfigError(f"unknown ring {ring!r}; choose one of: {', '.join(RING_BACKWARDS)}")
     if cp <= 1:
         return {F: 0.0, I: 0.0, W: 0.0, B: 0.0}
-    kv = 2 * b * (spec.seq_len / cp) * kv_width(spec) / t * element_bytes
-    fwd = (cp - 1) * kv
-    return {F: fwd, I: 2 * fwd, W: 0.0, B: 2 * fwd}
+    block = b * (spec.seq_len / cp) * attention_of(spec).ring_width(spec) / t
+    backward = RING_BACKWARDS[ring]
+    fwd = (cp - 1) * block * element_bytes
+    transfers = cp if backward.transfer_home else cp - 1
+    grads = transfers * block * (backward.grad_element_bytes or element_bytes)
+    return {F: fwd, I: fwd + grads, W: 0.0, B: fwd + grads}

@@ -8,8 +8,9 @@ where the row gives v > 1); no recomputation; bf16; flash attention with the GPU
 row's ``attention_kernel`` where the source names it); 8 GPUs per node; the gradient
 reduction overlapped with the backward for runs from 2023 on (Megatron's ``--overlap-grad-reduce``,
 FSDP), after the pipeline drains before; for NVIDIA's recipe tables (:data:`RECIPE_SOURCES`)
-sequence parallelism, tensor-parallel overlap and the distributed optimizer. Rows that a source gives
-as "first and last stage one layer fewer" (Zero Bubble) get that layout; :data:`OVERRIDES` holds the
+sequence parallelism, tensor-parallel overlap, the distributed optimizer and bf16 gradient buffers.
+Rows that a source gives as "first and last stage one layer fewer" (Zero Bubble) get that layout;
+:data:`OVERRIDES` holds the
 few per-row assumptions (each with its reason).
 
 Throughput is compared as tokens per second per GPU: the published one is the row's
@@ -39,9 +40,17 @@ HFU_SOURCES = ("narayanan-sc21",)
 MLP_ALIASES = {"relu": "gelu", "": ""}
 #: NVIDIA's Megatron-Core recipes (NeMo, Megatron-Bridge): where a row leaves them empty, sequence
 #: parallelism, tensor-parallel communication overlap and the distributed optimizer are on (the
-#: recipes' defaults on H100/B200)
+#: recipes' defaults on H100/B200), and the gradient buffers are bf16: NeMo-Framework-Launcher's
+#: performance configs set ``optim.grad_sync_dtype: bf16`` (gpt3/20b_fp8_performance.yaml,
+#: nemotron/nemotron_340b.yaml), NeMo 2.0's performance scripts ``grad_reduce_in_fp32 = False`` for FP8,
+#: Megatron-Bridge's (25.09, 25.11) ``mixed_precision.grad_reduce_in_fp32: false`` for Llama 3 / 3.1
 RECIPE_SOURCES = ("nemo-perf-summary-24.07", "nemo-perf-summary-25.02", "megatron-bridge-perf-summary")
-_RECIPE_DEFAULTS = {"sequence_parallel": "true", "tp_comm_overlap": "true", "optimizer_sharding": "zero1"}
+_RECIPE_DEFAULTS = {
+    "sequence_parallel": "true",
+    "tp_comm_overlap": "true",
+    "optimizer_sharding": "zero1",
+    "grad_dtype": "bf16",
+}
 
 
 #: rows used to fit the calibration defaults (the rest is held out): Megatron-LM Table 1 fits the A100
@@ -214,6 +223,9 @@ def simulate_argv(run: Run) -> list[str]:
     elif sharding == "fsdp":
         argv.append("--fsdp")
     argv += ["--dtype", run["dtype"] or "bf16", "--attention", run["attention"] or "flash"]
+    for column in ("grad_dtype", "kernels", "fsdp_grad_sync"):
+        if run[column]:
+            argv += [f"--{column.replace('_', '-')}", run[column]]
     if run["attention_kernel"]:
         argv += ["--attention-kernel", run["attention_kernel"]]
     if run["tp_comm_overlap"] == "true" and tp > 1:

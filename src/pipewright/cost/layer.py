@@ -4,6 +4,9 @@ Per layer and microbatch of b sequences of length s; hidden h, heads a, key/valu
 key/value heads of size d = h/a; g·d = h without grouped-query attention), FFN f, MLP matrices
 μ (2 for gelu/relu2, 3 for swiglu):
 
+The attention block is the spec's attention kind (:mod:`pipewright.cost.attention_kinds`: multi-head
+attention below, or multi-head latent attention, :mod:`pipewright.cost.mla`); the rest is every kind's.
+
 - GEMMs of the forward (m × n × k, per device at tensor-parallel size t and context-parallel size c,
   on T = b·s/c tokens): QKV T × (h + 2gd)/t × h; attention output T × h × h/t; MLP up T × (μ−1)·f/t × h
   (gate and up fused for swiglu); MLP down T × h × f/t. Their FLOPs: 2·b·s·h·(2h + 2gd + μf) —
@@ -25,10 +28,9 @@ key/value heads of size d = h/a; g·d = h without grouped-query attention), FFN 
 
 from __future__ import annotations
 
+from pipewright.cost.attention_kinds import Gemm, attention_of, gemm_flops
+from pipewright.cost.attention_kinds import kv_width as kv_width  # re-exported: g·d of MHA
 from pipewright.models.spec import ModelSpec
-
-#: tokens × n × k of one GEMM, per device
-Gemm = tuple[float, float, float]
 
 
 def mlp_matrices(spec: ModelSpec) -> int:
@@ -36,36 +38,37 @@ def mlp_matrices(spec: ModelSpec) -> int:
     return 3 if spec.mlp == "swiglu" else 2
 
 
-def kv_width(spec: ModelSpec) -> int:
-    """g·d: the width of the key (and of the value) projection."""
-    return spec.kv_heads * spec.head_dim
-
-
 def has_dropout(spec: ModelSpec) -> bool:
     """GPT/BERT train with dropout (masks stored); Llama-family models do not."""
     return spec.family != "llama"
 
 
+def mlp_gemms(spec: ModelSpec, tokens: float, t: int = 1) -> tuple[Gemm, ...]:
+    """The dense MLP's two forward GEMMs on ``tokens`` tokens, per device: up (and gate), down."""
+    h, f, mu = spec.hidden, spec.ffn_hidden, mlp_matrices(spec)
+    return ((tokens, (mu - 1) * f / t, h), (tokens, h, f / t))
+
+
 def layer_gemms(spec: ModelSpec, tokens: float, t: int = 1) -> tuple[Gemm, ...]:
-    """The forward's four GEMMs of one layer on ``tokens`` tokens, per device (module docstring)."""
-    h, f, kv, mu = spec.hidden, spec.ffn_hidden, kv_width(spec), mlp_matrices(spec)
-    return (
-        (tokens, (h + 2 * kv) / t, h),
-        (tokens, h, h / t),
-        (tokens, (mu - 1) * f / t, h),
-        (tokens, h, f / t),
-    )
+    """The forward's GEMMs of one layer on ``tokens`` tokens, per device: the attention kind's, then
+    the MLP's (module docstring)."""
+    return attention_of(spec).gemms(spec, tokens, t) + mlp_gemms(spec, tokens, t)
+
+
+def layer_recomputed_gemms(spec: ModelSpec, tokens: float, t: int = 1) -> tuple[Gemm, ...]:
+    """GEMMs the attention kind re-runs in the backward (MLA's up-projections; none for MHA)."""
+    return attention_of(spec).recomputed_gemms(spec, tokens, t)
 
 
 def layer_linear_flops(spec: ModelSpec, b: int) -> float:
-    """Forward FLOPs of one layer's GEMMs (whole layer): 2·b·s·h·(2h + 2gd + μf)."""
-    h, f = spec.hidden, spec.ffn_hidden
-    return 2 * b * spec.seq_len * h * (2 * h + 2 * kv_width(spec) + mlp_matrices(spec) * f)
+    """Forward FLOPs of one layer's GEMMs (whole layer): 2·b·s·h·(2h + 2gd + μf) with multi-head
+    attention."""
+    return gemm_flops(layer_gemms(spec, b * spec.seq_len))
 
 
 def attention_flops(spec: ModelSpec, b: int) -> float:
-    """Forward FLOPs of one layer's attention core: 4·b·s²·h."""
-    return 4 * b * spec.seq_len * spec.seq_len * spec.hidden
+    """Forward FLOPs of one layer's attention core: 4·b·s²·h with multi-head attention."""
+    return attention_of(spec).core_flops(spec, b)
 
 
 def layer_forward_flops(spec: ModelSpec, b: int) -> float:
@@ -76,10 +79,9 @@ def layer_forward_flops(spec: ModelSpec, b: int) -> float:
 
 def layer_parameters(spec: ModelSpec) -> int:
     """Parameters of one layer (module docstring; GPT 4h² + 2hf + 9h + f, Llama 2h² + 2h·gd + 3hf + 2h)."""
-    h, f, kv, mu = spec.hidden, spec.ffn_hidden, kv_width(spec), mlp_matrices(spec)
-    weights = h * (h + 2 * kv) + h * h + mu * h * f
-    biases = (h + 2 * kv) + h + (mu - 1) * f + h if spec.bias else 0
-    return weights + biases + 2 * norm_parameters(spec)
+    h, f, mu = spec.hidden, spec.ffn_hidden, mlp_matrices(spec)
+    mlp = mu * h * f + ((mu - 1) * f + h if spec.bias else 0)
+    return attention_of(spec).parameters(spec) + mlp + 2 * norm_parameters(spec)
 
 
 def norm_parameters(spec: ModelSpec) -> int:
@@ -107,11 +109,13 @@ def layer_stored_units(
     with selective recomputation); ``fp8``: the four GEMM inputs (QKV and MLP inputs outside the
     tensor-parallel regions, the output projection's and the down projection's inside) are kept as
     their FP8 copies, half the bytes (Transformer Engine saves the cast inputs for the backward)."""
-    h, f, kv = spec.hidden, spec.ffn_hidden, kv_width(spec)
+    h, f = spec.hidden, spec.ffn_hidden
     dropout = has_dropout(spec)
-    replicated = 8 + (2 if dropout else 0) - (2 if fp8 else 0)
+    attn_replicated, attn_parallel = attention_of(spec).stored_units(spec, fp8)
+    # the MLP's norm input and input (its FP8 copy), the two dropout masks
+    replicated = attn_replicated + 4 + (2 if dropout else 0) - (1 if fp8 else 0)
     mlp = (6 if spec.mlp == "swiglu" else 4) * f / h - (f / h if fp8 else 0)
-    parallel = 2 + 4 * kv / h + (1 if fp8 else 2) + mlp
+    parallel = attn_parallel + mlp
     units = replicated / (t if sequence_parallel else 1) + parallel / t
     if scores:
         units += (5 if dropout else 2) * spec.heads * spec.seq_len / (h * t)

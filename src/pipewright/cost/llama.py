@@ -43,9 +43,15 @@ class LlamaCost(TransformerCost):
 
 def cost_class(spec: ModelSpec) -> type[TransformerCost]:
     """The analytical cost model for ``spec``'s family: :class:`LlamaCost` for Llama, else
-    :class:`TransformerCost`; :class:`~pipewright.cost.moe_cost.MoECost` for a mixture of experts."""
+    :class:`TransformerCost`; :class:`~pipewright.cost.moe_cost.MoECost` for a mixture of experts;
+    with multi-token prediction, that class with :mod:`pipewright.cost.mtp`'s modules."""
+    cls: type[TransformerCost] = LlamaCost if spec.family == "llama" else TransformerCost
     if spec.is_moe:
         from pipewright.cost.moe_cost import MoECost
 
-        return MoECost
-    return LlamaCost if spec.family == "llama" else TransformerCost
+        cls = MoECost
+    if spec.mtp_depth:
+        from pipewright.cost.mtp import with_mtp
+
+        cls = with_mtp(cls)
+    return cls

@@ -8,9 +8,13 @@ length s, hidden h, tensor-parallel size t (the attention only), expert-parallel
 spread over e devices, E/e each) and capacity factor φ (the tokens an expert processes, relative to an
 even split; 1 for dropless routing priced at its mean):
 
+The attention block is the spec's kind (:mod:`pipewright.cost.attention_kinds`; multi-head attention
+in the formulas below, DeepSeek-V3's multi-head latent attention with ``attention_kind="mla"``).
+
 - Parameters: attention h·(h + 2gd) + h², router h·E, experts E·μ·h·f_e (+ shared·μ·h·f_e), two
   norms. *Activated* parameters (what one token uses): attention + router + (k + shared)·μ·h·f_e + norms.
-  Mixtral 8×7B: 46.7 × 10⁹ total, 12.9 × 10⁹ activated (with its embedding and output layer).
+  Mixtral 8×7B: 46.7 × 10⁹ total, 12.9 × 10⁹ activated (with its embedding and output layer);
+  DeepSeek-V3 (MLA, 3 dense layers): 671.0 × 10⁹ and 37.6 × 10⁹ (published: 671 B and 37 B).
 - Forward FLOPs: the attention block's GEMMs 2·b·s·h·(2h + 2gd) and core 4·b·s²·h (as for a dense
   layer), the router 2·b·s·h·E, the experts 2·b·s·(k·φ + shared)·μ·h·f_e. The backward is twice that,
   split as for dense layers (input gradients in I, weight gradients in W).
@@ -29,20 +33,21 @@ even split; 1 for dropless routing priced at its mean):
   (k·φ + shared)·(6 for swiglu, 4 otherwise)·f_e/h / t (the experts tensor-parallel like the dense
   MLP, Megatron-LM's default expert tensor parallelism).
 
-Not wired into ``simulate``/``plan`` yet: the functions are the terms a ``MoECost`` chunk table would
-add, each tested on its own.
+:class:`~pipewright.cost.moe_cost.MoECost` prices ``simulate``/``plan`` chunks with these terms.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipewright.cost.attention_kinds import attention_of
 from pipewright.cost.layer import (
     Gemm,
     attention_flops,
     embedding_parameters,
+    gemm_flops,
     head_parameters,
-    kv_width,
+    layer_parameters,
     layer_stored_units,
     mlp_matrices,
     norm_parameters,
@@ -77,9 +82,7 @@ class MoE:
 
 
 def _attention_parameters(spec: ModelSpec) -> int:
-    h, kv = spec.hidden, kv_width(spec)
-    biases = (h + 2 * kv) + h if spec.bias else 0
-    return h * (h + 2 * kv) + h * h + biases + 2 * norm_parameters(spec)
+    return attention_of(spec).parameters(spec) + 2 * norm_parameters(spec)
 
 
 def _expert_parameters(spec: ModelSpec, moe: MoE) -> int:
@@ -100,18 +103,21 @@ def moe_activated_parameters(spec: ModelSpec, moe: MoE) -> int:
 
 
 def moe_model_parameters(spec: ModelSpec, moe: MoE, activated: bool = False) -> float:
-    """The whole model's parameters (every layer MoE), or its activated ones: layers + embedding +
-    final norm and output layer (``tied_embeddings`` counts the V·h matrix once)."""
+    """The whole model's parameters, or its activated ones: layers (the first ``moe_dense_layers``
+    dense, the rest MoE) + embedding + final norm and output layer (``tied_embeddings`` counts the V·h
+    matrix once)."""
     per_layer = moe_activated_parameters(spec, moe) if activated else moe_layer_parameters(spec, moe)
     head = head_parameters(spec) - (spec.vocab * spec.hidden if spec.tied_embeddings else 0)
-    return spec.layers * per_layer + embedding_parameters(spec) + head
+    dense = min(spec.moe_dense_layers, spec.layers)
+    layers = dense * layer_parameters(spec) + (spec.layers - dense) * per_layer
+    return layers + embedding_parameters(spec) + head
 
 
 def moe_layer_forward_flops(spec: ModelSpec, moe: MoE, b: int) -> float:
     """Forward FLOPs of one MoE layer (module docstring): attention GEMMs and core, router, experts."""
-    s, h, kv = spec.seq_len, spec.hidden, kv_width(spec)
+    s, h = spec.seq_len, spec.hidden
     tokens = b * s
-    attention_gemms = 2 * tokens * h * (2 * h + 2 * kv)
+    attention_gemms = gemm_flops(attention_of(spec).gemms(spec, tokens))
     router = 2 * tokens * h * moe.experts
     experts = 2 * tokens * (moe.top_k * moe.capacity + moe.shared) * mlp_matrices(spec) * h * moe.ffn(spec)
     return attention_gemms + attention_flops(spec, b) + router + experts
@@ -147,15 +153,21 @@ def all_to_all_time(nbytes: float, ep: int, bandwidth: float, latency: float = 0
     return (ep - 1) / ep * nbytes / bandwidth + (ep - 1) * latency
 
 
-def moe_stored_units(spec: ModelSpec, moe: MoE, t: int = 1, sequence_parallel: bool = False) -> float:
+def moe_stored_units(
+    spec: ModelSpec, moe: MoE, t: int = 1, sequence_parallel: bool = False, fp8: bool = False
+) -> float:
     """Stored 16-bit bytes of one MoE layer's forward without recomputation, in units of s·b·h
-    (module docstring; flash attention: no stored scores)."""
-    h, f = spec.hidden, moe.ffn(spec)
-    dense = layer_stored_units(spec, t, sequence_parallel, scores=False)
-    mlp_parallel = (6 if spec.mlp == "swiglu" else 4) * spec.ffn_hidden / h  # the dense MLP's /t part
-    mlp_replicated = 2  # the dense MLP's input, outside the tensor-parallel region
+    (module docstring; flash attention: no stored scores). ``fp8``: the expert GEMMs' inputs (the
+    dispatched copies and the down projections' inputs) kept as FP8 copies, as the dense layer's
+    GEMM inputs are (:func:`~pipewright.cost.layer.layer_stored_units`); the router's input stays
+    16-bit."""
+    h, f, cast = spec.hidden, moe.ffn(spec), 1 if fp8 else 0
+    dense = layer_stored_units(spec, t, sequence_parallel, scores=False, fp8=fp8)
+    tensors = 6 if spec.mlp == "swiglu" else 4
+    mlp_parallel = (tensors - cast) * spec.ffn_hidden / h  # the dense MLP's /t part
+    mlp_replicated = 2 - cast  # the dense MLP's input, outside the tensor-parallel region
     attention_only = dense - mlp_parallel / t - mlp_replicated / (t if sequence_parallel else 1)
     slots = moe.top_k * moe.capacity
-    experts = (slots + moe.shared) * (6 if spec.mlp == "swiglu" else 4) * f / h
-    per_token = 2 + 2 * slots + 4 * moe.experts / h
+    experts = (slots + moe.shared) * (tensors - cast) * f / h
+    per_token = 2 + (2 - cast) * slots + 4 * moe.experts / h
     return attention_only + per_token / (t if sequence_parallel else 1) + experts / t

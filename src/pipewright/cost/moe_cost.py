@@ -14,22 +14,25 @@ over the even split, Megatron-LM's and DeepSeek's reported max/mean load):
   tokens) over the ep group; priced as an all-gather of that size over the topology (the same (e − 1)/e
   of the bytes leave each device) and added to the action's time; :meth:`MoECost.exposed_comm` gives
   it apart, so that DualPipe's F&B pairs overlap it (``pipewright simulate`` with ``dualpipev``).
-- Stored activations: :func:`~pipewright.cost.moe.moe_stored_units` (flash attention, no scores).
+- Stored activations: :func:`~pipewright.cost.moe.moe_stored_units` (flash attention, no scores; with
+  ``dtype="fp8"`` the expert GEMMs' inputs as FP8 copies).
 - Parameters: attention, router and shared experts as the dense layer's (/t); the routed experts E/e
   per device (/t). Static memory prices the expert parameters' optimizer-state sharding over their
   own replicas (dp/e × c), the rest over dp × c.
 
+The attention block is the spec's kind (DeepSeek-V3: multi-head latent attention,
+:mod:`pipewright.cost.mla`); a multi-token-prediction block past the model's layers is a MoE layer when
+the model's last layer is (:meth:`MoECost._moe_layers`, :mod:`pipewright.cost.mtp`).
+
 Not priced (stated in docs/moe.md): the memory-bound traffic of the expert MLPs beyond the dense
-MLP's, multi-head latent attention (DeepSeek-V3's attention is priced as multi-head attention of the
-same width) and the gradient reduction of expert parameters over their smaller group (priced over
-dp).
+MLP's and the gradient reduction of expert parameters over their smaller group (priced over dp).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipewright.cost.layer import layer_gemms, mlp_matrices
+from pipewright.cost.layer import mlp_gemms, mlp_matrices
 from pipewright.cost.moe import MoE, _expert_parameters, expert_gemms, moe_stored_units
 from pipewright.cost.sharding import StateBytes, state_bytes
 from pipewright.cost.transformer import DTYPE_BYTES, TransformerCost, _Chunk
@@ -73,8 +76,12 @@ class MoECost(TransformerCost):
         check_expert_parallel(self.spec, self.mesh.ep, self.mesh.dp)
 
     def _moe_layers(self, stage: int, layers: tuple[int, ...]) -> int:
-        start = sum(layers[:stage])
-        return sum(self.spec.is_moe_layer(i) for i in range(start, start + layers[stage]))
+        """MoE layers of chunk ``stage``: by index; an index past the model's layers is a
+        multi-token-prediction block (:mod:`pipewright.cost.mtp`), of the kind of the last layer."""
+        spec, start = self.spec, sum(layers[:stage])
+        last = spec.is_moe_layer(spec.layers - 1)
+        indices = range(start, start + layers[stage])
+        return sum(spec.is_moe_layer(i) if i < spec.layers else last for i in indices)
 
     def _build_chunk(self, stage: int, num_stages: int, layers: tuple[int, ...]) -> _Chunk:
         dense = super()._build_chunk(stage, num_stages, layers)
@@ -97,7 +104,7 @@ class MoECost(TransformerCost):
         model = {F: d_model, I: d_model, W: d_model}
         executed = {F: d_exec, I: d_exec * (2 if full else 1), W: d_exec}
         # GEMMs: the dense MLP's two GEMM kinds out, router and experts in
-        mlp = layer_gemms(spec, tokens, t)[2:]
+        mlp = mlp_gemms(spec, tokens, t)
         moe_fwd = [((tokens, spec.moe_experts, h), 1), *expert_gemms(spec, moe, tokens, ep, t)]
 
         def swap(kind_gemms, transform):
@@ -122,7 +129,9 @@ class MoECost(TransformerCost):
         if not full:
             scale = DTYPE_BYTES[self.act_dtype] / 2
             dense_layer = self.layer_stored_bytes() / c
-            moe_layer = s * b * h * scale * moe_stored_units(spec, moe, t, self.sequence_parallel) / c
+            fp8 = self.dtype == "fp8"
+            units = moe_stored_units(spec, moe, t, self.sequence_parallel, fp8)
+            moe_layer = s * b * h * scale * units / c
             delta = k * (moe_layer - dense_layer)
             memory[F] += delta
             memory[B] -= delta

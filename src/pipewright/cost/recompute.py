@@ -30,6 +30,9 @@ from pipewright.errors import ConfigError
 from pipewright.models.spec import ModelSpec
 
 RECOMPUTE_CHOICES = ("none", "selective", "full")
+#: recomputation modes priced by their own cost model class (module path, class), not searched by the
+#: planner: torchtitan's operator-level selective checkpointing (:mod:`pipewright.cost.op_recompute`)
+RECOMPUTE_CLASSES = {"op": ("pipewright.cost.op_recompute", "OpRecomputeCost")}
 
 
 def activation_bytes_per_layer(
@@ -72,8 +75,9 @@ class SelectiveCost(TransformerCost):
 
 
 def make_cost_check(recompute: str) -> None:
-    if recompute not in RECOMPUTE_CHOICES:
-        raise ConfigError(f"--recompute must be one of {', '.join(RECOMPUTE_CHOICES)} (got {recompute!r})")
+    if recompute not in RECOMPUTE_CHOICES and recompute not in RECOMPUTE_CLASSES:
+        modes = ", ".join((*RECOMPUTE_CHOICES, *RECOMPUTE_CLASSES))
+        raise ConfigError(f"--recompute must be one of {modes} (got {recompute!r})")
 
 
 @dataclass(frozen=True, eq=False)
@@ -114,7 +118,8 @@ def make_cost(
     **kwargs,
 ) -> TransformerCost:
     """A cost model of class ``cls`` (default: the spec's, :func:`~pipewright.cost.llama.cost_class`)
-    for ``recompute`` in none/selective/full (``kwargs``: its fields), or with ``per_stage`` one mode
+    for ``recompute`` in none/selective/full, or a mode of :data:`RECOMPUTE_CLASSES` priced by its
+    own class (``kwargs``: its fields), or with ``per_stage`` one mode
     per stage (chunk), each chunk priced by the spec's class."""
     if cls is None and kwargs.get("spec") is not None:
         from pipewright.cost.llama import cost_class
@@ -122,7 +127,13 @@ def make_cost(
         cls = cost_class(kwargs["spec"])
     if per_stage:
         for mode in per_stage:
-            make_cost_check(mode)
+            if mode not in RECOMPUTE_CHOICES:  # a plan's modes: the ones the planner searches
+                raise ConfigError(f"--recompute must be one of {', '.join(RECOMPUTE_CHOICES)} (got {mode!r})")
         return PerStageCost(per_stage=tuple(per_stage), **kwargs)
     make_cost_check(recompute)
+    if recompute in RECOMPUTE_CLASSES:
+        import importlib
+
+        module, name = RECOMPUTE_CLASSES[recompute]
+        return getattr(importlib.import_module(module), name)(**kwargs)
     return (cls or TransformerCost)(recompute=recompute, **kwargs)

@@ -3,7 +3,11 @@
 Mixed-precision Adam keeps, per parameter (Megatron-LM's accounting): the 16-bit weight (2 bytes), the
 fp32 gradient accumulator (4) and the optimizer state — an fp32 master weight and Adam's two fp32
 moments (12) — 18 bytes in all (``bytes_per_param``; the optimizer state is what is left after the
-weight and the gradient). Over d = dp × cp replicas of a stage (Rajbhandari et al. 2020):
+weight and the gradient). With 16-bit gradient buffers (``grad_bytes`` 2: Megatron-Core's
+``grad_reduce_in_fp32=False``, the default of ``DistributedDataParallelConfig`` and of NVIDIA's NeMo and
+Megatron-Bridge performance recipes; Apex's ``DistributedFusedAdam`` with ``grad_sync_dtype: bf16``)
+the gradient takes 2 bytes and the optimizer state keeps its 12: 16 in all. Over d = dp × cp replicas
+of a stage (Rajbhandari et al. 2020):
 
 - ``none``: every replica holds all 18 bytes; the gradients are all-reduced (REDUCE_GRAD).
 - ``zero1`` (Megatron's distributed optimizer, ZeRO-1/2): the optimizer state is sharded, 2 + 4 + 12/d
@@ -16,7 +20,11 @@ weight and the gradient). Over d = dp × cp replicas of a stage (Rajbhandari et 
   (prefetch), so only what exceeds it is exposed (:func:`exposed`). No REDUCE_GRAD at the end. With
   pipeline parallelism the gathered weights stay for the whole step (they would otherwise be gathered
   for every microbatch; Llama 3 and torchtitan run it so): the weights are held unsharded (2 bytes), one
-  all-gather and one reduce-scatter per iteration — priced as REDUCE_GRAD.
+  all-gather and one reduce-scatter per iteration — priced as REDUCE_GRAD. Where the gradients wait
+  for the step (``grad_sync="step"``: torch.distributed.pipelining turns FSDP2's gradient sync off for
+  every backward but the last, and FSDP2 accumulates the unsharded gradients in its reduce dtype, fp32
+  in torchtitan) they are held unsharded too, in the gradient buffer's dtype; with
+  ``grad_sync="microbatch"`` (Llama 3 §3.3.2: gradients sharded) they stay /d.
 """
 
 from __future__ import annotations
@@ -28,11 +36,16 @@ from pipewright.errors import ConfigError
 SHARDING = ("none", "zero1", "fsdp")
 WEIGHT_BYTES = 2.0
 GRAD_BYTES = 4.0
+#: gradient buffer dtypes and their bytes: fp32 (Megatron-LM forces it for bf16) or bf16
+GRAD_DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0}
 
 
-def check_sharding(mode: str) -> None:
+def check_sharding(mode: str, grad_dtype: str = "fp32") -> None:
+    """One-line errors for an unknown optimizer sharding or gradient dtype."""
     if mode not in SHARDING:
         raise ConfigError(f"optimizer sharding must be one of {', '.join(SHARDING)} (got {mode!r})")
+    if grad_dtype not in GRAD_DTYPE_BYTES:
+        raise ConfigError(f"--grad-dtype must be one of {', '.join(GRAD_DTYPE_BYTES)} (got {grad_dtype!r})")
 
 
 @dataclass(frozen=True)
@@ -48,17 +61,34 @@ class StateBytes:
         return self.weights + self.gradients + self.optimizer
 
 
-def state_bytes(mode: str, replicas: int, bytes_per_param: float = 18.0) -> StateBytes:
-    """Per-parameter bytes on one rank under ``mode`` with ``replicas`` = dp × cp (module docstring)."""
-    check_sharding(mode)
+def state_bytes(
+    mode: str, replicas: int, bytes_per_param: float = 18.0, grad_dtype: str = "fp32"
+) -> StateBytes:
+    """Per-parameter bytes on one rank under ``mode`` with ``replicas`` = dp × cp (module docstring);
+    ``bytes_per_param`` counts an fp32 gradient, ``grad_dtype`` is the gradient buffer's."""
+    check_sharding(mode, grad_dtype)
     weights = min(WEIGHT_BYTES, bytes_per_param)
-    grads = min(GRAD_BYTES, bytes_per_param - weights)
-    optimizer = bytes_per_param - weights - grads
+    fp32_grads = min(GRAD_BYTES, bytes_per_param - weights)
+    optimizer = bytes_per_param - weights - fp32_grads
+    grads = min(GRAD_DTYPE_BYTES[grad_dtype], fp32_grads)
     if mode == "zero1":
         return StateBytes(weights, grads, optimizer / replicas)
     if mode == "fsdp":
         return StateBytes(weights / replicas, grads / replicas, optimizer / replicas)
     return StateBytes(weights, grads, optimizer)
+
+
+#: when pipelined FSDP reduce-scatters the gradients: after every microbatch or once per step
+GRAD_SYNC = ("microbatch", "step")
+
+
+def pipelined_fsdp_state(state: StateBytes, grad_sync: str, grad_dtype: str = "fp32") -> StateBytes:
+    """Pipelined FSDP: the 16-bit weights stay gathered for the step, and with ``grad_sync="step"`` the
+    gradients accumulate unsharded (module docstring)."""
+    if grad_sync not in GRAD_SYNC:
+        raise ConfigError(f"--fsdp-grad-sync must be one of {', '.join(GRAD_SYNC)} (got {grad_sync!r})")
+    grads = GRAD_DTYPE_BYTES[grad_dtype] if grad_sync == "step" else state.gradients
+    return StateBytes(WEIGHT_BYTES, grads, state.optimizer)
 
 
 def exposed(comm: float, compute: float) -> float:

@@ -25,7 +25,7 @@ per-layer terms are :mod:`pipewright.cost.layer`'s (GEMM shapes, attention, stor
 - Memory-bound kernels (norms, activations, dropout, softmax, rotary, residual adds): the forward moves
   κ (:attr:`Efficiency.memory_traffic`) × the bytes a forward without recomputation stores; I moves
   twice that (plus a recomputed forward's); the output layer's fp32 softmax/cross-entropy moves 12
-  bytes per logit in F and 10 in I.
+  bytes per logit in F and 10 in I (``kernels="fused"``; eager PyTorch: :mod:`pipewright.cost.kernels`).
 - Tensor-parallel communication: two all-reduces of b·s·h elements per layer in F, two in I (two more
   with full recomputation); with sequence parallelism an all-gather plus a reduce-scatter replace each
   all-reduce (the same ring time). The vocabulary-parallel embedding all-reduces b·s·h in F, the
@@ -42,7 +42,8 @@ per-layer terms are :mod:`pipewright.cost.layer`'s (GEMM shapes, attention, stor
 - Parameters: :func:`~pipewright.cost.layer.layer_parameters` per layer, the embedding (and GPT's
   position table) on chunk 0, the final norm and a V·h output layer on the last chunk; static memory
   = parameters / t × the per-parameter bytes of the optimizer sharding
-  (:func:`~pipewright.cost.sharding.state_bytes`; 18 without sharding). REDUCE_GRAD sends
+  (:func:`~pipewright.cost.sharding.state_bytes`; 18 without sharding, 16 with ``grad_dtype="bf16"``,
+  16-bit gradient buffers). REDUCE_GRAD sends
   ``grad_bytes`` per parameter (nothing under FSDP, which reduce-scatters per layer in the backward).
 - ``dtype="fp8"``: the GEMMs run at the FP8 peak (Transformer Engine), attention, the memory-bound
   kernels, activations and messages stay bf16, except the four GEMM inputs a layer keeps for its
@@ -62,18 +63,21 @@ from pipewright.cost.comm import Mesh, TopologyComm
 from pipewright.cost.context import ring_bytes_per_layer
 from pipewright.cost.efficiency import A100_EFFICIENCY, Efficiency, default_efficiency
 from pipewright.cost.gemm import wave_efficiency
+from pipewright.cost.kernels import check_kernels, layer_traffic, loss_bytes
 from pipewright.cost.layer import (
     attention_flops,
     embedding_parameters,
+    gemm_flops,
     head_parameters,
     layer_forward_flops,
     layer_gemms,
     layer_linear_flops,
     layer_parameters,
+    layer_recomputed_gemms,
     layer_stored_units,
 )
 from pipewright.cost.placement import layer_counts, roles
-from pipewright.cost.sharding import WEIGHT_BYTES, StateBytes, check_sharding, exposed, state_bytes
+from pipewright.cost.sharding import StateBytes, check_sharding, exposed, pipelined_fsdp_state, state_bytes
 from pipewright.errors import ConfigError
 from pipewright.hardware import Accelerator, accelerator
 from pipewright.ir import RECV_B, RECV_F, REDUCE_GRAD, SEND_B, SEND_F, Action, B, F, I, Schedule, W
@@ -86,8 +90,6 @@ RECOMPUTE = ("none", "selective", "full")
 ATTENTION = ("eager", "flash")  # eager: the a·s² scores are stored (Korthikanti et al.); flash: fused
 _MESSAGES = (SEND_F, RECV_F, SEND_B, RECV_B)
 _KINDS = (F, B, I, W)
-#: bytes per logit the fp32 softmax/cross-entropy moves: forward (cast, max, exp-sum, loss), backward
-_CE_BYTES = {F: 12.0, I: 10.0, W: 0.0}
 #: the per-layer fixed overhead τ of each pass, in units of τ (Efficiency.layer_overhead)
 _OVERHEAD = {F: 1.0, I: 1.5, W: 0.5, B: 2.0}
 
@@ -202,6 +204,9 @@ class TransformerCost:
     tp_comm_overlap: bool = False
     calibration: Calibration | None = None
     attention_kernel: str | None = None
+    grad_dtype: str = "fp32"
+    kernels: str = "fused"
+    fsdp_grad_sync: str = "microbatch"
     comm: TopologyComm = field(init=False, repr=False, compare=False)
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -216,7 +221,8 @@ class TransformerCost:
             raise ConfigError(f"--microbatch-size must be at least 1 (got {self.microbatch})")
         if self.spec.heads % self.mesh.tp or self.spec.ffn_hidden % self.mesh.tp:
             raise ConfigError(f"--tp {self.mesh.tp} must divide the heads ({self.spec.heads}) and FFN size")
-        check_sharding(self.optimizer_sharding)
+        check_sharding(self.optimizer_sharding, self.grad_dtype)
+        check_kernels(self.kernels)
         mesh = self.mesh
         if self.cp != mesh.cp:
             if mesh.cp != 1 and self.cp != 1:
@@ -288,7 +294,8 @@ class TransformerCost:
         logit = logit_forward_flops(spec, b) if last else 0.0
         model = {F: lin + attn + logit, I: lin + 2 * attn + logit, W: lin + logit}
         redo_attn = attn * ((1 if full or (selective and not flash) else 0) + (0.5 if flash else 0))
-        redo = (lin if full else 0.0) + redo_attn
+        own = 0.0 if full else n * gemm_flops(layer_recomputed_gemms(spec, b * s))  # the kind's (MLA)
+        redo = (lin if full else own) + redo_attn
         executed = {F: model[F], I: model[I] + redo, W: model[W]}
         causal = 0.5 if flash else 1.0  # fused kernels skip the masked half of the causal square
         attention = {F: attn * causal, I: (2 * attn + redo_attn) * causal, W: 0.0}
@@ -299,6 +306,8 @@ class TransformerCost:
         wgrad = [(nn, k, m, cnt) for m, nn, k, cnt in fwd_gemms]
         if full:
             dgrad += layer_fwd  # the recomputed forward (not of the logit layer, as in Megatron)
+        elif n:  # what the attention kind recomputes itself (MLA's up-projections)
+            dgrad += [(m, nn, k, n) for m, nn, k in layer_recomputed_gemms(spec, tokens, t)]
         gemms = {F: tuple(fwd_gemms), I: tuple(dgrad), W: tuple(wgrad)}
         act = s * b * h * esize / c  # one b·s·h activation tensor
         per_layer_ar = (act,) * 2 * n
@@ -314,18 +323,19 @@ class TransformerCost:
             tp_bytes[I] += (act,)
         # memory-bound kernels: κ × the bytes a forward without recomputation stores
         eff = self.efficiency
-        fwd_traffic = eff.memory_traffic * n * self.layer_stored_bytes("none", fp8=False) / c
+        fwd_traffic, bwd_traffic = (n * x / c for x in layer_traffic(self, esize))
         redo_traffic = fwd_traffic if full else 0.0
         if selective and not flash:
             kept = self.layer_stored_bytes("selective", fp8=False)
             redo_traffic = fwd_traffic - eff.memory_traffic * n * kept / c
-        traffic = {F: fwd_traffic, I: 2 * fwd_traffic + redo_traffic, W: 0.0}
+        traffic = {F: fwd_traffic, I: bwd_traffic + redo_traffic, W: 0.0}
+        loss_moved, loss_kept = loss_bytes(self.kernels)
         if last:
             for kind in traffic:
-                traffic[kind] += _CE_BYTES[kind] * b * s * V / t / c
+                traffic[kind] += loss_moved[kind] * b * s * V / t / c
         per_layer = self.layer_stored_bytes() / c
         w_frees = 0.0 if full else min(32 * s * b * h / t * esize / 2 / c, per_layer)
-        added = n * per_layer + (act if first else 0.0) + (4.0 * b * s * V / t / c if last else 0.0)
+        added = n * per_layer + (act if first else 0.0) + (loss_kept * b * s * V / t / c if last else 0.0)
         memory = {F: added, B: -added, W: -n * w_frees, I: -(added - n * w_frees)}
         params = n * layer_parameters(spec) / t
         if first:
@@ -451,9 +461,11 @@ class TransformerCost:
     def state(self) -> StateBytes:
         """Bytes per parameter for weights, gradients and optimizer state on one rank (with pipelined
         FSDP the 16-bit weights stay gathered for the step)."""
-        state = state_bytes(self.optimizer_sharding, self.mesh.dp * self.cp, self.bytes_per_param)
+        state = state_bytes(
+            self.optimizer_sharding, self.mesh.dp * self.cp, self.bytes_per_param, self.grad_dtype
+        )
         if self.optimizer_sharding == "fsdp" and not self.regathers:
-            state = replace(state, weights=WEIGHT_BYTES)
+            state = pipelined_fsdp_state(state, self.fsdp_grad_sync, self.grad_dtype)
         return state
 
     def gather_buffer_bytes(self) -> float:

@@ -27,6 +27,14 @@ gradient therefore flows in whichever backward passes through the layer — any 
 included — with no extra channel between stages; the runtime sets ``aux_grad_scale`` to the main loss's
 1/m (and the fp16 loss scale). Values are recorded (detached) in ``records`` while gradients are on.
 
+Context parallelism (``count_sum``, set by the runtime): each cp rank routes only its own S/cp tokens
+of the microbatch. Routing and the experts are per token, so they are unchanged; fᵢ, a ratio of counts,
+is made the whole microbatch's by summing the counts over the cp ranks (no gradient flows through
+it), while Pᵢ stays the local mean. The local L_bal = E·Σᵢ fᵢ·Pᵢ^local then averages over the cp
+ranks (equal token counts) to the whole microbatch's E·Σᵢ fᵢ·Pᵢ, as L_z's local means average to its
+mean, so averaging gradients over cp gives the single-sequence gradient. A capacity would cap each
+rank's own tokens: the runtime refuses one under cp.
+
 Initialisation: the router N(0, 0.02²); expert e's weights from a generator of its own, seeded from the
 layer's generator and e, so an expert's initial weights do not depend on which experts a rank holds.
 """
@@ -76,10 +84,15 @@ class AuxLossScaler(torch.autograd.Function):
 
 
 def route(
-    logits: torch.Tensor, k: int, capacity: float
+    logits: torch.Tensor,
+    k: int,
+    capacity: float,
+    count_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Top-k routing of logits [T, E]: (expert [T·k], token [T·k], gate [T·k], kept [T·k] bool,
-    load-balancing loss E·Σ fᵢPᵢ); assignments token-major (token t's k choices at t·k … t·k+k−1)."""
+    load-balancing loss E·Σ fᵢPᵢ); assignments token-major (token t's k choices at t·k … t·k+k−1).
+    ``count_sum``: the per-expert assignment counts summed over the shards of the sequence (context
+    parallelism), so that fᵢ is the whole microbatch's (module docstring)."""
     tokens, experts = logits.shape
     probs = logits.softmax(-1)
     top_p, top_i = probs.topk(k, dim=-1)
@@ -87,7 +100,9 @@ def route(
     expert = top_i.reshape(-1)
     token = torch.arange(tokens, device=logits.device).repeat_interleave(k)
     counts = torch.bincount(expert, minlength=experts)
-    balance = experts * (counts.to(probs.dtype) / (tokens * k) * probs.mean(0)).sum()
+    if count_sum is not None:
+        counts = count_sum(counts)
+    balance = experts * (counts.to(probs.dtype) / counts.sum() * probs.mean(0)).sum()
     kept = torch.ones_like(expert, dtype=torch.bool)
     if capacity > 0:
         cap = math.ceil(capacity * tokens * k / experts)
@@ -129,6 +144,7 @@ class MoE(nn.Module):
         self.init_mlp = init_mlp
         self.aux_grad_scale = 1.0
         self.records: list[tuple[torch.Tensor, torch.Tensor]] = []  # (L_bal, L_z) per forward
+        self.count_sum: Callable[[torch.Tensor], torch.Tensor] | None = None  # cp: module docstring
 
     def reset_parameters(self, gen: torch.Generator) -> None:
         base = int(torch.randint(0, 1 << 62, (1,), generator=gen))
@@ -145,7 +161,8 @@ class MoE(nn.Module):
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
         logits = F.linear(flat.float(), self.router.weight.float())
-        expert, token, gate, kept, balance = route(logits, self.top_k, self.spec.moe_capacity)
+        capacity = self.spec.moe_capacity
+        expert, token, gate, kept, balance = route(logits, self.top_k, capacity, self.count_sum)
         expert, token, gate = expert[kept], token[kept], gate[kept]
         order = torch.argsort(expert, stable=True)
         expert, token, gate = expert[order], token[order], gate[order]

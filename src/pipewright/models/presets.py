@@ -15,8 +15,9 @@
   heads, 8 SwiGLU experts of 14336, top-2, vocabulary 32000, rotary base 10⁶; sequence 4096);
   ``deepseek-v3`` (DeepSeek-AI 2024, its published dimensions: 61 layers, hidden 7168, 128 heads,
   first 3 layers dense with FFN 18432, then 256 routed experts of 2048, top-8, plus 1 shared expert;
-  vocabulary 129280, sequence 4096 — multi-head latent attention is the cost model's, the runtime
-  builds ordinary attention); ``gpt-moe-tiny``, ``llama-moe-tiny``: CPU-sized, for tests.
+  vocabulary 129280, sequence 4096; multi-head latent attention and one multi-token-prediction module,
+  both the cost model's only: the runtime builds ordinary attention and no prediction module);
+  ``gpt-moe-tiny``, ``llama-moe-tiny``: CPU-sized, for tests.
 
 ``resolve_model("gpt", layers=…, hidden=…, heads=…, vocab=…, seq_len=…)`` builds a spec from a family.
 """
@@ -43,6 +44,8 @@ MOE_FIELDS = (
     "moe_aux_loss_coeff",
     "moe_z_loss_coeff",
 )
+#: fields only the cost model reads (the attention kind, multi-token-prediction modules)
+COST_FIELDS = ("attention_kind", "mtp_depth")
 LLAMA3_VOCAB, LLAMA3_SEQ = 128256, 8192
 
 #: Llama 3 (Table 3 of "The Llama 3 Herd of Models"): (name, layers, hidden, ffn, heads, kv heads)
@@ -103,7 +106,7 @@ def _presets() -> Mapping[str, ModelSpec]:
         ModelSpec(
             "deepseek-v3", 61, 7168, 128, 129280, 4096, ffn_hidden=18432, family="llama", rope_theta=10000.0,
             moe_experts=256, moe_top_k=8, moe_shared_experts=1, moe_ffn_hidden=2048, moe_dense_layers=3,
-            moe_aux_loss_coeff=0.0001,
+            moe_aux_loss_coeff=0.0001, attention_kind="mla", mtp_depth=1,
         ),
         ModelSpec("gpt-moe-tiny", 4, 32, 4, 256, 16, moe_experts=4, moe_top_k=2),
         ModelSpec(
@@ -136,7 +139,7 @@ def resolve_model(name: str, **overrides: int | None) -> ModelSpec:
     """A preset with ``overrides`` applied (``None`` values ignored), or a family ("gpt", "bert",
     "llama") whose dimensions all come from ``overrides`` (layers, hidden, heads, vocab, seq_len;
     ffn_hidden and kv_heads optional)."""
-    unknown = set(overrides) - {*DIMENSIONS, *OPTIONAL_DIMENSIONS, *MOE_FIELDS}
+    unknown = set(overrides) - {*DIMENSIONS, *OPTIONAL_DIMENSIONS, *MOE_FIELDS, *COST_FIELDS}
     if unknown:
         raise ConfigError(f"unknown model dimension(s) {', '.join(sorted(unknown))}")
     if name in FAMILIES:
@@ -144,7 +147,8 @@ def resolve_model(name: str, **overrides: int | None) -> ModelSpec:
         if missing:
             flags = " ".join(f"--{d.replace('_', '-')}" for d in missing)
             raise ConfigError(f"model family {name!r} needs {flags}")
-        dims = {k: v if k in MOE_FIELDS else int(v) for k, v in overrides.items() if v is not None}
+        kept = (*MOE_FIELDS, *COST_FIELDS)  # not cast to int
+        dims = {k: v if k in kept else int(v) for k, v in overrides.items() if v is not None}
         spec = ModelSpec(name=name, family=name, tied_embeddings=name == "bert", **dims)
     else:
         base = get_preset(name)

@@ -30,6 +30,11 @@ class ModelSpec:
     factor F (each expert keeps at most ⌈F·T·k/E⌉ of a microbatch's T tokens, the rest dropped);
     0 = dropless. ``moe_aux_loss_coeff`` α and ``moe_z_loss_coeff`` β weigh the router's
     load-balancing loss E·Σᵢ fᵢ·Pᵢ (Switch Transformer) and z-loss mean(logsumexp(logits)²) (ST-MoE).
+
+    For the cost model only (the runtime builds multi-head attention and no prediction module):
+    ``attention_kind`` names the attention block in :mod:`pipewright.cost.attention_kinds` ("mha",
+    or "mla": DeepSeek's multi-head latent attention); ``mtp_depth`` multi-token-prediction modules on
+    the last stage (DeepSeek-V3: 1; :mod:`pipewright.cost.mtp`).
     """
 
     name: str
@@ -53,6 +58,8 @@ class ModelSpec:
     moe_capacity: float = 0.0
     moe_aux_loss_coeff: float = 0.01
     moe_z_loss_coeff: float = 0.0
+    attention_kind: str = "mha"
+    mtp_depth: int = 0
 
     def __post_init__(self) -> None:
         if not self.mlp:
@@ -68,6 +75,10 @@ class ModelSpec:
             object.__setattr__(self, "kv_heads", self.heads)
         if self.moe_experts:
             check_moe(self)
+        if not 0 <= self.mtp_depth <= self.layers:
+            raise ConfigError(
+                f"--mtp-depth must be between 0 and --layers {self.layers} (got {self.mtp_depth})"
+            )
 
     @property
     def is_moe(self) -> bool:

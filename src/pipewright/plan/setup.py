@@ -167,6 +167,7 @@ def model_setup(
     calibration: Calibration | None = None,
     attention_kernel: str | None = None,
     moe_imbalance: float = 1.0,
+    **fields: object,
 ) -> SimSetup:
     """The analytical cost of ``spec`` on ``topology`` with ranks placed by ``mesh`` (module docstring).
 
@@ -179,7 +180,8 @@ def model_setup(
     (:func:`~pipewright.cost.transformer.default_efficiency`). ``attention`` (flash or eager), ``cp``
     (context parallelism; or the mesh's cp), ``optimizer_sharding`` (none, zero1, fsdp),
     ``tp_comm_overlap``, ``attention_kernel`` (fa2, fa3, cudnn) and ``calibration`` (a measured one,
-    :mod:`pipewright.cost.calibration`): the cost model's fields.
+    :mod:`pipewright.cost.calibration`): the cost model's fields; ``fields``: any other of them
+    (``grad_dtype``).
     """
     if cp > 1 and mesh.cp == 1:
         mesh = replace(mesh, cp=cp)
@@ -215,6 +217,7 @@ def model_setup(
         calibration=calibration,
         **({"attention_kernel": attention_kernel} if attention_kernel else {}),
         **({"moe_imbalance": moe_imbalance} if spec.is_moe else {}),
+        **fields,
     )
     if hasattr(cost, "exposed_comm") and (schedule.meta or {}).get("overlapped_pairs"):
         from pipewright.sim.pair_overlap import PairOverlapCost  # DualPipe: all-to-all under F&B pairs

@@ -14,7 +14,8 @@ simulated iteration time T(L) is not unimodal in general (the greedy is a heuris
 a grid refined around its best point: evaluate ``points`` evenly spaced L (both ends included), then
 the same number of points between the best one's neighbours, until neighbours are one apart. Ties go
 to the smaller L (less memory). O(points · log_points(range)) simulations, each O(p·m) lowered
-actions; at most ``budget`` in all.
+actions; at most ``budget`` in all. With ``Problem.zb_refine_seconds`` the best L's order is refined by
+the paper's integer linear program (:mod:`pipewright.schedules.zb_ilp`) and kept where faster.
 """
 
 from __future__ import annotations
@@ -106,14 +107,13 @@ class _Order:
         nbytes = cost.message_bytes(Action(0, SEND_F, 0), ref)
         self.comm = max(comm.p2p_time(r, r + 1, nbytes) for r in range(p - 1))
 
-    def simulate(self, limit: int) -> Evaluated:
+    def simulate(self, limit: int, refine: float | None = None) -> Evaluated:
         from pipewright.schedules.zero_bubble import zb_auto
 
         ev = self.ev
         c = ev.candidate
-        sched = zb_auto(
-            c.pp, c.microbatches, f=self.f, i=self.i, w=self.w, comm=self.comm, memory_limit=limit
-        )
+        sched = zb_auto(c.pp, c.microbatches, f=self.f, i=self.i, w=self.w, comm=self.comm,
+                        memory_limit=limit, refine_time_limit=refine)  # fmt: skip
         t = Evaluated(replace(c, schedule="zb-auto"), ev.chunk_layers, ev.devices, ev.estimate, ev.bottleneck,
                       schedule=sched, zb_memory_limit=limit)  # fmt: skip
         return simulate_plan(self.prob, t)
@@ -127,4 +127,10 @@ def cost_aware_order(prob: Problem, ev: Evaluated) -> list[Evaluated]:
     c = ev.candidate
     budget = max(5, min(24, 200_000 // (c.pp * c.microbatches)))
     best, _ = search_limit(prob, ev, budget=budget)
-    return [] if best is None else [best]
+    if best is None:
+        return []
+    if prob.zb_refine_seconds is not None:  # the ILP refinement of the best limit's order, if faster
+        refined = _Order(prob, ev).simulate(best.zb_memory_limit, prob.zb_refine_seconds)
+        if refined.fits and refined.time < best.time:
+            best = refined
+    return [best]

@@ -83,7 +83,7 @@ class _TrainFields:
     blocking_pairs: bool = option(
         False,
         "--blocking-pairs",
-        "with --cp: run DualPipe's F&B pairs one after the other (no overlap)",
+        "with --cp or --ep: run DualPipe's F&B pairs one after the other (no overlap)",
         group="layout",
     )
     virtual: int | None = option(
@@ -375,6 +375,8 @@ class TrainConfig(_TrainFields):
                 vocab=self.vocab or dataset_vocab,
                 seq_len=self.seq_len,
                 **{n: getattr(self, n) for n in MOE_FIELDS},
+                attention_kind="mha",  # what the runtime builds (MLA and MTP are the cost model's)
+                mtp_depth=0,
             )
         if self.tie_embeddings:
             spec = replace(spec, tied_embeddings=True)

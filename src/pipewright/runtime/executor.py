@@ -69,7 +69,7 @@ from pipewright.runtime.handlers import (  # noqa: F401  (RunState & co. are thi
     loss_hook,
     start_reduction,
 )
-from pipewright.runtime.hang import rank_label
+from pipewright.runtime.hang import mesh_rank_label
 from pipewright.runtime.mesh import ParallelMesh
 from pipewright.runtime.p2p import PipeComm, TensorSpec, channel_pairs
 from pipewright.runtime.timeouts import is_timeout, wait_work
@@ -220,9 +220,8 @@ class PipelineExecutor:
         self.handler_wrappers.append(wrapper)
 
     def where(self) -> str:
-        """This rank, for messages: ``rank R (pp P[, dp D][, tp T])``."""
-        m = self.mesh
-        return rank_label(m.rank, m.dp_rank, m.pp_rank, m.tp_rank, m.dp, m.tp)
+        """This rank, for messages: ``rank R (pp P[, dp D][, ep E][, tp T][, cp C])``."""
+        return mesh_rank_label(self.mesh.layout, self.mesh.rank)
 
     def bounded(self, work: Any, what: str) -> None:
         """Wait for an asynchronous collective at most ``collective_timeout_s``; CollectiveTimeout else."""

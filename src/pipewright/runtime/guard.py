@@ -27,8 +27,8 @@ from pipewright.runtime.checkpoint import SAVE_STAGES
 from pipewright.runtime.elastic import Preemption
 from pipewright.runtime.errors import CollectiveTimeout, DistributedError, RecvTimeout
 from pipewright.runtime.faults import FaultPlan
-from pipewright.runtime.hang import PHASES, HangError, PositionBoard, hang_error, rank_label, shared_hang
-from pipewright.runtime.mesh import ParallelMesh, rank_to_coords
+from pipewright.runtime.hang import PHASES, HangError, PositionBoard, hang_error, mesh_rank_label, shared_hang
+from pipewright.runtime.mesh import ParallelMesh
 from pipewright.runtime.timeouts import bound_groups, is_timeout
 
 log = logging.getLogger(__name__)
@@ -153,8 +153,7 @@ class RunGuard:
             raise
 
     def _label(self) -> str:
-        (d, p, t), m = self.mesh.coords, self.mesh
-        return rank_label(self.rank, d, p, t, m.dp, m.tp)
+        return mesh_rank_label(self.mesh.layout, self.rank)
 
     def _named(self, exc: Exception) -> CollectiveTimeout:
         """A raw c10d/gloo timeout (a barrier, a DCP collective) as a line naming this rank and what
@@ -175,10 +174,9 @@ class RunGuard:
     def _hang(self, exc: Exception) -> HangError:
         m = self.mesh
         row_of, labels = {}, {}
-        for r in range(m.dp * m.pp * m.tp):
-            d, p, t = rank_to_coords(r, m.dp, m.pp, m.tp)
-            row_of[r] = p
-            labels[r] = rank_label(r, d, p, t, m.dp, m.tp)
+        for r in range(m.layout.size):  # every process, cp and placement included
+            row_of[r] = m.layout.coords(m.layout.rank_on_device(r)).pp
+            labels[r] = mesh_rank_label(m.layout, r)
         return hang_error(exc, self.board, self._rows, row_of, labels, self.out_dir)
 
     def _reported_elsewhere(self, grace_s: float) -> HangError | None:

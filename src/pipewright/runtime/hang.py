@@ -34,6 +34,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from pipewright.ir import Action
+from pipewright.mesh import Mesh
 from pipewright.runtime.errors import DistributedError
 
 PREFIX = "pipewright/position/"
@@ -41,9 +42,23 @@ log = logging.getLogger(__name__)
 _boards = itertools.count()  # boards are made in the same order on every rank: one hang namespace each
 
 
-def rank_label(rank: int, d: int, p: int, t: int, dp: int, tp: int) -> str:
-    """``rank R (pp P[, dp D][, tp T])`` (dp and tp shown when used)."""
-    return f"rank {rank} (pp {p}" + (f", dp {d}" if dp > 1 else "") + (f", tp {t}" if tp > 1 else "") + ")"
+def rank_label(
+    rank: int, d: int, p: int, t: int, dp: int, tp: int, c: int = 0, cp: int = 1, ep: int = 1
+) -> str:
+    """``rank R (pp P[, dp D][, ep E][, tp T][, cp C])``: each coordinate shown when its dimension is
+    used; the expert-parallel rank E = D mod ep (:mod:`pipewright.mesh`)."""
+    parts = [f"pp {p}"]
+    for name, value, size in (("dp", d, dp), ("ep", d % ep, ep), ("tp", t, tp), ("cp", c, cp)):
+        if size > 1:
+            parts.append(f"{name} {value}")
+    return f"rank {rank} ({', '.join(parts)})"
+
+
+def mesh_rank_label(layout: Mesh, rank: int) -> str:
+    """:func:`rank_label` of global rank ``rank`` (the process, on device ``rank``) of ``layout``,
+    every coordinate from the layout's order and placement."""
+    c = layout.coords(layout.rank_on_device(rank))
+    return rank_label(rank, c.dp, c.pp, c.tp, layout.dp, layout.tp, c.cp, layout.cp, layout.ep)
 
 
 class HangError(DistributedError):

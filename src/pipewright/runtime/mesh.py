@@ -120,6 +120,7 @@ class ParallelMesh:
     ep: int = 1
     ep_group: Any = field(default=None, repr=False)  # the experts' all-to-all group (ep > 1)
     expert_dp_group: Any = field(default=None, repr=False)  # the experts' gradient group (ep > 1)
+    ep_back_group: Any = field(default=None, repr=False)  # the ep ranks again: backward all-to-alls
     _channels: dict[tuple[int, int], Any] = field(default_factory=dict, repr=False)
     _warm: set[tuple[int, int]] = field(default_factory=set, repr=False)
     _coords: tuple[int, int, int] = field(default=(0, 0, 0), init=False, repr=False)
@@ -151,8 +152,9 @@ class ParallelMesh:
         cp: int = 1,
     ) -> ParallelMesh:
         """Collective over all ranks: create the DeviceMesh (and its dp/pp/tp groups; cp's when ``cp`` > 1;
-        with ``ep`` > 1 the ep and expert-data-parallel groups). ``order`` and ``placement``: see
-        :mod:`pipewright.mesh` (a plan's chosen rank order / device list)."""
+        with ``ep`` > 1 the ep and expert-data-parallel groups, and a second ep group for the backward's
+        all-to-alls, so that an overlapped F&B pair's two threads never share a group). ``order`` and
+        ``placement``: see :mod:`pipewright.mesh` (a plan's chosen rank order / device list)."""
         world = dist.get_world_size()
         check_layout(world, dp, pp, tp, cp)
         try:
@@ -167,6 +169,7 @@ class ParallelMesh:
             for name, every, mine in (
                 ("ep_group", layout.ep_groups(), layout.ep_group(me)),
                 ("expert_dp_group", layout.expert_dp_groups(), layout.expert_dp_group(me)),
+                ("ep_back_group", layout.ep_groups(), layout.ep_group(me)),
             ):
                 for ranks in every:  # every rank creates every group, in one order
                     group = dist.new_group([layout.device_index(r) for r in ranks])

@@ -8,6 +8,15 @@ the owners run their experts, and the reverse all-to-all brings the outputs back
 the same two exchanges in reverse order (:class:`AllToAll`). Peers reach each exchange at the same
 action of the same schedule, so any synchronous schedule stays deadlock-free.
 
+Overlap (DualPipe's point for experts, :meth:`MoeRuntime.overlap`): under a schedule that marks F&B
+pairs (DualPipeV), each pair's forward runs on a second thread while the backward of the other
+microbatch runs on the main one (:mod:`pipewright.runtime.cp.overlap`), so one microbatch's dispatch
+and combine all-to-alls wait while the other microbatch computes. The forward's exchanges run over the
+mesh's ep group and the backward's over a second group of the same ranks (``ep_back_group``): two
+threads never share a group, and each group sees its exchanges in one order on every peer. On gloo
+each waiting all-to-all releases the interpreter's lock, so the other thread's kernels run meanwhile.
+``--blocking-pairs`` runs the pairs one after the other (the blocking baseline).
+
 Gradients (:func:`reduce_expert_grads`, the REDUCE_GRAD handler when ep > 1): a dense parameter is
 averaged over the dp group as before, Σ_dp g / dp. An expert held by ep rank e already received the
 tokens of its whole ep group, so its gradient is a sum over those ep replicas' losses; summing it over
@@ -24,6 +33,7 @@ loss's 1/m, so the data-parallel average makes it 1/(dp·m) like the main loss.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -33,49 +43,66 @@ from torch import nn
 
 from pipewright.models.moe import expert_parameters, moe_layers
 from pipewright.models.spec import ModelSpec
+from pipewright.runtime.cp.overlap import PairOverlap, install_pair_overlap
 from pipewright.runtime.handlers import RunState
 from pipewright.runtime.mesh import ParallelMesh
 
 
 class AllToAll(torch.autograd.Function):
     """Rows of ``x`` in ``send`` blocks to the group's ranks, ``recv`` rows from each; backward: the
-    reverse exchange of the gradient (blocks swapped)."""
+    reverse exchange of the gradient (blocks swapped), over the exchange's backward group."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, send: list[int], recv: list[int], group: Any) -> torch.Tensor:  # type: ignore[override]
-        ctx.send, ctx.recv, ctx.group = send, recv, group
+    def forward(  # type: ignore[override]
+        ctx, x: torch.Tensor, send: list[int], recv: list[int], exchange: GroupExchange
+    ) -> torch.Tensor:
+        ctx.send, ctx.recv, ctx.exchange = send, recv, exchange
         out = x.new_empty((sum(recv), *x.shape[1:]))
-        dist.all_to_all_single(out, x.contiguous(), recv, send, group=group)
+        exchange.run(out, x.contiguous(), recv, send, backward=False)
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         out = grad.new_empty((sum(ctx.send), *grad.shape[1:]))
-        dist.all_to_all_single(out, grad.contiguous(), ctx.send, ctx.recv, group=ctx.group)
+        ctx.exchange.run(out, grad.contiguous(), ctx.send, ctx.recv, backward=True)
         return out, None, None, None
 
 
 class GroupExchange:
-    """:class:`pipewright.models.moe.TokenExchange` over a process group of ``size`` ranks."""
+    """:class:`pipewright.models.moe.TokenExchange` over a process group of ``size`` ranks; the
+    backward's exchanges over ``back_group`` (a second group of the same ranks; default ``group``).
+    ``waited``: seconds spent in the forward's (False) and the backward's (True) exchanges since reset
+    (transfer and waiting for the peers: the communication a blocking run exposes)."""
 
-    def __init__(self, group: Any, size: int, rank: int) -> None:
+    def __init__(self, group: Any, size: int, rank: int, back_group: Any = None) -> None:
         self.group, self.size, self.rank = group, size, rank
+        self.back_group = group if back_group is None else back_group
+        self.waited = {False: 0.0, True: 0.0}
+
+    def run(
+        self, out: torch.Tensor, x: torch.Tensor, out_splits: Any, in_splits: Any, backward: bool
+    ) -> None:
+        """One blocking ``all_to_all_single`` over the forward's or the backward's group, timed."""
+        start = time.perf_counter()
+        group = self.back_group if backward else self.group
+        dist.all_to_all_single(out, x, out_splits, in_splits, group=group)
+        self.waited[backward] += time.perf_counter() - start
 
     def counts(self, send: torch.Tensor) -> torch.Tensor:
         """[E] counts in expert order → [size, E/size]: what each rank sends to each of my experts."""
         recv = torch.empty_like(send)
-        dist.all_to_all_single(recv, send.contiguous(), group=self.group)
+        self.run(recv, send.contiguous(), None, None, backward=False)
         return recv.view(self.size, -1)
 
     def tokens(self, x: torch.Tensor, send_splits: list[int], recv_splits: list[int]) -> torch.Tensor:
-        return AllToAll.apply(x, send_splits, recv_splits, self.group)
+        return AllToAll.apply(x, send_splits, recv_splits, self)
 
 
 def expert_parallel(mesh: ParallelMesh) -> GroupExchange | None:
     """The token exchange of this rank's ep group (None without expert parallelism)."""
     if mesh.ep <= 1:
         return None
-    return GroupExchange(mesh.ep_group, mesh.ep, mesh.ep_rank)
+    return GroupExchange(mesh.ep_group, mesh.ep, mesh.ep_rank, mesh.ep_back_group)
 
 
 def reduce_expert_grads(state: RunState, action: Any) -> None:
@@ -111,6 +138,13 @@ class MoeRuntime:
         self.spec, self.mesh, self.microbatches = spec, mesh, microbatches
         self.layers = [m for mod in stages.values() for m in moe_layers(mod)]
         self.experts = {id(p) for mod in stages.values() for p in expert_parameters(mod)}
+        self.pair_overlap: PairOverlap | None = None  # set by :meth:`overlap`
+
+    def overlap(self, executor: Any, config: Any) -> None:
+        """With expert parallelism, run ``executor``'s F&B pairs overlapped (module docstring), unless
+        ``config.blocking_pairs`` (or tp, recomputation: :func:`install_pair_overlap`)."""
+        if self.mesh.ep > 1:
+            self.pair_overlap = install_pair_overlap(executor, config, self.mesh)
 
     def before_run(self, loss_scale: float = 1.0) -> None:
         """Set every MoE layer's aux-loss gradient scale to S/m and forget the last step's records."""
@@ -133,15 +167,16 @@ class MoeRuntime:
     def report(self) -> dict[str, float]:
         """``moe_aux_loss``: Σ over MoE layers of α·L_bal + β·L_z, the mean over microbatches and
         replicas (what the auxiliary losses add to the step's loss); ``moe_balance``: L_bal averaged
-        over layers, microbatches and replicas (1 = perfectly balanced). Collective over pp and dp."""
+        over layers, microbatches and replicas (1 = perfectly balanced). Collective over pp, dp and
+        cp (each cp rank's values are its share of the sequence's: :mod:`pipewright.models.moe`)."""
         a, b = self.spec.moe_aux_loss_coeff, self.spec.moe_z_loss_coeff
         bal = sum((float(r[0]) for layer in self.layers for r in layer.records), 0.0)
         aux = sum((a * float(r[0]) + b * float(r[1]) for layer in self.layers for r in layer.records), 0.0)
         total = torch.tensor([aux, bal], dtype=torch.float64, device=self.mesh.device)
-        for group in (self.mesh.pp_group, self.mesh.dp_group):
+        for group in (self.mesh.pp_group, self.mesh.dp_group, self.mesh.cp_group):
             if group is not None and dist.get_world_size(group) > 1:
                 dist.all_reduce(total, group=group)
-        runs = self.mesh.dp * self.microbatches
+        runs = self.mesh.dp * self.mesh.cp * self.microbatches
         return {
             "moe_aux_loss": float(total[0]) / runs,
             "moe_balance": float(total[1]) / (runs * max(self.spec.moe_layers, 1)),

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipewright.errors import ConfigError
+from pipewright.mesh import check_ep
 from pipewright.models.spec import ModelSpec
 
 
@@ -18,11 +19,7 @@ def check_moe_run(config: Any, spec: ModelSpec) -> None:
         if ep > 1:
             raise ConfigError(f"--ep {ep} shards experts; add --moe-experts E (a multiple of {ep})")
         return
-    if ep > 1 and config.dp % ep:
-        raise ConfigError(
-            f"--ep {ep} must divide --dp {config.dp} (expert parallelism is carved from the data-parallel "
-            "ranks); choose ep dividing dp"
-        )
+    check_ep(ep, config.dp)
     if spec.moe_experts % ep:
         raise ConfigError(
             f"--moe-experts {spec.moe_experts} is not divisible by --ep {ep}; choose ep dividing it"
@@ -33,10 +30,10 @@ def check_moe_run(config: Any, spec: ModelSpec) -> None:
     ):
         if value % config.tp:
             raise ConfigError(f"{name} {value} is not divisible by --tp {config.tp}; choose t dividing it")
-    if int(getattr(config, "cp", 1) or 1) > 1:
+    if int(getattr(config, "cp", 1) or 1) > 1 and spec.moe_capacity > 0:
         raise ConfigError(
-            f"--cp {config.cp} with --moe-experts is not supported yet (experts see one cp slice's "
-            "tokens; their balance loss is not averaged over cp); use --cp 1 with experts"
+            f"--moe-capacity {spec.moe_capacity:g} with --cp {config.cp} would cap each cp rank's own "
+            "tokens, not the sequence's; use --moe-capacity 0 (dropless) with --cp"
         )
     if config.sequence_parallel:
         raise ConfigError(

@@ -277,6 +277,8 @@ class Trainer:
         )
         if self.context is not None:  # DualPipe's F&B pairs overlapped (runtime/cp/overlap.py)
             self.context.overlap(executor, c, self.mesh)
+        elif self.moe is not None:  # the same for the experts' all-to-alls (runtime/moe.py)
+            self.moe.overlap(executor, c)
         self.guard.attach(executor)  # wraps its handlers: each rank's position, injected faults
         return executor
 

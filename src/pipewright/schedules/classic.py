@@ -10,12 +10,41 @@ from __future__ import annotations
 from fractions import Fraction
 
 from pipewright.errors import ScheduleError
-from pipewright.ir import STEP, Action, B, F, Schedule, loop_placement
+from pipewright.ir import STEP, Action, ActionColumns, B, F, Schedule, loop_placement
 from pipewright.schedules.registry import ScheduleInfo
 
 
-def _schedule(name: str, p: int, m: int, rows: list[list[Action]], v: int = 1) -> Schedule:
-    return Schedule.build(name, m, rows, loop_placement(p, v))
+def _warm_columns(name: str, p: int, m: int, v: int, rank_parts) -> Schedule:
+    """A schedule of forwards and backwards as :class:`ActionColumns`, without one object per action.
+
+    ``rank_parts(r)`` gives rank r's forward stages and microbatches, backward stages and microbatches
+    (T entries each, numpy arrays) and its warm-up count w: the rank runs forwards 0 … w − 1, then
+    forward w + i and backward i alternating for i < T − w, then backwards T − w … T − 1 (w = T: all
+    forwards, then all backwards).
+    """
+    import numpy as np
+
+    kinds, stages, mbs, lens = [], [], [], []
+    for r in range(p):
+        f_stage, f_mb, b_stage, b_mb, w = rank_parts(r)
+        total = len(f_stage)
+        idx = np.empty(2 * total, np.int64)
+        idx[:w] = np.arange(w)
+        idx[w : 2 * total - w : 2] = np.arange(w, total)
+        idx[w + 1 : 2 * total - w : 2] = total + np.arange(total - w)
+        idx[2 * total - w :] = total + np.arange(total - w, total)
+        kinds.append(idx >= total)
+        stages.append(np.concatenate((f_stage, b_stage))[idx])
+        mbs.append(np.concatenate((f_mb, b_mb))[idx])
+        lens.append(2 * total)
+    cols = ActionColumns(
+        (F, B),
+        np.concatenate(kinds).astype(np.int32),
+        np.concatenate(stages).astype(np.int32),
+        np.concatenate(mbs).astype(np.int32),
+        np.array(lens, np.int64),
+    )
+    return Schedule.from_columns(name, m, cols, loop_placement(p, v))
 
 
 def gpipe(p: int, m: int, v: int = 1) -> Schedule:
@@ -23,8 +52,10 @@ def gpipe(p: int, m: int, v: int = 1) -> Schedule:
 
     Bubble (p − 1)/m of the ideal time; every rank holds all m microbatches' activations at the peak.
     """
-    rows = [[Action(r, F, k) for k in range(m)] + [Action(r, B, k) for k in range(m)] for r in range(p)]
-    return _schedule("gpipe", p, m, rows)
+    import numpy as np
+
+    ks = np.arange(m)
+    return _warm_columns("gpipe", p, m, 1, lambda r: (np.full(m, r), ks, np.full(m, r), ks, m))
 
 
 def one_f_one_b_rows(p: int, m: int, *, step_after_backward: bool = False) -> list[list[Action]]:
@@ -53,7 +84,10 @@ def one_f_one_b(p: int, m: int, v: int = 1) -> Schedule:
 
     Bubble (p − 1)/m as GPipe; peak activation memory min(p − r, m) microbatches on rank r (p on rank 0).
     """
-    return _schedule("1f1b", p, m, one_f_one_b_rows(p, m))
+    import numpy as np
+
+    ks = np.arange(m)
+    return _warm_columns("1f1b", p, m, 1, lambda r: (np.full(m, r), ks, np.full(m, r), ks, min(p - r - 1, m)))
 
 
 def megatron_order(m: int, v: int, group: int) -> list[tuple[int, int]]:
@@ -111,19 +145,15 @@ def interleaved_1f1b(p: int, m: int, v: int = 2, group: int | None = None) -> Sc
     min(2(p − r − 1) + (v − 1)·N + 1, v·m)/v microbatches of the rank's layers.
     """
     check_interleaved(p, m, v, group)
-    order = megatron_order(m, v, p if group is None else group)
-    total = m * v
-    rows = []
-    for r in range(p):
-        forwards = [Action(c * p + r, F, k) for k, c in order]
-        backwards = [Action((v - 1 - c) * p + r, B, k) for k, c in order]
-        warm = interleaved_warmup(p, m, v, r, group)
-        row = forwards[:warm]
-        for i in range(total - warm):
-            row += [forwards[warm + i], backwards[i]]
-        row += backwards[total - warm :]
-        rows.append(row)
-    return _schedule("interleaved-1f1b", p, m, rows, v)
+    import numpy as np
+
+    order = np.array(megatron_order(m, v, p if group is None else group), np.int64).reshape(-1, 2)
+    ks, fwd, bwd = order[:, 0], order[:, 1] * p, (v - 1 - order[:, 1]) * p
+
+    def parts(r: int):
+        return fwd + r, ks, bwd + r, ks, interleaved_warmup(p, m, v, r, group)
+
+    return _warm_columns("interleaved-1f1b", p, m, v, parts)
 
 
 def looped_bfs(p: int, m: int, v: int = 2) -> Schedule:
@@ -134,13 +164,11 @@ def looped_bfs(p: int, m: int, v: int = 2) -> Schedule:
 
     Bubble (p − 1)/(v·m) when m ≥ p; peak activation memory m (every microbatch on every chunk).
     """
-    rows = []
-    for r in range(p):
-        chunks = [c * p + r for c in range(v)]
-        row = [Action(s, F, k) for s in chunks for k in range(m)]
-        row += [Action(s, B, k) for s in reversed(chunks) for k in reversed(range(m))]
-        rows.append(row)
-    return _schedule("looped-bfs", p, m, rows, v)
+    import numpy as np
+
+    chunk = np.repeat(np.arange(v) * p, m)
+    ks = np.tile(np.arange(m), v)
+    return _warm_columns("looped-bfs", p, m, v, lambda r: (chunk + r, ks, chunk[::-1] + r, ks[::-1], m * v))
 
 
 def interleaved_memory(p: int, m: int, v: int) -> list[Fraction]:

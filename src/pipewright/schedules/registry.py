@@ -54,13 +54,15 @@ class ScheduleInfo:
 class ScheduleCosts:
     """Costs a generator may plan with: per-stage (chunk) times of F, I and W (length p·v), the
     point-to-point time of one boundary message and the memory limit in microbatches in flight per rank
-    (None: the generator's default)."""
+    (None: the generator's default); ``refine_time_limit``: seconds a generator that refines its order
+    by integer programming (``zb-auto``) may spend on it (None: no refinement)."""
 
     f: tuple[float, ...]
     i: tuple[float, ...]
     w: tuple[float, ...]
     comm: float = 0.0
     memory_limit: float | None = None
+    refine_time_limit: float | None = None
 
 
 class ScheduleRegistry(Mapping[str, ScheduleInfo]):

@@ -17,11 +17,13 @@ coarser model delaying W keeps the whole microbatch alive, so ZB-H1 holds min(p,
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from fractions import Fraction
 
-from pipewright.errors import ScheduleError
+from pipewright.errors import ScheduleError, ValidationError
 from pipewright.ir import Action, F, I, Schedule, W, loop_placement, peak_in_flight
 from pipewright.schedules.estimate import order_times
 from pipewright.schedules.registry import ScheduleCosts, ScheduleInfo
@@ -178,6 +180,7 @@ def zb_auto(
     w: Sequence[float],
     comm: float = 0.0,
     memory_limit: float | None = None,
+    refine_time_limit: float | None = None,
 ) -> Schedule:
     """The automatic zero-bubble schedule (Qi et al. 2024, §3.1): the memory-bounded greedy of
     :mod:`pipewright.schedules.zb_greedy` with per-stage costs ``f``, ``i``, ``w`` (length p, > 0),
@@ -188,8 +191,13 @@ def zb_auto(
     where their peak fits the limit — is scored under the same costs
     (:func:`~pipewright.schedules.estimate.order_makespan`) and the fastest is kept, so zb-auto is never
     slower than ZB-H1 at limit p nor than ZB-H2 at limit 2p − 1 or more. ``meta["estimated_makespan"]``
-    is that score, ``meta["order"]`` where the order came from. (The paper refines the heuristic's order
-    with an ILP; that refinement is not done here.)
+    is that score, ``meta["order"]`` where the order came from.
+
+    With ``refine_time_limit`` (seconds), the paper's refinement follows: an integer linear program over
+    the order, started from the fastest candidate (:func:`pipewright.schedules.zb_ilp.refine`); its order
+    replaces the candidate only when it scores strictly better, at the same memory limit
+    (``meta["ilp"]``: the start's and the result's score, solves, seconds). Without scipy (the
+    ``pipewright[ilp]`` extra) one line is logged and the heuristic's order is kept.
     """
     if p < 1 or m < 1:
         raise ScheduleError(f"zb-auto needs at least 1 stage and 1 microbatch (got p={p}, m={m})")
@@ -214,7 +222,48 @@ def zb_auto(
             options.append((label, sched.actions))
     steady = limit >= 2 * p - 1  # ZB-2p-like: the paper runs it with post-validation
     meta = {"needs_post_validation": True} if steady else {}
-    return _fastest("zb-auto", p, m, costs, options, steady=steady, memory_limit=limit, **meta)
+    best = _fastest("zb-auto", p, m, costs, options, steady=steady, memory_limit=limit, **meta)
+    if refine_time_limit is None:
+        return best
+    if refine_time_limit <= 0:
+        raise ScheduleError(f"zb-auto: the ILP time limit must be positive (got {refine_time_limit} s)")
+    return _refined(best, p, m, costs, limit, steady, refine_time_limit)
+
+
+def _refined(
+    best: Schedule, p: int, m: int, costs: ScheduleCosts, limit: int, steady: bool, seconds: float
+) -> Schedule:
+    """``best`` or the ILP refinement of its order, whichever scores better (:func:`zb_auto`)."""
+    from pipewright.schedules import zb_ilp
+
+    if not zb_ilp.scipy_available():
+        logging.getLogger(__name__).warning(
+            "zb-auto: scipy is not installed (pip install 'pipewright[ilp]'); kept the heuristic's order"
+        )
+        return best
+    done = zb_ilp.refine(p, m, costs, limit, best.actions, time_limit=seconds, steady=steady)
+    report = {
+        "start": done.start_score,
+        "result": done.score,
+        "solves": done.solves,
+        "seconds": round(done.seconds, 3),
+        "window": done.window,
+        "proven": done.proven,
+    }
+    if done.rows is None:
+        return replace(best, meta={**best.meta, "ilp": report})
+    meta = {**best.meta, "order": f"ilp refinement of {best.meta['order']}", "ilp": report}
+    meta["estimated_makespan"] = done.score[-1]
+    refined = _schedule("zb-auto", p, m, done.rows, **{k: v for k, v in meta.items() if k != "flush"})
+    from pipewright.passes import validate
+
+    try:
+        return validate(refined)
+    except ValidationError as exc:  # not expected: the ILP's constraints are the dependencies
+        logging.getLogger(__name__).warning(
+            "zb-auto: the ILP's order does not validate (%s)", str(exc).split("\n")[0]
+        )
+        return replace(best, meta={**best.meta, "ilp": report})
 
 
 def _zb_auto_unit(p: int, m: int, v: int = 1) -> Schedule:
@@ -230,7 +279,9 @@ def _zb_auto_costed(p: int, m: int, v: int, costs: ScheduleCosts) -> Schedule:
     # stages with no work (an empty cost) still need a positive cost for the greedy's ordering
     tiny = 1e-9 * max((*costs.f, *costs.i, *costs.w, 1e-9))
     f, i, w = ([max(t, tiny) for t in ts] for ts in (costs.f, costs.i, costs.w))
-    return zb_auto(p, m, f=f, i=i, w=w, comm=costs.comm, memory_limit=limit)
+    return zb_auto(
+        p, m, f=f, i=i, w=w, comm=costs.comm, memory_limit=limit, refine_time_limit=costs.refine_time_limit
+    )
 
 
 def _same_on_every_rank(peak: Callable[[int, int], int]) -> Callable[[int, int, int], list[Fraction]]:
@@ -261,7 +312,8 @@ SCHEDULES = (
         build=_zb_auto_unit,
         build_costed=_zb_auto_costed,
         memory=_same_on_every_rank(lambda p, m: min(p, m)),
-        bubble="greedy; with unit costs and memory limit p as ZB-H1: (p − 1)(T_F + T_I − T_W)",
+        bubble="greedy, ILP-refined with --zb-refine; with unit costs and memory limit p as ZB-H1: "
+        "(p − 1)(T_F + T_I − T_W)",
         memory_formula="at most the memory limit (p in the registry), min(p, m) with unit costs",
         source="Qi et al., Zero Bubble Pipeline Parallelism, ICLR 2024 (automatic scheduling)",
     ),

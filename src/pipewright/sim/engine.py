@@ -54,10 +54,12 @@ from pipewright.sim.program import (
     _WAIT,
     _mode,
     _Program,
+    first_missing,
     flat_requirements,
     gc_paused,
 )
 from pipewright.sim.sharing import SharedCompute, run_iteration_shared
+from pipewright.sim.steps import StepTimes, run_steps
 from pipewright.timeline import Span, Timeline
 
 _NOT_DONE = -1.0
@@ -201,8 +203,8 @@ class SimResult:
     peak_memory: tuple[float, ...]
     flops: float
     model_flops: float
-    _starts: list[list[float]] = field(repr=False, compare=False)  # per iteration, per global index
-    _ends: list[list[float]] = field(repr=False, compare=False)
+    _starts: list = field(repr=False, compare=False)  # per iteration, by global index (or StepTimes)
+    _ends: list = field(repr=False, compare=False)  # read through _times
     _program: _Program = field(repr=False, compare=False)
 
     @cached_property
@@ -235,12 +237,12 @@ class SimResult:
     @cached_property
     def timeline(self) -> Timeline:
         """Compute spans (stream "compute") and non-zero transfers/collectives (stream "comm")."""
-        sched, prog = self.schedule, self._program
+        sched, prog = self.schedule, self._program.listed
         spans: list[Span] = []
         for rank, row in enumerate(sched.actions):
             first = prog.offsets[rank]
             for it in range(self.iterations):
-                starts, ends = self._starts[it], self._ends[it]
+                starts, ends = self._times(it)
                 for g, a in enumerate(row, first):
                     mode = prog.modes[g]
                     if mode == _COMPUTE:
@@ -255,10 +257,18 @@ class SimResult:
         }
         return Timeline.of(sched.num_ranks, spans, source="simulated", meta=meta)
 
+    def _times(self, iteration: int) -> tuple[list[float], list[float]]:
+        """Starts and ends of ``iteration`` by global index, as lists (the compute-only loop's event
+        times are expanded here, once)."""
+        times = self._starts[iteration]
+        if isinstance(times, StepTimes):
+            self._starts[iteration], self._ends[iteration] = times.expand()
+        return self._starts[iteration], self._ends[iteration]
+
     def spans_of(self, rank: int, iteration: int = 0) -> list[tuple[Action, float, float]]:
         """(action, start, end) of every action of ``rank`` in ``iteration`` (sends: the transfer)."""
         first = self._program.offsets[rank]
-        s, e = self._starts[iteration], self._ends[iteration]
+        s, e = self._times(iteration)
         return [(a, s[g], e[g]) for g, a in enumerate(self.schedule.actions[rank], first)]
 
 
@@ -313,24 +323,31 @@ def _simulate(
     coll_free = [0.0] * num_ranks
     link_free = [0.0] * prog.num_links
     meet_free: dict[tuple[int, str], float] = {}
-    all_starts: list[list[float]] = []
-    all_ends: list[list[float]] = []
+    all_starts: list[list[float] | StepTimes] = []  # per iteration, as SimResult._starts
+    all_ends: list[list[float] | StepTimes] = []
     iteration_ends: list[float] = []
+    steps = prog.steps if shared is None else None
     for _ in range(iterations):
-        if shared is None:
-            starts, ends = _run_iteration(sched, prog, clock, coll_free, link_free, meet_free)
+        done = run_steps(steps, clock, link_free) if steps is not None else None
+        if done is not None:  # the compute-only loop (pipewright.sim.steps): times expanded on demand
+            starts = ends = StepTimes(steps, done[0], list(clock), list(link_free))
+            clock[:], link_free[:] = done[1], done[2]
+        elif shared is None:
+            starts, ends = _run_iteration(sched, prog.listed, clock, coll_free, link_free, meet_free)
         else:
             if prog.meets:
                 raise SimulationError(
                     f"{sched.name}: collectives across pipeline ranks are not simulated with shared "
                     "cores yet; drop --cores"
                 )
-            starts, ends, positions = run_iteration_shared(prog, clock, coll_free, link_free, shared)
+            starts, ends, positions = run_iteration_shared(prog.listed, clock, coll_free, link_free, shared)
             if any(p < prog.offsets[r + 1] - prog.offsets[r] for r, p in enumerate(positions)):
                 _report_deadlock(sched, list(positions))
         all_starts.append(starts)
         all_ends.append(ends)
-        end = max(max(ends, default=0.0), max(clock, default=0.0))
+        # compute-only loop: a compute action ends by its rank's clock, a send by its link's free time
+        latest = link_free if isinstance(ends, StepTimes) else ends
+        end = max(max(latest, default=0.0), max(clock, default=0.0))
         iteration_ends.append(end)
         if step_barrier:
             clock = [end] * num_ranks
@@ -338,7 +355,7 @@ def _simulate(
         period = (iteration_ends[-1] - iteration_ends[0]) / (iterations - 1)
     else:
         period = iteration_ends[0]
-    busy = prog.busy if shared is None else _computing_time(prog, all_starts[-1], all_ends[-1])
+    busy = prog.busy if shared is None else _computing_time(prog.listed, all_starts[-1], all_ends[-1])
     return SimResult(
         source=sched,
         iterations=iterations,
@@ -422,14 +439,7 @@ def _run_iteration(
                 if te > t:
                     t = te
             elif e == -2:  # several
-                for e in extra[g]:
-                    te = ends[e]
-                    if te < 0.0:
-                        break
-                    if te > t:
-                        t = te
-                else:
-                    e = -1
+                e, t = first_missing(extra[g], ends, t)
                 if e >= 0:
                     waiting.setdefault(e, []).append(r)
                     awaited[e] = 1

@@ -35,6 +35,7 @@ from pipewright.deps import Term
 from pipewright.ir import Action, Schedule
 from pipewright.passes.lower import lower
 from pipewright.sim.program import _COLLECTIVE, _COMPUTE, _RENDEZVOUS, _SEND, _WAIT, _mode, _Program
+from pipewright.sim.steps import compute_steps
 
 if TYPE_CHECKING:
     from pipewright.cost.base import CommModel, CostModel
@@ -42,6 +43,11 @@ if TYPE_CHECKING:
 
 #: Largest event table (kinds × stages × (microbatches + 1)) the path builds; beyond it, per action.
 MAX_KEYS = 1 << 26
+#: Integer type of the action columns and indices (every key is below MAX_KEYS, every index below
+#: the action count): half the memory of int64, and fewer page faults.
+INDEX = np.int32
+#: Most lowered actions the array path takes (indices stay int32).
+MAX_ACTIONS = 1 << 28
 
 
 def _dense(keys, size: int):
@@ -55,6 +61,13 @@ def _dense(keys, size: int):
     index = np.empty(size, np.int64)
     index[keys[firsts]] = np.arange(len(firsts))
     return len(firsts), index[keys], firsts
+
+
+def _repeats(keys, size: int) -> bool:
+    """Whether some of the non-negative integer ``keys`` (below ``size``) occurs twice."""
+    seen = np.zeros(size, bool)
+    seen[keys] = True
+    return int(np.count_nonzero(seen)) != len(keys)
 
 
 class _Decline(Exception):
@@ -125,6 +138,34 @@ def compile_flat(
 
 def _columns(schedule: Schedule, codes: _Codes):
     """Stage, kind code, microbatch and rank of every action, as arrays; the actions per rank."""
+    cols = schedule.columns
+    if cols is not None:  # a generator's columns: no action objects at all
+        try:
+            lut = np.array([codes.code[name] for name in cols.kinds], INDEX)
+        except KeyError:
+            raise _Decline from None
+        kc, st, mb, lens = lut[cols.kind], cols.stage, cols.microbatch, cols.lens.tolist()
+    else:
+        kc, st, mb, lens = _action_columns(schedule, codes)
+    if not len(kc):
+        raise _Decline
+    if len(kc) > MAX_ACTIONS or len(codes.specs) * codes.S * (codes.M + 1) > MAX_KEYS:
+        raise _Decline
+    rank = np.repeat(np.arange(len(lens), dtype=INDEX), lens)
+    if st.min() < 0 or st.max() >= codes.S or mb.min() < -1 or mb.max() >= codes.M:
+        raise _Decline
+    if (codes.place[st] != rank).any():
+        raise _Decline
+    per_mb = np.array([2 if s.per_microbatch is None else int(s.per_microbatch) for s in codes.specs])
+    pm, given = per_mb[kc], mb >= 0
+    if ((pm == 1) & ~given).any() or ((pm == 0) & given).any():
+        raise _Decline
+    kc, st, mb = kc.astype(INDEX, copy=False), st.astype(INDEX, copy=False), mb.astype(INDEX, copy=False)
+    return kc, st, mb, rank, np.array(lens, dtype=np.int64)
+
+
+def _action_columns(schedule: Schedule, codes: _Codes):
+    """Kind code, stage and microbatch columns of a schedule given as action tuples; the row lengths."""
     lens = [len(row) for row in schedule.actions]
     n = sum(lens)
     if n == 0:
@@ -143,59 +184,41 @@ def _columns(schedule: Schedule, codes: _Codes):
     st, mb = np.array(list(map(itemgetter(0), flat))), np.array(mbs)
     if st.dtype.kind != "i" or mb.dtype.kind != "i":
         raise _Decline  # not all integers
-    rank = np.repeat(np.arange(len(lens), dtype=np.int64), lens)
-    if st.min() < 0 or st.max() >= codes.S or mb.min() < -1 or mb.max() >= codes.M:
-        raise _Decline
-    if (codes.place[st] != rank).any():
-        raise _Decline
-    per_mb = np.array([2 if s.per_microbatch is None else int(s.per_microbatch) for s in codes.specs])
-    pm, given = per_mb[kc], mb >= 0
-    if ((pm == 1) & ~given).any() or ((pm == 0) & given).any():
-        raise _Decline
-    return kc, st, mb, rank, np.array(lens, dtype=np.int64)
+    return kc, st, mb, lens
 
 
 def _lower(codes: _Codes, kc, st, mb, rank, lens):
     """:func:`pipewright.passes.lower.lower` over arrays: receives right before, sends right after each
-    action of a kind they attach to, when the peer stage exists and sits on another rank."""
+    action of a kind they attach to, when the peer stage exists and sits on another rank (receives,
+    then sends, in registry order). Each action gets a row of slots — receive kinds, itself, send
+    kinds —; the used slots, row after row, are the lowered actions."""
     n = len(kc)
-    masks = []
-    before = np.zeros(n, np.int64)
-    after = np.zeros(n, np.int64)
+    stages = np.arange(codes.S)
+    kind_stage = kc * codes.S + st  # one gather per transfer kind from a (kind, stage) table
+    recvs, sends = [], []
     for c, spec in enumerate(codes.specs):
         if spec.p2p is None:
             continue
         attach = [codes.code[k] for k in spec.p2p.attach if k in codes.code]
         if not attach:
             continue
-        peer = st + spec.p2p.offset
-        attached = np.zeros(len(codes.specs), bool)
-        attached[attach] = True
-        ok = attached[kc] & (peer >= 0) & (peer < codes.S)
-        ok[ok] = codes.place[peer[ok]] != codes.place[st[ok]]
-        is_recv = spec.p2p.role == "recv"
-        masks.append((c, is_recv, ok))
-        (before if is_recv else after)[ok] += 1
-    inserted = before + after
-    pos = np.arange(n) + np.cumsum(inserted) - inserted + before
-    total = n + int(inserted.sum())
-    out = [np.empty(total, np.int64) for _ in range(4)]
-    for arr, src in zip(out, (kc, st, mb, rank), strict=True):
-        arr[pos] = src
-    seen_before = np.zeros(n, np.int64)
-    seen_after = np.zeros(n, np.int64)
-    for c, is_recv, ok in masks:
-        idx = np.flatnonzero(ok)
-        if is_recv:
-            where = pos[idx] - before[idx] + seen_before[idx]
-            seen_before[idx] += 1
-        else:
-            where = pos[idx] + 1 + seen_after[idx]
-            seen_after[idx] += 1
-        out[0][where] = c
-        for arr, src in zip(out[1:], (st, mb, rank), strict=True):
-            arr[where] = src[idx]
-    lens = lens + np.bincount(rank, weights=inserted, minlength=len(lens)).astype(np.int64)
+        peer = stages + spec.p2p.offset
+        inside = (peer >= 0) & (peer < codes.S)
+        cross = np.zeros(codes.S, bool)
+        cross[inside] = codes.place[peer[inside]] != codes.place[stages[inside]]
+        table = np.zeros((len(codes.specs), codes.S), bool)
+        table[attach] = cross
+        (recvs if spec.p2p.role == "recv" else sends).append((c, table.ravel()[kind_stage]))
+    slots = [*recvs, (-1, None), *sends]
+    kinds = np.empty((n, len(slots)), kc.dtype)
+    used = np.empty((n, len(slots)), bool)
+    for i, (c, ok) in enumerate(slots):
+        kinds[:, i] = kc if ok is None else c
+        used[:, i] = True if ok is None else ok
+    per = used.sum(axis=1)
+    out_kind = kinds.ravel()[used.ravel()]
+    out = [out_kind, *(np.repeat(col, per) for col in (st, mb, rank))]
+    lens = np.bincount(out[3], minlength=len(lens)).astype(np.int64)
     return (*out, lens)
 
 
@@ -215,7 +238,7 @@ def _compile_flat(schedule: Schedule, cost: CostModel, comm: CommModel, check: b
     n_keys = len(specs) * S * (codes.M + 1)
     if n_keys > MAX_KEYS:
         raise _Decline
-    if np.bincount(codes.key(kc, st, mb), minlength=n_keys).max() > 1:
+    if _repeats(codes.key(kc, st, mb), n_keys):
         raise _Decline  # an action twice
 
     lowered: list[Schedule] = []  # built only for rules that are plain functions
@@ -234,9 +257,9 @@ def _compile_flat(schedule: Schedule, cost: CostModel, comm: CommModel, check: b
         return np.array(gs, np.int64), np.array(keys, np.int64)
 
     req_parts, prod_parts = [], []
-    for c in used:
+    groups = {c: np.flatnonzero(kc == c) for c in used}  # the actions of each kind
+    for c, g in groups.items():
         spec = specs[c]
-        g = np.flatnonzero(kc == c)
         s, k = st[g], mb[g]
         for rule, parts in ((spec.requires, req_parts), (spec.produces, prod_parts)):
             if rule is None:  # the default: the action's own event
@@ -250,19 +273,19 @@ def _compile_flat(schedule: Schedule, cost: CostModel, comm: CommModel, check: b
 
     pg = np.concatenate([p[0] for p in prod_parts])
     pk = np.concatenate([p[1] for p in prod_parts])
-    if len(pk) and np.bincount(pk, minlength=n_keys).max() > 1:
+    if _repeats(pk, n_keys):
         raise _Decline  # an event computed twice
-    producer = np.full(n_keys, n, np.int64)
+    producer = np.full(n_keys, n, INDEX)
     producer[pk] = pg
     rg = np.concatenate([p[0] for p in req_parts])
     need = producer[np.concatenate([p[1] for p in req_parts])]
     if (need == n).any():
         raise _Decline  # a requirement nothing produces
     if check:
-        _check(schedule, codes, producer, used, kc, st, mb, lowered)
+        _check(schedule, codes, producer, groups, st, mb, lowered)
 
-    modes = np.array([_mode(s) for s in specs], np.int64)[kc]
-    reqs, dest = _requirements(rank, modes, rg, need, n)
+    modes = np.array([_mode(s) for s in specs], np.int8)[kc]
+    pairs, dest = _requirements(rank, modes, rg, need, n)
     offsets = [0, *np.cumsum(lens).tolist()]
     sched = lowered[0] if lowered else schedule
     durs, busy, flops, model_flops, peaks = _compute_costs(
@@ -275,15 +298,18 @@ def _compile_flat(schedule: Schedule, cost: CostModel, comm: CommModel, check: b
         members = coll.participants(a, sched)
         nbytes = cost.message_bytes(a, sched)
         durs[g] = float(comm.collective_time(coll.op, int(rank[g]), nbytes, coll.group, members))
+    steps = compute_steps(modes, durs, links, *pairs, offsets)
     prog = _Program(
-        offsets, *reqs, modes.tolist(), durs.tolist(), links, num_links, busy, flops, model_flops, peaks
-    )
+        offsets, None, None, modes, durs, links, num_links, busy, flops, model_flops, peaks,
+        pairs=pairs, steps=steps,
+    )  # fmt: skip
     return prog, (lowered[0] if lowered else None)
 
 
-def _check(schedule: Schedule, codes: _Codes, producer, used, kc, st, mb, lowered) -> None:
-    """The validator's completeness and send/receive checks over the event table."""
-    specs, S, n = codes.specs, codes.S, len(kc)
+def _check(schedule: Schedule, codes: _Codes, producer, groups, st, mb, lowered) -> None:
+    """The validator's completeness and send/receive checks over the event table (``groups``: the
+    actions of each kind used)."""
+    specs, S, n, used = codes.specs, codes.S, len(st), groups
     width = S * (codes.M + 1)
     for c, spec in enumerate(specs):
         if spec.complete is None or not (spec.always or c in used):
@@ -298,11 +324,10 @@ def _check(schedule: Schedule, codes: _Codes, producer, used, kc, st, mb, lowere
         sched = lowered[0] if lowered else lower(schedule)
         if any(producer[codes.event_key(ev)] == n for ev, _ in spec.complete(sched)):
             raise _Decline
-    for c in used:
+    for c, g in groups.items():
         p2p = specs[c].p2p
         if p2p is None:
             continue
-        g = np.flatnonzero(kc == c)
         peer = st[g] + p2p.offset
         if peer.min() < 0 or peer.max() >= S or (codes.place[peer] == codes.place[st[g]]).any():
             raise _Decline
@@ -312,28 +337,25 @@ def _check(schedule: Schedule, codes: _Codes, producer, used, kc, st, mb, lowere
 
 def _requirements(rank, modes, rg, need, n):
     """Per action, the producers it waits for — without those of earlier compute/marker actions of its
-    own rank, which program order already awaits — and each producer's last consumer rank (a send's
-    destination), as :func:`pipewright.sim.engine._compile` derives them."""
+    own rank, which program order already awaits — as (consumer, producer) arrays in requirement order,
+    and each producer's last consumer rank (a send's destination), as
+    :func:`pipewright.sim.engine._compile` derives them."""
     own = rank[need] == rank[rg]
     awaited = np.zeros(_RENDEZVOUS + 1, bool)
     awaited[[_COMPUTE, _WAIT]] = True
     keep = ~(own & (need < rg) & awaited[modes[need]])
     rg, need = rg[keep], need[keep]
-    count = np.bincount(rg, minlength=n)
-    one = count[rg] == 1
-    first = np.full(n, -1, np.int64)
-    first[rg[one]] = need[one]
-    first[count > 1] = -2
-    extra: dict[int, tuple[int, ...]] = {}
-    for g, e in zip(rg[~one].tolist(), need[~one].tolist(), strict=True):  # in term order
-        extra[g] = (*extra.get(g, ()), e)
     # a send's destination: the rank of the last action (by index) on another rank that needs it
-    dest = np.full(n, -1, np.int64)
+    dest = np.full(n, -1, INDEX)
     other = ~own[keep]
-    np.maximum.at(dest, need[other], rg[other])
+    by, of = need[other], rg[other]
+    if _repeats(by, n):  # an event needed on other ranks by several actions: the last one's
+        np.maximum.at(dest, by, of)
+    else:  # (the common case: one consumer elsewhere)
+        dest[by] = of
     has = dest >= 0
     dest[has] = rank[dest[has]]
-    return (first.tolist(), extra), dest
+    return (rg, need), dest
 
 
 def _compute_costs(codes: _Codes, sched: Schedule, cost: CostModel, kc, st, mb, rank, modes, offsets):
@@ -370,21 +392,21 @@ def _transfers(
 ):
     """Each send's link — one FIFO link per (source rank, destination rank), numbered in order of first
     use — and its transfer time (sends nobody receives stay on the sender's own link, free)."""
-    links = np.full(len(kc), -1, np.int64)
+    links = np.full(len(kc), -1, INDEX)
     sends = np.flatnonzero(modes == _SEND)
     if not len(sends):
-        return links.tolist(), 0
+        return links, 0
     src = rank[sends]
     dst = np.where(dest[sends] < 0, src, dest[sends])
     num_ranks = sched.num_ranks
-    num_links, links[sends], _ = _dense(src * num_ranks + dst, num_ranks * num_ranks)
+    num_links, links[sends], _ = _dense(src.astype(np.int64) * num_ranks + dst, num_ranks * num_ranks)
     moving = sends[src != dst]
     if len(moving):
-        key = (kc[moving] * codes.S + st[moving]) * num_ranks + dst[src != dst]
+        key = (kc[moving].astype(np.int64) * codes.S + st[moving]) * num_ranks + dst[src != dst]
         distinct, inverse, firsts = _dense(key, len(codes.specs) * codes.S * num_ranks)
         times = np.empty(distinct)
         for i, g in enumerate(moving[firsts].tolist()):
             a = Action(int(st[g]), codes.names[kc[g]], None if mb[g] < 0 else int(mb[g]), None)
             times[i] = float(comm.p2p_time(int(rank[g]), int(dest[g]), cost.message_bytes(a, sched)))
         durs[moving] = times[inverse]
-    return links.tolist(), num_links
+    return links, num_links

@@ -1,9 +1,10 @@
 """DualPipe's F&B overlap priced for the simulator: one stream for compute, one for communication.
 
 DeepSeek-V3 (arXiv 2412.19437, §3.2.1) runs the forward chunk of one microbatch and the backward
-chunk of another together, so that the communication of each (all-to-all there; the context-parallel
-ring's exchanges here) proceeds while the other computes. With an action's time split into its
-compute c and the communication it waits for x (exposed when it runs alone), an F&B pair lasts
+chunk of another together, so that the communication of each (the experts' all-to-all there and in
+the runtime under ``--ep``; the context-parallel ring's exchanges) proceeds while the other
+computes. With an action's time split into its compute c and the communication it waits for x
+(exposed when it runs alone), an F&B pair lasts
 
     blocking:    (c_F + x_F) + (c_B + x_B)
     overlapped:  max(c_F + c_B, x_F + x_B)       (two streams, each serialised)

@@ -138,8 +138,8 @@ def prepare(
     config = check_config(config, features)
     if world_size is not None and world_size != config.world_size:
         raise ConfigError(
-            f"tp × pp × dp = {config.tp}×{config.pp}×{config.dp} = {config.world_size} but there are "
-            f"{world_size} processes; make the product equal the process count"
+            f"tp × cp × pp × dp = {config.tp}×{config.cp}×{config.pp}×{config.dp} = {config.world_size} "
+            f"but there are {world_size} processes; make the product equal the process count"
         )
     if config.data is not None and not Path(config.data).exists():
         raise ConfigError(f"data file {config.data} does not exist; give an existing --data path or omit it")

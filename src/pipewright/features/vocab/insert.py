@@ -20,7 +20,9 @@ stage's forward and its backward), p + 1 for Algorithm 2 (one) and p + 3 for the
 (three), against p. A collective is placed on
 each participant before the first action that starts after its last input completed on the planning
 clock — so every rank issues the collectives of one communicator in the same order, and the schedule
-executes with blocking collectives (the validator's and the simulator's rendezvous). Pure Python.
+executes with blocking collectives (the validator's and the simulator's rendezvous). On plain 1F1B
+the reference implementation's order (:mod:`.reference_choice`) is kept instead where the simulator
+predicts it no slower. Pure Python.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from pipewright.features.vocab.kinds import (
     home,
     registry,
 )
+from pipewright.features.vocab.reference_choice import reference_candidate, simulated_span
 from pipewright.ir import Action, B, Event, F, I, Schedule, W
 
 #: Extra microbatches of activation memory the 1F1B first rank needs (the paper's p + 2 / p + 1; one
@@ -309,7 +312,10 @@ def insert_vocab(
     naive (whose S is two passes, ``VSM`` and ``VS``, around the MAX all-reduce ``VCM``). The
     pass tries every shift 0..extra and both priorities (vocabulary passes first, or the schedule's
     next action first) and keeps the shortest iteration on the planning clock (ties: less memory).
-    The result validates with :func:`pipewright.passes.validate.validate`.
+    On plain 1F1B with m > p (Algorithms 1 and 2, ``extra`` at least the reference's 2 or 1) the
+    reference implementation's order (:func:`.reference_choice.reference_candidate`) is returned instead
+    when the simulator, under ``costs``, predicts it no slower (``meta["vocab_order"]``: "reference" or
+    "planned"). The result validates with :func:`pipewright.passes.validate.validate`.
     """
     if schedule.lowered:
         raise ScheduleError("insert the vocabulary actions before lowering (pass a compute-only schedule)")
@@ -328,9 +334,17 @@ def insert_vocab(
                 continue
             if best is None or span < best[0] - 1e-9 * max(1.0, span):
                 best = (span, shift, vocab_first, sched)
-    if best is None:
+    reference = reference_candidate(schedule, algorithm, costs, allowance)
+    if best is None and reference is None:
         raise stuck or ScheduleError("no vocabulary placement")
-    return replace_meta(best[3], vocab_shift=best[1], vocab_first=best[2])
+    if best is None:
+        return reference
+    planned = replace_meta(best[3], vocab_shift=best[1], vocab_first=best[2], vocab_order="planned")
+    if reference is not None:
+        ours, theirs = simulated_span(planned, costs), simulated_span(reference, costs)
+        if theirs <= ours + 1e-9 * max(1.0, ours):
+            return reference
+    return planned
 
 
 def place_variant(

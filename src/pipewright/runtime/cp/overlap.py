@@ -1,6 +1,7 @@
 """DualPipe's F&B overlap in the runtime: the forward of one microbatch runs while the backward of
-another computes, so that the communication inside each (here the context-parallel ring exchanges,
-and the pipeline sends of the forward's output) hides behind the other's compute.
+another computes, so that the communication inside each (the context-parallel ring exchanges, the
+mixture-of-experts dispatch and combine all-to-alls, and the pipeline sends of the forward's output)
+hides behind the other's compute.
 
 DeepSeek's DualPipe pairs a forward chunk with a backward chunk and runs them on two streams; the
 schedule marks those pairs (``Schedule.meta["overlapped_pairs"]``: per rank, the position of each
@@ -13,9 +14,12 @@ cannot deadlock a schedule that is valid without it.
 
 The two threads communicate at the same time, so their collectives must not share a process group:
 the ring's forward exchanges and its backward exchanges use two groups over the same ranks
-(:class:`~pipewright.runtime.cp.ring.DistRing`), and pairs run one after the other (no thread) with
-tensor parallelism (whose collectives share the tp group), with recomputation (a backward that
-re-runs a forward would use the forward's ring) and without gradients (validation).
+(:class:`~pipewright.runtime.cp.ring.DistRing`), so do the experts' forward and backward all-to-alls
+(``ParallelMesh.ep_group`` / ``ep_back_group``; :class:`pipewright.runtime.moe.AllToAll`); each
+group then sees its collectives in the same order on every rank (the forwards in F order, the
+backwards in B order), as the schedule is the same on every peer. Pairs run one after the other
+(no thread) with tensor parallelism (whose collectives share the tp group), with recomputation (a
+backward that re-runs a forward would use the forward's groups) and without gradients (validation).
 """
 
 from __future__ import annotations
@@ -108,6 +112,18 @@ class PairOverlap:
         self.pairs_overlapped += 1
         if errors:
             raise errors[0]
+
+
+def install_pair_overlap(executor: Any, config: Any, mesh: Any) -> PairOverlap | None:
+    """Overlap ``executor``'s F&B pairs (module docstring) and return the wrapper; None — pairs one
+    after the other — with ``config.blocking_pairs``, tensor parallelism, recomputation, or a
+    schedule that marks no pairs."""
+    if config.blocking_pairs or mesh.tp > 1 or config.recompute != "none":
+        return None
+    wrapper = overlap_pairs_wrapper(executor.schedule, mesh.pp_rank)
+    if wrapper is not None:
+        executor.wrap_handlers(wrapper.wrap)
+    return wrapper
 
 
 def overlap_pairs_wrapper(schedule: Schedule, pp_rank: int) -> PairOverlap | None:

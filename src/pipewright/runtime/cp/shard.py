@@ -8,6 +8,8 @@
   :class:`~pipewright.runtime.cp.ring.RingAttentionCore`; a learned position table (GPT) is indexed at
   the global positions (a forward pre-hook maps 0…S/cp−1 to them); rotary tables (Llama, buffers
   ``cos``/``sin`` read as ``[:s]``) keep only the rows of those positions.
+- Mixture-of-experts layers route their own tokens; their load-balancing counts are summed over the
+  cp ranks (:func:`summed_over`; :mod:`pipewright.models.moe`).
 - :class:`ContextParallel`: all of it for one trainer (its ring from the mesh's cp coordinate).
 - :func:`sync_context_parallel_grads`: the parameter gradients averaged over the cp group. Each rank's
   loss is the mean over its S/cp tokens and every rank holds as many, so the mean over the cp ranks is
@@ -18,7 +20,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -27,7 +29,8 @@ from torch import nn
 
 from pipewright.errors import ConfigError
 from pipewright.models.blocks import AttentionCore
-from pipewright.runtime.cp.overlap import PairOverlap, overlap_pairs_wrapper
+from pipewright.models.moe import moe_layers
+from pipewright.runtime.cp.overlap import PairOverlap, install_pair_overlap
 from pipewright.runtime.cp.ring import DistRing, Ring, RingAttentionCore
 
 
@@ -69,9 +72,28 @@ def _global_positions_hook(positions: torch.Tensor):
     return hook
 
 
-def apply_context_parallel(stage: nn.Module, ring: Ring, positions: torch.Tensor) -> nn.Module:
+def summed_over(group: dist.ProcessGroup) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A MoE layer's ``count_sum``: its per-expert counts summed over ``group`` (the cp ranks)."""
+
+    def count_sum(counts: torch.Tensor) -> torch.Tensor:
+        total = counts.clone()
+        dist.all_reduce(total, group=group)
+        return total
+
+    return count_sum
+
+
+def apply_context_parallel(
+    stage: nn.Module,
+    ring: Ring,
+    positions: torch.Tensor,
+    count_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
+) -> nn.Module:
     """Make ``stage`` attend over the ring and place its tokens at ``positions`` (module docstring);
-    returns it (modified in place)."""
+    its MoE layers' balance counts summed by ``count_sum`` (:mod:`pipewright.models.moe`); returns it
+    (modified in place)."""
+    for layer in moe_layers(stage):
+        layer.count_sum = count_sum
     for module in list(stage.modules()):
         for name, child in list(module.named_children()):
             if type(child) is AttentionCore:
@@ -148,18 +170,13 @@ class ContextParallel:
         )
         positions = local_positions(seq_len, cp, c, mesh.device)
         for stage in stages.values():
-            apply_context_parallel(stage, ring, positions)
+            apply_context_parallel(stage, ring, positions, summed_over(mesh.cp_group))
         return cls(mesh.cp_group, cp, positions, ring)
 
     def overlap(self, executor, config, mesh) -> None:
         """Overlap the schedule's F&B pairs on ``executor`` (:mod:`.overlap`) unless
         ``config.blocking_pairs``, tensor parallelism or recomputation (one after the other then)."""
-        if config.blocking_pairs or mesh.tp > 1 or config.recompute != "none":
-            return
-        wrapper = overlap_pairs_wrapper(executor.schedule, mesh.pp_rank)
-        if wrapper is not None:
-            executor.wrap_handlers(wrapper.wrap)
-            self.pair_overlap = wrapper
+        self.pair_overlap = install_pair_overlap(executor, config, mesh)
 
     def shard(self, batches: list[torch.Tensor]) -> list[torch.Tensor]:
         """Each [b, S] microbatch at this rank's positions: [b, S/cp]."""

@@ -1,0 +1,59 @@
+"""``--zb-refine`` and ``--zb-ilp-time-limit``: the refinement of zb-auto's order by integer linear
+programming (:mod:`pipewright.schedules.zb_ilp`), declared once for ``schedule``, ``simulate`` and
+``plan``. Light: building a parser imports nothing beyond argparse."""
+
+from __future__ import annotations
+
+import argparse
+import math
+
+from pipewright.errors import ConfigError
+
+#: seconds of solving when only --zb-refine is given
+DEFAULT_SECONDS = 10.0
+
+
+def add_zb_refine_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """The two flags, on ``parser`` (or one of its argument groups)."""
+    parser.add_argument(
+        "--zb-refine",
+        action="store_true",
+        help="zb-auto: refine the heuristic's order with the paper's integer linear program (scipy; "
+        "pip install 'pipewright[ilp]'); kept only where it is faster",
+    )
+    parser.add_argument(
+        "--zb-ilp-time-limit",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="zb-auto: seconds the refinement may solve for "
+        f"(implies --zb-refine; default {DEFAULT_SECONDS:g})",
+    )
+
+
+def refine_seconds(args: argparse.Namespace, schedules: tuple[str, ...]) -> float | None:
+    """The refinement's time limit from the flags (None: no refinement). ``schedules``: the schedules
+    the command builds; refining asks for zb-auto among them. One-line ConfigError otherwise."""
+    seconds = getattr(args, "zb_ilp_time_limit", None)
+    if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
+        raise ConfigError(f"--zb-ilp-time-limit must be positive (got {seconds:g})")
+    if not getattr(args, "zb_refine", False) and seconds is None:
+        return None
+    if "zb-auto" not in schedules:
+        flag = "--zb-refine" if getattr(args, "zb_refine", False) else "--zb-ilp-time-limit"
+        raise ConfigError(f"{flag} refines zb-auto only (got {', '.join(schedules)}); drop it or use zb-auto")
+    return DEFAULT_SECONDS if seconds is None else seconds
+
+
+def ilp_line(report: dict) -> str:
+    """One line on what the refinement did (a schedule's ``meta["ilp"]``)."""
+    start, result = report["start"][-1], report["result"][-1]
+    if result < start:
+        verdict = f"{start:g} → {result:g}"
+    elif report.get("proven"):
+        verdict = "the heuristic's order is optimal"
+    else:
+        verdict = "kept the heuristic's order (nothing faster found)"
+    return (
+        f"ILP refinement: {verdict} (estimated makespan; {report['solves']} solves, {report['seconds']:g} s)"
+    )

@@ -1,0 +1,112 @@
+"""How the memory-bound kernels run (``--kernels fused|eager|compiled``): bytes they move.
+
+``fused`` (the default; Megatron-Core with Transformer Engine and Apex kernels): a layer's norms,
+activations, rotary embedding, dropout and residual adds move κ (:attr:`Efficiency.memory_traffic`)
+× the bytes a forward stores, the backward twice that, and the vocabulary-parallel cross-entropy is
+one fused kernel (12 bytes per logit forward, 10 backward) that keeps one fp32 copy of the logits
+(4 bytes per logit) — :mod:`pipewright.cost.transformer`.
+
+``eager`` (PyTorch eager, as torchtitan's Llama runs it: ``models/norms.py`` RMSNorm,
+``models/llama/model.py`` rotary embedding, ``repeat_kv``, SwiGLU and residual adds): every operator
+is its own kernel that reads its inputs and writes its output through device memory. Bytes per
+element (bf16 activations, fp32 intermediates), forward and backward as autograd runs them — the sum,
+over the ATen operators PyTorch dispatches, of each one's tensor inputs and outputs (broadcast
+operands once), counted with a ``TorchDispatchMode`` (``tests/test_cost_modern.py`` recounts them):
+
+==============================================  ===========  ========  ==========  ===============
+operator                                        per element  forward   backward    ATen operators
+==============================================  ===========  ========  ==========  ===============
+RMSNorm ``(x.float() * rsqrt(mean(x²) + ε))``   h, twice     36        92          6 fwd, 13 bwd
+``.type_as(x) * weight``
+rotary embedding (complex product), q and k     h + g·d      20        20          3, 3
+``repeat_kv`` of k and v (g·d < h)              h, twice     2 + 2gd/h same        1, 1
+attention output ``.contiguous()``              h            4         4           1, 1
+SwiGLU ``silu(w1 x) * w3 x``                    f            10        18          2, 3
+residual add (backward: the fan-out's sum)      h, twice     6         6           1, 1
+cross-entropy on ``pred.float()``               logit        18        26          3, 3
+==============================================  ===========  ========  ==========  ===============
+
+The cross-entropy keeps, at the backward's peak, the log-softmax output, its incoming gradient and
+the input gradient: 12 bytes per logit. Families other than Llama use ``nn.LayerNorm`` (one
+``native_layer_norm`` kernel even in eager: 4 forward, 6 backward per h), no rotary embedding, and a
+one-input activation (GeLU: 4 forward, 6 backward per f).
+
+``compiled`` (``torch.compile`` of each transformer block, torchtitan's ``apply_compile``): the blocks'
+elementwise chains fused as ``fused`` prices them; the loss stays eager (outside the compiled blocks).
+
+Tensor parallelism splits the q/k/v, SwiGLU and attention-output widths by t, and with sequence
+parallelism the norms and residual adds too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+
+from pipewright.cost.layer import kv_width
+from pipewright.errors import ConfigError
+from pipewright.ir import F, I, W
+from pipewright.models.spec import ModelSpec
+
+KERNELS = ("fused", "eager", "compiled")
+#: eager bytes per element, (forward, backward), of the module docstring's operators
+EAGER_BYTES = {
+    "rmsnorm": (36.0, 92.0),
+    "layernorm": (4.0, 6.0),
+    "rotary": (20.0, 20.0),
+    "contiguous": (4.0, 4.0),
+    "swiglu": (10.0, 18.0),
+    "gelu": (4.0, 6.0),
+    "residual": (6.0, 6.0),
+    "cross_entropy": (18.0, 26.0),
+}
+#: bytes per logit the cross-entropy moves (F, I) and keeps at its peak, per kernel implementation
+_LOSS = {
+    "fused": ({F: 12.0, I: 10.0, W: 0.0}, 4.0),
+    "eager": ({F: EAGER_BYTES["cross_entropy"][0], I: EAGER_BYTES["cross_entropy"][1], W: 0.0}, 12.0),
+}
+
+
+def check_kernels(kernels: str) -> None:
+    if kernels not in KERNELS:
+        raise ConfigError(f"--kernels must be one of {', '.join(KERNELS)} (got {kernels!r})")
+
+
+def eager_layer_bytes(spec: ModelSpec, t: int = 1, sequence_parallel: bool = False) -> tuple[float, float]:
+    """Bytes per token one layer's eager memory-bound operators move, forward and backward, per device
+    (module docstring's table; tensor parallelism splits q/k/v, the MLP and the attention output by t,
+    sequence parallelism the norms and residual adds too)."""
+    h, f, kv = spec.hidden, spec.ffn_hidden, kv_width(spec)
+    outside = h / (t if sequence_parallel else 1)  # norms and residual adds
+    llama = spec.family == "llama"
+    widths = {
+        "rmsnorm" if llama else "layernorm": 2 * outside,
+        "residual": 2 * outside,
+        "rotary": (h + kv) / t if llama else 0.0,
+        "contiguous": h / t,
+        "swiglu" if spec.mlp == "swiglu" else "gelu": f / t,
+    }
+    fwd = sum(EAGER_BYTES[op][0] * n for op, n in widths.items())
+    bwd = sum(EAGER_BYTES[op][1] * n for op, n in widths.items())
+    repeat = 2 * (2 * kv + 2 * h) / t if kv < h else 0.0  # read g·d, write h (bf16), k and v
+    return fwd + repeat, bwd + repeat
+
+
+def loss_bytes(kernels: str) -> tuple[Mapping[str, float], float]:
+    """(bytes per logit moved by F and I, bytes per logit kept) of the cross-entropy: the fused kernel,
+    or PyTorch's eager one (also under ``compiled``, whose compiled regions are the blocks)."""
+    check_kernels(kernels)
+    moved, kept = _LOSS["fused" if kernels == "fused" else "eager"]
+    return MappingProxyType(moved), kept
+
+
+def layer_traffic(cost, esize: float) -> tuple[float, float]:
+    """Bytes one layer's memory-bound kernels move per microbatch and device, forward and backward,
+    before the context-parallel split, for a :class:`~pipewright.cost.transformer.TransformerCost`
+    with ``esize``-byte activations: the eager count (module docstring) or κ × the stored bytes."""
+    if cost.kernels == "eager":
+        fwd, bwd = eager_layer_bytes(cost.spec, cost.mesh.tp, cost.sequence_parallel)
+        scale = cost.spec.seq_len * cost.microbatch * esize / 2
+        return fwd * scale, bwd * scale
+    fwd = cost.efficiency.memory_traffic * cost.layer_stored_bytes("none", fp8=False)
+    return fwd, 2 * fwd
