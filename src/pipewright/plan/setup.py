@@ -20,25 +20,27 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from pipewright.cost.base import CommModel, CostModel, FreeComm
-from pipewright.cost.calibration import Calibration
-from pipewright.cost.comm import TopologyComm
-from pipewright.cost.llama import cost_class
-from pipewright.cost.profiled import ProfiledComm, ProfiledCost, ProfileRow
-from pipewright.cost.recompute import make_cost
-from pipewright.cost.transformer import Efficiency, default_efficiency
 from pipewright.cost.unit import UnitCost
 from pipewright.errors import ConfigError
-from pipewright.hardware import Accelerator, accelerator
 from pipewright.ir import Action, Schedule
-from pipewright.mesh import Mesh
-from pipewright.models.layout import Layout, resolve_layout
-from pipewright.models.spec import ModelSpec
-from pipewright.passes.grad_reduce import with_grad_reduction
 from pipewright.sim.engine import SimResult, simulate
-from pipewright.sim.sharing import SharedCompute
-from pipewright.topology import Topology, cluster, single_host
+
+if TYPE_CHECKING:
+    from pipewright.cost.calibration import Calibration
+    from pipewright.cost.profiled import ProfileRow
+    from pipewright.cost.transformer import Efficiency
+    from pipewright.hardware import Accelerator
+    from pipewright.mesh import Mesh
+    from pipewright.models.layout import Layout
+    from pipewright.models.spec import ModelSpec
+    from pipewright.sim.sharing import SharedCompute
+    from pipewright.topology import Topology
+
+# The cost models, cluster descriptions and layouts are imported inside the functions that use them:
+# a unit-cost ``pipewright simulate`` imports this module and needs none of them.
 
 #: Unit costs read one time unit of compute as 10¹² FLOPs and a device's peak as 10¹² FLOPs per time
 #: unit, so "TFLOP/s per device" and MFU both read as the fraction of time a device computes.
@@ -106,6 +108,9 @@ def cluster_topology(
     accelerator for pricing), else ``nodes`` × ``gpus_per_node`` of ``gpu`` (NVLink inside a node where
     the GPU has it, else PCIe 4; InfiniBand HDR between nodes, one NIC per GPU by default; ``cpu``: one
     host on gloo loopback)."""
+    from pipewright.hardware import accelerator
+    from pipewright.topology import Topology, cluster, single_host
+
     if topology is not None:
         topo = Topology.load(topology) if isinstance(topology, str) else topology
         return topo, accelerator(gpu) if gpu else topo.accelerator(0)
@@ -138,6 +143,8 @@ def _layout(
 ) -> Layout | tuple[int, ...] | None:
     """A layout string parsed and checked into a Layout (it also places the embedding and the output
     layer), a Layout checked, a count tuple as given, or None (uniform)."""
+    from pipewright.models.layout import Layout, resolve_layout
+
     if layout is None or layout == "":
         return None
     if isinstance(layout, (str, Layout)):
@@ -183,6 +190,12 @@ def model_setup(
     :mod:`pipewright.cost.calibration`): the cost model's fields; ``fields``: any other of them
     (``grad_dtype``).
     """
+    from pipewright.cost.llama import cost_class
+    from pipewright.cost.recompute import make_cost
+    from pipewright.cost.transformer import default_efficiency
+    from pipewright.hardware import Accelerator, accelerator
+    from pipewright.passes.grad_reduce import with_grad_reduction
+
     if cp > 1 and mesh.cp == 1:
         mesh = replace(mesh, cp=cp)
     if schedule.num_ranks != mesh.pp:
@@ -247,6 +260,12 @@ def profile_setup(
     """Measured costs from a profile table (module docstring): ``schedule`` with ``pp`` ranks, REDUCE_GRAD
     overlapped (as the executor adds it) when dp > 1; the data-parallel all-reduce over one host's
     ``tp × pp × dp`` processes."""
+    from pipewright.cost.comm import TopologyComm
+    from pipewright.cost.profiled import ProfiledComm, ProfiledCost
+    from pipewright.mesh import Mesh
+    from pipewright.passes.grad_reduce import with_grad_reduction
+    from pipewright.topology import single_host
+
     if dp > 1:
         schedule = with_grad_reduction(schedule, "overlap")
     cost = ProfiledCost(
@@ -262,6 +281,8 @@ def core_sharing(
 ) -> SharedCompute | None:
     """``num_ranks`` simulated ranks (× ``processes_per_rank`` processes) sharing ``cores`` CPU cores of
     one host, with a profile's contention curve when ``meta`` has one; None without ``cores``."""
+    from pipewright.sim.sharing import SharedCompute
+
     if cores is None:
         return None
     if cores <= 0:

@@ -12,10 +12,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from pipewright.cost.transformer import TransformerCost
 from pipewright.cost.unit import UnitCost
 from pipewright.errors import ConfigError
-from pipewright.features.vocab.cost import VocabComm, VocabCost, redistribute_layout
 from pipewright.features.vocab.insert import PlacementCosts, insert_vocab, unit_vocab_times
 from pipewright.features.vocab.kinds import COLLECTIVE_KINDS
 from pipewright.features.vocab.options import CHOICES, VocabOptions
@@ -27,6 +25,8 @@ def placement_costs(cost, schedule: Schedule) -> PlacementCosts:
     """The insertion pass's durations from a cost model: compute on its rank; for a VocabCost also the
     collectives over the vocab group and one stage-boundary transfer (``simulate --vocab-parallel`` and
     :mod:`.experiment` both place by it)."""
+    from pipewright.features.vocab.cost import VocabCost
+
     coll = {k: cost.collective_time(k) for k in COLLECTIVE_KINDS} if isinstance(cost, VocabCost) else {}
     p2p = 0.0
     if isinstance(cost, VocabCost) and schedule.num_ranks > 1:
@@ -44,6 +44,11 @@ def _kinds(schedule: Schedule):
 
 def apply_to_simulation(option: str, schedule: Schedule, cost, comm, *, unit: bool = False):
     """(schedule, cost, comm) for ``option``; unchanged for ``none``."""
+    # the transformer and vocabulary cost models load only when a method is chosen (plain simulate runs
+    # pass through simulate_hook without them)
+    from pipewright.cost.transformer import TransformerCost
+    from pipewright.features.vocab.cost import VocabComm, VocabCost, redistribute_layout
+
     if option not in CHOICES:
         raise ConfigError(f"--vocab-parallel {option!r}; choose one of {', '.join(CHOICES)}")
     if option == "none":
