@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from _queue_spawn import fork_launch
 from pipewright.errors import ConfigError
 from pipewright.features.async_weights.directions import BUILTIN, directions, predict_into
 from pipewright.features.async_weights.policies import POLICIES, make_policy, policy_optimizer
@@ -427,7 +428,8 @@ def _records(result) -> list[dict]:
 
 
 def _train_each(rank: int, runs: list) -> list:
-    """Spawned worker: the trainer's loop over each run in turn, in one process group."""
+    """Worker: the trainer's loop (``train_worker``, as ``pipewright train`` runs it) over each run in
+    turn, in one process group."""
     from pipewright.training import train_worker
 
     return [train_worker(rank, run) for run in runs]
@@ -446,7 +448,6 @@ def two_rank_runs(tmp_path_factory) -> dict:
     from dataclasses import replace
 
     from pipewright.ir import Action, Schedule, loop_placement
-    from pipewright.runtime.launch import spawn
     from pipewright.training import prepare
 
     tmp_path = tmp_path_factory.mktemp("async-trainer")
@@ -465,7 +466,7 @@ def two_rank_runs(tmp_path_factory) -> dict:
     )  # fmt: skip
     dp1 = prepare(_config(tmp_path, "dp1-stash", microbatch_size=4, **DP_KW))
     runs = {"sync": sync, "async": replace(prepare(asyn), schedule=order), "dp1": dp1}
-    return dict(zip(runs, spawn(_train_each, p, (list(runs.values()),))[0], strict=True))
+    return dict(zip(runs, fork_launch(_train_each, p, (list(runs.values()),))[0], strict=True))
 
 
 @pytest.mark.slow
@@ -483,10 +484,10 @@ def test_trainer_data_parallel_composes_and_reports_weight_versions(two_rank_run
     """dp = 2 with b = 2 equals dp = 1 with b = 4 (gradients averaged before each stage's update), and
     the weight versions the runtime reports are those the memory model gives for the window."""
     from pipewright.features.async_weights.memory import weight_versions
-    from pipewright.training import train
+    from pipewright.training import prepare
 
     one = two_rank_runs["dp1"]
-    two = train(_config(tmp_path, "dp2-stash", dp=2, **DP_KW))
+    (two,) = fork_launch(_train_each, 4, ([prepare(_config(tmp_path, "dp2-stash", dp=2, **DP_KW))],))[0]
     assert two.losses == pytest.approx(one.losses, rel=2e-5)
     window = build_schedule("async-1f1b", 2, 8)
     want = {str(s): v for s, v in weight_versions("stash", window).items()}

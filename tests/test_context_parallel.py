@@ -16,11 +16,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from _queue_spawn import fork_launch
 from _single_process import Reference, compare, single_process, train_and_gather
 from pipewright.data.tokens import write_tokens
 from pipewright.errors import ConfigError, PipewrightError
 from pipewright.runtime.config import TrainConfig
-from pipewright.runtime.launch import spawn
 from pipewright.runtime.trainer import Trainer
 from pipewright.schedules.registry import check_args
 from pipewright.training import prepare
@@ -72,7 +72,9 @@ def test_context_parallel_training_equals_single_process(tmp_path):
     assert {r.config.world_size for r in runs} == {4}
     references: dict[tuple, Reference] = {}
     failures = []
-    for run, gathered in zip(runs, spawn(train_and_gather, 4, (runs, _facts), timeout_s=600)[0], strict=True):
+    for run, gathered in zip(
+        runs, fork_launch(train_and_gather, 4, (runs, _facts), timeout_s=600)[0], strict=True
+    ):
         c = run.config
         label = f"{c.model} {c.schedule} pp={c.pp} tp={c.tp} cp={c.cp}"
         key = (c.model, c.global_batch)

@@ -23,12 +23,12 @@ import pytest
 import torch
 
 from _hf_families import FAMILIES, VOCAB, write_family
+from _queue_spawn import fork_launch
 from _single_process import Reference, compare, dataset_batches, train_and_gather, train_one_process
 from pipewright.data.tokens import write_tokens
 from pipewright.errors import ConfigError
 from pipewright.models.gpt import loss_fn
 from pipewright.runtime.config import TrainConfig
-from pipewright.runtime.launch import spawn
 from pipewright.runtime.trainer import PreparedRun
 from pipewright.training import prepare
 
@@ -116,7 +116,7 @@ def test_hf_families_pipelined_equal_transformers(tmp_path):
     runs = [prepare(config) for _, config in cases]
     failures, references = [], {}
     for (family, _), run, gathered in zip(
-        cases, runs, spawn(train_and_gather, 4, (runs, None, False), timeout_s=600)[0], strict=True
+        cases, runs, fork_launch(train_and_gather, 4, (runs, None, False), timeout_s=600)[0], strict=True
     ):
         c = run.config
         label = f"{family} {c.schedule} pp={c.pp} dp={c.dp} tp={c.tp}"

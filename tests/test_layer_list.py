@@ -19,11 +19,11 @@ import torch
 from torch import nn
 
 import pipewright
+from _queue_spawn import fork_launch
 from _single_process import Reference, compare, train_and_gather, train_one_process
 from pipewright.errors import ConfigError, PipewrightError
 from pipewright.models.layer_list import LayerList, balanced_counts
 from pipewright.runtime.config import TrainConfig
-from pipewright.runtime.launch import spawn
 from pipewright.schedules import schedule_names
 from pipewright.schedules.registry import check_args, info
 
@@ -117,7 +117,7 @@ def test_layer_list_equals_one_process_in_every_schedule(tmp_path):
     assert {r.layout.layer_counts for r in runs} >= {(3, 5), (2, 2, 2, 2)}
     references: dict[int, Reference] = {}
     failures = []
-    for run, gathered in zip(runs, spawn(train_and_gather, 4, (runs,), timeout_s=600)[0], strict=True):
+    for run, gathered in zip(runs, fork_launch(train_and_gather, 4, (runs,), timeout_s=600)[0], strict=True):
         c = run.config
         label = f"{c.schedule} pp={c.pp} dp={c.dp} v={run.schedule.num_stages // c.pp} {run.layout}"
         if c.global_batch not in references:
