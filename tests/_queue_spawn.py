@@ -6,6 +6,7 @@ test's modules, already imported here, are not imported again in every worker (s
 from __future__ import annotations
 
 import os
+import pickle
 import queue as queue_module
 import tempfile
 import time
@@ -76,7 +77,7 @@ def _forked(
     try:
         init_from_env("gloo", timeout_s)
         result = fn(rank, *args)
-        queue.put((rank, "ok", result))
+        queue.put((rank, "ok", pickle.dumps(result)))  # by value: no shared memory outliving this process
         dist.barrier()  # nobody tears the group down while a peer may still be talking to it
     except BaseException:
         queue.put((rank, "error", traceback.format_exc()))
@@ -121,7 +122,7 @@ def fork_launch(
                 continue
             if status == "error":
                 raise RuntimeError(f"forked worker rank {rank} failed:\n{value}")
-            results[rank] = value
+            results[rank] = pickle.loads(value)
     finally:
         for proc in procs:
             proc.join(timeout=30)
