@@ -19,6 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as hs
 from torch import nn
 
+from _queue_spawn import fork_launch
 from pipewright.deps import CORE_KINDS
 from pipewright.errors import PipewrightError
 from pipewright.ir import REDUCE_GRAD, Action, KindSpec, Schedule, W, v_placement
@@ -221,7 +222,7 @@ CASES_8 = _cases_8()
 
 @pytest.fixture(scope="module")
 def results_8() -> list[dict]:
-    return spawn(_worker_8, 8, (CASES_8,), backend="gloo", timeout_s=300)
+    return fork_launch(_worker_8, 8, (CASES_8,), timeout_s=300)
 
 
 @pytest.mark.slow
