@@ -1,7 +1,7 @@
 """The pipeline runtime: mesh arithmetic, split backward, and the executor against a single-process
 reference (same loss, same gradients) for every synchronous schedule in the registry, on gloo.
 
-Multi-process checks spawn once per world size and run all their cases inside the workers; the
+Multi-process checks launch once per world size and run all their cases inside the workers; the
 workers return plain numbers and the tests assert on them.
 """
 

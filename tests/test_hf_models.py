@@ -9,7 +9,7 @@ tied families all five (:data:`SPREAD`; ``PIPEWRIGHT_FULL_HF=1`` runs every fami
 and 1F1B at pp = 2 × tp = 2 for Llama, Qwen3 and Gemma 3 (all seven families with Llama-style
 projections in the full run): the loss of each of 3 SGD steps (warm-up, clipping active), every
 gradient of the first step and every parameter after the third equal the single-process
-``transformers`` model's within 1e-5 relative. One spawn of 4 gloo processes runs every case
+``transformers`` model's within 1e-5 relative. One launch of 4 gloo processes runs every case
 (pp = 2 layouts with dp = 2).
 """
 

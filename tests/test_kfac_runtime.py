@@ -1,6 +1,6 @@
 """``--optimizer kfac`` in the runtime: K-FAC tasks run by registered handlers in the bubbles.
 
-One 2-process gloo spawn runs the same tiny model and data three times (pp = 2, 1F1B): AdamW, K-FAC
+One 2-process gloo launch runs the same tiny model and data three times (pp = 2, 1F1B): AdamW, K-FAC
 in the predicted bubbles, and K-FAC with the opportunistic receive mode as well. The forward/backward
 work is the same (the step-0 loss is equal to the bit; the refresh's inverses only change the update
 once installed), a refresh completes within the run, and the preconditioned steps then differ. A

@@ -1,4 +1,4 @@
-"""Resharding on resume, non-finite gradients and hang reports, through the real trainer in one spawn
+"""Resharding on resume, non-finite gradients and hang reports, through the real trainer in one launch
 of 4 worker processes (one process group shared by every case):
 
 * resharding: a run at pp = 2, dp = 2 checkpoints after step 3 and goes on to step 6; the checkpoint,

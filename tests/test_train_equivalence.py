@@ -2,7 +2,7 @@
 
 Pipeline × data parallelism: every synchronous schedule in the registry, layouts (pp, dp) ∈ {(4, 1),
 (2, 2), (4, 2)}, v ∈ {1, 2} where the schedule takes it (pp = 2, dp = 1 is covered against other
-layouts by test_train_cli.py, to save a spawn): the loss and every parameter's gradient after one
+layouts by test_train_cli.py, to save a launch): the loss and every parameter's gradient after one
 iteration, every parameter after 3 optimizer steps and the validation loss then (a forward-only pass)
 (SGD with momentum, warm-up, global-norm clipping active) match a single-process reference on the same
 data within 1e-5 relative (fp32). Three steps suffice: every synchronous schedule flushes within a
@@ -19,9 +19,9 @@ loss then, against the same reference and tolerance. The three modes are spread 
 :func:`_ptdp_cases`) so that every schedule/v runs in every mode and every layout in every mode;
 ``PIPEWRIGHT_FULL_PTDP=1`` runs the full product.
 
-One spawn per world size (4, 8 processes) runs all its cases.
+One launch per world size (4, 8 processes, forked from the test process) runs all its cases.
 
-(AdamW is not used for the 5-step comparison: it divides by √v, so parameters whose gradient is
+(AdamW is not used for the 3-step comparison: it divides by √v, so parameters whose gradient is
 rounding noise — the key bias, to which softmax is invariant — move by ±lr on either side.)
 """
 
