@@ -1,12 +1,19 @@
-"""Run a test's cases in fresh gloo processes that report through a queue (shared by the multi-process
-test files whose cases collect per-case error strings)."""
+"""Launching a test's workers: :func:`spawn_cases` runs a test's cases in fresh gloo processes that report
+through a queue; :func:`fork_launch` runs ``fn(rank, *args)`` like
+:func:`pipewright.runtime.launch.spawn` in processes forked from the test process, so that torch and the
+test's modules, already imported here, are not imported again in every worker (seconds of CPU each)."""
 
 from __future__ import annotations
 
 import os
+import pickle
+import queue as queue_module
 import tempfile
-from collections.abc import Callable
+import time
+import traceback
+from collections.abc import Callable, Sequence
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -29,9 +36,9 @@ def _worker(cases: Cases, rank: int, world: int, init_file: str, queue) -> None:
 
 
 def spawn_cases(cases: Cases, world: int) -> dict[str, list[str]]:
-    """Run ``cases(rank, world)`` on ``world`` spawned gloo processes (a module-level function, so it
-    pickles). Returns case → one entry per reporting rank ("rank r: error" or "")."""
-    ctx = mp.get_context("spawn")
+    """Run ``cases(rank, world)`` on ``world`` gloo processes (a module-level function, so it pickles;
+    forked where :func:`can_fork`). Returns case → one entry per reporting rank ("rank r: error" or "")."""
+    ctx = mp.get_context("fork" if can_fork() else "spawn")
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         init_file = os.path.join(tmp, "init")
@@ -46,3 +53,80 @@ def spawn_cases(cases: Cases, world: int) -> dict[str, list[str]]:
         for name, err in results.items():
             merged.setdefault(name, []).append(f"rank {rank}: {err}" if err else "")
     return merged
+
+
+def can_fork() -> bool:
+    """Whether workers may be forked from this process: no process group of its own (a child would
+    inherit it) and no CUDA context (which does not survive a fork)."""
+    return (
+        not dist.is_initialized() and not torch.cuda.is_initialized() and "fork" in mp.get_all_start_methods()
+    )
+
+
+def _forked(
+    fn: Callable[..., Any], rank: int, nprocs: int, args: Sequence[Any], port: int, timeout_s: float, queue
+) -> None:
+    """One forked rank: the environment and gloo group ``pipewright.runtime.launch`` gives a worker
+    (one CPU thread), ``fn(rank, *args)``, then (rank, "ok", result) or (rank, "error", traceback)."""
+    from pipewright.runtime.launch import init_from_env
+
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(nprocs),
+        LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(nprocs),
+    )  # fmt: skip
+    try:
+        init_from_env("gloo", timeout_s)
+        result = fn(rank, *args)
+        queue.put((rank, "ok", pickle.dumps(result)))  # by value: no shared memory outliving this process
+        dist.barrier()  # nobody tears the group down while a peer may still be talking to it
+    except BaseException:
+        queue.put((rank, "error", traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        queue.close()
+        queue.join_thread()
+        os._exit(0)  # no atexit handlers or finalizers inherited from the test process
+
+
+def fork_launch(
+    fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), timeout_s: float = 600.0
+) -> list:
+    """``fn(rank, *args)`` on ``nprocs`` gloo ranks; their results by rank (as
+    :func:`pipewright.runtime.launch.spawn`, which it falls back to where :func:`can_fork` is false).
+    A rank that raises fails the call with its traceback; so does passing ``timeout_s``."""
+    from pipewright.runtime.launch import free_port, spawn
+
+    if not can_fork():
+        return spawn(fn, nprocs, args, backend="gloo", timeout_s=timeout_s)
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(target=_forked, args=(fn, r, nprocs, tuple(args), port, timeout_s, queue))
+        for r in range(nprocs)
+    ]
+    for proc in procs:
+        proc.start()
+    results: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(results) < nprocs:
+            try:
+                rank, status, value = queue.get(timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+            except queue_module.Empty:
+                dead = [p for p in procs if p.exitcode not in (None, 0)]
+                if dead or time.monotonic() > deadline:
+                    why = f"a worker died ({dead[0].exitcode})" if dead else f"past {timeout_s:g} s"
+                    raise RuntimeError(f"forked workers: {why}") from None
+                continue
+            if status == "error":
+                raise RuntimeError(f"forked worker rank {rank} failed:\n{value}")
+            results[rank] = pickle.loads(value)
+    finally:
+        for proc in procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(timeout=10)
+    return [results[r] for r in range(nprocs)]

@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from _queue_spawn import fork_launch
 from pipewright.errors import ConfigError
 from pipewright.features.async_weights.directions import BUILTIN, directions, predict_into
 from pipewright.features.async_weights.policies import POLICIES, make_policy, policy_optimizer
@@ -414,67 +415,83 @@ TINY = dict(
 )
 
 
-def _train(tmp_path, name: str, **kw):
+def _config(tmp_path, name: str, **kw):
     from pipewright.runtime.config import TrainConfig
-    from pipewright.training import train
 
-    result = train(TrainConfig(**{**TINY, "out": str(tmp_path / name), **kw}))
+    return TrainConfig(**{**TINY, "out": str(tmp_path / name), **kw})
+
+
+def _records(result) -> list[dict]:
     import json
 
-    records = [json.loads(ln) for ln in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
-    return result.losses, records
+    return [json.loads(ln) for ln in result.files["metrics"].read_text().splitlines()]
 
 
-@pytest.mark.slow
-def test_trainer_async_without_staleness_equals_synchronous(tmp_path):
-    """Two pipeline ranks running F, B, STEP per microbatch (an asynchronous order with s = 0) under
-    the async trainer give the losses of synchronous 1F1B with one microbatch per step and 4× the
-    steps (no clipping: the async runtime clips per stage, the synchronous one globally)."""
+def _train_each(rank: int, runs: list) -> list:
+    """Worker: the trainer's loop (``train_worker``, as ``pipewright train`` runs it) over each run in
+    turn, in one process group."""
+    from pipewright.training import train_worker
+
+    return [train_worker(rank, run) for run in runs]
+
+
+#: the two-rank runs of the trainer checks below, all in one launch
+ASYNC_P, ASYNC_M = 2, 4
+DP_KW = dict(schedule="async-1f1b", pp=2, microbatches=2, steps=4, async_window=4, weight_policy="stash")
+
+
+@pytest.fixture(scope="module")
+def two_rank_runs(tmp_path_factory) -> dict:
+    """Synchronous 1F1B with one microbatch per step (grad_clip 0); the asynchronous order F, B, STEP
+    per microbatch (s = 0) on the same data; async-1f1b stash at dp = 1 with b = 4. One 2-process
+    launch runs the three (``train_worker`` each, as ``pipewright train`` does)."""
     from dataclasses import replace
 
     from pipewright.ir import Action, Schedule, loop_placement
-    from pipewright.runtime.config import TrainConfig
-    from pipewright.runtime.launch import spawn
-    from pipewright.training import prepare, train_worker
+    from pipewright.training import prepare
 
-    p, m = 2, 4
-    sync, _ = _train(
-        tmp_path, "sync", schedule="1f1b", pp=p, microbatches=1, steps=8, warmup=4, grad_clip=0.0
+    tmp_path = tmp_path_factory.mktemp("async-trainer")
+    p, m = ASYNC_P, ASYNC_M
+    sync = prepare(
+        _config(tmp_path, "sync", schedule="1f1b", pp=p, microbatches=1, steps=8, warmup=4, grad_clip=0.0)
     )
     rows = [
         [a for k in range(m) for a in (Action(r, F, k), Action(r, B, k), Action(r, STEP, k))]
         for r in range(p)
     ]
     order = Schedule.build("async-no-overlap", m, rows, loop_placement(p), flush=False)
-    config = TrainConfig(
-        **{**TINY, "steps": 2},
-        grad_clip=0.0,
-        pp=p,
-        microbatches=m,
-        schedule="async-1f1b",
-        weight_policy="predict",
-        async_window=1,
-        out=str(tmp_path / "async"),
-    )
-    run = replace(prepare(config), schedule=order)
-    asyn = spawn(train_worker, p, (run,))[0].losses
+    asyn = _config(
+        tmp_path, "async", steps=2, grad_clip=0.0, pp=p, microbatches=m, schedule="async-1f1b",
+        weight_policy="predict", async_window=1,
+    )  # fmt: skip
+    dp1 = prepare(_config(tmp_path, "dp1-stash", microbatch_size=4, **DP_KW))
+    runs = {"sync": sync, "async": replace(prepare(asyn), schedule=order), "dp1": dp1}
+    return dict(zip(runs, fork_launch(_train_each, p, (list(runs.values()),))[0], strict=True))
+
+
+@pytest.mark.slow
+def test_trainer_async_without_staleness_equals_synchronous(two_rank_runs):
+    """Two pipeline ranks running F, B, STEP per microbatch (an asynchronous order with s = 0) under
+    the async trainer give the losses of synchronous 1F1B with one microbatch per step and 4× the
+    steps (no clipping: the async runtime clips per stage, the synchronous one globally)."""
+    sync, asyn = two_rank_runs["sync"].losses, two_rank_runs["async"].losses
+    assert len(sync) == 8
     assert asyn == pytest.approx([sum(sync[i : i + 4]) / 4 for i in (0, 4)], rel=1e-6)
 
 
 @pytest.mark.slow
-def test_trainer_data_parallel_composes_and_reports_weight_versions(tmp_path):
+def test_trainer_data_parallel_composes_and_reports_weight_versions(two_rank_runs, tmp_path):
     """dp = 2 with b = 2 equals dp = 1 with b = 4 (gradients averaged before each stage's update), and
     the weight versions the runtime reports are those the memory model gives for the window."""
     from pipewright.features.async_weights.memory import weight_versions
+    from pipewright.training import prepare
 
-    kw = dict(schedule="async-1f1b", pp=2, microbatches=2, steps=4, async_window=4)
-    for policy in ("stash",):
-        one, rec = _train(tmp_path, f"dp1-{policy}", microbatch_size=4, weight_policy=policy, **kw)
-        two, _ = _train(tmp_path, f"dp2-{policy}", dp=2, weight_policy=policy, **kw)
-        assert two == pytest.approx(one, rel=2e-5)
-        window = build_schedule("async-1f1b", 2, 8)
-        want = {str(s): v for s, v in weight_versions(policy, window).items()}
-        assert rec[-1]["weight_versions"] == want == {"0": 2, "1": 1}
+    one = two_rank_runs["dp1"]
+    (two,) = fork_launch(_train_each, 4, ([prepare(_config(tmp_path, "dp2-stash", dp=2, **DP_KW))],))[0]
+    assert two.losses == pytest.approx(one.losses, rel=2e-5)
+    window = build_schedule("async-1f1b", 2, 8)
+    want = {str(s): v for s, v in weight_versions("stash", window).items()}
+    assert _records(one)[-1]["weight_versions"] == want == {"0": 2, "1": 1}
 
 
 def test_trainer_refuses_bad_async_options():

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
+import importlib.metadata
 import io
 import signal
 from dataclasses import dataclass, field
@@ -201,11 +203,22 @@ def _run(vector: Vector) -> None:
     )
 
 
+@functools.cache
+def _entry_points(**selection: str) -> importlib.metadata.EntryPoints:
+    """The installed entry points, scanned once: no package is installed while the vectors run, and
+    each command looks up its plugins (a scan of every installed distribution, ~0.1 s) per call."""
+    return _ENTRY_POINTS(**selection)
+
+
+_ENTRY_POINTS = importlib.metadata.entry_points
+
+
 @pytest.mark.parametrize("path", sorted(COUNTS), ids=" ".join)
 def test_cli_fuzz(path, files, tmp_path, monkeypatch) -> None:
     leaves = _leaves()
     assert set(COUNTS) <= set(leaves), f"commands without a fuzz count: {set(leaves) - set(COUNTS)}"
     monkeypatch.chdir(tmp_path)  # default outputs (runs/…) land in a scratch folder
+    monkeypatch.setattr(importlib.metadata, "entry_points", _entry_points)
     if path == ("train",):  # torch's first import (seconds under load) is not the command's work
         import pipewright.training  # noqa: F401
 

@@ -11,22 +11,17 @@ run in one launch of four processes, sharing one mesh per shape.
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import replace
 
 import numpy as np
 import pytest
-import torch
-import torch.distributed as dist
 
-from _single_process import single_process
+from _queue_spawn import fork_launch
+from _single_process import Reference, compare, single_process, train_and_gather
 from pipewright.data.tokens import write_tokens
 from pipewright.errors import ConfigError, PipewrightError
 from pipewright.runtime.config import TrainConfig
-from pipewright.runtime.launch import spawn
-from pipewright.runtime.mesh import ParallelMesh
-from pipewright.runtime.tp import full_parameters
-from pipewright.runtime.trainer import PreparedRun, Trainer
+from pipewright.runtime.trainer import Trainer
 from pipewright.schedules.registry import check_args
 from pipewright.training import prepare
 
@@ -63,40 +58,10 @@ def _cases(data: str) -> list[TrainConfig]:
     return [*cases, tp]
 
 
-def _full(trainer: Trainer, grad: bool) -> dict[str, torch.Tensor]:
-    return {
-        name: t.clone()
-        for stage in trainer.stages.values()
-        for name, t in full_parameters(stage, grad=grad).items()
-    }
-
-
-def _worker(rank: int, runs: list[PreparedRun]) -> list | None:
-    results, meshes = [], {}
-    for run in runs:
-        c = run.config
-        shape = (c.dp, c.pp, c.tp, c.cp)
-        if shape not in meshes:
-            meshes[shape] = ParallelMesh.build(dp=c.dp, pp=c.pp, tp=c.tp, cp=c.cp)
-        trainer = Trainer(run, mesh=meshes[shape])
-        losses = [trainer.forward_backward(0)]
-        grads = _full(trainer, grad=True)
-        trainer.optimizer_step(0)
-        for step in range(1, c.steps):
-            losses.append(trainer.forward_backward(step))
-            trainer.optimizer_step(step)
-        params = _full(trainer, grad=False)
-        losses.append(trainer.evaluate())
-        gathered = [None] * dist.get_world_size() if rank == 0 else None
-        pairs = trainer.context.pair_overlap
-        facts = (trainer.boundary_shape[1], pairs.pairs_overlapped if pairs is not None else 0)
-        dist.gather_object((losses, grads, params, facts), gathered, dst=0)
-        results.append(gathered)
-    return results if rank == 0 else None
-
-
-def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
-    return float((got - want).norm()) <= RTOL * float(want.norm()) + 1e-12
+def _facts(trainer: Trainer) -> tuple[int, int]:
+    """The boundary tensor's sequence length and how many F&B pairs ran overlapped."""
+    pairs = trainer.context.pair_overlap
+    return trainer.boundary_shape[1], pairs.pairs_overlapped if pairs is not None else 0
 
 
 @pytest.mark.slow
@@ -105,31 +70,24 @@ def test_context_parallel_training_equals_single_process(tmp_path):
     write_tokens(data, np.random.default_rng(0).integers(0, 64, 5_000), vocab_size=64)
     runs = [prepare(replace(c, out=str(tmp_path / "run"))) for c in _cases(str(data))]
     assert {r.config.world_size for r in runs} == {4}
-    references: dict[tuple, tuple] = {}
+    references: dict[tuple, Reference] = {}
     failures = []
-    for run, gathered in zip(runs, spawn(_worker, 4, (runs,), timeout_s=600)[0], strict=True):
+    for run, gathered in zip(
+        runs, fork_launch(train_and_gather, 4, (runs, _facts), timeout_s=600)[0], strict=True
+    ):
         c = run.config
         label = f"{c.model} {c.schedule} pp={c.pp} tp={c.tp} cp={c.cp}"
         key = (c.model, c.global_batch)
         if key not in references:
-            ref = single_process(c, run.spec)
-            references[key] = ([*ref.losses, ref.val], ref.grads0, ref.params)
-        ref_losses, ref_grads, ref_params = references[key]
-        seen: dict[str, int] = defaultdict(int)
-        for losses, grads, params, (seq, overlapped) in gathered:
+            references[key] = single_process(c, run.spec)
+        for seq, overlapped in (seen.facts for seen in gathered):
             assert seq == c.seq_len // c.cp // (c.tp if c.sequence_parallel else 1), label
             # DualPipeV's F&B pairs ran overlapped (forward on a second thread), every step
             assert (overlapped > 0) == (c.schedule == "dualpipev" and c.tp == 1), label
-            if not np.allclose(losses, ref_losses, rtol=RTOL, atol=0):
-                failures.append(f"{label}: losses {losses} != {ref_losses}")
-            for name, g in grads.items():
-                seen[name] += 1
-                if not _close(g, ref_grads[name]):
-                    failures.append(f"{label}: gradient of {name} differs")
-                if not _close(params[name], ref_params[name]):
-                    failures.append(f"{label}: {name} differs after {c.steps} steps")
+        bad, seen = compare(label, gathered, references[key], RTOL)
+        failures += bad
         # every parameter on one pipeline rank of each (cp, tp) slice
-        assert seen == dict.fromkeys(ref_grads, c.cp * c.tp), label
+        assert seen == dict.fromkeys(references[key].grads0, c.cp * c.tp), label
     assert not failures, "\n".join(failures[:20])
 
 

@@ -1,7 +1,7 @@
 """The pipeline runtime: mesh arithmetic, split backward, and the executor against a single-process
 reference (same loss, same gradients) for every synchronous schedule in the registry, on gloo.
 
-Multi-process checks spawn once per world size and run all their cases inside the workers; the
+Multi-process checks launch once per world size and run all their cases inside the workers; the
 workers return plain numbers and the tests assert on them.
 """
 
@@ -19,6 +19,7 @@ from hypothesis import given
 from hypothesis import strategies as hs
 from torch import nn
 
+from _queue_spawn import fork_launch
 from pipewright.deps import CORE_KINDS
 from pipewright.errors import PipewrightError
 from pipewright.ir import REDUCE_GRAD, Action, KindSpec, Schedule, W, v_placement
@@ -221,7 +222,7 @@ CASES_8 = _cases_8()
 
 @pytest.fixture(scope="module")
 def results_8() -> list[dict]:
-    return spawn(_worker_8, 8, (CASES_8,), backend="gloo", timeout_s=300)
+    return fork_launch(_worker_8, 8, (CASES_8,), timeout_s=300)
 
 
 @pytest.mark.slow

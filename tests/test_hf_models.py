@@ -9,32 +9,27 @@ tied families all five (:data:`SPREAD`; ``PIPEWRIGHT_FULL_HF=1`` runs every fami
 and 1F1B at pp = 2 × tp = 2 for Llama, Qwen3 and Gemma 3 (all seven families with Llama-style
 projections in the full run): the loss of each of 3 SGD steps (warm-up, clipping active), every
 gradient of the first step and every parameter after the third equal the single-process
-``transformers`` model's within 1e-5 relative. One spawn of 4 gloo processes runs every case
+``transformers`` model's within 1e-5 relative. One launch of 4 gloo processes runs every case
 (pp = 2 layouts with dp = 2).
 """
 
 from __future__ import annotations
 
 import os
-from collections import defaultdict
 from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 
 from _hf_families import FAMILIES, VOCAB, write_family
-from pipewright.data import open_dataset
+from _queue_spawn import fork_launch
+from _single_process import Reference, compare, dataset_batches, train_and_gather, train_one_process
 from pipewright.data.tokens import write_tokens
 from pipewright.errors import ConfigError
 from pipewright.models.gpt import loss_fn
-from pipewright.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
 from pipewright.runtime.config import TrainConfig
-from pipewright.runtime.launch import spawn
-from pipewright.runtime.mesh import ParallelMesh
-from pipewright.runtime.tp import full_parameters
-from pipewright.runtime.trainer import PreparedRun, Trainer
+from pipewright.runtime.trainer import PreparedRun
 from pipewright.training import prepare
 
 pytest.importorskip("transformers")
@@ -96,37 +91,8 @@ def test_spread_covers_every_layout_and_family():
     assert set().union(*(SPREAD[f] for f in ("gemma2", "gemma3", "gpt2"))) == set(range(len(LAYOUTS)))
 
 
-def _full(trainer: Trainer, grad: bool) -> dict[str, torch.Tensor]:
-    return {
-        name: t.clone()
-        for stage in trainer.stages.values()
-        for name, t in full_parameters(stage, grad=grad).items()
-    }
-
-
-def _worker(rank: int, runs: list[PreparedRun]) -> list | None:
-    torch.set_num_threads(1)
-    results, meshes = [], {}
-    for run in runs:
-        c = run.config
-        if (c.dp, c.pp, c.tp) not in meshes:
-            meshes[c.dp, c.pp, c.tp] = ParallelMesh.build(dp=c.dp, pp=c.pp, tp=c.tp)
-        trainer = Trainer(run, mesh=meshes[c.dp, c.pp, c.tp])
-        losses = [trainer.forward_backward(0)]
-        grads = _full(trainer, grad=True)
-        trainer.optimizer_step(0)
-        for step in range(1, c.steps):
-            losses.append(trainer.forward_backward(step))
-            trainer.optimizer_step(step)
-        gathered = [None] * dist.get_world_size() if rank == 0 else None
-        dist.gather_object((losses, grads, _full(trainer, grad=False)), gathered, dst=0)
-        results.append(gathered)
-    return results if rank == 0 else None
-
-
-def _reference(run: PreparedRun) -> tuple[list[float], dict, dict]:
-    """The ``transformers`` model in one process on the whole global batch: losses, the first step's
-    gradients, the parameters after the last step (names as the model's own)."""
+def _reference(run: PreparedRun) -> Reference:
+    """The ``transformers`` model in one process on the whole global batch (names as the model's own)."""
     from transformers import AutoModelForCausalLM
 
     from pipewright.models.hf import load_config
@@ -134,25 +100,9 @@ def _reference(run: PreparedRun) -> tuple[list[float], dict, dict]:
     c = run.config
     torch.manual_seed(c.seed)
     model = AutoModelForCausalLM.from_config(load_config(c.hf_model), dtype=torch.float32).train()
-    params = dict(model.named_parameters())
-    opt = build_optimizer(c.optimizer, params.items(), lr=c.lr, weight_decay=c.weight_decay)
-    dataset = open_dataset(c.data, progress=False)
-    losses, grads0 = [], None
-    for step in range(c.steps):
-        x, y = dataset.batch("train", step, c.global_batch, run.spec.seq_len, c.seed)
-        model.zero_grad(set_to_none=True)
-        loss = loss_fn(model(torch.from_numpy(x)).logits, torch.from_numpy(y))
-        loss.backward()
-        losses.append(loss.item())
-        grads0 = grads0 or {n: p.grad.clone() for n, p in params.items()}
-        set_lr(opt, lr_at(step, lr=c.lr, warmup=c.warmup, total=c.steps, min_ratio=c.min_lr_ratio))
-        clip_grad_norm_(list(params.values()), c.grad_clip)
-        opt.step()
-    return losses, grads0, {n: p.detach().clone() for n, p in params.items()}
-
-
-def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
-    return float((got - want).norm()) <= RTOL * float(want.norm()) + 1e-12
+    return train_one_process(
+        c, model, dataset_batches(c, run.spec.seq_len), lambda out, y: loss_fn(out.logits, y)
+    )
 
 
 @pytest.mark.slow
@@ -166,29 +116,23 @@ def test_hf_families_pipelined_equal_transformers(tmp_path):
     runs = [prepare(config) for _, config in cases]
     failures, references = [], {}
     for (family, _), run, gathered in zip(
-        cases, runs, spawn(_worker, 4, (runs,), timeout_s=600)[0], strict=True
+        cases, runs, fork_launch(train_and_gather, 4, (runs, None, False), timeout_s=600)[0], strict=True
     ):
         c = run.config
         label = f"{family} {c.schedule} pp={c.pp} dp={c.dp} tp={c.tp}"
         assert c.global_batch == 8, label
         if family not in references:
             references[family] = _reference(run)
-        ref_losses, ref_grads, ref_params = references[family]
         paths = adapter_for(FAMILIES[family]["model_type"]).paths()
-        seen: dict[str, int] = defaultdict(int)
-        for losses, grads, params in gathered:
-            if not np.allclose(losses, ref_losses, rtol=RTOL, atol=0):
-                failures.append(f"{label}: losses {losses} != {ref_losses}")
-            for name, g in grads.items():
-                theirs = hf_parameter_name(name, paths)
-                if run.spec.tied_embeddings and name.startswith("head.out."):
-                    theirs = hf_parameter_name(name.replace("head.out.", "embed.tok."), paths)
-                seen[theirs] += 1
-                if not _close(g, ref_grads[theirs]):
-                    failures.append(f"{label}: gradient of {name} differs")
-                if not _close(params[name], ref_params[theirs]):
-                    failures.append(f"{label}: {name} differs after {c.steps} steps")
-        assert set(seen) == set(ref_grads), label  # every parameter held somewhere
+
+        def theirs(name: str, run: PreparedRun = run, paths=paths) -> str:
+            if run.spec.tied_embeddings and name.startswith("head.out."):
+                name = name.replace("head.out.", "embed.tok.")
+            return hf_parameter_name(name, paths)
+
+        bad, seen = compare(label, gathered, references[family], RTOL, rename=theirs)
+        failures += bad
+        assert set(seen) == set(references[family].grads0), label  # every parameter held somewhere
     assert not failures, "\n".join(failures[:20])
 
 

@@ -1,6 +1,6 @@
 """``--optimizer kfac`` in the runtime: K-FAC tasks run by registered handlers in the bubbles.
 
-One 2-process gloo spawn runs the same tiny model and data three times (pp = 2, 1F1B): AdamW, K-FAC
+One 2-process gloo launch runs the same tiny model and data three times (pp = 2, 1F1B): AdamW, K-FAC
 in the predicted bubbles, and K-FAC with the opportunistic receive mode as well. The forward/backward
 work is the same (the step-0 loss is equal to the bit; the refresh's inverses only change the update
 once installed), a refresh completes within the run, and the preconditioned steps then differ. A
@@ -18,11 +18,11 @@ import torch.distributed as dist
 from torch import nn
 
 from _kfac_config import tiny_config
+from _queue_spawn import fork_launch
 from pipewright.features.kfac.kfac import KFAC, KFACConfig
 from pipewright.features.kfac.kinds import KFAC_FILL, KFAC_PRECOND
 from pipewright.features.kfac.runtime import BubbleWorker, slot_schedule
 from pipewright.runtime.config import TrainConfig
-from pipewright.runtime.launch import spawn
 from pipewright.runtime.mesh import ParallelMesh
 from pipewright.runtime.trainer import Trainer
 from pipewright.schedules.registry import build_schedule
@@ -62,7 +62,7 @@ def results(tmp_path_factory):
         replace(base, optimizer="kfac", kfac_opportunistic=True),
     ]
     runs = [prepare(c, world_size=2) for c in configs]
-    return spawn(_worker, 2, (runs, [False, False, True]), backend="gloo", timeout_s=300)
+    return fork_launch(_worker, 2, (runs, [False, False, True]), timeout_s=300)
 
 
 @pytest.mark.slow

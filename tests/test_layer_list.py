@@ -12,23 +12,18 @@ trained in one process within 1e-5 relative (fp32). One 4-process launch runs ev
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import replace
 
-import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 
 import pipewright
+from _queue_spawn import fork_launch
+from _single_process import Reference, compare, train_and_gather, train_one_process
 from pipewright.errors import ConfigError, PipewrightError
 from pipewright.models.layer_list import LayerList, balanced_counts
-from pipewright.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
 from pipewright.runtime.config import TrainConfig
-from pipewright.runtime.launch import spawn
-from pipewright.runtime.mesh import ParallelMesh
-from pipewright.runtime.trainer import PreparedRun, Trainer
 from pipewright.schedules import schedule_names
 from pipewright.schedules.registry import check_args, info
 
@@ -100,52 +95,15 @@ def _cases() -> list[tuple[str, TrainConfig]]:
     return out
 
 
-def _worker(rank: int, runs: list[PreparedRun]) -> list | None:
-    results, meshes = [], {}
-    for run in runs:
-        c = run.config
-        if (c.dp, c.pp) not in meshes:
-            meshes[c.dp, c.pp] = ParallelMesh.build(dp=c.dp, pp=c.pp, tp=1)
-        trainer = Trainer(run, mesh=meshes[c.dp, c.pp])
-        losses = [trainer.forward_backward(0)]
-        grads = {n: p.grad.clone() for n, p in trainer.params.items()}
-        norms = [trainer.optimizer_step(0)[1]]
-        for step in range(1, c.steps):
-            losses.append(trainer.forward_backward(step))
-            norms.append(trainer.optimizer_step(step)[1])
-        params = {n: p.detach().clone() for n, p in trainer.params.items()}
-        losses.append(trainer.evaluate())
-        gathered = [None] * dist.get_world_size() if rank == 0 else None
-        dist.gather_object((losses, norms, grads, params), gathered, dst=0)
-        results.append(gathered)
-    return results if rank == 0 else None
-
-
-def _reference(model: LayerList, c: TrainConfig) -> tuple[list[float], list[float], dict, dict]:
-    """The whole list in one process on the whole global batch: losses then the validation loss,
-    gradient norms, the first step's gradients, the parameters after the last step."""
-    full = model.full(seed=c.seed)
-    params = dict(full.named_parameters())
-    opt = build_optimizer(c.optimizer, params.items(), lr=c.lr, weight_decay=c.weight_decay)
-    losses, norms, grads0 = [], [], None
-    for step in range(c.steps):
-        x, y = _data("train", step, c.global_batch)
-        full.zero_grad(set_to_none=True)
-        loss = nn.functional.cross_entropy(full(x), y)
-        loss.backward()
-        losses.append(loss.item())
-        grads0 = grads0 or {n: p.grad.clone() for n, p in params.items()}
-        set_lr(opt, lr_at(step, lr=c.lr, warmup=c.warmup, total=c.steps, min_ratio=c.min_lr_ratio))
-        norms.append(float(clip_grad_norm_(list(params.values()), c.grad_clip)))
-        opt.step()
-    with torch.no_grad():
-        x, y = _data("val", 0, c.global_batch)
-        losses.append(nn.functional.cross_entropy(full(x), y).item())
-    return losses, norms, grads0, {n: p.detach().clone() for n, p in params.items()}
-
-
-def _close(got: torch.Tensor, want: torch.Tensor) -> bool:
-    return float((got - want).norm()) <= RTOL * float(want.norm()) + 1e-12
+def _reference(model: LayerList, c: TrainConfig) -> Reference:
+    """The whole list in one process on the whole global batch (one validation batch after)."""
+    return train_one_process(
+        c,
+        model.full(seed=c.seed),
+        lambda split, i: _data(split, i, c.global_batch),
+        nn.functional.cross_entropy,
+        1,
+    )
 
 
 @pytest.mark.slow
@@ -157,27 +115,16 @@ def test_layer_list_equals_one_process_in_every_schedule(tmp_path):
         len(set(map(r.schedule.rank_of, h))) < len(h) for r, h in zip(runs, holders, strict=True)
     )  # one rank, 2 stages
     assert {r.layout.layer_counts for r in runs} >= {(3, 5), (2, 2, 2, 2)}
-    references: dict[int, tuple] = {}
+    references: dict[int, Reference] = {}
     failures = []
-    for run, gathered in zip(runs, spawn(_worker, 4, (runs,), timeout_s=600)[0], strict=True):
+    for run, gathered in zip(runs, fork_launch(train_and_gather, 4, (runs,), timeout_s=600)[0], strict=True):
         c = run.config
         label = f"{c.schedule} pp={c.pp} dp={c.dp} v={run.schedule.num_stages // c.pp} {run.layout}"
         if c.global_batch not in references:
             references[c.global_batch] = _reference(run.model, c)
-        want_losses, want_norms, want_grads, want_params = references[c.global_batch]
-        seen: dict[str, int] = defaultdict(int)
-        for losses, norms, grads, params in gathered:
-            if not np.allclose(losses, want_losses, rtol=RTOL, atol=0):
-                failures.append(f"{label}: losses {losses} != {want_losses}")
-            if not np.allclose(norms, want_norms, rtol=RTOL, atol=0):
-                failures.append(f"{label}: gradient norms {norms} != {want_norms}")
-            for name, g in grads.items():
-                seen[name] += 1
-                if not _close(g, want_grads[name]):
-                    failures.append(f"{label}: gradient of {name} differs")
-                if not _close(params[name], want_params[name]):
-                    failures.append(f"{label}: {name} differs after {STEPS} steps")
-        assert set(seen) == set(want_grads), label
+        bad, seen = compare(label, gathered, references[c.global_batch], RTOL, norms=True)
+        failures += bad
+        assert set(seen) == set(references[c.global_batch].grads0), label
     assert not failures, "\n".join(failures[:20])
 
 

@@ -1,4 +1,4 @@
-"""Resharding on resume, non-finite gradients and hang reports, through the real trainer in one spawn
+"""Resharding on resume, non-finite gradients and hang reports, through the real trainer in one launch
 of 4 worker processes (one process group shared by every case):
 
 * resharding: a run at pp = 2, dp = 2 checkpoints after step 3 and goes on to step 6; the checkpoint,
@@ -23,10 +23,10 @@ import numpy as np
 import pytest
 import torch.distributed as dist
 
+from _queue_spawn import fork_launch
 from pipewright.data.tokens import write_tokens
 from pipewright.errors import PipewrightError
 from pipewright.runtime.config import TrainConfig
-from pipewright.runtime.launch import spawn
 from pipewright.runtime.mesh import ParallelMesh
 from pipewright.runtime.trainer import Trainer
 from pipewright.training import prepare
@@ -119,7 +119,7 @@ def _worker(rank: int, tmp: Path) -> dict:
 def results(tmp_path_factory) -> list[dict]:
     tmp = tmp_path_factory.mktemp("layouts")
     write_tokens(tmp / "tokens.bin", np.random.default_rng(0).integers(0, 256, 20_000), vocab_size=256)
-    return spawn(_worker, 4, (tmp,), timeout_s=600)
+    return fork_launch(_worker, 4, (tmp,), timeout_s=600)
 
 
 @pytest.mark.slow

@@ -1,7 +1,7 @@
 """Vocabulary parallelism in the pipeline executor against the single-process model (fp32, 1e-5).
 
 The test matrix, p ∈ {2, 4} × t ∈ {1, 2} × {1F1B, interleaved 1F1B, V-Half} × {naive, alg1,
-alg2} (36 cases), in one spawn of 8 workers sharing one process group: p = 4 × t = 2 is one pipeline of
+alg2} (36 cases), in one launch of 8 workers sharing one process group: p = 4 × t = 2 is one pipeline of
 8 vocabulary shards; the smaller pipelines run as 8 / (p·t) data-parallel replicas, each with its own
 vocabulary group. Each case compares the per-microbatch losses, every transformer parameter's gradient
 (tensor-parallel shards gathered) and both vocabulary shards' gradients with the unpartitioned model.
