@@ -50,8 +50,6 @@ from typing import Protocol, runtime_checkable
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.api import CheckpointException
 
 from pipewright.errors import ConfigError
 from pipewright.optim import init_optimizer_state
@@ -149,20 +147,27 @@ def _barrier() -> None:
         dist.barrier()
 
 
-class _ReportingWriter(dcp.FileSystemWriter):
+def _dcp():
+    """``torch.distributed.checkpoint``, imported on first save or load: it pulls in DTensor and sympy,
+    ≈ 40 % of a training process's import time, which a run that never checkpoints need not pay."""
+    import torch.distributed.checkpoint as dcp
+
+    return dcp
+
+
+def _reporting_writer(path: Path, progress: Callable[[str], None]):
     """DCP's file writer that tells ``progress`` when this rank starts writing its shards and when it
     is done (it then waits in DCP's collective for the other ranks' results)."""
 
-    def __init__(self, path: Path, progress: Callable[[str], None]) -> None:
-        super().__init__(str(path))
-        self._progress = progress
+    class _ReportingWriter(_dcp().FileSystemWriter):
+        def write_data(self, plan, planner):
+            progress("write")
+            written = super().write_data(plan, planner)
+            written.wait()
+            progress("wait")
+            return written
 
-    def write_data(self, plan, planner):
-        self._progress("write")
-        written = super().write_data(plan, planner)
-        written.wait()
-        self._progress("wait")
-        return written
+    return _ReportingWriter(str(path))
 
 
 def save_checkpoint(
@@ -198,8 +203,11 @@ def save_checkpoint(
     hook = _extra_hook(optimizer, extra)
     if hook is not None:
         state.update({EXTRA + k: v for k, v in hook.extra_state().items()})
+    dcp = _dcp()
+    from torch.distributed.checkpoint.api import CheckpointException
+
     try:
-        dcp.save(state, checkpoint_id=str(tmp), storage_writer=_ReportingWriter(tmp, progress))
+        dcp.save(state, checkpoint_id=str(tmp), storage_writer=_reporting_writer(tmp, progress))
     except (CheckpointException, OSError) as exc:  # every rank gets it (DCP gathers the ranks' results)
         why = describe(exc, tmp, rank)
         if rank == 0:
@@ -446,6 +454,9 @@ def load_checkpoint(
     rank = dist.get_rank() if dist.is_initialized() else 0
     init_optimizer_state(optimizer)
     state = _state_dict(params, optimizer, rank)
+    dcp = _dcp()
+    from torch.distributed.checkpoint.api import CheckpointException
+
     try:
         stored = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
     except Exception as exc:
