@@ -9,6 +9,8 @@ import json
 import shlex
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pipewright.cli import main
 from pipewright.schedules.classic import interleaved_memory
@@ -69,3 +71,18 @@ def test_microbatch_group_errors_in_one_line(capsys, schedule, group, message):
     assert main([*argv, "--microbatch-group", group]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and message in err
+
+
+@settings(max_examples=25, deadline=None)
+@given(p=st.integers(2, 5), v=st.integers(2, 3), extra=st.integers(0, 4), groups=st.integers(1, 2))
+def test_every_group_megatron_accepts_runs_without_deadlock(p, v, extra, groups):
+    """For p ≤ N and m a multiple of N, the order validates (no deadlock under blocking sends) and each
+    rank's peak is its warm-up plus one chunk-microbatch."""
+    from pipewright.plan.setup import unit_setup
+    from pipewright.schedules.classic import interleaved_1f1b
+    from pipewright.sim import simulate
+
+    n = p + extra
+    sched = interleaved_1f1b(p, n * groups, v, group=n)
+    got = simulate(sched, unit_setup(sched).cost, validate=True).peak_memory
+    assert list(got) == pytest.approx([float(x) for x in interleaved_memory(p, n * groups, v, n)])
