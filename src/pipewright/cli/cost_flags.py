@@ -69,7 +69,8 @@ COST_FIELDS = {"grad_dtype": None, "kernels": None, "fsdp_grad_sync": None}
 
 
 def add_cost_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """``pipewright simulate``'s inputs on how the framework runs (the planner prices the defaults):
+    """Inputs on how the framework runs, on ``pipewright simulate`` and ``pipewright plan`` (which prices
+    every candidate with them: ``plan.problem.Problem.cost_fields``):
     ``--grad-dtype fp32|bf16``: the gradient buffer's element type (memory only; the gradient
     reduction is priced in 16 bits either way); ``--kernels fused|eager|compiled``: how the
     memory-bound kernels run (:mod:`pipewright.cost.kernels`); ``--fsdp-grad-sync microbatch|step``:

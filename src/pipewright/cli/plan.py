@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from pipewright.cli.cost_flags import KERNEL_NAMES, MOE_FIELDS, add_moe_options
+from pipewright.cli.cost_flags import KERNEL_NAMES, MOE_FIELDS, add_cost_options, add_moe_options, cost_fields
 from pipewright.cli.guards import DEFAULT_MAX_ACTIONS as MAX_ACTIONS  # = plan.problem.MAX_ACTIONS
 from pipewright.cli.zb_flags import add_zb_refine_flags, refine_seconds
 from pipewright.errors import ConfigError
@@ -45,6 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="attention kernel priced: flash (fused, no stored scores) or eager (default %(default)s)",
     )
     add_moe_options(parser, ep=False)
+    add_cost_options(parser)
     parser.add_argument(
         "--attention-kernel",
         choices=KERNEL_NAMES,
@@ -267,7 +268,8 @@ def run(args: argparse.Namespace) -> int:
     recompute = tuple(x for x in args.recompute.split(",") if x)
     for r in recompute:
         if r not in ("none", "selective", "full"):
-            raise ConfigError(f"--recompute takes none, selective, full (got {r!r})")
+            hint = "; op (torchtitan's policy) is priced by simulate --recompute op" if r == "op" else ""
+            raise ConfigError(f"--recompute takes none, selective, full (got {r!r}){hint}")
     prob = Problem(
         spec,
         topo,
@@ -290,6 +292,7 @@ def run(args: argparse.Namespace) -> int:
         calibration=args.calibration,
         attention_kernel=args.attention_kernel,
         moe_imbalance=args.moe_imbalance,
+        cost_fields=tuple(sorted(cost_fields(args).items())),
         ep=args.ep,
         max_ep=args.max_ep,
         zb_refine_seconds=refine_seconds(args, tuple(args.schedules.split(","))),

@@ -50,6 +50,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--microbatches", "-m", type=int, help="microbatches per iteration m (unit costs)")
     parser.add_argument("--virtual", "-v", type=int, default=None, help="model chunks per rank v")
     parser.add_argument(
+        "--microbatch-group",
+        type=int,
+        default=None,
+        help="interleaved-1f1b: microbatches N that pass through each chunk together (default p; p ≤ N ≤ m: "
+        "Megatron-LM's --microbatch-group-size-per-virtual-pipeline-stage, Llama 3 §3.3.2)",
+    )
+    parser.add_argument(
         "--cost",
         choices=["unit"],
         default=None,
@@ -170,24 +177,45 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def _load_schedule(name: str, stages: int | None, microbatches: int | None, virtual: int | None) -> Schedule:
+def _load_schedule(
+    name: str, stages: int | None, microbatches: int | None, virtual: int | None, group: int | None = None
+) -> Schedule:
     """A schedule file (validated here: user input) or a library schedule, which :func:`run` validates
-    lowered, in one pass with the simulation (``simulate(validate=True)``)."""
+    lowered, in one pass with the simulation (``simulate(validate=True)``). ``group``: the microbatch
+    group N of a schedule that registers ``build_grouped`` in its ``extra``."""
     from pipewright.codec import load_csv
     from pipewright.passes import validate
 
     library = library_schedules()
     if name not in library and (name.endswith(".csv") or Path(name).is_file()):
+        if group is not None:
+            raise ConfigError("--microbatch-group applies to a library schedule, not a schedule file")
         return validate(load_csv(name))
     if stages is None or microbatches is None:
         raise ConfigError(f"--schedule {name} needs --stages and --microbatches (or --pp and batch sizes)")
-    return build_schedule(name, stages, microbatches, virtual, registry=library)
+    if group is None:
+        return build_schedule(name, stages, microbatches, virtual, registry=library)
+    from pipewright.schedules.registry import info
+
+    grouped = info(name, library).extra.get("build_grouped")
+    if grouped is None:
+        raise ConfigError(f"--microbatch-group applies to schedules that group microbatches; {name} does not")
+    v = info(name, library).default_chunks if virtual is None else virtual
+    return grouped(stages, microbatches, v, group)
 
 
 def _unit_setup(args: argparse.Namespace) -> SimSetup:
     from pipewright.plan.setup import unit_setup
 
-    setup = unit_setup(_load_schedule(args.schedule, args.stages, args.microbatches, args.virtual))
+    setup = unit_setup(
+        _load_schedule(
+            args.schedule,
+            args.stages,
+            args.microbatches,
+            args.virtual,
+            getattr(args, "microbatch_group", None),
+        )
+    )
     seconds = refine_seconds(args, (args.schedule,))
     if seconds is None:
         return setup
@@ -213,7 +241,9 @@ def _profile_setup(args: argparse.Namespace, plan: PlanOverrides | None = None) 
     if layers < 1:
         raise ConfigError(f"profile {path} does not name its layer count; give --layers")
     p = args.pp if args.pp is not None else args.stages
-    sched = _load_schedule(args.schedule, p, args.microbatches, args.virtual)
+    sched = _load_schedule(
+        args.schedule, p, args.microbatches, args.virtual, getattr(args, "microbatch_group", None)
+    )
     tp, dp = int(meta.get("tp", "1")), args.dp
     shared = core_sharing(sched.num_ranks, args.cores, meta, processes_per_rank=tp * dp)
     label = f"profile {path.name} (b={b}, {layers} layers, t={tp}, d={dp})"
@@ -253,7 +283,7 @@ def _model_setup(args: argparse.Namespace, plan: PlanOverrides | None = None) ->
         m = args.microbatches
     else:
         raise ConfigError("--model needs --global-batch-size (or --microbatches)")
-    sched = _load_schedule(args.schedule, p, m, args.virtual)
+    sched = _load_schedule(args.schedule, p, m, args.virtual, getattr(args, "microbatch_group", None))
     calibration = None
     if args.calibration:
         from pipewright.cost.calibration import load_calibration

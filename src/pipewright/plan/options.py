@@ -55,6 +55,7 @@ class CostOptions:
     calibration: str | None = None  # a ``pipewright profile --calibration`` file
     attention_kernel: str | None = None  # fa2, fa3, cudnn (None: the GPU's usual)
     moe_imbalance: float = 1.0  # expert load imbalance (MoECost; a mixture-of-experts model only)
+    fields: tuple[tuple[str, object], ...] = ()  # cli/cost_flags.py's (grad_dtype, kernels, fsdp_grad_sync)
 
     def kwargs(self) -> dict[str, object]:
         """Keyword arguments for ``make_cost``: the fields the cost model knows; a non-neutral value of
@@ -72,6 +73,10 @@ class CostOptions:
                 )
         if self.moe_imbalance != 1.0:
             out["moe_imbalance"] = self.moe_imbalance
+        for name, value in self.fields:
+            if name not in known:
+                raise ConfigError(f"this cost model does not price {name} {value!r} yet; drop the option")
+            out[name] = value
         if self.calibration is not None:
             if "calibration" not in known:
                 raise ConfigError("this cost model does not read --calibration yet; drop the option")

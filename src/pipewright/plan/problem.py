@@ -110,6 +110,7 @@ class Problem:
     attention_kernel: str | None = None
     moe_imbalance: float = 1.0
     calibration: str | None = None  # a `pipewright profile --calibration` file
+    cost_fields: tuple[tuple[str, object], ...] = ()  # --grad-dtype, --kernels, --fsdp-grad-sync (sorted)
     _kinds: dict[str, str] = field(default_factory=dict, init=False, compare=False, repr=False)
     _efficiency: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 
@@ -154,6 +155,7 @@ class Problem:
             self.calibration,
             self.attention_kernel,
             self.moe_imbalance,
+            self.cost_fields,
         )
 
     def ep_choices(self, dp: int) -> tuple[int, ...]:

@@ -106,6 +106,8 @@ def megatron_order(m: int, v: int, group: int) -> list[tuple[int, int]]:
 def check_interleaved(p: int, m: int, v: int, group: int | None = None) -> None:
     """Megatron-Core's rules for the interleaved schedule: p ≤ N ≤ m, and m mod N is 0 or at least p
     (a smaller last group would stall the pipeline). N defaults to p, so then m must be a multiple of p.
+    N < p (Llama 3 §3.3.2 sets N freely) is refused: in this order, with the warm-up below, it deadlocks
+    under blocking sends for most p and N (p = 4, N = 2 among them).
     """
     n = p if group is None else group
     if n < p:
@@ -137,8 +139,8 @@ def interleaved_1f1b(p: int, m: int, v: int = 2, group: int | None = None) -> Sc
     :func:`megatron_order`; rank r first runs w = (p − r − 1)·2 + (v − 1)·N of them (capped at m·v),
     then alternates one forward and one backward, then drains the rest of the backwards. The i-th
     backward takes the i-th entry of the same order with the chunk mirrored (v − 1 − c): backward
-    visits the chunks in reverse. N (``group``) defaults to p; Megatron requires p ≤ N ≤ m and rejects
-    m mod N in (0, p). With v = 1 this is 1F1B with 2(p − r − 1) warm-up forwards, as PyTorch's
+    visits the chunks in reverse. N (``group``) defaults to p; the rules on N are
+    :func:`check_interleaved`'s. With v = 1 this is 1F1B with 2(p − r − 1) warm-up forwards, as PyTorch's
     ScheduleInterleaved1F1B with one local stage.
 
     Bubble (p − 1)/(v·m). Peak activation memory on rank r: min(w + 1, v·m) chunk-microbatches, i.e.
@@ -171,10 +173,14 @@ def looped_bfs(p: int, m: int, v: int = 2) -> Schedule:
     return _warm_columns("looped-bfs", p, m, v, lambda r: (chunk + r, ks, chunk[::-1] + r, ks[::-1], m * v))
 
 
-def interleaved_memory(p: int, m: int, v: int) -> list[Fraction]:
+def interleaved_memory(p: int, m: int, v: int, group: int | None = None) -> list[Fraction]:
     """Peak activation memory of interleaved 1F1B on each rank, in microbatches: its warm-up forwards
-    plus one, capped at v·m, chunk-microbatches of 1/v each."""
-    return [Fraction(min(interleaved_warmup(p, m, v, r) + 1, m * v), v) for r in range(p)]
+    (p − r − 1)·2 + (v − 1)·N plus one, capped at v·m, chunk-microbatches of 1/v each."""
+    return [Fraction(min(interleaved_warmup(p, m, v, r, group) + 1, m * v), v) for r in range(p)]
+
+
+#: what a schedule that groups its microbatches registers in ``ScheduleInfo.extra`` (--microbatch-group)
+GROUPED = {"build_grouped": interleaved_1f1b, "memory_grouped": interleaved_memory}
 
 
 SCHEDULES = (
@@ -205,6 +211,7 @@ SCHEDULES = (
         default_chunks=2,
         min_microbatches=lambda p, v: p,
         check=check_interleaved,
+        extra=GROUPED,
     ),
     ScheduleInfo(
         name="looped-bfs",
