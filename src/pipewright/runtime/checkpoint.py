@@ -53,6 +53,7 @@ import torch.distributed as dist
 
 from pipewright.errors import ConfigError
 from pipewright.optim import init_optimizer_state
+from pipewright.runtime.dcp_io import dcp_module, reporting_writer
 from pipewright.runtime.reshard import reshard_plan
 from pipewright.runtime.save_errors import (
     CheckpointSaveError,
@@ -147,29 +148,6 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def _dcp():
-    """``torch.distributed.checkpoint``, imported on first save or load: it pulls in DTensor and sympy,
-    ≈ 40 % of a training process's import time, which a run that never checkpoints need not pay."""
-    import torch.distributed.checkpoint as dcp
-
-    return dcp
-
-
-def _reporting_writer(path: Path, progress: Callable[[str], None]):
-    """DCP's file writer that tells ``progress`` when this rank starts writing its shards and when it
-    is done (it then waits in DCP's collective for the other ranks' results)."""
-
-    class _ReportingWriter(_dcp().FileSystemWriter):
-        def write_data(self, plan, planner):
-            progress("write")
-            written = super().write_data(plan, planner)
-            written.wait()
-            progress("wait")
-            return written
-
-    return _ReportingWriter(str(path))
-
-
 def save_checkpoint(
     ckpt_dir: str | Path,
     step: int,
@@ -203,11 +181,9 @@ def save_checkpoint(
     hook = _extra_hook(optimizer, extra)
     if hook is not None:
         state.update({EXTRA + k: v for k, v in hook.extra_state().items()})
-    dcp = _dcp()
-    from torch.distributed.checkpoint.api import CheckpointException
-
+    dcp, CheckpointException = dcp_module()
     try:
-        dcp.save(state, checkpoint_id=str(tmp), storage_writer=_reporting_writer(tmp, progress))
+        dcp.save(state, checkpoint_id=str(tmp), storage_writer=reporting_writer(tmp, progress))
     except (CheckpointException, OSError) as exc:  # every rank gets it (DCP gathers the ranks' results)
         why = describe(exc, tmp, rank)
         if rank == 0:
@@ -454,9 +430,7 @@ def load_checkpoint(
     rank = dist.get_rank() if dist.is_initialized() else 0
     init_optimizer_state(optimizer)
     state = _state_dict(params, optimizer, rank)
-    dcp = _dcp()
-    from torch.distributed.checkpoint.api import CheckpointException
-
+    dcp, CheckpointException = dcp_module()
     try:
         stored = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
     except Exception as exc:
