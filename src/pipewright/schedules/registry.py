@@ -22,7 +22,7 @@ from functools import cache
 from pipewright.errors import ScheduleError
 from pipewright.ir import Schedule
 
-_FAMILIES = ("classic", "zero_bubble", "vshape", "asynchronous", "async_variants")
+_FAMILIES = ("classic", "paired", "zero_bubble", "vshape", "asynchronous", "async_variants")
 
 
 @dataclass(frozen=True)
