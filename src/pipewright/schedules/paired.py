@@ -50,6 +50,7 @@ SCHEDULES = (
         memory=lambda p, m, v: [Fraction(min(p - r, m)) for r in range(p)],
         bubble="(p − 1)/m as 1F1B, pairs in turn; overlapped, each pair max(c_F + c_B, x_F + x_B)",
         memory_formula="min(p − r, m) on rank r",
+        order_of="1f1b",
         source="Megatron-LM's combined 1F1B (overlap_moe_expert_parallel_comm); DeepSeek-V3 (2412.19437)",
     ),
 )
