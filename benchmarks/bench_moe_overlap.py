@@ -1,11 +1,12 @@
-"""DualPipeV with the experts' all-to-alls overlapped against the same schedule with them blocking, at
-pp = 2 × dp = 2 with ep = 2 carved from dp (four gloo processes on this CPU), and the simulator's
-predicted ratios for the same two runs.
+"""DualPipeV (or ``--schedule 1f1b-overlap``, 1F1B with its steady-state F(k + w) and B(k) paired) with
+the experts' all-to-alls overlapped against the same schedule with them blocking, at pp = 2 × dp = 2
+with ep = 2 carved from dp (four gloo processes on this CPU), and the simulator's predicted ratios for
+the same two runs.
 
 The model: GPT, 4 layers, hidden 64, 4 heads, sequence 256, 8 experts of hidden 64 (top-2, dropless)
 in every layer; 2 sequences per microbatch (512 tokens, 1,024 routed rows each way per all-to-all),
-8 microbatches per replica, DualPipeV (v = 2). Small experts and many tokens per microbatch make the
-all-to-all a visible share of the step.
+8 microbatches per replica, DualPipeV (v = 2) or 1F1B-overlap (v = 1). Small experts and many tokens
+per microbatch make the all-to-all a visible share of the step.
 
 Measured: one mesh, two trainers on it (``--blocking-pairs`` off and on), the same model and data;
 rounds alternate the two (``--steps`` steps each, the first of each discarded), median step time
@@ -23,10 +24,10 @@ Predicted, two ways:
 - from the cost model alone (``pipewright simulate`` with ``--gpu cpu --ep 2`` and the MoE shape,
   ``cost/moe_cost.py``): the ``cpu`` accelerator preset (one single-threaded process = 90 GFLOP/s
   fp32, gloo loopback as the link; no calibration file), the four processes sharing ``--cores``
-  cores (default: this machine's), overlapped as ``simulate`` prices dualpipev and blocking with the
-  same cost model with the pairs' overlap off.
+  cores (default: this machine's), overlapped as ``simulate`` prices the schedule's pairs and
+  blocking with the same cost model with the pairs' overlap off.
 
-    PYTHONPATH=src python benchmarks/bench_moe_overlap.py [--rounds 3] [--steps 4]
+    PYTHONPATH=src python benchmarks/bench_moe_overlap.py [--rounds 3] [--steps 4] [--schedule 1f1b-overlap]
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import os
 import statistics
 import time
 from dataclasses import replace
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -45,6 +47,7 @@ from pipewright.models.moe import moe_layers
 from pipewright.runtime.config import TrainConfig
 from pipewright.runtime.mesh import ParallelMesh
 from pipewright.runtime.trainer import PreparedRun, Trainer
+from pipewright.schedules import info
 
 MODEL = {
     "model": "gpt", "layers": 4, "hidden": 64, "heads": 4, "vocab": 256, "seq_len": 256,
@@ -53,10 +56,10 @@ MODEL = {
 LAYOUT = {"pp": 2, "dp": 2, "ep": 2, "microbatch_size": 2, "microbatches": 8}
 
 
-def _config(data: str) -> TrainConfig:
+def _config(data: str, schedule: str = "dualpipev") -> TrainConfig:
     return TrainConfig(
-        **MODEL, **LAYOUT, schedule="dualpipev", virtual=2, steps=1000, lr=1e-3, warmup=1, data=data,
-        progress=False, artifacts=False, eval_every=0, recv_timeout_s=300,
+        **MODEL, **LAYOUT, schedule=schedule, virtual=info(schedule).default_chunks, steps=1000, lr=1e-3,
+        warmup=1, data=data, progress=False, artifacts=False, eval_every=0, recv_timeout_s=300,
     )  # fmt: skip
 
 
@@ -87,7 +90,7 @@ def _worker(rank: int, runs: list[PreparedRun], rounds: int, steps: int) -> dict
     }
 
 
-def simulated_ratio(cores: float) -> tuple[float, float, float]:
+def simulated_ratio(cores: float, name: str = "dualpipev") -> tuple[float, float, float]:
     """(overlapped, blocking, ratio) of ``pipewright simulate`` for the benchmark's configuration on
     the ``cpu`` preset, the processes sharing ``cores`` cores (module docstring)."""
     from pipewright.mesh import Mesh
@@ -98,7 +101,7 @@ def simulated_ratio(cores: float) -> tuple[float, float, float]:
     spec = resolve_model(MODEL["model"], **{k: v for k, v in MODEL.items() if k != "model"})
     p, d, ep = LAYOUT["pp"], LAYOUT["dp"], LAYOUT["ep"]
     topo, gpu = cluster_topology("cpu", 1, p * d)
-    schedule = build_schedule("dualpipev", p, LAYOUT["microbatches"], 2)
+    schedule = build_schedule(name, p, LAYOUT["microbatches"], info(name).default_chunks)
     setup = model_setup(
         spec, topo, Mesh(1, p, d, ep=ep), schedule, LAYOUT["microbatch_size"], gpu=gpu, dtype="fp32"
     )
@@ -113,13 +116,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--cores", type=float, default=float(os.cpu_count() or 1))
+    ap.add_argument("--schedule", default="dualpipev", choices=("dualpipev", "1f1b-overlap"))
     args = ap.parse_args()
-    runs, result, wall = run_both(_config, _worker, args.rounds, args.steps)
+    runs, result, wall = run_both(partial(_config, schedule=args.schedule), _worker, args.rounds, args.steps)
     over, block = (statistics.median(result["times"][i]) for i in (0, 1))
     r_over, r_block, r_ratio = predicted_ratio(runs[0].schedule, result["ranks"])
-    s_over, s_block, s_ratio = simulated_ratio(args.cores)
+    s_over, s_block, s_ratio = simulated_ratio(args.cores, args.schedule)
     m = ", ".join(f"{k}={v}" for k, v in MODEL.items())
-    print(f"dualpipev pp=2 dp=2 ep=2 b={LAYOUT['microbatch_size']} m={LAYOUT['microbatches']}; {m}")
+    print(f"{args.schedule} pp=2 dp=2 ep=2 b={LAYOUT['microbatch_size']} m={LAYOUT['microbatches']}; {m}")
     print(f"  {wall:.0f} s wall, start-up {result['startup_s']:.1f} s (process group, mesh, 2 trainers)")
     print(f"  pairs overlapped per step (rank 0): {result['pairs'] // (args.rounds * args.steps)}")
     print(

@@ -119,7 +119,7 @@ def _cases_8() -> list[tuple[str, tuple[int, int, int], int, int]]:
     """(schedule, (dp, pp, tp), v, m) for every synchronous schedule, layout and supported v ≤ 2,
     plus a hand-written V-placement schedule with split backward (local hand-offs, I and W)."""
     cases = []
-    for name in (*schedule_names(), V_SPLIT):
+    for name in (*schedule_names(distinct_orders=True), V_SPLIT):
         entry = None if name == V_SPLIT else info(name)
         if entry is not None and not entry.synchronous:
             continue

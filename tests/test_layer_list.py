@@ -85,7 +85,7 @@ def _cases() -> list[tuple[str, TrainConfig]]:
     """(partition, config): each synchronous schedule once, at its largest v, the layouts alternating
     between (pp, dp) = (4, 1) and (2, 2); 1F1B with an uneven layout string, ZB-H1 split by parameters."""
     out = []
-    names = [n for n in schedule_names() if info(n).synchronous]
+    names = [n for n in schedule_names(distinct_orders=True) if info(n).synchronous]
     for i, name in enumerate(names):
         pp, dp = ((4, 1), (2, 2))[i % 2]
         v = max(info(name).chunks or (1, 2))

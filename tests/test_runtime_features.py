@@ -75,7 +75,7 @@ def _accepts(name: str, p: int, m: int, v: int) -> bool:
 def _sync_schedules(pp: int) -> list[tuple[str, int, int]]:
     """(name, v, m) for every synchronous schedule at ``pp`` (v = 2 where it takes chunks)."""
     out = []
-    for name in schedule_names():
+    for name in schedule_names(distinct_orders=True):
         entry = info(name)
         if not entry.synchronous:
             continue

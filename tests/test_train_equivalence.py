@@ -59,7 +59,7 @@ def _schedules(layouts) -> list[tuple[str, int, int, int, int]]:
     """(name, pp, dp, v, m) for every synchronous schedule, layout and v ∈ {1, 2} it takes; m is the
     least of 4, 8 it accepts."""
     out = []
-    for name in schedule_names():
+    for name in schedule_names(distinct_orders=True):
         entry = info(name)
         if not entry.synchronous:
             continue

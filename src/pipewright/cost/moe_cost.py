@@ -13,7 +13,8 @@ over the even split, Megatron-LM's and DeepSeek's reported max/mean load):
   I under full recomputation), each moving T·k·φ·h/t 16-bit elements per device (sequence-parallel
   tokens) over the ep group; priced as an all-gather of that size over the topology (the same (e − 1)/e
   of the bytes leave each device) and added to the action's time; :meth:`MoECost.exposed_comm` gives
-  it apart, so that DualPipe's F&B pairs overlap it (``pipewright simulate`` with ``dualpipev``).
+  it apart, so that F&B pairs overlap it (``pipewright simulate`` with a schedule that marks them:
+  ``dualpipev``, ``1f1b-overlap``).
 - Stored activations: :func:`~pipewright.cost.moe.moe_stored_units` (flash attention, no scores; with
   ``dtype="fp8"`` the expert GEMMs' inputs as FP8 copies).
 - Parameters: attention, router and shared experts as the dense layer's (/t); the routed experts E/e

@@ -22,7 +22,7 @@ from functools import cache
 from pipewright.errors import ScheduleError
 from pipewright.ir import Schedule
 
-_FAMILIES = ("classic", "zero_bubble", "vshape", "asynchronous", "async_variants")
+_FAMILIES = ("classic", "paired", "zero_bubble", "vshape", "asynchronous", "async_variants")
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,8 @@ class ScheduleInfo:
     (``None``: any v ≥ 1). ``min_microbatches(p, v)`` is the least m it accepts; ``check(p, m, v)`` may
     raise a ScheduleError for further rules (Megatron's m mod N). ``memory(p, m, v)`` gives the peak
     microbatches in flight per rank (activation memory in units of one microbatch of a rank's layers).
+    ``order_of``: the schedule whose actions this one repeats exactly (only its ``meta`` differs, e.g.
+    the F&B pairs it marks for overlap); None when the order is its own.
     """
 
     name: str
@@ -48,6 +50,7 @@ class ScheduleInfo:
     synchronous: bool = True
     extra: Mapping[str, object] = field(default_factory=dict)
     build_costed: Callable[[int, int, int, ScheduleCosts], Schedule] | None = None
+    order_of: str | None = None
 
 
 @dataclass(frozen=True)
@@ -99,9 +102,13 @@ def default_registry() -> ScheduleRegistry:
     return ScheduleRegistry(entries)
 
 
-def schedule_names(registry: ScheduleRegistry | None = None) -> tuple[str, ...]:
-    """Every registered schedule name, in family order."""
-    return tuple(registry or default_registry())
+def schedule_names(
+    registry: ScheduleRegistry | None = None, *, distinct_orders: bool = False
+) -> tuple[str, ...]:
+    """Every registered schedule name, in family order; with ``distinct_orders``, without those that
+    repeat another's actions (``order_of``)."""
+    table = registry or default_registry()
+    return tuple(n for n in table if not (distinct_orders and table[n].order_of))
 
 
 def info(name: str, registry: ScheduleRegistry | None = None) -> ScheduleInfo:

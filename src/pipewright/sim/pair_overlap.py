@@ -12,7 +12,9 @@ computes. With an action's time split into its compute c and the communication i
 :class:`PairOverlapCost` wraps a cost model whose ``compute_time`` is the blocking time (c + x) and a
 function giving x: the F of each pair marked in ``schedule.meta["overlapped_pairs"]`` then costs the
 whole overlapped pair and its B nothing (the pair ends together), every other action keeps c + x. The
-engine is unchanged: this is a cost model.
+engine is unchanged: this is a cost model. It applies to whatever schedule marks pairs (DualPipeV's
+F&B of two chunks; ``1f1b-overlap``'s steady-state F(k + w) and B(k) of one stage, Megatron-LM's
+combined 1F1B): ``pipewright simulate`` wraps the cost model when the schedule's meta lists pairs.
 """
 
 from __future__ import annotations
