@@ -40,6 +40,7 @@ TARGETS = ("megatron", "torchtitan")
 TORCH_SCHEDULES = {
     "gpipe": "GPipe",
     "1f1b": "1F1B",
+    "1f1b-overlap": "1F1B",  # the same order; torchtitan runs the pairs one after the other
     "interleaved-1f1b": "Interleaved1F1B",
     "looped-bfs": "LoopedBFS",
     "zbv": "ZBVZeroBubble",

@@ -83,7 +83,7 @@ class _TrainFields:
     blocking_pairs: bool = option(
         False,
         "--blocking-pairs",
-        "with --cp or --ep: run DualPipe's F&B pairs one after the other (no overlap)",
+        "with --cp or --ep: run the schedule's F&B pairs (dualpipev, 1f1b-overlap) one after the other",
         group="layout",
     )
     virtual: int | None = option(
