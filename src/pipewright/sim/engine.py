@@ -50,6 +50,7 @@ from pipewright.sim.memory import peak_from_deltas
 from pipewright.sim.program import (
     _COLLECTIVE,
     _COMPUTE,
+    _NOT_DONE,
     _RENDEZVOUS,
     _SEND,
     _WAIT,
@@ -64,8 +65,6 @@ from pipewright.sim.steps import StepTimes, run_steps
 if TYPE_CHECKING:  # imported where used: timelines and shared cores are not every run's
     from pipewright.sim.sharing import SharedCompute
     from pipewright.timeline import Timeline
-
-_NOT_DONE = -1.0
 
 
 class SimulationError(PipewrightError):
