@@ -163,8 +163,8 @@ def run_steps(steps: Steps, clock: list[float], link_free: list[float]):
     n_ev = len(dur)
     ends = [-1.0] * (n_ev + 1)
     clock, link_free = list(clock), list(link_free)
-    waiting: dict[int, list[int]] = {}
-    awaited = bytearray(n_ev + 1)
+    waiter = [-1] * (n_ev + 1)  # the rank blocked on each event (as in _run_folded)
+    more: dict[int, list[int]] = {}
     ptr = cuts[:-1]
     ready = list(range(len(clock) - 1, -1, -1))
     while ready:
@@ -176,20 +176,22 @@ def run_steps(steps: Steps, clock: list[float], link_free: list[float]):
             if e >= 0:
                 te = ends[e]
                 if te < 0.0:
-                    waiting.setdefault(e, []).append(r)
-                    awaited[e] = 1
+                    if waiter[e] == -1:
+                        waiter[e] = r
+                    else:
+                        _wait(e, r, waiter, more)
                     break
                 if te > t:
                     t = te
             elif e == -2:
                 e, t = first_missing(in_extra[j], ends, t)
                 if e >= 0:
-                    waiting.setdefault(e, []).append(r)
-                    awaited[e] = 1
+                    _wait(e, r, waiter, more)
                     break
             ends[j] = t_rank = t + dur[j]
-            if awaited[j]:
-                ready.extend(waiting.pop(j))
+            w = waiter[j]
+            if w != -1:
+                _wake(j, w, ready, more)
             s = post1[j]
             if s >= 0:
                 lk = link[s]
@@ -197,13 +199,14 @@ def run_steps(steps: Steps, clock: list[float], link_free: list[float]):
                 if t_rank > ts:
                     ts = t_rank
                 ends[s] = link_free[lk] = ts + dur[s]
-                if awaited[s]:
-                    ready.extend(waiting.pop(s))
+                w = waiter[s]
+                if w != -1:
+                    _wake(s, w, ready, more)
             elif s == -2:  # several sends (rare): the same, one after another
                 for s in post_extra[j]:
                     _send(s, t_rank, link, dur, link_free, ends)
-                    if awaited[s]:
-                        ready.extend(waiting.pop(s))
+                    if waiter[s] != -1:
+                        _wake(s, waiter[s], ready, more)
         else:
             j = stop
         ptr[r] = j
@@ -265,6 +268,14 @@ def _run_folded(steps: Steps, fold: Folded, clock: list[float], link_free: list[
     for lk, j in fold.link_last:
         link_free[lk] = ends[j]  # its last send's end: that step's end + 0
     return ends, clock, link_free
+
+
+def _wake(e: int, w: int, ready: list[int], more: dict[int, list[int]]) -> None:
+    """Event ``e`` ended: the rank ``w`` blocked on it (−2: the ranks in ``more[e]``) may go on."""
+    if w >= 0:
+        ready.append(w)
+    else:
+        ready.extend(more.pop(e))
 
 
 def _wait(e: int, r: int, waiter: list[int], more: dict[int, list[int]]) -> None:
