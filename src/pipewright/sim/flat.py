@@ -212,14 +212,20 @@ def _lower(codes: _Codes, kc, st, mb, rank, lens):
     slots = [*recvs, (-1, None), *sends]
     kinds = np.empty((n, len(slots)), kc.dtype)
     used = np.empty((n, len(slots)), bool)
+    per = np.ones(n, np.int8)  # lowered actions per action (column by column: no row reductions)
     for i, (c, ok) in enumerate(slots):
         kinds[:, i] = kc if ok is None else c
         used[:, i] = True if ok is None else ok
-    per = used.sum(axis=1)
+        if ok is not None:
+            per += ok
     out_kind = kinds.ravel()[used.ravel()]
-    out = [out_kind, *(np.repeat(col, per) for col in (st, mb, rank))]
-    lens = np.bincount(out[3], minlength=len(lens)).astype(np.int64)
-    return (*out, lens)
+    ends = np.zeros(n + 1, np.int64)
+    np.cumsum(per, out=ends[1:])
+    bounds = np.zeros(len(lens) + 1, np.int64)
+    np.cumsum(lens, out=bounds[1:])
+    lens = np.diff(ends[bounds])  # each rank's lowered actions
+    rank = np.repeat(np.arange(len(lens), dtype=rank.dtype), lens)
+    return (out_kind, np.repeat(st, per), np.repeat(mb, per), rank, lens)
 
 
 def _compile_flat(schedule: Schedule, cost: CostModel, comm: CommModel, check: bool):
