@@ -315,8 +315,8 @@ def test_several_ranks_waiting_for_one_event():
     none = np.full(6, -1, np.int32)
     steps = steps_mod.Steps(
         comp=np.arange(6), sends=np.arange(0), waits=np.arange(0), wait_in=np.arange(0),
-        cuts=[0, 2, 4, 6], in1=np.array([4, -1, 0, -1, -1, 0], np.int32), in_extra={}, post1=none,
-        post_extra={}, dur=np.array([1.0, 2.0, 0.5, 1.5, 0.25, 3.0]), link=none, send_step=np.arange(0),
+        cuts=[0, 2, 4, 6], in1=np.array([4, -1, 0, -1, -1, 0], np.int32), in_extra={},
+        dur=np.array([1.0, 2.0, 0.5, 1.5, 0.25, 3.0]), link=none, send_step=np.arange(0),
         offsets=[0, 2, 4, 6],
     )  # fmt: skip
     folded = replace(steps, folded=steps_mod.Folded(steps.in1, {}, [], []))

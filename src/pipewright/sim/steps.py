@@ -29,6 +29,7 @@ compute action that issues it) and sets each link's free time to its last send's
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -40,8 +41,9 @@ from pipewright.sim.program import _COMPUTE, _SEND, _WAIT, first_missing, one_or
 class Steps:
     """A program in compute-only form. Events are numbered computes first (0 … C − 1, in global
     order), then sends (C … C + S − 1); ``in1[j]`` is the one event compute j waits for (−1 none,
-    −2 several: ``in_extra[j]``), ``post1[j]`` the one send issued right after it (−1, −2:
-    ``post_extra[j]``, in program order). ``dur``/``link`` are per event; ``cuts`` the steps per rank.
+    −2 several: ``in_extra[j]``), :attr:`post1` ``[j]`` the one send issued right after it (−1, −2:
+    :attr:`post_extra` ``[j]``, in program order; derived from ``send_step`` when the loop with
+    transfers asks). ``dur``/``link`` are per event; ``cuts`` the steps per rank.
     The columns are integer/float64 arrays, which the loop reads through memoryviews (an element read
     costs about what a list's does, and no list of half a million numbers is built)."""
 
@@ -52,13 +54,25 @@ class Steps:
     cuts: list[int]
     in1: Any
     in_extra: dict[int, tuple[int, ...]]
-    post1: Any
-    post_extra: dict[int, tuple[int, ...]]
     dur: Any
     link: Any
     send_step: Any  # the step each send follows
     offsets: list[int]  # of the lowered actions (global index = offsets[rank] + position)
     folded: Folded | None = None  # when every send lasts 0
+
+    @cached_property
+    def _posts(self) -> tuple[Any, dict[int, tuple[int, ...]]]:
+        count = len(self.comp)
+        events = np.arange(count, count + len(self.send_step), dtype=self.send_step.dtype)
+        return one_or_several(self.send_step, events, count)
+
+    @property
+    def post1(self) -> Any:
+        return self._posts[0]
+
+    @property
+    def post_extra(self) -> dict[int, tuple[int, ...]]:
+        return self._posts[1]
 
 
 @dataclass(frozen=True)
@@ -106,7 +120,6 @@ def compute_steps(modes, durs, links, rg, need, offsets: list[int]) -> Steps | N
     wait_in[rg[by_wait]] = event[need[by_wait]]
     in1, in_extra = one_or_several(step[rg] + by_wait, event[need], count)  # a receive: the step after it
     send_step = step[sends]
-    post1, post_extra = one_or_several(send_step, event[sends], count)
     folded = None
     if not durs[sends].any():
         folded = _fold(in1, in_extra, send_step, links[sends], sends, offsets, count)
@@ -118,8 +131,6 @@ def compute_steps(modes, durs, links, rg, need, offsets: list[int]) -> Steps | N
         cuts=np.searchsorted(comp, offsets).tolist(),
         in1=in1,
         in_extra=in_extra,
-        post1=post1,
-        post_extra=post_extra,
         dur=np.concatenate((durs[comp], durs[sends])),
         link=np.concatenate((np.full(count, -1, links.dtype), links[sends])),
         send_step=send_step,
