@@ -351,16 +351,15 @@ def _requirements(rank, modes, rg, need, n):
     awaited[[_COMPUTE, _WAIT]] = True
     keep = ~(own & (need < rg) & awaited[modes[need]])
     rg, need = rg[keep], need[keep]
-    # a send's destination: the rank of the last action (by index) on another rank that needs it
+    # a send's destination: the rank of the last action (by index) on another rank that needs it —
+    # the highest such rank, as actions are numbered rank by rank
     dest = np.full(n, -1, INDEX)
     other = ~own[keep]
-    by, of = need[other], rg[other]
+    by, to = need[other], rank[rg[other]]
     if _repeats(by, n):  # an event needed on other ranks by several actions: the last one's
-        np.maximum.at(dest, by, of)
+        np.maximum.at(dest, by, to)
     else:  # (the common case: one consumer elsewhere)
-        dest[by] = of
-    has = dest >= 0
-    dest[has] = rank[dest[has]]
+        dest[by] = to
     return (rg, need), dest
 
 
