@@ -377,18 +377,18 @@ def _compute_costs(codes: _Codes, sched: Schedule, cost: CostModel, kc, st, mb, 
             float(cost.model_flops(a, sched)),
             float(cost.activation_bytes(a, sched)),
         )
-    per = table[inverse]
-    durs[comp] = per[:, 0]
+    time, flop, model_flop, act = (column[inverse] for column in table.T)  # contiguous columns
+    durs[comp] = time
     cuts = np.searchsorted(comp, offsets).tolist()
     busy, peaks = [], []
     for r in range(len(offsets) - 1):
         lo, hi = cuts[r], cuts[r + 1]
         # sequential sums (np.cumsum), exactly as the per-action path adds them
-        busy.append(float(np.cumsum(per[lo:hi, 0])[-1]) if hi > lo else 0.0)
-        peak = max(0.0, float(np.cumsum(per[lo:hi, 3]).max())) if hi > lo else 0.0
+        busy.append(float(np.cumsum(time[lo:hi])[-1]) if hi > lo else 0.0)
+        peak = max(0.0, float(np.cumsum(act[lo:hi]).max())) if hi > lo else 0.0
         peaks.append(float(cost.static_bytes(r, sched)) + peak)
-    flops = float(np.cumsum(per[:, 1])[-1]) if len(comp) else 0.0
-    model_flops = float(np.cumsum(per[:, 2])[-1]) if len(comp) else 0.0
+    flops = float(np.cumsum(flop)[-1]) if len(comp) else 0.0
+    model_flops = float(np.cumsum(model_flop)[-1]) if len(comp) else 0.0
     return durs, busy, flops, model_flops, peaks
 
 
