@@ -9,7 +9,7 @@ import os
 import pickle
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from unittest.mock import patch
 
@@ -28,6 +28,7 @@ from pipewright.passes.lower import lower
 from pipewright.schedules import build_schedule, schedule_names
 from pipewright.schedules.classic import interleaved_warmup, megatron_order
 from pipewright.sim import engine, flat
+from pipewright.sim import steps as steps_mod
 from pipewright.sim.engine import SimResult, simulate
 
 LIBRARY = library_schedules()
@@ -285,3 +286,40 @@ def test_simulate_command_imports_neither_torch_nor_matplotlib():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["iteration_time_s"] > 0
+
+
+def test_free_transfers_fold_into_their_compute_actions():
+    """With free transfers the loop takes one event per compute action (sends folded into the action
+    that issues them); a link ahead of its source rank's clock keeps the unfolded loop. Both give the
+    unfolded loop's ends, clocks and link free times."""
+    sched = build_schedule("interleaved-1f1b", 4, 8, 2, registry=LIBRARY)
+    steps = flat.compile_flat(sched, *COSTS["unit"])[0].steps
+    assert steps.folded is not None
+    unfolded = replace(steps, folded=None)
+    links = len(steps.folded.link_src)
+    for clock, link_free in (([0.0] * 4, [0.0] * links), ([3.0, 1.0, 2.0, 0.0], [5.0] * links)):
+        folded_out = steps_mod.run_steps(steps, clock, link_free)
+        assert len(folded_out[0]) == (len(steps.comp) if max(link_free) == 0.0 else len(steps.dur))
+        full = steps_mod.run_steps(unfolded, clock, link_free)
+        times = [
+            steps_mod.StepTimes(s, out[0], clock, link_free).expand()
+            for s, out in ((steps, folded_out), (unfolded, full))
+        ]
+        assert times[0] == times[1] and folded_out[1:] == full[1:]
+
+
+def test_several_ranks_waiting_for_one_event():
+    """Two ranks blocked on the same compute action (one whose sends go to both): both wake."""
+    import numpy as np
+
+    none = np.full(6, -1, np.int32)
+    steps = steps_mod.Steps(
+        comp=np.arange(6), sends=np.arange(0), waits=np.arange(0), wait_in=np.arange(0),
+        cuts=[0, 2, 4, 6], in1=np.array([4, -1, 0, -1, -1, 0], np.int32), in_extra={},
+        dur=np.array([1.0, 2.0, 0.5, 1.5, 0.25, 3.0]), link=none, send_step=np.arange(0),
+        offsets=[0, 2, 4, 6],
+    )  # fmt: skip
+    folded = replace(steps, folded=steps_mod.Folded(steps.in1, {}, [], []))
+    expected = ([0.25 + 1.0, 3.25, 1.25 + 0.5, 3.25, 0.25, 4.25], [3.25, 3.25, 4.25], [])
+    assert steps_mod.run_steps(steps, [0.0] * 3, []) == expected
+    assert steps_mod.run_steps(folded, [0.0] * 3, []) == expected

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 from pipewright.cost.base import CommModel, CostModel, FreeComm
 from pipewright.deps import Resolution, resolve
@@ -49,6 +50,7 @@ from pipewright.sim.memory import peak_from_deltas
 from pipewright.sim.program import (
     _COLLECTIVE,
     _COMPUTE,
+    _NOT_DONE,
     _RENDEZVOUS,
     _SEND,
     _WAIT,
@@ -58,11 +60,11 @@ from pipewright.sim.program import (
     flat_requirements,
     gc_paused,
 )
-from pipewright.sim.sharing import SharedCompute, run_iteration_shared
 from pipewright.sim.steps import StepTimes, run_steps
-from pipewright.timeline import Span, Timeline
 
-_NOT_DONE = -1.0
+if TYPE_CHECKING:  # imported where used: timelines and shared cores are not every run's
+    from pipewright.sim.sharing import SharedCompute
+    from pipewright.timeline import Timeline
 
 
 class SimulationError(PipewrightError):
@@ -237,6 +239,8 @@ class SimResult:
     @cached_property
     def timeline(self) -> Timeline:
         """Compute spans (stream "compute") and non-zero transfers/collectives (stream "comm")."""
+        from pipewright.timeline import Span, Timeline
+
         sched, prog = self.schedule, self._program.listed
         spans: list[Span] = []
         for rank, row in enumerate(sched.actions):
@@ -340,6 +344,8 @@ def _simulate(
                     f"{sched.name}: collectives across pipeline ranks are not simulated with shared "
                     "cores yet; drop --cores"
                 )
+            from pipewright.sim.sharing import run_iteration_shared
+
             starts, ends, positions = run_iteration_shared(prog.listed, clock, coll_free, link_free, shared)
             if any(p < prog.offsets[r + 1] - prog.offsets[r] for r, p in enumerate(positions)):
                 _report_deadlock(sched, list(positions))

@@ -212,14 +212,20 @@ def _lower(codes: _Codes, kc, st, mb, rank, lens):
     slots = [*recvs, (-1, None), *sends]
     kinds = np.empty((n, len(slots)), kc.dtype)
     used = np.empty((n, len(slots)), bool)
+    per = np.ones(n, np.int8)  # lowered actions per action (column by column: no row reductions)
     for i, (c, ok) in enumerate(slots):
         kinds[:, i] = kc if ok is None else c
         used[:, i] = True if ok is None else ok
-    per = used.sum(axis=1)
+        if ok is not None:
+            per += ok
     out_kind = kinds.ravel()[used.ravel()]
-    out = [out_kind, *(np.repeat(col, per) for col in (st, mb, rank))]
-    lens = np.bincount(out[3], minlength=len(lens)).astype(np.int64)
-    return (*out, lens)
+    ends = np.zeros(n + 1, np.int64)
+    np.cumsum(per, out=ends[1:])
+    bounds = np.zeros(len(lens) + 1, np.int64)
+    np.cumsum(lens, out=bounds[1:])
+    lens = np.diff(ends[bounds])  # each rank's lowered actions
+    rank = np.repeat(np.arange(len(lens), dtype=rank.dtype), lens)
+    return (out_kind, np.repeat(st, per), np.repeat(mb, per), rank, lens)
 
 
 def _compile_flat(schedule: Schedule, cost: CostModel, comm: CommModel, check: bool):
@@ -345,16 +351,15 @@ def _requirements(rank, modes, rg, need, n):
     awaited[[_COMPUTE, _WAIT]] = True
     keep = ~(own & (need < rg) & awaited[modes[need]])
     rg, need = rg[keep], need[keep]
-    # a send's destination: the rank of the last action (by index) on another rank that needs it
+    # a send's destination: the rank of the last action (by index) on another rank that needs it —
+    # the highest such rank, as actions are numbered rank by rank
     dest = np.full(n, -1, INDEX)
     other = ~own[keep]
-    by, of = need[other], rg[other]
+    by, to = need[other], rank[rg[other]]
     if _repeats(by, n):  # an event needed on other ranks by several actions: the last one's
-        np.maximum.at(dest, by, of)
+        np.maximum.at(dest, by, to)
     else:  # (the common case: one consumer elsewhere)
-        dest[by] = of
-    has = dest >= 0
-    dest[has] = rank[dest[has]]
+        dest[by] = to
     return (rg, need), dest
 
 
@@ -372,18 +377,18 @@ def _compute_costs(codes: _Codes, sched: Schedule, cost: CostModel, kc, st, mb, 
             float(cost.model_flops(a, sched)),
             float(cost.activation_bytes(a, sched)),
         )
-    per = table[inverse]
-    durs[comp] = per[:, 0]
+    time, flop, model_flop, act = (column[inverse] for column in table.T)  # contiguous columns
+    durs[comp] = time
     cuts = np.searchsorted(comp, offsets).tolist()
     busy, peaks = [], []
     for r in range(len(offsets) - 1):
         lo, hi = cuts[r], cuts[r + 1]
         # sequential sums (np.cumsum), exactly as the per-action path adds them
-        busy.append(float(np.cumsum(per[lo:hi, 0])[-1]) if hi > lo else 0.0)
-        peak = max(0.0, float(np.cumsum(per[lo:hi, 3]).max())) if hi > lo else 0.0
+        busy.append(float(np.cumsum(time[lo:hi])[-1]) if hi > lo else 0.0)
+        peak = max(0.0, float(np.cumsum(act[lo:hi]).max())) if hi > lo else 0.0
         peaks.append(float(cost.static_bytes(r, sched)) + peak)
-    flops = float(np.cumsum(per[:, 1])[-1]) if len(comp) else 0.0
-    model_flops = float(np.cumsum(per[:, 2])[-1]) if len(comp) else 0.0
+    flops = float(np.cumsum(flop)[-1]) if len(comp) else 0.0
+    model_flops = float(np.cumsum(model_flop)[-1]) if len(comp) else 0.0
     return durs, busy, flops, model_flops, peaks
 
 

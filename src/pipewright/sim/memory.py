@@ -8,10 +8,12 @@ the running sum in program order (what the simulator reports).
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from pipewright.cost.base import CostModel
-from pipewright.ir import Schedule
-from pipewright.timeline import Timeline
+if TYPE_CHECKING:  # (the simulator imports this module for peak_from_deltas alone)
+    from pipewright.cost.base import CostModel
+    from pipewright.ir import Schedule
+    from pipewright.timeline import Timeline
 
 
 def peak_from_deltas(deltas: Iterable[float], static: float = 0.0) -> float:

@@ -18,6 +18,8 @@ from pipewright.kinds import KindSpec
 
 # Action modes in the compiled program.
 _COMPUTE, _SEND, _COLLECTIVE, _WAIT, _RENDEZVOUS = 0, 1, 2, 3, 4
+#: The end time of an action that has not run yet (every real time is ≥ 0).
+_NOT_DONE = -1.0
 
 
 @dataclass(frozen=True)

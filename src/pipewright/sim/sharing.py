@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pipewright.errors import PipewrightError
+from pipewright.sim.program import _COLLECTIVE, _COMPUTE, _NOT_DONE, _SEND
 
 
 @dataclass(frozen=True)
@@ -127,11 +128,6 @@ class SharedCompute:
     def units_per_host(self, num_ranks: int) -> list[float]:
         hosts = self.host_of(num_ranks)
         return list(self.units) + [1.0] * (max(hosts, default=-1) + 1 - len(self.units))
-
-
-# The action modes of engine._Program (kept in step with it; imported lazily there to avoid a cycle).
-_COMPUTE, _SEND, _COLLECTIVE, _WAIT = 0, 1, 2, 3
-_NOT_DONE = -1.0
 
 
 def run_iteration_shared(

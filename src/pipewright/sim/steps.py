@@ -16,11 +16,20 @@ afterwards over arrays (:func:`expand`). Only max and the same additions in the 
 so every start and end is bit-for-bit the per-action loop's. Anything else — collectives, markers
 with several requirements, a send with requirements of its own, a receive not followed by a compute
 action, negative durations — keeps the per-action loop (:func:`compute_steps` returns None).
+
+**Free transfers** (every send lasts 0, as with unit costs and free communication): a send then ends
+when the compute action that issues it ends — its link is never behind its sender, since the link's
+last transfer ended at an earlier clock of the same rank (checked at the start of each iteration:
+every link's free time is at most its source rank's clock) and a rank's clock never goes back. So
+the loop takes one event per compute action (:class:`Folded`: a requirement on a send is one on the
+compute action that issues it) and sets each link's free time to its last send's end afterwards;
+``t + 0.0`` is ``t``, so the times are again bit-for-bit the per-action loop's.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -32,8 +41,9 @@ from pipewright.sim.program import _COMPUTE, _SEND, _WAIT, first_missing, one_or
 class Steps:
     """A program in compute-only form. Events are numbered computes first (0 … C − 1, in global
     order), then sends (C … C + S − 1); ``in1[j]`` is the one event compute j waits for (−1 none,
-    −2 several: ``in_extra[j]``), ``post1[j]`` the one send issued right after it (−1, −2:
-    ``post_extra[j]``, in program order). ``dur``/``link`` are per event; ``cuts`` the steps per rank.
+    −2 several: ``in_extra[j]``), :attr:`post1` ``[j]`` the one send issued right after it (−1, −2:
+    :attr:`post_extra` ``[j]``, in program order; derived from ``send_step`` when the loop with
+    transfers asks). ``dur``/``link`` are per event; ``cuts`` the steps per rank.
     The columns are integer/float64 arrays, which the loop reads through memoryviews (an element read
     costs about what a list's does, and no list of half a million numbers is built)."""
 
@@ -44,12 +54,37 @@ class Steps:
     cuts: list[int]
     in1: Any
     in_extra: dict[int, tuple[int, ...]]
-    post1: Any
-    post_extra: dict[int, tuple[int, ...]]
     dur: Any
     link: Any
     send_step: Any  # the step each send follows
     offsets: list[int]  # of the lowered actions (global index = offsets[rank] + position)
+    folded: Folded | None = None  # when every send lasts 0
+
+    @cached_property
+    def _posts(self) -> tuple[Any, dict[int, tuple[int, ...]]]:
+        count = len(self.comp)
+        events = np.arange(count, count + len(self.send_step), dtype=self.send_step.dtype)
+        return one_or_several(self.send_step, events, count)
+
+    @property
+    def post1(self) -> Any:
+        return self._posts[0]
+
+    @property
+    def post_extra(self) -> dict[int, tuple[int, ...]]:
+        return self._posts[1]
+
+
+@dataclass(frozen=True)
+class Folded:
+    """The steps with every send folded into the compute action that issues it (free transfers):
+    ``in1``/``in_extra`` name compute steps only; ``link_src[l]`` is link l's source rank and
+    ``link_last`` the (link, step) of each link's last send."""
+
+    in1: Any
+    in_extra: dict[int, tuple[int, ...]]
+    link_src: list[int]
+    link_last: list[tuple[int, int]]
 
 
 def compute_steps(modes, durs, links, rg, need, offsets: list[int]) -> Steps | None:
@@ -85,7 +120,9 @@ def compute_steps(modes, durs, links, rg, need, offsets: list[int]) -> Steps | N
     wait_in[rg[by_wait]] = event[need[by_wait]]
     in1, in_extra = one_or_several(step[rg] + by_wait, event[need], count)  # a receive: the step after it
     send_step = step[sends]
-    post1, post_extra = one_or_several(send_step, event[sends], count)
+    folded = None
+    if not durs[sends].any():
+        folded = _fold(in1, in_extra, send_step, links[sends], sends, offsets, count)
     return Steps(
         comp=comp,
         sends=sends,
@@ -94,27 +131,51 @@ def compute_steps(modes, durs, links, rg, need, offsets: list[int]) -> Steps | N
         cuts=np.searchsorted(comp, offsets).tolist(),
         in1=in1,
         in_extra=in_extra,
-        post1=post1,
-        post_extra=post_extra,
         dur=np.concatenate((durs[comp], durs[sends])),
         link=np.concatenate((np.full(count, -1, links.dtype), links[sends])),
         send_step=send_step,
         offsets=offsets,
+        folded=folded,
     )
+
+
+def _fold(in1, in_extra, send_step, send_link, sends, offsets: list[int], count: int) -> Folded:
+    """:class:`Folded` of the steps (every send lasts 0): event C + i (send i) becomes send_step[i]."""
+    on_send = in1 >= count
+    f_in1 = in1.copy()
+    f_in1[on_send] = send_step[in1[on_send] - count]
+    f_extra = {
+        j: tuple(e if e < count else int(send_step[e - count]) for e in events)
+        for j, events in in_extra.items()
+    }
+    num_links = int(send_link.max()) + 1 if len(send_link) else 0
+    first = np.full(num_links, len(sends), np.int64)
+    last = np.full(num_links, -1, np.int64)
+    np.minimum.at(first, send_link, np.arange(len(sends)))
+    np.maximum.at(last, send_link, np.arange(len(sends)))
+    used = np.flatnonzero(last >= 0)
+    src = np.zeros(num_links, np.int64)  # every send of a link has the same source rank
+    src[used] = np.searchsorted(offsets, sends[first[used]], side="right") - 1
+    link_last = list(zip(used.tolist(), send_step[last[used]].tolist(), strict=True))
+    return Folded(f_in1, f_extra, src.tolist(), link_last)
 
 
 def run_steps(steps: Steps, clock: list[float], link_free: list[float]):
     """One iteration from ``clock`` over the steps: (ends per event, clocks, links' free times) or
     None when some rank cannot finish. ``clock`` and ``link_free`` are not changed. Starts are not
-    kept: :meth:`StepTimes.expand` derives them (a maximum of ends)."""
+    kept: :meth:`StepTimes.expand` derives them (a maximum of ends). With free transfers (and no
+    link ahead of its source rank's clock), the ends are those of the compute steps only."""
+    fold = steps.folded
+    if fold is not None and all(link_free[lk] <= clock[r] for lk, r in enumerate(fold.link_src)):
+        return _run_folded(steps, fold, clock, link_free)
     in1, post1 = memoryview(steps.in1), memoryview(steps.post1)
     dur, link = memoryview(steps.dur), memoryview(steps.link)
     in_extra, post_extra, cuts = steps.in_extra, steps.post_extra, steps.cuts
     n_ev = len(dur)
     ends = [-1.0] * (n_ev + 1)
     clock, link_free = list(clock), list(link_free)
-    waiting: dict[int, list[int]] = {}
-    awaited = bytearray(n_ev + 1)
+    waiter = [-1] * (n_ev + 1)  # the rank blocked on each event (as in _run_folded)
+    more: dict[int, list[int]] = {}
     ptr = cuts[:-1]
     ready = list(range(len(clock) - 1, -1, -1))
     while ready:
@@ -126,20 +187,22 @@ def run_steps(steps: Steps, clock: list[float], link_free: list[float]):
             if e >= 0:
                 te = ends[e]
                 if te < 0.0:
-                    waiting.setdefault(e, []).append(r)
-                    awaited[e] = 1
+                    if waiter[e] == -1:
+                        waiter[e] = r
+                    else:
+                        _wait(e, r, waiter, more)
                     break
                 if te > t:
                     t = te
             elif e == -2:
                 e, t = first_missing(in_extra[j], ends, t)
                 if e >= 0:
-                    waiting.setdefault(e, []).append(r)
-                    awaited[e] = 1
+                    _wait(e, r, waiter, more)
                     break
             ends[j] = t_rank = t + dur[j]
-            if awaited[j]:
-                ready.extend(waiting.pop(j))
+            w = waiter[j]
+            if w != -1:
+                _wake(j, w, ready, more)
             s = post1[j]
             if s >= 0:
                 lk = link[s]
@@ -147,13 +210,14 @@ def run_steps(steps: Steps, clock: list[float], link_free: list[float]):
                 if t_rank > ts:
                     ts = t_rank
                 ends[s] = link_free[lk] = ts + dur[s]
-                if awaited[s]:
-                    ready.extend(waiting.pop(s))
+                w = waiter[s]
+                if w != -1:
+                    _wake(s, w, ready, more)
             elif s == -2:  # several sends (rare): the same, one after another
                 for s in post_extra[j]:
                     _send(s, t_rank, link, dur, link_free, ends)
-                    if awaited[s]:
-                        ready.extend(waiting.pop(s))
+                    if waiter[s] != -1:
+                        _wake(s, waiter[s], ready, more)
         else:
             j = stop
         ptr[r] = j
@@ -162,6 +226,77 @@ def run_steps(steps: Steps, clock: list[float], link_free: list[float]):
         return None
     ends.pop()
     return ends, clock, link_free
+
+
+def _run_folded(steps: Steps, fold: Folded, clock: list[float], link_free: list[float]):
+    """:func:`run_steps` with the sends folded into their compute actions (see the module docstring):
+    one event per compute step. A blocked rank is kept in ``waiter[e]`` (−1: nobody; −2: several,
+    listed in ``more[e]`` — a compute action whose sends go to several ranks)."""
+    in1, dur, in_extra, cuts = memoryview(fold.in1), memoryview(steps.dur), fold.in_extra, steps.cuts
+    count = cuts[-1]
+    ends = [-1.0] * (count + 1)
+    clock = list(clock)
+    waiter = [-1] * (count + 1)
+    more: dict[int, list[int]] = {}
+    ptr = cuts[:-1]
+    ready = list(range(len(clock) - 1, -1, -1))
+    while ready:
+        r = ready.pop()
+        stop, t_rank = cuts[r + 1], clock[r]
+        for j in range(ptr[r], stop):
+            t = t_rank
+            e = in1[j]
+            if e >= 0:
+                te = ends[e]
+                if te < 0.0:
+                    if waiter[e] == -1:  # (the usual case: one rank waits for it)
+                        waiter[e] = r
+                    else:
+                        _wait(e, r, waiter, more)
+                    break
+                if te > t:
+                    t = te
+            elif e == -2:
+                e, t = first_missing(in_extra[j], ends, t)
+                if e >= 0:
+                    _wait(e, r, waiter, more)
+                    break
+            ends[j] = t_rank = t + dur[j]
+            w = waiter[j]
+            if w != -1:
+                if w >= 0:
+                    ready.append(w)
+                else:
+                    ready.extend(more.pop(j))
+        else:
+            j = stop
+        ptr[r] = j
+        clock[r] = t_rank
+    if any(ptr[r] < cuts[r + 1] for r in range(len(clock))):
+        return None
+    ends.pop()
+    link_free = list(link_free)
+    for lk, j in fold.link_last:
+        link_free[lk] = ends[j]  # its last send's end: that step's end + 0
+    return ends, clock, link_free
+
+
+def _wake(e: int, w: int, ready: list[int], more: dict[int, list[int]]) -> None:
+    """Event ``e`` ended: the rank ``w`` blocked on it (−2: the ranks in ``more[e]``) may go on."""
+    if w >= 0:
+        ready.append(w)
+    else:
+        ready.extend(more.pop(e))
+
+
+def _wait(e: int, r: int, waiter: list[int], more: dict[int, list[int]]) -> None:
+    """Rank ``r`` waits for event ``e``."""
+    w = waiter[e]
+    if w == -1:
+        waiter[e] = r
+    else:
+        more.setdefault(e, [] if w == -2 else [w]).append(r)
+        waiter[e] = -2
 
 
 def _send(s: int, t: float, link, dur, link_free: list[float], ends: list[float]) -> None:
@@ -203,6 +338,8 @@ def expand(times: StepTimes):
     n = offsets[-1]
     e_ev = np.array(times.ends)
     count = len(steps.comp)
+    if len(e_ev) == count:  # folded free transfers: a send ends with the step that issues it
+        e_ev = np.concatenate((e_ev, e_ev[steps.send_step]))
     comp_end = e_ev[:count]
     prev = np.empty(count)  # the rank's clock before each step
     prev[1:] = comp_end[:-1]
