@@ -116,7 +116,11 @@ def test_sequence_not_split_into_two_cp_chunks_is_one_line_error(seq: int, cp: i
         (["--vocab-parallel", "alg1"], "--vocab-parallel"),
         (["--optimizer", "kfac"], "--optimizer kfac"),
         (["--schedule", "async-1f1b"], "asynchronous schedules"),
-        (["--moe-experts", "4", "--moe-top-k", "2", "--model", "gpt-moe-tiny"], "--moe-experts"),
+        # experts route each cp rank's own tokens; only a capacity (per rank, not per sequence) is refused
+        (
+            ["--moe-experts", "4", "--moe-top-k", "2", "--model", "gpt-moe-tiny", "--moe-capacity", "1.25"],
+            "--moe-capacity",
+        ),
     ],
 )
 def test_features_that_hold_whole_sequences_refuse_cp_in_one_line(flags, names, tmp_path, capsys):
