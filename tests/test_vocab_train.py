@@ -21,7 +21,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from _queue_spawn import fork_launch
+from _queue_spawn import fork_cli_launches, fork_launch
 from _single_process import single_process
 from pipewright.cli import main
 from pipewright.data.tokens import write_tokens
@@ -65,7 +65,8 @@ def _close(got, want) -> bool:
 
 
 @pytest.mark.slow
-def test_cli_toml_equals_single_process(data, tmp_path):
+def test_cli_toml_equals_single_process(data, tmp_path, monkeypatch):
+    fork_cli_launches(monkeypatch)
     toml = tmp_path / "train.toml"
     toml.write_text('[train]\nvocab_parallel = "alg2"\n')
     out = tmp_path / "run"
