@@ -172,7 +172,12 @@ def forked_spawn(
 
 
 #: the modules that bind ``spawn`` by name when imported
-_SPAWN_USERS = ("pipewright.runtime.launch", "pipewright.training.workers", "pipewright.training.layers")
+_SPAWN_USERS = (
+    "pipewright.runtime.launch",
+    "pipewright.runtime.profiler",
+    "pipewright.training.workers",
+    "pipewright.training.layers",
+)
 
 
 def fork_cli_launches(monkeypatch) -> None:
@@ -181,5 +186,6 @@ def fork_cli_launches(monkeypatch) -> None:
     computes, not of how it starts processes."""
     import importlib
 
-    for name in _SPAWN_USERS:
-        monkeypatch.setattr(importlib.import_module(name), "spawn", forked_spawn)
+    users = [importlib.import_module(name) for name in _SPAWN_USERS]  # all bound to the real one first
+    for module in users:
+        monkeypatch.setattr(module, "spawn", forked_spawn)
