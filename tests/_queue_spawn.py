@@ -1,7 +1,9 @@
 """Launching a test's workers: :func:`spawn_cases` runs a test's cases in fresh gloo processes that report
 through a queue; :func:`fork_launch` runs ``fn(rank, *args)`` like
 :func:`pipewright.runtime.launch.spawn` in processes forked from the test process, so that torch and the
-test's modules, already imported here, are not imported again in every worker (seconds of CPU each)."""
+test's modules, already imported here, are not imported again in every worker (seconds of CPU each);
+:func:`fork_cli_launches` makes the library's own launches (``pipewright train``, ``pipewright check``
+called in-process through ``pipewright.cli.main``) fork the same way."""
 
 from __future__ import annotations
 
@@ -18,6 +20,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from pipewright.runtime.errors import WorkerError
+from pipewright.runtime.launch import default_backend, free_port, init_from_env
+from pipewright.runtime.launch import spawn as _spawn  # the real one, whatever a test patches
 
 #: ``cases(rank, world) -> {case: error or ""}``, run inside an initialised gloo process group
 Cases = Callable[[int, int], dict[str, str]]
@@ -64,18 +70,23 @@ def can_fork() -> bool:
 
 
 def _forked(
-    fn: Callable[..., Any], rank: int, nprocs: int, args: Sequence[Any], port: int, timeout_s: float, queue
+    fn: Callable[..., Any],
+    rank: int,
+    nprocs: int,
+    args: Sequence[Any],
+    port: int,
+    timeout_s: float,
+    queue,
+    cpu_allocator: str = "retain",
 ) -> None:
     """One forked rank: the environment and gloo group ``pipewright.runtime.launch`` gives a worker
     (one CPU thread), ``fn(rank, *args)``, then (rank, "ok", result) or (rank, "error", traceback)."""
-    from pipewright.runtime.launch import init_from_env
-
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(nprocs),
         LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(nprocs),
     )  # fmt: skip
     try:
-        init_from_env("gloo", timeout_s)
+        init_from_env("gloo", timeout_s, cpu_allocator=cpu_allocator)
         result = fn(rank, *args)
         queue.put((rank, "ok", pickle.dumps(result)))  # by value: no shared memory outliving this process
         dist.barrier()  # nobody tears the group down while a peer may still be talking to it
@@ -90,20 +101,24 @@ def _forked(
 
 
 def fork_launch(
-    fn: Callable[..., Any], nprocs: int, args: Sequence[Any] = (), timeout_s: float = 600.0
+    fn: Callable[..., Any],
+    nprocs: int,
+    args: Sequence[Any] = (),
+    timeout_s: float = 600.0,
+    cpu_allocator: str = "retain",
 ) -> list:
     """``fn(rank, *args)`` on ``nprocs`` gloo ranks; their results by rank (as
     :func:`pipewright.runtime.launch.spawn`, which it falls back to where :func:`can_fork` is false).
-    A rank that raises fails the call with its traceback; so does passing ``timeout_s``."""
-    from pipewright.runtime.launch import free_port, spawn
-
+    A rank that raises fails the call with its traceback; so does passing ``timeout_s``. A forked
+    worker starts from this process's heap and allocator settings: ``cpu_allocator="system"`` leaves
+    them as they are rather than resetting glibc's defaults."""
     if not can_fork():
-        return spawn(fn, nprocs, args, backend="gloo", timeout_s=timeout_s)
+        return _spawn(fn, nprocs, args, backend="gloo", timeout_s=timeout_s, cpu_allocator=cpu_allocator)
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
     port = free_port()
     procs = [
-        ctx.Process(target=_forked, args=(fn, r, nprocs, tuple(args), port, timeout_s, queue))
+        ctx.Process(target=_forked, args=(fn, r, nprocs, tuple(args), port, timeout_s, queue, cpu_allocator))
         for r in range(nprocs)
     ]
     for proc in procs:
@@ -130,3 +145,47 @@ def fork_launch(
                 proc.terminate()
                 proc.join(timeout=10)
     return [results[r] for r in range(nprocs)]
+
+
+def forked_spawn(
+    fn: Callable[..., Any],
+    nprocs: int,
+    args: Sequence[Any] = (),
+    *,
+    backend: str | None = None,
+    timeout_s: float = 600.0,
+    forward_sigterm: bool = False,
+    cpu_allocator: str = "retain",
+) -> list:
+    """:func:`pipewright.runtime.launch.spawn`'s signature over :func:`fork_launch` (gloo only; no
+    SIGTERM forwarding, so not for tests that signal the launcher). A failed launch raises
+    :class:`~pipewright.runtime.errors.WorkerError`, as ``spawn`` does, so the CLI reports it the same."""
+    if (backend or default_backend()) != "gloo":
+        return _spawn(
+            fn, nprocs, args, backend=backend, timeout_s=timeout_s, forward_sigterm=forward_sigterm,
+            cpu_allocator=cpu_allocator,
+        )  # fmt: skip
+    try:
+        return fork_launch(fn, nprocs, args, timeout_s=timeout_s, cpu_allocator=cpu_allocator)
+    except RuntimeError as e:
+        raise WorkerError(-1, str(e).splitlines()[0], str(e)) from None
+
+
+#: the modules that bind ``spawn`` by name when imported
+_SPAWN_USERS = (
+    "pipewright.runtime.launch",
+    "pipewright.runtime.profiler",
+    "pipewright.training.workers",
+    "pipewright.training.layers",
+)
+
+
+def fork_cli_launches(monkeypatch) -> None:
+    """Within one test (pytest's ``monkeypatch``), the library's launches fork their workers from this
+    process (:func:`forked_spawn`) instead of spawning fresh interpreters: for tests of what the CLI
+    computes, not of how it starts processes."""
+    import importlib
+
+    users = [importlib.import_module(name) for name in _SPAWN_USERS]  # all bound to the real one first
+    for module in users:
+        monkeypatch.setattr(module, "spawn", forked_spawn)

@@ -4,8 +4,8 @@
 microbatch loss from step 1 on — a doubled 1/m, the kind of bug that shows in the gradient norm and not
 in the loss: step 0 is equal to one process (loss, gradient norm, parameters: the comparison itself is
 right), step 1 is not, and the command exits 1 naming step 1 and the gradient norm. The feature takes
-part only in pipelined runs (pp > 1), so the one-process reference stays right. (Two launches: the
-pipelined run and the reference.)
+part only in pipelined runs (pp > 1), so the one-process reference stays right. (Two launches, of forked
+workers: the pipelined run and the reference.)
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import math
 
 import pytest
 
+from _queue_spawn import fork_cli_launches
 from pipewright.cli import main
 from pipewright.cli.check import TOLERANCE, param_difference
 from pipewright.features import Feature
@@ -56,7 +57,8 @@ MISSCALE = Feature(name="misscale", plugin=f"{__name__}:MisscaledLoss", descript
 
 
 @pytest.mark.slow
-def test_check_names_the_step_of_a_misscaled_loss(capsys):
+def test_check_names_the_step_of_a_misscaled_loss(capsys, monkeypatch):
+    fork_cli_launches(monkeypatch)
     assert main(["check", *MODEL, *LAYOUT, "--steps", "2", "--feature", f"{__name__}:MISSCALE"]) == 1
     out = capsys.readouterr().out.splitlines()
     assert out[0] == f"1f1b pp=2 dp=1 tp=1 vs one process, fp32, tolerance {TOLERANCE['fp32']:g}"

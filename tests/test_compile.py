@@ -16,8 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from _queue_spawn import fork_launch
 from pipewright.runtime.compile import BACKEND_ENV, CompiledForward, compile_stages
-from pipewright.runtime.launch import spawn
 from pipewright.runtime.mesh import ParallelMesh
 from pipewright.runtime.trainer import PreparedRun, Trainer
 from test_layer_list import _base, _pipe, _reference
@@ -58,9 +58,10 @@ def test_compiled_stages_equal_uncompiled_under_1f1b_and_zb_h1(tmp_path, monkeyp
     base = replace(_base(), pp=2, microbatches=4, out=str(tmp_path / "run"))
     cases = [replace(base, schedule=s, compile=on) for s in ("1f1b", "zb-h1") for on in (False, True)]
     runs = [_pipe().prepare(c) for c in cases]
-    want_losses, _, want_grads, want_params = _reference(runs[0].model, runs[0].config)
+    ref = _reference(runs[0].model, runs[0].config)
+    want_losses, want_grads, want_params = ref.losses, ref.grads0, ref.params
     by_case = {}
-    for run, gathered in zip(runs, spawn(_worker, 2, (runs,), timeout_s=600)[0], strict=True):
+    for run, gathered in zip(runs, fork_launch(_worker, 2, (runs,), timeout_s=600)[0], strict=True):
         c = run.config
         for losses, grads, params, deferred, compiled in gathered:
             if c.compile:  # every stage went through the compiler, none fell back

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from _kfac_config import tiny_config
-from pipewright.runtime.launch import spawn
+from _queue_spawn import fork_launch
 from pipewright.runtime.mesh import ParallelMesh
 from pipewright.runtime.trainer import Trainer
 from pipewright.training import prepare
@@ -46,7 +46,7 @@ def _worker(rank: int, run) -> dict:
 @pytest.mark.slow
 def test_dp_replicas_install_refreshes_together(tmp_path_factory):
     run = prepare(replace(tiny_config(tmp_path_factory, STEPS), dp=2, optimizer="kfac"), world_size=4)
-    results = spawn(_worker, 4, (run,), backend="gloo", timeout_s=240)
+    results = fork_launch(_worker, 4, (run,), timeout_s=240)
     for r in results:
         assert r["replicas_equal"]
         assert r["refreshes"] >= 1

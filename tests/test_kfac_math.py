@@ -2,7 +2,7 @@
 
 Single-process cases check factors, π-damped Cholesky inverses, the preconditioned gradient (against
 the Kronecker-factored Fisher (A ⊗ B) solved densely), KL-clipping, the running average, fp32 factors
-under bf16, and the optimizer wrapper. The slow case spawns 2 gloo processes once and checks (1) the
+under bf16, and the optimizer wrapper. The slow case forks 2 gloo processes once and checks (1) the
 factors all-reduced over data-parallel replicas equal one process's factors over all the data, and
 (2) column/row-parallel layers' factors equal the slices of the unsharded layer's factors.
 """
@@ -16,10 +16,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from _queue_spawn import fork_launch
 from pipewright.errors import ConfigError
 from pipewright.features.kfac.kfac import KFAC, KFACConfig, covered_layers
 from pipewright.features.kfac.optimizer import KFACOptimizer, build_base
-from pipewright.runtime.launch import spawn
 
 D_IN, D_OUT, TOKENS = 5, 4, 7
 
@@ -272,7 +272,7 @@ def _tp_case(rank: int, world: int) -> list[str]:
 
 @pytest.mark.slow
 def test_dp_factors_equal_single_process_and_tp_factors_equal_slices():
-    results = spawn(_worker, 2, backend="gloo", timeout_s=120)
+    results = fork_launch(_worker, 2, timeout_s=120)
     assert results == [[], []]
 
 

@@ -1,6 +1,6 @@
 """K-FAC with mixed precision, in checkpoints, and with each base update (``--kfac-base``).
 
-One 2-process gloo spawn (pp = 2, 1F1B, a tiny model) builds several trainers on one mesh. Every
+One launch of 2 forked gloo processes (pp = 2, 1F1B, a tiny model) builds several trainers on one mesh. Every
 trainer fills its bubbles with all pending K-FAC tasks (``--kfac-fill all``), so when a refresh's
 tasks run depends only on the schedule, not on measured times, and runs are reproducible:
 
@@ -28,6 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from _kfac_config import tiny_config
+from _queue_spawn import fork_launch
 from pipewright.errors import ConfigError
 from pipewright.features.kfac.kfac import KFAC, KFACConfig
 from pipewright.features.kfac.optimizer import Lamb, build_base
@@ -35,7 +36,6 @@ from pipewright.features.kfac.runtime import BubbleWorker, PipelinedKFAC
 from pipewright.features.kfac.state import StateNames, load_state, save_state
 from pipewright.optim import set_lr
 from pipewright.runtime.config import TrainConfig
-from pipewright.runtime.launch import spawn
 from pipewright.runtime.mesh import ParallelMesh
 from pipewright.runtime.trainer import Trainer
 from pipewright.training import check_config, prepare
@@ -171,7 +171,7 @@ def results(tmp_path_factory):
         **{name: replace(base, kfac_base=name) for name in ("sgd", "adamw", "lamb")},
     }
     runs = {name: prepare(c, world_size=2) for name, c in configs.items()}
-    return spawn(_worker, 2, (runs,), backend="gloo", timeout_s=600)
+    return fork_launch(_worker, 2, (runs,), timeout_s=600)
 
 
 @pytest.mark.slow

@@ -115,10 +115,10 @@ def _gloo_coords(rank: int, orders: tuple[str, ...]) -> dict:
 @pytest.mark.slow
 def test_gloo_mesh_follows_the_order() -> None:
     """Four real processes: every process's coordinates and pipeline group are the pure mesh's."""
-    from pipewright.runtime.launch import spawn
+    from _queue_spawn import fork_launch
 
     orders = ("tp-dp-pp", "tp-pp-dp")
-    results = spawn(_gloo_coords, 4, (orders,), backend="gloo", timeout_s=120)
+    results = fork_launch(_gloo_coords, 4, (orders,), timeout_s=120)
     for rank, got in enumerate(results):
         for order in orders:
             layout = Mesh(tp=1, pp=2, dp=2, order=order)

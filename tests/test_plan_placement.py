@@ -140,9 +140,9 @@ def test_training_with_a_placement_runs_each_rank_on_its_process(tmp_path) -> No
 
     import numpy as np
 
+    from _queue_spawn import fork_launch
     from pipewright.data.tokens import write_tokens
     from pipewright.runtime.config import TrainConfig
-    from pipewright.runtime.launch import spawn
     from pipewright.training import prepare
 
     data = tmp_path / "tokens.bin"
@@ -152,7 +152,7 @@ def test_training_with_a_placement_runs_each_rank_on_its_process(tmp_path) -> No
                        out=str(tmp_path / "run"))  # fmt: skip
     place = (1, 0)
     runs = [prepare(base), prepare(replace(base, placement=",".join(map(str, place))))]
-    results = spawn(_placed_worker, 2, (runs,), timeout_s=600)
+    results = fork_launch(_placed_worker, 2, (runs,), timeout_s=600)
     layout = Mesh(1, 2, 1, placement=place)
     for process, per_run in enumerate(results):
         (ident, loss_id, _), (coords, loss_placed, has_timeline) = per_run

@@ -1,7 +1,7 @@
 """``pipewright train`` with tensor parallelism: ``--tp 2 --pp 2`` (plain, and with
 ``--sequence-parallel``) trains to the same per-step losses as ``--tp 1 --pp 2`` with the same seed
 (the optimizer steps in between, so all three steps agree only if the gradients do); the flags that
-cannot go together are one-line errors. Three runs (2, 4 and 4 processes)."""
+cannot go together are one-line errors. Three runs (2, 4 and 4 forked processes)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from _queue_spawn import fork_cli_launches
 from pipewright.cli import main
 from pipewright.data.tokens import write_tokens
 
@@ -31,7 +32,8 @@ def data(tmp_path_factory) -> str:
 
 
 @pytest.mark.slow
-def test_tp2_with_and_without_sequence_parallelism_equals_tp1(tmp_path, data):
+def test_tp2_with_and_without_sequence_parallelism_equals_tp1(tmp_path, data, monkeypatch):
+    fork_cli_launches(monkeypatch)  # what is compared is the losses, not how workers start
     runs = {"tp1": ["--tp", "1"], "tp2": ["--tp", "2"], "tp2+sp": ["--tp", "2", "--sequence-parallel"]}
     losses = {}
     for name, flags in runs.items():

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from _queue_spawn import fork_cli_launches
 from pipewright.cli import main
 from pipewright.data.tokens import write_tokens
 from pipewright.runtime.elastic import PREEMPTED_EXIT_CODE
@@ -57,8 +58,11 @@ def data(tmp_path_factory) -> str:
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, data) -> list[float]:
+    """The uninterrupted run's losses (its workers forked: nothing here is about how they start)."""
     out = tmp_path_factory.mktemp("reference")
-    assert main(["train", *TINY, "--data", data, "--out", str(out)]) == 0
+    with pytest.MonkeyPatch.context() as patch:
+        fork_cli_launches(patch)
+        assert main(["train", *TINY, "--data", data, "--out", str(out)]) == 0
     return _losses(out)
 
 
@@ -129,10 +133,14 @@ ASYNC = [*TINY, "--schedule", "async-1f1b", "--weight-policy", "2bw"]
 
 
 @pytest.mark.slow
-def test_sigterm_in_an_asynchronous_window_checkpoints_its_end_and_resume_reproduces(data, tmp_path):
+def test_sigterm_in_an_asynchronous_window_checkpoints_its_end_and_resume_reproduces(
+    data, tmp_path, monkeypatch
+):
     # windows of 2 steps (they end at checkpoints): the ranks agree on the SIGTERM after the window
     # [2, 4) they are paused in, checkpoint step_4 and stop; --resume continues with the same windows.
-    # The uninterrupted run meanwhile.
+    # The uninterrupted run meanwhile. The in-process runs fork their workers (the signalled one is
+    # a real launcher in a subprocess).
+    fork_cli_launches(monkeypatch)
     out, reference = tmp_path / "run", tmp_path / "reference"
     proc = _start([*ASYNC, "--data", data], out, "pause:step=2:ms=60000")
     assert main(["train", *ASYNC, "--data", data, "--out", str(reference)]) == 0

@@ -1,4 +1,4 @@
-"""The training options through the real trainer, on 4 gloo processes (one spawn, one mesh per
+"""The training options through the real trainer, on 4 gloo processes (one forked launch, one mesh per
 shape shared by all cases; tiny models):
 
 - recomputation: ``selective`` and ``full`` give the loss and every gradient of ``none`` within 1e-6
@@ -19,7 +19,7 @@ shape shared by all cases; tiny models):
   layout in two safetensors shards with an index) written here load into pp = 2 (tp = 2 for Llama)
   and give one process's logits; each pipeline rank reads only its own layers' tensors.
 
-Llama at pp = 4 × tp = 2 (8 processes, about 20 s on a quiet machine) runs in its own spawn.
+Llama at pp = 4 × tp = 2 (8 processes, about 20 s on a quiet machine) runs in its own launch.
 """
 
 from __future__ import annotations
@@ -33,13 +33,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from _queue_spawn import fork_launch
 from _single_process import single_process
 from pipewright.data.tokens import write_tokens
 from pipewright.errors import PipewrightError
 from pipewright.models.family import build_full
 from pipewright.models.hf_load import load_hf_stage_, read_hf_spec
 from pipewright.runtime.config import TrainConfig
-from pipewright.runtime.launch import spawn
 from pipewright.runtime.mesh import ParallelMesh
 from pipewright.runtime.trainer import PreparedRun, Trainer
 from pipewright.schedules import schedule_names
@@ -349,7 +349,7 @@ def results(tmp_path_factory):
     for i, (label, config) in enumerate(_cases(str(data), hf)):
         assert config.world_size == WORLD, label
         runs.append((label, prepare(replace(config, out=str(root / f"run{i}")))))
-    gathered = spawn(_worker, WORLD, (runs,), timeout_s=900)[0]
+    gathered = fork_launch(_worker, WORLD, (runs,), timeout_s=900)[0]
     return {label: (run, g) for (label, run), g in zip(runs, gathered, strict=True)}
 
 
@@ -478,6 +478,6 @@ def test_llama_pp4_tp2_equals_one_process(tmp_path):
     ]
     runs = [(label, prepare(replace(c, out=str(tmp_path / f"r{i}")))) for i, (label, c) in enumerate(cases)]
     failures: list[str] = []
-    for (label, run), gathered in zip(runs, spawn(_worker, 8, (runs,), timeout_s=900)[0], strict=True):
+    for (label, run), gathered in zip(runs, fork_launch(_worker, 8, (runs,), timeout_s=900)[0], strict=True):
         _check_against(gathered, _reference(run), REF_RTOL, label, failures)
     assert not failures, "\n".join(failures[:20])

@@ -2,7 +2,7 @@
 
 - the command line at pp = 2 with the TOML key ``vocab_parallel = "alg2"``: every step's loss and
   gradient norm, and the validation loss after step 3, equal the reference's;
-- one spawn of 4 workers through :class:`~pipewright.runtime.trainer.Trainer`: pp = 2 × dp = 2 and
+- one launch of 4 forked workers through :class:`~pipewright.runtime.trainer.Trainer`: pp = 2 × dp = 2 and
   pp = 2 × tp = 2, each algorithm and each of 1F1B, interleaved 1F1B and V-Half at least once (the full
   matrix runs in the executor, tests/test_vocab_runtime.py): 3 steps of losses,
   then every transformer parameter and both vocabulary shards equal the reference's; the first case
@@ -21,13 +21,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from _queue_spawn import fork_cli_launches, fork_launch
 from _single_process import single_process
 from pipewright.cli import main
 from pipewright.data.tokens import write_tokens
 from pipewright.errors import ConfigError
 from pipewright.features.vocab import shard as vs
 from pipewright.runtime.config import TrainConfig
-from pipewright.runtime.launch import spawn
 from pipewright.runtime.mesh import ParallelMesh
 from pipewright.runtime.tp import full_parameters
 from pipewright.runtime.trainer import PreparedRun, Trainer
@@ -65,7 +65,8 @@ def _close(got, want) -> bool:
 
 
 @pytest.mark.slow
-def test_cli_toml_equals_single_process(data, tmp_path):
+def test_cli_toml_equals_single_process(data, tmp_path, monkeypatch):
+    fork_cli_launches(monkeypatch)
     toml = tmp_path / "train.toml"
     toml.write_text('[train]\nvocab_parallel = "alg2"\n')
     out = tmp_path / "run"
@@ -140,7 +141,7 @@ def test_trainer_pp2_dp2_tp2_equals_single_process(data, tmp_path):
         for i, (dp, tp, name, v, alg) in enumerate(CASES)
     ]
     failures = []
-    for run, gathered in zip(runs, spawn(_worker, 4, (runs,), timeout_s=600)[0], strict=True):
+    for run, gathered in zip(runs, fork_launch(_worker, 4, (runs,), timeout_s=600)[0], strict=True):
         c = run.config
         ref_losses, _, _, ref_params = _reference(c)
         label = f"dp={c.dp} tp={c.tp} {c.schedule} {c.vocab_parallel}"
