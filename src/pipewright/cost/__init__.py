@@ -5,8 +5,7 @@ model does not pay for importing the transformer, MoE and attention cost models.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import Any
+from pipewright.lazy import lazy_attributes
 
 _WHERE = {
     "A100_EFFICIENCY": "pipewright.cost.transformer",
@@ -23,10 +22,4 @@ _WHERE = {
 
 __all__ = sorted(_WHERE)
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module 'pipewright.cost' has no attribute {name!r}")
-    value = getattr(import_module(_WHERE[name]), name)
-    globals()[name] = value
-    return value
+__getattr__, __dir__ = lazy_attributes(__name__, _WHERE, globals())

@@ -7,8 +7,7 @@ import torch for every command."""
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from pipewright.lazy import lazy_attributes
 
 #: public name → the submodule that defines it
 _WHERE = {
@@ -35,14 +34,4 @@ _WHERE = {
 
 __all__ = sorted(_WHERE)
 
-
-def __getattr__(name: str) -> Any:
-    if name not in _WHERE:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(_WHERE[name]), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_WHERE))
+__getattr__, __dir__ = lazy_attributes(__name__, _WHERE, globals())
