@@ -22,11 +22,10 @@ import contextlib
 import io
 import json
 import time
-from dataclasses import dataclass
 
 from pipewright.cli import main
-from pipewright.cost import UnitCost
-from pipewright.ir import Action, Schedule, peak_in_flight
+from pipewright.cost.unit import StageTimes
+from pipewright.ir import Schedule, peak_in_flight
 from pipewright.passes import validate
 from pipewright.schedules import ScheduleCosts, build_schedule, zb_ilp
 from pipewright.sim import simulate
@@ -44,15 +43,8 @@ def _recording(*args, **kwargs):
 zb_ilp.refine = _recording  # the refinement's own report (solves, seconds) for the table
 
 
-@dataclass(frozen=True)
-class StageCost(UnitCost):
-    """Per-stage F, I, W times for the simulator."""
-
-    costs: ScheduleCosts = None  # type: ignore[assignment]
-
-    def compute_time(self, action: Action, schedule: Schedule) -> float:
-        table = {"F": self.costs.f, "I": self.costs.i, "W": self.costs.w}.get(action.kind)
-        return 0.0 if table is None else table[action.stage]
+def stage_times(costs: ScheduleCosts) -> StageTimes:
+    return StageTimes(f=costs.f, i=costs.i, w=costs.w)
 
 
 class _Comm:
@@ -65,7 +57,7 @@ class _Comm:
 
 def _time(sched: Schedule, costs: ScheduleCosts, steady: bool) -> float:
     runs = {"iterations": 3, "step_barrier": False} if steady else {}
-    return simulate(sched, StageCost(costs=costs), comm=_Comm(costs.comm), **runs).iteration_time
+    return simulate(sched, stage_times(costs=costs), comm=_Comm(costs.comm), **runs).iteration_time
 
 
 def fields(c: ScheduleCosts) -> tuple:

@@ -7,15 +7,14 @@ heuristic's order is kept. Small problems with a time limit (each solve well und
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import pytest
 
 from _unit_makespan import ConstComm
 from pipewright.cli import main
-from pipewright.cost import UnitCost
+from pipewright.cost.unit import StageTimes
 from pipewright.errors import ScheduleError
-from pipewright.ir import Action, Schedule, peak_in_flight
+from pipewright.ir import Schedule, peak_in_flight
 from pipewright.passes import validate
 from pipewright.schedules import ScheduleCosts, build_schedule, zb_ilp
 from pipewright.sim import simulate
@@ -23,15 +22,8 @@ from pipewright.sim import simulate
 pytest.importorskip("scipy")
 
 
-@dataclass(frozen=True)
-class StageCost(UnitCost):
-    """Per-stage F, I, W times (the simulator's view of ``ScheduleCosts``)."""
-
-    costs: ScheduleCosts = None  # type: ignore[assignment]
-
-    def compute_time(self, action: Action, schedule: Schedule) -> float:
-        table = {"F": self.costs.f, "I": self.costs.i, "W": self.costs.w}.get(action.kind)
-        return 0.0 if table is None else table[action.stage]
+def stage_times(costs: ScheduleCosts) -> StageTimes:
+    return StageTimes(f=costs.f, i=costs.i, w=costs.w)
 
 
 #: (p, m, costs with the memory limit): the heuristic's order is not the best one
@@ -48,10 +40,10 @@ GAINING = {
 def _simulated(sched: Schedule, costs: ScheduleCosts, steady: bool) -> float:
     if steady:  # ZB-2p-like orders run with post-validation: the steady period
         run = simulate(
-            sched, StageCost(costs=costs), comm=ConstComm(costs.comm), iterations=3, step_barrier=False
+            sched, stage_times(costs=costs), comm=ConstComm(costs.comm), iterations=3, step_barrier=False
         )
         return run.iteration_time
-    return simulate(sched, StageCost(costs=costs), comm=ConstComm(costs.comm)).iteration_time
+    return simulate(sched, stage_times(costs=costs), comm=ConstComm(costs.comm)).iteration_time
 
 
 def _with_limit(costs: ScheduleCosts, seconds: float | None) -> ScheduleCosts:

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from _unit_makespan import UNIT, ConstComm, steady_period, unit_makespan
-from pipewright.cost import UnitCost
+from pipewright.cost.unit import StageTimes
 from pipewright.errors import ScheduleError
 from pipewright.ir import F, peak_in_flight
 from pipewright.passes import lower, validate
@@ -164,7 +164,7 @@ def test_zb_auto_never_worse_than_the_handcrafted_schedules(p: int, comm: float)
     at limit 2p as fast as zb-h2 (one iteration, simulated); without an optimizer barrier zb-h2 is as
     fast as zb-h1 and zb-auto at 2p as zb-h2."""
     base = _edge_heavy(p, comm)
-    cost = _StageCost(base)
+    cost = _stage_times(base)
     for m in (p, 2 * p, 3 * p):
         t = {}
         for name, limit in (("zb-h1", None), ("zb-h2", None), ("zb-auto", p), ("zb-auto", 2 * p)):
@@ -183,13 +183,5 @@ def test_zb_auto_never_worse_than_the_handcrafted_schedules(p: int, comm: float)
         assert period["zb-auto"] <= period["zb-h2"] + 1e-9 and period["zb-h2"] <= period["zb-h1"] + 1e-9
 
 
-class _StageCost(UnitCost):
-    """Unit cost model with the per-stage F, I, W times of a ScheduleCosts."""
-
-    def __init__(self, costs: ScheduleCosts) -> None:
-        super().__init__()
-        object.__setattr__(self, "_c", costs)
-
-    def compute_time(self, action, schedule) -> float:
-        table = {"F": self._c.f, "I": self._c.i, "W": self._c.w}
-        return table[action.kind][action.stage] if action.kind in table else 0.0
+def _stage_times(costs: ScheduleCosts) -> StageTimes:
+    return StageTimes(f=costs.f, i=costs.i, w=costs.w)

@@ -42,3 +42,22 @@ class UnitCost:
 
     def model_flops(self, action: Action, schedule: Schedule) -> float:
         return self.compute_time(action, schedule)
+
+
+@dataclass(frozen=True)
+class StageTimes(UnitCost):
+    """Per-stage compute times: ``f[s]``, ``i[s]``, ``w[s]`` for F, I, W on stage s (B = I + W), the
+    simulator's view of the per-stage costs a cost-aware schedule is built from
+    (:class:`~pipewright.schedules.registry.ScheduleCosts`); other kinds cost nothing."""
+
+    f: tuple[float, ...] = ()
+    i: tuple[float, ...] = ()
+    w: tuple[float, ...] = ()
+
+    def compute_time(self, action: Action, schedule: Schedule) -> float:
+        s = action.stage
+        kind = action.kind
+        if kind == B:
+            return self.i[s] + self.w[s]
+        table = {F: self.f, I: self.i, W: self.w}.get(kind)
+        return 0.0 if table is None else table[s]
