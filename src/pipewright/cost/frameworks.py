@@ -79,6 +79,13 @@ def register(fw: Framework, *, override: bool = False) -> Framework:
     return fw
 
 
+def unregister(name: str) -> None:
+    """Remove ``name`` from the registry (the default stays)."""
+    if name == DEFAULT_FRAMEWORK:
+        raise ConfigError(f"the default framework {name!r} cannot be removed")
+    _REGISTRY.pop(name, None)
+
+
 def names() -> tuple[str, ...]:
     """The registered frameworks' names, the default first."""
     return tuple(_REGISTRY)
