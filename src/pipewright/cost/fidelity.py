@@ -8,7 +8,8 @@ where the row gives v > 1); no recomputation; bf16; flash attention with the GPU
 row's ``attention_kernel`` where the source names it); 8 GPUs per node; the gradient
 reduction overlapped with the backward for runs from 2023 on (Megatron's ``--overlap-grad-reduce``,
 FSDP), after the pipeline drains before; for NVIDIA's recipe tables (:data:`RECIPE_SOURCES`)
-sequence parallelism, tensor-parallel overlap, the distributed optimizer and bf16 gradient buffers.
+sequence parallelism, tensor-parallel overlap, the distributed optimizer and bf16 gradient buffers;
+the source's training framework (:data:`SOURCE_FRAMEWORK`, ``--framework``; Megatron where not named).
 Rows that a source gives as "first and last stage one layer fewer" (Zero Bubble) get that layout;
 :data:`OVERRIDES` holds the
 few per-row assumptions (each with its reason).
