@@ -137,8 +137,8 @@ register(
 register(
     Framework(
         "llm-foundry",
-        "MosaicML llm-foundry on Composer: PyTorch FSDP, eager PyTorch (no torch.compile in its "
-        "benchmark configs)",
+        "MosaicML llm-foundry on Composer: PyTorch FSDP, eager PyTorch (scripts/train/benchmarking/"
+        "submit_benchmarks.py: no torch.compile, low_precision_layernorm, flash-attn 2)",
         {"kernels": "eager"},
         compute=0.9749,
         overhead=1.860e-3,
