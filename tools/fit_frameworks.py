@@ -2,6 +2,7 @@
 
     PYTHONPATH=src python tools/fit_frameworks.py                  # every framework with rows
     PYTHONPATH=src python tools/fit_frameworks.py --only torchtitan
+    PYTHONPATH=src python tools/fit_frameworks.py --complement    # fit on the other rows instead (a check)
 
 For framework f, the fit rows are ``pipewright.cost.fidelity.framework_fit_selection`` (a fixed rule:
 within each source sorted by id, every second row, rows with a known mispriced mechanism left out). The
@@ -32,6 +33,7 @@ from pipewright.cost.fidelity import (
     framework_fit_selection,
     framework_of,
     load_runs,
+    mispriced_mechanism,
     published_tokens_per_s,
 )
 
@@ -88,6 +90,12 @@ def fit(name: str, runs: Sequence[Run]) -> tuple[float, float, np.ndarray, np.nd
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="fit this framework only")
+    parser.add_argument(
+        "--complement",
+        action="store_true",
+        help="fit on the rows the rule holds out (mispriced mechanisms still left out): how stable the "
+        "parameters are; the registry is not fitted this way",
+    )
     args = parser.parse_args()
     runs = load_runs()
     names = [n for n in frameworks.names() if n != frameworks.DEFAULT_FRAMEWORK]
@@ -96,6 +104,9 @@ def main() -> None:
             continue
         ids = framework_fit_selection(runs, name)
         total = sum(framework_of(r) == name for r in runs)
+        if args.complement:
+            held = [r for r in runs if framework_of(r) == name and r.id not in ids]
+            ids = tuple(r.id for r in held if not mispriced_mechanism(r))
         if not ids:
             print(f"{name}: no fit rows")
             continue
