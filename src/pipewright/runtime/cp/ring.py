@@ -22,14 +22,14 @@ Backward: with the final O and L, each block's P = exp(S − L) is recomputed an
 
     dV = Pᵀ dO,  dS = P ⊙ (dO Vᵀ − rowsum(dO ⊙ O)),  dQ = dS K / √d,  dK = dSᵀ Q / √d;
 
-the key/value blocks go round the ring again (the first exchange overlapped with the diagonal block, as
-in the forward). The diagonal block's dK/dV stays home; every other block's dK/dV accumulator starts at
-the block's first visit after home and travels after it, one step behind, so that after cp steps it
-arrives home with every rank's contribution: cp − 1 transfers of the accumulator, each started when a
-block's contribution is added and waited only when the next block's has been computed (double
-buffering, as in Transformer Engine's ring): during block i the rank has in flight the key/value block
-of step i + 1 and the accumulator of step i − 1, and only the last accumulator, the one coming home
-after the last block, is waited with no block computation behind it.
+the key/value blocks go round the ring again (each exchange started before the block it overlaps is
+computed, as in the forward). The diagonal block's dK/dV stays home; every other block's dK/dV
+accumulator starts at the block's first visit after home and travels after it, one step behind, so
+that after cp steps it arrives home with every rank's contribution: cp − 1 transfers of the
+accumulator, each started when a block's contribution is added and waited only when the next block's
+has been computed (double buffering, as in Transformer Engine's ring): during block i the rank has in
+flight the key/value block of step i + 1 and the accumulator of step i − 1, and only the last
+accumulator, the one coming home after the last block, is waited with no block computation behind it.
 
 :class:`DistRing` counts, per direction, the exchanges posted and those waited with no block computed
 on that direction since they were posted (``exposed``), and the seconds spent waiting (``waited``).
