@@ -2,8 +2,9 @@
 through a queue; :func:`fork_launch` runs ``fn(rank, *args)`` like
 :func:`pipewright.runtime.launch.spawn` in processes forked from the test process, so that torch and the
 test's modules, already imported here, are not imported again in every worker (seconds of CPU each);
-:func:`fork_cli_launches` makes the library's own launches (``pipewright train``, ``pipewright check``
-called in-process through ``pipewright.cli.main``) fork the same way."""
+:func:`forked_cli_launches` makes the library's own launches (``pipewright train``, ``pipewright check``
+called in-process through ``pipewright.cli.main``) fork the same way, through their ``spawn`` hook
+(:func:`pipewright.training.workers.launching_with`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ import queue as queue_module
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -23,7 +25,7 @@ import torch.multiprocessing as mp
 
 from pipewright.runtime.errors import WorkerError
 from pipewright.runtime.launch import default_backend, free_port, init_from_env
-from pipewright.runtime.launch import spawn as _spawn  # the real one, whatever a test patches
+from pipewright.runtime.launch import spawn as _spawn
 
 #: ``cases(rank, world) -> {case: error or ""}``, run inside an initialised gloo process group
 Cases = Callable[[int, int], dict[str, str]]
@@ -171,21 +173,12 @@ def forked_spawn(
         raise WorkerError(-1, str(e).splitlines()[0], str(e)) from None
 
 
-#: the modules that bind ``spawn`` by name when imported
-_SPAWN_USERS = (
-    "pipewright.runtime.launch",
-    "pipewright.runtime.profiler",
-    "pipewright.training.workers",
-    "pipewright.training.layers",
-)
+@contextmanager
+def forked_cli_launches() -> Iterator[None]:
+    """Within the block, the library's local launches fork their workers from this process
+    (:func:`forked_spawn`) instead of spawning fresh interpreters: for tests of what the CLI computes,
+    not of how it starts processes."""
+    from pipewright.training.workers import launching_with
 
-
-def fork_cli_launches(monkeypatch) -> None:
-    """Within one test (pytest's ``monkeypatch``), the library's launches fork their workers from this
-    process (:func:`forked_spawn`) instead of spawning fresh interpreters: for tests of what the CLI
-    computes, not of how it starts processes."""
-    import importlib
-
-    users = [importlib.import_module(name) for name in _SPAWN_USERS]  # all bound to the real one first
-    for module in users:
-        monkeypatch.setattr(module, "spawn", forked_spawn)
+    with launching_with(forked_spawn):
+        yield

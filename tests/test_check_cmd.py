@@ -14,7 +14,7 @@ import math
 
 import pytest
 
-from _queue_spawn import fork_cli_launches
+from _queue_spawn import forked_cli_launches
 from pipewright.cli import main
 from pipewright.cli.check import TOLERANCE, param_difference
 from pipewright.features import Feature
@@ -57,9 +57,9 @@ MISSCALE = Feature(name="misscale", plugin=f"{__name__}:MisscaledLoss", descript
 
 
 @pytest.mark.slow
-def test_check_names_the_step_of_a_misscaled_loss(capsys, monkeypatch):
-    fork_cli_launches(monkeypatch)
-    assert main(["check", *MODEL, *LAYOUT, "--steps", "2", "--feature", f"{__name__}:MISSCALE"]) == 1
+def test_check_names_the_step_of_a_misscaled_loss(capsys):
+    with forked_cli_launches():
+        assert main(["check", *MODEL, *LAYOUT, "--steps", "2", "--feature", f"{__name__}:MISSCALE"]) == 1
     out = capsys.readouterr().out.splitlines()
     assert out[0] == f"1f1b pp=2 dp=1 tp=1 vs one process, fp32, tolerance {TOLERANCE['fp32']:g}"
     assert out[-1].startswith("differs from one process at step 1: gradient norm ")

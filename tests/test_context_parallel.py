@@ -5,8 +5,9 @@ Llama (grouped-query attention, rotary positions) at pp = 2 × cp = 2 over DualP
 tp = 2 × cp = 2 with sequence parallelism (pp = 1): the loss of every step and the validation loss
 after the last, every gradient after the first step and every parameter after 3 steps (SGD with
 momentum, warm-up, global-norm clipping) equal a single-process reference on the same data within
-1e-5 relative (fp32, gloo). DualPipeV's F&B pairs run overlapped (runtime/cp/overlap.py). All cases
-run in one launch of four processes, sharing one mesh per shape.
+1e-5 relative (fp32, gloo). DualPipeV's F&B pairs run overlapped (runtime/cp/overlap.py). The ring
+waits every exchange behind a block computation except the backward's last (runtime/cp/ring.py). All
+cases run in one launch of four processes, sharing one mesh per shape.
 """
 
 from __future__ import annotations
@@ -58,10 +59,13 @@ def _cases(data: str) -> list[TrainConfig]:
     return [*cases, tp]
 
 
-def _facts(trainer: Trainer) -> tuple[int, int]:
-    """The boundary tensor's sequence length and how many F&B pairs ran overlapped."""
+def _facts(trainer: Trainer) -> tuple[int, int, tuple[int, ...]]:
+    """The boundary tensor's sequence length, how many F&B pairs ran overlapped, and the ring's
+    exchanges and those waited with no block computed behind them (forward, backward)."""
     pairs = trainer.context.pair_overlap
-    return trainer.boundary_shape[1], pairs.pairs_overlapped if pairs is not None else 0
+    ring = trainer.context.ring
+    counts = (ring.exchanges[False], ring.exposed[False], ring.exchanges[True], ring.exposed[True])
+    return trainer.boundary_shape[1], pairs.pairs_overlapped if pairs is not None else 0, counts
 
 
 @pytest.mark.slow
@@ -80,10 +84,14 @@ def test_context_parallel_training_equals_single_process(tmp_path):
         key = (c.model, c.global_batch)
         if key not in references:
             references[key] = single_process(c, run.spec)
-        for seq, overlapped in (seen.facts for seen in gathered):
+        for seq, overlapped, (sent_f, exposed_f, sent_b, exposed_b) in (seen.facts for seen in gathered):
             assert seq == c.seq_len // c.cp // (c.tp if c.sequence_parallel else 1), label
             # DualPipeV's F&B pairs ran overlapped (forward on a second thread), every step
             assert (overlapped > 0) == (c.schedule == "dualpipev" and c.tp == 1), label
+            # every ring exchange was waited behind a block computation but the backward's last
+            # (its accumulator coming home): 2·(cp − 1) backward exchanges per exposed one
+            assert sent_f > 0 and exposed_f == 0, label
+            assert exposed_b > 0 and sent_b == 2 * (c.cp - 1) * exposed_b, label
         bad, seen = compare(label, gathered, references[key], RTOL)
         failures += bad
         # every parameter on one pipeline rank of each (cp, tp) slice

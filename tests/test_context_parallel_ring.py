@@ -3,7 +3,10 @@
 
 For cp ∈ {1, 2, 3, 4} and grouped-query heads: each simulated rank's output equals full causal
 attention at its load-balanced positions (chunks r and 2·cp−1−r), and the gradients of q, k, v
-assembled from the ranks equal full attention's, within 1e-5 (fp32).
+assembled from the ranks equal full attention's, within 1e-5 (fp32). Each rank's ring counts what it
+sends and which exchanges it waits with no block computed since they were posted: the forward waits
+none so; the backward sends 2·(cp − 1) messages and waits one so, its accumulator coming home; those
+bytes are what the cost model's ``pipewright`` ring is priced at (``cost/context.py``).
 """
 
 from __future__ import annotations
@@ -15,7 +18,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from pipewright import ir
+from pipewright.cost.context import ring_bytes_per_layer, ring_waited_bytes_per_layer
 from pipewright.errors import ConfigError
+from pipewright.models.spec import ModelSpec
 from pipewright.runtime.cp import RingAttentionCore, check_context_parallel, local_positions
 from pipewright.runtime.cp.ring import block_slices
 
@@ -25,25 +31,37 @@ B, HEADS, D = 2, 4, 8
 class _Got:
     """A receive posted on ``ring``: messages are matched to receives in posting order (as P2P is)."""
 
-    def __init__(self, ring: ThreadRing) -> None:
-        self.ring, self.value = ring, None
+    def __init__(self, ring: ThreadRing, nbytes: int, backward: bool) -> None:
+        self.ring, self.value, self.nbytes, self.backward = ring, None, nbytes, backward
+        self.blocks_at_post = ring.blocks[backward]
         ring.posted.append(self)
 
     def wait(self) -> torch.Tensor:
+        if self.ring.blocks[self.backward] == self.blocks_at_post:  # no block computed behind it
+            self.ring.exposed[self.backward] += self.nbytes
         while self.value is None:
             self.ring.posted.pop(0).value = self.ring.queues[self.ring.rank].get(timeout=30)
         return self.value
 
 
 class ThreadRing:
-    """Rank ``rank`` of ``size`` threads: exchange puts into the next rank's queue, reads its own."""
+    """Rank ``rank`` of ``size`` threads: exchange puts into the next rank's queue, reads its own;
+    bytes sent, and bytes waited with no block computed since their exchange, by direction."""
 
     def __init__(self, rank: int, size: int, queues: list[queue.Queue]) -> None:
         self.rank, self.size, self.queues, self.posted = rank, size, queues, []
+        self.sent, self.exposed = {False: 0, True: 0}, {False: 0, True: 0}
+        self.messages, self.blocks = {False: 0, True: 0}, {False: 0, True: 0}
+
+    def note_block(self, backward: bool) -> None:
+        self.blocks[backward] += 1
 
     def exchange(self, tensor: torch.Tensor, backward: bool = False) -> _Got:
         self.queues[(self.rank + 1) % self.size].put(tensor.clone())
-        return _Got(self)
+        nbytes = tensor.numel() * tensor.element_size()
+        self.sent[backward] += nbytes
+        self.messages[backward] += 1
+        return _Got(self, nbytes, backward)
 
 
 def _full(q, k, v):
@@ -64,6 +82,7 @@ def test_ring_attention_equals_full_causal_attention(cp: int, kv_heads: int, seq
     want.backward(g)
 
     queues = [queue.Queue() for _ in range(cp)]
+    rings = [ThreadRing(r, cp, queues) for r in range(cp)]
     results: dict[int, tuple] = {}
     errors: list[BaseException] = []
 
@@ -71,7 +90,7 @@ def test_ring_attention_equals_full_causal_attention(cp: int, kv_heads: int, seq
         try:
             pos = local_positions(seq, cp, r)
             ql, kl, vl = (t[:, :, pos].clone().requires_grad_() for t in (q, k, v))
-            out = RingAttentionCore(ThreadRing(r, cp, queues))(ql, kl, vl)
+            out = RingAttentionCore(rings[r])(ql, kl, vl)
             out.backward(g[:, :, pos])
             results[r] = (pos, out.detach(), ql.grad, kl.grad, vl.grad)
         except BaseException as e:  # reported by the main thread
@@ -88,6 +107,14 @@ def test_ring_attention_equals_full_causal_attention(cp: int, kv_heads: int, seq
         out[:, :, pos], dq[:, :, pos], dk[:, :, pos], dv[:, :, pos] = o, gq, gk, gv
     for name, got, ref in (("out", out, want), ("dq", dq, qf.grad), ("dk", dk, kf.grad), ("dv", dv, vf.grad)):
         torch.testing.assert_close(got, ref.detach(), rtol=1e-5, atol=1e-5, msg=name)
+    spec = ModelSpec("ring", 1, HEADS * D, HEADS, 64, seq, family="llama", kv_heads=kv_heads)
+    sent = ring_bytes_per_layer(spec, B, cp, 1, 4, ring="pipewright")
+    waited = ring_waited_bytes_per_layer(spec, B, cp, 1, 4, ring="pipewright")
+    for ring in rings:  # the backward's exchanges overlap the block computations but the last
+        assert ring.messages == {False: cp - 1, True: 2 * (cp - 1)}
+        assert (ring.sent[False], ring.sent[True]) == (sent[ir.F], sent[ir.I])
+        assert (ring.exposed[False], ring.exposed[True]) == (waited[ir.F], waited[ir.I]) == (0, waited[ir.B])
+        assert (waited[ir.I] > 0) == (cp > 1)
 
 
 def test_positions_cover_the_sequence_in_balanced_pairs():

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from _queue_spawn import fork_cli_launches
+from _queue_spawn import forked_cli_launches
 from pipewright.cli import main
 from pipewright.data.tokens import write_tokens
 
@@ -32,13 +32,13 @@ def data(tmp_path_factory) -> str:
 
 
 @pytest.mark.slow
-def test_tp2_with_and_without_sequence_parallelism_equals_tp1(tmp_path, data, monkeypatch):
-    fork_cli_launches(monkeypatch)  # what is compared is the losses, not how workers start
+def test_tp2_with_and_without_sequence_parallelism_equals_tp1(tmp_path, data):
     runs = {"tp1": ["--tp", "1"], "tp2": ["--tp", "2"], "tp2+sp": ["--tp", "2", "--sequence-parallel"]}
     losses = {}
     for name, flags in runs.items():
         out = tmp_path / name
-        assert main(["train", *TINY, "--data", data, *flags, "--out", str(out)]) == 0
+        with forked_cli_launches():  # what is compared is the losses, not how workers start
+            assert main(["train", *TINY, "--data", data, *flags, "--out", str(out)]) == 0
         losses[name] = _losses(out)
         assert len(losses[name]) == 3, name
     assert json.loads((tmp_path / "tp2+sp" / "config.json").read_text())["sequence_parallel"] is True

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from _queue_spawn import fork_cli_launches
+from _queue_spawn import forked_cli_launches
 from pipewright.cli import main
 from pipewright.data.tokens import write_tokens
 from pipewright.runtime.elastic import PREEMPTED_EXIT_CODE
@@ -60,8 +60,7 @@ def data(tmp_path_factory) -> str:
 def reference(tmp_path_factory, data) -> list[float]:
     """The uninterrupted run's losses (its workers forked: nothing here is about how they start)."""
     out = tmp_path_factory.mktemp("reference")
-    with pytest.MonkeyPatch.context() as patch:
-        fork_cli_launches(patch)
+    with forked_cli_launches():
         assert main(["train", *TINY, "--data", data, "--out", str(out)]) == 0
     return _losses(out)
 
@@ -133,17 +132,15 @@ ASYNC = [*TINY, "--schedule", "async-1f1b", "--weight-policy", "2bw"]
 
 
 @pytest.mark.slow
-def test_sigterm_in_an_asynchronous_window_checkpoints_its_end_and_resume_reproduces(
-    data, tmp_path, monkeypatch
-):
+def test_sigterm_in_an_asynchronous_window_checkpoints_its_end_and_resume_reproduces(data, tmp_path):
     # windows of 2 steps (they end at checkpoints): the ranks agree on the SIGTERM after the window
     # [2, 4) they are paused in, checkpoint step_4 and stop; --resume continues with the same windows.
     # The uninterrupted run meanwhile. The in-process runs fork their workers (the signalled one is
     # a real launcher in a subprocess).
-    fork_cli_launches(monkeypatch)
     out, reference = tmp_path / "run", tmp_path / "reference"
     proc = _start([*ASYNC, "--data", data], out, "pause:step=2:ms=60000")
-    assert main(["train", *ASYNC, "--data", data, "--out", str(reference)]) == 0
+    with forked_cli_launches():
+        assert main(["train", *ASYNC, "--data", data, "--out", str(reference)]) == 0
     status, output = _sigterm_after(proc, out, 2)
     assert status == PREEMPTED_EXIT_CODE, output
     assert "preempted (SIGTERM) after step 4" in output
@@ -152,7 +149,8 @@ def test_sigterm_in_an_asynchronous_window_checkpoints_its_end_and_resume_reprod
     # meanwhile, a copy resumed with the nesterov policy, which steps with NAdam: one line, before loading
     shutil.copytree(out, tmp_path / "nesterov")
     other = _start([*ASYNC, "--data", data, "--resume", "--weight-policy", "nesterov"], tmp_path / "nesterov")
-    assert main(["train", *ASYNC, "--data", data, "--out", str(out), "--resume"]) == 0
+    with forked_cli_launches():
+        assert main(["train", *ASYNC, "--data", data, "--out", str(out), "--resume"]) == 0
     assert _losses(out) == pytest.approx(_losses(reference), rel=1e-6)
     output, _ = other.communicate(timeout=240)
     assert other.returncode == 2, output

@@ -21,7 +21,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from _queue_spawn import fork_cli_launches, fork_launch
+from _queue_spawn import fork_launch, forked_cli_launches
 from _single_process import single_process
 from pipewright.cli import main
 from pipewright.data.tokens import write_tokens
@@ -65,8 +65,7 @@ def _close(got, want) -> bool:
 
 
 @pytest.mark.slow
-def test_cli_toml_equals_single_process(data, tmp_path, monkeypatch):
-    fork_cli_launches(monkeypatch)
+def test_cli_toml_equals_single_process(data, tmp_path):
     toml = tmp_path / "train.toml"
     toml.write_text('[train]\nvocab_parallel = "alg2"\n')
     out = tmp_path / "run"
@@ -75,7 +74,8 @@ def test_cli_toml_equals_single_process(data, tmp_path, monkeypatch):
         "--steps", str(STEPS), "--optimizer", "sgd", "--lr", "0.05", "--warmup", "1", "--data", data,
         "--eval-every", "3", "--no-progress", "--no-artifacts", "--out", str(out),
     ]  # fmt: skip
-    assert main(argv) == 0
+    with forked_cli_launches():
+        assert main(argv) == 0
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [0, 1, 2]
     config = json.loads((out / "config.json").read_text())

@@ -103,8 +103,8 @@ def reference_config(config: Any, out: Path) -> Any:
 def run_both(config: Any, tmp: Path) -> tuple[list[dict], list[dict]]:
     """Per-step records (loss, grad_norm, params: name → (‖θ‖, w·θ, ‖w‖)) of the pipelined run and of
     the one-process run."""
-    from pipewright.runtime.launch import spawn
     from pipewright.training import prepare
+    from pipewright.training.workers import launcher
 
     piped = replace(
         config, out=str(tmp / "pipelined"), resume=False, overwrite=True, eval_every=0, artifacts=False,
@@ -113,7 +113,7 @@ def run_both(config: Any, tmp: Path) -> tuple[list[dict], list[dict]]:
     out = []
     for c in (piped, reference_config(config, tmp / "one")):
         run = prepare(c)
-        out.append(spawn(check_worker, c.world_size, (run,), timeout_s=24 * 3600)[0])
+        out.append(launcher()(check_worker, c.world_size, (run,), timeout_s=24 * 3600)[0])
     return out[0], out[1]
 
 

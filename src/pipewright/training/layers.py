@@ -18,7 +18,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
@@ -29,13 +29,16 @@ from pipewright.options import update_rule_names
 from pipewright.runtime.checkpoint import read_meta, resumable_checkpoint, same_model
 from pipewright.runtime.config import TrainConfig
 from pipewright.runtime.fingerprint import fingerprint
-from pipewright.runtime.launch import init_from_env, running_under_torchrun, spawn
+from pipewright.runtime.launch import init_from_env, running_under_torchrun
 from pipewright.runtime.mesh import coords_to_rank
 from pipewright.runtime.plugin import BuildContext, Built, TrainingPlugin
 from pipewright.runtime.run_folder import check_out, claim, no_checkpoint_advice
 from pipewright.runtime.trainer import PreparedRun, TrainResult
 from pipewright.training.prepare import active_plugins, check_config, default_out_dir, run_features
 from pipewright.training.prepare import resolve_schedule as checked_schedule
+
+if TYPE_CHECKING:
+    from pipewright.training.workers import Spawn
 
 log = logging.getLogger(__name__)
 
@@ -177,10 +180,13 @@ class LayerPipeline:
             model=self.model,
         )
 
-    def train(self, config: TrainConfig | None = None, **values: Any) -> TrainResult | None:
-        """Train: tp × pp × dp local worker processes (one CPU thread each), or this process's share
-        when launched by torchrun (give ``out``). Returns rank 0's result (others: None)."""
-        from pipewright.training.workers import train_worker
+    def train(
+        self, config: TrainConfig | None = None, *, spawn: Spawn | None = None, **values: Any
+    ) -> TrainResult | None:
+        """Train: tp × pp × dp local worker processes (one CPU thread each; a list of layers refuses
+        cp), started by :func:`~pipewright.training.workers.launcher` (``spawn``), or this process's
+        share when launched by torchrun (give ``out``). Returns rank 0's result (others: None)."""
+        from pipewright.training.workers import launcher, train_worker
 
         if running_under_torchrun():
             c = self.config(config, **values)
@@ -195,7 +201,8 @@ class LayerPipeline:
         )
         run = replace(run, out_dir=folder)
         with lock:
-            return spawn(train_worker, c.world_size, (run,), timeout_s=7 * 24 * 3600, forward_sigterm=True)[0]
+            start = launcher(spawn)
+            return start(train_worker, c.world_size, (run,), timeout_s=7 * 24 * 3600, forward_sigterm=True)[0]
 
 
 def pipeline(

@@ -1,15 +1,23 @@
 """Running a prepared training run: the local worker processes (or torchrun's), each running
 :func:`train_worker`, the step loop around :class:`~pipewright.runtime.trainer.Trainer` with evaluation,
-checkpoints and preemption; rank 0 writes the run's files (:mod:`pipewright.runtime.artifacts`)."""
+checkpoints and preemption; rank 0 writes the run's files (:mod:`pipewright.runtime.artifacts`).
+
+Local runs start their processes with :func:`pipewright.runtime.launch.spawn`, or with the ``spawn``
+given to :func:`train`, or, within :func:`launching_with`, with that block's (:func:`launcher`): the
+hook through which the CLI's runs (``pipewright train``, ``pipewright check``, called in-process) can
+start their workers another way, e.g. forked from the caller in tests."""
 
 from __future__ import annotations
 
 import logging
 import os
 import time
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from contextvars import ContextVar
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -17,19 +25,44 @@ import torch.distributed as dist
 from pipewright.runtime import elastic
 from pipewright.runtime.artifacts import MetricsWriter, write_artifacts
 from pipewright.runtime.config import TrainConfig
-from pipewright.runtime.launch import init_from_env, running_under_torchrun, spawn
+from pipewright.runtime.launch import init_from_env, running_under_torchrun
+from pipewright.runtime.launch import spawn as spawn_processes
 from pipewright.runtime.run_folder import RunLock, claim
 from pipewright.runtime.trainer import PreparedRun, Trainer, TrainResult
 from pipewright.training.prepare import prepare
 
 log = logging.getLogger(__name__)
 
+#: :func:`pipewright.runtime.launch.spawn`'s signature: ``spawn(fn, nprocs, args, *, backend=None,
+#: timeout_s=600.0, forward_sigterm=False, cpu_allocator="retain")`` → the workers' results by rank
+Spawn = Callable[..., list[Any]]
 
-def train(config: TrainConfig, prepared: PreparedRun | None = None) -> TrainResult:
+_LAUNCHER: ContextVar[Spawn | None] = ContextVar("pipewright_launcher", default=None)
+
+
+@contextmanager
+def launching_with(spawn: Spawn) -> Iterator[None]:
+    """Within the block, local runs that are given no ``spawn`` start their workers with ``spawn``."""
+    token = _LAUNCHER.set(spawn)
+    try:
+        yield
+    finally:
+        _LAUNCHER.reset(token)
+
+
+def launcher(spawn: Spawn | None = None) -> Spawn:
+    """The function that starts a local run's workers: ``spawn`` if given, else the innermost
+    :func:`launching_with` block's, else :func:`pipewright.runtime.launch.spawn` (fresh processes)."""
+    return spawn or _LAUNCHER.get() or spawn_processes
+
+
+def train(
+    config: TrainConfig, prepared: PreparedRun | None = None, *, spawn: Spawn | None = None
+) -> TrainResult:
     """Prepare, then run the workers: torchrun's processes when launched by torchrun, else
-    tp × pp × dp local processes (one CPU thread each). Returns rank 0's result (others: None under
-    torchrun). ``prepared``: ``prepare(config)`` already made by the caller (local runs; its checks
-    are not repeated)."""
+    tp × cp × pp × dp local processes (one CPU thread each), started by :func:`launcher` (``spawn``).
+    Returns rank 0's result (others: None under torchrun). ``prepared``: ``prepare(config)`` already
+    made by the caller (local runs; its checks are not repeated)."""
     if running_under_torchrun():
         init_from_env(cpu_allocator=config.cpu_allocator)
         run = prepare(elastic.auto_resume(config), world_size=int(os.environ["WORLD_SIZE"]))
@@ -45,7 +78,7 @@ def train(config: TrainConfig, prepared: PreparedRun | None = None) -> TrainResu
     if config.out is None:
         _point_latest(run.out_dir)
     with lock:
-        return _train_local(config, run)
+        return _train_local(config, run, launcher(spawn))
 
 
 def _claim(run: PreparedRun) -> RunLock:
@@ -55,7 +88,7 @@ def _claim(run: PreparedRun) -> RunLock:
     return claim(given, run.out_dir.parent, resume=c.resume, overwrite=c.overwrite)[1]
 
 
-def _train_local(config: TrainConfig, run: PreparedRun) -> TrainResult:
+def _train_local(config: TrainConfig, run: PreparedRun, spawn: Spawn) -> TrainResult:
     prepared = [run]
 
     def attempt(c: TrainConfig) -> TrainResult:

@@ -22,8 +22,17 @@ Backward: with the final O and L, each block's P = exp(S − L) is recomputed an
 
     dV = Pᵀ dO,  dS = P ⊙ (dO Vᵀ − rowsum(dO ⊙ O)),  dQ = dS K / √d,  dK = dSᵀ Q / √d;
 
-the key/value blocks go round the ring again, and each block's dK/dV accumulator travels with it,
-one step behind, so that after cp steps every rank holds the full gradient of its own keys and values.
+the key/value blocks go round the ring again (each exchange started before the block it overlaps is
+computed, as in the forward). The diagonal block's dK/dV stays home; every other block's dK/dV
+accumulator starts at the block's first visit after home and travels after it, one step behind, so
+that after cp steps it arrives home with every rank's contribution: cp − 1 transfers of the
+accumulator, each started when a block's contribution is added and waited only when the next block's
+has been computed (double buffering, as in Transformer Engine's ring): during block i the rank has in
+flight the key/value block of step i + 1 and the accumulator of step i − 1, and only the last
+accumulator, the one coming home after the last block, is waited with no block computation behind it.
+
+:class:`DistRing` counts, per direction, the exchanges posted and those waited with no block computed
+on that direction since they were posted (``exposed``), and the seconds spent waiting (``waited``).
 """
 
 from __future__ import annotations
@@ -45,7 +54,8 @@ class Pending(Protocol):
 class Ring(Protocol):
     """A context-parallel ring: ``rank`` of ``size``; :meth:`exchange` sends a tensor to the next rank
     and receives the previous rank's (same shape), asynchronously; ``backward``: an exchange of the
-    backward pass (which may run at the same time as a forward's, :mod:`.overlap`)."""
+    backward pass (which may run at the same time as a forward's, :mod:`.overlap`). A ring may also
+    define ``note_block(backward)``, called after each block computation (:func:`_note_block`)."""
 
     rank: int
     size: int
@@ -53,15 +63,26 @@ class Ring(Protocol):
     def exchange(self, tensor: torch.Tensor, backward: bool = False) -> Pending: ...
 
 
+def _note_block(ring: Ring, backward: bool) -> None:
+    """Tell ``ring`` that a block of the ``backward`` (or forward) pass was computed, if it counts them."""
+    note = getattr(ring, "note_block", None)
+    if note is not None:
+        note(backward)
+
+
 class _Received:
     def __init__(self, works: list, buffer: torch.Tensor, ring: DistRing, backward: bool) -> None:
         self.works, self.buffer, self.ring, self.backward = works, buffer, ring, backward
+        self.blocks_at_post = ring.blocks[backward]
 
     def wait(self) -> torch.Tensor:
+        ring, backward = self.ring, self.backward
+        if ring.blocks[backward] == self.blocks_at_post:
+            ring.exposed[backward] += 1  # no block computed behind this exchange
         start = time.perf_counter()
         for work in self.works:
             work.wait()
-        self.ring.waited[self.backward] += time.perf_counter() - start
+        ring.waited[backward] += time.perf_counter() - start
         return self.buffer
 
 
@@ -70,7 +91,11 @@ class DistRing:
     ``next`` (ring rank + 1) and receives from ``prev`` (ring rank − 1), global ranks, both posted
     together (``batch_isend_irecv``: no send waits for the other rank's receive). The backward's
     exchanges go over ``back_group`` (the same ranks; default ``group``), so that a forward and a
-    backward running at once never match each other's messages."""
+    backward running at once never match each other's messages.
+
+    Counters by direction (False: forward, True: backward; each direction runs on one thread at a
+    time): ``exchanges`` posted, ``blocks`` computed, ``exposed``: exchanges waited with no block
+    computed since they were posted, ``waited``: seconds spent waiting (exposed communication)."""
 
     def __init__(
         self,
@@ -83,8 +108,13 @@ class DistRing:
     ) -> None:
         self.group, self.rank, self.size, self.next, self.prev = group, rank, size, next, prev
         self.back_group = group if back_group is None else back_group
-        # seconds spent waiting for exchanges (exposed communication), forward / backward
         self.waited = {False: 0.0, True: 0.0}
+        self.exchanges = {False: 0, True: 0}
+        self.blocks = {False: 0, True: 0}
+        self.exposed = {False: 0, True: 0}
+
+    def note_block(self, backward: bool) -> None:
+        self.blocks[backward] += 1
 
     def exchange(self, tensor: torch.Tensor, backward: bool = False) -> Pending:
         tensor = tensor.contiguous()
@@ -94,6 +124,7 @@ class DistRing:
             dist.P2POp(dist.isend, tensor, self.next, group),
             dist.P2POp(dist.irecv, buffer, self.prev, group),
         ]
+        self.exchanges[backward] += 1
         return _Received(dist.batch_isend_irecv(ops), buffer, self, backward)
 
 
@@ -185,6 +216,7 @@ class RingAttention(torch.autograd.Function):
             rows, cols, causal = block_slices(ring.rank, src, n)
             k_b, v_b = _expand(kv[..., cols, :], rep)
             o_b, l_b = block_forward(q[..., rows, :], k_b, v_b, causal, scale)
+            _note_block(ring, backward=False)
             if out is None:  # step 0 is the diagonal block: every row
                 out, lse = o_b, l_b
             else:
@@ -203,7 +235,8 @@ class RingAttention(torch.autograd.Function):
         delta = (d_out * out).sum(-1)
         dq = torch.zeros_like(q, dtype=torch.float32)
         kv = torch.stack([k, v])
-        dkv = torch.zeros_like(kv, dtype=torch.float32)
+        home = torch.zeros_like(kv, dtype=torch.float32)  # the diagonal block's dK/dV
+        travelling = None  # the exchange of an accumulator: ours out, the next block's in
         for i in range(ring.size):
             pending = ring.exchange(kv, backward=True) if i < ring.size - 1 else None
             src = (ring.rank - i) % ring.size
@@ -219,15 +252,23 @@ class RingAttention(torch.autograd.Function):
                 causal,
                 scale,
             )
+            _note_block(ring, backward=True)
             dq[..., rows, :] += dq_b
-            dkv[0][..., cols, :] += _fold(dk_b, rep)
-            dkv[1][..., cols, :] += _fold(dv_b, rep)
-            dkv = ring.exchange(
-                dkv, backward=True
-            ).wait()  # the accumulator follows its block one step behind
+            if i == 0:
+                acc = home
+            elif travelling is None:  # the block's first visit after home
+                acc = torch.zeros_like(home)
+            else:
+                acc = travelling.wait()
+            acc[0][..., cols, :] += _fold(dk_b, rep)
+            acc[1][..., cols, :] += _fold(dv_b, rep)
+            if i > 0:  # waited after the next block's computation (double buffering)
+                travelling = ring.exchange(acc, backward=True)
             if pending is not None:
                 kv = pending.wait()
-        return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), None
+        if travelling is not None:  # this rank's own accumulator, home after the last step
+            home += travelling.wait()
+        return dq.to(q.dtype), home[0].to(k.dtype), home[1].to(v.dtype), None
 
 
 class RingAttentionCore(AttentionCore):
