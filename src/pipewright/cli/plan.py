@@ -6,7 +6,14 @@ import argparse
 import json
 import sys
 
-from pipewright.cli.cost_flags import KERNEL_NAMES, MOE_FIELDS, add_cost_options, add_moe_options, cost_fields
+from pipewright.cli.cost_flags import (
+    KERNEL_NAMES,
+    MOE_FIELDS,
+    add_cost_options,
+    add_microbatch_group,
+    add_moe_options,
+    cost_fields,
+)
 from pipewright.cli.guards import DEFAULT_MAX_ACTIONS as MAX_ACTIONS  # = plan.problem.MAX_ACTIONS
 from pipewright.cli.zb_flags import add_zb_refine_flags, refine_seconds
 from pipewright.errors import ConfigError
@@ -100,6 +107,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "times; default %(default)s)",
     )
     add_zb_refine_flags(parser)
+    add_microbatch_group(parser, planner=True)
     parser.add_argument(
         "--recompute", default="none,selective,full", help="recomputation choices, comma-separated"
     )
@@ -176,7 +184,7 @@ def check_values(args: argparse.Namespace) -> None:
     ):
         if getattr(args, flag) < 1:
             raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1 (got {getattr(args, flag)})")
-    for flag in ("tp", "pp", "dp", "cp", "ep", "kv_heads", *_DIMS):
+    for flag in ("tp", "pp", "dp", "cp", "ep", "kv_heads", "microbatch_group", *_DIMS):
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1 (got {value})")
@@ -265,6 +273,14 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(
                 f"unknown schedule {name!r} in --schedules; choose from {', '.join(schedule_names())}"
             )
+    if args.microbatch_group is not None:
+        from pipewright.plan.grouping import grouped
+
+        if not any(grouped(name) for name in args.schedules.split(",")):
+            raise ConfigError(
+                "--microbatch-group applies to schedules that group microbatches (interleaved-1f1b); "
+                "add one to --schedules"
+            )
     recompute = tuple(x for x in args.recompute.split(",") if x)
     for r in recompute:
         if r not in ("none", "selective", "full"):
@@ -295,6 +311,7 @@ def run(args: argparse.Namespace) -> int:
         cost_fields=tuple(sorted(cost_fields(args).items())),
         ep=args.ep,
         max_ep=args.max_ep,
+        microbatch_group=args.microbatch_group,
         zb_refine_seconds=refine_seconds(args, tuple(args.schedules.split(","))),
     )
     result = make_plan(prob, baselines=not args.no_baselines, progress=_Bar(not args.no_progress))

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 from pipewright.errors import ConfigError, PipewrightError
 from pipewright.hardware import accelerator
+from pipewright.plan import grouping
 from pipewright.plan.costs import StageCost, parts, stage_cost
 from pipewright.plan.mapping import DeviceMap, device_order, map_devices, slowest_first
 from pipewright.plan.partition import (
@@ -50,7 +51,7 @@ from pipewright.plan.problem import (
 from pipewright.plan.refine import per_stage_recompute, refine
 from pipewright.plan.simulated import simulate_plan
 from pipewright.plan.zb_limit import cost_aware_order
-from pipewright.schedules.registry import check_args, info
+from pipewright.schedules.registry import info
 
 #: Devices above which the finalists other than the best are not refined and zb-auto's memory-limit
 #: search is skipped (each simulation there prices thousands of groups).
@@ -157,7 +158,7 @@ def candidates(problem: Problem, too_large: list[Candidate] | None = None) -> It
                 for name in problem.schedules:
                     if name == "zb-auto":
                         continue
-                    for v in _chunk_choices(name, p, m, spec.layers):
+                    for v in _chunk_choices(name, p, m, spec.layers, problem.microbatch_group):
                         if lowered_actions(p, m, v) > problem.max_actions:
                             if too_large is not None:
                                 too_large.append(Candidate(t, p, d, b, m, name, v))
@@ -180,7 +181,7 @@ def _styles(problem: Problem, p: int, d: int) -> tuple[str, ...]:
     return base
 
 
-def _chunk_choices(name: str, p: int, m: int, layers: int) -> list[int]:
+def _chunk_choices(name: str, p: int, m: int, layers: int, group: int | None = None) -> list[int]:
     entry = info(name)
     if p == 1:
         return [1] if entry.chunks is None or 1 in entry.chunks else []
@@ -190,7 +191,7 @@ def _chunk_choices(name: str, p: int, m: int, layers: int) -> list[int]:
         if p * v > layers:
             continue
         try:
-            check_args(name, p, m, v)
+            grouping.check(name, p, m, v, group)
         except PipewrightError:
             continue
         out.append(v)
@@ -253,7 +254,7 @@ def estimate(ctx: _Context, c: Candidate, dmap: DeviceMap | None = None, layers=
     costs = _stage_costs(ctx, c, dmap)
     boundary, grad_bytes = _messages(prob, c)
     p, v = c.pp, c.virtual
-    in_flight = [float(x) for x in info(c.schedule).memory(p, c.microbatches, v)]
+    in_flight = grouping.in_flight(c.schedule, p, c.microbatches, v, prob.microbatch_group)
     limits = [ctx.stage_memory_limit(dmap, i) for i in range(p)]
     if layers is None:
         if p * v > prob.spec.layers:
@@ -372,7 +373,7 @@ def may_fit(ctx: _Context, c: Candidate) -> bool:
     p, v = c.pp, c.virtual
     if p * v > prob.spec.layers:
         return False
-    in_flight = [float(x) for x in info(c.schedule).memory(p, c.microbatches, v)]
+    in_flight = grouping.in_flight(c.schedule, p, c.microbatches, v, prob.microbatch_group)
     cost = _bound_cost(ctx, c)
     if cost.layer_weights(prob.spec) is not None:
         return True  # unlike layers: the partition itself decides
