@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from pipewright.cost.layer import mlp_gemms, mlp_matrices
 from pipewright.cost.moe import MoE, _expert_parameters, expert_gemms, moe_stored_units
-from pipewright.cost.sharding import StateBytes, state_bytes
+from pipewright.cost.sharding import StateBytes, pipelined_fsdp_state, state_bytes
 from pipewright.cost.transformer import DTYPE_BYTES, TransformerCost, _Chunk
 from pipewright.errors import ConfigError
 from pipewright.ir import Action, B, F, I, Schedule, W
@@ -140,7 +140,7 @@ class MoECost(TransformerCost):
         # parameters per device
         dense_mlp_params = _expert_parameters(spec, MoE(1, 1, f)) / t
         router_params = h * spec.moe_experts
-        routed = spec.moe_experts // ep * _expert_parameters(spec, even) / t
+        routed = self.routed_params()
         shared = spec.moe_shared_experts * _expert_parameters(spec, even) / t
         params = dense.params + k * (router_params + shared - dense_mlp_params + routed)
         self._cache[("experts", stage, num_stages)] = k * routed
@@ -163,6 +163,11 @@ class MoECost(TransformerCost):
             dense.layers,
             k,
         )
+
+    def routed_params(self) -> float:
+        """Routed-expert parameters per device in one MoE layer: E/e experts, each split over t."""
+        spec = self.spec
+        return spec.moe_experts // self.mesh.ep * _expert_parameters(spec, moe_of(spec)) / self.mesh.tp
 
     def a2a_bytes(self) -> float:
         """Bytes one device sends in one all-to-all (dispatch or combine) of one MoE layer."""
@@ -199,9 +204,14 @@ class MoECost(TransformerCost):
         return out
 
     def expert_state(self) -> StateBytes:
-        """Bytes per routed-expert parameter: optimizer sharding over the expert replicas (dp/ep × cp)."""
+        """Bytes per routed-expert parameter: the dense parameters' (:meth:`state`: the gradient
+        buffer's dtype, pipelined FSDP's gathered weights) with the sharding over the expert replicas
+        (dp/ep × cp) instead of dp × cp."""
         group = self.mesh.dp // self.mesh.ep * self.cp
-        return state_bytes(self.optimizer_sharding, group, self.bytes_per_param)
+        state = state_bytes(self.optimizer_sharding, group, self.bytes_per_param, self.grad_dtype)
+        if self.optimizer_sharding == "fsdp" and not self.regathers:
+            state = pipelined_fsdp_state(state, self.fsdp_grad_sync, self.grad_dtype)
+        return state
 
     def static_bytes(self, rank: int, schedule: Schedule) -> float:
         """Weights, gradients and optimizer state: the routed experts' state sharded over their own
