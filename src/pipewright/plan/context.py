@@ -95,15 +95,22 @@ def parts_of(prob: Problem, c: Candidate):
 
 def messages(prob: Problem, c: Candidate):
     """(boundary(ctx, a, b): one stage-boundary transfer's seconds from device a to b, grads(layers,
-    last): the first stage's gradient all-reduce bytes), from the profile's measurements or the
-    analytical pieces."""
+    last): the first stage's gradient reduction bytes as (dense, routed expert) — the dense ones
+    reduced over the dp × cp replicas, the experts' over their dp/ep × cp replicas, as
+    :class:`~pipewright.cost.moe_cost.MoECost` prices REDUCE_GRAD), from the profile's measurements
+    or the analytical pieces. The first stage holds a mixture of experts' first dense layers."""
     b = c.microbatch
     if prob.profile is not None:
         measured = prob.profile.message_seconds(b)  # as the simulation's ProfiledComm prices it
-        return (lambda ctx, a, z: measured), lambda n, last: prob.profile.grad_bytes(b, n, True, last)
+        return (lambda ctx, a, z: measured), lambda n, last: (prob.profile.grad_bytes(b, n, True, last), 0.0)
     pc = parts_of(prob, c)
+    first = prob.spec.moe_dense_layers if pc.dense is not None else 0
 
-    def grads(n: int, last: bool) -> float:
-        return (n * pc.layer.params + pc.embed.params + last * pc.head.params) * pc.grad_bytes
+    def grads(n: int, last: bool) -> tuple[float, float]:
+        dense_layers = min(n, first)
+        total = (n - dense_layers) * pc.layer.params + pc.embed.params + last * pc.head.params
+        total += dense_layers * pc.dense.params if dense_layers else 0.0
+        expert = (n - dense_layers) * pc.expert_params if c.ep > 1 else 0.0
+        return (total - expert) * pc.grad_bytes, expert * pc.grad_bytes
 
     return (lambda ctx, a, z: ctx.p2p(a, z, pc.boundary_bytes)), grads

@@ -209,9 +209,12 @@ def estimate(ctx: _Context, c: Candidate, dmap: DeviceMap | None = None, layers=
     est = (c.microbatches - 1 + 1 / v) * t_max + (total - t_max) * phi / v
     if phi == 1.0:  # one microbatch's forward and backward pass through every chunk in turn
         est = max(est, total)
-    if c.dp > 1:
-        group = tuple(dmap.block(0, j)[0] for j in range(c.dp))
-        est += ctx.all_reduce(group)(grad_bytes(layers[0], p == 1))
+    if c.dp > 1:  # the first stage's: dense gradients over dp × cp, routed experts' over dp/ep × cp
+        dense, expert = grad_bytes(layers[0], p == 1)
+        replicas = [dmap.block(0, j)[:: c.tp] for j in range(c.dp)]  # each replica's cp ranks
+        est += ctx.all_reduce(tuple(x for r in replicas for x in r))(dense)
+        if expert:
+            est += ctx.all_reduce(tuple(x for r in replicas[:: c.ep] for x in r))(expert)
     chunks = chunk_layout(layers, v) if v > 1 else tuple(layers)
     return Evaluated(c, chunks, dmap.ranks, est, t_max, max(mems), fits=fits)
 
