@@ -125,3 +125,64 @@ def test_a_bad_framework_input_in_a_plan_file_is_one_line(
     assert main(["simulate", "--plan", str(tmp_path / "bad.json"), *CLUSTER]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and message in err
+
+
+def test_plan_searches_operator_recomputation_and_simulate_plan_reproduces_it(tmp_path):
+    """``--recompute op`` (torchtitan's operator-level policy) is a planner choice: under a memory limit
+    that none misses and op meets, the plan keeps op where it must (per stage), and ``simulate --plan``
+    prices the file the same."""
+    argv = ["plan", *MODEL, *PLAN[2:], "--schedules", "1f1b", "--optimizer-sharding", "none"]
+    layout = _json([*argv, "--recompute", "none"])["layout"]
+    sim = [
+        *MODEL,
+        "--schedule",
+        "1f1b",
+        "--microbatch-size",
+        "1",
+        "--grad-reduce",
+        "overlap",
+        "--layout",
+        layout,
+    ]
+    op, none = (_simulated([*sim, "--recompute", mode])[1] for mode in ("op", "none"))
+    assert op < none
+    path = str(tmp_path / "op.json")
+    limit = str((op + none) / 2 / 1e9)
+    data = _json([*argv, "--recompute", "none,op", "--memory-limit", limit, "-o", path])
+    assert "op" in data.get("recompute_per_stage", [data["recompute"]])
+    assert data["predicted"]["peak_memory_bytes"] <= float(limit) * 1e9
+    predicted = (data["predicted"]["iteration_time_s"], data["predicted"]["peak_memory_bytes"])
+    assert _simulated(["--plan", path, *CLUSTER]) == pytest.approx(predicted, rel=1e-12)
+
+
+def test_op_can_be_chosen_per_stage():
+    """A plan's per-stage modes may hold op: each chunk priced by its own mode's cost model."""
+    from pipewright.cost.op_recompute import OpRecomputeCost
+    from pipewright.cost.recompute import make_cost
+    from pipewright.mesh import Mesh
+    from pipewright.models.presets import resolve_model
+    from pipewright.schedules import build_schedule
+
+    spec = resolve_model(
+        "llama", layers=4, hidden=32, heads=4, kv_heads=2, ffn_hidden=64, vocab=256, seq_len=16
+    )
+    kw = {"spec": spec, "gpu": "h100-sxm", "mesh": Mesh(pp=2), "attention": "flash"}
+    sched = build_schedule("1f1b", 2, 4)
+    mixed = make_cost(per_stage=("op", "full"), **kw)
+    op, full = make_cost("op", **kw), make_cost("full", **kw)
+    assert isinstance(op, OpRecomputeCost)
+    assert mixed._chunk(0, sched) == op._chunk(0, sched) and mixed._chunk(1, sched) == full._chunk(1, sched)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--recompute", "op", "--attention", "eager"], "needs --attention flash"),
+        (["--recompute", "op", "--moe-experts", "4", "--moe-top-k", "2"], "dense layers only"),
+        (["--recompute", "none,fast"], "--recompute takes none, selective, op, full"),
+    ],
+)
+def test_plan_recompute_errors_in_one_line(flags, message, capsys):
+    assert main(["plan", *MODEL, *PLAN[2:], "--schedules", "1f1b", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and message in err

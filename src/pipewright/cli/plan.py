@@ -109,7 +109,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_zb_refine_flags(parser)
     add_microbatch_group(parser, planner=True)
     parser.add_argument(
-        "--recompute", default="none,selective,full", help="recomputation choices, comma-separated"
+        "--recompute",
+        default="none,selective,full",
+        help="recomputation choices, comma-separated: none, selective, full, op (torchtitan's "
+        "operator-level policy; dense models with flash attention), each also tried per stage "
+        "(default %(default)s)",
     )
     parser.add_argument(
         "--microbatch-sizes", default="1,2,4,8", help="microbatch sizes to consider, comma-separated"
@@ -215,7 +219,7 @@ class _Bar:
 
 def run(args: argparse.Namespace) -> int:
     from pipewright.models.presets import resolve_model
-    from pipewright.plan.options import cp_choices, searchable_sharding
+    from pipewright.plan.options import check_recompute, cp_choices, searchable_sharding
     from pipewright.plan.report import make_plan, plan_json, summary
     from pipewright.plan.search import Problem
     from pipewright.schedules import schedule_names
@@ -282,10 +286,7 @@ def run(args: argparse.Namespace) -> int:
                 "add one to --schedules"
             )
     recompute = tuple(x for x in args.recompute.split(",") if x)
-    for r in recompute:
-        if r not in ("none", "selective", "full"):
-            hint = "; op (torchtitan's policy) is priced by simulate --recompute op" if r == "op" else ""
-            raise ConfigError(f"--recompute takes none, selective, full (got {r!r}){hint}")
+    check_recompute(recompute, spec, args.attention)
     prob = Problem(
         spec,
         topo,

@@ -9,6 +9,7 @@ from dataclasses import replace
 from pipewright.errors import ConfigError
 from pipewright.mesh import DEFAULT_ORDER, Mesh
 from pipewright.plan.mapping import placement
+from pipewright.plan.options import RECOMPUTE_ORDER
 from pipewright.plan.planfile import FRAMEWORK_INPUTS, Plan, load
 from pipewright.plan.request import PlanOverrides
 from pipewright.topology import Topology
@@ -133,8 +134,7 @@ def plan_mesh(devices: Sequence[str] | None, topology: Topology, mesh: Mesh) -> 
 
 
 def _strongest(modes) -> str:
-    order = ("none", "selective", "full")
-    return max(modes, key=order.index)
+    return max(modes, key=RECOMPUTE_ORDER.index)
 
 
 def train_overrides(path: str, args: argparse.Namespace | None = None) -> dict[str, object]:
@@ -184,6 +184,11 @@ def train_overrides(path: str, args: argparse.Namespace | None = None) -> dict[s
         raise ConfigError(
             f"the plan {path} uses FSDP, which `pipewright train` does not run; plan with "
             "--optimizer-sharding none,zero1"
+        )
+    if out["recompute"] == "op":
+        raise ConfigError(
+            f"the plan {path} recomputes with torchtitan's operator-level policy (op), which "
+            "`pipewright train` does not run; plan with --recompute none,selective,full"
         )
     if plan.microbatch_group is not None and plan.microbatch_group != plan["pp"]:
         raise ConfigError(
