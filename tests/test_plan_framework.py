@@ -186,3 +186,17 @@ def test_plan_recompute_errors_in_one_line(flags, message, capsys):
     assert main(["plan", *MODEL, *PLAN[2:], "--schedules", "1f1b", *flags]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and message in err
+
+
+def test_the_exports_carry_the_group_and_operator_recomputation(grouped_plan, tmp_path, capsys):
+    path, data = grouped_plan
+    assert main(["export-plan", path, "--to", "megatron"]) == 0
+    assert "--microbatch-group-size-per-virtual-pipeline-stage 4" in capsys.readouterr().out
+    op = tmp_path / "op.json"
+    op.write_text(json.dumps({**data, "recompute": "op"}))
+    assert main(["export-plan", str(op), "--to", "megatron"]) == 0
+    out = capsys.readouterr().out
+    assert "--recompute-granularity selective" in out and "operator-level policy (op)" in out
+    assert main(["export-plan", str(op), "--to", "torchtitan"]) == 0
+    out = capsys.readouterr().out
+    assert 'mode = "selective"' in out and 'selective_ac_option = "op"' in out

@@ -135,6 +135,8 @@ def megatron_args(plan: Plan) -> list[str]:
         args += ["--pipeline-model-parallel-layout", plan.layout]
     elif v > 1:
         args += ["--num-layers-per-virtual-pipeline-stage", str(len(parts[0].layers))]
+    if plan.microbatch_group is not None:  # Megatron-Core's microbatch_group_size_per_vp_stage
+        args += ["--microbatch-group-size-per-virtual-pipeline-stage", str(plan.microbatch_group)]
     if plan.data.get("sequence_parallel") and int(plan["tp"]) > 1:
         args.append("--sequence-parallel")
     if plan.data.get("tp_comm_overlap"):
