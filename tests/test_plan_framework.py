@@ -200,3 +200,21 @@ def test_the_exports_carry_the_group_and_operator_recomputation(grouped_plan, tm
     assert main(["export-plan", str(op), "--to", "torchtitan"]) == 0
     out = capsys.readouterr().out
     assert 'mode = "selective"' in out and 'selective_ac_option = "op"' in out
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [("microbatch_group", 4, "groups interleaved microbatches 4"), ("recompute", "op", "operator-level")],
+)
+def test_train_plan_refuses_what_the_runtime_does_not_run(grouped_plan, tmp_path, key, value, message):
+    from pipewright.errors import ConfigError
+    from pipewright.plan.apply import train_overrides
+
+    _, data = grouped_plan
+    data = {**data, "optimizer_sharding": "none", "microbatch_group": 2, key: value}
+    (tmp_path / "p.json").write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=message):
+        train_overrides(str(tmp_path / "p.json"))
+    if key == "microbatch_group":  # N = p is the runtime's own order
+        (tmp_path / "p.json").write_text(json.dumps({**data, key: 2}))
+        assert train_overrides(str(tmp_path / "p.json"))["pp"] == 2

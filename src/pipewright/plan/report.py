@@ -114,6 +114,11 @@ def summary(prob: Problem, result: SearchResult) -> str:
             if best.recompute_per_stage is not None
             else []
         ),
+        *(
+            [f"  microbatch group {group} (Megatron's per virtual stage)"]
+            if (group := group_for(best.candidate.schedule, prob.microbatch_group)) is not None
+            else []
+        ),
         f"  simulated iteration {best.time:.4f} s, peak memory {(best.simulated_memory or 0) / gib:.1f} GiB",
         f"  searched {result.considered} candidates ({result.pruned} pruned by the bound, "
         f"{result.infeasible} do not fit) in {result.seconds:.1f} s",
