@@ -48,12 +48,6 @@ def test_plan_prices_the_framework_inputs_as_simulate_does():
     assert planned[0] > default[0] and planned[1] > default[1]  # eager kernels; gradients held unsharded
 
 
-def test_plan_refuses_operator_recomputation_in_one_line(capsys):
-    assert main(["plan", *MODEL[:-2], "--recompute", "none,op"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "simulate --recompute op" in err
-
-
 @pytest.mark.parametrize("group", [None, 4, 8])
 def test_microbatch_group_sets_the_interleaved_warm_up(group):
     argv = ["simulate", "--schedule", "interleaved-1f1b", "-p", "4", "-m", "8", "-v", "2", "--cost", "unit"]

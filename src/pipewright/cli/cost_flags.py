@@ -149,6 +149,26 @@ def framework_efficiency(args: argparse.Namespace, accelerators: Sequence[Accele
     return fw.efficiency(default_efficiency(next(iter(kinds.values()))))
 
 
+def add_microbatch_group(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup, planner: bool = False
+) -> None:
+    """``--microbatch-group N``: Megatron-LM's microbatch group per virtual pipeline stage, on
+    ``pipewright simulate`` and ``pipewright plan`` (:mod:`pipewright.plan.grouping`)."""
+    where = (
+        "every interleaved candidate runs groups of N (those with p > N or m < N are not searched; "
+        "recorded in the plan file)"
+        if planner
+        else "default p"
+    )
+    parser.add_argument(
+        "--microbatch-group",
+        type=int,
+        default=None,
+        help="interleaved-1f1b: microbatches N that pass through each chunk together (p ≤ N ≤ m: "
+        f"Megatron-LM's --microbatch-group-size-per-virtual-pipeline-stage, Llama 3 §3.3.2; {where})",
+    )
+
+
 def cost_fields(args: argparse.Namespace) -> dict[str, object]:
     """The cost-model fields the user set with :func:`add_cost_options`' flags (defaults left out)."""
     return {k: getattr(args, k) for k, default in COST_FIELDS.items() if getattr(args, k, default) != default}

@@ -10,6 +10,7 @@ from pipewright.cli.cost_flags import (
     KERNEL_NAMES,
     MOE_FIELDS,
     add_cost_options,
+    add_microbatch_group,
     add_moe_options,
     cost_fields,
     framework_efficiency,
@@ -107,8 +108,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "times; default %(default)s)",
     )
     add_zb_refine_flags(parser)
+    add_microbatch_group(parser, planner=True)
     parser.add_argument(
-        "--recompute", default="none,selective,full", help="recomputation choices, comma-separated"
+        "--recompute",
+        default="none,selective,full",
+        help="recomputation choices, comma-separated: none, selective, full, op (torchtitan's "
+        "operator-level policy; dense models with flash attention), each also tried per stage "
+        "(default %(default)s)",
     )
     parser.add_argument(
         "--microbatch-sizes", default="1,2,4,8", help="microbatch sizes to consider, comma-separated"
@@ -183,7 +189,7 @@ def check_values(args: argparse.Namespace) -> None:
     ):
         if getattr(args, flag) < 1:
             raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1 (got {getattr(args, flag)})")
-    for flag in ("tp", "pp", "dp", "cp", "ep", "kv_heads", *_DIMS):
+    for flag in ("tp", "pp", "dp", "cp", "ep", "kv_heads", "microbatch_group", *_DIMS):
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise ConfigError(f"--{flag.replace('_', '-')} must be at least 1 (got {value})")
@@ -214,7 +220,7 @@ class _Bar:
 
 def run(args: argparse.Namespace) -> int:
     from pipewright.models.presets import resolve_model
-    from pipewright.plan.options import cp_choices, searchable_sharding
+    from pipewright.plan.options import check_recompute, cp_choices, searchable_sharding
     from pipewright.plan.report import make_plan, plan_json, summary
     from pipewright.plan.search import Problem
     from pipewright.schedules import schedule_names
@@ -272,11 +278,16 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(
                 f"unknown schedule {name!r} in --schedules; choose from {', '.join(schedule_names())}"
             )
+    if args.microbatch_group is not None:
+        from pipewright.plan.grouping import grouped
+
+        if not any(grouped(name) for name in args.schedules.split(",")):
+            raise ConfigError(
+                "--microbatch-group applies to schedules that group microbatches (interleaved-1f1b); "
+                "add one to --schedules"
+            )
     recompute = tuple(x for x in args.recompute.split(",") if x)
-    for r in recompute:
-        if r not in ("none", "selective", "full"):
-            hint = "; op (torchtitan's policy) is priced by simulate --recompute op" if r == "op" else ""
-            raise ConfigError(f"--recompute takes none, selective, full (got {r!r}){hint}")
+    check_recompute(recompute, spec, args.attention)
     prob = Problem(
         spec,
         topo,
@@ -303,6 +314,7 @@ def run(args: argparse.Namespace) -> int:
         efficiency=framework_efficiency(args, kinds),
         ep=args.ep,
         max_ep=args.max_ep,
+        microbatch_group=args.microbatch_group,
         zb_refine_seconds=refine_seconds(args, tuple(args.schedules.split(","))),
     )
     result = make_plan(prob, baselines=not args.no_baselines, progress=_Bar(not args.no_progress))

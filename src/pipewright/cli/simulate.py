@@ -14,6 +14,7 @@ from pipewright.cli.cost_flags import (
     RECOMPUTE_FLAGS,
     RECOMPUTE_HELP,
     add_cost_options,
+    add_microbatch_group,
     add_moe_options,
     cost_fields,
     framework_efficiency,
@@ -50,13 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--stages", "-p", type=int, help="pipeline ranks p (unit costs)")
     parser.add_argument("--microbatches", "-m", type=int, help="microbatches per iteration m (unit costs)")
     parser.add_argument("--virtual", "-v", type=int, default=None, help="model chunks per rank v")
-    parser.add_argument(
-        "--microbatch-group",
-        type=int,
-        default=None,
-        help="interleaved-1f1b: microbatches N that pass through each chunk together (default p; p ≤ N ≤ m: "
-        "Megatron-LM's --microbatch-group-size-per-virtual-pipeline-stage, Llama 3 §3.3.2)",
-    )
+    add_microbatch_group(parser)
     parser.add_argument(
         "--cost",
         choices=["unit"],

@@ -25,20 +25,25 @@ The attention block is the spec's kind (DeepSeek-V3: multi-head latent attention
 :mod:`pipewright.cost.mla`); a multi-token-prediction block past the model's layers is a MoE layer when
 the model's last layer is (:meth:`MoECost._moe_layers`, :mod:`pipewright.cost.mtp`).
 
+- Gradient reduction (REDUCE_GRAD): the routed experts' gradients over their dp·cp/e replicas
+  (Megatron-Core's expert-data-parallel group), the rest over dp × cp, one after the other
+  (:class:`ExpertComm`, :meth:`MoECost.grad_reductions`).
+
 Not priced (stated in docs/moe.md): the memory-bound traffic of the expert MLPs beyond the dense
-MLP's and the gradient reduction of expert parameters over their smaller group (priced over dp).
+MLP's; FSDP's per-layer reduce-scatter (pp = 1) of expert gradients (over dp × cp).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipewright.cost.comm import TopologyComm
 from pipewright.cost.layer import mlp_gemms, mlp_matrices
 from pipewright.cost.moe import MoE, _expert_parameters, expert_gemms, moe_stored_units
-from pipewright.cost.sharding import StateBytes, state_bytes
+from pipewright.cost.sharding import StateBytes, pipelined_fsdp_state, state_bytes
 from pipewright.cost.transformer import DTYPE_BYTES, TransformerCost, _Chunk
 from pipewright.errors import ConfigError
-from pipewright.ir import Action, B, F, I, Schedule, W
+from pipewright.ir import REDUCE_GRAD, Action, B, F, I, Schedule, W
 from pipewright.models.spec import ModelSpec
 
 
@@ -63,6 +68,54 @@ def check_expert_parallel(spec: ModelSpec, ep: int, dp: int) -> None:
         raise ConfigError(f"--ep {ep} must divide --dp {dp} (expert parallelism is carved from dp)")
 
 
+class GradBytes(float):
+    """The bytes one REDUCE_GRAD reduces per device: a float (their total, what any reader of
+    ``message_bytes`` sees) of which ``expert`` are routed-expert gradients, which
+    :class:`ExpertComm` reduces over the expert-data-parallel group instead of dp × cp."""
+
+    expert: float
+
+    def __new__(cls, total: float, expert: float) -> GradBytes:
+        out = super().__new__(cls, total)
+        out.expert = expert
+        return out
+
+
+@dataclass(frozen=True, eq=False)
+class ExpertComm(TopologyComm):
+    """:class:`~pipewright.cost.comm.TopologyComm` that reduces a :class:`GradBytes`' expert share over
+    the expert-data-parallel group (Megatron-Core's ``expert_data_parallel_group``: the dp·cp/ep ranks
+    of the stage holding the same experts) and the rest over dp × cp: the two reductions one after
+    the other."""
+
+    def collective_time(
+        self, kind: str, rank: int, nbytes: float, group: str = "dp", members: tuple[int, ...] = ()
+    ) -> float:
+        expert = getattr(nbytes, "expert", 0.0)
+        if group != "dp" or not expert:
+            return super().collective_time(kind, rank, nbytes, group, members)
+        dense = super().collective_time(kind, rank, float(nbytes) - expert, "dp")
+        return dense + self.expert_time(kind, rank, expert)
+
+    def expert_group(self, rank: int) -> tuple[int, ...]:
+        """The global ranks of pipeline rank ``rank``'s expert-data-parallel group (its dp × cp
+        replicas with the same ep rank)."""
+        mesh = self.mesh
+        own = mesh.ep_rank(mesh.global_rank(rank))
+        return tuple(g for g in mesh.grad_group(rank) if mesh.ep_rank(g) == own)
+
+    def expert_time(self, kind: str, rank: int, nbytes: float) -> float:
+        """Collective ``kind`` of ``nbytes`` over :meth:`expert_group`."""
+        key = ("expert_dp", kind, rank, nbytes)
+        hit = self._memo.get(key)
+        if hit is None:
+            devices = [self._device(g) for g in self.expert_group(rank)]
+            hit = self._memo[key] = self.topology.collective_time(
+                kind, devices, nbytes / self.bandwidth_efficiency
+            )
+        return hit
+
+
 @dataclass(frozen=True, eq=False)
 class MoECost(TransformerCost):
     """:class:`~pipewright.cost.transformer.TransformerCost` of a mixture-of-experts spec (module
@@ -75,6 +128,9 @@ class MoECost(TransformerCost):
         if self.moe_imbalance < 1:
             raise ConfigError(f"--moe-imbalance must be at least 1 (got {self.moe_imbalance})")
         check_expert_parallel(self.spec, self.mesh.ep, self.mesh.dp)
+        if self.mesh.ep > 1:  # expert gradients reduced over their own replicas
+            comm = self.comm
+            object.__setattr__(self, "comm", ExpertComm(comm.topology, comm.mesh, comm.bandwidth_efficiency))
 
     def _moe_layers(self, stage: int, layers: tuple[int, ...]) -> int:
         """MoE layers of chunk ``stage``: by index; an index past the model's layers is a
@@ -140,7 +196,7 @@ class MoECost(TransformerCost):
         # parameters per device
         dense_mlp_params = _expert_parameters(spec, MoE(1, 1, f)) / t
         router_params = h * spec.moe_experts
-        routed = spec.moe_experts // ep * _expert_parameters(spec, even) / t
+        routed = self.routed_params()
         shared = spec.moe_shared_experts * _expert_parameters(spec, even) / t
         params = dense.params + k * (router_params + shared - dense_mlp_params + routed)
         self._cache[("experts", stage, num_stages)] = k * routed
@@ -163,6 +219,11 @@ class MoECost(TransformerCost):
             dense.layers,
             k,
         )
+
+    def routed_params(self) -> float:
+        """Routed-expert parameters per device in one MoE layer: E/e experts, each split over t."""
+        spec = self.spec
+        return spec.moe_experts // self.mesh.ep * _expert_parameters(spec, moe_of(spec)) / self.mesh.tp
 
     def a2a_bytes(self) -> float:
         """Bytes one device sends in one all-to-all (dispatch or combine) of one MoE layer."""
@@ -190,6 +251,23 @@ class MoECost(TransformerCost):
         rank = schedule.rank_of(action.stage)
         return self.a2a_time(self._chunk(action.stage, schedule), action.kind, rank)
 
+    def message_bytes(self, action: Action, schedule: Schedule) -> float:
+        """The dense model's; a REDUCE_GRAD's as :class:`GradBytes`, its routed-expert gradients
+        apart (with ep > 1, reduced over the expert-data-parallel group by :class:`ExpertComm`)."""
+        nbytes = super().message_bytes(action, schedule)
+        if action.kind != REDUCE_GRAD or self.mesh.ep == 1 or not nbytes:
+            return nbytes
+        return GradBytes(nbytes, self.grad_reductions(action.stage, schedule)["expert_dp"])
+
+    def grad_reductions(self, stage: int, schedule: Schedule) -> dict[str, float]:
+        """Bytes per device stage ``stage``'s gradient reduction sends, by group: ``dp`` (the dp × cp
+        replicas: attention, router, shared experts, norms, embedding, output layer) and ``expert_dp``
+        (the dp·cp/ep replicas of its routed experts; with ep = 1 the same group, so counted in dp)."""
+        n = schedule.num_stages
+        total = self._chunk(stage, schedule).params * self.grad_bytes
+        expert = self._cache.get(("experts", stage, n), 0.0) * self.grad_bytes if self.mesh.ep > 1 else 0.0
+        return {"dp": total - expert, "expert_dp": expert}
+
     def expert_params(self, rank: int, schedule: Schedule) -> float:
         """Routed-expert parameters per device on pipeline ``rank``."""
         n, out = schedule.num_stages, 0.0
@@ -199,9 +277,14 @@ class MoECost(TransformerCost):
         return out
 
     def expert_state(self) -> StateBytes:
-        """Bytes per routed-expert parameter: optimizer sharding over the expert replicas (dp/ep × cp)."""
+        """Bytes per routed-expert parameter: the dense parameters' (:meth:`state`: the gradient
+        buffer's dtype, pipelined FSDP's gathered weights) with the sharding over the expert replicas
+        (dp/ep × cp) instead of dp × cp."""
         group = self.mesh.dp // self.mesh.ep * self.cp
-        return state_bytes(self.optimizer_sharding, group, self.bytes_per_param)
+        state = state_bytes(self.optimizer_sharding, group, self.bytes_per_param, self.grad_dtype)
+        if self.optimizer_sharding == "fsdp" and not self.regathers:
+            state = pipelined_fsdp_state(state, self.fsdp_grad_sync, self.grad_dtype)
+        return state
 
     def static_bytes(self, rank: int, schedule: Schedule) -> float:
         """Weights, gradients and optimizer state: the routed experts' state sharded over their own

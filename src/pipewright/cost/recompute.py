@@ -30,8 +30,9 @@ from pipewright.errors import ConfigError
 from pipewright.models.spec import ModelSpec
 
 RECOMPUTE_CHOICES = ("none", "selective", "full")
-#: recomputation modes priced by their own cost model class (module path, class), not searched by the
-#: planner: torchtitan's operator-level selective checkpointing (:mod:`pipewright.cost.op_recompute`)
+#: recomputation modes priced by their own cost model class (module path, class), searched by the
+#: planner when asked (``plan --recompute op``): torchtitan's operator-level selective checkpointing
+#: (:mod:`pipewright.cost.op_recompute`)
 RECOMPUTE_CLASSES = {"op": ("pipewright.cost.op_recompute", "OpRecomputeCost")}
 
 
@@ -83,7 +84,8 @@ def make_cost_check(recompute: str) -> None:
 @dataclass(frozen=True, eq=False)
 class PerStageCost(TransformerCost):
     """:class:`TransformerCost` with a recomputation mode per stage (chunk): ``per_stage[c]`` in
-    none/selective/full. Each chunk's table comes from a cost model of that one mode."""
+    none/selective/full or a mode of :data:`RECOMPUTE_CLASSES`. Each chunk's table comes from a cost
+    model of that one mode (:func:`make_cost`)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "recompute", "none")
@@ -102,12 +104,9 @@ class PerStageCost(TransformerCost):
         model = self._cache.get(key)
         if model is None:
             kw = {f.name: getattr(self, f.name) for f in fields(TransformerCost) if f.init}
-            kw["recompute"] = mode
             if self.spec.is_moe:
                 kw["moe_imbalance"] = self.moe_imbalance
-            from pipewright.cost.llama import cost_class
-
-            model = self._cache[key] = cost_class(self.spec)(**kw)
+            model = self._cache[key] = make_cost(**{**kw, "recompute": mode})  # op: its own class
         return model._build_chunk(stage, num_stages, layers)
 
 
@@ -126,9 +125,8 @@ def make_cost(
 
         cls = cost_class(kwargs["spec"])
     if per_stage:
-        for mode in per_stage:
-            if mode not in RECOMPUTE_CHOICES:  # a plan's modes: the ones the planner searches
-                raise ConfigError(f"--recompute must be one of {', '.join(RECOMPUTE_CHOICES)} (got {mode!r})")
+        for mode in per_stage:  # a plan's modes: the ones the planner searches
+            make_cost_check(mode)
         return PerStageCost(per_stage=tuple(per_stage), **kwargs)
     make_cost_check(recompute)
     if recompute in RECOMPUTE_CLASSES:

@@ -9,7 +9,8 @@ from dataclasses import replace
 from pipewright.errors import ConfigError
 from pipewright.mesh import DEFAULT_ORDER, Mesh
 from pipewright.plan.mapping import placement
-from pipewright.plan.planfile import Plan, load
+from pipewright.plan.options import RECOMPUTE_ORDER
+from pipewright.plan.planfile import FRAMEWORK_INPUTS, Plan, load
 from pipewright.plan.request import PlanOverrides
 from pipewright.topology import Topology
 
@@ -84,6 +85,8 @@ def _cost_fields(plan: Plan) -> dict[str, tuple[str, object, object]]:
         "fsdp": ("fsdp", False, sharding == "fsdp"),
         "tp_comm_overlap": ("tp_comm_overlap", False, d.get("tp_comm_overlap", False)),
         "calibration": ("calibration", None, d.get("calibration")),
+        "microbatch_group": ("microbatch_group", None, plan.microbatch_group),
+        **{key: (key, None, plan.framework_input(key)) for key in FRAMEWORK_INPUTS},
     }
 
 
@@ -131,8 +134,7 @@ def plan_mesh(devices: Sequence[str] | None, topology: Topology, mesh: Mesh) -> 
 
 
 def _strongest(modes) -> str:
-    order = ("none", "selective", "full")
-    return max(modes, key=order.index)
+    return max(modes, key=RECOMPUTE_ORDER.index)
 
 
 def train_overrides(path: str, args: argparse.Namespace | None = None) -> dict[str, object]:
@@ -182,6 +184,16 @@ def train_overrides(path: str, args: argparse.Namespace | None = None) -> dict[s
         raise ConfigError(
             f"the plan {path} uses FSDP, which `pipewright train` does not run; plan with "
             "--optimizer-sharding none,zero1"
+        )
+    if out["recompute"] == "op":
+        raise ConfigError(
+            f"the plan {path} recomputes with torchtitan's operator-level policy (op), which "
+            "`pipewright train` does not run; plan with --recompute none,selective,full"
+        )
+    if plan.microbatch_group is not None and plan.microbatch_group != plan["pp"]:
+        raise ConfigError(
+            f"the plan {path} groups interleaved microbatches {plan.microbatch_group} at a time, which "
+            "`pipewright train` does not run (its group is p); plan without --microbatch-group"
         )
     if cp != 1:
         out["cp"] = cp  # ring attention over cp ranks (runtime/cp)

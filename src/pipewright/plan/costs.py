@@ -26,7 +26,7 @@ from functools import cache
 from pipewright.cost.comm import Mesh
 from pipewright.cost.gemm import wave_efficiency
 from pipewright.cost.recompute import make_cost
-from pipewright.cost.sharding import exposed
+from pipewright.cost.sharding import exposed, pipelined_fsdp_state, state_bytes
 from pipewright.cost.transformer import (
     _OVERHEAD,
     A100_EFFICIENCY,
@@ -157,6 +157,30 @@ class Parts:
     grad_bytes: float
     pricing: Pricing = Pricing()
     dense: Part | None = None  # a mixture of experts' first dense layers (DeepSeek-V3: 3), one of them
+    sharding: str = "none"  # optimizer-state sharding over dp × cp: none, zero1, fsdp
+    grad_dtype: str = "fp32"  # the gradient buffer's element type
+    fsdp_grad_sync: str = "microbatch"  # pipelined FSDP: when the gradients are reduce-scattered
+    expert_params: float = 0.0  # routed-expert parameters per device in one MoE layer (of layer.params)
+    ep: int = 1
+
+    def state(self, dp: int, pp: int) -> tuple[float, float]:
+        """(dense, routed expert) bytes per parameter on one device with ``dp`` data-parallel replicas
+        and ``pp`` stages, as the cost model's static memory prices them
+        (:meth:`~pipewright.cost.transformer.TransformerCost.state`,
+        :meth:`~pipewright.cost.moe_cost.MoECost.expert_state`): the optimizer state (zero1; and
+        weights and gradients, fsdp) sharded over the dp × cp replicas, the routed experts' over their
+        dp/ep × cp replicas; pipelined FSDP (pp > 1) keeps its 16-bit weights gathered for the step."""
+        cp = self.pricing.cp
+        dense = rank_state(self, dp * cp, pp)
+        return dense, rank_state(self, dp // self.ep * cp, pp) if self.ep > 1 else dense
+
+
+def rank_state(pc: Parts, replicas: int, pp: int) -> float:
+    """Bytes per parameter of ``pc``'s choice over ``replicas`` sharing the state (:meth:`Parts.state`)."""
+    state = state_bytes(pc.sharding, replicas, pc.bytes_per_param, pc.grad_dtype)
+    if pc.sharding == "fsdp" and pp > 1:
+        state = pipelined_fsdp_state(state, pc.fsdp_grad_sync, pc.grad_dtype)
+    return state.total
 
 
 def _part(chunk, t: int, a2a_bytes: float = 0.0, full: bool = False) -> Part:
@@ -243,6 +267,11 @@ def parts(
             getattr(cost, "cp", 1),
         ),
         dense,
+        getattr(cost, "optimizer_sharding", "none"),
+        getattr(cost, "grad_dtype", "fp32"),
+        getattr(cost, "fsdp_grad_sync", "microbatch"),
+        cost.routed_params() if spec.is_moe else 0.0,
+        ep,
     )
 
 
@@ -298,19 +327,22 @@ def stage_cost(
     all_reduce: Callable[[float], float],
     ring: Callable[[float], float] | None = None,
     a2a: Callable[[float], float] | None = None,
+    state: tuple[float, float] | None = None,
 ) -> StageCost:
     """Price the pieces on ``gpu`` with the tensor-parallel group's ``all_reduce``, the
     context-parallel group's ``ring`` and the expert-parallel group's ``a2a`` (all-gather) times;
-    without ``ring`` or ``a2a`` that exchange is free."""
+    without ``ring`` or ``a2a`` that exchange is free. ``state``: (dense, routed expert) bytes per
+    parameter (:meth:`Parts.state` for the candidate's dp and pp; default unsharded)."""
     args = (gpu, dtype, eff, all_reduce, ring, p.pricing, a2a)
     lf, lb = p.layer.times(*args)
     ef, eb = p.embed.times(*args)
     hf, hb = p.head.times(*args)
     dense = sum(p.dense.times(*args)) if p.dense is not None else 0.0
-    bpp = p.bytes_per_param
+    bpp, expert_bpp = state or p.state(1, 1)
+    layer_static = (p.layer.params - p.expert_params) * bpp + p.expert_params * expert_bpp
     return StageCost(
         lf, lb, ef, eb, hf, hb,
-        p.layer.params * bpp, p.embed.params * bpp, p.head.params * bpp,
+        layer_static, p.embed.params * bpp, p.head.params * bpp,
         p.layer.activation, p.embed.activation, p.head.activation, dense,
     )  # fmt: skip
 

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipewright.errors import ConfigError
+from pipewright.plan.options import RECOMPUTE_ORDER
 from pipewright.plan.planfile import Plan
 
 #: The trainers a plan exports to.
@@ -87,8 +88,7 @@ def is_uniform(parts: Sequence[Chunk]) -> bool:
 def _recompute(plan: Plan) -> tuple[str, bool]:
     """The run's recomputation (the strongest any stage uses) and whether the stages differ."""
     per_stage = plan.data.get("recompute_per_stage") or [plan.data.get("recompute", "none")]
-    order = ("none", "selective", "full")
-    strongest = max(per_stage, key=order.index)
+    strongest = max(per_stage, key=RECOMPUTE_ORDER.index)
     return strongest, len(set(per_stage)) > 1
 
 
@@ -135,6 +135,8 @@ def megatron_args(plan: Plan) -> list[str]:
         args += ["--pipeline-model-parallel-layout", plan.layout]
     elif v > 1:
         args += ["--num-layers-per-virtual-pipeline-stage", str(len(parts[0].layers))]
+    if plan.microbatch_group is not None:  # Megatron-Core's microbatch_group_size_per_vp_stage
+        args += ["--microbatch-group-size-per-virtual-pipeline-stage", str(plan.microbatch_group)]
     if plan.data.get("sequence_parallel") and int(plan["tp"]) > 1:
         args.append("--sequence-parallel")
     if plan.data.get("tp_comm_overlap"):
@@ -149,7 +151,7 @@ def megatron_args(plan: Plan) -> list[str]:
     elif dtype == "fp8":
         args += ["--bf16", "--fp8-format", "hybrid"]
     recompute, _ = _recompute(plan)
-    if recompute == "selective":
+    if recompute in ("selective", "op"):  # op: Megatron-LM's nearest (a note says so)
         args += ["--recompute-granularity", "selective"]
     elif recompute == "full":
         args += [
@@ -192,6 +194,11 @@ def notes(plan: Plan, target: str) -> list[str]:
                 "the plan shards only the optimizer state (ZeRO-1)"
             )
     recompute, mixed = _recompute(plan)
+    if recompute == "op" and target == "megatron":
+        out.append(
+            "the plan recomputes with torchtitan's operator-level policy (op); Megatron-LM has no such "
+            "policy and runs selective recomputation (the attention core) instead"
+        )
     if mixed:
         per = ",".join(plan.data["recompute_per_stage"])
         out.append(f"recomputation differs per stage ({per}); both trainers take one setting: {recompute}")
@@ -251,8 +258,8 @@ def torchtitan_config(plan: Plan, schedule_csv: str | None = None) -> dict[str, 
         else "float32",
     }
     recompute, _ = _recompute(plan)
-    checkpoint: dict[str, object] = {"mode": recompute}
-    if recompute == "selective":
+    checkpoint: dict[str, object] = {"mode": "selective" if recompute == "op" else recompute}
+    if recompute in ("selective", "op"):
         checkpoint["selective_ac_option"] = "op"
     return {"parallelism": para, "training": training, "activation_checkpoint": checkpoint}
 

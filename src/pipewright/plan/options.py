@@ -84,6 +84,23 @@ class CostOptions:
         return out
 
 
+#: --recompute choices of the planner, from the least memory kept to the most (the order
+#: :func:`pipewright.plan.refine.per_stage_recompute` lightens a stage in)
+RECOMPUTE_ORDER = ("none", "selective", "op", "full")
+
+
+def check_recompute(modes: tuple[str, ...], spec, attention: str) -> None:
+    """One-line errors for --recompute: an unknown mode, or ``op`` (torchtitan's operator-level policy,
+    :mod:`pipewright.cost.op_recompute`) where it is not priced: a mixture of experts, eager attention."""
+    for mode in modes:
+        if mode not in RECOMPUTE_ORDER:
+            raise ConfigError(f"--recompute takes {', '.join(RECOMPUTE_ORDER)} (got {mode!r})")
+    if "op" in modes and spec.is_moe:
+        raise ConfigError("--recompute op prices dense layers only; drop op for a mixture of experts")
+    if "op" in modes and attention != "flash":
+        raise ConfigError("--recompute op keeps SDPA's output: it needs --attention flash")
+
+
 def searchable_sharding(requested: tuple[str, ...]) -> tuple[str, ...]:
     """The sharding choices to search: ``requested``, or only "none" where the cost model cannot price
     sharded state (then asking for more is an error)."""

@@ -12,6 +12,9 @@ Schema (JSON)::
      "microbatch_size": 1, "microbatches": 96, "global_batch_size": 1536,
      "recompute": "selective", "sequence_parallel": true, "dtype": "bf16",
      "grad_reduce": "overlap",                      # where the iteration's gradient all-reduce runs
+     "grad_dtype": "fp32", "kernels": "fused", "fsdp_grad_sync": "microbatch",   # how the framework
+                                                    # runs (simulate's flags; older plans: these defaults)
+     "microbatch_group": 16,                        # interleaved only, where --microbatch-group was given
      "layout": "Et*12|t*12|…|t*12L",                                 # models/layout.py's string
      "predicted": {"iteration_time_s": …, "peak_memory_bytes": …},
      "baselines": [{"name": "megatron", "iteration_time_s": …, "config": "…"}, …],
@@ -20,6 +23,7 @@ Schema (JSON)::
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +39,20 @@ FORMAT = "pipewright-plan"
 #: each stage's right after its last backward, as ``pipewright train``'s executor does.
 GRAD_REDUCE_PLANNED = "overlap"
 _DIMS = ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len")
+#: The framework inputs a plan records (``simulate``'s and ``plan``'s flags of the same names:
+#: cli/cost_flags.py), their values and their defaults (what a plan without the key was priced with).
+FRAMEWORK_INPUTS = {
+    "grad_dtype": (("fp32", "bf16"), "fp32"),
+    "kernels": (("fused", "eager", "compiled"), "fused"),
+    "fsdp_grad_sync": (("microbatch", "step"), "microbatch"),
+}
+
+
+def framework_inputs(given: Iterable[tuple[str, object]] = ()) -> dict[str, object]:
+    """The plan file's framework inputs: each of :data:`FRAMEWORK_INPUTS`, the ``given`` value or
+    its default (a plan states every input it was priced with)."""
+    values = dict(given)
+    return {key: values.get(key) or default for key, (_, default) in FRAMEWORK_INPUTS.items()}
 
 
 @dataclass(frozen=True)
@@ -86,6 +104,16 @@ class Plan:
     def attention(self) -> str:
         """The attention kernel the plan was priced with (older plans: eager)."""
         return str(self.data.get("attention", "eager"))
+
+    def framework_input(self, key: str) -> str:
+        """A framework input the plan was priced with (:data:`FRAMEWORK_INPUTS`; older plans: its
+        default)."""
+        return str(self.data.get(key) or FRAMEWORK_INPUTS[key][1])
+
+    @property
+    def microbatch_group(self) -> int | None:
+        """Interleaved 1F1B's microbatch group N the plan was priced with (None: p, Megatron's default)."""
+        return self.data.get("microbatch_group")
 
     @property
     def grad_reduce(self) -> str:
@@ -195,5 +223,11 @@ def check_schema(data: dict[str, Any], where: str = "plan") -> None:
     for key in ("schedule_csv", "recompute", "dtype"):
         if key in data and data[key] is not None and not isinstance(data[key], str):
             raise ConfigError(f'{where}: "{key}" must be a string')
+    for key, (choices, _) in FRAMEWORK_INPUTS.items():
+        if data.get(key) is not None and data[key] not in choices:
+            raise ConfigError(f'{where}: "{key}" must be one of {", ".join(choices)} (got {data[key]!r})')
+    group = data.get("microbatch_group")
+    if group is not None and (not _positive_int(group) or group < data["pp"]):
+        raise ConfigError(f'{where}: "microbatch_group" must be an integer at least pp ({data["pp"]})')
     if not isinstance(data.get("sequence_parallel", False), bool):
         raise ConfigError(f'{where}: "sequence_parallel" must be true or false')

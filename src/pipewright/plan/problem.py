@@ -100,6 +100,7 @@ class Problem:
     cores: float | None = None  # all processes share this many CPU cores (sim.sharing), e.g. --gpu cpu
     profile: ProfileInput | None = None  # measured costs instead of the analytical model (plan/profiled.py)
     max_actions: int = MAX_ACTIONS  # candidates whose simulation would be larger are skipped
+    microbatch_group: int | None = None  # interleaved: Megatron's microbatch group N (plan/grouping.py)
     zb_refine_seconds: float | None = None  # zb-auto: seconds for the ILP refinement of its best order
     attention: str = "flash"  # flash or eager (the attention kernel priced)
     cp_choices: tuple[int, ...] = (1,)  # context-parallel sizes (plan/options.py: cp_choices)

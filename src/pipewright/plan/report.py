@@ -7,9 +7,10 @@ from typing import Any
 
 from pipewright.mesh import DEFAULT_ORDER
 from pipewright.plan.baselines import megatron_baseline, pipedream_baseline, uniform_baseline
+from pipewright.plan.grouping import group_for
 from pipewright.plan.mapping import device_order, placement
 from pipewright.plan.partition import layout_string
-from pipewright.plan.planfile import FORMAT, GRAD_REDUCE_PLANNED, model_json
+from pipewright.plan.planfile import FORMAT, GRAD_REDUCE_PLANNED, framework_inputs, model_json
 from pipewright.plan.search import Evaluated, Problem, SearchResult, _Context, search
 
 
@@ -55,6 +56,9 @@ def plan_json(prob: Problem, result: SearchResult, schedule_csv: str | None = No
         extra = {"schedule_csv": schedule_csv, "zb_memory_limit": best.zb_memory_limit}
     if best.recompute_per_stage is not None:
         extra["recompute_per_stage"] = list(best.recompute_per_stage)
+    group = group_for(c.schedule, prob.microbatch_group)
+    if group is not None:
+        extra["microbatch_group"] = group
     return {
         "format": FORMAT,
         "version": 1,
@@ -81,6 +85,7 @@ def plan_json(prob: Problem, result: SearchResult, schedule_csv: str | None = No
         "optimizer_sharding": c.sharding,
         "tp_comm_overlap": prob.tp_comm_overlap,
         "calibration": prob.calibration,
+        **framework_inputs(prob.cost_fields),
         "layout": layout_string(best.chunk_layers),
         **extra,
         "predicted": {"iteration_time_s": best.time, "peak_memory_bytes": best.simulated_memory},
@@ -107,6 +112,11 @@ def summary(prob: Problem, result: SearchResult) -> str:
         *(
             [f"  recomputation per stage {','.join(best.recompute_per_stage)}"]
             if best.recompute_per_stage is not None
+            else []
+        ),
+        *(
+            [f"  microbatch group {group} (Megatron's per virtual stage)"]
+            if (group := group_for(best.candidate.schedule, prob.microbatch_group)) is not None
             else []
         ),
         f"  simulated iteration {best.time:.4f} s, peak memory {(best.simulated_memory or 0) / gib:.1f} GiB",

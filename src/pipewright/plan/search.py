@@ -26,11 +26,14 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pipewright.errors import ConfigError, PipewrightError
 from pipewright.hardware import accelerator
-from pipewright.plan.costs import StageCost, parts, stage_cost
+from pipewright.plan import grouping
+from pipewright.plan.bounds import lower_bound, may_fit
+from pipewright.plan.context import _Context, messages, parts_of
+from pipewright.plan.costs import StageCost, stage_cost
 from pipewright.plan.mapping import DeviceMap, device_order, map_devices, slowest_first
 from pipewright.plan.partition import (
     DoesNotFitError,
@@ -50,83 +53,11 @@ from pipewright.plan.problem import (
 from pipewright.plan.refine import per_stage_recompute, refine
 from pipewright.plan.simulated import simulate_plan
 from pipewright.plan.zb_limit import cost_aware_order
-from pipewright.schedules.registry import check_args, info
+from pipewright.schedules.registry import info
 
 #: Devices above which the finalists other than the best are not refined and zb-auto's memory-limit
 #: search is skipped (each simulation there prices thousands of groups).
 LARGE_MESH = 1024
-
-
-@dataclass
-class _Context:
-    problem: Problem
-    order: tuple[str, ...]
-    ar_cache: dict = field(default_factory=dict)
-    cost_cache: dict = field(default_factory=dict)
-    speeds: dict = field(default_factory=dict)
-    memory: dict = field(default_factory=dict)  # bytes per device
-    sig_cache: dict = field(default_factory=dict)
-    bound_cache: dict = field(default_factory=dict)
-
-    def memory_limit(self, devices: Sequence[str]) -> float:
-        prob = self.problem
-        if prob.memory_limit is not None:
-            return prob.memory_limit
-        if not self.memory:
-            for d in prob.topology.devices:
-                self.memory[d] = prob.topology.accelerator(d).memory_bytes
-        return min(self.memory[d] for d in devices)
-
-    @property
-    def kinds(self) -> frozenset[str]:
-        """The accelerator kinds of the topology's devices."""
-        return frozenset(self.problem.device_kinds())
-
-    def stage_kinds(self, dmap: DeviceMap, i: int) -> set[str]:
-        """The kinds of stage i's devices (without listing them on a one-kind cluster)."""
-        if len(self.kinds) == 1:
-            return set(self.kinds)
-        return {self.problem.topology.nodes[d].accelerator for d in dmap.stage_devices(i)}
-
-    def stage_memory_limit(self, dmap: DeviceMap, i: int) -> float:
-        """Bytes each device of stage i may use (the smallest device's, or ``--memory-limit``)."""
-        if self.problem.memory_limit is None and len(self.kinds) == 1:
-            return self.problem.topology.accelerator(dmap.head(i)).memory_bytes
-        return self.memory_limit(dmap.stage_devices(i))
-
-    def signature(self, group: tuple[str, ...]) -> tuple[float, ...]:
-        """What a collective's time over ``group`` depends on: its size and its ring's (bus bandwidth,
-        per-step latency) (:meth:`~pipewright.topology.Topology.ring_bandwidth`). Groups with one
-        signature cost the same, so on a symmetric cluster thousands of groups share a few pricings."""
-        if len(group) <= 1:
-            return (len(group),)
-        hit = self.sig_cache.get(group)
-        if hit is None:
-            hit = self.sig_cache[group] = (len(group), *self.problem.topology.ring_bandwidth(group))
-        return hit
-
-    def all_reduce(self, group: tuple[str, ...], op: str = "all_reduce") -> Callable[[float], float]:
-        """Seconds of collective ``op`` of n bytes over ``group``'s devices (the cost model's formula),
-        cached per group :meth:`signature`."""
-        topo, eff = self.problem.topology, self.problem.efficiency_for().comm
-        sig = self.signature(group)
-
-        def f(nbytes: float) -> float:
-            key = (op, sig, nbytes)
-            hit = self.ar_cache.get(key)
-            if hit is None:
-                hit = self.ar_cache[key] = topo.collective_time(op, group, nbytes / eff)
-            return hit
-
-        return f
-
-    def p2p(self, a: str, b: str, nbytes: float) -> float:
-        key = (a, b, nbytes)
-        hit = self.ar_cache.get(key)
-        if hit is None:
-            eff = self.problem.efficiency_for().comm
-            hit = self.ar_cache[key] = self.problem.topology.p2p_time(a, b, nbytes / eff)
-        return hit
 
 
 def _divisors(n: int) -> list[int]:
@@ -157,7 +88,7 @@ def candidates(problem: Problem, too_large: list[Candidate] | None = None) -> It
                 for name in problem.schedules:
                     if name == "zb-auto":
                         continue
-                    for v in _chunk_choices(name, p, m, spec.layers):
+                    for v in _chunk_choices(name, p, m, spec.layers, problem.microbatch_group):
                         if lowered_actions(p, m, v) > problem.max_actions:
                             if too_large is not None:
                                 too_large.append(Candidate(t, p, d, b, m, name, v))
@@ -180,7 +111,7 @@ def _styles(problem: Problem, p: int, d: int) -> tuple[str, ...]:
     return base
 
 
-def _chunk_choices(name: str, p: int, m: int, layers: int) -> list[int]:
+def _chunk_choices(name: str, p: int, m: int, layers: int, group: int | None = None) -> list[int]:
     entry = info(name)
     if p == 1:
         return [1] if entry.chunks is None or 1 in entry.chunks else []
@@ -190,27 +121,19 @@ def _chunk_choices(name: str, p: int, m: int, layers: int) -> list[int]:
         if p * v > layers:
             continue
         try:
-            check_args(name, p, m, v)
+            grouping.check(name, p, m, v, group)
         except PipewrightError:
             continue
         out.append(v)
     return out
 
 
-def _parts(prob: Problem, c: Candidate):
-    """The cost pieces of candidate ``c`` (:func:`pipewright.plan.costs.parts`), its vocabulary padded."""
-    spec, opts = prob.spec_for(c.tp), prob.options(c)
-    return parts(
-        spec, c.microbatch, c.tp, c.recompute, c.sequence_parallel, prob.dtype, prob.efficiency_for(), opts,
-        c.ep,
-    )  # fmt: skip
-
-
 def _stage_costs(ctx: _Context, c: Candidate, dmap: DeviceMap) -> list[StageCost]:
     prob = ctx.problem
     if prob.profile is not None:  # measured on the profile's device: the same on every rank
         return [prob.profile.stage_cost(c.microbatch)] * c.pp
-    pc = _parts(prob, c)
+    pc = parts_of(prob, c)
+    state = pc.state(c.dp, c.pp)  # bytes per parameter: the optimizer sharding over dp × cp
     out = []
     for i in range(c.pp):
         block = dmap.block(i, 0)  # the stage's first (tp × cp) block, tp fastest
@@ -222,6 +145,7 @@ def _stage_costs(ctx: _Context, c: Candidate, dmap: DeviceMap) -> list[StageCost
         sigs = (ctx.signature(group), ctx.signature(ring), ctx.signature(experts))
         for kind in sorted(kinds):
             key = (kind, sigs, c.microbatch, c.tp, c.recompute, c.sequence_parallel, c.cp, c.sharding, c.ep)
+            key += (state,)
             sc = ctx.cost_cache.get(key)
             if sc is None:
                 gpu = accelerator(kind)
@@ -233,6 +157,7 @@ def _stage_costs(ctx: _Context, c: Candidate, dmap: DeviceMap) -> list[StageCost
                     ctx.all_reduce(group),
                     ctx.all_reduce(ring, "all_gather") if c.cp > 1 else None,
                     ctx.all_reduce(experts, "all_gather") if c.ep > 1 else None,
+                    state,
                 )
             if best is None or sc.layer > best.layer:
                 best = sc
@@ -251,9 +176,9 @@ def estimate(ctx: _Context, c: Candidate, dmap: DeviceMap | None = None, layers=
         if len(ctx.kinds) > 1:
             dmap = slowest_first(prob.topology, dmap, prob.dtype, ctx.speeds)
     costs = _stage_costs(ctx, c, dmap)
-    boundary, grad_bytes = _messages(prob, c)
+    boundary, grad_bytes = messages(prob, c)
     p, v = c.pp, c.virtual
-    in_flight = [float(x) for x in info(c.schedule).memory(p, c.microbatches, v)]
+    in_flight = grouping.in_flight(c.schedule, p, c.microbatches, v, prob.microbatch_group)
     limits = [ctx.stage_memory_limit(dmap, i) for i in range(p)]
     if layers is None:
         if p * v > prob.spec.layers:
@@ -284,27 +209,14 @@ def estimate(ctx: _Context, c: Candidate, dmap: DeviceMap | None = None, layers=
     est = (c.microbatches - 1 + 1 / v) * t_max + (total - t_max) * phi / v
     if phi == 1.0:  # one microbatch's forward and backward pass through every chunk in turn
         est = max(est, total)
-    if c.dp > 1:
-        group = tuple(dmap.block(0, j)[0] for j in range(c.dp))
-        est += ctx.all_reduce(group)(grad_bytes(layers[0], p == 1))
+    if c.dp > 1:  # the first stage's: dense gradients over dp × cp, routed experts' over dp/ep × cp
+        dense, expert = grad_bytes(layers[0], p == 1)
+        replicas = [dmap.block(0, j)[:: c.tp] for j in range(c.dp)]  # each replica's cp ranks
+        est += ctx.all_reduce(tuple(x for r in replicas for x in r))(dense)
+        if expert:
+            est += ctx.all_reduce(tuple(x for r in replicas[:: c.ep] for x in r))(expert)
     chunks = chunk_layout(layers, v) if v > 1 else tuple(layers)
     return Evaluated(c, chunks, dmap.ranks, est, t_max, max(mems), fits=fits)
-
-
-def _messages(prob: Problem, c: Candidate):
-    """(boundary(ctx, a, b): one stage-boundary transfer's seconds from device a to b, grads(layers,
-    last): the first stage's gradient all-reduce bytes), from the profile's measurements or the
-    analytical pieces."""
-    b = c.microbatch
-    if prob.profile is not None:
-        measured = prob.profile.message_seconds(b)  # as the simulation's ProfiledComm prices it
-        return (lambda ctx, a, z: measured), lambda n, last: prob.profile.grad_bytes(b, n, True, last)
-    pc = _parts(prob, c)
-
-    def grads(n: int, last: bool) -> float:
-        return (n * pc.layer.params + pc.embed.params + last * pc.head.params) * pc.grad_bytes
-
-    return (lambda ctx, a, z: ctx.p2p(a, z, pc.boundary_bytes)), grads
 
 
 def _work_per_rank(layers: Sequence[int], weights: Sequence[float] | None) -> list[float]:
@@ -324,59 +236,6 @@ def _partition(terms, num_layers: int, v: int, weights: Sequence[float] | None =
     chunk); :func:`~pipewright.plan.partition.chunk_layout` then splits each rank's layers over its
     chunks."""
     return partition(terms, num_layers, weights, min_layers=v)
-
-
-def _bound_cost(ctx: _Context, c: Candidate) -> StageCost:
-    """The pieces of ``c`` on the fastest device kind with free communication (no tensor-parallel,
-    ring or boundary transfers): every stage of every mapping costs at least this, and needs the
-    same bytes (memory does not depend on the devices' links). Cached per cost-model choice."""
-    prob = ctx.problem
-    key = (c.microbatch, c.tp, c.recompute, c.sequence_parallel, c.cp, c.sharding, c.ep)
-    hit = ctx.bound_cache.get(key)
-    if hit is not None:
-        return hit
-    if prob.profile is not None:
-        hit = prob.profile.stage_cost(c.microbatch)
-    else:
-        pc = _parts(prob, c)
-        for kind in prob.device_kinds():
-            sc = stage_cost(pc, accelerator(kind), prob.dtype, prob.efficiency_for(kind), lambda n: 0.0)
-            if hit is None or sc.time(prob.spec.layers, True, True) < hit.time(prob.spec.layers, True, True):
-                hit = sc
-    ctx.bound_cache[key] = hit
-    return hit
-
-
-def lower_bound(ctx: _Context, c: Candidate) -> float:
-    """A bound no estimate of ``c`` goes under: with W the work of all layers, the embedding and the
-    head on the fastest device kind with free communication, Σ_r t_r ≥ W and t_max ≥ W/p, so the
-    estimate (module docstring) is at least W/p·(m − 1 + p/v) for φ = 1 and W/p·(m − 1 + 1/v) for
-    zero-bubble schedules (φ ≥ 0)."""
-    cost = _bound_cost(ctx, c)
-    weights = cost.layer_weights(ctx.problem.spec)
-    layers = ctx.problem.spec.layers if weights is None else sum(weights)
-    work = cost.time(0, True, True) + layers * cost.layer
-    p, m, v = c.pp, c.microbatches, c.virtual
-    tail = 1 / v if c.schedule.startswith("zb") else p / v
-    return work / p * (m - 1 + tail)
-
-
-def may_fit(ctx: _Context, c: Candidate) -> bool:
-    """False when no partition of ``c`` fits even with every device as large as the largest (or
-    ``--memory-limit``): a necessary condition checked before any device is mapped or link priced."""
-    prob = ctx.problem
-    if prob.memory_limit is not None:
-        limit = prob.memory_limit
-    else:
-        limit = max(accelerator(kind).memory_bytes for kind in prob.device_kinds())
-    p, v = c.pp, c.virtual
-    if p * v > prob.spec.layers:
-        return False
-    in_flight = [float(x) for x in info(c.schedule).memory(p, c.microbatches, v)]
-    cost = _bound_cost(ctx, c)
-    if cost.layer_weights(prob.spec) is not None:
-        return True  # unlike layers: the partition itself decides
-    return fits_somewhere(stage_terms([cost] * p, [0.0] * p, in_flight, [limit] * p), prob.spec.layers, v)
 
 
 @dataclass
@@ -410,6 +269,7 @@ def search(
         )
     bounds = sorted((lower_bound(ctx, c), k, c) for k, c in enumerate(cands))
     pool: list[Evaluated] = []
+    per_schedule: dict[str, Evaluated] = {}  # each schedule's best estimate
     pruned = infeasible = 0
     for k, (lb, _, c) in enumerate(bounds):
         if progress is not None:
@@ -429,6 +289,8 @@ def search(
             infeasible += 1
             continue
         pool.append(ev)
+        if c.schedule not in per_schedule or ev.estimate < per_schedule[c.schedule].estimate:
+            per_schedule[c.schedule] = ev
         pool.sort(key=lambda e: e.estimate)
         del pool[4 * prob.finalists :]
     if progress is not None:
@@ -441,7 +303,16 @@ def search(
             f"global batch {prob.global_batch}: every layout needs more memory than a device has; add "
             "devices or use a smaller model"
         )
-    finalists = [simulate_plan(prob, ev) for ev in pool[: prob.finalists]]
+    # the best estimates, and each schedule's best: the closed form's error differs by schedule
+    # (interleaved orders estimated up to 12 % fast), so one schedule's near-ties must not crowd out
+    # another's best
+    chosen = pool[: prob.finalists]
+    chosen += [
+        ev
+        for ev in per_schedule.values()
+        if all(ev.candidate.schedule != f.candidate.schedule for f in chosen)
+    ]
+    finalists = [simulate_plan(prob, ev) for ev in chosen]
     # the baselines' own configurations, re-planned (partition + mapping), compete too
     for base in baselines:
         bc = base.candidate

@@ -21,14 +21,15 @@ def device_memory_limit(prob: Problem, devices: Sequence[str]) -> float:
 
 
 @functools.lru_cache(maxsize=16)
-def _lowered(name: str, p: int, m: int, v: int, reduce: bool):
-    """A generator's schedule, with the gradient all-reduce when ``reduce``, lowered: built once for
-    all the layouts and mappings of one shape that the refinement simulates."""
+def _lowered(name: str, p: int, m: int, v: int, reduce: bool, group: int | None = None):
+    """A generator's schedule (microbatch group ``group`` where it groups: :mod:`pipewright.plan.grouping`),
+    with the gradient all-reduce when ``reduce``, lowered: built once for all the layouts and mappings
+    of one shape that the refinement simulates."""
     from pipewright.passes.grad_reduce import add_grad_reduction
     from pipewright.passes.lower import lower
-    from pipewright.schedules import build_schedule
+    from pipewright.plan.grouping import build
 
-    sched = build_schedule(name, p, m, v)
+    sched = build(name, p, m, v, group)
     return lower(add_grad_reduction(sched) if reduce else sched)
 
 
@@ -83,7 +84,8 @@ def simulate_plan(prob: Problem, ev: Evaluated) -> Evaluated:
         if c.dp > 1:
             sched = add_grad_reduction(sched)
     else:
-        sched = _lowered(c.schedule, c.pp, c.microbatches, c.virtual, c.dp > 1)
+        group = prob.microbatch_group
+        sched = _lowered(c.schedule, c.pp, c.microbatches, c.virtual, c.dp > 1, group)
     cost, comm = plan_models(prob, ev)
     shared = None
     if prob.cores is not None:
