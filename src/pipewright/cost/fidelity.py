@@ -52,6 +52,10 @@ _RECIPE_DEFAULTS = {
     "grad_dtype": "bf16",
 }
 
+#: torchtitan pipelines with torch.distributed.pipelining, whose stages keep each microbatch's output
+#: in ``fwd_cache`` until its backward (stage.py ``forward_one_chunk``); Megatron frees it after the send
+_TORCHTITAN_DEFAULTS = {"stage_outputs": "kept"}
+
 
 #: rows used to fit the calibration defaults (the rest is held out): Megatron-LM Table 1 fits the A100
 #: parameters (hardware.py/transformer.py A100_EFFICIENCY); these eleven Hopper runs fit the Hopper
@@ -98,6 +102,8 @@ class Run:
         value = self.row.get(key, "") or ""
         if not value and self.row.get("source") in RECIPE_SOURCES:
             return _RECIPE_DEFAULTS.get(key, "")
+        if not value and self.row.get("source", "").startswith("torchtitan-"):
+            return _TORCHTITAN_DEFAULTS.get(key, "")
         return value
 
     def int(self, key: str, default: int = 0) -> int:
@@ -223,7 +229,7 @@ def simulate_argv(run: Run) -> list[str]:
     elif sharding == "fsdp":
         argv.append("--fsdp")
     argv += ["--dtype", run["dtype"] or "bf16", "--attention", run["attention"] or "flash"]
-    for column in ("grad_dtype", "kernels", "fsdp_grad_sync"):
+    for column in ("grad_dtype", "kernels", "fsdp_grad_sync", "stage_outputs"):
         if run[column]:
             argv += [f"--{column.replace('_', '-')}", run[column]]
     if run["attention_kernel"]:
