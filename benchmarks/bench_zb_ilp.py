@@ -24,6 +24,7 @@ import json
 import time
 
 from pipewright.cli import main
+from pipewright.cost.base import ConstantComm
 from pipewright.cost.unit import StageTimes
 from pipewright.ir import Schedule, peak_in_flight
 from pipewright.passes import validate
@@ -47,17 +48,9 @@ def stage_times(costs: ScheduleCosts) -> StageTimes:
     return StageTimes(f=costs.f, i=costs.i, w=costs.w)
 
 
-class _Comm:
-    def __init__(self, t: float) -> None:
-        self.t = t
-
-    def p2p_time(self, src: int, dst: int, nbytes: float) -> float:
-        return self.t
-
-
 def _time(sched: Schedule, costs: ScheduleCosts, steady: bool) -> float:
     runs = {"iterations": 3, "step_barrier": False} if steady else {}
-    return simulate(sched, stage_times(costs=costs), comm=_Comm(costs.comm), **runs).iteration_time
+    return simulate(sched, stage_times(costs=costs), comm=ConstantComm(costs.comm), **runs).iteration_time
 
 
 def fields(c: ScheduleCosts) -> tuple:

@@ -6,6 +6,7 @@ Costs per chunk action: F = I = W = 1, B = 2 unless overridden; communication is
 from __future__ import annotations
 
 from pipewright.cost import UnitCost
+from pipewright.cost.base import ConstantComm
 from pipewright.ir import Schedule
 from pipewright.sim import simulate
 
@@ -24,15 +25,12 @@ def steady_period(schedule: Schedule, iterations: int = 4) -> float:
     ).iteration_time
 
 
-class ConstComm:
-    """Every transfer takes ``p2p`` and every collective ``coll`` time units."""
+class ConstComm(ConstantComm):
+    """Every transfer takes ``p2p`` and every all-reduce ``coll`` time units (nothing else expected)."""
 
     def __init__(self, p2p: float = 0.0, coll: float = 0.0) -> None:
-        self.p2p, self.coll = p2p, coll
-
-    def p2p_time(self, src: int, dst: int, nbytes: float) -> float:
-        return self.p2p
+        super().__init__(p2p, coll)
 
     def collective_time(self, kind: str, rank: int, nbytes: float, group: str = "dp", members=()) -> float:
         assert kind == "all_reduce"
-        return self.coll
+        return self.collective

@@ -14,7 +14,15 @@ from pathlib import Path
 import pytest
 
 from pipewright.cli.fidelity import peak_for, predict, summary
-from pipewright.cost.fidelity import FIT_ROWS, GPU_ALIASES, load_runs, published_tokens_per_s, simulate_argv
+from pipewright.cost import frameworks
+from pipewright.cost.fidelity import (
+    FIT_ROWS,
+    GPU_ALIASES,
+    framework_of,
+    load_runs,
+    published_tokens_per_s,
+    simulate_argv,
+)
 from pipewright.hardware import accelerator
 
 RUNS = {r.id: r for r in load_runs()}
@@ -90,12 +98,22 @@ def test_the_table_covers_enough_runs_and_fits_on_at_most_half(outcomes):
     assert sum(o.fitted for o in done) <= len(done) / 2
 
 
+def _line(name, rows):
+    s = summary(rows)
+    return f"| {name} | {s['rows']} | {s['median']:.1%} | {s['max']:.1%} | {s['within_10']:.0%} |"
+
+
 def test_claims_of_the_page(outcomes):
-    """The statistics lines of docs/fidelity.md are the table's."""
+    """The statistics lines of docs/fidelity.md are the table's: held out, and held out per framework,
+    whose entries and fitted parameters the page's framework table shows."""
     text = DOC.read_text()
     held = [o for o in outcomes.values() if not o.fitted]
-    s = summary(held)
-    assert f"| held out | {s['rows']} | {s['median']:.1%} | {s['max']:.1%} | {s['within_10']:.0%} |" in text
+    assert _line("held out", held) in text
+    for name in frameworks.names():
+        mine = [o for o in held if framework_of(o.run) == name]
+        assert _line(f"held out, `--framework {name}`", mine) in text
+        fw = frameworks.framework(name)
+        assert f"| `{name}` |" in text and f"| {fw.compute:.4f} | {fw.overhead * 1e3:.3f} |" in text
 
 
 def test_only_the_named_runs_are_reported_as_not_fitting(outcomes, doc_text):

@@ -17,7 +17,8 @@ from collections import Counter
 from pathlib import Path
 
 from pipewright.cli.fidelity import Outcome, predict, summary
-from pipewright.cost.fidelity import OVERRIDES, load_runs
+from pipewright.cost import frameworks
+from pipewright.cost.fidelity import OVERRIDES, framework_of, load_runs
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPECTED = ROOT / "src" / "pipewright" / "cost" / "data" / "fidelity_expected.csv"
@@ -49,10 +50,15 @@ def markdown(outcomes: list[Outcome], header: str) -> str:
     lines += ["", "| rows | n | median abs. error | largest | within 10 % |", "|---|---:|---:|---:|---:|"]
     lines.append(_stats_line("held out", held))
     lines.append(_stats_line("held out, H100 or newer", hopper))
+    for name in frameworks.names():
+        lines.append(
+            _stats_line(f"held out, `--framework {name}`", [o for o in held if framework_of(o.run) == name])
+        )
     lines.append(_stats_line("fitted", fit))
     lines.append(_stats_line("all", done))
     for source in sorted(sources):
         lines.append(_stats_line(f"`{source}`", [o for o in done if o.run["source"] == source]))
+    lines += ["", *framework_table(done)]
     mem = [o for o in done if o.memory_error is not None]
     if mem:
         within = sum(abs(o.memory_error) <= 0.15 for o in mem)
@@ -82,6 +88,23 @@ def markdown(outcomes: list[Outcome], header: str) -> str:
         if o.time_error is not None:
             lines.append(f"- `{o.run.id}`: `pipewright {' '.join(o.argv)}`")
     return "\n".join(lines) + "\n"
+
+
+def framework_table(done: list[Outcome]) -> list[str]:
+    """The registry of pipewright.cost.frameworks: defaults, fitted parameters, rows fitted / rows."""
+    lines = [
+        "| `--framework` | defaults | compute factor c | τ_f ms per layer | rows fitted / rows |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for name in frameworks.names():
+        fw = frameworks.framework(name)
+        rows = [o for o in done if framework_of(o.run) == name]
+        defaults = ", ".join(f"`--{k.replace('_', '-')} {v}`" for k, v in fw.defaults.items()) or "—"
+        fitted = sum(o.fitted for o in rows)
+        lines.append(
+            f"| `{name}` | {defaults} | {fw.compute:.4f} | {fw.overhead * 1e3:.3f} | {fitted} / {len(rows)} |"
+        )
+    return lines
 
 
 def expected_csv(outcomes: list[Outcome]) -> str:

@@ -1,11 +1,17 @@
 """Cost-model flags shared by ``pipewright simulate`` and ``pipewright plan``: the attention kernel,
 the mixture-of-experts shape (ModelSpec's ``moe_*`` fields), the expert-parallel size and the expert
-load imbalance, the gradient buffer's dtype. Light on purpose: building a parser imports no numpy
-(``pipewright.cost`` does)."""
+load imbalance, the gradient buffer's dtype, the training framework (``--framework``). Light on
+purpose: building a parser imports no numpy (``pipewright.cost`` does)."""
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pipewright.cost.efficiency import Efficiency
+    from pipewright.hardware import Accelerator
 
 #: the attention kernels with published rates (:data:`pipewright.cost.attention_kernels.KERNEL_NAMES`)
 KERNEL_NAMES = ("fa2", "fa3", "cudnn")
@@ -105,6 +111,52 @@ def add_cost_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) 
         help="each microbatch's stage output after its send: freed (Megatron's deallocation, Llama 3; the "
         "default) or kept until its backward (torch.distributed.pipelining, torchtitan, pipewright train)",
     )
+    parser.add_argument(
+        "--framework",
+        action=_FrameworkAction,
+        default=None,
+        help="the training framework priced (pipewright.cost.frameworks: megatron, the default; torchtitan, "
+        "llm-foundry, deepspeed-megatron): its default --kernels/--attention-kernel/--grad-dtype/"
+        "--fsdp-grad-sync/--stage-outputs (flags given win) and its fitted compute factor and per-layer "
+        "overhead",
+    )
+
+
+class _FrameworkAction(argparse.Action):
+    """``--framework NAME``: fills the inputs the framework sets by default where the user gave none
+    (they default to None, so a flag given before or after wins); an unknown name is refused in one
+    line when the command runs (:func:`framework_efficiency`)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        from pipewright.cost.frameworks import framework
+        from pipewright.errors import ConfigError
+
+        setattr(namespace, self.dest, values)
+        try:
+            defaults = framework(values).defaults
+        except ConfigError:
+            return
+        for dest, value in defaults.items():
+            if getattr(namespace, dest, None) is None:
+                setattr(namespace, dest, value)
+
+
+def framework_efficiency(args: argparse.Namespace, accelerators: Sequence[Accelerator]) -> Efficiency | None:
+    """The calibration ``--framework`` prices on ``accelerators`` (one kind): the accelerator's defaults
+    adjusted by the framework's fitted parameters; None for a framework that changes nothing (the
+    default ``megatron``). One-line ConfigError for an unknown name or a cluster of mixed kinds."""
+    from pipewright.cost.efficiency import default_efficiency
+    from pipewright.cost.frameworks import framework
+    from pipewright.errors import ConfigError
+
+    fw = framework(getattr(args, "framework", None))
+    if fw.neutral:
+        return None
+    kinds = {acc.name: acc for acc in accelerators}
+    if len(kinds) != 1:
+        mixed = ", ".join(kinds)
+        raise ConfigError(f"--framework {fw.name} prices one accelerator kind; the cluster has {mixed}")
+    return fw.efficiency(default_efficiency(next(iter(kinds.values()))))
 
 
 def cost_fields(args: argparse.Namespace) -> dict[str, object]:

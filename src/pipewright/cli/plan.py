@@ -6,7 +6,14 @@ import argparse
 import json
 import sys
 
-from pipewright.cli.cost_flags import KERNEL_NAMES, MOE_FIELDS, add_cost_options, add_moe_options, cost_fields
+from pipewright.cli.cost_flags import (
+    KERNEL_NAMES,
+    MOE_FIELDS,
+    add_cost_options,
+    add_moe_options,
+    cost_fields,
+    framework_efficiency,
+)
 from pipewright.cli.guards import DEFAULT_MAX_ACTIONS as MAX_ACTIONS  # = plan.problem.MAX_ACTIONS
 from pipewright.cli.zb_flags import add_zb_refine_flags, refine_seconds
 from pipewright.errors import ConfigError
@@ -293,6 +300,7 @@ def run(args: argparse.Namespace) -> int:
         attention_kernel=args.attention_kernel,
         moe_imbalance=args.moe_imbalance,
         cost_fields=tuple(sorted(cost_fields(args).items())),
+        efficiency=framework_efficiency(args, kinds),
         ep=args.ep,
         max_ep=args.max_ep,
         zb_refine_seconds=refine_seconds(args, tuple(args.schedules.split(","))),

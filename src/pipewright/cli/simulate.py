@@ -16,6 +16,7 @@ from pipewright.cli.cost_flags import (
     add_cost_options,
     add_moe_options,
     cost_fields,
+    framework_efficiency,
 )
 from pipewright.cli.guards import add_max_actions, check_simulate
 from pipewright.cli.zb_flags import add_zb_refine_flags, ilp_line, refine_seconds
@@ -311,6 +312,7 @@ def _model_setup(args: argparse.Namespace, plan: PlanOverrides | None = None) ->
             calibration=calibration,
             attention_kernel=args.attention_kernel,
             moe_imbalance=args.moe_imbalance,
+            efficiency=framework_efficiency(args, [gpu]),
             **cost_fields(args),
         )
 

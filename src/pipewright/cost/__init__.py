@@ -10,6 +10,7 @@ from pipewright.lazy import lazy_attributes
 _WHERE = {
     "A100_EFFICIENCY": "pipewright.cost.transformer",
     "CommModel": "pipewright.cost.base",
+    "ConstantComm": "pipewright.cost.base",
     "CostModel": "pipewright.cost.base",
     "Efficiency": "pipewright.cost.transformer",
     "FreeComm": "pipewright.cost.base",

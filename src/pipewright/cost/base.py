@@ -55,13 +55,24 @@ class CommModel(Protocol):
     ) -> float: ...
 
 
-class FreeComm:
-    """Communication costs nothing (``--cost unit``)."""
+class ConstantComm:
+    """Every point-to-point transfer takes ``p2p`` seconds and every collective ``collective`` seconds,
+    whatever its size and group (schedule studies in units of a stage's forward time)."""
+
+    def __init__(self, p2p: float = 0.0, collective: float = 0.0) -> None:
+        self.p2p, self.collective = p2p, collective
 
     def p2p_time(self, src: int, dst: int, nbytes: float) -> float:
-        return 0.0
+        return self.p2p
 
     def collective_time(
         self, kind: str, rank: int, nbytes: float, group: str = "dp", members: tuple[int, ...] = ()
     ) -> float:
-        return 0.0
+        return self.collective
+
+
+class FreeComm(ConstantComm):
+    """Communication costs nothing (``--cost unit``)."""
+
+    def __init__(self) -> None:
+        super().__init__(0.0, 0.0)

@@ -8,7 +8,8 @@ where the row gives v > 1); no recomputation; bf16; flash attention with the GPU
 row's ``attention_kernel`` where the source names it); 8 GPUs per node; the gradient
 reduction overlapped with the backward for runs from 2023 on (Megatron's ``--overlap-grad-reduce``,
 FSDP), after the pipeline drains before; for NVIDIA's recipe tables (:data:`RECIPE_SOURCES`)
-sequence parallelism, tensor-parallel overlap, the distributed optimizer and bf16 gradient buffers.
+sequence parallelism, tensor-parallel overlap, the distributed optimizer and bf16 gradient buffers;
+the source's training framework (:data:`SOURCE_FRAMEWORK`, ``--framework``; Megatron where not named).
 Rows that a source gives as "first and last stage one layer fewer" (Zero Bubble) get that layout;
 :data:`OVERRIDES` holds the
 few per-row assumptions (each with its reason).
@@ -30,6 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import resources
 
+from pipewright.cost import frameworks
 from pipewright.cost.layer import layer_linear_flops
 from pipewright.models.spec import ModelSpec
 
@@ -52,21 +54,32 @@ _RECIPE_DEFAULTS = {
     "grad_dtype": "bf16",
 }
 
-#: torchtitan pipelines with torch.distributed.pipelining, whose stages keep each microbatch's output
-#: in ``fwd_cache`` until its backward (stage.py ``forward_one_chunk``); Megatron frees it after the send
-_TORCHTITAN_DEFAULTS = {"stage_outputs": "kept"}
 
+#: the training framework each source's runs used (``--framework``, :mod:`pipewright.cost.frameworks`);
+#: a source not named here ran Megatron-LM / Megatron-Core (the default) or, for Llama 3, Meta's own
+#: framework, which has no entry (priced as the default)
+SOURCE_FRAMEWORK: Mapping[str, str] = {
+    "torchtitan-benchmarks-2024-12": "torchtitan",
+    "torchtitan-benchmarks-asynctp-2025-06": "torchtitan",
+    "torchtitan-benchmarks-trainy-h200-2025-06": "torchtitan",
+    "mosaicml-llm-foundry-benchmarks": "llm-foundry",
+    "mt-nlg-2022": "deepspeed-megatron",
+    "bigscience-bloom-tr11": "deepspeed-megatron",
+}
 
 #: rows used to fit the calibration defaults (the rest is held out): Megatron-LM Table 1 fits the A100
 #: parameters (hardware.py/transformer.py A100_EFFICIENCY); these eleven Hopper runs fit the Hopper
 #: ones (GEMM efficiency 0.66, layer overhead 0.25 ms, FP8 factor 0.75: hardware._HOPPER)
-FIT_ROWS = frozenset(
+MEGATRON_FIT_ROWS = frozenset(
     [f"sc21-a100-gpt-{x}" for x in ("1.7b", "3.6b", "7.5b", "18.4b", "39.1b", "76.1b", "145.6b")]
     + [f"sc21-a100-gpt-{x}" for x in ("310.1b", "529.6b", "1008.0b")]
     + [f"mlm24-h100-gpt-{x}" for x in ("1.7b", "16b", "70b", "177b", "462b")]
     + ["nemo2407-h100-gpt3-5b-64gpu", "nemo2407-h100-llama2-70b-64gpu", "nemo2407-h100-gpt3-175b-512gpu"]
     + ["nemo2407-h100-llama3-8b-8gpu", "mb2509-h100-8b-8gpu", "mb2509-h100-70b-64gpu"]
 )
+#: every fitted row: the Megatron calibration's and each framework's (``Framework.fitted_on``, chosen by
+#: :func:`framework_fit_selection`)
+FIT_ROWS = MEGATRON_FIT_ROWS | frameworks.fit_rows()
 
 #: per-row assumptions where the published row leaves the layout open or is inconsistent: id prefix →
 #: (column values, reason)
@@ -102,8 +115,6 @@ class Run:
         value = self.row.get(key, "") or ""
         if not value and self.row.get("source") in RECIPE_SOURCES:
             return _RECIPE_DEFAULTS.get(key, "")
-        if not value and self.row.get("source", "").startswith("torchtitan-"):
-            return _TORCHTITAN_DEFAULTS.get(key, "")
         return value
 
     def int(self, key: str, default: int = 0) -> int:
@@ -146,6 +157,34 @@ class Run:
 
 #: vocabulary where a source does not give it (Zero Bubble: "size not stated")
 DEFAULT_VOCAB = 50257
+
+
+def framework_of(run: Run) -> str:
+    """The framework ``run`` was trained with (:data:`SOURCE_FRAMEWORK`; default megatron)."""
+    return SOURCE_FRAMEWORK.get(run["source"], frameworks.DEFAULT_FRAMEWORK)
+
+
+def mispriced_mechanism(run: Run) -> str:
+    """Why a run's time is known to be mispriced by a mechanism no input describes ("" when none):
+    torchtitan's asynchronous TP, priced as Transformer Engine's full overlap (26–48 % of the
+    communication was hidden, docs/fidelity.md), and ring attention at cp ≥ 4, whose load balancing the
+    sources do not state. Such rows are never fit rows."""
+    if framework_of(run) == "torchtitan" and run["tp_comm_overlap"] == "true" and run.int("tp", 1) > 1:
+        return "asynchronous TP"
+    if run.int("cp", 1) >= 4:
+        return "cp ≥ 4"
+    return ""
+
+
+def framework_fit_selection(runs: tuple[Run, ...], name: str) -> tuple[str, ...]:
+    """The rows a framework's calibration is fitted on, by a fixed rule: the framework's runs without a
+    :func:`mispriced_mechanism`, within each source sorted by id, every second one (the 2nd, 4th, …), so
+    at most half of each source's rows."""
+    picked: list[str] = []
+    for source in sorted({r["source"] for r in runs if framework_of(r) == name}):
+        ids = sorted(r.id for r in runs if r["source"] == source and not mispriced_mechanism(r))
+        picked += ids[1::2]
+    return tuple(sorted(picked))
 
 
 def load_runs() -> tuple[Run, ...]:
@@ -229,11 +268,13 @@ def simulate_argv(run: Run) -> list[str]:
     elif sharding == "fsdp":
         argv.append("--fsdp")
     argv += ["--dtype", run["dtype"] or "bf16", "--attention", run["attention"] or "flash"]
-    for column in ("grad_dtype", "kernels", "fsdp_grad_sync", "stage_outputs"):
+    for column in ("grad_dtype", "kernels", "fsdp_grad_sync"):
         if run[column]:
             argv += [f"--{column.replace('_', '-')}", run[column]]
     if run["attention_kernel"]:
         argv += ["--attention-kernel", run["attention_kernel"]]
+    if framework_of(run) != frameworks.DEFAULT_FRAMEWORK:
+        argv += ["--framework", framework_of(run)]
     if run["tp_comm_overlap"] == "true" and tp > 1:
         argv.append("--tp-comm-overlap")
     if dp * cp > 1:

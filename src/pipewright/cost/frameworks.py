@@ -1,0 +1,173 @@
+"""Training frameworks (``--framework NAME`` on ``pipewright simulate`` and ``pipewright plan``): what each
+runs by default, and its calibration.
+
+The analytical cost model is calibrated on Megatron-Core with Transformer Engine (the rows docs/fidelity.md
+marks "fit"). Another framework differs in two ways, kept apart here:
+
+- **What it runs** (``defaults``): inputs the cost model already has, set the way the framework sets them
+  unless the user gives the flag: ``--kernels`` (eager PyTorch or ``torch.compile``'d blocks against
+  fused Transformer Engine kernels), ``--attention-kernel``, ``--grad-dtype``, ``--fsdp-grad-sync``,
+  ``--stage-outputs``.
+  Each is stated by the framework's code or configs (the entry's ``summary`` says where).
+- **How fast its step runs beyond that** (two calibration parameters, least-squares fitted by
+  ``tools/fit_frameworks.py`` on at most half of the framework's published rows; the entry's
+  ``fitted_on`` names them): a compute factor c that scales the GEMM efficiency (every GEMM takes 1/c of
+  its Megatron time; the attention kernels keep their published rates) and a fixed τ_f seconds per layer
+  and forward (2τ_f more per backward, as :attr:`~pipewright.cost.efficiency.Efficiency.layer_overhead`
+  prices it): the per-step host, launch and per-parameter costs the fused Megatron rows do not have. So
+  a layer's pass costs ``GEMM / c + attention + memory traffic + communication + (τ + τ_f) · n_pass``.
+
+New frameworks are added with :func:`register`; ``megatron`` (the default) changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+
+from pipewright.cost.efficiency import Efficiency
+from pipewright.errors import ConfigError
+
+#: the command-line inputs a framework may set by default (argparse ``dest`` names; each defaults to
+#: None on ``simulate`` and ``plan``, so a flag the user gives always wins)
+DEFAULTABLE = ("kernels", "attention_kernel", "grad_dtype", "fsdp_grad_sync", "stage_outputs")
+DEFAULT_FRAMEWORK = "megatron"
+
+
+@dataclass(frozen=True)
+class Framework:
+    """One training framework (module docstring). ``compute`` c > 0 scales the GEMM efficiency;
+    ``overhead`` τ_f ≥ 0 is added to the per-layer overhead (seconds per layer and forward)."""
+
+    name: str
+    summary: str
+    defaults: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    compute: float = 1.0
+    overhead: float = 0.0
+    fitted_on: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.defaults) - set(DEFAULTABLE))
+        if unknown:
+            raise ConfigError(f"framework {self.name}: cannot set {', '.join(unknown)} by default")
+        if not self.compute > 0 or self.overhead < 0:
+            raise ConfigError(f"framework {self.name}: compute must be > 0 and overhead ≥ 0")
+        object.__setattr__(self, "defaults", MappingProxyType(dict(self.defaults)))
+
+    @property
+    def neutral(self) -> bool:
+        """True when the calibration changes nothing (c = 1, τ_f = 0)."""
+        return self.compute == 1.0 and self.overhead == 0.0
+
+    def efficiency(self, base: Efficiency) -> Efficiency:
+        """``base`` (the accelerator's Megatron calibration) as this framework runs: GEMM efficiency × c,
+        per-layer overhead + τ_f; eager attention (no separate rate) follows the GEMMs."""
+        if self.neutral:
+            return base
+        overhead = base.layer_overhead + self.overhead
+        return replace(base, gemm=base.gemm * self.compute, layer_overhead=overhead)
+
+
+_REGISTRY: dict[str, Framework] = {}
+
+
+def register(fw: Framework, *, override: bool = False) -> Framework:
+    """Add ``fw`` to the registry (``override``: replace an entry of the same name)."""
+    if fw.name in _REGISTRY and not override:
+        raise ConfigError(f"framework {fw.name!r} is already registered")
+    _REGISTRY[fw.name] = fw
+    return fw
+
+
+def unregister(name: str) -> None:
+    """Remove ``name`` from the registry (the default stays)."""
+    if name == DEFAULT_FRAMEWORK:
+        raise ConfigError(f"the default framework {name!r} cannot be removed")
+    _REGISTRY.pop(name, None)
+
+
+def names() -> tuple[str, ...]:
+    """The registered frameworks' names, the default first."""
+    return tuple(_REGISTRY)
+
+
+def framework(name: str | None) -> Framework:
+    """The registered framework ``name`` (None: the default); a one-line ConfigError otherwise."""
+    fw = _REGISTRY.get(name or DEFAULT_FRAMEWORK)
+    if fw is None:
+        raise ConfigError(f"unknown --framework {name!r}; choose one of: {', '.join(_REGISTRY)}")
+    return fw
+
+
+def fit_rows() -> frozenset[str]:
+    """The published rows (docs/fidelity.md) some framework's calibration was fitted on."""
+    return frozenset(row for fw in _REGISTRY.values() for row in fw.fitted_on)
+
+
+register(
+    Framework(
+        DEFAULT_FRAMEWORK,
+        "Megatron-LM / Megatron-Core with Transformer Engine (also NeMo and Megatron-Bridge): fused kernels, "
+        "the GPU's usual attention kernel; the calibration the cost model's defaults were fitted on",
+    )
+)
+# Fitted by `PYTHONPATH=src python tools/fit_frameworks.py` (docs/fidelity.md, "Frameworks"), on
+# torchtitan's rows of every second id within each source, asynchronous TP and cp ≥ 4 rows left out:
+register(
+    Framework(
+        "torchtitan",
+        "PyTorch torchtitan: eager PyTorch blocks (compile = false in its train configs; --kernels "
+        "compiled for torch.compile), FSDP2 with torch.distributed.pipelining (gradients reduced once "
+        "per step: backward_maybe_with_nosync; each stage output kept in fwd_cache until its backward)",
+        {"kernels": "eager", "fsdp_grad_sync": "step", "stage_outputs": "kept"},
+        compute=0.7702,
+        overhead=1.954e-3,
+        fitted_on=(
+            "trainy25-h200-8b-64gpu",
+            "tt24-8b-128gpu-t3-0",
+            "tt24-8b-128gpu-t3-2",
+            "tt24-8b-8gpu-cp2-t2",
+            "tt24-8b-8gpu-t1-1",
+            "tt25-70b-256gpu-fp8-asynctp-false",
+            "tt25-8b-64gpu-fp8-asynctp-false",
+        ),
+    )
+)
+# Fitted on llm-foundry's rows of every second id (tools/fit_frameworks.py):
+register(
+    Framework(
+        "llm-foundry",
+        "MosaicML llm-foundry on Composer: PyTorch FSDP, eager PyTorch (scripts/train/benchmarking/"
+        "submit_benchmarks.py: no torch.compile, low_precision_layernorm, flash-attn 2)",
+        {"kernels": "eager"},
+        compute=0.9749,
+        overhead=1.860e-3,
+        fitted_on=(
+            "mpt-a100-40gb-30b-s2048-128gpu",
+            "mpt-a100-40gb-7b-s2048-128gpu",
+            "mpt-a100-80gb-70b-s2048-64gpu",
+            "mpt-h100-sxm-13b-s2048-256gpu",
+            "mpt-h100-sxm-1b-s2048-128gpu",
+            "mpt-h100-sxm-1b-s2048-512gpu",
+            "mpt-h100-sxm-30b-s2048-256gpu",
+            "mpt-h100-sxm-3b-s2048-128gpu",
+            "mpt-h100-sxm-3b-s2048-512gpu",
+            "mpt-h100-sxm-70b-s2048-256gpu",
+            "mpt-h100-sxm-7b-s2048-128gpu",
+            "mpt-h100-sxm-7b-s2048-512gpu",
+        ),
+    )
+)
+# Fitted on the DeepSpeed + Megatron rows of every second id within each source (tools/fit_frameworks.py):
+register(
+    Framework(
+        "deepspeed-megatron",
+        "Megatron-DeepSpeed (MT-NLG, BLOOM): Megatron's fused kernels, DeepSpeed's pipeline engine and "
+        "ZeRO-1 optimizer with fp32 gradient accumulation",
+        {"grad_dtype": "fp32"},
+        compute=0.7969,
+        overhead=0.0,
+        fitted_on=("mtnlg-a100-530b-2800gpu",),
+    )
+)
