@@ -100,3 +100,13 @@ def test_stage_outputs_on_the_command_line(capsys) -> None:
     assert "--stage-outputs" in capsys.readouterr().err
     with pytest.raises(ConfigError, match="--stage-outputs must be one of freed, kept"):
         _cost(GPT, stage_outputs="sometimes")
+
+
+def test_the_last_chunk_keeps_the_final_norm_and_output_layer_inputs_and_the_logits() -> None:
+    """Korthikanti et al. §4.3: 2·s·b·h/t for the final norm's input, 2·s·b·h/t for the output layer's
+    input (with sequence parallelism; s·b·h·2 each without), 4·s·b·V/t for the fp32 logits."""
+    sched = build_schedule("1f1b", 4, 8)
+    for tp, sp, split in ((1, False, 1), (2, False, 1), (2, True, 2)):
+        cost = _cost(LLAMA, tp=tp, sequence_parallel=sp)
+        last, middle = (cost.activation_bytes(Action(s, F, 0), sched) for s in (3, 2))
+        assert last - middle == 2 * SBH * 2 / split + 4 * 64 * 1000 / tp, (tp, sp)

@@ -26,8 +26,9 @@ activation element; all terms / c):
   microbatch's ``output_tuple`` in the stage's ``fwd_cache`` until its backward pops it (stage.py,
   ``forward_one_chunk``), and so does pipewright's runtime (``RunState.stage_outputs``): s·b·h·e,
   /t with sequence parallelism (the output is sequence-sharded).
-- the last chunk: the loss's kept logits (:func:`~pipewright.cost.kernels.loss_bytes`, per
-  b·s·V/t).
+- the last chunk: the final norm's input and the output layer's input, s·b·h·e each (/t with
+  sequence parallelism; Korthikanti et al. §4.3: 2·s·b·h/t + 2·s·b·h/t), and the loss's kept logits
+  (:func:`~pipewright.cost.kernels.loss_bytes`, per b·s·V/t).
 
 W frees the inputs of the linear layers (at most 32·s·b·h/t bytes per layer; nothing with full
 recomputation), I the rest, B everything (Zero Bubble's accounting).
@@ -91,6 +92,14 @@ def embedding_kept_bytes(cost: Any) -> float:
     return sbh / (cost.mesh.tp if cost.sequence_parallel else 1) / cost.cp
 
 
+def head_kept_bytes(cost: Any) -> float:
+    """The final norm's and the output layer's inputs the last chunk keeps per microbatch and device
+    (module docstring)."""
+    sbh = cost.spec.seq_len * cost.microbatch * cost.spec.hidden
+    split = cost.mesh.tp if cost.sequence_parallel else 1
+    return 2 * sbh * cost.activation_bytes_per_element / split / cost.cp
+
+
 def stage_output_bytes(cost: Any) -> float:
     """A chunk's output kept until its backward (``stage_outputs="kept"``), per microbatch and
     device; 0 when it is freed after the send (module docstring)."""
@@ -114,7 +123,7 @@ def chunk_memory(cost: Any, n: int, first: bool, last: bool) -> dict[str, float]
     if first:
         added += embedding_kept_bytes(cost)
     if last:
-        added += loss_bytes(cost.kernels)[1] * b * s * V / t / c
+        added += head_kept_bytes(cost) + loss_bytes(cost.kernels)[1] * b * s * V / t / c
     else:
         added += stage_output_bytes(cost)
     return {F: added, B: -added, W: -n * w_frees, I: -(added - n * w_frees)}
