@@ -35,8 +35,9 @@ per-layer terms are :mod:`pipewright.cost.layer`'s (GEMM shapes, attention, stor
   parallelism).
 - Activation memory added by F per microbatch (:mod:`pipewright.cost.chunk_memory`): the layers'
   stored tensors (Korthikanti et al. 2022, generalised), the embedding dropout's mask on chunk 0, the
-  loss's logits on the last chunk, and the chunk's output where the framework keeps it until its
-  backward (``stage_outputs="kept"``; Megatron and Llama 3 free it after the send).
+  final norm's and output layer's inputs and the loss's logits on the last chunk, and the chunk's
+  output where the framework keeps it until its backward (``stage_outputs="kept"``; Megatron and
+  Llama 3 free it after the send).
 - Parameters: :func:`~pipewright.cost.layer.layer_parameters` per layer, the embedding (and GPT's
   position table) on chunk 0, the final norm and a V·h output layer on the last chunk; static memory
   (:mod:`pipewright.cost.chunk_memory`) = parameters / t × the per-parameter bytes of the optimizer
