@@ -20,7 +20,7 @@ MODEL = shlex.split(
     "--mlp swiglu --gpu h100-sxm --nodes 1 --gpus-per-node 8 --global-batch-size 16 --tp 1 --pp 2 --dp 4 "
     "--recompute none"
 )
-FLAGS = ["--kernels", "eager", "--grad-dtype", "bf16", "--fsdp-grad-sync", "step"]
+FLAGS = ["--kernels", "eager", "--grad-dtype", "bf16", "--fsdp-grad-sync", "step", "--stage-outputs", "kept"]
 
 
 def _json(argv: list[str]) -> dict:

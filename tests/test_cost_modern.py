@@ -106,7 +106,9 @@ def test_fp8_speeds_up_the_gemms_only_and_keeps_fp8_gemm_inputs():
     assert 1.2 < ratio < 2.0
     saved = bf16.activation_bytes(f, SCHED) - fp8.activation_bytes(f, SCHED)  # FP8 copies of GEMM inputs
     s, h, ff = LLAMA.seq_len, LLAMA.hidden, LLAMA.ffn_hidden
-    assert saved == pytest.approx(LLAMA.layers // 2 * s * h * (2 + 1 + ff / h))
+    # QKV, MLP and down-projection inputs: 1 byte instead of 2; the output projection's FP8 copy is
+    # kept besides the attention output the fused kernel keeps in 16 bits (1 byte more)
+    assert saved == pytest.approx(LLAMA.layers // 2 * s * h * (1 + 1 - 1 + ff / h))
 
 
 @given(st.integers(1, 20000), st.integers(1, 20000), st.integers(1, 200))

@@ -71,7 +71,7 @@ def add_moe_options(
 
 
 #: the cost-model fields the flags of :func:`add_cost_options` set, and their defaults
-COST_FIELDS = {"grad_dtype": None, "kernels": None, "fsdp_grad_sync": None}
+COST_FIELDS = {"grad_dtype": None, "kernels": None, "fsdp_grad_sync": None, "stage_outputs": None}
 
 
 def add_cost_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -80,7 +80,9 @@ def add_cost_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) 
     ``--grad-dtype fp32|bf16``: the gradient buffer's element type (memory only; the gradient
     reduction is priced in 16 bits either way); ``--kernels fused|eager|compiled``: how the
     memory-bound kernels run (:mod:`pipewright.cost.kernels`); ``--fsdp-grad-sync microbatch|step``:
-    when pipelined FSDP reduce-scatters the gradients (:mod:`pipewright.cost.sharding`)."""
+    when pipelined FSDP reduce-scatters the gradients (:mod:`pipewright.cost.sharding`);
+    ``--stage-outputs freed|kept``: whether a stage frees each microbatch's output after sending it
+    (:mod:`pipewright.cost.chunk_memory`)."""
     parser.add_argument(
         "--grad-dtype",
         choices=("fp32", "bf16"),
@@ -103,12 +105,20 @@ def add_cost_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) 
         "or once per step (held unsharded until then: torch.distributed.pipelining with FSDP2)",
     )
     parser.add_argument(
+        "--stage-outputs",
+        choices=("freed", "kept"),
+        default=None,
+        help="each microbatch's stage output after its send: freed (Megatron's deallocation, Llama 3; the "
+        "default) or kept until its backward (torch.distributed.pipelining, torchtitan, pipewright train)",
+    )
+    parser.add_argument(
         "--framework",
         action=_FrameworkAction,
         default=None,
         help="the training framework priced (pipewright.cost.frameworks: megatron, the default; torchtitan, "
         "llm-foundry, deepspeed-megatron): its default --kernels/--attention-kernel/--grad-dtype/"
-        "--fsdp-grad-sync (flags given win) and its fitted compute factor and per-layer overhead",
+        "--fsdp-grad-sync/--stage-outputs (flags given win) and its fitted compute factor and per-layer "
+        "overhead",
     )
 
 

@@ -33,21 +33,19 @@ per-layer terms are :mod:`pipewright.cost.layer`'s (GEMM shapes, attention, stor
   in I.
 - Stage-boundary messages: b·s·h/c elements, / t with Megatron's scatter/gather (or sequence
   parallelism).
-- Activation memory added by F, per layer: :func:`~pipewright.cost.layer.layer_stored_units` × s·b·h
-  (Korthikanti et al. 2022, generalised; the eager a·s² scores dropped with flash attention or
-  selective recomputation), 2·s·b·h with full recomputation (/t with sequence parallelism), all /c.
-  Chunk 0 adds the embedding output (s·b·h elements), the last chunk the fp32 logits (4·b·s·V/t bytes).
-  W frees the inputs of the linear layers (at most 32·s·b·h/t bytes per layer; nothing with full
-  recomputation), I the rest, B everything (Zero Bubble's accounting).
+- Activation memory added by F per microbatch (:mod:`pipewright.cost.chunk_memory`): the layers'
+  stored tensors (Korthikanti et al. 2022, generalised), the embedding dropout's mask on chunk 0, the
+  final norm's and output layer's inputs and the loss's logits on the last chunk, and the chunk's
+  output where the framework keeps it until its backward (``stage_outputs="kept"``; Megatron and
+  Llama 3 free it after the send).
 - Parameters: :func:`~pipewright.cost.layer.layer_parameters` per layer, the embedding (and GPT's
   position table) on chunk 0, the final norm and a V·h output layer on the last chunk; static memory
-  = parameters / t × the per-parameter bytes of the optimizer sharding
-  (:func:`~pipewright.cost.sharding.state_bytes`; 18 without sharding, 16 with ``grad_dtype="bf16"``,
-  16-bit gradient buffers). REDUCE_GRAD sends
-  ``grad_bytes`` per parameter (nothing under FSDP, which reduce-scatters per layer in the backward).
+  (:mod:`pipewright.cost.chunk_memory`) = parameters / t × the per-parameter bytes of the optimizer
+  sharding. REDUCE_GRAD sends ``grad_bytes`` per parameter (nothing under FSDP, which
+  reduce-scatters per layer in the backward).
 - ``dtype="fp8"``: the GEMMs run at the FP8 peak (Transformer Engine), attention, the memory-bound
   kernels, activations and messages stay bf16, except the four GEMM inputs a layer keeps for its
-  backward, kept as FP8 copies.
+  backward, kept as FP8 copies (the fused attention kernel keeps its own bf16 output besides).
 """
 
 from __future__ import annotations
@@ -59,6 +57,13 @@ from types import MappingProxyType
 
 from pipewright.cost.attention_kernels import kernel_efficiency
 from pipewright.cost.calibration import Calibration
+from pipewright.cost.chunk_memory import (
+    check_stage_outputs,
+    chunk_memory,
+    gather_buffer_bytes,
+    layer_stored_bytes,
+    rank_state,
+)
 from pipewright.cost.comm import Mesh, TopologyComm
 from pipewright.cost.context import ring_bytes_per_layer
 from pipewright.cost.efficiency import A100_EFFICIENCY, Efficiency, default_efficiency
@@ -74,10 +79,9 @@ from pipewright.cost.layer import (
     layer_linear_flops,
     layer_parameters,
     layer_recomputed_gemms,
-    layer_stored_units,
 )
 from pipewright.cost.placement import layer_counts, roles
-from pipewright.cost.sharding import StateBytes, check_sharding, exposed, pipelined_fsdp_state, state_bytes
+from pipewright.cost.sharding import StateBytes, check_sharding, exposed
 from pipewright.errors import ConfigError
 from pipewright.hardware import Accelerator, accelerator
 from pipewright.ir import RECV_B, RECV_F, REDUCE_GRAD, SEND_B, SEND_F, Action, B, F, I, Schedule, W
@@ -174,7 +178,9 @@ class TransformerCost:
     (e.g. K-FAC tasks), 0 when absent. ``attention``: ``eager`` (the class default; the attention
     scores are stored) or ``flash`` (fused attention; ``pipewright simulate``'s default).
     ``recompute``: none, selective or full. ``cp``: context-parallel size (ring attention; the mesh's
-    cp when it has one). ``optimizer_sharding``: none, zero1 or fsdp. ``tp_comm_overlap``: tensor-
+    cp when it has one). ``optimizer_sharding``: none, zero1 or fsdp. ``stage_outputs``: freed
+    (Megatron's deallocation, the default) or kept until the backward (torch.distributed.pipelining;
+    :mod:`pipewright.cost.chunk_memory`). ``tp_comm_overlap``: tensor-
     parallel communication hidden behind the GEMMs. ``calibration``: measured GEMM throughput by shape
     and memory bandwidth (:mod:`pipewright.cost.calibration`). ``attention_kernel``: the fused
     attention kernel (fa2, fa3, cudnn; :mod:`pipewright.cost.attention_kernels`) whose published speed
@@ -207,6 +213,7 @@ class TransformerCost:
     grad_dtype: str = "fp32"
     kernels: str = "fused"
     fsdp_grad_sync: str = "microbatch"
+    stage_outputs: str = "freed"
     comm: TopologyComm = field(init=False, repr=False, compare=False)
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -223,6 +230,7 @@ class TransformerCost:
             raise ConfigError(f"--tp {self.mesh.tp} must divide the heads ({self.spec.heads}) and FFN size")
         check_sharding(self.optimizer_sharding, self.grad_dtype)
         check_kernels(self.kernels)
+        check_stage_outputs(self.stage_outputs)
         mesh = self.mesh
         if self.cp != mesh.cp:
             if mesh.cp != 1 and self.cp != 1:
@@ -253,6 +261,11 @@ class TransformerCost:
         """The dtype of activations, attention and memory-bound kernels: bf16 under fp8 GEMMs."""
         return "bf16" if self.dtype == "fp8" else self.dtype
 
+    @property
+    def activation_bytes_per_element(self) -> int:
+        """Bytes of one activation element (:attr:`act_dtype`)."""
+        return DTYPE_BYTES[self.act_dtype]
+
     def efficiency_of(self, acc: Accelerator) -> Efficiency:
         """The efficiency on ``acc`` (one set per model: ``efficiency``, resolved from ``gpu``)."""
         return self.efficiency
@@ -271,16 +284,8 @@ class TransformerCost:
     def layer_stored_bytes(self, mode: str | None = None, fp8: bool | None = None) -> float:
         """Bytes one layer's forward stores per microbatch and device under recomputation ``mode``
         (default: this model's), before the context-parallel split; ``fp8``: GEMM inputs kept as FP8
-        copies (default: with fp8 GEMMs)."""
-        spec, b, t = self.spec, self.microbatch, self.mesh.tp
-        mode = mode or self.recompute
-        sbh = spec.seq_len * b * spec.hidden
-        scale = DTYPE_BYTES[self.act_dtype] / 2
-        if mode == "full":
-            return 2 * sbh * scale / (t if self.sequence_parallel else 1)
-        scores = self.attention == "eager" and mode == "none"
-        fp8 = self.dtype == "fp8" if fp8 is None else fp8
-        return sbh * layer_stored_units(spec, t, self.sequence_parallel, scores, fp8) * scale
+        copies (default: with fp8 GEMMs). :func:`pipewright.cost.chunk_memory.layer_stored_bytes`."""
+        return layer_stored_bytes(self, mode, fp8)
 
     def _build_chunk(self, stage: int, num_stages: int, layers: tuple[int, ...]) -> _Chunk:
         spec, b, t, c = self.spec, self.microbatch, self.mesh.tp, self.cp
@@ -329,14 +334,11 @@ class TransformerCost:
             kept = self.layer_stored_bytes("selective", fp8=False)
             redo_traffic = fwd_traffic - eff.memory_traffic * n * kept / c
         traffic = {F: fwd_traffic, I: bwd_traffic + redo_traffic, W: 0.0}
-        loss_moved, loss_kept = loss_bytes(self.kernels)
+        loss_moved = loss_bytes(self.kernels)[0]
         if last:
             for kind in traffic:
                 traffic[kind] += loss_moved[kind] * b * s * V / t / c
-        per_layer = self.layer_stored_bytes() / c
-        w_frees = 0.0 if full else min(32 * s * b * h / t * esize / 2 / c, per_layer)
-        added = n * per_layer + (act if first else 0.0) + (loss_kept * b * s * V / t / c if last else 0.0)
-        memory = {F: added, B: -added, W: -n * w_frees, I: -(added - n * w_frees)}
+        memory = chunk_memory(self, n, first, last)
         params = n * layer_parameters(spec) / t
         if first:
             params += embedding_parameters(spec, t)
@@ -459,21 +461,13 @@ class TransformerCost:
         return params * self.state().total + self.gather_buffer_bytes()
 
     def state(self) -> StateBytes:
-        """Bytes per parameter for weights, gradients and optimizer state on one rank (with pipelined
-        FSDP the 16-bit weights stay gathered for the step)."""
-        state = state_bytes(
-            self.optimizer_sharding, self.mesh.dp * self.cp, self.bytes_per_param, self.grad_dtype
-        )
-        if self.optimizer_sharding == "fsdp" and not self.regathers:
-            state = pipelined_fsdp_state(state, self.fsdp_grad_sync, self.grad_dtype)
-        return state
+        """Bytes per parameter for weights, gradients and optimizer state on one rank
+        (:func:`pipewright.cost.chunk_memory.rank_state`)."""
+        return rank_state(self)
 
     def gather_buffer_bytes(self) -> float:
-        """FSDP re-gathering per layer: the 16-bit weights of two gathered layers (computing +
-        prefetched); 0 otherwise."""
-        if not self.regathers:
-            return 0.0
-        return 2 * layer_parameters(self.spec) / self.mesh.tp * 2.0
+        """FSDP's gathered weights of two layers when it re-gathers per microbatch; 0 otherwise."""
+        return gather_buffer_bytes(self)
 
     def flops(self, action: Action, schedule: Schedule) -> float:
         if action.kind not in (F, B, I, W):

@@ -1,0 +1,148 @@
+"""The memory side of the analytical cost model: what a chunk keeps per microbatch, and what a rank
+holds for the whole step.
+
+Activation bytes one chunk's forward adds per microbatch and device (s = sequence, b = microbatch,
+h = hidden, V = vocabulary, t = tensor-parallel size, c = context-parallel size, e = bytes per
+activation element; all terms / c):
+
+- each of its n layers: :func:`~pipewright.cost.layer.layer_stored_units` × s·b·h (Korthikanti et al.
+  2022, Table 2, generalised), 2·s·b·h·e/2 with full recomputation (/t with sequence parallelism).
+  With FP8 GEMMs and a fused attention kernel the attention output is kept twice: in 16 bits by the
+  kernel, whose backward needs it (Transformer Engine v1.8's ``FusedAttnFunc`` saves q, k, v and
+  ``out``; FlashAttention does the same), and as the FP8 copy the output projection saves instead of
+  its 16-bit input (TE's ``_Linear`` saves ``inputmat``/``inputmat_t``, the cast copy, not
+  ``inputmat_no_fp8``): + 2·(output width)/h units /t over what the FP8 copy alone counts.
+- the embedding (chunk 0): its output is the first layer's input, already counted there, or, in an
+  embedding-only chunk, the chunk's output (below); the dropout after it keeps a one-byte mask,
+  s·b·h bytes, /t with sequence parallelism (Megatron scatters the embedding to the sequence-parallel
+  region before the dropout; Korthikanti et al. §4.3: s·b·h·p/t over p microbatches in flight, and the
+  "s·b·h·p spike on pipeline rank 0" of their Appendix B). Families without dropout keep nothing.
+- the chunk's output, on every chunk but the last (``stage_outputs``): ``freed`` — Megatron
+  deallocates each microbatch's output after sending it, keeping only its autograd node
+  (``deallocate_output_tensor``, on by default; Korthikanti et al. Appendix B: "we save s·b·h·r
+  memory per pipeline rank" with r microbatches in flight), and Llama 3 "proactively deallocate[s]
+  ... the input and output tensors of each pipeline stage" (§3.3.2): nothing is kept beyond the
+  layers' own tensors. ``kept`` — ``torch.distributed.pipelining`` (torchtitan) keeps each
+  microbatch's ``output_tuple`` in the stage's ``fwd_cache`` until its backward pops it (stage.py,
+  ``forward_one_chunk``), and so does pipewright's runtime (``RunState.stage_outputs``): s·b·h·e,
+  /t with sequence parallelism (the output is sequence-sharded).
+- the last chunk: the final norm's input and the output layer's input, s·b·h·e each (/t with
+  sequence parallelism; Korthikanti et al. §4.3: 2·s·b·h/t + 2·s·b·h/t), and the loss's kept logits
+  (:func:`~pipewright.cost.kernels.loss_bytes`, per b·s·V/t).
+
+W frees the inputs of the linear layers (at most 32·s·b·h/t bytes per layer; nothing with full
+recomputation), I the rest, B everything (Zero Bubble's accounting).
+
+Static memory per rank: parameters / t × the per-parameter bytes of the optimizer sharding
+(:func:`~pipewright.cost.sharding.state_bytes`), and FSDP's gathered weights of two layers when it
+re-gathers per microbatch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pipewright.cost.attention_kinds import attention_of
+from pipewright.cost.kernels import loss_bytes
+from pipewright.cost.layer import has_dropout, layer_parameters, layer_stored_units
+from pipewright.cost.sharding import StateBytes, pipelined_fsdp_state, state_bytes
+from pipewright.errors import ConfigError
+from pipewright.ir import B, F, I, W
+
+#: what a pipeline stage does with each microbatch's output once it is sent (module docstring)
+STAGE_OUTPUTS = ("freed", "kept")
+
+
+def check_stage_outputs(mode: str) -> None:
+    """One-line error for an unknown ``--stage-outputs``."""
+    if mode not in STAGE_OUTPUTS:
+        raise ConfigError(f"--stage-outputs must be one of {', '.join(STAGE_OUTPUTS)} (got {mode!r})")
+
+
+def fused_output_units(spec: Any, t: int) -> float:
+    """16-bit units of s·b·h the fused attention kernel keeps of its output beyond the output
+    projection's FP8 copy: 2 × the projection's input width / h, / t (module docstring)."""
+    width = attention_of(spec).gemms(spec, 1.0, 1)[-1][2]
+    return 2 * width / spec.hidden / t
+
+
+def layer_stored_bytes(cost: Any, mode: str | None = None, fp8: bool | None = None) -> float:
+    """Bytes one layer's forward stores per microbatch and device under recomputation ``mode``
+    (default: the cost model's), before the context-parallel split; ``fp8``: GEMM inputs kept as FP8
+    copies (default: with fp8 GEMMs)."""
+    spec, b, t = cost.spec, cost.microbatch, cost.mesh.tp
+    mode = mode or cost.recompute
+    sbh = spec.seq_len * b * spec.hidden
+    scale = cost.activation_bytes_per_element / 2
+    if mode == "full":
+        return 2 * sbh * scale / (t if cost.sequence_parallel else 1)
+    scores = cost.attention == "eager" and mode == "none"
+    fp8 = cost.dtype == "fp8" if fp8 is None else fp8
+    units = layer_stored_units(spec, t, cost.sequence_parallel, scores, fp8)
+    if fp8 and cost.attention == "flash":
+        units += fused_output_units(spec, t)
+    return sbh * units * scale
+
+
+def embedding_kept_bytes(cost: Any) -> float:
+    """The embedding dropout's one-byte mask per microbatch and device (module docstring)."""
+    if not has_dropout(cost.spec):
+        return 0.0
+    sbh = cost.spec.seq_len * cost.microbatch * cost.spec.hidden
+    return sbh / (cost.mesh.tp if cost.sequence_parallel else 1) / cost.cp
+
+
+def head_kept_bytes(cost: Any) -> float:
+    """The final norm's and the output layer's inputs the last chunk keeps per microbatch and device
+    (module docstring)."""
+    sbh = cost.spec.seq_len * cost.microbatch * cost.spec.hidden
+    split = cost.mesh.tp if cost.sequence_parallel else 1
+    return 2 * sbh * cost.activation_bytes_per_element / split / cost.cp
+
+
+def stage_output_bytes(cost: Any) -> float:
+    """A chunk's output kept until its backward (``stage_outputs="kept"``), per microbatch and
+    device; 0 when it is freed after the send (module docstring)."""
+    if cost.stage_outputs == "freed":
+        return 0.0
+    sbh = cost.spec.seq_len * cost.microbatch * cost.spec.hidden
+    split = cost.mesh.tp if cost.sequence_parallel else 1
+    return sbh * cost.activation_bytes_per_element / split / cost.cp
+
+
+def chunk_memory(cost: Any, n: int, first: bool, last: bool) -> dict[str, float]:
+    """Activation bytes per kind (F adds, W/I/B free) of a chunk of ``n`` layers, per microbatch and
+    device; ``first``/``last``: it holds the embedding / the output layer and loss."""
+    spec, b, t, c = cost.spec, cost.microbatch, cost.mesh.tp, cost.cp
+    s, h, V = spec.seq_len, spec.hidden, spec.vocab
+    esize = cost.activation_bytes_per_element
+    per_layer = layer_stored_bytes(cost) / c
+    full = cost.recompute == "full"
+    w_frees = 0.0 if full else min(32 * s * b * h / t * esize / 2 / c, per_layer)
+    added = n * per_layer
+    if first:
+        added += embedding_kept_bytes(cost)
+    if last:
+        added += head_kept_bytes(cost) + loss_bytes(cost.kernels)[1] * b * s * V / t / c
+    else:
+        added += stage_output_bytes(cost)
+    return {F: added, B: -added, W: -n * w_frees, I: -(added - n * w_frees)}
+
+
+def rank_state(cost: Any) -> StateBytes:
+    """Bytes per parameter for weights, gradients and optimizer state on one rank (with pipelined
+    FSDP the 16-bit weights stay gathered for the step)."""
+    state = state_bytes(
+        cost.optimizer_sharding, cost.mesh.dp * cost.cp, cost.bytes_per_param, cost.grad_dtype
+    )
+    if cost.optimizer_sharding == "fsdp" and not cost.regathers:
+        state = pipelined_fsdp_state(state, cost.fsdp_grad_sync, cost.grad_dtype)
+    return state
+
+
+def gather_buffer_bytes(cost: Any) -> float:
+    """FSDP re-gathering per layer: the 16-bit weights of two gathered layers (computing +
+    prefetched); 0 otherwise."""
+    if not cost.regathers:
+        return 0.0
+    return 2 * layer_parameters(cost.spec) / cost.mesh.tp * 2.0

@@ -1,0 +1,112 @@
+"""The memory side of the analytical cost model (cost/chunk_memory.py): stage outputs freed after the
+send (Megatron, Llama 3) or kept until the backward (torch.distributed.pipelining), the embedding
+dropout's mask, and the fused attention output kept besides the FP8 copies."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipewright.cli import main
+from pipewright.cost.chunk_memory import fused_output_units
+from pipewright.cost.comm import Mesh
+from pipewright.cost.transformer import TransformerCost
+from pipewright.errors import ConfigError
+from pipewright.ir import Action, B, F
+from pipewright.models.spec import ModelSpec
+from pipewright.schedules import build_schedule
+from pipewright.sim.engine import simulate
+
+GPT = ModelSpec("gpt", 8, 256, 8, 1000, 64)
+LLAMA = ModelSpec("llama", 8, 256, 8, 1000, 64, ffn_hidden=704, family="llama", kv_heads=2, mlp="swiglu")
+SBH = 64 * 256
+
+
+def _cost(spec: ModelSpec, pp: int = 4, **kw) -> TransformerCost:
+    return TransformerCost(spec, mesh=Mesh(tp=kw.pop("tp", 1), pp=pp), gpu="a100-80gb", **kw)
+
+
+def test_a_kept_stage_output_costs_one_activation_per_microbatch_on_every_chunk_but_the_last() -> None:
+    sched = build_schedule("1f1b", 4, 8)
+    for tp, sp, split in ((1, False, 1), (2, False, 1), (2, True, 2)):
+        freed = _cost(GPT, tp=tp, sequence_parallel=sp)
+        kept = _cost(GPT, tp=tp, sequence_parallel=sp, stage_outputs="kept")
+        for stage in range(4):
+            diff = kept.activation_bytes(Action(stage, F, 0), sched) - freed.activation_bytes(
+                Action(stage, F, 0), sched
+            )
+            assert diff == (0 if stage == 3 else SBH * 2 / split), (tp, sp, stage)
+            assert kept.activation_bytes(Action(stage, B, 0), sched) == -kept.activation_bytes(
+                Action(stage, F, 0), sched
+            )
+
+
+def test_deallocation_saves_p_activations_on_the_first_rank_as_korthikanti_appendix_b() -> None:
+    """Korthikanti et al. 2022, Appendix B: freeing each microbatch's output saves s·b·h·p (2 bytes) on
+    the first rank of 1F1B, where p microbatches are in flight (2.73 GB for their 530B at p = 35)."""
+    p = 35
+    sched = build_schedule("1f1b", p, 2 * p)
+    spec = ModelSpec("mt-nlg", 105, 20480, 128, 51200, 2048)
+    peaks = {
+        mode: simulate(sched, _cost(spec, pp=p, tp=8, stage_outputs=mode)).peak_memory[0]
+        for mode in ("freed", "kept")
+    }
+    saved = peaks["kept"] - peaks["freed"]
+    assert saved == pytest.approx(2048 * 20480 * p * 2)
+    assert saved / 2**30 == pytest.approx(2.73, abs=0.01)
+
+
+def test_the_embedding_keeps_its_dropout_mask_only() -> None:
+    """The embedding's output is the first layer's input (counted there); with dropout one byte per
+    element is kept, / t with sequence parallelism (Korthikanti et al. §4.3: s·b·h·p/t)."""
+    sched = build_schedule("1f1b", 4, 8)
+    for spec, tp, sp, mask in (
+        (GPT, 1, False, SBH),
+        (GPT, 2, True, SBH / 2),
+        (GPT, 2, False, SBH),
+        (LLAMA, 2, True, 0),
+    ):
+        cost = _cost(spec, tp=tp, sequence_parallel=sp)
+        first, second = (cost.activation_bytes(Action(s, F, 0), sched) for s in (0, 1))
+        assert first - second == mask, (spec.family, tp, sp)
+
+
+def test_fp8_with_fused_attention_keeps_the_attention_output_besides_its_fp8_copy() -> None:
+    """Transformer Engine's fused attention saves its 16-bit output for the backward; the output
+    projection saves its FP8 copy instead of its input: 2·h/t bytes per token more than with eager
+    attention, whose output is not saved by the core."""
+    for tp in (1, 2):
+        kw = dict(mesh=Mesh(tp=tp, pp=4), gpu="h100-sxm", dtype="fp8")
+        eager = TransformerCost(LLAMA, attention="eager", **kw)
+        fused = TransformerCost(LLAMA, attention="flash", **kw)
+        extra = fused.layer_stored_bytes() - eager.layer_stored_bytes("selective")  # no a·s² scores
+        assert extra == pytest.approx(SBH * fused_output_units(LLAMA, tp))
+        assert extra == pytest.approx(SBH * 2 / tp)
+
+
+def test_stage_outputs_on_the_command_line(capsys) -> None:
+    argv = ["simulate", "--model", "gpt", "--layers", "8", "--hidden", "256", "--heads", "8"]
+    argv += ["--seq-len", "64", "--vocab", "1000", "--pp", "4", "--microbatches", "8"]
+    argv += ["--gpu", "a100-80gb", "--gpus-per-node", "4", "--schedule", "1f1b"]
+    peaks = {}
+    for mode in ("freed", "kept"):
+        assert main([*argv, "--stage-outputs", mode, "--json"]) == 0
+        report = json.loads(capsys.readouterr().out)
+        peaks[mode] = report["per_rank"][0]["peak_memory_bytes"]
+    assert peaks["kept"] - peaks["freed"] == 4 * SBH * 2  # four microbatches in flight on rank 0
+    with pytest.raises(SystemExit):
+        main([*argv, "--stage-outputs", "sometimes"])
+    assert "--stage-outputs" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="--stage-outputs must be one of freed, kept"):
+        _cost(GPT, stage_outputs="sometimes")
+
+
+def test_the_last_chunk_keeps_the_final_norm_and_output_layer_inputs_and_the_logits() -> None:
+    """Korthikanti et al. §4.3: 2·s·b·h/t for the final norm's input, 2·s·b·h/t for the output layer's
+    input (with sequence parallelism; s·b·h·2 each without), 4·s·b·V/t for the fp32 logits."""
+    sched = build_schedule("1f1b", 4, 8)
+    for tp, sp, split in ((1, False, 1), (2, False, 1), (2, True, 2)):
+        cost = _cost(LLAMA, tp=tp, sequence_parallel=sp)
+        last, middle = (cost.activation_bytes(Action(s, F, 0), sched) for s in (3, 2))
+        assert last - middle == 2 * SBH * 2 / split + 4 * 64 * 1000 / tp, (tp, sp)
