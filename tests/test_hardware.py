@@ -9,9 +9,9 @@ from pipewright.hardware import accelerator, accelerator_names, link, link_names
 def test_datasheet_numbers():
     a100 = accelerator("a100-80gb")
     assert a100.peak("fp16") == a100.peak("bf16") == 312e12
-    assert a100.memory_bytes == 80e9 and a100.nvlink == "nvlink3"
+    assert a100.memory_bytes == 81920 * 2**20 and a100.nvlink == "nvlink3"
     assert accelerator("h100-sxm").peak("fp8") == 1979e12
-    assert accelerator("h200").memory_bytes == 141e9
+    assert accelerator("h200").memory_bytes == 143771 * 2**20  # nvidia-smi: 143771MiB
     assert accelerator("v100").peak("fp16") == 125e12
     assert link("ib-hdr").bandwidth == 25e9 and link("ib-ndr").bandwidth == 50e9
     assert link("nvlink3").bandwidth == 300e9

@@ -19,6 +19,9 @@ from types import MappingProxyType
 from pipewright.errors import PipewrightError
 
 GB = 1e9
+#: device memory is given as the driver reports it (``nvidia-smi``, MiB), not as the datasheet's
+#: decimal "80 GB": an H100 80GB has 81,559 MiB = 79.6 GiB, not 80e9 bytes = 74.5 GiB
+MIB = 2**20
 TFLOPS = 1e12
 
 
@@ -85,20 +88,22 @@ _A100 = {"fp32": 19.5 * TFLOPS, "tf32": 156 * TFLOPS, "fp16": 312 * TFLOPS, "bf1
 _A100_40 = Accelerator(
     "a100-40gb",
     _frozen(_A100),
-    40 * GB,
+    40960 * MIB,
     1555 * GB,
     nvlink="nvlink3",
     sms=108,
-    source="NVIDIA A100 datasheet (SXM4 40GB): 19.5 fp32, 156 tf32, 312 fp16/bf16 TFLOPS dense, 1555 GB/s",
+    source="NVIDIA A100 datasheet (SXM4 40GB): 19.5 fp32, 156 tf32, 312 fp16/bf16 TFLOPS dense, 1555 GB/s"
+    " (memory 40,960 MiB as nvidia-smi reports an A100-SXM4-40GB)",
 )
 _A100_80 = Accelerator(
     "a100-80gb",
     _frozen(_A100),
-    80 * GB,
+    81920 * MIB,
     2039 * GB,
     nvlink="nvlink3",
     sms=108,
-    source="NVIDIA A100 datasheet (SXM4 80GB): 19.5 fp32, 156 tf32, 312 fp16/bf16 TFLOPS dense, 2039 GB/s",
+    source="NVIDIA A100 datasheet (SXM4 80GB): 19.5 fp32, 156 tf32, 312 fp16/bf16 TFLOPS dense, 2039 GB/s"
+    " (memory 81,920 MiB as nvidia-smi reports an A100-SXM4-80GB)",
 )
 _H100 = {
     "fp32": 67 * TFLOPS,
@@ -113,46 +118,50 @@ _HOPPER = {"gemm_efficiency": 0.66, "layer_overhead": 2.5e-4, "fp8_efficiency": 
 _H100_SXM = Accelerator(
     "h100-sxm",
     _frozen(_H100),
-    80 * GB,
+    81559 * MIB,
     3350 * GB,
     nvlink="nvlink4",
     fabric="ib-ndr",
     sms=132,
     **_HOPPER,
     source="NVIDIA H100 datasheet (SXM5): 67 fp32, 494.5 tf32, 989.5 fp16/bf16, 1979 fp8 TFLOPS dense "
-    "(half the sparsity figures), 80 GB HBM3, 3.35 TB/s",
+    "(half the sparsity figures), 80 GB HBM3, 3.35 TB/s"
+    " (memory 81,559 MiB as nvidia-smi reports an H100 80GB HBM3)",
 )
 _H200 = Accelerator(
     "h200",
     _frozen(_H100),
-    141 * GB,
+    143771 * MIB,
     4800 * GB,
     nvlink="nvlink4",
     fabric="ib-ndr",
     sms=132,
     **_HOPPER,
-    source="NVIDIA H200 datasheet (SXM): H100 SXM compute, 141 GB HBM3e, 4.8 TB/s",
+    source="NVIDIA H200 datasheet (SXM): H100 SXM compute, 141 GB HBM3e, 4.8 TB/s"
+    " (memory 143,771 MiB as nvidia-smi reports an H200)",
 )
 _H100_96 = Accelerator(
     "h100-hbm2e-96gb-500w",
     _frozen(_H100),
-    96 * GB,
+    97871 * MIB,
     2400 * GB,
     nvlink="nvlink4",
     fabric="ib-ndr",
     sms=132,
     **_HOPPER,
     source="Meta Grand Teton H100 (torchtitan's benchmarks): H100 SXM compute at a 500 W power limit, "
-    "96 GB HBM2e, 2.4 TB/s; 400 Gb/s RoCE per GPU",
+    "96 GB HBM2e, 2.4 TB/s; 400 Gb/s RoCE per GPU"
+    " (memory 97,871 MiB as nvidia-smi reports the 96 GB H100 parts, GH200 and H20)",
 )
 _A800 = Accelerator(
     "a800",
     _frozen(_A100),
-    80 * GB,
+    81920 * MIB,
     2039 * GB,
     nvlink="nvlink3-a800",
     sms=108,
-    source="NVIDIA A800 SXM4 80GB: A100 80GB compute and memory, NVLink cut to 400 GB/s (both directions)",
+    source="NVIDIA A800 SXM4 80GB: A100 80GB compute and memory, NVLink cut to 400 GB/s (both directions)"
+    " (memory 81,920 MiB, the A100 80GB's)",
 )
 _H100_PCIE = Accelerator(
     "h100-pcie",
@@ -165,25 +174,27 @@ _H100_PCIE = Accelerator(
             "fp8": 1513 * TFLOPS,
         }
     ),
-    80 * GB,
+    81559 * MIB,
     2000 * GB,
     nvlink=None,
     fabric="ib-ndr",
     sms=114,
     **_HOPPER,
     source="NVIDIA H100 datasheet (PCIe): 51 fp32, 378 tf32, 756 fp16/bf16, 1513 fp8 TFLOPS dense, "
-    "80 GB HBM2e, 2.0 TB/s; PCIe 5.0 to the host",
+    "80 GB HBM2e, 2.0 TB/s; PCIe 5.0 to the host"
+    " (memory 81,559 MiB as nvidia-smi reports an H100 PCIe 80GB)",
 )
 _H800 = Accelerator(
     "h800",
     _frozen(_H100),
-    80 * GB,
+    81559 * MIB,
     3350 * GB,
     nvlink="nvlink4-h800",
     fabric="ib-ndr",
     sms=132,
     **_HOPPER,
-    source="NVIDIA H800 SXM5: H100 SXM compute and memory, NVLink cut to 400 GB/s (both directions)",
+    source="NVIDIA H800 SXM5: H100 SXM compute and memory, NVLink cut to 400 GB/s (both directions)"
+    " (memory 81,559 MiB as nvidia-smi reports an H800)",
 )
 _B200 = Accelerator(
     "b200",
@@ -196,14 +207,15 @@ _B200 = Accelerator(
             "fp8": 4500 * TFLOPS,
         }
     ),
-    180 * GB,
+    183359 * MIB,
     8000 * GB,
     nvlink="nvlink5-sxm",
     fabric="ib-ndr",
     sms=148,
     **_HOPPER,
     source="NVIDIA HGX B200 datasheet (per GPU): 2.25 PFLOPS fp16/bf16, 4.5 PFLOPS fp8 dense, 180 GB "
-    "HBM3e, 8 TB/s, NVLink 5 1.8 TB/s (both directions); DGX B200: 8 × 400 Gb/s ConnectX-7",
+    "HBM3e, 8 TB/s, NVLink 5 1.8 TB/s (both directions); DGX B200: 8 × 400 Gb/s ConnectX-7"
+    " (memory 183,359 MiB as nvidia-smi reports a B200)",
 )
 
 #: Measured on the development machine: a 1-thread fp32 matmul reaches about 90 GFLOP/s per core.
