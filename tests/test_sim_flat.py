@@ -1,5 +1,5 @@
 """The simulator's array path (``sim/flat.py``) against its per-action path (``deps.resolve``, the
-validator, ``engine._compile``): on valid schedules the same lowered schedule, program, times and
+validator, ``per_action.compile_actions``): on valid schedules the same lowered schedule, program, times and
 metrics; on broken ones the same verdict — the same result, or the same error and message."""
 
 from __future__ import annotations

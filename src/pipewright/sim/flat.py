@@ -345,7 +345,7 @@ def _requirements(rank, modes, rg, need, n):
     """Per action, the producers it waits for — without those of earlier compute/marker actions of its
     own rank, which program order already awaits — as (consumer, producer) arrays in requirement order,
     and each producer's last consumer rank (a send's destination), as
-    :func:`pipewright.sim.engine._compile` derives them."""
+    :func:`pipewright.sim.per_action.compile_actions` derives them."""
     own = rank[need] == rank[rg]
     awaited = np.zeros(_RENDEZVOUS + 1, bool)
     awaited[[_COMPUTE, _WAIT]] = True

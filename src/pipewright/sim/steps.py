@@ -9,7 +9,7 @@ they serve) is simulated one compute action at a time instead of one lowered act
   own cross-rank requirements) — the same maximum the per-action loop takes in two steps;
 - a send issued right after compute action c starts at max(end of c, its link's free time) and ends
   ``p2p_time`` later (each directed rank pair a FIFO link, in the sender's program order — the order
-  the steps visit them), exactly as in :func:`pipewright.sim.engine._run_iteration`.
+  the steps visit them), exactly as in :func:`pipewright.sim.per_action.run_iteration`.
 
 The receives' own times (the running maximum of the rank's clock and their sends' ends) are filled in
 afterwards over arrays (:func:`expand`). Only max and the same additions in the same order are taken,
