@@ -30,11 +30,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pipewright.sim.program import _COMPUTE, _SEND, _WAIT, first_missing, one_or_several
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,27 @@ class Steps:
     @property
     def post_extra(self) -> dict[int, tuple[int, ...]]:
         return self._posts[1]
+
+    def lowered_steps(self) -> Steps:
+        """The steps over the lowered actions: these."""
+        return self
+
+
+@dataclass(frozen=True)
+class FoldedSteps:
+    """The folded steps of a schedule compiled from its compute actions (:mod:`pipewright.sim.folded`):
+    ``cuts`` and ``dur`` (compute actions only) as :class:`Steps`' and the :class:`Folded` form; the
+    steps over the lowered actions come from ``lowered.program`` (compiled on first use), for the
+    unfolded loop and for :func:`expand`."""
+
+    cuts: list[int]
+    dur: Any
+    folded: Folded
+    lowered: Any  # pipewright.sim.folded._Lowered
+
+    def lowered_steps(self) -> Steps:
+        """The steps over the lowered actions (the lowered program compiled on first call)."""
+        return self.lowered.program.steps
 
 
 @dataclass(frozen=True)
@@ -148,16 +172,25 @@ def _fold(in1, in_extra, send_step, send_link, sends, offsets: list[int], count:
         j: tuple(e if e < count else int(send_step[e - count]) for e in events)
         for j, events in in_extra.items()
     }
+    src, link_last = link_lasts(
+        send_link, send_step, lambda first: np.searchsorted(offsets, sends[first], side="right") - 1
+    )
+    return Folded(f_in1, f_extra, src, link_last)
+
+
+def link_lasts(send_link, send_step, source: Callable) -> tuple[list[int], list[tuple[int, int]]]:
+    """Of sends in program order (their links and the steps they follow): each link's source rank —
+    ``source(i)`` of sends i, the first of each link — and (link, step of its last send) per used link
+    (:attr:`Folded.link_src`, :attr:`Folded.link_last`)."""
     num_links = int(send_link.max()) + 1 if len(send_link) else 0
-    first = np.full(num_links, len(sends), np.int64)
+    first = np.full(num_links, len(send_link), np.int64)
     last = np.full(num_links, -1, np.int64)
-    np.minimum.at(first, send_link, np.arange(len(sends)))
-    np.maximum.at(last, send_link, np.arange(len(sends)))
+    np.minimum.at(first, send_link, np.arange(len(send_link)))
+    np.maximum.at(last, send_link, np.arange(len(send_link)))
     used = np.flatnonzero(last >= 0)
     src = np.zeros(num_links, np.int64)  # every send of a link has the same source rank
-    src[used] = np.searchsorted(offsets, sends[first[used]], side="right") - 1
-    link_last = list(zip(used.tolist(), send_step[last[used]].tolist(), strict=True))
-    return Folded(f_in1, f_extra, src.tolist(), link_last)
+    src[used] = source(first[used])
+    return src.tolist(), list(zip(used.tolist(), send_step[last[used]].tolist(), strict=True))
 
 
 def run_steps(steps: Steps, clock: list[float], link_free: list[float]):
@@ -168,6 +201,7 @@ def run_steps(steps: Steps, clock: list[float], link_free: list[float]):
     fold = steps.folded
     if fold is not None and all(link_free[lk] <= clock[r] for lk, r in enumerate(fold.link_src)):
         return _run_folded(steps, fold, clock, link_free)
+    steps = steps.lowered_steps()
     in1, post1 = memoryview(steps.in1), memoryview(steps.post1)
     dur, link = memoryview(steps.dur), memoryview(steps.link)
     in_extra, post_extra, cuts = steps.in_extra, steps.post_extra, steps.cuts
@@ -333,7 +367,7 @@ def expand(times: StepTimes):
     send's end on its link or the link's free time); a receive's time is the running maximum of its
     rank's start clock, the ends of its rank's earlier compute actions and the ends its rank's
     receives waited for, up to and including its own."""
-    steps, clock0 = times.steps, times.clock0
+    steps, clock0 = times.steps.lowered_steps(), times.clock0
     offsets = steps.offsets
     n = offsets[-1]
     e_ev = np.array(times.ends)
