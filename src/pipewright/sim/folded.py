@@ -34,25 +34,25 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from pipewright.deps import Term
+from pipewright.ir import Action
 from pipewright.sim.codes import (
     INDEX,
     MAX_KEYS,
     _Codes,
     _columns,
-    _compute_costs,
     _Decline,
     _repeats,
-    attached,
-    transfer_links,
+    cost_sums,
+    cost_table,
 )
 from pipewright.sim.program import one_or_several
-from pipewright.sim.steps import Folded, FoldedSteps, link_lasts
+from pipewright.sim.steps import Folded, FoldedSteps
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from pipewright.cost.base import CommModel, CostModel
-    from pipewright.deps import Term
     from pipewright.ir import Schedule
     from pipewright.kinds import KindSpec
     from pipewright.sim.program import _Program
@@ -106,121 +106,267 @@ def compile_folded(
     schedule: Schedule, cost: CostModel, comm: CommModel, check: bool, lowered: Callable[[], _Program]
 ) -> FoldedProgram:
     """The :class:`FoldedProgram` of ``schedule`` (see the module docstring), or :class:`_Decline`.
-    ``check``: the validator's completeness check (the transfers are right by construction; a send
-    without its receive declines). ``lowered()``: the lowered program, asked on first use."""
+    ``check``: the validator's completeness check (the transfers are right by construction). The
+    lowered program comes from ``lowered()``, asked on first use."""
     codes = _Codes(schedule)
-    specs, S = codes.specs, codes.S
+    specs, S, K = codes.specs, codes.S, len(codes.specs)
     if schedule.lowered:
         raise _Decline
-    kc, st, mb, rank, lens = _columns(schedule, codes)
+    kc, st, mb, _, lens = _columns(schedule, codes)
     n = len(kc)
-    used = np.flatnonzero(np.bincount(kc, minlength=len(specs))).tolist()
+    counts = np.bincount(kc, minlength=K)
+    used = np.flatnonzero(counts).tolist()
     if not all(specs[c].compute for c in used):
         raise _Decline
-    n_keys = len(specs) * S * (codes.M + 1)
-    if n_keys > MAX_KEYS or _repeats(codes.key(kc, st, mb), n_keys):
-        raise _Decline
-    transfers = attached(codes, kc, st)
-    # each transfer kind's actions: the steps they sit next to
-    at = {c: np.flatnonzero(mask) for c, _, mask in transfers}
-    if any(_rule(specs[c].produces, specs[c]) is not None for c in at):
-        raise _Decline  # a transfer that produces other than its own event
-    # the table of producers: step and role of each event
-    prod_g, prod_k = [], []
-    for c in used:
-        g = np.flatnonzero(kc == c)
-        terms = _rule(specs[c].produces, specs[c])
-        if terms is None:
-            prod_g.append(g)
-            prod_k.append(codes.key(c, st[g], mb[g]))
-            continue
-        for t in terms:
-            if t.offset != 0:
-                raise _Decline
-            prod_g.append(g)
-            prod_k.append(codes.key(codes.kind(t.kind), st[g], mb[g]))
-    roles = np.zeros(len(specs), np.int8)
-    for c, spec, _ in transfers:
-        roles[c] = _BY_SEND if spec.p2p.role == "send" else _BY_RECV
-        prod_g.append(at[c])
-        prod_k.append(codes.key(c, st[at[c]], mb[at[c]]))
-    pk = np.concatenate(prod_k)
-    if _repeats(pk, n_keys):
-        raise _Decline  # an event computed twice
-    producer = np.full(n_keys, -1, INDEX)
-    producer[pk] = np.concatenate(prod_g)
     width = S * (codes.M + 1)
-    if check:
-        _check_complete(codes, producer, used)
-
-    def resolve(c: int, g):
-        """(consumer steps, producer steps, producer roles) of the requirements of kind c's actions g."""
-        terms = _rule(specs[c].requires, specs[c])
-        if terms is None:
-            raise _Decline  # an action that requires its own event
-        parts = [codes.term(t, g, st[g], mb[g]) for t in terms]
-        if not parts:
-            return g[:0], g[:0], np.zeros(0, np.int8), 0
-        rg = np.concatenate([p[0] for p in parts])
-        keys = np.concatenate([p[1] for p in parts])
-        need = producer[keys]
-        if (need < 0).any():
-            raise _Decline  # a requirement nothing produces
-        return rg, need, roles[keys // width], len(terms)
-
-    keys_in, events_in = [], []
-    for c in used:  # compute actions
-        rg, need, role, _ = resolve(c, np.flatnonzero(kc == c))
-        own = rank[need] == rank[rg]
-        if (role == _BY_SEND).any() or ((role == _BY_RECV) & ((need > rg) | ~own)).any():
-            raise _Decline
-        keep = (role == _BY_COMPUTE) & ~(own & (need < rg))
-        keys_in.append(rg[keep])
-        events_in.append(need[keep])
-    send_at = np.full(n, -1, INDEX)  # the send kind after each step (−1: none)
-    dest = np.full(n, -1, INDEX)  # its destination: the rank of the receive that needs it
-    for c, spec, _ in transfers:
-        g = at[c]
-        rg, need, role, count = resolve(c, g)
-        if spec.p2p.role == "recv":
-            if count != 1 or (role != _BY_SEND).any() or (rank[need] == rank[rg]).any():
-                raise _Decline
-            keys_in.append(rg)
-            events_in.append(need)
-            if _repeats(need, n):
-                raise _Decline  # a send that two receives wait for
-            dest[need] = rank[rg]
-        else:
-            if (role != _BY_COMPUTE).any() or (rank[need] != rank[rg]).any() or (need > rg).any():
-                raise _Decline
-            if (send_at[g] >= 0).any():
-                raise _Decline  # two transfer kinds after one action
-            send_at[g] = c
-            if check:
-                peer = st[g] + spec.p2p.offset
-                if (producer[codes.key(codes.kind(spec.p2p.pair), peer, mb[g])] < 0).any():
-                    raise _Decline  # a send without its receive
-    sends = np.flatnonzero(send_at >= 0)  # in program order
-    links, num_links, times = transfer_links(
-        codes, schedule, cost, comm, send_at[sends], st[sends], mb[sends], rank[sends], dest[sends]
-    )
-    if times.any():
-        raise _Decline  # transfers that take time: the lowered path's loop
-    cuts = [0, *np.cumsum(lens).tolist()]
-    durs, busy, flops, model_flops, peaks = _compute_costs(
-        codes, schedule, cost, kc, st, mb, rank, np.zeros(n, np.int8), cuts
-    )
-    if (durs < 0).any():
+    if K * width > MAX_KEYS:
         raise _Decline
-    in1, in_extra = one_or_several(np.concatenate(keys_in), np.concatenate(events_in), n)
-    src, last = link_lasts(links, sends, lambda first: rank[sends[first]])
+    own = codes.key(kc, st, mb)
+    steps = np.arange(n, dtype=INDEX)
+    pos = _table(K * width, own, steps)  # the compute action of each (kind, stage, microbatch)
+    made = _made(codes, used)  # the kinds of events each kind produces
+    prod = np.full(K * width, -1, INDEX)  # the compute action that produces each event
+    for c in used:
+        g = None if len(used) == 1 else np.flatnonzero(kc == c)
+        for e in made[c]:
+            keys = own + (e - c) * width if g is None else own[g] + (e - c) * width
+            if (prod[keys] >= 0).any():
+                raise _Decline  # an event computed twice
+            prod[keys] = steps if g is None else g
+    if check:
+        _check_complete(codes, prod, used)
+    ks = (kc * S + st).astype(np.intp)  # (kind, stage) of each action (an index: cast once)
+    first = np.full(K * S, n, INDEX)  # (of the steps' type: ufunc.at's fast path)
+    last = np.full(K * S, -1, INDEX)
+    np.minimum.at(first, ks, steps)
+    np.maximum.at(last, ks, steps)
+    links = _Links(codes, first, last, np.bincount(ks, minlength=K * S), len(lens))
+    in_keys, in_events = [], []
+    for c in used:
+        kept = _kept_requirements(
+            codes, c, None if len(used) == 1 else np.flatnonzero(kc == c), st, mb, prod, made
+        )
+        if kept is not None:
+            in_keys.append(kept[0])
+            in_events.append(kept[1])
+    for c, spec in enumerate(specs):
+        if spec.p2p is None or not any(codes.code.get(a) in used for a in spec.p2p.attach):
+            continue
+        if spec.p2p.role == "send":
+            links.add_send(c, spec, made)
+            continue
+        # a receive before each compute action of an attach kind whose peer sits on another rank: the
+        # step after it waits for its matching send (after the action of the send's attach kind there)
+        g = np.flatnonzero(links.attach(spec)[ks])
+        if not len(g):
+            continue
+        if tuple(_rule(spec.requires, spec) or ()) != (Term(spec.p2p.pair, spec.p2p.offset),):
+            raise _Decline
+        pair = codes.kind(spec.p2p.pair)
+        if sum(codes.code.get(a) in used for a in spec.p2p.attach) > 1:
+            _one_of(codes, pos, own[g], kc[g], spec.p2p.attach, used)  # one receive of a kind there
+        in_keys.append(g)
+        peer = own[g] + spec.p2p.offset * (codes.M + 1)
+        in_events.append(_one_of(codes, pos, peer, kc[g], specs[pair].p2p.attach, used))
+        links.add_receives(pair, len(g))
+    num_links, src, link_last, firsts = links.numbered(mb)
+    for (c, s, dst), (_, r, k) in firsts.items():  # each (send kind, stage, destination)'s first send
+        a = Action(s, codes.names[c], k, None)
+        if float(comm.p2p_time(r, dst, cost.message_bytes(a, schedule))) != 0.0:
+            raise _Decline  # transfers that take time: the lowered path's loop
+    cuts = [0, *np.cumsum(lens).tolist()]
+    present = np.flatnonzero(first < n)
+    table = np.zeros((K * S, 4))
+    table[present] = cost_table(codes, schedule, cost, kc, st, mb, first[present].tolist())
+    time, flop, model_flop, act = (np.ascontiguousarray(column)[ks] for column in table.T)
+    if (time < 0).any():
+        raise _Decline
+    busy, flops, model_flops, peaks = cost_sums(codes, schedule, cost, time, flop, model_flop, act, cuts)
+    keys = np.concatenate(in_keys) if in_keys else steps[:0]
+    events = np.concatenate(in_events) if in_events else steps[:0]
+    if len(keys) and _repeats(keys, n):
+        in1, in_extra = one_or_several(keys, events, n)
+    else:
+        in1, in_extra = np.full(n, -1, INDEX), {}
+        in1[keys] = events
     later = _Lowered(lowered)
-    steps = FoldedSteps(cuts, durs, Folded(in1, in_extra, src, last), later)
-    per_rank = lens + sum(np.bincount(rank[g], minlength=len(lens)) for g in at.values())
+    folded = FoldedSteps(cuts, time, Folded(in1, in_extra, src, link_last), later)
+    per_rank = lens + links.per_rank
     return FoldedProgram(
         [0, *np.cumsum(per_rank).tolist()], int(per_rank.sum()), num_links, busy, flops, model_flops,
-        peaks, steps, later,
+        peaks, folded, later,
     )  # fmt: skip
+
+
+def _table(size: int, keys, values):
+    """A table of ``size`` entries, −1 but at ``keys`` (distinct, else declines): ``values``."""
+    table = np.full(size, -1, INDEX)
+    table[keys] = values
+    if (table[keys] != values).any():
+        raise _Decline  # an action twice
+    return table
+
+
+def _made(codes: _Codes, used: list[int]) -> dict[int, list[int]]:
+    """Per kind used, the kinds of the events its actions produce (of its own stage and microbatch)."""
+    made = {}
+    for c in used:
+        spec = codes.specs[c]
+        terms = _rule(spec.produces, spec)
+        if terms is None:
+            made[c] = [c]
+            continue
+        if any(t.offset != 0 for t in terms):
+            raise _Decline
+        made[c] = [codes.kind(t.kind) for t in terms]
+    return made
+
+
+def _kept_requirements(codes: _Codes, c: int, g, st, mb, prod, made):
+    """(consumer, producer) steps of the requirements of kind ``c``'s actions ``g`` that the loop waits
+    for — not earlier compute actions of the same rank, not a receive right before the action —, or
+    None for none (the usual case)."""
+    spec = codes.specs[c]
+    terms = _rule(spec.requires, spec)
+    if terms is None:
+        raise _Decline  # an action that requires its own event
+    keep_g, keep_p = [], []
+    S = codes.S
+    if g is None:  # every action is of this kind
+        g = np.arange(len(st), dtype=INDEX)
+    for term in terms:
+        e = codes.kind(term.kind)
+        if codes.specs[e].p2p is not None or not any(e in m for m in made.values()):
+            raise _Decline  # a requirement on a transfer, or on a kind nothing makes
+        s = st[g]
+        if term.offset == 0:  # the same stage: the same rank
+            p = prod[(e * S + s) * (codes.M + 1) + mb[g] + 1]
+            if (p < 0).any():
+                raise _Decline  # a requirement nothing produces
+            later = p >= g  # (its own event: kept, and the loop reports it stuck)
+            if later.any():
+                keep_g.append(g[later])
+                keep_p.append(p[later])
+            continue
+        src = s + term.offset
+        inside = (src >= 0) & (src < S)
+        if term.receive is None:
+            raise _Decline
+        cross = np.zeros(S, bool)
+        stages = np.arange(S)
+        ok = (stages + term.offset >= 0) & (stages + term.offset < S)
+        cross[ok] = codes.place[stages[ok] + term.offset] != codes.place[stages[ok]]
+        r = codes.specs[codes.kind(term.receive)].p2p
+        if r is None or r.role != "recv" or r.offset != term.offset or spec.name not in r.attach:
+            raise _Decline  # the receive is not the one right before the action
+        local = inside & ~cross[s]
+        if local.any():  # the source stage on the same rank: its producer
+            gl = g[local]
+            p = prod[(e * S + src[local]) * (codes.M + 1) + mb[gl] + 1]
+            if (p < 0).any():
+                raise _Decline
+            later = p >= gl
+            if later.any():
+                keep_g.append(gl[later])
+                keep_p.append(p[later])
+    if not keep_g:
+        return None
+    return np.concatenate(keep_g), np.concatenate(keep_p)
+
+
+def _one_of(codes: _Codes, pos, keys, kinds, attach: tuple[str, ...], used: list[int]):
+    """Of actions at event keys ``keys`` (offsets of a kind's own block): the one compute action of a
+    kind in ``attach`` there (declines when there is none or more than one)."""
+    width = codes.S * (codes.M + 1)
+    found = None
+    for name in attach:
+        a = codes.code.get(name)
+        if a not in used:
+            continue
+        at = pos[keys - kinds * width + a * width]
+        if found is None:
+            found = at
+        elif ((found >= 0) & (at >= 0)).any():
+            raise _Decline  # two sends of one kind, stage and microbatch
+        else:
+            found = np.maximum(found, at)
+    if found is None or (found < 0).any():
+        raise _Decline  # a receive without its send
+    return found
+
+
+class _Links:
+    """The transfers, from the (kind, stage) pairs of the compute actions (``first``/``last``/``count``:
+    the first and last step and the number of the actions of each pair): which pairs a send or receive
+    kind attaches to (the peer stage on another rank), the transfers per rank, each send's link — one
+    FIFO link per (source rank, destination rank), numbered in order of first use as the lowered path
+    numbers them — and each link's last send."""
+
+    def __init__(self, codes: _Codes, first, last, count, ranks: int) -> None:
+        self.codes, self.first, self.last, self.count = codes, first, last, count
+        self.sends: list[tuple[int, object]] = []  # (send kind, mask over (kind, stage))
+        self.received: dict[int, int] = {}  # send kind -> receives that wait for one
+        self.per_rank = np.zeros(ranks, np.int64)
+
+    def attach(self, spec: KindSpec):
+        """Mask over (kind, stage) pairs present: ``spec`` attaches to the kind, the peer stage exists
+        and sits on another rank. Counts the transfers on their ranks."""
+        codes, S = self.codes, self.codes.S
+        stages = np.arange(S)
+        peer = stages + spec.p2p.offset
+        inside = (peer >= 0) & (peer < S)
+        cross = np.zeros(S, bool)
+        cross[inside] = codes.place[peer[inside]] != codes.place[stages[inside]]
+        table = np.zeros((len(codes.specs), S), bool)
+        table[[codes.code[k] for k in spec.p2p.attach if k in codes.code]] = cross
+        mask = table.ravel() & (self.last >= 0)
+        on = np.flatnonzero(mask)
+        self.per_rank += np.bincount(codes.place[on % S], self.count[on], len(self.per_rank)).astype(np.int64)
+        return mask
+
+    def add_send(self, c: int, spec: KindSpec, made: dict[int, list[int]]) -> None:
+        """A send kind; it must require only what the action it follows made (else declines)."""
+        mask = self.attach(spec)
+        kinds = np.flatnonzero(mask.reshape(len(self.codes.specs), -1).any(axis=1)).tolist()
+        for term in _rule(spec.requires, spec) or ():
+            need = self.codes.kind(term.kind)
+            if term.offset != 0 or any(need not in made.get(a, ()) for a in kinds):
+                raise _Decline  # a send that waits for other than the action it follows
+        if any((m & mask).any() for _, m in self.sends):
+            raise _Decline  # two sends after one action
+        self.sends.append((c, mask))
+
+    def add_receives(self, send_kind: int, count: int) -> None:
+        """``count`` receives wait for (distinct) sends of ``send_kind``."""
+        self.received[send_kind] = self.received.get(send_kind, 0) + count
+
+    def numbered(self, mb):
+        """(number of links, each link's source rank, (link, step of its last send) per link, and per
+        (send kind, stage, destination rank) its first send's step, source rank and microbatch).
+        Declines when a send has no receive."""
+        codes, S = self.codes, self.codes.S
+        groups = []  # (first step, last step, send kind, stage, source, destination)
+        for c, mask in self.sends:
+            on = np.flatnonzero(mask)
+            if int(self.count[on].sum()) != self.received.get(c, 0):
+                raise _Decline  # a send nobody receives (the lowered path decides)
+            peer = codes.specs[c].p2p.offset
+            for ks in on.tolist():
+                s = ks % S
+                groups.append((int(self.first[ks]), int(self.last[ks]), c, s, int(codes.place[s]),
+                               int(codes.place[s + peer])))  # fmt: skip
+        groups.sort()
+        ids: dict[tuple[int, int], int] = {}
+        src: list[int] = []
+        last: dict[int, int] = {}
+        firsts: dict[tuple[int, int, int], tuple[int, int, int]] = {}
+        for lo, hi, c, s, a, b in groups:
+            link = ids.setdefault((a, b), len(ids))
+            if link == len(src):
+                src.append(a)
+            last[link] = max(last.get(link, -1), hi)
+            firsts.setdefault((c, s, b), (lo, a, int(mb[lo])))
+        return len(ids), src, sorted(last.items()), firsts
 
 
 def _rule(rule, spec: KindSpec) -> tuple[Term, ...] | None:
