@@ -197,27 +197,30 @@ def cost_sums(codes: _Codes, sched: Schedule, cost: CostModel, time, flop, model
     return busy, flops, model_flops, peaks
 
 
-def attached(codes: _Codes, kc, st) -> list[tuple[int, KindSpec, object]]:
-    """Per point-to-point kind that lowering places around these actions: (its code, its spec, a mask
-    of the actions it attaches to — a kind in its ``attach`` whose peer stage exists and sits on
-    another rank), in registry order."""
+def cross_table(codes: _Codes, spec: KindSpec):
+    """A mask over (kind, stage) pairs (``kind·S + stage``): the point-to-point kind ``spec`` attaches
+    to that kind (its ``attach``), and its peer stage exists and sits on another rank — where lowering
+    places it."""
     stages = np.arange(codes.S)
+    peer = stages + spec.p2p.offset
+    inside = (peer >= 0) & (peer < codes.S)
+    cross = np.zeros(codes.S, bool)
+    cross[inside] = codes.place[peer[inside]] != codes.place[stages[inside]]
+    table = np.zeros((len(codes.specs), codes.S), bool)
+    table[[codes.code[k] for k in spec.p2p.attach if k in codes.code]] = cross
+    return table.ravel()
+
+
+def attached(codes: _Codes, kc, st) -> list[tuple[int, KindSpec, object]]:
+    """Per point-to-point kind that attaches to some kind: (its code, its spec, a mask of the actions
+    lowering places it next to — :func:`cross_table` of each action's kind and stage), in registry
+    order."""
     kind_stage = kc * codes.S + st  # one gather per transfer kind from a (kind, stage) table
-    out = []
-    for c, spec in enumerate(codes.specs):
-        if spec.p2p is None:
-            continue
-        attach = [codes.code[k] for k in spec.p2p.attach if k in codes.code]
-        if not attach:
-            continue
-        peer = stages + spec.p2p.offset
-        inside = (peer >= 0) & (peer < codes.S)
-        cross = np.zeros(codes.S, bool)
-        cross[inside] = codes.place[peer[inside]] != codes.place[stages[inside]]
-        table = np.zeros((len(codes.specs), codes.S), bool)
-        table[attach] = cross
-        out.append((c, spec, table.ravel()[kind_stage]))
-    return out
+    return [
+        (c, spec, cross_table(codes, spec)[kind_stage])
+        for c, spec in enumerate(codes.specs)
+        if spec.p2p is not None and any(k in codes.code for k in spec.p2p.attach)
+    ]
 
 
 def transfer_links(codes: _Codes, sched: Schedule, cost: CostModel, comm: CommModel, kc, st, mb, src, dest):

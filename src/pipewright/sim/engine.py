@@ -39,15 +39,12 @@ from typing import TYPE_CHECKING
 
 from pipewright.cost.base import CommModel, CostModel, FreeComm
 from pipewright.ir import Schedule
-from pipewright.passes.lower import lower
-from pipewright.passes.validate import validate_resolved
 from pipewright.sim.flat import compile_flat
-from pipewright.sim.per_action import compile_actions, computing_time, report_deadlock, run_iteration
 from pipewright.sim.program import SimulationError, gc_paused
 from pipewright.sim.result import SimResult
 from pipewright.sim.steps import StepTimes, run_steps
 
-if TYPE_CHECKING:  # imported where used: shared cores are not every run's
+if TYPE_CHECKING:  # imported where used: shared cores and the per-action path are not every run's
     from pipewright.sim.sharing import SharedCompute
 
 __all__ = ["SimResult", "SimulationError", "compile_flat", "simulate"]
@@ -96,6 +93,10 @@ def _simulate(
     if flat is not None:  # the array path: no per-action objects, the lowered schedule on demand
         prog, sched = flat[0], flat[1] or schedule
     else:  # the per-action path; its validator names what is wrong
+        from pipewright.passes.lower import lower
+        from pipewright.passes.validate import validate_resolved
+        from pipewright.sim.per_action import compile_actions
+
         sched = lower(schedule)
         res = validate_resolved(sched) if validate else None
         prog = compile_actions(sched, cost, comm, res)
@@ -114,6 +115,8 @@ def _simulate(
             starts = ends = StepTimes(steps, done[0], list(clock), list(link_free))
             clock[:], link_free[:] = done[1], done[2]
         elif shared is None:
+            from pipewright.sim.per_action import run_iteration
+
             starts, ends = run_iteration(sched, prog.listed, clock, coll_free, link_free, meet_free)
         else:
             if prog.meets:
@@ -121,6 +124,7 @@ def _simulate(
                     f"{sched.name}: collectives across pipeline ranks are not simulated with shared "
                     "cores yet; drop --cores"
                 )
+            from pipewright.sim.per_action import report_deadlock
             from pipewright.sim.sharing import run_iteration_shared
 
             starts, ends, positions = run_iteration_shared(prog.listed, clock, coll_free, link_free, shared)
@@ -138,7 +142,12 @@ def _simulate(
         period = (iteration_ends[-1] - iteration_ends[0]) / (iterations - 1)
     else:
         period = iteration_ends[0]
-    busy = prog.busy if shared is None else computing_time(prog.listed, all_starts[-1], all_ends[-1])
+    if shared is None:
+        busy = prog.busy
+    else:
+        from pipewright.sim.per_action import computing_time
+
+        busy = computing_time(prog.listed, all_starts[-1], all_ends[-1])
     return SimResult(
         source=sched,
         iterations=iterations,

@@ -5,25 +5,27 @@ Lowering (:func:`pipewright.passes.lower.lower`) puts a receive right before and
 compute action of a kind they attach to whose peer stage sits on another rank. When every send lasts 0,
 the compute-only loop takes one event per compute action: a requirement on a send is one on the compute
 action it follows, and a receive's wait for its send belongs to the compute action it precedes. So the
-loop's inputs follow from the compute actions alone, with each transfer a *virtual* action — its kind,
-the compute action (step) it sits next to, its stage and microbatch:
+loop's inputs follow from the compute actions alone (step j = compute action j, in program order):
 
-- an event of a compute kind is produced by its compute action, of a send kind by the send after step
-  g, of a receive kind by the receive before step g (one table of producers over all of them, keyed as
-  in :mod:`pipewright.sim.codes`);
-- a compute action waits for the producers of its requirements, except compute actions of its own rank
-  that come earlier (program order awaits them) and receives before it or before an earlier action;
-- the compute action after a receive waits for the step of that receive's send; a send's requirement
-  is an earlier (or its own) compute action of its rank;
-- links, the sends' destinations (the rank of the receive that needs it) and transfer times are those
-  of :mod:`pipewright.sim.flat`, of the same sends in the same program order.
+- ``pos``: the step of each (kind, stage, microbatch); ``prod``: the step that produces each event;
+- a step waits for the producers of its requirements, except earlier steps of its own rank (program
+  order awaits them) and a requirement on the receive right before it (a term ``Term(kind, offset,
+  receive)`` whose receive kind attaches to the step's kind with the same offset);
+- each receive makes the step after it wait for the step its matching send follows — on the peer
+  stage, the one compute action of a kind the send attaches to (:func:`_one_of`);
+- transfers are counted, numbered onto links and costed per (kind, stage) pair of compute actions
+  (:class:`_Links`): a pair of a kind a transfer kind attaches to, whose peer sits on another rank, has
+  one transfer per action; a link's first use and last send are a pair's first and last step. Links
+  are numbered, and each (send kind, stage, destination) costed through its first send, as
+  :mod:`pipewright.sim.flat` does over the lowered actions.
 
 Anything else declines (:class:`pipewright.sim.codes._Decline`) and the lowered array path decides: a
-schedule that is lowered or holds other than compute kinds, a rule that is a plain function, a
-requirement on a send, on a later receive or on another rank's receive, a receive with other than one
-requirement, a send that lasts longer than 0, a negative duration, two transfer kinds after one action.
-What runs is bit-for-bit what the lowered path runs: the same maxima and sums over the same numbers.
-The lowered program (its list of actions, for timelines and per-action times) is compiled on first use.
+lowered schedule or one with other than compute kinds, a rule that is a plain function, a requirement on
+a send or on a receive other than the one right before, a send that needs other than what its action
+made, two transfer kinds after one action, a send nobody receives, a send that lasts longer than 0, a
+negative duration. What runs is what the lowered path runs, bit for bit: the same maxima and sums of the
+same numbers in the same order (tests/test_sim_flat.py). The lowered program — every lowered action's
+mode, duration and requirements, for timelines and per-action times — is compiled on first use.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from pipewright.sim.codes import (
     _repeats,
     cost_sums,
     cost_table,
+    cross_table,
 )
 from pipewright.sim.program import one_or_several
 from pipewright.sim.steps import Folded, FoldedSteps
@@ -309,19 +312,14 @@ class _Links:
         self.per_rank = np.zeros(ranks, np.int64)
 
     def attach(self, spec: KindSpec):
-        """Mask over (kind, stage) pairs present: ``spec`` attaches to the kind, the peer stage exists
-        and sits on another rank. Counts the transfers on their ranks."""
-        codes, S = self.codes, self.codes.S
-        stages = np.arange(S)
-        peer = stages + spec.p2p.offset
-        inside = (peer >= 0) & (peer < S)
-        cross = np.zeros(S, bool)
-        cross[inside] = codes.place[peer[inside]] != codes.place[stages[inside]]
-        table = np.zeros((len(codes.specs), S), bool)
-        table[[codes.code[k] for k in spec.p2p.attach if k in codes.code]] = cross
-        mask = table.ravel() & (self.last >= 0)
+        """:func:`pipewright.sim.codes.cross_table` of ``spec`` over the pairs present; counts the
+        transfers on their ranks."""
+        mask = cross_table(self.codes, spec) & (self.last >= 0)
         on = np.flatnonzero(mask)
-        self.per_rank += np.bincount(codes.place[on % S], self.count[on], len(self.per_rank)).astype(np.int64)
+        weights = self.count[on]
+        self.per_rank += np.bincount(self.codes.place[on % self.codes.S], weights, len(self.per_rank)).astype(
+            np.int64
+        )
         return mask
 
     def add_send(self, c: int, spec: KindSpec, made: dict[int, list[int]]) -> None:
