@@ -20,6 +20,8 @@ from pipewright.ir import Action, Schedule
 from pipewright.sim.program import _COMPUTE
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from pipewright.cost.base import CommModel, CostModel
     from pipewright.kinds import KindSpec
 
@@ -164,7 +166,13 @@ def _compute_costs(codes: _Codes, sched: Schedule, cost: CostModel, kc, st, mb, 
     table = cost_table(codes, sched, cost, kc, st, mb, comp[firsts].tolist())
     time, flop, model_flop, act = (column[inverse] for column in table.T)  # contiguous columns
     durs[comp] = time
-    return (durs, *cost_sums(codes, sched, cost, time, flop, model_flop, act, np.searchsorted(comp, offsets)))
+    cuts = np.searchsorted(comp, offsets).tolist()
+    return (
+        durs,
+        *cost_sums(
+            codes, sched, cost, lambda lo, hi: (time[lo:hi], flop[lo:hi], model_flop[lo:hi], act[lo:hi]), cuts
+        ),
+    )
 
 
 def cost_table(codes: _Codes, sched: Schedule, cost: CostModel, kc, st, mb, firsts: list[int]):
@@ -181,20 +189,33 @@ def cost_table(codes: _Codes, sched: Schedule, cost: CostModel, kc, st, mb, firs
     return table
 
 
-def cost_sums(codes: _Codes, sched: Schedule, cost: CostModel, time, flop, model_flop, act, cuts):
-    """Of the compute actions' columns in program order (rank r's from ``cuts[r]`` to ``cuts[r + 1]``):
-    per rank the busy time and the activation peak (static bytes + the highest running sum), and the
-    FLOPs and model FLOPs — sequential sums (``np.cumsum``), exactly as the per-action path adds them."""
+def cost_sums(codes: _Codes, sched: Schedule, cost: CostModel, columns: Callable, cuts: list[int]):
+    """Per rank the busy time and the activation peak (static bytes + the highest running sum), and
+    the FLOPs and model FLOPs of the compute actions, ``columns(lo, hi)`` giving (time, FLOPs, model
+    FLOPs, activation bytes) of rank r's, from ``lo = cuts[r]`` to ``hi = cuts[r + 1]``, in program
+    order — sequential sums (``np.cumsum``; the FLOPs carried from rank to rank), exactly as the
+    per-action path adds them."""
     busy, peaks = [], []
-    cuts = cuts.tolist() if hasattr(cuts, "tolist") else cuts
+    flops = model_flops = None
     for r in range(len(cuts) - 1):
         lo, hi = cuts[r], cuts[r + 1]
-        busy.append(float(np.cumsum(time[lo:hi])[-1]) if hi > lo else 0.0)
-        peak = max(0.0, float(np.cumsum(act[lo:hi]).max())) if hi > lo else 0.0
-        peaks.append(float(cost.static_bytes(r, sched)) + peak)
-    flops = float(np.cumsum(flop)[-1]) if len(time) else 0.0
-    model_flops = float(np.cumsum(model_flop)[-1]) if len(time) else 0.0
-    return busy, flops, model_flops, peaks
+        if hi == lo:
+            busy.append(0.0)
+            peaks.append(float(cost.static_bytes(r, sched)))
+            continue
+        time, flop, model_flop, act = columns(lo, hi)
+        busy.append(float(np.cumsum(time)[-1]))
+        peaks.append(float(cost.static_bytes(r, sched)) + max(0.0, float(np.cumsum(act).max())))
+        flops = _carried_sum(flops, flop)
+        model_flops = _carried_sum(model_flops, model_flop)
+    return busy, flops or 0.0, model_flops or 0.0, peaks
+
+
+def _carried_sum(total: float | None, values) -> float:
+    """``total`` + values[0] + values[1] + …, one addition at a time (None: no total yet)."""
+    if total is None:
+        return float(np.cumsum(values)[-1])
+    return float(np.cumsum(np.concatenate(((total,), values)))[-1])
 
 
 def cross_table(codes: _Codes, spec: KindSpec):

@@ -124,18 +124,16 @@ def compile_folded(
     width = S * (codes.M + 1)
     if K * width > MAX_KEYS:
         raise _Decline
-    own = codes.key(kc, st, mb)
+    local = st * (codes.M + 1) + (mb + 1)  # (stage, microbatch) of each action
     steps = np.arange(n, dtype=INDEX)
-    pos = _table(K * width, own, steps)  # the compute action of each (kind, stage, microbatch)
+    pos = _ByKind(used, width)  # the compute action of each (kind, stage, microbatch)
+    pos.put(local + (kc - pos.lo) * width, steps)
     made = _made(codes, used)  # the kinds of events each kind produces
-    prod = np.full(K * width, -1, INDEX)  # the compute action that produces each event
+    prod = _ByKind([e for c in used for e in made[c]], width)  # the action that produces each event
     for c in used:
         g = None if len(used) == 1 else np.flatnonzero(kc == c)
         for e in made[c]:
-            keys = own + (e - c) * width if g is None else own[g] + (e - c) * width
-            if (prod[keys] >= 0).any():
-                raise _Decline  # an event computed twice
-            prod[keys] = steps if g is None else g
+            prod.put(prod.keys(e, local if g is None else local[g]), steps if g is None else g)
     if check:
         _check_complete(codes, prod, used)
     ks = (kc * S + st).astype(np.intp)  # (kind, stage) of each action (an index: cast once)
@@ -147,7 +145,7 @@ def compile_folded(
     in_keys, in_events = [], []
     for c in used:
         kept = _kept_requirements(
-            codes, c, None if len(used) == 1 else np.flatnonzero(kc == c), st, mb, prod, made
+            codes, c, None if len(used) == 1 else np.flatnonzero(kc == c), st, local, prod
         )
         if kept is not None:
             in_keys.append(kept[0])
@@ -167,10 +165,10 @@ def compile_folded(
             raise _Decline
         pair = codes.kind(spec.p2p.pair)
         if sum(codes.code.get(a) in used for a in spec.p2p.attach) > 1:
-            _one_of(codes, pos, own[g], kc[g], spec.p2p.attach, used)  # one receive of a kind there
+            _one_of(codes, pos, local[g], spec.p2p.attach)  # one receive of a kind there
         in_keys.append(g)
-        peer = own[g] + spec.p2p.offset * (codes.M + 1)
-        in_events.append(_one_of(codes, pos, peer, kc[g], specs[pair].p2p.attach, used))
+        peer = local[g] + spec.p2p.offset * (codes.M + 1)
+        in_events.append(_one_of(codes, pos, peer, specs[pair].p2p.attach))
         links.add_receives(pair, len(g))
     num_links, src, link_last, firsts = links.numbered(mb)
     for (c, s, dst), (_, r, k) in firsts.items():  # each (send kind, stage, destination)'s first send
@@ -181,10 +179,16 @@ def compile_folded(
     present = np.flatnonzero(first < n)
     table = np.zeros((K * S, 4))
     table[present] = cost_table(codes, schedule, cost, kc, st, mb, first[present].tolist())
-    time, flop, model_flop, act = (np.ascontiguousarray(column)[ks] for column in table.T)
+    columns = [np.ascontiguousarray(column) for column in table.T]
+    time = columns[0][ks]
     if (time < 0).any():
         raise _Decline
-    busy, flops, model_flops, peaks = cost_sums(codes, schedule, cost, time, flop, model_flop, act, cuts)
+
+    def rank_columns(lo: int, hi: int):  # gathered one rank at a time: no column of every action
+        pairs = ks[lo:hi]
+        return time[lo:hi], columns[1][pairs], columns[2][pairs], columns[3][pairs]
+
+    busy, flops, model_flops, peaks = cost_sums(codes, schedule, cost, rank_columns, cuts)
     keys = np.concatenate(in_keys) if in_keys else steps[:0]
     events = np.concatenate(in_events) if in_events else steps[:0]
     if len(keys) and _repeats(keys, n):
@@ -201,13 +205,39 @@ def compile_folded(
     )  # fmt: skip
 
 
-def _table(size: int, keys, values):
-    """A table of ``size`` entries, −1 but at ``keys`` (distinct, else declines): ``values``."""
-    table = np.full(size, -1, INDEX)
-    table[keys] = values
-    if (table[keys] != values).any():
-        raise _Decline  # an action twice
-    return table
+class _ByKind:
+    """A table over (kind, stage, microbatch) for the kind codes ``min(kinds)`` … ``max(kinds)`` only
+    (a kind's block of ``width`` entries, keyed by ``stage·(m + 1) + microbatch + 1``): −1 but where
+    :meth:`put`."""
+
+    def __init__(self, kinds: list[int], width: int) -> None:
+        self.lo, self.hi, self.width = min(kinds), max(kinds), width
+        self.table = np.full((self.hi - self.lo + 1) * width, -1, INDEX)
+
+    def keys(self, kind: int, local):
+        """The entries of ``kind`` at the (stage, microbatch) keys ``local`` (a kind in the range)."""
+        return local + (kind - self.lo) * self.width
+
+    def put(self, keys, values) -> None:
+        """Set entries that were unset (declines when one was set: an action or event twice)."""
+        if (self.table[keys] >= 0).any():
+            raise _Decline
+        self.table[keys] = values
+        if (self.table[keys] != values).any():
+            raise _Decline  # twice among these
+
+    def get(self, kind: int, local):
+        """The entries of ``kind`` at ``local`` (−1 for a kind outside the range)."""
+        if not self.lo <= kind <= self.hi:
+            return np.full(len(local), -1, INDEX)
+        return self.table[self.keys(kind, local)]
+
+    def block(self, kind: int):
+        """``kind``'s entries, or None outside the range."""
+        if not self.lo <= kind <= self.hi:
+            return None
+        start = (kind - self.lo) * self.width
+        return self.table[start : start + self.width]
 
 
 def _made(codes: _Codes, used: list[int]) -> dict[int, list[int]]:
@@ -225,25 +255,24 @@ def _made(codes: _Codes, used: list[int]) -> dict[int, list[int]]:
     return made
 
 
-def _kept_requirements(codes: _Codes, c: int, g, st, mb, prod, made):
-    """(consumer, producer) steps of the requirements of kind ``c``'s actions ``g`` that the loop waits
-    for — not earlier compute actions of the same rank, not a receive right before the action —, or
-    None for none (the usual case)."""
+def _kept_requirements(codes: _Codes, c: int, g, st, local, prod: _ByKind):
+    """(consumer, producer) steps of the requirements of kind ``c``'s actions ``g`` (None: all) that
+    the loop waits for — not earlier compute actions of the same rank, not the receive right before
+    the action —, or None for none (the usual case). ``local``: each action's (stage, microbatch) key."""
     spec = codes.specs[c]
     terms = _rule(spec.requires, spec)
     if terms is None:
         raise _Decline  # an action that requires its own event
     keep_g, keep_p = [], []
-    S = codes.S
+    S, row = codes.S, codes.M + 1
     if g is None:  # every action is of this kind
         g = np.arange(len(st), dtype=INDEX)
     for term in terms:
         e = codes.kind(term.kind)
-        if codes.specs[e].p2p is not None or not any(e in m for m in made.values()):
+        if codes.specs[e].p2p is not None or prod.block(e) is None:
             raise _Decline  # a requirement on a transfer, or on a kind nothing makes
-        s = st[g]
         if term.offset == 0:  # the same stage: the same rank
-            p = prod[(e * S + s) * (codes.M + 1) + mb[g] + 1]
+            p = prod.get(e, local[g])
             if (p < 0).any():
                 raise _Decline  # a requirement nothing produces
             later = p >= g  # (its own event: kept, and the loop reports it stuck)
@@ -251,21 +280,20 @@ def _kept_requirements(codes: _Codes, c: int, g, st, mb, prod, made):
                 keep_g.append(g[later])
                 keep_p.append(p[later])
             continue
-        src = s + term.offset
-        inside = (src >= 0) & (src < S)
         if term.receive is None:
             raise _Decline
-        cross = np.zeros(S, bool)
-        stages = np.arange(S)
-        ok = (stages + term.offset >= 0) & (stages + term.offset < S)
-        cross[ok] = codes.place[stages[ok] + term.offset] != codes.place[stages[ok]]
         r = codes.specs[codes.kind(term.receive)].p2p
         if r is None or r.role != "recv" or r.offset != term.offset or spec.name not in r.attach:
             raise _Decline  # the receive is not the one right before the action
-        local = inside & ~cross[s]
-        if local.any():  # the source stage on the same rank: its producer
-            gl = g[local]
-            p = prod[(e * S + src[local]) * (codes.M + 1) + mb[gl] + 1]
+        stages = np.arange(S)
+        src = stages + term.offset
+        local_stage = np.zeros(S, bool)  # the source stage exists and sits on the same rank
+        ok = (src >= 0) & (src < S)
+        local_stage[ok] = codes.place[src[ok]] == codes.place[stages[ok]]
+        on = local_stage[st[g]]
+        if on.any():  # the source stage on the same rank: its producer
+            gl = g[on]
+            p = prod.get(e, local[gl] + term.offset * row)
             if (p < 0).any():
                 raise _Decline
             later = p >= gl
@@ -277,20 +305,19 @@ def _kept_requirements(codes: _Codes, c: int, g, st, mb, prod, made):
     return np.concatenate(keep_g), np.concatenate(keep_p)
 
 
-def _one_of(codes: _Codes, pos, keys, kinds, attach: tuple[str, ...], used: list[int]):
-    """Of actions at event keys ``keys`` (offsets of a kind's own block): the one compute action of a
-    kind in ``attach`` there (declines when there is none or more than one)."""
-    width = codes.S * (codes.M + 1)
+def _one_of(codes: _Codes, pos: _ByKind, local, attach: tuple[str, ...]):
+    """At the (stage, microbatch) keys ``local``: the one compute action of a kind in ``attach``
+    (declines when there is none or more than one)."""
     found = None
     for name in attach:
         a = codes.code.get(name)
-        if a not in used:
+        if a is None or pos.block(a) is None:
             continue
-        at = pos[keys - kinds * width + a * width]
+        at = pos.get(a, local)
         if found is None:
             found = at
         elif ((found >= 0) & (at >= 0)).any():
-            raise _Decline  # two sends of one kind, stage and microbatch
+            raise _Decline  # two of one kind, stage and microbatch
         else:
             found = np.maximum(found, at)
     if found is None or (found < 0).any():
@@ -378,16 +405,14 @@ def _rule(rule, spec: KindSpec) -> tuple[Term, ...] | None:
     return template(spec)
 
 
-def _check_complete(codes: _Codes, producer, used: list[int]) -> None:
+def _check_complete(codes: _Codes, prod: _ByKind, used: list[int]) -> None:
     """The validator's completeness check: every (stage, microbatch) has the event a rule covers."""
-    width = codes.S * (codes.M + 1)
     for c, spec in enumerate(codes.specs):
         if spec.complete is None or not (spec.always or c in used):
             continue
         covers = getattr(spec.complete, "covers", None)
         if covers is None:
             raise _Decline
-        kind = codes.kind(covers())
-        block = producer[kind * width : (kind + 1) * width].reshape(codes.S, codes.M + 1)[:, 1:]
-        if (block < 0).any():
+        block = prod.block(codes.kind(covers()))
+        if block is None or (block.reshape(codes.S, codes.M + 1)[:, 1:] < 0).any():
             raise _Decline
