@@ -66,7 +66,7 @@ class _Codes:
         self.specs: list[KindSpec] = [schedule.kinds[n] for n in self.names]
         self.code = {n: i for i, n in enumerate(self.names)}
         self.S, self.M = schedule.num_stages, schedule.num_microbatches
-        self.place = np.asarray(schedule.placement, dtype=np.int64)
+        self.place = np.asarray(schedule.placement, dtype=INDEX)
 
     def kind(self, name: str) -> int:
         c = self.code.get(name)
@@ -112,10 +112,11 @@ def _columns(schedule: Schedule, codes: _Codes):
     cols = schedule.columns
     if cols is not None:  # a generator's columns: no action objects at all
         try:
-            lut = np.array([codes.code[name] for name in cols.kinds], INDEX)
+            lut = [codes.code[name] for name in cols.kinds]
         except KeyError:
             raise _Decline from None
-        kc, st, mb, lens = lut[cols.kind], cols.stage, cols.microbatch, cols.lens.tolist()
+        kc = cols.kind if lut == list(range(len(lut))) else np.array(lut, INDEX)[cols.kind]
+        st, mb, lens = cols.stage, cols.microbatch, cols.lens.tolist()
     else:
         kc, st, mb, lens = _action_columns(schedule, codes)
     if not len(kc):
@@ -127,10 +128,19 @@ def _columns(schedule: Schedule, codes: _Codes):
         raise _Decline
     if (codes.place[st] != rank).any():
         raise _Decline
-    per_mb = np.array([2 if s.per_microbatch is None else int(s.per_microbatch) for s in codes.specs])
-    pm, given = per_mb[kc], mb >= 0
-    if ((pm == 1) & ~given).any() or ((pm == 0) & given).any():
-        raise _Decline
+    # per_microbatch: 1 must name a microbatch, 0 must not (checked per action only when both occur)
+    per_mb = np.array(
+        [2 if s.per_microbatch is None else int(s.per_microbatch) for s in codes.specs], np.int8
+    )
+    given = None if mb.min() >= 0 else False if mb.max() < 0 else mb >= 0
+    if given is None or given is False:
+        kinds = np.flatnonzero(np.bincount(kc, minlength=len(codes.specs)))
+        if (per_mb[kinds] == (0 if given is None else 1)).any():
+            raise _Decline
+    else:
+        pm = per_mb[kc]
+        if ((pm == 1) & ~given).any() or ((pm == 0) & given).any():
+            raise _Decline
     kc, st, mb = kc.astype(INDEX, copy=False), st.astype(INDEX, copy=False), mb.astype(INDEX, copy=False)
     return kc, st, mb, rank, np.array(lens, dtype=np.int64)
 
@@ -192,20 +202,33 @@ def cost_table(codes: _Codes, sched: Schedule, cost: CostModel, kc, st, mb, firs
 def cost_sums(codes: _Codes, sched: Schedule, cost: CostModel, columns: Callable, cuts: list[int]):
     """Per rank the busy time and the activation peak (static bytes + the highest running sum), and
     the FLOPs and model FLOPs of the compute actions, ``columns(lo, hi)`` giving (time, FLOPs, model
-    FLOPs, activation bytes) of rank r's, from ``lo = cuts[r]`` to ``hi = cuts[r + 1]``, in program
-    order — sequential sums (``np.cumsum``; the FLOPs carried from rank to rank), exactly as the
-    per-action path adds them."""
+    FLOPs, activation bytes) of the actions ``lo`` … ``hi − 1`` (rank r's: ``cuts[r]`` … ``cuts[r + 1]
+    − 1``) in program order — sequential sums (``np.cumsum``; the FLOPs carried from rank to rank),
+    exactly as the per-action path adds them. Ranks of equal length are summed as the rows of one
+    array (a cumulative sum along a row is as sequential)."""
+    ranks = len(cuts) - 1
+    static = [float(cost.static_bytes(r, sched)) for r in range(ranks)]
+    width = cuts[1] - cuts[0] if ranks else 0
+    if width and all(cuts[r + 1] - cuts[r] == width for r in range(ranks)):
+        time, flop, model_flop, act = columns(0, cuts[-1])
+        busy = np.cumsum(time.reshape(ranks, width), axis=1)[:, -1].tolist()
+        np.cumsum(act.reshape(ranks, width), axis=1, out=act.reshape(ranks, width))  # (in place)
+        peaks = act.reshape(ranks, width).max(axis=1).tolist()
+        peaks = [s + max(0.0, p) for s, p in zip(static, peaks, strict=True)]
+        model_flops = None if model_flop is flop else float(np.cumsum(model_flop, out=model_flop)[-1])
+        flops = float(np.cumsum(flop, out=flop)[-1])
+        return busy, flops, flops if model_flops is None else model_flops, peaks
     busy, peaks = [], []
     flops = model_flops = None
-    for r in range(len(cuts) - 1):
+    for r in range(ranks):
         lo, hi = cuts[r], cuts[r + 1]
         if hi == lo:
             busy.append(0.0)
-            peaks.append(float(cost.static_bytes(r, sched)))
+            peaks.append(static[r])
             continue
         time, flop, model_flop, act = columns(lo, hi)
         busy.append(float(np.cumsum(time)[-1]))
-        peaks.append(float(cost.static_bytes(r, sched)) + max(0.0, float(np.cumsum(act).max())))
+        peaks.append(static[r] + max(0.0, float(np.cumsum(act).max())))
         flops = _carried_sum(flops, flop)
         model_flops = _carried_sum(model_flops, model_flop)
     return busy, flops or 0.0, model_flops or 0.0, peaks

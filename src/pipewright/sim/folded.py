@@ -44,7 +44,6 @@ from pipewright.sim.codes import (
     _Codes,
     _columns,
     _Decline,
-    _repeats,
     cost_sums,
     cost_table,
     cross_table,
@@ -124,19 +123,30 @@ def compile_folded(
     width = S * (codes.M + 1)
     if K * width > MAX_KEYS:
         raise _Decline
-    local = st * (codes.M + 1) + (mb + 1)  # (stage, microbatch) of each action
+    local = st * (codes.M + 1)  # (stage, microbatch) of each action (in place: fewer fresh pages)
+    local += mb
+    local += 1
     steps = np.arange(n, dtype=INDEX)
     pos = _ByKind(used, width)  # the compute action of each (kind, stage, microbatch)
-    pos.put(local + (kc - pos.lo) * width, steps)
+    keys = kc - pos.lo
+    keys *= width
+    keys += local
+    pos.put(keys, steps)
+    pos.distinct()  # else an action twice
+    del keys
     made = _made(codes, used)  # the kinds of events each kind produces
     prod = _ByKind([e for c in used for e in made[c]], width)  # the action that produces each event
+    of_kind = {c: None if len(used) == 1 else np.flatnonzero(kc == c) for c in used}  # None: all
     for c in used:
-        g = None if len(used) == 1 else np.flatnonzero(kc == c)
+        g = of_kind[c]
         for e in made[c]:
             prod.put(prod.keys(e, local if g is None else local[g]), steps if g is None else g)
+    prod.distinct()  # else an event computed twice
     if check:
         _check_complete(codes, prod, used)
-    ks = (kc * S + st).astype(np.intp)  # (kind, stage) of each action (an index: cast once)
+    ks = kc.astype(np.intp)  # (kind, stage) of each action (an index: cast once)
+    ks *= S
+    ks += st
     first = np.full(K * S, n, INDEX)  # (of the steps' type: ufunc.at's fast path)
     last = np.full(K * S, -1, INDEX)
     np.minimum.at(first, ks, steps)
@@ -144,12 +154,12 @@ def compile_folded(
     links = _Links(codes, first, last, np.bincount(ks, minlength=K * S), len(lens))
     in_keys, in_events = [], []
     for c in used:
-        kept = _kept_requirements(
-            codes, c, None if len(used) == 1 else np.flatnonzero(kc == c), st, local, prod
-        )
+        kept = _kept_requirements(codes, c, of_kind[c], st, local, prod)
         if kept is not None:
             in_keys.append(kept[0])
             in_events.append(kept[1])
+    several = bool(in_keys)  # a step may wait for more than one event
+    received = np.zeros(K * S, bool)  # the (kind, stage) pairs with a receive before them
     for c, spec in enumerate(specs):
         if spec.p2p is None or not any(codes.code.get(a) in used for a in spec.p2p.attach):
             continue
@@ -158,7 +168,10 @@ def compile_folded(
             continue
         # a receive before each compute action of an attach kind whose peer sits on another rank: the
         # step after it waits for its matching send (after the action of the send's attach kind there)
-        g = np.flatnonzero(links.attach(spec)[ks])
+        mask = links.attach(spec)
+        several |= bool((received & mask).any())
+        received |= mask
+        g = np.flatnonzero(mask[ks])
         if not len(g):
             continue
         if tuple(_rule(spec.requires, spec) or ()) != (Term(spec.p2p.pair, spec.p2p.offset),):
@@ -184,18 +197,20 @@ def compile_folded(
     if (time < 0).any():
         raise _Decline
 
-    def rank_columns(lo: int, hi: int):  # gathered one rank at a time: no column of every action
+    same = np.array_equal(columns[1], columns[2])  # model FLOPs = FLOPs (no recomputation)
+
+    def rank_columns(lo: int, hi: int):  # (one rank's when ranks differ in length)
         pairs = ks[lo:hi]
-        return time[lo:hi], columns[1][pairs], columns[2][pairs], columns[3][pairs]
+        flop = columns[1][pairs]
+        return time[lo:hi], flop, flop if same else columns[2][pairs], columns[3][pairs]
 
     busy, flops, model_flops, peaks = cost_sums(codes, schedule, cost, rank_columns, cuts)
-    keys = np.concatenate(in_keys) if in_keys else steps[:0]
-    events = np.concatenate(in_events) if in_events else steps[:0]
-    if len(keys) and _repeats(keys, n):
-        in1, in_extra = one_or_several(keys, events, n)
-    else:
+    if several:
+        in1, in_extra = one_or_several(np.concatenate(in_keys), np.concatenate(in_events), n)
+    else:  # (the usual case: each step after at most one receive, no other wait)
         in1, in_extra = np.full(n, -1, INDEX), {}
-        in1[keys] = events
+        for g, events in zip(in_keys, in_events, strict=True):
+            in1[g] = events
     later = _Lowered(lowered)
     folded = FoldedSteps(cuts, time, Folded(in1, in_extra, src, link_last), later)
     per_rank = lens + links.per_rank
@@ -213,18 +228,21 @@ class _ByKind:
     def __init__(self, kinds: list[int], width: int) -> None:
         self.lo, self.hi, self.width = min(kinds), max(kinds), width
         self.table = np.full((self.hi - self.lo + 1) * width, -1, INDEX)
+        self.puts = 0
 
     def keys(self, kind: int, local):
         """The entries of ``kind`` at the (stage, microbatch) keys ``local`` (a kind in the range)."""
         return local + (kind - self.lo) * self.width
 
     def put(self, keys, values) -> None:
-        """Set entries that were unset (declines when one was set: an action or event twice)."""
-        if (self.table[keys] >= 0).any():
-            raise _Decline
+        """Set the entries ``keys`` to ``values`` (:meth:`distinct` checks that none was set twice)."""
         self.table[keys] = values
-        if (self.table[keys] != values).any():
-            raise _Decline  # twice among these
+        self.puts += len(keys)
+
+    def distinct(self) -> None:
+        """Declines when some entry was set twice (fewer entries set than values put)."""
+        if np.count_nonzero(self.table >= 0) != self.puts:
+            raise _Decline
 
     def get(self, kind: int, local):
         """The entries of ``kind`` at ``local`` (−1 for a kind outside the range)."""
@@ -290,6 +308,8 @@ def _kept_requirements(codes: _Codes, c: int, g, st, local, prod: _ByKind):
         local_stage = np.zeros(S, bool)  # the source stage exists and sits on the same rank
         ok = (src >= 0) & (src < S)
         local_stage[ok] = codes.place[src[ok]] == codes.place[stages[ok]]
+        if not local_stage.any():
+            continue  # (loop placement: every source stage on another rank)
         on = local_stage[st[g]]
         if on.any():  # the source stage on the same rank: its producer
             gl = g[on]
