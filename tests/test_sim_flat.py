@@ -335,3 +335,20 @@ def test_several_ranks_waiting_for_one_event():
     expected = ([0.25 + 1.0, 3.25, 1.25 + 0.5, 3.25, 0.25, 4.25], [3.25, 3.25, 4.25], [])
     assert steps_mod.run_steps(steps, [0.0] * 3, []) == expected
     assert steps_mod.run_steps(folded, [0.0] * 3, []) == expected
+
+
+def test_a_step_waiting_for_several_events():
+    """A step that waits for two events (``in1`` −2), one of them ending later than its rank's clock:
+    the folded loop takes the same maximum as the unfolded one."""
+    import numpy as np
+
+    steps = steps_mod.Steps(
+        comp=np.arange(6), sends=np.arange(0), waits=np.arange(0), wait_in=np.arange(0),
+        cuts=[0, 2, 4, 6], in1=np.array([4, -1, 0, -2, -1, 0], np.int32), in_extra={3: (4, 1)},
+        dur=np.array([1.0, 2.0, 0.5, 1.5, 0.25, 3.0]), link=np.full(6, -1, np.int32),
+        send_step=np.arange(0), offsets=[0, 2, 4, 6],
+    )  # fmt: skip
+    folded = replace(steps, folded=steps_mod.Folded(steps.in1, steps.in_extra, [], []))
+    expected = ([1.25, 3.25, 1.75, 3.25 + 1.5, 0.25, 4.25], [3.25, 4.75, 4.25], [])
+    assert steps_mod.run_steps(steps, [0.0] * 3, []) == expected
+    assert steps_mod.run_steps(folded, [0.0] * 3, []) == expected

@@ -265,10 +265,13 @@ def run_steps(steps: Steps, clock: list[float], link_free: list[float]):
 def _run_folded(steps: Steps, fold: Folded, clock: list[float], link_free: list[float]):
     """:func:`run_steps` with the sends folded into their compute actions (see the module docstring):
     one event per compute step. A blocked rank is kept in ``waiter[e]`` (−1: nobody; −2: several,
-    listed in ``more[e]`` — a compute action whose sends go to several ranks)."""
+    listed in ``more[e]`` — a compute action whose sends go to several ranks). An event not yet ended
+    reads +inf, and ``in1`` −1 (no event) and −2 (several) index two slots past the steps, −inf and
+    +inf: a step's start is then max(clock, its event's end) with one comparison in the usual case
+    (the same maximum, taken in the same order)."""
     in1, dur, in_extra, cuts = memoryview(fold.in1), memoryview(steps.dur), fold.in_extra, steps.cuts
     count = cuts[-1]
-    ends = [-1.0] * (count + 1)
+    ends = [_UNDONE] * count + [_UNDONE, -_UNDONE]  # [−2]: several events; [−1]: none
     clock = list(clock)
     waiter = [-1] * (count + 1)
     more: dict[int, list[int]] = {}
@@ -278,24 +281,21 @@ def _run_folded(steps: Steps, fold: Folded, clock: list[float], link_free: list[
         r = ready.pop()
         stop, t_rank = cuts[r + 1], clock[r]
         for j in range(ptr[r], stop):
-            t = t_rank
             e = in1[j]
-            if e >= 0:
-                te = ends[e]
-                if te < 0.0:
-                    if waiter[e] == -1:  # (the usual case: one rank waits for it)
-                        waiter[e] = r
-                    else:
-                        _wait(e, r, waiter, more)
-                    break
-                if te > t:
-                    t = te
-            elif e == -2:
-                e, t = first_missing(in_extra[j], ends, t)
-                if e >= 0:
-                    _wait(e, r, waiter, more)
-                    break
-            ends[j] = t_rank = t + dur[j]
+            te = ends[e]
+            if te > t_rank:
+                if te == _UNDONE:
+                    if e == -2:  # several events: the first that has not ended, or all ended
+                        e, te = _first_undone(in_extra[j], ends, t_rank)
+                    if e != -1:
+                        if waiter[e] == -1:  # (the usual case: one rank waits for it)
+                            waiter[e] = r
+                        else:
+                            _wait(e, r, waiter, more)
+                        break
+                ends[j] = t_rank = te + dur[j]
+            else:
+                ends[j] = t_rank = t_rank + dur[j]
             w = waiter[j]
             if w != -1:
                 if w >= 0:
@@ -308,11 +308,28 @@ def _run_folded(steps: Steps, fold: Folded, clock: list[float], link_free: list[
         clock[r] = t_rank
     if any(ptr[r] < cuts[r + 1] for r in range(len(clock))):
         return None
-    ends.pop()
+    del ends[count:]
     link_free = list(link_free)
     for lk, j in fold.link_last:
         link_free[lk] = ends[j]  # its last send's end: that step's end + 0
     return ends, clock, link_free
+
+
+#: The end the folded loop reads for an event that has not ended (every real end is finite).
+_UNDONE = float("inf")
+
+
+def _first_undone(events: tuple[int, ...], ends: list[float], t: float) -> tuple[int, float]:
+    """Of a step waiting for several ``events`` from clock ``t``: (−1, max of ``t`` and their ends)
+    when all have ended, else (the first that has not, ``t``) — :func:`first_missing` for the folded
+    loop's +inf."""
+    for e in events:
+        te = ends[e]
+        if te == _UNDONE:
+            return e, t
+        if te > t:
+            t = te
+    return -1, t
 
 
 def _wake(e: int, w: int, ready: list[int], more: dict[int, list[int]]) -> None:
