@@ -404,13 +404,13 @@ class _Links:
         ids: dict[tuple[int, int], int] = {}
         src: list[int] = []
         last: dict[int, int] = {}
-        firsts: dict[tuple[int, int, int], tuple[int, int, int]] = {}
+        firsts: dict[tuple[int, int, int], tuple[int, int, int | None]] = {}
         for lo, hi, c, s, a, b in groups:
             link = ids.setdefault((a, b), len(ids))
             if link == len(src):
                 src.append(a)
             last[link] = max(last.get(link, -1), hi)
-            firsts.setdefault((c, s, b), (lo, a, int(mb[lo])))
+            firsts.setdefault((c, s, b), (lo, a, None if mb[lo] < 0 else int(mb[lo])))
         return len(ids), src, sorted(last.items()), firsts
 
 
