@@ -59,9 +59,6 @@ if TYPE_CHECKING:
     from pipewright.kinds import KindSpec
     from pipewright.sim.program import _Program
 
-# Who produces an event: a compute action, the send after one, the receive before one.
-_BY_COMPUTE, _BY_SEND, _BY_RECV = 0, 1, 2
-
 
 class _Lowered:
     """The lowered program, compiled on first use (``make()``), shared by the program and its steps."""
