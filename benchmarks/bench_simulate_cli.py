@@ -13,8 +13,9 @@ every module to each run (≈ 0.2 s). "actions" counts the lowered schedule's ac
 send/receive). The machine may be shared: the load average is printed with the figures.
 
 ``--split`` also runs the current code once more in a child that times its parts (CPU seconds):
-the interpreter alone (``python -c pass``), the imports, the schedule's generator, the array compile
-(``sim/flat.py``), the compute-only loop (``sim/steps.py``) and the rest of the command.
+the interpreter alone (``python -c pass``), numpy's import, the other imports, the schedule's generator,
+the compile (``sim/folded.py`` from the compute actions, else ``sim/flat.py``), the compute-only loop
+(``sim/steps.py``) and the rest of the command.
 """
 
 from __future__ import annotations
@@ -78,9 +79,11 @@ def count_actions(args: argparse.Namespace) -> int:
 SPLIT = """
 import contextlib, io, sys, time
 t0 = time.process_time()
+import numpy
+t1 = time.process_time()
 from pipewright.cli import main
 import pipewright.cli.simulate as cli_sim, pipewright.sim.engine as engine
-spent = {"imports": time.process_time() - t0}
+spent = {"numpy": t1 - t0, "imports": time.process_time() - t1}  # imports: the others
 def timed(mod, name, label):
     f = getattr(mod, name)
     def g(*a, **k):
@@ -91,12 +94,12 @@ def timed(mod, name, label):
             spent[label] = spent.get(label, 0.0) + time.process_time() - t
     setattr(mod, name, g)
 timed(cli_sim, "build_schedule", "generator")
-timed(engine, "compile_flat", "compile")
+timed(engine, "compile_flat", "compile")  # (from the compute actions where sim/folded.py applies)
 timed(engine, "run_steps", "loop")
-t1 = time.process_time()
+t2 = time.process_time()
 with contextlib.redirect_stdout(io.StringIO()):
     main(sys.argv[1:])
-spent["rest"] = time.process_time() - t1 - sum(v for k, v in spent.items() if k != "imports")
+spent["rest"] = time.process_time() - t2 - sum(v for k, v in spent.items() if k not in ("numpy", "imports"))
 print(" ".join(f"{k} {v:.3f}" for k, v in spent.items()))
 """
 

@@ -1,5 +1,5 @@
 """The simulator's array path (``sim/flat.py``) against its per-action path (``deps.resolve``, the
-validator, ``engine._compile``): on valid schedules the same lowered schedule, program, times and
+validator, ``per_action.compile_actions``): on valid schedules the same lowered schedule, program, times and
 metrics; on broken ones the same verdict — the same result, or the same error and message."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ import pickle
 import subprocess
 import sys
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from unittest.mock import patch
 
@@ -30,6 +31,7 @@ from pipewright.schedules.classic import interleaved_warmup, megatron_order
 from pipewright.sim import engine, flat
 from pipewright.sim import steps as steps_mod
 from pipewright.sim.engine import SimResult, simulate
+from pipewright.sim.folded import FoldedProgram
 
 LIBRARY = library_schedules()
 NAMES = schedule_names(LIBRARY)
@@ -251,10 +253,15 @@ def test_compute_only_loop_agrees_bit_for_bit(name, p, m, v, times, links, itera
     comm = PairComm() if links else FreeComm()
     compiled = flat.compile_flat(sched, cost, comm)
     assert compiled is not None and compiled[0].steps is not None  # the compute-only loop runs it
+    if not links and not name.startswith("async"):  # free transfers, every rule data
+        assert isinstance(compiled[0], FoldedProgram)  # compiled from the compute actions alone
     fast = simulate(sched, cost, comm=comm, iterations=iterations, step_barrier=barrier)
+    with patch.object(engine, "compile_flat", partial(flat.compile_flat, fold=False)):
+        lowered = simulate(sched, cost, comm=comm, iterations=iterations, step_barrier=barrier)
     with patch.object(engine, "compile_flat", return_value=None):
         slow = simulate(sched, cost, comm=comm, iterations=iterations, step_barrier=barrier)
     _assert_same(fast, slow)
+    _assert_same(lowered, slow)
 
 
 def test_several_receives_and_sends_around_one_compute_action():
@@ -291,21 +298,26 @@ def test_simulate_command_imports_neither_torch_nor_matplotlib():
 def test_free_transfers_fold_into_their_compute_actions():
     """With free transfers the loop takes one event per compute action (sends folded into the action
     that issues them); a link ahead of its source rank's clock keeps the unfolded loop. Both give the
-    unfolded loop's ends, clocks and link free times."""
+    unfolded loop's ends, clocks and link free times — and so do the steps compiled from the compute
+    actions alone (sim/folded.py), whose lowered steps are built only for the unfolded loop and the
+    expansion to every lowered action."""
     sched = build_schedule("interleaved-1f1b", 4, 8, 2, registry=LIBRARY)
-    steps = flat.compile_flat(sched, *COSTS["unit"])[0].steps
-    assert steps.folded is not None
+    steps = flat.compile_flat(sched, *COSTS["unit"], fold=False)[0].steps
+    compute_level = flat.compile_flat(sched, *COSTS["unit"])[0].steps
+    assert isinstance(compute_level, steps_mod.FoldedSteps) and steps.folded is not None
     unfolded = replace(steps, folded=None)
     links = len(steps.folded.link_src)
     for clock, link_free in (([0.0] * 4, [0.0] * links), ([3.0, 1.0, 2.0, 0.0], [5.0] * links)):
         folded_out = steps_mod.run_steps(steps, clock, link_free)
         assert len(folded_out[0]) == (len(steps.comp) if max(link_free) == 0.0 else len(steps.dur))
         full = steps_mod.run_steps(unfolded, clock, link_free)
+        from_compute = steps_mod.run_steps(compute_level, clock, link_free)
+        assert from_compute == folded_out
         times = [
             steps_mod.StepTimes(s, out[0], clock, link_free).expand()
-            for s, out in ((steps, folded_out), (unfolded, full))
+            for s, out in ((steps, folded_out), (unfolded, full), (compute_level, from_compute))
         ]
-        assert times[0] == times[1] and folded_out[1:] == full[1:]
+        assert times[0] == times[1] == times[2] and folded_out[1:] == full[1:]
 
 
 def test_several_ranks_waiting_for_one_event():
@@ -321,5 +333,22 @@ def test_several_ranks_waiting_for_one_event():
     )  # fmt: skip
     folded = replace(steps, folded=steps_mod.Folded(steps.in1, {}, [], []))
     expected = ([0.25 + 1.0, 3.25, 1.25 + 0.5, 3.25, 0.25, 4.25], [3.25, 3.25, 4.25], [])
+    assert steps_mod.run_steps(steps, [0.0] * 3, []) == expected
+    assert steps_mod.run_steps(folded, [0.0] * 3, []) == expected
+
+
+def test_a_step_waiting_for_several_events():
+    """A step that waits for two events (``in1`` −2), one of them ending later than its rank's clock:
+    the folded loop takes the same maximum as the unfolded one."""
+    import numpy as np
+
+    steps = steps_mod.Steps(
+        comp=np.arange(6), sends=np.arange(0), waits=np.arange(0), wait_in=np.arange(0),
+        cuts=[0, 2, 4, 6], in1=np.array([4, -1, 0, -2, -1, 0], np.int32), in_extra={3: (4, 1)},
+        dur=np.array([1.0, 2.0, 0.5, 1.5, 0.25, 3.0]), link=np.full(6, -1, np.int32),
+        send_step=np.arange(0), offsets=[0, 2, 4, 6],
+    )  # fmt: skip
+    folded = replace(steps, folded=steps_mod.Folded(steps.in1, steps.in_extra, [], []))
+    expected = ([1.25, 3.25, 1.75, 3.25 + 1.5, 0.25, 4.25], [3.25, 4.75, 4.25], [])
     assert steps_mod.run_steps(steps, [0.0] * 3, []) == expected
     assert steps_mod.run_steps(folded, [0.0] * 3, []) == expected

@@ -14,35 +14,31 @@ from pipewright.ir import STEP, Action, ActionColumns, B, F, Schedule, loop_plac
 from pipewright.schedules.registry import ScheduleInfo
 
 
-def _warm_columns(name: str, p: int, m: int, v: int, rank_parts) -> Schedule:
+def _warm_columns(name: str, p: int, m: int, v: int, f_stage, f_mb, b_stage, b_mb, warm) -> Schedule:
     """A schedule of forwards and backwards as :class:`ActionColumns`, without one object per action.
 
-    ``rank_parts(r)`` gives rank r's forward stages and microbatches, backward stages and microbatches
-    (T entries each, numpy arrays) and its warm-up count w: the rank runs forwards 0 … w − 1, then
-    forward w + i and backward i alternating for i < T − w, then backwards T − w … T − 1 (w = T: all
-    forwards, then all backwards).
+    Rank r's forwards are stages ``f_stage + r`` and microbatches ``f_mb``, its backwards ``b_stage + r``
+    and ``b_mb`` (T entries each, numpy arrays), ``warm[r]`` its warm-up count w: the rank runs
+    forwards 0 … w − 1, then forward w + i and backward i alternating for i < T − w, then backwards
+    T − w … T − 1 (w = T: all forwards, then all backwards). Position i of a rank's 2T actions is
+    forward i (i < w), forward w + (i − w)/2 or backward (i − w − 1)/2 alternating, then backward
+    i − T (i ≥ 2T − w) — built for all ranks at once.
     """
     import numpy as np
 
-    kinds, stages, mbs, lens = [], [], [], []
-    for r in range(p):
-        f_stage, f_mb, b_stage, b_mb, w = rank_parts(r)
-        total = len(f_stage)
-        idx = np.empty(2 * total, np.int64)
-        idx[:w] = np.arange(w)
-        idx[w : 2 * total - w : 2] = np.arange(w, total)
-        idx[w + 1 : 2 * total - w : 2] = total + np.arange(total - w)
-        idx[2 * total - w :] = total + np.arange(total - w, total)
-        kinds.append(idx >= total)
-        stages.append(np.concatenate((f_stage, b_stage))[idx])
-        mbs.append(np.concatenate((f_mb, b_mb))[idx])
-        lens.append(2 * total)
+    total = len(f_stage)
+    i = np.arange(2 * total, dtype=np.int32)[None, :]
+    w = np.asarray(warm, np.int32)[:, None]
+    d = i - w
+    steady = np.where(d % 2 == 0, w + d // 2, total + (d - 1) // 2)
+    idx = np.where((i < w) | (i >= 2 * total - w), i, steady)  # index into forwards, then backwards
+    stage = np.concatenate((f_stage, b_stage)).astype(np.int32)[idx] + np.arange(p, dtype=np.int32)[:, None]
     cols = ActionColumns(
         (F, B),
-        np.concatenate(kinds).astype(np.int32),
-        np.concatenate(stages).astype(np.int32),
-        np.concatenate(mbs).astype(np.int32),
-        np.array(lens, np.int64),
+        (idx >= total).astype(np.int32).ravel(),
+        stage.ravel(),
+        np.concatenate((f_mb, b_mb)).astype(np.int32)[idx].ravel(),
+        np.full(p, 2 * total, np.int64),
     )
     return Schedule.from_columns(name, m, cols, loop_placement(p, v))
 
@@ -54,8 +50,8 @@ def gpipe(p: int, m: int, v: int = 1) -> Schedule:
     """
     import numpy as np
 
-    ks = np.arange(m)
-    return _warm_columns("gpipe", p, m, 1, lambda r: (np.full(m, r), ks, np.full(m, r), ks, m))
+    ks, zero = np.arange(m), np.zeros(m, np.int32)
+    return _warm_columns("gpipe", p, m, 1, zero, ks, zero, ks, [m] * p)
 
 
 def one_f_one_b_rows(p: int, m: int, *, step_after_backward: bool = False) -> list[list[Action]]:
@@ -86,8 +82,8 @@ def one_f_one_b(p: int, m: int, v: int = 1) -> Schedule:
     """
     import numpy as np
 
-    ks = np.arange(m)
-    return _warm_columns("1f1b", p, m, 1, lambda r: (np.full(m, r), ks, np.full(m, r), ks, min(p - r - 1, m)))
+    ks, zero = np.arange(m), np.zeros(m, np.int32)
+    return _warm_columns("1f1b", p, m, 1, zero, ks, zero, ks, [min(p - r - 1, m) for r in range(p)])
 
 
 def megatron_order(m: int, v: int, group: int) -> list[tuple[int, int]]:
@@ -151,11 +147,8 @@ def interleaved_1f1b(p: int, m: int, v: int = 2, group: int | None = None) -> Sc
 
     order = np.array(megatron_order(m, v, p if group is None else group), np.int64).reshape(-1, 2)
     ks, fwd, bwd = order[:, 0], order[:, 1] * p, (v - 1 - order[:, 1]) * p
-
-    def parts(r: int):
-        return fwd + r, ks, bwd + r, ks, interleaved_warmup(p, m, v, r, group)
-
-    return _warm_columns("interleaved-1f1b", p, m, v, parts)
+    warm = [interleaved_warmup(p, m, v, r, group) for r in range(p)]
+    return _warm_columns("interleaved-1f1b", p, m, v, fwd, ks, bwd, ks, warm)
 
 
 def looped_bfs(p: int, m: int, v: int = 2) -> Schedule:
@@ -170,7 +163,7 @@ def looped_bfs(p: int, m: int, v: int = 2) -> Schedule:
 
     chunk = np.repeat(np.arange(v) * p, m)
     ks = np.tile(np.arange(m), v)
-    return _warm_columns("looped-bfs", p, m, v, lambda r: (chunk + r, ks, chunk[::-1] + r, ks[::-1], m * v))
+    return _warm_columns("looped-bfs", p, m, v, chunk, ks, chunk[::-1], ks[::-1], [m * v] * p)
 
 
 def interleaved_memory(p: int, m: int, v: int, group: int | None = None) -> list[Fraction]:

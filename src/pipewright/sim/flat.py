@@ -26,165 +26,50 @@ lowered action list).
 from __future__ import annotations
 
 from itertools import chain
-from operator import itemgetter
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pipewright.deps import Term
 from pipewright.ir import Action, Schedule
 from pipewright.passes.lower import lower
+from pipewright.sim.codes import (
+    INDEX,
+    MAX_KEYS,
+    _Codes,
+    _columns,
+    _compute_costs,
+    _Decline,
+    _repeats,
+    attached,
+    transfer_links,
+)
+from pipewright.sim.folded import FoldedProgram, compile_folded
 from pipewright.sim.program import _COLLECTIVE, _COMPUTE, _RENDEZVOUS, _SEND, _WAIT, _mode, _Program
 from pipewright.sim.steps import compute_steps
 
 if TYPE_CHECKING:
     from pipewright.cost.base import CommModel, CostModel
-    from pipewright.kinds import KindSpec
-
-#: Largest event table (kinds × stages × (microbatches + 1)) the path builds; beyond it, per action.
-MAX_KEYS = 1 << 26
-#: Integer type of the action columns and indices (every key is below MAX_KEYS, every index below
-#: the action count): half the memory of int64, and fewer page faults.
-INDEX = np.int32
-#: Most lowered actions the array path takes (indices stay int32).
-MAX_ACTIONS = 1 << 28
-
-
-def _dense(keys, size: int):
-    """Of non-negative integer ``keys`` below ``size``: (the number of distinct keys, each element's
-    index among them in order of first occurrence, the position of each distinct key's first element)
-    — ``np.unique`` without sorting the elements (and without importing numpy.ma)."""
-    n = len(keys)
-    first = np.full(size, n, np.int64)
-    np.minimum.at(first, keys, np.arange(n))
-    firsts = np.sort(first[first < n])
-    index = np.empty(size, np.int64)
-    index[keys[firsts]] = np.arange(len(firsts))
-    return len(firsts), index[keys], firsts
-
-
-def _repeats(keys, size: int) -> bool:
-    """Whether some of the non-negative integer ``keys`` (below ``size``) occurs twice."""
-    seen = np.zeros(size, bool)
-    seen[keys] = True
-    return int(np.count_nonzero(seen)) != len(keys)
-
-
-class _Decline(Exception):
-    """The schedule is not one for the array path (the per-action path decides)."""
-
-
-class _Codes:
-    """The integer coding of one schedule: stages S, microbatches m, kinds by registry index."""
-
-    def __init__(self, schedule: Schedule) -> None:
-        self.names = list(schedule.kinds)
-        self.specs: list[KindSpec] = [schedule.kinds[n] for n in self.names]
-        self.code = {n: i for i, n in enumerate(self.names)}
-        self.S, self.M = schedule.num_stages, schedule.num_microbatches
-        self.place = np.asarray(schedule.placement, dtype=np.int64)
-
-    def kind(self, name: str) -> int:
-        c = self.code.get(name)
-        if c is None:
-            raise _Decline
-        return c
-
-    def key(self, c, s, k):
-        """Event keys of (kind c, stage s, microbatch k); k = −1 for none."""
-        return (c * self.S + s) * (self.M + 1) + k + 1
-
-    def event_key(self, event: tuple) -> int:
-        kind, s, k, p = event
-        if p is not None or type(s) is not int or not 0 <= s < self.S:
-            raise _Decline
-        if k is None:
-            k = -1
-        elif type(k) is not int or not 0 <= k < self.M:
-            raise _Decline
-        return self.key(self.kind(kind), s, k)
-
-    def term(self, term: Term, g, s, k):
-        """Term ``term`` of the actions ``g`` (stages ``s``, microbatches ``k``): (g, event keys)."""
-        c = self.kind(term.kind)
-        if term.offset == 0:
-            return g, self.key(c, s, k)
-        src = s + term.offset
-        inside = (src >= 0) & (src < self.S)
-        if term.receive is None:  # unconditional: a receive's matching send
-            if not inside.all():
-                raise _Decline
-            return g, self.key(c, src, k)
-        g, s, k, src = g[inside], s[inside], k[inside], src[inside]
-        cross = self.place[src] != self.place[s]
-        keys = self.key(c, src, k)
-        if cross.any():  # the array path works on the lowered schedule
-            keys[cross] = self.key(self.kind(term.receive), s[cross], k[cross])
-        return g, keys
 
 
 def compile_flat(
-    schedule: Schedule, cost: CostModel, comm: CommModel, *, check: bool = True
-) -> tuple[_Program, Schedule | None] | None:
+    schedule: Schedule, cost: CostModel, comm: CommModel, *, check: bool = True, fold: bool = True
+) -> tuple[_Program | FoldedProgram, Schedule | None] | None:
     """``(program, lowered schedule or None)`` of ``schedule`` (lowered here if it is not), or None when
     the array path declines. ``check``: also the validator's completeness and send/receive checks. The
     lowered schedule is returned only when a per-action rule made it necessary (else it is built on
-    demand, see :attr:`pipewright.sim.engine.SimResult.schedule`)."""
+    demand, see :attr:`pipewright.sim.engine.SimResult.schedule`). ``fold``: first try the compile from
+    the compute actions alone (:mod:`pipewright.sim.folded`; its lowered program on first use)."""
+    try:
+        if fold:
+            return compile_folded(
+                schedule, cost, comm, check, lambda: _compile_flat(schedule, cost, comm, False)[0]
+            ), None
+    except _Decline:
+        pass
     try:
         return _compile_flat(schedule, cost, comm, check)
     except _Decline:
         return None
-
-
-def _columns(schedule: Schedule, codes: _Codes):
-    """Stage, kind code, microbatch and rank of every action, as arrays; the actions per rank."""
-    cols = schedule.columns
-    if cols is not None:  # a generator's columns: no action objects at all
-        try:
-            lut = np.array([codes.code[name] for name in cols.kinds], INDEX)
-        except KeyError:
-            raise _Decline from None
-        kc, st, mb, lens = lut[cols.kind], cols.stage, cols.microbatch, cols.lens.tolist()
-    else:
-        kc, st, mb, lens = _action_columns(schedule, codes)
-    if not len(kc):
-        raise _Decline
-    if len(kc) > MAX_ACTIONS or len(codes.specs) * codes.S * (codes.M + 1) > MAX_KEYS:
-        raise _Decline
-    rank = np.repeat(np.arange(len(lens), dtype=INDEX), lens)
-    if st.min() < 0 or st.max() >= codes.S or mb.min() < -1 or mb.max() >= codes.M:
-        raise _Decline
-    if (codes.place[st] != rank).any():
-        raise _Decline
-    per_mb = np.array([2 if s.per_microbatch is None else int(s.per_microbatch) for s in codes.specs])
-    pm, given = per_mb[kc], mb >= 0
-    if ((pm == 1) & ~given).any() or ((pm == 0) & given).any():
-        raise _Decline
-    kc, st, mb = kc.astype(INDEX, copy=False), st.astype(INDEX, copy=False), mb.astype(INDEX, copy=False)
-    return kc, st, mb, rank, np.array(lens, dtype=np.int64)
-
-
-def _action_columns(schedule: Schedule, codes: _Codes):
-    """Kind code, stage and microbatch columns of a schedule given as action tuples; the row lengths."""
-    lens = [len(row) for row in schedule.actions]
-    n = sum(lens)
-    if n == 0:
-        raise _Decline
-    flat = list(chain.from_iterable(schedule.actions))
-    # one column at a time (itemgetter) — several times faster than zip(*flat) over 10⁵–10⁶ tuples
-    mbs = list(map(itemgetter(2), flat))
-    if list(map(itemgetter(3), flat)).count(None) != n or -1 in mbs:
-        raise _Decline
-    if None in mbs:
-        mbs = [-1 if k is None else k for k in mbs]
-    try:
-        kc = np.fromiter(map(codes.code.__getitem__, map(itemgetter(1), flat)), np.int64, n)
-    except (KeyError, TypeError):
-        raise _Decline from None
-    st, mb = np.array(list(map(itemgetter(0), flat))), np.array(mbs)
-    if st.dtype.kind != "i" or mb.dtype.kind != "i":
-        raise _Decline  # not all integers
-    return kc, st, mb, lens
 
 
 def _lower(codes: _Codes, kc, st, mb, rank, lens):
@@ -193,22 +78,9 @@ def _lower(codes: _Codes, kc, st, mb, rank, lens):
     then sends, in registry order). Each action gets a row of slots — receive kinds, itself, send
     kinds —; the used slots, row after row, are the lowered actions."""
     n = len(kc)
-    stages = np.arange(codes.S)
-    kind_stage = kc * codes.S + st  # one gather per transfer kind from a (kind, stage) table
     recvs, sends = [], []
-    for c, spec in enumerate(codes.specs):
-        if spec.p2p is None:
-            continue
-        attach = [codes.code[k] for k in spec.p2p.attach if k in codes.code]
-        if not attach:
-            continue
-        peer = stages + spec.p2p.offset
-        inside = (peer >= 0) & (peer < codes.S)
-        cross = np.zeros(codes.S, bool)
-        cross[inside] = codes.place[peer[inside]] != codes.place[stages[inside]]
-        table = np.zeros((len(codes.specs), codes.S), bool)
-        table[attach] = cross
-        (recvs if spec.p2p.role == "recv" else sends).append((c, table.ravel()[kind_stage]))
+    for c, spec, mask in attached(codes, kc, st):
+        (recvs if spec.p2p.role == "recv" else sends).append((c, mask))
     slots = [*recvs, (-1, None), *sends]
     kinds = np.empty((n, len(slots)), kc.dtype)
     used = np.empty((n, len(slots)), bool)
@@ -345,7 +217,7 @@ def _requirements(rank, modes, rg, need, n):
     """Per action, the producers it waits for — without those of earlier compute/marker actions of its
     own rank, which program order already awaits — as (consumer, producer) arrays in requirement order,
     and each producer's last consumer rank (a send's destination), as
-    :func:`pipewright.sim.engine._compile` derives them."""
+    :func:`pipewright.sim.per_action.compile_actions` derives them."""
     own = rank[need] == rank[rg]
     awaited = np.zeros(_RENDEZVOUS + 1, bool)
     awaited[[_COMPUTE, _WAIT]] = True
@@ -363,55 +235,14 @@ def _requirements(rank, modes, rg, need, n):
     return (rg, need), dest
 
 
-def _compute_costs(codes: _Codes, sched: Schedule, cost: CostModel, kc, st, mb, rank, modes, offsets):
-    """Durations of compute actions; per rank the busy time and the activation peak; FLOPs."""
-    durs = np.zeros(len(kc))
-    comp = np.flatnonzero(modes == _COMPUTE)
-    distinct, inverse, firsts = _dense(kc[comp] * codes.S + st[comp], len(codes.specs) * codes.S)
-    table = np.empty((distinct, 4))
-    for i, g in enumerate(comp[firsts].tolist()):
-        a = Action(int(st[g]), codes.names[kc[g]], None if mb[g] < 0 else int(mb[g]), None)
-        table[i] = (
-            float(cost.compute_time(a, sched)),
-            float(cost.flops(a, sched)),
-            float(cost.model_flops(a, sched)),
-            float(cost.activation_bytes(a, sched)),
-        )
-    time, flop, model_flop, act = (column[inverse] for column in table.T)  # contiguous columns
-    durs[comp] = time
-    cuts = np.searchsorted(comp, offsets).tolist()
-    busy, peaks = [], []
-    for r in range(len(offsets) - 1):
-        lo, hi = cuts[r], cuts[r + 1]
-        # sequential sums (np.cumsum), exactly as the per-action path adds them
-        busy.append(float(np.cumsum(time[lo:hi])[-1]) if hi > lo else 0.0)
-        peak = max(0.0, float(np.cumsum(act[lo:hi]).max())) if hi > lo else 0.0
-        peaks.append(float(cost.static_bytes(r, sched)) + peak)
-    flops = float(np.cumsum(flop)[-1]) if len(comp) else 0.0
-    model_flops = float(np.cumsum(model_flop)[-1]) if len(comp) else 0.0
-    return durs, busy, flops, model_flops, peaks
-
-
 def _transfers(
     codes: _Codes, sched: Schedule, cost: CostModel, comm: CommModel, kc, st, mb, rank, modes, dest, durs
 ):
-    """Each send's link — one FIFO link per (source rank, destination rank), numbered in order of first
-    use — and its transfer time (sends nobody receives stay on the sender's own link, free)."""
+    """Each send's link and its transfer time (:func:`pipewright.sim.codes.transfer_links`)."""
     links = np.full(len(kc), -1, INDEX)
     sends = np.flatnonzero(modes == _SEND)
     if not len(sends):
         return links, 0
-    src = rank[sends]
-    dst = np.where(dest[sends] < 0, src, dest[sends])
-    num_ranks = sched.num_ranks
-    num_links, links[sends], _ = _dense(src.astype(np.int64) * num_ranks + dst, num_ranks * num_ranks)
-    moving = sends[src != dst]
-    if len(moving):
-        key = (kc[moving].astype(np.int64) * codes.S + st[moving]) * num_ranks + dst[src != dst]
-        distinct, inverse, firsts = _dense(key, len(codes.specs) * codes.S * num_ranks)
-        times = np.empty(distinct)
-        for i, g in enumerate(moving[firsts].tolist()):
-            a = Action(int(st[g]), codes.names[kc[g]], None if mb[g] < 0 else int(mb[g]), None)
-            times[i] = float(comm.p2p_time(int(rank[g]), int(dest[g]), cost.message_bytes(a, sched)))
-        durs[moving] = times[inverse]
+    args = (kc[sends], st[sends], mb[sends], rank[sends], dest[sends])
+    links[sends], num_links, durs[sends] = transfer_links(codes, sched, cost, comm, *args)
     return links, num_links

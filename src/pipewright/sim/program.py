@@ -1,6 +1,6 @@
 """The compiled form of a lowered schedule that the simulator's event loop runs.
 
-Both compilers produce it: :func:`pipewright.sim.engine._compile` from the per-action dependency
+Both compilers produce it: :func:`pipewright.sim.per_action.compile_actions` from the per-action dependency
 resolution (:func:`pipewright.deps.resolve`) and :func:`pipewright.sim.flat.compile_flat` from integer
 arrays. Actions are numbered globally, rank by rank: ``g = offsets[rank] + position``.
 """
@@ -14,12 +14,17 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
+from pipewright.errors import PipewrightError
 from pipewright.kinds import KindSpec
 
 # Action modes in the compiled program.
 _COMPUTE, _SEND, _COLLECTIVE, _WAIT, _RENDEZVOUS = 0, 1, 2, 3, 4
 #: The end time of an action that has not run yet (every real time is ≥ 0).
 _NOT_DONE = -1.0
+
+
+class SimulationError(PipewrightError):
+    """The schedule cannot be simulated (it deadlocks or an option is invalid)."""
 
 
 @dataclass(frozen=True)

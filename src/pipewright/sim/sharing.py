@@ -138,7 +138,7 @@ def run_iteration_shared(
     shared: SharedCompute,
 ) -> tuple[list[float], list[float], Sequence[int]]:
     """One iteration of the compiled program ``prog`` (``engine._Program``) in time order with
-    processor sharing. Same contract as ``engine._run_iteration``: updates the clocks and stream/link
+    processor sharing. Same contract as ``per_action.run_iteration``: updates the clocks and stream/link
     state, returns start and end times by global action index and each rank's final position (less
     than its row length if the schedule deadlocks)."""
     num_ranks = len(clock)

@@ -9,7 +9,7 @@ they serve) is simulated one compute action at a time instead of one lowered act
   own cross-rank requirements) — the same maximum the per-action loop takes in two steps;
 - a send issued right after compute action c starts at max(end of c, its link's free time) and ends
   ``p2p_time`` later (each directed rank pair a FIFO link, in the sender's program order — the order
-  the steps visit them), exactly as in :func:`pipewright.sim.engine._run_iteration`.
+  the steps visit them), exactly as in :func:`pipewright.sim.per_action.run_iteration`.
 
 The receives' own times (the running maximum of the rank's clock and their sends' ends) are filled in
 afterwards over arrays (:func:`expand`). Only max and the same additions in the same order are taken,
@@ -30,11 +30,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pipewright.sim.program import _COMPUTE, _SEND, _WAIT, first_missing, one_or_several
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,27 @@ class Steps:
     @property
     def post_extra(self) -> dict[int, tuple[int, ...]]:
         return self._posts[1]
+
+    def lowered_steps(self) -> Steps:
+        """The steps over the lowered actions: these."""
+        return self
+
+
+@dataclass(frozen=True)
+class FoldedSteps:
+    """The folded steps of a schedule compiled from its compute actions (:mod:`pipewright.sim.folded`):
+    ``cuts`` and ``dur`` (compute actions only) as :class:`Steps`' and the :class:`Folded` form; the
+    steps over the lowered actions come from ``lowered.program`` (compiled on first use), for the
+    unfolded loop and for :func:`expand`."""
+
+    cuts: list[int]
+    dur: Any
+    folded: Folded
+    lowered: Any  # pipewright.sim.folded._Lowered
+
+    def lowered_steps(self) -> Steps:
+        """The steps over the lowered actions (the lowered program compiled on first call)."""
+        return self.lowered.program.steps
 
 
 @dataclass(frozen=True)
@@ -148,16 +172,25 @@ def _fold(in1, in_extra, send_step, send_link, sends, offsets: list[int], count:
         j: tuple(e if e < count else int(send_step[e - count]) for e in events)
         for j, events in in_extra.items()
     }
+    src, link_last = link_lasts(
+        send_link, send_step, lambda first: np.searchsorted(offsets, sends[first], side="right") - 1
+    )
+    return Folded(f_in1, f_extra, src, link_last)
+
+
+def link_lasts(send_link, send_step, source: Callable) -> tuple[list[int], list[tuple[int, int]]]:
+    """Of sends in program order (their links and the steps they follow): each link's source rank —
+    ``source(i)`` of sends i, the first of each link — and (link, step of its last send) per used link
+    (:attr:`Folded.link_src`, :attr:`Folded.link_last`)."""
     num_links = int(send_link.max()) + 1 if len(send_link) else 0
-    first = np.full(num_links, len(sends), np.int64)
+    first = np.full(num_links, len(send_link), np.int64)
     last = np.full(num_links, -1, np.int64)
-    np.minimum.at(first, send_link, np.arange(len(sends)))
-    np.maximum.at(last, send_link, np.arange(len(sends)))
+    np.minimum.at(first, send_link, np.arange(len(send_link)))
+    np.maximum.at(last, send_link, np.arange(len(send_link)))
     used = np.flatnonzero(last >= 0)
     src = np.zeros(num_links, np.int64)  # every send of a link has the same source rank
-    src[used] = np.searchsorted(offsets, sends[first[used]], side="right") - 1
-    link_last = list(zip(used.tolist(), send_step[last[used]].tolist(), strict=True))
-    return Folded(f_in1, f_extra, src.tolist(), link_last)
+    src[used] = source(first[used])
+    return src.tolist(), list(zip(used.tolist(), send_step[last[used]].tolist(), strict=True))
 
 
 def run_steps(steps: Steps, clock: list[float], link_free: list[float]):
@@ -168,6 +201,7 @@ def run_steps(steps: Steps, clock: list[float], link_free: list[float]):
     fold = steps.folded
     if fold is not None and all(link_free[lk] <= clock[r] for lk, r in enumerate(fold.link_src)):
         return _run_folded(steps, fold, clock, link_free)
+    steps = steps.lowered_steps()
     in1, post1 = memoryview(steps.in1), memoryview(steps.post1)
     dur, link = memoryview(steps.dur), memoryview(steps.link)
     in_extra, post_extra, cuts = steps.in_extra, steps.post_extra, steps.cuts
@@ -231,10 +265,13 @@ def run_steps(steps: Steps, clock: list[float], link_free: list[float]):
 def _run_folded(steps: Steps, fold: Folded, clock: list[float], link_free: list[float]):
     """:func:`run_steps` with the sends folded into their compute actions (see the module docstring):
     one event per compute step. A blocked rank is kept in ``waiter[e]`` (−1: nobody; −2: several,
-    listed in ``more[e]`` — a compute action whose sends go to several ranks)."""
+    listed in ``more[e]`` — a compute action whose sends go to several ranks). An event not yet ended
+    reads +inf, and ``in1`` −1 (no event) and −2 (several) index two slots past the steps, −inf and
+    +inf: a step's start is then max(clock, its event's end) with one comparison in the usual case
+    (the same maximum, taken in the same order)."""
     in1, dur, in_extra, cuts = memoryview(fold.in1), memoryview(steps.dur), fold.in_extra, steps.cuts
     count = cuts[-1]
-    ends = [-1.0] * (count + 1)
+    ends = [_UNDONE] * count + [_UNDONE, -_UNDONE]  # [−2]: several events; [−1]: none
     clock = list(clock)
     waiter = [-1] * (count + 1)
     more: dict[int, list[int]] = {}
@@ -244,24 +281,21 @@ def _run_folded(steps: Steps, fold: Folded, clock: list[float], link_free: list[
         r = ready.pop()
         stop, t_rank = cuts[r + 1], clock[r]
         for j in range(ptr[r], stop):
-            t = t_rank
             e = in1[j]
-            if e >= 0:
-                te = ends[e]
-                if te < 0.0:
-                    if waiter[e] == -1:  # (the usual case: one rank waits for it)
-                        waiter[e] = r
-                    else:
-                        _wait(e, r, waiter, more)
-                    break
-                if te > t:
-                    t = te
-            elif e == -2:
-                e, t = first_missing(in_extra[j], ends, t)
-                if e >= 0:
-                    _wait(e, r, waiter, more)
-                    break
-            ends[j] = t_rank = t + dur[j]
+            te = ends[e]
+            if te > t_rank:
+                if te == _UNDONE:
+                    if e == -2:  # several events: the first that has not ended, or all ended
+                        e, te = _first_undone(in_extra[j], ends, t_rank)
+                    if e != -1:
+                        if waiter[e] == -1:  # (the usual case: one rank waits for it)
+                            waiter[e] = r
+                        else:
+                            _wait(e, r, waiter, more)
+                        break
+                ends[j] = t_rank = te + dur[j]
+            else:
+                ends[j] = t_rank = t_rank + dur[j]
             w = waiter[j]
             if w != -1:
                 if w >= 0:
@@ -274,11 +308,28 @@ def _run_folded(steps: Steps, fold: Folded, clock: list[float], link_free: list[
         clock[r] = t_rank
     if any(ptr[r] < cuts[r + 1] for r in range(len(clock))):
         return None
-    ends.pop()
+    del ends[count:]
     link_free = list(link_free)
     for lk, j in fold.link_last:
         link_free[lk] = ends[j]  # its last send's end: that step's end + 0
     return ends, clock, link_free
+
+
+#: The end the folded loop reads for an event that has not ended (every real end is finite).
+_UNDONE = float("inf")
+
+
+def _first_undone(events: tuple[int, ...], ends: list[float], t: float) -> tuple[int, float]:
+    """Of a step waiting for several ``events`` from clock ``t``: (−1, max of ``t`` and their ends)
+    when all have ended, else (the first that has not, ``t``) — :func:`first_missing` for the folded
+    loop's +inf."""
+    for e in events:
+        te = ends[e]
+        if te == _UNDONE:
+            return e, t
+        if te > t:
+            t = te
+    return -1, t
 
 
 def _wake(e: int, w: int, ready: list[int], more: dict[int, list[int]]) -> None:
@@ -333,7 +384,7 @@ def expand(times: StepTimes):
     send's end on its link or the link's free time); a receive's time is the running maximum of its
     rank's start clock, the ends of its rank's earlier compute actions and the ends its rank's
     receives waited for, up to and including its own."""
-    steps, clock0 = times.steps, times.clock0
+    steps, clock0 = times.steps.lowered_steps(), times.clock0
     offsets = steps.offsets
     n = offsets[-1]
     e_ev = np.array(times.ends)
