@@ -82,7 +82,10 @@ def markdown(outcomes: list[Outcome], header: str) -> str:
         lines += ["", "Not simulated:", ""]
         lines += [f"- `{o.run.id}`: {o.error}" for o in skipped]
     lines += ["", "## Assumptions per row", ""]
-    lines += [f"- `{prefix}*`: {reason}" for prefix, (_, reason) in OVERRIDES.items()]
+    by_reason: dict[str, list[str]] = {}
+    for prefix, (_, reason) in OVERRIDES.items():
+        by_reason.setdefault(reason, []).append(f"`{prefix}*`")
+    lines += [f"- {', '.join(prefixes)}: {reason}" for reason, prefixes in by_reason.items()]
     lines += ["", "## Commands", "", "Each run's exact command (`pipewright simulate …`):", ""]
     for o in outcomes:
         if o.time_error is not None:

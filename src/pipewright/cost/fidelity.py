@@ -81,6 +81,25 @@ MEGATRON_FIT_ROWS = frozenset(
 #: :func:`framework_fit_selection`)
 FIT_ROWS = MEGATRON_FIT_ROWS | frameworks.fit_rows()
 
+#: FlagPerf's Llama 3 script (training/benchmarks/llama3_{8B,70B}/megatron/pretrain_llama3.sh) passes no
+#: ``--overlap-grad-reduce``: Megatron-LM reduces the gradients after the backward (its default)
+_FLAGPERF_LLAMA3 = (
+    {"grad_reduce": "after"},
+    "FlagPerf's pretrain_llama3.sh passes no --overlap-grad-reduce (FlagOpen/FlagPerf@1b5a0303): "
+    "Megatron-LM's default, the gradient reduction after the backward",
+)
+
+#: NVIDIA's Llama 3.1 405B recipes set Megatron-Core's ``account_for_embedding_in_pipeline_split`` and
+#: ``account_for_loss_in_pipeline_split``: 126 layers + 2 over pp × v chunks, the first and last one layer
+#: fewer
+_EMBEDDING_AND_LOSS_SPLIT = (
+    {"pipeline_split": "embedding-and-loss"},
+    "account_for_embedding_in_pipeline_split / account_for_loss_in_pipeline_split = True in the 405B "
+    "recipes the tables ran: NeMo v2.2.0 nemo/collections/llm/recipes/llama31_405b.py (25.02), "
+    "Megatron-Bridge v0.1.0rc4 recipes/llama/llama31_405b.py and v0.2.0 recipes/llama/llama3.py "
+    "(25.09, 25.11), not reset by their performance scripts",
+)
+
 #: per-row assumptions where the published row leaves the layout open or is inconsistent: id prefix →
 #: (column values, reason)
 OVERRIDES: Mapping[str, tuple[Mapping[str, str], str]] = {
@@ -95,6 +114,14 @@ OVERRIDES: Mapping[str, tuple[Mapping[str, str], str]] = {
         "torchtitan's default for a multi-stage schedule without split points: 2 stages per rank "
         "(generate_split_points in its pipeline code at the benchmarked commit)",
     ),
+    "nemo2502-b200-llama3-405b-": _EMBEDDING_AND_LOSS_SPLIT,
+    "mb2509-h100-405b-": _EMBEDDING_AND_LOSS_SPLIT,
+    "mb2509-b200-405b-": _EMBEDDING_AND_LOSS_SPLIT,
+    "mb2511-h100-405b-": _EMBEDDING_AND_LOSS_SPLIT,
+    "mb2511-b200-405b-": _EMBEDDING_AND_LOSS_SPLIT,
+    "mb260401-h100-405b-": _EMBEDDING_AND_LOSS_SPLIT,
+    "flagperf-a800-llama3-": _FLAGPERF_LLAMA3,
+    "flagperf-h100-llama3-": _FLAGPERF_LLAMA3,
     "korthikanti-a100-22b-": (
         {"gpus": "8"},
         "the row gives 4 GPUs with tensor parallelism 8; Korthikanti et al. run 22B on 8 GPUs (t = 8)",
@@ -220,9 +247,12 @@ def published_tokens_per_s(run: Run, peak: float | None = None) -> float | None:
 
 
 def layout_for(run: Run, stages: int) -> str | None:
-    """Zero Bubble's and Llama 3's layouts: layers = k·stages − 2, the first and last stage one layer
-    fewer (Llama 3: one layer per chunk, so the embedding and the output layer alone)."""
-    if run["source"] not in ("zero-bubble-iclr2024", "llama3-herd-2024") or stages < 2:
+    """Zero Bubble's and Llama 3's layouts, and Megatron-Core's split that counts the embedding and the
+    loss as a layer each (``pipeline_split`` "embedding-and-loss"): layers = k·stages − 2, the first and
+    last stage one layer fewer (Llama 3: one layer per chunk, so the embedding and the output layer
+    alone)."""
+    edges = run["source"] in ("zero-bubble-iclr2024", "llama3-herd-2024")
+    if not (edges or run["pipeline_split"] == "embedding-and-loss") or stages < 2:
         return None
     k = (run.int("layers") + 2) // stages
     mid = [f"t*{k}"] * (stages - 2)
@@ -278,7 +308,7 @@ def simulate_argv(run: Run) -> list[str]:
     if run["tp_comm_overlap"] == "true" and tp > 1:
         argv.append("--tp-comm-overlap")
     if dp * cp > 1:
-        argv += ["--grad-reduce", "overlap" if run.int("year") >= 2023 else "after"]
+        argv += ["--grad-reduce", run["grad_reduce"] or ("overlap" if run.int("year") >= 2023 else "after")]
     layout = layout_for(run, pp * v)
     if layout:
         argv += ["--layout", layout]
