@@ -15,6 +15,8 @@ if TYPE_CHECKING:
 
 #: the attention kernels with published rates (:data:`pipewright.cost.attention_kernels.KERNEL_NAMES`)
 KERNEL_NAMES = ("fa2", "fa3", "cudnn")
+#: the --tp-comm-overlap modes (:func:`pipewright.cost.tp_overlap.modes`); the bare flag names ``te``
+TP_OVERLAP_NAMES = ("none", "te", "async-tp")
 #: --recompute modes of simulate (the planner searches none/selective/full)
 RECOMPUTE_FLAGS = ("full", "selective", "op", "none")
 RECOMPUTE_HELP = (
@@ -157,6 +159,21 @@ def framework_efficiency(args: argparse.Namespace, accelerators: Sequence[Accele
         mixed = ", ".join(kinds)
         raise ConfigError(f"--framework {fw.name} prices one accelerator kind; the cluster has {mixed}")
     return fw.efficiency(default_efficiency(next(iter(kinds.values()))))
+
+
+def add_tp_comm_overlap(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--tp-comm-overlap [MODE]`` (:mod:`pipewright.cost.tp_overlap`): bare, Transformer Engine's
+    overlap (``te``); ``async-tp``, PyTorch's asynchronous TP as its micro-pipeline pass fuses it."""
+    parser.add_argument(
+        "--tp-comm-overlap",
+        nargs="?",
+        const="te",
+        default=False,
+        choices=TP_OVERLAP_NAMES,
+        help="tensor-parallel communication overlapped with GEMMs: te (the bare flag: Transformer "
+        "Engine, behind all of a pass's GEMMs), async-tp (PyTorch's micro-pipeline pass: each "
+        "collective with the matmul it fuses; the backward's input-gradient reduce-scatters exposed), none",
+    )
 
 
 def add_microbatch_group(
