@@ -42,8 +42,9 @@ per-layer terms are :mod:`pipewright.cost.layer`'s (GEMM shapes, attention, stor
   position table) on chunk 0, the final norm and a V·h output layer on the last chunk; static memory
   (:mod:`pipewright.cost.chunk_memory`) = parameters / t × the per-parameter bytes of the optimizer
   sharding. REDUCE_GRAD sends ``grad_bytes`` per parameter, by default the reduction in the gradient
-  buffer's dtype (:func:`~pipewright.cost.sharding.reduction_bytes`; nothing under FSDP without
-  pipelining, which reduce-scatters per layer in the backward).
+  buffer's dtype with the distributed optimizer's all-gather under the next forward (the planner's
+  overlapped reduction; :func:`~pipewright.cost.sharding.reduction_bytes`, which ``model_setup`` applies
+  to ``--grad-reduce``; nothing under FSDP without pipelining: per layer in the backward).
 - ``dtype="fp8"``: the GEMMs run at the FP8 peak (Transformer Engine), attention, the memory-bound
   kernels, activations and messages stay bf16, except the four GEMM inputs a layer keeps for its
   backward, kept as FP8 copies (the fused attention kernel keeps its own bf16 output besides).
@@ -234,7 +235,7 @@ class TransformerCost:
         check_sharding(self.optimizer_sharding, self.grad_dtype)
         tp_overlap.resolve(self.tp_comm_overlap)
         if self.grad_bytes is None:
-            reduced = reduction_bytes(self.optimizer_sharding, self.grad_dtype, self.dtype)
+            reduced = reduction_bytes(self.optimizer_sharding, self.grad_dtype, self.dtype, True)
             object.__setattr__(self, "grad_bytes", reduced)
         check_kernels(self.kernels)
         check_stage_outputs(self.stage_outputs)
