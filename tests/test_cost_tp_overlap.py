@@ -106,3 +106,24 @@ def test_simulate_prices_async_tp_between_no_overlap_and_te():
     times = {m: _simulate(["--tp-comm-overlap", m])["iteration_time_s"] for m in ("none", "async-tp")}
     te = _simulate(["--tp-comm-overlap"])["iteration_time_s"]
     assert te < times["async-tp"] < times["none"]
+
+
+@pytest.mark.parametrize(("grad_reduce", "expected"), [("after", 3.0), ("overlap", 2.0)])
+def test_the_reduction_follows_where_it_runs(grad_reduce, expected):
+    """The distributed optimizer with an fp32 buffer: reduce-scatter 4 + all-gather 2 bytes after the
+    pipeline; with the reduction overlapped, the all-gather runs under the next forward."""
+    from pipewright.plan.setup import model_setup
+    from pipewright.topology import cluster
+
+    mesh = Mesh(tp=1, pp=2, dp=4)
+    setup = model_setup(
+        SPEC,
+        cluster(1, 8, "h100-sxm"),
+        mesh,
+        build_schedule("1f1b", 2, 4),
+        1,
+        gpu="h100-sxm",
+        grad_reduce=grad_reduce,
+        optimizer_sharding="zero1",
+    )
+    assert setup.cost.grad_bytes == expected
