@@ -79,8 +79,8 @@ COST_FIELDS = {"grad_dtype": None, "kernels": None, "fsdp_grad_sync": None, "sta
 def add_cost_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """Inputs on how the framework runs, on ``pipewright simulate`` and ``pipewright plan`` (which prices
     every candidate with them: ``plan.problem.Problem.cost_fields``):
-    ``--grad-dtype fp32|bf16``: the gradient buffer's element type (memory only; the gradient
-    reduction is priced in 16 bits either way); ``--kernels fused|eager|compiled``: how the
+    ``--grad-dtype fp32|bf16``: the gradient buffer's element type (its memory, and the data-parallel
+    reduction's bytes: :func:`pipewright.cost.sharding.reduction_bytes`); ``--kernels fused|eager|compiled``: how the
     memory-bound kernels run (:mod:`pipewright.cost.kernels`); ``--fsdp-grad-sync microbatch|step``:
     when pipelined FSDP reduce-scatters the gradients (:mod:`pipewright.cost.sharding`);
     ``--stage-outputs freed|kept``: whether a stage frees each microbatch's output after sending it
@@ -90,7 +90,8 @@ def add_cost_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) 
         choices=("fp32", "bf16"),
         default=None,
         help="gradient buffer dtype (default fp32, Megatron-LM's; bf16 is Megatron-Core's grad_reduce_in_fp32"
-        "=False, NeMo/Megatron-Bridge performance recipes)",
+        "=False, NeMo/Megatron-Bridge performance recipes): its memory and the data-parallel reduction's "
+        "bytes (fp16 runs reduce in 16 bits, Megatron's default)",
     )
     parser.add_argument(
         "--kernels",
