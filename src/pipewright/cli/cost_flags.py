@@ -80,9 +80,10 @@ def add_cost_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) 
     """Inputs on how the framework runs, on ``pipewright simulate`` and ``pipewright plan`` (which prices
     every candidate with them: ``plan.problem.Problem.cost_fields``):
     ``--grad-dtype fp32|bf16``: the gradient buffer's element type (its memory, and the data-parallel
-    reduction's bytes: :func:`pipewright.cost.sharding.reduction_bytes`); ``--kernels
-    fused|eager|compiled``: how the memory-bound kernels run (:mod:`pipewright.cost.kernels`); ``--fsdp-grad-sync microbatch|step``:
-    when pipelined FSDP reduce-scatters the gradients (:mod:`pipewright.cost.sharding`);
+    reduction's bytes: :func:`pipewright.cost.sharding.reduction_bytes`);
+    ``--kernels fused|eager|compiled``: how the memory-bound kernels run (:mod:`pipewright.cost.kernels`);
+    ``--fsdp-grad-sync microbatch|step``: when pipelined FSDP reduce-scatters the gradients
+    (:mod:`pipewright.cost.sharding`);
     ``--stage-outputs freed|kept``: whether a stage frees each microbatch's output after sending it
     (:mod:`pipewright.cost.chunk_memory`)."""
     parser.add_argument(
