@@ -90,7 +90,12 @@ def test_static_memory_and_gradients():
     params = sum(cost.static_bytes(r, schedule) for r in range(4)) / 18
     h, V = SPEC.hidden, SPEC.vocab
     assert params == pytest.approx(megatron_parameters(SPEC) + V * h + 2 * h)  # + output layer, final LN
-    assert cost.message_bytes(Action(1, REDUCE_GRAD), schedule) == 2 * (12 * h * h + 13 * h) * 2
+    stage = 2 * (12 * h * h + 13 * h)  # two layers' parameters
+    # bf16 training with an fp32 gradient buffer all-reduces 4 bytes per parameter (Megatron-LM's
+    # accumulate_allreduce_grads_in_fp32 for --bf16); a bf16 buffer 2
+    assert cost.message_bytes(Action(1, REDUCE_GRAD), schedule) == stage * 4
+    bf16 = TransformerCost(SPEC, microbatch=1, grad_dtype="bf16")
+    assert bf16.message_bytes(Action(1, REDUCE_GRAD), schedule) == stage * 2
 
 
 def test_layout_and_errors():

@@ -15,6 +15,8 @@ if TYPE_CHECKING:
 
 #: the attention kernels with published rates (:data:`pipewright.cost.attention_kernels.KERNEL_NAMES`)
 KERNEL_NAMES = ("fa2", "fa3", "cudnn")
+#: the --tp-comm-overlap modes (:func:`pipewright.cost.tp_overlap.modes`); the bare flag names ``te``
+TP_OVERLAP_NAMES = ("none", "te", "async-tp")
 #: --recompute modes of simulate (the planner searches none/selective/full)
 RECOMPUTE_FLAGS = ("full", "selective", "op", "none")
 RECOMPUTE_HELP = (
@@ -77,10 +79,11 @@ COST_FIELDS = {"grad_dtype": None, "kernels": None, "fsdp_grad_sync": None, "sta
 def add_cost_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """Inputs on how the framework runs, on ``pipewright simulate`` and ``pipewright plan`` (which prices
     every candidate with them: ``plan.problem.Problem.cost_fields``):
-    ``--grad-dtype fp32|bf16``: the gradient buffer's element type (memory only; the gradient
-    reduction is priced in 16 bits either way); ``--kernels fused|eager|compiled``: how the
-    memory-bound kernels run (:mod:`pipewright.cost.kernels`); ``--fsdp-grad-sync microbatch|step``:
-    when pipelined FSDP reduce-scatters the gradients (:mod:`pipewright.cost.sharding`);
+    ``--grad-dtype fp32|bf16``: the gradient buffer's element type (its memory, and the data-parallel
+    reduction's bytes: :func:`pipewright.cost.sharding.reduction_bytes`);
+    ``--kernels fused|eager|compiled``: how the memory-bound kernels run (:mod:`pipewright.cost.kernels`);
+    ``--fsdp-grad-sync microbatch|step``: when pipelined FSDP reduce-scatters the gradients
+    (:mod:`pipewright.cost.sharding`);
     ``--stage-outputs freed|kept``: whether a stage frees each microbatch's output after sending it
     (:mod:`pipewright.cost.chunk_memory`)."""
     parser.add_argument(
@@ -88,7 +91,8 @@ def add_cost_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) 
         choices=("fp32", "bf16"),
         default=None,
         help="gradient buffer dtype (default fp32, Megatron-LM's; bf16 is Megatron-Core's grad_reduce_in_fp32"
-        "=False, NeMo/Megatron-Bridge performance recipes)",
+        "=False, NeMo/Megatron-Bridge performance recipes): its memory and the data-parallel reduction's "
+        "bytes (fp16 runs reduce in 16 bits, Megatron's default)",
     )
     parser.add_argument(
         "--kernels",
@@ -157,6 +161,21 @@ def framework_efficiency(args: argparse.Namespace, accelerators: Sequence[Accele
         mixed = ", ".join(kinds)
         raise ConfigError(f"--framework {fw.name} prices one accelerator kind; the cluster has {mixed}")
     return fw.efficiency(default_efficiency(next(iter(kinds.values()))))
+
+
+def add_tp_comm_overlap(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """``--tp-comm-overlap [MODE]`` (:mod:`pipewright.cost.tp_overlap`): bare, Transformer Engine's
+    overlap (``te``); ``async-tp``, PyTorch's asynchronous TP as its micro-pipeline pass fuses it."""
+    parser.add_argument(
+        "--tp-comm-overlap",
+        nargs="?",
+        const="te",
+        default=False,
+        choices=TP_OVERLAP_NAMES,
+        help="tensor-parallel communication overlapped with GEMMs: te (the bare flag: Transformer "
+        "Engine, behind all of a pass's GEMMs), async-tp (PyTorch's micro-pipeline pass: each "
+        "collective with the matmul it fuses; the backward's input-gradient reduce-scatters exposed), none",
+    )
 
 
 def add_microbatch_group(

@@ -16,6 +16,7 @@ from pipewright.cli.cost_flags import (
     add_cost_options,
     add_microbatch_group,
     add_moe_options,
+    add_tp_comm_overlap,
     cost_fields,
     framework_efficiency,
 )
@@ -123,9 +124,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     shard.add_argument(
         "--fsdp", action="store_true", help="FSDP / ZeRO-3: weights, gradients and optimizer state sharded"
     )
-    model.add_argument(
-        "--tp-comm-overlap", action="store_true", help="tensor-parallel communication overlapped with GEMMs"
-    )
+    add_tp_comm_overlap(model)
     model.add_argument(
         "--calibration", help="a measured calibration (`pipewright profile --calibration`) of --gpu"
     )

@@ -166,7 +166,7 @@ register(
         "Megatron-DeepSpeed (MT-NLG, BLOOM): Megatron's fused kernels, DeepSpeed's pipeline engine and "
         "ZeRO-1 optimizer with fp32 gradient accumulation",
         {"grad_dtype": "fp32"},
-        compute=0.7969,
+        compute=0.8036,
         overhead=0.0,
         fitted_on=("mtnlg-a100-530b-2800gpu",),
     )

@@ -25,6 +25,14 @@ of a stage (Rajbhandari et al. 2020):
   every backward but the last, and FSDP2 accumulates the unsharded gradients in its reduce dtype, fp32
   in torchtitan) they are held unsharded too, in the gradient buffer's dtype; with
   ``grad_sync="microbatch"`` (Llama 3 §3.3.2: gradients sharded) they stay /d.
+
+The data-parallel reduction moves the gradient buffer's dtype (:func:`reduction_bytes`): Megatron-LM
+sets ``accumulate_allreduce_grads_in_fp32`` for ``--bf16`` (megatron/training/arguments.py), so a bf16
+run all-reduces 4 bytes per parameter; Megatron-Core's DDP reduces in fp32 with ``grad_reduce_in_fp32``
+and in the parameter dtype without; fp16 runs keep Megatron's default (False: the fp16 gradients are
+reduced). The distributed optimizer reduce-scatters the buffer in its dtype and all-gathers the
+parameters in theirs (2 bytes); FSDP2 reduce-scatters in its ``reduce_dtype`` (fp32 in torchtitan's
+``mixed_precision_reduce``) and all-gathers the 16-bit weights.
 """
 
 from __future__ import annotations
@@ -89,6 +97,31 @@ def pipelined_fsdp_state(state: StateBytes, grad_sync: str, grad_dtype: str = "f
         raise ConfigError(f"--fsdp-grad-sync must be one of {', '.join(GRAD_SYNC)} (got {grad_sync!r})")
     grads = GRAD_DTYPE_BYTES[grad_dtype] if grad_sync == "step" else state.gradients
     return StateBytes(WEIGHT_BYTES, grads, state.optimizer)
+
+
+def reduce_dtype_bytes(grad_dtype: str, dtype: str = "bf16") -> float:
+    """Bytes per gradient element of the data-parallel reduction: the gradient buffer's dtype, except
+    under fp16 training, whose Megatron default reduces the fp16 gradients (module docstring)."""
+    check_sharding("none", grad_dtype)
+    return WEIGHT_BYTES if dtype == "fp16" else GRAD_DTYPE_BYTES[grad_dtype]
+
+
+def reduction_bytes(
+    mode: str, grad_dtype: str, dtype: str = "bf16", gather_overlapped: bool = False
+) -> float:
+    """Bytes per parameter of one ring all-reduce that takes as long as the step's data-parallel
+    gradient traffic: R = :func:`reduce_dtype_bytes` for a plain all-reduce (``none``); a
+    reduce-scatter of R plus an all-gather of the 2-byte parameters, (R + 2)/2, for ``zero1`` and
+    ``fsdp`` (each moves (d − 1)/d of its bytes per rank, an all-reduce 2(d − 1)/d). With
+    ``gather_overlapped`` (Megatron-Core's ``overlap_param_gather``, which goes with
+    ``--overlap-grad-reduce``: the distributed optimizer's parameter all-gather runs bucket by bucket
+    under the next iteration's forward, distributed_data_parallel.py's forward pre-hooks) ``zero1``
+    prices the reduce-scatter alone, R/2."""
+    check_sharding(mode, grad_dtype)
+    r = reduce_dtype_bytes(grad_dtype, dtype)
+    if mode == "none":
+        return r
+    return r / 2 if mode == "zero1" and gather_overlapped else (r + WEIGHT_BYTES) / 2
 
 
 def exposed(comm: float, compute: float) -> float:

@@ -18,10 +18,10 @@ per-layer terms are :mod:`pipewright.cost.layer`'s (GEMM shapes, attention, stor
   core at :attr:`Efficiency.attention`, the published speed of the attention kernel on the GPU
   (:mod:`pipewright.cost.attention_kernels`; flash attention skips the masked half of the causal
   square; eager attention's batched GEMMs run at the GEMM efficiency) +
-  the memory-bound kernels' bytes / memory bandwidth + tensor-parallel communication (exposed only
-  beyond the GEMMs with ``tp_comm_overlap``) + the context-parallel ring exchange beyond the attention
-  it overlaps (:mod:`pipewright.cost.context`) + FSDP's gathers beyond the compute they overlap
-  (:mod:`pipewright.cost.sharding`). W carries GEMMs only.
+  the memory-bound kernels' bytes / memory bandwidth + tensor-parallel communication (what
+  ``tp_comm_overlap`` leaves exposed, :mod:`pipewright.cost.tp_overlap`) + the context-parallel
+  ring exchange beyond the attention it overlaps (:mod:`pipewright.cost.context`) + FSDP's gathers
+  beyond the compute they overlap (:mod:`pipewright.cost.sharding`). W carries GEMMs only.
 - Memory-bound kernels (norms, activations, dropout, softmax, rotary, residual adds): the forward moves
   κ (:attr:`Efficiency.memory_traffic`) × the bytes a forward without recomputation stores; I moves
   twice that (plus a recomputed forward's); the output layer's fp32 softmax/cross-entropy moves 12
@@ -41,8 +41,10 @@ per-layer terms are :mod:`pipewright.cost.layer`'s (GEMM shapes, attention, stor
 - Parameters: :func:`~pipewright.cost.layer.layer_parameters` per layer, the embedding (and GPT's
   position table) on chunk 0, the final norm and a V·h output layer on the last chunk; static memory
   (:mod:`pipewright.cost.chunk_memory`) = parameters / t × the per-parameter bytes of the optimizer
-  sharding. REDUCE_GRAD sends ``grad_bytes`` per parameter (nothing under FSDP, which
-  reduce-scatters per layer in the backward).
+  sharding. REDUCE_GRAD sends ``grad_bytes`` per parameter, by default the reduction in the gradient
+  buffer's dtype with the distributed optimizer's all-gather under the next forward (the planner's
+  overlapped reduction; :func:`~pipewright.cost.sharding.reduction_bytes`, which ``model_setup`` applies
+  to ``--grad-reduce``; nothing under FSDP without pipelining: per layer in the backward).
 - ``dtype="fp8"``: the GEMMs run at the FP8 peak (Transformer Engine), attention, the memory-bound
   kernels, activations and messages stay bf16, except the four GEMM inputs a layer keeps for its
   backward, kept as FP8 copies (the fused attention kernel keeps its own bf16 output besides).
@@ -55,6 +57,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
+from pipewright.cost import tp_overlap
 from pipewright.cost.attention_kernels import kernel_efficiency
 from pipewright.cost.calibration import Calibration
 from pipewright.cost.chunk_memory import (
@@ -81,7 +84,7 @@ from pipewright.cost.layer import (
     layer_recomputed_gemms,
 )
 from pipewright.cost.placement import layer_counts, roles
-from pipewright.cost.sharding import StateBytes, check_sharding, exposed
+from pipewright.cost.sharding import StateBytes, check_sharding, exposed, reduce_dtype_bytes, reduction_bytes
 from pipewright.errors import ConfigError
 from pipewright.hardware import Accelerator, accelerator
 from pipewright.ir import RECV_B, RECV_F, REDUCE_GRAD, SEND_B, SEND_F, Action, B, F, I, Schedule, W
@@ -180,14 +183,15 @@ class TransformerCost:
     ``recompute``: none, selective or full. ``cp``: context-parallel size (ring attention; the mesh's
     cp when it has one). ``optimizer_sharding``: none, zero1 or fsdp. ``stage_outputs``: freed
     (Megatron's deallocation, the default) or kept until the backward (torch.distributed.pipelining;
-    :mod:`pipewright.cost.chunk_memory`). ``tp_comm_overlap``: tensor-
-    parallel communication hidden behind the GEMMs. ``calibration``: measured GEMM throughput by shape
-    and memory bandwidth (:mod:`pipewright.cost.calibration`). ``attention_kernel``: the fused
-    attention kernel (fa2, fa3, cudnn; :mod:`pipewright.cost.attention_kernels`) whose published speed
-    on ``gpu`` prices the flash attention core; None: ``efficiency``'s attention rate (the GPU's usual
-    kernel's in :func:`default_efficiency`). ``efficiency``: None = each device's
-    ``gpu``'s defaults without wave quantisation (:func:`default_efficiency`; ``model_setup``, the
-    path of ``pipewright simulate``, passes them with it).
+    :mod:`pipewright.cost.chunk_memory`). ``tp_comm_overlap``: how tensor-parallel communication
+    hides behind the GEMMs (:mod:`pipewright.cost.tp_overlap`; True: ``te``). ``calibration``:
+    measured GEMM throughput by shape and memory bandwidth (:mod:`pipewright.cost.calibration`).
+    ``attention_kernel``: the fused attention kernel (fa2, fa3, cudnn;
+    :mod:`pipewright.cost.attention_kernels`) whose published speed on ``gpu`` prices the flash
+    attention core; None: ``efficiency``'s attention rate (the GPU's usual kernel's in
+    :func:`default_efficiency`). ``efficiency``: None = each device's ``gpu``'s defaults without wave
+    quantisation (:func:`default_efficiency`; ``model_setup``, the path of ``pipewright simulate``,
+    passes them with it).
     """
 
     spec: ModelSpec
@@ -202,12 +206,12 @@ class TransformerCost:
     efficiency: Efficiency | None = None
     layout: Sequence[int] | Layout | None = None
     bytes_per_param: float = 18.0
-    grad_bytes: float = 2.0
+    grad_bytes: float | None = None  # per parameter of REDUCE_GRAD; None: sharding.reduction_bytes
     extra_times: Mapping[str, float] = field(default_factory=dict)
     attention: str = "eager"
     cp: int = 1
     optimizer_sharding: str = "none"
-    tp_comm_overlap: bool = False
+    tp_comm_overlap: bool | str = False  # a cost.tp_overlap mode; True: te
     calibration: Calibration | None = None
     attention_kernel: str | None = None
     grad_dtype: str = "fp32"
@@ -229,6 +233,10 @@ class TransformerCost:
         if self.spec.heads % self.mesh.tp or self.spec.ffn_hidden % self.mesh.tp:
             raise ConfigError(f"--tp {self.mesh.tp} must divide the heads ({self.spec.heads}) and FFN size")
         check_sharding(self.optimizer_sharding, self.grad_dtype)
+        tp_overlap.resolve(self.tp_comm_overlap)
+        if self.grad_bytes is None:
+            reduced = reduction_bytes(self.optimizer_sharding, self.grad_dtype, self.dtype, True)
+            object.__setattr__(self, "grad_bytes", reduced)
         check_kernels(self.kernels)
         check_stage_outputs(self.stage_outputs)
         mesh = self.mesh
@@ -390,9 +398,7 @@ class TransformerCost:
         if self.calibration is not None:
             bandwidth = self.calibration.memory_bandwidth
         memory = chunk.traffic[kind] / bandwidth
-        tp = sum(self.comm.tp_all_reduce_time(rank, x) for x in chunk.tp_bytes[kind])
-        if self.tp_comm_overlap:
-            tp = exposed(tp, gemm)
+        tp = tp_overlap.tp_exposed_time(self, chunk, kind, rank, gemm)
         ring = 0.0
         if self.cp > 1 and chunk.layers:
             gathered = ring_gathered_bytes(chunk.ring_bytes[kind], self.cp)
@@ -413,13 +419,13 @@ class TransformerCost:
 
     def _fsdp_comm(self, chunk: _Chunk, kind: str, rank: int) -> float:
         """FSDP per microbatch: all-gather the chunk's 16-bit weights before F and before the backward,
-        reduce-scatter its gradients after the backward (I/B)."""
+        reduce-scatter its gradients in the reduce dtype after the backward (I/B)."""
         weights = chunk.params * 2.0
         t = self.comm.collective_time("all_gather", rank, weights, group="dp")
         if kind == F:
             return t
         return t + self.comm.collective_time(
-            "reduce_scatter", rank, chunk.params * self.grad_bytes, group="dp"
+            "reduce_scatter", rank, chunk.params * reduce_dtype_bytes(self.grad_dtype, self.dtype), group="dp"
         )
 
     # -- CostModel ----------------------------------------------------------------------------------

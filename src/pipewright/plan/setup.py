@@ -192,6 +192,7 @@ def model_setup(
     """
     from pipewright.cost.llama import cost_class
     from pipewright.cost.recompute import make_cost
+    from pipewright.cost.sharding import reduction_bytes
     from pipewright.cost.transformer import default_efficiency
     from pipewright.hardware import Accelerator, accelerator
     from pipewright.passes.grad_reduce import with_grad_reduction
@@ -210,6 +211,9 @@ def model_setup(
     acc = gpu if isinstance(gpu, Accelerator) else accelerator(gpu) if gpu else topology.accelerator(0)
     if mesh.dp > 1:
         schedule = with_grad_reduction(schedule, grad_reduce)
+    overlapped, grad_dtype = grad_reduce == "overlap", str(fields.get("grad_dtype", "fp32"))
+    grad_bytes = reduction_bytes(optimizer_sharding, grad_dtype, dtype or default_dtype(acc), overlapped)
+    fields = {"grad_bytes": grad_bytes, **fields}
     cost = make_cost(
         recompute,
         cls=cost_class(spec),
