@@ -29,8 +29,12 @@ the model's last layer is (:meth:`MoECost._moe_layers`, :mod:`pipewright.cost.mt
   (Megatron-Core's expert-data-parallel group), the rest over dp × cp, one after the other
   (:class:`ExpertComm`, :meth:`MoECost.grad_reductions`).
 
+- FSDP without pipelining (pp = 1: weights gathered and gradients reduce-scattered per layer and
+  microbatch): the routed experts' over the expert-data-parallel group, the rest over dp × cp
+  (:meth:`MoECost._fsdp_comm`).
+
 Not priced (stated in docs/moe.md): the memory-bound traffic of the expert MLPs beyond the dense
-MLP's; FSDP's per-layer reduce-scatter (pp = 1) of expert gradients (over dp × cp).
+MLP's.
 """
 
 from __future__ import annotations
@@ -219,6 +223,22 @@ class MoECost(TransformerCost):
             dense.layers,
             k,
         )
+
+    def _fsdp_comm(self, chunk: _Chunk, kind: str, rank: int) -> float:
+        """FSDP per microbatch (pp = 1, :meth:`~pipewright.cost.transformer.TransformerCost._fsdp_comm`)
+        with ep > 1: the routed experts' 16-bit weights all-gathered and their gradients
+        reduce-scattered over the expert-data-parallel group (:meth:`ExpertComm.expert_group`, where
+        their state is sharded), the rest over dp × cp; each pair one after the other."""
+        expert = chunk.moe_layers * self.routed_params() if self.mesh.ep > 1 else 0.0
+        if not expert:
+            return super()._fsdp_comm(chunk, kind, rank)
+        comm, dense = self.comm, chunk.params - expert
+        time = comm.collective_time("all_gather", rank, dense * 2.0, group="dp")
+        time += comm.expert_time("all_gather", rank, expert * 2.0)
+        if kind == F:
+            return time
+        time += comm.collective_time("reduce_scatter", rank, dense * self.grad_bytes, group="dp")
+        return time + comm.expert_time("reduce_scatter", rank, expert * self.grad_bytes)
 
     def routed_params(self) -> float:
         """Routed-expert parameters per device in one MoE layer: E/e experts, each split over t."""
