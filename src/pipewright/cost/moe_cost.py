@@ -203,7 +203,6 @@ class MoECost(TransformerCost):
         routed = self.routed_params()
         shared = spec.moe_shared_experts * _expert_parameters(spec, even) / t
         params = dense.params + k * (router_params + shared - dense_mlp_params + routed)
-        self._cache[("experts", stage, num_stages)] = k * routed
 
         def plus(table, delta):
             out = {kind: table[kind] + delta.get(kind, 0.0) for kind in (F, I, W)}
@@ -283,18 +282,15 @@ class MoECost(TransformerCost):
         """Bytes per device stage ``stage``'s gradient reduction sends, by group: ``dp`` (the dp × cp
         replicas: attention, router, shared experts, norms, embedding, output layer) and ``expert_dp``
         (the dp·cp/ep replicas of its routed experts; with ep = 1 the same group, so counted in dp)."""
-        n = schedule.num_stages
-        total = self._chunk(stage, schedule).params * self.grad_bytes
-        expert = self._cache.get(("experts", stage, n), 0.0) * self.grad_bytes if self.mesh.ep > 1 else 0.0
+        chunk = self._chunk(stage, schedule)
+        total = chunk.params * self.grad_bytes
+        expert = chunk.moe_layers * self.routed_params() * self.grad_bytes if self.mesh.ep > 1 else 0.0
         return {"dp": total - expert, "expert_dp": expert}
 
     def expert_params(self, rank: int, schedule: Schedule) -> float:
         """Routed-expert parameters per device on pipeline ``rank``."""
-        n, out = schedule.num_stages, 0.0
-        for c in schedule.stages_of(rank):
-            self._chunk(c, schedule)
-            out += self._cache.get(("experts", c, n), 0.0)
-        return out
+        routed = self.routed_params()
+        return sum(self._chunk(c, schedule).moe_layers * routed for c in schedule.stages_of(rank))
 
     def expert_state(self) -> StateBytes:
         """Bytes per routed-expert parameter: the dense parameters' (:meth:`state`: the gradient
