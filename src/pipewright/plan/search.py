@@ -32,6 +32,7 @@ from pipewright.errors import ConfigError, PipewrightError
 from pipewright.hardware import accelerator
 from pipewright.plan import grouping
 from pipewright.plan.bounds import lower_bound, may_fit
+from pipewright.plan.chunked import chunked_time, end_chunks_in_flight
 from pipewright.plan.context import _Context, messages, parts_of
 from pipewright.plan.costs import StageCost, stage_cost
 from pipewright.plan.mapping import DeviceMap, device_order, map_devices, slowest_first
@@ -179,13 +180,14 @@ def estimate(ctx: _Context, c: Candidate, dmap: DeviceMap | None = None, layers=
     boundary, grad_bytes = messages(prob, c)
     p, v = c.pp, c.virtual
     in_flight = grouping.in_flight(c.schedule, p, c.microbatches, v, prob.microbatch_group)
+    ends = end_chunks_in_flight(c.schedule, p, c.microbatches, v, prob.microbatch_group)
     limits = [ctx.stage_memory_limit(dmap, i) for i in range(p)]
     if layers is None:
         if p * v > prob.spec.layers:
             raise DoesNotFitError("more chunks than layers")
         # memory does not depend on the transfers: a layout that fits nowhere is dropped before the
         # boundary links are priced (path searches on large graphs)
-        if not fits_somewhere(stage_terms(costs, [0.0] * p, in_flight, limits), prob.spec.layers, v):
+        if not fits_somewhere(stage_terms(costs, [0.0] * p, in_flight, limits, ends), prob.spec.layers, v):
             raise DoesNotFitError("no partition fits the memory limit")
     weights = costs[0].layer_weights(prob.spec)  # a mixture of experts' lighter first dense layers
     comm = []
@@ -195,7 +197,7 @@ def estimate(ctx: _Context, c: Candidate, dmap: DeviceMap | None = None, layers=
             continue
         a, b = dmap.head(i), dmap.head((i + 1) % p)
         comm.append(v * boundary(ctx, a, b))  # one transfer per direction
-    terms = stage_terms(costs, comm, in_flight, limits)
+    terms = stage_terms(costs, comm, in_flight, limits, ends)
     if layers is None:
         layers = _partition(terms, prob.spec.layers, v, weights).layers
     work = _work_per_rank(layers, weights)
@@ -209,6 +211,8 @@ def estimate(ctx: _Context, c: Candidate, dmap: DeviceMap | None = None, layers=
     est = (c.microbatches - 1 + 1 / v) * t_max + (total - t_max) * phi / v
     if phi == 1.0:  # one microbatch's forward and backward pass through every chunk in turn
         est = max(est, total)
+    if v > 1:  # chunks of unequal time stall each group: the order priced (plan/chunked.py)
+        est = _chunked(prob, c, costs, chunk_layout(layers, v), comm)
     if c.dp > 1:  # the first stage's: dense gradients over dp × cp, routed experts' over dp/ep × cp
         dense, expert = grad_bytes(layers[0], p == 1)
         replicas = [dmap.block(0, j)[:: c.tp] for j in range(c.dp)]  # each replica's cp ranks
@@ -217,6 +221,21 @@ def estimate(ctx: _Context, c: Candidate, dmap: DeviceMap | None = None, layers=
             est += ctx.all_reduce(tuple(x for r in replicas[:: c.ep] for x in r))(expert)
     chunks = chunk_layout(layers, v) if v > 1 else tuple(layers)
     return Evaluated(c, chunks, dmap.ranks, est, t_max, max(mems), fits=fits)
+
+
+def _chunked(prob: Problem, c: Candidate, costs: Sequence[StageCost], chunks, comm) -> float:
+    """The interleaved order's time with each chunk's F and B seconds (its layers, the embedding on
+    chunk 0, the output layer on the last) and one boundary transfer per hop."""
+    p, n = c.pp, len(chunks)
+    weights = costs[0].layer_weights(prob.spec)
+    work = _work_per_rank(chunks, weights)
+    f, b = [], []
+    for s in range(n):
+        sc = costs[s % p]
+        f.append(sc.layer_f * work[s] + (s == 0) * sc.embed_f + (s == n - 1) * sc.head_f)
+        b.append(sc.layer_b * work[s] + (s == 0) * sc.embed_b + (s == n - 1) * sc.head_b)
+    hop = max(comm) / c.virtual if comm else 0.0
+    return chunked_time(c.schedule, p, c.microbatches, c.virtual, prob.microbatch_group, f, b, hop)
 
 
 def _work_per_rank(layers: Sequence[int], weights: Sequence[float] | None) -> list[float]:
