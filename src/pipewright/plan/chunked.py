@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 
-from pipewright.ir import B, F, I, Action
+from pipewright.ir import Action, B, F, I
 from pipewright.plan import grouping
 from pipewright.schedules.estimate import order_makespan
 from pipewright.schedules.registry import ScheduleCosts
@@ -101,3 +101,17 @@ def end_chunks_in_flight(name: str, p: int, m: int, v: int, group: int | None = 
                 held -= 1
         out.append(most)
     return out[0], out[1]
+
+
+def exposed_reduction(p: int, backward: Sequence[float], reduction: Sequence[float]) -> float:
+    """Seconds the first rank's gradient reductions run past its last backward, with v chunks per rank:
+    chunk j's reduction (``reduction[j]`` seconds) starts when its last backward ends — the last group
+    still runs p backwards of each chunk k < j after it (``backward[k]`` seconds each) — and after the
+    reduction before it on the same link (chunks v − 1, …, 0 in turn); only what runs past the end is
+    exposed (v = 1: all of it)."""
+    clock, ends = float("-inf"), 0.0
+    v = len(backward)
+    for j in range(v - 1, -1, -1):
+        ends = -p * sum(backward[:j])  # chunk j's last backward, before the end of the last one
+        clock = max(clock, ends) + reduction[j]
+    return max(clock, 0.0)

@@ -261,7 +261,8 @@ def parts(
     dense = _part(cost.chunk_costs(1, (0, 1, 0)), tp) if first else None
     embed = cost.chunk_costs(0, (0, 1, 0))
     head = cost.chunk_costs(2, (0, 1, 0))
-    act = spec.seq_len * microbatch * spec.hidden * DTYPE_BYTES[dtype]
+    # one stage-boundary message per device, as TransformerCost.message_bytes: each cp rank sends its s/c
+    act = spec.seq_len * microbatch * spec.hidden * DTYPE_BYTES[dtype] / options.cp
     split = cost.scatter_gather or sequence_parallel
     return Parts(
         _part(layer, tp, a2a, full),

@@ -32,7 +32,7 @@ from pipewright.errors import ConfigError, PipewrightError
 from pipewright.hardware import accelerator
 from pipewright.plan import grouping
 from pipewright.plan.bounds import lower_bound, may_fit
-from pipewright.plan.chunked import chunked_time, end_chunks_in_flight
+from pipewright.plan.chunked import chunked_time, end_chunks_in_flight, exposed_reduction
 from pipewright.plan.context import _Context, messages, parts_of
 from pipewright.plan.costs import StageCost, stage_cost
 from pipewright.plan.mapping import DeviceMap, device_order, map_devices, slowest_first
@@ -213,13 +213,23 @@ def estimate(ctx: _Context, c: Candidate, dmap: DeviceMap | None = None, layers=
         est = max(est, total)
     if v > 1:  # chunks of unequal time stall each group: the order priced (plan/chunked.py)
         est = _chunked(prob, c, costs, chunk_layout(layers, v), comm)
-    if c.dp > 1:  # the first stage's: dense gradients over dp × cp, routed experts' over dp/ep × cp
-        dense, expert = grad_bytes(layers[0], p == 1)
-        replicas = [dmap.block(0, j)[:: c.tp] for j in range(c.dp)]  # each replica's cp ranks
-        est += ctx.all_reduce(tuple(x for r in replicas for x in r))(dense)
-        if expert:
-            est += ctx.all_reduce(tuple(x for r in replicas[:: c.ep] for x in r))(expert)
     chunks = chunk_layout(layers, v) if v > 1 else tuple(layers)
+    if c.dp > 1:  # the first stage's: dense gradients over dp × cp, routed experts' over dp/ep × cp
+        replicas = [dmap.block(0, j)[:: c.tp] for j in range(c.dp)]  # each replica's cp ranks
+        dense_ar = ctx.all_reduce(tuple(x for r in replicas for x in r))
+        expert_ar = ctx.all_reduce(tuple(x for r in replicas[:: c.ep] for x in r))
+
+        def reduce(n: int, embedding: bool = True) -> float:
+            dense, expert = grad_bytes(n, p == 1)
+            if not embedding:
+                dense -= grad_bytes(0, False)[0]
+            return dense_ar(dense) + (expert_ar(expert) if expert else 0.0)
+
+        if v == 1:
+            est += reduce(layers[0])
+        else:  # rank 0's chunks reduce as their last backward ends: only the tail is exposed
+            backs = [costs[0].layer_b * n for n in chunks[::p]]
+            est += exposed_reduction(p, backs, [reduce(n, j == 0) for j, n in enumerate(chunks[::p])])
     return Evaluated(c, chunks, dmap.ranks, est, t_max, max(mems), fits=fits)
 
 
