@@ -3,15 +3,17 @@
 For every candidate the planner (1) deals the devices (:mod:`pipewright.plan.mapping`), (2) prices each
 pipeline rank on its slowest device and its tensor-parallel group (:mod:`pipewright.plan.costs`),
 (3) partitions the layers to minimise the bottleneck rank under the schedule's memory
-(:mod:`pipewright.plan.partition`) and (4) estimates the iteration time in closed form:
+(:mod:`pipewright.plan.partition`) and (4) estimates the iteration time, with one chunk per rank in
+closed form:
 
-    T ≈ (m − 1 + 1/v)·t_max + (Σ_r t_r − t_max)·φ/v + exposed gradient all-reduce
+    T ≈ m·t_max + (Σ_r t_r − t_max)·φ + exposed gradient all-reduce
 
 with t_r the F + B (+ boundary transfer) seconds of rank r per microbatch, t_max the bottleneck, φ = 1
-for 1F1B and interleaved 1F1B, φ = T_F/(T_F + T_B) for ZB-H1 (its bubble is (p − 1)·T_F), and the
-exposed all-reduce that of the first stage (it finishes its backward last); for φ = 1 at least Σ_r t_r,
-the path of one microbatch through every chunk (what interleaving cannot hide when m is near p).
-Before any device is
+for 1F1B, φ = T_F/(T_F + T_B) for ZB-H1 (its bubble is (p − 1)·T_F), and the exposed all-reduce that
+of the first stage (it finishes its backward last); for φ = 1 at least Σ_r t_r. With v chunks per rank
+(interleaved 1F1B) the order itself is priced with each chunk's F and B seconds and the boundary
+transfers, and only the tail of the first rank's per-chunk reductions is exposed
+(:mod:`pipewright.plan.chunked`). Before any device is
 mapped, a candidate whose layers fit no partition even on the largest device is dropped
 (:func:`may_fit`), and candidates are taken in order of a cheap lower bound on the estimate
 (:func:`lower_bound`), stopping once it exceeds the ``finalists``-th best estimate. Stage costs are
@@ -208,11 +210,12 @@ def estimate(ctx: _Context, c: Candidate, dmap: DeviceMap | None = None, layers=
     phi = 1.0
     if c.schedule.startswith("zb"):
         phi = max(cs.layer_f / cs.layer for cs in costs)
-    est = (c.microbatches - 1 + 1 / v) * t_max + (total - t_max) * phi / v
-    if phi == 1.0:  # one microbatch's forward and backward pass through every chunk in turn
-        est = max(est, total)
     if v > 1:  # chunks of unequal time stall each group: the order priced (plan/chunked.py)
         est = _chunked(prob, c, costs, chunk_layout(layers, v), comm)
+    else:
+        est = c.microbatches * t_max + (total - t_max) * phi
+        if phi == 1.0:  # one microbatch's forward and backward pass through every rank in turn
+            est = max(est, total)
     chunks = chunk_layout(layers, v) if v > 1 else tuple(layers)
     if c.dp > 1:  # the first stage's: dense gradients over dp × cp, routed experts' over dp/ep × cp
         replicas = [dmap.block(0, j)[:: c.tp] for j in range(c.dp)]  # each replica's cp ranks
