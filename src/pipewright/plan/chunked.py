@@ -42,6 +42,12 @@ def _order(name: str, p: int, m: int, v: int, group: int | None):
     return rows, sched.placement
 
 
+def order_placement(name: str, p: int, m: int, v: int, group: int | None = None) -> tuple[int, ...]:
+    """The rank of each stage (chunk) in the schedule's order (interleaved: c mod p; V shapes: i and
+    2p − 1 − i on rank i)."""
+    return tuple(_order(name, p, m, v, group)[1])
+
+
 def chunked_time(
     name: str,
     p: int,

@@ -34,7 +34,12 @@ from pipewright.errors import ConfigError, PipewrightError
 from pipewright.hardware import accelerator
 from pipewright.plan import grouping
 from pipewright.plan.bounds import lower_bound, may_fit
-from pipewright.plan.chunked import chunked_time, end_chunks_in_flight, exposed_reduction
+from pipewright.plan.chunked import (
+    chunked_time,
+    end_chunks_in_flight,
+    exposed_reduction,
+    order_placement,
+)
 from pipewright.plan.context import _Context, messages, parts_of
 from pipewright.plan.costs import StageCost, stage_cost
 from pipewright.plan.mapping import DeviceMap, device_order, map_devices, slowest_first
@@ -242,9 +247,10 @@ def _chunked(prob: Problem, c: Candidate, costs: Sequence[StageCost], chunks, co
     p, n = c.pp, len(chunks)
     weights = costs[0].layer_weights(prob.spec)
     work = _work_per_rank(chunks, weights)
+    place = order_placement(c.schedule, p, c.microbatches, c.virtual, prob.microbatch_group)
     f, b = [], []
     for s in range(n):
-        sc = costs[s % p]
+        sc = costs[place[s]]
         f.append(sc.layer_f * work[s] + (s == 0) * sc.embed_f + (s == n - 1) * sc.head_f)
         b.append(sc.layer_b * work[s] + (s == 0) * sc.embed_b + (s == n - 1) * sc.head_b)
     hop = max(comm) / c.virtual if comm else 0.0
