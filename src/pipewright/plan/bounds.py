@@ -58,14 +58,14 @@ def lower_bound(ctx: _Context, c: Candidate) -> float:
     """A bound no estimate of ``c`` goes under: with W the work of all layers, the embedding and the
     head on the fastest device kind with free communication, Σ_r t_r ≥ W and t_max ≥ W/p, so the
     estimate (module docstring) is at least W/p·(m − 1 + p/v) for φ = 1 and W/p·(m − 1 + 1/v) for
-    zero-bubble schedules (φ ≥ 0); with v > 1 the order's time (:mod:`pipewright.plan.chunked`) is
+    zero-bubble schedules (φ ≥ 0); interleaved 1F1B's order (:mod:`pipewright.plan.chunked`) takes
     at least W/p·(m + (p − 1)/v), what it takes with equal chunks (Narayanan et al. 2021)."""
     cost = bound_cost(ctx, c)
     weights = cost.layer_weights(ctx.problem.spec)
     layers = ctx.problem.spec.layers if weights is None else sum(weights)
     work = cost.time(0, True, True) + layers * cost.layer
     p, m, v = c.pp, c.microbatches, c.virtual
-    if v > 1 and not c.schedule.startswith("zb"):
+    if v > 1 and grouping.grouped(c.schedule):  # Megatron's interleaved order
         return work / p * (m + (p - 1) / v)
     tail = 1 / v if c.schedule.startswith("zb") else p / v
     return work / p * (m - 1 + tail)
