@@ -78,3 +78,27 @@ def test_the_planners_estimate_reduces_the_experts_over_their_group():
     cost = cost_class(spec)(spec, gpu="h100-sxm", mesh=Mesh(2, 2, 8, ep=4), topology=TOPO, attention="flash")
     sched = add_grad_reduction(build_schedule("1f1b", 2, 4))
     assert (dense, expert) == pytest.approx(tuple(cost.grad_reductions(0, sched).values()), rel=1e-12)
+
+
+def test_fsdp_without_pipelining_moves_the_expert_weights_over_their_group():
+    """pp = 1, FSDP: each layer's all-gather and reduce-scatter split as REDUCE_GRAD's — the routed
+    experts over the expert-data-parallel group, the rest over dp × cp."""
+    mesh = Mesh(tp=2, pp=1, dp=16, ep=4)
+    kw = {"gpu": "h100-sxm", "mesh": mesh, "topology": TOPO, "attention": "flash"}
+    cost = cost_class(MIXTRAL)(MIXTRAL, optimizer_sharding="fsdp", **kw)
+    sched = build_schedule("1f1b", 1, 4)
+    chunk, comm = cost._chunk(0, sched), cost.comm
+    expert = MIXTRAL.layers * cost.routed_params()
+    dense = chunk.params - expert
+    assert len(comm.expert_group(0)) == 4 and len(mesh.grad_group(0)) == 16
+    gather = comm.collective_time("all_gather", 0, dense * 2.0) + comm.expert_time(
+        "all_gather", 0, expert * 2.0
+    )
+    scatter = comm.collective_time("reduce_scatter", 0, dense * cost.grad_bytes) + comm.expert_time(
+        "reduce_scatter", 0, expert * cost.grad_bytes
+    )
+    assert cost._fsdp_comm(chunk, "F", 0) == pytest.approx(gather, rel=1e-12)
+    assert cost._fsdp_comm(chunk, "B", 0) == pytest.approx(gather + scatter, rel=1e-12)
+    over_dp = comm.collective_time("all_gather", 0, chunk.params * 2.0)
+    # the experts' share over 4 ranks one per node (ep ranks are the node's neighbours), not over 16
+    assert cost._fsdp_comm(chunk, "F", 0) != pytest.approx(over_dp, rel=1e-3)

@@ -1,5 +1,6 @@
-"""A plan file records the framework inputs it was priced with (--grad-dtype, --kernels,
---fsdp-grad-sync, --microbatch-group): ``simulate --plan FILE`` reproduces the plan's prediction from
+"""A plan file records the framework inputs it was priced with (--framework, --grad-dtype, --kernels,
+--fsdp-grad-sync, --stage-outputs, --attention-kernel, --microbatch-group):
+``simulate --plan FILE`` reproduces the plan's prediction from
 the file alone, and plan files without the keys load with the defaults."""
 
 from __future__ import annotations
@@ -19,7 +20,11 @@ MODEL = shlex.split(
     "--mlp swiglu --gpu h100-sxm --nodes 1 --gpus-per-node 8 --global-batch-size 32 --tp 1 --pp 2 --dp 4"
 )
 CLUSTER = ["--gpu", "h100-sxm", "--nodes", "1", "--gpus-per-node", "8"]
-FLAGS = ["--kernels", "eager", "--grad-dtype", "bf16", "--fsdp-grad-sync", "step"]
+FLAGS = [
+    *("--kernels", "eager", "--grad-dtype", "bf16", "--fsdp-grad-sync", "step"),
+    *("--attention-kernel", "fa3"),
+]
+FRAMEWORK = ["--framework", "torchtitan"]  # its calibration, and --stage-outputs kept by default
 PLAN = ["--recompute", "none", "--microbatch-sizes", "1", "--cp", "1", "--no-baselines", "--no-progress"]
 
 
@@ -41,13 +46,15 @@ def grouped_plan(tmp_path_factory) -> tuple[str, dict]:
     framework inputs set away from their defaults."""
     path = str(tmp_path_factory.mktemp("plan") / "plan.json")
     argv = ["plan", *MODEL, *PLAN, "--schedules", "interleaved-1f1b", "--microbatch-group", "4"]
-    data = _json([*argv, "--optimizer-sharding", "fsdp", *FLAGS, "-o", path])
+    data = _json([*argv, "--optimizer-sharding", "fsdp", *FLAGS, *FRAMEWORK, "-o", path])
     return path, data
 
 
 def test_the_plan_file_records_the_framework_inputs(grouped_plan):
     _, data = grouped_plan
     assert (data["grad_dtype"], data["kernels"], data["fsdp_grad_sync"]) == ("bf16", "eager", "step")
+    framework = (data["framework"], data["stage_outputs"], data["attention_kernel"])
+    assert framework == ("torchtitan", "kept", "fa3")
     assert (data["schedule"], data["virtual"], data["microbatches"], data["microbatch_group"]) == (
         "interleaved-1f1b", 2, 8, 4,
     )  # fmt: skip
@@ -68,8 +75,11 @@ def test_simulate_plan_reproduces_the_prediction_from_the_file_alone(grouped_pla
         "--grad-reduce",
         "overlap",
     ]
-    by_flags = _simulated(["--plan", path, *CLUSTER, *flags, *FLAGS])
+    by_flags = _simulated(["--plan", path, *CLUSTER, *flags, *FLAGS, *FRAMEWORK])
     assert by_flags == pytest.approx(predicted, rel=1e-12)
+    # a flag given on the command line wins over the plan's
+    for flag in (["--framework", "megatron"], ["--stage-outputs", "freed"]):
+        assert _simulated(["--plan", path, *CLUSTER, *flag]) != pytest.approx(predicted, rel=1e-6)
 
 
 def test_an_old_plan_file_without_the_keys_loads_with_the_defaults(grouped_plan, tmp_path):
@@ -78,6 +88,7 @@ def test_an_old_plan_file_without_the_keys_loads_with_the_defaults(grouped_plan,
         k: v
         for k, v in data.items()
         if k not in ("grad_dtype", "kernels", "fsdp_grad_sync", "microbatch_group")
+        and k not in ("framework", "stage_outputs", "attention_kernel")
     }
     (tmp_path / "old.json").write_text(json.dumps(old))
     got = _simulated(["--plan", str(tmp_path / "old.json"), *CLUSTER])
@@ -115,7 +126,12 @@ def test_plan_microbatch_group_errors_in_one_line(flags, message, capsys):
 
 @pytest.mark.parametrize(
     ("key", "value", "message"),
-    [("kernels", "jit", '"kernels" must be one of'), ("microbatch_group", 1, '"microbatch_group" must be')],
+    [
+        ("kernels", "jit", '"kernels" must be one of'),
+        ("framework", "jax", '"framework" must be one of megatron, torchtitan'),
+        ("stage_outputs", "lost", '"stage_outputs" must be one of freed, kept'),
+        ("microbatch_group", 1, '"microbatch_group" must be'),
+    ],
 )
 def test_a_bad_framework_input_in_a_plan_file_is_one_line(
     grouped_plan, tmp_path, capsys, key, value, message

@@ -86,3 +86,46 @@ def test_ep_that_does_not_divide_the_experts_is_one_line(capsys):
     assert err.endswith("--ep 3 must divide the 8 experts") and "\n" not in err
     assert main([*argv[:2], "llama3-8b", *argv[3:], "--global-batch-size", "16", "--ep", "2"]) != 0
     assert "needs a mixture-of-experts model" in capsys.readouterr().err
+
+
+def test_per_stage_recomputation_of_a_moe_plan_prices_as_the_uniform_moe_cost_model():
+    """The planner's per-stage recomputation composes with MoECost: with every stage on one mode the
+    plan simulates to the uniform model's time and memory (all-to-alls, expert-group gradient
+    reduction, expert state sharding included), and a mixed plan takes each stage's actions from its
+    mode's model."""
+    from dataclasses import replace
+
+    from pipewright.cost.moe_cost import GradBytes, MoECost
+    from pipewright.cost.recompute import make_cost
+    from pipewright.ir import REDUCE_GRAD, Action, B, F
+    from pipewright.mesh import Mesh
+    from pipewright.passes.grad_reduce import add_grad_reduction
+    from pipewright.schedules import build_schedule
+
+    topo = cluster(2, 8, "h100-sxm")
+    spec = replace(resolve_model("mixtral-8x7b"), layers=4)
+    prob = Problem(spec, topo, 64, recompute=("full",), sharding=("zero1",))
+    c = Candidate(2, 2, 4, 1, 16, "1f1b", 1, "full", True, "pp", 1, "zero1", 4)
+    uniform = estimate(_Context(prob, tuple(topo.devices)), c)
+    simulate_plan(prob, uniform)
+    per_stage = replace(uniform, recompute_per_stage=("full", "full"), simulated=None, simulated_memory=None)
+    simulate_plan(prob, per_stage)
+    assert (per_stage.simulated, per_stage.simulated_memory) == (uniform.simulated, uniform.simulated_memory)
+
+    sched = add_grad_reduction(build_schedule("1f1b", 2, 8))
+    kw = {"spec": spec, "gpu": "h100-sxm", "mesh": Mesh(2, 2, 4, ep=4), "topology": topo}
+    kw |= {"attention": "flash", "layout": (2, 2), "optimizer_sharding": "zero1"}
+    mixed = make_cost(per_stage=("none", "full"), **kw)
+    assert isinstance(mixed, MoECost)
+    for stage, mode in enumerate(("none", "full")):
+        one = make_cost(mode, **kw)
+        for kind in (F, B):
+            a = Action(stage, kind, 0)
+            assert mixed.compute_time(a, sched) == one.compute_time(a, sched)
+            assert mixed.exposed_comm(a, sched) == one.exposed_comm(a, sched) > 0  # the all-to-alls
+        grads = mixed.message_bytes(Action(stage, REDUCE_GRAD, 0), sched)
+        assert (
+            isinstance(grads, GradBytes)
+            and grads.expert == one.message_bytes(Action(stage, REDUCE_GRAD, 0), sched).expert > 0
+        )
+        assert mixed.static_bytes(stage, sched) == one.static_bytes(stage, sched)

@@ -312,6 +312,7 @@ def run(args: argparse.Namespace) -> int:
         moe_imbalance=args.moe_imbalance,
         cost_fields=tuple(sorted(cost_fields(args).items())),
         efficiency=framework_efficiency(args, kinds),
+        framework=args.framework,
         ep=args.ep,
         max_ep=args.max_ep,
         microbatch_group=args.microbatch_group,

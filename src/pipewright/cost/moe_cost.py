@@ -29,8 +29,12 @@ the model's last layer is (:meth:`MoECost._moe_layers`, :mod:`pipewright.cost.mt
   (Megatron-Core's expert-data-parallel group), the rest over dp × cp, one after the other
   (:class:`ExpertComm`, :meth:`MoECost.grad_reductions`).
 
+- FSDP without pipelining (pp = 1: weights gathered and gradients reduce-scattered per layer and
+  microbatch): the routed experts' over the expert-data-parallel group, the rest over dp × cp
+  (:meth:`MoECost._fsdp_comm`).
+
 Not priced (stated in docs/moe.md): the memory-bound traffic of the expert MLPs beyond the dense
-MLP's; FSDP's per-layer reduce-scatter (pp = 1) of expert gradients (over dp × cp).
+MLP's.
 """
 
 from __future__ import annotations
@@ -199,7 +203,6 @@ class MoECost(TransformerCost):
         routed = self.routed_params()
         shared = spec.moe_shared_experts * _expert_parameters(spec, even) / t
         params = dense.params + k * (router_params + shared - dense_mlp_params + routed)
-        self._cache[("experts", stage, num_stages)] = k * routed
 
         def plus(table, delta):
             out = {kind: table[kind] + delta.get(kind, 0.0) for kind in (F, I, W)}
@@ -219,6 +222,22 @@ class MoECost(TransformerCost):
             dense.layers,
             k,
         )
+
+    def _fsdp_comm(self, chunk: _Chunk, kind: str, rank: int) -> float:
+        """FSDP per microbatch (pp = 1, :meth:`~pipewright.cost.transformer.TransformerCost._fsdp_comm`)
+        with ep > 1: the routed experts' 16-bit weights all-gathered and their gradients
+        reduce-scattered over the expert-data-parallel group (:meth:`ExpertComm.expert_group`, where
+        their state is sharded), the rest over dp × cp; each pair one after the other."""
+        expert = chunk.moe_layers * self.routed_params() if self.mesh.ep > 1 else 0.0
+        if not expert:
+            return super()._fsdp_comm(chunk, kind, rank)
+        comm, dense = self.comm, chunk.params - expert
+        time = comm.collective_time("all_gather", rank, dense * 2.0, group="dp")
+        time += comm.expert_time("all_gather", rank, expert * 2.0)
+        if kind == F:
+            return time
+        time += comm.collective_time("reduce_scatter", rank, dense * self.grad_bytes, group="dp")
+        return time + comm.expert_time("reduce_scatter", rank, expert * self.grad_bytes)
 
     def routed_params(self) -> float:
         """Routed-expert parameters per device in one MoE layer: E/e experts, each split over t."""
@@ -263,18 +282,15 @@ class MoECost(TransformerCost):
         """Bytes per device stage ``stage``'s gradient reduction sends, by group: ``dp`` (the dp × cp
         replicas: attention, router, shared experts, norms, embedding, output layer) and ``expert_dp``
         (the dp·cp/ep replicas of its routed experts; with ep = 1 the same group, so counted in dp)."""
-        n = schedule.num_stages
-        total = self._chunk(stage, schedule).params * self.grad_bytes
-        expert = self._cache.get(("experts", stage, n), 0.0) * self.grad_bytes if self.mesh.ep > 1 else 0.0
+        chunk = self._chunk(stage, schedule)
+        total = chunk.params * self.grad_bytes
+        expert = chunk.moe_layers * self.routed_params() * self.grad_bytes if self.mesh.ep > 1 else 0.0
         return {"dp": total - expert, "expert_dp": expert}
 
     def expert_params(self, rank: int, schedule: Schedule) -> float:
         """Routed-expert parameters per device on pipeline ``rank``."""
-        n, out = schedule.num_stages, 0.0
-        for c in schedule.stages_of(rank):
-            self._chunk(c, schedule)
-            out += self._cache.get(("experts", c, n), 0.0)
-        return out
+        routed = self.routed_params()
+        return sum(self._chunk(c, schedule).moe_layers * routed for c in schedule.stages_of(rank))
 
     def expert_state(self) -> StateBytes:
         """Bytes per routed-expert parameter: the dense parameters' (:meth:`state`: the gradient

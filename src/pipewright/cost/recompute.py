@@ -18,15 +18,18 @@ dropout over the a·s² scores.
 
 :class:`~pipewright.cost.transformer.TransformerCost` models the three modes natively (with flash
 attention there is no score tensor to drop: selective equals none); :class:`SelectiveCost` and
-:class:`PerStageCost` (one mode per stage, a plan's) build on it.
+:class:`PerStageCost` (one mode per stage, a plan's; composed with the spec's cost class) build on it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from functools import cache
+from typing import ClassVar
 
 from pipewright.cost.transformer import TransformerCost, _Chunk
 from pipewright.errors import ConfigError
+from pipewright.ir import Action, Schedule
 from pipewright.models.spec import ModelSpec
 
 RECOMPUTE_CHOICES = ("none", "selective", "full")
@@ -83,18 +86,23 @@ def make_cost_check(recompute: str) -> None:
 
 @dataclass(frozen=True, eq=False)
 class PerStageCost(TransformerCost):
-    """:class:`TransformerCost` with a recomputation mode per stage (chunk): ``per_stage[c]`` in
-    none/selective/full or a mode of :data:`RECOMPUTE_CLASSES`. Each chunk's table comes from a cost
-    model of that one mode (:func:`make_cost`)."""
+    """A recomputation mode per stage (chunk): ``per_stage[c]`` in none/selective/full or a mode of
+    :data:`RECOMPUTE_CLASSES`. A mixin: the class priced is :func:`per_stage_class` of the spec's cost
+    class (a mixture of experts keeps :class:`~pipewright.cost.moe_cost.MoECost`'s all-to-alls, expert
+    gradient groups and expert state sharding). Each chunk's table and each action's time come from a
+    cost model of that chunk's one mode (:func:`make_cost`, cached per mode); what does not depend on
+    the mode (parameters, their state, messages) is the composed class's own."""
+
+    per_stage: tuple[str, ...] = ()
+    #: the class each chunk's one-mode model is (:func:`per_stage_class` sets it; not a field)
+    one_mode: ClassVar[type[TransformerCost]] = TransformerCost
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "recompute", "none")
         super().__post_init__()
 
-    per_stage: tuple[str, ...] = ()
-    moe_imbalance: float = 1.0  # passed to each chunk's MoECost (cost/moe_cost.py)
-
-    def _build_chunk(self, stage: int, num_stages: int, layers: tuple[int, ...]) -> _Chunk:
+    def model_for(self, stage: int, num_stages: int) -> TransformerCost:
+        """The one-mode cost model of chunk ``stage`` (same fields, ``recompute=per_stage[stage]``)."""
         if len(self.per_stage) != num_stages:
             raise ConfigError(
                 f"{len(self.per_stage)} per-stage recomputation modes for {num_stages} stages; give one each"
@@ -103,11 +111,38 @@ class PerStageCost(TransformerCost):
         key = ("mode", mode)
         model = self._cache.get(key)
         if model is None:
-            kw = {f.name: getattr(self, f.name) for f in fields(TransformerCost) if f.init}
-            if self.spec.is_moe:
-                kw["moe_imbalance"] = self.moe_imbalance
-            model = self._cache[key] = make_cost(**{**kw, "recompute": mode})  # op: its own class
-        return model._build_chunk(stage, num_stages, layers)
+            skip = ("per_stage", "recompute")
+            kw = {f.name: getattr(self, f.name) for f in fields(self) if f.init and f.name not in skip}
+            model = self._cache[key] = make_cost(mode, self.one_mode, **kw)  # op: its own class
+        return model
+
+    def _build_chunk(self, stage: int, num_stages: int, layers: tuple[int, ...]) -> _Chunk:
+        return self.model_for(stage, num_stages)._build_chunk(stage, num_stages, layers)
+
+    def compute_time(self, action: Action, schedule: Schedule) -> float:
+        """The action's time as its chunk's one-mode model prices it (a mode may change more than the
+        chunk's table: MoECost's all-to-alls run again under full recomputation)."""
+        return self.model_for(action.stage, schedule.num_stages).compute_time(action, schedule)
+
+
+def _exposed_comm(self: PerStageCost, action: Action, schedule: Schedule) -> float:
+    """The chunk's one-mode model's exposed communication (a class that prices one)."""
+    return self.model_for(action.stage, schedule.num_stages).exposed_comm(action, schedule)
+
+
+@cache
+def per_stage_class(cls: type[TransformerCost]) -> type[TransformerCost]:
+    """``cls`` with :class:`PerStageCost` in front (one class per ``cls``, kept as an attribute of this
+    module so that it pickles by name); its fields are ``cls``'s and ``per_stage``."""
+    if issubclass(cls, PerStageCost):
+        return cls
+    name = f"PerStage{cls.__name__}"
+    body: dict[str, object] = {"__module__": __name__, "__doc__": PerStageCost.__doc__, "one_mode": cls}
+    if hasattr(cls, "exposed_comm"):
+        body["exposed_comm"] = _exposed_comm
+    made = dataclass(frozen=True, eq=False)(type(name, (PerStageCost, cls), body))
+    globals()[name] = made
+    return made
 
 
 def make_cost(
@@ -119,7 +154,7 @@ def make_cost(
     """A cost model of class ``cls`` (default: the spec's, :func:`~pipewright.cost.llama.cost_class`)
     for ``recompute`` in none/selective/full, or a mode of :data:`RECOMPUTE_CLASSES` priced by its
     own class (``kwargs``: its fields), or with ``per_stage`` one mode
-    per stage (chunk), each chunk priced by the spec's class."""
+    per stage (chunk): :func:`per_stage_class` of ``cls``."""
     if cls is None and kwargs.get("spec") is not None:
         from pipewright.cost.llama import cost_class
 
@@ -127,7 +162,7 @@ def make_cost(
     if per_stage:
         for mode in per_stage:  # a plan's modes: the ones the planner searches
             make_cost_check(mode)
-        return PerStageCost(per_stage=tuple(per_stage), **kwargs)
+        return per_stage_class(cls or TransformerCost)(per_stage=tuple(per_stage), **kwargs)
     make_cost_check(recompute)
     if recompute in RECOMPUTE_CLASSES:
         import importlib

@@ -18,9 +18,10 @@ from pipewright.plan.problem import Candidate
 
 
 def bound_cost(ctx: _Context, c: Candidate) -> StageCost:
-    """The pieces of ``c`` on the fastest device kind with free communication (no tensor-parallel,
-    ring or boundary transfers): every stage of every mapping costs at least this, and needs the
-    same bytes (memory does not depend on the devices' links). Cached per cost-model choice."""
+    """The pieces of ``c`` on the fastest device kind, its tensor-parallel all-reduces over the closest
+    group (:func:`_closest_group`) and no ring or boundary transfers: every stage of every mapping
+    costs at least this, and needs the same bytes (memory does not depend on the devices' links).
+    Cached per cost-model choice."""
     prob = ctx.problem
     key = (c.microbatch, c.tp, c.recompute, c.sequence_parallel, c.cp, c.sharding, c.ep)
     if c.sharding != "none":  # the sharded state depends on dp (and pipelined FSDP on pp)
@@ -33,25 +34,39 @@ def bound_cost(ctx: _Context, c: Candidate) -> StageCost:
     else:
         pc = parts_of(prob, c)
         state = pc.state(c.dp, c.pp)  # the static bytes the simulation prices (optimizer sharding)
+        tp = _closest_group(ctx, c.tp)
         for kind in prob.device_kinds():
             eff = prob.efficiency_for(kind)
-            sc = stage_cost(pc, accelerator(kind), prob.dtype, eff, lambda n: 0.0, state=state)
+            sc = stage_cost(pc, accelerator(kind), prob.dtype, eff, tp, state=state)
             if hit is None or sc.time(prob.spec.layers, True, True) < hit.time(prob.spec.layers, True, True):
                 hit = sc
     ctx.bound_cache[key] = hit
     return hit
 
 
+def _closest_group(ctx: _Context, size: int):
+    """The tensor-parallel all-reduce time over the first ``size`` devices of the cluster's order: one
+    node's NVLink on clusters of like nodes, where no group of that size is faster (on a hand-written
+    topology whose fastest links are elsewhere this is a heuristic, not a bound); free on clusters of
+    mixed kinds."""
+    if size <= 1 or len(ctx.kinds) > 1:
+        return lambda n: 0.0
+    return ctx.all_reduce(tuple(ctx.order[:size]))
+
+
 def lower_bound(ctx: _Context, c: Candidate) -> float:
     """A bound no estimate of ``c`` goes under: with W the work of all layers, the embedding and the
     head on the fastest device kind with free communication, Σ_r t_r ≥ W and t_max ≥ W/p, so the
     estimate (module docstring) is at least W/p·(m − 1 + p/v) for φ = 1 and W/p·(m − 1 + 1/v) for
-    zero-bubble schedules (φ ≥ 0)."""
+    zero-bubble schedules (φ ≥ 0); interleaved 1F1B's order (:mod:`pipewright.plan.chunked`) takes
+    at least W/p·(m + (p − 1)/v), what it takes with equal chunks (Narayanan et al. 2021)."""
     cost = bound_cost(ctx, c)
     weights = cost.layer_weights(ctx.problem.spec)
     layers = ctx.problem.spec.layers if weights is None else sum(weights)
     work = cost.time(0, True, True) + layers * cost.layer
     p, m, v = c.pp, c.microbatches, c.virtual
+    if v > 1 and grouping.grouped(c.schedule):  # Megatron's interleaved order
+        return work / p * (m + (p - 1) / v)
     tail = 1 / v if c.schedule.startswith("zb") else p / v
     return work / p * (m - 1 + tail)
 

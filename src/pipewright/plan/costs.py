@@ -213,6 +213,15 @@ def _part(chunk, t: int, a2a_bytes: float = 0.0, full: bool = False) -> Part:
 EAGER = CostOptions(attention="eager")
 
 
+def _priced_here(options: CostOptions) -> dict[str, object]:
+    """``options``' cost-model keywords, less the attention kernel: its rate is already in the
+    ``efficiency`` :func:`parts` is given (:meth:`~pipewright.plan.problem.Problem.efficiency_for`, on
+    the candidate's accelerator), and the stand-in GPU these pieces are priced on is not that one."""
+    kwargs = options.kwargs()
+    kwargs.pop("attention_kernel", None)
+    return kwargs
+
+
 @cache
 def parts(
     spec: ModelSpec,
@@ -243,7 +252,7 @@ def parts(
         sequence_parallel=sequence_parallel,
         topology=single_host(mesh.size, "cpu" if dtype == "fp32" else "a100-80gb"),
         efficiency=efficiency,
-        **options.kwargs(),
+        **_priced_here(options),
     )
     first = spec.moe_dense_layers if spec.is_moe else 0
     layer = cost.chunk_costs(1, (first, 1, 0))  # layer `first`: an expert layer for a MoE model
@@ -252,7 +261,8 @@ def parts(
     dense = _part(cost.chunk_costs(1, (0, 1, 0)), tp) if first else None
     embed = cost.chunk_costs(0, (0, 1, 0))
     head = cost.chunk_costs(2, (0, 1, 0))
-    act = spec.seq_len * microbatch * spec.hidden * DTYPE_BYTES[dtype]
+    # one stage-boundary message per device, as TransformerCost.message_bytes: each cp rank sends its s/c
+    act = spec.seq_len * microbatch * spec.hidden * DTYPE_BYTES[dtype] / options.cp
     split = cost.scatter_gather or sequence_parallel
     return Parts(
         _part(layer, tp, a2a, full),

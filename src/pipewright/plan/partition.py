@@ -41,14 +41,14 @@ class DoesNotFitError(ConfigError):
 @dataclass(frozen=True)
 class StageTerms:
     """Stage i's coefficients: T = time_per_layer·w + fixed_time; M = static_per_layer·w + fixed_static
-    + in_flight·(act_per_layer·w + fixed_act)."""
+    + in_flight·act_per_layer·w + fixed_act."""
 
     time_per_layer: float
     fixed_time: float
     static_per_layer: float
     fixed_static: float
     act_per_layer: float
-    fixed_act: float
+    fixed_act: float  # bytes of the embedding's / head's activations held at the peak (all microbatches)
     in_flight: float
     memory_limit: float
     comm: float = 0.0  # the boundary link's busy time per microbatch (overlaps compute)
@@ -60,7 +60,8 @@ class StageTerms:
         return (
             self.static_per_layer * w
             + self.fixed_static
-            + self.in_flight * (self.act_per_layer * w + self.fixed_act)
+            + self.in_flight * self.act_per_layer * w
+            + self.fixed_act
         )
 
 
@@ -69,10 +70,15 @@ def stage_terms(
     comm: Sequence[float],
     in_flight: Sequence[float],
     limits: Sequence[float],
+    ends: tuple[float, float] | None = None,
 ) -> list[StageTerms]:
     """Terms of p stages from their devices' :class:`StageCost`, the boundary transfer time to the
-    next stage (0 for the last) and the schedule's microbatches in flight per rank."""
+    next stage (0 for the last) and the schedule's microbatches in flight per rank; ``ends``: the
+    microbatches whose embedding (first chunk) and output-layer (last chunk) activations the order
+    holds at most (:func:`pipewright.plan.chunked.end_chunks_in_flight`; default the first and last
+    ranks' in flight, as 1F1B holds them)."""
     p = len(costs)
+    embeds, heads = ends if ends is not None else (in_flight[0], in_flight[-1])
     out = []
     for i, c in enumerate(costs):
         first, last = i == 0, i == p - 1
@@ -83,7 +89,7 @@ def stage_terms(
                 c.layer_static,
                 c.memory(0, first, last, 0.0),
                 c.layer_act,
-                first * c.embed_act + last * c.head_act,
+                first * c.embed_act * embeds + last * c.head_act * heads,
                 in_flight[i],
                 limits[i],
                 comm[i],

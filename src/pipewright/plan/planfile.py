@@ -12,8 +12,9 @@ Schema (JSON)::
      "microbatch_size": 1, "microbatches": 96, "global_batch_size": 1536,
      "recompute": "selective", "sequence_parallel": true, "dtype": "bf16",
      "grad_reduce": "overlap",                      # where the iteration's gradient all-reduce runs
-     "grad_dtype": "fp32", "kernels": "fused", "fsdp_grad_sync": "microbatch",   # how the framework
-                                                    # runs (simulate's flags; older plans: these defaults)
+     "framework": "megatron", "grad_dtype": "fp32", "kernels": "fused",   # how the framework runs
+     "fsdp_grad_sync": "microbatch", "stage_outputs": "freed",   # (simulate's flags; older plans:
+     "attention_kernel": null,                                   # these defaults; null: the GPU's usual)
      "microbatch_group": 16,                        # interleaved only, where --microbatch-group was given
      "layout": "Et*12|t*12|…|t*12L",                                 # models/layout.py's string
      "predicted": {"iteration_time_s": …, "peak_memory_bytes": …},
@@ -41,10 +42,15 @@ GRAD_REDUCE_PLANNED = "overlap"
 _DIMS = ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len")
 #: The framework inputs a plan records (``simulate``'s and ``plan``'s flags of the same names:
 #: cli/cost_flags.py), their values and their defaults (what a plan without the key was priced with).
-FRAMEWORK_INPUTS = {
+#: ``framework``'s values are the registered frameworks (:func:`pipewright.cost.frameworks.names`);
+#: ``attention_kernel``'s default None is the accelerator's usual kernel.
+FRAMEWORK_INPUTS: dict[str, tuple[tuple[str, ...] | None, str | None]] = {
+    "framework": (None, "megatron"),
     "grad_dtype": (("fp32", "bf16"), "fp32"),
     "kernels": (("fused", "eager", "compiled"), "fused"),
     "fsdp_grad_sync": (("microbatch", "step"), "microbatch"),
+    "stage_outputs": (("freed", "kept"), "freed"),
+    "attention_kernel": (("fa2", "fa3", "cudnn"), None),
 }
 
 
@@ -53,6 +59,16 @@ def framework_inputs(given: Iterable[tuple[str, object]] = ()) -> dict[str, obje
     its default (a plan states every input it was priced with)."""
     values = dict(given)
     return {key: values.get(key) or default for key, (_, default) in FRAMEWORK_INPUTS.items()}
+
+
+def _choices(key: str) -> tuple[str, ...]:
+    """The values a plan file may give framework input ``key``."""
+    choices = FRAMEWORK_INPUTS[key][0]
+    if choices is None:  # the frameworks registered now
+        from pipewright.cost.frameworks import names
+
+        return names()
+    return choices
 
 
 @dataclass(frozen=True)
@@ -105,10 +121,10 @@ class Plan:
         """The attention kernel the plan was priced with (older plans: eager)."""
         return str(self.data.get("attention", "eager"))
 
-    def framework_input(self, key: str) -> str:
+    def framework_input(self, key: str) -> str | None:
         """A framework input the plan was priced with (:data:`FRAMEWORK_INPUTS`; older plans: its
         default)."""
-        return str(self.data.get(key) or FRAMEWORK_INPUTS[key][1])
+        return self.data.get(key) or FRAMEWORK_INPUTS[key][1]
 
     @property
     def microbatch_group(self) -> int | None:
@@ -223,8 +239,8 @@ def check_schema(data: dict[str, Any], where: str = "plan") -> None:
     for key in ("schedule_csv", "recompute", "dtype"):
         if key in data and data[key] is not None and not isinstance(data[key], str):
             raise ConfigError(f'{where}: "{key}" must be a string')
-    for key, (choices, _) in FRAMEWORK_INPUTS.items():
-        if data.get(key) is not None and data[key] not in choices:
+    for key in FRAMEWORK_INPUTS:
+        if data.get(key) is not None and data[key] not in (choices := _choices(key)):
             raise ConfigError(f'{where}: "{key}" must be one of {", ".join(choices)} (got {data[key]!r})')
     group = data.get("microbatch_group")
     if group is not None and (not _positive_int(group) or group < data["pp"]):

@@ -112,6 +112,7 @@ class Problem:
     moe_imbalance: float = 1.0
     calibration: str | None = None  # a `pipewright profile --calibration` file
     cost_fields: tuple[tuple[str, object], ...] = ()  # --grad-dtype, --kernels, --fsdp-grad-sync (sorted)
+    framework: str | None = None  # --framework (recorded in the plan; its calibration is ``efficiency``)
     _kinds: dict[str, str] = field(default_factory=dict, init=False, compare=False, repr=False)
     _efficiency: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 

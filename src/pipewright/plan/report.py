@@ -85,7 +85,9 @@ def plan_json(prob: Problem, result: SearchResult, schedule_csv: str | None = No
         "optimizer_sharding": c.sharding,
         "tp_comm_overlap": prob.tp_comm_overlap,
         "calibration": prob.calibration,
-        **framework_inputs(prob.cost_fields),
+        **framework_inputs(
+            [*prob.cost_fields, ("framework", prob.framework), ("attention_kernel", prob.attention_kernel)]
+        ),
         "layout": layout_string(best.chunk_layers),
         **extra,
         "predicted": {"iteration_time_s": best.time, "peak_memory_bytes": best.simulated_memory},

@@ -3,15 +3,17 @@
 For every candidate the planner (1) deals the devices (:mod:`pipewright.plan.mapping`), (2) prices each
 pipeline rank on its slowest device and its tensor-parallel group (:mod:`pipewright.plan.costs`),
 (3) partitions the layers to minimise the bottleneck rank under the schedule's memory
-(:mod:`pipewright.plan.partition`) and (4) estimates the iteration time in closed form:
+(:mod:`pipewright.plan.partition`) and (4) estimates the iteration time, with one chunk per rank in
+closed form:
 
-    T ≈ (m − 1 + 1/v)·t_max + (Σ_r t_r − t_max)·φ/v + exposed gradient all-reduce
+    T ≈ m·t_max + (Σ_r t_r − t_max)·φ + exposed gradient all-reduce
 
 with t_r the F + B (+ boundary transfer) seconds of rank r per microbatch, t_max the bottleneck, φ = 1
-for 1F1B and interleaved 1F1B, φ = T_F/(T_F + T_B) for ZB-H1 (its bubble is (p − 1)·T_F), and the
-exposed all-reduce that of the first stage (it finishes its backward last); for φ = 1 at least Σ_r t_r,
-the path of one microbatch through every chunk (what interleaving cannot hide when m is near p).
-Before any device is
+for 1F1B, φ = T_F/(T_F + T_B) for ZB-H1 (its bubble is (p − 1)·T_F), and the exposed all-reduce that
+of the first stage (it finishes its backward last); for φ = 1 at least Σ_r t_r. With v chunks per rank
+(interleaved 1F1B) the order itself is priced with each chunk's F and B seconds and the boundary
+transfers, and only the tail of the first rank's per-chunk reductions is exposed
+(:mod:`pipewright.plan.chunked`). Before any device is
 mapped, a candidate whose layers fit no partition even on the largest device is dropped
 (:func:`may_fit`), and candidates are taken in order of a cheap lower bound on the estimate
 (:func:`lower_bound`), stopping once it exceeds the ``finalists``-th best estimate. Stage costs are
@@ -32,6 +34,12 @@ from pipewright.errors import ConfigError, PipewrightError
 from pipewright.hardware import accelerator
 from pipewright.plan import grouping
 from pipewright.plan.bounds import lower_bound, may_fit
+from pipewright.plan.chunked import (
+    chunked_time,
+    end_chunks_in_flight,
+    exposed_reduction,
+    order_placement,
+)
 from pipewright.plan.context import _Context, messages, parts_of
 from pipewright.plan.costs import StageCost, stage_cost
 from pipewright.plan.mapping import DeviceMap, device_order, map_devices, slowest_first
@@ -179,13 +187,14 @@ def estimate(ctx: _Context, c: Candidate, dmap: DeviceMap | None = None, layers=
     boundary, grad_bytes = messages(prob, c)
     p, v = c.pp, c.virtual
     in_flight = grouping.in_flight(c.schedule, p, c.microbatches, v, prob.microbatch_group)
+    ends = end_chunks_in_flight(c.schedule, p, c.microbatches, v, prob.microbatch_group)
     limits = [ctx.stage_memory_limit(dmap, i) for i in range(p)]
     if layers is None:
         if p * v > prob.spec.layers:
             raise DoesNotFitError("more chunks than layers")
         # memory does not depend on the transfers: a layout that fits nowhere is dropped before the
         # boundary links are priced (path searches on large graphs)
-        if not fits_somewhere(stage_terms(costs, [0.0] * p, in_flight, limits), prob.spec.layers, v):
+        if not fits_somewhere(stage_terms(costs, [0.0] * p, in_flight, limits, ends), prob.spec.layers, v):
             raise DoesNotFitError("no partition fits the memory limit")
     weights = costs[0].layer_weights(prob.spec)  # a mixture of experts' lighter first dense layers
     comm = []
@@ -195,7 +204,7 @@ def estimate(ctx: _Context, c: Candidate, dmap: DeviceMap | None = None, layers=
             continue
         a, b = dmap.head(i), dmap.head((i + 1) % p)
         comm.append(v * boundary(ctx, a, b))  # one transfer per direction
-    terms = stage_terms(costs, comm, in_flight, limits)
+    terms = stage_terms(costs, comm, in_flight, limits, ends)
     if layers is None:
         layers = _partition(terms, prob.spec.layers, v, weights).layers
     work = _work_per_rank(layers, weights)
@@ -206,17 +215,46 @@ def estimate(ctx: _Context, c: Candidate, dmap: DeviceMap | None = None, layers=
     phi = 1.0
     if c.schedule.startswith("zb"):
         phi = max(cs.layer_f / cs.layer for cs in costs)
-    est = (c.microbatches - 1 + 1 / v) * t_max + (total - t_max) * phi / v
-    if phi == 1.0:  # one microbatch's forward and backward pass through every chunk in turn
-        est = max(est, total)
-    if c.dp > 1:  # the first stage's: dense gradients over dp × cp, routed experts' over dp/ep × cp
-        dense, expert = grad_bytes(layers[0], p == 1)
-        replicas = [dmap.block(0, j)[:: c.tp] for j in range(c.dp)]  # each replica's cp ranks
-        est += ctx.all_reduce(tuple(x for r in replicas for x in r))(dense)
-        if expert:
-            est += ctx.all_reduce(tuple(x for r in replicas[:: c.ep] for x in r))(expert)
+    if v > 1:  # chunks of unequal time stall each group: the order priced (plan/chunked.py)
+        est = _chunked(prob, c, costs, chunk_layout(layers, v), comm)
+    else:
+        est = c.microbatches * t_max + (total - t_max) * phi
+        if phi == 1.0:  # one microbatch's forward and backward pass through every rank in turn
+            est = max(est, total)
     chunks = chunk_layout(layers, v) if v > 1 else tuple(layers)
+    if c.dp > 1:  # the first stage's: dense gradients over dp × cp, routed experts' over dp/ep × cp
+        replicas = [dmap.block(0, j)[:: c.tp] for j in range(c.dp)]  # each replica's cp ranks
+        dense_ar = ctx.all_reduce(tuple(x for r in replicas for x in r))
+        expert_ar = ctx.all_reduce(tuple(x for r in replicas[:: c.ep] for x in r))
+
+        def reduce(n: int, embedding: bool = True) -> float:
+            dense, expert = grad_bytes(n, p == 1)
+            if not embedding:
+                dense -= grad_bytes(0, False)[0]
+            return dense_ar(dense) + (expert_ar(expert) if expert else 0.0)
+
+        if v == 1:
+            est += reduce(layers[0])
+        else:  # rank 0's chunks reduce as their last backward ends: only the tail is exposed
+            backs = [costs[0].layer_b * n for n in chunks[::p]]
+            est += exposed_reduction(p, backs, [reduce(n, j == 0) for j, n in enumerate(chunks[::p])])
     return Evaluated(c, chunks, dmap.ranks, est, t_max, max(mems), fits=fits)
+
+
+def _chunked(prob: Problem, c: Candidate, costs: Sequence[StageCost], chunks, comm) -> float:
+    """The interleaved order's time with each chunk's F and B seconds (its layers, the embedding on
+    chunk 0, the output layer on the last) and one boundary transfer per hop."""
+    p, n = c.pp, len(chunks)
+    weights = costs[0].layer_weights(prob.spec)
+    work = _work_per_rank(chunks, weights)
+    place = order_placement(c.schedule, p, c.microbatches, c.virtual, prob.microbatch_group)
+    f, b = [], []
+    for s in range(n):
+        sc = costs[place[s]]
+        f.append(sc.layer_f * work[s] + (s == 0) * sc.embed_f + (s == n - 1) * sc.head_f)
+        b.append(sc.layer_b * work[s] + (s == 0) * sc.embed_b + (s == n - 1) * sc.head_b)
+    hop = max(comm) / c.virtual if comm else 0.0
+    return chunked_time(c.schedule, p, c.microbatches, c.virtual, prob.microbatch_group, f, b, hop)
 
 
 def _work_per_rank(layers: Sequence[int], weights: Sequence[float] | None) -> list[float]:
