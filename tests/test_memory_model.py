@@ -90,11 +90,13 @@ def test_stage_outputs_on_the_command_line(capsys) -> None:
     argv += ["--seq-len", "64", "--vocab", "1000", "--pp", "4", "--microbatches", "8"]
     argv += ["--gpu", "a100-80gb", "--gpus-per-node", "4", "--schedule", "1f1b"]
     peaks = {}
-    for mode in ("freed", "kept"):
+    for mode in ("freed", "kept", "step"):
         assert main([*argv, "--stage-outputs", mode, "--json"]) == 0
         report = json.loads(capsys.readouterr().out)
         peaks[mode] = report["per_rank"][0]["peak_memory_bytes"]
     assert peaks["kept"] - peaks["freed"] == 4 * SBH * 2  # four microbatches in flight on rank 0
+    # rank 0 peaks with 4 in flight and 4 outputs already held, beside 8 gradient receive buffers
+    assert peaks["step"] - peaks["kept"] == (4 + 8) * SBH * 2
     with pytest.raises(SystemExit):
         main([*argv, "--stage-outputs", "sometimes"])
     assert "--stage-outputs" in capsys.readouterr().err
@@ -110,3 +112,36 @@ def test_the_last_chunk_keeps_the_final_norm_and_output_layer_inputs_and_the_log
         cost = _cost(LLAMA, tp=tp, sequence_parallel=sp)
         last, middle = (cost.activation_bytes(Action(s, F, 0), sched) for s in (3, 2))
         assert last - middle == 2 * SBH * 2 / split + 4 * 64 * 1000 / tp, (tp, sp)
+
+
+def test_step_outputs_are_held_until_the_step_ends_beside_a_receive_buffer_per_microbatch() -> None:
+    """torch.distributed.pipelining: ``output_chunks`` keeps every output (the last stage's: its 16-bit
+    logits) until the next step, and ``PipelineStage`` allocates an input and a gradient receive
+    buffer per microbatch up front; the received input is the first layer's checkpointed input."""
+    m, logits = 8, 2 * 64 * 1000
+    sched = build_schedule("1f1b", 4, m)
+    kept = _cost(GPT, stage_outputs="kept")
+    step = _cost(GPT, stage_outputs="step")
+    for stage in range(4):
+        f_kept, f_step = (c.activation_bytes(Action(stage, F, 0), sched) for c in (kept, step))
+        held = logits if stage == 3 else SBH * 2
+        assert f_step - f_kept == (0 if stage == 0 else -SBH * 2) + (logits if stage == 3 else 0), stage
+        assert step.activation_bytes(Action(stage, B, 0), sched) == -(f_step - held), stage
+    for rank, ends in enumerate((1, 2, 2, 1)):
+        diff = step.static_bytes(rank, sched) - kept.static_bytes(rank, sched)
+        assert diff == ends * m * SBH * 2, rank
+    # one rank alone is no pipeline: nothing held, nothing received
+    single = build_schedule("1f1b", 1, m)
+    alone = _cost(GPT, pp=1, stage_outputs="step")
+    assert alone.activation_bytes(Action(0, B, 0), single) == -alone.activation_bytes(Action(0, F, 0), single)
+    assert alone.static_bytes(0, single) == _cost(GPT, pp=1).static_bytes(0, single)
+
+
+def test_the_loss_parallel_cross_entropy_keeps_16_bytes_per_logit() -> None:
+    """PyTorch's ``loss_parallel`` backward, ``(zeros_like(x) + exp(x)) * grad``: x, the zeros, exp(x)
+    and the sum live together (4 bytes each per logit); 12 without tensor parallelism, 4 fused."""
+    sched = build_schedule("1f1b", 4, 8)
+    for kernels, tp, per_logit in (("eager", 1, 12), ("eager", 2, 16), ("compiled", 2, 16), ("fused", 2, 4)):
+        cost = _cost(LLAMA, tp=tp, kernels=kernels)
+        last, middle = (cost.activation_bytes(Action(s, F, 0), sched) for s in (3, 2))
+        assert last - middle == 2 * SBH * 2 + per_logit * 64 * 1000 / tp, (kernels, tp)
