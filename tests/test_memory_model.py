@@ -11,6 +11,7 @@ import pytest
 from pipewright.cli import main
 from pipewright.cost.chunk_memory import fused_output_units
 from pipewright.cost.comm import Mesh
+from pipewright.cost.layer import embedding_parameters, head_parameters, layer_parameters
 from pipewright.cost.transformer import TransformerCost
 from pipewright.errors import ConfigError
 from pipewright.ir import Action, B, F
@@ -145,3 +146,16 @@ def test_the_loss_parallel_cross_entropy_keeps_16_bytes_per_logit() -> None:
         cost = _cost(LLAMA, tp=tp, kernels=kernels)
         last, middle = (cost.activation_bytes(Action(s, F, 0), sched) for s in (3, 2))
         assert last - middle == 2 * SBH * 2 + per_logit * 64 * 1000 / tp, (kernels, tp)
+
+
+def test_fsdp_holds_the_root_group_gathered_from_the_forward_to_the_end_of_the_backward() -> None:
+    """PyTorch's FSDP does not reshard the root group (embedding, final norm, output layer) after the
+    forward: with re-gathering per layer a rank holds two layers and the root in 16 bits."""
+    sched = build_schedule("1f1b", 1, 4)
+    for tp in (1, 2):
+        fsdp = _cost(LLAMA, pp=1, tp=tp, optimizer_sharding="fsdp")
+        state = fsdp._chunk(0, sched).params * fsdp.state().total
+        gathered = (
+            2 * layer_parameters(LLAMA) / tp + embedding_parameters(LLAMA, tp) + head_parameters(LLAMA, tp)
+        )
+        assert fsdp.static_bytes(0, sched) - state == pytest.approx(2 * gathered), tp

@@ -46,8 +46,9 @@ W frees the inputs of the linear layers (at most 32·s·b·h/t bytes per layer; 
 recomputation), I the rest, B everything (Zero Bubble's accounting).
 
 Static memory per rank: parameters / t × the per-parameter bytes of the optimizer sharding
-(:func:`~pipewright.cost.sharding.state_bytes`), and FSDP's gathered weights of two layers when it
-re-gathers per microbatch.
+(:func:`~pipewright.cost.sharding.state_bytes`), FSDP's gathered weights of two layers and of the
+root group (:func:`gather_buffer_bytes`) when it re-gathers per microbatch, and the pipeline's
+receive buffers (:func:`pipeline_buffer_bytes`).
 """
 
 from __future__ import annotations
@@ -56,8 +57,14 @@ from typing import Any
 
 from pipewright.cost.attention_kinds import attention_of
 from pipewright.cost.kernels import loss_bytes
-from pipewright.cost.layer import has_dropout, layer_parameters, layer_stored_units
-from pipewright.cost.sharding import StateBytes, pipelined_fsdp_state, state_bytes
+from pipewright.cost.layer import (
+    embedding_parameters,
+    has_dropout,
+    head_parameters,
+    layer_parameters,
+    layer_stored_units,
+)
+from pipewright.cost.sharding import WEIGHT_BYTES, StateBytes, pipelined_fsdp_state, state_bytes
 from pipewright.errors import ConfigError
 from pipewright.ir import B, F, I, W
 
@@ -178,10 +185,17 @@ def rank_state(cost: Any) -> StateBytes:
 
 def gather_buffer_bytes(cost: Any) -> float:
     """FSDP re-gathering per layer: the 16-bit weights of two gathered layers (computing +
-    prefetched); 0 otherwise."""
+    prefetched), and of the root group — the embedding, final norm and output layer, which the
+    outermost ``fully_shard(model)`` holds (torchtitan's ``apply_fsdp``) and PyTorch's FSDP does not
+    reshard after the forward, "since for training, the parameters would be freed and all-gathered
+    immediately" (FSDP2 ``FSDPState._lazy_init`` sets the root's ``post_forward_mesh_info = None``;
+    FSDP1's ``_post_forward_reshard`` skips the root too): held from the forward to the end of the
+    backward. 0 otherwise."""
     if not cost.regathers:
         return 0.0
-    return 2 * layer_parameters(cost.spec) / cost.mesh.tp * 2.0
+    spec, t = cost.spec, cost.mesh.tp
+    root = embedding_parameters(spec, t) + head_parameters(spec, t)
+    return (2 * layer_parameters(spec) / t + root) * WEIGHT_BYTES
 
 
 def held_buffer_bytes(cost: Any, rank: int, schedule: Any) -> float:
