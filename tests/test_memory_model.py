@@ -146,6 +146,12 @@ def test_the_loss_parallel_cross_entropy_keeps_16_bytes_per_logit() -> None:
         cost = _cost(LLAMA, tp=tp, kernels=kernels)
         last, middle = (cost.activation_bytes(Action(s, F, 0), sched) for s in (3, 2))
         assert last - middle == 2 * SBH * 2 + per_logit * 64 * 1000 / tp, (kernels, tp)
+    # with sequence parallelism PyTorch's ColwiseParallel keeps the output layer's input all-gathered
+    for kernels, head_input in (("eager", SBH * 2), ("fused", SBH * 2 / 2)):
+        cost = _cost(LLAMA, tp=2, sequence_parallel=True, kernels=kernels)
+        last, middle = (cost.activation_bytes(Action(s, F, 0), sched) for s in (3, 2))
+        per_logit = 16 if kernels == "eager" else 4
+        assert last - middle == SBH * 2 / 2 + head_input + per_logit * 64 * 1000 / 2, kernels
 
 
 def test_fsdp_holds_the_root_group_gathered_from_the_forward_to_the_end_of_the_backward() -> None:

@@ -38,7 +38,12 @@ activation element; all terms / c):
   held as static memory (:func:`pipeline_buffer_bytes`). The received input is the first layer's
   input, which its checkpoint saves without a copy, so the chunk's F adds one s·b·h·e less.
 - the last chunk: the final norm's input and the output layer's input, s·b·h·e each (/t with
-  sequence parallelism; Korthikanti et al. §4.3: 2·s·b·h/t + 2·s·b·h/t), and the loss's kept logits
+  sequence parallelism; Korthikanti et al. §4.3: 2·s·b·h/t + 2·s·b·h/t; Megatron saves the
+  sequence-sharded input and re-gathers it in the backward). PyTorch's tensor parallelism
+  (torchtitan; ``kernels`` eager or compiled) keeps the output layer's input whole: its
+  ``ColwiseParallel(input_layouts=Shard(1))`` all-gathers the sequence to ``Replicate()`` before
+  the linear, whose autograd saves what it multiplied (torchtitan ``parallelize_llama.py`` l. 138),
+  s·b·h·e. And the loss's kept logits
   (:func:`~pipewright.cost.kernels.loss_bytes`, per b·s·V/t; PyTorch's loss-parallel kernel where
   t > 1 and the loss is not fused).
 
@@ -113,10 +118,12 @@ def embedding_kept_bytes(cost: Any) -> float:
 
 def head_kept_bytes(cost: Any) -> float:
     """The final norm's and the output layer's inputs the last chunk keeps per microbatch and device
-    (module docstring)."""
+    (module docstring); PyTorch's tensor parallelism (``kernels`` eager or compiled) keeps the output
+    layer's input all-gathered."""
     sbh = cost.spec.seq_len * cost.microbatch * cost.spec.hidden
     split = cost.mesh.tp if cost.sequence_parallel else 1
-    return 2 * sbh * cost.activation_bytes_per_element / split / cost.cp
+    gathered = 1 if cost.kernels != "fused" else split
+    return (1 / split + 1 / gathered) * sbh * cost.activation_bytes_per_element / cost.cp
 
 
 def boundary_bytes(cost: Any) -> float:
