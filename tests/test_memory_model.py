@@ -11,6 +11,7 @@ import pytest
 from pipewright.cli import main
 from pipewright.cost.chunk_memory import fused_output_units
 from pipewright.cost.comm import Mesh
+from pipewright.cost.layer import embedding_parameters, head_parameters, layer_parameters
 from pipewright.cost.transformer import TransformerCost
 from pipewright.errors import ConfigError
 from pipewright.ir import Action, B, F
@@ -90,11 +91,13 @@ def test_stage_outputs_on_the_command_line(capsys) -> None:
     argv += ["--seq-len", "64", "--vocab", "1000", "--pp", "4", "--microbatches", "8"]
     argv += ["--gpu", "a100-80gb", "--gpus-per-node", "4", "--schedule", "1f1b"]
     peaks = {}
-    for mode in ("freed", "kept"):
+    for mode in ("freed", "kept", "step"):
         assert main([*argv, "--stage-outputs", mode, "--json"]) == 0
         report = json.loads(capsys.readouterr().out)
         peaks[mode] = report["per_rank"][0]["peak_memory_bytes"]
     assert peaks["kept"] - peaks["freed"] == 4 * SBH * 2  # four microbatches in flight on rank 0
+    # rank 0 peaks with 4 in flight and 4 outputs already held, beside 8 gradient receive buffers
+    assert peaks["step"] - peaks["kept"] == (4 + 8) * SBH * 2
     with pytest.raises(SystemExit):
         main([*argv, "--stage-outputs", "sometimes"])
     assert "--stage-outputs" in capsys.readouterr().err
@@ -110,3 +113,55 @@ def test_the_last_chunk_keeps_the_final_norm_and_output_layer_inputs_and_the_log
         cost = _cost(LLAMA, tp=tp, sequence_parallel=sp)
         last, middle = (cost.activation_bytes(Action(s, F, 0), sched) for s in (3, 2))
         assert last - middle == 2 * SBH * 2 / split + 4 * 64 * 1000 / tp, (tp, sp)
+
+
+def test_step_outputs_are_held_until_the_step_ends_beside_a_receive_buffer_per_microbatch() -> None:
+    """torch.distributed.pipelining: ``output_chunks`` keeps every output (the last stage's: its 16-bit
+    logits) until the next step, and ``PipelineStage`` allocates an input and a gradient receive
+    buffer per microbatch up front; the received input is the first layer's checkpointed input."""
+    m, logits = 8, 2 * 64 * 1000
+    sched = build_schedule("1f1b", 4, m)
+    kept = _cost(GPT, stage_outputs="kept")
+    step = _cost(GPT, stage_outputs="step")
+    for stage in range(4):
+        f_kept, f_step = (c.activation_bytes(Action(stage, F, 0), sched) for c in (kept, step))
+        held = logits if stage == 3 else SBH * 2
+        assert f_step - f_kept == (0 if stage == 0 else -SBH * 2) + (logits if stage == 3 else 0), stage
+        assert step.activation_bytes(Action(stage, B, 0), sched) == -(f_step - held), stage
+    for rank, ends in enumerate((1, 2, 2, 1)):
+        diff = step.static_bytes(rank, sched) - kept.static_bytes(rank, sched)
+        assert diff == ends * m * SBH * 2, rank
+    # one rank alone is no pipeline: nothing held, nothing received
+    single = build_schedule("1f1b", 1, m)
+    alone = _cost(GPT, pp=1, stage_outputs="step")
+    assert alone.activation_bytes(Action(0, B, 0), single) == -alone.activation_bytes(Action(0, F, 0), single)
+    assert alone.static_bytes(0, single) == _cost(GPT, pp=1).static_bytes(0, single)
+
+
+def test_the_loss_parallel_cross_entropy_keeps_16_bytes_per_logit() -> None:
+    """PyTorch's ``loss_parallel`` backward, ``(zeros_like(x) + exp(x)) * grad``: x, the zeros, exp(x)
+    and the sum live together (4 bytes each per logit); 12 without tensor parallelism, 4 fused."""
+    sched = build_schedule("1f1b", 4, 8)
+    for kernels, tp, per_logit in (("eager", 1, 12), ("eager", 2, 16), ("compiled", 2, 16), ("fused", 2, 4)):
+        cost = _cost(LLAMA, tp=tp, kernels=kernels)
+        last, middle = (cost.activation_bytes(Action(s, F, 0), sched) for s in (3, 2))
+        assert last - middle == 2 * SBH * 2 + per_logit * 64 * 1000 / tp, (kernels, tp)
+    # with sequence parallelism PyTorch's ColwiseParallel keeps the output layer's input all-gathered
+    for kernels, head_input in (("eager", SBH * 2), ("fused", SBH * 2 / 2)):
+        cost = _cost(LLAMA, tp=2, sequence_parallel=True, kernels=kernels)
+        last, middle = (cost.activation_bytes(Action(s, F, 0), sched) for s in (3, 2))
+        per_logit = 16 if kernels == "eager" else 4
+        assert last - middle == SBH * 2 / 2 + head_input + per_logit * 64 * 1000 / 2, kernels
+
+
+def test_fsdp_holds_the_root_group_gathered_from_the_forward_to_the_end_of_the_backward() -> None:
+    """PyTorch's FSDP does not reshard the root group (embedding, final norm, output layer) after the
+    forward: with re-gathering per layer a rank holds two layers and the root in 16 bits."""
+    sched = build_schedule("1f1b", 1, 4)
+    for tp in (1, 2):
+        fsdp = _cost(LLAMA, pp=1, tp=tp, optimizer_sharding="fsdp")
+        state = fsdp._chunk(0, sched).params * fsdp.state().total
+        gathered = (
+            2 * layer_parameters(LLAMA) / tp + embedding_parameters(LLAMA, tp) + head_parameters(LLAMA, tp)
+        )
+        assert fsdp.static_bytes(0, sched) - state == pytest.approx(2 * gathered), tp

@@ -84,7 +84,7 @@ def add_cost_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) 
     ``--kernels fused|eager|compiled``: how the memory-bound kernels run (:mod:`pipewright.cost.kernels`);
     ``--fsdp-grad-sync microbatch|step``: when pipelined FSDP reduce-scatters the gradients
     (:mod:`pipewright.cost.sharding`);
-    ``--stage-outputs freed|kept``: whether a stage frees each microbatch's output after sending it
+    ``--stage-outputs freed|kept|step``: whether a stage frees each microbatch's output after sending it
     (:mod:`pipewright.cost.chunk_memory`)."""
     parser.add_argument(
         "--grad-dtype",
@@ -110,10 +110,11 @@ def add_cost_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) 
     )
     parser.add_argument(
         "--stage-outputs",
-        choices=("freed", "kept"),
+        choices=("freed", "kept", "step"),
         default=None,
         help="each microbatch's stage output after its send: freed (Megatron's deallocation, Llama 3; the "
-        "default) or kept until its backward (torch.distributed.pipelining, torchtitan, pipewright train)",
+        "default), kept until its backward (pipewright train) or until the step ends, with a receive "
+        "buffer per microbatch (torch.distributed.pipelining, torchtitan)",
     )
     parser.add_argument(
         "--framework",

@@ -25,17 +25,35 @@ activation element; all terms / c):
   layers' own tensors. ``kept`` — ``torch.distributed.pipelining`` (torchtitan) keeps each
   microbatch's ``output_tuple`` in the stage's ``fwd_cache`` until its backward pops it (stage.py,
   ``forward_one_chunk``), and so does pipewright's runtime (``RunState.stage_outputs``): s·b·h·e,
-  /t with sequence parallelism (the output is sequence-sharded).
+  /t with sequence parallelism (the output is sequence-sharded). ``step`` — what
+  ``torch.distributed.pipelining`` (torch 2.6, torchtitan's) holds besides: ``forward_one_chunk``
+  also appends every output to ``output_chunks`` ("for final output merge or reduction"), cleared
+  only by ``clear_runtime_states`` at the next step, so B does not free it and the m outputs of a
+  step accumulate; on the last chunk of a pipeline that output is the logits, 2·b·s·V/t bytes
+  (16-bit, vocabulary-sharded by the loss-parallel output layer). And ``PipelineStage``
+  allocates a receive buffer per microbatch for the step before the first forward
+  (``_prepare_forward_infra``, "TODO: create args_recv_info lazily?"; the gradients'
+  in ``_prepare_backward_infra``/``_create_grad_recv_info``): m × s·b·h·e (/t, /c) for the input of
+  every chunk but the first and m × the same for the output gradient of every chunk but the last,
+  held as static memory (:func:`pipeline_buffer_bytes`). The received input is the first layer's
+  input, which its checkpoint saves without a copy, so the chunk's F adds one s·b·h·e less.
 - the last chunk: the final norm's input and the output layer's input, s·b·h·e each (/t with
-  sequence parallelism; Korthikanti et al. §4.3: 2·s·b·h/t + 2·s·b·h/t), and the loss's kept logits
-  (:func:`~pipewright.cost.kernels.loss_bytes`, per b·s·V/t).
+  sequence parallelism; Korthikanti et al. §4.3: 2·s·b·h/t + 2·s·b·h/t; Megatron saves the
+  sequence-sharded input and re-gathers it in the backward). PyTorch's tensor parallelism
+  (torchtitan; ``kernels`` eager or compiled) keeps the output layer's input whole: its
+  ``ColwiseParallel(input_layouts=Shard(1))`` all-gathers the sequence to ``Replicate()`` before
+  the linear, whose autograd saves what it multiplied (torchtitan ``parallelize_llama.py`` l. 138),
+  s·b·h·e. And the loss's kept logits
+  (:func:`~pipewright.cost.kernels.loss_bytes`, per b·s·V/t; PyTorch's loss-parallel kernel where
+  t > 1 and the loss is not fused).
 
 W frees the inputs of the linear layers (at most 32·s·b·h/t bytes per layer; nothing with full
 recomputation), I the rest, B everything (Zero Bubble's accounting).
 
 Static memory per rank: parameters / t × the per-parameter bytes of the optimizer sharding
-(:func:`~pipewright.cost.sharding.state_bytes`), and FSDP's gathered weights of two layers when it
-re-gathers per microbatch.
+(:func:`~pipewright.cost.sharding.state_bytes`), FSDP's gathered weights of two layers and of the
+root group (:func:`gather_buffer_bytes`) when it re-gathers per microbatch, and the pipeline's
+receive buffers (:func:`pipeline_buffer_bytes`).
 """
 
 from __future__ import annotations
@@ -44,13 +62,19 @@ from typing import Any
 
 from pipewright.cost.attention_kinds import attention_of
 from pipewright.cost.kernels import loss_bytes
-from pipewright.cost.layer import has_dropout, layer_parameters, layer_stored_units
-from pipewright.cost.sharding import StateBytes, pipelined_fsdp_state, state_bytes
+from pipewright.cost.layer import (
+    embedding_parameters,
+    has_dropout,
+    head_parameters,
+    layer_parameters,
+    layer_stored_units,
+)
+from pipewright.cost.sharding import WEIGHT_BYTES, StateBytes, pipelined_fsdp_state, state_bytes
 from pipewright.errors import ConfigError
 from pipewright.ir import B, F, I, W
 
 #: what a pipeline stage does with each microbatch's output once it is sent (module docstring)
-STAGE_OUTPUTS = ("freed", "kept")
+STAGE_OUTPUTS = ("freed", "kept", "step")
 
 
 def check_stage_outputs(mode: str) -> None:
@@ -94,20 +118,36 @@ def embedding_kept_bytes(cost: Any) -> float:
 
 def head_kept_bytes(cost: Any) -> float:
     """The final norm's and the output layer's inputs the last chunk keeps per microbatch and device
-    (module docstring)."""
+    (module docstring); PyTorch's tensor parallelism (``kernels`` eager or compiled) keeps the output
+    layer's input all-gathered."""
     sbh = cost.spec.seq_len * cost.microbatch * cost.spec.hidden
     split = cost.mesh.tp if cost.sequence_parallel else 1
-    return 2 * sbh * cost.activation_bytes_per_element / split / cost.cp
+    gathered = 1 if cost.kernels != "fused" else split
+    return (1 / split + 1 / gathered) * sbh * cost.activation_bytes_per_element / cost.cp
 
 
-def stage_output_bytes(cost: Any) -> float:
-    """A chunk's output kept until its backward (``stage_outputs="kept"``), per microbatch and
-    device; 0 when it is freed after the send (module docstring)."""
-    if cost.stage_outputs == "freed":
-        return 0.0
+def boundary_bytes(cost: Any) -> float:
+    """One microbatch's activation at a stage boundary, per device: s·b·h·e (/t with sequence
+    parallelism, /c)."""
     sbh = cost.spec.seq_len * cost.microbatch * cost.spec.hidden
     split = cost.mesh.tp if cost.sequence_parallel else 1
     return sbh * cost.activation_bytes_per_element / split / cost.cp
+
+
+def stage_output_bytes(cost: Any) -> float:
+    """A chunk's output kept until its backward (``stage_outputs`` ``kept`` or ``step``), per
+    microbatch and device; 0 when it is freed after the send (module docstring)."""
+    return 0.0 if cost.stage_outputs == "freed" else boundary_bytes(cost)
+
+
+def pipeline_buffer_bytes(cost: Any, rank: int, schedule: Any) -> float:
+    """``stage_outputs="step"``: the receive buffers ``PipelineStage`` allocates for every microbatch
+    of the step on ``rank`` — the input of each of its chunks but stage 0's, the output gradient of
+    each but the last stage's (module docstring); 0 otherwise."""
+    if cost.stage_outputs != "step" or schedule.num_stages < 2:
+        return 0.0
+    ends = sum((s > 0) + (s < schedule.num_stages - 1) for s in schedule.stages_of(rank))
+    return ends * schedule.num_microbatches * boundary_bytes(cost)
 
 
 def chunk_memory(cost: Any, n: int, first: bool, last: bool) -> dict[str, float]:
@@ -120,13 +160,23 @@ def chunk_memory(cost: Any, n: int, first: bool, last: bool) -> dict[str, float]
     full = cost.recompute == "full"
     w_frees = 0.0 if full else min(32 * s * b * h / t * esize / 2 / c, per_layer)
     added = n * per_layer
+    step = cost.stage_outputs == "step"
+    held = 0.0  # kept until the step ends (``output_chunks``)
     if first:
         added += embedding_kept_bytes(cost)
+    elif step:
+        added -= boundary_bytes(cost)  # the first layer's input is the receive buffer
     if last:
-        added += head_kept_bytes(cost) + loss_bytes(cost.kernels)[1] * b * s * V / t / c
+        loss_parallel = t > 1 and cost.kernels != "fused"
+        added += head_kept_bytes(cost) + loss_bytes(cost.kernels, loss_parallel)[1] * b * s * V / t / c
+        if step and not first:
+            held = 2 * b * s * V / t / c
     else:
-        added += stage_output_bytes(cost)
-    return {F: added, B: -added, W: -n * w_frees, I: -(added - n * w_frees)}
+        held = stage_output_bytes(cost) if step else 0.0
+        added += stage_output_bytes(cost) - held
+    added += held
+    kept = added - held
+    return {F: added, B: -kept, W: -n * w_frees, I: -(kept - n * w_frees)}
 
 
 def rank_state(cost: Any) -> StateBytes:
@@ -142,7 +192,20 @@ def rank_state(cost: Any) -> StateBytes:
 
 def gather_buffer_bytes(cost: Any) -> float:
     """FSDP re-gathering per layer: the 16-bit weights of two gathered layers (computing +
-    prefetched); 0 otherwise."""
+    prefetched), and of the root group — the embedding, final norm and output layer, which the
+    outermost ``fully_shard(model)`` holds (torchtitan's ``apply_fsdp``) and PyTorch's FSDP does not
+    reshard after the forward, "since for training, the parameters would be freed and all-gathered
+    immediately" (FSDP2 ``FSDPState._lazy_init`` sets the root's ``post_forward_mesh_info = None``;
+    FSDP1's ``_post_forward_reshard`` skips the root too): held from the forward to the end of the
+    backward. 0 otherwise."""
     if not cost.regathers:
         return 0.0
-    return 2 * layer_parameters(cost.spec) / cost.mesh.tp * 2.0
+    spec, t = cost.spec, cost.mesh.tp
+    root = embedding_parameters(spec, t) + head_parameters(spec, t)
+    return (2 * layer_parameters(spec) / t + root) * WEIGHT_BYTES
+
+
+def held_buffer_bytes(cost: Any, rank: int, schedule: Any) -> float:
+    """Buffers ``rank`` holds beside its state: FSDP's gathered weights
+    (:func:`gather_buffer_bytes`) and the pipeline's receive buffers (:func:`pipeline_buffer_bytes`)."""
+    return gather_buffer_bytes(cost) + pipeline_buffer_bytes(cost, rank, schedule)

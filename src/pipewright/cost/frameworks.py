@@ -119,8 +119,9 @@ register(
         "torchtitan",
         "PyTorch torchtitan: eager PyTorch blocks (compile = false in its train configs; --kernels "
         "compiled for torch.compile), FSDP2 with torch.distributed.pipelining (gradients reduced once "
-        "per step: backward_maybe_with_nosync; each stage output kept in fwd_cache until its backward)",
-        {"kernels": "eager", "fsdp_grad_sync": "step", "stage_outputs": "kept"},
+        "per step: backward_maybe_with_nosync; each stage output kept in output_chunks until the step "
+        "ends, a receive buffer per microbatch)",
+        {"kernels": "eager", "fsdp_grad_sync": "step", "stage_outputs": "step"},
         compute=0.7702,
         overhead=1.954e-3,
         fitted_on=(

@@ -27,7 +27,13 @@ cross-entropy on ``pred.float()``               logit        18        26       
 ==============================================  ===========  ========  ==========  ===============
 
 The cross-entropy keeps, at the backward's peak, the log-softmax output, its incoming gradient and
-the input gradient: 12 bytes per logit. Families other than Llama use ``nn.LayerNorm`` (one
+the input gradient: 12 bytes per logit. With tensor parallelism torchtitan runs it under
+``loss_parallel()`` (``ParallelDims.loss_parallel_enabled``: tp > 1 unless disabled), on
+vocabulary-sharded logits, whose backward PyTorch writes as ``(grad_input + torch.exp(x)) *
+grad_output`` with ``grad_input = torch.zeros_like(x)`` (torch/distributed/tensor/parallel/loss.py,
+``_nll_loss_and_log_softmax_backward``): the log-softmax output x, the zeros, ``exp(x)`` and their sum
+are live together, 16 bytes per logit (the forward's peak, ``_log_softmax``'s x, ``x − max`` and
+``exp`` beside the 16-bit logits, is 14). Families other than Llama use ``nn.LayerNorm`` (one
 ``native_layer_norm`` kernel even in eager: 4 forward, 6 backward per h), no rotary embedding, and a
 one-input activation (GeLU: 4 forward, 6 backward per f).
 
@@ -92,11 +98,18 @@ def eager_layer_bytes(spec: ModelSpec, t: int = 1, sequence_parallel: bool = Fal
     return fwd + repeat, bwd + repeat
 
 
-def loss_bytes(kernels: str) -> tuple[Mapping[str, float], float]:
+#: bytes per logit PyTorch's loss-parallel cross-entropy keeps at its backward's peak (docstring)
+LOSS_PARALLEL_KEPT = 16.0
+
+
+def loss_bytes(kernels: str, loss_parallel: bool = False) -> tuple[Mapping[str, float], float]:
     """(bytes per logit moved by F and I, bytes per logit kept) of the cross-entropy: the fused kernel,
-    or PyTorch's eager one (also under ``compiled``, whose compiled regions are the blocks)."""
+    or PyTorch's eager one (also under ``compiled``, whose compiled regions are the blocks);
+    ``loss_parallel``: the eager one on vocabulary-sharded logits (module docstring)."""
     check_kernels(kernels)
     moved, kept = _LOSS["fused" if kernels == "fused" else "eager"]
+    if loss_parallel and kernels != "fused":
+        kept = LOSS_PARALLEL_KEPT
     return MappingProxyType(moved), kept
 
 

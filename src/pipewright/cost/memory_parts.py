@@ -9,7 +9,9 @@ For pipeline rank r of an analytical cost model (:class:`~pipewright.cost.transf
 - ``activations``: the highest activation memory of r over the simulated iteration — the activations
   of the microbatches in flight (``activation_peak``, from the simulator);
 - ``communication_buffers``: the point-to-point send and receive buffers of one boundary activation
-  each way, and FSDP's gathered weights of two layers;
+  each way, FSDP's gathered weights of two layers and of its root group, and
+  ``torch.distributed.pipelining``'s receive buffers for every microbatch
+  (:func:`~pipewright.cost.chunk_memory.held_buffer_bytes`);
 - ``allocator_reserve``: what PyTorch's caching allocator holds beyond the live tensors —
   fragmentation, estimated at :data:`ALLOCATOR_RESERVE` of the rest. It is reported, not counted by
   the simulator's fit check (``peak_memory_bytes`` = static + activations).
@@ -20,6 +22,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from pipewright.cost.chunk_memory import held_buffer_bytes
 from pipewright.cost.layer import embedding_parameters, head_parameters
 from pipewright.cost.placement import roles
 from pipewright.ir import SEND_F, Action, Schedule
@@ -62,7 +65,7 @@ def memory_parts(cost: Any, schedule: Schedule, rank: int, activation_peak: floa
         edges += edge
         layers += chunk.params - edge
     message = cost.message_bytes(Action(0, SEND_F, 0), schedule) if schedule.num_stages > 1 else 0.0
-    buffers = 2 * message + cost.gather_buffer_bytes()
+    buffers = 2 * message + held_buffer_bytes(cost, rank, schedule)
     experts = cost.expert_params(rank, schedule) if hasattr(cost, "expert_params") else 0.0
     ex = cost.expert_state() if experts else state  # routed experts: sharded over dp/ep (MoECost)
     layers -= experts

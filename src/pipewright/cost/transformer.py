@@ -64,6 +64,7 @@ from pipewright.cost.chunk_memory import (
     check_stage_outputs,
     chunk_memory,
     gather_buffer_bytes,
+    held_buffer_bytes,
     layer_stored_bytes,
     rank_state,
 )
@@ -442,14 +443,12 @@ class TransformerCost:
         return self._chunk(action.stage, schedule).memory[action.kind]
 
     def static_bytes(self, rank: int, schedule: Schedule) -> float:
-        """Weights, gradients and optimizer state of ``rank``'s chunks (sharded as configured), plus
-        FSDP's gathered weights of two layers in flight."""
+        """State of ``rank``'s chunks (sharded as configured) and its held buffers (chunk_memory)."""
         params = sum(self._chunk(c, schedule).params for c in schedule.stages_of(rank))
-        return params * self.state().total + self.gather_buffer_bytes()
+        return params * self.state().total + held_buffer_bytes(self, rank, schedule)
 
     def state(self) -> StateBytes:
-        """Bytes per parameter for weights, gradients and optimizer state on one rank
-        (:func:`pipewright.cost.chunk_memory.rank_state`)."""
+        """Bytes per parameter for weights, gradients and optimizer state on one rank (chunk_memory)."""
         return rank_state(self)
 
     def gather_buffer_bytes(self) -> float:
