@@ -49,7 +49,7 @@ FRAMEWORK_INPUTS: dict[str, tuple[tuple[str, ...] | None, str | None]] = {
     "grad_dtype": (("fp32", "bf16"), "fp32"),
     "kernels": (("fused", "eager", "compiled"), "fused"),
     "fsdp_grad_sync": (("microbatch", "step"), "microbatch"),
-    "stage_outputs": (("freed", "kept"), "freed"),
+    "stage_outputs": (("freed", "kept", "step"), "freed"),
     "attention_kernel": (("fa2", "fa3", "cudnn"), None),
 }
 
