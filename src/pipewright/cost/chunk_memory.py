@@ -50,6 +50,23 @@ activation element; all terms / c):
 W frees the inputs of the linear layers (at most 32·s·b·h/t bytes per layer; nothing with full
 recomputation), I the rest, B everything (Zero Bubble's accounting).
 
+The recomputation transient (:func:`recompute_transient`): a layer whose forward kept less than all
+its activations re-runs the dropped part at the start of its backward, and for that layer's backward
+the recomputed tensors are live on top of everything stored. Megatron-LM's ``CheckpointFunction``
+(``tensor_parallel.checkpoint``, one layer per call with ``--recompute-num-layers 1``) and PyTorch's
+non-reentrant ``torch.utils.checkpoint`` (torchtitan wraps each ``TransformerBlock``) both re-run one
+block's forward from its saved input, whose tensor the recomputed forward saves again without a copy:
+the transient is one layer's activations without recomputation less what the layer kept,
+(stored_none − stored_mode)/c per device — with full recomputation the whole layer less its input
+(Korthikanti et al. Table 2: s·b·h·(34/t + 5·a·s/(h·t)) − 2·s·b·h/t with sequence parallelism),
+with selective recomputation the attention core's 5·a·s²·b/t (eager attention; none with flash
+attention), with torchtitan's operator-level policy the operators it re-runs
+(:mod:`pipewright.cost.op_recompute`). It is a property of the actions that re-run the forward
+(B, or I when the backward is split; W re-runs nothing) of chunks with layers; the simulator's
+peak is the highest over actions of (live before the action + its transient). Megatron's
+``--recompute-num-layers N`` (N layers per checkpoint) would make it N layers' worth; pipewright
+checkpoints one layer at a time. The backward's own gradient buffers are not priced.
+
 Static memory per rank: parameters / t × the per-parameter bytes of the optimizer sharding
 (:func:`~pipewright.cost.sharding.state_bytes`), FSDP's gathered weights of two layers and of the
 root group (:func:`gather_buffer_bytes`) when it re-gathers per microbatch, and the pipeline's
@@ -106,6 +123,23 @@ def layer_stored_bytes(cost: Any, mode: str | None = None, fp8: bool | None = No
     if fp8 and cost.attention == "flash":
         units += fused_output_units(spec, t)
     return sbh * units * scale
+
+
+def recompute_transient(cost: Any, kept: float | None = None) -> float:
+    """Bytes one layer's recomputation holds on top of what its forward kept, per microbatch and device
+    (module docstring): (stored_none − ``kept``)/c, ``kept`` defaulting to the layer's stored bytes
+    under the cost model's mode; 0 without recomputation."""
+    kept = layer_stored_bytes(cost) if kept is None else kept
+    return max(layer_stored_bytes(cost, "none") - kept, 0.0) / cost.cp
+
+
+def transient_bytes(cost: Any, action: Any, schedule: Any) -> float:
+    """The recomputation transient of ``action``: the cost model's ``layer_transient()``
+    (:func:`recompute_transient` of its mode) for the B and I of a chunk with layers, 0 for every
+    other action."""
+    if action.kind not in (B, I) or not cost._chunk(action.stage, schedule).layers:
+        return 0.0
+    return cost.layer_transient()
 
 
 def embedding_kept_bytes(cost: Any) -> float:

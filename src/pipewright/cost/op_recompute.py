@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
+from pipewright.cost.chunk_memory import recompute_transient
 from pipewright.cost.kernels import layer_traffic
 from pipewright.cost.layer import kv_width, mlp_matrices
 from pipewright.cost.transformer import DTYPE_BYTES, TransformerCost, _Chunk
@@ -65,6 +66,11 @@ class OpRecomputeCost(TransformerCost):
         if t > 1:
             width += 2 * spec.hidden / t
         return tokens * (width * esize + 4.0 * spec.heads / t)
+
+    def layer_transient(self) -> float:
+        """The operators the backward re-runs, live for one layer's backward: the layer's activations
+        without recomputation less :meth:`op_stored_bytes`, /c (:func:`chunk_memory.recompute_transient`)."""
+        return recompute_transient(self, self.op_stored_bytes())
 
     def _build_chunk(self, stage: int, num_stages: int, layers: tuple[int, ...]) -> _Chunk:
         chunk = super()._build_chunk(stage, num_stages, layers)
