@@ -10,7 +10,7 @@ from unittest.mock import patch
 import pytest
 
 from pipewright.cli import main
-from pipewright.cost.chunk_memory import fused_output_units
+from pipewright.cost.chunk_memory import fused_output_units, output_kept_bytes
 from pipewright.cost.comm import Mesh
 from pipewright.cost.layer import embedding_parameters, head_parameters, layer_parameters
 from pipewright.cost.recompute import make_cost
@@ -212,20 +212,28 @@ def test_torchtitans_operator_policy_re_creates_what_it_does_not_save() -> None:
 @pytest.mark.parametrize("name", ["1f1b", "zb-h1", "interleaved-1f1b"])
 def test_the_peak_adds_the_transient_to_the_live_bytes_before_the_backward(name) -> None:
     """1F1B-style orders: the first backward meets the most microbatches in flight, so the peak is
-    static + those microbatches' checkpoints + one layer's transient — on the array path, the
+    static + those microbatches' checkpoints + one layer's transient, less on the last chunk what the
+    output layer and the loss kept (freed before any layer is recomputed) — on the array path, the
     per-action path and a timeline alike."""
-    sched = build_schedule(name, 4, 8, 2 if name == "interleaved-1f1b" else None)
+    v = 2 if name == "interleaved-1f1b" else None
+    sched = build_schedule(name, 4, 8, v)
     full = _cost(GPT, recompute="full", attention="eager")
-    transient = full.transient_bytes(Action(0, B, 0), sched)
+    layer = full.layer_transient()
+    assert layer == 34 * SBH + 5 * 8 * 64 * 64 - 2 * SBH
+    last = sched.num_stages - 1
+    head = output_kept_bytes(full)
+    assert full.transient_bytes(Action(last, B, 0), sched) == layer - head > 0
     fast = simulate(sched, full)
     with patch.object(engine, "compile_flat", return_value=None):
         slow = simulate(sched, full)
     assert fast.peak_memory == slow.peak_memory
     assert peak_memory(fast.timeline, fast.source, full) == pytest.approx(list(fast.peak_memory), rel=1e-12)
-    # what the peak was before the transient was priced: the running sum of activation bytes
+    # the running sum of activation bytes (the peak before the transient was priced) + the transient;
+    # the last rank peaks in the last chunk's first backward, which recomputes after freeing the head's
     for r, peak in enumerate(fast.peak_memory):
         deltas = [full.activation_bytes(a, fast.source) for a in fast.source.actions[r]]
-        assert peak == peak_from_deltas(deltas, full.static_bytes(r, fast.source)) + transient, r
+        base = peak_from_deltas(deltas, full.static_bytes(r, fast.source))
+        assert peak == base + (layer - head if r == 3 else layer), r
 
 
 def test_simulate_shows_the_transient_as_its_own_memory_part(capsys) -> None:

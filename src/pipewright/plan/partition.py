@@ -90,13 +90,19 @@ def stage_terms(
                 c.layer_static,
                 c.memory(0, first, last, 0.0),
                 c.layer_act,
-                first * c.embed_act * embeds + last * c.head_act * heads + c.transient,
+                first * c.embed_act * embeds + last * c.head_act * heads + _transient(c, last),
                 in_flight[i],
                 limits[i],
                 comm[i],
             )
         )
     return out
+
+
+def _transient(c: StageCost, last: bool) -> float:
+    """One layer's recomputation transient on top of the stage's peak; on the last stage less the
+    output layer's activations, which its backward frees first (cost/chunk_memory.transient_bytes)."""
+    return max(c.transient - c.head_act, 0.0) if last else c.transient
 
 
 @dataclass(frozen=True)
