@@ -258,3 +258,20 @@ def test_simulate_shows_the_transient_as_its_own_memory_part(capsys) -> None:
     assert parts["full"]["recompute_transient"] == 34 * SBH + 5 * 8 * 64 * 64 - 2 * SBH  # one layer
     # rank 1: three microbatches' checkpoints of its two layers, 2·s·b·h bytes each
     assert parts["full"]["activations"] == 3 * 2 * 2 * SBH
+
+
+def test_pytorch_tensor_parallelism_keeps_the_linear_inputs_all_gathered() -> None:
+    """torchtitan's ``PrepareModuleInput`` gathers the sequence-sharded norm output once per attention
+    and MLP module and the column-parallel linears save it whole: 2 × 2·s·b·h·(1 − 1/t) bytes more
+    than Megatron's sequence-parallel count, nothing more under full recomputation."""
+    sched = build_schedule("1f1b", 4, 8)
+    for mode, extra in (("none", 4 * SBH * (1 - 1 / 4)), ("full", 0.0)):
+        fused, eager = (
+            _cost(LLAMA, tp=4, sequence_parallel=True, recompute=mode, kernels=k) for k in ("fused", "eager")
+        )
+        assert eager.activation_bytes(Action(1, F, 0), sched) - fused.activation_bytes(
+            Action(1, F, 0), sched
+        ) == pytest.approx(2 * extra), mode  # two layers on stage 1
+    full = _cost(LLAMA, tp=4, sequence_parallel=True, recompute="full", kernels="eager")
+    plain = _cost(LLAMA, tp=4, sequence_parallel=True, recompute="full")
+    assert full.layer_transient() - plain.layer_transient() == pytest.approx(4 * SBH * (1 - 1 / 4))
