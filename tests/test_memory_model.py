@@ -5,19 +5,24 @@ dropout's mask, and the fused attention output kept besides the FP8 copies."""
 from __future__ import annotations
 
 import json
+from unittest.mock import patch
 
 import pytest
 
 from pipewright.cli import main
-from pipewright.cost.chunk_memory import fused_output_units
+from pipewright.cost.chunk_memory import fused_output_units, output_kept_bytes
 from pipewright.cost.comm import Mesh
 from pipewright.cost.layer import embedding_parameters, head_parameters, layer_parameters
+from pipewright.cost.recompute import make_cost
 from pipewright.cost.transformer import TransformerCost
 from pipewright.errors import ConfigError
-from pipewright.ir import Action, B, F
+from pipewright.ir import Action, B, F, I, W
+from pipewright.models.layout import parse_layout
 from pipewright.models.spec import ModelSpec
 from pipewright.schedules import build_schedule
+from pipewright.sim import engine
 from pipewright.sim.engine import simulate
+from pipewright.sim.memory import peak_from_deltas, peak_memory
 
 GPT = ModelSpec("gpt", 8, 256, 8, 1000, 64)
 LLAMA = ModelSpec("llama", 8, 256, 8, 1000, 64, ffn_hidden=704, family="llama", kv_heads=2, mlp="swiglu")
@@ -165,3 +170,108 @@ def test_fsdp_holds_the_root_group_gathered_from_the_forward_to_the_end_of_the_b
             2 * layer_parameters(LLAMA) / tp + embedding_parameters(LLAMA, tp) + head_parameters(LLAMA, tp)
         )
         assert fsdp.static_bytes(0, sched) - state == pytest.approx(2 * gathered), tp
+
+
+def test_the_recomputation_transient_is_one_layers_dropped_activations_during_its_backward() -> None:
+    """Korthikanti et al. Table 2: a layer keeps s·b·h·(34/t + 5·a·s/(h·t)) without recomputation
+    (sequence parallel), 2·s·b·h/t with full recomputation, s·b·h·34/t with selective; the backward
+    re-creates the difference for one layer at a time, in B and I only, on chunks with layers."""
+    sched = build_schedule("zb-h1", 4, 8)
+    s, a = 64, 8
+    core = 5 * a * s * s  # the attention core's bytes at b = 1, t = 1
+    for tp in (1, 2):
+        for mode, attention, expected in (
+            ("none", "eager", 0.0),
+            ("full", "eager", (34 * SBH + core - 2 * SBH) / tp),
+            ("full", "flash", (34 * SBH - 2 * SBH) / tp),
+            ("selective", "eager", core / tp),
+            ("selective", "flash", 0.0),
+        ):
+            cost = make_cost(
+                mode, spec=GPT, mesh=Mesh(tp=tp, pp=4), gpu="a100-80gb", attention=attention,
+                sequence_parallel=True,
+            )  # fmt: skip
+            for kind in (B, I):
+                assert cost.transient_bytes(Action(1, kind, 0), sched) == expected, (tp, mode, attention)
+            assert cost.transient_bytes(Action(1, F, 0), sched) == 0.0
+            assert cost.transient_bytes(Action(1, W, 0), sched) == 0.0
+    uneven = _cost(GPT, recompute="full", layout=parse_layout("E|t*3|t*3|t*2L"))
+    assert uneven.transient_bytes(Action(0, B, 0), sched) == 0.0  # the embedding alone: nothing re-run
+    assert uneven.transient_bytes(Action(1, B, 0), sched) > 0.0
+
+
+def test_torchtitans_operator_policy_re_creates_what_it_does_not_save() -> None:
+    kw = {"mesh": Mesh(tp=2, pp=4), "gpu": "h100-sxm", "sequence_parallel": True, "attention": "flash"}
+    op = make_cost("op", spec=LLAMA, **kw)
+    sched = build_schedule("1f1b", 4, 8)
+    expected = op.layer_stored_bytes("none") - op.op_stored_bytes()
+    assert expected > 0
+    assert op.transient_bytes(Action(2, B, 0), sched) == expected
+
+
+@pytest.mark.parametrize("name", ["1f1b", "zb-h1", "interleaved-1f1b"])
+def test_the_peak_adds_the_transient_to_the_live_bytes_before_the_backward(name) -> None:
+    """1F1B-style orders: the first backward meets the most microbatches in flight, so the peak is
+    static + those microbatches' checkpoints + one layer's transient, less on the last chunk what the
+    output layer and the loss kept (freed before any layer is recomputed) — on the array path, the
+    per-action path and a timeline alike."""
+    v = 2 if name == "interleaved-1f1b" else None
+    sched = build_schedule(name, 4, 8, v)
+    full = _cost(GPT, recompute="full", attention="eager")
+    layer = full.layer_transient()
+    assert layer == 34 * SBH + 5 * 8 * 64 * 64 - 2 * SBH
+    last = sched.num_stages - 1
+    head = output_kept_bytes(full)
+    assert full.transient_bytes(Action(last, B, 0), sched) == layer - head > 0
+    fast = simulate(sched, full)
+    with patch.object(engine, "compile_flat", return_value=None):
+        slow = simulate(sched, full)
+    assert fast.peak_memory == slow.peak_memory
+    assert peak_memory(fast.timeline, fast.source, full) == pytest.approx(list(fast.peak_memory), rel=1e-12)
+    # the running sum of activation bytes (the peak before the transient was priced) + the transient;
+    # the last rank peaks in the last chunk's first backward, which recomputes after freeing the head's
+    for r, peak in enumerate(fast.peak_memory):
+        deltas = [full.activation_bytes(a, fast.source) for a in fast.source.actions[r]]
+        base = peak_from_deltas(deltas, full.static_bytes(r, fast.source))
+        assert peak == base + (layer - head if r == 3 else layer), r
+
+
+def test_simulate_shows_the_transient_as_its_own_memory_part(capsys) -> None:
+    argv = ["simulate", "--model", "gpt", "--layers", "8", "--hidden", "256", "--heads", "8"]
+    argv += ["--seq-len", "64", "--vocab", "1000", "--pp", "4", "--microbatches", "8"]
+    argv += [
+        "--gpu",
+        "a100-80gb",
+        "--gpus-per-node",
+        "4",
+        "--schedule",
+        "1f1b",
+        "--attention",
+        "eager",
+        "--json",
+    ]
+    parts = {}
+    for mode in ("none", "full"):
+        assert main([*argv, "--recompute", mode]) == 0
+        parts[mode] = json.loads(capsys.readouterr().out)["per_rank"][1]["memory_parts"]
+    assert parts["none"]["recompute_transient"] == 0.0
+    assert parts["full"]["recompute_transient"] == 34 * SBH + 5 * 8 * 64 * 64 - 2 * SBH  # one layer
+    # rank 1: three microbatches' checkpoints of its two layers, 2·s·b·h bytes each
+    assert parts["full"]["activations"] == 3 * 2 * 2 * SBH
+
+
+def test_pytorch_tensor_parallelism_keeps_the_linear_inputs_all_gathered() -> None:
+    """torchtitan's ``PrepareModuleInput`` gathers the sequence-sharded norm output once per attention
+    and MLP module and the column-parallel linears save it whole: 2 × 2·s·b·h·(1 − 1/t) bytes more
+    than Megatron's sequence-parallel count, nothing more under full recomputation."""
+    sched = build_schedule("1f1b", 4, 8)
+    for mode, extra in (("none", 4 * SBH * (1 - 1 / 4)), ("full", 0.0)):
+        fused, eager = (
+            _cost(LLAMA, tp=4, sequence_parallel=True, recompute=mode, kernels=k) for k in ("fused", "eager")
+        )
+        assert eager.activation_bytes(Action(1, F, 0), sched) - fused.activation_bytes(
+            Action(1, F, 0), sched
+        ) == pytest.approx(2 * extra), mode  # two layers on stage 1
+    full = _cost(LLAMA, tp=4, sequence_parallel=True, recompute="full", kernels="eager")
+    plain = _cost(LLAMA, tp=4, sequence_parallel=True, recompute="full")
+    assert full.layer_transient() - plain.layer_transient() == pytest.approx(4 * SBH * (1 - 1 / 4))

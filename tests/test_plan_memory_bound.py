@@ -79,9 +79,11 @@ def test_the_estimates_static_bytes_are_the_simulations(spec, sharding, ep, fiel
 
 @pytest.mark.parametrize("spec", [DENSE, MOE])
 def test_the_pruning_bound_is_never_above_the_simulated_peak(spec):
-    """For every candidate, a memory limit equal to its simulated peak passes ``may_fit``."""
+    """For every candidate, a memory limit equal to its simulated peak passes ``may_fit`` — with full
+    recomputation too, whose transient the bound and the simulated peak both count."""
     prob = _problem(
         spec,
+        recompute=("none", "full"),
         schedules=("1f1b", "interleaved-1f1b", "zb-h1"),
         sharding=("none", "zero1", "fsdp"),
         cost_fields=(("grad_dtype", "bf16"),) if spec.is_moe else (),
@@ -95,3 +97,19 @@ def test_the_pruning_bound_is_never_above_the_simulated_peak(spec):
         assert may_fit(_Context(replace(prob, memory_limit=peak), ctx.order), c), c.describe()
         checked += 1
     assert checked >= 20
+
+
+@pytest.mark.parametrize(
+    ("recompute", "attention"), [("full", "flash"), ("full", "eager"), ("selective", "eager")]
+)
+def test_the_estimate_counts_the_recomputation_transient_as_the_simulation_does(recompute, attention):
+    """Activations matter here (512 tokens, a 256-token vocabulary): the estimate's peak — static +
+    microbatches in flight × stored activations + one layer's transient — is the simulated peak."""
+    shape = {"layers": 8, "hidden": 64, "heads": 4, "kv_heads": 2, "ffn_hidden": 128, "vocab": 256}
+    spec = resolve_model("llama", seq_len=512, **shape)
+    prob = _problem(spec, recompute=(recompute,), cost_fields=(("attention", attention),))
+    c = Candidate(1, 4, 2, 1, 8, "1f1b", recompute=recompute)
+    ev = estimate(_Context(prob, device_order(TOPO)), c)
+    assert ev.peak_memory == pytest.approx(simulate_plan(prob, ev).simulated_memory, rel=1e-12)
+    cost, _ = plan_models(prob, ev)
+    assert cost.layer_transient() > 0

@@ -12,6 +12,12 @@ activation element; all terms / c):
   ``out``; FlashAttention does the same), and as the FP8 copy the output projection saves instead of
   its 16-bit input (TE's ``_Linear`` saves ``inputmat``/``inputmat_t``, the cast copy, not
   ``inputmat_no_fp8``): + 2·(output width)/h units /t over what the FP8 copy alone counts.
+  PyTorch's tensor parallelism (torchtitan; ``kernels`` eager or compiled) with sequence
+  parallelism saves the attention's and the MLP's inputs all-gathered: ``PrepareModuleInput``
+  redistributes the norm's sequence-sharded output to ``Replicate()`` once per module and the
+  column-parallel linears save that tensor (torchtitan ``parallelize_llama.py``), where Megatron
+  saves the s·b·h/t shard and re-gathers it in the backward: + 2 × 2·(1 − 1/t) units (1 byte per
+  element under FP8) unless the layer is fully recomputed (:func:`gathered_input_units`).
 - the embedding (chunk 0): its output is the first layer's input, already counted there, or, in an
   embedding-only chunk, the chunk's output (below); the dropout after it keeps a one-byte mask,
   s·b·h bytes, /t with sequence parallelism (Megatron scatters the embedding to the sequence-parallel
@@ -50,6 +56,23 @@ activation element; all terms / c):
 W frees the inputs of the linear layers (at most 32·s·b·h/t bytes per layer; nothing with full
 recomputation), I the rest, B everything (Zero Bubble's accounting).
 
+The recomputation transient (:func:`recompute_transient`): a layer whose forward kept less than all
+its activations re-runs the dropped part at the start of its backward, and for that layer's backward
+the recomputed tensors are live on top of everything stored. Megatron-LM's ``CheckpointFunction``
+(``tensor_parallel.checkpoint``, one layer per call with ``--recompute-num-layers 1``) and PyTorch's
+non-reentrant ``torch.utils.checkpoint`` (torchtitan wraps each ``TransformerBlock``) both re-run one
+block's forward from its saved input, whose tensor the recomputed forward saves again without a copy:
+the transient is one layer's activations without recomputation less what the layer kept,
+(stored_none − stored_mode)/c per device — with full recomputation the whole layer less its input
+(Korthikanti et al. Table 2: s·b·h·(34/t + 5·a·s/(h·t)) − 2·s·b·h/t with sequence parallelism),
+with selective recomputation the attention core's 5·a·s²·b/t (eager attention; none with flash
+attention), with torchtitan's operator-level policy the operators it re-runs
+(:mod:`pipewright.cost.op_recompute`). It is a property of the actions that re-run the forward
+(B, or I when the backward is split; W re-runs nothing) of chunks with layers; the simulator's
+peak is the highest over actions of (live before the action + its transient). Megatron's
+``--recompute-num-layers N`` (N layers per checkpoint) would make it N layers' worth; pipewright
+checkpoints one layer at a time. The backward's own gradient buffers are not priced.
+
 Static memory per rank: parameters / t × the per-parameter bytes of the optimizer sharding
 (:func:`~pipewright.cost.sharding.state_bytes`), FSDP's gathered weights of two layers and of the
 root group (:func:`gather_buffer_bytes`) when it re-gathers per microbatch, and the pipeline's
@@ -69,6 +92,7 @@ from pipewright.cost.layer import (
     layer_parameters,
     layer_stored_units,
 )
+from pipewright.cost.placement import roles
 from pipewright.cost.sharding import WEIGHT_BYTES, StateBytes, pipelined_fsdp_state, state_bytes
 from pipewright.errors import ConfigError
 from pipewright.ir import B, F, I, W
@@ -90,6 +114,12 @@ def fused_output_units(spec: Any, t: int) -> float:
     return 2 * width / spec.hidden / t
 
 
+def gathered_input_units(t: int, fp8: bool) -> float:
+    """Units of s·b·h PyTorch's tensor parallelism keeps beyond Megatron's sequence-parallel count:
+    the attention's and the MLP's inputs whole instead of /t (module docstring)."""
+    return (1 if fp8 else 2) * 2 * (1 - 1 / t)
+
+
 def layer_stored_bytes(cost: Any, mode: str | None = None, fp8: bool | None = None) -> float:
     """Bytes one layer's forward stores per microbatch and device under recomputation ``mode``
     (default: the cost model's), before the context-parallel split; ``fp8``: GEMM inputs kept as FP8
@@ -108,6 +138,50 @@ def layer_stored_bytes(cost: Any, mode: str | None = None, fp8: bool | None = No
     return sbh * units * scale
 
 
+def stored_memory_bytes(cost: Any, mode: str | None = None) -> float:
+    """:func:`layer_stored_bytes` (Korthikanti et al.'s count, which the memory-bound traffic also
+    reads) + what PyTorch's tensor parallelism keeps all-gathered besides
+    (:func:`gathered_input_units`; not under full recomputation): the bytes one layer holds for its
+    backward, per microbatch and device, before the context-parallel split."""
+    mode = mode or cost.recompute
+    stored = layer_stored_bytes(cost, mode)
+    t = cost.mesh.tp
+    if mode == "full" or t == 1 or not cost.sequence_parallel or cost.kernels == "fused":
+        return stored
+    units = gathered_input_units(t, cost.dtype == "fp8")
+    return (
+        stored
+        + cost.spec.seq_len
+        * cost.microbatch
+        * cost.spec.hidden
+        * units
+        * cost.activation_bytes_per_element
+        / 2
+    )
+
+
+def recompute_transient(cost: Any, kept: float | None = None) -> float:
+    """Bytes one layer's recomputation holds on top of what its forward kept, per microbatch and device
+    (module docstring): (stored_none − ``kept``)/c, ``kept`` defaulting to the layer's stored bytes
+    under the cost model's mode; 0 without recomputation."""
+    kept = stored_memory_bytes(cost) if kept is None else kept
+    return max(stored_memory_bytes(cost, "none") - kept, 0.0) / cost.cp
+
+
+def transient_bytes(cost: Any, action: Any, schedule: Any) -> float:
+    """The recomputation transient of ``action`` on top of the live bytes before it: the cost model's
+    ``layer_transient()`` (:func:`recompute_transient` of its mode) for the B and I of a chunk with
+    layers, 0 for every other action. On the last chunk the backward first runs the loss and the
+    output layer, freeing what they kept (:func:`output_kept_bytes`) before any layer is recomputed:
+    max(0, transient − that)."""
+    if action.kind not in (B, I) or not cost._chunk(action.stage, schedule).layers:
+        return 0.0
+    transient = cost.layer_transient()
+    if roles(cost.layout, action.stage, schedule.num_stages)[1]:
+        transient = max(transient - output_kept_bytes(cost), 0.0)
+    return transient
+
+
 def embedding_kept_bytes(cost: Any) -> float:
     """The embedding dropout's one-byte mask per microbatch and device (module docstring)."""
     if not has_dropout(cost.spec):
@@ -124,6 +198,16 @@ def head_kept_bytes(cost: Any) -> float:
     split = cost.mesh.tp if cost.sequence_parallel else 1
     gathered = 1 if cost.kernels != "fused" else split
     return (1 / split + 1 / gathered) * sbh * cost.activation_bytes_per_element / cost.cp
+
+
+def output_kept_bytes(cost: Any) -> float:
+    """What the last chunk keeps per microbatch and device for the loss and the output layer:
+    :func:`head_kept_bytes` + the loss's kept bytes per logit × b·s·V/t/c
+    (:func:`~pipewright.cost.kernels.loss_bytes`)."""
+    spec, t = cost.spec, cost.mesh.tp
+    loss_parallel = t > 1 and cost.kernels != "fused"
+    logits = cost.microbatch * spec.seq_len * spec.vocab / t / cost.cp
+    return head_kept_bytes(cost) + loss_bytes(cost.kernels, loss_parallel)[1] * logits
 
 
 def boundary_bytes(cost: Any) -> float:
@@ -156,7 +240,7 @@ def chunk_memory(cost: Any, n: int, first: bool, last: bool) -> dict[str, float]
     spec, b, t, c = cost.spec, cost.microbatch, cost.mesh.tp, cost.cp
     s, h, V = spec.seq_len, spec.hidden, spec.vocab
     esize = cost.activation_bytes_per_element
-    per_layer = layer_stored_bytes(cost) / c
+    per_layer = stored_memory_bytes(cost) / c
     full = cost.recompute == "full"
     w_frees = 0.0 if full else min(32 * s * b * h / t * esize / 2 / c, per_layer)
     added = n * per_layer
@@ -167,8 +251,7 @@ def chunk_memory(cost: Any, n: int, first: bool, last: bool) -> dict[str, float]
     elif step:
         added -= boundary_bytes(cost)  # the first layer's input is the receive buffer
     if last:
-        loss_parallel = t > 1 and cost.kernels != "fused"
-        added += head_kept_bytes(cost) + loss_bytes(cost.kernels, loss_parallel)[1] * b * s * V / t / c
+        added += output_kept_bytes(cost)
         if step and not first:
             held = 2 * b * s * V / t / c
     else:

@@ -7,7 +7,13 @@ For pipeline rank r of an analytical cost model (:class:`~pipewright.cost.transf
 - ``embedding_output_layer``: the same three for the embedding (chunk 0) and the final norm and output
   layer (last chunk), when r holds them;
 - ``activations``: the highest activation memory of r over the simulated iteration — the activations
-  of the microbatches in flight (``activation_peak``, from the simulator);
+  of the microbatches in flight (``activation_peak``, from the simulator, less the transient below);
+- ``recompute_transient``: what a recomputing backward re-creates on top of the stored activations —
+  one layer's, the largest of r's chunks (:func:`~pipewright.cost.chunk_memory.recompute_transient`;
+  0 without recomputation). The simulator's peak includes it where it is highest (live bytes before
+  a B or I + its transient); the split assumes the peak falls in such a backward, as it does in
+  1F1B-style orders where the first backward meets the most microbatches in flight (the sum of the
+  two parts is the simulated activation peak either way);
 - ``communication_buffers``: the point-to-point send and receive buffers of one boundary activation
   each way, FSDP's gathered weights of two layers and of its root group, and
   ``torch.distributed.pipelining``'s receive buffers for every microbatch
@@ -25,7 +31,7 @@ from typing import Any
 from pipewright.cost.chunk_memory import held_buffer_bytes
 from pipewright.cost.layer import embedding_parameters, head_parameters
 from pipewright.cost.placement import roles
-from pipewright.ir import SEND_F, Action, Schedule
+from pipewright.ir import SEND_F, Action, B, I, Schedule
 
 #: the caching allocator's reserve beyond the live tensors, as a fraction of them (an estimate)
 ALLOCATOR_RESERVE = 0.05
@@ -40,6 +46,7 @@ class MemoryParts:
     optimizer_state: float
     embedding_output_layer: float
     activations: float
+    recompute_transient: float
     communication_buffers: float
     allocator_reserve: float
 
@@ -51,8 +58,20 @@ class MemoryParts:
         return {**asdict(self), "total": self.total}
 
 
+def rank_transient(cost: Any, schedule: Schedule, rank: int) -> float:
+    """The largest recomputation transient of ``rank``'s chunks (its B or I), 0 for cost models
+    without one."""
+    transient = getattr(cost, "transient_bytes", None)
+    if transient is None:
+        return 0.0
+    kinds = [kind for kind in (B, I) if kind in schedule.kinds]
+    stages = schedule.stages_of(rank)
+    return max((float(transient(Action(s, k, 0), schedule)) for s in stages for k in kinds), default=0.0)
+
+
 def memory_parts(cost: Any, schedule: Schedule, rank: int, activation_peak: float) -> MemoryParts:
-    """:class:`MemoryParts` of pipeline ``rank`` given its simulated ``activation_peak`` (bytes)."""
+    """:class:`MemoryParts` of pipeline ``rank`` given its simulated ``activation_peak`` (bytes: the
+    stored activations and the recomputation transient at the peak)."""
     t = cost.mesh.tp
     state = cost.state()
     layers = edges = 0.0
@@ -70,13 +89,16 @@ def memory_parts(cost: Any, schedule: Schedule, rank: int, activation_peak: floa
     ex = cost.expert_state() if experts else state  # routed experts: sharded over dp/ep (MoECost)
     layers -= experts
     static = layers * state.total + experts * ex.total
-    live = static + edges * state.total + max(activation_peak, 0.0) + buffers
+    activation_peak = max(activation_peak, 0.0)
+    transient = min(rank_transient(cost, schedule, rank), activation_peak)
+    live = static + edges * state.total + activation_peak + buffers
     return MemoryParts(
         weights=layers * state.weights + experts * ex.weights,
         gradients=layers * state.gradients + experts * ex.gradients,
         optimizer_state=layers * state.optimizer + experts * ex.optimizer,
         embedding_output_layer=edges * state.total,
-        activations=max(activation_peak, 0.0),
+        activations=activation_peak - transient,
+        recompute_transient=transient,
         communication_buffers=buffers,
         allocator_reserve=ALLOCATOR_RESERVE * live,
     )
@@ -100,6 +122,7 @@ _LABELS = (
     ("optimizer_state", "optimizer"),
     ("embedding_output_layer", "emb/out"),
     ("activations", "activations"),
+    ("recompute_transient", "recompute"),
     ("communication_buffers", "comm bufs"),
     ("allocator_reserve", "reserve"),
     ("total", "total"),

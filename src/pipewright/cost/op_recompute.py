@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 
+from pipewright.cost.chunk_memory import recompute_transient, stored_memory_bytes
 from pipewright.cost.kernels import layer_traffic
 from pipewright.cost.layer import kv_width, mlp_matrices
 from pipewright.cost.transformer import DTYPE_BYTES, TransformerCost, _Chunk
@@ -66,6 +67,11 @@ class OpRecomputeCost(TransformerCost):
             width += 2 * spec.hidden / t
         return tokens * (width * esize + 4.0 * spec.heads / t)
 
+    def layer_transient(self) -> float:
+        """The operators the backward re-runs, live for one layer's backward: the layer's activations
+        without recomputation less :meth:`op_stored_bytes`, /c (:func:`chunk_memory.recompute_transient`)."""
+        return recompute_transient(self, self.op_stored_bytes())
+
     def _build_chunk(self, stage: int, num_stages: int, layers: tuple[int, ...]) -> _Chunk:
         chunk = super()._build_chunk(stage, num_stages, layers)
         n = chunk.layers
@@ -81,7 +87,7 @@ class OpRecomputeCost(TransformerCost):
         act = tokens * self.spec.hidden * DTYPE_BYTES[self.act_dtype]
         # the sequence-parallel all-gathers before q/k/v and the MLP, re-run: one all-reduce's ring time
         gathers = (act,) * (n if t > 1 and self.sequence_parallel else 0)
-        change = n * (self.op_stored_bytes() - self.layer_stored_bytes("none")) / c
+        change = n * (self.op_stored_bytes() - stored_memory_bytes(self, "none")) / c
         forward = chunk.memory[F] + change
         w = max(chunk.memory[W], -n * self.op_stored_bytes() / c)  # W frees linear inputs it kept
         memory = {F: forward, B: -forward, W: w, I: -(forward + w)}

@@ -124,6 +124,10 @@ class PerStageCost(TransformerCost):
         chunk's table: MoECost's all-to-alls run again under full recomputation)."""
         return self.model_for(action.stage, schedule.num_stages).compute_time(action, schedule)
 
+    def transient_bytes(self, action: Action, schedule: Schedule) -> float:
+        """The recomputation transient of the action's chunk under that chunk's one mode."""
+        return self.model_for(action.stage, schedule.num_stages).transient_bytes(action, schedule)
+
 
 def _exposed_comm(self: PerStageCost, action: Action, schedule: Schedule) -> float:
     """The chunk's one-mode model's exposed communication (a class that prices one)."""

@@ -67,6 +67,8 @@ from pipewright.cost.chunk_memory import (
     held_buffer_bytes,
     layer_stored_bytes,
     rank_state,
+    recompute_transient,
+    transient_bytes,
 )
 from pipewright.cost.comm import Mesh, TopologyComm
 from pipewright.cost.context import ring_bytes_per_layer
@@ -441,6 +443,14 @@ class TransformerCost:
         if action.kind not in (F, B, I, W):
             return 0.0
         return self._chunk(action.stage, schedule).memory[action.kind]
+
+    def transient_bytes(self, action: Action, schedule: Schedule) -> float:
+        """Bytes a recomputing backward holds while it runs (:func:`chunk_memory.transient_bytes`)."""
+        return transient_bytes(self, action, schedule)
+
+    def layer_transient(self) -> float:
+        """One layer's recomputation transient per microbatch and device (chunk_memory)."""
+        return recompute_transient(self)
 
     def static_bytes(self, rank: int, schedule: Schedule) -> float:
         """State of ``rank``'s chunks (sharded as configured) and its held buffers (chunk_memory)."""

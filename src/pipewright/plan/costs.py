@@ -162,6 +162,7 @@ class Parts:
     fsdp_grad_sync: str = "microbatch"  # pipelined FSDP: when the gradients are reduce-scattered
     expert_params: float = 0.0  # routed-expert parameters per device in one MoE layer (of layer.params)
     ep: int = 1
+    transient: float = 0.0  # one layer's recomputation transient (TransformerCost.layer_transient)
 
     def state(self, dp: int, pp: int) -> tuple[float, float]:
         """(dense, routed expert) bytes per parameter on one device with ``dp`` data-parallel replicas
@@ -282,6 +283,7 @@ def parts(
         getattr(cost, "fsdp_grad_sync", "microbatch"),
         cost.routed_params() if spec.is_moe else 0.0,
         ep,
+        cost.layer_transient(),
     )
 
 
@@ -302,6 +304,7 @@ class StageCost:
     embed_act: float
     head_act: float
     dense: float = 0.0  # F + B seconds of a first dense layer of a mixture of experts (0: none)
+    transient: float = 0.0  # bytes a recomputing backward holds on top of the stored activations
 
     @property
     def layer(self) -> float:
@@ -353,7 +356,7 @@ def stage_cost(
     return StageCost(
         lf, lb, ef, eb, hf, hb,
         layer_static, p.embed.params * bpp, p.head.params * bpp,
-        p.layer.activation, p.embed.activation, p.head.activation, dense,
+        p.layer.activation, p.embed.activation, p.head.activation, dense, p.transient,
     )  # fmt: skip
 
 

@@ -48,7 +48,8 @@ class StageTerms:
     static_per_layer: float
     fixed_static: float
     act_per_layer: float
-    fixed_act: float  # bytes of the embedding's / head's activations held at the peak (all microbatches)
+    fixed_act: float  # the embedding's / head's activations held at the peak (all microbatches), bytes,
+    # and one layer's recomputation transient (a backward's, on top of them)
     in_flight: float
     memory_limit: float
     comm: float = 0.0  # the boundary link's busy time per microbatch (overlaps compute)
@@ -89,13 +90,19 @@ def stage_terms(
                 c.layer_static,
                 c.memory(0, first, last, 0.0),
                 c.layer_act,
-                first * c.embed_act * embeds + last * c.head_act * heads,
+                first * c.embed_act * embeds + last * c.head_act * heads + _transient(c, last),
                 in_flight[i],
                 limits[i],
                 comm[i],
             )
         )
     return out
+
+
+def _transient(c: StageCost, last: bool) -> float:
+    """One layer's recomputation transient on top of the stage's peak; on the last stage less the
+    output layer's activations, which its backward frees first (cost/chunk_memory.transient_bytes)."""
+    return max(c.transient - c.head_act, 0.0) if last else c.transient
 
 
 @dataclass(frozen=True)

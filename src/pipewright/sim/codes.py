@@ -17,6 +17,7 @@ import numpy as np
 
 from pipewright.deps import Term
 from pipewright.ir import Action, Schedule
+from pipewright.sim.memory import transient_of
 from pipewright.sim.program import _COMPUTE
 
 if TYPE_CHECKING:
@@ -174,20 +175,28 @@ def _compute_costs(codes: _Codes, sched: Schedule, cost: CostModel, kc, st, mb, 
     comp = np.flatnonzero(modes == _COMPUTE)
     _, inverse, firsts = _dense(kc[comp] * codes.S + st[comp], len(codes.specs) * codes.S)
     table = cost_table(codes, sched, cost, kc, st, mb, comp[firsts].tolist())
-    time, flop, model_flop, act = (column[inverse] for column in table.T)  # contiguous columns
+    time, flop, model_flop, act = (column[inverse] for column in table[:, :4].T)  # contiguous columns
+    trans = table[:, 4][inverse] if table[:, 4].any() else None
     durs[comp] = time
     cuts = np.searchsorted(comp, offsets).tolist()
-    return (
-        durs,
-        *cost_sums(
-            codes, sched, cost, lambda lo, hi: (time[lo:hi], flop[lo:hi], model_flop[lo:hi], act[lo:hi]), cuts
-        ),
-    )
+
+    def columns(lo: int, hi: int):
+        return (
+            time[lo:hi],
+            flop[lo:hi],
+            model_flop[lo:hi],
+            act[lo:hi],
+            None if trans is None else trans[lo:hi],
+        )
+
+    return (durs, *cost_sums(codes, sched, cost, columns, cuts))
 
 
 def cost_table(codes: _Codes, sched: Schedule, cost: CostModel, kc, st, mb, firsts: list[int]):
-    """(compute time, FLOPs, model FLOPs, activation bytes) of the actions ``firsts``, one row each."""
-    table = np.empty((len(firsts), 4))
+    """(compute time, FLOPs, model FLOPs, activation bytes, transient bytes) of the actions
+    ``firsts``, one row each (transient: :func:`~pipewright.sim.memory.transient_of`)."""
+    table = np.empty((len(firsts), 5))
+    transient = transient_of(cost)
     for i, g in enumerate(firsts):
         a = Action(int(st[g]), codes.names[kc[g]], None if mb[g] < 0 else int(mb[g]), None)
         table[i] = (
@@ -195,25 +204,29 @@ def cost_table(codes: _Codes, sched: Schedule, cost: CostModel, kc, st, mb, firs
             float(cost.flops(a, sched)),
             float(cost.model_flops(a, sched)),
             float(cost.activation_bytes(a, sched)),
+            transient(a, sched),
         )
     return table
 
 
 def cost_sums(codes: _Codes, sched: Schedule, cost: CostModel, columns: Callable, cuts: list[int]):
-    """Per rank the busy time and the activation peak (static bytes + the highest running sum), and
-    the FLOPs and model FLOPs of the compute actions, ``columns(lo, hi)`` giving (time, FLOPs, model
-    FLOPs, activation bytes) of the actions ``lo`` … ``hi − 1`` (rank r's: ``cuts[r]`` … ``cuts[r + 1]
-    − 1``) in program order — sequential sums (``np.cumsum``; the FLOPs carried from rank to rank),
-    exactly as the per-action path adds them. Ranks of equal length are summed as the rows of one
-    array (a cumulative sum along a row is as sequential)."""
+    """Per rank the busy time and the memory peak (static bytes + the highest over actions of the
+    running sum of activation bytes, or of the sum before the action + its transient), and the FLOPs
+    and model FLOPs of the compute actions, ``columns(lo, hi)`` giving (time, FLOPs, model FLOPs,
+    activation bytes, transient bytes or None when all are 0) of the actions ``lo`` … ``hi − 1``
+    (rank r's: ``cuts[r]`` … ``cuts[r + 1] − 1``) in program order — sequential sums
+    (``np.cumsum``; the FLOPs carried from rank to rank), exactly as the per-action path adds them.
+    Ranks of equal length are summed as the rows of one array (a cumulative sum along a row is as
+    sequential)."""
     ranks = len(cuts) - 1
     static = [float(cost.static_bytes(r, sched)) for r in range(ranks)]
     width = cuts[1] - cuts[0] if ranks else 0
     if width and all(cuts[r + 1] - cuts[r] == width for r in range(ranks)):
-        time, flop, model_flop, act = columns(0, cuts[-1])
+        time, flop, model_flop, act, trans = columns(0, cuts[-1])
         busy = np.cumsum(time.reshape(ranks, width), axis=1)[:, -1].tolist()
-        np.cumsum(act.reshape(ranks, width), axis=1, out=act.reshape(ranks, width))  # (in place)
-        peaks = act.reshape(ranks, width).max(axis=1).tolist()
+        rows = act.reshape(ranks, width)
+        np.cumsum(rows, axis=1, out=rows)  # (in place)
+        peaks = _with_transients(rows, trans).tolist()
         peaks = [s + max(0.0, p) for s, p in zip(static, peaks, strict=True)]
         model_flops = None if model_flop is flop else float(np.cumsum(model_flop, out=model_flop)[-1])
         flops = float(np.cumsum(flop, out=flop)[-1])
@@ -226,12 +239,25 @@ def cost_sums(codes: _Codes, sched: Schedule, cost: CostModel, columns: Callable
             busy.append(0.0)
             peaks.append(static[r])
             continue
-        time, flop, model_flop, act = columns(lo, hi)
+        time, flop, model_flop, act, trans = columns(lo, hi)
         busy.append(float(np.cumsum(time)[-1]))
-        peaks.append(static[r] + max(0.0, float(np.cumsum(act).max())))
+        peak = _with_transients(np.cumsum(act)[None, :], trans)[0]
+        peaks.append(static[r] + max(0.0, float(peak)))
         flops = _carried_sum(flops, flop)
         model_flops = _carried_sum(model_flops, model_flop)
     return busy, flops or 0.0, model_flops or 0.0, peaks
+
+
+def _with_transients(running, trans):
+    """Per row the highest of the running sums ``running`` (ranks × actions) and of the sum before
+    each action + its transient (``trans``, flat in the same order; None: none)."""
+    peaks = running.max(axis=1)
+    if trans is None or not trans.any():
+        return peaks
+    before = np.zeros_like(running)
+    before[:, 1:] = running[:, :-1]
+    before += trans.reshape(running.shape)
+    return np.maximum(peaks, before.max(axis=1))
 
 
 def _carried_sum(total: float | None, values) -> float:

@@ -187,7 +187,7 @@ def compile_folded(
             raise _Decline  # transfers that take time: the lowered path's loop
     cuts = [0, *np.cumsum(lens).tolist()]
     present = np.flatnonzero(first < n)
-    table = np.zeros((K * S, 4))
+    table = np.zeros((K * S, 5))
     table[present] = cost_table(codes, schedule, cost, kc, st, mb, first[present].tolist())
     columns = [np.ascontiguousarray(column) for column in table.T]
     time = columns[0][ks]
@@ -195,11 +195,13 @@ def compile_folded(
         raise _Decline
 
     same = np.array_equal(columns[1], columns[2])  # model FLOPs = FLOPs (no recomputation)
+    transients = columns[4].any()
 
     def rank_columns(lo: int, hi: int):  # (one rank's when ranks differ in length)
         pairs = ks[lo:hi]
         flop = columns[1][pairs]
-        return time[lo:hi], flop, flop if same else columns[2][pairs], columns[3][pairs]
+        trans = columns[4][pairs] if transients else None
+        return time[lo:hi], flop, flop if same else columns[2][pairs], columns[3][pairs], trans
 
     busy, flops, model_flops, peaks = cost_sums(codes, schedule, cost, rank_columns, cuts)
     if several:

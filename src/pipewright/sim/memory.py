@@ -1,14 +1,17 @@
-"""Activation memory over time: the running sum of each compute action's ``activation_bytes``.
+"""Activation memory over time: the running sum of each compute action's ``activation_bytes``, and
+while an action runs its ``transient_bytes`` on top (a recomputing backward's re-created activations,
+:func:`~pipewright.cost.chunk_memory.recompute_transient`; cost models without the method have none).
 
 An action's positive delta (F) is allocated when it starts; a negative delta (B, W) is freed when it
 ends — the conservative reading for a measured timeline, and on one compute stream the same peak as
-the running sum in program order (what the simulator reports).
+the running sum in program order (what the simulator reports): the highest over actions of the live
+bytes after the action and of the live bytes before it + its transient.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # (the simulator imports this module for peak_from_deltas alone)
     from pipewright.cost.base import CostModel
@@ -16,10 +19,30 @@ if TYPE_CHECKING:  # (the simulator imports this module for peak_from_deltas alo
     from pipewright.timeline import Timeline
 
 
-def peak_from_deltas(deltas: Iterable[float], static: float = 0.0) -> float:
-    """static + max(0, max prefix sum of ``deltas``): the peak of a rank's memory in program order."""
+def _none(action: Any, schedule: Any) -> float:
+    return 0.0
+
+
+def transient_of(cost: Any) -> Callable[[Any, Any], float]:
+    """``cost.transient_bytes`` (bytes an action holds while it runs), or 0 for every action."""
+    return getattr(cost, "transient_bytes", _none)
+
+
+def peak_from_deltas(
+    deltas: Iterable[float], static: float = 0.0, transients: Iterable[float] | None = None
+) -> float:
+    """static + max(0, max prefix sum of ``deltas``, max of (prefix sum before an action + its
+    ``transients`` entry)): the peak of a rank's memory in program order."""
     live = peak = 0.0
-    for d in deltas:
+    if transients is None:
+        for d in deltas:
+            live += d
+            if live > peak:
+                peak = live
+        return static + peak
+    for d, extra in zip(deltas, transients, strict=True):
+        if live + extra > peak:
+            peak = live + extra
         live += d
         if live > peak:
             peak = live
@@ -32,6 +55,7 @@ def memory_profile(
     """Per rank, the step function [(time, bytes in use from then on), …] over the timeline's compute
     spans (all iterations), starting from ``cost.static_bytes``."""
     profiles = []
+    transient = transient_of(cost)
     for rank in range(timeline.num_ranks):
         changes: list[tuple[float, int, float]] = []
         for span in timeline.rank_spans(rank):
@@ -40,6 +64,10 @@ def memory_profile(
                 changes.append((span.start, 1, delta))
             elif delta < 0:
                 changes.append((span.end, 0, delta))  # at equal times, frees before allocations
+            extra = float(transient(span.action, schedule))
+            if extra:
+                changes.append((span.start, 1, extra))
+                changes.append((span.end, 0, -extra))
         live = float(cost.static_bytes(rank, schedule))
         steps = [(timeline.start, live)]
         for time, _, delta in sorted(changes):

@@ -13,7 +13,7 @@ from pipewright.deps import Resolution, resolve
 from pipewright.ir import Schedule
 from pipewright.passes.lower import lower
 from pipewright.passes.validate import validate
-from pipewright.sim.memory import peak_from_deltas
+from pipewright.sim.memory import peak_from_deltas, transient_of
 from pipewright.sim.program import (
     _COLLECTIVE,
     _COMPUTE,
@@ -50,7 +50,8 @@ def compile_actions(
     busy: list[float] = []
     peaks: list[float] = []
     sends: list[int] = []
-    compute_cost: dict[tuple, tuple[float, float, float, float]] = {}
+    compute_cost: dict[tuple, tuple[float, float, float, float, float]] = {}
+    transient = transient_of(cost)
     flops = model_flops = 0.0
     meetings: dict[tuple, list[int]] = {}
     meet_prev: dict[int, int] = {}
@@ -58,7 +59,7 @@ def compile_actions(
     last_meet: dict[tuple[int, str], int] = {}
     g = 0
     for rank, row in enumerate(rows):
-        deltas = []
+        deltas, extras = [], []
         total = 0.0
         for a in row:
             mode = mode_of[a[1]]
@@ -72,11 +73,13 @@ def compile_actions(
                         float(cost.flops(a, schedule)),
                         float(cost.model_flops(a, schedule)),
                         float(cost.activation_bytes(a, schedule)),
+                        float(transient(a, schedule)),
                     )
                 total += c[0]
                 flops += c[1]
                 model_flops += c[2]
                 deltas.append(c[3])
+                extras.append(c[4])
                 durs.append(c[0])
             elif mode in (_COLLECTIVE, _RENDEZVOUS):
                 coll = schedule.kinds[a.kind].collective
@@ -95,7 +98,8 @@ def compile_actions(
                 durs.append(0.0)
             g += 1
         busy.append(total)
-        peaks.append(peak_from_deltas(deltas, float(cost.static_bytes(rank, schedule))))
+        static = float(cost.static_bytes(rank, schedule))
+        peaks.append(peak_from_deltas(deltas, static, extras if any(extras) else None))
 
     destination: dict[int, int] = {}  # send g -> the rank that needs its event
     reqs: list[tuple[int, ...]] = []
