@@ -23,7 +23,7 @@ from pipewright.features.kfac.kinds import (
     layer_of,
 )
 from pipewright.features.kfac.report import fill_profiled, paper_model
-from pipewright.ir import F, I
+from pipewright.ir import Action, B, F, I
 from pipewright.passes.validate import validate
 from pipewright.schedules.registry import build_schedule, info, schedule_names
 
@@ -244,3 +244,17 @@ def test_a_inversion_waits_for_a_only() -> None:
     assert inv_a and all(p.iteration == 0 for p in inv_a)
     last_b = max(p.end for p in res.placements if p.rank == 0 and p.action.kind == KFAC_B)
     assert min(p.start for p in inv_a) < last_b  # one starts before the last B curvature is done
+
+
+def test_kfac_tasks_hold_no_recomputation_transient_and_other_actions_keep_the_base_models():
+    from pipewright.features.kfac.cost import KFACCost
+
+    class Recomputing(UnitCost):
+        def transient_bytes(self, action, schedule):
+            return 7.0
+
+    sched = build_schedule("1f1b", 4, 8)
+    cost = KFACCost(Recomputing(), _times(4))
+    assert cost.transient_bytes(Action(0, B, 0), sched) == 7.0
+    assert cost.transient_bytes(Action(0, KFAC_A, 0), sched) == 0.0
+    assert KFACCost(UnitCost(), _times(4)).transient_bytes(Action(0, B, 0), sched) == 0.0

@@ -10,6 +10,7 @@ from pipewright.features.vocab.cost import naive_cost, rank_balance, redistribut
 from pipewright.features.vocab.experiment import paper_model, run
 from pipewright.features.vocab.insert import insert_vocab
 from pipewright.features.vocab.kinds import VS, VSM, VT
+from pipewright.ir import Action, B
 from pipewright.schedules.registry import build_schedule
 
 VOCABS = (32 * 1024, 64 * 1024, 128 * 1024, 256 * 1024)
@@ -86,3 +87,12 @@ def test_paper_setting_small():
     gain_small = rows["alg2", 32768].mfu / rows["naive", 32768].mfu
     gain_big = rows["alg2", 262144].mfu / rows["naive", 262144].mfu
     assert gain_big > gain_small
+
+
+def test_the_recomputation_transient_is_the_inner_models_for_layers_and_none_for_vocabulary_passes():
+    cost = vocab_cost(paper_model(32000, 2048), pp=P, algorithm="alg1", recompute="full")
+    sched = insert_vocab(build_schedule("1f1b", P, 8), "alg1")
+    layer_backward = Action(1, B, 0)
+    assert cost.inner.transient_bytes(layer_backward, sched) > 0
+    assert cost.transient_bytes(layer_backward, sched) == cost.inner.transient_bytes(layer_backward, sched)
+    assert cost.transient_bytes(Action(1, VT, 0), sched) == 0.0

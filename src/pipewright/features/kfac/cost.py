@@ -236,6 +236,13 @@ class KFACCost:
     def static_bytes(self, rank: int, schedule: Schedule) -> float:
         return self.base.static_bytes(rank, schedule)
 
+    def transient_bytes(self, action: Action, schedule: Schedule) -> float:
+        """The base model's recomputation transient for its actions; none for the K-FAC tasks."""
+        transient = getattr(self.base, "transient_bytes", None)
+        if transient is None or action.kind in KFAC_KINDS_ALL:
+            return 0.0
+        return transient(action, schedule)
+
     def flops(self, action: Action, schedule: Schedule) -> float:
         return 0.0 if action.kind in KFAC_KINDS_ALL else self.base.flops(action, schedule)
 

@@ -216,6 +216,13 @@ class VocabCost:
     def static_bytes(self, rank: int, schedule: Schedule) -> float:
         return self.inner.static_bytes(rank, schedule) + self.vocab_parameters() * self.inner.bytes_per_param
 
+    def transient_bytes(self, action: Action, schedule: Schedule) -> float:
+        """The inner model's recomputation transient for its layers' actions; none for vocabulary passes."""
+        transient = getattr(self.inner, "transient_bytes", None)
+        if transient is None or action.kind in _OUTPUT_KINDS:
+            return 0.0
+        return transient(action, schedule)
+
     def flops(self, action: Action, schedule: Schedule) -> float:
         if action.kind in _OUTPUT_KINDS:
             return self.vocab_flops(action.kind)[0]
