@@ -38,7 +38,7 @@ activation element; all terms / c):
   step accumulate; on the last chunk of a pipeline that output is the logits, 2·b·s·V/t bytes
   (16-bit, vocabulary-sharded by the loss-parallel output layer). And ``PipelineStage``
   allocates a receive buffer per microbatch for the step before the first forward
-  (``_prepare_forward_infra``, "TODO: create args_recv_info lazily?"; the gradients'
+  (``_prepare_forward_infra``, eagerly for every microbatch; the gradients'
   in ``_prepare_backward_infra``/``_create_grad_recv_info``): m × s·b·h·e (/t, /c) for the input of
   every chunk but the first and m × the same for the output gradient of every chunk but the last,
   held as static memory (:func:`pipeline_buffer_bytes`). The received input is the first layer's
