@@ -3,15 +3,13 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 import shlex
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from _cli_json import cli_json
 from pipewright.cli import main
 from pipewright.schedules.classic import interleaved_memory
 
@@ -23,21 +21,14 @@ MODEL = shlex.split(
 FLAGS = ["--kernels", "eager", "--grad-dtype", "bf16", "--fsdp-grad-sync", "step", "--stage-outputs", "kept"]
 
 
-def _json(argv: list[str]) -> dict:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert main([*argv, "--json"]) == 0
-    return json.loads(out.getvalue())
-
-
 def _plan(flags: list[str]) -> tuple[float, float]:
     argv = ["plan", *MODEL, "--schedules", "1f1b", "--microbatch-sizes", "1", "--optimizer-sharding", "fsdp"]
-    got = _json([*argv, "--cp", "1", "--no-baselines", "--no-progress", *flags])["predicted"]
+    got = cli_json([*argv, "--cp", "1", "--no-baselines", "--no-progress", *flags])["predicted"]
     return got["iteration_time_s"], got["peak_memory_bytes"]
 
 
 def _simulate(flags: list[str]) -> tuple[float, float]:
-    got = _json(["simulate", *MODEL, "--schedule", "1f1b", "--microbatch-size", "1", "--fsdp", *flags])
+    got = cli_json(["simulate", *MODEL, "--schedule", "1f1b", "--microbatch-size", "1", "--fsdp", *flags])
     return got["iteration_time_s"], got["memory"]["peak_bytes"]
 
 
@@ -51,7 +42,7 @@ def test_plan_prices_the_framework_inputs_as_simulate_does():
 @pytest.mark.parametrize("group", [None, 4, 8])
 def test_microbatch_group_sets_the_interleaved_warm_up(group):
     argv = ["simulate", "--schedule", "interleaved-1f1b", "-p", "4", "-m", "8", "-v", "2", "--cost", "unit"]
-    got = _json(argv + ([] if group is None else ["--microbatch-group", str(group)]))
+    got = cli_json(argv + ([] if group is None else ["--microbatch-group", str(group)]))
     peaks = [r["peak_memory_bytes"] for r in got["per_rank"]]
     assert peaks == [float(x) for x in interleaved_memory(4, 8, 2, group)]
 

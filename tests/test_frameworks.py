@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import io
-import json
 import shlex
 from dataclasses import replace
 
 import pytest
 
+from _cli_json import cli_json
 from pipewright.cli import _parser, main
 from pipewright.cli.cost_flags import framework_efficiency
 from pipewright.cost import frameworks
@@ -26,13 +25,6 @@ MODEL = shlex.split(
     "--mlp swiglu --gpu h100-sxm --nodes 1 --gpus-per-node 8 --global-batch-size 16 --tp 1 --pp 2 --dp 4 "
     "--recompute none"
 )
-
-
-def _json(argv: list[str]) -> dict:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert main([*argv, "--json"]) == 0
-    return json.loads(out.getvalue())
 
 
 @contextlib.contextmanager
@@ -81,19 +73,21 @@ def test_per_layer_overhead_adds_exactly_three_tau_per_layer_and_microbatch():
         "simulate --model llama --layers 4 --hidden 32 --heads 4 --kv-heads 2 --ffn-hidden 64 --vocab 256 "
         "--seq-len 16 --gpu h100-sxm --nodes 1 --gpus-per-node 1 --global-batch-size 4 --schedule 1f1b"
     )
-    base = _json(one)["iteration_time_s"]
+    base = cli_json(one)["iteration_time_s"]
     with _registered(frameworks.Framework("probe", "a test entry", overhead=1e-3)):
-        got = _json([*one, "--framework", "probe"])["iteration_time_s"]
+        got = cli_json([*one, "--framework", "probe"])["iteration_time_s"]
     assert got - base == pytest.approx(4 * 4 * 3 * 1e-3, rel=1e-9)
 
 
 def test_plan_prices_the_framework_as_simulate_does():
     flags = ["--framework", "torchtitan"]
     plan = ["plan", *MODEL, "--schedules", "1f1b", "--microbatch-sizes", "1", "--optimizer-sharding", "fsdp"]
-    planned = _json([*plan, "--cp", "1", "--no-baselines", "--no-progress", *flags])["predicted"]
-    simulated = _json(["simulate", *MODEL, "--schedule", "1f1b", "--microbatch-size", "1", "--fsdp", *flags])
+    planned = cli_json([*plan, "--cp", "1", "--no-baselines", "--no-progress", *flags])["predicted"]
+    simulated = cli_json(
+        ["simulate", *MODEL, "--schedule", "1f1b", "--microbatch-size", "1", "--fsdp", *flags]
+    )
     assert planned["iteration_time_s"] == pytest.approx(simulated["iteration_time_s"], rel=1e-12)
-    default = _json(["simulate", *MODEL, "--schedule", "1f1b", "--microbatch-size", "1", "--fsdp"])
+    default = cli_json(["simulate", *MODEL, "--schedule", "1f1b", "--microbatch-size", "1", "--fsdp"])
     assert simulated["iteration_time_s"] > default["iteration_time_s"]
 
 

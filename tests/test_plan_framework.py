@@ -5,13 +5,12 @@ the file alone, and plan files without the keys load with the defaults."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import shlex
 
 import pytest
 
+from _cli_json import cli_json
 from pipewright.cli import main
 from pipewright.schedules.classic import interleaved_memory
 
@@ -24,19 +23,12 @@ FLAGS = [
     *("--kernels", "eager", "--grad-dtype", "bf16", "--fsdp-grad-sync", "step"),
     *("--attention-kernel", "fa3"),
 ]
-FRAMEWORK = ["--framework", "torchtitan"]  # its calibration, and --stage-outputs kept by default
+FRAMEWORK = ["--framework", "torchtitan"]  # its calibration, and --stage-outputs step by default
 PLAN = ["--recompute", "none", "--microbatch-sizes", "1", "--cp", "1", "--no-baselines", "--no-progress"]
 
 
-def _json(argv: list[str]) -> dict:
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert main([*argv, "--json"]) == 0
-    return json.loads(out.getvalue())
-
-
 def _simulated(argv: list[str]) -> tuple[float, float]:
-    got = _json(["simulate", *argv])
+    got = cli_json(["simulate", *argv])
     return got["iteration_time_s"], got["memory"]["peak_bytes"]
 
 
@@ -46,7 +38,7 @@ def grouped_plan(tmp_path_factory) -> tuple[str, dict]:
     framework inputs set away from their defaults."""
     path = str(tmp_path_factory.mktemp("plan") / "plan.json")
     argv = ["plan", *MODEL, *PLAN, "--schedules", "interleaved-1f1b", "--microbatch-group", "4"]
-    data = _json([*argv, "--optimizer-sharding", "fsdp", *FLAGS, *FRAMEWORK, "-o", path])
+    data = cli_json([*argv, "--optimizer-sharding", "fsdp", *FLAGS, *FRAMEWORK, "-o", path])
     return path, data
 
 
@@ -148,7 +140,7 @@ def test_plan_searches_operator_recomputation_and_simulate_plan_reproduces_it(tm
     that none misses and op meets, the plan keeps op where it must (per stage), and ``simulate --plan``
     prices the file the same."""
     argv = ["plan", *MODEL, *PLAN[2:], "--schedules", "1f1b", "--optimizer-sharding", "none"]
-    layout = _json([*argv, "--recompute", "none"])["layout"]
+    layout = cli_json([*argv, "--recompute", "none"])["layout"]
     sim = [
         *MODEL,
         "--schedule",
@@ -164,7 +156,7 @@ def test_plan_searches_operator_recomputation_and_simulate_plan_reproduces_it(tm
     assert op < none
     path = str(tmp_path / "op.json")
     limit = str((op + none) / 2 / 1e9)
-    data = _json([*argv, "--recompute", "none,op", "--memory-limit", limit, "-o", path])
+    data = cli_json([*argv, "--recompute", "none,op", "--memory-limit", limit, "-o", path])
     assert "op" in data.get("recompute_per_stage", [data["recompute"]])
     assert data["predicted"]["peak_memory_bytes"] <= float(limit) * 1e9
     predicted = (data["predicted"]["iteration_time_s"], data["predicted"]["peak_memory_bytes"])
