@@ -71,3 +71,20 @@ def test_every_group_megatron_accepts_runs_without_deadlock(p, v, extra, groups)
     sched = interleaved_1f1b(p, n * groups, v, group=n)
     got = simulate(sched, unit_setup(sched).cost, validate=True).peak_memory
     assert list(got) == pytest.approx([float(x) for x in interleaved_memory(p, n * groups, v, n)])
+
+
+def test_the_flags_choices_are_the_cost_models():
+    """`simulate`/`plan` declare the framework inputs' choices without importing the cost models (start-up
+    time); they must be the values the cost models and the plan files accept."""
+    import argparse
+
+    from pipewright.cli.cost_flags import KERNEL_NAMES, add_cost_options
+    from pipewright.plan.planfile import FRAMEWORK_INPUTS
+
+    parser = argparse.ArgumentParser()
+    add_cost_options(parser)
+    choices = {a.dest: tuple(a.choices) for a in parser._actions if a.choices is not None}
+    choices["attention_kernel"] = KERNEL_NAMES  # declared with --attention
+    for name, (values, _) in FRAMEWORK_INPUTS.items():
+        if values is not None:
+            assert choices[name] == values, name

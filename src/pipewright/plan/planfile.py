@@ -29,6 +29,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipewright.cost.attention_kernels import KERNEL_NAMES
+from pipewright.cost.chunk_memory import STAGE_OUTPUTS
+from pipewright.cost.kernels import KERNELS
+from pipewright.cost.sharding import GRAD_DTYPE_BYTES, GRAD_SYNC
 from pipewright.errors import ConfigError
 from pipewright.mesh import DEFAULT_ORDER
 from pipewright.models.spec import ModelSpec
@@ -46,11 +50,11 @@ _DIMS = ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len")
 #: ``attention_kernel``'s default None is the accelerator's usual kernel.
 FRAMEWORK_INPUTS: dict[str, tuple[tuple[str, ...] | None, str | None]] = {
     "framework": (None, "megatron"),
-    "grad_dtype": (("fp32", "bf16"), "fp32"),
-    "kernels": (("fused", "eager", "compiled"), "fused"),
-    "fsdp_grad_sync": (("microbatch", "step"), "microbatch"),
-    "stage_outputs": (("freed", "kept", "step"), "freed"),
-    "attention_kernel": (("fa2", "fa3", "cudnn"), None),
+    "grad_dtype": (tuple(GRAD_DTYPE_BYTES), "fp32"),
+    "kernels": (KERNELS, "fused"),
+    "fsdp_grad_sync": (GRAD_SYNC, "microbatch"),
+    "stage_outputs": (STAGE_OUTPUTS, "freed"),
+    "attention_kernel": (KERNEL_NAMES, None),
 }
 
 
