@@ -23,6 +23,8 @@ RECOMPUTE_HELP = (
     "activation recomputation: full (the layer input kept), selective (the attention core re-run), "
     "op (torchtitan's operator-level policy: every second matmul and the memory-bound ops re-run), none"
 )
+#: Megatron-LM's --recompute-method choices (:data:`pipewright.cost.partial_recompute.RECOMPUTE_METHODS`)
+RECOMPUTE_METHOD_NAMES = ("uniform", "block")
 #: the attention kinds of the cost model (:data:`pipewright.cost.attention_kinds.ATTENTION_KINDS`)
 ATTENTION_KIND_NAMES = ("mha", "mla")
 #: the ModelSpec fields the MoE flags set (``--moe-experts`` → ``moe_experts``), with the cost model's
@@ -162,6 +164,34 @@ def framework_efficiency(args: argparse.Namespace, accelerators: Sequence[Accele
         mixed = ", ".join(kinds)
         raise ConfigError(f"--framework {fw.name} prices one accelerator kind; the cluster has {mixed}")
     return fw.efficiency(default_efficiency(next(iter(kinds.values()))))
+
+
+def add_recompute_method(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup, planner: bool = False
+) -> None:
+    """``--recompute-method uniform|block --recompute-num-layers N`` (with ``--recompute full``;
+    :mod:`pipewright.cost.partial_recompute`)."""
+    where = " (recorded in the plan file; the search prices plain full)" if planner else ""
+    parser.add_argument(
+        "--recompute-method",
+        choices=RECOMPUTE_METHOD_NAMES,
+        default=None,
+        help="with --recompute full, Megatron-LM's --recompute-method: uniform (groups of N layers, only "
+        "each group's input kept, the whole group re-run) or block (the first N layers of each chunk "
+        f"recomputed, the rest keep their activations){where}",
+    )
+    parser.add_argument(
+        "--recompute-num-layers",
+        type=int,
+        default=None,
+        help="N for --recompute-method (1 ≤ N ≤ layers of the largest chunk; default 1)",
+    )
+
+
+def recompute_fields(args: argparse.Namespace) -> dict[str, object]:
+    """The cost-model fields of :func:`add_recompute_method`'s flags that were given."""
+    names = ("recompute_method", "recompute_num_layers")
+    return {k: getattr(args, k) for k in names if getattr(args, k, None) is not None}
 
 
 def add_tp_comm_overlap(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:

@@ -52,6 +52,8 @@ _MODEL_ONLY = {
     "nodes": 1,
     "gpus_per_node": 8,
     "recompute": "none",
+    "recompute_method": None,
+    "recompute_num_layers": None,
     "framework": None,
     **{d: None for d in ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len")},
 }

@@ -16,9 +16,11 @@ from pipewright.cli.cost_flags import (
     add_cost_options,
     add_microbatch_group,
     add_moe_options,
+    add_recompute_method,
     add_tp_comm_overlap,
     cost_fields,
     framework_efficiency,
+    recompute_fields,
 )
 from pipewright.cli.guards import add_max_actions, check_simulate
 from pipewright.cli.zb_flags import add_zb_refine_flags, ilp_line, refine_seconds
@@ -99,6 +101,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     model.add_argument("--global-batch-size", type=int, default=None)
     model.add_argument("--recompute", choices=RECOMPUTE_FLAGS, default="none", help=RECOMPUTE_HELP)
+    add_recompute_method(model)
     model.add_argument(
         "--attention",
         choices=["flash", "eager"],
@@ -308,6 +311,7 @@ def _model_setup(args: argparse.Namespace, plan: PlanOverrides | None = None) ->
             moe_imbalance=args.moe_imbalance,
             efficiency=framework_efficiency(args, [gpu]),
             **cost_fields(args),
+            **recompute_fields(args),
         )
 
     setup = build(sched)

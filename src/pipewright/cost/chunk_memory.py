@@ -69,9 +69,11 @@ with selective recomputation the attention core's 5·a·s²·b/t (eager attentio
 attention), with torchtitan's operator-level policy the operators it re-runs
 (:mod:`pipewright.cost.op_recompute`). It is a property of the actions that re-run the forward
 (B, or I when the backward is split; W re-runs nothing) of chunks with layers; the simulator's
-peak is the highest over actions of (live before the action + its transient). Megatron's
-``--recompute-num-layers N`` (N layers per checkpoint) would make it N layers' worth; pipewright
-checkpoints one layer at a time. The backward's own gradient buffers are not priced.
+peak is the highest over actions of (live before the action + its transient). A mixture of experts'
+layer re-creates its expert activations too (:meth:`~pipewright.cost.moe_cost.MoECost.moe_layer_transient`).
+Megatron's ``--recompute-method``/``--recompute-num-layers`` (groups of N layers per checkpoint, or
+the first N layers only): :mod:`pipewright.cost.partial_recompute`. The backward's own gradient
+buffers are not priced.
 
 Static memory per rank: parameters / t × the per-parameter bytes of the optimizer sharding
 (:func:`~pipewright.cost.sharding.state_bytes`), FSDP's gathered weights of two layers and of the
@@ -168,15 +170,15 @@ def recompute_transient(cost: Any, kept: float | None = None) -> float:
     return max(stored_memory_bytes(cost, "none") - kept, 0.0) / cost.cp
 
 
-def transient_bytes(cost: Any, action: Any, schedule: Any) -> float:
-    """The recomputation transient of ``action`` on top of the live bytes before it: the cost model's
-    ``layer_transient()`` (:func:`recompute_transient` of its mode) for the B and I of a chunk with
-    layers, 0 for every other action. On the last chunk the backward first runs the loss and the
-    output layer, freeing what they kept (:func:`output_kept_bytes`) before any layer is recomputed:
-    max(0, transient − that)."""
+def transient_bytes(cost: Any, action: Any, schedule: Any, layer: float | None = None) -> float:
+    """The recomputation transient of ``action`` on top of the live bytes before it: ``layer``, default
+    the cost model's ``layer_transient()`` (:func:`recompute_transient` of its mode), for the B and I
+    of a chunk with layers, 0 for every other action. On the last chunk the backward first runs the
+    loss and the output layer, freeing what they kept (:func:`output_kept_bytes`) before any layer is
+    recomputed: max(0, transient − that)."""
     if action.kind not in (B, I) or not cost._chunk(action.stage, schedule).layers:
         return 0.0
-    transient = cost.layer_transient()
+    transient = cost.layer_transient() if layer is None else layer
     if roles(cost.layout, action.stage, schedule.num_stages)[1]:
         transient = max(transient - output_kept_bytes(cost), 0.0)
     return transient

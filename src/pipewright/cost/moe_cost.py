@@ -17,6 +17,11 @@ over the even split, Megatron-LM's and DeepSeek's reported max/mean load):
   ``dualpipev``, ``1f1b-overlap``).
 - Stored activations: :func:`~pipewright.cost.moe.moe_stored_units` (flash attention, no scores; with
   ``dtype="fp8"`` the expert GEMMs' inputs as FP8 copies).
+- Recomputation transient (a recomputing backward's re-created activations on top of the stored
+  ones, :func:`~pipewright.cost.chunk_memory.transient_bytes`): a MoE layer re-creates what it
+  stores without recomputation less what it kept (:meth:`MoECost.moe_layer_transient`) — with full
+  recomputation the expert FFN activations of the tokens routed to the rank included; a chunk's is
+  the largest of its layer kinds'. The backward's own gradient buffers are not priced.
 - Parameters: attention, router and shared experts as the dense layer's (/t); the routed experts E/e
   per device (/t). Static memory prices the expert parameters' optimizer-state sharding over their
   own replicas (dp/e × c), the rest over dp × c.
@@ -41,6 +46,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipewright.cost.chunk_memory import layer_stored_bytes, stored_memory_bytes, transient_bytes
 from pipewright.cost.comm import TopologyComm
 from pipewright.cost.layer import mlp_gemms, mlp_matrices
 from pipewright.cost.moe import MoE, _expert_parameters, expert_gemms, moe_stored_units
@@ -222,6 +228,50 @@ class MoECost(TransformerCost):
             dense.layers,
             k,
         )
+
+    def moe_layer_stored(self, mode: str | None = None) -> float:
+        """Bytes one MoE layer keeps per microbatch and device under ``mode`` (default: the model's),
+        before the context-parallel split, as :meth:`_build_chunk` stores them: the dense layer's
+        (:func:`~pipewright.cost.chunk_memory.stored_memory_bytes`) with its own count
+        (:func:`~pipewright.cost.chunk_memory.layer_stored_bytes`) replaced by
+        :func:`~pipewright.cost.moe.moe_stored_units` — the expert FFN activations of the k·φ token
+        slots routed to the rank and of the shared experts —; the layer input alone under full."""
+        mode = mode or self.recompute
+        dense = stored_memory_bytes(self, mode)
+        if mode == "full":
+            return dense
+        spec, t = self.spec, self.mesh.tp
+        moe = moe_of(spec, self.moe_imbalance)
+        units = moe_stored_units(spec, moe, t, self.sequence_parallel, self.dtype == "fp8")
+        scale = DTYPE_BYTES[self.act_dtype] / 2
+        moe_bytes = spec.seq_len * self.microbatch * spec.hidden * scale * units
+        return dense + moe_bytes - layer_stored_bytes(self, mode)
+
+    def moe_layer_transient(self) -> float:
+        """One MoE layer's recomputation transient per microbatch and device: what its recomputed
+        forward re-creates, (:meth:`moe_layer_stored` none − under the model's mode)/c
+        (:func:`~pipewright.cost.chunk_memory.recompute_transient` for a dense layer)."""
+        return max(self.moe_layer_stored("none") - self.moe_layer_stored(), 0.0) / self.cp
+
+    def layer_transient(self) -> float:
+        """The largest one-layer recomputation transient of the model's layer kinds (dense and MoE)."""
+        dense = super().layer_transient()
+        if not any(self.spec.is_moe_layer(i) for i in range(self.spec.layers)):
+            return dense
+        moe = self.moe_layer_transient()
+        return moe if all(self.spec.is_moe_layer(i) for i in range(self.spec.layers)) else max(dense, moe)
+
+    def transient_bytes(self, action: Action, schedule: Schedule) -> float:
+        """The recomputation transient of the action's chunk (:func:`chunk_memory.transient_bytes`)
+        with the largest of its layers' kinds: a MoE layer's (:meth:`moe_layer_transient`), a dense
+        layer's."""
+        chunk = self._chunk(action.stage, schedule)
+        if not chunk.moe_layers:
+            return transient_bytes(self, action, schedule)
+        layer = self.moe_layer_transient()
+        if chunk.moe_layers < chunk.layers:
+            layer = max(layer, super().layer_transient())
+        return transient_bytes(self, action, schedule, layer=layer)
 
     def _fsdp_comm(self, chunk: _Chunk, kind: str, rank: int) -> float:
         """FSDP per microbatch (pp = 1, :meth:`~pipewright.cost.transformer.TransformerCost._fsdp_comm`)

@@ -158,11 +158,21 @@ def make_cost(
     """A cost model of class ``cls`` (default: the spec's, :func:`~pipewright.cost.llama.cost_class`)
     for ``recompute`` in none/selective/full, or a mode of :data:`RECOMPUTE_CLASSES` priced by its
     own class (``kwargs``: its fields), or with ``per_stage`` one mode
-    per stage (chunk): :func:`per_stage_class` of ``cls``."""
+    per stage (chunk): :func:`per_stage_class` of ``cls``. ``recompute_method``/``recompute_num_layers``
+    in ``kwargs`` (with ``recompute="full"``): Megatron-LM's partial recomputation,
+    :func:`~pipewright.cost.partial_recompute.partial_class` of ``cls``."""
     if cls is None and kwargs.get("spec") is not None:
         from pipewright.cost.llama import cost_class
 
         cls = cost_class(kwargs["spec"])
+    method, num_layers = kwargs.pop("recompute_method", None), kwargs.pop("recompute_num_layers", None)
+    if method is not None or num_layers is not None:
+        from pipewright.cost.partial_recompute import check_partial, partial_class
+
+        modes = set(per_stage or (recompute,))
+        check_partial(method, num_layers, modes.pop() if len(modes) == 1 else ",".join(per_stage or ()))
+        made = partial_class(cls or TransformerCost)
+        return made(recompute_method=method, recompute_num_layers=num_layers or 1, **kwargs)
     if per_stage:
         for mode in per_stage:  # a plan's modes: the ones the planner searches
             make_cost_check(mode)
