@@ -12,8 +12,10 @@ from pipewright.cli.cost_flags import (
     add_cost_options,
     add_microbatch_group,
     add_moe_options,
+    add_recompute_method,
     cost_fields,
     framework_efficiency,
+    recompute_fields,
 )
 from pipewright.cli.guards import DEFAULT_MAX_ACTIONS as MAX_ACTIONS  # = plan.problem.MAX_ACTIONS
 from pipewright.cli.zb_flags import add_zb_refine_flags, refine_seconds
@@ -116,6 +118,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "operator-level policy; dense models with flash attention), each also tried per stage "
         "(default %(default)s)",
     )
+    add_recompute_method(parser, planner=True)
     parser.add_argument(
         "--microbatch-sizes", default="1,2,4,8", help="microbatch sizes to consider, comma-separated"
     )
@@ -288,6 +291,9 @@ def run(args: argparse.Namespace) -> int:
             )
     recompute = tuple(x for x in args.recompute.split(",") if x)
     check_recompute(recompute, spec, args.attention)
+    from pipewright.cost.partial_recompute import check_partial
+
+    check_partial(args.recompute_method, args.recompute_num_layers, args.recompute)
     prob = Problem(
         spec,
         topo,
@@ -328,6 +334,7 @@ def run(args: argparse.Namespace) -> int:
         csv = Path(args.out).with_suffix(".schedule.csv")
         csv.write_text(to_csv(result.best.schedule))
     data = plan_json(prob, result, schedule_csv=None if csv is None else csv.name)
+    data |= recompute_fields(args)  # recorded for simulate --plan and the exports
     if args.out:
         from pipewright.plan.planfile import save
 

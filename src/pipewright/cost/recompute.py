@@ -94,6 +94,10 @@ class PerStageCost(TransformerCost):
     the mode (parameters, their state, messages) is the composed class's own."""
 
     per_stage: tuple[str, ...] = ()
+    #: Megatron-LM's --recompute-method/--recompute-num-layers for the chunks whose mode is full
+    #: (:mod:`pipewright.cost.partial_recompute`); None: each layer checkpointed alone
+    recompute_method: str | None = None
+    recompute_num_layers: int | None = None
     #: the class each chunk's one-mode model is (:func:`per_stage_class` sets it; not a field)
     one_mode: ClassVar[type[TransformerCost]] = TransformerCost
 
@@ -112,6 +116,8 @@ class PerStageCost(TransformerCost):
         model = self._cache.get(key)
         if model is None:
             skip = ("per_stage", "recompute")
+            if mode != "full" or self.recompute_method is None:
+                skip += ("recompute_method", "recompute_num_layers")
             kw = {f.name: getattr(self, f.name) for f in fields(self) if f.init and f.name not in skip}
             model = self._cache[key] = make_cost(mode, self.one_mode, **kw)  # op: its own class
         return model
@@ -159,24 +165,28 @@ def make_cost(
     for ``recompute`` in none/selective/full, or a mode of :data:`RECOMPUTE_CLASSES` priced by its
     own class (``kwargs``: its fields), or with ``per_stage`` one mode
     per stage (chunk): :func:`per_stage_class` of ``cls``. ``recompute_method``/``recompute_num_layers``
-    in ``kwargs`` (with ``recompute="full"``): Megatron-LM's partial recomputation,
-    :func:`~pipewright.cost.partial_recompute.partial_class` of ``cls``."""
+    in ``kwargs`` (with ``recompute="full"``, or a ``per_stage`` with full stages, which take them):
+    Megatron-LM's partial recomputation, :func:`~pipewright.cost.partial_recompute.partial_class` of
+    ``cls``."""
     if cls is None and kwargs.get("spec") is not None:
         from pipewright.cost.llama import cost_class
 
         cls = cost_class(kwargs["spec"])
     method, num_layers = kwargs.pop("recompute_method", None), kwargs.pop("recompute_num_layers", None)
-    if method is not None or num_layers is not None:
+    partial = method is not None or num_layers is not None
+    if partial:
         from pipewright.cost.partial_recompute import check_partial, partial_class
 
-        modes = set(per_stage or (recompute,))
-        check_partial(method, num_layers, modes.pop() if len(modes) == 1 else ",".join(per_stage or ()))
-        made = partial_class(cls or TransformerCost)
-        return made(recompute_method=method, recompute_num_layers=num_layers or 1, **kwargs)
+        check_partial(method, num_layers, "full" if per_stage and "full" in per_stage else recompute)
     if per_stage:
         for mode in per_stage:  # a plan's modes: the ones the planner searches
             make_cost_check(mode)
+        if partial:  # for the stages that recompute fully
+            kwargs |= {"recompute_method": method, "recompute_num_layers": num_layers or 1}
         return per_stage_class(cls or TransformerCost)(per_stage=tuple(per_stage), **kwargs)
+    if partial:
+        made = partial_class(cls or TransformerCost)
+        return made(recompute_method=method, recompute_num_layers=num_layers or 1, **kwargs)
     make_cost_check(recompute)
     if recompute in RECOMPUTE_CLASSES:
         import importlib

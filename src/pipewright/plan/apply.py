@@ -86,6 +86,8 @@ def _cost_fields(plan: Plan) -> dict[str, tuple[str, object, object]]:
         "tp_comm_overlap": ("tp_comm_overlap", False, d.get("tp_comm_overlap", False)),
         "calibration": ("calibration", None, d.get("calibration")),
         "microbatch_group": ("microbatch_group", None, plan.microbatch_group),
+        "recompute_method": ("recompute_method", None, d.get("recompute_method")),
+        "recompute_num_layers": ("recompute_num_layers", None, d.get("recompute_num_layers")),
         **{key: (key, None, plan.framework_input(key)) for key in FRAMEWORK_INPUTS},
     }
 

@@ -154,13 +154,15 @@ def megatron_args(plan: Plan) -> list[str]:
     if recompute in ("selective", "op"):  # op: Megatron-LM's nearest (a note says so)
         args += ["--recompute-granularity", "selective"]
     elif recompute == "full":
+        method = plan.data.get("recompute_method") or "uniform"
+        count = str(plan.data.get("recompute_num_layers") or 1)
         args += [
             "--recompute-granularity",
             "full",
             "--recompute-method",
-            "uniform",
+            method,
             "--recompute-num-layers",
-            "1",
+            count,
         ]
     sharding = plan.data.get("optimizer_sharding", "none")
     if sharding == "zero1":

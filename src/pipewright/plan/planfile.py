@@ -11,6 +11,7 @@ Schema (JSON)::
      "tp": 8, "pp": 8, "dp": 16, "virtual": 1, "schedule": "1f1b",
      "microbatch_size": 1, "microbatches": 96, "global_batch_size": 1536,
      "recompute": "selective", "sequence_parallel": true, "dtype": "bf16",
+     "recompute_method": "block", "recompute_num_layers": 2,   # with full only, where given
      "grad_reduce": "overlap",                      # where the iteration's gradient all-reduce runs
      "framework": "megatron", "grad_dtype": "fp32", "kernels": "fused",   # how the framework runs
      "fsdp_grad_sync": "microbatch", "stage_outputs": "freed",   # (simulate's flags; older plans:
@@ -246,8 +247,27 @@ def check_schema(data: dict[str, Any], where: str = "plan") -> None:
     for key in FRAMEWORK_INPUTS:
         if data.get(key) is not None and data[key] not in (choices := _choices(key)):
             raise ConfigError(f'{where}: "{key}" must be one of {", ".join(choices)} (got {data[key]!r})')
+    _check_recompute_method(data, where)
     group = data.get("microbatch_group")
     if group is not None and (not _positive_int(group) or group < data["pp"]):
         raise ConfigError(f'{where}: "microbatch_group" must be an integer at least pp ({data["pp"]})')
     if not isinstance(data.get("sequence_parallel", False), bool):
         raise ConfigError(f'{where}: "sequence_parallel" must be true or false')
+
+
+def _check_recompute_method(data: dict[str, Any], where: str) -> None:
+    """``recompute_method``/``recompute_num_layers`` (Megatron-LM's, :mod:`pipewright.cost.partial_recompute`):
+    uniform or block and a positive integer, on a plan that recomputes fully (some stage, per stage)."""
+    method, count = data.get("recompute_method"), data.get("recompute_num_layers")
+    if method is None and count is None:
+        return
+    from pipewright.cost.partial_recompute import RECOMPUTE_METHODS
+
+    if method not in RECOMPUTE_METHODS or not _positive_int(count if count is not None else 1):
+        raise ConfigError(
+            f'{where}: "recompute_method" must be one of {", ".join(RECOMPUTE_METHODS)} with '
+            '"recompute_num_layers" a positive integer'
+        )
+    modes = data.get("recompute_per_stage") or [data.get("recompute", "none")]
+    if "full" not in modes:
+        raise ConfigError(f'{where}: "recompute_method" applies to a plan with "recompute": "full"')
