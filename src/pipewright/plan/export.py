@@ -201,6 +201,13 @@ def notes(plan: Plan, target: str) -> list[str]:
             "the plan recomputes with torchtitan's operator-level policy (op); Megatron-LM has no such "
             "policy and runs selective recomputation (the attention core) instead"
         )
+    method = plan.data.get("recompute_method")
+    if method and recompute == "full" and target != "megatron":
+        out.append(
+            f"the plan recomputes with Megatron-LM's --recompute-method {method} "
+            f"--recompute-num-layers {plan.data.get('recompute_num_layers') or 1}; torchtitan's full "
+            "activation checkpointing wraps every block"
+        )
     if mixed:
         per = ",".join(plan.data["recompute_per_stage"])
         out.append(f"recomputation differs per stage ({per}); both trainers take one setting: {recompute}")

@@ -256,8 +256,9 @@ def check_schema(data: dict[str, Any], where: str = "plan") -> None:
 
 
 def _check_recompute_method(data: dict[str, Any], where: str) -> None:
-    """``recompute_method``/``recompute_num_layers`` (Megatron-LM's, :mod:`pipewright.cost.partial_recompute`):
-    uniform or block and a positive integer, on a plan that recomputes fully (some stage, per stage)."""
+    """``recompute_method``/``recompute_num_layers`` (Megatron-LM's;
+    :mod:`pipewright.cost.partial_recompute`): uniform or block and a positive integer, on a plan that
+    recomputes fully (on some stage, with per-stage modes)."""
     method, count = data.get("recompute_method"), data.get("recompute_num_layers")
     if method is None and count is None:
         return
