@@ -334,7 +334,8 @@ def run(args: argparse.Namespace) -> int:
         csv = Path(args.out).with_suffix(".schedule.csv")
         csv.write_text(to_csv(result.best.schedule))
     data = plan_json(prob, result, schedule_csv=None if csv is None else csv.name)
-    data |= recompute_fields(args)  # recorded for simulate --plan and the exports
+    if "full" in (data.get("recompute_per_stage") or [data.get("recompute")]):
+        data |= recompute_fields(args)  # recorded for simulate --plan and the exports
     if args.out:
         from pipewright.plan.planfile import save
 
