@@ -64,7 +64,7 @@ def rank_transient(cost: Any, schedule: Schedule, rank: int) -> float:
     transient = getattr(cost, "transient_bytes", None)
     if transient is None:
         return 0.0
-    kinds = [kind for kind in (B, I) if kind in schedule.kinds]
+    kinds = {a.kind for a in schedule.actions[rank]} & {B, I}  # the kinds the rank runs
     stages = schedule.stages_of(rank)
     return max((float(transient(Action(s, k, 0), schedule)) for s in stages for k in kinds), default=0.0)
 
