@@ -1,6 +1,10 @@
 """Activation memory over time: the running sum of each compute action's ``activation_bytes``, and
-while an action runs its ``transient_bytes`` on top (a recomputing backward's re-created activations,
-:func:`~pipewright.cost.chunk_memory.recompute_transient`; cost models without the method have none).
+while an action runs its ``transient_bytes`` on top (a recomputing backward's re-created activations:
+one layer's, :func:`~pipewright.cost.chunk_memory.recompute_transient`, a mixture of experts' layer
+with the expert activations of the tokens routed to the rank,
+:meth:`~pipewright.cost.moe_cost.MoECost.moe_layer_transient`, or a group of layers under Megatron-LM's
+``--recompute-method``, :mod:`pipewright.cost.partial_recompute`; the backward's own gradient buffers
+are not counted; cost models without the method have none).
 
 An action's positive delta (F) is allocated when it starts; a negative delta (B, W) is freed when it
 ends — the conservative reading for a measured timeline, and on one compute stream the same peak as
