@@ -167,16 +167,18 @@ def framework_efficiency(args: argparse.Namespace, accelerators: Sequence[Accele
 
 def add_tp_comm_overlap(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """``--tp-comm-overlap [MODE]`` (:mod:`pipewright.cost.tp_overlap`) on ``simulate`` and ``plan``: a
-    mode given wins; bare (stored as True), the ``--framework``'s own mode (:func:`tp_comm_overlap`)."""
+    mode given wins; bare (stored as True), the ``--framework``'s own mode (:func:`tp_comm_overlap`).
+    The mode is checked against the registered ones when the command runs (one line if unknown)."""
     parser.add_argument(
         "--tp-comm-overlap",
         nargs="?",
         const=True,
         default=False,
-        choices=TP_OVERLAP_NAMES,
-        help="tensor-parallel communication overlapped with GEMMs: te (Transformer Engine, behind all of a "
-        "pass's GEMMs), async-tp (PyTorch's micro-pipeline pass: each collective with the matmul it "
-        "fuses; the backward's input-gradient reduce-scatters exposed), none; bare, the --framework's "
+        metavar="MODE",
+        help="tensor-parallel communication overlapped with GEMMs (MODE: "
+        f"{', '.join(TP_OVERLAP_NAMES)}): te (Transformer Engine, behind all of a pass's GEMMs), async-tp "
+        "(PyTorch's micro-pipeline pass: each collective with the matmul it fuses; the backward's "
+        "input-gradient reduce-scatters exposed), none; bare, the --framework's "
         "own (megatron: te, torchtitan: async-tp)",
     )
 

@@ -83,7 +83,7 @@ def _cost_fields(plan: Plan) -> dict[str, tuple[str, object, object]]:
         "ep": ("ep", 1, d.get("ep", 1)),
         "zero1": ("shard_optimizer", False, sharding == "zero1"),
         "fsdp": ("fsdp", False, sharding == "fsdp"),
-        "tp_comm_overlap": ("tp_comm_overlap", False, d.get("tp_comm_overlap", False)),
+        "tp_comm_overlap": ("tp_comm_overlap", "none", plan.tp_comm_overlap),
         "calibration": ("calibration", None, d.get("calibration")),
         "microbatch_group": ("microbatch_group", None, plan.microbatch_group),
         **{key: (key, None, plan.framework_input(key)) for key in FRAMEWORK_INPUTS},

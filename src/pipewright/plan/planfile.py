@@ -12,6 +12,7 @@ Schema (JSON)::
      "microbatch_size": 1, "microbatches": 96, "global_batch_size": 1536,
      "recompute": "selective", "sequence_parallel": true, "dtype": "bf16",
      "grad_reduce": "overlap",                      # where the iteration's gradient all-reduce runs
+     "tp_comm_overlap": "te",   # the --tp-comm-overlap mode priced (none, te, async-tp; older: a boolean)
      "framework": "megatron", "grad_dtype": "fp32", "kernels": "fused",   # how the framework runs
      "fsdp_grad_sync": "microbatch", "stage_outputs": "freed",   # (simulate's flags; older plans:
      "attention_kernel": null,                                   # these defaults; null: the GPU's usual)
@@ -33,6 +34,8 @@ from pipewright.cost.attention_kernels import KERNEL_NAMES
 from pipewright.cost.chunk_memory import STAGE_OUTPUTS
 from pipewright.cost.kernels import KERNELS
 from pipewright.cost.sharding import GRAD_DTYPE_BYTES, GRAD_SYNC
+from pipewright.cost.tp_overlap import modes as tp_overlap_modes
+from pipewright.cost.tp_overlap import resolve as resolve_tp_overlap
 from pipewright.errors import ConfigError
 from pipewright.mesh import DEFAULT_ORDER
 from pipewright.models.spec import ModelSpec
@@ -134,6 +137,12 @@ class Plan:
     def microbatch_group(self) -> int | None:
         """Interleaved 1F1B's microbatch group N the plan was priced with (None: p, Megatron's default)."""
         return self.data.get("microbatch_group")
+
+    @property
+    def tp_comm_overlap(self) -> str:
+        """The ``--tp-comm-overlap`` mode the plan was priced with (:mod:`pipewright.cost.tp_overlap`);
+        older plans' boolean: true was the bare flag, Transformer Engine's overlap (``te``)."""
+        return resolve_tp_overlap(self.data.get("tp_comm_overlap", False))
 
     @property
     def grad_reduce(self) -> str:
@@ -246,6 +255,10 @@ def check_schema(data: dict[str, Any], where: str = "plan") -> None:
     for key in FRAMEWORK_INPUTS:
         if data.get(key) is not None and data[key] not in (choices := _choices(key)):
             raise ConfigError(f'{where}: "{key}" must be one of {", ".join(choices)} (got {data[key]!r})')
+    overlap = data.get("tp_comm_overlap", False)
+    if not isinstance(overlap, bool) and overlap not in tp_overlap_modes():
+        named = ", ".join(tp_overlap_modes())
+        raise ConfigError(f'{where}: "tp_comm_overlap" must be one of {named} (or true/false)')
     group = data.get("microbatch_group")
     if group is not None and (not _positive_int(group) or group < data["pp"]):
         raise ConfigError(f'{where}: "microbatch_group" must be an integer at least pp ({data["pp"]})')
