@@ -8,6 +8,8 @@ import json
 import shlex
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from _cli_json import cli_json
 from pipewright.cli import _parser, main
@@ -148,6 +150,17 @@ def test_a_bad_mode_is_one_line(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and message in err
+
+
+@settings(max_examples=20, deadline=None)
+@given(value=st.text(max_size=12), name=st.sampled_from(sorted(OWN)))
+def test_any_other_mode_is_refused_in_one_line_under_any_framework(value, name):
+    if value in modes():
+        assert frameworks.tp_comm_overlap(value, name) == value
+        return
+    with pytest.raises(ConfigError) as exc:
+        frameworks.tp_comm_overlap(value, name)
+    assert str(exc.value) == f"--tp-comm-overlap must be one of none, te, async-tp (got {value!r})"
 
 
 def test_a_bad_mode_in_a_plan_file_is_one_line(planned, tmp_path, capsys):
