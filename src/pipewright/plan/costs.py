@@ -10,8 +10,8 @@ tensor-parallel group and any context-parallel group with the cost model's own f
 gemm efficiency × tile/wave quantisation, or a calibration's measured rate) + attention-core FLOPs /
 (peak × attention efficiency) + memory traffic / memory bandwidth + Σ tensor-parallel all-reduces over
 the group's links (what the ``tp_comm_overlap`` mode leaves exposed beside the GEMMs, by the cost
-model's rule) + per layer the ring-attention
-exchange over the cp group exposed beyond that layer's attention + τ per layer (launch overhead).
+model's rule) + per layer the ring-attention exchange over the cp group exposed beyond that layer's
+attention + τ per layer (launch overhead).
 FSDP's per-layer re-gathering (pipeline size 1 only) is left to the full simulation.
 
 It reads the cost model's per-chunk table through the public

@@ -255,8 +255,8 @@ def check_schema(data: dict[str, Any], where: str = "plan") -> None:
     for key in FRAMEWORK_INPUTS:
         if data.get(key) is not None and data[key] not in (choices := _choices(key)):
             raise ConfigError(f'{where}: "{key}" must be one of {", ".join(choices)} (got {data[key]!r})')
-    overlap = data.get("tp_comm_overlap", False)
-    if not isinstance(overlap, bool) and overlap not in tp_overlap_modes():
+    overlap = data.get("tp_comm_overlap")
+    if not (overlap is None or isinstance(overlap, bool) or overlap in tuple(tp_overlap_modes())):
         named = ", ".join(tp_overlap_modes())
         raise ConfigError(f'{where}: "tp_comm_overlap" must be one of {named} (or true/false)')
     group = data.get("microbatch_group")
