@@ -14,7 +14,7 @@ from pipewright.cli.cost_flags import TP_OVERLAP_NAMES
 from pipewright.cost import Mesh, TransformerCost
 from pipewright.cost.layer import layer_gemms
 from pipewright.cost.sharding import reduction_bytes
-from pipewright.cost.tp_overlap import modes, resolve
+from pipewright.cost.tp_overlap import chunk_pass, modes, resolve
 from pipewright.errors import ConfigError
 from pipewright.ir import B, F, I
 from pipewright.models.spec import ModelSpec
@@ -47,7 +47,7 @@ def _exposed(
     fwd = sum(cost.gemm_time([(m, n, k, 1)], acc) for m, n, k in gemms)
     bwd = sum(cost.gemm_time([(m, k, n, 1)], acc) for m, n, k in (gemms[1], gemms[3]))  # the fused dgrads
     collectives = (comm,) * len(chunk.tp_bytes[kind])
-    exposed = modes()[mode].exposed_time(cost, chunk, kind, 0, collectives, 1e-3)
+    exposed = modes()[mode].exposed_time(chunk_pass(cost, chunk, kind, 0, 1e-3, collectives))
     return exposed, (fwd if kind == F else bwd), chunk.layers, len(collectives)
 
 

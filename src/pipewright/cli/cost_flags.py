@@ -15,7 +15,8 @@ if TYPE_CHECKING:
 
 #: the attention kernels with published rates (:data:`pipewright.cost.attention_kernels.KERNEL_NAMES`)
 KERNEL_NAMES = ("fa2", "fa3", "cudnn")
-#: the --tp-comm-overlap modes (:func:`pipewright.cost.tp_overlap.modes`); the bare flag names ``te``
+#: the --tp-comm-overlap modes (:func:`pipewright.cost.tp_overlap.modes`); the bare flag names the
+#: --framework's own (:attr:`pipewright.cost.frameworks.Framework.tp_overlap`)
 TP_OVERLAP_NAMES = ("none", "te", "async-tp")
 #: --recompute modes of simulate (the planner searches none/selective/full)
 RECOMPUTE_FLAGS = ("full", "selective", "op", "none")
@@ -195,18 +196,29 @@ def recompute_fields(args: argparse.Namespace) -> dict[str, object]:
 
 
 def add_tp_comm_overlap(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """``--tp-comm-overlap [MODE]`` (:mod:`pipewright.cost.tp_overlap`): bare, Transformer Engine's
-    overlap (``te``); ``async-tp``, PyTorch's asynchronous TP as its micro-pipeline pass fuses it."""
+    """``--tp-comm-overlap [MODE]`` (:mod:`pipewright.cost.tp_overlap`) on ``simulate`` and ``plan``: a
+    mode given wins; bare (stored as True), the ``--framework``'s own mode (:func:`tp_comm_overlap`).
+    The mode is checked against the registered ones when the command runs (one line if unknown)."""
     parser.add_argument(
         "--tp-comm-overlap",
         nargs="?",
-        const="te",
+        const=True,
         default=False,
-        choices=TP_OVERLAP_NAMES,
-        help="tensor-parallel communication overlapped with GEMMs: te (the bare flag: Transformer "
-        "Engine, behind all of a pass's GEMMs), async-tp (PyTorch's micro-pipeline pass: each "
-        "collective with the matmul it fuses; the backward's input-gradient reduce-scatters exposed), none",
+        metavar="MODE",
+        help="tensor-parallel communication overlapped with GEMMs (MODE: "
+        f"{', '.join(TP_OVERLAP_NAMES)}): te (Transformer Engine, behind all of a pass's GEMMs), async-tp "
+        "(PyTorch's micro-pipeline pass: each collective with the matmul it fuses; the backward's "
+        "input-gradient reduce-scatters exposed), none; bare, the --framework's "
+        "own (megatron: te, torchtitan: async-tp)",
     )
+
+
+def tp_comm_overlap(args: argparse.Namespace) -> str:
+    """The mode ``--tp-comm-overlap`` prices under ``--framework``
+    (:func:`pipewright.cost.frameworks.tp_comm_overlap`): ``none`` without the flag."""
+    from pipewright.cost.frameworks import tp_comm_overlap as resolve
+
+    return resolve(getattr(args, "tp_comm_overlap", False), getattr(args, "framework", None))
 
 
 def add_microbatch_group(

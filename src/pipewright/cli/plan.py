@@ -13,9 +13,11 @@ from pipewright.cli.cost_flags import (
     add_microbatch_group,
     add_moe_options,
     add_recompute_method,
+    add_tp_comm_overlap,
     cost_fields,
     framework_efficiency,
     recompute_fields,
+    tp_comm_overlap,
 )
 from pipewright.cli.guards import DEFAULT_MAX_ACTIONS as MAX_ACTIONS  # = plan.problem.MAX_ACTIONS
 from pipewright.cli.zb_flags import add_zb_refine_flags, refine_seconds
@@ -91,9 +93,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="optimizer-state sharding choices over data parallelism, comma-separated: none, zero1 "
         "(distributed optimizer), fsdp (default %(default)s: what `train` runs)",
     )
-    parser.add_argument(
-        "--tp-comm-overlap", action="store_true", help="tensor-parallel communication overlapped with GEMMs"
-    )
+    add_tp_comm_overlap(parser)
     parser.add_argument("--topology", help="cluster topology JSON")
     parser.add_argument("--gpu", help="accelerator kind (with --nodes/--gpus-per-node), or cpu")
     parser.add_argument("--nodes", type=int, default=1)
@@ -312,7 +312,7 @@ def run(args: argparse.Namespace) -> int:
         attention=args.attention,
         cp_choices=cp_choices(len(topo.devices), spec.seq_len, args.cp, args.max_cp),
         sharding=searchable_sharding(tuple(x for x in args.optimizer_sharding.split(",") if x)),
-        tp_comm_overlap=args.tp_comm_overlap,
+        tp_comm_overlap=tp_comm_overlap(args),
         calibration=args.calibration,
         attention_kernel=args.attention_kernel,
         moe_imbalance=args.moe_imbalance,

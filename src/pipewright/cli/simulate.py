@@ -21,6 +21,7 @@ from pipewright.cli.cost_flags import (
     cost_fields,
     framework_efficiency,
     recompute_fields,
+    tp_comm_overlap,
 )
 from pipewright.cli.guards import add_max_actions, check_simulate
 from pipewright.cli.zb_flags import add_zb_refine_flags, ilp_line, refine_seconds
@@ -305,7 +306,7 @@ def _model_setup(args: argparse.Namespace, plan: PlanOverrides | None = None) ->
             per_stage_recompute=plan.recompute if plan is not None else None,
             attention=_attention(args, plan),
             optimizer_sharding=sharding,
-            tp_comm_overlap=args.tp_comm_overlap,
+            tp_comm_overlap=tp_comm_overlap(args),
             calibration=calibration,
             attention_kernel=args.attention_kernel,
             moe_imbalance=args.moe_imbalance,

@@ -191,12 +191,6 @@ class Run:
 DEFAULT_VOCAB = 50257
 
 
-#: a framework whose tensor-parallel overlap is not Transformer Engine's (``--tp-comm-overlap MODE``,
-#: :mod:`pipewright.cost.tp_overlap`): torchtitan's is PyTorch's asynchronous TP
-#: (``enable_async_tensor_parallel``, the Inductor micro-pipeline pass)
-FRAMEWORK_TP_OVERLAP: Mapping[str, str] = {"torchtitan": "async-tp"}
-
-
 def framework_of(run: Run) -> str:
     """The framework ``run`` was trained with (:data:`SOURCE_FRAMEWORK`; default megatron)."""
     return SOURCE_FRAMEWORK.get(run["source"], frameworks.DEFAULT_FRAMEWORK)
@@ -207,7 +201,8 @@ def mispriced_mechanism(run: Run) -> str:
     torchtitan's asynchronous TP (priced per collective as the micro-pipeline pass fuses it, a reading
     of the pass's code no measurement checks; docs/fidelity.md), and ring attention at cp ≥ 4, whose
     load balancing the sources do not state. Such rows are never fit rows."""
-    if framework_of(run) == "torchtitan" and run["tp_comm_overlap"] == "true" and run.int("tp", 1) > 1:
+    async_tp = frameworks.framework(framework_of(run)).tp_overlap == "async-tp"
+    if async_tp and run["tp_comm_overlap"] == "true" and run.int("tp", 1) > 1:
         return "asynchronous TP"
     if run.int("cp", 1) >= 4:
         return "cp ≥ 4"
@@ -316,9 +311,8 @@ def simulate_argv(run: Run) -> list[str]:
         argv += ["--attention-kernel", run["attention_kernel"]]
     if framework_of(run) != frameworks.DEFAULT_FRAMEWORK:
         argv += ["--framework", framework_of(run)]
-    if run["tp_comm_overlap"] == "true" and tp > 1:
-        mode = FRAMEWORK_TP_OVERLAP.get(framework_of(run))
-        argv += ["--tp-comm-overlap", *([mode] if mode else [])]
+    if run["tp_comm_overlap"] == "true" and tp > 1:  # the framework's own (cost/frameworks.py)
+        argv.append("--tp-comm-overlap")
     if dp * cp > 1:
         argv += ["--grad-reduce", run["grad_reduce"] or ("overlap" if run.int("year") >= 2023 else "after")]
     layout = layout_for(run, pp * v)

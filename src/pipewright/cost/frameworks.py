@@ -9,6 +9,11 @@ marks "fit"). Another framework differs in two ways, kept apart here:
   fused Transformer Engine kernels), ``--attention-kernel``, ``--grad-dtype``, ``--fsdp-grad-sync``,
   ``--stage-outputs``.
   Each is stated by the framework's code or configs (the entry's ``summary`` says where).
+- **Its tensor-parallel overlap** (``tp_overlap``): the :mod:`pipewright.cost.tp_overlap` mode a bare
+  ``--tp-comm-overlap`` names (:func:`tp_comm_overlap`): Megatron-Core's ``--tp-comm-overlap`` is
+  Transformer Engine's userbuffers overlap (``te``), torchtitan's ``enable_async_tensor_parallel`` is
+  PyTorch's asynchronous TP (``async-tp``); None where the framework's code has none (then the bare
+  flag is a one-line error and a mode must be named). A mode given explicitly always wins.
 - **How fast its step runs beyond that** (two calibration parameters, least-squares fitted by
   ``tools/fit_frameworks.py`` on at most half of the framework's published rows; the entry's
   ``fitted_on`` names them): a compute factor c that scales the GEMM efficiency (every GEMM takes 1/c of
@@ -26,6 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
+from pipewright.cost import tp_overlap as tp_modes
 from pipewright.cost.efficiency import Efficiency
 from pipewright.errors import ConfigError
 
@@ -38,7 +44,8 @@ DEFAULT_FRAMEWORK = "megatron"
 @dataclass(frozen=True)
 class Framework:
     """One training framework (module docstring). ``compute`` c > 0 scales the GEMM efficiency;
-    ``overhead`` τ_f ≥ 0 is added to the per-layer overhead (seconds per layer and forward)."""
+    ``overhead`` τ_f ≥ 0 is added to the per-layer overhead (seconds per layer and forward);
+    ``tp_overlap``: the registered ``--tp-comm-overlap`` mode the framework runs (None: it has none)."""
 
     name: str
     summary: str
@@ -46,6 +53,7 @@ class Framework:
     compute: float = 1.0
     overhead: float = 0.0
     fitted_on: tuple[str, ...] = ()
+    tp_overlap: str | None = None
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.defaults) - set(DEFAULTABLE))
@@ -53,6 +61,9 @@ class Framework:
             raise ConfigError(f"framework {self.name}: cannot set {', '.join(unknown)} by default")
         if not self.compute > 0 or self.overhead < 0:
             raise ConfigError(f"framework {self.name}: compute must be > 0 and overhead ≥ 0")
+        if self.tp_overlap is not None and self.tp_overlap not in set(tp_modes.modes()) - {"none"}:
+            known = ", ".join(m for m in tp_modes.modes() if m != "none")
+            raise ConfigError(f"framework {self.name}: tp_overlap must be one of {known} or None")
         object.__setattr__(self, "defaults", MappingProxyType(dict(self.defaults)))
 
     @property
@@ -100,6 +111,22 @@ def framework(name: str | None) -> Framework:
     return fw
 
 
+def tp_comm_overlap(value: bool | str | None, name: str | None) -> str:
+    """The ``--tp-comm-overlap`` mode priced under ``--framework name`` (None: the default): the bare
+    flag (True) names the framework's own mode, a one-line error where it has none; an explicit mode
+    wins whatever the framework (:func:`pipewright.cost.tp_overlap.resolve`)."""
+    if value is not True:
+        return tp_modes.resolve(value)
+    fw = framework(name)
+    if fw.tp_overlap is None:
+        named = "|".join(m for m in tp_modes.modes() if m != "none")
+        raise ConfigError(
+            f"--framework {fw.name} runs no tensor-parallel overlap; name the mode to price "
+            f"(--tp-comm-overlap {named}) or drop --tp-comm-overlap"
+        )
+    return fw.tp_overlap
+
+
 def fit_rows() -> frozenset[str]:
     """The published rows (docs/fidelity.md) some framework's calibration was fitted on."""
     return frozenset(row for fw in _REGISTRY.values() for row in fw.fitted_on)
@@ -109,7 +136,9 @@ register(
     Framework(
         DEFAULT_FRAMEWORK,
         "Megatron-LM / Megatron-Core with Transformer Engine (also NeMo and Megatron-Bridge): fused kernels, "
-        "the GPU's usual attention kernel; the calibration the cost model's defaults were fitted on",
+        "the GPU's usual attention kernel; the calibration the cost model's defaults were fitted on; "
+        "--tp-comm-overlap is Transformer Engine's userbuffers overlap",
+        tp_overlap="te",
     )
 )
 # Fitted by `PYTHONPATH=src python tools/fit_frameworks.py` (docs/fidelity.md, "Frameworks"), on
@@ -120,7 +149,8 @@ register(
         "PyTorch torchtitan: eager PyTorch blocks (compile = false in its train configs; --kernels "
         "compiled for torch.compile), FSDP2 with torch.distributed.pipelining (gradients reduced once "
         "per step: backward_maybe_with_nosync; each stage output kept in output_chunks until the step "
-        "ends, a receive buffer per microbatch)",
+        "ends, a receive buffer per microbatch); its tensor-parallel overlap is PyTorch's asynchronous TP "
+        "(parallelism.enable_async_tensor_parallel, the Inductor micro-pipeline pass)",
         {"kernels": "eager", "fsdp_grad_sync": "step", "stage_outputs": "step"},
         compute=0.7702,
         overhead=1.954e-3,
@@ -133,6 +163,7 @@ register(
             "tt25-70b-256gpu-fp8-asynctp-false",
             "tt25-8b-64gpu-fp8-asynctp-false",
         ),
+        tp_overlap="async-tp",
     )
 )
 # Fitted on llm-foundry's rows of every second id (tools/fit_frameworks.py):
@@ -140,7 +171,9 @@ register(
     Framework(
         "llm-foundry",
         "MosaicML llm-foundry on Composer: PyTorch FSDP, eager PyTorch (scripts/train/benchmarking/"
-        "submit_benchmarks.py: no torch.compile, low_precision_layernorm, flash-attn 2)",
+        "submit_benchmarks.py: no torch.compile, low_precision_layernorm, flash-attn 2); no tensor-parallel "
+        "overlap (tp_config's one strategy, llmfoundry/tp/ffn_tp_strategy.py, plans PyTorch's Colwise/"
+        "RowwiseParallel on the MLP and enables no asynchronous TP)",
         {"kernels": "eager"},
         compute=0.9749,
         overhead=1.860e-3,
@@ -165,7 +198,8 @@ register(
     Framework(
         "deepspeed-megatron",
         "Megatron-DeepSpeed (MT-NLG, BLOOM): Megatron's fused kernels, DeepSpeed's pipeline engine and "
-        "ZeRO-1 optimizer with fp32 gradient accumulation",
+        "ZeRO-1 optimizer with fp32 gradient accumulation; no tensor-parallel overlap of GEMMs with their "
+        "collectives (megatron/arguments.py has no --tp-comm-overlap: no Transformer Engine userbuffers)",
         {"grad_dtype": "fp32"},
         compute=0.8036,
         overhead=0.0,

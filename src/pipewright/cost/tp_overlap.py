@@ -25,11 +25,17 @@ time). A registered mode says what of it stays exposed:
   matmul pieces (the local shard's piece first for the all-gather; the first piece, with nothing yet
   to send, for the reduce-scatter), so max(0, C − M·(t − 1)/t) stays exposed. The collectives outside
   the layers (the embedding's, the loss's, the output layer's input gradient) stay exposed.
+
+A rule reads one pass as a :class:`TpPass` (its collectives' times, its GEMMs' time, and, asked only
+by ``async-tp``, each layer block's GEMM times), so the cost model (:func:`tp_exposed_time`) and the
+planner's estimate (:mod:`pipewright.plan.costs`) price a mode with the same rule. A bare
+``--tp-comm-overlap`` names the mode of the ``--framework`` priced
+(:attr:`pipewright.cost.frameworks.Framework.tp_overlap`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -38,12 +44,37 @@ from pipewright.cost.layer import layer_gemms
 from pipewright.cost.sharding import exposed
 from pipewright.errors import ConfigError
 from pipewright.ir import B, F, I
+from pipewright.models.spec import ModelSpec
 
 if TYPE_CHECKING:
     from pipewright.cost.transformer import TransformerCost
 
-#: ``exposed_time(cost, chunk, kind, rank, collectives, gemm)`` → seconds of TP communication left
-Exposure = Callable[["TransformerCost", object, str, int, tuple[float, ...], float], float]
+Shape = tuple[float, float, float]  # a GEMM's (m, n, k)
+#: one layer block's GEMM seconds: (into: the matmuls fed by the block's all-gather, out: the matmul
+#: whose output is reduce-scattered, out's input gradient dY·Wᵀ)
+BlockTimes = tuple[float, float, float]
+
+
+@dataclass(frozen=True)
+class TpPass:
+    """One pass of a chunk as an exposure rule reads it: ``kind`` (F, I, W or B), its tensor-parallel
+    collectives' seconds in the chunk table's order (per layer the attention block's pair, then the
+    MLP's, then the collectives outside the layers), its GEMMs' seconds ``gemm``, the chunk's
+    ``layers``, the tensor-parallel size ``tp``, whether the backward re-runs the forward first
+    (``full_recompute``), and ``blocks()``: the two blocks' :data:`BlockTimes` of one layer (called
+    only by a rule that needs them)."""
+
+    kind: str
+    collectives: tuple[float, ...]
+    gemm: float
+    layers: int = 0
+    tp: int = 1
+    full_recompute: bool = False
+    blocks: Callable[[], tuple[BlockTimes, ...]] = tuple
+
+
+#: ``exposed_time(pass)`` → seconds of TP communication left
+Exposure = Callable[[TpPass], float]
 
 
 @dataclass(frozen=True)
@@ -56,7 +87,7 @@ class TpOverlap:
 
 
 _REGISTRY: dict[str, TpOverlap] = {}
-#: the mode a bare ``--tp-comm-overlap`` (or ``tp_comm_overlap=True``) names
+#: the mode ``tp_comm_overlap=True`` names where no framework is given (the default framework's)
 DEFAULT_MODE = "te"
 
 
@@ -73,10 +104,11 @@ def modes() -> Mapping[str, TpOverlap]:
     return MappingProxyType(_REGISTRY)
 
 
-def resolve(value: bool | str | None) -> str:
-    """The mode a flag value names: True → ``te``, False/None → ``none``; one-line error if unknown."""
+def resolve(value: bool | str | None, bare: str = DEFAULT_MODE) -> str:
+    """The mode a flag value names: True (the bare flag) → ``bare``, False/None → ``none``; one-line
+    error if unknown."""
     if value is True:
-        return DEFAULT_MODE
+        value = bare
     if value is False or value is None:
         return "none"
     if value not in _REGISTRY:
@@ -84,45 +116,51 @@ def resolve(value: bool | str | None) -> str:
     return value
 
 
-def _none(cost, chunk, kind, rank, collectives, gemm) -> float:
-    return sum(collectives)
-
-
-def _te(cost, chunk, kind, rank, collectives, gemm) -> float:
-    return exposed(sum(collectives), gemm)
-
-
-def _async_tp(cost: TransformerCost, chunk, kind: str, rank: int, collectives, gemm: float) -> float:
-    """Per layer, each collective as the micro-pipeline pass fuses it (module docstring)."""
-    n, t = chunk.layers, cost.mesh.tp
-    if kind not in (F, I, B) or n == 0 or t == 1:
-        return sum(collectives)
-    acc = cost.topology.accelerator(cost.comm.device(rank))
-    tokens = cost.microbatch * cost.spec.seq_len / cost.cp
-    gemms = layer_gemms(cost.spec, tokens, t)
+def layer_blocks(spec: ModelSpec, tokens: float, t: int) -> tuple[tuple[tuple[Shape, ...], Shape], ...]:
+    """One layer's two blocks on ``tokens`` tokens at tensor-parallel size ``t``: (the GEMM shapes fed
+    by the all-gather, the shape whose output is reduce-scattered), for the attention block (its QKV
+    GEMMs, its output projection) and the MLP (up and gate, down)."""
+    gemms = layer_gemms(spec, tokens, t)
     attn = len(gemms) - 2  # the attention kind's GEMMs, then the MLP's up (and gate) and down
+    return ((tuple(gemms[: attn - 1]), gemms[attn - 1]), (tuple(gemms[attn : attn + 1]), gemms[attn + 1]))
 
-    def time(group) -> float:
-        return cost.gemm_time([(m, nn, k, 1) for m, nn, k in group], acc)
 
-    def dgrad(group) -> float:
-        return cost.gemm_time([(m, k, nn, 1) for m, nn, k in group], acc)
+def block_times(
+    blocks: Sequence[tuple[Sequence[Shape], Shape]], seconds: Callable[[Sequence[Shape]], float]
+) -> tuple[BlockTimes, ...]:
+    """:data:`BlockTimes` of :func:`layer_blocks`' ``blocks``, each group priced by ``seconds``."""
+    return tuple(
+        (seconds(into), seconds((out,)), seconds(((out[0], out[2], out[1]),))) for into, out in blocks
+    )
 
+
+def _none(p: TpPass) -> float:
+    return sum(p.collectives)
+
+
+def _te(p: TpPass) -> float:
+    return exposed(sum(p.collectives), p.gemm)
+
+
+def _async_tp(p: TpPass) -> float:
+    """Per layer, each collective as the micro-pipeline pass fuses it (module docstring)."""
+    n, t, collectives = p.layers, p.tp, p.collectives
+    if p.kind not in (F, I, B) or n == 0 or t == 1:
+        return sum(collectives)
     share = (t - 1) / t
-    # per layer: the attention block's pair of collectives, then the MLP's (pair time C each)
-    blocks = ((gemms[: attn - 1], gemms[attn - 1 : attn]), (gemms[attn : attn + 1], gemms[attn + 1 :]))
+    blocks = p.blocks() * n  # per layer: the attention block's pair of collectives, then the MLP's
     pairs = collectives[: 2 * n]
     forward = sum(
-        exposed(c / 2, share * time(into)) + exposed(c / 2, share * time(out))
-        for c, (into, out) in zip(pairs, blocks * n, strict=False)
+        exposed(c / 2, share * into) + exposed(c / 2, share * out)
+        for c, (into, out, _) in zip(pairs, blocks, strict=False)
     )
-    if kind == F:
+    if p.kind == F:
         return forward + sum(collectives[2 * n :])
     backward = sum(
-        exposed(c / 2, share * dgrad(out)) + c / 2 for c, (_, out) in zip(pairs, blocks * n, strict=False)
+        exposed(c / 2, share * dgrad) + c / 2 for c, (_, _, dgrad) in zip(pairs, blocks, strict=False)
     )
     rest = collectives[2 * n :]
-    if cost.recompute == "full":  # the recomputed forward's collectives come first
+    if p.full_recompute:  # the recomputed forward's collectives come first
         backward += forward
         rest = collectives[4 * n :]
     return backward + sum(rest)
@@ -133,8 +171,32 @@ register(TpOverlap("te", "Transformer Engine: hidden behind all of the pass's GE
 register(TpOverlap("async-tp", "PyTorch's micro-pipeline pass: per collective as it fuses it", _async_tp))
 
 
+def chunk_pass(
+    cost: TransformerCost,
+    chunk,
+    kind: str,
+    rank: int,
+    gemm: float,
+    collectives: tuple[float, ...] | None = None,
+) -> TpPass:
+    """``chunk``'s ``kind`` pass on pipeline rank ``rank`` of ``cost`` as a :class:`TpPass`: its
+    collectives over the rank's tensor-parallel links (or the ``collectives`` seconds given) beside
+    its GEMMs' ``gemm`` seconds."""
+    if collectives is None:
+        collectives = tuple(cost.comm.tp_all_reduce_time(rank, x) for x in chunk.tp_bytes[kind])
+
+    def blocks() -> tuple[BlockTimes, ...]:
+        acc = cost.topology.accelerator(cost.comm.device(rank))
+        tokens = cost.microbatch * cost.spec.seq_len / cost.cp
+        shapes = layer_blocks(cost.spec, tokens, cost.mesh.tp)
+        return block_times(shapes, lambda group: cost.gemm_time([(m, n, k, 1) for m, n, k in group], acc))
+
+    full = cost.recompute == "full"
+    return TpPass(kind, collectives, gemm, chunk.layers, cost.mesh.tp, full, blocks)
+
+
 def tp_exposed_time(cost: TransformerCost, chunk, kind: str, rank: int, gemm: float) -> float:
     """Seconds of ``chunk``'s tensor-parallel communication in a ``kind`` pass left exposed by
     ``cost.tp_comm_overlap`` beside its GEMMs' ``gemm`` seconds (module docstring)."""
-    collectives = tuple(cost.comm.tp_all_reduce_time(rank, x) for x in chunk.tp_bytes[kind])
-    return _REGISTRY[resolve(cost.tp_comm_overlap)].exposed_time(cost, chunk, kind, rank, collectives, gemm)
+    tp_pass = chunk_pass(cost, chunk, kind, rank, gemm)
+    return _REGISTRY[resolve(cost.tp_comm_overlap)].exposed_time(tp_pass)

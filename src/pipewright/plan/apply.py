@@ -76,14 +76,14 @@ def applied(args: argparse.Namespace, overrides: PlanOverrides) -> argparse.Name
 def _cost_fields(plan: Plan) -> dict[str, tuple[str, object, object]]:
     """The plan's cost-model options as ``simulate`` options: key → (attribute, neutral value, value)."""
     d = plan.data
-    sharding = d.get("optimizer_sharding", "none")
+    sharding, overlap = d.get("optimizer_sharding", "none"), plan.tp_comm_overlap
     return {
         "attention": ("attention", "eager", d.get("attention", "eager")),
         "cp": ("cp", 1, d.get("cp", 1)),
         "ep": ("ep", 1, d.get("ep", 1)),
         "zero1": ("shard_optimizer", False, sharding == "zero1"),
         "fsdp": ("fsdp", False, sharding == "fsdp"),
-        "tp_comm_overlap": ("tp_comm_overlap", False, d.get("tp_comm_overlap", False)),
+        "tp_comm_overlap": ("tp_comm_overlap", False, False if overlap == "none" else overlap),
         "calibration": ("calibration", None, d.get("calibration")),
         "microbatch_group": ("microbatch_group", None, plan.microbatch_group),
         "recompute_method": ("recompute_method", None, d.get("recompute_method")),

@@ -9,8 +9,9 @@ tensor-parallel group and any context-parallel group with the cost model's own f
 (:meth:`~pipewright.cost.transformer.TransformerCost.kind_time`): time = Σ GEMMs by shape (peak ×
 gemm efficiency × tile/wave quantisation, or a calibration's measured rate) + attention-core FLOPs /
 (peak × attention efficiency) + memory traffic / memory bandwidth + Σ tensor-parallel all-reduces over
-the group's links (exposed beyond the GEMMs with ``tp_comm_overlap``) + per layer the ring-attention
-exchange over the cp group exposed beyond that layer's attention + τ per layer (launch overhead).
+the group's links (what the ``tp_comm_overlap`` mode leaves exposed beside the GEMMs, by the cost
+model's rule) + per layer the ring-attention exchange over the cp group exposed beyond that layer's
+attention + τ per layer (launch overhead).
 FSDP's per-layer re-gathering (pipeline size 1 only) is left to the full simulation.
 
 It reads the cost model's per-chunk table through the public
@@ -27,6 +28,7 @@ from pipewright.cost.comm import Mesh
 from pipewright.cost.gemm import wave_efficiency
 from pipewright.cost.recompute import make_cost
 from pipewright.cost.sharding import exposed, pipelined_fsdp_state, state_bytes
+from pipewright.cost.tp_overlap import TpPass, block_times, layer_blocks, modes, resolve
 from pipewright.cost.transformer import (
     _OVERHEAD,
     A100_EFFICIENCY,
@@ -119,12 +121,30 @@ class Part:
             hit = self._local[key] = (gemm, attn, memory + overhead)
         return hit
 
+    def _tp_exposed(self, kind, gpu, dtype, eff, all_reduce, o: Pricing, gemm: float) -> float:
+        """Tensor-parallel seconds left exposed by ``o``'s --tp-comm-overlap mode, by the cost model's
+        own rule (:mod:`pipewright.cost.tp_overlap`)."""
+        collectives = tuple(map(all_reduce, self.tp_f if kind == F else self.tp_b))
+        if o.tp_comm_overlap == "none":
+            return sum(collectives)
+
+        def seconds(shapes) -> float:
+            return gemm_seconds(tuple((*x, 1) for x in shapes), gpu, dtype, eff, o.calibration)
+
+        def blocks():
+            key = ("tp blocks", gpu.name, dtype, eff)
+            hit = self._local.get(key)
+            if hit is None:
+                hit = self._local[key] = block_times(o.tp_blocks, seconds)
+            return hit
+
+        tp_pass = TpPass(kind, collectives, gemm, self.layers, o.tp, o.full_recompute, blocks)
+        return modes()[o.tp_comm_overlap].exposed_time(tp_pass)
+
     def _time(self, kind, gpu, dtype, eff, all_reduce, ring, o: Pricing, a2a=None) -> float:
         fwd = kind == F
         gemm, attn, rest = self._device_terms(kind, gpu, dtype, eff, o)
-        tp = sum(map(all_reduce, self.tp_f if fwd else self.tp_b))
-        if o.tp_comm_overlap:
-            tp = exposed(tp, gemm)
+        tp = self._tp_exposed(kind, gpu, dtype, eff, all_reduce, o, gemm)
         exchange = 0.0
         if ring is not None and self.layers and o.cp > 1:
             per_layer = ring(ring_gathered_bytes(self.ring_f if fwd else self.ring_b, o.cp))
@@ -137,12 +157,17 @@ class Part:
 
 @dataclass(frozen=True)
 class Pricing:
-    """What the cost model's time formula needs besides the pieces: its calibration, whether
-    tensor-parallel communication overlaps the GEMMs, and the context-parallel size."""
+    """What the cost model's time formula needs besides the pieces: its calibration, the
+    --tp-comm-overlap mode with what its rule reads of a layer (the tensor-parallel size, whether the
+    backward re-runs the forward, the layer's blocks: :func:`~pipewright.cost.tp_overlap.layer_blocks`),
+    and the context-parallel size."""
 
     calibration: object = None
-    tp_comm_overlap: bool = False
+    tp_comm_overlap: str = "none"
     cp: int = 1
+    tp: int = 1
+    full_recompute: bool = False
+    tp_blocks: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -274,8 +299,11 @@ def parts(
         cost.grad_bytes,
         Pricing(
             getattr(cost, "calibration", None),
-            getattr(cost, "tp_comm_overlap", False),
+            resolve(getattr(cost, "tp_comm_overlap", False)),
             getattr(cost, "cp", 1),
+            tp,
+            full,
+            layer_blocks(spec, microbatch * spec.seq_len / options.cp, tp),
         ),
         dense,
         getattr(cost, "optimizer_sharding", "none"),

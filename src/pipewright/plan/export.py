@@ -7,15 +7,17 @@ whole model in order):
 - **Megatron-LM** (``megatron/training/arguments.py``; the flags named like
   ``megatron.core.TransformerConfig``'s fields): ``--tensor-model-parallel-size``,
   ``--pipeline-model-parallel-size``, ``--context-parallel-size``, the batch sizes, recomputation, the
-  distributed optimizer. Equal chunks with the embedding and the loss on the first and last chunk:
-  ``--num-layers-per-virtual-pipeline-stage`` (v > 1) or nothing (v = 1); any other split (uneven
-  chunks, embedding-only or loss-only chunks): ``--pipeline-model-parallel-layout`` with the plan's
-  layout string, which is Megatron-Core's layout language (``PipelineParallelLayerLayout``; chunk c
-  runs on pipeline rank c mod p). Megatron-LM runs 1F1B (v = 1) or interleaved 1F1B (v > 1): a plan
-  for another schedule is exported with a note saying so; a V-shaped placement (zbv, dualpipev,
-  v-half, v-min) has no Megatron-LM form and is refused.
+  distributed optimizer, ``--tp-comm-overlap`` where the plan overlaps tensor-parallel communication (a
+  plan priced with another framework's overlap, ``async-tp``, gets a note). Equal chunks with the
+  embedding and the loss on the first and last chunk: ``--num-layers-per-virtual-pipeline-stage`` (v > 1)
+  or nothing (v = 1); any other split (uneven chunks, embedding-only or loss-only chunks):
+  ``--pipeline-model-parallel-layout`` with the plan's layout string, which is Megatron-Core's layout
+  language (``PipelineParallelLayerLayout``; chunk c runs on pipeline rank c mod p). Megatron-LM runs 1F1B
+  (v = 1) or interleaved 1F1B (v > 1): a plan for another schedule is exported with a note saying so; a
+  V-shaped placement (zbv, dualpipev, v-half, v-min) has no Megatron-LM form and is refused.
 - **torchtitan** (``torchtitan/config/job_config.py``, read with ``--job.config_file``):
-  ``[parallelism]`` degrees, ``pipeline_parallel_schedule`` (PyTorch's schedule class name, or the
+  ``[parallelism]`` degrees (``enable_async_tensor_parallel`` where the plan overlaps tensor-parallel
+  communication), ``pipeline_parallel_schedule`` (PyTorch's schedule class name, or the
   plan's order as a schedule CSV), ``pipeline_parallel_microbatch_size``; equal chunks as
   ``pipeline_parallel_layers_per_stage`` with ``pipeline_parallel_first/last_stage_less_layers = 0``,
   other splits as ``module_fqns_per_model_part`` (``tok_embeddings``, ``layers.i``, ``norm`` and
@@ -139,7 +141,7 @@ def megatron_args(plan: Plan) -> list[str]:
         args += ["--microbatch-group-size-per-virtual-pipeline-stage", str(plan.microbatch_group)]
     if plan.data.get("sequence_parallel") and int(plan["tp"]) > 1:
         args.append("--sequence-parallel")
-    if plan.data.get("tp_comm_overlap"):
+    if plan.tp_comm_overlap != "none":  # Megatron-Core's own overlap (a note where the plan's differs)
         args.append("--tp-comm-overlap")
     args += [
         *("--micro-batch-size", str(plan["microbatch_size"])),
@@ -175,7 +177,8 @@ def megatron_args(plan: Plan) -> list[str]:
 
 
 def notes(plan: Plan, target: str) -> list[str]:
-    """What the target runs differently from the plan (schedule, per-stage recomputation)."""
+    """What the target runs differently from the plan (schedule, tensor-parallel overlap, per-stage
+    recomputation)."""
     out = []
     name, v = plan["schedule"], int(plan.data.get("virtual", 1))
     if target == "megatron":
@@ -195,6 +198,12 @@ def notes(plan: Plan, target: str) -> list[str]:
                 "torchtitan shards weights, gradients and optimizer state over data parallelism (FSDP); "
                 "the plan shards only the optimizer state (ZeRO-1)"
             )
+    overlap = _target_tp_overlap(target)
+    if plan.tp_comm_overlap not in ("none", overlap):
+        out.append(
+            f"the plan prices --tp-comm-overlap {plan.tp_comm_overlap}; {target} overlaps tensor-parallel "
+            f"communication its own way ({overlap}), so its iteration differs from the plan's prediction"
+        )
     recompute, mixed = _recompute(plan)
     if recompute == "op" and target == "megatron":
         out.append(
@@ -212,6 +221,14 @@ def notes(plan: Plan, target: str) -> list[str]:
         per = ",".join(plan.data["recompute_per_stage"])
         out.append(f"recomputation differs per stage ({per}); both trainers take one setting: {recompute}")
     return out
+
+
+def _target_tp_overlap(target: str) -> str | None:
+    """The ``--tp-comm-overlap`` mode ``target`` runs: the framework of that name's
+    (:attr:`pipewright.cost.frameworks.Framework.tp_overlap`)."""
+    from pipewright.cost.frameworks import framework
+
+    return framework(target).tp_overlap
 
 
 def megatron_text(plan: Plan, source: str = "plan") -> str:
@@ -240,7 +257,7 @@ def torchtitan_config(plan: Plan, schedule_csv: str | None = None) -> dict[str, 
         "data_parallel_replicate_degree": 1 if fsdp else dp,
         "data_parallel_shard_degree": dp if fsdp else 1,
         "tensor_parallel_degree": int(plan["tp"]),
-        "enable_async_tensor_parallel": bool(plan.data.get("tp_comm_overlap")),
+        "enable_async_tensor_parallel": plan.tp_comm_overlap != "none",
         "context_parallel_degree": cp,
         "pipeline_parallel_degree": int(plan["pp"]),
         "pipeline_parallel_microbatch_size": int(plan["microbatch_size"]),

@@ -24,7 +24,7 @@ _NEUTRAL = {
     "attention": "eager",
     "cp": 1,
     "optimizer_sharding": "none",
-    "tp_comm_overlap": False,
+    "tp_comm_overlap": "none",
     "attention_kernel": None,
 }
 
@@ -51,11 +51,16 @@ class CostOptions:
     attention: str = "flash"
     cp: int = 1
     optimizer_sharding: str = "none"
-    tp_comm_overlap: bool = False
+    tp_comm_overlap: bool | str = "none"  # a cost.tp_overlap mode (True: te, False: none)
     calibration: str | None = None  # a ``pipewright profile --calibration`` file
     attention_kernel: str | None = None  # fa2, fa3, cudnn (None: the GPU's usual)
     moe_imbalance: float = 1.0  # expert load imbalance (MoECost; a mixture-of-experts model only)
     fields: tuple[tuple[str, object], ...] = ()  # cli/cost_flags.py's (grad_dtype, kernels, fsdp_grad_sync)
+
+    def __post_init__(self) -> None:
+        from pipewright.cost.tp_overlap import resolve
+
+        object.__setattr__(self, "tp_comm_overlap", resolve(self.tp_comm_overlap))
 
     def kwargs(self) -> dict[str, object]:
         """Keyword arguments for ``make_cost``: the fields the cost model knows; a non-neutral value of

@@ -13,6 +13,7 @@ Schema (JSON)::
      "recompute": "selective", "sequence_parallel": true, "dtype": "bf16",
      "recompute_method": "block", "recompute_num_layers": 2,   # with full only, where given
      "grad_reduce": "overlap",                      # where the iteration's gradient all-reduce runs
+     "tp_comm_overlap": "te",   # the --tp-comm-overlap mode priced (none, te, async-tp; older: a boolean)
      "framework": "megatron", "grad_dtype": "fp32", "kernels": "fused",   # how the framework runs
      "fsdp_grad_sync": "microbatch", "stage_outputs": "freed",   # (simulate's flags; older plans:
      "attention_kernel": null,                                   # these defaults; null: the GPU's usual)
@@ -34,6 +35,8 @@ from pipewright.cost.attention_kernels import KERNEL_NAMES
 from pipewright.cost.chunk_memory import STAGE_OUTPUTS
 from pipewright.cost.kernels import KERNELS
 from pipewright.cost.sharding import GRAD_DTYPE_BYTES, GRAD_SYNC
+from pipewright.cost.tp_overlap import modes as tp_overlap_modes
+from pipewright.cost.tp_overlap import resolve as resolve_tp_overlap
 from pipewright.errors import ConfigError
 from pipewright.mesh import DEFAULT_ORDER
 from pipewright.models.spec import ModelSpec
@@ -135,6 +138,12 @@ class Plan:
     def microbatch_group(self) -> int | None:
         """Interleaved 1F1B's microbatch group N the plan was priced with (None: p, Megatron's default)."""
         return self.data.get("microbatch_group")
+
+    @property
+    def tp_comm_overlap(self) -> str:
+        """The ``--tp-comm-overlap`` mode the plan was priced with (:mod:`pipewright.cost.tp_overlap`);
+        older plans' boolean: true was the bare flag, Transformer Engine's overlap (``te``)."""
+        return resolve_tp_overlap(self.data.get("tp_comm_overlap", False))
 
     @property
     def grad_reduce(self) -> str:
@@ -248,6 +257,10 @@ def check_schema(data: dict[str, Any], where: str = "plan") -> None:
         if data.get(key) is not None and data[key] not in (choices := _choices(key)):
             raise ConfigError(f'{where}: "{key}" must be one of {", ".join(choices)} (got {data[key]!r})')
     _check_recompute_method(data, where)
+    overlap = data.get("tp_comm_overlap")
+    if not (overlap is None or isinstance(overlap, bool) or overlap in tuple(tp_overlap_modes())):
+        named = ", ".join(tp_overlap_modes())
+        raise ConfigError(f'{where}: "tp_comm_overlap" must be one of {named} (or true/false)')
     group = data.get("microbatch_group")
     if group is not None and (not _positive_int(group) or group < data["pp"]):
         raise ConfigError(f'{where}: "microbatch_group" must be an integer at least pp ({data["pp"]})')

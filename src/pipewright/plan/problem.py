@@ -107,7 +107,7 @@ class Problem:
     ep: int | None = None  # expert-parallel size if fixed; None: searched (ep_choices)
     max_ep: int = 64  # the largest expert-parallel size searched
     sharding: tuple[str, ...] = ("none",)  # optimizer sharding choices (plan/options.py)
-    tp_comm_overlap: bool = False
+    tp_comm_overlap: bool | str = False  # a cost.tp_overlap mode (True: te; the plan records it)
     attention_kernel: str | None = None
     moe_imbalance: float = 1.0
     calibration: str | None = None  # a `pipewright profile --calibration` file
