@@ -7,7 +7,7 @@ marks "fit"). Another framework differs in two ways, kept apart here:
 - **What it runs** (``defaults``): inputs the cost model already has, set the way the framework sets them
   unless the user gives the flag: ``--kernels`` (eager PyTorch or ``torch.compile``'d blocks against
   fused Transformer Engine kernels), ``--attention-kernel``, ``--grad-dtype``, ``--fsdp-grad-sync``,
-  ``--stage-outputs``.
+  ``--stage-outputs``, ``--cp-comm`` (the context-parallel implementation, :mod:`pipewright.cost.cp_impls`).
   Each is stated by the framework's code or configs (the entry's ``summary`` says where).
 - **How fast its step runs beyond that** (two calibration parameters, least-squares fitted by
   ``tools/fit_frameworks.py`` on at most half of the framework's published rows; the entry's
@@ -31,7 +31,7 @@ from pipewright.errors import ConfigError
 
 #: the command-line inputs a framework may set by default (argparse ``dest`` names; each defaults to
 #: None on ``simulate`` and ``plan``, so a flag the user gives always wins)
-DEFAULTABLE = ("kernels", "attention_kernel", "grad_dtype", "fsdp_grad_sync", "stage_outputs")
+DEFAULTABLE = ("kernels", "attention_kernel", "grad_dtype", "fsdp_grad_sync", "stage_outputs", "cp_comm")
 DEFAULT_FRAMEWORK = "megatron"
 
 
@@ -120,8 +120,9 @@ register(
         "PyTorch torchtitan: eager PyTorch blocks (compile = false in its train configs; --kernels "
         "compiled for torch.compile), FSDP2 with torch.distributed.pipelining (gradients reduced once "
         "per step: backward_maybe_with_nosync; each stage output kept in output_chunks until the step "
-        "ends, a receive buffer per microbatch)",
-        {"kernels": "eager", "fsdp_grad_sync": "step", "stage_outputs": "step"},
+        "ends, a receive buffer per microbatch); context parallelism through PyTorch's context_parallel "
+        "with its allgather rotate method (experimental.context_parallel_rotate_method's default)",
+        {"kernels": "eager", "fsdp_grad_sync": "step", "stage_outputs": "step", "cp_comm": "torch-allgather"},
         compute=0.7702,
         overhead=1.954e-3,
         fitted_on=(

@@ -71,7 +71,7 @@ from pipewright.cost.chunk_memory import (
     transient_bytes,
 )
 from pipewright.cost.comm import Mesh, TopologyComm
-from pipewright.cost.context import ring_bytes_per_layer
+from pipewright.cost.context import cp_layer_seconds, ring_bytes_per_layer
 from pipewright.cost.efficiency import A100_EFFICIENCY, Efficiency, default_efficiency
 from pipewright.cost.flop_count import logit_forward_flops, megatron_flops_per_iteration, megatron_parameters
 from pipewright.cost.gemm import wave_efficiency
@@ -164,8 +164,9 @@ class TransformerCost:
     topology, :func:`default_topology` of ``gpu``. ``extra_times``: seconds of extension compute kinds
     (e.g. K-FAC tasks), 0 when absent. ``attention``: ``eager`` (the class default; the attention
     scores are stored) or ``flash`` (fused attention; ``pipewright simulate``'s default).
-    ``recompute``: none, selective or full. ``cp``: context-parallel size (ring attention; the mesh's
-    cp when it has one). ``optimizer_sharding``: none, zero1 or fsdp. ``stage_outputs``: freed
+    ``recompute``: none, selective or full. ``cp``: context-parallel size (the mesh's cp when it has
+    one); ``cp_comm``: how its attention exchanges K/V (:mod:`pipewright.cost.cp_impls`).
+    ``optimizer_sharding``: none, zero1 or fsdp. ``stage_outputs``: freed
     (Megatron's deallocation, the default) or kept until the backward (torch.distributed.pipelining;
     :mod:`pipewright.cost.chunk_memory`). ``tp_comm_overlap``: how tensor-parallel communication
     hides behind the GEMMs (:mod:`pipewright.cost.tp_overlap`; True: ``te``). ``calibration``:
@@ -202,6 +203,7 @@ class TransformerCost:
     kernels: str = "fused"
     fsdp_grad_sync: str = "microbatch"
     stage_outputs: str = "freed"
+    cp_comm: str = "transformer-engine"  # a cost.cp_impls implementation (--cp-comm)
     comm: TopologyComm = field(init=False, repr=False, compare=False)
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -232,7 +234,7 @@ class TransformerCost:
             object.__setattr__(self, "cp", mesh.cp)
         from pipewright.cost.context import check_context_parallel
 
-        check_context_parallel(self.spec, self.cp)
+        check_context_parallel(self.spec, self.cp, self.cp_comm)
         topology = self.topology or default_topology(self.gpu, mesh.size)
         object.__setattr__(self, "topology", topology)
         if self.efficiency is None:
@@ -385,9 +387,8 @@ class TransformerCost:
         tp = tp_overlap.tp_exposed_time(self, chunk, kind, rank, gemm)
         ring = 0.0
         if self.cp > 1 and chunk.layers:
-            gathered = ring_gathered_bytes(chunk.ring_bytes[kind], self.cp)
-            per_layer = self.comm.collective_time("all_gather", rank, gathered, group="cp")
-            ring = chunk.layers * exposed(per_layer, attn / chunk.layers)
+            fwd = chunk.attention[F] / (acc.peak(self.act_dtype) * rate) / chunk.layers
+            ring = chunk.layers * cp_layer_seconds(self, kind, rank, attn / chunk.layers, fwd, bandwidth)
         fsdp = 0.0
         if self.regathers and kind != W:
             fsdp = exposed(self._fsdp_comm(chunk, kind, rank), gemm + attn)
