@@ -229,19 +229,28 @@ class PassImpl(CPImpl):
         return self.backward(x, comm, attn)
 
 
-def torch_forward_traffic(x: CPShape) -> float:
+def _kv_copies(x: CPShape, gather: bool) -> float:
+    """K and V made contiguous, then concatenated at every step but the last (2·E_kv·e each); under
+    the all-gather rotate only the first concatenation feeds a transfer, so a compiled graph drops the
+    others (dead code) while eager PyTorch runs them."""
+    kv, e = x.block(x.repeated_width), x.element_bytes
+    cats = 1 if gather and x.fused else x.cp - 1
+    return 2 * kv * e * (1 + cats)
+
+
+def torch_forward_traffic(x: CPShape, gather: bool = True) -> float:
     """Memory-bound bytes of PyTorch's ring forward on rank c − 1 (module docstring): K/V made
     contiguous, one ``torch.cat`` of K and V per step but the last, the merge (the first block's
     output cast to fp32, c − 1 full-output merges each with its cast (fused: one pass reading the fp32
     output and the block's, writing the fp32 output: 8 + e), the result cast back)."""
-    c, e, kv, o = x.cp, x.element_bytes, x.block(x.repeated_width), x.output
-    copies = 2 * kv * e + (c - 1) * 2 * kv * e
+    c, e, o = x.cp, x.element_bytes, x.output
+    copies = _kv_copies(x, gather)
     step = 2 * FP32 + e if x.fused else e + FP32 + MERGE_STEP
     merge = o * ((e + FP32) + (c - 1) * step + (FP32 + e))
     return copies + merge
 
 
-def torch_backward_traffic(x: CPShape) -> float:
+def torch_backward_traffic(x: CPShape, gather: bool = True) -> float:
     """Memory-bound bytes of PyTorch's ring backward on rank c − 1 (all its later steps take the first
     half of the K/V): fp32 zeros for dQ, dK, dV; K/V made contiguous and concatenated per step but the
     last; step 0 adds its bf16 dK/dV and dQ into fp32 ((8 + e) each); each later step adds half a block
@@ -250,7 +259,7 @@ def torch_backward_traffic(x: CPShape) -> float:
     ((4 + e) each)."""
     c, e, kv, o = x.cp, x.element_bytes, x.block(x.repeated_width), x.output
     zeros = FP32 * (o + kv)
-    copies = 2 * kv * e + (c - 1) * 2 * kv * e
+    copies = _kv_copies(x, gather)
     first = (8 + e) * (kv + o)
     partial = 8 + e / 2 if x.fused else (8 + e) / 2 + 8
     later = (c - 1) * (partial * kv + (8 + e) * o)
@@ -290,7 +299,7 @@ def _torch(gather: bool) -> tuple[Callable, Callable]:
         block, kv, held = exchange(x, comm)
         end, busy = run_streams(_torch_program(x.cp, attn / x.cp, kv, None, gather))
         comm_s = kv * (1 if gather else x.cp - 1)
-        return CPPass((x.cp - 1) * block, comm_s, end - busy, torch_forward_traffic(x), x.cp, held)
+        return CPPass((x.cp - 1) * block, comm_s, end - busy, torch_forward_traffic(x, gather), x.cp, held)
 
     def backward(x: CPShape, comm: CPComm, attn: float) -> CPPass:
         block, kv, held = exchange(x, comm)
@@ -299,7 +308,7 @@ def _torch(gather: bool) -> tuple[Callable, Callable]:
         end, busy = run_streams(_torch_program(x.cp, attn / x.cp, kv, dkv, gather))
         comm_s = kv * (1 if gather else x.cp - 1) + x.cp * dkv
         sent = (x.cp - 1) * block + x.cp * grads
-        return CPPass(sent, comm_s, end - busy, torch_backward_traffic(x), x.cp, held + 2 * grads)
+        return CPPass(sent, comm_s, end - busy, torch_backward_traffic(x, gather), x.cp, held + 2 * grads)
 
     return forward, backward
 
