@@ -28,6 +28,11 @@ KV = b·(s/c)·w/t elements, w the key plus value width per token of the attenti
 
 The transfers overlap the block computations, so only what exceeds the attention core's time is exposed
 (and the waited bytes, which nothing overlaps).
+
+Other implementations (PyTorch's ``context_parallel`` as torchtitan runs it, Llama 3's all-gather)
+exchange other bytes in another order: :mod:`pipewright.cost.cp_impls` registers each by name; the cost
+model's ``cp_comm`` (``--cp-comm``, a framework's default) picks one and :func:`cp_layer_seconds` adds
+its exposed communication and memory-bound bytes per layer.
 Everything else in the layer (GEMMs, norms, activations) is per token and divides by c; the attention
 FLOPs divide by c too (the balanced split). Gradients are reduced over the dp × cp replicas.
 """

@@ -15,23 +15,23 @@ causal pairs once: balanced, so each of the c kernel calls of a ring does A/c).
   p2p ring of :mod:`pipewright.cost.context`, all transfers of a kind priced as one all-gather hidden
   behind that kind's whole attention (unchanged from :func:`~pipewright.cost.context.ring_bytes_per_layer`).
 - ``torch-allgather`` / ``torch-alltoall``: PyTorch's ``context_parallel``
-  (torch/distributed/tensor/experimental/_attention.py) with its rotate method, as torchtitan's Llama
+  (torch/distributed/tensor/experimental/_attention.py) with that rotate method, as torchtitan's Llama
   calls it (``repeat_kv`` before SDPA: the K/V carry all a query heads, w = 2·a·d). Head-tail load
-  balancing (2·c chunks); one SDPA call per step (the diagonal causal, then half blocks). Forward:
-  all-gather of the c blocks posted before the diagonal block and waited after it (allgather), or one
-  neighbour permute per step waited at the next step (alltoall). Backward: the K/V rotate again; the
-  dK/dV accumulators (fp32) travel by permute c times on the same process group (NCCL runs them in
-  posting order after the K/V exchange), each waited after the next step's kernel, the last after the
-  loop. Memory-bound passes (eager, the slowest rank c − 1, whose steps all take the full-output merge):
-  forward 2·E_kv·e (``key.contiguous()``, ``value.contiguous()``) + (c − 1)·2·E_kv·e (``torch.cat`` of
-  K and V per step) + O·((e + 4) + (c − 1)·38 + (4 + e)) (the fp32 log-sum-exp merge: cast, difference,
-  scale, subtract: 4·(e+4)… see :func:`torch_forward_traffic`); backward :func:`torch_backward_traffic`.
+  balancing (2·c chunks); one SDPA call per step (the diagonal block causal, then half blocks: A/c
+  each). Forward: one all-gather of the c blocks posted before the diagonal block and waited after it
+  (allgather), or one neighbour permute per step waited at the next step (alltoall). Backward: the K/V
+  rotate again; the fp32 dK/dV accumulators travel by permute c times on the same process group (NCCL
+  runs its transfers in posting order, :func:`run_streams`), each waited after the next step's kernel,
+  the last after the loop. Memory-bound bytes on rank c − 1 (whose later steps all merge the full
+  output): :func:`torch_forward_traffic`, :func:`torch_backward_traffic` (eager PyTorch op by op;
+  ``fused``: torch.compile's fused pointwise chains, the unused concatenations dropped).
 - ``llama3-allgather``: Llama 3 §3.3.2: 2·c chunks, K/V all-gathered (GQA heads, w = 2·g·d) before the
   attention with nothing to overlap (forward exposed: the all-gather), the attention for the local
   queries; the backward's dK/dV reduce-scattered (the all-gather's adjoint, its dtype assumed the
   activations'), exposed. Kernel calls per pass not stated (None).
 
-Full recomputation re-runs the forward's exchange inside the backward (added to I and B).
+Full recomputation re-runs the forward's exchange inside the backward: added to I and B for the
+implementations priced pass by pass (:class:`PassImpl`); the p2p rings keep their earlier pricing.
 """
 
 from __future__ import annotations
