@@ -154,3 +154,18 @@ def test_published_rows_name_their_implementation():
     titan = simulate_argv(runs["tt24-8b-8gpu-cp8-t2"])
     assert "--cp-comm" not in titan and titan[titan.index("--framework") + 1] == "torchtitan"
     assert "--cp-comm" not in simulate_argv(runs["llama3-405b-16384gpu-cp1"])
+
+
+def test_the_gathered_kv_is_held_while_the_pass_runs():
+    from pipewright.ir import Action
+    from pipewright.schedules import build_schedule
+
+    sched = build_schedule("1f1b", 1, 1)
+    kw = dict(spec=SPEC, gpu="h100-sxm", cp=2, attention="flash")
+    ring, torch = TransformerCost(**kw), TransformerCost(**kw, cp_comm="torch-allgather")
+    held = {}
+    for kind in (F, B):
+        act = Action(0, kind, 0)
+        held[kind] = torch.transient_bytes(act, sched) - ring.transient_bytes(act, sched)
+    block = REPEATED * 2  # bytes of one rank's repeated K/V
+    assert held == {F: 2 * block, B: 2 * block + 2 * REPEATED * 4}  # + the fp32 dK/dV sent and received

@@ -45,6 +45,7 @@ from pipewright.cost.cp_impls import (
     RING_BACKWARDS,
     CPComm,
     CPShape,
+    PassImpl,
     RingBackward,
     RingImpl,
     cp_impl,
@@ -58,6 +59,7 @@ __all__ = [
     "RING_BACKWARDS",
     "RingBackward",
     "check_context_parallel",
+    "cp_buffer_bytes",
     "cp_layer_seconds",
     "ring_bytes_per_layer",
     "ring_waited_bytes_per_layer",
@@ -120,7 +122,22 @@ def cp_layer_seconds(model: Any, kind: str, rank: int, attn: float, fwd: float, 
         lambda n: model.comm.collective_time("reduce_scatter", rank, n, group="cp"),
         model.cp,
     )
-    e, fused = model.activation_bytes_per_element, getattr(model, "kernels", "fused") != "eager"
-    shape = CPShape(model.spec, model.microbatch, model.cp, model.mesh.tp, e, fused)
     impl = cp_impl(getattr(model, "cp_comm", DEFAULT_CP_COMM))
-    return impl.kind_pass(shape, comm, kind, attn, fwd, model.recompute == "full").seconds(bandwidth)
+    return impl.kind_pass(_shape(model), comm, kind, attn, fwd, model.recompute == "full").seconds(bandwidth)
+
+
+def _shape(model: Any) -> CPShape:
+    e, fused = model.activation_bytes_per_element, getattr(model, "kernels", "fused") != "eager"
+    return CPShape(model.spec, model.microbatch, model.cp, model.mesh.tp, e, fused)
+
+
+def cp_buffer_bytes(model: Any, kind: str) -> float:
+    """The K/V (and dK/dV) buffers one layer's ``kind`` pass holds while it runs on a rank of ``model``,
+    for the implementations priced pass by pass (PyTorch's gathered repeated K/V: c·E·e;
+    :attr:`~pipewright.cost.cp_impls.CPPass.buffer_bytes`); 0 at cp 1 and for the p2p rings, whose two
+    blocks in flight the memory model leaves out as before."""
+    impl = cp_impl(getattr(model, "cp_comm", DEFAULT_CP_COMM))
+    if model.cp <= 1 or not isinstance(impl, PassImpl):
+        return 0.0
+    free = CPComm(lambda n: 0.0, lambda n: 0.0, model.cp)
+    return impl.kind_pass(_shape(model), free, kind, 0.0, 0.0, model.recompute == "full").buffer_bytes

@@ -71,7 +71,7 @@ from pipewright.cost.chunk_memory import (
     transient_bytes,
 )
 from pipewright.cost.comm import Mesh, TopologyComm
-from pipewright.cost.context import cp_layer_seconds, ring_bytes_per_layer
+from pipewright.cost.context import cp_buffer_bytes, cp_layer_seconds, ring_bytes_per_layer
 from pipewright.cost.efficiency import A100_EFFICIENCY, Efficiency, default_efficiency
 from pipewright.cost.flop_count import logit_forward_flops, megatron_flops_per_iteration, megatron_parameters
 from pipewright.cost.gemm import wave_efficiency
@@ -446,8 +446,10 @@ class TransformerCost:
         return self._chunk(action.stage, schedule).memory[action.kind]
 
     def transient_bytes(self, action: Action, schedule: Schedule) -> float:
-        """Bytes a recomputing backward holds while it runs (:func:`chunk_memory.transient_bytes`)."""
-        return transient_bytes(self, action, schedule)
+        """Bytes a recomputing backward holds while it runs (:func:`chunk_memory.transient_bytes`) + a
+        layer's context-parallel K/V buffers (:func:`~pipewright.cost.context.cp_buffer_bytes`)."""
+        cp = cp_buffer_bytes(self, action.kind) if self._chunk(action.stage, schedule).layers else 0.0
+        return transient_bytes(self, action, schedule) + cp
 
     def layer_transient(self) -> float:
         """One layer's recomputation transient per microbatch and device (chunk_memory)."""
