@@ -127,9 +127,10 @@ class CPPass:
         return self.exposed_s + self.traffic_bytes / bandwidth
 
     def __add__(self, other: CPPass) -> CPPass:
-        calls = None if self.kernel_calls is None or other.kernel_calls is None else 0
-        if calls is not None:
-            calls = self.kernel_calls + other.kernel_calls
+        """Two passes one after the other (a recomputed forward and a backward): sums, the larger
+        buffer, kernel calls None where either is unstated."""
+        known = self.kernel_calls is not None and other.kernel_calls is not None
+        calls = self.kernel_calls + other.kernel_calls if known else None
         return CPPass(
             self.sent_bytes + other.sent_bytes,
             self.comm_s + other.comm_s,

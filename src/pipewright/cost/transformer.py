@@ -20,7 +20,7 @@ per-layer terms are :mod:`pipewright.cost.layer`'s (GEMM shapes, attention, stor
   square; eager attention's batched GEMMs run at the GEMM efficiency) +
   the memory-bound kernels' bytes / memory bandwidth + tensor-parallel communication (what
   ``tp_comm_overlap`` leaves exposed, :mod:`pipewright.cost.tp_overlap`) + the context-parallel
-  ring exchange beyond the attention it overlaps (:mod:`pipewright.cost.context`) + FSDP's gathers
+  exchange its implementation leaves exposed (:mod:`pipewright.cost.context`, ``cp_comm``) + FSDP's gathers
   beyond the compute they overlap (:mod:`pipewright.cost.sharding`). W carries GEMMs only.
 - Memory-bound kernels (norms, activations, dropout, softmax, rotary, residual adds): the forward moves
   κ (:attr:`Efficiency.memory_traffic`) × the bytes a forward without recomputation stores; I moves
