@@ -15,6 +15,8 @@ if TYPE_CHECKING:
 
 #: the attention kernels with published rates (:data:`pipewright.cost.attention_kernels.KERNEL_NAMES`)
 KERNEL_NAMES = ("fa2", "fa3", "cudnn")
+#: the context-parallel implementations (:func:`pipewright.cost.cp_impls.names`), the default first
+CP_COMM_NAMES = ("transformer-engine", "pipewright", "torch-allgather", "torch-alltoall", "llama3-allgather")
 #: the --tp-comm-overlap modes (:func:`pipewright.cost.tp_overlap.modes`); the bare flag names the
 #: --framework's own (:attr:`pipewright.cost.frameworks.Framework.tp_overlap`)
 TP_OVERLAP_NAMES = ("none", "te", "async-tp")
@@ -76,7 +78,13 @@ def add_moe_options(
 
 
 #: the cost-model fields the flags of :func:`add_cost_options` set, and their defaults
-COST_FIELDS = {"grad_dtype": None, "kernels": None, "fsdp_grad_sync": None, "stage_outputs": None}
+COST_FIELDS = {
+    "grad_dtype": None,
+    "kernels": None,
+    "fsdp_grad_sync": None,
+    "stage_outputs": None,
+    "cp_comm": None,
+}
 
 
 def add_cost_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
@@ -88,7 +96,8 @@ def add_cost_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) 
     ``--fsdp-grad-sync microbatch|step``: when pipelined FSDP reduce-scatters the gradients
     (:mod:`pipewright.cost.sharding`);
     ``--stage-outputs freed|kept|step``: whether a stage frees each microbatch's output after sending it
-    (:mod:`pipewright.cost.chunk_memory`)."""
+    (:mod:`pipewright.cost.chunk_memory`);
+    ``--cp-comm NAME``: how context-parallel attention exchanges K/V (:mod:`pipewright.cost.cp_impls`)."""
     parser.add_argument(
         "--grad-dtype",
         choices=("fp32", "bf16"),
@@ -120,13 +129,22 @@ def add_cost_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) 
         "buffer per microbatch (torch.distributed.pipelining, torchtitan)",
     )
     parser.add_argument(
+        "--cp-comm",
+        choices=CP_COMM_NAMES,
+        default=None,
+        help="with --cp > 1, the context-parallel attention priced: transformer-engine (Megatron-LM's p2p "
+        "ring; the default), pipewright (this package's ring), torch-allgather / torch-alltoall (PyTorch's "
+        "context_parallel with that rotate method, K/V repeated to the query heads as torchtitan calls it; "
+        "torchtitan's default: allgather), llama3-allgather (Llama 3: GQA K/V all-gathered, exposed)",
+    )
+    parser.add_argument(
         "--framework",
         action=_FrameworkAction,
         default=None,
         help="the training framework priced (pipewright.cost.frameworks: megatron, the default; torchtitan, "
         "llm-foundry, deepspeed-megatron): its default --kernels/--attention-kernel/--grad-dtype/"
-        "--fsdp-grad-sync/--stage-outputs (flags given win) and its fitted compute factor and per-layer "
-        "overhead",
+        "--fsdp-grad-sync/--stage-outputs/--cp-comm (flags given win) and its fitted compute factor and "
+        "per-layer overhead",
     )
 
 

@@ -28,42 +28,50 @@ KV = b·(s/c)·w/t elements, w the key plus value width per token of the attenti
 
 The transfers overlap the block computations, so only what exceeds the attention core's time is exposed
 (and the waited bytes, which nothing overlaps).
+
+Other implementations (PyTorch's ``context_parallel`` as torchtitan runs it, Llama 3's all-gather)
+exchange other bytes in another order: :mod:`pipewright.cost.cp_impls` registers each by name; the cost
+model's ``cp_comm`` (``--cp-comm``, a framework's default) picks one and :func:`cp_layer_seconds` adds
+its exposed communication and memory-bound bytes per layer.
 Everything else in the layer (GEMMs, norms, activations) is per token and divides by c; the attention
 FLOPs divide by c too (the balanced split). Gradients are reduced over the dp × cp replicas.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
-from types import MappingProxyType
+from typing import Any
 
-from pipewright.cost.attention_kinds import attention_of
+from pipewright.cost.cp_impls import (
+    RING_BACKWARDS,
+    CPComm,
+    CPShape,
+    PassImpl,
+    RingBackward,
+    RingImpl,
+    cp_impl,
+    registry,
+)
 from pipewright.errors import ConfigError
 from pipewright.ir import B, F, I, W
 from pipewright.models.spec import ModelSpec
 
+__all__ = [
+    "RING_BACKWARDS",
+    "RingBackward",
+    "check_context_parallel",
+    "cp_buffer_bytes",
+    "cp_layer_seconds",
+    "ring_bytes_per_layer",
+    "ring_waited_bytes_per_layer",
+]
 
-@dataclass(frozen=True)
-class RingBackward:
-    """The dK/dV accumulator of a ring's backward: bytes per element (0: the activations') and whether
-    its last transfer is waited after the last block, with no computation behind it."""
-
-    grad_element_bytes: int = 0
-    waits_last: bool = False
-
-
-#: ring implementations by name (module docstring)
-RING_BACKWARDS: Mapping[str, RingBackward] = MappingProxyType(
-    {
-        "transformer-engine": RingBackward(),
-        "pipewright": RingBackward(grad_element_bytes=4, waits_last=True),
-    }
-)
+#: the implementation the cost model prices by default (Megatron-LM's)
+DEFAULT_CP_COMM = "transformer-engine"
 
 
-def check_context_parallel(spec: ModelSpec, cp: int) -> None:
-    """One-line ConfigError unless cp ≥ 1 splits the sequence into 2·cp equal chunks."""
+def check_context_parallel(spec: ModelSpec, cp: int, cp_comm: str = DEFAULT_CP_COMM) -> None:
+    """One-line ConfigError unless cp ≥ 1 splits the sequence into 2·cp equal chunks and ``cp_comm``
+    names a registered implementation (:mod:`pipewright.cost.cp_impls`)."""
     if cp < 1:
         raise ConfigError(f"--cp must be at least 1 (got {cp})")
     if cp > 1 and spec.seq_len % (2 * cp):
@@ -71,17 +79,14 @@ def check_context_parallel(spec: ModelSpec, cp: int) -> None:
             f"--cp {cp} needs a sequence length divisible by 2 × cp = {2 * cp} (got {spec.seq_len}); "
             "ring attention splits each sequence into 2·cp chunks"
         )
+    cp_impl(cp_comm)
 
 
-def _ring(ring: str) -> RingBackward:
-    if ring not in RING_BACKWARDS:
+def _ring(ring: str) -> RingImpl:
+    impl = registry().get(ring)
+    if not isinstance(impl, RingImpl):
         raise ConfigError(f"unknown ring {ring!r}; choose one of: {', '.join(RING_BACKWARDS)}")
-    return RING_BACKWARDS[ring]
-
-
-def _block(spec: ModelSpec, b: int, cp: int, t: int) -> float:
-    """Elements of one key/value block, KV = b·(s/c)·w/t (module docstring)."""
-    return b * (spec.seq_len / cp) * attention_of(spec).ring_width(spec) / t
+    return impl
 
 
 def ring_bytes_per_layer(
@@ -89,13 +94,8 @@ def ring_bytes_per_layer(
 ) -> dict[str, float]:
     """Bytes one rank sends around the ring per layer and microbatch, per kind (module docstring):
     forward (c − 1)·KV·e, backward that plus (c − 1)·KV·(the accumulator's bytes per element)."""
-    backward = _ring(ring)
-    if cp <= 1:
-        return {F: 0.0, I: 0.0, W: 0.0, B: 0.0}
-    block = _block(spec, b, cp, t)
-    fwd = (cp - 1) * block * element_bytes
-    grads = (cp - 1) * block * (backward.grad_element_bytes or element_bytes)
-    return {F: fwd, I: fwd + grads, W: 0.0, B: fwd + grads}
+    impl, shape = _ring(ring), CPShape(spec, b, cp, t, element_bytes)
+    return {kind: impl.ring_bytes(shape, kind) for kind in (F, I, W, B)}
 
 
 def ring_waited_bytes_per_layer(
@@ -103,8 +103,41 @@ def ring_waited_bytes_per_layer(
 ) -> dict[str, float]:
     """Of :func:`ring_bytes_per_layer`, the bytes waited with no block computation behind them: one
     accumulator per backward for a ring that waits its last (module docstring), else none."""
-    backward = _ring(ring)
+    backward = _ring(ring).backward
     if cp <= 1 or not backward.waits_last:
         return {F: 0.0, I: 0.0, W: 0.0, B: 0.0}
-    last = _block(spec, b, cp, t) * (backward.grad_element_bytes or element_bytes)
+    shape = CPShape(spec, b, cp, t, element_bytes)
+    last = shape.block(shape.gqa_width) * (backward.grad_element_bytes or element_bytes)
     return {F: 0.0, I: last, W: 0.0, B: last}
+
+
+def cp_layer_seconds(model: Any, kind: str, rank: int, attn: float, fwd: float, bandwidth: float) -> float:
+    """Seconds one layer's context-parallel exchange adds to a ``kind`` action of pipeline rank
+    ``rank`` of ``model`` (a :class:`~pipewright.cost.transformer.TransformerCost`): its
+    ``cp_comm`` implementation's exposed communication and memory-bound bytes
+    (:mod:`pipewright.cost.cp_impls`), given the kind's attention seconds ``attn`` per layer and the
+    forward's ``fwd``."""
+    comm = CPComm(
+        lambda n: model.comm.collective_time("all_gather", rank, n, group="cp"),
+        lambda n: model.comm.collective_time("reduce_scatter", rank, n, group="cp"),
+        model.cp,
+    )
+    impl = cp_impl(getattr(model, "cp_comm", DEFAULT_CP_COMM))
+    return impl.kind_pass(_shape(model), comm, kind, attn, fwd, model.recompute == "full").seconds(bandwidth)
+
+
+def _shape(model: Any) -> CPShape:
+    e, fused = model.activation_bytes_per_element, getattr(model, "kernels", "fused") != "eager"
+    return CPShape(model.spec, model.microbatch, model.cp, model.mesh.tp, e, fused)
+
+
+def cp_buffer_bytes(model: Any, kind: str) -> float:
+    """The K/V (and dK/dV) buffers one layer's ``kind`` pass holds while it runs on a rank of ``model``,
+    for the implementations priced pass by pass (PyTorch's gathered repeated K/V: c·E·e;
+    :attr:`~pipewright.cost.cp_impls.CPPass.buffer_bytes`); 0 at cp 1 and for the p2p rings, whose two
+    blocks in flight the memory model leaves out as before."""
+    impl = cp_impl(getattr(model, "cp_comm", DEFAULT_CP_COMM))
+    if model.cp <= 1 or not isinstance(impl, PassImpl):
+        return 0.0
+    free = CPComm(lambda n: 0.0, lambda n: 0.0, model.cp)
+    return impl.kind_pass(_shape(model), free, kind, 0.0, 0.0, model.recompute == "full").buffer_bytes

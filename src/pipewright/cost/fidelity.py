@@ -67,6 +67,11 @@ SOURCE_FRAMEWORK: Mapping[str, str] = {
     "bigscience-bloom-tr11": "deepspeed-megatron",
 }
 
+#: the context-parallel implementation of a source whose framework has no entry (``--cp-comm``,
+#: :mod:`pipewright.cost.cp_impls`): Llama 3's all-gather CP (§3.3.2); a framework's own default
+#: (torchtitan: PyTorch's allgather) comes with ``--framework``
+SOURCE_CP_COMM: Mapping[str, str] = {"llama3-herd-2024": "llama3-allgather"}
+
 #: rows used to fit the calibration defaults (the rest is held out): Megatron-LM Table 1 fits the A100
 #: parameters (hardware.py/transformer.py A100_EFFICIENCY); these eleven Hopper runs fit the Hopper
 #: ones (GEMM efficiency 0.66, layer overhead 0.25 ms, FP8 factor 0.75: hardware._HOPPER)
@@ -290,6 +295,8 @@ def simulate_argv(run: Run) -> list[str]:
     argv += ["--tp", str(tp), "--pp", str(pp), "--dp", str(dp)]
     if cp > 1:
         argv += ["--cp", str(cp)]
+        if run["source"] in SOURCE_CP_COMM:
+            argv += ["--cp-comm", SOURCE_CP_COMM[run["source"]]]
     argv += ["--schedule", schedule]
     if v > 1:
         argv += ["--virtual", str(v)]

@@ -7,7 +7,7 @@ marks "fit"). Another framework differs in two ways, kept apart here:
 - **What it runs** (``defaults``): inputs the cost model already has, set the way the framework sets them
   unless the user gives the flag: ``--kernels`` (eager PyTorch or ``torch.compile``'d blocks against
   fused Transformer Engine kernels), ``--attention-kernel``, ``--grad-dtype``, ``--fsdp-grad-sync``,
-  ``--stage-outputs``.
+  ``--stage-outputs``, ``--cp-comm`` (the context-parallel implementation, :mod:`pipewright.cost.cp_impls`).
   Each is stated by the framework's code or configs (the entry's ``summary`` says where).
 - **Its tensor-parallel overlap** (``tp_overlap``): the :mod:`pipewright.cost.tp_overlap` mode a bare
   ``--tp-comm-overlap`` names (:func:`tp_comm_overlap`): Megatron-Core's ``--tp-comm-overlap`` is
@@ -37,7 +37,7 @@ from pipewright.errors import ConfigError
 
 #: the command-line inputs a framework may set by default (argparse ``dest`` names; each defaults to
 #: None on ``simulate`` and ``plan``, so a flag the user gives always wins)
-DEFAULTABLE = ("kernels", "attention_kernel", "grad_dtype", "fsdp_grad_sync", "stage_outputs")
+DEFAULTABLE = ("kernels", "attention_kernel", "grad_dtype", "fsdp_grad_sync", "stage_outputs", "cp_comm")
 DEFAULT_FRAMEWORK = "megatron"
 
 
@@ -150,8 +150,10 @@ register(
         "compiled for torch.compile), FSDP2 with torch.distributed.pipelining (gradients reduced once "
         "per step: backward_maybe_with_nosync; each stage output kept in output_chunks until the step "
         "ends, a receive buffer per microbatch); its tensor-parallel overlap is PyTorch's asynchronous TP "
-        "(parallelism.enable_async_tensor_parallel, the Inductor micro-pipeline pass)",
-        {"kernels": "eager", "fsdp_grad_sync": "step", "stage_outputs": "step"},
+        "(parallelism.enable_async_tensor_parallel, the Inductor micro-pipeline pass); context parallelism "
+        "through PyTorch's context_parallel with its allgather rotate method "
+        "(experimental.context_parallel_rotate_method's default)",
+        {"kernels": "eager", "fsdp_grad_sync": "step", "stage_outputs": "step", "cp_comm": "torch-allgather"},
         compute=0.7702,
         overhead=1.954e-3,
         fitted_on=(

@@ -20,7 +20,7 @@ per-layer terms are :mod:`pipewright.cost.layer`'s (GEMM shapes, attention, stor
   square; eager attention's batched GEMMs run at the GEMM efficiency) +
   the memory-bound kernels' bytes / memory bandwidth + tensor-parallel communication (what
   ``tp_comm_overlap`` leaves exposed, :mod:`pipewright.cost.tp_overlap`) + the context-parallel
-  ring exchange beyond the attention it overlaps (:mod:`pipewright.cost.context`) + FSDP's gathers
+  exchange its implementation leaves exposed (:mod:`pipewright.cost.context`, ``cp_comm``) + FSDP's gathers
   beyond the compute they overlap (:mod:`pipewright.cost.sharding`). W carries GEMMs only.
 - Memory-bound kernels (norms, activations, dropout, softmax, rotary, residual adds): the forward moves
   κ (:attr:`Efficiency.memory_traffic`) × the bytes a forward without recomputation stores; I moves
@@ -71,7 +71,7 @@ from pipewright.cost.chunk_memory import (
     transient_bytes,
 )
 from pipewright.cost.comm import Mesh, TopologyComm
-from pipewright.cost.context import ring_bytes_per_layer
+from pipewright.cost.context import cp_buffer_bytes, cp_layer_seconds, ring_bytes_per_layer
 from pipewright.cost.efficiency import A100_EFFICIENCY, Efficiency, default_efficiency
 from pipewright.cost.flop_count import logit_forward_flops, megatron_flops_per_iteration, megatron_parameters
 from pipewright.cost.gemm import wave_efficiency
@@ -164,8 +164,9 @@ class TransformerCost:
     topology, :func:`default_topology` of ``gpu``. ``extra_times``: seconds of extension compute kinds
     (e.g. K-FAC tasks), 0 when absent. ``attention``: ``eager`` (the class default; the attention
     scores are stored) or ``flash`` (fused attention; ``pipewright simulate``'s default).
-    ``recompute``: none, selective or full. ``cp``: context-parallel size (ring attention; the mesh's
-    cp when it has one). ``optimizer_sharding``: none, zero1 or fsdp. ``stage_outputs``: freed
+    ``recompute``: none, selective or full. ``cp``: context-parallel size (the mesh's cp when it has
+    one); ``cp_comm``: how its attention exchanges K/V (:mod:`pipewright.cost.cp_impls`).
+    ``optimizer_sharding``: none, zero1 or fsdp. ``stage_outputs``: freed
     (Megatron's deallocation, the default) or kept until the backward (torch.distributed.pipelining;
     :mod:`pipewright.cost.chunk_memory`). ``tp_comm_overlap``: how tensor-parallel communication
     hides behind the GEMMs (:mod:`pipewright.cost.tp_overlap`; True: ``te``). ``calibration``:
@@ -202,6 +203,7 @@ class TransformerCost:
     kernels: str = "fused"
     fsdp_grad_sync: str = "microbatch"
     stage_outputs: str = "freed"
+    cp_comm: str = "transformer-engine"  # a cost.cp_impls implementation (--cp-comm)
     comm: TopologyComm = field(init=False, repr=False, compare=False)
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -232,7 +234,7 @@ class TransformerCost:
             object.__setattr__(self, "cp", mesh.cp)
         from pipewright.cost.context import check_context_parallel
 
-        check_context_parallel(self.spec, self.cp)
+        check_context_parallel(self.spec, self.cp, self.cp_comm)
         topology = self.topology or default_topology(self.gpu, mesh.size)
         object.__setattr__(self, "topology", topology)
         if self.efficiency is None:
@@ -385,9 +387,8 @@ class TransformerCost:
         tp = tp_overlap.tp_exposed_time(self, chunk, kind, rank, gemm)
         ring = 0.0
         if self.cp > 1 and chunk.layers:
-            gathered = ring_gathered_bytes(chunk.ring_bytes[kind], self.cp)
-            per_layer = self.comm.collective_time("all_gather", rank, gathered, group="cp")
-            ring = chunk.layers * exposed(per_layer, attn / chunk.layers)
+            fwd = chunk.attention[F] / (acc.peak(self.act_dtype) * rate) / chunk.layers
+            ring = chunk.layers * cp_layer_seconds(self, kind, rank, attn / chunk.layers, fwd, bandwidth)
         fsdp = 0.0
         if self.regathers and kind != W:
             fsdp = exposed(self._fsdp_comm(chunk, kind, rank), gemm + attn)
@@ -445,8 +446,10 @@ class TransformerCost:
         return self._chunk(action.stage, schedule).memory[action.kind]
 
     def transient_bytes(self, action: Action, schedule: Schedule) -> float:
-        """Bytes a recomputing backward holds while it runs (:func:`chunk_memory.transient_bytes`)."""
-        return transient_bytes(self, action, schedule)
+        """Bytes a recomputing backward holds while it runs (:func:`chunk_memory.transient_bytes`) + a
+        layer's context-parallel K/V buffers (:func:`~pipewright.cost.context.cp_buffer_bytes`)."""
+        cp = cp_buffer_bytes(self, action.kind) if self._chunk(action.stage, schedule).layers else 0.0
+        return transient_bytes(self, action, schedule) + cp
 
     def layer_transient(self) -> float:
         """One layer's recomputation transient per microbatch and device (chunk_memory)."""

@@ -16,7 +16,7 @@ Schema (JSON)::
      "tp_comm_overlap": "te",   # the --tp-comm-overlap mode priced (none, te, async-tp; older: a boolean)
      "framework": "megatron", "grad_dtype": "fp32", "kernels": "fused",   # how the framework runs
      "fsdp_grad_sync": "microbatch", "stage_outputs": "freed",   # (simulate's flags; older plans:
-     "attention_kernel": null,                                   # these defaults; null: the GPU's usual)
+     "attention_kernel": null, "cp_comm": "transformer-engine",  # these defaults; null: the GPU's usual)
      "microbatch_group": 16,                        # interleaved only, where --microbatch-group was given
      "layout": "Et*12|t*12|…|t*12L",                                 # models/layout.py's string
      "predicted": {"iteration_time_s": …, "peak_memory_bytes": …},
@@ -33,6 +33,7 @@ from typing import Any
 
 from pipewright.cost.attention_kernels import KERNEL_NAMES
 from pipewright.cost.chunk_memory import STAGE_OUTPUTS
+from pipewright.cost.cp_impls import names as cp_comm_names
 from pipewright.cost.kernels import KERNELS
 from pipewright.cost.sharding import GRAD_DTYPE_BYTES, GRAD_SYNC
 from pipewright.cost.tp_overlap import modes as tp_overlap_modes
@@ -59,6 +60,7 @@ FRAMEWORK_INPUTS: dict[str, tuple[tuple[str, ...] | None, str | None]] = {
     "fsdp_grad_sync": (GRAD_SYNC, "microbatch"),
     "stage_outputs": (STAGE_OUTPUTS, "freed"),
     "attention_kernel": (KERNEL_NAMES, None),
+    "cp_comm": (cp_comm_names(), "transformer-engine"),
 }
 
 
