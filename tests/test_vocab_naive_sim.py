@@ -168,3 +168,22 @@ def test_simulate_cli_naive(capsys):
         apply_to_simulation("naive", base, UnitCost(), FreeComm())
     with pytest.raises(ScheduleError, match="alg1, alg2 or naive"):
         insert_vocab(base, "naive3")
+
+
+@pytest.mark.parametrize("option", ["naive", "redistribute"])
+def test_vocab_methods_keep_every_input_of_the_users_cost_model(option):
+    """--vocab-parallel changes the vocabulary's placement only: the model's cost class and inputs such
+    as --stage-outputs, --kernels, --grad-dtype or --cp-comm stay what the user chose."""
+    from pipewright.cost.llama import LlamaCost
+    from pipewright.mesh import Mesh
+    from pipewright.models.presets import resolve_model
+
+    spec = resolve_model("llama3-8b")
+    cost = LlamaCost(
+        spec, mesh=Mesh(pp=4), gpu="h100-sxm", stage_outputs="kept", kernels="eager", grad_dtype="bf16"
+    )
+    _, new, _comm = apply_to_simulation(option, build_schedule("1f1b", 4, 8), cost, cost.comm)
+    inner = new if option == "redistribute" else new.inner
+    assert type(inner) is LlamaCost
+    assert (inner.stage_outputs, inner.kernels, inner.grad_dtype) == ("kept", "eager", "bf16")
+    assert inner.spec.vocab == (spec.vocab if option == "redistribute" else 0)

@@ -73,11 +73,13 @@ def apply_to_simulation(option: str, schedule: Schedule, cost, comm, *, unit: bo
         efficiency=cost.efficiency,
         attention=cost.attention,
     )
+    # the chosen costs keep every input of the user's cost model (its class, framework, sharding,
+    # context parallelism, partial recomputation, ...): only the layout or the vocabulary changes
     if option == "redistribute":
         layout = redistribute_layout(spec, schedule, pp=mesh.pp, tp=mesh.tp, **_kw(common))
-        new = TransformerCost(spec, layout=layout, **common)
+        new = replace(cost, layout=layout)
         return schedule, new, new.comm
-    inner = TransformerCost(replace(spec, vocab=0), **common)
+    inner = replace(cost, spec=replace(spec, vocab=0))
     vcost = VocabCost(spec, inner, option)
     sched = insert_vocab(schedule, option, placement_costs(vcost, schedule))
     return sched, vcost, VocabComm(vcost)
