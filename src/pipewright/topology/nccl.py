@@ -27,7 +27,9 @@ With n ranks on N hosts (p = n/N per host):
   with one GPU per host), times n/steps. A multi-host Simple all-reduce has its α × 1.4 (1.9 before
   Ampere), NCCL's "plateau effect of ring".
 - **broadcast** (and reduce): a ring of n steps, each one hop of the host's or the network's class
-  (the Simple protocol's hop uses the tree's Simple latency), full bandwidth B.
+  (the Simple protocol's hop uses the tree's Simple latency), full bandwidth B. This is NCCL's branch
+  for rings whose channels differ; where its topology search keeps every channel the same (its first
+  try) NCCL charges one hop, which understates a chain through n ranks.
 - **tree** (all-reduce only): α = base + 2·((⌊p⌋ − 1)·intra + ⌊log₂N⌋·net); bandwidth B·0.92 (LL
   ×1/3.8, LL128 ×7/9 on one host, ×120/128 across) times 1/2, times NCCL's tree correction for
   messages under 512 MiB (a table by log₂ of bytes/64).
