@@ -33,10 +33,14 @@ class TopologyComm:
     placed by ``mesh.device_index``.
 
     ``p2p_time`` prices a message by the topology's best path. ``collective_time(kind, rank, nbytes)``
-    runs over rank r's data-parallel group (REDUCE_GRAD = ring all-reduce over dp; see
-    :meth:`Topology.collective_time`). ``bandwidth_efficiency`` is the fraction of link bandwidth the
-    communication library reaches (NCCL's bus bandwidth is ≈ 80 % of NVLink/InfiniBand peak); latencies
-    are not scaled.
+    runs over rank r's data-parallel group (REDUCE_GRAD = an all-reduce over dp) by the topology's
+    collective model (:meth:`Topology.collective_time`: NCCL's model on GPU clusters, the α–β ring/tree
+    on gloo). A sharded optimizer's reduce-scatter plus all-gather arrives here as one all-reduce of
+    the same ring volume (:func:`pipewright.cost.sharding.reduction_bytes`), so under NCCL's model it
+    pays one all-reduce's latency (2N network steps, the multi-host plateau) where the two calls pay
+    2(N − 1) and no plateau. ``bandwidth_efficiency`` is the fraction of link bandwidth the
+    communication library reaches (NCCL's bus bandwidth is ≈ 80 % of NVLink/InfiniBand peak);
+    latencies are not scaled.
     """
 
     topology: Topology

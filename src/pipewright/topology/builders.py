@@ -1,5 +1,7 @@
 """Topology builders: a cluster of NVSwitch machines on one fabric, a ring, this machine over loopback,
-a leaf/spine fabric, and machines of mixed GPU kinds."""
+a leaf/spine fabric, and machines of mixed GPU kinds. The GPU clusters (:func:`cluster`,
+:func:`two_tier`, :func:`heterogeneous`) price collectives by NCCL's model (``collectives="nccl"``);
+:func:`ring` and :func:`single_host` by the α–β ring/tree."""
 
 from __future__ import annotations
 
@@ -16,6 +18,12 @@ def _link_edge(a: str, b: str, kind: str, via_switch: bool = True, count: int = 
     device → switch → device costs the catalogue latency once."""
     spec = link(kind)
     return Edge(a, b, spec.name, spec.bandwidth * count, spec.latency / 2 if via_switch else spec.latency)
+
+
+def _library(gpu: str) -> str:
+    """The collective model of a cluster of ``gpu``: NCCL's for GPUs, the α–β ring/tree for CPU
+    processes (gloo)."""
+    return "alpha-beta" if gpu == "cpu" else "nccl"
 
 
 def _intra_kind(gpu: str, intra: str) -> str:
@@ -91,7 +99,7 @@ def cluster(
             out_nodes, edges, f"node{i}", gpus_per_node, gpu, intra, inter, fabric,
             nics_per_node or gpus_per_node,
         )  # fmt: skip
-    return Topology(out_nodes, edges, f"{nodes}x{gpus_per_node}-{gpu}")
+    return Topology(out_nodes, edges, f"{nodes}x{gpus_per_node}-{gpu}", _library(gpu))
 
 
 def ring(n: int, gpu: str = "a100-80gb", kind: str = "nvlink3", host: str | None = "host0") -> Topology:
@@ -141,7 +149,7 @@ def two_tier(
             _add_host(
                 nodes, edges, host, gpus_per_node, gpu, intra, inter, leaf, nics_per_node or gpus_per_node
             )
-    return Topology(nodes, edges, f"two-tier-{leaves}x{nodes_per_leaf}x{gpus_per_node}-{gpu}")
+    return Topology(nodes, edges, f"two-tier-{leaves}x{nodes_per_leaf}x{gpus_per_node}-{gpu}", _library(gpu))
 
 
 def heterogeneous(
@@ -160,4 +168,5 @@ def heterogeneous(
             _add_host(nodes, edges, f"node{index}", gpus, gpu, intra, inter, "fabric", nics_per_node or gpus)
             index += 1
     kinds = "+".join(f"{c}x{g}-{k}" for c, g, k in groups)
-    return Topology(nodes, edges, f"hetero-{kinds}")
+    library = "nccl" if all(_library(g) == "nccl" for _, _, g in groups) else "alpha-beta"
+    return Topology(nodes, edges, f"hetero-{kinds}", library)

@@ -4,25 +4,40 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
 from pipewright.errors import PipewrightError
 from pipewright.hardware import Accelerator, accelerator
-from pipewright.topology import routes, schema
+from pipewright.topology import nccl, routes, schema
 from pipewright.topology.elements import Edge, Node
 from pipewright.topology.routes import PathInfo
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+#: GPU kinds older than Ampere (NCCL's ring plateau factor is 1.9 there, 1.4 from Ampere on)
+PRE_AMPERE = frozenset({"v100"})
 
 
 class Topology:
     """A device graph. Devices are addressed by name or by index in :attr:`devices` (the rank order)."""
 
-    def __init__(self, nodes: Iterable[Node], edges: Iterable[Edge], name: str = "topology") -> None:
+    def __init__(
+        self,
+        nodes: Iterable[Node],
+        edges: Iterable[Edge],
+        name: str = "topology",
+        collectives: str = "alpha-beta",
+    ) -> None:
         self.name = name
+        if collectives not in COLLECTIVE_MODELS:
+            known = ", ".join(COLLECTIVE_MODELS)
+            raise PipewrightError(
+                f"topology {name}: collectives must be one of {known} (got {collectives!r})"
+            )
+        #: how collectives are priced: a name in :data:`COLLECTIVE_MODELS`
+        self.collectives = collectives
         self.nodes: dict[str, Node] = {}
         for n in nodes:
             if n.name in self.nodes:
@@ -48,6 +63,7 @@ class Topology:
         self._rings: dict[tuple[str, ...], tuple[float, float]] = {}
         self._boundary: dict[str, float] | None = None
         self._offhost: dict[str, float] = {}
+        self._nvlink = frozenset(u for e in self.edges if e.kind.startswith("nvlink") for u in (e.a, e.b))
 
     # -- lookup -----------------------------------------------------------------------------------
     def device(self, d: str | int) -> str:
@@ -161,12 +177,19 @@ class Topology:
         return bandwidth, alpha
 
     def collective_time(self, kind: str, group: Sequence[str | int], nbytes: float) -> float:
-        """Time of collective ``kind`` over ``group``, ``nbytes`` per device (formulas: module docstring)."""
-        n = len(group)
+        """Time of collective ``kind`` over ``group``, ``nbytes`` per device, by the topology's
+        collective model (:data:`COLLECTIVE_MODELS`; formulas in the :mod:`pipewright.topology`
+        docstring and :mod:`pipewright.topology.nccl`)."""
         if kind not in COLLECTIVES:
             raise PipewrightError(f"unknown collective {kind!r}; choose one of: {', '.join(COLLECTIVES)}")
-        if n <= 1 or nbytes <= 0:
+        if len(group) <= 1 or nbytes <= 0:
             return 0.0
+        return COLLECTIVE_MODELS[self.collectives](self, kind, group, nbytes)
+
+    def _alpha_beta(self, kind: str, group: Sequence[str | int], nbytes: float) -> float:
+        """Ring (bandwidth-optimal) or binary tree (latency-optimal), whichever is faster, with the ring's
+        bus bandwidth B and per-step latency α (the module docstring's table)."""
+        n = len(group)
         bw, alpha = self.ring_bandwidth(group)
         steps = math.ceil(math.log2(n))
         if kind == "all_reduce":
@@ -176,16 +199,39 @@ class Topology:
             return min(nbytes / bw + (n - 1) * alpha, steps * (alpha + nbytes / bw))
         return (n - 1) / n * nbytes / bw + (n - 1) * alpha
 
+    def nccl_group(self, group: Sequence[str | int]) -> nccl.Group:
+        """What NCCL's model sees of ``group``: ranks, hosts, the class of a step inside a host
+        ("nvlink" when every device sharing a host with another has an NVLink link, else "pci"; "pci"
+        with one device per host, as NCCL), the ring's bus bandwidth, LL128 (one GPU kind, and NVLink
+        inside hosts or one device per host) and Ampere or newer."""
+        names = [self.device(d) for d in group]
+        hosts: dict[str, int] = {}
+        for d in names:
+            hosts[self._home(d)] = hosts.get(self._home(d), 0) + 1
+        shared = [d for d in names if hosts[self._home(d)] > 1]
+        intra = "nvlink" if shared and all(d in self._nvlink for d in shared) else "pci"
+        kinds = {self.nodes[d].accelerator for d in names}
+        ll128 = len(kinds) == 1 and (intra == "nvlink" or not shared)
+        return nccl.Group(
+            len(names), len(hosts), intra, self.ring_bandwidth(names)[0], ll128, not kinds & PRE_AMPERE
+        )
+
+    def _nccl(self, kind: str, group: Sequence[str | int], nbytes: float) -> float:
+        return nccl.collective_time(kind, nbytes, self.nccl_group(group))
+
     # -- JSON ----------------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
-        return schema.to_json(self.name, self.nodes.values(), self.edges)
+        return schema.to_json(self.name, self.nodes.values(), self.edges) | {"collectives": self.collectives}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Topology:
         """Parse the schema in the :mod:`pipewright.topology` docstring; one-line PipewrightError on bad
         input."""
         nodes, edges, name = schema.parse(data)
-        return cls(nodes, edges, name)
+        collectives = data.get("collectives", "alpha-beta")
+        if not isinstance(collectives, str):
+            raise PipewrightError('topology "collectives" must be a string: "alpha-beta" or "nccl"')
+        return cls(nodes, edges, name, collectives)
 
     def save(self, path: str | Path) -> None:
         schema.save(self.to_json(), path)
@@ -202,3 +248,12 @@ class Topology:
     def __repr__(self) -> str:
         sizes = f"{len(self.devices)} devices, {len(self.nodes)} nodes, {len(self.edges)} links"
         return f"Topology({self.name!r}, {sizes})"
+
+
+#: collective models by name: ``alpha-beta`` (ring or binary tree over the topology's bus bandwidth and
+#: path latencies; gloo and any hand-written graph) and ``nccl`` (NCCL 2.18's algorithm and protocol
+#: model, :mod:`pipewright.topology.nccl`; the default of the GPU cluster builders)
+COLLECTIVE_MODELS: dict[str, Callable[[Topology, str, Sequence[str | int], float], float]] = {
+    "alpha-beta": Topology._alpha_beta,
+    "nccl": Topology._nccl,
+}
