@@ -226,3 +226,13 @@ def test_train_plan_refuses_what_the_runtime_does_not_run(grouped_plan, tmp_path
     if key == "microbatch_group":  # N = p is the runtime's own order
         (tmp_path / "p.json").write_text(json.dumps({**data, key: 2}))
         assert train_overrides(str(tmp_path / "p.json"))["pp"] == 2
+
+
+def test_plan_keeps_to_the_recomputation_modes_it_is_given():
+    """``--recompute full`` alone offers the planner full recomputation only: the per-stage refinement
+    never lightens a stage to a mode the user did not list, though none would be faster and fit."""
+    argv = ["plan", *MODEL, *PLAN[2:], "--schedules", "1f1b", "--optimizer-sharding", "none"]
+    data = cli_json([*argv, "--recompute", "full"])
+    assert set(data.get("recompute_per_stage") or [data["recompute"]]) == {"full"}
+    offered = cli_json([*argv, "--recompute", "none,full"])
+    assert "none" in (offered.get("recompute_per_stage") or [offered["recompute"]])

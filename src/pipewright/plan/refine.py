@@ -92,13 +92,13 @@ def refine(prob: Problem, ev: Evaluated, budget: int | None = None) -> Evaluated
 def per_stage_recompute(prob: Problem, ev: Evaluated) -> Evaluated:
     """Recomputation as a per-stage decision: the schedule keeps fewer microbatches in flight on later
     ranks (1F1B: p − r on rank r), so they may afford less recomputation than rank 0. From the last
-    rank to the first, each rank's chunks try every lighter mode (none, then selective, then op where
-    ``--recompute`` has it: :data:`~pipewright.plan.options.RECOMPUTE_ORDER`); a change is
+    rank to the first, each rank's chunks try every lighter mode that ``--recompute`` offers (none,
+    then selective, then op: :data:`~pipewright.plan.options.RECOMPUTE_ORDER`); a change is
     kept when the simulated plan still fits and is faster. At most 2p simulations (p ≤ 16), fewer on
     large meshes (``_MESH_PRICINGS``)."""
     c = ev.candidate
-    # op (torchtitan's policy) only where asked for: Megatron-LM has no such mode
-    order = tuple(m for m in RECOMPUTE_ORDER if m != "op" or "op" in prob.recompute)
+    # only the modes the user offered (--recompute full alone keeps every stage at full)
+    order = tuple(m for m in RECOMPUTE_ORDER if m in prob.recompute)
     if c.recompute == "none" or c.pp == 1 or c.pp > 16:
         return ev
     n = len(ev.chunk_layers)
