@@ -204,8 +204,10 @@ def framework_of(run: Run) -> str:
 def mispriced_mechanism(run: Run) -> str:
     """Why a run's time is known to be mispriced by a mechanism no input describes ("" when none):
     torchtitan's asynchronous TP (priced per collective as the micro-pipeline pass fuses it, a reading
-    of the pass's code no measurement checks; docs/fidelity.md), and ring attention at cp ≥ 4, whose
-    load balancing the sources do not state. Such rows are never fit rows."""
+    of the pass's code no measurement checks; docs/fidelity.md), and context parallelism at cp ≥ 4, where
+    the torchtitan rows stay 48–77 % above what PyTorch's ``context_parallel`` code executes
+    (``--cp-comm torch-allgather``; its head-tail split is balanced) for a reason no source states. Such
+    rows are never fit rows."""
     async_tp = frameworks.framework(framework_of(run)).tp_overlap == "async-tp"
     if async_tp and run["tp_comm_overlap"] == "true" and run.int("tp", 1) > 1:
         return "asynchronous TP"
