@@ -8,11 +8,13 @@ import pickle
 
 import pytest
 
+from pipewright.cost.llama import cost_class
 from pipewright.cost.megatron import reduce_dp
 from pipewright.cost.sharding import Reduction, like, reduction_bytes, reduction_calls, reduction_parts
 from pipewright.cost.transformer import TransformerCost
 from pipewright.ir import REDUCE_GRAD, Action
 from pipewright.mesh import Mesh
+from pipewright.models.presets import resolve_model
 from pipewright.models.spec import ModelSpec
 from pipewright.passes.grad_reduce import with_grad_reduction
 from pipewright.schedules.registry import build_schedule
@@ -100,3 +102,22 @@ def test_overlapped_gather_leaves_the_reduce_scatter(topology):
     )
     all_reduce = plain.comm.collective_time("all_reduce", 0, params * 4.0)
     assert reduce_dp(plain, plain.comm, sched, 0) == pytest.approx(all_reduce, rel=1e-12)
+
+
+def test_expert_gradients_split_the_same_calls_over_their_group():
+    """Mixture of experts with ep 2 and ZeRO-1: each call (reduce-scatter of the fp32 buffer, all-gather
+    of the parameters) runs the dense share over dp and the routed experts' over their expert-dp group."""
+    spec = resolve_model("mixtral-8x7b")
+    mesh = Mesh(tp=2, pp=2, dp=8, ep=2)
+    cost = cost_class(spec)(
+        spec, gpu="h100-sxm", mesh=mesh, topology=cluster(4, 8, "h100-sxm"), attention="flash",
+        optimizer_sharding="zero1", grad_bytes=reduction_bytes("zero1", "fp32"),
+    )  # fmt: skip
+    sched = with_grad_reduction(build_schedule("1f1b", 2, 8), "after")
+    nbytes, comm = cost.message_bytes(Action(0, REDUCE_GRAD), sched), cost.comm
+    params, expert = float(nbytes) / 3.0, nbytes.expert / 3.0  # 3 all-reduce bytes per parameter
+    want = 0.0
+    for kind, per_param in (("reduce_scatter", 4.0), ("all_gather", 2.0)):
+        want += comm.collective_time(kind, 0, (params - expert) * per_param)
+        want += comm.expert_time(kind, 0, expert * per_param)
+    assert comm.collective_time("all_reduce", 0, nbytes) == pytest.approx(want, rel=1e-12)
