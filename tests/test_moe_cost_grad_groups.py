@@ -9,6 +9,7 @@ import pytest
 from pipewright.cost.llama import cost_class
 from pipewright.cost.moe import MoE, _expert_parameters
 from pipewright.cost.moe_cost import ExpertComm, GradBytes
+from pipewright.cost.sharding import reduce_dtype_bytes
 from pipewright.ir import REDUCE_GRAD, Action
 from pipewright.mesh import Mesh
 from pipewright.models.presets import resolve_model
@@ -94,8 +95,9 @@ def test_fsdp_without_pipelining_moves_the_expert_weights_over_their_group():
     gather = comm.collective_time("all_gather", 0, dense * 2.0) + comm.expert_time(
         "all_gather", 0, expert * 2.0
     )
-    scatter = comm.collective_time("reduce_scatter", 0, dense * cost.grad_bytes) + comm.expert_time(
-        "reduce_scatter", 0, expert * cost.grad_bytes
+    reduced = reduce_dtype_bytes(cost.grad_dtype, cost.dtype)  # the gradient buffer's dtype, as dense FSDP
+    scatter = comm.collective_time("reduce_scatter", 0, dense * reduced) + comm.expert_time(
+        "reduce_scatter", 0, expert * reduced
     )
     assert cost._fsdp_comm(chunk, "F", 0) == pytest.approx(gather, rel=1e-12)
     assert cost._fsdp_comm(chunk, "B", 0) == pytest.approx(gather + scatter, rel=1e-12)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pipewright.cost.sharding import reduction_time
 from pipewright.errors import ConfigError
 from pipewright.mesh import Mesh
 from pipewright.topology import Topology
@@ -35,10 +36,9 @@ class TopologyComm:
     ``p2p_time`` prices a message by the topology's best path. ``collective_time(kind, rank, nbytes)``
     runs over rank r's data-parallel group (REDUCE_GRAD = an all-reduce over dp) by the topology's
     collective model (:meth:`Topology.collective_time`: NCCL's model on GPU clusters, the α–β ring/tree
-    on gloo). A sharded optimizer's reduce-scatter plus all-gather arrives here as one all-reduce of
-    the same ring volume (:func:`pipewright.cost.sharding.reduction_bytes`), so under NCCL's model it
-    pays one all-reduce's latency (2N network steps, the multi-host plateau) where the two calls pay
-    2(N − 1) and no plateau. ``bandwidth_efficiency`` is the fraction of link bandwidth the
+    on gloo). An all-reduce whose bytes are a :class:`~pipewright.cost.sharding.Reduction` (a sharded
+    optimizer's REDUCE_GRAD) runs its calls one after the other, each priced as its own collective (a
+    reduce-scatter, then an all-gather). ``bandwidth_efficiency`` is the fraction of link bandwidth the
     communication library reaches (NCCL's bus bandwidth is ≈ 80 % of NVLink/InfiniBand peak);
     latencies are not scaled.
     """
@@ -77,6 +77,8 @@ class TopologyComm:
         """Collective ``kind`` over rank's dp or tp group, or over the devices of pipeline ranks
         ``members`` (groups that span the pipeline); a barrier costs one all-reduce of 1 byte."""
         members = tuple(members)
+        if getattr(nbytes, "calls", ()):
+            return reduction_time(kind, nbytes, lambda k, b: self.collective_time(k, rank, b, group, members))
         key = (kind, rank, nbytes, group, members)
         hit = self._memo.get(key)
         if hit is None:

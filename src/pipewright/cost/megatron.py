@@ -16,6 +16,7 @@ from importlib import resources
 from pathlib import Path
 
 from pipewright.cost.base import CommModel, CostModel
+from pipewright.cost.sharding import reduction_parts
 from pipewright.errors import PipewrightError
 from pipewright.ir import REDUCE_GRAD, Action, B, F, Schedule
 from pipewright.models.presets import MEGATRON_SEQ, MEGATRON_VOCAB
@@ -101,11 +102,14 @@ def load_table1(path: str | Path) -> tuple[Table1Row, ...]:
 def closed_form_iteration_time(schedule: Schedule, cost: CostModel, comm: CommModel) -> float:
     """Megatron's iteration time, stage costs taken from ``cost`` and ``comm``:
 
-    T = m · max_r T_r + (p − 1)/v · mean_r T_r + max_r Σ_{c on r} allreduce_dp(grads of c),
+    T = m · max_r T_r + (p − 1)/v · mean_r T_r + max_r Σ_{c on r} reduce_dp(grads of c),
 
     T_r = Σ over rank r's chunks of (F + B + a forward and a backward message to the next/previous
     rank). For equal stages the first two terms are (m + (p − 1)/v)·(t_F + t_B) (the 1F1B/interleaved
-    bubble); gradients are all-reduced after the pipeline drains (not overlapped)."""
+    bubble); gradients are reduced after the pipeline drains (not overlapped). reduce_dp is the
+    REDUCE_GRAD's collectives over the data-parallel group, one after the other: an all-reduce, or with
+    the distributed optimizer a reduce-scatter of the gradient buffer and an all-gather of the
+    parameters (:func:`pipewright.cost.sharding.reduction_calls`), each priced as its own call."""
     p, v, m, n = schedule.num_ranks, schedule.chunks_per_rank, schedule.num_microbatches, schedule.num_stages
     per_rank = []
     for r in range(p):
@@ -120,11 +124,14 @@ def closed_form_iteration_time(schedule: Schedule, cost: CostModel, comm: CommMo
                 total += comm.p2p_time(r, dst, nbytes) + comm.p2p_time(dst, r, nbytes)
         per_rank.append(total)
     pipeline = m * max(per_rank) + (p - 1) / v * sum(per_rank) / p
-    reduce = max(
-        sum(
-            comm.collective_time("all_reduce", r, cost.message_bytes(Action(c, REDUCE_GRAD), schedule))
-            for c in schedule.stages_of(r)
-        )
-        for r in range(p)
-    )
+    reduce = max(sum(reduce_dp(cost, comm, schedule, c) for c in schedule.stages_of(r)) for r in range(p))
     return pipeline + reduce
+
+
+def reduce_dp(cost: CostModel, comm: CommModel, schedule: Schedule, stage: int) -> float:
+    """Seconds of stage ``stage``'s data-parallel gradient reduction: Σ over its calls
+    (:func:`~pipewright.cost.sharding.reduction_parts`: an all-reduce, or a sharded optimizer's
+    reduce-scatter and all-gather) of each call's collective time over the rank's dp group."""
+    nbytes = cost.message_bytes(Action(stage, REDUCE_GRAD), schedule)
+    rank = schedule.rank_of(stage)
+    return sum(comm.collective_time(k, rank, b) for k, b in reduction_parts("all_reduce", nbytes))

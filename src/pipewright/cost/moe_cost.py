@@ -50,7 +50,13 @@ from pipewright.cost.chunk_memory import layer_stored_bytes, stored_memory_bytes
 from pipewright.cost.comm import TopologyComm
 from pipewright.cost.layer import mlp_gemms, mlp_matrices
 from pipewright.cost.moe import MoE, _expert_parameters, expert_gemms, moe_stored_units
-from pipewright.cost.sharding import StateBytes, pipelined_fsdp_state, state_bytes
+from pipewright.cost.sharding import (
+    Reduction,
+    StateBytes,
+    pipelined_fsdp_state,
+    reduce_dtype_bytes,
+    state_bytes,
+)
 from pipewright.cost.transformer import DTYPE_BYTES, TransformerCost, _Chunk
 from pipewright.errors import ConfigError
 from pipewright.ir import REDUCE_GRAD, Action, B, F, I, Schedule, W
@@ -78,17 +84,25 @@ def check_expert_parallel(spec: ModelSpec, ep: int, dp: int) -> None:
         raise ConfigError(f"--ep {ep} must divide --dp {dp} (expert parallelism is carved from dp)")
 
 
-class GradBytes(float):
+class GradBytes(Reduction):
     """The bytes one REDUCE_GRAD reduces per device: a float (their total, what any reader of
     ``message_bytes`` sees) of which ``expert`` are routed-expert gradients, which
-    :class:`ExpertComm` reduces over the expert-data-parallel group instead of dp × cp."""
+    :class:`ExpertComm` reduces over the expert-data-parallel group instead of dp × cp; ``calls`` the
+    collectives of a sharded optimizer's reduction (:class:`~pipewright.cost.sharding.Reduction`)."""
 
     expert: float
 
-    def __new__(cls, total: float, expert: float) -> GradBytes:
-        out = super().__new__(cls, total)
+    def __new__(cls, total: float, expert: float, calls: tuple = ()) -> GradBytes:
+        out = super().__new__(cls, total, calls)
         out.expert = expert
         return out
+
+    def __reduce__(self):
+        return (GradBytes, (float(self), self.expert, self.calls))
+
+    def part(self, factor: float) -> GradBytes:
+        """One call's bytes, its expert share kept apart."""
+        return GradBytes(float(self) * factor, self.expert * factor)
 
 
 @dataclass(frozen=True, eq=False)
@@ -102,7 +116,7 @@ class ExpertComm(TopologyComm):
         self, kind: str, rank: int, nbytes: float, group: str = "dp", members: tuple[int, ...] = ()
     ) -> float:
         expert = getattr(nbytes, "expert", 0.0)
-        if group != "dp" or not expert:
+        if group != "dp" or not expert or nbytes.calls:  # a sharded reduction: call by call
             return super().collective_time(kind, rank, nbytes, group, members)
         dense = super().collective_time(kind, rank, float(nbytes) - expert, "dp")
         return dense + self.expert_time(kind, rank, expert)
@@ -286,8 +300,9 @@ class MoECost(TransformerCost):
         time += comm.expert_time("all_gather", rank, expert * 2.0)
         if kind == F:
             return time
-        time += comm.collective_time("reduce_scatter", rank, dense * self.grad_bytes, group="dp")
-        return time + comm.expert_time("reduce_scatter", rank, expert * self.grad_bytes)
+        reduced = reduce_dtype_bytes(self.grad_dtype, self.dtype)
+        time += comm.collective_time("reduce_scatter", rank, dense * reduced, group="dp")
+        return time + comm.expert_time("reduce_scatter", rank, expert * reduced)
 
     def routed_params(self) -> float:
         """Routed-expert parameters per device in one MoE layer: E/e experts, each split over t."""
@@ -326,7 +341,8 @@ class MoECost(TransformerCost):
         nbytes = super().message_bytes(action, schedule)
         if action.kind != REDUCE_GRAD or self.mesh.ep == 1 or not nbytes:
             return nbytes
-        return GradBytes(nbytes, self.grad_reductions(action.stage, schedule)["expert_dp"])
+        calls = getattr(nbytes, "calls", ())
+        return GradBytes(nbytes, self.grad_reductions(action.stage, schedule)["expert_dp"], calls)
 
     def grad_reductions(self, stage: int, schedule: Schedule) -> dict[str, float]:
         """Bytes per device stage ``stage``'s gradient reduction sends, by group: ``dp`` (the dp × cp

@@ -11,8 +11,8 @@ of a stage (Rajbhandari et al. 2020):
 
 - ``none``: every replica holds all 18 bytes; the gradients are all-reduced (REDUCE_GRAD).
 - ``zero1`` (Megatron's distributed optimizer, ZeRO-1/2): the optimizer state is sharded, 2 + 4 + 12/d
-  bytes; the gradients are reduce-scattered and the updated weights all-gathered — the ring time of one
-  all-reduce, so REDUCE_GRAD keeps its size.
+  bytes; the gradients are reduce-scattered and the updated weights all-gathered: REDUCE_GRAD is those
+  two collectives, priced one after the other (:func:`reduction_calls`).
 - ``fsdp`` (ZeRO-3): weights, gradients and optimizer state sharded, 18/d bytes, plus the gathered
   16-bit weights of the layers in flight (two layers: the one computing and the one prefetched). Each
   layer's weights are all-gathered before its forward and again before its backward, and its gradients
@@ -33,10 +33,19 @@ and in the parameter dtype without; fp16 runs keep Megatron's default (False: th
 reduced). The distributed optimizer reduce-scatters the buffer in its dtype and all-gathers the
 parameters in theirs (2 bytes); FSDP2 reduce-scatters in its ``reduce_dtype`` (fp32 in torchtitan's
 ``mixed_precision_reduce``) and all-gathers the 16-bit weights.
+
+A REDUCE_GRAD's bytes are a :class:`Reduction`: a float, the bytes of the one ring all-reduce that
+takes as long at full bandwidth (what :func:`reduction_bytes` returned before the calls were priced
+apart, and what readers of ``message_bytes`` still see), which carries the collectives it is made of.
+The communication model prices each call as its own collective (:func:`reduction_time`): under NCCL's
+model a reduce-scatter and an all-gather each pay a call's base latency and n − 1 ring steps (N − 1 of
+them across hosts, no tree algorithm, no multi-host plateau factor), where one all-reduce of the same
+volume would pay 2(n − 1) steps (2N across hosts), the plateau and the choice of a tree.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pipewright.errors import ConfigError
@@ -106,22 +115,86 @@ def reduce_dtype_bytes(grad_dtype: str, dtype: str = "bf16") -> float:
     return WEIGHT_BYTES if dtype == "fp16" else GRAD_DTYPE_BYTES[grad_dtype]
 
 
-def reduction_bytes(
+#: a call of the data-parallel reduction: (collective kind, bytes per parameter or per byte)
+Call = tuple[str, float]
+#: bytes a call moves per rank, in units of a ring all-reduce's 2(d − 1)/d: reduce-scatter and
+#: all-gather each move (d − 1)/d of their bytes
+_RING_SHARE = {"all_reduce": 1.0, "reduce_scatter": 0.5, "all_gather": 0.5}
+
+
+def reduction_calls(
     mode: str, grad_dtype: str, dtype: str = "bf16", gather_overlapped: bool = False
-) -> float:
-    """Bytes per parameter of one ring all-reduce that takes as long as the step's data-parallel
-    gradient traffic: R = :func:`reduce_dtype_bytes` for a plain all-reduce (``none``); a
-    reduce-scatter of R plus an all-gather of the 2-byte parameters, (R + 2)/2, for ``zero1`` and
-    ``fsdp`` (each moves (d − 1)/d of its bytes per rank, an all-reduce 2(d − 1)/d). With
-    ``gather_overlapped`` (Megatron-Core's ``overlap_param_gather``, which goes with
-    ``--overlap-grad-reduce``: the distributed optimizer's parameter all-gather runs bucket by bucket
-    under the next iteration's forward, distributed_data_parallel.py's forward pre-hooks) ``zero1``
-    prices the reduce-scatter alone, R/2."""
+) -> tuple[Call, ...]:
+    """The collectives of the step's data-parallel gradient traffic, each with its bytes per parameter:
+    an all-reduce of R = :func:`reduce_dtype_bytes` (``none``); a reduce-scatter of R then an all-gather
+    of the 2-byte parameters (``zero1``, ``fsdp``). With ``gather_overlapped`` (Megatron-Core's
+    ``overlap_param_gather``, which goes with ``--overlap-grad-reduce``: the distributed optimizer's
+    parameter all-gather runs bucket by bucket under the next iteration's forward,
+    distributed_data_parallel.py's forward pre-hooks) ``zero1`` keeps the reduce-scatter alone."""
     check_sharding(mode, grad_dtype)
     r = reduce_dtype_bytes(grad_dtype, dtype)
     if mode == "none":
-        return r
-    return r / 2 if mode == "zero1" and gather_overlapped else (r + WEIGHT_BYTES) / 2
+        return (("all_reduce", r),)
+    if mode == "zero1" and gather_overlapped:
+        return (("reduce_scatter", r),)
+    return (("reduce_scatter", r), ("all_gather", WEIGHT_BYTES))
+
+
+class Reduction(float):
+    """Bytes of a data-parallel reduction (module docstring): the float is the ring all-reduce that
+    takes as long at full bandwidth; ``calls`` the collectives it is made of, each as (kind, its bytes
+    per byte of the float)."""
+
+    calls: tuple[Call, ...]
+
+    def __new__(cls, value: float, calls: tuple[Call, ...] = ()) -> Reduction:
+        out = super().__new__(cls, value)
+        out.calls = tuple(calls)
+        return out
+
+    def __reduce__(self):
+        return (Reduction, (float(self), self.calls))
+
+    @classmethod
+    def of(cls, calls: tuple[Call, ...]) -> Reduction:
+        """Bytes per parameter of ``calls`` (kind, bytes per parameter): Σ bytes × the kind's ring share."""
+        value = sum(b * _RING_SHARE[k] for k, b in calls)
+        return cls(value, tuple((k, b / value) for k, b in calls))
+
+    def part(self, factor: float) -> float:
+        """The bytes of a call that moves ``factor`` bytes per byte of this reduction."""
+        return float(self) * factor
+
+
+def like(nbytes: float, reduction: float) -> float:
+    """``nbytes`` made of the calls of ``reduction`` (a plain float where it has none)."""
+    calls = getattr(reduction, "calls", ())
+    return Reduction(float(nbytes), calls) if calls else float(nbytes)
+
+
+def reduction_parts(kind: str, nbytes: float) -> tuple[tuple[str, float], ...]:
+    """The (kind, bytes) collectives a ``kind`` of ``nbytes`` runs: a :class:`Reduction`'s calls for an
+    all-reduce that carries them, else the one collective."""
+    calls = getattr(nbytes, "calls", ())
+    if kind != "all_reduce" or not calls:
+        return ((kind, nbytes),)
+    return tuple((k, nbytes.part(f)) for k, f in calls)
+
+
+def reduction_time(kind: str, nbytes: float, time: Callable[[str, float], float]) -> float:
+    """Seconds of collective ``kind`` of ``nbytes``: Σ ``time(kind, bytes)`` over
+    :func:`reduction_parts` (the calls one after the other)."""
+    return sum(time(k, b) for k, b in reduction_parts(kind, nbytes))
+
+
+def reduction_bytes(
+    mode: str, grad_dtype: str, dtype: str = "bf16", gather_overlapped: bool = False
+) -> Reduction:
+    """Bytes per parameter of the step's data-parallel gradient traffic, as a :class:`Reduction` of
+    :func:`reduction_calls`: R for a plain all-reduce (``none``); (R + 2)/2 for the reduce-scatter of R
+    and the all-gather of the 2-byte parameters (``zero1``, ``fsdp``: each moves (d − 1)/d of its bytes
+    per rank, an all-reduce 2(d − 1)/d); R/2 for ``zero1`` with ``gather_overlapped``."""
+    return Reduction.of(reduction_calls(mode, grad_dtype, dtype, gather_overlapped))
 
 
 def exposed(comm: float, compute: float) -> float:

@@ -57,7 +57,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from pipewright.cost import tp_overlap
+from pipewright.cost import sharding, tp_overlap
 from pipewright.cost.attention_kernels import kernel_efficiency
 from pipewright.cost.calibration import Calibration
 from pipewright.cost.chunk_memory import (
@@ -437,7 +437,9 @@ class TransformerCost:
         if action.kind == REDUCE_GRAD:
             if self.regathers:
                 return 0.0  # reduce-scattered per layer in the backward
-            return self._chunk(action.stage, schedule).params * self.grad_bytes
+            return sharding.like(
+                self._chunk(action.stage, schedule).params * self.grad_bytes, self.grad_bytes
+            )
         return 0.0
 
     def activation_bytes(self, action: Action, schedule: Schedule) -> float:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from pipewright.cost.sharding import like, reduction_time
 from pipewright.plan.costs import parts
 from pipewright.plan.mapping import DeviceMap
 from pipewright.plan.problem import Candidate, Problem
@@ -67,6 +68,8 @@ class _Context:
         sig = self.signature(group)
 
         def f(nbytes: float) -> float:
+            if getattr(nbytes, "calls", ()):  # a sharded reduction: its calls, as TopologyComm
+                return reduction_time(op, nbytes, lambda k, b: self.all_reduce(group, k)(b))
             key = (op, sig, nbytes)
             hit = self.ar_cache.get(key)
             if hit is None:
@@ -111,6 +114,7 @@ def messages(prob: Problem, c: Candidate):
         total = (n - dense_layers) * pc.layer.params + pc.embed.params + last * pc.head.params
         total += dense_layers * pc.dense.params if dense_layers else 0.0
         expert = (n - dense_layers) * pc.expert_params if c.ep > 1 else 0.0
-        return (total - expert) * pc.grad_bytes, expert * pc.grad_bytes
+        g = pc.grad_bytes
+        return like((total - expert) * g, g), like(expert * g, g)
 
     return (lambda ctx, a, z: ctx.p2p(a, z, pc.boundary_bytes)), grads

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
+from pipewright.cost.sharding import like
 from pipewright.errors import ConfigError, PipewrightError
 from pipewright.hardware import accelerator
 from pipewright.plan import grouping
@@ -230,7 +231,7 @@ def estimate(ctx: _Context, c: Candidate, dmap: DeviceMap | None = None, layers=
         def reduce(n: int, embedding: bool = True) -> float:
             dense, expert = grad_bytes(n, p == 1)
             if not embedding:
-                dense -= grad_bytes(0, False)[0]
+                dense = like(dense - grad_bytes(0, False)[0], dense)
             return dense_ar(dense) + (expert_ar(expert) if expert else 0.0)
 
         if v == 1:
