@@ -1,0 +1,104 @@
+"""A schedule's order compiled once per shape, then priced for many stage costs in a few array operations.
+
+The model is :func:`pipewright.schedules.estimate.order_makespan`'s (list scheduling in max-plus
+algebra, Qi et al. 2024 §3.1): each rank runs its actions in order; an action starts when its rank is
+free and the action it needs has ended, plus the transfer time ``comm`` when that action ran on
+another rank:
+
+    start(a) = max(end(previous action of a's rank), end(dep(a)) + comm·[dep(a) on another rank])
+    end(a)   = start(a) + d(a)
+
+with dep(F(s, k)) = F(s − 1, k), dep(I(s, k)) = dep(B(s, k)) = I(s + 1, k) (B standing for its I), on
+the last stage F(s, k); W and every other kind wait only for their rank, and d(a) is the stage's F, I, W
+or I + W (B) seconds, other kinds 0. The makespan is the largest end.
+
+Compiling walks the order once (per (schedule, p, m, v, group); :func:`~pipewright.schedules.estimate.walk`,
+the reference's own walk), records each action's two
+predecessors and groups the actions by depth — one more than the deeper of its predecessors — so
+that each depth's actions depend only on shallower ones. Pricing a cost vector is then one vectorised
+step per depth (about 3m + 2p steps for a zero-bubble order), instead of one Python step per action:
+the planner prices hundreds of orders of up to 40,000 actions in one plan (Llama 3 405B on 16,384
+GPUs). :func:`order_makespan` stays the reference: the two agree exactly (``tests/test_plan_estimate.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from pipewright.ir import Action, B, F, I, W
+from pipewright.schedules.estimate import walk
+
+#: Row of each kind in the cost table :func:`priced` builds (other kinds: the zero row).
+_ROW = {F: 0, I: 1, W: 2, B: 3}
+_OTHER = 4
+
+
+@dataclass(frozen=True)
+class CompiledOrder:
+    """An order as arrays: each action's cost row (kind) and stage, and per depth the actions
+    (``index``), their rank predecessors (``prev``), dependencies (``dep``) and whether the dependency
+    crossed ranks (``hop``, 0 or 1). Index ``size`` is a sentinel that ends at 0. ``feasible``: False
+    when the orders cannot run to completion (an action waits for one that never runs first).
+    ``last_backward[s]``: stage s's last B or W action (``size`` where it has none)."""
+
+    kind: np.ndarray
+    stage: np.ndarray
+    depths: tuple[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray], ...]
+    size: int
+    feasible: bool
+    last_backward: np.ndarray  # per stage, its last B or W (what its gradient reduction waits for)
+
+
+def compile_order(rows: Sequence[Sequence[Action]], placement: Sequence[int]) -> CompiledOrder:
+    """Walk ``rows`` (per-rank orders, stage s on rank ``placement[s]``) once, as the list scheduler
+    does, and group the actions by depth (module docstring)."""
+    n = sum(len(row) for row in rows)
+    index_of: dict[tuple[int, str, int | None], int] = {}
+    kind, stage = np.full(n, _OTHER, np.int64), np.zeros(n, np.int64)
+    prev, dep, hop = np.full(n, n, np.int64), np.full(n, n, np.int64), np.zeros(n)
+    depth = [0] * (n + 1)
+    last_backward = np.full(len(placement), n, np.int64)
+    tail, count = [n] * len(rows), 0
+    for k, (r, a, need) in enumerate(walk(rows, placement)):
+        d = n if need is None else index_of[need]
+        hop[k] = float(need is not None and placement[need[0]] != r)
+        kind[k], stage[k] = _ROW.get(a.kind, _OTHER), a.stage
+        prev[k], dep[k] = tail[r], d
+        depth[k] = 1 + max(depth[tail[r]], depth[d])
+        index_of[(a.stage, I if a.kind == B else a.kind, a.microbatch)] = k
+        if a.kind in (B, W):
+            last_backward[a.stage] = k
+        tail[r], count = k, k + 1
+    feasible = count == n
+    order = np.array(depth[:count], np.int64)
+    by_depth = np.argsort(order, kind="stable")
+    bounds = np.flatnonzero(np.diff(order[by_depth])) + 1
+    groups = tuple((idx, prev[idx], dep[idx], hop[idx]) for idx in np.split(by_depth, bounds) if len(idx))
+    return CompiledOrder(kind, stage, groups, n, feasible, last_backward)
+
+
+def priced(
+    order: CompiledOrder,
+    f: Sequence[float],
+    i: Sequence[float],
+    w: Sequence[float],
+    comm: float = 0.0,
+    b: Sequence[float] | None = None,
+) -> tuple[float, np.ndarray]:
+    """(makespan, each stage's last backward's end) of ``order`` with stage s's F, I and W seconds
+    ``f[s]``, ``i[s]``, ``w[s]``, B ``b[s]`` (default I + W) and ``comm`` per transfer between ranks;
+    ``math.inf`` everywhere when the order cannot run to completion."""
+    if not order.feasible:
+        return float("inf"), np.full(len(order.last_backward), np.inf)
+    fa, ia, wa = (np.asarray(x, float) for x in (f, i, w))
+    ba = ia + wa if b is None else np.asarray(b, float)
+    table = np.stack([fa, ia, wa, ba, np.zeros_like(fa)])
+    duration = table[order.kind, order.stage]
+    end = np.zeros(order.size + 1)
+    for idx, prev, dep, hop in order.depths:
+        ready = end[dep] + hop * comm if comm else end[dep]
+        end[idx] = np.maximum(end[prev], ready) + duration[idx]
+    return float(end.max()), end[order.last_backward]
