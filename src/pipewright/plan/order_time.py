@@ -57,27 +57,34 @@ def compile_order(rows: Sequence[Sequence[Action]], placement: Sequence[int]) ->
     does, and group the actions by depth (module docstring)."""
     n = sum(len(row) for row in rows)
     index_of: dict[tuple[int, str, int | None], int] = {}
-    kind, stage = np.full(n, _OTHER, np.int64), np.zeros(n, np.int64)
-    prev, dep, hop = np.full(n, n, np.int64), np.full(n, n, np.int64), np.zeros(n)
+    kind: list[int] = []
+    stage: list[int] = []
+    prev: list[int] = []
+    dep: list[int] = []
+    hop: list[bool] = []
     depth = [0] * (n + 1)
-    last_backward = np.full(len(placement), n, np.int64)
-    tail, count = [n] * len(rows), 0
+    last_backward = [n] * len(placement)
+    tail = [n] * len(rows)
     for k, (r, a, need) in enumerate(walk(rows, placement)):
         d = n if need is None else index_of[need]
-        hop[k] = float(need is not None and placement[need[0]] != r)
-        kind[k], stage[k] = _ROW.get(a.kind, _OTHER), a.stage
-        prev[k], dep[k] = tail[r], d
+        kind.append(_ROW.get(a.kind, _OTHER))
+        stage.append(a.stage)
+        prev.append(tail[r])
+        dep.append(d)
+        hop.append(need is not None and placement[need[0]] != r)
         depth[k] = 1 + max(depth[tail[r]], depth[d])
         index_of[(a.stage, I if a.kind == B else a.kind, a.microbatch)] = k
         if a.kind in (B, W):
             last_backward[a.stage] = k
-        tail[r], count = k, k + 1
-    feasible = count == n
-    order = np.array(depth[:count], np.int64)
+        tail[r] = k
+    feasible = len(kind) == n
+    prev_a, dep_a, hop_a = np.array(prev, np.int64), np.array(dep, np.int64), np.array(hop, float)
+    order = np.array(depth[: len(kind)], np.int64)
     by_depth = np.argsort(order, kind="stable")
     bounds = np.flatnonzero(np.diff(order[by_depth])) + 1
-    groups = tuple((idx, prev[idx], dep[idx], hop[idx]) for idx in np.split(by_depth, bounds) if len(idx))
-    return CompiledOrder(kind, stage, groups, n, feasible, last_backward)
+    groups = tuple((x, prev_a[x], dep_a[x], hop_a[x]) for x in np.split(by_depth, bounds) if len(x))
+    kinds, stages = np.array(kind, np.int64), np.array(stage, np.int64)
+    return CompiledOrder(kinds, stages, groups, n, feasible, np.array(last_backward, np.int64))
 
 
 def priced(
