@@ -12,8 +12,7 @@ with dep(F(s, k)) = F(s − 1, k), dep(I(s, k)) = dep(B(s, k)) = I(s + 1, k) (B 
 the last stage F(s, k); W and every other kind wait only for their rank, and d(a) is the stage's F, I, W
 or I + W (B) seconds, other kinds 0. The makespan is the largest end.
 
-Compiling walks the order once (per (schedule, p, m, v, group); :func:`~pipewright.schedules.estimate.walk`,
-the reference's own walk), records each action's two
+Compiling walks the order once (per (schedule, p, m, v, group)), records each action's two
 predecessors and groups the actions by depth — one more than the deeper of its predecessors — so
 that each depth's actions depend only on shallower ones. Pricing a cost vector is then one vectorised
 step per depth (about 3m + 2p steps for a zero-bubble order), instead of one Python step per action:
@@ -29,7 +28,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from pipewright.ir import Action, B, F, I, W
-from pipewright.schedules.estimate import walk
 
 #: Row of each kind in the cost table :func:`priced` builds (other kinds: the zero row).
 _ROW = {F: 0, I: 1, W: 2, B: 3}
@@ -52,11 +50,22 @@ class CompiledOrder:
     last_backward: np.ndarray  # per stage, its last B or W (what its gradient reduction waits for)
 
 
+def _waits_for(a: Action, last: int) -> tuple[int, str, int | None] | None:
+    """The (stage, kind, microbatch) action ``a`` waits for on another stage (module docstring)."""
+    if a.kind == F:
+        return None if a.stage == 0 else (a.stage - 1, F, a.microbatch)
+    if a.kind not in (I, B):
+        return None
+    return (a.stage + 1, I, a.microbatch) if a.stage < last else (a.stage, F, a.microbatch)
+
+
 def compile_order(rows: Sequence[Sequence[Action]], placement: Sequence[int]) -> CompiledOrder:
-    """Walk ``rows`` (per-rank orders, stage s on rank ``placement[s]``) once, as the list scheduler
-    does, and group the actions by depth (module docstring)."""
-    n = sum(len(row) for row in rows)
+    """Walk ``rows`` (per-rank orders, stage s on rank ``placement[s]``) once — each rank runs ahead
+    until an action waits for one not yet walked, and resumes when that one is — and group the
+    actions by depth (module docstring)."""
+    n, last = sum(len(row) for row in rows), len(placement) - 1
     index_of: dict[tuple[int, str, int | None], int] = {}
+    asleep: dict[tuple[int, str, int | None], list[int]] = {}  # ranks blocked, by what they wait for
     kind: list[int] = []
     stage: list[int] = []
     prev: list[int] = []
@@ -64,19 +73,32 @@ def compile_order(rows: Sequence[Sequence[Action]], placement: Sequence[int]) ->
     hop: list[bool] = []
     depth = [0] * (n + 1)
     last_backward = [n] * len(placement)
-    tail = [n] * len(rows)
-    for k, (r, a, need) in enumerate(walk(rows, placement)):
-        d = n if need is None else index_of[need]
-        kind.append(_ROW.get(a.kind, _OTHER))
-        stage.append(a.stage)
-        prev.append(tail[r])
-        dep.append(d)
-        hop.append(need is not None and placement[need[0]] != r)
-        depth[k] = 1 + max(depth[tail[r]], depth[d])
-        index_of[(a.stage, I if a.kind == B else a.kind, a.microbatch)] = k
-        if a.kind in (B, W):
-            last_backward[a.stage] = k
-        tail[r] = k
+    tail, pos = [n] * len(rows), [0] * len(rows)
+    awake = list(range(len(rows)))
+    while awake:
+        r = awake.pop()
+        row = rows[r]
+        while pos[r] < len(row):
+            a = row[pos[r]]
+            need = _waits_for(a, last)
+            d = n if need is None else index_of.get(need)
+            if d is None:
+                asleep.setdefault(need, []).append(r)  # type: ignore[arg-type]
+                break
+            k = len(kind)
+            kind.append(_ROW.get(a.kind, _OTHER))
+            stage.append(a.stage)
+            prev.append(tail[r])
+            dep.append(d)
+            hop.append(need is not None and placement[need[0]] != r)
+            depth[k] = 1 + max(depth[tail[r]], depth[d])
+            key = (a.stage, I if a.kind == B else a.kind, a.microbatch)
+            index_of[key] = k
+            if a.kind in (B, W):
+                last_backward[a.stage] = k
+            tail[r] = k
+            pos[r] += 1
+            awake.extend(asleep.pop(key, ()))
     feasible = len(kind) == n
     prev_a, dep_a, hop_a = np.array(prev, np.int64), np.array(dep, np.int64), np.array(hop, float)
     order = np.array(depth[: len(kind)], np.int64)

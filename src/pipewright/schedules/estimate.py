@@ -13,7 +13,7 @@ the reference, and for the zero-bubble orders with constant transfer times the t
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 from pipewright.ir import Action, B, F, I, W
 from pipewright.schedules.registry import ScheduleCosts
@@ -33,14 +33,15 @@ def order_span(rows: Sequence[Sequence[Action]], placement: Sequence[int], costs
     return order_times(rows, placement, costs)[1]
 
 
-def walk(
-    rows: Sequence[Sequence[Action]], placement: Sequence[int]
-) -> Iterator[tuple[int, Action, tuple[int, str, int | None] | None]]:
-    """Every action of ``rows`` in an order the list scheduler may run them: (rank, action, the
-    (stage, kind, microbatch) it waits for on another stage or None), each after what it waits for
-    (B stands for its I: its key's kind is I). Stops early when the orders cannot run to completion."""
+def order_times(
+    rows: Sequence[Sequence[Action]], placement: Sequence[int], costs: ScheduleCosts
+) -> tuple[float, float]:
+    """:func:`order_makespan` and :func:`order_span` from one pass over the orders."""
     last = len(placement) - 1
-    done: set[tuple[int, str, int | None]] = set()
+    price = {F: costs.f, I: costs.i, W: costs.w}
+    end: dict[tuple[int, str, int], float] = {}
+    clock = [0.0] * len(rows)
+    first = [math.inf] * len(rows)
     pos = [0] * len(rows)
     progress = True
     while progress:
@@ -49,42 +50,30 @@ def walk(
             while pos[r] < len(row):
                 a = row[pos[r]]
                 kind, stage = a.kind, a.stage
+                # the action on another stage that a waits for (None: only its rank's order)
                 if kind == F:
                     key = (stage - 1, F, a.microbatch) if stage > 0 else None
                 elif kind in (I, B):
                     key = (stage, F, a.microbatch) if stage == last else (stage + 1, I, a.microbatch)
                 else:
                     key = None
-                if key is not None and key not in done:
-                    break
-                done.add((stage, I if kind == B else kind, a.microbatch))
+                start = clock[r]
+                if key is not None:
+                    done = end.get(key)
+                    if done is None:
+                        break
+                    hop = costs.comm if placement[key[0]] != r else 0.0
+                    start = max(start, done + hop)
+                if kind == B:
+                    t = costs.i[stage] + costs.w[stage]
+                else:
+                    t = price[kind][stage] if kind in price else 0.0
+                first[r] = min(first[r], start)
+                clock[r] = start + t
+                end[(stage, I if kind == B else kind, a.microbatch)] = clock[r]
                 pos[r] += 1
                 progress = True
-                yield r, a, key
-
-
-def order_times(
-    rows: Sequence[Sequence[Action]], placement: Sequence[int], costs: ScheduleCosts
-) -> tuple[float, float]:
-    """:func:`order_makespan` and :func:`order_span` from one pass over the orders."""
-    backward = tuple(i + w for i, w in zip(costs.i, costs.w, strict=True))
-    price = {F: costs.f, I: costs.i, W: costs.w, B: backward}
-    end: dict[tuple[int, str, int | None], float] = {}
-    clock = [0.0] * len(rows)
-    first = [math.inf] * len(rows)
-    count = 0
-    for r, a, key in walk(rows, placement):
-        kind, stage = a.kind, a.stage
-        start = clock[r]
-        if key is not None:
-            hop = costs.comm if placement[key[0]] != r else 0.0
-            start = max(start, end[key] + hop)
-        t = price[kind][stage] if kind in price else 0.0
-        first[r] = min(first[r], start)
-        clock[r] = start + t
-        end[(stage, I if kind == B else kind, a.microbatch)] = clock[r]
-        count += 1
-    if count < sum(len(row) for row in rows):
+    if any(p < len(row) for p, row in zip(pos, rows, strict=True)):
         return math.inf, math.inf
     spans = [c - f for c, f in zip(clock, first, strict=True) if f < math.inf]
     return max(clock, default=0.0), max(spans, default=0.0)
