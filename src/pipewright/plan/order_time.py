@@ -77,28 +77,30 @@ def compile_order(rows: Sequence[Sequence[Action]], placement: Sequence[int]) ->
     awake = list(range(len(rows)))
     while awake:
         r = awake.pop()
-        row = rows[r]
-        while pos[r] < len(row):
-            a = row[pos[r]]
-            need = _waits_for(a, last)
+        row, at, back = rows[r], pos[r], tail[r]
+        while at < len(row):
+            a = row[at]
+            st, kd, mb = a.stage, a.kind, a.microbatch
+            need = _waits_for(a, last) if kd != W else None
             d = n if need is None else index_of.get(need)
             if d is None:
                 asleep.setdefault(need, []).append(r)  # type: ignore[arg-type]
                 break
             k = len(kind)
-            kind.append(_ROW.get(a.kind, _OTHER))
-            stage.append(a.stage)
-            prev.append(tail[r])
+            kind.append(_ROW.get(kd, _OTHER))
+            stage.append(st)
+            prev.append(back)
             dep.append(d)
-            hop.append(need is not None and placement[need[0]] != r)
-            depth[k] = 1 + max(depth[tail[r]], depth[d])
-            key = (a.stage, I if a.kind == B else a.kind, a.microbatch)
+            hop.append(d != n and placement[need[0]] != r)  # type: ignore[index]
+            depth[k] = 1 + max(depth[back], depth[d])
+            key = (st, I if kd == B else kd, mb)
             index_of[key] = k
-            if a.kind in (B, W):
-                last_backward[a.stage] = k
-            tail[r] = k
-            pos[r] += 1
-            awake.extend(asleep.pop(key, ()))
+            if kd in (B, W):
+                last_backward[st] = k
+            back, at = k, at + 1
+            if key in asleep:
+                awake.extend(asleep.pop(key))
+        pos[r], tail[r] = at, back
     feasible = len(kind) == n
     prev_a, dep_a, hop_a = np.array(prev, np.int64), np.array(dep, np.int64), np.array(hop, float)
     order = np.array(depth[: len(kind)], np.int64)
