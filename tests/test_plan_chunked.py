@@ -9,7 +9,7 @@ import pytest
 from pipewright.cost.base import FreeComm
 from pipewright.ir import B, F
 from pipewright.models.presets import resolve_model
-from pipewright.plan.chunked import chunked_time, end_chunks_in_flight, exposed_reduction
+from pipewright.plan.chunked import chunked_time, end_chunks_in_flight
 from pipewright.plan.mapping import device_order
 from pipewright.plan.problem import Candidate, Problem
 from pipewright.plan.search import _Context, estimate
@@ -59,13 +59,6 @@ def test_the_ends_of_the_model_are_held_as_the_order_holds_them():
     assert end_chunks_in_flight("1f1b", 4, 8, 1) == (4, 1)  # 1F1B: the first rank's p, the last rank's 1
     assert end_chunks_in_flight("zb-h1", 4, 8, 1) == (4, 1)
     assert end_chunks_in_flight("interleaved-1f1b", 4, 8, 2) == (8, 1)  # every chunk-0 forward first
-
-
-def test_only_the_tail_of_the_first_ranks_reductions_is_exposed():
-    assert exposed_reduction(4, [1.0], [3.0]) == 3.0  # one chunk: all of it
-    # chunk 1 ends 4 backwards of chunk 0 (4 s) before the end: its 3 s are hidden, chunk 0's are not
-    assert exposed_reduction(4, [1.0, 1.0], [3.0, 3.0]) == 3.0
-    assert exposed_reduction(4, [1.0, 1.0], [3.0, 6.0]) == 5.0  # chunk 1's runs 2 s into chunk 0's
 
 
 def test_estimate_matches_the_simulation_with_unequal_chunks_and_context_parallelism():

@@ -57,8 +57,9 @@ def _closest_group(ctx: _Context, size: int):
 def lower_bound(ctx: _Context, c: Candidate) -> float:
     """A bound no estimate of ``c`` goes under: with W the work of all layers, the embedding and the
     head on the fastest device kind with free communication, Σ_r t_r ≥ W and t_max ≥ W/p, so the
-    estimate (module docstring) is at least W/p·(m − 1 + p/v) for φ = 1 and W/p·(m − 1 + 1/v) for
-    zero-bubble schedules (φ ≥ 0); interleaved 1F1B's order (:mod:`pipewright.plan.chunked`) takes
+    estimate is at least W/p·(m − 1 + p) for one chunk per rank without W passes (1F1B) and
+    W/p·(m − 1 + 1/v) for zero-bubble and V-shaped orders (ZB-V, DualPipeV: their bubble can be
+    under (p − 1)/v); interleaved 1F1B's order (:mod:`pipewright.plan.chunked`) takes
     at least W/p·(m + (p − 1)/v), what it takes with equal chunks (Narayanan et al. 2021)."""
     cost = bound_cost(ctx, c)
     weights = cost.layer_weights(ctx.problem.spec)
@@ -67,7 +68,9 @@ def lower_bound(ctx: _Context, c: Candidate) -> float:
     p, m, v = c.pp, c.microbatches, c.virtual
     if v > 1 and grouping.grouped(c.schedule):  # Megatron's interleaved order
         return work / p * (m + (p - 1) / v)
-    tail = 1 / v if c.schedule.startswith("zb") else p / v
+    # one chunk per rank without W passes (1F1B, GPipe): a microbatch's pass through every rank;
+    # otherwise (zero-bubble, V shapes) no more than a rank's own work, m·W/p, is certain
+    tail = p if v == 1 and not c.schedule.startswith("zb") else 1 / v
     return work / p * (m - 1 + tail)
 
 

@@ -37,7 +37,7 @@ from pipewright.cost.transformer import (
     ring_gathered_bytes,
 )
 from pipewright.hardware import Accelerator
-from pipewright.ir import B, F
+from pipewright.ir import B, F, I, W
 from pipewright.models.spec import ModelSpec
 from pipewright.plan.options import CostOptions
 from pipewright.topology import single_host
@@ -60,30 +60,45 @@ def gemm_seconds(gemms: Gemms, gpu: Accelerator, dtype: str, eff: Efficiency, ca
 
 
 @dataclass(frozen=True)
+class KindTerms:
+    """What one kind of pass (F, I, W or B) of a piece runs, per microbatch, per device."""
+
+    gemms: Gemms = ()
+    attention: float = 0.0  # attention-core FLOPs executed
+    traffic: float = 0.0  # memory-bound bytes moved
+    tp: tuple[float, ...] = ()  # tensor-parallel all-reduce sizes (bytes)
+    ring: float = 0.0  # bytes of the context-parallel KV exchange per layer
+    a2a: int = 0  # expert all-to-alls over the expert-parallel group
+
+
+#: The kinds a piece is priced for, in the order of :attr:`Part.kinds`.
+KINDS = (F, I, W, B)
+#: The kinds :func:`stage_cost` prices, in the order it reads them.
+KINDS_PRICED = (F, B, I, W)
+
+
+@dataclass(frozen=True)
 class Part:
     """One piece of a stage (a layer, the embedding or the head), per microbatch, per device."""
 
-    flops_f: float
-    flops_b: float
-    traffic_f: float
-    traffic_b: float
-    tp_f: tuple[float, ...]  # all-reduce sizes (bytes) in F
-    tp_b: tuple[float, ...]
+    kinds: tuple[KindTerms, ...]  # F, I, W, B (:data:`KINDS`)
     activation: float  # bytes F stores
     params: float  # parameters per device
-    gemms_f: Gemms = ()
-    gemms_b: Gemms = ()
-    attention_f: float = 0.0  # attention-core FLOPs executed
-    attention_b: float = 0.0
-    ring_f: float = 0.0  # bytes of the context-parallel KV exchange per layer
-    ring_b: float = 0.0
     layers: int = 0
     a2a_bytes: float = 0.0  # bytes one device sends in one expert all-to-all (MoECost.a2a_bytes)
-    a2a_f: int = 0  # all-to-alls in F over the expert-parallel group (dispatch + combine per MoE layer)
-    a2a_b: int = 0
     # (kind, gpu, dtype, efficiency) -> (GEMM, attention, rest) seconds: the terms that do not depend
     # on the tp/cp group, computed once per device kind (large meshes price thousands of groups)
     _local: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
+
+    @property
+    def a2a_f(self) -> int:
+        """Expert all-to-alls in one forward."""
+        return self.kinds[0].a2a
+
+    @property
+    def a2a_b(self) -> int:
+        """Expert all-to-alls in one backward (B)."""
+        return self.kinds[3].a2a
 
     def times(
         self,
@@ -94,29 +109,25 @@ class Part:
         ring: Callable[[float], float] | None = None,
         options: Pricing | None = None,
         a2a: Callable[[float], float] | None = None,
-    ) -> tuple[float, float]:
-        """(forward, backward) seconds on ``gpu`` with the tp group's ``all_reduce(bytes)``, the cp
-        group's ``ring(bytes)`` and the ep group's ``a2a(bytes)`` (all-gathers) times (module
-        docstring)."""
+        kinds: Sequence[str] = (F, B),
+    ) -> tuple[float, ...]:
+        """Seconds of each of ``kinds`` (default (forward, backward)) on ``gpu`` with the tp group's
+        ``all_reduce(bytes)``, the cp group's ``ring(bytes)`` and the ep group's ``a2a(bytes)``
+        (all-gathers) times (module docstring)."""
         o = options or Pricing()
-        return (
-            self._time(F, gpu, dtype, eff, all_reduce, ring, o, a2a),
-            self._time(B, gpu, dtype, eff, all_reduce, ring, o, a2a),
-        )
+        return tuple(self._time(k, gpu, dtype, eff, all_reduce, ring, o, a2a) for k in kinds)
 
     def _device_terms(self, kind, gpu, dtype, eff, o: Pricing) -> tuple[float, float, float]:
         """(GEMM, attention core, memory-bound traffic + layer overhead) seconds of ``kind`` on ``gpu``."""
         key = (kind, gpu.name, dtype, eff)
         hit = self._local.get(key)
         if hit is None:
-            fwd = kind == F
-            gemm = gemm_seconds(self.gemms_f if fwd else self.gemms_b, gpu, dtype, eff, o.calibration)
+            terms = self.kinds[KINDS.index(kind)]
+            gemm = gemm_seconds(terms.gemms, gpu, dtype, eff, o.calibration)
             act_dtype = "bf16" if dtype == "fp8" else dtype
-            attn = (self.attention_f if fwd else self.attention_b) / (
-                gpu.peak(act_dtype) * eff.attention_rate
-            )
+            attn = terms.attention / (gpu.peak(act_dtype) * eff.attention_rate)
             bandwidth = gpu.memory_bandwidth if o.calibration is None else o.calibration.memory_bandwidth
-            memory = (self.traffic_f if fwd else self.traffic_b) / bandwidth
+            memory = terms.traffic / bandwidth
             overhead = self.layers * eff.layer_overhead * _OVERHEAD[kind]
             hit = self._local[key] = (gemm, attn, memory + overhead)
         return hit
@@ -124,7 +135,7 @@ class Part:
     def _tp_exposed(self, kind, gpu, dtype, eff, all_reduce, o: Pricing, gemm: float) -> float:
         """Tensor-parallel seconds left exposed by ``o``'s --tp-comm-overlap mode, by the cost model's
         own rule (:mod:`pipewright.cost.tp_overlap`)."""
-        collectives = tuple(map(all_reduce, self.tp_f if kind == F else self.tp_b))
+        collectives = tuple(map(all_reduce, self.kinds[KINDS.index(kind)].tp))
         if o.tp_comm_overlap == "none":
             return sum(collectives)
 
@@ -142,16 +153,15 @@ class Part:
         return modes()[o.tp_comm_overlap].exposed_time(tp_pass)
 
     def _time(self, kind, gpu, dtype, eff, all_reduce, ring, o: Pricing, a2a=None) -> float:
-        fwd = kind == F
+        terms = self.kinds[KINDS.index(kind)]
         gemm, attn, rest = self._device_terms(kind, gpu, dtype, eff, o)
         tp = self._tp_exposed(kind, gpu, dtype, eff, all_reduce, o, gemm)
         exchange = 0.0
         if ring is not None and self.layers and o.cp > 1:
-            per_layer = ring(ring_gathered_bytes(self.ring_f if fwd else self.ring_b, o.cp))
+            per_layer = ring(ring_gathered_bytes(terms.ring, o.cp))
             exchange = self.layers * exposed(per_layer, attn / self.layers)
-        count = self.a2a_f if fwd else self.a2a_b
-        if a2a is not None and count:
-            exchange += count * a2a(self.a2a_bytes)  # blocking, as MoECost.kind_time adds them
+        if a2a is not None and terms.a2a:
+            exchange += terms.a2a * a2a(self.a2a_bytes)  # blocking, as MoECost.kind_time adds them
         return gemm + attn + rest + tp + exchange
 
 
@@ -211,28 +221,22 @@ def rank_state(pc: Parts, replicas: int, pp: int) -> float:
 
 def _part(chunk, t: int, a2a_bytes: float = 0.0, full: bool = False) -> Part:
     """The piece of one chunk table; ``a2a_bytes`` > 0: its MoE layers' all-to-alls over ep, 2 in the
-    forward and 2 in the backward (4 under full recomputation), as MoECost.a2a_time counts them."""
+    forward and 2 in the backward (4 under full recomputation), none in W, as MoECost.a2a_time counts
+    them."""
     moe = getattr(chunk, "moe_layers", 0) if a2a_bytes > 0 else 0
-    return Part(
-        chunk.flops[F],
-        chunk.flops[B],
-        chunk.traffic[F],
-        chunk.traffic[B],
-        tuple(chunk.tp_bytes[F]),
-        tuple(chunk.tp_bytes[B]),
-        chunk.memory[F],
-        chunk.params,
-        tuple(chunk.gemms.get(F, ())),
-        tuple(chunk.gemms.get(B, ())),
-        chunk.attention.get(F, 0.0),
-        chunk.attention.get(B, 0.0),
-        chunk.ring_bytes.get(F, 0.0),
-        chunk.ring_bytes.get(B, 0.0),
-        chunk.layers,
-        a2a_bytes,
-        2 * moe,
-        (4 if full else 2) * moe,
+    a2a = {F: 2 * moe, I: (4 if full else 2) * moe, W: 0, B: (4 if full else 2) * moe}
+    kinds = tuple(
+        KindTerms(
+            tuple(chunk.gemms.get(k, ())),
+            chunk.attention.get(k, 0.0),
+            chunk.traffic.get(k, 0.0),
+            tuple(chunk.tp_bytes.get(k, ())),
+            chunk.ring_bytes.get(k, 0.0),
+            a2a[k],
+        )
+        for k in KINDS
     )
+    return Part(kinds, chunk.memory[F], chunk.params, chunk.layers, a2a_bytes)
 
 
 #: The options of the classic cost model (eager attention, no cp, no sharding), the default.
@@ -333,10 +337,20 @@ class StageCost:
     head_act: float
     dense: float = 0.0  # F + B seconds of a first dense layer of a mixture of experts (0: none)
     transient: float = 0.0  # bytes a recomputing backward holds on top of the stored activations
+    # (I, W) seconds of the layer, the embedding and the head where an order runs the backward as
+    # its two passes (zero-bubble, V shapes); None: half of B each
+    layer_iw: tuple[float, float] | None = None
+    embed_iw: tuple[float, float] | None = None
+    head_iw: tuple[float, float] | None = None
 
     @property
     def layer(self) -> float:
         return self.layer_f + self.layer_b
+
+    def split(self) -> tuple[tuple[float, float], tuple[float, float], tuple[float, float]]:
+        """(I, W) seconds of the layer, the embedding and the head (half of B each where not priced)."""
+        backs = ((self.layer_iw, self.layer_b), (self.embed_iw, self.embed_b), (self.head_iw, self.head_b))
+        return tuple(iw if iw is not None else (b / 2, b / 2) for iw, b in backs)  # type: ignore[return-value]
 
     def layer_weights(self, spec: ModelSpec) -> list[float] | None:
         """Each layer's seconds in units of :attr:`layer` where they differ: a mixture of experts' first
@@ -375,9 +389,9 @@ def stage_cost(
     without ``ring`` or ``a2a`` that exchange is free. ``state``: (dense, routed expert) bytes per
     parameter (:meth:`Parts.state` for the candidate's dp and pp; default unsharded)."""
     args = (gpu, dtype, eff, all_reduce, ring, p.pricing, a2a)
-    lf, lb = p.layer.times(*args)
-    ef, eb = p.embed.times(*args)
-    hf, hb = p.head.times(*args)
+    lf, lb, li, lw = p.layer.times(*args, kinds=KINDS_PRICED)
+    ef, eb, ei, ew = p.embed.times(*args, kinds=KINDS_PRICED)
+    hf, hb, hi, hw = p.head.times(*args, kinds=KINDS_PRICED)
     dense = sum(p.dense.times(*args)) if p.dense is not None else 0.0
     bpp, expert_bpp = state or p.state(1, 1)
     layer_static = (p.layer.params - p.expert_params) * bpp + p.expert_params * expert_bpp
@@ -385,6 +399,7 @@ def stage_cost(
         lf, lb, ef, eb, hf, hb,
         layer_static, p.embed.params * bpp, p.head.params * bpp,
         p.layer.activation, p.embed.activation, p.head.activation, dense, p.transient,
+        (li, lw), (ei, ew), (hi, hw),
     )  # fmt: skip
 
 

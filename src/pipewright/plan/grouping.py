@@ -11,6 +11,7 @@ memory, the simulated order and the plan file agree.
 
 from __future__ import annotations
 
+import functools
 from fractions import Fraction
 
 from pipewright.schedules.registry import check_args, info
@@ -37,11 +38,17 @@ def check(name: str, p: int, m: int, v: int, group: int | None = None) -> None:
 def in_flight(name: str, p: int, m: int, v: int, group: int | None = None) -> list[float]:
     """Peak activation memory per rank in microbatches (the schedule's formula; with N its grouped
     one: (p − r − 1)·2 + (v − 1)·N + 1 chunk-microbatches of 1/v)."""
+    return list(_in_flight(name, p, m, v, group))
+
+
+@functools.lru_cache(maxsize=256)
+def _in_flight(name: str, p: int, m: int, v: int, group: int | None) -> tuple[float, ...]:
+    """:func:`in_flight`, once per shape (the V shapes' formula builds the order)."""
     entry, n = info(name), group_for(name, group)
     memory: list[Fraction] = (
         entry.memory(p, m, v) if n is None else entry.extra["memory_grouped"](p, m, v, n)  # type: ignore[operator]
     )
-    return [float(x) for x in memory]
+    return tuple(float(x) for x in memory)
 
 
 def build(name: str, p: int, m: int, v: int, group: int | None = None):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from pipewright.cost.profiled import MESSAGE, PARAMS, ProfiledCost, ProfileRow
 from pipewright.errors import ConfigError
-from pipewright.ir import B, F
+from pipewright.ir import B, F, I, W
 from pipewright.models.spec import ModelSpec
 from pipewright.plan.costs import StageCost
 
@@ -63,16 +63,19 @@ class ProfileInput:
         return {b: self.cost(b) for b in self.microbatch_sizes}
 
     def stage_cost(self, microbatch: int) -> StageCost:
-        """The planner's pieces at ``microbatch``: measured F and B seconds, PARAMS and activation bytes
-        of one layer, the embedding and the output layer."""
+        """The planner's pieces at ``microbatch``: measured F and B seconds (and I and W, each B/2 where
+        only B was measured), PARAMS and activation bytes of one layer, the embedding and the output
+        layer."""
         pc = self._one[microbatch]
         t = {ty: (pc.time(ty, F), pc.time(ty, B)) for ty in ("layer", "embedding", "output")}
+        split = {ty: (pc.time(ty, I), pc.time(ty, W)) for ty in t}
         static = {ty: pc.nbytes(ty, PARAMS) for ty in t}
         act = {ty: pc.nbytes(ty, F) for ty in t}
         return StageCost(
             *t["layer"], *t["embedding"], *t["output"],
             static["layer"], static["embedding"], static["output"],
             act["layer"], act["embedding"], act["output"],
+            layer_iw=split["layer"], embed_iw=split["embedding"], head_iw=split["output"],
         )  # fmt: skip
 
     def boundary_bytes(self, microbatch: int) -> float:

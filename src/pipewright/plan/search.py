@@ -3,18 +3,13 @@
 For every candidate the planner (1) deals the devices (:mod:`pipewright.plan.mapping`), (2) prices each
 pipeline rank on its slowest device and its tensor-parallel group (:mod:`pipewright.plan.costs`),
 (3) partitions the layers to minimise the bottleneck rank under the schedule's memory
-(:mod:`pipewright.plan.partition`) and (4) estimates the iteration time, with one chunk per rank in
-closed form:
-
-    T ≈ m·t_max + (Σ_r t_r − t_max)·φ + exposed gradient all-reduce
-
-with t_r the F + B (+ boundary transfer) seconds of rank r per microbatch, t_max the bottleneck, φ = 1
-for 1F1B, φ = T_F/(T_F + T_B) for ZB-H1 (its bubble is (p − 1)·T_F), and the exposed all-reduce that
-of the first stage (it finishes its backward last); for φ = 1 at least Σ_r t_r. With v chunks per rank
-(interleaved 1F1B) the order itself is priced with each chunk's F and B seconds and the boundary
-transfers, and only the tail of the first rank's per-chunk reductions is exposed
-(:mod:`pipewright.plan.chunked`). Before any device is
-mapped, a candidate whose layers fit no partition even on the largest device is dropped
+(:mod:`pipewright.plan.partition`) and (4) estimates the iteration time by pricing the schedule's own
+order (:mod:`pipewright.plan.chunked`): each chunk's F, B, I and W seconds (its layers, the embedding
+on the first chunk, the output layer and loss on the last) on the slowest device of its rank, one
+boundary transfer per hop between ranks (the slowest link's), and with d > 1 each chunk's gradient
+all-reduce after its last backward, one link per rank, exposed where it runs past the end. With
+constant transfer times this is the simulator's makespan (``tests/test_plan_estimate.py``). Before
+any device is mapped, a candidate whose layers fit no partition even on the largest device is dropped
 (:func:`may_fit`), and candidates are taken in order of a cheap lower bound on the estimate
 (:func:`lower_bound`), stopping once it exceeds the ``finalists``-th best estimate. Stage costs are
 cached per group signature (size, ring bandwidth, latency), so a symmetric 16,384-device cluster prices
@@ -38,7 +33,6 @@ from pipewright.plan.bounds import lower_bound, may_fit
 from pipewright.plan.chunked import (
     chunked_time,
     end_chunks_in_flight,
-    exposed_reduction,
     order_placement,
 )
 from pipewright.plan.context import _Context, messages, parts_of
@@ -212,50 +206,49 @@ def estimate(ctx: _Context, c: Candidate, dmap: DeviceMap | None = None, layers=
     times = [t.time(x) for t, x in zip(terms, work, strict=True)]
     mems = [t.memory(x) for t, x in zip(terms, work, strict=True)]
     fits = all(mem <= t.memory_limit for mem, t in zip(mems, terms, strict=True))
-    t_max, total = max(times), sum(times)
-    phi = 1.0
-    if c.schedule.startswith("zb"):
-        phi = max(cs.layer_f / cs.layer for cs in costs)
-    if v > 1:  # chunks of unequal time stall each group: the order priced (plan/chunked.py)
-        est = _chunked(prob, c, costs, chunk_layout(layers, v), comm)
-    else:
-        est = c.microbatches * t_max + (total - t_max) * phi
-        if phi == 1.0:  # one microbatch's forward and backward pass through every rank in turn
-            est = max(est, total)
+    t_max = max(times)
     chunks = chunk_layout(layers, v) if v > 1 else tuple(layers)
-    if c.dp > 1:  # the first stage's: dense gradients over dp × cp, routed experts' over dp/ep × cp
+    reductions = None
+    if c.dp > 1:  # dense gradients over dp × cp, routed experts' over dp/ep × cp (rank 0's groups)
         replicas = [dmap.block(0, j)[:: c.tp] for j in range(c.dp)]  # each replica's cp ranks
         dense_ar = ctx.all_reduce(tuple(x for r in replicas for x in r))
         expert_ar = ctx.all_reduce(tuple(x for r in replicas[:: c.ep] for x in r))
-
-        def reduce(n: int, embedding: bool = True) -> float:
-            dense, expert = grad_bytes(n, p == 1)
-            if not embedding:
-                dense = like(dense - grad_bytes(0, False)[0], dense)
-            return dense_ar(dense) + (expert_ar(expert) if expert else 0.0)
-
-        if v == 1:
-            est += reduce(layers[0])
-        else:  # rank 0's chunks reduce as their last backward ends: only the tail is exposed
-            backs = [costs[0].layer_b * n for n in chunks[::p]]
-            est += exposed_reduction(p, backs, [reduce(n, j == 0) for j, n in enumerate(chunks[::p])])
+        reductions, below = [], grad_bytes(0, False)  # the bytes of the chunks before: embedding only
+        for s in range(len(chunks)):
+            held = sum(chunks[: s + 1])  # layers up to this chunk's (cumulative: MoE dense ones first)
+            upto = grad_bytes(held, s == len(chunks) - 1)
+            # like(): the difference keeps the reduction's collective calls (cost.sharding)
+            dense, expert = (like(upto[k] - (below[k] if s else 0.0), upto[k]) for k in (0, 1))
+            below = grad_bytes(held, False)
+            reductions.append(dense_ar(dense) + (expert_ar(expert) if expert else 0.0))
+    est = _ordered(prob, c, costs, chunks, comm, reductions)  # the order priced (plan/chunked.py)
     return Evaluated(c, chunks, dmap.ranks, est, t_max, max(mems), fits=fits)
 
 
-def _chunked(prob: Problem, c: Candidate, costs: Sequence[StageCost], chunks, comm) -> float:
-    """The interleaved order's time with each chunk's F and B seconds (its layers, the embedding on
-    chunk 0, the output layer on the last) and one boundary transfer per hop."""
+def _ordered(prob: Problem, c: Candidate, costs: Sequence[StageCost], chunks, comm, reductions=None) -> float:
+    """The schedule's order priced with each chunk's F, B, I and W seconds (its layers, the embedding
+    on chunk 0, the output layer on the last), one boundary transfer per hop and each chunk's
+    gradient reduction after its last backward (``reductions``, seconds; None: d = 1)."""
     p, n = c.pp, len(chunks)
     weights = costs[0].layer_weights(prob.spec)
     work = _work_per_rank(chunks, weights)
     place = order_placement(c.schedule, p, c.microbatches, c.virtual, prob.microbatch_group)
-    f, b = [], []
+    f, b, i, w = [], [], [], []
     for s in range(n):
         sc = costs[place[s]]
-        f.append(sc.layer_f * work[s] + (s == 0) * sc.embed_f + (s == n - 1) * sc.head_f)
-        b.append(sc.layer_b * work[s] + (s == 0) * sc.embed_b + (s == n - 1) * sc.head_b)
+        ends = (s == 0, s == n - 1)
+        (li, lw), (ei, ew), (hi, hw) = sc.split()
+        for out, layer, embed, head in (
+            (f, sc.layer_f, sc.embed_f, sc.head_f),
+            (b, sc.layer_b, sc.embed_b, sc.head_b),
+            (i, li, ei, hi),
+            (w, lw, ew, hw),
+        ):
+            out.append(layer * work[s] + ends[0] * embed + ends[1] * head)
     hop = max(comm) / c.virtual if comm else 0.0
-    return chunked_time(c.schedule, p, c.microbatches, c.virtual, prob.microbatch_group, f, b, hop)
+    group = prob.microbatch_group
+    args = (c.schedule, p, c.microbatches, c.virtual, group, f, b, hop, (i, w), reductions)
+    return chunked_time(*args)
 
 
 def _work_per_rank(layers: Sequence[int], weights: Sequence[float] | None) -> list[float]:
@@ -342,8 +335,8 @@ def search(
             f"global batch {prob.global_batch}: every layout needs more memory than a device has; add "
             "devices or use a smaller model"
         )
-    # the best estimates, and each schedule's best: the closed form's error differs by schedule
-    # (interleaved orders estimated up to 12 % fast), so one schedule's near-ties must not crowd out
+    # the best estimates, and each schedule's best: what the estimate leaves out (per-link transfer
+    # times, FSDP's re-gathering) differs by schedule, so one schedule's near-ties must not crowd out
     # another's best
     chosen = pool[: prob.finalists]
     chosen += [
