@@ -20,7 +20,9 @@ gradient buffer does); the step copies that part into the master's gradient, ste
 buffer that is (d−1)/d sent by the reduce-scatter plus (d−1)/d by the all-gather, against 2(d−1)/d for
 an all-reduce plus (d−1)/d for the all-gather: 2/3 of the bytes, what ``cost/sharding.py`` prices. A
 backend that lacks the reduce-scatter (``NotImplementedError``/``RuntimeError``) falls back, with one
-log line, to an all-reduce of the flat buffer of which each rank keeps its slice.
+log line, to an all-reduce of the flat buffer of which each rank keeps its slice. (PyTorch's gloo
+backend, torch 2.13, itself runs ``reduce_scatter_tensor`` as an all-reduce of a copy of the buffer:
+the byte saving is NCCL's.)
 
 Element-wise optimizers (SGD with momentum, AdamW) give the same update on a slice as on the whole
 tensor, so sharded and unsharded training agree to rounding. Gradient clipping uses the global norm
