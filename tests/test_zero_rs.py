@@ -1,7 +1,8 @@
 """The sharded optimizer's gradient reduction (runtime/zero.py) where the backend lacks a
 reduce-scatter: it all-reduces the flat buffer and keeps this rank's slice, says so once, and does
-not try the reduce-scatter again. The collectives are stand-ins (one process): two replicas holding
-the same buffer, so the sum is twice it. Sharded training against unsharded, and the collectives a
+not try the reduce-scatter again; a timeout is not taken for a missing reduce-scatter. The
+collectives are stand-ins (one process): two replicas holding the same buffer, so the sum is twice
+it. Sharded training against unsharded, and the collectives a
 sharded step issues, are tested through the trainer in tests/test_runtime_features.py."""
 
 from __future__ import annotations
@@ -15,16 +16,24 @@ import torch.distributed as dist
 from pipewright.runtime import zero
 
 
+class Done:
+    """A finished collective's work handle."""
+
+    def wait(self, timeout=None) -> bool:
+        return True
+
+
 @pytest.mark.parametrize("error", [NotImplementedError, RuntimeError])
 def test_reduce_scatter_falls_back_to_all_reduce_once(monkeypatch, caplog, error):
     tried = []
 
-    def no_reduce_scatter(out, buf, group=None):
+    def no_reduce_scatter(out, buf, group=None, async_op=False):
         tried.append(buf.numel())
         raise error("reduce_scatter is not supported by this backend\nmore detail")
 
-    def all_reduce(buf, group=None):
+    def all_reduce(buf, group=None, async_op=False):
         buf.mul_(2)  # two replicas with this same buffer
+        return Done()
 
     backend = f"stand-in-{error.__name__}"
     monkeypatch.setattr(dist, "reduce_scatter_single", no_reduce_scatter, raising=False)
@@ -44,3 +53,15 @@ def test_reduce_scatter_falls_back_to_all_reduce_once(monkeypatch, caplog, error
         f"{backend} has no reduce-scatter (reduce_scatter is not supported by this backend); "
         "the sharded optimizer all-reduces the gradients"
     ]
+
+
+def test_a_timed_out_reduce_scatter_is_not_taken_for_a_missing_one(monkeypatch):
+    def timed_out(out, buf, group=None, async_op=False):
+        raise RuntimeError("[gloo] Timed out waiting 5000ms for recv operation to complete")
+
+    monkeypatch.setattr(dist, "reduce_scatter_single", timed_out, raising=False)
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: "stand-in")
+    monkeypatch.setattr(zero, "_NO_REDUCE_SCATTER", set())
+    with pytest.raises(RuntimeError, match="Timed out"):
+        zero.reduce_scatter(torch.empty(2), torch.zeros(4), group=None)
+    assert not zero._NO_REDUCE_SCATTER

@@ -106,7 +106,7 @@ class TrainingOptions:
         if self.tied is not None:
             self.tied.sync_grads()
         if self.sharded and self.master is not None:
-            self.master.reduce_grads(self.reduce_dtype)
+            self.master.reduce_grads(self.reduce_dtype, getattr(self.config, "collective_timeout_s", None))
 
     def norm_params(self, params: Sequence[nn.Parameter]) -> list[nn.Parameter]:
         """``params`` less the tied output-layer copy (the table is counted once in the global norm)."""

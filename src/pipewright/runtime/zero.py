@@ -53,6 +53,8 @@ import torch.distributed as dist
 from torch import nn
 
 from pipewright.optim import build_optimizer, global_grad_norm
+from pipewright.runtime.errors import CollectiveTimeout
+from pipewright.runtime.timeouts import is_timeout, wait_work
 
 log = logging.getLogger(__name__)
 
@@ -60,26 +62,38 @@ log = logging.getLogger(__name__)
 _NO_REDUCE_SCATTER: set[str] = set()
 
 
-def reduce_scatter(out: torch.Tensor, buf: torch.Tensor, group) -> None:
+def reduce_scatter(out: torch.Tensor, buf: torch.Tensor, group, timeout_s: float | None = None) -> None:
     """``out`` ← slice r (``out``'s length, r = this rank in ``group``) of ``buf`` summed over the
-    group: one reduce-scatter; where the backend lacks it, an all-reduce of ``buf`` (noted once)."""
+    group: one reduce-scatter; where the backend lacks it, an all-reduce of ``buf`` (noted once).
+    Waited at most ``timeout_s`` seconds (:class:`~pipewright.runtime.errors.CollectiveTimeout`)."""
     backend = str(dist.get_backend(group))
     if backend not in _NO_REDUCE_SCATTER:
         collective = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
         try:
-            collective(out, buf, group=group)
-            return
+            work = collective(out, buf, group=group, async_op=True)
         except (NotImplementedError, RuntimeError) as exc:
+            if is_timeout(exc):
+                raise
             _NO_REDUCE_SCATTER.add(backend)
             reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            log.warning(
-                "%s has no reduce-scatter (%s); the sharded optimizer all-reduces the gradients",
-                backend,
-                reason,
-            )
-    dist.all_reduce(buf, group=group)
+            what = "%s has no reduce-scatter (%s); the sharded optimizer all-reduces the gradients"
+            log.warning(what, backend, reason)
+        else:
+            _wait(work, timeout_s, buf.device, "reduce-scatter")
+            return
+    _wait(dist.all_reduce(buf, group=group, async_op=True), timeout_s, buf.device, "all-reduce")
     r, n = dist.get_rank(group), out.numel()
     out.copy_(buf[r * n : (r + 1) * n])
+
+
+def _wait(work, timeout_s: float | None, device: torch.device, what: str) -> None:
+    if timeout_s is None:
+        work.wait()
+    elif not wait_work(work, timeout_s, device):
+        raise CollectiveTimeout(
+            f"the data-parallel {what} of the gradients (sharded optimizer) did not complete within "
+            f"{timeout_s:g} s"
+        )
 
 
 def reduce_at_step(state, action) -> None:
@@ -124,7 +138,7 @@ class _FlatShard:
             if a < b:
                 yield p, (a - off, b - off), (a - self.lo, b - self.lo)
 
-    def reduce_grads(self, group, dtype: torch.dtype | None) -> None:
+    def reduce_grads(self, group, dtype: torch.dtype | None, timeout_s: float | None = None) -> None:
         """Reduce-scatter the local gradients laid out as this flat vector (padded to d slices, in
         ``dtype``, default the gradients' own) over ``group``; write slice r's average into the
         slice-r part of the parameters' ``.grad``."""
@@ -145,7 +159,7 @@ class _FlatShard:
         for g, off in zip(grads, self.offsets, strict=True):
             buf[off : off + g.numel()].copy_(g.reshape(-1))
         out = torch.empty(self.size, dtype=dtype, device=buf.device)
-        reduce_scatter(out, buf, group)
+        reduce_scatter(out, buf, group, timeout_s)
         out /= d
         for p, (a, b), (i, j) in self._overlaps(self.params):
             p.grad.view(-1)[a:b].copy_(out[i:j])
@@ -240,12 +254,13 @@ class MasterOptimizer:
             q.copy_(self.masters[n])
 
     @torch.no_grad()
-    def reduce_grads(self, dtype: torch.dtype | None = None) -> None:
+    def reduce_grads(self, dtype: torch.dtype | None = None, timeout_s: float | None = None) -> None:
         """Sharded: the data-parallel reduction of the gradients, one reduce-scatter per flat vector
-        (summed in ``dtype``, default the gradients' own); afterwards the slice-r part of ``.grad`` is
-        the replicas' average (see the module docstring). No-op unsharded."""
+        (summed in ``dtype``, default the gradients' own; each waited at most ``timeout_s``);
+        afterwards the slice-r part of ``.grad`` is the replicas' average (see the module
+        docstring). No-op unsharded."""
         for flat in self.flats:
-            flat.reduce_grads(self.dp_group, dtype)
+            flat.reduce_grads(self.dp_group, dtype, timeout_s)
 
     @torch.no_grad()
     def grad_norm(self, norm_params: Sequence[nn.Parameter], groups: Sequence[object]) -> torch.Tensor:
