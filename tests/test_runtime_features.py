@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 
 import numpy as np
@@ -132,6 +133,9 @@ def _cases(data: str, hf: dict[str, str]) -> list[tuple[str, TrainConfig]]:
         ("precision:fp16", replace(mixed, precision="fp16", schedule="zb-h1")),
         ("precision:bf16-llama-full", replace(mixed, precision="bf16", model="llama", recompute="full")),
         ("precision:fp32-llama", replace(mixed, model="llama")),
+        # the same as precision:bf16 and precision:fp16 but sharded (reduce-scattered in bf16/fp16)
+        ("zero:bf16:sharded", replace(mixed, precision="bf16", shard_optimizer=True)),
+        ("zero:fp16:sharded", replace(mixed, precision="fp16", schedule="zb-h1", shard_optimizer=True)),
     ]
     hf_base = replace(base, layers=None, hidden=None, heads=None, vocab=None, steps=1, pp=2)
     cases += [
@@ -189,10 +193,12 @@ def _run_case(label: str, run: PreparedRun, mesh: ParallelMesh) -> dict:
         opt = trainer.optimizer
         result["master_dtypes"] = sorted({str(p.dtype) for g in opt.param_groups for p in g["params"]})
     losses = [trainer.forward_backward(0)]
+    if trainer.master is not None and trainer.master.shard:  # only slices are reduced: gather them
+        trainer.master.gather_grads_()
     result["grads"] = _full(trainer, grad=True)
     if label.startswith("precision:"):
         result["boundary_dtype"] = str(trainer.executor._dtypes.get(1))
-    trainer.optimizer_step(0)
+    norms = [trainer.optimizer_step(0)[1]]
     if label == "zero:sgd:resume":  # stop after 3 steps with a checkpoint, resume in a new trainer
         for step in range(1, 3):
             losses.append(trainer.forward_backward(step))
@@ -201,8 +207,14 @@ def _run_case(label: str, run: PreparedRun, mesh: ParallelMesh) -> dict:
         trainer = Trainer(run, mesh=mesh)
         assert trainer.load(run.out_dir / "checkpoints" / "step_3") == 3
     for step in range(len(losses), c.steps):
-        losses.append(trainer.forward_backward(step))
-        trainer.optimizer_step(step)
+        with _dp_collectives(mesh.dp_group) if step == 1 else nullcontext() as calls:
+            losses.append(trainer.forward_backward(step))
+            norms.append(trainer.optimizer_step(step)[1])
+        if step == 1 and label.startswith("zero:sgd:"):
+            result["dp_calls"] = calls
+            flats = trainer.master.flats if trainer.master is not None else []
+            result["padded_bytes"] = [mesh.dp * f.size * 4 for f in flats if f.params]
+    result["norms"] = norms
     if label.startswith("precision:"):
         result["state_dtypes"] = sorted(
             {str(v.dtype) for st in trainer.optimizer.state.values() for v in st.values() if v.ndim > 0}
@@ -222,6 +234,40 @@ def _run_case(label: str, run: PreparedRun, mesh: ParallelMesh) -> dict:
         again.load(run.out_dir / "checkpoints" / f"step_{c.steps}")
         result["scaler"] = again.options.scaler.state()
     return result
+
+
+@contextmanager
+def _dp_collectives(group):
+    """Every collective over ``group`` while inside: {name: [bytes sent in, per call]}."""
+    calls: dict[str, list[int]] = {}
+    names = (
+        "all_reduce",
+        "reduce_scatter_single",
+        "reduce_scatter_tensor",
+        "all_gather",
+        "all_gather_into_tensor",
+    )
+    saved = {n: getattr(dist, n) for n in names if hasattr(dist, n)}
+
+    def counted(name, fn):
+        def call(*args, **kwargs):
+            if kwargs.get("group") is group:
+                tensors = args[0] if name == "all_gather" else args[1] if "scatter" in name else args[0]
+                size = sum(
+                    t.numel() * t.element_size() for t in ([tensors] if torch.is_tensor(tensors) else tensors)
+                )
+                calls.setdefault(name.replace("_single", "").replace("_tensor", ""), []).append(size)
+            return fn(*args, **kwargs)
+
+        return call
+
+    for name, fn in saved.items():
+        setattr(dist, name, counted(name, fn))
+    try:
+        yield calls
+    finally:
+        for name, fn in saved.items():
+            setattr(dist, name, fn)
 
 
 def _worker(rank: int, runs: list[tuple[str, PreparedRun]]) -> list | None:
@@ -407,6 +453,28 @@ def test_zero1_equals_unsharded(results):
     run, _ = results["zero:sgd:plain"]
     _check_against(plain, _reference(run), REF_RTOL, "zero:sgd:plain vs one process", failures)
     assert not failures, "\n".join(failures[:20])
+
+
+@pytest.mark.slow
+def test_zero1_reduce_scatters_the_gradients(results):
+    """Sharded bf16/fp16 (clipping active) equal unsharded; the sharded step's dp collectives are a
+    reduce-scatter of the padded gradient buffer and an all-gather of the parameters (plus the loss'
+    and the norm's scalars), where unsharded all-reduces the gradients."""
+    failures = []
+    for low, plain in (("bf16", "precision:bf16"), ("fp16", "precision:fp16")):
+        _, want = results[plain]
+        _, got = results[f"zero:{low}:sharded"]
+        ref = {"losses": want[0]["losses"], "grads": _merge(want, "grads"), "params": _merge(want, "params")}
+        _check_against(got, ref, REF_RTOL, f"zero:{low}", failures)
+        finite = [n for n in got[0]["norms"] if np.isfinite(n)]  # fp16: inf on a skipped step
+        assert finite and max(finite) > 0.5, got[0]["norms"]  # --grad-clip 0.5 clipped
+        np.testing.assert_allclose(got[0]["norms"], want[0]["norms"], rtol=REF_RTOL)
+    assert not failures, "\n".join(failures[:20])
+    for plain, sharded in zip(results["zero:sgd:plain"][1], results["zero:sgd:sharded"][1], strict=True):
+        padded = sharded["padded_bytes"]
+        assert sharded["dp_calls"] == {"all_reduce": [16, 8], "reduce_scatter": padded, "all_gather": padded}
+        grads = sum(plain["dp_calls"]["all_reduce"]) - 16  # less the loss
+        assert set(plain["dp_calls"]) == {"all_reduce"} and 0 <= sum(padded) - grads < 2 * 2 * 4
 
 
 @pytest.mark.slow

@@ -23,7 +23,7 @@ from pipewright.runtime.moe import reduce_expert_grads
 from pipewright.runtime.precision import LossScaler, ScaledLoss, compute_dtype, is_finite, reduce_grad_fp32
 from pipewright.runtime.recompute import apply_recompute
 from pipewright.runtime.tied import TiedEmbeddings
-from pipewright.runtime.zero import MasterOptimizer
+from pipewright.runtime.zero import MasterOptimizer, reduce_at_step
 
 
 class TrainingOptions:
@@ -77,7 +77,19 @@ class TrainingOptions:
     def loss_fn(self, base: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
         return ScaledLoss(base, self.scaler) if self.scaler is not None else base
 
+    @property
+    def sharded(self) -> bool:
+        """ZeRO-1 over dp > 1: the gradients are reduce-scattered after the backward, not all-reduced."""
+        return getattr(self.config, "shard_optimizer", False) and self.mesh.dp > 1
+
+    @property
+    def reduce_dtype(self) -> torch.dtype | None:
+        """The dtype the sharded reduction sums in (None: the gradients' own)."""
+        return torch.float32 if getattr(self.config, "reduce_fp32", False) else None
+
     def handlers(self) -> dict:
+        if self.sharded:  # reduced in the optimizer's slice layout (runtime/zero.py)
+            return {REDUCE_GRAD: reduce_at_step}
         if getattr(self.config, "ep", 1) > 1:  # experts' gradients over their own group
             return {REDUCE_GRAD: reduce_expert_grads}
         if self.dtype != torch.float32 and getattr(self.config, "reduce_fp32", False):
@@ -89,9 +101,12 @@ class TrainingOptions:
         return self.scaler.scale if self.scaler is not None else 1.0
 
     def after_backward(self) -> None:
-        """Sum the tied embedding's gradients over its two copies."""
+        """Sum the tied embedding's gradients over its two copies; sharded, reduce-scatter the
+        gradients over dp (the last gradient collective before the step)."""
         if self.tied is not None:
             self.tied.sync_grads()
+        if self.sharded and self.master is not None:
+            self.master.reduce_grads(self.reduce_dtype, getattr(self.config, "collective_timeout_s", None))
 
     def norm_params(self, params: Sequence[nn.Parameter]) -> list[nn.Parameter]:
         """``params`` less the tied output-layer copy (the table is counted once in the global norm)."""
@@ -102,7 +117,10 @@ class TrainingOptions:
         """Unscale (fp16), clip to the global norm, step the fp32 masters; returns the unscaled norm
         before clipping. An inf/NaN norm under fp16 skips the step and lowers the loss scale."""
         scale = self.loss_scale
-        norm = float(global_grad_norm(norm_params, groups)) / scale
+        if self.sharded:  # from the reduced slices, all-reduced over dp
+            norm = float(self.master.grad_norm(norm_params, groups)) / scale
+        else:
+            norm = float(global_grad_norm(norm_params, groups)) / scale
         if self.scaler is not None:
             finite = is_finite(norm)
             self.scaler.update(finite)
