@@ -45,8 +45,10 @@ from pipewright.sim.codes import (
     _columns,
     _Decline,
     cost_sums,
+    action_times,
     cost_table,
     cross_table,
+    varies_per_action,
 )
 from pipewright.sim.program import one_or_several
 from pipewright.sim.steps import Folded, FoldedSteps
@@ -190,7 +192,7 @@ def compile_folded(
     table = np.zeros((K * S, 5))
     table[present] = cost_table(codes, schedule, cost, kc, st, mb, first[present].tolist())
     columns = [np.ascontiguousarray(column) for column in table.T]
-    time = columns[0][ks]
+    time = action_times(codes, schedule, cost, kc, st, mb, steps) if varies_per_action(cost) else columns[0][ks]
     if (time < 0).any():
         raise _Decline
 
