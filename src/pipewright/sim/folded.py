@@ -44,8 +44,8 @@ from pipewright.sim.codes import (
     _Codes,
     _columns,
     _Decline,
-    cost_sums,
     action_times,
+    cost_sums,
     cost_table,
     cross_table,
     varies_per_action,
@@ -192,7 +192,9 @@ def compile_folded(
     table = np.zeros((K * S, 5))
     table[present] = cost_table(codes, schedule, cost, kc, st, mb, first[present].tolist())
     columns = [np.ascontiguousarray(column) for column in table.T]
-    time = action_times(codes, schedule, cost, kc, st, mb, steps) if varies_per_action(cost) else columns[0][ks]
+    time = columns[0][ks]
+    if varies_per_action(cost):  # (the F&B pairs' overlap: each compute action's own time)
+        time = action_times(codes, schedule, cost, kc, st, mb, steps)
     if (time < 0).any():
         raise _Decline
 
