@@ -70,8 +70,12 @@ def test_dualpipev_pairs_by_hand():
                 want = 1.75 if a in pairs else 0.0 if a in second else ALONE[a.kind]
                 assert span.end - span.start == want, (r, str(a))
         assert result.busy == (20.25, 20.25)
+    plain = simulate(sched, BASE, comm=FreeComm())
     blocking = simulate(sched, PairOverlapCost(BASE, _exposed, overlap=False), comm=FreeComm())
-    assert blocking.iteration_time == simulate(sched, BASE, comm=FreeComm()).iteration_time
+    assert blocking._times(0) == plain._times(0)
+    # nothing to overlap (x = 0, as with ep = 1): the pairs run as two blocking actions
+    for result in _paths(sched, PairOverlapCost(BASE, lambda a, s: 0.0)):
+        assert result._times(0) == plain._times(0) and result.busy == plain.busy
 
 
 def test_paths_agree_with_transfers_and_unequal_stages():

@@ -11,10 +11,13 @@ computes. With an action's time split into its compute c and the communication i
 
 :class:`PairOverlapCost` wraps a cost model whose ``compute_time`` is the blocking time (c + x) and a
 function giving x: the F of each pair marked in ``schedule.meta["overlapped_pairs"]`` then costs the
-whole overlapped pair and its B nothing (the pair ends together), every other action keeps c + x. The
+whole overlapped pair and its B nothing (the pair ends together), every other action keeps c + x (and
+so does a pair with no communication, x_F + x_B = 0: nothing to overlap, as the runtime runs it). The
 engine is unchanged: this is a cost model. It applies to whatever schedule marks pairs (DualPipeV's
 F&B of two chunks; ``1f1b-overlap``'s steady-state F(k + w) and B(k) of one stage, Megatron-LM's
-combined 1F1B): ``pipewright simulate`` wraps the cost model when the schedule's meta lists pairs.
+combined 1F1B): ``pipewright simulate`` and the planner's simulation of a plan wrap the cost model
+(:func:`with_pair_overlap`) when the schedule's meta lists pairs. Its times vary per action, which it
+declares (``varies_per_action``), so the simulator asks it of every compute action.
 """
 
 from __future__ import annotations
@@ -54,7 +57,9 @@ class PairOverlapCost:
     (0 for none). Other CostModel methods are ``base``'s.
 
     Its compute times differ between microbatches of one (kind, stage): an F that opens a pair costs
-    the whole pair, the B that closes it nothing, an unpaired F or B its blocking time. It says so
+    the whole pair, the B that closes it nothing, an unpaired F or B its blocking time; a pair with no
+    communication to hide (x_F + x_B = 0, e.g. ep = 1) runs as two blocking actions, as the runtime
+    runs it. It says so
     (:attr:`varies_per_action`), and the simulator then asks :meth:`compute_time` of every compute
     action instead of once per (kind, stage) (:func:`pipewright.sim.codes.varies_per_action`).
     ``base``'s own times are asked once per (kind, stage, payload), as the simulator asks an ordinary
@@ -63,7 +68,9 @@ class PairOverlapCost:
     base: CostModel
     exposed: Callable[[Action, Schedule], float]
     overlap: bool = True
-    _pairs: tuple[Schedule, dict[Action, Action], set[Action]] | None = field(default=None, repr=False)
+    _pairs: tuple[Schedule, dict[Action, Action], dict[Action, Action]] | None = field(
+        default=None, repr=False
+    )
     _times: dict[tuple, tuple[float, float]] = field(default_factory=dict, repr=False)
 
     @property
@@ -71,11 +78,11 @@ class PairOverlapCost:
         """True when pairs are overlapped (a paired action's time is not its kind and stage's)."""
         return self.overlap
 
-    def _of(self, schedule: Schedule) -> tuple[dict[Action, Action], set[Action]]:
-        """The pairs of ``schedule`` (F → B) and their Bs; kept for the last schedule asked about."""
+    def _of(self, schedule: Schedule) -> tuple[dict[Action, Action], dict[Action, Action]]:
+        """The pairs of ``schedule``, F → B and B → F; kept for the last schedule asked about."""
         if self._pairs is None or self._pairs[0] is not schedule:
             pairs = overlapped_pairs(schedule)
-            self._pairs = (schedule, pairs, set(pairs.values()))
+            self._pairs = (schedule, pairs, {b: f for f, b in pairs.items()})
         return self._pairs[1], self._pairs[2]
 
     def _alone(self, action: Action, schedule: Schedule) -> tuple[float, float]:
@@ -93,14 +100,15 @@ class PairOverlapCost:
         if not self.overlap:
             return self.base.compute_time(action, schedule)
         pairs, second = self._of(schedule)
-        if action in second:
-            return 0.0
-        t_f, x_f = self._alone(action, schedule)
+        t, x = self._alone(action, schedule)
+        f = second.get(action)
+        if f is not None:  # the B that closes a pair: 0, unless the pair has nothing to overlap
+            return t if x + self._alone(f, schedule)[1] == 0.0 else 0.0
         b = pairs.get(action)
         if b is None:
-            return t_f
+            return t
         t_b, x_b = self._alone(b, schedule)
-        return pair_time(t_f - x_f, x_f, t_b - x_b, x_b, overlap=True)
+        return t if x + x_b == 0.0 else pair_time(t - x, x, t_b - x_b, x_b, overlap=True)
 
     def __getattr__(self, name: str):
         if name.startswith("__") or name in ("base", "_pairs", "_times"):
