@@ -69,9 +69,11 @@ class PairOverlapCost:
     exposed: Callable[[Action, Schedule], float]
     overlap: bool = True
     _pairs: tuple[Schedule, dict[Action, Action], dict[Action, Action]] | None = field(
-        default=None, repr=False
+        default=None, init=False, repr=False, compare=False
+    )  # (caches, fresh in each copy: dataclasses.replace gives a new one)
+    _times: dict[tuple, tuple[float, float]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
     )
-    _times: dict[tuple, tuple[float, float]] = field(default_factory=dict, repr=False)
 
     @property
     def varies_per_action(self) -> bool:
