@@ -45,7 +45,9 @@ def test_1f1b_order_memory_makespan_and_pairs(p: int, m: int) -> None:
 
 def test_simulator_overlaps_the_marked_pairs() -> None:
     """Unit costs with x = 0.5 of every F and B communication: a pair costs max(c_F + c_B, x_F + x_B)
-    = 2 instead of 3 overlapped; blocking, the schedule is 1F1B to the time unit."""
+    = 2 instead of 3 overlapped, so each pair takes 1 off its rank's busy time; blocking, the schedule
+    is 1F1B to the time unit. The last rank has no pairs and, with equal stages, sets the pace: the
+    makespan stays 1F1B's."""
     p, m = 4, 8
     sched = build_schedule("1f1b-overlap", p, m)
     base = UnitCost(times={"F": 1, "B": 2, "I": 1, "W": 1})
@@ -53,10 +55,13 @@ def test_simulator_overlaps_the_marked_pairs() -> None:
     def exposed(a, s):
         return 0.5 if a.kind in (F, B) else 0.0
 
-    over = simulate(sched, PairOverlapCost(base, exposed)).iteration_time
-    blocking = simulate(sched, PairOverlapCost(base, exposed, overlap=False)).iteration_time
-    assert blocking == simulate(build_schedule("1f1b", p, m), base).iteration_time == 3 * (m + p - 1)
-    assert over < blocking
+    over = simulate(sched, PairOverlapCost(base, exposed))
+    blocking = simulate(sched, PairOverlapCost(base, exposed, overlap=False))
+    assert blocking.iteration_time == simulate(build_schedule("1f1b", p, m), base).iteration_time
+    assert blocking.iteration_time == 3 * (m + p - 1)
+    pairs = sched.meta["overlapped_pairs"]
+    assert over.busy == tuple(b - len(pairs[r]) for r, b in enumerate(blocking.busy))
+    assert over.iteration_time == blocking.iteration_time
 
 
 def test_moe_simulation_prices_the_overlap_by_the_marks() -> None:
@@ -72,7 +77,19 @@ def test_moe_simulation_prices_the_overlap_by_the_marks() -> None:
     blocking = replace(setup, cost=PairOverlapCost(setup.cost.base, setup.cost.exposed, overlap=False))
     plain = model_setup(spec, topo, mesh, build_schedule("1f1b", 2, 8), 1, gpu="h100-sxm")
     assert blocking.simulate().makespan == pytest.approx(plain.simulate().makespan, rel=1e-12)
-    assert setup.simulate().makespan < blocking.simulate().makespan
+    # rank 0's pairs run overlapped (each saves its blocking time − max(c_F + c_B, x_F + x_B)); the last
+    # rank has none and sets the pace of 1F1B's steady state
+    base, sched = setup.cost.base, setup.schedule
+    saved = 0.0
+    for f, b in overlapped_pairs(sched).items():
+        t_f, t_b = base.compute_time(f, sched), base.compute_time(b, sched)
+        x_f, x_b = setup.cost.exposed(f, sched), setup.cost.exposed(b, sched)
+        saved += t_f + t_b - max(t_f - x_f + t_b - x_b, x_f + x_b)
+    over, block = setup.simulate(), blocking.simulate()
+    assert saved > 0.0
+    assert over.busy[0] == pytest.approx(block.busy[0] - saved, rel=1e-12)
+    assert over.busy[1] == block.busy[1]
+    assert over.makespan <= block.makespan
 
 
 def test_listed_as_a_repeat_of_1f1b() -> None:

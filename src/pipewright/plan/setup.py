@@ -236,10 +236,9 @@ def model_setup(
         **({"moe_imbalance": moe_imbalance} if spec.is_moe else {}),
         **fields,
     )
-    if hasattr(cost, "exposed_comm") and (schedule.meta or {}).get("overlapped_pairs"):
-        from pipewright.sim.pair_overlap import PairOverlapCost  # DualPipe: all-to-all under F&B pairs
+    from pipewright.sim.pair_overlap import with_pair_overlap  # DualPipe: all-to-all under F&B pairs
 
-        cost = PairOverlapCost(cost, cost.exposed_comm)
+    cost = with_pair_overlap(cost, schedule)
     cp_label = f", c={mesh.cp}" if mesh.cp > 1 else ""
     label = (
         f"{spec.name} on {devices}× {acc.name} (t={mesh.tp}{cp_label}, p={mesh.pp}, d={mesh.dp}, "

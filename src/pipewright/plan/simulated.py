@@ -74,9 +74,12 @@ def plan_models(prob: Problem, ev: Evaluated):
 
 
 def simulate_plan(prob: Problem, ev: Evaluated) -> Evaluated:
-    """Run the full simulator on one evaluated candidate (no validation) and fill in its time/memory."""
+    """Run the full simulator on one evaluated candidate (no validation) and fill in its time/memory;
+    a schedule's overlapped F&B pairs priced as ``pipewright simulate`` prices them
+    (:func:`pipewright.sim.pair_overlap.with_pair_overlap`)."""
     from pipewright.passes.grad_reduce import add_grad_reduction
     from pipewright.sim import simulate
+    from pipewright.sim.pair_overlap import with_pair_overlap
 
     c = ev.candidate
     if ev.schedule is not None:
@@ -87,6 +90,7 @@ def simulate_plan(prob: Problem, ev: Evaluated) -> Evaluated:
         group = prob.microbatch_group
         sched = _lowered(c.schedule, c.pp, c.microbatches, c.virtual, c.dp > 1, group)
     cost, comm = plan_models(prob, ev)
+    cost = with_pair_overlap(cost, sched)  # as ``pipewright simulate`` prices the schedule's F&B pairs
     shared = None
     if prob.cores is not None:
         from pipewright.sim.sharing import SharedCompute

@@ -4,7 +4,8 @@ kind c (its index in the schedule's registry) and microbatch k (−1 for per-sta
 event ``(kind, s, k, None)`` the key ``(c·S + s)·(m + 1) + k + 1`` into a table of producers. Here too:
 the schedule's columns with their checks, where lowering attaches transfers, and the costs of compute
 actions and transfers, asked once per (kind, stage) and (kind, stage, destination) of the first such
-action.
+action — or, for a cost model that declares its compute times vary per action
+(:func:`varies_per_action`), the compute time of every compute action.
 """
 
 from __future__ import annotations
@@ -176,6 +177,8 @@ def _compute_costs(codes: _Codes, sched: Schedule, cost: CostModel, kc, st, mb, 
     _, inverse, firsts = _dense(kc[comp] * codes.S + st[comp], len(codes.specs) * codes.S)
     table = cost_table(codes, sched, cost, kc, st, mb, comp[firsts].tolist())
     time, flop, model_flop, act = (column[inverse] for column in table[:, :4].T)  # contiguous columns
+    if varies_per_action(cost):
+        time = action_times(codes, sched, cost, kc, st, mb, comp)
     trans = table[:, 4][inverse] if table[:, 4].any() else None
     durs[comp] = time
     cuts = np.searchsorted(comp, offsets).tolist()
@@ -190,6 +193,26 @@ def _compute_costs(codes: _Codes, sched: Schedule, cost: CostModel, kc, st, mb, 
         )
 
     return (durs, *cost_sums(codes, sched, cost, columns, cuts))
+
+
+def varies_per_action(cost: object) -> bool:
+    """Whether ``cost`` declares that its compute times differ between the microbatches of one (kind,
+    stage, payload): its attribute ``varies_per_action`` is True (a property may decide per instance —
+    :class:`pipewright.sim.pair_overlap.PairOverlapCost` when pairs are overlapped). Every simulator
+    path then asks ``compute_time`` of each compute action; FLOPs and memory stay per (kind, stage).
+    Without the attribute the simulator asks each (kind, stage, payload) once."""
+    return getattr(cost, "varies_per_action", False) is True
+
+
+def action_times(codes: _Codes, sched: Schedule, cost: CostModel, kc, st, mb, index):
+    """``cost.compute_time`` of each of the actions ``index`` (positions in the columns), one call each,
+    as a float64 array (for a cost model that :func:`varies_per_action`)."""
+    names = codes.names
+    out = np.empty(len(index))
+    cols = kc[index].tolist(), st[index].tolist(), mb[index].tolist()
+    for i, (c, s, k) in enumerate(zip(*cols, strict=True)):
+        out[i] = float(cost.compute_time(Action(s, names[c], None if k < 0 else k, None), sched))
+    return out
 
 
 def cost_table(codes: _Codes, sched: Schedule, cost: CostModel, kc, st, mb, firsts: list[int]):

@@ -19,8 +19,9 @@ simulation itself, which reports a stuck schedule through the validator.
 
 Costs are asked once per (kind, stage) for compute and per (kind, stage, destination) for transfers, of
 the first such action: every microbatch of a stage costs the same (as the per-action path assumes for
-compute). Cost models receive the schedule as given (its shape — stages, placement, kinds — not its
-lowered action list).
+compute), unless the cost model declares that its compute times vary per action
+(:func:`pipewright.sim.codes.varies_per_action`: then each compute action's own). Cost models receive
+the schedule as given (its shape — stages, placement, kinds — not its lowered action list).
 """
 
 from __future__ import annotations

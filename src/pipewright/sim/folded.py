@@ -44,9 +44,11 @@ from pipewright.sim.codes import (
     _Codes,
     _columns,
     _Decline,
+    action_times,
     cost_sums,
     cost_table,
     cross_table,
+    varies_per_action,
 )
 from pipewright.sim.program import one_or_several
 from pipewright.sim.steps import Folded, FoldedSteps
@@ -191,6 +193,8 @@ def compile_folded(
     table[present] = cost_table(codes, schedule, cost, kc, st, mb, first[present].tolist())
     columns = [np.ascontiguousarray(column) for column in table.T]
     time = columns[0][ks]
+    if varies_per_action(cost):  # (the F&B pairs' overlap: each compute action's own time)
+        time = action_times(codes, schedule, cost, kc, st, mb, steps)
     if (time < 0).any():
         raise _Decline
 

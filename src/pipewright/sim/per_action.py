@@ -13,6 +13,7 @@ from pipewright.deps import Resolution, resolve
 from pipewright.ir import Schedule
 from pipewright.passes.lower import lower
 from pipewright.passes.validate import validate
+from pipewright.sim.codes import varies_per_action
 from pipewright.sim.memory import peak_from_deltas, transient_of
 from pipewright.sim.program import (
     _COLLECTIVE,
@@ -34,7 +35,8 @@ def compile_actions(
 ) -> _Program:
     """Resolve every requirement to its producing action and cost every action, once.
 
-    Costs are asked once per (kind, stage, payload): every microbatch of a stage costs the same. A
+    Costs are asked once per (kind, stage, payload): every microbatch of a stage costs the same — except
+    for a cost model that :func:`~pipewright.sim.codes.varies_per_action`, asked once per action. A
     send's duration needs its destination — the rank of the action that requires its event — so sends
     are costed after the requirements are resolved.
     """
@@ -52,6 +54,7 @@ def compile_actions(
     sends: list[int] = []
     compute_cost: dict[tuple, tuple[float, float, float, float, float]] = {}
     transient = transient_of(cost)
+    each = varies_per_action(cost)  # then the microbatch is part of the key
     flops = model_flops = 0.0
     meetings: dict[tuple, list[int]] = {}
     meet_prev: dict[int, int] = {}
@@ -65,7 +68,7 @@ def compile_actions(
             mode = mode_of[a[1]]
             modes.append(mode)
             if mode == _COMPUTE:
-                key = (a.kind, a.stage, a.payload)
+                key = (a.kind, a.stage, a.payload, a.microbatch) if each else (a.kind, a.stage, a.payload)
                 c = compute_cost.get(key)
                 if c is None:
                     c = compute_cost[key] = (
