@@ -184,11 +184,18 @@ def test_the_plan_file_records_the_method_and_simulate_plan_prices_it(tmp_path, 
     method = ["--recompute-method", "block", "--recompute-num-layers", "2"]
     data = cli_json(["plan", *PLAN, *method, "-o", path])
     assert (data["recompute"], data["recompute_method"], data["recompute_num_layers"]) == ("full", "block", 2)
+    # N above every chunk's layers recomputes whole chunks (as Megatron-LM does): recorded as the chunk's
+    many = cli_json(["plan", *PLAN, "--recompute-method", "block", "--recompute-num-layers", "9"])
+    assert many["recompute_num_layers"] == 4
     cluster = ["--gpu", "h100-sxm", "--nodes", "1", "--gpus-per-node", "8"]
     from_file = cli_json(["simulate", "--plan", path, *cluster])
     by_flags = cli_json(["simulate", "--plan", path, *cluster, *method])
     plain = cli_json(["simulate", "--plan", path, *cluster, "--recompute-method", "uniform"])
     assert from_file == by_flags
+    # the planner simulated its plan with the method: its numbers are the file's
+    assert data["predicted"]["iteration_time_s"] == pytest.approx(from_file["iteration_time_s"], rel=1e-12)
+    peak = from_file["memory"]["peak_bytes"]
+    assert data["predicted"]["peak_memory_bytes"] == pytest.approx(peak, rel=1e-12)
     assert from_file["memory"]["peak_bytes"] > plain["memory"]["peak_bytes"]  # two layers keep all
     assert main(["export-plan", path, "--to", "megatron"]) == 0
     out = capsys.readouterr().out.split()

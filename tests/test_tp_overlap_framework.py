@@ -196,3 +196,26 @@ def test_the_docs_table_shows_each_frameworks_mode():
     for name, cell in cells.items():
         mode = frameworks.framework(name).tp_overlap
         assert (f"`{mode}`" if mode else "—") in cell
+
+
+def test_exports_turn_the_overlap_on_only_where_the_trainer_runs_it(planned, tmp_path, capsys):
+    """torchtitan runs async TP on compiled blocks only: its export turns compile on with it. Megatron-LM
+    asserts --tp-comm-overlap runs with sequence parallelism, which it turns off at tp 1: no flag there."""
+    path, data = planned
+    assert main(["export-plan", path, "--to", "torchtitan"]) == 0
+    out = capsys.readouterr().out
+    assert "enable_async_tensor_parallel = true" in out and "[compile]" in out and "enable = true" in out
+    assert main(["export-plan", path, "--to", "megatron"]) == 0
+    assert "--tp-comm-overlap" in _arguments(capsys.readouterr().out)
+    tp1 = tmp_path / "tp1.json"
+    tp1.write_text(json.dumps({**data, "tp": 1, "dp": 4, "sequence_parallel": False}))
+    assert main(["export-plan", str(tp1), "--to", "megatron"]) == 0
+    assert "--tp-comm-overlap" not in _arguments(capsys.readouterr().out)
+    assert main(["export-plan", str(tp1), "--to", "torchtitan"]) == 0
+    out = capsys.readouterr().out
+    assert "enable_async_tensor_parallel = false" in out and "[compile]" not in out
+
+
+def _arguments(text: str) -> list[str]:
+    """The words of an export outside its comment lines (notes may name a flag)."""
+    return [w for line in text.splitlines() if not line.startswith("#") for w in line.split()]

@@ -323,6 +323,7 @@ def run(args: argparse.Namespace) -> int:
         max_ep=args.max_ep,
         microbatch_group=args.microbatch_group,
         zb_refine_seconds=refine_seconds(args, tuple(args.schedules.split(","))),
+        recompute_partial=tuple(sorted(recompute_fields(args).items())),
     )
     result = make_plan(prob, baselines=not args.no_baselines, progress=_Bar(not args.no_progress))
     csv = None
@@ -335,7 +336,10 @@ def run(args: argparse.Namespace) -> int:
         csv.write_text(to_csv(result.best.schedule))
     data = plan_json(prob, result, schedule_csv=None if csv is None else csv.name)
     if "full" in (data.get("recompute_per_stage") or [data.get("recompute")]):
-        data |= recompute_fields(args)  # recorded for simulate --plan and the exports
+        from pipewright.plan.simulated import partial_fields
+
+        # recorded for simulate --plan and the exports, as the finalists were simulated
+        data |= partial_fields(prob, result.best.chunk_layers)
     if args.out:
         from pipewright.plan.planfile import save
 

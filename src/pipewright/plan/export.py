@@ -141,7 +141,9 @@ def megatron_args(plan: Plan) -> list[str]:
         args += ["--microbatch-group-size-per-virtual-pipeline-stage", str(plan.microbatch_group)]
     if plan.data.get("sequence_parallel") and int(plan["tp"]) > 1:
         args.append("--sequence-parallel")
-    if plan.tp_comm_overlap != "none":  # Megatron-Core's own overlap (a note where the plan's differs)
+    # Megatron-Core's own overlap (a note where the plan's differs); Megatron-LM asserts it runs with
+    # sequence parallelism, which it turns off at tp 1
+    if plan.tp_comm_overlap != "none" and int(plan["tp"]) > 1 and plan.data.get("sequence_parallel"):
         args.append("--tp-comm-overlap")
     args += [
         *("--micro-batch-size", str(plan["microbatch_size"])),
@@ -253,11 +255,12 @@ def torchtitan_config(plan: Plan, schedule_csv: str | None = None) -> dict[str, 
     parts = chunks(plan)
     dp, cp, v = int(plan["dp"]), int(plan.data.get("cp", 1)), int(plan.data.get("virtual", 1))
     fsdp = plan.data.get("optimizer_sharding", "none") != "none"
+    async_tp = plan.tp_comm_overlap != "none" and int(plan["tp"]) > 1
     para: dict[str, object] = {
         "data_parallel_replicate_degree": 1 if fsdp else dp,
         "data_parallel_shard_degree": dp if fsdp else 1,
         "tensor_parallel_degree": int(plan["tp"]),
-        "enable_async_tensor_parallel": plan.tp_comm_overlap != "none",
+        "enable_async_tensor_parallel": async_tp,
         "context_parallel_degree": cp,
         "pipeline_parallel_degree": int(plan["pp"]),
         "pipeline_parallel_microbatch_size": int(plan["microbatch_size"]),
@@ -287,7 +290,10 @@ def torchtitan_config(plan: Plan, schedule_csv: str | None = None) -> dict[str, 
     checkpoint: dict[str, object] = {"mode": "selective" if recompute == "op" else recompute}
     if recompute in ("selective", "op"):
         checkpoint["selective_ac_option"] = "op"
-    return {"parallelism": para, "training": training, "activation_checkpoint": checkpoint}
+    tables = {"parallelism": para, "training": training, "activation_checkpoint": checkpoint}
+    if async_tp:  # torchtitan runs async TP only on compiled blocks ("Async TP requires torch.compile")
+        tables["compile"] = {"enable": True, "components": ["model"]}
+    return tables
 
 
 def _fqns(chunk: Chunk) -> list[str]:

@@ -113,6 +113,9 @@ class Problem:
     calibration: str | None = None  # a `pipewright profile --calibration` file
     cost_fields: tuple[tuple[str, object], ...] = ()  # --grad-dtype, --kernels, --fsdp-grad-sync (sorted)
     framework: str | None = None  # --framework (recorded in the plan; its calibration is ``efficiency``)
+    # --recompute-method/--recompute-num-layers (sorted pairs): how fully recomputed stages recompute in
+    # the finalists' simulation (the estimate prices plain full recomputation)
+    recompute_partial: tuple[tuple[str, object], ...] = ()
     _kinds: dict[str, str] = field(default_factory=dict, init=False, compare=False, repr=False)
     _efficiency: dict = field(default_factory=dict, init=False, compare=False, repr=False)
 

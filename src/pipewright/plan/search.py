@@ -371,7 +371,15 @@ def search(
     finalists[0] = per_stage_recompute(prob, finalists[0])
     best = finalists[0]
     if not best.fits:
-        raise DoesNotFitError(f"{prob.spec.name}: no finalist fits in memory in simulation; add devices")
+        hint = "add devices"
+        if prob.recompute_partial:  # the estimate priced plain full recomputation
+            method = dict(prob.recompute_partial)
+            hint += (
+                f" or recompute more layers (--recompute-method {method.get('recompute_method')} "
+                f"--recompute-num-layers {method.get('recompute_num_layers', 1)} keeps the other layers' "
+                "activations)"
+            )
+        raise DoesNotFitError(f"{prob.spec.name}: no finalist fits in memory in simulation; {hint}")
     for ev in finalists[1:]:
         ev.label = "runner-up"
         ev.why = why_slower(best, ev)

@@ -56,9 +56,11 @@ def plan_models(prob: Problem, ev: Evaluated):
         comm = TopologyComm(prob.topology, mesh, prob.efficiency_for().comm)
         return cost, ProfiledComm.from_cost(cost, comm)
     gpu = prob.topology.nodes[ev.devices[0]].accelerator
+    full = c.recompute == "full" or "full" in (ev.recompute_per_stage or ())
     cost = make_cost(
         c.recompute,
         per_stage=ev.recompute_per_stage,
+        **(partial_fields(prob, ev.chunk_layers) if full else {}),
         spec=prob.spec_for(c.tp),
         microbatch=c.microbatch,
         gpu=gpu,
@@ -71,6 +73,16 @@ def plan_models(prob: Problem, ev: Evaluated):
         **prob.options(c).kwargs(),
     )
     return cost, cost.comm
+
+
+def partial_fields(prob: Problem, chunk_layers) -> dict[str, object]:
+    """``--recompute-method``/``--recompute-num-layers`` for a plan with these layers per chunk: N at most
+    the largest chunk's layers (Megatron-LM recomputes a whole chunk when N exceeds its layers, so a
+    larger N prices the same; {} without the options)."""
+    fields = dict(prob.recompute_partial)
+    if fields and chunk_layers:
+        fields["recompute_num_layers"] = min(int(fields.get("recompute_num_layers") or 1), max(chunk_layers))
+    return fields
 
 
 def simulate_plan(prob: Problem, ev: Evaluated) -> Evaluated:
