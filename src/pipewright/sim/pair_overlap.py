@@ -2,8 +2,8 @@
 
 DeepSeek-V3 (arXiv 2412.19437, §3.2.1) runs the forward chunk of one microbatch and the backward
 chunk of another together, so that the communication of each (the experts' all-to-all there and in
-the runtime under ``--ep``; the context-parallel ring's exchanges) proceeds while the other
-computes. With an action's time split into its compute c and the communication it waits for x
+the runtime under ``--ep``; in the runtime also the context-parallel ring's exchanges, which no cost
+model exposes here yet) proceeds while the other computes. With an action's time split into its compute c and the communication it waits for x
 (exposed when it runs alone), an F&B pair lasts
 
     blocking:    (c_F + x_F) + (c_B + x_B)
@@ -120,7 +120,7 @@ class PairOverlapCost:
 
 def with_pair_overlap(cost: CostModel, schedule: Schedule) -> CostModel:
     """``cost`` wrapped in :class:`PairOverlapCost` when ``schedule`` marks F&B pairs and ``cost``
-    exposes its communication (``exposed_comm``: the MoE all-to-alls, the context-parallel ring); else
+    exposes its communication (``exposed_comm``: the MoE all-to-alls; no dense cost model has one yet); else
     ``cost``. ``pipewright simulate`` and the planner's simulation of a plan wrap the same way."""
     if hasattr(cost, "exposed_comm") and (schedule.meta or {}).get("overlapped_pairs"):
         return PairOverlapCost(cost, cost.exposed_comm)
