@@ -3,8 +3,8 @@
 DeepSeek-V3 (arXiv 2412.19437, §3.2.1) runs the forward chunk of one microbatch and the backward
 chunk of another together, so that the communication of each (the experts' all-to-all there and in
 the runtime under ``--ep``; in the runtime also the context-parallel ring's exchanges, which no cost
-model exposes here yet) proceeds while the other computes. With an action's time split into its compute c and the communication it waits for x
-(exposed when it runs alone), an F&B pair lasts
+model exposes here yet) proceeds while the other computes. With an action's time split into its
+compute c and the communication it waits for x (exposed when it runs alone), an F&B pair lasts
 
     blocking:    (c_F + x_F) + (c_B + x_B)
     overlapped:  max(c_F + c_B, x_F + x_B)       (two streams, each serialised)
