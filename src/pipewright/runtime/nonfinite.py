@@ -18,8 +18,8 @@ import torch.distributed as dist
 from torch import nn
 
 from pipewright.errors import ConfigError
-from pipewright.runtime.errors import CollectiveTimeout, DistributedError
-from pipewright.runtime.timeouts import wait_work
+from pipewright.runtime.errors import DistributedError
+from pipewright.runtime.timeouts import wait_or_raise
 
 POLICIES = ("stop", "skip")
 
@@ -79,13 +79,7 @@ def agree_flags(flags: Sequence[bool], device: torch.device, timeout_s: float | 
     t = torch.tensor([int(f) for f in flags], dtype=torch.int32, device=device)
     if dist.is_initialized():
         work = dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True)
-        if timeout_s is None:
-            work.wait()
-        elif not wait_work(work, timeout_s, device):
-            raise CollectiveTimeout(
-                f"the per-step flag all-reduce (non-finite values, preemption) did not complete within "
-                f"{timeout_s:g} s"
-            )
+        wait_or_raise(work, timeout_s, device, "the per-step flag all-reduce (non-finite values, preemption)")
     return [bool(v) for v in t.tolist()]
 
 

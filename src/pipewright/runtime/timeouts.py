@@ -25,6 +25,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from pipewright.runtime.errors import CollectiveTimeout
+
 log = logging.getLogger(__name__)
 
 #: Substrings of the messages gloo and c10d raise when an operation's timeout expires.
@@ -59,6 +61,16 @@ def wait_work(work: dist.Work, timeout_s: float, device: torch.device) -> bool:
         time.sleep(20e-6)
     work.wait()  # orders the current stream after the collective
     return True
+
+
+def wait_or_raise(work: dist.Work, timeout_s: float | None, device: torch.device, what: str) -> None:
+    """Wait for ``work`` (without limit when ``timeout_s`` is None); a
+    :class:`~pipewright.runtime.errors.CollectiveTimeout` naming ``what`` when it does not complete in
+    ``timeout_s`` seconds."""
+    if timeout_s is None:
+        work.wait()
+    elif not wait_work(work, timeout_s, device):
+        raise CollectiveTimeout(f"{what} did not complete within {timeout_s:g} s")
 
 
 def bound_groups(timeout_s: float) -> int:

@@ -53,8 +53,7 @@ import torch.distributed as dist
 from torch import nn
 
 from pipewright.optim import build_optimizer, global_grad_norm
-from pipewright.runtime.errors import CollectiveTimeout
-from pipewright.runtime.timeouts import is_timeout, wait_work
+from pipewright.runtime.timeouts import is_timeout, wait_or_raise
 
 log = logging.getLogger(__name__)
 
@@ -87,13 +86,7 @@ def reduce_scatter(out: torch.Tensor, buf: torch.Tensor, group, timeout_s: float
 
 
 def _wait(work, timeout_s: float | None, device: torch.device, what: str) -> None:
-    if timeout_s is None:
-        work.wait()
-    elif not wait_work(work, timeout_s, device):
-        raise CollectiveTimeout(
-            f"the data-parallel {what} of the gradients (sharded optimizer) did not complete within "
-            f"{timeout_s:g} s"
-        )
+    wait_or_raise(work, timeout_s, device, f"the data-parallel {what} of the gradients (sharded optimizer)")
 
 
 def reduce_at_step(state, action) -> None:
