@@ -187,3 +187,15 @@ def test_vocab_methods_keep_every_input_of_the_users_cost_model(option):
     assert type(inner) is LlamaCost
     assert (inner.stage_outputs, inner.kernels, inner.grad_dtype) == ("kept", "eager", "bf16")
     assert inner.spec.vocab == (spec.vocab if option == "redistribute" else 0)
+
+
+def test_vocab_methods_run_under_dualpipev_pairs(capsys):
+    """Under DualPipeV a mixture of experts' cost model comes wrapped in the F&B pair overlap: the
+    vocabulary methods price the model under it (before, the wrapper read as a model without a cost
+    model: "--vocab-parallel needs --model")."""
+    argv = [
+        *("simulate", "--model", "mixtral-8x7b", "--gpu", "h100-sxm", "--nodes", "1", "--gpus-per-node", "8"),
+        *("--pp", "4", "--dp", "2", "--ep", "2", "--global-batch-size", "16", "--schedule", "dualpipev"),
+    ]
+    assert main([*argv, "--vocab-parallel", "redistribute"]) == 0
+    assert "vocab redistribute" in capsys.readouterr().out

@@ -59,6 +59,10 @@ def apply_to_simulation(option: str, schedule: Schedule, cost, comm, *, unit: bo
         if isinstance(cost, UnitCost):
             cost = replace(cost, times={**cost.times, **unit_vocab_times(option)})
         return insert_vocab(schedule, option, placement_costs(cost, schedule)), cost, comm
+    from pipewright.sim.pair_overlap import PairOverlapCost, with_pair_overlap
+
+    if isinstance(cost, PairOverlapCost):  # DualPipeV's F&B pairs: re-applied to the new cost below
+        cost = cost.base
     if not isinstance(cost, TransformerCost):
         raise ConfigError("--vocab-parallel needs --model or --cost unit (a profile has no vocabulary costs)")
     spec, mesh = cost.spec, cost.mesh
@@ -78,7 +82,7 @@ def apply_to_simulation(option: str, schedule: Schedule, cost, comm, *, unit: bo
     if option == "redistribute":
         layout = redistribute_layout(spec, schedule, pp=mesh.pp, tp=mesh.tp, **_kw(common))
         new = replace(cost, layout=layout)
-        return schedule, new, new.comm
+        return schedule, with_pair_overlap(new, schedule), new.comm
     inner = replace(cost, spec=replace(spec, vocab=0))
     vcost = VocabCost(spec, inner, option)
     sched = insert_vocab(schedule, option, placement_costs(vcost, schedule))
