@@ -36,14 +36,15 @@ implementations priced pass by pass (:class:`PassImpl`); the p2p rings keep thei
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 
 from pipewright.cost.attention_kinds import attention_of
-from pipewright.errors import ConfigError
 from pipewright.ir import F, W
 from pipewright.models.spec import ModelSpec
+from pipewright.registry import Registry
 
 #: bytes per element of the fp32 merge and the dK/dV accumulators
 FP32 = 4
@@ -162,7 +163,7 @@ def run_streams(program: Sequence[Op]) -> tuple[float, float]:
 
 
 @dataclass(frozen=True)
-class CPImpl:
+class CPImpl(ABC):
     """A registered implementation (``name``, a one-line ``summary``): :meth:`kind_pass` prices one
     action kind of one layer given the shape, the group's transfer prices, the kind's attention seconds
     and the forward's, and whether the backward re-runs the forward (full recomputation)."""
@@ -170,8 +171,9 @@ class CPImpl:
     name: str
     summary: str
 
+    @abstractmethod
     def kind_pass(self, x: CPShape, comm: CPComm, kind: str, attn: float, fwd: float, redo: bool) -> CPPass:
-        raise NotImplementedError
+        """One layer's pass of ``kind`` (F, I, W or B) on one rank."""
 
 
 @dataclass(frozen=True)
@@ -326,33 +328,27 @@ def _llama3_backward(x: CPShape, comm: CPComm, attn: float) -> CPPass:
     return CPPass((x.cp - 1) * block, scatter, scatter, 0.0, None, x.cp * block)
 
 
-_REGISTRY: dict[str, CPImpl] = {}
+_REGISTRY: Registry[CPImpl] = Registry("context-parallel implementation", "--cp-comm")
 
 
 def register(impl: CPImpl, *, override: bool = False) -> CPImpl:
     """Add ``impl`` (``override``: replace one of the same name)."""
-    if impl.name in _REGISTRY and not override:
-        raise ConfigError(f"context-parallel implementation {impl.name!r} is already registered")
-    _REGISTRY[impl.name] = impl
-    return impl
+    return _REGISTRY.add(impl.name, impl, override=override)
 
 
 def names() -> tuple[str, ...]:
     """The registered implementations, the cost model's default first."""
-    return tuple(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def cp_impl(name: str) -> CPImpl:
     """The registered implementation ``name``; a one-line ConfigError otherwise."""
-    impl = _REGISTRY.get(name)
-    if impl is None:
-        raise ConfigError(f"unknown --cp-comm {name!r}; choose one of: {', '.join(_REGISTRY)}")
-    return impl
+    return _REGISTRY.get(name)
 
 
 def registry() -> Mapping[str, CPImpl]:
     """The registered implementations by name (read-only)."""
-    return MappingProxyType(_REGISTRY)
+    return _REGISTRY.view()
 
 
 #: the p2p rings' backwards by implementation name (:mod:`pipewright.cost.context`)

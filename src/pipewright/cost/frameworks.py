@@ -34,6 +34,7 @@ from types import MappingProxyType
 from pipewright.cost import tp_overlap as tp_modes
 from pipewright.cost.efficiency import Efficiency
 from pipewright.errors import ConfigError
+from pipewright.registry import Registry
 
 #: the command-line inputs a framework may set by default (argparse ``dest`` names; each defaults to
 #: None on ``simulate`` and ``plan``, so a flag the user gives always wins)
@@ -80,35 +81,29 @@ class Framework:
         return replace(base, gemm=base.gemm * self.compute, layer_overhead=overhead)
 
 
-_REGISTRY: dict[str, Framework] = {}
+_REGISTRY: Registry[Framework] = Registry("framework", "--framework")
 
 
 def register(fw: Framework, *, override: bool = False) -> Framework:
     """Add ``fw`` to the registry (``override``: replace an entry of the same name)."""
-    if fw.name in _REGISTRY and not override:
-        raise ConfigError(f"framework {fw.name!r} is already registered")
-    _REGISTRY[fw.name] = fw
-    return fw
+    return _REGISTRY.add(fw.name, fw, override=override)
 
 
 def unregister(name: str) -> None:
     """Remove ``name`` from the registry (the default stays)."""
     if name == DEFAULT_FRAMEWORK:
         raise ConfigError(f"the default framework {name!r} cannot be removed")
-    _REGISTRY.pop(name, None)
+    _REGISTRY.remove(name)
 
 
 def names() -> tuple[str, ...]:
     """The registered frameworks' names, the default first."""
-    return tuple(_REGISTRY)
+    return _REGISTRY.names()
 
 
 def framework(name: str | None) -> Framework:
     """The registered framework ``name`` (None: the default); a one-line ConfigError otherwise."""
-    fw = _REGISTRY.get(name or DEFAULT_FRAMEWORK)
-    if fw is None:
-        raise ConfigError(f"unknown --framework {name!r}; choose one of: {', '.join(_REGISTRY)}")
-    return fw
+    return _REGISTRY.get(name or DEFAULT_FRAMEWORK)
 
 
 def tp_comm_overlap(value: bool | str | None, name: str | None) -> str:
@@ -129,7 +124,7 @@ def tp_comm_overlap(value: bool | str | None, name: str | None) -> str:
 
 def fit_rows() -> frozenset[str]:
     """The published rows (docs/fidelity.md) some framework's calibration was fitted on."""
-    return frozenset(row for fw in _REGISTRY.values() for row in fw.fitted_on)
+    return frozenset(row for fw in _REGISTRY.view().values() for row in fw.fitted_on)
 
 
 register(

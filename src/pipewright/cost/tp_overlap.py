@@ -37,7 +37,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import TYPE_CHECKING
 
 from pipewright.cost.layer import layer_gemms
@@ -45,6 +44,7 @@ from pipewright.cost.sharding import exposed
 from pipewright.errors import ConfigError
 from pipewright.ir import B, F, I
 from pipewright.models.spec import ModelSpec
+from pipewright.registry import Registry
 
 if TYPE_CHECKING:
     from pipewright.cost.transformer import TransformerCost
@@ -86,22 +86,19 @@ class TpOverlap:
     exposed_time: Exposure
 
 
-_REGISTRY: dict[str, TpOverlap] = {}
+_REGISTRY: Registry[TpOverlap] = Registry("--tp-comm-overlap mode", "--tp-comm-overlap")
 #: the mode ``tp_comm_overlap=True`` names where no framework is given (the default framework's)
 DEFAULT_MODE = "te"
 
 
 def register(mode: TpOverlap) -> TpOverlap:
     """Add ``mode`` to the registry (a name may be registered once)."""
-    if mode.name in _REGISTRY:
-        raise ConfigError(f"--tp-comm-overlap mode {mode.name!r} is already registered")
-    _REGISTRY[mode.name] = mode
-    return mode
+    return _REGISTRY.add(mode.name, mode)
 
 
 def modes() -> Mapping[str, TpOverlap]:
     """The registered modes by name."""
-    return MappingProxyType(_REGISTRY)
+    return _REGISTRY.view()
 
 
 def resolve(value: bool | str | None, bare: str = DEFAULT_MODE) -> str:
@@ -112,7 +109,7 @@ def resolve(value: bool | str | None, bare: str = DEFAULT_MODE) -> str:
     if value is False or value is None:
         return "none"
     if value not in _REGISTRY:
-        raise ConfigError(f"--tp-comm-overlap must be one of {', '.join(_REGISTRY)} (got {value!r})")
+        raise ConfigError(f"--tp-comm-overlap must be one of {', '.join(_REGISTRY.names())} (got {value!r})")
     return value
 
 
@@ -199,4 +196,4 @@ def tp_exposed_time(cost: TransformerCost, chunk, kind: str, rank: int, gemm: fl
     """Seconds of ``chunk``'s tensor-parallel communication in a ``kind`` pass left exposed by
     ``cost.tp_comm_overlap`` beside its GEMMs' ``gemm`` seconds (module docstring)."""
     tp_pass = chunk_pass(cost, chunk, kind, rank, gemm)
-    return _REGISTRY[resolve(cost.tp_comm_overlap)].exposed_time(tp_pass)
+    return _REGISTRY.get(resolve(cost.tp_comm_overlap)).exposed_time(tp_pass)
