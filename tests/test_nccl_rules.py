@@ -13,9 +13,10 @@ import torch
 import torch.distributed as dist
 
 from _queue_spawn import fork_launch
-from pipewright.runtime import ParallelMesh
+from pipewright.runtime import ParallelMesh, spawn
 from pipewright.runtime import nccl_rules as rules
 from pipewright.runtime.errors import CollectiveTimeout
+from pipewright.runtime.executor import DEFAULT_RECV_WINDOW
 from pipewright.schedules import build_schedule
 from test_executor import RTOL, _executor, make_batch, make_stages, reference, rel_err
 
@@ -92,18 +93,13 @@ def _pipeline_checks(rank: int) -> dict:
     out["grad_err"] = max(rel_err(p.grad, ref_grads[mesh.pp_rank][n]) for n, p in st.named_parameters())
     # Recorded steps: count the device synchronizes per step.
     ex = _executor(build_schedule("1f1b", 2, m), mesh, make_stages(2, 8), record=True, recv_timeout_s=5)
-    calls: list[int] = []
-    sync = ex.device_sync
-
-    def counted() -> None:
-        calls[-1] += 1
-        sync()
-
-    ex.device_sync = counted
+    calls = _count_calls(ex, "device_sync")
+    per_step = []
     for _ in range(2):
-        calls.append(0)
+        before = len(calls)
         ex.run(tokens[0], targets[0])
-    out["syncs_per_step"], out["spans"] = calls, len(ex.last_spans)
+        per_step.append(len(calls) - before)
+    out["syncs_per_step"], out["spans"] = per_step, len(ex.last_spans)
     # Boundary buffers (posted receives + unreleased sends) held after each action, m = 8.
     held: list[int] = []
 
@@ -118,6 +114,22 @@ def _pipeline_checks(rank: int) -> dict:
     ex = _executor(build_schedule("1f1b", 2, 8), mesh, make_stages(2, 9), handler_wrappers=[watch])
     ex.run(tokens[0], targets[0])
     out["held"] = max(held)
+
+    # What the step did before: a synchronize after every action. Under the rules it waits for the
+    # receives posted ahead, which need this rank's later sends: reported as a timeout (last: gloo
+    # closes the channels' pairs on a timeout).
+    def sync_after(kind, handler):
+        def run(state, a):
+            handler(state, a)
+            state.executor.device_sync()
+
+        return run
+
+    ex = _executor(
+        build_schedule("1f1b", 2, 4), mesh, make_stages(2, 0), recv_timeout_s=1, handler_wrappers=[sync_after]
+    )
+    tokens, targets = make_batch(1, 4, 0)
+    out["sync_each_action"] = _error(lambda: ex.run(tokens[0], targets[0]))
     return out
 
 
@@ -190,8 +202,67 @@ def test_a_recorded_step_synchronizes_at_most_once(results) -> None:
 
 
 @pytest.mark.slow
+def test_a_synchronize_after_every_action_is_reported_as_the_deadlock_it_is_on_nccl(results) -> None:
+    assert results[0]["pipeline"]["sync_each_action"].startswith(
+        "CollectiveTimeout: rank 0: a device synchronize waits for irecv from rank 1, which did not "
+        "complete within 1 s"
+    )
+
+
+@pytest.mark.slow
 def test_boundary_buffers_are_bounded_by_the_microbatches_in_flight(results) -> None:
     """Finding 8: 1F1B holds at most pp microbatches in flight, plus the receive posted ahead — not m
     receive buffers per channel from step start and every send until the step ends (pp 2, m 8)."""
     for r in results:
         assert r["pipeline"]["held"] <= 2 + 1
+
+
+# -- CUDA / NCCL: the same on two GPUs --------------------------------------------------------------
+def _worker_gpu(rank: int, world: int) -> dict:
+    """1F1B at pp 2, m 4 over NCCL, twice: every receive posted at step start (each must complete on
+    its own), then a recorded step with the default receive window (no synchronize between actions)."""
+    mesh = ParallelMesh.build(1, world, 1)
+    assert mesh.device.type == "cuda" and mesh.backend == "nccl"
+    m = 4
+    sched = build_schedule("1f1b", world, m)
+    tokens, targets = make_batch(1, m, 3)
+    out: dict = {"grad_err": 0.0, "loss_err": 0.0}
+    for window, record in ((None, False), (DEFAULT_RECV_WINDOW, True)):
+        stages = [st.to(mesh.device) for st in make_stages(world, 3)]
+        _, ref_loss, ref_grads = reference(
+            stages, [[t.to(mesh.device) for t in tokens[0]]], [[t.to(mesh.device) for t in targets[0]]]
+        )
+        ex = _executor(sched, mesh, stages, recv_window=window, record=record, recv_timeout_s=60)
+        syncs = _count_calls(ex, "device_sync")
+        mean = ex.global_loss(ex.run(tokens[0], targets[0]))
+        errs = [
+            rel_err(p.grad, ref_grads[s][n]) for s, st in ex.stages.items() for n, p in st.named_parameters()
+        ]
+        out["grad_err"] = max(out["grad_err"], *errs)
+        out["loss_err"] = max(out["loss_err"], abs(mean - ref_loss) / ref_loss)
+        out["syncs"], out["spans"], out["actions"] = len(syncs), len(ex.last_spans), len(ex.actions)
+    return out
+
+
+def _count_calls(obj, name: str) -> list[None]:
+    """Wrap ``obj.name`` so that each call appends to the returned list."""
+    calls: list[None] = []
+    method = getattr(obj, name)
+
+    def counted(*args, **kwargs):
+        calls.append(None)
+        return method(*args, **kwargs)
+
+    setattr(obj, name, counted)
+    return calls
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices (NCCL: one GPU per rank)")
+def test_executor_on_cuda_with_nccl() -> None:
+    for res in spawn(_worker_gpu, 2, (2,), backend="nccl", timeout_s=300):
+        assert res["grad_err"] <= 1e-4  # other kernels (and summation orders) than the reference's
+        assert res["loss_err"] <= 1e-5
+        assert res["syncs"] <= 1  # the recorded step: one synchronize, to read its CUDA events
+        assert res["spans"] == res["actions"]
