@@ -16,7 +16,6 @@ from _queue_spawn import fork_launch
 from pipewright.runtime import ParallelMesh, spawn
 from pipewright.runtime import nccl_rules as rules
 from pipewright.runtime.errors import CollectiveTimeout
-from pipewright.runtime.executor import DEFAULT_RECV_WINDOW
 from pipewright.schedules import build_schedule
 from test_executor import RTOL, _executor, make_batch, make_stages, reference, rel_err
 
@@ -102,7 +101,7 @@ def _pipeline_checks(rank: int) -> dict:
     stages = make_stages(2, 7)
     tokens, targets = make_batch(1, m, 7)
     _, _, ref_grads = reference(stages, tokens, targets)
-    ex = _executor(build_schedule("1f1b", 2, m), mesh, stages, recv_window=None, recv_timeout_s=5)
+    ex = _executor(build_schedule("1f1b", 2, m), mesh, stages, recv_depth=m, recv_timeout_s=5)
     out["all_posted"] = _error(lambda: ex.run(tokens[0], targets[0]))
     st = stages[mesh.pp_rank]
     out["grad_err"] = max(rel_err(p.grad, ref_grads[mesh.pp_rank][n]) for n, p in st.named_parameters())
@@ -236,28 +235,29 @@ def test_a_synchronize_after_every_action_is_reported_as_the_deadlock_it_is_on_n
 
 @pytest.mark.slow
 def test_boundary_buffers_are_bounded_by_the_microbatches_in_flight(results) -> None:
-    """Finding 8: 1F1B holds at most pp microbatches in flight, plus the receive posted ahead — not m
-    receive buffers per channel from step start and every send until the step ends (pp 2, m 8)."""
+    """Finding 8: 1F1B holds at most pp microbatches in flight, each with at most one boundary tensor
+    sent and one receive posted — not m receive buffers per channel from step start and every send
+    until the step ends (pp 2, m 8: 16 before)."""
     for r in results:
-        assert r["pipeline"]["held"] <= 2 + 1
+        assert r["pipeline"]["held"] <= 2 * 2
 
 
 # -- CUDA / NCCL: the same on two GPUs --------------------------------------------------------------
 def _worker_gpu(rank: int, world: int) -> dict:
     """1F1B at pp 2, m 4 over NCCL, twice: every receive posted at step start (each must complete on
-    its own), then a recorded step with the default receive window (no synchronize between actions)."""
+    its own), then a recorded step with the default receive depth (no synchronize between actions)."""
     mesh = ParallelMesh.build(1, world, 1)
     assert mesh.device.type == "cuda" and mesh.backend == "nccl"
     m = 4
     sched = build_schedule("1f1b", world, m)
     tokens, targets = make_batch(1, m, 3)
     out: dict = {"grad_err": 0.0, "loss_err": 0.0}
-    for window, record in ((None, False), (DEFAULT_RECV_WINDOW, True)):
+    for depth, record in ((m, False), (None, True)):
         stages = [st.to(mesh.device) for st in make_stages(world, 3)]
         _, ref_loss, ref_grads = reference(
             stages, [[t.to(mesh.device) for t in tokens[0]]], [[t.to(mesh.device) for t in targets[0]]]
         )
-        ex = _executor(sched, mesh, stages, recv_window=window, record=record, recv_timeout_s=60)
+        ex = _executor(sched, mesh, stages, recv_depth=depth, record=record, recv_timeout_s=60)
         syncs = _count_calls(ex, "device_sync")
         mean = ex.global_loss(ex.run(tokens[0], targets[0]))
         errs = [

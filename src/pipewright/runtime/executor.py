@@ -78,10 +78,6 @@ from pipewright.timeline import Span
 
 log = logging.getLogger(__name__)
 
-#: Receives are posted this many actions ahead by default: enough to overlap a receive with the action
-#: before it, few enough that receive buffers stay bounded by the microbatches in flight.
-DEFAULT_RECV_WINDOW = 2
-
 
 def _loss_values(losses: dict[int, torch.Tensor]) -> list[float]:
     """The losses by microbatch as floats, read in one device transfer (not one sync per microbatch)."""
@@ -103,11 +99,13 @@ class PipelineExecutor:
     actions when ``mesh.dp > 1`` and it has none, and validated. ``stages`` maps each stage this pp
     rank holds to its module. ``boundary_shape`` is the per-microbatch shape of the tensor entering a
     stage (one tuple for all, or a dict stage → shape), ``dtype`` likewise. ``step_fn(stage, mb)`` is
-    called by STEP actions (``mb`` None after a flush). ``recv_window``: receives are posted this many
-    actions ahead (default :data:`DEFAULT_RECV_WINDOW`, so receive buffers stay bounded by the
-    microbatches in flight; None: all at iteration start). ``record``: measure a span per action — wall
-    clock on the CPU, CUDA events on CUDA, read after the step with one synchronize (the per-action loop
-    never synchronises: :meth:`device_sync` runs at most once per step). ``scatter_gather`` (tp > 1,
+    called by STEP actions (``mb`` None after a flush). ``recv_depth``: receives posted ahead per
+    channel (default: the schedule's number of stages, which bounds the microbatches in flight of the
+    usual schedules, so receive buffers stay bounded by them; pass m to post all at iteration start);
+    ``recv_window``: instead, receives are posted this many actions ahead. ``record``: measure a span
+    per action — wall clock on the CPU, CUDA events on CUDA, read after the step with one synchronize
+    (the per-action loop never synchronises: :meth:`device_sync` runs at most once per step).
+    ``scatter_gather`` (tp > 1,
     boundary tensors identical on the tp ranks of a stage, as after Megatron's row-parallel
     all-reduce): each tp rank sends 1/tp of a boundary tensor and the receivers all-gather it
     (Megatron-LM's scatter/gather optimisation).
@@ -136,7 +134,8 @@ class PipelineExecutor:
         handlers: Mapping[str, Handler] | None = None,
         step_fn: Callable[[int, int | None], None] | None = None,
         recv_timeout_s: float = 300.0,
-        recv_window: int | None = DEFAULT_RECV_WINDOW,
+        recv_window: int | None = None,
+        recv_depth: int | None = None,
         record: bool = False,
         validate: bool = True,
         scatter_gather: bool = False,
@@ -215,8 +214,14 @@ class PipelineExecutor:
         self.last_spans: list[Span] = []
         self.iteration = 0
         mesh.open_channels(channel_pairs(schedule))
+        self.recv_depth = schedule.num_stages if recv_depth is None else recv_depth
         self.comm = PipeComm(
-            schedule, mesh, self._recv_spec, timeout_s=recv_timeout_s, scatter_gather=scatter_gather
+            schedule,
+            mesh,
+            self._recv_spec,
+            timeout_s=recv_timeout_s,
+            scatter_gather=scatter_gather,
+            depth=self.recv_depth,
         )
         self._eval: tuple[tuple[Action, ...], PipeComm] | None = None
 
@@ -308,6 +313,7 @@ class PipelineExecutor:
                     self._recv_spec,
                     timeout_s=self.comm.timeout_s,
                     scatter_gather=self.comm.scatter_gather,
+                    depth=self.recv_depth,
                 ),
             )
         actions, comm = self._eval
@@ -317,7 +323,8 @@ class PipelineExecutor:
         return _loss_values(state.losses)
 
     def _execute(self, state: RunState, *, record: bool) -> list[Span]:
-        """Run ``state.actions`` in order; receives posted ahead (all at once or ``recv_window``)."""
+        """Run ``state.actions`` in order; receives posted ahead (``recv_depth`` per channel, or
+        ``recv_window`` actions)."""
         actions, comm = state.actions, state.comm
         comm.reset()
         clock = ActionClock(self.device) if record else None
@@ -327,7 +334,7 @@ class PipelineExecutor:
             clock.start()
         window, handlers = self.recv_window, self.handlers
         if window is None:
-            comm.post([a for a in actions if a.kind in self.recv_kinds])
+            comm.prime()
         for pos, a in enumerate(actions):
             state.position = pos
             if window is not None:

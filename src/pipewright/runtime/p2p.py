@@ -8,10 +8,11 @@ receive on a channel only delays later receives on the same channel) and on gloo
 
 Every receive and every send is its own operation with its own Work (NCCL coalesces a
 ``batch_isend_irecv`` batch into one Work: waiting one receive of a batch would wait for all of it).
-Receives are posted a bounded number of actions ahead (the executor's ``recv_window``), so receive
-buffers are bounded by the microbatches in flight, not allocated m per channel at step start. A send is
-released (its buffer freed) as soon as it is known complete: polled on CUDA, and on every backend once
-this rank has received a message its peer sent after the matching receive (the peer then has it).
+At most ``depth`` receives per channel are posted ahead (:meth:`PipeComm.prime` at step start, the next
+one as each is consumed; the executor's ``recv_depth``, by default its schedule's number of stages), so
+receive buffers are bounded by the microbatches in flight, not allocated m per channel at step start.
+A send is released (its buffer freed) as soon as it is known complete: polled on CUDA, and on every
+backend once this rank has received a message its peer sent after the matching receive.
 
 Shapes and dtypes are given in advance by the executor (no handshake). A receive that does not
 complete within ``timeout_s`` raises :class:`RecvTimeout` naming this rank, the action and the peer.
@@ -91,12 +92,14 @@ class PipeComm:
         *,
         timeout_s: float = 300.0,
         scatter_gather: bool = False,
+        depth: int | None = None,
     ) -> None:
         self.schedule = schedule
         self.mesh = mesh
         self.recv_spec = recv_spec
         self.timeout_s = timeout_s
         self.scatter_gather = scatter_gather and mesh.tp > 1
+        self.depth = depth
         me = mesh.pp_rank
         # For each source pp rank: the receives of this rank in the order the source sends them.
         self._order: dict[int, list[Action]] = {}
@@ -158,8 +161,7 @@ class PipeComm:
 
     # -- receives --------------------------------------------------------------------------
     def post(self, actions: Iterable[Action]) -> None:
-        """Post (non-blocking) the receives ``actions`` and all receives before them in channel order,
-        batching the receives from one peer into one ``batch_isend_irecv``."""
+        """Post (non-blocking) the receives ``actions`` and all receives before them in channel order."""
         target: dict[int, int] = {}
         for a in actions:
             if a not in self._slot:
@@ -170,9 +172,18 @@ class PipeComm:
             src, i = self._slot[a]
             target[src] = max(target.get(src, 0), i + 1)
         for src, upto in sorted(target.items()):
-            start = self._posted_upto[src]
-            if upto <= start:
-                continue
+            self._post_upto(src, upto)
+
+    def prime(self) -> None:
+        """Post the first ``depth`` receives of every channel (all of them when ``depth`` is None); each
+        receive consumed later posts the next (:meth:`wait_recv`, :meth:`take_received`)."""
+        for src, order in sorted(self._order.items()):
+            self._post_upto(src, len(order) if self.depth is None else min(self.depth, len(order)))
+
+    def _post_upto(self, src: int, upto: int) -> None:
+        """Post the receives from ``src`` up to (excluding) index ``upto`` of its channel order."""
+        start = self._posted_upto[src]
+        if upto > start:
             batch = []
             for r in self._order[src][start:upto]:
                 shape, dtype = self.recv_spec(r)
@@ -184,6 +195,14 @@ class PipeComm:
                 self._recvs[r] = (work, buf)
             self._posted_upto[src] = upto
 
+    def _consumed(self, action: Action) -> None:
+        """``action``'s receive is consumed: release the sends its arrival proves received, post the
+        receive ``depth`` places after it on its channel."""
+        self._release(action)
+        if self.depth is not None:
+            src, i = self._slot[action]
+            self._post_upto(src, min(i + 1 + self.depth, len(self._order[src])))
+
     def wait_recv(self, action: Action) -> torch.Tensor:
         """The received tensor of ``action``, waiting at most ``timeout_s``."""
         if action not in self._recvs:
@@ -194,7 +213,7 @@ class PipeComm:
             self._waited.append((action, work))
         elif not self._wait(work):
             raise self._no_message(action)
-        self._release(action)
+        self._consumed(action)
         return self._full(action, buf)
 
     def _no_message(self, action: Action) -> RecvTimeout:
@@ -220,7 +239,7 @@ class PipeComm:
         """Consume ``action``'s receive whose work the caller has already waited on (see
         :meth:`pending_receive`); returns its tensor (gathered over tp under scatter/gather)."""
         _, buf = self._recvs.pop(action)
-        self._release(action)
+        self._consumed(action)
         return self._full(action, buf)
 
     def _full(self, action: Action, buf: torch.Tensor) -> torch.Tensor:
