@@ -33,6 +33,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from pipewright.errors import ConfigError
 from pipewright.mesh import DEFAULT_ORDER, Mesh
 from pipewright.runtime.errors import LayoutError
+from pipewright.runtime.timeouts import new_group
 
 
 def check_layout(world_size: int, dp: int, pp: int, tp: int, cp: int = 1) -> None:
@@ -172,7 +173,7 @@ class ParallelMesh:
                 ("ep_back_group", layout.ep_groups(), layout.ep_group(me)),
             ):
                 for ranks in every:  # every rank creates every group, in one order
-                    group = dist.new_group([layout.device_index(r) for r in ranks])
+                    group = new_group([layout.device_index(r) for r in ranks])
                     if ranks == mine:
                         groups[name] = group
         return cls(dp, pp, tp, dist.get_rank(), device, mesh, layout, cp=cp, ep=ep, **groups)
@@ -264,20 +265,30 @@ class ParallelMesh:
             mine = None
             for d, t, c in self.replicas():
                 ranks = [self.process_of(d, q, t, c) for q in (src, dst)]
-                group = dist.new_group(ranks)
+                group = new_group(ranks)
                 if self.rank in ranks:
                     mine = group
             self._channels[(src, dst)] = mine
         self._warm_up(sorted(set(pairs)))
 
     def _warm_up(self, pairs: list[tuple[int, int]]) -> None:
-        """One tiny all-reduce per channel, in one global order: NCCL creates a communicator on first
-        use and blocks until both ranks arrive, which must not happen mid-schedule."""
-        for pair in pairs:
-            group = self._channels.get(pair)
-            if group is not None and pair not in self._warm:
-                dist.all_reduce(torch.zeros(1, device=self.device), group=group)
-                self._warm.add(pair)
+        """A one-element send from ``src`` to ``dst`` on each channel (src, dst), in one global order
+        (``pairs`` sorted, the same on every rank). NCCL opens a communicator's point-to-point
+        connections lazily, on its first send/receive between two ranks, blocking until both arrive
+        — an all-reduce opens only the collective's ring, not them. Left to the first step, those
+        handshakes meet the step's pre-posted receives and can wait on each other in a cycle; here
+        every rank meets its channels in the same order, so the first pair in that order not yet
+        done always has both of its ranks at it."""
+        for src, dst in pairs:
+            group = self._channels.get((src, dst))
+            if group is None or (src, dst) in self._warm:
+                continue
+            token = torch.zeros(1, device=self.device)
+            if self.pp_rank == src:
+                dist.send(token, dst=self.pp_peer(dst), group=group)
+            else:
+                dist.recv(token, src=self.pp_peer(src), group=group)
+            self._warm.add((src, dst))
 
     def channel(self, src_pp: int, dst_pp: int) -> dist.ProcessGroup:
         """The group carrying messages from pipeline rank ``src_pp`` to ``dst_pp`` (opened before)."""

@@ -32,6 +32,7 @@ from pipewright.models.blocks import AttentionCore
 from pipewright.models.moe import moe_layers
 from pipewright.runtime.cp.overlap import PairOverlap, install_pair_overlap
 from pipewright.runtime.cp.ring import DistRing, Ring, RingAttentionCore
+from pipewright.runtime.timeouts import new_group
 
 
 def check_context_parallel(seq_len: int, cp: int, tp: int = 1, sequence_parallel: bool = False) -> None:
@@ -135,7 +136,7 @@ def _second_cp_group(mesh) -> dist.ProcessGroup | None:
         for p in range(mesh.pp):
             for t in range(mesh.tp):
                 ranks = [mesh.process_of(d, p, t, c) for c in range(mesh.cp)]
-                group = dist.new_group(ranks)
+                group = new_group(ranks)
                 if mesh.rank in ranks:
                     mine = group
     return mine
