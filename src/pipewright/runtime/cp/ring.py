@@ -38,13 +38,13 @@ on that direction since they were posted (``exposed``), and the seconds spent wa
 from __future__ import annotations
 
 import math
-import time
 from typing import Protocol
 
 import torch
 import torch.distributed as dist
 
 from pipewright.models.blocks import AttentionCore
+from pipewright.runtime.wait_clock import WaitClock
 
 
 class Pending(Protocol):
@@ -79,10 +79,9 @@ class _Received:
         ring, backward = self.ring, self.backward
         if ring.blocks[backward] == self.blocks_at_post:
             ring.exposed[backward] += 1  # no block computed behind this exchange
-        start = time.perf_counter()
-        for work in self.works:
-            work.wait()
-        ring.waited[backward] += time.perf_counter() - start
+        with ring.waited.timing(backward, self.buffer.device):
+            for work in self.works:
+                work.wait()
         return self.buffer
 
 
@@ -95,7 +94,8 @@ class DistRing:
 
     Counters by direction (False: forward, True: backward; each direction runs on one thread at a
     time): ``exchanges`` posted, ``blocks`` computed, ``exposed``: exchanges waited with no block
-    computed since they were posted, ``waited``: seconds spent waiting (exposed communication)."""
+    computed since they were posted, ``waited``: seconds spent waiting (exposed communication; on
+    CUDA the stream's wait, :class:`~pipewright.runtime.wait_clock.WaitClock`)."""
 
     def __init__(
         self,
@@ -108,7 +108,7 @@ class DistRing:
     ) -> None:
         self.group, self.rank, self.size, self.next, self.prev = group, rank, size, next, prev
         self.back_group = group if back_group is None else back_group
-        self.waited = {False: 0.0, True: 0.0}
+        self.waited = WaitClock()
         self.exchanges = {False: 0, True: 0}
         self.blocks = {False: 0, True: 0}
         self.exposed = {False: 0, True: 0}
