@@ -9,7 +9,7 @@ from pipewright.errors import ConfigError
 from pipewright.models.gpt import build_full, loss_fn
 from pipewright.models.spec import ModelSpec
 from pipewright.optim import build_optimizer
-from pipewright.runtime import checkpoint
+from pipewright.runtime import checkpoint_host
 from pipewright.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -64,7 +64,7 @@ def test_cuda_random_state_round_trips_and_older_checkpoints_still_load(tmp_path
     save_checkpoint(tmp_path / "old", 1, params, opt, meta={"fingerprint": "f"})  # no CUDA here
     device_state = {"now": torch.arange(16, dtype=torch.uint8)}
     generator = (lambda: device_state["now"].clone(), lambda s: device_state.update(now=s.clone()))
-    monkeypatch.setattr(checkpoint, "_device_rng", lambda: generator)
+    monkeypatch.setattr(checkpoint_host, "_device_rng", lambda: generator)
     save_checkpoint(tmp_path / "new", 1, params, opt, meta={"fingerprint": "f"})
     device_state["now"] = torch.zeros(16, dtype=torch.uint8)
     load_checkpoint(tmp_path / "new" / "step_1", params, opt, fingerprint="f")

@@ -6,6 +6,7 @@ the pair's boundaries; a wait on CUDA is timed by events on the stream, not by t
 from __future__ import annotations
 
 import threading
+import time
 from contextlib import contextmanager
 from types import SimpleNamespace
 
@@ -114,5 +115,8 @@ def test_a_wait_on_cuda_is_timed_on_the_stream_not_the_host(cuda) -> None:
         pass
     assert [op for op, *_ in cuda.log] == ["record", "record"]
     assert clock[True] == pytest.approx(0.25) and clock[False] == 0.0
+    with clock.timing(False, torch.device("cpu")):  # gloo's wait blocks the host: its wall time
+        time.sleep(0.01)
+    assert clock[False] >= 0.01
     ring = DistRing(None, 0, 2, 1, 1)
     assert isinstance(ring.waited, WaitClock)

@@ -33,16 +33,8 @@ with the rest, and chooses what to read back on load.
 Keys are global parameter names (``model/layers.3.attn.qkv.weight``, ``optim/<name>/exp_avg``), so a
 checkpoint does not depend on the pipeline layout: a run may resume with another layout or schedule.
 Data-parallel replicas hold identical tensors under identical keys, which DCP stores once. The data
-position is the step (batches are a function of (seed, step)); RNG states are kept per rank: the
-CPU generator's under ``rng/rank{r}`` and, where CUDA is present, the current CUDA device's under
-``rng/rank{r}/cuda`` (dropout and any sampling on the GPU resume where they were). Each is restored
-when the checkpoint holds it: older checkpoints (no CUDA state) and checkpoints written on GPUs but
-resumed on CPUs load as before.
-
-Barriers and the broadcast of rank 0's errors run on a gloo group over every rank
-(:func:`host_group`): on a NCCL run a barrier there would be a NCCL collective on the device — it
-orders streams rather than the host, and one that never completes is NCCL's watchdog's to abort
-rather than the run guard's to report.
+position is the step (batches are a function of (seed, step)); RNG states are kept per rank (the
+CPU's and, with CUDA, the device's), and barriers run on a gloo group: :mod:`.checkpoint_host`.
 """
 
 from __future__ import annotations
@@ -62,6 +54,7 @@ import torch.distributed as dist
 
 from pipewright.errors import ConfigError
 from pipewright.optim import init_optimizer_state
+from pipewright.runtime.checkpoint_host import barrier, host_group, rng_sources
 from pipewright.runtime.dcp_io import dcp_module, reporting_writer
 from pipewright.runtime.reshard import reshard_plan
 from pipewright.runtime.save_errors import (
@@ -71,7 +64,6 @@ from pipewright.runtime.save_errors import (
     raise_shared,
     save_failed,
 )
-from pipewright.runtime.timeouts import new_group
 
 log = logging.getLogger(__name__)
 
@@ -133,26 +125,9 @@ def _state_dict(
             for key, value in optimizer.state.get(p, {}).items():
                 tensor = value if torch.is_tensor(value) else torch.tensor(value)
                 state[f"optim/{names[id(p)]}/{key}"] = tensor
-    for suffix, (get, _) in _rng_sources().items():
+    for suffix, (get, _) in rng_sources().items():
         state[f"rng/rank{rank}{suffix}"] = get()
     return state
-
-
-def _rng_sources() -> dict[str, tuple[Callable[[], torch.Tensor], Callable[[torch.Tensor], None]]]:
-    """Key suffix → (get, set) of each random generator a checkpoint keeps: the CPU's and, where CUDA
-    is present, the current CUDA device's."""
-    sources = {"": (torch.get_rng_state, torch.set_rng_state)}
-    device = _device_rng()
-    if device is not None:
-        sources["/cuda"] = device
-    return sources
-
-
-def _device_rng() -> tuple[Callable[[], torch.Tensor], Callable[[torch.Tensor], None]] | None:
-    """(get, set) of the current CUDA device's generator; None without CUDA."""
-    if not torch.cuda.is_available():
-        return None
-    return torch.cuda.get_rng_state, torch.cuda.set_rng_state
 
 
 def _stored_extra(stored: Mapping[str, object]) -> dict[str, StoredSpec]:
@@ -169,27 +144,6 @@ def _extra_hook(optimizer: torch.optim.Optimizer, extra: ExtraState | None) -> E
     if extra is not None:
         return extra
     return optimizer if isinstance(optimizer, ExtraState) else None
-
-
-#: the gloo group over every rank of each NCCL default group (:func:`host_group`)
-_HOST_GROUPS: dict[int, dist.ProcessGroup] = {}
-
-
-def host_group() -> dist.ProcessGroup | None:
-    """A gloo group over every rank for the checkpoint's host-side synchronisation (module docstring):
-    the default group itself when it is gloo (None), else one created at the first call — collective,
-    as every save and load is."""
-    if not dist.is_initialized() or "nccl" not in str(dist.get_backend()):
-        return None
-    key = id(dist.group.WORLD)
-    if key not in _HOST_GROUPS:
-        _HOST_GROUPS[key] = new_group(list(range(dist.get_world_size())), backend="gloo")
-    return _HOST_GROUPS[key]
-
-
-def _barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier(group=host_group())
 
 
 def save_checkpoint(
@@ -233,7 +187,7 @@ def save_checkpoint(
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointSaveError(save_failed(final, why)) from None
-    _barrier()
+    barrier()
     progress("commit")
     if rank == 0:
         try:
@@ -244,7 +198,7 @@ def save_checkpoint(
     raise_shared(error, final, host_group())
     if rank == 0 and keep > 0:
         prune_checkpoints(ckpt_dir, keep)
-    _barrier()
+    barrier()
     return final
 
 
@@ -519,7 +473,7 @@ def load_checkpoint(
                     slot[key].copy_(loaded)
                 else:
                     slot[key] = loaded.item()
-    for suffix, (_, set_state) in _rng_sources().items():
+    for suffix, (_, set_state) in rng_sources().items():
         if f"rng/rank{rank}{suffix}" in state:  # absent from older checkpoints, or saved without CUDA
             set_state(state[f"rng/rank{rank}{suffix}"])
     if hook is not None:

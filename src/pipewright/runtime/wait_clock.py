@@ -48,9 +48,10 @@ class WaitClock(dict):
             pending, self._pending = self._pending, []
             for backward, before, after in pending:
                 after.synchronize()
-                dict.__setitem__(
-                    self, backward, dict.__getitem__(self, backward) + before.elapsed_time(after) / 1e3
-                )
+                self._add(backward, before.elapsed_time(after) / 1e3)
+
+    def _add(self, backward: bool, seconds: float) -> None:
+        dict.__setitem__(self, backward, dict.__getitem__(self, backward) + seconds)
 
     def __getitem__(self, backward: bool) -> float:
         self._settle()
