@@ -23,9 +23,13 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from pipewright.runtime import nccl_rules
 from pipewright.runtime.errors import WorkerError
 from pipewright.runtime.launch import default_backend, free_port, init_from_env
 from pipewright.runtime.launch import spawn as _spawn
+
+# Multi-process tests run under NCCL's rules over gloo (PIPEWRIGHT_PG_RULES=off to run plain gloo).
+os.environ.setdefault(nccl_rules.ENV, "nccl")
 
 #: ``cases(rank, world) -> {case: error or ""}``, run inside an initialised gloo process group
 Cases = Callable[[int, int], dict[str, str]]
@@ -37,6 +41,7 @@ def _worker(cases: Cases, rank: int, world: int, init_file: str, queue) -> None:
     dist.init_process_group(
         "gloo", init_method=f"file://{init_file}", rank=rank, world_size=world, timeout=timedelta(seconds=60)
     )
+    nccl_rules.install_from_env()
     try:
         queue.put((rank, cases(rank, world)))
     finally:

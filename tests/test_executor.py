@@ -445,33 +445,6 @@ def test_grad_reduction_follows_last_weight_gradient() -> None:
 
 
 # -- CUDA / NCCL ----------------------------------------------------------------------------------
-def _worker_gpu(rank: int, world: int) -> dict:
-    mesh = ParallelMesh.build(1, world, 1)
-    assert mesh.device.type == "cuda" and mesh.backend == "nccl"
-    m = 4
-    sched = build_schedule("1f1b", world, m)
-    stages = [st.to(mesh.device) for st in make_stages(world, 3)]
-    tokens, targets = make_batch(1, m, 3)
-    _, ref_loss, ref_grads = reference(
-        stages, [[t.to(mesh.device) for t in tokens[0]]], [[t.to(mesh.device) for t in targets[0]]]
-    )
-    ex = _executor(sched, mesh, stages, record=True)
-    mean = ex.global_loss(ex.run(tokens[0], targets[0]))
-    errs = [rel_err(p.grad, ref_grads[s][n]) for s, st in ex.stages.items() for n, p in st.named_parameters()]
-    return {"grad_err": max(errs), "loss_err": abs(mean - ref_loss) / ref_loss, "spans": len(ex.last_spans)}
-
-
-@pytest.mark.gpu
-@pytest.mark.slow
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_executor_on_cuda_with_nccl() -> None:
-    world = min(2, torch.cuda.device_count())  # NCCL needs one GPU per rank
-    for res in spawn(_worker_gpu, world, (world,), backend="nccl", timeout_s=300):
-        assert res["grad_err"] <= 1e-4  # other kernels (and summation orders) than the reference's
-        assert res["loss_err"] <= 1e-5
-        assert res["spans"] > 0
-
-
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_deferred_weight_grads_on_cuda() -> None:

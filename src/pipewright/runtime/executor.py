@@ -39,7 +39,6 @@ asynchronous weight policies).
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -53,6 +52,7 @@ from pipewright.models.wgrad import WeightGradStore, deferrable_layers
 from pipewright.passes.grad_reduce import add_grad_reduction
 from pipewright.passes.lower import lower
 from pipewright.passes.validate import validate as validate_schedule
+from pipewright.runtime import nccl_rules
 from pipewright.runtime.errors import ActionError, CollectiveTimeout, DistributedError, LayoutError
 from pipewright.runtime.handlers import (  # noqa: F401  (RunState & co. are this module's API too)
     CORE_TENSORS,
@@ -72,10 +72,15 @@ from pipewright.runtime.handlers import (  # noqa: F401  (RunState & co. are thi
 from pipewright.runtime.hang import mesh_rank_label
 from pipewright.runtime.mesh import ParallelMesh
 from pipewright.runtime.p2p import PipeComm, TensorSpec, channel_pairs
+from pipewright.runtime.timeline import ActionClock
 from pipewright.runtime.timeouts import is_timeout, wait_work
 from pipewright.timeline import Span
 
 log = logging.getLogger(__name__)
+
+#: Receives are posted this many actions ahead by default: enough to overlap a receive with the action
+#: before it, few enough that receive buffers stay bounded by the microbatches in flight.
+DEFAULT_RECV_WINDOW = 2
 
 
 def _loss_values(losses: dict[int, torch.Tensor]) -> list[float]:
@@ -99,10 +104,13 @@ class PipelineExecutor:
     rank holds to its module. ``boundary_shape`` is the per-microbatch shape of the tensor entering a
     stage (one tuple for all, or a dict stage → shape), ``dtype`` likewise. ``step_fn(stage, mb)`` is
     called by STEP actions (``mb`` None after a flush). ``recv_window``: receives are posted this many
-    actions ahead (None: all at iteration start). ``record``: measure a span per action (on CUDA this
-    synchronises after each action). ``scatter_gather`` (tp > 1, boundary tensors identical on the
-    tp ranks of a stage, as after Megatron's row-parallel all-reduce): each tp rank sends 1/tp of a
-    boundary tensor and the receivers all-gather it (Megatron-LM's scatter/gather optimisation).
+    actions ahead (default :data:`DEFAULT_RECV_WINDOW`, so receive buffers stay bounded by the
+    microbatches in flight; None: all at iteration start). ``record``: measure a span per action — wall
+    clock on the CPU, CUDA events on CUDA, read after the step with one synchronize (the per-action loop
+    never synchronises: :meth:`device_sync` runs at most once per step). ``scatter_gather`` (tp > 1,
+    boundary tensors identical on the tp ranks of a stage, as after Megatron's row-parallel
+    all-reduce): each tp rank sends 1/tp of a boundary tensor and the receivers all-gather it
+    (Megatron-LM's scatter/gather optimisation).
 
     Extension points (a plugin's executor parts, :class:`pipewright.runtime.plugin.ExecutorParts`):
     ``handlers`` per kind; ``output_hooks`` per stage (default: the loss hook of ``loss_fn`` on
@@ -128,7 +136,7 @@ class PipelineExecutor:
         handlers: Mapping[str, Handler] | None = None,
         step_fn: Callable[[int, int | None], None] | None = None,
         recv_timeout_s: float = 300.0,
-        recv_window: int | None = None,
+        recv_window: int | None = DEFAULT_RECV_WINDOW,
         record: bool = False,
         validate: bool = True,
         scatter_gather: bool = False,
@@ -260,9 +268,11 @@ class PipelineExecutor:
         except KeyError:
             raise DistributedError(f"{a}: no tensor spec for {tensor!r}; pass it in tensor_specs=") from None
 
-    def _sync(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+    def device_sync(self) -> None:
+        """A device-wide synchronize: ``torch.cuda.synchronize`` on CUDA; under NCCL's rules over gloo
+        (:mod:`pipewright.runtime.nccl_rules`) a wait for every posted operation; nothing on the CPU.
+        Called at most once per step (to read the step's CUDA event timings)."""
+        nccl_rules.device_synchronize(self.device, self.comm.timeout_s)
 
     def run(
         self, inputs: list[torch.Tensor] | None = None, targets: list[torch.Tensor] | None = None
@@ -310,12 +320,11 @@ class PipelineExecutor:
         """Run ``state.actions`` in order; receives posted ahead (all at once or ``recv_window``)."""
         actions, comm = state.actions, state.comm
         comm.reset()
-        spans: list[Span] = []
-        if record:
-            self._sync()
+        clock = ActionClock(self.device) if record else None
+        if clock is not None:
             barrier = dist.barrier(group=self.mesh.pp_group, async_op=True)
             self.bounded(barrier, "the pp barrier before the step")
-        t0 = time.perf_counter()
+            clock.start()
         window, handlers = self.recv_window, self.handlers
         if window is None:
             comm.post([a for a in actions if a.kind in self.recv_kinds])
@@ -323,7 +332,8 @@ class PipelineExecutor:
             state.position = pos
             if window is not None:
                 comm.post([b for b in actions[pos : pos + window + 1] if b.kind in self.recv_kinds])
-            start = time.perf_counter() if record else 0.0
+            if clock is not None:
+                clock.mark()
             try:
                 handlers[a.kind](state, a)
             except DistributedError:
@@ -338,13 +348,17 @@ class PipelineExecutor:
                     f"rank {self.mesh.rank} (pp {self.pp_rank}), position {pos}, action {a} "
                     f"({self.schedule.name}): {type(e).__name__}: {e}"
                 ) from e
-            if record:
-                self._sync()
-                stream = "compute" if self.schedule.kinds[a.kind].compute else "comm"
-                spans.append(
-                    Span(self.pp_rank, a, start - t0, time.perf_counter() - t0, stream, self.iteration)
-                )
+            if clock is not None:
+                clock.mark()
         for stage in list(state.reductions):
             finish_reduction(state, stage)
         comm.finish()
-        return spans
+        if clock is None:
+            return []
+        if self.device.type == "cuda" or nccl_rules.active():
+            self.device_sync()  # the step's one synchronize: its CUDA events are complete after it
+        kinds = self.schedule.kinds
+        return [
+            Span(self.pp_rank, a, start, end, "compute" if kinds[a.kind].compute else "comm", self.iteration)
+            for a, (start, end) in zip(actions, clock.intervals(), strict=True)
+        ]

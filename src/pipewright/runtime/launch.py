@@ -29,6 +29,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.multiprocessing.spawn import ProcessException
 
+from pipewright.runtime import nccl_rules
 from pipewright.runtime.errors import DistributedError, WorkerError
 from pipewright.runtime.host_memory import use_cpu_allocator
 from pipewright.runtime.timeouts import use_nccl_group_timeout, watchdog_timeout
@@ -92,6 +93,7 @@ def init_from_env(
         dist.init_process_group(backend, store=store, rank=rank, world_size=world, **options)
     else:
         dist.init_process_group(backend, **options)
+    nccl_rules.install_from_env()  # PIPEWRIGHT_PG_RULES=nccl: NCCL's rules over gloo
 
 
 def attempt_store(

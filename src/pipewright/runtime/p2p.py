@@ -6,13 +6,24 @@ receiver posts its receives in the **sender's** order, which it knows because ev
 whole schedule. That makes early posting safe on NCCL (no tags, one stream per communicator: an early
 receive on a channel only delays later receives on the same channel) and on gloo.
 
+Every receive and every send is its own operation with its own Work (NCCL coalesces a
+``batch_isend_irecv`` batch into one Work: waiting one receive of a batch would wait for all of it).
+Receives are posted a bounded number of actions ahead (the executor's ``recv_window``), so receive
+buffers are bounded by the microbatches in flight, not allocated m per channel at step start. A send is
+released (its buffer freed) as soon as it is known complete: polled on CUDA, and on every backend once
+this rank has received a message its peer sent after the matching receive (the peer then has it).
+
 Shapes and dtypes are given in advance by the executor (no handshake). A receive that does not
 complete within ``timeout_s`` raises :class:`RecvTimeout` naming this rank, the action and the peer.
+On CUDA a receive's wait only orders the compute stream after it (the host does not block or poll); its
+deadline is checked when the step's sends and receives are finished (:meth:`PipeComm.finish`).
 """
 
 from __future__ import annotations
 
 import math
+import threading
+from collections import deque
 from collections.abc import Callable, Iterable
 
 import torch
@@ -20,12 +31,43 @@ import torch.distributed as dist
 
 from pipewright.deps import matching_recv, peer_rank
 from pipewright.ir import Action, Schedule
+from pipewright.runtime import nccl_rules
 from pipewright.runtime.errors import RecvTimeout
 from pipewright.runtime.mesh import ParallelMesh
 from pipewright.runtime.timeouts import wait_work
 
 #: (shape, dtype) of the tensor a RECV action receives.
 TensorSpec = tuple[tuple[int, ...], torch.dtype]
+
+
+class _Releases:
+    """When this rank's sends are known received: ``after[R]`` = how many of this rank's sends to R's
+    sender that sender's schedule receives before it sends what R receives. Rendezvous point-to-point
+    (NCCL; gloo) completes a send once its receive is posted, so once R has arrived those sends are done.
+    """
+
+    def __init__(self, after: dict[Action, int], peers: set[int]) -> None:
+        self.after = after
+        self.peers = peers
+
+
+def _releases(schedule: Schedule, me: int) -> _Releases:
+    after: dict[Action, int] = {}
+    peers: set[int] = set()
+    kinds = schedule.kinds
+    mine = [a for a in schedule.actions[me] if kinds[a.kind].comm == "send"]
+    matched = {matching_recv(a, schedule): peer_rank(a, schedule) for a in mine}  # my sends' receives
+    peers.update(matched.values())
+    for src, row in enumerate(schedule.actions):
+        if src == me:
+            continue
+        received_before = 0  # of my sends, how many src's row has received so far
+        for a in row:
+            if a in matched and matched[a] == src:
+                received_before += 1
+            elif kinds[a.kind].comm == "send" and peer_rank(a, schedule) == me:
+                after[matching_recv(a, schedule)] = received_before
+    return _Releases(after, peers)
 
 
 def channel_pairs(schedule: Schedule) -> set[tuple[int, int]]:
@@ -73,10 +115,11 @@ class PipeComm:
         self._dst = {
             a: peer_rank(a, schedule) for a in schedule.actions[me] if schedule.kinds[a.kind].comm == "send"
         }
+        self._releases = _releases(schedule, me)
         self._links: dict[tuple[int, int], tuple[dist.ProcessGroup, int, int]] = {}
         # Backends that cannot coalesce (gloo) run batch_isend_irecv's operations one by one; calling the
         # process group directly does the same without its per-operation Python wrappers.
-        self._direct = mesh.device.type == "cpu"
+        self._direct = mesh.device.type == "cpu" and not nccl_rules.active()
         self.reset()
 
     def _link(self, src: int, dst: int) -> tuple[dist.ProcessGroup, int, int]:
@@ -89,20 +132,29 @@ class PipeComm:
         return link
 
     def _start(
-        self, op: Callable, group: dist.ProcessGroup, group_peer: int, peer: int, tensors: list[torch.Tensor]
+        self, send: bool, group: dist.ProcessGroup, group_peer: int, peer: int, tensors: list[torch.Tensor]
     ) -> list[dist.Work]:
-        """Start point-to-point ``op`` (dist.isend / dist.irecv) of each tensor with one peer: one
-        Work per tensor, or fewer when the backend coalesces the batch (NCCL)."""
-        if self._direct:
-            method = group.send if op is dist.isend else group.recv
+        """Start a send (or receive) of each tensor with one peer: one Work per tensor, each completing
+        on its own (not one ``batch_isend_irecv``, which NCCL completes as one Work)."""
+        if self._direct:  # gloo: the process group's own calls, without the per-call Python wrappers
+            method = group.send if send else group.recv
             return [method([t], group_peer, 0) for t in tensors]
-        return dist.batch_isend_irecv([dist.P2POp(op, t, peer, group) for t in tensors])
+        op = dist.isend if send else dist.irecv
+        return [op(t, peer, group) for t in tensors]
 
     def reset(self) -> None:
         """Forget the previous iteration's state (call at iteration start)."""
         self._posted_upto = dict.fromkeys(self._order, 0)
         self._recvs: dict[Action, tuple[dist.Work, torch.Tensor]] = {}
-        self._sends: list[tuple[Action, dist.Work, torch.Tensor]] = []
+        self._sends: dict[int, deque[tuple[Action, dist.Work, torch.Tensor]]] = {}
+        self._freed = dict.fromkeys(self._releases.peers, 0)  # sends released per peer
+        self._waited: list[tuple[Action, dist.Work]] = []  # CUDA: receives whose deadline finish checks
+        self._lock = threading.Lock()
+
+    def held(self) -> int:
+        """Receive buffers posted and not consumed plus sends not released: the boundary tensors this
+        rank's communication holds now."""
+        return len(self._recvs) + sum(len(q) for q in self._sends.values())
 
     # -- receives --------------------------------------------------------------------------
     def post(self, actions: Iterable[Action]) -> None:
@@ -127,10 +179,9 @@ class PipeComm:
                 piece = self._piece(math.prod(shape))
                 buf = torch.empty(piece or shape, dtype=dtype, device=self.mesh.device)
                 batch.append((r, buf))
-            works = self._start(dist.irecv, *self._link(src, self.mesh.pp_rank), [buf for _, buf in batch])
-            # NCCL may coalesce a batch into one work; every receive then waits on it.
-            for j, (r, buf) in enumerate(batch):
-                self._recvs[r] = (works[min(j, len(works) - 1)], buf)
+            works = self._start(False, *self._link(src, self.mesh.pp_rank), [buf for _, buf in batch])
+            for work, (r, buf) in zip(works, batch, strict=True):
+                self._recvs[r] = (work, buf)
             self._posted_upto[src] = upto
 
     def wait_recv(self, action: Action) -> torch.Tensor:
@@ -138,13 +189,20 @@ class PipeComm:
         if action not in self._recvs:
             self.post([action])
         work, buf = self._recvs.pop(action)
-        src = self._slot[action][0]
-        if not self._wait(work):
-            raise RecvTimeout(
-                f"rank {self.mesh.rank} (pp {self.mesh.pp_rank}): {action} received nothing from rank "
-                f"{self.mesh.pp_peer(src)} (pp {src}) within {self.timeout_s:g} s"
-            )
+        if self.mesh.device.type == "cuda":
+            work.wait()  # the compute stream waits for the receive; the host goes on launching
+            self._waited.append((action, work))
+        elif not self._wait(work):
+            raise self._no_message(action)
+        self._release(action)
         return self._full(action, buf)
+
+    def _no_message(self, action: Action) -> RecvTimeout:
+        src = self._slot[action][0]
+        return RecvTimeout(
+            f"rank {self.mesh.rank} (pp {self.mesh.pp_rank}): {action} received nothing from rank "
+            f"{self.mesh.pp_peer(src)} (pp {src}) within {self.timeout_s:g} s"
+        )
 
     def has_pending_receive(self, action: Action) -> bool:
         """Whether ``action``'s receive is posted and not yet consumed."""
@@ -162,6 +220,7 @@ class PipeComm:
         """Consume ``action``'s receive whose work the caller has already waited on (see
         :meth:`pending_receive`); returns its tensor (gathered over tp under scatter/gather)."""
         _, buf = self._recvs.pop(action)
+        self._release(action)
         return self._full(action, buf)
 
     def _full(self, action: Action, buf: torch.Tensor) -> torch.Tensor:
@@ -200,19 +259,54 @@ class PipeComm:
             dst = self._dst.get(a)
             by_peer.setdefault(peer_rank(a, self.schedule) if dst is None else dst, []).append((a, t))
         for dst, batch in sorted(by_peer.items()):
-            works = self._start(dist.isend, *self._link(self.mesh.pp_rank, dst), [t for _, t in batch])
-            for j, (a, t) in enumerate(batch):
-                self._sends.append((a, works[min(j, len(works) - 1)], t))
+            works = self._start(True, *self._link(self.mesh.pp_rank, dst), [t for _, t in batch])
+            with self._lock:
+                queue = self._sends.setdefault(dst, deque())
+                for work, (a, t) in zip(works, batch, strict=True):
+                    queue.append((a, work, t))
+                self._release_completed()
+
+    def _release(self, received: Action) -> None:
+        """Free the sends known complete now that ``received`` arrived: those to its sender whose
+        receive the sender's schedule runs before the matching send (it has them; their waits return at
+        once), and on CUDA any whose work reports completion."""
+        src = self._slot[received][0]
+        # On CUDA the host has not waited for ``received`` (only the stream has): poll instead.
+        upto = self._releases.after.get(received, 0) if self.mesh.device.type != "cuda" else 0
+        with self._lock:
+            queue = self._sends.get(src)
+            while queue and self._freed[src] < upto:
+                a, work, _ = queue.popleft()
+                self._freed[src] += 1
+                self._finish_send(a, work)
+            self._release_completed()
+
+    def _release_completed(self) -> None:
+        if self.mesh.device.type != "cuda":
+            return  # gloo's works report completion only once waited
+        for dst, queue in self._sends.items():
+            while queue and queue[0][1].is_completed():
+                queue.popleft()
+                self._freed[dst] += 1
+
+    def _finish_send(self, a: Action, work: dist.Work) -> None:
+        if not self._wait(work):
+            raise RecvTimeout(
+                f"rank {self.mesh.rank} (pp {self.mesh.pp_rank}): {a} was not received by rank "
+                f"{self.mesh.pp_peer(peer_rank(a, self.schedule))} within {self.timeout_s:g} s"
+            )
 
     def finish(self) -> None:
-        """Wait for every send of the iteration (keeps buffers alive until then)."""
-        for a, work, _ in self._sends:
+        """Wait for every send of the iteration not yet released (and, on CUDA, check the deadline of
+        the receives the compute stream waited for)."""
+        for a, work in self._waited:
             if not self._wait(work):
-                raise RecvTimeout(
-                    f"rank {self.mesh.rank} (pp {self.mesh.pp_rank}): {a} was not received by rank "
-                    f"{self.mesh.pp_peer(peer_rank(a, self.schedule))} within {self.timeout_s:g} s"
-                )
-        self._sends.clear()
+                raise self._no_message(a)
+        self._waited.clear()
+        for queue in self._sends.values():
+            while queue:
+                a, work, _ = queue.popleft()
+                self._finish_send(a, work)
         if self._recvs:
             left = ", ".join(str(a) for a in self._recvs)
             raise RuntimeError(f"rank {self.mesh.rank}: receives posted but never consumed: {left}")
