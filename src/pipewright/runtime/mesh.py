@@ -18,6 +18,9 @@ expert-data-parallel group (the experts' gradient reduction).
 Context parallelism (``cp`` > 1) adds a fourth dimension right after tp (Megatron's ``tp-cp-dp-pp``:
 rank = t + tp·(c + cp·(d + dp·p))); the DeviceMesh then has a ``cp`` dimension, the pipeline peers and
 channels of a rank are those of its own cp slice, and :attr:`ParallelMesh.cp_group` is its ring.
+With dp > 1 as well, :attr:`ParallelMesh.grad_group` is the data-and-context group (Megatron-LM's):
+the dp × cp ranks holding the same parameters, over which the gradients are averaged in one
+all-reduce rather than one over cp and another over dp.
 """
 
 from __future__ import annotations
@@ -122,6 +125,7 @@ class ParallelMesh:
     ep_group: Any = field(default=None, repr=False)  # the experts' all-to-all group (ep > 1)
     expert_dp_group: Any = field(default=None, repr=False)  # the experts' gradient group (ep > 1)
     ep_back_group: Any = field(default=None, repr=False)  # the ep ranks again: backward all-to-alls
+    dp_cp_group: Any = field(default=None, repr=False)  # the dp × cp ranks of one (pp, tp) (cp, dp > 1)
     _channels: dict[tuple[int, int], Any] = field(default_factory=dict, repr=False)
     _warm: set[tuple[int, int]] = field(default_factory=set, repr=False)
     _coords: tuple[int, int, int] = field(default=(0, 0, 0), init=False, repr=False)
@@ -176,6 +180,18 @@ class ParallelMesh:
                     group = new_group([layout.device_index(r) for r in ranks])
                     if ranks == mine:
                         groups[name] = group
+        if cp > 1 and dp > 1:  # every rank creates every (pp, tp)'s dp × cp group, in one order
+            me = layout.coords(layout.rank_on_device(dist.get_rank()))
+            for p in range(pp):
+                for t in range(tp):
+                    ranks = [
+                        layout.device_index(layout.rank(tp=t, pp=p, dp=d, cp=c))
+                        for d in range(dp)
+                        for c in range(cp)
+                    ]
+                    group = new_group(ranks)
+                    if (p, t) == (me.pp, me.tp):
+                        groups["dp_cp_group"] = group
         return cls(dp, pp, tp, dist.get_rank(), device, mesh, layout, cp=cp, ep=ep, **groups)
 
     @property
@@ -240,6 +256,17 @@ class ParallelMesh:
     @property
     def pp_group(self) -> dist.ProcessGroup | None:
         return self.group("pp")
+
+    @property
+    def grad_group(self) -> dist.ProcessGroup | None:
+        """The group the gradients are averaged over: dp × cp (one all-reduce) with context
+        parallelism, else dp."""
+        return self.dp_cp_group if self.dp_cp_group is not None else self.dp_group
+
+    @property
+    def grad_replicas(self) -> int:
+        """The size of :attr:`grad_group`: the replicas whose gradients are averaged."""
+        return self.dp * self.cp if self.dp_cp_group is not None else self.dp
 
     def pp_peer(self, pp_rank: int) -> int:
         """Global rank of pipeline rank ``pp_rank`` in this rank's (dp, tp) replica."""
