@@ -6,6 +6,7 @@ after a hang report."""
 from __future__ import annotations
 
 import datetime
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -75,3 +76,18 @@ def test_a_hang_report_aborts_nccl_groups_not_gloo(monkeypatch) -> None:
     assert not timeouts.abort_device_groups() and aborted == []
     monkeypatch.setattr(dist, "get_backend", lambda group=None: "nccl")
     assert timeouts.abort_device_groups() and aborted == [None]
+
+
+def test_the_run_guard_aborts_after_writing_the_hang_report(monkeypatch) -> None:
+    """RunGuard turns a timeout into the hang report first, then aborts the device groups (in that
+    order: the report is gathered through the store, not the groups)."""
+    from pipewright.mesh import Mesh
+    from pipewright.runtime import guard
+    from pipewright.runtime.hang import HangError
+
+    order: list[str] = []
+    monkeypatch.setattr(guard, "hang_error", lambda *a: order.append("report") or HangError("hang: x", ""))
+    monkeypatch.setattr(guard, "abort_device_groups", lambda: order.append("abort") or True)
+    me = SimpleNamespace(mesh=SimpleNamespace(layout=Mesh(1, 2, 1)), board=None, _rows=(), out_dir=None)
+    error = guard.RunGuard._hang(me, RuntimeError("timed out"))
+    assert isinstance(error, HangError) and order == ["report", "abort"]
