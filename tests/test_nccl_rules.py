@@ -66,6 +66,21 @@ def _rule_checks(rank: int) -> dict:
     g = dist.new_group([0, 1])
     rules.declare_device(g, "cuda")
     out["wrong_device"] = _error(lambda: dist.all_reduce(torch.zeros(2), group=g))
+    # Lazy connection: the first point-to-point operation between two ranks on a group blocks until
+    # the peer's first; receives posted first on both channels of a pair block each other.
+    rules.set_lazy_connect(1.0)
+    g = dist.new_group([0, 1])
+    start = time.perf_counter()
+    if rank == 1:
+        time.sleep(0.3)
+        dist.send(torch.ones(1), 0, group=g)
+    else:
+        work = dist.irecv(torch.empty(1), 1, group=g)
+        out["connect_s"] = time.perf_counter() - start
+        work.wait()
+    to_me = [dist.new_group([0, 1]), dist.new_group([0, 1])][rank]  # one channel per direction
+    out["receives_first"] = _error(lambda: dist.irecv(torch.empty(1), 1 - rank, group=to_me))
+    rules.set_lazy_connect(None)
     # A device-wide synchronize waits for a posted receive nobody sends: reported, not hung on (gloo
     # closes the pair on the timeout, so the group is not used again).
     g = dist.new_group([0, 1])
@@ -173,6 +188,16 @@ def test_a_tensor_off_the_groups_device_is_an_error(results) -> None:
         assert r["rules"]["wrong_device"] == (
             f"WrongDevice: rank {rank}: all_reduce on a cuda group was given a tensor on cpu (shape [2], "
             "torch.float32); NCCL takes tensors on the group's device only"
+        )
+
+
+@pytest.mark.slow
+def test_lazy_connection_blocks_the_first_point_to_point_operation_until_the_peers(results) -> None:
+    assert results[0]["rules"]["connect_s"] >= 0.25
+    for rank, r in enumerate(results):
+        assert r["rules"]["receives_first"].startswith(
+            f"RulesError: rank {rank}: irecv from rank {1 - rank} is the first point-to-point operation "
+            f"with rank {1 - rank} on its group; it blocks until rank {1 - rank} issues its first one"
         )
 
 

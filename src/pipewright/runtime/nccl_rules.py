@@ -22,6 +22,11 @@ the ``torch.distributed`` functions the runtime calls (``all_reduce``, ``all_gat
 * every tensor handed to an operation must be on the group's device: :func:`declare_device` (default
   ``PIPEWRIGHT_PG_DEVICE``, else the CPU) — a tensor elsewhere raises :class:`WrongDevice`.
 
+``PIPEWRIGHT_PG_LAZY_CONNECT=<seconds>`` (or :func:`set_lazy_connect`) adds NCCL's lazy
+point-to-point connection: the first send or receive between two ranks on a group blocks until the
+peer's first one with this rank (off by default: the runtime's channel warm-up must first use
+point-to-point for it to pass).
+
 A test writes a case as usual (``fork_launch``/``spawn_cases``) and gets the rules; to assert one fires,
 catch :class:`RulesError` (mismatch, wrong device) or the timeout the deadlock produces. Code that must
 know whether the rules are on (e.g. to pick NCCL's batched path over gloo's per-tensor one) calls
@@ -47,6 +52,7 @@ from pipewright.runtime.errors import CollectiveTimeout, DistributedError
 
 ENV = "PIPEWRIGHT_PG_RULES"
 DEVICE_ENV = "PIPEWRIGHT_PG_DEVICE"
+LAZY_ENV = "PIPEWRIGHT_PG_LAZY_CONNECT"
 _DESC = 8  # sequence, operation, numel, dtype, ndim, first three dims
 _OPS = ("send", "recv", "all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_single",
         "reduce_scatter_tensor", "reduce_scatter_single", "all_to_all_single", "broadcast", "reduce",
@@ -73,6 +79,9 @@ _device: torch.device = torch.device("cpu")
 _declared: dict[Any, torch.device] = {}
 _seq: dict[tuple, int] = {}
 _pending: dict[Any, list[RulesWork]] = {}
+_connected: set[tuple[int, int]] = set()
+#: Lazy connection (off unless ``PIPEWRIGHT_PG_LAZY_CONNECT`` or :func:`set_lazy_connect`): its timeout.
+_lazy: dict[str, float | None] = {"timeout_s": None}
 
 
 def active() -> bool:
@@ -99,6 +108,8 @@ def install(device: torch.device | str | None = None) -> None:
     if dist.is_initialized() and dist.get_backend() != "gloo":
         raise RulesError(f"{ENV}=nccl models NCCL over gloo; this process group is {dist.get_backend()}")
     _device = torch.device(device or os.environ.get(DEVICE_ENV) or "cpu")
+    if os.environ.get(LAZY_ENV):
+        set_lazy_connect(float(os.environ[LAZY_ENV]))
     if active():
         return
     for name, fn in _WRAPPERS.items():
@@ -118,6 +129,8 @@ def uninstall() -> None:
     _declared.clear()
     _seq.clear()
     _pending.clear()
+    _connected.clear()
+    _lazy["timeout_s"] = None
 
 
 def declare_device(group: Any, device: torch.device | str) -> None:
@@ -266,9 +279,43 @@ def _peer_global(peer: int | None, group: Any, group_peer: int | None) -> int:
     return dist.get_global_rank(_key(group), group_peer)
 
 
+def set_lazy_connect(timeout_s: float | None) -> None:
+    """Model NCCL's lazy point-to-point connection (None: off): the first send or receive between two
+    ranks on a group blocks the host until the peer issues its own first one with this rank (NCCL
+    creates the pair's communicator then, a blocking handshake; a collective does not open it). A
+    :class:`RulesError` when the peer has not within ``timeout_s``: receives posted ahead on both sides
+    of a channel pair before any send block each other this way unless the channels were warmed up
+    with a send/receive pair in one global order."""
+    _lazy["timeout_s"] = timeout_s
+
+
+def _connect(group: Any, peer: int, what: str, tag: int) -> None:
+    key = (id(_key(group)), peer)
+    if _lazy["timeout_s"] is None or key in _connected:
+        return
+    me, timeout = dist.get_rank(), _lazy["timeout_s"]
+    hello, echo = torch.zeros(1, device=_device), torch.empty(1, device=_device)
+    works = [
+        _orig["isend"](hello, dst=peer, group=group, tag=tag),
+        _orig["irecv"](echo, src=peer, group=group, tag=tag),
+    ]
+    try:
+        for work in works:
+            work.wait(timedelta(seconds=timeout))
+    except RuntimeError as e:
+        raise RulesError(
+            f"rank {me}: {what} is the first point-to-point operation with rank {peer} on its group; it "
+            f"blocks until rank {peer} issues its first one with rank {me} (NCCL connects the pair "
+            f"then), which it did not within {timeout:g} s: warm the channels up with a send/receive "
+            "pair each, in one global order"
+        ) from e
+    _connected.add(key)
+
+
 def _post_p2p(work: RulesWork, op: str, tensor: torch.Tensor, peer: int, group: Any, tag: int) -> None:
     """Post one send or receive with its descriptor ahead of it on the same channel."""
     me = dist.get_rank()
+    _connect(group, peer, f"{'isend to' if op == 'send' else 'irecv from'} rank {peer}", tag)
     _check_device([tensor], group, f"{'isend to' if op == 'send' else 'irecv from'} rank {peer}")
     seq = _next_seq((id(_key(group)), op, peer))
     mine = _describe(seq, op, tensor)
