@@ -177,8 +177,8 @@ class _FlatShard:
         """All-gather the d slices into one flat buffer in the parameters' dtype and write it into the
         parameters: the slice is cast before the gather (the same rounding as casting after), so the
         transient is (d + 1)·slice elements of the parameter dtype — (d + 1)/d · 2 bytes per parameter
-        under bf16 (3 at d = 2), against 8 for a list of fp32 slices and their concatenation. An empty group is skipped
-        on every dp peer alike (they hold the same stage)."""
+        under bf16 (3 at d = 2), against 8 for a list of fp32 slices and their concatenation. An
+        empty group is skipped on every dp peer alike (they hold the same stage)."""
         if not self.params:
             return
         dtype = self.params[0].dtype
