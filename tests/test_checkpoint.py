@@ -9,6 +9,7 @@ from pipewright.errors import ConfigError
 from pipewright.models.gpt import build_full, loss_fn
 from pipewright.models.spec import ModelSpec
 from pipewright.optim import build_optimizer
+from pipewright.runtime import checkpoint_host
 from pipewright.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
@@ -53,3 +54,21 @@ def test_round_trip_and_crash_during_save(tmp_path):
         load_checkpoint(tmp_path / "step_4", other, opt2, fingerprint="g")
     assert "\n" not in str(info.value)
     assert latest_checkpoint(tmp_path / "nothing") is None
+
+
+def test_cuda_random_state_round_trips_and_older_checkpoints_still_load(tmp_path, monkeypatch):
+    """Where CUDA is present the device's generator is saved and restored with the CPU's; a
+    checkpoint without it (written before, or on CPUs) loads and leaves the device's state alone.
+    CUDA's generator is stood in for by a byte tensor."""
+    params, opt = _model_and_optimizer(1, 1)
+    save_checkpoint(tmp_path / "old", 1, params, opt, meta={"fingerprint": "f"})  # no CUDA here
+    device_state = {"now": torch.arange(16, dtype=torch.uint8)}
+    generator = (lambda: device_state["now"].clone(), lambda s: device_state.update(now=s.clone()))
+    monkeypatch.setattr(checkpoint_host, "_device_rng", lambda: generator)
+    save_checkpoint(tmp_path / "new", 1, params, opt, meta={"fingerprint": "f"})
+    device_state["now"] = torch.zeros(16, dtype=torch.uint8)
+    load_checkpoint(tmp_path / "new" / "step_1", params, opt, fingerprint="f")
+    assert torch.equal(device_state["now"], torch.arange(16, dtype=torch.uint8))
+    device_state["now"] = torch.ones(16, dtype=torch.uint8)
+    load_checkpoint(tmp_path / "old" / "step_1", params, opt, fingerprint="f")
+    assert torch.equal(device_state["now"], torch.ones(16, dtype=torch.uint8))

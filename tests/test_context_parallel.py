@@ -2,12 +2,14 @@
 
 A dense GPT at pp = 2 × cp = 2 (four processes) over 1F1B, interleaved 1F1B, ZB-H1 and DualPipeV; a
 Llama (grouped-query attention, rotary positions) at pp = 2 × cp = 2 over DualPipeV and at
-tp = 2 × cp = 2 with sequence parallelism (pp = 1): the loss of every step and the validation loss
-after the last, every gradient after the first step and every parameter after 3 steps (SGD with
-momentum, warm-up, global-norm clipping) equal a single-process reference on the same data within
-1e-5 relative (fp32, gloo). DualPipeV's F&B pairs run overlapped (runtime/cp/overlap.py). The ring
-waits every exchange behind a block computation except the backward's last (runtime/cp/ring.py). All
-cases run in one launch of four processes, sharing one mesh per shape.
+tp = 2 × cp = 2 with sequence parallelism (pp = 1); a GPT at dp = 2 × cp = 2, its gradients
+averaged over the four replicas in one all-reduce (no second one over cp): the loss of every step
+and the validation loss after the last, every gradient after the first step and every parameter
+after 3 steps (SGD with momentum, warm-up, global-norm clipping) equal a single-process reference
+on the same data within 1e-5 relative (fp32, gloo). DualPipeV's F&B pairs run overlapped
+(runtime/cp/overlap.py). The ring waits every exchange behind a block computation except the
+backward's last (runtime/cp/ring.py). All cases run in one launch of four processes, sharing one
+mesh per shape.
 """
 
 from __future__ import annotations
@@ -56,16 +58,19 @@ def _cases(data: str) -> list[TrainConfig]:
         for model, name, v in [*(("gpt", *s) for s in SCHEDULES), ("llama", *SCHEDULES[-1])]
     ]
     tp = replace(_base(data, "llama"), pp=1, tp=2, sequence_parallel=True, schedule="1f1b", microbatches=2)
-    return [*cases, tp]
+    dp = replace(_base(data, "gpt"), pp=1, dp=2, schedule="1f1b", microbatches=2)  # dp × cp reduced at once
+    return [*cases, tp, dp]
 
 
-def _facts(trainer: Trainer) -> tuple[int, int, tuple[int, ...]]:
-    """The boundary tensor's sequence length, how many F&B pairs ran overlapped, and the ring's
-    exchanges and those waited with no block computed behind them (forward, backward)."""
+def _facts(trainer: Trainer) -> tuple[int, int, tuple[int, ...], int]:
+    """The boundary tensor's sequence length, how many F&B pairs ran overlapped, the ring's
+    exchanges and those waited with no block computed behind them (forward, backward), and the
+    gradient all-reduces over cp alone."""
     pairs = trainer.context.pair_overlap
     ring = trainer.context.ring
     counts = (ring.exchanges[False], ring.exposed[False], ring.exchanges[True], ring.exposed[True])
-    return trainer.boundary_shape[1], pairs.pairs_overlapped if pairs is not None else 0, counts
+    overlapped = pairs.pairs_overlapped if pairs is not None else 0
+    return trainer.boundary_shape[1], overlapped, counts, trainer.context.grad_syncs
 
 
 @pytest.mark.slow
@@ -80,11 +85,13 @@ def test_context_parallel_training_equals_single_process(tmp_path):
         runs, fork_launch(train_and_gather, 4, (runs, _facts), timeout_s=600)[0], strict=True
     ):
         c = run.config
-        label = f"{c.model} {c.schedule} pp={c.pp} tp={c.tp} cp={c.cp}"
+        label = f"{c.model} {c.schedule} pp={c.pp} tp={c.tp} cp={c.cp} dp={c.dp}"
         key = (c.model, c.global_batch)
         if key not in references:
             references[key] = single_process(c, run.spec)
-        for seq, overlapped, (sent_f, exposed_f, sent_b, exposed_b) in (seen.facts for seen in gathered):
+        for seq, overlapped, (sent_f, exposed_f, sent_b, exposed_b), syncs in (s.facts for s in gathered):
+            # with dp > 1 the dp all-reduce averages over dp × cp too: no second one over cp
+            assert (syncs == 0) == (c.dp > 1), label
             assert seq == c.seq_len // c.cp // (c.tp if c.sequence_parallel else 1), label
             # DualPipeV's F&B pairs ran overlapped (forward on a second thread), every step
             assert (overlapped > 0) == (c.schedule == "dualpipev" and c.tp == 1), label
@@ -95,7 +102,7 @@ def test_context_parallel_training_equals_single_process(tmp_path):
         bad, seen = compare(label, gathered, references[key], RTOL)
         failures += bad
         # every parameter on one pipeline rank of each (cp, tp) slice
-        assert seen == dict.fromkeys(references[key].grads0, c.cp * c.tp), label
+        assert seen == dict.fromkeys(references[key].grads0, c.dp * c.cp * c.tp), label
     assert not failures, "\n".join(failures[:20])
 
 

@@ -256,7 +256,8 @@ def _dp_collectives(group):
                 size = sum(
                     t.numel() * t.element_size() for t in ([tensors] if torch.is_tensor(tensors) else tensors)
                 )
-                calls.setdefault(name.replace("_single", "").replace("_tensor", ""), []).append(size)
+                short = name.replace("_single", "").replace("_into_tensor", "").replace("_tensor", "")
+                calls.setdefault(short, []).append(size)
             return fn(*args, **kwargs)
 
         return call

@@ -44,6 +44,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "core sharing; use the run's process count)",
     )
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument(
+        "--precision",
+        default="fp32",
+        choices=("fp32", "bf16", "fp16"),
+        help="the run's compute dtype: the layers and the boundary message are timed in it",
+    )
     parser.add_argument("--repeats", type=int, default=10, help="measurements per value (median)")
     parser.add_argument("--warmup", type=int, default=2, help="unmeasured runs before the repeats")
     parser.add_argument("--optimizer", default="adamw", help="optimizer whose step is timed")
@@ -138,6 +144,7 @@ def _profile(args: argparse.Namespace) -> int:
         workers=args.workers,
         contention=args.contention,
         cpu_allocator=args.cpu_allocator,
+        precision=args.precision,
     )
     rows, meta = profile_model(options)
     path = write_profile(args.out, rows, meta)

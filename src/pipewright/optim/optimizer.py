@@ -101,6 +101,8 @@ def _sum_of_squares(grads: Sequence[torch.Tensor]) -> torch.Tensor:
             parts.append(torch.linalg.vector_norm(flat[:whole].view(-1, NORM_BLOCK), dim=1))
         if whole < flat.numel():
             parts.append(torch.linalg.vector_norm(flat[whole:]).reshape(1))
+    if not parts:  # only empty gradients (a rank whose shard holds no counted element)
+        return torch.zeros((), dtype=torch.float64, device=grads[0].device)
     norms = torch.cat(parts).double()
     sq = (norms * norms).sum()
     if not torch.isfinite(sq):
@@ -110,11 +112,17 @@ def _sum_of_squares(grads: Sequence[torch.Tensor]) -> torch.Tensor:
     return sq
 
 
-def global_grad_norm(params: Sequence[torch.Tensor], groups: Sequence[object] = ()) -> torch.Tensor:
+def global_grad_norm(
+    params: Sequence[torch.Tensor], groups: Sequence[object] = (), device: torch.device | None = None
+) -> torch.Tensor:
     """‖g‖₂ of the whole model: Σ‖g_p‖² over this rank's parameters, all-reduced (sum) over each
-    process group in ``groups`` (the pipeline group: ranks holding disjoint parts of one replica)."""
+    process group in ``groups`` (the pipeline group: ranks holding disjoint parts of one replica).
+
+    The all-reduced term lives on the gradients' device; a rank without gradients (an expert-only
+    rank whose experts saw no token) puts its zero on ``device``, else on its parameters' device —
+    never on the CPU for a NCCL group, which takes only CUDA tensors."""
     grads = [p.grad.detach() for p in params if p.grad is not None]
-    device = grads[0].device if grads else torch.device("cpu")
+    device = grads[0].device if grads else _norm_device(params, device)
     sq = torch.zeros((), dtype=torch.float64, device=device)
     if grads:
         sq = _sum_of_squares(grads)
@@ -122,6 +130,19 @@ def global_grad_norm(params: Sequence[torch.Tensor], groups: Sequence[object] = 
         if group is not None and dist.is_initialized() and dist.get_world_size(group) > 1:
             dist.all_reduce(sq, op=dist.ReduceOp.SUM, group=group)
     return sq.sqrt()
+
+
+def _norm_device(params: Sequence[torch.Tensor], device: torch.device | None) -> torch.device:
+    """Where a rank without gradients puts its norm term: ``device``, else its parameters' device,
+    else the current CUDA device when a NCCL default group runs, else the CPU."""
+    if device is not None:
+        return torch.device(device)
+    for p in params:
+        if isinstance(p, torch.Tensor):
+            return p.device
+    if dist.is_initialized() and "nccl" in str(dist.get_backend()):
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def clip_grad_norm_(
@@ -135,7 +156,8 @@ def clip_grad_norm_(
     ``norm_params`` (default ``params``; under tensor parallelism: the shards plus the replicated
     parameters of one tp rank, so that the sum over ``groups`` counts each element once); returns ‖g‖
     before clipping. ``max_norm`` ≤ 0 disables clipping (the norm is still computed)."""
-    norm = global_grad_norm(params if norm_params is None else norm_params, groups)
+    device = _norm_device(params, None) if params else None
+    norm = global_grad_norm(params if norm_params is None else norm_params, groups, device)
     total = float(norm)
     if max_norm > 0 and total > max_norm:
         scale_grads_(params, max_norm / (total + 1e-6))

@@ -33,7 +33,8 @@ with the rest, and chooses what to read back on load.
 Keys are global parameter names (``model/layers.3.attn.qkv.weight``, ``optim/<name>/exp_avg``), so a
 checkpoint does not depend on the pipeline layout: a run may resume with another layout or schedule.
 Data-parallel replicas hold identical tensors under identical keys, which DCP stores once. The data
-position is the step (batches are a function of (seed, step)); RNG states are kept per rank.
+position is the step (batches are a function of (seed, step)); RNG states are kept per rank (the
+CPU's and, with CUDA, the device's), and barriers run on a gloo group: :mod:`.checkpoint_host`.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ import torch.distributed as dist
 
 from pipewright.errors import ConfigError
 from pipewright.optim import init_optimizer_state
+from pipewright.runtime.checkpoint_host import barrier, host_group, rng_sources
 from pipewright.runtime.dcp_io import dcp_module, reporting_writer
 from pipewright.runtime.reshard import reshard_plan
 from pipewright.runtime.save_errors import (
@@ -123,7 +125,8 @@ def _state_dict(
             for key, value in optimizer.state.get(p, {}).items():
                 tensor = value if torch.is_tensor(value) else torch.tensor(value)
                 state[f"optim/{names[id(p)]}/{key}"] = tensor
-    state[f"rng/rank{rank}"] = torch.get_rng_state()
+    for suffix, (get, _) in rng_sources().items():
+        state[f"rng/rank{rank}{suffix}"] = get()
     return state
 
 
@@ -141,11 +144,6 @@ def _extra_hook(optimizer: torch.optim.Optimizer, extra: ExtraState | None) -> E
     if extra is not None:
         return extra
     return optimizer if isinstance(optimizer, ExtraState) else None
-
-
-def _barrier() -> None:
-    if dist.is_initialized():
-        dist.barrier()
 
 
 def save_checkpoint(
@@ -176,7 +174,7 @@ def save_checkpoint(
             shutil.rmtree(tmp, ignore_errors=True)  # left by a crash during an earlier save
         except OSError as exc:
             error = describe_error(exc, rank)
-    raise_shared(error, final)
+    raise_shared(error, final, host_group())
     state = _state_dict(params, optimizer, rank)
     hook = _extra_hook(optimizer, extra)
     if hook is not None:
@@ -189,7 +187,7 @@ def save_checkpoint(
         if rank == 0:
             shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointSaveError(save_failed(final, why)) from None
-    _barrier()
+    barrier()
     progress("commit")
     if rank == 0:
         try:
@@ -197,10 +195,10 @@ def save_checkpoint(
         except OSError as exc:
             error = describe_error(exc, rank)
             shutil.rmtree(tmp, ignore_errors=True)
-    raise_shared(error, final)
+    raise_shared(error, final, host_group())
     if rank == 0 and keep > 0:
         prune_checkpoints(ckpt_dir, keep)
-    _barrier()
+    barrier()
     return final
 
 
@@ -475,8 +473,9 @@ def load_checkpoint(
                     slot[key].copy_(loaded)
                 else:
                     slot[key] = loaded.item()
-    if f"rng/rank{rank}" in state:
-        torch.set_rng_state(state[f"rng/rank{rank}"])
+    for suffix, (_, set_state) in rng_sources().items():
+        if f"rng/rank{rank}{suffix}" in state:  # absent from older checkpoints, or saved without CUDA
+            set_state(state[f"rng/rank{rank}{suffix}"])
     if hook is not None:
         hook.load_extra_state(extra_read)
     return meta

@@ -99,19 +99,24 @@ def plan_comparison(
 def _profile_in_process(
     config: TrainConfig, spec: ModelSpec, progress: bool
 ) -> tuple[tuple[ProfileRow, ...], dict[str, str]]:
-    """Profile the run's model at its microbatch size with its workers' contention (CPU)."""
+    """Profile the run's model at its microbatch size on the run's device (CUDA where the workers
+    train on it: NCCL, CUDA tensors in the run's precision; else the CPU, with its workers'
+    contention)."""
     import torch
 
     from pipewright.runtime.profiler import ProfileOptions, profile_model
 
+    cuda = torch.cuda.is_available()  # the trainer's device (runtime/mesh.py default_device)
     options = ProfileOptions(
         spec,
         (config.microbatch_size,),
         tp=config.tp,
+        device="cuda" if cuda else "cpu",
         progress=progress,
-        workers=profile_workers(config),
-        contention=0 if torch.cuda.is_available() or config.world_size < 2 else config.world_size,
+        workers=config.tp if cuda else profile_workers(config),
+        contention=0 if cuda or config.world_size < 2 else config.world_size,
         cpu_allocator=config.cpu_allocator,
+        precision=config.precision,
     )
     rows, raw = profile_model(options)
     return tuple(rows), {k: str(v) for k, v in raw.items()}

@@ -29,7 +29,7 @@ from pipewright.runtime.errors import CollectiveTimeout, DistributedError, RecvT
 from pipewright.runtime.faults import FaultPlan
 from pipewright.runtime.hang import PHASES, HangError, PositionBoard, hang_error, mesh_rank_label, shared_hang
 from pipewright.runtime.mesh import ParallelMesh
-from pipewright.runtime.timeouts import bound_groups, is_timeout
+from pipewright.runtime.timeouts import abort_device_groups, bound_groups, is_timeout
 
 log = logging.getLogger(__name__)
 
@@ -177,7 +177,9 @@ class RunGuard:
         for r in range(m.layout.size):  # every process, cp and placement included
             row_of[r] = m.layout.coords(m.layout.rank_on_device(r)).pp
             labels[r] = mesh_rank_label(m.layout, r)
-        return hang_error(exc, self.board, self._rows, row_of, labels, self.out_dir)
+        error = hang_error(exc, self.board, self._rows, row_of, labels, self.out_dir)
+        abort_device_groups()  # the report is written: NCCL kernels in flight must not hold teardown
+        return error
 
     def _reported_elsewhere(self, grace_s: float) -> HangError | None:
         """The hang another rank claimed within ``grace_s`` (its line and report), else None."""
@@ -186,7 +188,10 @@ class RunGuard:
             if claimed is None or time.monotonic() > end:
                 return None
             time.sleep(0.05)
-        return shared_hang(self.board, wait_s=10.0)
+        error = shared_hang(self.board, wait_s=10.0)
+        if error is not None:
+            abort_device_groups()
+        return error
 
     # -- optimizer step ----------------------------------------------------------------------------
     def before_optimizer(self, step: int, loss: float) -> bool:

@@ -164,7 +164,8 @@ def _reduce_grad(state: RunState, a: Action) -> None:
 
 def start_reduction(state: RunState, stage: int, dtype: torch.dtype | None = None) -> None:
     """Start stage's asynchronous data-parallel all-reduce of its gradients (zeros for a parameter that
-    has none), flattened into one buffer, summed in ``dtype`` (default: the gradients' own);
+    has none), flattened into one buffer, summed in ``dtype`` (default: the gradients' own), over the
+    mesh's gradient group (dp, or dp × cp with context parallelism: one all-reduce for both);
     :func:`finish_reduction` waits for it and writes the average back."""
     ex = state.executor
     if ex.mesh.dp == 1:
@@ -175,8 +176,8 @@ def start_reduction(state: RunState, stage: int, dtype: torch.dtype | None = Non
             p.grad = torch.zeros_like(p)
     grads = [p.grad for p in params]
     flat = torch.cat([g.reshape(-1) if dtype is None else g.reshape(-1).to(dtype) for g in grads])
-    work = dist.all_reduce(flat, group=ex.mesh.dp_group, async_op=True)
-    state.reductions[stage] = (work, flat, grads)
+    work = dist.all_reduce(flat, group=ex.mesh.grad_group, async_op=True)
+    state.reductions[stage] = (work, flat, grads, ex.mesh.grad_replicas)
 
 
 def finish_reduction(state: RunState, stage: int) -> None:
@@ -184,14 +185,14 @@ def finish_reduction(state: RunState, stage: int) -> None:
     pending = state.reductions.pop(stage, None)
     if pending is None:
         return
-    work, flat, grads = pending
+    work, flat, grads, *replicas = pending  # the replicas it sums over (default: dp)
     ex = state.executor
     if not wait_work(work, ex.collective_timeout_s, ex.device):
         raise CollectiveTimeout(
             f"{ex.where()}: REDUCE_GRAD({stage}): the dp all-reduce of stage {stage}'s gradients did not "
             f"complete within {ex.collective_timeout_s:g} s"
         )
-    flat /= ex.mesh.dp
+    flat /= replicas[0] if replicas else ex.mesh.dp
     offset = 0
     for g in grads:
         g.copy_(flat[offset : offset + g.numel()].view_as(g))

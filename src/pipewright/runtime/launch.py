@@ -32,6 +32,7 @@ from torch.multiprocessing.spawn import ProcessException
 from pipewright.runtime import nccl_rules
 from pipewright.runtime.errors import DistributedError, WorkerError
 from pipewright.runtime.host_memory import use_cpu_allocator
+from pipewright.runtime.timeouts import use_nccl_group_timeout, watchdog_timeout
 
 log = logging.getLogger(__name__)
 
@@ -59,30 +60,39 @@ def init_from_env(
     timeout_s: float = 600.0,
     threads: int | None = 1,
     cpu_allocator: str = "retain",
+    collective_timeout_s: float = 600.0,
 ) -> None:
     """Initialise the default process group from env:// variables (torchrun, or :func:`spawn`).
 
     Under torchrun's elastic agent with its shared store (``TORCHELASTIC_USE_AGENT_STORE=True``) the
     group lives in a namespace of that store fresh for this attempt (:func:`attempt_store`). With NCCL
-    the current CUDA device becomes ``LOCAL_RANK``; ``threads`` sets torch's CPU threads. With gloo
-    (tensors on the CPU) ``cpu_allocator`` sets how freed tensor memory is kept (:mod:`.host_memory`).
+    the current CUDA device becomes ``LOCAL_RANK`` and the group is bound to it (``device_id``: eager
+    communicator creation; every ``new_group`` inherits the device); its timeout — NCCL's watchdog —
+    is ``collective_timeout_s`` plus the hang report's margin
+    (:func:`~pipewright.runtime.timeouts.watchdog_timeout`; the run guard sets it again from the
+    run's ``--collective-timeout``), gloo's is ``timeout_s``. ``threads`` sets torch's CPU threads.
+    With gloo (tensors on the CPU) ``cpu_allocator`` sets how freed tensor memory is kept
+    (:mod:`.host_memory`).
     """
     backend = backend or default_backend()
     if threads is not None:
         torch.set_num_threads(threads)
     if backend == "gloo":
         use_cpu_allocator(cpu_allocator)
+    options: dict[str, Any] = {"timeout": datetime.timedelta(seconds=timeout_s)}
     if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        options = {"timeout": watchdog_timeout(collective_timeout_s), "device_id": device}
+        use_nccl_group_timeout(collective_timeout_s)
     if dist.is_initialized():
         return
-    timeout = datetime.timedelta(seconds=timeout_s)
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True):
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        store = attempt_store(rank, world, timeout)
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+        store = attempt_store(rank, world, datetime.timedelta(seconds=timeout_s))
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, **options)
     else:
-        dist.init_process_group(backend, timeout=timeout)
+        dist.init_process_group(backend, **options)
     nccl_rules.install_from_env()  # PIPEWRIGHT_PG_RULES=nccl: NCCL's rules over gloo
 
 
@@ -175,7 +185,8 @@ def _worker(
         (Path(result_dir) / f"error-{rank}.txt").write_text(f"{time.time()}\n{last}")
         raise
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():  # not after a hang report on NCCL: its groups were aborted
+            dist.destroy_process_group()
 
 
 def spawn(

@@ -18,6 +18,9 @@ expert-data-parallel group (the experts' gradient reduction).
 Context parallelism (``cp`` > 1) adds a fourth dimension right after tp (Megatron's ``tp-cp-dp-pp``:
 rank = t + tp·(c + cp·(d + dp·p))); the DeviceMesh then has a ``cp`` dimension, the pipeline peers and
 channels of a rank are those of its own cp slice, and :attr:`ParallelMesh.cp_group` is its ring.
+With dp > 1 as well, :attr:`ParallelMesh.grad_group` is the data-and-context group (Megatron-LM's):
+the dp × cp ranks holding the same parameters, over which the gradients are averaged in one
+all-reduce rather than one over cp and another over dp.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from pipewright.errors import ConfigError
 from pipewright.mesh import DEFAULT_ORDER, Mesh
 from pipewright.runtime.errors import LayoutError
+from pipewright.runtime.timeouts import new_group
 
 
 def check_layout(world_size: int, dp: int, pp: int, tp: int, cp: int = 1) -> None:
@@ -121,6 +125,7 @@ class ParallelMesh:
     ep_group: Any = field(default=None, repr=False)  # the experts' all-to-all group (ep > 1)
     expert_dp_group: Any = field(default=None, repr=False)  # the experts' gradient group (ep > 1)
     ep_back_group: Any = field(default=None, repr=False)  # the ep ranks again: backward all-to-alls
+    dp_cp_group: Any = field(default=None, repr=False)  # the dp × cp ranks of one (pp, tp) (cp, dp > 1)
     _channels: dict[tuple[int, int], Any] = field(default_factory=dict, repr=False)
     _warm: set[tuple[int, int]] = field(default_factory=set, repr=False)
     _coords: tuple[int, int, int] = field(default=(0, 0, 0), init=False, repr=False)
@@ -172,9 +177,21 @@ class ParallelMesh:
                 ("ep_back_group", layout.ep_groups(), layout.ep_group(me)),
             ):
                 for ranks in every:  # every rank creates every group, in one order
-                    group = dist.new_group([layout.device_index(r) for r in ranks])
+                    group = new_group([layout.device_index(r) for r in ranks])
                     if ranks == mine:
                         groups[name] = group
+        if cp > 1 and dp > 1:  # every rank creates every (pp, tp)'s dp × cp group, in one order
+            me = layout.coords(layout.rank_on_device(dist.get_rank()))
+            for p in range(pp):
+                for t in range(tp):
+                    ranks = [
+                        layout.device_index(layout.rank(tp=t, pp=p, dp=d, cp=c))
+                        for d in range(dp)
+                        for c in range(cp)
+                    ]
+                    group = new_group(ranks)
+                    if (p, t) == (me.pp, me.tp):
+                        groups["dp_cp_group"] = group
         return cls(dp, pp, tp, dist.get_rank(), device, mesh, layout, cp=cp, ep=ep, **groups)
 
     @property
@@ -240,6 +257,17 @@ class ParallelMesh:
     def pp_group(self) -> dist.ProcessGroup | None:
         return self.group("pp")
 
+    @property
+    def grad_group(self) -> dist.ProcessGroup | None:
+        """The group the gradients are averaged over: dp × cp (one all-reduce) with context
+        parallelism, else dp."""
+        return self.dp_cp_group if self.dp_cp_group is not None else self.dp_group
+
+    @property
+    def grad_replicas(self) -> int:
+        """The size of :attr:`grad_group`: the replicas whose gradients are averaged."""
+        return self.dp * self.cp if self.dp_cp_group is not None else self.dp
+
     def pp_peer(self, pp_rank: int) -> int:
         """Global rank of pipeline rank ``pp_rank`` in this rank's (dp, tp) replica."""
         d, _, t = self.coords
@@ -264,20 +292,30 @@ class ParallelMesh:
             mine = None
             for d, t, c in self.replicas():
                 ranks = [self.process_of(d, q, t, c) for q in (src, dst)]
-                group = dist.new_group(ranks)
+                group = new_group(ranks)
                 if self.rank in ranks:
                     mine = group
             self._channels[(src, dst)] = mine
         self._warm_up(sorted(set(pairs)))
 
     def _warm_up(self, pairs: list[tuple[int, int]]) -> None:
-        """One tiny all-reduce per channel, in one global order: NCCL creates a communicator on first
-        use and blocks until both ranks arrive, which must not happen mid-schedule."""
-        for pair in pairs:
-            group = self._channels.get(pair)
-            if group is not None and pair not in self._warm:
-                dist.all_reduce(torch.zeros(1, device=self.device), group=group)
-                self._warm.add(pair)
+        """A one-element send from ``src`` to ``dst`` on each channel (src, dst), in one global order
+        (``pairs`` sorted, the same on every rank). NCCL opens a communicator's point-to-point
+        connections lazily, on its first send/receive between two ranks, blocking until both arrive
+        — an all-reduce opens only the collective's ring, not them. Left to the first step, those
+        handshakes meet the step's pre-posted receives and can wait on each other in a cycle; here
+        every rank meets its channels in the same order, so the first pair in that order not yet
+        done always has both of its ranks at it."""
+        for src, dst in pairs:
+            group = self._channels.get((src, dst))
+            if group is None or (src, dst) in self._warm:
+                continue
+            token = torch.zeros(1, device=self.device)
+            if self.pp_rank == src:
+                dist.send(token, dst=self.pp_peer(dst), group=group)
+            else:
+                dist.recv(token, src=self.pp_peer(src), group=group)
+            self._warm.add((src, dst))
 
     def channel(self, src_pp: int, dst_pp: int) -> dist.ProcessGroup:
         """The group carrying messages from pipeline rank ``src_pp`` to ``dst_pp`` (opened before)."""

@@ -33,7 +33,6 @@ loss's 1/m, so the data-parallel average makes it 1/(dp·m) like the main loss.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -46,6 +45,7 @@ from pipewright.models.spec import ModelSpec
 from pipewright.runtime.cp.overlap import PairOverlap, install_pair_overlap
 from pipewright.runtime.handlers import RunState
 from pipewright.runtime.mesh import ParallelMesh
+from pipewright.runtime.wait_clock import WaitClock
 
 
 class AllToAll(torch.autograd.Function):
@@ -77,16 +77,15 @@ class GroupExchange:
     def __init__(self, group: Any, size: int, rank: int, back_group: Any = None) -> None:
         self.group, self.size, self.rank = group, size, rank
         self.back_group = group if back_group is None else back_group
-        self.waited = {False: 0.0, True: 0.0}
+        self.waited = WaitClock()
 
     def run(
         self, out: torch.Tensor, x: torch.Tensor, out_splits: Any, in_splits: Any, backward: bool
     ) -> None:
         """One blocking ``all_to_all_single`` over the forward's or the backward's group, timed."""
-        start = time.perf_counter()
         group = self.back_group if backward else self.group
-        dist.all_to_all_single(out, x, out_splits, in_splits, group=group)
-        self.waited[backward] += time.perf_counter() - start
+        with self.waited.timing(backward, x.device):
+            dist.all_to_all_single(out, x, out_splits, in_splits, group=group)
 
     def counts(self, send: torch.Tensor) -> torch.Tensor:
         """[E] counts in expert order → [size, E/size]: what each rank sends to each of my experts."""

@@ -26,6 +26,13 @@ the cross-entropy loss) — built from :mod:`pipewright.models.gpt` exactly as t
   the header as ``contention=s(1),…,s(N)``; :mod:`pipewright.sim.sharing` runs the ranks of an
   oversubscribed (or bandwidth-bound) host at rate 1 / s(n).
 
+On CUDA (``device="cuda"``) the workers are NCCL ranks, one per GPU: the layers, their inputs and the
+boundary message are CUDA tensors in the run's ``precision`` (fp32, bf16 or fp16) and the matrix
+products use TF32 exactly as a training process does (torch's default, recorded in the header as
+``tf32``); the message is timed between two GPUs over NCCL, each repeat read after a device
+synchronize. With a single GPU the message row is the time of a device-to-device copy of the boundary
+tensor (header ``message=copy``): a pipeline on one GPU has no link.
+
 Every time is the median of ``repeats`` measurements after ``warmup`` unmeasured ones, taken
 round-robin over the layer types of one microbatch size (so each type's samples spread over that
 size's whole measurement). The work runs
@@ -71,6 +78,9 @@ from pipewright.models.wgrad import (
 )
 from pipewright.optim import build_optimizer, global_grad_norm, scale_grads_
 from pipewright.runtime.launch import spawn
+from pipewright.runtime.precision import compute_dtype
+from pipewright.runtime.profile_message import copy_time, message_time
+from pipewright.runtime.timeouts import new_group
 
 KINDS = (F, B, I, W, STEP)
 
@@ -91,12 +101,23 @@ class ProfileOptions:
     workers: int | None = None
     contention: int = 0
     cpu_allocator: str = "retain"  # as the training workers (runtime/host_memory.py)
+    precision: str = "fp32"  # the run's: the layers' and the message's dtype
 
     @property
     def processes(self) -> int:
-        """Worker processes: ``workers`` (default tp) measure at once; at least 2 (the message), and
-        ``contention`` for the contention curve."""
-        return max(2, self.workers or self.tp, self.contention)
+        """Worker processes: ``workers`` (default tp) measure at once; at least 2 (the message; on CUDA
+        only where there are two GPUs), and ``contention`` for the contention curve."""
+        pair = 2 if self.device == "cpu" or torch.cuda.device_count() >= 2 else 1
+        return max(pair, self.workers or self.tp, self.contention)
+
+    @property
+    def backend(self) -> str:
+        """The workers' process group: NCCL between GPUs, gloo between CPU processes."""
+        return "nccl" if self.device == "cuda" else "gloo"
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return compute_dtype(self.precision)
 
     def check(self) -> None:
         if self.repeats < 1:
@@ -120,6 +141,7 @@ class ProfileOptions:
             raise ConfigError(f"--device must be cpu or cuda (got {self.device!r})")
         if self.device == "cuda" and not torch.cuda.is_available():
             raise ConfigError("--device cuda but CUDA is not available here; use --device cpu")
+        compute_dtype(self.precision)  # a one-line error for an unknown precision
 
     def meta(self) -> dict[str, object]:
         """The profile's ``# key=value`` header: the model dimensions it belongs to and how it was taken."""
@@ -134,7 +156,8 @@ class ProfileOptions:
             "seq_len": s.seq_len,
             "tp": self.tp,
             "device": self.device,
-            "dtype": "fp32",
+            "dtype": self.precision,
+            "tf32": _tf32() if self.device == "cuda" else "n/a",
             "threads": 1 if self.device == "cpu" else torch.get_num_threads(),
             "repeats": self.repeats,
             "workers": self.workers or self.tp,
@@ -188,24 +211,24 @@ class _LayerBench:
         loss,
         optimizer: str,
         full_factory=None,
+        dtype: torch.dtype = torch.float32,
     ) -> None:
         self.layer_type, self.device, self.loss = layer_type, device, loss
         gen = layer_generator(0, layer_type)
         s, h = spec.seq_len, spec.hidden
         self.module = _layer_module(layer_type, spec, factory)
         self.module.reset_parameters(spec, gen)
-        self.module.to(device)
+        self.module.to(device=device, dtype=dtype)  # the run's compute dtype, as the trainer casts
         self.full = self.module
         if full_factory is not None and full_factory is not factory:
-            self.full = _layer_module(layer_type, spec, full_factory).to(device)
+            self.full = _layer_module(layer_type, spec, full_factory).to(device=device, dtype=dtype)
             self.full.load_state_dict(self.module.state_dict())
         if layer_type == "embedding":
-            self.x = torch.randint(0, spec.vocab, (b, s), generator=gen)
+            self.x = torch.randint(0, spec.vocab, (b, s), generator=gen).to(device)
         else:
-            self.x = torch.randn(b, s, h, generator=gen)
-        self.x = self.x.to(device)
+            self.x = torch.randn(b, s, h, generator=gen).to(device=device, dtype=dtype)
         self.target = torch.randint(0, spec.vocab, (b, s), generator=gen).to(device)
-        self.grad = torch.randn(b, s, h, generator=gen).to(device)
+        self.grad = torch.randn(b, s, h, generator=gen).to(device=device, dtype=dtype)
         self.params = list(self.module.parameters())
         self.optimizer = build_optimizer(optimizer, self.module.named_parameters(), lr=1e-4, weight_decay=0.1)
         self.store = WeightGradStore()
@@ -291,33 +314,6 @@ def _cpu_layer(spec: ModelSpec, b: int) -> _LayerBench:
     return _LayerBench("layer", spec, b, torch.device("cpu"), plain_linear_factory, loss_fn, "sgd")
 
 
-def _message_time(
-    peer: int, elems: int, repeats: int, warmup: int, first: bool, between: Callable[[], None]
-) -> float:
-    """One-way time of a float32 tensor of ``elems`` elements, as a pipeline sees it: rank 0 computes
-    (``between``, a layer's forward) while rank 1 waits blocked in its receive, then rank 0 sends and
-    rank 1 echoes at once; half the round trip (timed from the send) includes waking the blocked
-    receiver, not only a hot socket. The mean of the fastest 95 % (a pipeline's critical path adds up
-    means; the cut drops rare hiccups)."""
-    buf = torch.zeros(elems)
-    samples = []
-    for i in range(warmup + repeats):
-        if first:
-            between()
-            t0 = time.perf_counter()
-            dist.send(buf, dst=peer)
-            dist.recv(buf, src=peer)
-            if i >= warmup:
-                samples.append((time.perf_counter() - t0) / 2)
-        else:
-            dist.recv(buf, src=peer)
-            dist.send(buf, dst=peer)
-    if not first:
-        return 0.0
-    samples.sort()
-    return statistics.fmean(samples[: max(1, int(len(samples) * 0.95))])
-
-
 def _busy_until_told(bench: _LayerBench, key: str) -> None:
     """Run the layer's forward and backward until rank 0 sets ``key`` in the process group's store
     (the processes the contention curve counts keep computing while ranks 0 and 1 time the message;
@@ -364,7 +360,7 @@ def _worker(rank: int, options: ProfileOptions) -> tuple[list[ProfileRow], dict[
     if tp > 1:
         from pipewright.runtime.tp import tp_linear_factory
 
-        groups = [dist.new_group(list(range(g, g + tp))) for g in range(0, computing, tp)]
+        groups = [new_group(list(range(g, g + tp))) for g in range(0, computing, tp)]
         tp_group = groups[rank // tp]
         factory = tp_linear_factory(tp_group, num_heads=spec.heads)
         loss = factory.cross_entropy
@@ -385,7 +381,9 @@ def _worker(rank: int, options: ProfileOptions) -> tuple[list[ProfileRow], dict[
         rounds = options.warmup + options.repeats
         for b in options.microbatch_sizes:
             benches = [
-                _LayerBench(lt, spec, b, device, factory, loss, options.optimizer, full_factory)
+                _LayerBench(
+                    lt, spec, b, device, factory, loss, options.optimizer, full_factory, options.dtype
+                )
                 for lt in LAYER_TYPES
             ]
             for i in range(rounds):
@@ -401,13 +399,21 @@ def _worker(rank: int, options: ProfileOptions) -> tuple[list[ProfileRow], dict[
     loaded = range(2, options.contention)
     for b in options.microbatch_sizes:
         elems = b * spec.seq_len * spec.hidden
-        if rank < 2:
+        # the boundary tensor as the run sends it: on the GPU in its dtype; gloo's on the CPU in fp32
+        buf = torch.zeros(elems, device=device, dtype=options.dtype) if device.type == "cuda" else None
+        nbytes = float(elems * (buf.element_size() if buf is not None else 4))
+        if options.processes == 1:  # one GPU: no link; a device-to-device copy of the tensor
+            seconds = copy_time(buf, max(options.repeats, 50), 10, sync)
+            rows.append(ProfileRow("layer", b, MESSAGE, seconds, nbytes))
+        elif rank < 2:
             # only the sender computes between exchanges (the receiver waits blocked, as in a pipeline)
             computes = rank == 0 and device.type == "cpu"
             between = _cpu_layer(spec, b).forward if computes else (lambda: None)
-            seconds = _message_time(1 - rank, elems, max(options.repeats, 50), 10, rank == 0, between)
+            seconds = message_time(
+                1 - rank, elems, max(options.repeats, 50), 10, rank == 0, between, buf, sync
+            )
             if rank == 0:
-                rows.append(ProfileRow("layer", b, MESSAGE, seconds, float(elems * 4)))
+                rows.append(ProfileRow("layer", b, MESSAGE, seconds, nbytes))
                 if loaded:
                     dist.distributed_c10d._get_default_store().set(f"profile-message-{b}", "done")
         elif rank in loaded:
@@ -415,6 +421,8 @@ def _worker(rank: int, options: ProfileOptions) -> tuple[list[ProfileRow], dict[
         if bar is not None:
             bar.update(1)
     meta = options.meta()
+    if options.processes == 1:
+        meta["message"] = "copy"
     if options.contention:
         curve = _contention_curve(rank, options, bar)
         meta["contention"] = ",".join(f"{x:.4f}" for x in curve)
@@ -431,11 +439,17 @@ def profile_model(options: ProfileOptions) -> tuple[list[ProfileRow], dict[str, 
         _worker,
         options.processes,
         (options,),
-        backend="gloo",
+        backend=options.backend,
         timeout_s=3600,
         cpu_allocator=options.cpu_allocator,
     )
     return results[0]
+
+
+def _tf32() -> str:
+    """Whether CUDA matrix products run in TF32 here ("on"/"off"): torch's setting, which this
+    process shares with the training processes (neither changes it)."""
+    return "on" if torch.backends.cuda.matmul.allow_tf32 else "off"
 
 
 def check_profile_matches(meta: dict[str, str], spec: ModelSpec, tp: int, source: str) -> None:

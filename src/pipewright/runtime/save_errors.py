@@ -97,13 +97,14 @@ def save_failed(final: object, why: str) -> str:
     return f"saving checkpoint {final} failed ({why}); the previous checkpoint is kept"
 
 
-def raise_shared(error: str | None, final: object) -> None:
-    """Rank 0's error (or None), seen by every rank, which then all raise it: a collective outcome."""
+def raise_shared(error: str | None, final: object, group: object = None) -> None:
+    """Rank 0's error (or None), seen by every rank, which then all raise it: a collective outcome
+    (over ``group``, default the default group)."""
     import torch.distributed as dist
 
     if dist.is_initialized():
         box = [error]
-        dist.broadcast_object_list(box, src=0)
+        dist.broadcast_object_list(box, src=0, group=group)
         error = box[0]
     if error is not None:
         raise CheckpointSaveError(save_failed(final, error))

@@ -12,8 +12,15 @@ Two mechanisms, one timeout (``--collective-timeout``):
   ("Timed out waiting ...") when it expires; :func:`is_timeout` recognises it.
 
 Either way the caller turns the timeout into a :class:`~pipewright.runtime.errors.CollectiveTimeout`
-and the guard into a hang report (:mod:`pipewright.runtime.hang`). On NCCL a group's timeout is
-enforced by its watchdog, which aborts the process: only the waits of the first kind report there.
+and the guard into a hang report (:mod:`pipewright.runtime.hang`).
+
+On NCCL a group's timeout is enforced by its watchdog, which aborts the process. So that the host's
+deadline fires and the hang report is written first, every NCCL group — the default one
+(:func:`~pipewright.runtime.launch.init_from_env`, which also binds it to ``cuda:LOCAL_RANK`` with
+``device_id``), each :func:`new_group` and, once the run's timeout is known, every group
+:func:`bound_groups` finds — gets :func:`watchdog_timeout`: ``--collective-timeout`` plus
+:data:`REPORT_MARGIN_S`. After a hang report, :func:`abort_device_groups` aborts the NCCL
+communicators, so that tearing the process down does not wait on kernels that will never complete.
 """
 
 from __future__ import annotations
@@ -28,6 +35,15 @@ import torch.distributed as dist
 from pipewright.runtime.errors import CollectiveTimeout
 
 log = logging.getLogger(__name__)
+
+#: Seconds NCCL's watchdog waits beyond ``--collective-timeout``: the hang report (every rank's
+#: position gathered through the store, the first reporter's grace of a few seconds and the others'
+#: ten-second wait for it; :mod:`pipewright.runtime.hang`) is written well within it.
+REPORT_MARGIN_S = 120.0
+
+#: The timeout :func:`new_group` gives new groups by backend ("nccl": set by ``init_from_env``; both
+#: by :func:`bound_groups`; absent: torch's default).
+_group_timeouts: dict[str, timedelta] = {}
 
 #: Substrings of the messages gloo and c10d raise when an operation's timeout expires.
 _TIMEOUT_MARKS = ("timed out", "timeout caused pair closure")
@@ -73,9 +89,51 @@ def wait_or_raise(work: dist.Work, timeout_s: float | None, device: torch.device
         raise CollectiveTimeout(f"{what} did not complete within {timeout_s:g} s")
 
 
+def watchdog_timeout(collective_timeout_s: float) -> timedelta:
+    """The timeout of a NCCL process group: ``collective_timeout_s`` + :data:`REPORT_MARGIN_S`, so that
+    the host deadline (and its hang report) comes before NCCL's watchdog aborts the process."""
+    return timedelta(seconds=collective_timeout_s + REPORT_MARGIN_S)
+
+
+def use_nccl_group_timeout(collective_timeout_s: float) -> None:
+    """From now on :func:`new_group` gives NCCL groups :func:`watchdog_timeout`."""
+    _group_timeouts["nccl"] = watchdog_timeout(collective_timeout_s)
+
+
+def new_group(ranks, **kwargs) -> dist.ProcessGroup:
+    """``dist.new_group(ranks, **kwargs)`` (collective over the default group) with the run's timeout
+    for its backend: NCCL's watchdog above the hang report's deadline (:func:`watchdog_timeout`;
+    torch's default would be 10 minutes whatever ``--collective-timeout`` says), gloo's the
+    collective timeout itself. A NCCL group inherits the default group's ``device_id``."""
+    backend = str(kwargs.get("backend") or (dist.get_backend() if dist.is_initialized() else ""))
+    timeout = _group_timeouts.get("nccl" if "nccl" in backend else "gloo")
+    if timeout is not None and "timeout" not in kwargs:
+        kwargs["timeout"] = timeout
+    return dist.new_group(ranks, **kwargs)
+
+
+def abort_device_groups() -> bool:
+    """After a hang report: abort every process group when the default one is NCCL (its kernels may
+    never complete; destroying the groups would wait on them). Returns whether it aborted. gloo's
+    groups are left to the normal teardown (nothing waits on a device)."""
+    if not (dist.is_initialized() and "nccl" in str(dist.get_backend())):
+        return False
+    from torch.distributed import distributed_c10d as c10d
+
+    try:
+        c10d._abort_process_group()
+    except (RuntimeError, ValueError) as exc:
+        log.warning("aborting the process groups after the hang report failed: %s", exc)
+        return False
+    return True
+
+
 def bound_groups(timeout_s: float) -> int:
-    """Set the timeout of every gloo process group this process belongs to (default group included) to
-    ``timeout_s``; returns how many were set. NCCL groups keep theirs (their watchdog aborts)."""
+    """Set the timeout of every process group this process belongs to (default group included):
+    ``timeout_s`` for gloo's (their expiry is caught and reported), :func:`watchdog_timeout` for
+    NCCL's (their watchdog aborts: it must wait for the hang report). Returns how many were set."""
+    use_nccl_group_timeout(timeout_s)  # the groups created from now on
+    _group_timeouts["gloo"] = timedelta(seconds=timeout_s)
     if not dist.is_initialized():
         return 0
     from torch.distributed import distributed_c10d as c10d
@@ -88,10 +146,9 @@ def bound_groups(timeout_s: float) -> int:
     for group in list(c10d._world.pg_map):
         if c10d._rank_not_in_group(group):
             continue
-        if "nccl" in str(dist.get_backend(group)):
-            continue  # NCCL: its watchdog aborts the process at the timeout, no report possible
+        nccl = "nccl" in str(dist.get_backend(group))
         try:
-            setter(timedelta(seconds=timeout_s), group)
+            setter(watchdog_timeout(timeout_s) if nccl else timedelta(seconds=timeout_s), group)
             count += 1
         except (RuntimeError, ValueError, AssertionError):
             continue

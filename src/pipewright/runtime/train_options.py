@@ -87,6 +87,14 @@ class TrainingOptions:
         """The dtype the sharded reduction sums in (None: the gradients' own)."""
         return torch.float32 if getattr(self.config, "reduce_fp32", False) else None
 
+    @property
+    def reduces_over_cp(self) -> bool:
+        """The REDUCE_GRAD reduction averages over dp × cp at once (``ParallelMesh.grad_group``): the
+        executor's own (also summed in fp32), not ZeRO-1's reduce-scatter or the experts' groups."""
+        return (
+            self.mesh.grad_replicas > self.mesh.dp and not self.sharded and getattr(self.config, "ep", 1) == 1
+        )
+
     def handlers(self) -> dict:
         if self.sharded:  # reduced in the optimizer's slice layout (runtime/zero.py)
             return {REDUCE_GRAD: reduce_at_step}

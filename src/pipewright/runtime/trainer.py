@@ -359,7 +359,7 @@ class Trainer:
             for mod in self.stages.values():
                 sync_sequence_parallel_grads(mod, self.mesh.tp_group)
         if self.context is not None:  # each cp rank saw 1/cp of the tokens: average over cp
-            self.context.sync_grads(self.stages.values())
+            self.context.sync_grads(self.stages.values(), reduced=self.options.reduces_over_cp)
         self.options.after_backward()
         return self._global_loss(losses) / self.options.loss_scale
 

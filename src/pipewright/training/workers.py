@@ -64,7 +64,7 @@ def train(
     Returns rank 0's result (others: None under torchrun). ``prepared``: ``prepare(config)`` already
     made by the caller (local runs; its checks are not repeated)."""
     if running_under_torchrun():
-        init_from_env(cpu_allocator=config.cpu_allocator)
+        init_from_env(cpu_allocator=config.cpu_allocator, collective_timeout_s=config.collective_timeout_s)
         run = prepare(elastic.auto_resume(config), world_size=int(os.environ["WORLD_SIZE"]))
         lock = _claim(run) if dist.get_rank() == 0 else None
         chosen = [str(run.out_dir) if lock is None else str(lock.folder)]  # rank 0's folder

@@ -20,12 +20,26 @@ group then sees its collectives in the same order on every rank (the forwards in
 backwards in B order), as the schedule is the same on every peer. Pairs run one after the other
 (no thread) with tensor parallelism (whose collectives share the tp group), with recomputation (a
 backward that re-runs a forward would use the forward's groups) and without gradients (validation).
+
+On CUDA the two threads are two streams, as in DualPipe. A new thread's current device is device 0,
+so the F's thread first calls ``set_device`` (the executor's device). It launches on a side stream of
+its own (one per device, kept), so that a blocking all-to-all or ring wait of one thread — which
+stalls its stream — leaves the other's kernels running. Events join the streams at the pair's
+boundaries: the side stream waits for an event recorded on the main thread's stream when the pair
+starts (the F's inputs, written there, are ready), and the main stream waits for an event recorded on
+the side stream when the F is done (its output, and the sends posted after it, come before whatever
+the main thread launches after the pair). The tensors the F leaves behind (its output, the saved
+activations its B reads) were allocated on the side stream; the caching allocator may hand their
+memory back to that stream once freed, so the F's output is marked in use by the main stream
+(``record_stream``). The activations its backward frees run on the side stream too (autograd runs a
+node's backward on its forward's stream).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -67,8 +81,9 @@ class PairOverlap:
         self.send_of = {s: f for f, (_, sends) in pairs.items() for s in sends}
         self.partner = {b: f for f, (b, _) in pairs.items()}
         self.inner: dict[str, Callable] = {}
-        self.running: dict[Action, tuple[threading.Thread, list[BaseException]]] = {}
+        self.running: dict[Action, tuple[threading.Thread, list[BaseException], list]] = {}
         self.pairs_overlapped = 0
+        self.side_streams: dict[torch.device, Any] = {}  # CUDA: the F threads' stream, per device
 
     def wrap(self, kind: str, handler: Callable) -> Callable:
         self.inner[kind] = handler
@@ -82,7 +97,7 @@ class PairOverlap:
                 try:
                     handler(state, a)
                 finally:
-                    self._join(self.partner[a])
+                    self._join(self.partner[a], state)
             else:
                 handler(state, a)
 
@@ -90,28 +105,65 @@ class PairOverlap:
 
     def _start(self, state: Any, f: Action) -> None:
         errors: list[BaseException] = []
+        done: list = []  # (the event recorded after the F and its sends — CUDA only —, the device)
         _, sends = self.pairs[f]
+        device = torch.device(getattr(state.executor, "device", "cpu"))
+        ready = _event_on_current(device)
 
         def body() -> None:
             try:
-                self.inner[f.kind](state, f)
-                if sends:  # as the executor's send handler, for exactly these (not at its position)
-                    sources = state.executor.send_sources
-                    state.comm.send([(s, sources[s.kind](state, s)) for s in sends])
-                    state.sent.update(sends)
+                with self._side_stream(device, ready):
+                    self.inner[f.kind](state, f)
+                    if sends:  # as the executor's send handler, for exactly these (not at its position)
+                        sources = state.executor.send_sources
+                        state.comm.send([(s, sources[s.kind](state, s)) for s in sends])
+                        state.sent.update(sends)
+                    done.append((_event_on_current(device), device))
             except BaseException as e:  # re-raised on the main thread by _join
                 errors.append(e)
 
         thread = threading.Thread(target=body, name=f"F&B {f}", daemon=True)
-        self.running[f] = (thread, errors)
+        self.running[f] = (thread, errors, done)
         thread.start()
 
-    def _join(self, f: Action) -> None:
-        thread, errors = self.running.pop(f)
+    @contextmanager
+    def _side_stream(self, device: torch.device, ready: Any) -> Iterator[None]:
+        """In the F's thread: on CUDA the executor's device current and this device's side stream
+        current, after the main stream's ``ready`` event (module docstring); nothing on the CPU."""
+        if device.type != "cuda":
+            yield
+            return
+        torch.cuda.set_device(device)
+        stream = self.side_streams.get(device)
+        if stream is None:
+            stream = self.side_streams[device] = torch.cuda.Stream(device)
+        stream.wait_event(ready)
+        with torch.cuda.stream(stream):
+            yield
+
+    def _join(self, f: Action, state: Any = None) -> None:
+        thread, errors, done = self.running.pop(f)
         thread.join()
         self.pairs_overlapped += 1
         if errors:
             raise errors[0]
+        event, device = done[0] if done else (None, None)
+        if event is not None:  # CUDA: what the main thread launches next comes after the F and its sends
+            main = torch.cuda.current_stream(device)
+            main.wait_event(event)
+            out = getattr(state, "stage_outputs", {}).get((f.stage, f.microbatch)) if state else None
+            if isinstance(out, torch.Tensor):
+                out.record_stream(main)
+
+
+def _event_on_current(device: torch.device) -> Any:
+    """On CUDA an event recorded on ``device``'s current stream (of the calling thread); None on the
+    CPU."""
+    if device.type != "cuda":
+        return None
+    event = torch.cuda.Event()
+    event.record(torch.cuda.current_stream(device))
+    return event
 
 
 def install_pair_overlap(executor: Any, config: Any, mesh: Any) -> PairOverlap | None:

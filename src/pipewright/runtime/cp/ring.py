@@ -38,13 +38,13 @@ on that direction since they were posted (``exposed``), and the seconds spent wa
 from __future__ import annotations
 
 import math
-import time
 from typing import Protocol
 
 import torch
 import torch.distributed as dist
 
 from pipewright.models.blocks import AttentionCore
+from pipewright.runtime.wait_clock import WaitClock
 
 
 class Pending(Protocol):
@@ -79,10 +79,9 @@ class _Received:
         ring, backward = self.ring, self.backward
         if ring.blocks[backward] == self.blocks_at_post:
             ring.exposed[backward] += 1  # no block computed behind this exchange
-        start = time.perf_counter()
-        for work in self.works:
-            work.wait()
-        ring.waited[backward] += time.perf_counter() - start
+        with ring.waited.timing(backward, self.buffer.device):
+            for work in self.works:
+                work.wait()
         return self.buffer
 
 
@@ -95,7 +94,8 @@ class DistRing:
 
     Counters by direction (False: forward, True: backward; each direction runs on one thread at a
     time): ``exchanges`` posted, ``blocks`` computed, ``exposed``: exchanges waited with no block
-    computed since they were posted, ``waited``: seconds spent waiting (exposed communication)."""
+    computed since they were posted, ``waited``: seconds spent waiting (exposed communication; on
+    CUDA the stream's wait, :class:`~pipewright.runtime.wait_clock.WaitClock`)."""
 
     def __init__(
         self,
@@ -108,7 +108,7 @@ class DistRing:
     ) -> None:
         self.group, self.rank, self.size, self.next, self.prev = group, rank, size, next, prev
         self.back_group = group if back_group is None else back_group
-        self.waited = {False: 0.0, True: 0.0}
+        self.waited = WaitClock()
         self.exchanges = {False: 0, True: 0}
         self.blocks = {False: 0, True: 0}
         self.exposed = {False: 0, True: 0}
@@ -139,22 +139,52 @@ def block_slices(rank: int, src: int, length: int) -> tuple[slice, slice, bool]:
     return slice(half, length), slice(0, length), False
 
 
-def _scores(q: torch.Tensor, k: torch.Tensor, causal: bool, scale: float) -> torch.Tensor:
-    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+#: Keys per tile of a block's attention: the largest score tensor held is [b, heads, n, KEY_TILE] in
+#: fp32 (Flash-Attention's tiling; a whole block's fp32 scores would be [b, heads, n, m]).
+KEY_TILE = 512
+
+
+def _tile_scores(q: torch.Tensor, k_t: torch.Tensor, causal: bool, scale: float, c0: int) -> torch.Tensor:
+    """One tile's scores q·k_tᵀ·scale: the product in the compute dtype, the result in fp32 (the
+    softmax's exponent); causal: key c0 + j masked for query row i < c0 + j."""
+    s = torch.matmul(q, k_t.transpose(-1, -2)).float() * scale
     if causal:
         n, m = s.shape[-2:]
-        mask = torch.ones(n, m, dtype=torch.bool, device=s.device).triu(1)
-        s = s.masked_fill(mask, float("-inf"))
+        rows = torch.arange(n, device=s.device).unsqueeze(-1)
+        cols = torch.arange(c0, c0 + m, device=s.device)
+        s = s.masked_fill(cols > rows, float("-inf"))
     return s
+
+
+def _tiles(m: int, causal: bool, n: int) -> range:
+    """Start of each key tile (a causal block's keys past the last query are all masked: skipped)."""
+    return range(0, min(m, n) if causal else m, KEY_TILE)
 
 
 def block_forward(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """softmax(qkᵀ·scale)v (float32) and the rows' log-sum-exp [b, heads, n]."""
-    s = _scores(q, k, causal, scale)
-    lse = torch.logsumexp(s, dim=-1)
-    return torch.matmul(torch.exp(s - lse.unsqueeze(-1)), v.float()), lse
+    """softmax(qkᵀ·scale)v (float32) and the rows' log-sum-exp [b, heads, n], over key tiles of
+    :data:`KEY_TILE` with the online softmax (Milakov & Gimelshein 2018; Dao et al.'s FlashAttention):
+    per tile, with running row maximum μ, sum ℓ and output o (fp32),
+
+        μ' = max(μ, max_j s_j),  ℓ' = ℓ·e^{μ−μ'} + Σ_j e^{s_j−μ'},  o' = o·e^{μ−μ'} + Σ_j e^{s_j−μ'} v_j,
+
+    the products in the compute dtype; at the end O = o/ℓ and L = μ + log ℓ."""
+    n, m = q.shape[-2], k.shape[-2]
+    mu = torch.full(q.shape[:-1], float("-inf"), device=q.device)
+    ell = torch.zeros(q.shape[:-1], device=q.device)
+    o = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    for c0 in _tiles(m, causal, n):
+        s = _tile_scores(q, k[..., c0 : c0 + KEY_TILE, :], causal, scale, c0)
+        new = torch.maximum(mu, s.amax(-1))
+        safe = new.masked_fill(new == float("-inf"), 0.0)  # a row with every key so far masked
+        p = torch.exp(s - safe.unsqueeze(-1))
+        decay = torch.exp(mu - safe)
+        ell = ell * decay + p.sum(-1)
+        o = o * decay.unsqueeze(-1) + torch.matmul(p.to(v.dtype), v[..., c0 : c0 + KEY_TILE, :]).float()
+        mu = new
+    return o / ell.unsqueeze(-1), mu + torch.log(ell)
 
 
 def merge_(out: torch.Tensor, lse: torch.Tensor, rows: slice, o_b: torch.Tensor, l_b: torch.Tensor) -> None:
@@ -177,12 +207,23 @@ def block_backward(
     causal: bool,
     scale: float,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of one block given the final log-sum-exp and delta = rowsum(dO ⊙ O) (float32)."""
-    p = torch.exp(_scores(q, k, causal, scale) - lse.unsqueeze(-1))
-    dv = torch.matmul(p.transpose(-1, -2), d_out)
-    ds = p * (torch.matmul(d_out, v.float().transpose(-1, -2)) - delta.unsqueeze(-1))
-    dq = torch.matmul(ds, k.float()) * scale
-    dk = torch.matmul(ds.transpose(-1, -2), q.float()) * scale
+    """(dq, dk, dv) of one block (float32) given the final log-sum-exp and delta = rowsum(dO ⊙ O),
+    tile by tile over the keys as :func:`block_forward` (the products in the compute dtype)."""
+    n, m = q.shape[-2], k.shape[-2]
+    dt = q.dtype
+    d_out = d_out.to(dt)
+    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    dk = torch.zeros(k.shape, dtype=torch.float32, device=k.device)
+    dv = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
+    for c0 in _tiles(m, causal, n):
+        cols = slice(c0, c0 + KEY_TILE)
+        k_t, v_t = k[..., cols, :], v[..., cols, :]
+        p = torch.exp(_tile_scores(q, k_t, causal, scale, c0) - lse.unsqueeze(-1))
+        dv[..., cols, :] = torch.matmul(p.to(dt).transpose(-1, -2), d_out).float()
+        ds = p * (torch.matmul(d_out, v_t.transpose(-1, -2)).float() - delta.unsqueeze(-1))
+        ds = ds.to(dt)
+        dq += torch.matmul(ds, k_t).float() * scale
+        dk[..., cols, :] = torch.matmul(ds.transpose(-1, -2), q).float() * scale
     return dq, dk, dv
 
 

@@ -32,6 +32,7 @@ from pipewright.models.blocks import AttentionCore
 from pipewright.models.moe import moe_layers
 from pipewright.runtime.cp.overlap import PairOverlap, install_pair_overlap
 from pipewright.runtime.cp.ring import DistRing, Ring, RingAttentionCore
+from pipewright.runtime.timeouts import new_group
 
 
 def check_context_parallel(seq_len: int, cp: int, tp: int = 1, sequence_parallel: bool = False) -> None:
@@ -135,7 +136,7 @@ def _second_cp_group(mesh) -> dist.ProcessGroup | None:
         for p in range(mesh.pp):
             for t in range(mesh.tp):
                 ranks = [mesh.process_of(d, p, t, c) for c in range(mesh.cp)]
-                group = dist.new_group(ranks)
+                group = new_group(ranks)
                 if mesh.rank in ranks:
                     mine = group
     return mine
@@ -150,6 +151,7 @@ class ContextParallel:
     positions: torch.Tensor
     ring: DistRing | None = None
     pair_overlap: PairOverlap | None = None  # set by :meth:`overlap`
+    grad_syncs: int = 0  # the gradient all-reduces over cp alone (none where dp × cp reduces once)
 
     @classmethod
     def of(cls, mesh, seq_len: int, stages: Mapping[int, nn.Module]) -> ContextParallel | None:
@@ -182,8 +184,12 @@ class ContextParallel:
         """Each [b, S] microbatch at this rank's positions: [b, S/cp]."""
         return [shard_sequence(x, self.positions) for x in batches]
 
-    def sync_grads(self, modules: Iterable[nn.Module]) -> None:
-        sync_context_parallel_grads(modules, self.group, self.cp)
+    def sync_grads(self, modules: Iterable[nn.Module], reduced: bool = False) -> None:
+        """Average the gradients over the cp ranks, unless ``reduced``: the data-parallel reduction
+        already averaged them over dp × cp in one all-reduce (``ParallelMesh.grad_group``)."""
+        if not reduced:
+            sync_context_parallel_grads(modules, self.group, self.cp)
+            self.grad_syncs += 1
 
     def mean(self, value: float, device: torch.device) -> float:
         """The mean of ``value`` over the cp ranks (collective over the cp group)."""
