@@ -3,11 +3,11 @@ path that cannot be written (checked before the work that produces it starts).""
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
 from pipewright.errors import ConfigError
+from pipewright.outputs import check_folder_writable, check_name_length, check_output, shown
 
 
 def read_text(path: str | Path, what: str = "file") -> str:
@@ -32,37 +32,29 @@ def read_text(path: str | Path, what: str = "file") -> str:
 
 
 def check_writable(path: str | Path | None, flag: str) -> None:
-    """Refuse in one line, before any work, an output file that cannot be created or replaced: its folder
-    missing or not writable, the path a folder, or the file itself read-only."""
-    if path is None:
-        return
-    path = Path(path)
-    if path.is_dir():
-        raise ConfigError(f"{flag} {path} is a folder; give a file name")
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise ConfigError(f"{flag} {path}: folder {folder} does not exist; create it first")
-    if path.exists() and not os.access(path, os.W_OK):
-        raise ConfigError(f"{flag} {path}: the file is not writable (permission denied)")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise ConfigError(f"{flag} {path}: folder {folder} is not writable (permission denied)")
+    """Refuse in one line, before any work, an output file that cannot be created or replaced (the
+    writability half of :func:`pipewright.outputs.check_output`; commands use that, which also refuses
+    replacing a file without ``--overwrite``)."""
+    check_output(path, flag, overwrite=True)
 
 
 def check_writable_folder(folder: str | Path, flag: str, need_bytes: int = 0) -> None:
-    """An output folder (created later if missing): its nearest existing ancestor must be a writable
-    folder with ``need_bytes`` free."""
+    """An output folder (created later if missing): a name the file system holds, and its nearest
+    existing ancestor a folder that takes a new file with ``need_bytes`` free."""
     folder = Path(folder)
+    check_name_length(folder, flag)
     probe = folder
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     if not probe.is_dir():
-        raise ConfigError(f"{flag} {folder}: {probe} is a file, not a folder")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise ConfigError(f"{flag} {folder}: {probe} is not writable (permission denied)")
-    if need_bytes:
-        free = shutil.disk_usage(probe).free
-        if free < need_bytes:
+        raise ConfigError(f"{flag} {shown(folder)}: {shown(probe)} is a file, not a folder")
+    try:
+        check_folder_writable(probe, flag, folder, need_bytes)
+    except ConfigError as exc:
+        if need_bytes and "free" in str(exc):
+            free = shutil.disk_usage(probe).free
             raise ConfigError(
-                f"{flag} {folder}: {free / 2**30:.2f} GiB free, a checkpoint needs about "
+                f"{flag} {shown(folder)}: {free / 2**30:.2f} GiB free, a checkpoint needs about "
                 f"{need_bytes / 2**30:.2f} GiB; free disk space or choose another --out"
-            )
+            ) from None
+        raise

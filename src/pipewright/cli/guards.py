@@ -14,7 +14,7 @@ import argparse
 from pathlib import Path
 
 from pipewright.errors import ConfigError
-from pipewright.files import check_writable
+from pipewright.outputs import check_outputs
 from pipewright.values import POSITIVE, POSITIVE_REAL, check_finite, check_values
 
 DEFAULT_MAX_ACTIONS = 2_000_000
@@ -98,8 +98,13 @@ def check_simulate(args: argparse.Namespace) -> None:
     """``simulate``: every number finite and in range, no flag silently ignored, a CSV schedule
     agreeing with --stages/--microbatches/--virtual, and the size estimate under --max-actions."""
     values = vars(args)
-    check_writable(args.png, "--png")
-    check_writable(args.trace, "--trace")
+    check_outputs(
+        [(args.png, "--png"), (args.trace, "--trace")],
+        overwrite=args.overwrite,
+        inputs=[getattr(args, n, None) for n in ("schedule", "profile", "topology", "calibration", "plan")],
+    )
+    if args.png is not None and args.png == args.trace:
+        raise ConfigError(f"--png and --trace both name {args.png}; give two files")
     check_finite(values)
     check_values(values, {n: POSITIVE for n in _SIZES} | {"cores": POSITIVE_REAL})
     unit = args.model is None and args.profile is None and not getattr(args, "plan", None)
@@ -148,15 +153,16 @@ def _check_csv_agrees(args: argparse.Namespace) -> None:
 
 
 def check_profile(args: argparse.Namespace) -> None:
-    """``profile``: the output writable, every number finite and in range, and one layer's measurement
-    (weights, gradients and AdamW state, 16 bytes a parameter, plus a microbatch's activations and
-    logits) within this machine's available memory — all before the minutes of measuring."""
+    """``profile``: the outputs writable and new (or ``--overwrite``), every number finite and in range,
+    and one layer's measurement (weights, gradients and AdamW state, 16 bytes a parameter, plus a
+    microbatch's activations and logits) within this machine's available memory — all before the
+    minutes of measuring."""
     from pipewright.cost.activations import runtime_layer_elements
     from pipewright.cost.transformer import layer_parameters
     from pipewright.models.presets import resolve_model
     from pipewright.runtime.size_check import available_bytes
 
-    check_writable(args.out, "--out")
+    check_outputs([(args.out, "--out"), (args.calibration, "--calibration")], overwrite=args.overwrite)
     values = vars(args)
     check_finite(values)
     positive = ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len", "tp", "repeats", "nproc")

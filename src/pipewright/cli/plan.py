@@ -23,7 +23,7 @@ from pipewright.cli.guards import DEFAULT_MAX_ACTIONS as MAX_ACTIONS  # = plan.p
 from pipewright.cli.zb_flags import add_zb_refine_flags, refine_seconds
 from pipewright.errors import ConfigError
 from pipewright.features import builtin_features
-from pipewright.files import check_writable
+from pipewright.outputs import add_overwrite_flag, check_outputs
 from pipewright.plan.options import ATTENTION_CHOICES
 
 _DIMS = ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len")
@@ -148,6 +148,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="also give the plan as Megatron-LM's arguments or torchtitan's TOML (printed; with -o, "
         "written beside the plan: PLAN.megatron.sh or PLAN.torchtitan.toml)",
     )
+    add_overwrite_flag(parser)
     builtin_features().add_options("plan", parser)  # the features' plan flags (their sections' fields)
     parser.set_defaults(func=run)
 
@@ -200,8 +201,23 @@ def check_values(args: argparse.Namespace) -> None:
         value = getattr(args, flag)
         if value is not None and not (math.isfinite(value) and value > 0):
             raise ConfigError(f"--{flag.replace('_', '-')} must be a positive number (got {value})")
-    if args.out:
-        check_writable(args.out, "-o")
+    check_plan_outputs(args)
+
+
+def check_plan_outputs(args: argparse.Namespace) -> None:
+    """``-o`` and the files written beside it (the schedule CSV, ``--export``'s file), before the search."""
+    from pathlib import Path
+
+    from pipewright.cli.export_plan import SUFFIX
+
+    if not args.out:
+        return
+    out = Path(args.out)
+    paths = [(out, "-o"), (out.with_suffix(".schedule.csv"), "-o's schedule CSV")]
+    if args.export:
+        paths.append((out.with_suffix("").with_suffix(SUFFIX[args.export]), "-o's --export file"))
+    inputs = [args.profile, args.topology, args.calibration]
+    check_outputs(paths, overwrite=args.overwrite, inputs=inputs)
 
 
 class _Bar:
@@ -365,7 +381,7 @@ def _export(data: dict, args: argparse.Namespace) -> None:
 
     if args.out:
         target = Path(args.out).with_suffix("").with_suffix(SUFFIX[args.export])
-        for path in export(args.out, args.export, target)[1]:
+        for path in export(args.out, args.export, target, overwrite=True)[1]:  # checked before the search
             print(f"wrote {path}")
         return
     with tempfile.TemporaryDirectory() as folder:  # the plan file the exporter reads
