@@ -1,12 +1,15 @@
-"""Reading and writing user-named files with one-line errors: a file that is not UTF-8 text, an output
-path that cannot be written (checked before the work that produces it starts)."""
+"""Reading and writing user-named files with one-line errors: a file that is not UTF-8 text, a malformed
+file (every error names it: :func:`naming`), an output path that cannot be written (checked before the
+work that produces it starts; the whole rule is :mod:`pipewright.outputs`)."""
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from pipewright.errors import ConfigError
+from pipewright.errors import ConfigError, PipewrightError
 from pipewright.outputs import check_folder_writable, check_name_length, check_output, shown
 
 
@@ -58,3 +61,28 @@ def check_writable_folder(folder: str | Path, flag: str, need_bytes: int = 0) ->
                 f"{need_bytes / 2**30:.2f} GiB; free disk space or choose another --out"
             ) from None
         raise
+
+
+#: what a reader's gap raises on a malformed file (turned into one line naming the file)
+_PARSE_ERRORS = (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, RecursionError)
+
+
+@contextmanager
+def naming(path: str | Path, what: str) -> Iterator[None]:
+    """Errors raised while reading the ``what`` file ``path`` name it: a PipewrightError whose message
+    lacks the file's name gets it in front; a Python error from a malformed value (a reader's gap) becomes
+    one line naming the file and the first line of the error."""
+    try:
+        yield
+    except PipewrightError as exc:
+        text = str(exc)
+        if str(path) in text or Path(path).name in text:
+            raise
+        try:
+            named = type(exc)(f"{what} {shown(path)}: {text}")
+        except TypeError:
+            named = ConfigError(f"{what} {shown(path)}: {text}")
+        raise named from None
+    except _PARSE_ERRORS as exc:
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(f"{what} {shown(path)} is malformed: {shown(first, 120)}") from None

@@ -381,14 +381,19 @@ class ProfiledComm:
 def load_profile(path: str | Path) -> tuple[tuple[ProfileRow, ...], dict[str, str]]:
     """Rows and header of a profile CSV or JSON file (one-line ConfigError when missing or malformed)."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"profile {path} is a folder; give the profile file (.csv or .json) it holds")
     if not path.is_file():
         raise ConfigError(
             f"profile file {path} does not exist; write one with `pipewright profile --out {path}`"
         )
-    from pipewright.files import read_text
+    from pipewright.files import naming, read_text
 
     text = read_text(path, "profile file")
-    rows, meta = ProfiledCost.parse_json(text) if path.suffix == ".json" else read_profile_csv(text)
+    with naming(path, "profile"):
+        rows, meta = (
+            ProfiledCost.parse_json(text) if text.lstrip().startswith("{") else read_profile_csv(text)
+        )
     check_complete(rows, str(path))
     return rows, meta
 

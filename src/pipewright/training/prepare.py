@@ -147,6 +147,8 @@ def prepare(
     layout = resolve_layout(config.layout, config.num_layers(), schedule.num_stages)  # before the (slow) data
     dataset = open_dataset(config.data, tokenizer=config.tokenizer, progress=config.progress)
     spec = config.model_spec(dataset.vocab_size)
+    evaluates = 0 < config.eval_every <= config.steps
+    dataset.check_size(spec.seq_len, ("train", "val") if evaluates else ("train",))  # as the workers will
     plugins = active_plugins(config, schedule, features)
     for plugin in plugins:  # the features' unsupported combinations (--vocab-parallel …)
         plugin.check(config, schedule, spec)
@@ -171,7 +173,10 @@ def prepare(
             )
         start = int(meta["step"])
         if start >= config.steps:
-            raise ConfigError(f"--resume: the checkpoint is at step {start}, --steps is {config.steps}")
+            raise ConfigError(
+                f"--resume: the run in {out_dir} is done (its checkpoint is at step {start}, --steps is "
+                f"{config.steps}); give --steps above {start} to train on, or a new --out for a new run"
+            )
     update = tuple(n for f in features if f.section is not None for n in update_rule_names(f.section))
     run = PreparedRun(
         config,
