@@ -60,20 +60,27 @@ def config_file(source: str | Path) -> Path:
 def load_config(source: str | Path):
     """The ``transformers`` config of ``source``; attention as ``attn_implementation`` in the file says
     (eager, sdpa, …), else the library's default for the family."""
+    from pipewright.files import read_text
+    from pipewright.outputs import shown
+
     file = config_file(source)
     try:
-        data = json.loads(file.read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"--hf-model {source}: cannot read {file.name}: {exc}") from None
+        data = json.loads(read_text(file, "--hf-model config"))  # one line for a binary file too
+    except ValueError as exc:
+        raise ConfigError(f"--hf-model {source}: {file.name} is not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"--hf-model {source}: {file.name} holds a JSON {type(data).__name__}, not an object"
+        )
     transformers = _transformers()
     model_type = data.pop("model_type", None)
     attn = data.pop("attn_implementation", None)
     try:
         config = transformers.AutoConfig.for_model(model_type, **data)
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:
         raise ConfigError(
-            f"--hf-model {source}: model_type {model_type!r} is not a transformers "
-            f"{transformers.__version__} model ({str(exc).splitlines()[0]})"
+            f"--hf-model {source}: model_type {shown(model_type, 40)} is not a transformers "
+            f"{transformers.__version__} model ({shown(str(exc).splitlines()[0], 160)})"
         ) from None
     if attn is not None:
         config._attn_implementation = attn
@@ -82,7 +89,18 @@ def load_config(source: str | Path):
 
 def read_spec(source: str | Path, *, seq_len: int | None = None) -> ModelSpec:
     """The dimensions of ``source``'s model as a ModelSpec (family "hf", ``name`` = the source)."""
+    from pipewright.files import naming
+    from pipewright.models.checks import check_dimensions, check_weights
+
     config = load_config(source)
+    with naming(config_file(source), "--hf-model config"):
+        spec = _spec(config, source, seq_len)
+    check_dimensions(spec, f"--hf-model {config_file(source)}")
+    check_weights(config_file(source).parent)  # headers readable: a damaged file fails here, not in a worker
+    return spec
+
+
+def _spec(config, source: str | Path, seq_len: int | None) -> ModelSpec:
     h, a = config.hidden_size, config.num_attention_heads
     positions = getattr(config, "max_position_embeddings", None)
     if seq_len is not None and positions and seq_len > positions and adapter_for(config.model_type).positions:
