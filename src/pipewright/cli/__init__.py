@@ -101,3 +101,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into e.g. `head`: not an error
         sys.stderr.close()
         return 0
+    except KeyboardInterrupt:  # Ctrl-C before or without workers (runtime/interrupts.py for a run)
+        print("pipewright: interrupted", file=sys.stderr)
+        return 130

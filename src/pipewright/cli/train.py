@@ -124,12 +124,14 @@ def _train(args: argparse.Namespace) -> int:
         return 0
     if result.preempted_at is not None:
         from pipewright.runtime.elastic import PREEMPTED_EXIT_CODE
+        from pipewright.runtime.interrupts import INTERRUPTED, INTERRUPTED_EXIT_CODE
 
+        why = "interrupted (Ctrl-C)" if INTERRUPTED.is_set() else "preempted (SIGTERM)"
         print(
-            f"preempted (SIGTERM) after step {result.preempted_at}: checkpoint in {result.out_dir}; "
-            "continue with --resume"
+            f"{why} after step {result.preempted_at}: checkpoint in {result.out_dir}; "
+            f"continue with --resume --out {result.out_dir}"
         )
-        return PREEMPTED_EXIT_CODE
+        return INTERRUPTED_EXIT_CODE if INTERRUPTED.is_set() else PREEMPTED_EXIT_CODE
     first, last = result.losses[0], result.losses[-1]
     print(
         f"trained {len(result.losses)} steps in {result.wall_s:.1f} s: loss {first:.3f} -> {last:.3f}, "
