@@ -86,6 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser = _parser(_feature_paths(argv), _command(argv))
     except PipewrightError as exc:  # a --feature that does not load
+        if getattr(exc, "details", None) and ("-v" in argv or "--verbose" in argv):
+            print(exc.details, file=sys.stderr, end="")
         print(f"pipewright: error: {exc}", file=sys.stderr)
         return 2
     args = parser.parse_args(argv)
