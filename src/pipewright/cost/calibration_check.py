@@ -61,7 +61,7 @@ def check_calibration(data: Any, where: str) -> None:
         _string(item, "dtype", at)
     if "memory_bandwidth" in data:
         _number(data, "memory_bandwidth", where, 0.0, MAX_BANDWIDTH, strict=True)
-    links = data.get("links") or {}
+    links = data.get("links", {})
     if not isinstance(links, Mapping):
         raise ConfigError(f"{where}: 'links' must be an object")
     for name, item in links.items():

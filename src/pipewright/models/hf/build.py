@@ -77,7 +77,7 @@ def load_config(source: str | Path):
     attn = data.pop("attn_implementation", None)
     try:
         config = transformers.AutoConfig.for_model(model_type, **data)
-    except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as exc:
+    except Exception as exc:  # the library's validation errors have no common base below Exception
         raise ConfigError(
             f"--hf-model {source}: model_type {shown(model_type, 40)} is not a transformers "
             f"{transformers.__version__} model ({shown(str(exc).splitlines()[0], 160)})"
@@ -105,7 +105,10 @@ def _spec(config, source: str | Path, seq_len: int | None) -> ModelSpec:
     positions = getattr(config, "max_position_embeddings", None)
     if seq_len is not None and positions and seq_len > positions and adapter_for(config.model_type).positions:
         raise ConfigError(f"--seq-len {seq_len} exceeds the model's {positions} learned positions")
-    ffn = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * h
+    given = (getattr(config, "intermediate_size", None), getattr(config, "n_inner", None))
+    ffn = next((x for x in given if x is not None), 4 * h)
+    if not isinstance(ffn, int) or ffn < 1:  # ModelSpec reads 0 as "4 h": a 0 in the file is refused
+        raise ConfigError(f"intermediate_size must be a positive integer (got {ffn!r:.40})")
     return ModelSpec(
         name=str(source),
         layers=config.num_hidden_layers,
