@@ -440,7 +440,7 @@ def tokenizer_reader(base):
             )
         )
     cases.append(("config not JSON", {"tokenizer.json": good, "config.json": b"\xff{"}))
-    argv = lambda f: ["data", "prepare", str(base / "text.txt"), "--tokenizer", f, "-o", f + "/../out.bin"]  # noqa: E731
+    argv = lambda f: ["data", "prepare", str(base / "text.txt"), "--tokenizer", f, "-o", f + "-out.bin"]  # noqa: E731
     return Reader({"tokenizer.json": good}, cases, argv, folder=True)
 
 
