@@ -14,7 +14,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import transformers  # noqa: F401  (its cold import too)
 
+import pipewright.training  # noqa: F401  (its cold import, torch's, is not counted in a case's bound)
 from _fuzz_cli import refused, run
 from _fuzz_readers import MINIMUM, READERS, make_base
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from pipewright.outputs import add_overwrite_flag, check_outputs
+from pipewright.outputs import add_overwrite_flag, check_output
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,8 +26,9 @@ def _prepare(args: argparse.Namespace) -> int:
     from pipewright.data.prepare import prepare_tokens
     from pipewright.data.tokens import sidecar_path
 
-    outputs = [(args.output, "--output"), (sidecar_path(args.output), "--output's sidecar")]
-    check_outputs(outputs, overwrite=args.overwrite, inputs=[*args.inputs, args.tokenizer])
+    inputs = [*args.inputs, args.tokenizer]
+    check_output(args.output, "--output", overwrite=args.overwrite, inputs=inputs)  # a file name, then:
+    check_output(sidecar_path(args.output), "--output's sidecar", overwrite=args.overwrite, inputs=inputs)
     path, n, vocab = prepare_tokens(args.inputs, args.tokenizer, args.output)
     print(f"wrote {n} tokens (vocabulary {vocab}) to {path}")
     return 0

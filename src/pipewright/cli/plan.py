@@ -24,7 +24,7 @@ from pipewright.cli.guards import PLAN_MAX_DEVICES, check_devices
 from pipewright.cli.zb_flags import add_zb_refine_flags, refine_seconds
 from pipewright.errors import ConfigError
 from pipewright.features import builtin_features
-from pipewright.outputs import add_overwrite_flag, check_outputs
+from pipewright.outputs import add_overwrite_flag, check_output, check_outputs
 from pipewright.plan.options import ATTENTION_CHOICES
 
 _DIMS = ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len")
@@ -208,17 +208,15 @@ def check_values(args: argparse.Namespace) -> None:
 
 def check_plan_outputs(args: argparse.Namespace) -> None:
     """``-o`` and the files written beside it (the schedule CSV, ``--export``'s file), before the search."""
-    from pathlib import Path
-
     from pipewright.cli.export_plan import SUFFIX
 
-    if not args.out:
+    if args.out is None:
         return
-    out = Path(args.out)
-    paths = [(out, "-o"), (out.with_suffix(".schedule.csv"), "-o's schedule CSV")]
+    inputs = [args.profile, args.topology, args.calibration]
+    out = check_output(args.out, "-o", overwrite=args.overwrite, inputs=inputs)  # a file name, then:
+    paths = [(out.with_suffix(".schedule.csv"), "-o's schedule CSV")]
     if args.export:
         paths.append((out.with_suffix("").with_suffix(SUFFIX[args.export]), "-o's --export file"))
-    inputs = [args.profile, args.topology, args.calibration]
     check_outputs(paths, overwrite=args.overwrite, inputs=inputs)
 
 

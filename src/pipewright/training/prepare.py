@@ -153,6 +153,8 @@ def prepare(
     for plugin in plugins:  # the features' unsupported combinations (--vocab-parallel …)
         plugin.check(config, schedule, spec)
     fp = fingerprint(spec, config.tokenizer, config.tp)
+    if config.out is not None and not config.out.strip():
+        raise ConfigError("--out needs a folder name (omit it for a new folder under runs/)")
     out_dir = Path(config.out) if config.out else default_out_dir()
     if config.out:  # another run's folder, or one held by a live run: refused (runtime/run_folder.py)
         check_out(out_dir, resume=config.resume, overwrite=config.overwrite)
