@@ -23,7 +23,9 @@ _COMMANDS = ("schedule", "simulate", "train", "check", "profile", "plan", "expor
 def build_parser(feature_paths: Sequence[str] = (), command: str | None = None) -> argparse.ArgumentParser:
     """The command line; ``feature_paths``: ``--feature module:attr`` values, whose flags ``train`` adds;
     ``command``: build only this subcommand (the others are bare placeholders), or all when None."""
-    parser = argparse.ArgumentParser(
+    from pipewright.cli._help import Parser, document
+
+    parser = Parser(
         prog="pipewright",
         description="Plan, simulate and run pipeline-parallel training of transformer models.",
     )
@@ -39,8 +41,6 @@ def build_parser(feature_paths: Sequence[str] = (), command: str | None = None) 
             module.register(sub, tuple(feature_paths))
         else:
             module.register(sub)
-    from pipewright.cli._help import document
-
     document(parser, _train_defaults)  # every flag with its default (and list separator), new flags included
     return parser
 
