@@ -42,6 +42,15 @@ def shown(value: object, limit: int = _SHOWN) -> str:
     return text if len(text) <= limit else f"{text[: limit - 20]}…{text[-12:]} ({len(text):,} characters)"
 
 
+def size_text(n: float) -> str:
+    """Bytes in the largest binary unit that keeps the number below 1,024 (``1.5 GiB``, ``3.2 EiB``)."""
+    units = ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB", "ZiB", "YiB")
+    k = 0
+    while abs(n) >= 1024 and k < len(units) - 1:
+        n, k = n / 1024, k + 1
+    return f"{n:.0f} bytes" if k == 0 else f"{n:.3g} {units[k]}"
+
+
 def add_overwrite_flag(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--overwrite",

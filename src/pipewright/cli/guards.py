@@ -14,7 +14,7 @@ import argparse
 from pathlib import Path
 
 from pipewright.errors import ConfigError
-from pipewright.outputs import check_outputs
+from pipewright.outputs import check_outputs, size_text
 from pipewright.values import POSITIVE, POSITIVE_REAL, check_finite, check_values
 
 DEFAULT_MAX_ACTIONS = 2_000_000
@@ -213,6 +213,6 @@ def check_profile(args: argparse.Namespace) -> None:
     if free is not None and need * max(args.workers or args.tp, 1) > free:
         raise ConfigError(
             f"profiling {spec.name} (h={spec.hidden}, s={spec.seq_len}, V={spec.vocab}, b={b}) needs about "
-            f"{need / 2**30:.1f} GiB per process, more than the {free / 2**30:.1f} GiB available; use "
+            f"{size_text(need)} per process, more than the {size_text(free)} available; use "
             "smaller --hidden, --seq-len, --vocab or --microbatch-size"
         )

@@ -167,7 +167,7 @@ def prepare(
             raise ConfigError(no_checkpoint_advice(out_dir, warnings))
         meta = read_meta(resume_from)
         if not same_model(meta, fp, fingerprint(spec, config.tokenizer)):  # tp may differ: resharded
-            differs = model_difference(meta, spec, config.tp)  # runtime/resume_check.py
+            differs = model_difference(meta, spec, config.tp, config.flat())  # runtime/resume_check.py
             raise ConfigError(
                 f"--resume: checkpoint {resume_from} belongs to another model ({meta.get('model', '?')}"
                 + (f"; saved with {differs}" if differs else "")
