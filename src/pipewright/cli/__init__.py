@@ -97,12 +97,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValidationError as exc:
         print(f"pipewright: error: {exc}", file=sys.stderr)
         return 2
-    except PipewrightError as exc:
-        print(f"pipewright: error: {' '.join(str(exc).split())}", file=sys.stderr)
+    except PipewrightError as exc:  # on one line, each long value cut (a 100,000-character flag)
+        from pipewright.outputs import shown
+
+        print(f"pipewright: error: {' '.join(shown(w, 200) for w in str(exc).split())}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into e.g. `head`: not an error
         sys.stderr.close()
         return 0
+    except OSError as exc:  # a file the checks did not foresee (a name too long to look up …): one line
+        from pipewright.outputs import shown
+
+        where = f": {shown(exc.filename)}" if exc.filename else ""
+        print(f"pipewright: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:  # Ctrl-C before or without workers (runtime/interrupts.py for a run)
         print("pipewright: interrupted", file=sys.stderr)
         return 130
