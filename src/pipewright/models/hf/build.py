@@ -16,6 +16,7 @@ The :class:`~pipewright.models.spec.ModelSpec` of such a model has family "hf" a
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -130,6 +131,8 @@ def full_model(source: str, seed: int) -> nn.Module:
     config = load_config(source)
     folder = config_file(source).parent
     auto = transformers.AutoModelForCausalLM
+    if os.environ.get("RANK", "0") != "0":  # one loading bar per run (rank 0's), not one per process
+        transformers.utils.logging.disable_progress_bar()
     if any((folder / f).is_file() for f in WEIGHT_FILES):
         model = auto.from_pretrained(folder, config=config, dtype=torch.float32)
     else:
