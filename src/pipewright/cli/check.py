@@ -132,8 +132,8 @@ def check_worker(rank: int, run: Any) -> list[dict] | None:
         for stage in trainer.stages.values():
             for name, p in full_parameters(stage).items():
                 stats[name] = _stats(p)
-        if trainer.mesh.dp_rank or trainer.mesh.tp_rank:
-            stats = {}
+        if trainer.mesh.dp_rank >= trainer.mesh.ep or trainer.mesh.tp_rank:  # the first ep dp ranks
+            stats = {}  # hold every expert between them (global names); the rest are replicas
         gathered = [None] * dist.get_world_size() if rank == 0 else None
         dist.gather_object(stats, gathered, dst=0)
         if rank == 0:

@@ -11,6 +11,7 @@ and its training plugin.
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import fields
 from pathlib import Path
 
@@ -105,6 +106,13 @@ def _train(args: argparse.Namespace) -> int:
     from pipewright.training import prepare, train
 
     config = config_from_args(args)
+    if sys.stderr.isatty():  # a person waiting: say what the next seconds are for (before the imports)
+        print(
+            f"preparing: checking the layout and the data, then {config.world_size} worker process(es) "
+            "build the model and join the process group",
+            file=sys.stderr,
+            flush=True,
+        )
     plan = prepared = None
     if args.profile is not None and not args.compare_sim:
         raise ConfigError("--profile is used by --compare-sim; add --compare-sim")
