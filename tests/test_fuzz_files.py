@@ -6,7 +6,7 @@ command that reads it, in-process (``pipewright.cli.main``).
 Properties (tests/_fuzz_cli.py): every case refused — a non-zero status with a one-line error as the
 last line, no traceback, within 10 s — and the case's files unchanged, nothing written beside them.
 Each reader's valid file is run first and must pass, so a refusal is the damage's doing. The counts
-per reader (:data:`MINIMUM`) are the issue's acceptance: over 1,000 files across 12 readers.
+per reader at least :data:`MINIMUM`: over 1,000 files across 12 readers.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ folder, an empty name, the command's own input, and a path inside a folder it re
 Each case runs in-process (``pipewright.cli.main``); properties as for the file fuzzer
 (tests/_fuzz_cli.py): refused with a one-line error before any work, no traceback, within 10 s, and
 every file under the fuzz folder unchanged, none added. :data:`MINIMUM` paths per writer, over 200 in
-all across 9 writers (the issue's acceptance).
+all across 9 writers.
 """
 
 from __future__ import annotations

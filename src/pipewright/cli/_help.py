@@ -106,6 +106,8 @@ def document(
             if isinstance(action, argparse._HelpAction | argparse._VersionAction):
                 continue
             text = action.help or action.dest.replace("_", " ")
+            if action.dest.startswith("moe_") and text.endswith("(default: none)"):  # train's, from options
+                text = text.removesuffix("(default: none)") + f"(default: {_none_means(action.dest)})"
             notes = []
             if action.dest == "model" and "presets:" not in text:
                 action.model_presets = _LazyPresets()  # argparse formats help with vars(action)

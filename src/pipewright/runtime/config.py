@@ -215,31 +215,15 @@ class _TrainFields:
     )
     # mixture of experts (pipewright.models.moe; None: the preset's) and expert parallelism (carved from dp)
     moe_experts: int | None = option(
-        None,
-        "--moe-experts",
-        "routed experts per MoE layer (0: dense; default: the preset's, else 0)",
-        group="model",
+        None, "--moe-experts", "routed experts per MoE layer (0: dense)", group="model"
     )
-    moe_top_k: int | None = option(
-        None, "--moe-top-k", "experts each token is routed to (default: the preset's, else 2)", group="model"
-    )
+    moe_top_k: int | None = option(None, "--moe-top-k", "experts each token is routed to", group="model")
     moe_shared_experts: int | None = option(
-        None,
-        "--moe-shared-experts",
-        "experts every token passes through (default: the preset's, else 0)",
-        group="model",
+        None, "--moe-shared-experts", "experts every token passes through", group="model"
     )
-    moe_ffn_hidden: int | None = option(
-        None,
-        "--moe-ffn-hidden",
-        "expert MLP hidden size (default: the preset's, else --ffn-hidden)",
-        group="model",
-    )
+    moe_ffn_hidden: int | None = option(None, "--moe-ffn-hidden", "expert MLP hidden size", group="model")
     moe_dense_layers: int | None = option(
-        None,
-        "--moe-dense-layers",
-        "first layers kept dense (no experts; default: the preset's, else 0)",
-        group="model",
+        None, "--moe-dense-layers", "first layers kept dense (no experts)", group="model"
     )
     moe_capacity: float | None = option(
         None, "--moe-capacity", "capacity factor (tokens over capacity dropped; 0: dropless)", group="model"
