@@ -68,9 +68,13 @@ def test_train_numbers_refused_the_same_on_the_command_line_and_in_toml(
 
 def test_warmup_and_stop_after_beyond_steps_are_named(caplog) -> None:
     with caplog.at_level("WARNING"):
-        TrainConfig(steps=10, warmup=20, stop_after=30).check()
-    assert "--warmup 20 is not below --steps 10" in caplog.text
+        TrainConfig(steps=10, warmup=25, stop_after=30).check()
+    assert "--warmup 25 is not below --steps 10" in caplog.text
     assert "--stop-after 30 is beyond --steps 10" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        TrainConfig(steps=10).check()  # the default --warmup 20: no one's choice, no note on a short run
+    assert "--warmup" not in caplog.text
 
 
 @pytest.mark.parametrize(

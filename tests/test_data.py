@@ -101,7 +101,11 @@ def test_split_too_short_and_bad_split_are_clear_errors() -> None:
 def test_token_file_round_trip(tmp_path, vocab: int, dtype: str) -> None:
     ids = np.random.default_rng(1).integers(0, vocab, size=4096)
     path = write_tokens(tmp_path / "toks.bin", ids, vocab)
-    assert json.loads((tmp_path / "toks.json").read_text()) == {"dtype": dtype, "vocab_size": vocab}
+    assert json.loads((tmp_path / "toks.json").read_text()) == {
+        "format": "pipewright-tokens",
+        "dtype": dtype,
+        "vocab_size": vocab,
+    }
     tokens, got_vocab, _ = open_tokens(path)
     assert isinstance(tokens, np.memmap) and tokens.dtype == np.dtype(dtype)
     assert got_vocab == vocab and np.array_equal(tokens, ids)

@@ -1,13 +1,16 @@
-"""Reading and writing user-named files with one-line errors: a file that is not UTF-8 text, an output
-path that cannot be written (checked before the work that produces it starts)."""
+"""Reading and writing user-named files with one-line errors: a file that is not UTF-8 text, a malformed
+file (every error names it: :func:`naming`), an output path that cannot be written (checked before the
+work that produces it starts; the whole rule is :mod:`pipewright.outputs`)."""
 
 from __future__ import annotations
 
-import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from pipewright.errors import ConfigError
+from pipewright.errors import ConfigError, PipewrightError
+from pipewright.outputs import check_folder_writable, check_name_length, check_output, shown
 
 
 def read_text(path: str | Path, what: str = "file") -> str:
@@ -32,37 +35,54 @@ def read_text(path: str | Path, what: str = "file") -> str:
 
 
 def check_writable(path: str | Path | None, flag: str) -> None:
-    """Refuse in one line, before any work, an output file that cannot be created or replaced: its folder
-    missing or not writable, the path a folder, or the file itself read-only."""
-    if path is None:
-        return
-    path = Path(path)
-    if path.is_dir():
-        raise ConfigError(f"{flag} {path} is a folder; give a file name")
-    folder = path.parent if str(path.parent) else Path(".")
-    if not folder.is_dir():
-        raise ConfigError(f"{flag} {path}: folder {folder} does not exist; create it first")
-    if path.exists() and not os.access(path, os.W_OK):
-        raise ConfigError(f"{flag} {path}: the file is not writable (permission denied)")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise ConfigError(f"{flag} {path}: folder {folder} is not writable (permission denied)")
+    """Refuse in one line, before any work, an output file that cannot be created or replaced (the
+    writability half of :func:`pipewright.outputs.check_output`; commands use that, which also refuses
+    replacing a file without ``--overwrite``)."""
+    check_output(path, flag, overwrite=True)
 
 
 def check_writable_folder(folder: str | Path, flag: str, need_bytes: int = 0) -> None:
-    """An output folder (created later if missing): its nearest existing ancestor must be a writable
-    folder with ``need_bytes`` free."""
+    """An output folder (created later if missing): a name the file system holds, and its nearest
+    existing ancestor a folder that takes a new file with ``need_bytes`` free."""
     folder = Path(folder)
+    check_name_length(folder, flag)
     probe = folder
     while not probe.exists() and probe != probe.parent:
         probe = probe.parent
     if not probe.is_dir():
-        raise ConfigError(f"{flag} {folder}: {probe} is a file, not a folder")
-    if not os.access(probe, os.W_OK | os.X_OK):
-        raise ConfigError(f"{flag} {folder}: {probe} is not writable (permission denied)")
-    if need_bytes:
-        free = shutil.disk_usage(probe).free
-        if free < need_bytes:
+        raise ConfigError(f"{flag} {shown(folder)}: {shown(probe)} is a file, not a folder")
+    try:
+        check_folder_writable(probe, flag, folder, need_bytes)
+    except ConfigError as exc:
+        if need_bytes and "free" in str(exc):
+            free = shutil.disk_usage(probe).free
             raise ConfigError(
-                f"{flag} {folder}: {free / 2**30:.2f} GiB free, a checkpoint needs about "
+                f"{flag} {shown(folder)}: {free / 2**30:.2f} GiB free, a checkpoint needs about "
                 f"{need_bytes / 2**30:.2f} GiB; free disk space or choose another --out"
-            )
+            ) from None
+        raise
+
+
+#: what a reader's gap raises on a malformed file (turned into one line naming the file)
+_PARSE_ERRORS = (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError, RecursionError)
+
+
+@contextmanager
+def naming(path: str | Path, what: str) -> Iterator[None]:
+    """Errors raised while reading the ``what`` file ``path`` name it: a PipewrightError whose message
+    lacks the file's name gets it in front; a Python error from a malformed value (a reader's gap) becomes
+    one line naming the file and the first line of the error."""
+    try:
+        yield
+    except PipewrightError as exc:
+        text = str(exc)
+        if str(path) in text or Path(path).name in text:
+            raise
+        try:
+            named = type(exc)(f"{what} {shown(path)}: {text}")
+        except TypeError:
+            named = ConfigError(f"{what} {shown(path)}: {text}")
+        raise named from None
+    except _PARSE_ERRORS as exc:
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(f"{what} {shown(path)} is malformed: {shown(first, 120)}") from None

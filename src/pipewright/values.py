@@ -172,4 +172,7 @@ def check_train(config: object) -> list[str]:
             f"{actions:,} actions, more than {MAX_TRAIN_ACTIONS:,}; use fewer microbatches (a larger "
             "--microbatch-size) or fewer stages"
         )
-    return train_warnings(values["steps"], values["warmup"], values["stop_after"], values["lr"])
+    fields = getattr(type(config), "__dataclass_fields__", {})
+    default = fields["warmup"].default if "warmup" in fields else None
+    warmup = 0 if values["warmup"] == default else values["warmup"]  # the default is no one's choice: no note
+    return train_warnings(values["steps"], warmup, values["stop_after"], values["lr"])

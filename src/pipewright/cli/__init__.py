@@ -23,7 +23,9 @@ _COMMANDS = ("schedule", "simulate", "train", "check", "profile", "plan", "expor
 def build_parser(feature_paths: Sequence[str] = (), command: str | None = None) -> argparse.ArgumentParser:
     """The command line; ``feature_paths``: ``--feature module:attr`` values, whose flags ``train`` adds;
     ``command``: build only this subcommand (the others are bare placeholders), or all when None."""
-    parser = argparse.ArgumentParser(
+    from pipewright.cli._help import Parser, document
+
+    parser = Parser(
         prog="pipewright",
         description="Plan, simulate and run pipeline-parallel training of transformer models.",
     )
@@ -39,8 +41,6 @@ def build_parser(feature_paths: Sequence[str] = (), command: str | None = None) 
             module.register(sub, tuple(feature_paths))
         else:
             module.register(sub)
-    from pipewright.cli._help import document
-
     document(parser, _train_defaults)  # every flag with its default (and list separator), new flags included
     return parser
 
@@ -86,6 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         parser = _parser(_feature_paths(argv), _command(argv))
     except PipewrightError as exc:  # a --feature that does not load
+        if getattr(exc, "details", None) and ("-v" in argv or "--verbose" in argv):
+            print(exc.details, file=sys.stderr, end="")
         print(f"pipewright: error: {exc}", file=sys.stderr)
         return 2
     args = parser.parse_args(argv)
@@ -95,9 +97,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValidationError as exc:
         print(f"pipewright: error: {exc}", file=sys.stderr)
         return 2
-    except PipewrightError as exc:
-        print(f"pipewright: error: {' '.join(str(exc).split())}", file=sys.stderr)
+    except PipewrightError as exc:  # on one line, each long value cut (a 100,000-character flag)
+        from pipewright.outputs import shown
+
+        print(f"pipewright: error: {' '.join(shown(w, 200) for w in str(exc).split())}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # output piped into e.g. `head`: not an error
         sys.stderr.close()
         return 0
+    except OSError as exc:  # a file the checks did not foresee (a name too long to look up …): one line
+        from pipewright.outputs import shown
+
+        where = f": {shown(exc.filename)}" if exc.filename else ""
+        print(f"pipewright: error: {exc.strerror or exc}{where}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:  # Ctrl-C before or without workers (runtime/interrupts.py for a run)
+        print("pipewright: interrupted", file=sys.stderr)
+        return 130

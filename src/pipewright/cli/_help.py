@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Iterator, Mapping
+from typing import NoReturn
 
 #: words in a flag name that mark a comma-separated value (as does a default holding a comma)
 _LIST_WORDS = ("sizes", "placement")
@@ -35,7 +36,47 @@ class _LazyDefault:
 
     def __str__(self) -> str:
         value = self.defaults().get(self.dest)
-        return "none" if value is None else str(value)
+        return _none_means(self.dest) if value is None else str(value)
+
+
+def _spec_default(dest: str) -> object:
+    from dataclasses import fields
+
+    from pipewright.models.spec import ModelSpec
+
+    return next((f.default for f in fields(ModelSpec) if f.name == dest), None)
+
+
+def _none_means(dest: str) -> str:
+    """What a model-shape flag left out means: the preset's value, else the model's default (``--moe-top-k``
+    left out routes to 2 experts, not none)."""
+    if dest.startswith("moe_"):
+        default = _spec_default(dest)
+        if default is not None:
+            return f"the preset's, else {default}"
+    return "none"
+
+
+class _LazyPresets:
+    """The model presets, the mixture-of-experts ones named as such (read only when help is printed)."""
+
+    def __str__(self) -> str:
+        from pipewright.models.presets import PRESETS
+
+        dense = [n for n, s in PRESETS.items() if not s.moe_experts]
+        moe = [n for n, s in PRESETS.items() if s.moe_experts]
+        return f"presets: {', '.join(dense)}; mixture of experts: {', '.join(moe)}"
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose usage error is one line (the usage itself is ``--help``'s), with a long
+    value cut."""
+
+    def error(self, message: str) -> NoReturn:
+        from pipewright.outputs import shown
+
+        words = " ".join(shown(w, 120) for w in message.split(" "))
+        self.exit(2, f"{self.prog}: error: {words} (see {self.prog} --help)\n")
 
 
 def _default_text(action: argparse.Action, defaults: Callable[[], Mapping[str, object]] | None) -> str | None:
@@ -45,6 +86,8 @@ def _default_text(action: argparse.Action, defaults: Callable[[], Mapping[str, o
     if value is None and defaults is not None:
         action.lazy_default = _LazyDefault(action.dest, defaults)  # argparse formats help with vars(action)
         return "default: %(lazy_default)s"
+    if value is None and action.dest.startswith("moe_"):
+        return f"default: {_none_means(action.dest)}"
     if value is None or value is argparse.SUPPRESS:
         return "default: none" if action.option_strings else None
     return f"default: {value}".replace("%", "%%")
@@ -63,7 +106,12 @@ def document(
             if isinstance(action, argparse._HelpAction | argparse._VersionAction):
                 continue
             text = action.help or action.dest.replace("_", " ")
+            if action.dest.startswith("moe_") and text.endswith("(default: none)"):  # train's, from options
+                text = text.removesuffix("(default: none)") + f"(default: {_none_means(action.dest)})"
             notes = []
+            if action.dest == "model" and "presets:" not in text:
+                action.model_presets = _LazyPresets()  # argparse formats help with vars(action)
+                notes.append("%(model_presets)s")
             flag = action.option_strings[-1]
             listed = isinstance(action.default, str) and "," in action.default
             said = "comma" in text.lower() or "separated" in text.lower()

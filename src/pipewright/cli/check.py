@@ -89,11 +89,11 @@ def _check(args: argparse.Namespace) -> int:
 
 
 def reference_config(config: Any, out: Path) -> Any:
-    """The same model, data and seeds on one process: pp = dp = tp = 1, m·dp microbatches (the same
-    global batch), the default schedule and layout, no ZeRO-1, no compilation."""
+    """The same model, data and seeds on one process: pp = dp = tp = cp = ep = 1, m·dp microbatches
+    (the same global batch), the default schedule and layout, no ZeRO-1, no compilation."""
     return replace(
         config,
-        pp=1, dp=1, tp=1, virtual=None, layout=None, schedule="1f1b", placement=None,
+        pp=1, dp=1, tp=1, cp=1, ep=1, virtual=None, layout=None, schedule="1f1b", placement=None,
         microbatches=config.microbatches * config.dp, sequence_parallel=False, scatter_gather=False,
         shard_optimizer=False, compile=False, out=str(out), resume=False, overwrite=True,
         eval_every=0, artifacts=False, progress=False, checkpoint_every=0, max_restarts=0,
@@ -110,10 +110,8 @@ def run_both(config: Any, tmp: Path) -> tuple[list[dict], list[dict]]:
         config, out=str(tmp / "pipelined"), resume=False, overwrite=True, eval_every=0, artifacts=False,
         progress=False, checkpoint_every=0, max_restarts=0,
     )  # fmt: skip
-    out = []
-    for c in (piped, reference_config(config, tmp / "one")):
-        run = prepare(c)
-        out.append(launcher()(check_worker, c.world_size, (run,), timeout_s=24 * 3600)[0])
+    runs = [prepare(c) for c in (piped, reference_config(config, tmp / "one"))]  # both checked first
+    out = [launcher()(check_worker, r.config.world_size, (r,), timeout_s=24 * 3600)[0] for r in runs]
     return out[0], out[1]
 
 
@@ -134,8 +132,8 @@ def check_worker(rank: int, run: Any) -> list[dict] | None:
         for stage in trainer.stages.values():
             for name, p in full_parameters(stage).items():
                 stats[name] = _stats(p)
-        if trainer.mesh.dp_rank or trainer.mesh.tp_rank:
-            stats = {}
+        if trainer.mesh.dp_rank >= trainer.mesh.ep or trainer.mesh.tp_rank:  # the first ep dp ranks
+            stats = {}  # hold every expert between them (global names); the rest are replicas
         gathered = [None] * dist.get_world_size() if rank == 0 else None
         dist.gather_object(stats, gathered, dst=0)
         if rank == 0:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from pipewright.files import check_writable
+from pipewright.outputs import add_overwrite_flag, check_output
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -18,13 +18,17 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--tokenizer", required=True, help="model folder with tokenizer.json (and config.json)"
     )
     prepare.add_argument("-o", "--output", required=True, help="token file to write (.bin + .json sidecar)")
+    add_overwrite_flag(prepare)
     prepare.set_defaults(func=_prepare)
 
 
 def _prepare(args: argparse.Namespace) -> int:
     from pipewright.data.prepare import prepare_tokens
+    from pipewright.data.tokens import sidecar_path
 
-    check_writable(args.output, "--output")
+    inputs = [*args.inputs, args.tokenizer]
+    check_output(args.output, "--output", overwrite=args.overwrite, inputs=inputs)  # a file name, then:
+    check_output(sidecar_path(args.output), "--output's sidecar", overwrite=args.overwrite, inputs=inputs)
     path, n, vocab = prepare_tokens(args.inputs, args.tokenizer, args.output)
     print(f"wrote {n} tokens (vocabulary {vocab}) to {path}")
     return 0

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from pipewright.outputs import add_overwrite_flag, check_output
 from pipewright.plan.export import TARGETS, TORCH_SCHEDULES
 
 #: File suffix of each target's output.
@@ -22,27 +23,32 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("plan", metavar="PLAN", help="a `pipewright plan` file (JSON)")
     parser.add_argument("--to", choices=TARGETS, required=True, help="the trainer to export for")
     parser.add_argument("-o", "--out", help="write to this file instead of printing")
+    add_overwrite_flag(parser)
     parser.set_defaults(func=run)
 
 
 def export(
-    plan_path: str | Path, target: str, out: str | Path | None = None, *, write_csv: bool = True
+    plan_path: str | Path,
+    target: str,
+    out: str | Path | None = None,
+    *,
+    write_csv: bool = True,
+    overwrite: bool = False,
 ) -> tuple[str, list[Path]]:
     """The export of the plan file at ``plan_path`` for ``target`` and the files written: ``out`` when
     given, and for torchtitan a schedule CSV when PyTorch has no class for the plan's schedule (the
     plan's own CSV when it has one, else the schedule built by name, beside ``out`` or the plan;
-    ``write_csv=False``: not written, the text names it)."""
-    from pipewright.files import check_writable
+    ``write_csv=False``: not written, the text names it). Files are checked before anything is written
+    (:func:`pipewright.outputs.check_output`; an existing one only with ``overwrite``)."""
     from pipewright.plan.export import export_text
     from pipewright.plan.planfile import load
 
     plan = load(plan_path)
-    if out is not None:
-        check_writable(str(out), "-o")
+    check_output(out, "-o", overwrite=overwrite, inputs=[plan_path])
     written: list[Path] = []
     csv = None
     if target == "torchtitan" and plan["schedule"] not in TORCH_SCHEDULES and write_csv:
-        csv, made = _schedule_csv(plan, Path(plan_path), None if out is None else Path(out))
+        csv, made = _schedule_csv(plan, Path(plan_path), None if out is None else Path(out), overwrite)
         written += made
     text = export_text(plan, target, source=Path(plan_path).name, schedule_csv=csv)
     if out is not None:
@@ -51,7 +57,7 @@ def export(
     return text, written
 
 
-def _schedule_csv(plan, plan_path: Path, out: Path | None) -> tuple[str, list[Path]]:
+def _schedule_csv(plan, plan_path: Path, out: Path | None, overwrite: bool) -> tuple[str, list[Path]]:
     """The path torchtitan is given for the plan's order, and the files written for it."""
     own = plan.schedule_csv(plan_path)
     if own is not None:
@@ -68,12 +74,16 @@ def _schedule_csv(plan, plan_path: Path, out: Path | None) -> tuple[str, list[Pa
         registry=library_schedules(),
     )
     path = (out or plan_path).with_suffix(".schedule.csv")
-    path.write_text(to_csv(sched))
+    text = to_csv(sched)
+    if path.is_file() and path.read_text(errors="replace") == text:
+        return str(path), []  # written before, the same
+    check_output(path, "the schedule CSV", overwrite=overwrite, inputs=[plan_path])
+    path.write_text(text)
     return str(path), [path]
 
 
 def run(args: argparse.Namespace) -> int:
-    text, written = export(args.plan, args.to, args.out)
+    text, written = export(args.plan, args.to, args.out, overwrite=args.overwrite)
     if args.out is None:
         print(text, end="")
     for path in written:

@@ -14,7 +14,7 @@ import argparse
 from pathlib import Path
 
 from pipewright.errors import ConfigError
-from pipewright.files import check_writable
+from pipewright.outputs import check_outputs, size_text
 from pipewright.values import POSITIVE, POSITIVE_REAL, check_finite, check_values
 
 DEFAULT_MAX_ACTIONS = 2_000_000
@@ -79,6 +79,38 @@ def check_size(what: str, estimate: int, limit: int) -> None:
         )
 
 
+#: devices ``simulate`` builds a cluster of (--nodes × --gpus-per-node): 16,384 nodes of 8 GPUs build
+#: in about 3 s of CPU time; 100,000 nodes took 14 s and 1 GB before a layout was even priced
+SIMULATE_MAX_DEVICES = 1 << 17
+#: devices ``plan`` searches layouts for: 4,096 nodes of 8 GPUs take about 30 s of CPU time
+PLAN_MAX_DEVICES = 1 << 15
+
+
+def check_devices(args: argparse.Namespace, limit: int, command: str) -> None:
+    """One line, before the cluster is built, when --nodes × --gpus-per-node exceeds ``limit`` (no
+    --topology file: its size is what its author made) or a fixed degree exceeds the device count."""
+    if (
+        getattr(args, "topology", None)
+        or not isinstance(args.nodes, int)
+        or not isinstance(args.gpus_per_node, int)
+    ):
+        return
+    devices = args.nodes * args.gpus_per_node
+    if devices > limit:
+        most = max(limit // max(args.gpus_per_node, 1), 1)
+        raise ConfigError(
+            f"--nodes {args.nodes:,} × --gpus-per-node {args.gpus_per_node} = {devices:,} devices, more "
+            f"than the {limit:,} `pipewright {command}` builds; use --nodes {most:,} or fewer"
+        )
+    for dim in ("tp", "pp", "dp", "cp"):
+        value = getattr(args, dim, None)
+        if isinstance(value, int) and value > devices:
+            raise ConfigError(
+                f"--{dim} {value:,} is more than the {devices:,} devices of --nodes {args.nodes} × "
+                f"--gpus-per-node {args.gpus_per_node}; use --{dim} {devices:,} or less, or more --nodes"
+            )
+
+
 def compute_actions(stages: int, microbatches: int, virtual: int | None, iterations: int = 1) -> int:
     """Upper bound on compute actions: F, B and W per chunk and microbatch (see the module docstring)."""
     return 3 * stages * (virtual or 1) * microbatches * iterations
@@ -98,10 +130,17 @@ def check_simulate(args: argparse.Namespace) -> None:
     """``simulate``: every number finite and in range, no flag silently ignored, a CSV schedule
     agreeing with --stages/--microbatches/--virtual, and the size estimate under --max-actions."""
     values = vars(args)
-    check_writable(args.png, "--png")
-    check_writable(args.trace, "--trace")
+    check_outputs(
+        [(args.png, "--png"), (args.trace, "--trace")],
+        overwrite=args.overwrite,
+        inputs=[getattr(args, n, None) for n in ("schedule", "profile", "topology", "calibration", "plan")],
+    )
+    if args.png is not None and args.png == args.trace:
+        raise ConfigError(f"--png and --trace both name {args.png}; give two files")
     check_finite(values)
     check_values(values, {n: POSITIVE for n in _SIZES} | {"cores": POSITIVE_REAL})
+    if args.model is not None:
+        check_devices(args, SIMULATE_MAX_DEVICES, "simulate")
     unit = args.model is None and args.profile is None and not getattr(args, "plan", None)
     if unit:
         ignored = [n for n, d in _MODEL_ONLY.items() if values.get(n, d) != d]
@@ -148,15 +187,16 @@ def _check_csv_agrees(args: argparse.Namespace) -> None:
 
 
 def check_profile(args: argparse.Namespace) -> None:
-    """``profile``: the output writable, every number finite and in range, and one layer's measurement
-    (weights, gradients and AdamW state, 16 bytes a parameter, plus a microbatch's activations and
-    logits) within this machine's available memory — all before the minutes of measuring."""
+    """``profile``: the outputs writable and new (or ``--overwrite``), every number finite and in range,
+    and one layer's measurement (weights, gradients and AdamW state, 16 bytes a parameter, plus a
+    microbatch's activations and logits) within this machine's available memory — all before the
+    minutes of measuring."""
     from pipewright.cost.activations import runtime_layer_elements
     from pipewright.cost.transformer import layer_parameters
     from pipewright.models.presets import resolve_model
     from pipewright.runtime.size_check import available_bytes
 
-    check_writable(args.out, "--out")
+    check_outputs([(args.out, "--out"), (args.calibration, "--calibration")], overwrite=args.overwrite)
     values = vars(args)
     check_finite(values)
     positive = ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len", "tp", "repeats", "nproc")
@@ -173,6 +213,6 @@ def check_profile(args: argparse.Namespace) -> None:
     if free is not None and need * max(args.workers or args.tp, 1) > free:
         raise ConfigError(
             f"profiling {spec.name} (h={spec.hidden}, s={spec.seq_len}, V={spec.vocab}, b={b}) needs about "
-            f"{need / 2**30:.1f} GiB per process, more than the {free / 2**30:.1f} GiB available; use "
+            f"{size_text(need)} per process, more than the {size_text(free)} available; use "
             "smaller --hidden, --seq-len, --vocab or --microbatch-size"
         )

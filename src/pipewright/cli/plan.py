@@ -20,10 +20,11 @@ from pipewright.cli.cost_flags import (
     tp_comm_overlap,
 )
 from pipewright.cli.guards import DEFAULT_MAX_ACTIONS as MAX_ACTIONS  # = plan.problem.MAX_ACTIONS
+from pipewright.cli.guards import PLAN_MAX_DEVICES, check_devices
 from pipewright.cli.zb_flags import add_zb_refine_flags, refine_seconds
 from pipewright.errors import ConfigError
 from pipewright.features import builtin_features
-from pipewright.files import check_writable
+from pipewright.outputs import add_overwrite_flag, check_output, check_outputs
 from pipewright.plan.options import ATTENTION_CHOICES
 
 _DIMS = ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len")
@@ -148,6 +149,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="also give the plan as Megatron-LM's arguments or torchtitan's TOML (printed; with -o, "
         "written beside the plan: PLAN.megatron.sh or PLAN.torchtitan.toml)",
     )
+    add_overwrite_flag(parser)
     builtin_features().add_options("plan", parser)  # the features' plan flags (their sections' fields)
     parser.set_defaults(func=run)
 
@@ -200,8 +202,47 @@ def check_values(args: argparse.Namespace) -> None:
         value = getattr(args, flag)
         if value is not None and not (math.isfinite(value) and value > 0):
             raise ConfigError(f"--{flag.replace('_', '-')} must be a positive number (got {value})")
-    if args.out:
-        check_writable(args.out, "-o")
+    check_plan_outputs(args)
+    check_devices(args, PLAN_MAX_DEVICES, "plan")
+
+
+def check_plan_outputs(args: argparse.Namespace) -> None:
+    """``-o`` and the files written beside it (the schedule CSV, ``--export``'s file), before the search."""
+    from pipewright.cli.export_plan import SUFFIX
+
+    if args.out is None:
+        return
+    inputs = [args.profile, args.topology, args.calibration]
+    out = check_output(args.out, "-o", overwrite=args.overwrite, inputs=inputs)  # a file name, then:
+    paths = [(out.with_suffix(".schedule.csv"), "-o's schedule CSV")]
+    if args.export:
+        paths.append((out.with_suffix("").with_suffix(SUFFIX[args.export]), "-o's --export file"))
+    check_outputs(paths, overwrite=args.overwrite, inputs=inputs)
+
+
+def check_fixed_degrees(args: argparse.Namespace, devices: int) -> None:
+    """The fixed --tp/--pp/--dp/--cp divide the device count (each and together) and --dp the global
+    batch; one line naming the flag and values that work, before any layout is priced."""
+    fixed = {d: getattr(args, d) for d in ("tp", "pp", "dp", "cp") if getattr(args, d, None)}
+    for dim, value in fixed.items():
+        if devices % value:
+            works = ", ".join(str(k) for k in range(1, devices + 1) if devices % k == 0 and k <= 64)
+            raise ConfigError(
+                f"--{dim} {value} does not divide the {devices} devices; use --{dim} one of {works}"
+            )
+    product = 1
+    for value in fixed.values():
+        product *= value
+    if len(fixed) > 1 and devices % product:
+        given = " × ".join(f"--{d} {v}" for d, v in fixed.items())
+        raise ConfigError(f"{given} = {product} does not divide the {devices} devices; fix fewer or smaller")
+    dp = fixed.get("dp")
+    if dp and args.global_batch_size % dp:
+        up = -(-args.global_batch_size // dp) * dp
+        raise ConfigError(
+            f"--global-batch-size {args.global_batch_size} is not a multiple of --dp {dp}; "
+            f"use --global-batch-size {up} (or a --dp dividing it)"
+        )
 
 
 class _Bar:
@@ -268,6 +309,7 @@ def run(args: argparse.Namespace) -> int:
     if args.moe_imbalance != 1.0 and not spec.is_moe:
         raise ConfigError("--moe-imbalance needs a mixture-of-experts model (--moe-experts or a MoE preset)")
     topo = _topology(args)
+    check_fixed_degrees(args, len(topo.devices))
     kinds = [topo.accelerator(d) for d in {topo.nodes[x].accelerator: x for x in topo.devices}.values()]
     if args.calibration is not None:
         from pipewright.cost.calibration import load_calibration
@@ -365,7 +407,7 @@ def _export(data: dict, args: argparse.Namespace) -> None:
 
     if args.out:
         target = Path(args.out).with_suffix("").with_suffix(SUFFIX[args.export])
-        for path in export(args.out, args.export, target)[1]:
+        for path in export(args.out, args.export, target, overwrite=True)[1]:  # checked before the search
             print(f"wrote {path}")
         return
     with tempfile.TemporaryDirectory() as folder:  # the plan file the exporter reads

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pipewright.files import check_writable
+from pipewright.outputs import add_overwrite_flag
 
 _MODEL_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("--model", str, "preset (default gpt-small-cpu) or family gpt"),
@@ -76,13 +76,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--gpu", help="with --calibration: the hardware preset of this GPU when its name maps to none"
     )
     parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
+    add_overwrite_flag(parser)
     parser.set_defaults(func=_profile)
 
 
 def _calibrate(args: argparse.Namespace, spec) -> int:
     from pipewright.runtime.calibrate import CalibrationOptions, calibrate, write_calibration
 
-    check_writable(args.calibration, "--calibration")
     options = CalibrationOptions(
         spec,
         tuple(args.microbatch_size),
@@ -131,7 +131,6 @@ def _profile(args: argparse.Namespace) -> int:
     )
     if args.calibration is not None:
         return _calibrate(args, spec)
-    check_writable(args.out, "--out")
     options = ProfileOptions(
         spec,
         tuple(args.microbatch_size),

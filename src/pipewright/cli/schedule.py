@@ -8,8 +8,8 @@ from pathlib import Path
 from pipewright.cli.guards import add_max_actions, check_schedule_command
 from pipewright.cli.zb_flags import add_zb_refine_flags, ilp_line, refine_seconds
 from pipewright.features import library_schedules
-from pipewright.files import check_writable
 from pipewright.ir import peak_in_flight
+from pipewright.outputs import add_overwrite_flag, check_output
 from pipewright.passes import lower, validate
 from pipewright.passes.export import to_csv
 from pipewright.schedules import build_schedule, info, schedule_names
@@ -38,6 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     export.add_argument("--format", choices=["torch-csv"], default="torch-csv")
     export.add_argument("--with-comms", action="store_true", help="include send/receive actions")
     export.add_argument("-o", "--output", required=True, help="file to write")
+    add_overwrite_flag(export)
     export.set_defaults(func=_export)
 
 
@@ -77,7 +78,7 @@ def _show(args: argparse.Namespace) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     check_schedule_command(args, grid=False)
-    check_writable(args.output, "-o")
+    check_output(args.output, "-o", overwrite=args.overwrite)
     sched = validate(_build(args))
     Path(args.output).write_text(to_csv(sched, with_comms=args.with_comms))
     print(f"wrote {args.output}")

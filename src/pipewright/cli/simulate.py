@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -28,6 +29,7 @@ from pipewright.cli.zb_flags import add_zb_refine_flags, ilp_line, refine_second
 from pipewright.errors import ConfigError
 from pipewright.features import builtin_features, library_schedules
 from pipewright.models.spec import MLP_KINDS
+from pipewright.outputs import add_overwrite_flag
 from pipewright.passes.grad_reduce import GRAD_REDUCE
 from pipewright.plan.request import PlanOverrides, SimulateRequest
 from pipewright.schedules import build_schedule, schedule_names
@@ -171,6 +173,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--png", help="write the timeline picture to this PNG file")
     parser.add_argument("--trace", help="write a Chrome/Perfetto trace JSON to this file")
     parser.add_argument("--enforce-memory", action="store_true", help="fail when a rank does not fit")
+    parser.add_argument(
+        "--allow-no-fit",
+        action="store_true",
+        help="exit 0 even when a rank does not fit its device's memory (DOES NOT FIT; exit 1 without it)",
+    )
+    add_overwrite_flag(parser)
     builtin_features().add_options("simulate", parser)  # the features' flags
     add_max_actions(parser)
     parser.set_defaults(func=run)
@@ -432,7 +440,21 @@ def _run(args: argparse.Namespace) -> int:
         for path in (args.png, args.trace):
             if path:
                 print(f"wrote {path}")
-    return 0
+    return _fit_exit(report["memory"], setup.unit, args.allow_no_fit)
+
+
+def _fit_exit(mem: dict, unit: bool, allowed: bool) -> int:
+    """1 with a one-line error when a rank exceeds its device's memory (``DOES NOT FIT``), unless
+    ``--allow-no-fit``: a layout that cannot run is not a success."""
+    if mem["limit_bytes"] is None or mem["fits"] or allowed:
+        return 0
+    limit = f"{mem['limit_bytes']:g}" if unit else f"{mem['limit_bytes'] / 2**30:.2f} GiB"
+    print(
+        f"pipewright: error: ranks {mem['over_limit']} do not fit {limit} per device; raise --tp or --pp, "
+        "use --recompute full or a smaller --microbatch-size (or give --allow-no-fit to exit 0)",
+        file=sys.stderr,
+    )
+    return 1
 
 
 def _summary(report: dict, label: str, unit: bool) -> str:
@@ -467,4 +489,8 @@ def _summary(report: dict, label: str, unit: bool) -> str:
         from pipewright.cost.memory_parts import memory_table
 
         lines.append(memory_table([r["memory_parts"] for r in report["per_rank"]]))
+        lines.append(
+            "peak memory (the fit check) = total - comm bufs - reserve: the buffers and the allocator's "
+            "reserve are estimates shown beside it"
+        )
     return "\n".join(lines)

@@ -11,6 +11,7 @@ and its training plugin.
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import fields
 from pathlib import Path
 
@@ -105,6 +106,13 @@ def _train(args: argparse.Namespace) -> int:
     from pipewright.training import prepare, train
 
     config = config_from_args(args)
+    if sys.stderr.isatty():  # a person waiting: say what the next seconds are for (before the imports)
+        print(
+            f"preparing: checking the layout and the data, then {config.world_size} worker process(es) "
+            "build the model and join the process group",
+            file=sys.stderr,
+            flush=True,
+        )
     plan = prepared = None
     if args.profile is not None and not args.compare_sim:
         raise ConfigError("--profile is used by --compare-sim; add --compare-sim")
@@ -124,12 +132,14 @@ def _train(args: argparse.Namespace) -> int:
         return 0
     if result.preempted_at is not None:
         from pipewright.runtime.elastic import PREEMPTED_EXIT_CODE
+        from pipewright.runtime.interrupts import INTERRUPTED, INTERRUPTED_EXIT_CODE
 
+        why = "interrupted (Ctrl-C)" if INTERRUPTED.is_set() else "preempted (SIGTERM)"
         print(
-            f"preempted (SIGTERM) after step {result.preempted_at}: checkpoint in {result.out_dir}; "
-            "continue with --resume"
+            f"{why} after step {result.preempted_at}: checkpoint in {result.out_dir}; "
+            f"continue with --resume --out {result.out_dir}"
         )
-        return PREEMPTED_EXIT_CODE
+        return INTERRUPTED_EXIT_CODE if INTERRUPTED.is_set() else PREEMPTED_EXIT_CODE
     first, last = result.losses[0], result.losses[-1]
     print(
         f"trained {len(result.losses)} steps in {result.wall_s:.1f} s: loss {first:.3f} -> {last:.3f}, "

@@ -155,13 +155,15 @@ def parse_calibration(data: Mapping[str, Any], where: str = "calibration") -> Ca
 def load_calibration(path: str | Path, accelerator_name: str | None = None) -> Calibration:
     """Read a calibration file; one-line ConfigError when it cannot be read, is not one, or was
     measured on another accelerator than ``accelerator_name`` (the ``--gpu`` priced)."""
+    from pipewright.cost.calibration_check import check_calibration
+    from pipewright.files import read_text
+
     path = Path(path)
     try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise ConfigError(f"cannot read calibration {path}: {exc.strerror}") from None
+        data = json.loads(read_text(path, "calibration"))  # one line for a missing or binary file too
     except json.JSONDecodeError as exc:
         raise ConfigError(f"calibration {path} is not JSON: {exc.msg} (line {exc.lineno})") from None
+    check_calibration(data, f"calibration {path}")  # types, finite values in range
     cal = parse_calibration(data, f"calibration {path}")
     if accelerator_name is not None and cal.accelerator != accelerator_name:
         raise ConfigError(

@@ -72,19 +72,44 @@ class ProfileRow:
     bytes: float = 0.0
 
 
+#: the largest time (s) and size (bytes) a profile row may hold: beyond them a value is damage
+MAX_SECONDS, MAX_BYTES = 1e6, 2.0**60
+
+
+def _number(value: Any) -> float:
+    """A row's number: JSON's number (null: 0, not measured) or CSV's text; a bool, list, object or
+    empty cell is a TypeError/ValueError."""
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, int | float | str) or value == "":
+        raise TypeError(value)
+    return float(value)
+
+
+def _count(value: Any) -> int:
+    if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+        raise TypeError(value)
+    return int(value)
+
+
 def _row(item: Mapping[str, Any], where: str) -> ProfileRow:
     try:
         row = ProfileRow(
             str(item["layer_type"]),
-            int(item["microbatch_size"]),
+            _count(item["microbatch_size"]),
             str(item["kind"]),
-            float(item.get("seconds") or 0.0),
-            float(item.get("bytes") or 0.0),
+            _number(item.get("seconds")),
+            _number(item.get("bytes")),
         )
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, OverflowError):
         raise ConfigError(
-            f"{where}: needs layer_type, microbatch_size, kind and numeric seconds/bytes"
+            f"{where}: needs layer_type, microbatch_size (an integer), kind and numeric seconds/bytes"
         ) from None
+    if not (row.seconds <= MAX_SECONDS and row.bytes <= MAX_BYTES):
+        raise ConfigError(
+            f"{where}: {row.seconds:g} s, {row.bytes:g} bytes is beyond any measurement (at most "
+            f"{MAX_SECONDS:g} s and {MAX_BYTES:g} bytes)"
+        )
     if row.layer_type not in LAYER_TYPES:
         raise ConfigError(f"{where}: layer_type {row.layer_type!r} is not one of {', '.join(LAYER_TYPES)}")
     if row.microbatch_size < 1:
@@ -381,14 +406,19 @@ class ProfiledComm:
 def load_profile(path: str | Path) -> tuple[tuple[ProfileRow, ...], dict[str, str]]:
     """Rows and header of a profile CSV or JSON file (one-line ConfigError when missing or malformed)."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"profile {path} is a folder; give the profile file (.csv or .json) it holds")
     if not path.is_file():
         raise ConfigError(
             f"profile file {path} does not exist; write one with `pipewright profile --out {path}`"
         )
-    from pipewright.files import read_text
+    from pipewright.files import naming, read_text
 
     text = read_text(path, "profile file")
-    rows, meta = ProfiledCost.parse_json(text) if path.suffix == ".json" else read_profile_csv(text)
+    with naming(path, "profile"):
+        rows, meta = (
+            ProfiledCost.parse_json(text) if text.lstrip().startswith("{") else read_profile_csv(text)
+        )
     check_complete(rows, str(path))
     return rows, meta
 
@@ -409,3 +439,12 @@ def check_complete(rows: Sequence[ProfileRow], where: str) -> None:
                     f"profile {where} is incomplete: no {' or '.join(missing)} time for {layer} at "
                     f"microbatch size {b} (a truncated file?); measure again with `pipewright profile`"
                 )
+    times = {(r.layer_type, r.microbatch_size, r.kind): r.seconds for r in rows}
+    for b in sizes:
+        if not times.get(("layer", b, F), 0.0) > 0 or not (
+            times.get(("layer", b, B), 0.0) > 0 or times.get(("layer", b, I), 0.0) > 0
+        ):
+            raise ConfigError(
+                f"profile {where}: the layer's forward and backward times at microbatch size {b} must be "
+                "positive (0 means not measured); measure again with `pipewright profile`"
+            )

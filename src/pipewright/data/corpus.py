@@ -227,6 +227,11 @@ def text_corpus(
     else:
         st = path.stat()
         root, files = path.parent, [CorpusFile(path.name, st.st_size, st.st_mtime_ns)]
+        if not _text_files(root, files):
+            raise DataError(
+                f"{path} is binary (it holds NUL bytes), not a text corpus; a token file needs its JSON "
+                "sidecar (as `pipewright data prepare` writes) or a .bin/.npy name"
+            )
     return tokenize_corpus(
         root, files, spec, max_bytes=max_bytes, cache=cache, description=str(path), progress=progress
     )

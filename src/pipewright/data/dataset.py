@@ -24,7 +24,7 @@ from pipewright.data.corpus import DEFAULT_MAX_BYTES, stdlib_corpus, text_corpus
 from pipewright.data.corpus import cache_dir as resolve_cache_dir
 from pipewright.data.errors import DataError
 from pipewright.data.tokenizer import Codec, parse_tokenizer_spec
-from pipewright.data.tokens import open_tokens
+from pipewright.data.tokens import is_token_file, open_tokens
 
 SPLITS = ("train", "val")
 TOKEN_FILE_SUFFIXES = (".bin", ".npy")
@@ -73,6 +73,17 @@ class TokenDataset:
         windows = np.asarray(tokens[starts[:, None] + np.arange(seq_len + 1)], dtype=np.int64)
         return windows[:, :-1], windows[:, 1:]
 
+    def check_size(self, seq_len: int, splits: Iterable[str] = SPLITS) -> None:
+        """The one-line error :meth:`batch` would raise in a worker, raised before any starts: each of
+        ``splits`` needs at least ``seq_len + 1`` tokens (one window)."""
+        for split in splits:
+            have = self.num_tokens(split)
+            if have < seq_len + 1:
+                raise DataError(
+                    f"{self.description}: the {split} split has {have:,} tokens, fewer than --seq-len + 1 = "
+                    f"{seq_len + 1:,}; give more data or --seq-len {max(have - 1, 1)} or less"
+                )
+
     def decode(self, ids: Iterable[int]) -> str:
         """Text for token ids; DataError for token files, whose tokenizer pipewright does not know."""
         if self.codec is None:
@@ -104,10 +115,10 @@ def open_dataset(
 
     - None: the default corpus (standard-library sources, capped at ``max_bytes``, 20 MB by default),
       tokenized with ``tokenizer`` ("byte" or "bpe:N") and cached.
-    - a ``.bin`` / ``.npy`` token file: memory-mapped; ``vocab_size`` / ``dtype`` come from the JSON
-      sidecar or these arguments (``tokenizer`` is ignored).
+    - a token file (``.bin`` / ``.npy``, or any name with a token sidecar): memory-mapped;
+      ``vocab_size`` / ``dtype`` come from the JSON sidecar or these arguments (``tokenizer`` is ignored).
     - a directory of text files or a text file: tokenized like the default corpus and cached
-      (``max_bytes`` caps it when given).
+      (``max_bytes`` caps it when given); a binary file (NUL bytes) is refused.
 
     ``progress``: None shows progress bars only on a terminal; False never.
     """
@@ -126,7 +137,7 @@ def open_dataset(
     path = Path(path)
     if not path.exists():
         raise DataError(f"dataset not found: {path}")
-    if path.is_file() and path.suffix in TOKEN_FILE_SUFFIXES:
+    if path.is_file() and is_token_file(path):  # by name or by its sidecar: never read as text
         tokens, vocab, meta = open_tokens(path, dtype=dtype, vocab_size=vocab_size)
         info = {"source": str(path), "tokenizer": meta.get("tokenizer"), "cache_hit": None}
         return _from_tokens(tokens, vocab, f"token file {path}", val_fraction, None, info)

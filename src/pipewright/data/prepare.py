@@ -64,6 +64,10 @@ def load_model_tokenizer(folder: str | os.PathLike) -> ModelTokenizer:
     vocab = tok.get_vocab_size(with_added_tokens=True)
     config = _config(folder)
     model_vocab = config.get("vocab_size")
+    if "vocab_size" in config and (isinstance(model_vocab, bool) or not isinstance(model_vocab, int)):
+        raise DataError(
+            f"{folder / 'config.json'}: vocab_size must be a positive integer (got {model_vocab!r:.40})"
+        )
     if isinstance(model_vocab, int) and vocab > model_vocab:
         raise DataError(
             f"--tokenizer {folder}: the tokenizer has {vocab} tokens but the model's vocabulary is "

@@ -6,7 +6,8 @@ Format
     The token ids, back to back, as ``uint16`` (vocabularies up to 65,536) or ``uint32``, little endian,
     no header (the layout ``numpy.ndarray.tofile`` writes and nanoGPT uses).
 ``NAME.json`` (optional sidecar, same stem)
-    ``{"dtype": "uint16", "vocab_size": 50257}`` and any extra keys (ignored here).
+    ``{"format": "pipewright-tokens", "dtype": "uint16", "vocab_size": 50257}`` and any extra keys
+    (ignored here). A file of any name with such a sidecar is a token file (:func:`is_token_file`).
 
 Without a sidecar the dtype comes from the ``dtype`` argument or from the name (``NAME.u16.bin``,
 ``NAME.uint32.bin``; plain ``.bin`` means uint16), and the vocabulary size from the ``vocab_size``
@@ -25,6 +26,7 @@ import numpy as np
 
 from pipewright.data.errors import DataError
 
+FORMAT = "pipewright-tokens"
 TOKEN_DTYPES: dict[str, np.dtype] = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}
 _SUFFIX_DTYPES = {".u16": "uint16", ".uint16": "uint16", ".u32": "uint32", ".uint32": "uint32"}
 _SCAN_CHUNK = 1 << 24  # ids per chunk when scanning for the largest id
@@ -82,7 +84,7 @@ def write_tokens(
         raise DataError(f"{path}: token ids must lie in [0, {vocab_size}); raise vocab_size")
     data = tokens.astype(TOKEN_DTYPES[dtype], copy=False)
     atomic_write_bytes(path, data.tofile)
-    meta = {"dtype": dtype, "vocab_size": int(vocab_size), **(extra or {})}
+    meta = {"format": FORMAT, "dtype": dtype, "vocab_size": int(vocab_size), **(extra or {})}
     atomic_write_bytes(sidecar_path(path), lambda f: f.write(json.dumps(meta, indent=1).encode()))
     return path
 
@@ -106,6 +108,23 @@ def read_sidecar(path: str | os.PathLike) -> dict | None:
     ):
         raise DataError(f'{side}: "vocab_size" must be an integer in 1..2**32, not {vocab!r:.40}')
     return meta
+
+
+def is_token_file(path: str | os.PathLike) -> bool:
+    """Whether ``path`` is a token file whatever its name: a ``.bin``/``.npy`` file, or one whose sidecar
+    says so (``{"dtype": "uint16"|"uint32", "vocab_size": N}``, as :func:`write_tokens` writes), so a
+    token file is never read as text."""
+    path = Path(path)
+    if path.suffix in (".bin", ".npy"):
+        return True
+    side = sidecar_path(path)
+    if side == path or not side.is_file():
+        return False
+    try:
+        meta = json.loads(side.read_bytes())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("dtype") in TOKEN_DTYPES and "vocab_size" in meta
 
 
 def _dtype_from_name(path: Path) -> str | None:

@@ -48,6 +48,16 @@ def load(path: str) -> Any:
         return getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as exc:
         raise ConfigError(f"cannot load {path}: {exc}") from None
+    except Exception as exc:  # the module itself raises (or does not compile): its first line, -v for all
+        import traceback
+
+        first = (str(exc).splitlines() or [""])[0][:200]
+        error = ConfigError(
+            f"cannot load {path}: importing {module} raised {type(exc).__name__}: {first} "
+            "(-v shows the traceback)"
+        )
+        error.details = traceback.format_exc()
+        raise error from None
 
 
 @dataclass(frozen=True)

@@ -85,11 +85,18 @@ def _json_file(path: Path) -> dict:
 def read_hf_spec(folder: str | Path, *, seq_len: int | None = None, name: str = "hf") -> ModelSpec:
     """The model a Hugging Face ``config.json`` describes (``model_type`` gpt2 or llama); ``seq_len``
     defaults to the checkpoint's maximum positions."""
+    from pipewright.files import naming
+    from pipewright.models.checks import check_dimensions, check_weights
+
     cfg = _read_config(folder)
     try:
-        return _spec_from(cfg, folder, seq_len, name)
+        with naming(Path(folder) / CONFIG, "--init-from config"):
+            spec = _spec_from(cfg, folder, seq_len, name)
     except KeyError as exc:
         raise ConfigError(f"--init-from {folder}: {CONFIG} has no {exc.args[0]!r}") from None
+    check_dimensions(spec, f"--init-from {Path(folder) / CONFIG}")
+    check_weights(folder)  # headers readable before any worker loads a tensor
+    return spec
 
 
 def _spec_from(cfg: dict, folder: str | Path, seq_len: int | None, name: str) -> ModelSpec:

@@ -188,10 +188,13 @@ def save(data: dict[str, Any], path: str | Path) -> None:
 def load(path: str | Path) -> Plan:
     """Read a plan file; one-line error on a missing, unreadable or non-JSON file
     (:func:`pipewright.topology.schema.read`) or another format."""
+    from pipewright.files import naming
+
     data = read_json(path, "plan")
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise ConfigError(f'{path} is not a plan file: expected "format": "{FORMAT}"')
-    check_schema(data, str(path))
+    with naming(path, "plan"):
+        check_schema(data, str(path))
     return Plan(data)
 
 

@@ -20,12 +20,16 @@ def make_plan(
     """Search, then compute the baselines in the same run (their configurations also compete)."""
     ctx = _Context(prob, device_order(prob.topology))
     bases: list[Evaluated] = []
+    dropped = []
     if baselines and prob.profile is None:  # (rules for analytical clusters: not from one profile)
-        for fn in (megatron_baseline, pipedream_baseline):
+        for name, fn in (("megatron", megatron_baseline), ("pipedream", pipedream_baseline)):
             ev = fn(ctx)
             if ev is not None:
                 bases.append(ev)
+            else:
+                dropped.append(name)
     result = search(prob, progress=progress, baselines=bases)
+    result.dropped_baselines = dropped
     if baselines:
         # the plan's degrees, else the first finalist's whose uniform layout fits
         for ev in result.finalists:
@@ -130,6 +134,8 @@ def summary(prob: Problem, result: SearchResult) -> str:
         for b in result.baselines:
             verdict = _verdict(prob, best, b)
             lines.append(f"  {b.label:<10} {b.time:.4f} s  ({verdict})  " + b.candidate.describe())
+    for name in result.dropped_baselines:
+        lines.append(f"  {name:<10} left out: none of the layouts its rule gives fits the devices' memory")
     if len(result.finalists) > 1:
         lines.append("runner-ups:")
         shown: set[tuple[str, str]] = set()

@@ -23,7 +23,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pipewright.cost.sharding import like
 from pipewright.errors import ConfigError, PipewrightError
@@ -279,6 +279,8 @@ class SearchResult:
     pruned: int
     infeasible: int
     seconds: float
+    #: baselines computed but left out: none of their layouts fits (the summary says so)
+    dropped_baselines: list[str] = field(default_factory=list)
 
 
 def search(

@@ -53,7 +53,8 @@ def write_artifacts(run: Any, timeline: Timeline | None) -> dict[str, Path]:
         files["trace"] = out_dir / "trace.json"
         c = run.config
         title = (
-            f"measured: {run.schedule.name}, pp={c.pp} dp={c.dp} stages={run.schedule.num_stages}, "
+            f"measured: {run.schedule.name}, tp={c.tp} cp={c.cp} pp={c.pp} dp={c.dp} "
+            f"stages={run.schedule.num_stages}, "
             f"m={c.microbatches}, last step"
         )
         draw_timeline([timeline], files["timeline_png"], titles=[title])

@@ -363,7 +363,10 @@ def compare_run(plan: ComparePlan, out_dir: str | Path) -> dict[str, Any]:
             "bubble_fraction": replay.bubble_fraction,
             "ratio": measured.makespan / replay.iteration_time if replay.iteration_time > 0 else None,
         }
-        name = f"{sim.schedule.name}, pp={c.pp} stages={sim.schedule.num_stages}, m={c.microbatches}"
+        name = (
+            f"{sim.schedule.name}, tp={c.tp} cp={c.cp} pp={c.pp} dp={c.dp} stages={sim.schedule.num_stages}, "
+            f"m={c.microbatches}"
+        )
         draw_timeline(
             [measured, sim.timeline],
             out_dir / "compare.png",

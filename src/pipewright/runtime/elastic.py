@@ -34,6 +34,7 @@ from pipewright.runtime.checkpoint import resumable_checkpoint
 from pipewright.runtime.config import TrainConfig
 from pipewright.runtime.errors import WorkerError
 from pipewright.runtime.faults import RESTART_ENV
+from pipewright.runtime.interrupts import INTERRUPTED
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +120,8 @@ def run_with_restarts(
         try:
             return attempt(config)
         except WorkerError as exc:
-            if restart == max_restarts or "NonFiniteError" in str(exc):  # a NaN would come back
+            if restart == max_restarts or "NonFiniteError" in str(exc) or INTERRUPTED.is_set():
+                raise  # a NaN would come back; Ctrl-C asked to stop
                 raise
             found, warnings = resumable_checkpoint(out_dir / "checkpoints")
             for w in warnings:

@@ -13,14 +13,12 @@ import datetime
 import logging
 import os
 import pickle
-import signal
 import socket
 import tempfile
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +30,7 @@ from torch.multiprocessing.spawn import ProcessException
 from pipewright.runtime import nccl_rules
 from pipewright.runtime.errors import DistributedError, WorkerError
 from pipewright.runtime.host_memory import use_cpu_allocator
+from pipewright.runtime.interrupts import forwarding_signals, workers_ignore_sigint
 from pipewright.runtime.timeouts import use_nccl_group_timeout, watchdog_timeout
 
 log = logging.getLogger(__name__)
@@ -204,20 +203,22 @@ def spawn(
     ``fn`` must be importable (a module-level function) and its result picklable. Raises
     :class:`WorkerError` naming the first worker that raised or died, or that the run passed
     ``timeout_s``; the other workers are terminated, so the caller never hangs. ``forward_sigterm``:
-    a SIGTERM to this process is passed on to the workers (which may checkpoint and return) instead
-    of killing this process and orphaning them. ``cpu_allocator``: see :func:`init_from_env`.
+    a SIGTERM or SIGINT to this process is passed on to the workers as SIGTERM (which may checkpoint
+    and return) instead of killing this process and orphaning them
+    (:mod:`pipewright.runtime.interrupts`). ``cpu_allocator``: see :func:`init_from_env`.
     """
     backend = backend or default_backend()
     with tempfile.TemporaryDirectory(prefix="pipewright-spawn-") as result_dir:
-        context = mp.start_processes(
-            _worker,
-            args=(fn, nprocs, tuple(args), backend, free_port(), result_dir, timeout_s, cpu_allocator),
-            nprocs=nprocs,
-            join=False,
-            start_method="spawn",
-        )
+        with workers_ignore_sigint() if forward_sigterm else nullcontext():  # runtime/interrupts.py
+            context = mp.start_processes(
+                _worker,
+                args=(fn, nprocs, tuple(args), backend, free_port(), result_dir, timeout_s, cpu_allocator),
+                nprocs=nprocs,
+                join=False,
+                start_method="spawn",
+            )
         deadline = time.monotonic() + timeout_s
-        forwarding = _forwarding_sigterm(context.processes) if forward_sigterm else nullcontext()
+        forwarding = forwarding_signals(context.processes) if forward_sigterm else nullcontext()
         with forwarding:
             try:
                 while not context.join(
@@ -278,23 +279,3 @@ def _terminate(processes: list) -> None:
         if p.is_alive():
             p.kill()
             p.join()
-
-
-@contextmanager
-def _forwarding_sigterm(processes: list) -> Iterator[None]:
-    """While waiting for the workers: a SIGTERM to this process is sent on to each live worker."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def forward(signum: int, frame: object) -> None:
-        log.warning("SIGTERM: passing it on to the workers")
-        for p in processes:
-            if p.is_alive():
-                os.kill(p.pid, signal.SIGTERM)
-
-    previous = signal.signal(signal.SIGTERM, forward)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)

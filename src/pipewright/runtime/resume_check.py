@@ -11,9 +11,10 @@ from pipewright.models.spec import ModelSpec
 _IGNORED = ("name",)
 
 
-def model_difference(meta: Mapping, spec: ModelSpec, tp: int) -> str:
-    """``--layers 6 (this run: 4), --tp 2 (this run: 1)`` from the checkpoint's recorded config; empty
-    when it cannot be rebuilt (an older checkpoint) or the difference is elsewhere (the tokenizer)."""
+def model_difference(meta: Mapping, spec: ModelSpec, tp: int, current: Mapping | None = None) -> str:
+    """``--layers 6 (this run: 4), --tp 2 (this run: 1)`` from the checkpoint's recorded config; with
+    the run's flat config ``current``, also the data and tokenizer (the vocabulary comes from them);
+    empty when it cannot be rebuilt (an older checkpoint)."""
     from pipewright.runtime.config import TrainConfig
 
     saved = meta.get("config")
@@ -33,4 +34,7 @@ def model_difference(meta: Mapping, spec: ModelSpec, tp: int) -> str:
     ]
     if config.tp != tp and not diff:
         diff.append(f"--tp {config.tp} (this run: {tp})")
+    for key in ("data", "tokenizer") if current is not None and not diff else ():
+        if saved.get(key) != current.get(key):
+            diff.append(f"--{key} {saved.get(key) or 'default'} (this run: {current.get(key) or 'default'})")
     return ", ".join(diff)

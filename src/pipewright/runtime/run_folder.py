@@ -25,6 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from pipewright.errors import ConfigError
+from pipewright.outputs import check_name_length, shown
 
 log = logging.getLogger(__name__)
 
@@ -124,6 +125,9 @@ def check_out(folder: Path, *, resume: bool, overwrite: bool) -> None:
     ``resume`` nor ``overwrite`` is given (a restart of the run holding it passes)."""
     if resume and overwrite:
         raise ConfigError("--resume continues the run in --out and --overwrite moves it aside; give one")
+    check_name_length(folder, "--out")
+    if not str(folder) or folder.is_file() or (folder.is_symlink() and not folder.is_dir()):
+        raise ConfigError(f"--out {shown(folder)} is not a folder; give a folder for the run (new or a run)")
     holder = _check_holder(folder)
     if holder is not None and holder.is_me():
         return

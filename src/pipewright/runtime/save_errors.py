@@ -93,8 +93,15 @@ def describe(exc: BaseException, folder: Path | None = None, rank: int = 0) -> s
     return describe_error(exc, rank, folder)
 
 
+def kept(final: object) -> str:
+    """What a failed save of ``final`` (``…/checkpoints/step_K``) leaves: an earlier checkpoint or none."""
+    path = Path(str(final))
+    earlier = [p for p in path.parent.glob("step_*") if p.name != path.name and p.suffix != ".tmp"]
+    return "the previous checkpoint is kept" if earlier else "there is no earlier checkpoint"
+
+
 def save_failed(final: object, why: str) -> str:
-    return f"saving checkpoint {final} failed ({why}); the previous checkpoint is kept"
+    return f"saving checkpoint {final} failed ({why}); {kept(final)}"
 
 
 def raise_shared(error: str | None, final: object, group: object = None) -> None:
@@ -125,9 +132,7 @@ def with_policy(save: Callable[[], T], policy: str, what: str) -> T | None:
                 time.sleep(RETRY_WAIT_S * attempt)
                 continue
             if policy == "skip":
-                log.warning(
-                    "warning: %s; skipped (--on-save-error skip), the previous checkpoint is kept", exc
-                )
+                log.warning("warning: %s; skipped (--on-save-error skip)", exc)
                 return None
             raise
     return None

@@ -31,6 +31,7 @@ from pipewright.cost.transformer import layer_forward_flops, layer_parameters, l
 from pipewright.errors import ConfigError
 from pipewright.files import check_writable_folder
 from pipewright.ir import peak_in_flight
+from pipewright.outputs import size_text
 
 #: an optimistic single-thread CPU rate (FLOP/s): a time estimate from it is a lower bound
 CPU_FLOPS = 2e11
@@ -120,9 +121,9 @@ def check_fits(run, *, cpu: bool) -> SizeEstimate:
         free = available_bytes()
         if free is not None and est.total_bytes > free:
             raise ConfigError(
-                f"this layout needs about {est.total_bytes / 2**30:.1f} GiB ({est.processes} processes, "
-                f"up to {max(est.rank_bytes) / 2**30:.1f} GiB each; --seq-len {run.spec.seq_len}, "
-                f"--microbatch-size {c.microbatch_size}) but {free / 2**30:.1f} GiB is available; use a "
+                f"this layout needs about {size_text(est.total_bytes)} ({est.processes} processes, "
+                f"up to {size_text(max(est.rank_bytes))} each; --seq-len {run.spec.seq_len}, "
+                f"--microbatch-size {c.microbatch_size}) but {size_text(free)} is available; use a "
                 "shorter --seq-len, smaller --microbatch-size, --recompute full or more --pp"
             )
         slowest = max(est.forward_s)

@@ -238,7 +238,11 @@ class Topology:
 
     @classmethod
     def load(cls, path: str | Path) -> Topology:
-        return cls.from_json(schema.read(path))
+        from pipewright.files import naming
+
+        data = schema.read(path)
+        with naming(path, "topology"):
+            return cls.from_json(data)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Topology) and self.to_json() == other.to_json()

@@ -147,10 +147,14 @@ def prepare(
     layout = resolve_layout(config.layout, config.num_layers(), schedule.num_stages)  # before the (slow) data
     dataset = open_dataset(config.data, tokenizer=config.tokenizer, progress=config.progress)
     spec = config.model_spec(dataset.vocab_size)
+    evaluates = 0 < config.eval_every <= config.steps
+    dataset.check_size(spec.seq_len, ("train", "val") if evaluates else ("train",))  # as the workers will
     plugins = active_plugins(config, schedule, features)
     for plugin in plugins:  # the features' unsupported combinations (--vocab-parallel …)
         plugin.check(config, schedule, spec)
     fp = fingerprint(spec, config.tokenizer, config.tp)
+    if config.out is not None and not config.out.strip():
+        raise ConfigError("--out needs a folder name (omit it for a new folder under runs/)")
     out_dir = Path(config.out) if config.out else default_out_dir()
     if config.out:  # another run's folder, or one held by a live run: refused (runtime/run_folder.py)
         check_out(out_dir, resume=config.resume, overwrite=config.overwrite)
@@ -163,7 +167,7 @@ def prepare(
             raise ConfigError(no_checkpoint_advice(out_dir, warnings))
         meta = read_meta(resume_from)
         if not same_model(meta, fp, fingerprint(spec, config.tokenizer)):  # tp may differ: resharded
-            differs = model_difference(meta, spec, config.tp)  # runtime/resume_check.py
+            differs = model_difference(meta, spec, config.tp, config.flat())  # runtime/resume_check.py
             raise ConfigError(
                 f"--resume: checkpoint {resume_from} belongs to another model ({meta.get('model', '?')}"
                 + (f"; saved with {differs}" if differs else "")
@@ -171,7 +175,10 @@ def prepare(
             )
         start = int(meta["step"])
         if start >= config.steps:
-            raise ConfigError(f"--resume: the checkpoint is at step {start}, --steps is {config.steps}")
+            raise ConfigError(
+                f"--resume: the run in {out_dir} is done (its checkpoint is at step {start}, --steps is "
+                f"{config.steps}); give --steps above {start} to train on, or a new --out for a new run"
+            )
     update = tuple(n for f in features if f.section is not None for n in update_rule_names(f.section))
     run = PreparedRun(
         config,

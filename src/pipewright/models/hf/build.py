@@ -16,6 +16,7 @@ The :class:`~pipewright.models.spec.ModelSpec` of such a model has family "hf" a
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import torch
@@ -60,20 +61,27 @@ def config_file(source: str | Path) -> Path:
 def load_config(source: str | Path):
     """The ``transformers`` config of ``source``; attention as ``attn_implementation`` in the file says
     (eager, sdpa, …), else the library's default for the family."""
+    from pipewright.files import read_text
+    from pipewright.outputs import shown
+
     file = config_file(source)
     try:
-        data = json.loads(file.read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"--hf-model {source}: cannot read {file.name}: {exc}") from None
+        data = json.loads(read_text(file, "--hf-model config"))  # one line for a binary file too
+    except ValueError as exc:
+        raise ConfigError(f"--hf-model {source}: {file.name} is not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(
+            f"--hf-model {source}: {file.name} holds a JSON {type(data).__name__}, not an object"
+        )
     transformers = _transformers()
     model_type = data.pop("model_type", None)
     attn = data.pop("attn_implementation", None)
     try:
         config = transformers.AutoConfig.for_model(model_type, **data)
-    except (ValueError, KeyError, TypeError) as exc:
+    except Exception as exc:  # the library's validation errors have no common base below Exception
         raise ConfigError(
-            f"--hf-model {source}: model_type {model_type!r} is not a transformers "
-            f"{transformers.__version__} model ({str(exc).splitlines()[0]})"
+            f"--hf-model {source}: model_type {shown(model_type, 40)} is not a transformers "
+            f"{transformers.__version__} model ({shown(str(exc).splitlines()[0], 160)})"
         ) from None
     if attn is not None:
         config._attn_implementation = attn
@@ -82,12 +90,26 @@ def load_config(source: str | Path):
 
 def read_spec(source: str | Path, *, seq_len: int | None = None) -> ModelSpec:
     """The dimensions of ``source``'s model as a ModelSpec (family "hf", ``name`` = the source)."""
+    from pipewright.files import naming
+    from pipewright.models.checks import check_dimensions, check_weights
+
     config = load_config(source)
+    with naming(config_file(source), "--hf-model config"):
+        spec = _spec(config, source, seq_len)
+    check_dimensions(spec, f"--hf-model {config_file(source)}")
+    check_weights(config_file(source).parent)  # headers readable: a damaged file fails here, not in a worker
+    return spec
+
+
+def _spec(config, source: str | Path, seq_len: int | None) -> ModelSpec:
     h, a = config.hidden_size, config.num_attention_heads
     positions = getattr(config, "max_position_embeddings", None)
     if seq_len is not None and positions and seq_len > positions and adapter_for(config.model_type).positions:
         raise ConfigError(f"--seq-len {seq_len} exceeds the model's {positions} learned positions")
-    ffn = getattr(config, "intermediate_size", None) or getattr(config, "n_inner", None) or 4 * h
+    given = (getattr(config, "intermediate_size", None), getattr(config, "n_inner", None))
+    ffn = next((x for x in given if x is not None), 4 * h)
+    if not isinstance(ffn, int) or ffn < 1:  # ModelSpec reads 0 as "4 h": a 0 in the file is refused
+        raise ConfigError(f"intermediate_size must be a positive integer (got {ffn!r:.40})")
     return ModelSpec(
         name=str(source),
         layers=config.num_hidden_layers,
@@ -109,6 +131,8 @@ def full_model(source: str, seed: int) -> nn.Module:
     config = load_config(source)
     folder = config_file(source).parent
     auto = transformers.AutoModelForCausalLM
+    if os.environ.get("RANK", "0") != "0":  # one loading bar per run (rank 0's), not one per process
+        transformers.utils.logging.disable_progress_bar()
     if any((folder / f).is_file() for f in WEIGHT_FILES):
         model = auto.from_pretrained(folder, config=config, dtype=torch.float32)
     else:
