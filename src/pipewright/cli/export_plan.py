@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pipewright.plan.export import TARGETS, TORCH_SCHEDULES
+from pipewright.plan.export import TORCH_SCHEDULES
+from pipewright.plan.export_text import TARGETS
 
 #: File suffix of each target's output.
 SUFFIX = {"megatron": ".megatron.sh", "torchtitan": ".torchtitan.toml"}
@@ -33,7 +34,7 @@ def export(
     plan's own CSV when it has one, else the schedule built by name, beside ``out`` or the plan;
     ``write_csv=False``: not written, the text names it)."""
     from pipewright.files import check_writable
-    from pipewright.plan.export import export_text
+    from pipewright.plan.export_text import export_text
     from pipewright.plan.planfile import load
 
     plan = load(plan_path)

@@ -40,6 +40,7 @@ from pipewright.cost.tp_overlap import modes as tp_overlap_modes
 from pipewright.cost.tp_overlap import resolve as resolve_tp_overlap
 from pipewright.errors import ConfigError
 from pipewright.mesh import DEFAULT_ORDER
+from pipewright.models.presets import MOE_FIELDS
 from pipewright.models.spec import ModelSpec
 from pipewright.topology.schema import read as read_json
 from pipewright.topology.schema import save as write_json
@@ -49,6 +50,9 @@ FORMAT = "pipewright-plan"
 #: each stage's right after its last backward, as ``pipewright train``'s executor does.
 GRAD_REDUCE_PLANNED = "overlap"
 _DIMS = ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len")
+#: The architecture beyond the dimensions a plan records (ModelSpec's fields), so that an export builds
+#: the model the plan priced (plan/export_model.py); the mixture-of-experts fields with experts only.
+ARCH_FIELDS = ("family", "tied_embeddings", "rope_theta", "attention_kind", "mtp_depth")
 #: The framework inputs a plan records (``simulate``'s and ``plan``'s flags of the same names:
 #: cli/cost_flags.py), their values and their defaults (what a plan without the key was priced with).
 #: ``framework``'s values are the registered frameworks (:func:`pipewright.cost.frameworks.names`);
@@ -175,6 +179,9 @@ def model_json(spec: ModelSpec, padded_vocab: int | None = None) -> dict[str, An
     for key in ("mlp", "bias"):  # the model's shape beyond the dimensions, where the spec has it
         if hasattr(spec, key):
             out[key] = getattr(spec, key)
+    out |= {key: getattr(spec, key) for key in ARCH_FIELDS}
+    if spec.is_moe:
+        out |= {key: getattr(spec, key) for key in MOE_FIELDS}
     if padded_vocab is not None:
         out["padded_vocab"] = padded_vocab
     return out
