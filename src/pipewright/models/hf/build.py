@@ -129,9 +129,19 @@ def build_stage(
 ) -> HFStage:
     """Stage ``stage_index`` of the Hugging Face model ``spec.name`` (signature of
     :func:`pipewright.models.gpt.build_stage`)."""
-    stage = resolve_stage(layout, spec.layers, stage_index, num_stages)
-    model = full_model(spec.name, seed)
+    return stage_from_model(full_model(spec.name, seed), layout, stage_index, num_stages, linear_factory)
+
+
+def stage_from_model(
+    model: nn.Module,
+    layout: Layout | str | None,
+    stage_index: int,
+    num_stages: int | None = None,
+    linear_factory: LinearFactory | None = None,
+) -> HFStage:
+    """Stage ``stage_index`` cut from the ``transformers`` model ``model`` (its own modules)."""
     config = model.config
+    stage = resolve_stage(layout, config.num_hidden_layers, stage_index, num_stages)
     found = modules(model, config.model_type)
     adapter = adapter_for(config.model_type)
     make = linear_factory or default_linear_factory
@@ -201,7 +211,9 @@ def _tensor_parallel_(part: nn.ModuleDict, make: LinearFactory, adapter: Adapter
 
 def check_train_options(config) -> None:
     """One-line errors for training options that contradict ``--hf-model`` (``config``: a TrainConfig)."""
-    config_file(config.hf_model)
+    from pipewright.models.hf.support import check_options
+
+    check_options(config, load_config(config.hf_model))
     if config.init_from:
         raise ConfigError("--hf-model reads its weights from model.safetensors; drop --init-from")
     given = [
