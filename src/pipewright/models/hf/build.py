@@ -209,35 +209,6 @@ def _tensor_parallel_(part: nn.ModuleDict, make: LinearFactory, adapter: Adapter
     return None if scale is None else scale.detach().clone()
 
 
-def check_train_options(config) -> None:
-    """One-line errors for training options that contradict ``--hf-model`` (``config``: a TrainConfig)."""
-    from pipewright.models.hf.support import check_options
-
-    check_options(config, load_config(config.hf_model))
-    if config.init_from:
-        raise ConfigError("--hf-model reads its weights from model.safetensors; drop --init-from")
-    given = [
-        n for n in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab") if getattr(config, n)
-    ]
-    if given:
-        flags = ", ".join("--" + n.replace("_", "-") for n in given)
-        raise ConfigError(f"--hf-model takes the model's dimensions from its config.json; drop {flags}")
-    if config.tp > 1:
-        hf = load_config(config.hf_model)
-        adapter = adapter_for(hf.model_type)
-        if not adapter.tp_kinds:
-            raise ConfigError(
-                f"tensor parallelism: model_type {hf.model_type!r} cannot be split ({adapter.tp_blocker}); "
-                "use --tp 1"
-            )
-        if config.sequence_parallel:
-            raise ConfigError("--sequence-parallel is not supported for --hf-model; drop it")
-    if config.tie_embeddings:
-        raise ConfigError(
-            "--hf-model ties embeddings as its config.json says (tie_word_embeddings); drop --tie-embeddings"
-        )
-
-
 def _keep_padding_row(table: nn.Module, padding_idx: int | None) -> None:
     """``nn.Embedding(padding_idx=p)`` never updates row p: zero its gradient in the shard that holds it
     (a vocabulary-parallel table keeps rows [vocab_start, vocab_start + per_rank))."""

@@ -23,7 +23,8 @@ from functools import lru_cache
 import torch
 
 from pipewright.errors import ConfigError
-from pipewright.models.hf.adapters import ADAPTERS
+from pipewright.models.hf.adapters import ADAPTERS, adapter_for
+from pipewright.models.hf.build import load_config, stage_from_model
 
 #: TrainConfig's mixture-of-experts flags, which a Hugging Face config decides.
 MOE_FLAGS = (
@@ -90,8 +91,6 @@ def forward_matches(hf_config) -> str:
     ``transformers``' logits; else what differs."""
     import transformers
 
-    from pipewright.models.hf.build import stage_from_model
-
     small = copy.deepcopy(hf_config)
     small.num_hidden_layers = _PROBE_LAYERS
     if getattr(small, "intermediate_size", 0) > _PROBE_FFN:  # the same operations, smaller
@@ -135,3 +134,30 @@ def _json(text: str) -> dict:
     data = json.loads(text)
     data.pop("model_type", None)
     return data
+
+
+def check_train_options(config) -> None:
+    """One-line errors for training options that contradict ``--hf-model`` (``config``: a TrainConfig)."""
+    check_options(config, load_config(config.hf_model))
+    if config.init_from:
+        raise ConfigError("--hf-model reads its weights from model.safetensors; drop --init-from")
+    given = [
+        n for n in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab") if getattr(config, n)
+    ]
+    if given:
+        flags = ", ".join("--" + n.replace("_", "-") for n in given)
+        raise ConfigError(f"--hf-model takes the model's dimensions from its config.json; drop {flags}")
+    if config.tp > 1:
+        hf = load_config(config.hf_model)
+        adapter = adapter_for(hf.model_type)
+        if not adapter.tp_kinds:
+            raise ConfigError(
+                f"tensor parallelism: model_type {hf.model_type!r} cannot be split ({adapter.tp_blocker}); "
+                "use --tp 1"
+            )
+        if config.sequence_parallel:
+            raise ConfigError("--sequence-parallel is not supported for --hf-model; drop it")
+    if config.tie_embeddings:
+        raise ConfigError(
+            "--hf-model ties embeddings as its config.json says (tie_word_embeddings); drop --tie-embeddings"
+        )
