@@ -24,6 +24,8 @@ import types
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from _export_flags import megatron_flags as _flags
 from pipewright.cli import main
@@ -266,3 +268,28 @@ def test_an_older_plan_file_takes_the_preset_and_says_so(tmp_path: Path, capsys)
     assert "# note: the plan file does not record family" in text and "preset mixtral-8x7b" in text
     body = text[text.index("MEGATRON_ARGS=(") + len("MEGATRON_ARGS=(") : text.rindex(")")]
     assert _flags(shlex.split(body))["num_experts"] == 8
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    key=st.sampled_from(
+        ["family", "tied_embeddings", "rope_theta", "moe_experts", "moe_top_k", "moe_capacity"]
+    ),
+    value=st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.text(max_size=3), st.floats(-2, 2)),
+)
+def test_plan_files_check_the_architecture_fields(key: str, value: object) -> None:
+    """A plan file's architecture field of the wrong type is one line naming it; a right one loads."""
+    data = {**PLANS["mixtral-8x7b"], "model": {**PLANS["mixtral-8x7b"]["model"], key: value}}
+    valid = {
+        "family": value in ("gpt", "llama", "bert"),
+        "tied_embeddings": isinstance(value, bool),
+        "rope_theta": isinstance(value, int | float) and not isinstance(value, bool) and value > 0,
+        "moe_experts": isinstance(value, int) and not isinstance(value, bool) and value >= 0,
+        "moe_top_k": isinstance(value, int) and not isinstance(value, bool) and value >= 1,
+        "moe_capacity": isinstance(value, int | float) and not isinstance(value, bool) and value >= 0,
+    }[key]
+    if valid:
+        check_schema(data)
+    else:
+        with pytest.raises(ConfigError, match=rf'^plan: "model\.{key}" must be [^\n]+$'):
+            check_schema(data)

@@ -219,6 +219,7 @@ def check_schema(data: dict[str, Any], where: str = "plan") -> None:
     model = data.get("model")
     if not isinstance(model, dict) or not all(_positive_int(model.get(d)) for d in _DIMS):
         raise ConfigError(f'{where}: "model" must give positive integers {", ".join(_DIMS)}')
+    _check_architecture(model, where)
     bad = [k for k in _POSITIVE if not _positive_int(data.get(k, 1 if k == "virtual" else None))]
     if bad:
         raise ConfigError(f"{where}: {', '.join(bad)} must be positive integers")
@@ -275,6 +276,40 @@ def check_schema(data: dict[str, Any], where: str = "plan") -> None:
         raise ConfigError(f'{where}: "microbatch_group" must be an integer at least pp ({data["pp"]})')
     if not isinstance(data.get("sequence_parallel", False), bool):
         raise ConfigError(f'{where}: "sequence_parallel" must be true or false')
+
+
+#: The architecture fields' types (where a plan records them): field → (check, what it must be).
+_ARCH_TYPES = {
+    "family": (lambda v: v in ("gpt", "llama", "bert"), '"gpt", "llama" or "bert"'),
+    "tied_embeddings": (lambda v: isinstance(v, bool), "true or false"),
+    "rope_theta": (lambda v: _number(v) and v > 0, "a positive number"),
+    "attention_kind": (lambda v: isinstance(v, str), "a string"),
+    "mtp_depth": (lambda v: _count(v), "an integer at least 0"),
+    "moe_experts": (lambda v: _count(v), "an integer at least 0"),
+    "moe_top_k": (lambda v: _positive_int(v), "a positive integer"),
+    "moe_shared_experts": (lambda v: _count(v), "an integer at least 0"),
+    "moe_ffn_hidden": (lambda v: _count(v), "an integer at least 0"),
+    "moe_dense_layers": (lambda v: _count(v), "an integer at least 0"),
+    "moe_capacity": (lambda v: _number(v) and v >= 0, "a number at least 0"),
+    "moe_aux_loss_coeff": (lambda v: _number(v) and v >= 0, "a number at least 0"),
+    "moe_z_loss_coeff": (lambda v: _number(v) and v >= 0, "a number at least 0"),
+}
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_architecture(model: dict[str, Any], where: str) -> None:
+    """One-line ConfigError for an architecture field (:data:`ARCH_FIELDS`, the ``moe_*`` fields) of
+    the wrong type."""
+    for key, (ok, what) in _ARCH_TYPES.items():
+        if key in model and not ok(model[key]):
+            raise ConfigError(f'{where}: "model.{key}" must be {what} (got {model[key]!r})')
 
 
 def _check_recompute_method(data: dict[str, Any], where: str) -> None:
