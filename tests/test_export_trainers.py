@@ -293,3 +293,13 @@ def test_plan_files_check_the_architecture_fields(key: str, value: object) -> No
     else:
         with pytest.raises(ConfigError, match=rf'^plan: "model\.{key}" must be [^\n]+$'):
             check_schema(data)
+
+
+def test_a_device_order_is_a_note(tmp_path: Path, capsys) -> None:
+    place = [1, 0, *range(2, 16)]
+    save({**PLANS["fsdp"], "placement": place}, tmp_path / "placed.json")
+    for target in ("megatron", "torchtitan"):
+        assert main(["export-plan", str(tmp_path / "placed.json"), "--to", target]) == 0
+        assert "# note: the plan places global rank g (order tp-dp-pp) on device placement[g] = 1,0,2," in (
+            capsys.readouterr().out
+        )

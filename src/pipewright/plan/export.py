@@ -121,6 +121,14 @@ def notes(plan: Plan, target: str) -> list[str]:
     if mixed:
         per = ",".join(plan.data["recompute_per_stage"])
         out.append(f"recomputation differs per stage ({per}); both trainers take one setting: {recompute}")
+    place = plan.placement
+    if place is not None and list(place) != sorted(place):
+        shown = ",".join(map(str, place[:16])) + ("," if len(place) > 16 else "")
+        out.append(
+            f"the plan places global rank g (order tp-dp-pp) on device placement[g] = {shown}"
+            f"{'…' if len(place) > 16 else ''} of its device list; {target} numbers ranks in the launch "
+            'order, so launch rank g on that device (the plan file\'s "placement" and "devices")'
+        )
     return out
 
 
