@@ -36,6 +36,7 @@ TORCH_SCHEDULES = {
 }
 #: Schedules whose chunks sit in a V (rank r holds chunks r and 2p − 1 − r), not round robin.
 V_SHAPED = ("zbv", "zbv-torch", "dualpipev", "v-half", "v-min")
+_NAMES = {"megatron": "Megatron-LM"}
 #: Megatron-LM's schedule for v = 1 and v > 1.
 _MEGATRON_SCHEDULE = {1: "1f1b"}
 
@@ -126,7 +127,8 @@ def notes(plan: Plan, target: str) -> list[str]:
         shown = ",".join(map(str, place[:16])) + ("," if len(place) > 16 else "")
         out.append(
             f"the plan places global rank g (order tp-dp-pp) on device placement[g] = {shown}"
-            f"{'…' if len(place) > 16 else ''} of its device list; {target} numbers ranks in the launch "
+            f"{'…' if len(place) > 16 else ''} of its device list; {_NAMES.get(target, target)} numbers "
+            "ranks in the launch "
             'order, so launch rank g on that device (the plan file\'s "placement" and "devices")'
         )
     return out
