@@ -4,11 +4,12 @@ In this process, for every family of ``_hf_families.py`` and the mixtures of exp
 Qwen2-MoE): pipewright's stage modules give ``transformers``' logits on the first batch (exactly, GPT-2
 within 2e-7: its learned positions are added in another order) and the same loss by ``transformers``'
 loss function. Granite and Cohere (no adapter; multipliers in the model's forward) are refused naming
-the type; ``--moe-*`` and ``--ep`` with ``--hf-model`` are one-line errors. Two ``check`` runs (forked
-workers): Mixtral at pp = 2 equals one process and ``transformers`` at every step; GPT-2 with its
-dropout 0.1 (disabled for the comparison, and said so) and a deliberately broken adapter (its learned
-positions left out) equals one process — both runs share the bug — and differs from ``transformers`` at
-the first batch, named in the last line.
+the type; ``--moe-*`` and ``--ep`` with ``--hf-model`` are one-line errors. The router loss of
+Mixtral and Qwen2-MoE (``output_router_logits``) equals ``transformers``' on every schedule. Two
+``check`` runs (forked workers): Mixtral at pp = 2 equals one process and ``transformers`` at every
+step; GPT-2 with its dropout 0.1 (disabled for the comparison, and said so) and a deliberately broken
+adapter (its learned positions left out) equals one process — both runs share the bug — and differs
+from ``transformers`` at the first batch, named in the last line.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def test_stages_give_transformers_logits_and_loss(family, tmp_path, data) -> Non
     assert first["logits"] <= (2e-7 if family == "gpt2" else 0.0), family
     assert first["loss_ours"] == pytest.approx(first["loss"], rel=1e-6)
     assert first_batch_verdict(first, 1e-5) is None
-    assert steps[0]["loss"] == first["loss"] and len(steps) == 2
+    assert steps[0]["loss"] == pytest.approx(first["loss"], rel=1e-6) and len(steps) == 2  # by microbatch
 
 
 def test_unadapted_types_refused_and_moe_flags(tmp_path, data) -> None:
@@ -68,8 +69,9 @@ def test_unadapted_types_refused_and_moe_flags(tmp_path, data) -> None:
     with pytest.raises(ConfigError, match=r"--ep 2 shards pipewright's own .* 4 experts that stay whole"):
         replace(mixtral, ep=2, dp=2).check()
     routed = write_config(tmp_path, "routed", {**MOE_FAMILIES["mixtral"], "output_router_logits": True})
-    with pytest.raises(ConfigError, match="sets output_router_logits"):
-        _config(routed, data).check()
+    _config(routed, data).check()  # the router loss (test below)
+    with pytest.raises(ConfigError, match=r"sets output_router_logits: .* which --cp 2 splits; use --cp 1"):
+        _config(routed, data, cp=2).check()
 
 
 ARGS = ["--seq-len", "8", "--microbatch-size", "1", "--microbatches", "2", "--steps", "2", "--pp", "2"]
@@ -102,3 +104,42 @@ def test_check_against_transformers(tmp_path, data, capsys, monkeypatch) -> None
     assert out[-1].startswith(
         "differs from transformers at the first batch (before step 0): logits differ by"
     )
+
+
+#: (schedule, pp, dp, virtual, microbatches): 8 sequences a step in each
+ROUTER_LAYOUTS = (
+    ("1f1b", 2, 2, 1, 4),
+    ("interleaved-1f1b", 2, 2, 2, 4),
+    ("zbv", 2, 2, 2, 4),
+    ("1f1b", 4, 1, 1, 8),
+    ("zb-h1", 4, 1, 1, 8),
+)
+
+
+def test_router_loss_as_transformers_on_every_schedule(tmp_path, data) -> None:
+    """Mixtral and Qwen2-MoE with ``output_router_logits`` (coefficient 0.5, so the router loss shows):
+    the loss (cross-entropy + c·aux) and gradient norm of each of 2 steps equal ``transformers``' model
+    trained one microbatch at a time, within 1e-5, on 1F1B (pp 2 and 4), interleaved 1F1B, ZB-V and
+    ZB-H1 (one 4-process launch)."""
+    from _queue_spawn import fork_launch
+    from _single_process import train_and_gather
+    from pipewright.cli.check_hf import transformers_rows
+    from pipewright.training import prepare
+
+    cases = []
+    for i, (family, hf) in enumerate(MOE_FAMILIES.items()):
+        folder = write_config(
+            tmp_path, family, {**hf, "output_router_logits": True, "router_aux_loss_coef": 0.5}
+        )
+        base = _config(folder, data, lr=0.05, warmup=1, optimizer="sgd", out=str(tmp_path / "run"))
+        for schedule, pp, dp, v, m in ROUTER_LAYOUTS[i::2]:  # the two families share the layouts
+            cases.append(replace(base, schedule=schedule, pp=pp, dp=dp, virtual=v, microbatches=m))
+    runs = [prepare(c) for c in cases]
+    gathered = fork_launch(train_and_gather, 4, (runs, None, False), timeout_s=600)[0]
+    for config, ranks in zip(cases, gathered, strict=True):
+        _, want = transformers_rows(replace(config, microbatches=config.microbatches * config.dp, dp=1, pp=1))
+        label = f"{config.hf_model} {config.schedule} pp={config.pp} v={config.virtual}"
+        losses = next(r.losses for r in ranks if all(isinstance(x, float) for x in r.losses))
+        assert losses == pytest.approx([w["loss"] for w in want], rel=1e-5), label
+        assert ranks[0].norms == pytest.approx([w["grad_norm"] for w in want], rel=1e-5), label
+    assert {c.schedule for c in cases} == {s for s, *_ in ROUTER_LAYOUTS}

@@ -8,10 +8,13 @@ Against ``transformers`` (:func:`transformers_rows`), in this process, fp32:
 - step "logits": the first global batch through ``transformers``' forward (``model(input_ids).logits``)
   and through pipewright's stage modules of the same model in one process; max |Δ| / max |logits|, and
   the loss of each by ``transformers``' own loss function (``model.loss_function`` with the batch's
-  targets as ``shift_labels``);
+  targets as ``shift_labels``), plus c · aux where it adds the router loss (its ``aux_loss`` output;
+  pipewright's from models/hf/router_loss.py);
 - steps 0…n−1: the ``transformers`` model trained through its own forward with the trainer's optimizer,
-  learning rate and clipping on the run's global batches, compared with the pipelined run per step as
-  ``check`` compares two runs (loss, gradient norm, parameters; :func:`pipewright.cli.check.compare`).
+  learning rate and clipping on the run's global batches, one microbatch at a time (gradients
+  accumulated, as the pipeline; the router loss is per microbatch), compared with the pipelined run per
+  step as ``check`` compares two runs (loss, gradient norm, parameters;
+  :func:`pipewright.cli.check.compare`).
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ def transformers_rows(config: Any) -> tuple[dict, list[dict]]:
     from pipewright.data import open_dataset
     from pipewright.models.hf import full_model, read_spec
     from pipewright.models.hf.build import stage_from_model
+    from pipewright.models.hf.router_loss import ATTRIBUTE
     from pipewright.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
 
     c = config
@@ -76,18 +80,30 @@ def transformers_rows(config: Any) -> tuple[dict, list[dict]]:
         x, y = dataset.batch("train", step, c.global_batch, spec.seq_len, c.seed)
         return torch.from_numpy(x), torch.from_numpy(y)
 
-    def hf_loss(model, logits, y):
+    def ce(model, logits, y):
         return model.loss_function(logits, None, vocab_size=logits.shape[-1], shift_labels=y.contiguous())
+
+    def hf_loss(model, out, y):
+        """transformers' loss of its output ``out``: its loss function, plus c · aux where it computes
+        the router loss (``output_router_logits``)."""
+        aux = getattr(out, "aux_loss", None)
+        base = ce(model, out.logits, y)
+        return base if aux is None else base + model.config.router_aux_loss_coef * aux
+
+    def our_loss(model, logits, y):
+        aux = getattr(logits, ATTRIBUTE, None)
+        return ce(model, logits, y) if aux is None else ce(model, logits, y) + aux
 
     model = full_model(c.hf_model, c.seed)
     ours = stage_from_model(full_model(c.hf_model, c.seed), None, 0, 1)
     x, y = batch(0)
     with torch.no_grad():
-        want, got = model(input_ids=x).logits, ours(x)
+        out, got = model(input_ids=x), ours(x)
+        want = out.logits
         first = {
             "logits": float((want - got).abs().max() / want.abs().max().clamp_min(1e-30)),
-            "loss": float(hf_loss(model, want, y)),
-            "loss_ours": float(hf_loss(model, got, y)),
+            "loss": float(hf_loss(model, out, y)),
+            "loss_ours": float(our_loss(model, got, y)),
         }
     # pipewright's names; a parameter its stages leave out keeps the model's name (and counts as missing)
     ours_named = {id(p): n for n, p in stage_from_model(model, None, 0, 1).named_parameters()}
@@ -98,13 +114,16 @@ def transformers_rows(config: Any) -> tuple[dict, list[dict]]:
     for step in range(c.steps):
         x, y = batch(step)
         model.zero_grad(set_to_none=True)
-        loss = hf_loss(model, model(input_ids=x).logits, y)
-        loss.backward()
+        loss = 0.0
+        for xs, ys in zip(x.split(c.microbatch_size), y.split(c.microbatch_size), strict=True):
+            part = hf_loss(model, model(input_ids=xs), ys) / (len(x) // c.microbatch_size)
+            part.backward()  # per microbatch, as the pipeline (the router loss is per microbatch)
+            loss += part.detach()
         set_lr(opt, lr_at(step, lr=c.lr, warmup=c.warmup, total=c.steps, min_ratio=c.min_lr_ratio))
         norm = float(clip_grad_norm_(params, c.grad_clip))
         opt.step()
         stats = {n: param_stats(p) for n, p in named}
-        rows.append({"step": step, "loss": loss.item(), "grad_norm": norm, "params": stats})
+        rows.append({"step": step, "loss": float(loss), "grad_norm": norm, "params": stats})
     return first, rows
 
 

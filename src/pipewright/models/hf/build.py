@@ -30,6 +30,7 @@ from pipewright.models.hf.linears import (
     rebuild_linears_,
     rebuilt,
 )
+from pipewright.models.hf.router_loss import router_loss_of
 from pipewright.models.hf.stage import HFEmbed, HFHead, HFStage
 from pipewright.models.layout import Layout, resolve_stage
 from pipewright.models.spec import ModelSpec
@@ -172,7 +173,7 @@ def stage_from_model(
     )
     layers = {i: part[f"layer{i}"] for i in stage.layers}
     rotary = getattr(part, "rotary", None)
-    return HFStage(config, embed, layers, head, rotary, adapter.rotary_per_type)
+    return HFStage(config, embed, layers, head, rotary, adapter.rotary_per_type, router_loss_of(model))
 
 
 def _check_tp(config, adapter: Adapter, make: LinearFactory) -> None:

@@ -9,10 +9,8 @@
 - Mixtures of experts (``num_local_experts`` / ``num_experts``: Mixtral, Qwen2-MoE) train with
   ``transformers``' experts; their size comes from config.json, so the ``--moe-*`` flags are refused,
   and ``--ep`` (which shards pipewright's own MoE layers) too. ``transformers`` adds the router's
-  load-balancing loss α·E·Σₑ F̄ₑ·P̄ₑ (F̄, P̄ averaged over the tokens of all layers at once) only when
-  ``output_router_logits`` is true; that loss couples every stage's layers, which pipewright's stages
-  do not exchange, so such a config is refused (with it false the loss is the cross-entropy, as
-  ``transformers`` computes it).
+  load-balancing loss only when ``output_router_logits`` is true; then so do the stages
+  (models/hf/router_loss.py), whose boundaries carry :func:`carry_rows` more rows (not with ``--cp``).
 """
 
 from __future__ import annotations
@@ -25,6 +23,7 @@ import torch
 from pipewright.errors import ConfigError
 from pipewright.models.hf.adapters import ADAPTERS, adapter_for
 from pipewright.models.hf.build import load_config, stage_from_model
+from pipewright.models.hf.router_loss import experts, rows
 
 #: TrainConfig's mixture-of-experts flags, which a Hugging Face config decides.
 MOE_FLAGS = (
@@ -38,11 +37,6 @@ MOE_FLAGS = (
     "moe_z_loss_coeff",
 )
 _PROBE_LAYERS, _PROBE_VOCAB, _PROBE_SEQ, _PROBE_FFN = 2, 512, 8, 256
-
-
-def experts(hf_config) -> int:
-    """The routed experts of a ``transformers`` config (0: dense)."""
-    return int(getattr(hf_config, "num_local_experts", None) or getattr(hf_config, "num_experts", None) or 0)
 
 
 def check_options(config, hf_config) -> None:
@@ -63,14 +57,25 @@ def check_options(config, hf_config) -> None:
             f"--ep {ep} shards pipewright's own mixture-of-experts layers; model_type {kind!r} has {what} "
             "under --hf-model; drop --ep"
         )
-    if experts(hf_config) and getattr(hf_config, "output_router_logits", False):
+    if carry_rows(hf_config) and int(getattr(config, "cp", 1) or 1) > 1:
         raise ConfigError(
-            f"model_type {kind!r} sets output_router_logits: transformers adds its router load-balancing "
-            f"loss (router_aux_loss_coef {getattr(hf_config, 'router_aux_loss_coef', None)}) over all "
-            "layers at once, which pipewright's stages do not compute; set output_router_logits to false "
-            "to train on the cross-entropy, as transformers then does"
+            f"model_type {kind!r} sets output_router_logits: its router loss's sums travel beside the "
+            f"sequence between stages, which --cp {config.cp} splits; use --cp 1"
         )
     check_supported(hf_config)
+
+
+def carry_rows(hf_config) -> int:
+    """Rows a stage boundary carries for the router loss (models/hf/router_loss.py; 0: none)."""
+    count = experts(hf_config)
+    if not count or not getattr(hf_config, "output_router_logits", False):
+        return 0
+    return rows(count, hf_config.hidden_size)
+
+
+def boundary_rows(source: str) -> int:
+    """:func:`carry_rows` of the ``--hf-model`` at ``source``."""
+    return carry_rows(load_config(source))
 
 
 def check_supported(hf_config) -> None:
