@@ -77,7 +77,38 @@ FAMILIES: dict[str, dict] = {
 
 def write_family(folder: Path, name: str) -> Path:
     """Write family ``name``'s config.json (eager attention) into ``folder/name``; returns that folder."""
+    return write_config(folder, name, FAMILIES[name])
+
+
+#: mixtures of experts (transformers' own experts; output_router_logits false: the loss is the
+#: cross-entropy, as transformers computes it then) and two families without an adapter
+MOE_FAMILIES: dict[str, dict] = {
+    "mixtral": {"model_type": "mixtral", **_DECODER, "num_local_experts": 4, "num_experts_per_tok": 2},
+    "qwen2_moe": {
+        "model_type": "qwen2_moe",
+        **_DECODER,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 16,
+        "shared_expert_intermediate_size": 32,
+    },
+}
+UNADAPTED: dict[str, dict] = {
+    "granite": {
+        "model_type": "granite",
+        **_DECODER,
+        "embedding_multiplier": 12.0,
+        "logits_scaling": 8.0,
+        "residual_multiplier": 0.22,
+        "attention_multiplier": 0.015,
+    },
+    "cohere": {"model_type": "cohere", **_DECODER},
+}
+
+
+def write_config(folder: Path, name: str, config: dict) -> Path:
+    """Write ``config`` (eager attention) as ``folder/name/config.json``; returns that folder."""
     out = folder / name
     out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps({**FAMILIES[name], "attn_implementation": "eager"}))
+    (out / "config.json").write_text(json.dumps({**config, "attn_implementation": "eager"}))
     return out

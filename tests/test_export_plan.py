@@ -11,9 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from _export_flags import megatron_flags as _flags
 from pipewright.cli import main
 from pipewright.errors import ConfigError
-from pipewright.plan.export import chunks, megatron_args, torchtitan_config, torchtitan_text
+from pipewright.plan.export import chunks
+from pipewright.plan.export_megatron import megatron_args
+from pipewright.plan.export_torchtitan import torchtitan_config, torchtitan_text
 from pipewright.plan.planfile import load, save
 
 BASE = {
@@ -73,26 +76,6 @@ def plans(tmp_path_factory) -> dict[str, Path]:
     for name, change in PLANS.items():
         out[name] = folder / f"{name}.json"
         save({**BASE, **change}, out[name])
-    return out
-
-
-def _flags(args: list[str]) -> dict[str, object]:
-    """Megatron-LM's parse of the flags (``--x-y V`` → x_y = V; a switch → True, ``--disable-x`` →
-    x = False: its ArgumentGroupFactory's rule for dataclass fields)."""
-    out: dict[str, object] = {}
-    i = 0
-    while i < len(args):
-        name = args[i].removeprefix("--").replace("-", "_")
-        if i + 1 < len(args) and not args[i + 1].startswith("--"):
-            value = args[i + 1]
-            out[name] = int(value) if value.isdigit() else value
-            i += 2
-        elif name.startswith("disable_"):
-            out[name.removeprefix("disable_")] = False
-            i += 1
-        else:
-            out[name] = True
-            i += 1
     return out
 
 

@@ -76,15 +76,53 @@ def _check(args: argparse.Namespace) -> int:
     tol = TOLERANCE[config.precision] if args.tolerance is None else args.tolerance
     if not tol > 0:
         raise ConfigError(f"--tolerance must be positive (got {args.tolerance})")
+    hf = None
     with tempfile.TemporaryDirectory(prefix="pipewright-check-") as tmp:
+        if config.hf_model:
+            from pipewright.cli.check_hf import transformers_rows, without_dropout
+
+            path, dropped = without_dropout(config.hf_model, Path(tmp) / "hf")
+            config = replace(config, hf_model=path)
+            if dropped:
+                print(f"dropout disabled for the comparison ({', '.join(dropped)} set to 0)")
         piped, one = run_both(config, Path(tmp))
+        if config.hf_model:
+            hf = transformers_rows(config)
     rows = compare(piped, one, tol)
     print(table(rows, config, tol))
     bad = next((r for r in rows if not r["ok"]), None)
+    status = 0
     if bad is None:
         print(f"equal: {len(rows)} steps within {tol:g} ({config.precision}) of one process")
+    else:
+        print(f"differs from one process at step {bad['step']}: {bad['why']}")
+        status = 1
+    if hf is not None:
+        status = max(status, _report_transformers(piped, hf, config, tol))
+    return status
+
+
+def _report_transformers(piped: list[dict], hf: tuple[dict, list[dict]], config: Any, tol: float) -> int:
+    """The comparison with ``transformers``' own model (cli/check_hf.py): the first batch, then the
+    steps; 1 at the first that differs, named in the last line."""
+    from pipewright.cli.check_hf import first_batch_verdict
+
+    first, steps = hf
+    print(
+        f"transformers' forward on the first batch: logits relative difference {first['logits']:.1e}, "
+        f"loss {first['loss_ours']:.6g} (pipewright) vs {first['loss']:.6g} (transformers)"
+    )
+    why = first_batch_verdict(first, tol)
+    if why is not None:
+        print(f"differs from transformers at the first batch (before step 0): {why}")
+        return 1
+    rows = compare(piped, steps, tol)
+    print(table(rows, config, tol).replace("vs one process", "vs transformers' model in one process", 1))
+    bad = next((r for r in rows if not r["ok"]), None)
+    if bad is None:
+        print(f"equal: {len(rows)} steps within {tol:g} ({config.precision}) of transformers")
         return 0
-    print(f"differs from one process at step {bad['step']}: {bad['why']}")
+    print(f"differs from transformers at step {bad['step']}: {bad['why']}")
     return 1
 
 
@@ -120,6 +158,7 @@ def check_worker(rank: int, run: Any) -> list[dict] | None:
     import torch
     import torch.distributed as dist
 
+    from pipewright.cli.check_hf import param_stats
     from pipewright.runtime.tp import full_parameters
     from pipewright.runtime.trainer import Trainer
 
@@ -131,7 +170,7 @@ def check_worker(rank: int, run: Any) -> list[dict] | None:
         stats = {}
         for stage in trainer.stages.values():
             for name, p in full_parameters(stage).items():
-                stats[name] = _stats(p)
+                stats[name] = param_stats(p)
         if trainer.mesh.dp_rank >= trainer.mesh.ep or trainer.mesh.tp_rank:  # the first ep dp ranks
             stats = {}  # hold every expert between them (global names); the rest are replicas
         gathered = [None] * dist.get_world_size() if rank == 0 else None
@@ -143,14 +182,6 @@ def check_worker(rank: int, run: Any) -> list[dict] | None:
             )
     trainer.guard.close()
     return rows if rank == 0 else None
-
-
-def _stats(p: Any) -> tuple[float, float, float]:
-    import torch
-
-    flat = p.detach().double().flatten()
-    w = torch.linspace(-1.0, 1.0, flat.numel(), dtype=torch.float64, device=flat.device)
-    return float(flat.norm()), float((flat * w).sum()), float(w.norm())
 
 
 def _rel(a: float | None, b: float | None) -> float:

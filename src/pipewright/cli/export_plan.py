@@ -7,7 +7,8 @@ import argparse
 from pathlib import Path
 
 from pipewright.outputs import add_overwrite_flag, check_output
-from pipewright.plan.export import TARGETS, TORCH_SCHEDULES
+from pipewright.plan.export import TORCH_SCHEDULES
+from pipewright.plan.export_text import TARGETS
 
 #: File suffix of each target's output.
 SUFFIX = {"megatron": ".megatron.sh", "torchtitan": ".torchtitan.toml"}
@@ -40,7 +41,7 @@ def export(
     plan's own CSV when it has one, else the schedule built by name, beside ``out`` or the plan;
     ``write_csv=False``: not written, the text names it). Files are checked before anything is written
     (:func:`pipewright.outputs.check_output`; an existing one only with ``overwrite``)."""
-    from pipewright.plan.export import export_text
+    from pipewright.plan.export_text import export_text
     from pipewright.plan.planfile import load
 
     plan = load(plan_path)

@@ -79,9 +79,16 @@ def config_from_args(args: argparse.Namespace):
 
         config = config.with_overrides(**train_overrides(args.plan, args))
     core = {f.name for f in fields(TrainConfig)} - {"features"}
+    dp_given = (
+        getattr(args, "dp", None) is not None
+        or config.dp != TrainConfig().dp
+        or bool(getattr(args, "plan", None))
+    )
     config = config.with_overrides(
         **{n: getattr(args, n) for n in core if getattr(args, n, None) is not None}
     )
+    if not dp_given:
+        config = dp_from_processes(config, args.nproc)
     features = run_features(config)
     given = {}
     for feature in features:
@@ -100,6 +107,29 @@ def config_from_args(args: argparse.Namespace):
             f"{config.dp} = {config.world_size}; make them equal"
         )
     return config
+
+
+def dp_from_processes(config, nproc: int | None):
+    """``config`` with dp = processes / (tp · cp · pp) when ``--dp`` was not given, as Megatron-LM and
+    torchtitan derive data parallelism from the world size; the processes: ``--nproc``, else torchrun's
+    ``WORLD_SIZE``. One-line error when they do not divide."""
+    import os
+
+    from pipewright.runtime.launch import running_under_torchrun
+
+    procs = (
+        nproc if nproc is not None else int(os.environ["WORLD_SIZE"]) if running_under_torchrun() else None
+    )
+    model = config.tp * config.cp * config.pp
+    if procs is None or procs == model * config.dp:
+        return config
+    if procs % model:
+        given = "--nproc" if nproc is not None else "torchrun's WORLD_SIZE"
+        raise ConfigError(
+            f"{given} {procs} is not a multiple of tp × cp × pp = {config.tp}×{config.cp}×{config.pp} = "
+            f"{model}; start a multiple of {model} processes or give --dp"
+        )
+    return config.with_overrides(dp=procs // model)
 
 
 def _train(args: argparse.Namespace) -> int:

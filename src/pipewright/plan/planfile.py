@@ -40,6 +40,7 @@ from pipewright.cost.tp_overlap import modes as tp_overlap_modes
 from pipewright.cost.tp_overlap import resolve as resolve_tp_overlap
 from pipewright.errors import ConfigError
 from pipewright.mesh import DEFAULT_ORDER
+from pipewright.models.presets import MOE_FIELDS
 from pipewright.models.spec import ModelSpec
 from pipewright.topology.schema import read as read_json
 from pipewright.topology.schema import save as write_json
@@ -49,6 +50,9 @@ FORMAT = "pipewright-plan"
 #: each stage's right after its last backward, as ``pipewright train``'s executor does.
 GRAD_REDUCE_PLANNED = "overlap"
 _DIMS = ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len")
+#: The architecture beyond the dimensions a plan records (ModelSpec's fields), so that an export builds
+#: the model the plan priced (plan/export_model.py); the mixture-of-experts fields with experts only.
+ARCH_FIELDS = ("family", "tied_embeddings", "rope_theta", "attention_kind", "mtp_depth")
 #: The framework inputs a plan records (``simulate``'s and ``plan``'s flags of the same names:
 #: cli/cost_flags.py), their values and their defaults (what a plan without the key was priced with).
 #: ``framework``'s values are the registered frameworks (:func:`pipewright.cost.frameworks.names`);
@@ -175,6 +179,9 @@ def model_json(spec: ModelSpec, padded_vocab: int | None = None) -> dict[str, An
     for key in ("mlp", "bias"):  # the model's shape beyond the dimensions, where the spec has it
         if hasattr(spec, key):
             out[key] = getattr(spec, key)
+    out |= {key: getattr(spec, key) for key in ARCH_FIELDS}
+    if spec.is_moe:
+        out |= {key: getattr(spec, key) for key in MOE_FIELDS}
     if padded_vocab is not None:
         out["padded_vocab"] = padded_vocab
     return out
@@ -215,6 +222,7 @@ def check_schema(data: dict[str, Any], where: str = "plan") -> None:
     model = data.get("model")
     if not isinstance(model, dict) or not all(_positive_int(model.get(d)) for d in _DIMS):
         raise ConfigError(f'{where}: "model" must give positive integers {", ".join(_DIMS)}')
+    _check_architecture(model, where)
     bad = [k for k in _POSITIVE if not _positive_int(data.get(k, 1 if k == "virtual" else None))]
     if bad:
         raise ConfigError(f"{where}: {', '.join(bad)} must be positive integers")
@@ -271,6 +279,40 @@ def check_schema(data: dict[str, Any], where: str = "plan") -> None:
         raise ConfigError(f'{where}: "microbatch_group" must be an integer at least pp ({data["pp"]})')
     if not isinstance(data.get("sequence_parallel", False), bool):
         raise ConfigError(f'{where}: "sequence_parallel" must be true or false')
+
+
+#: The architecture fields' types (where a plan records them): field → (check, what it must be).
+_ARCH_TYPES = {
+    "family": (lambda v: v in ("gpt", "llama", "bert"), '"gpt", "llama" or "bert"'),
+    "tied_embeddings": (lambda v: isinstance(v, bool), "true or false"),
+    "rope_theta": (lambda v: _number(v) and v > 0, "a positive number"),
+    "attention_kind": (lambda v: isinstance(v, str), "a string"),
+    "mtp_depth": (lambda v: _count(v), "an integer at least 0"),
+    "moe_experts": (lambda v: _count(v), "an integer at least 0"),
+    "moe_top_k": (lambda v: _positive_int(v), "a positive integer"),
+    "moe_shared_experts": (lambda v: _count(v), "an integer at least 0"),
+    "moe_ffn_hidden": (lambda v: _count(v), "an integer at least 0"),
+    "moe_dense_layers": (lambda v: _count(v), "an integer at least 0"),
+    "moe_capacity": (lambda v: _number(v) and v >= 0, "a number at least 0"),
+    "moe_aux_loss_coeff": (lambda v: _number(v) and v >= 0, "a number at least 0"),
+    "moe_z_loss_coeff": (lambda v: _number(v) and v >= 0, "a number at least 0"),
+}
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_architecture(model: dict[str, Any], where: str) -> None:
+    """One-line ConfigError for an architecture field (:data:`ARCH_FIELDS`, the ``moe_*`` fields) of
+    the wrong type."""
+    for key, (ok, what) in _ARCH_TYPES.items():
+        if key in model and not ok(model[key]):
+            raise ConfigError(f'{where}: "model.{key}" must be {what} (got {model[key]!r})')
 
 
 def _check_recompute_method(data: dict[str, Any], where: str) -> None:

@@ -471,7 +471,7 @@ class TrainConfig(_TrainFields):
                 "--reduce-fp32 is for --precision bf16/fp16; fp32 gradients already reduce in fp32"
             )
         if self.hf_model:
-            from pipewright.models.hf.build import check_train_options
+            from pipewright.models.hf.support import check_train_options
 
             check_train_options(self)
         if self.init_from:

@@ -152,6 +152,12 @@ class Trainer:
         # (this cp rank's S/cp tokens under context parallelism)
         seq = spec.seq_len // self.mesh.cp
         seq = seq // self.mesh.tp if self.sequence_parallel else seq
+        if spec.family == "hf":  # a Hugging Face MoE's router-loss sums ride beside the sequence
+            from pipewright.models.hf.router_loss import loss_with_router_aux
+            from pipewright.models.hf.support import boundary_rows
+
+            seq += boundary_rows(spec.name)
+            self.loss_fn = loss_with_router_aux(self.loss_fn)
         self.boundary_shape = (c.microbatch_size, seq, spec.hidden)
         experts = expert_parallel(self.mesh)  # MoE layers hold this ep rank's experts (None: all)
         if own is None:

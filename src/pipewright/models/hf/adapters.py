@@ -82,6 +82,9 @@ ADAPTERS: Mapping[str, Adapter] = MappingProxyType(
         "olmo": _LLAMA,
         "olmo2": Adapter(tp_blocker="self_attn.q_norm normalises all heads together"),
         "phi3": Adapter(tp_blocker="self_attn.qkv_proj and mlp.gate_up_proj are fused projections"),
+        # mixtures of experts: the experts' weights are fused parameters (transformers' *Experts modules)
+        "mixtral": Adapter(tp_blocker="mlp.experts holds every expert's weights in one fused parameter"),
+        "qwen2_moe": Adapter(tp_blocker="mlp.experts holds every expert's weights in one fused parameter"),
         "gpt2": Adapter(
             base="transformer",
             embed="wte",

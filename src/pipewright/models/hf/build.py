@@ -31,6 +31,7 @@ from pipewright.models.hf.linears import (
     rebuild_linears_,
     rebuilt,
 )
+from pipewright.models.hf.router_loss import router_loss_of
 from pipewright.models.hf.stage import HFEmbed, HFHead, HFStage
 from pipewright.models.layout import Layout, resolve_stage
 from pipewright.models.spec import ModelSpec
@@ -153,9 +154,19 @@ def build_stage(
 ) -> HFStage:
     """Stage ``stage_index`` of the Hugging Face model ``spec.name`` (signature of
     :func:`pipewright.models.gpt.build_stage`)."""
-    stage = resolve_stage(layout, spec.layers, stage_index, num_stages)
-    model = full_model(spec.name, seed)
+    return stage_from_model(full_model(spec.name, seed), layout, stage_index, num_stages, linear_factory)
+
+
+def stage_from_model(
+    model: nn.Module,
+    layout: Layout | str | None,
+    stage_index: int,
+    num_stages: int | None = None,
+    linear_factory: LinearFactory | None = None,
+) -> HFStage:
+    """Stage ``stage_index`` cut from the ``transformers`` model ``model`` (its own modules)."""
     config = model.config
+    stage = resolve_stage(layout, config.num_hidden_layers, stage_index, num_stages)
     found = modules(model, config.model_type)
     adapter = adapter_for(config.model_type)
     make = linear_factory or default_linear_factory
@@ -186,7 +197,7 @@ def build_stage(
     )
     layers = {i: part[f"layer{i}"] for i in stage.layers}
     rotary = getattr(part, "rotary", None)
-    return HFStage(config, embed, layers, head, rotary, adapter.rotary_per_type)
+    return HFStage(config, embed, layers, head, rotary, adapter.rotary_per_type, router_loss_of(model))
 
 
 def _check_tp(config, adapter: Adapter, make: LinearFactory) -> None:
@@ -221,33 +232,6 @@ def _tensor_parallel_(part: nn.ModuleDict, make: LinearFactory, adapter: Adapter
         _keep_padding_row(new, tok.padding_idx)
         part["tok"] = new
     return None if scale is None else scale.detach().clone()
-
-
-def check_train_options(config) -> None:
-    """One-line errors for training options that contradict ``--hf-model`` (``config``: a TrainConfig)."""
-    config_file(config.hf_model)
-    if config.init_from:
-        raise ConfigError("--hf-model reads its weights from model.safetensors; drop --init-from")
-    given = [
-        n for n in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab") if getattr(config, n)
-    ]
-    if given:
-        flags = ", ".join("--" + n.replace("_", "-") for n in given)
-        raise ConfigError(f"--hf-model takes the model's dimensions from its config.json; drop {flags}")
-    if config.tp > 1:
-        hf = load_config(config.hf_model)
-        adapter = adapter_for(hf.model_type)
-        if not adapter.tp_kinds:
-            raise ConfigError(
-                f"tensor parallelism: model_type {hf.model_type!r} cannot be split ({adapter.tp_blocker}); "
-                "use --tp 1"
-            )
-        if config.sequence_parallel:
-            raise ConfigError("--sequence-parallel is not supported for --hf-model; drop it")
-    if config.tie_embeddings:
-        raise ConfigError(
-            "--hf-model ties embeddings as its config.json says (tie_word_embeddings); drop --tie-embeddings"
-        )
 
 
 def _keep_padding_row(table: nn.Module, padding_idx: int | None) -> None:

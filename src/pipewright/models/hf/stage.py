@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from pipewright.models.blocks import StageModule
+from pipewright.models.hf import router_loss
 
 SLIDING = "sliding_attention"
 FULL = "full_attention"
@@ -75,6 +76,7 @@ class HFStage(StageModule):
         head: HFHead | None,
         rotary: nn.Module | None,
         rotary_per_type: bool,
+        router: router_loss.RouterLoss | None = None,
     ) -> None:
         super().__init__()
         self.config = config
@@ -84,8 +86,25 @@ class HFStage(StageModule):
         self.rotary = rotary
         self.rotary_per_type = rotary_per_type
         self.types = {str(i): layer_type(config, i) for i in layers}
+        # the router loss's carry (models/hf/router_loss.py): hooks collect this stage's router logits
+        self.router = router
+        self.extra = router_loss.rows(router.experts, config.hidden_size) if router else 0
+        self._router_logits: list[torch.Tensor] = []
+        if router is not None:
+            for layer in self.layers.values():
+                for module in layer.modules():
+                    if isinstance(module, router.router):
+                        module.register_forward_hook(self._keep_router_logits)
+
+    def _keep_router_logits(self, module: nn.Module, args, out) -> None:
+        self._router_logits.append(out[self.router.index] if isinstance(out, tuple) else out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        carry = None
+        if self.router is not None:
+            self._router_logits = []
+            if self.embed is None:
+                x, carry = router_loss.detach_carry(x, self.router, self.extra)
         if self.embed is not None:
             x = self.embed(x)
         if len(self.layers):
@@ -101,6 +120,13 @@ class HFStage(StageModule):
                 x = out[0] if isinstance(out, tuple) else out
         if self.head is not None:
             x = self.head(x)
+        if self.router is not None:
+            sums = router_loss.stage_sums(self.router, self._router_logits, x.device)
+            carry = sums if carry is None else carry + sums
+            if self.head is not None:
+                setattr(x, router_loss.ATTRIBUTE, router_loss.aux_loss(self.router, carry))
+            else:
+                x = router_loss.attach(x, carry, self.extra)
         return x
 
     def _rotary(self, x: torch.Tensor, positions: torch.Tensor):
