@@ -102,6 +102,9 @@ def main() -> None:
     for name in names:
         if args.only and name != args.only:
             continue
+        if frameworks.framework(name).fitted_measured:
+            print(f"{name}: fitted on measured runs by `pipewright calibrate` (docs/fidelity.md, 'Ranking')")
+            continue
         ids = framework_fit_selection(runs, name)
         total = sum(framework_of(r) == name for r in runs)
         if args.complement:

@@ -29,6 +29,8 @@ class Efficiency:
       0.5τ in W). It is why small models fall short of the GEMM rate on fast GPUs.
     - ``fp8``: FP8 GEMMs reach ``gemm`` × ``fp8`` of the FP8 peak (scaling and casting the inputs,
       Transformer Engine's amax bookkeeping).
+    - ``dispatch``/``host_per_kernel`` δ: the framework's dispatch model (:mod:`pipewright.cost.dispatch`)
+      and the host seconds per kernel launch; a pass takes at least its kernels × δ (0: not priced).
 
     The defaults are calibrated for A100 (fp16, Selene) on Megatron-LM Table 1 (``tools/table1.py``;
     docs/simulator.md, "Fidelity: Megatron-LM Table 1").
@@ -41,6 +43,8 @@ class Efficiency:
     waves: bool = False
     layer_overhead: float = 0.0
     fp8: float = 1.0
+    dispatch: str = "fused"
+    host_per_kernel: float = 0.0
 
     @property
     def attention_rate(self) -> float:

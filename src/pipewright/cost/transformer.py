@@ -72,6 +72,7 @@ from pipewright.cost.chunk_memory import (
 )
 from pipewright.cost.comm import Mesh, TopologyComm
 from pipewright.cost.context import cp_buffer_bytes, cp_layer_seconds, ring_bytes_per_layer
+from pipewright.cost.dispatch import chunk_launched
 from pipewright.cost.efficiency import A100_EFFICIENCY, Efficiency, default_efficiency
 from pipewright.cost.flop_count import logit_forward_flops, megatron_flops_per_iteration, megatron_parameters
 from pipewright.cost.gemm import wave_efficiency
@@ -88,6 +89,7 @@ from pipewright.cost.layer import (
     layer_recomputed_gemms,
 )
 from pipewright.cost.placement import layer_counts, roles
+from pipewright.cost.run_fit import apply_fitted
 from pipewright.cost.sharding import StateBytes, check_sharding, exposed, reduce_dtype_bytes, reduction_bytes
 from pipewright.errors import ConfigError
 from pipewright.hardware import Accelerator, accelerator
@@ -145,12 +147,8 @@ class _Chunk:
     ring_bytes: Mapping[str, float] = field(default_factory=dict)  # context-parallel exchange, per layer
     layers: int = 0
     moe_layers: int = 0  # of ``layers``, those with experts (cost/moe_cost.py)
-
-
-def ring_gathered_bytes(passed: float, cp: int) -> float:
-    """The all-gather size that prices a ring passing ``passed`` bytes: the ring moves c − 1 blocks,
-    an all-gather of c blocks, so its gathered size is c/(c − 1) × the bytes passed."""
-    return passed * cp / (cp - 1)
+    first: bool = False  # holds the embedding
+    last: bool = False  # holds the output layer and the loss
 
 
 @dataclass(frozen=True, eq=False)
@@ -240,6 +238,8 @@ class TransformerCost:
         if self.efficiency is None:
             defaults = default_efficiency(accelerator(self.gpu))
             object.__setattr__(self, "efficiency", replace(defaults, waves=False))
+        if self.calibration is not None:  # `pipewright calibrate`'s constants, where it holds them
+            object.__setattr__(self, "efficiency", apply_fitted(self.efficiency, self.calibration, self.gpu))
         if self.attention_kernel is not None:
             rate = kernel_efficiency(self.gpu, self.attention_kernel)
             if rate is not None:
@@ -354,6 +354,8 @@ class TransformerCost:
             MappingProxyType({k: v / t / c for k, v in attention.items()}),
             MappingProxyType(ring),
             n,
+            first=first,
+            last=last,
         )
 
     # -- time ---------------------------------------------------------------------------------------
@@ -393,7 +395,7 @@ class TransformerCost:
         if self.regathers and kind != W:
             fsdp = exposed(self._fsdp_comm(chunk, kind, rank), gemm + attn)
         overhead = chunk.layers * eff.layer_overhead * _OVERHEAD[kind]
-        return gemm + attn + memory + tp + ring + fsdp + overhead
+        return chunk_launched(self, chunk, kind, gemm + attn + memory + tp + ring + fsdp + overhead)
 
     @property
     def regathers(self) -> bool:
