@@ -10,12 +10,14 @@ InfiniBand).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from pipewright.cost.sharding import reduction_time
 from pipewright.errors import ConfigError
+from pipewright.hardware import accelerator
 from pipewright.mesh import Mesh
-from pipewright.topology import Topology
+from pipewright.topology import Topology, cluster, single_host
 
 
 def check_fits(mesh: Mesh, topology: Topology) -> None:
@@ -124,3 +126,13 @@ def collective_floor(topology: Topology, kind: str, devices: list[str]) -> float
         return 0.0
     step = getattr(topology.accelerator(devices[0]), "collective_step_latency", 0.0)
     return _RING_STEPS[kind] * (len(devices) - 1) * step
+
+
+def default_topology(gpu: str, devices: int) -> Topology:
+    """Where no topology is given: 8-GPU NVLink machines on the GPU's usual fabric (one NIC per GPU),
+    or, for ``cpu``, processes of this machine on gloo loopback."""
+    if gpu == "cpu":
+        return single_host(devices)
+    per_node = min(devices, 8)
+    intra = "nvlink" if accelerator(gpu).nvlink else "pcie4"
+    return cluster(math.ceil(devices / per_node), per_node, gpu, intra=intra)

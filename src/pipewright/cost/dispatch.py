@@ -152,3 +152,22 @@ def chunk_launched(cost, chunk, kind: str, gpu: float) -> float:
     calls = len(chunk.tp_bytes[kind]) if cost.mesh.tp > 1 else 0
     full = cost.recompute == "full"
     return launched(gpu, cost.efficiency, chunk.layers, kind, full, calls, chunk.first, chunk.last)
+
+
+def optimizer_seconds(cost, params: float) -> float:
+    """The optimizer step of ``params`` parameters on one device of a
+    :class:`~pipewright.cost.transformer.TransformerCost`: params × the efficiency's
+    ``optimizer_bytes`` / the memory bandwidth (measured with a calibration), the fp32 state's bytes
+    (all but the 16-bit weight's 2) over the replicas sharing it with a sharded optimizer. A fused Adam
+    step (Apex ``FusedAdam``, DeepSpeed's): it reads the fp32 weight, gradient and both moments (16
+    bytes), writes the weight and moments (12) and the 16-bit copy (2); the loss scaler's overflow
+    check and the clipping norm read the gradient twice more (8): 38 bytes per parameter."""
+    per_param = cost.efficiency.optimizer_bytes
+    if per_param <= 0:
+        return 0.0
+    if cost.optimizer_sharding != "none":
+        per_param = 2.0 + (per_param - 2.0) / (cost.mesh.dp * cost.mesh.cp)
+    bandwidth = cost.topology.accelerator(cost.comm.device(0)).memory_bandwidth
+    if cost.calibration is not None:
+        bandwidth = cost.calibration.memory_bandwidth
+    return params * per_param / bandwidth

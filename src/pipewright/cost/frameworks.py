@@ -63,6 +63,7 @@ class Framework:
     dispatch: str = "fused"
     host_per_kernel: float = 0.0
     fitted_measured: str = ""  # the measured sweep c and δ were fitted on instead of published rows
+    optimizer_bytes: float = 0.0  # bytes per parameter its optimizer step moves (0: not priced)
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.defaults) - set(DEFAULTABLE))
@@ -78,8 +79,13 @@ class Framework:
 
     @property
     def neutral(self) -> bool:
-        """True when the calibration changes nothing (c = 1, τ_f = 0)."""
-        return self.compute == 1.0 and self.overhead == 0.0 and self.host_per_kernel == 0.0
+        """True when the calibration changes nothing (c = 1, τ_f = 0, no launches or step priced)."""
+        return (
+            self.compute == 1.0
+            and self.overhead == 0.0
+            and self.host_per_kernel == 0.0
+            and not self.optimizer_bytes
+        )
 
     def efficiency(self, base: Efficiency) -> Efficiency:
         """``base`` (the accelerator's Megatron calibration) as this framework runs: GEMM efficiency × c,
@@ -93,6 +99,7 @@ class Framework:
             layer_overhead=overhead,
             dispatch=self.dispatch,
             host_per_kernel=self.host_per_kernel,
+            optimizer_bytes=self.optimizer_bytes,
         )
 
 
@@ -205,9 +212,11 @@ register(
         ),
     )
 )
-# c and δ fitted by `pipewright calibrate` on the fit half of vTrain's 720 measured single-node runs
-# (cost/data/vtrain_single_node_hidden1024.csv; docs/fidelity.md, "Ranking"), A100 only: no other GPU
-# generation has measured Megatron-DeepSpeed runs here, so neither is known to carry over to one.
+# c and δ fitted by `PYTHONPATH=src python tools/fit_frameworks.py --only deepspeed-megatron` on the fit
+# half of vTrain's 720 measured single-node runs (cost/data/vtrain_single_node_hidden1024.csv) and the
+# DeepSpeed + Megatron rows of every second id within each source, each set weighted alike
+# (docs/fidelity.md, "Ranking"); A100 only: no other GPU generation has measured Megatron-DeepSpeed
+# runs here, so neither constant is known to carry over to one.
 register(
     Framework(
         "deepspeed-megatron",
@@ -215,10 +224,12 @@ register(
         "ZeRO-1 optimizer with fp32 gradient accumulation; no tensor-parallel overlap of GEMMs with their "
         "collectives (megatron/arguments.py has no --tp-comm-overlap: no Transformer Engine userbuffers)",
         {"grad_dtype": "fp32"},
-        compute=0.8629,
+        compute=0.8150,
         overhead=0.0,
+        fitted_on=("mtnlg-a100-530b-2800gpu",),
         dispatch="eager",
-        host_per_kernel=4.178e-5,
+        host_per_kernel=4.071e-5,
+        optimizer_bytes=38.0,
         fitted_measured="vTrain's single-node runs, hidden 1024: the fit half (pipewright.cost.measured)",
     )
 )

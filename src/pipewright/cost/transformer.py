@@ -52,7 +52,6 @@ per-layer terms are :mod:`pipewright.cost.layer`'s (GEMM shapes, attention, stor
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -70,12 +69,12 @@ from pipewright.cost.chunk_memory import (
     recompute_transient,
     transient_bytes,
 )
-from pipewright.cost.comm import Mesh, TopologyComm
+from pipewright.cost.comm import Mesh, TopologyComm, default_topology
 from pipewright.cost.context import cp_buffer_bytes, cp_layer_seconds, ring_bytes_per_layer
-from pipewright.cost.dispatch import chunk_launched
+from pipewright.cost.dispatch import chunk_launched, optimizer_seconds
 from pipewright.cost.efficiency import A100_EFFICIENCY, Efficiency, default_efficiency
 from pipewright.cost.flop_count import logit_forward_flops, megatron_flops_per_iteration, megatron_parameters
-from pipewright.cost.gemm import wave_efficiency
+from pipewright.cost.gemm import batched_attention_bytes, roofline, wave_efficiency
 from pipewright.cost.kernels import check_kernels, layer_traffic, loss_bytes
 from pipewright.cost.layer import (
     attention_flops,
@@ -93,10 +92,10 @@ from pipewright.cost.run_fit import apply_fitted
 from pipewright.cost.sharding import StateBytes, check_sharding, exposed, reduce_dtype_bytes, reduction_bytes
 from pipewright.errors import ConfigError
 from pipewright.hardware import Accelerator, accelerator
-from pipewright.ir import RECV_B, RECV_F, REDUCE_GRAD, SEND_B, SEND_F, Action, B, F, I, Schedule, W
+from pipewright.ir import RECV_B, RECV_F, REDUCE_GRAD, SEND_B, SEND_F, STEP, Action, B, F, I, Schedule, W
 from pipewright.models.layout import Layout
 from pipewright.models.spec import ModelSpec
-from pipewright.topology import Topology, cluster, single_host
+from pipewright.topology import Topology
 
 DTYPE_BYTES: Mapping[str, int] = MappingProxyType({"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1})
 RECOMPUTE = ("none", "selective", "full")
@@ -120,16 +119,6 @@ __all__ = [
     "megatron_flops_per_iteration",
     "megatron_parameters",
 ]
-
-
-def default_topology(gpu: str, devices: int) -> Topology:
-    """Where no topology is given: 8-GPU NVLink machines on the GPU's usual fabric (one NIC per GPU),
-    or, for ``cpu``, processes of this machine on gloo loopback."""
-    if gpu == "cpu":
-        return single_host(devices)
-    per_node = min(devices, 8)
-    intra = "nvlink" if accelerator(gpu).nvlink else "pcie4"
-    return cluster(math.ceil(devices / per_node), per_node, gpu, intra=intra)
 
 
 @dataclass(frozen=True)
@@ -249,6 +238,14 @@ class TransformerCost:
             acc = topology.accelerator(self.comm.device(rank))
             acc.peak(self.dtype)  # one-line error if it has none
             acc.peak(self.act_dtype)
+
+    @property
+    def attention_bytes(self) -> float:
+        """Bytes per FLOP eager attention's batched GEMMs move (0 for the fused kernels, or without the
+        shape model, ``efficiency.waves``; :func:`pipewright.cost.gemm.batched_attention_bytes`)."""
+        if self.attention == "flash" or not self.efficiency.waves:
+            return 0.0
+        return batched_attention_bytes(self.spec, self.activation_bytes_per_element, self.cp)
 
     @property
     def act_dtype(self) -> str:
@@ -381,10 +378,12 @@ class TransformerCost:
         eff = self.efficiency_of(acc)
         gemm = self.gemm_time(chunk.gemms[kind], acc)
         rate = eff.attention_rate if self.attention == "flash" else eff.gemm  # eager: batched GEMMs
-        attn = chunk.attention[kind] / (acc.peak(self.act_dtype) * rate)
         bandwidth = acc.memory_bandwidth
         if self.calibration is not None:
             bandwidth = self.calibration.memory_bandwidth
+        attn = roofline(
+            chunk.attention[kind], acc.peak(self.act_dtype) * rate, self.attention_bytes, bandwidth
+        )
         memory = chunk.traffic[kind] / bandwidth
         tp = tp_overlap.tp_exposed_time(self, chunk, kind, rank, gemm)
         ring = 0.0
@@ -420,6 +419,8 @@ class TransformerCost:
         kind = action.kind
         if not schedule.kinds[kind].compute:
             return 0.0
+        if kind == STEP and action.microbatch is None:
+            return optimizer_seconds(self, self._chunk(action.stage, schedule).params)
         if kind not in (F, B, I, W):
             return float(self.extra_times.get(kind, 0.0))
         rank = schedule.rank_of(action.stage)

@@ -30,7 +30,7 @@ from functools import cache
 from pipewright.cost.comm import Mesh
 from pipewright.cost.context import ring_gathered_bytes
 from pipewright.cost.dispatch import launched
-from pipewright.cost.gemm import wave_efficiency
+from pipewright.cost.gemm import roofline, wave_efficiency
 from pipewright.cost.recompute import make_cost
 from pipewright.cost.sharding import exposed, pipelined_fsdp_state, state_bytes
 from pipewright.cost.tp_overlap import TpPass, block_times, layer_blocks, modes, resolve
@@ -131,8 +131,11 @@ class Part:
             terms = self.kinds[KINDS.index(kind)]
             gemm = gemm_seconds(terms.gemms, gpu, dtype, eff, o.calibration)
             act_dtype = "bf16" if dtype == "fp8" else dtype
-            attn = terms.attention / (gpu.peak(act_dtype) * eff.attention_rate)
             bandwidth = gpu.memory_bandwidth if o.calibration is None else o.calibration.memory_bandwidth
+            rate = gpu.peak(act_dtype) * eff.attention_rate
+            attn = roofline(
+                terms.attention, rate, o.attention_bytes, bandwidth
+            )  # as TransformerCost.kind_time
             memory = terms.traffic / bandwidth
             overhead = self.layers * eff.layer_overhead * _OVERHEAD[kind]
             hit = self._local[key] = (gemm, attn, memory + overhead)
@@ -186,6 +189,7 @@ class Pricing:
     tp: int = 1
     full_recompute: bool = False
     tp_blocks: tuple = ()
+    attention_bytes: float = 0.0  # per FLOP of eager attention's batched GEMMs (TransformerCost's)
 
 
 @dataclass(frozen=True)
@@ -319,6 +323,7 @@ def parts(
             tp,
             full,
             layer_blocks(spec, microbatch * spec.seq_len / options.cp, tp),
+            getattr(cost, "attention_bytes", 0.0),
         ),
         dense,
         getattr(cost, "optimizer_sharding", "none"),
