@@ -211,3 +211,9 @@ def test_plan_prices_fp8_on_hopper(tmp_path):
     assert cli_json(["simulate", "--plan", str(path), *cluster_flags])["iteration_time_s"] == pytest.approx(
         planned, rel=1e-12
     )
+
+
+def test_vtrains_own_header_reads_as_it_is():
+    """vTrain's file names its first column '# GPUs' on the header line itself."""
+    runs = parse_runs(f"# GPUs{HEADER.removeprefix('GPUs')}\n{_row()}\n")
+    assert (runs[0].gpus, runs[0].tp, runs[0].dp, runs[0].seconds) == (4, 2, 2, 0.01)
