@@ -40,6 +40,7 @@ COUNTS = {
     ("profile",): 250,
     ("data", "prepare"): 60,
     ("export-plan",): 60,
+    ("calibrate",): 60,
 }
 ONLY_NONSENSE = {("plan",), ("profile",), ("check",)}  # valid runs take minutes: stopped by a bad value
 INPUT_WORDS = ("config", "profile", "plan", "topology", "schedule", "init_from", "data")

@@ -5,6 +5,7 @@ import pytest
 from pipewright.cost import CostModel, Efficiency, Mesh, TopologyComm, TransformerCost
 from pipewright.cost.transformer import megatron_flops_per_iteration, megatron_parameters
 from pipewright.errors import ConfigError, PipewrightError
+from pipewright.hardware import accelerator
 from pipewright.ir import REDUCE_GRAD, Action, B, F, I, W
 from pipewright.models.spec import ModelSpec
 from pipewright.schedules.registry import build_schedule
@@ -72,6 +73,10 @@ def test_tensor_parallel_halves_compute_and_adds_all_reduces():
     ar = two.topology.collective_time("all_reduce", [0, 1], act)
     # NCCL's model at n = 2 on one host, a 64 KiB message: ring LL, 6.6 µs + 2 NVLink steps × 0.6 µs, B/4
     assert ar == pytest.approx(act / (300e9 / 4) + (6.6 + 2 * 0.6) * 1e-6)
+    # a launched NCCL call takes at least 2(n − 1) ring steps of the A100's measured step latency
+    # (vTrain's 93 µs for a 1 MiB all-reduce over 8 A100s, 14 steps): above the model's time here
+    ar = max(ar, 2 * accelerator("a100-80gb").collective_step_latency)
+    assert two.comm.tp_all_reduce_time(1, act) == pytest.approx(ar)
     stage = Action(1, F, 0)  # two layers: 2 all-reduces each in the forward
     assert two.compute_time(stage, schedule) == pytest.approx(one.compute_time(stage, schedule) / 2 + 4 * ar)
     assert one.compute_time(stage, schedule) == pytest.approx(one.flops(stage, schedule) / (312e12 * 0.5))

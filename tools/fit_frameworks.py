@@ -37,7 +37,7 @@ from pipewright.cost.fidelity import (
     published_tokens_per_s,
 )
 
-DU, DTAU = 0.1, 1e-4
+DU, DTAU, DDELTA = 0.1, 1e-4, 2e-6
 ITERATIONS = 3
 
 
@@ -87,6 +87,51 @@ def fit(name: str, runs: Sequence[Run]) -> tuple[float, float, np.ndarray, np.nd
     return float(x[0]), float(x[1]), start - 1.0, final - 1.0
 
 
+def joint(name: str, published: Sequence[Run]) -> None:
+    """A framework fitted on a measured sweep too (``Framework.fitted_measured``; deepspeed-megatron: the
+    fit half of vTrain's runs, :mod:`pipewright.cost.measured`): (u, δ) by Gauss–Newton on both sets
+    at once, each set's residuals weighted by 1/√rows (each set counts alike, however many rows it
+    has); τ_f stays 0 (the launches' δ prices the per-kernel cost). Prints c, δ and both sets' errors."""
+    from pipewright.cli.calibrate import predict_all
+    from pipewright.cost.measured import split, vtrain_runs
+    from pipewright.cost.run_fit import Fitted, registered
+
+    fw = frameworks.framework(name)
+    sweep = split(vtrain_runs())[0]
+    setup = ["--gpu", "a100-80gb", "--vocab", "50257", "--framework", name, "--dtype", "fp16"]
+    setup += ["--attention", "eager", "--recompute", "full", "--grad-reduce", "after"]
+    measured = np.array([r.seconds for r in sweep])
+
+    def residuals(u: float, delta: float) -> np.ndarray:
+        with registered(Fitted(name, fw.dispatch, 1.0 / (1.0 + u), delta)):
+            swept = np.array(predict_all(sweep, setup)) / measured - 1.0
+            rows = np.array(
+                [published_tokens_per_s(r, peak_for(r)) / predict(r).predicted for r in published]
+            )
+        return np.concatenate([swept / np.sqrt(len(swept)), (rows - 1.0) / np.sqrt(len(rows))])
+
+    x = np.array([1.0 / fw.compute - 1.0, fw.host_per_kernel])
+    start = residuals(*x)
+    for _ in range(ITERATIONS):
+        base = residuals(*x)
+        jac = np.stack(
+            [(residuals(x[0] + DU, x[1]) - base) / DU, (residuals(x[0], x[1] + DDELTA) - base) / DDELTA], 1
+        )
+        step, *_ = np.linalg.lstsq(jac, -base, rcond=None)
+        x = np.maximum(x + step, [-0.5, 0.0])
+    final = residuals(*x)
+    n = len(sweep)
+    for label, r0, r1 in (
+        ("vTrain fit half", start[:n], final[:n]),
+        ("published fit rows", start[n:], final[n:]),
+    ):
+        print(f"  {label}: rms {np.sqrt(np.sum(r0**2)):.1%} -> {np.sqrt(np.sum(r1**2)):.1%}")
+    c = 1.0 / (1.0 + x[0])
+    print(f"\n{name}: joint fit; c = {c:.4f}, delta = {x[1] * 1e6:.2f} us")
+    ids = tuple(r.id for r in published)
+    print(f"  registry: compute={c:.4f}, host_per_kernel={x[1]:.4e}, fitted_on={ids!r}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="fit this framework only")
@@ -103,6 +148,9 @@ def main() -> None:
         if args.only and name != args.only:
             continue
         ids = framework_fit_selection(runs, name)
+        if frameworks.framework(name).fitted_measured and not args.complement:
+            joint(name, [r for r in runs if r.id in ids])
+            continue
         total = sum(framework_of(r) == name for r in runs)
         if args.complement:
             held = [r for r in runs if framework_of(r) == name and r.id not in ids]

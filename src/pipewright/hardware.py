@@ -37,7 +37,9 @@ class Accelerator:
     forward that do not scale with the work, ``fp8_efficiency`` the fraction of that GEMM efficiency
     FP8 GEMMs keep, ``attention_efficiency`` the fraction of the 16-bit peak the fused attention
     kernels reach (None: the GEMMs') — the cost model's default calibration
-    (:func:`pipewright.cost.efficiency.default_efficiency`)."""
+    (:func:`pipewright.cost.efficiency.default_efficiency`). ``collective_step_latency``: the least
+    seconds per ring step a launched NCCL collective takes among these GPUs (a small all-reduce over n
+    GPUs takes at least 2(n − 1) of them; 0: no measured figure), :mod:`pipewright.cost.comm`."""
 
     name: str
     peak_flops: Mapping[str, float]
@@ -51,6 +53,7 @@ class Accelerator:
     layer_overhead: float = 0.0
     fp8_efficiency: float = 1.0
     attention_efficiency: float | None = None
+    collective_step_latency: float = 0.0
 
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s for ``dtype``; one-line error naming the dtypes this device has."""
@@ -102,8 +105,10 @@ _A100_80 = Accelerator(
     2039 * GB,
     nvlink="nvlink3",
     sms=108,
+    collective_step_latency=93e-6 / 14,
     source="NVIDIA A100 datasheet (SXM4 80GB): 19.5 fp32, 156 tf32, 312 fp16/bf16 TFLOPS dense, 2039 GB/s"
-    " (memory 81,920 MiB as nvidia-smi reports an A100-SXM4-80GB)",
+    " (memory 81,920 MiB as nvidia-smi reports an A100-SXM4-80GB); collective step latency: vTrain "
+    "(Bang et al., MICRO'24) measures 93-96 us for 1-4 MiB all-reduces over 8 A100 SXM (14 ring steps)",
 )
 _H100 = {
     "fp32": 67 * TFLOPS,

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pipewright import __version__
 from pipewright.errors import PipewrightError, ValidationError
 
-_COMMANDS = ("schedule", "simulate", "train", "check", "profile", "plan", "export-plan", "data")
+_COMMANDS = ("schedule", "simulate", "train", "check", "profile", "plan", "export-plan", "data", "calibrate")
 
 
 def build_parser(feature_paths: Sequence[str] = (), command: str | None = None) -> argparse.ArgumentParser:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 
 from pipewright.cli.cost_flags import (
     KERNEL_NAMES,
@@ -21,6 +20,7 @@ from pipewright.cli.cost_flags import (
 )
 from pipewright.cli.guards import DEFAULT_MAX_ACTIONS as MAX_ACTIONS  # = plan.problem.MAX_ACTIONS
 from pipewright.cli.guards import PLAN_MAX_DEVICES, check_devices
+from pipewright.cli.progress import Bar
 from pipewright.cli.zb_flags import add_zb_refine_flags, refine_seconds
 from pipewright.errors import ConfigError
 from pipewright.features import builtin_features
@@ -245,23 +245,6 @@ def check_fixed_degrees(args: argparse.Namespace, devices: int) -> None:
         )
 
 
-class _Bar:
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled and sys.stderr.isatty()
-        self.last = -1
-
-    def __call__(self, done: int, total: int) -> None:
-        if not self.enabled:
-            return
-        pct = 100 * done // max(total, 1)
-        if pct != self.last:
-            self.last = pct
-            bar = "#" * (pct // 4)
-            print(f"\rplanning [{bar:<25}] {pct:3d}% of {total} candidates", end="", file=sys.stderr)
-            if done >= total:
-                print(file=sys.stderr)
-
-
 def run(args: argparse.Namespace) -> int:
     from pipewright.models.presets import resolve_model
     from pipewright.plan.options import check_recompute, cp_choices, searchable_sharding
@@ -367,7 +350,7 @@ def run(args: argparse.Namespace) -> int:
         zb_refine_seconds=refine_seconds(args, tuple(args.schedules.split(","))),
         recompute_partial=tuple(sorted(recompute_fields(args).items())),
     )
-    result = make_plan(prob, baselines=not args.no_baselines, progress=_Bar(not args.no_progress))
+    result = make_plan(prob, baselines=not args.no_baselines, progress=Bar(not args.no_progress))
     csv = None
     if args.out and result.best.schedule is not None:
         from pathlib import Path

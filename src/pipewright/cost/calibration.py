@@ -69,6 +69,9 @@ class Calibration:
     measured_at: str = ""
     torch: str = ""
     links: Mapping[str, LinkCalibration] = field(default_factory=lambda: MappingProxyType({}))
+    #: a framework's constants fitted on measured runs (``pipewright calibrate``; pipewright.cost.run_fit)
+    fitted: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
+    dispatch: str = ""
 
     def gemm_flops_per_second(self, m: float, n: float, k: float, dtype: str | None = None) -> float | None:
         """Interpolated FLOP/s of an m × n × k GEMM (module docstring); None without points of
@@ -163,11 +166,48 @@ def load_calibration(path: str | Path, accelerator_name: str | None = None) -> C
         data = json.loads(read_text(path, "calibration"))  # one line for a missing or binary file too
     except json.JSONDecodeError as exc:
         raise ConfigError(f"calibration {path} is not JSON: {exc.msg} (line {exc.lineno})") from None
-    check_calibration(data, f"calibration {path}")  # types, finite values in range
-    cal = parse_calibration(data, f"calibration {path}")
+    if isinstance(data, Mapping) and data.get("format") == RUN_FORMAT:  # `pipewright calibrate`'s file
+        cal = parse_run_calibration(data, f"calibration {path}")
+    else:
+        check_calibration(data, f"calibration {path}")  # types, finite values in range
+        cal = parse_calibration(data, f"calibration {path}")
     if accelerator_name is not None and cal.accelerator != accelerator_name:
         raise ConfigError(
             f"calibration {path} was measured on {cal.accelerator!r}, not on --gpu {accelerator_name}; "
             "measure this GPU with `pipewright profile --calibration` or drop --calibration"
         )
     return cal
+
+
+#: the format of the file ``pipewright calibrate`` writes (:mod:`pipewright.cost.run_fit`)
+RUN_FORMAT = "pipewright-run-calibration/1"
+
+
+def parse_run_calibration(data: Mapping[str, Any], where: str) -> Calibration:
+    """A :class:`Calibration` of the file's object: no GEMM points, the accelerator's memory bandwidth,
+    ``fitted`` the framework constants; a one-line ConfigError naming a bad field."""
+    gpu = data.get("accelerator")
+    if not isinstance(gpu, str):
+        raise ConfigError(f"{where}: 'accelerator' must be a GPU name")
+    from pipewright.cost.dispatch import dispatch as dispatch_model
+    from pipewright.hardware import accelerator
+
+    acc = accelerator(gpu)
+    for key in ("compute", "host_per_kernel"):
+        value = data.get(key)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not value >= 0:
+            raise ConfigError(f"{where}: {key!r} must be a number ≥ 0 (got {value!r})")
+    if not data["compute"] > 0:
+        raise ConfigError(f"{where}: 'compute' must be > 0")
+    name = str(data.get("dispatch", "fused"))
+    dispatch_model(name)
+    fitted = {"compute": float(data["compute"]), "host_per_kernel": float(data["host_per_kernel"])}
+    return Calibration(
+        accelerator=gpu,
+        dtype="",
+        gemm=(),
+        memory_bandwidth=acc.memory_bandwidth,
+        measured_at=str(data.get("measured", "")),
+        fitted=MappingProxyType(fitted),
+        dispatch=name,
+    )

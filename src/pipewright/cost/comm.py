@@ -10,12 +10,14 @@ InfiniBand).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from pipewright.cost.sharding import reduction_time
 from pipewright.errors import ConfigError
+from pipewright.hardware import accelerator
 from pipewright.mesh import Mesh
-from pipewright.topology import Topology
+from pipewright.topology import Topology, cluster, single_host
 
 
 def check_fits(mesh: Mesh, topology: Topology) -> None:
@@ -104,8 +106,33 @@ class TopologyComm:
             kind, nbytes = "all_reduce", 1.0
         elif kind == "reduce":
             kind = "broadcast"  # a tree reduce moves what a broadcast does, in reverse
-        return self.topology.collective_time(kind, devices, nbytes / self.bandwidth_efficiency)
+        seconds = self.topology.collective_time(kind, devices, nbytes / self.bandwidth_efficiency)
+        return max(seconds, collective_floor(self.topology, kind, devices))
 
     def tp_all_reduce_time(self, rank: int, nbytes: float) -> float:
         """A ring all-reduce of ``nbytes`` over pipeline rank ``rank``'s tensor-parallel group."""
         return self.collective_time("all_reduce", rank, nbytes, group="tp")
+
+
+#: ring steps of a collective over n devices, in units of (n − 1)
+_RING_STEPS = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1, "broadcast": 1, "all_to_all": 1}
+
+
+def collective_floor(topology: Topology, kind: str, devices: list[str]) -> float:
+    """The least time of a launched NCCL collective over ``devices``: its ring steps (2(n − 1) for an
+    all-reduce, n − 1 otherwise) × the accelerator's measured step latency
+    (:attr:`~pipewright.hardware.Accelerator.collective_step_latency`; 0 where none is known)."""
+    if len(devices) < 2 or kind not in _RING_STEPS:
+        return 0.0
+    step = getattr(topology.accelerator(devices[0]), "collective_step_latency", 0.0)
+    return _RING_STEPS[kind] * (len(devices) - 1) * step
+
+
+def default_topology(gpu: str, devices: int) -> Topology:
+    """Where no topology is given: 8-GPU NVLink machines on the GPU's usual fabric (one NIC per GPU),
+    or, for ``cpu``, processes of this machine on gloo loopback."""
+    if gpu == "cpu":
+        return single_host(devices)
+    per_node = min(devices, 8)
+    intra = "nvlink" if accelerator(gpu).nvlink else "pcie4"
+    return cluster(math.ceil(devices / per_node), per_node, gpu, intra=intra)

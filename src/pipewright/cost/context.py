@@ -141,3 +141,9 @@ def cp_buffer_bytes(model: Any, kind: str) -> float:
         return 0.0
     free = CPComm(lambda n: 0.0, lambda n: 0.0, model.cp)
     return impl.kind_pass(_shape(model), free, kind, 0.0, 0.0, model.recompute == "full").buffer_bytes
+
+
+def ring_gathered_bytes(passed: float, cp: int) -> float:
+    """The all-gather size that prices a ring passing ``passed`` bytes: the ring moves c − 1 blocks,
+    an all-gather of c blocks, so its gathered size is c/(c − 1) × the bytes passed."""
+    return passed * cp / (cp - 1)

@@ -21,14 +21,19 @@ class Efficiency:
     - ``comm``: fraction of link bandwidth that collectives and point-to-point transfers reach (NCCL's
       bus bandwidth over the link's peak).
     - ``attention``: fraction of peak the attention core reaches (None: ``gemm``).
-    - ``waves``: each GEMM scaled by its tile/wave quantisation on the device's SMs
-      (:mod:`pipewright.cost.gemm`); off, every GEMM runs at ``gemm`` × peak. The calibrated
+    - ``waves``: the shape model — each GEMM scaled by its tile/wave quantisation on the device's SMs,
+      and eager attention's batched GEMMs no faster than the bytes they move allow (memory-bound,
+      :mod:`pipewright.cost.gemm`); off, every GEMM runs at ``gemm`` × peak. The calibrated
       defaults (:data:`A100_EFFICIENCY`, :func:`default_efficiency`) turn it on.
     - ``layer_overhead`` τ: seconds per layer and forward that do not scale with the work (kernel
       launches, host-side scheduling of the ~30 kernels of a layer); the backward adds 2τ (1.5τ in I,
       0.5τ in W). It is why small models fall short of the GEMM rate on fast GPUs.
     - ``fp8``: FP8 GEMMs reach ``gemm`` × ``fp8`` of the FP8 peak (scaling and casting the inputs,
       Transformer Engine's amax bookkeeping).
+    - ``dispatch``/``host_per_kernel`` δ: the framework's dispatch model (:mod:`pipewright.cost.dispatch`)
+      and the host seconds per kernel launch; a pass takes at least its kernels × δ (0: not priced).
+    - ``optimizer_bytes``: bytes per parameter the optimizer step moves through device memory (a
+      ``STEP`` per stage after its gradient reduction, at the memory bandwidth; 0: not priced).
 
     The defaults are calibrated for A100 (fp16, Selene) on Megatron-LM Table 1 (``tools/table1.py``;
     docs/simulator.md, "Fidelity: Megatron-LM Table 1").
@@ -41,6 +46,9 @@ class Efficiency:
     waves: bool = False
     layer_overhead: float = 0.0
     fp8: float = 1.0
+    dispatch: str = "fused"
+    host_per_kernel: float = 0.0
+    optimizer_bytes: float = 0.0
 
     @property
     def attention_rate(self) -> float:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from pipewright.cost import tp_overlap as tp_modes
+from pipewright.cost.dispatch import dispatch as dispatch_model
 from pipewright.cost.efficiency import Efficiency
 from pipewright.errors import ConfigError
 from pipewright.registry import Registry
@@ -46,6 +47,10 @@ DEFAULT_FRAMEWORK = "megatron"
 class Framework:
     """One training framework (module docstring). ``compute`` c > 0 scales the GEMM efficiency;
     ``overhead`` τ_f ≥ 0 is added to the per-layer overhead (seconds per layer and forward);
+    ``dispatch``: how its code launches kernels (a :mod:`pipewright.cost.dispatch` model) and
+    ``host_per_kernel`` δ the host seconds per launch (0: the launches' floor is not priced, for want of
+    measured small-work runs of the framework); ``fitted_measured``: the measured runs c and δ were
+    fitted on (``pipewright calibrate``) where they were not fitted on published rows;
     ``tp_overlap``: the registered ``--tp-comm-overlap`` mode the framework runs (None: it has none)."""
 
     name: str
@@ -55,12 +60,17 @@ class Framework:
     overhead: float = 0.0
     fitted_on: tuple[str, ...] = ()
     tp_overlap: str | None = None
+    dispatch: str = "fused"
+    host_per_kernel: float = 0.0
+    fitted_measured: str = ""  # the measured sweep c and δ were fitted on instead of published rows
+    optimizer_bytes: float = 0.0  # bytes per parameter its optimizer step moves (0: not priced)
 
     def __post_init__(self) -> None:
         unknown = sorted(set(self.defaults) - set(DEFAULTABLE))
         if unknown:
             raise ConfigError(f"framework {self.name}: cannot set {', '.join(unknown)} by default")
-        if not self.compute > 0 or self.overhead < 0:
+        dispatch_model(self.dispatch)  # one line for an unknown model
+        if not self.compute > 0 or self.overhead < 0 or self.host_per_kernel < 0:
             raise ConfigError(f"framework {self.name}: compute must be > 0 and overhead ≥ 0")
         if self.tp_overlap is not None and self.tp_overlap not in set(tp_modes.modes()) - {"none"}:
             known = ", ".join(m for m in tp_modes.modes() if m != "none")
@@ -69,8 +79,13 @@ class Framework:
 
     @property
     def neutral(self) -> bool:
-        """True when the calibration changes nothing (c = 1, τ_f = 0)."""
-        return self.compute == 1.0 and self.overhead == 0.0
+        """True when the calibration changes nothing (c = 1, τ_f = 0, no launches or step priced)."""
+        return (
+            self.compute == 1.0
+            and self.overhead == 0.0
+            and self.host_per_kernel == 0.0
+            and not self.optimizer_bytes
+        )
 
     def efficiency(self, base: Efficiency) -> Efficiency:
         """``base`` (the accelerator's Megatron calibration) as this framework runs: GEMM efficiency × c,
@@ -78,7 +93,14 @@ class Framework:
         if self.neutral:
             return base
         overhead = base.layer_overhead + self.overhead
-        return replace(base, gemm=base.gemm * self.compute, layer_overhead=overhead)
+        return replace(
+            base,
+            gemm=base.gemm * self.compute,
+            layer_overhead=overhead,
+            dispatch=self.dispatch,
+            host_per_kernel=self.host_per_kernel,
+            optimizer_bytes=self.optimizer_bytes,
+        )
 
 
 _REGISTRY: Registry[Framework] = Registry("framework", "--framework")
@@ -190,7 +212,11 @@ register(
         ),
     )
 )
-# Fitted on the DeepSpeed + Megatron rows of every second id within each source (tools/fit_frameworks.py):
+# c and δ fitted by `PYTHONPATH=src python tools/fit_frameworks.py --only deepspeed-megatron` on the fit
+# half of vTrain's 720 measured single-node runs (cost/data/vtrain_single_node_hidden1024.csv) and the
+# DeepSpeed + Megatron rows of every second id within each source, each set weighted alike
+# (docs/fidelity.md, "Ranking"); A100 only: no other GPU generation has measured Megatron-DeepSpeed
+# runs here, so neither constant is known to carry over to one.
 register(
     Framework(
         "deepspeed-megatron",
@@ -198,8 +224,12 @@ register(
         "ZeRO-1 optimizer with fp32 gradient accumulation; no tensor-parallel overlap of GEMMs with their "
         "collectives (megatron/arguments.py has no --tp-comm-overlap: no Transformer Engine userbuffers)",
         {"grad_dtype": "fp32"},
-        compute=0.8047,
+        compute=0.8150,
         overhead=0.0,
         fitted_on=("mtnlg-a100-530b-2800gpu",),
+        dispatch="eager",
+        host_per_kernel=4.071e-5,
+        optimizer_bytes=38.0,
+        fitted_measured="vTrain's single-node runs, hidden 1024: the fit half (pipewright.cost.measured)",
     )
 )

@@ -39,3 +39,19 @@ def wave_efficiency(m: float, n: float, sms: int) -> float:
     if sms <= 0:
         return 1.0
     return max(rate * tile_efficiency(m, n, sms, tm, tn) for tm, tn, rate in TILES)
+
+
+def roofline(flops: float, rate: float, nbytes: float, bandwidth: float) -> float:
+    """Seconds of a kernel of ``flops`` at ``rate`` FLOP/s that moves ``nbytes`` per FLOP through
+    memory at ``bandwidth``: the slower of the two (memory-bound where FLOPs per byte are few)."""
+    return max(flops / rate, flops * nbytes / bandwidth)
+
+
+def batched_attention_bytes(spec, esize: float, cp: int = 1) -> float:
+    """Bytes per FLOP of eager attention's batched GEMMs (Q·Kᵀ with k = d, scores·V with n = d, per head
+    of size d over s/c tokens): Q·Kᵀ reads Q and K (2·s·d elements per head) and writes the s² scores,
+    scores·V reads the scores and V and writes the output (s² + 2·s·d), for 4·s²·d FLOPs: esize ×
+    (1/(2d) + 1/s) — a few tens of FLOPs per byte at d = 64, memory-bound on GPUs whose FLOP/s per
+    byte/s is higher (A100: 153). The backward's gradient products move as much per FLOP."""
+    d = spec.hidden / spec.heads
+    return esize * (1 / (2 * d) + cp / spec.seq_len)

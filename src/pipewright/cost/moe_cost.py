@@ -241,6 +241,8 @@ class MoECost(TransformerCost):
             dense.ring_bytes,
             dense.layers,
             k,
+            first=dense.first,
+            last=dense.last,
         )
 
     def moe_layer_stored(self, mode: str | None = None) -> float:

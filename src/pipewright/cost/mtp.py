@@ -94,6 +94,8 @@ class MultiTokenPrediction(TransformerCost):
             chunk.ring_bytes,
             chunk.layers,
             chunk.moe_layers,
+            first=chunk.first,
+            last=chunk.last,
         )
 
 

@@ -52,7 +52,6 @@ per-layer terms are :mod:`pipewright.cost.layer`'s (GEMM shapes, attention, stor
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
@@ -70,11 +69,12 @@ from pipewright.cost.chunk_memory import (
     recompute_transient,
     transient_bytes,
 )
-from pipewright.cost.comm import Mesh, TopologyComm
+from pipewright.cost.comm import Mesh, TopologyComm, default_topology
 from pipewright.cost.context import cp_buffer_bytes, cp_layer_seconds, ring_bytes_per_layer
+from pipewright.cost.dispatch import chunk_launched, optimizer_seconds
 from pipewright.cost.efficiency import A100_EFFICIENCY, Efficiency, default_efficiency
 from pipewright.cost.flop_count import logit_forward_flops, megatron_flops_per_iteration, megatron_parameters
-from pipewright.cost.gemm import wave_efficiency
+from pipewright.cost.gemm import batched_attention_bytes, roofline, wave_efficiency
 from pipewright.cost.kernels import check_kernels, layer_traffic, loss_bytes
 from pipewright.cost.layer import (
     attention_flops,
@@ -88,13 +88,14 @@ from pipewright.cost.layer import (
     layer_recomputed_gemms,
 )
 from pipewright.cost.placement import layer_counts, roles
+from pipewright.cost.run_fit import apply_fitted
 from pipewright.cost.sharding import StateBytes, check_sharding, exposed, reduce_dtype_bytes, reduction_bytes
 from pipewright.errors import ConfigError
 from pipewright.hardware import Accelerator, accelerator
-from pipewright.ir import RECV_B, RECV_F, REDUCE_GRAD, SEND_B, SEND_F, Action, B, F, I, Schedule, W
+from pipewright.ir import RECV_B, RECV_F, REDUCE_GRAD, SEND_B, SEND_F, STEP, Action, B, F, I, Schedule, W
 from pipewright.models.layout import Layout
 from pipewright.models.spec import ModelSpec
-from pipewright.topology import Topology, cluster, single_host
+from pipewright.topology import Topology
 
 DTYPE_BYTES: Mapping[str, int] = MappingProxyType({"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1})
 RECOMPUTE = ("none", "selective", "full")
@@ -120,16 +121,6 @@ __all__ = [
 ]
 
 
-def default_topology(gpu: str, devices: int) -> Topology:
-    """Where no topology is given: 8-GPU NVLink machines on the GPU's usual fabric (one NIC per GPU),
-    or, for ``cpu``, processes of this machine on gloo loopback."""
-    if gpu == "cpu":
-        return single_host(devices)
-    per_node = min(devices, 8)
-    intra = "nvlink" if accelerator(gpu).nvlink else "pcie4"
-    return cluster(math.ceil(devices / per_node), per_node, gpu, intra=intra)
-
-
 @dataclass(frozen=True)
 class _Chunk:
     """Per-microbatch costs of one chunk, per device (tensor- and context-parallel share)."""
@@ -145,12 +136,8 @@ class _Chunk:
     ring_bytes: Mapping[str, float] = field(default_factory=dict)  # context-parallel exchange, per layer
     layers: int = 0
     moe_layers: int = 0  # of ``layers``, those with experts (cost/moe_cost.py)
-
-
-def ring_gathered_bytes(passed: float, cp: int) -> float:
-    """The all-gather size that prices a ring passing ``passed`` bytes: the ring moves c − 1 blocks,
-    an all-gather of c blocks, so its gathered size is c/(c − 1) × the bytes passed."""
-    return passed * cp / (cp - 1)
+    first: bool = False  # holds the embedding
+    last: bool = False  # holds the output layer and the loss
 
 
 @dataclass(frozen=True, eq=False)
@@ -240,6 +227,8 @@ class TransformerCost:
         if self.efficiency is None:
             defaults = default_efficiency(accelerator(self.gpu))
             object.__setattr__(self, "efficiency", replace(defaults, waves=False))
+        if self.calibration is not None:  # `pipewright calibrate`'s constants, where it holds them
+            object.__setattr__(self, "efficiency", apply_fitted(self.efficiency, self.calibration, self.gpu))
         if self.attention_kernel is not None:
             rate = kernel_efficiency(self.gpu, self.attention_kernel)
             if rate is not None:
@@ -249,6 +238,14 @@ class TransformerCost:
             acc = topology.accelerator(self.comm.device(rank))
             acc.peak(self.dtype)  # one-line error if it has none
             acc.peak(self.act_dtype)
+
+    @property
+    def attention_bytes(self) -> float:
+        """Bytes per FLOP eager attention's batched GEMMs move (0 for the fused kernels, or without the
+        shape model, ``efficiency.waves``; :func:`pipewright.cost.gemm.batched_attention_bytes`)."""
+        if self.attention == "flash" or not self.efficiency.waves:
+            return 0.0
+        return batched_attention_bytes(self.spec, self.activation_bytes_per_element, self.cp)
 
     @property
     def act_dtype(self) -> str:
@@ -354,6 +351,8 @@ class TransformerCost:
             MappingProxyType({k: v / t / c for k, v in attention.items()}),
             MappingProxyType(ring),
             n,
+            first=first,
+            last=last,
         )
 
     # -- time ---------------------------------------------------------------------------------------
@@ -379,10 +378,12 @@ class TransformerCost:
         eff = self.efficiency_of(acc)
         gemm = self.gemm_time(chunk.gemms[kind], acc)
         rate = eff.attention_rate if self.attention == "flash" else eff.gemm  # eager: batched GEMMs
-        attn = chunk.attention[kind] / (acc.peak(self.act_dtype) * rate)
         bandwidth = acc.memory_bandwidth
         if self.calibration is not None:
             bandwidth = self.calibration.memory_bandwidth
+        attn = roofline(
+            chunk.attention[kind], acc.peak(self.act_dtype) * rate, self.attention_bytes, bandwidth
+        )
         memory = chunk.traffic[kind] / bandwidth
         tp = tp_overlap.tp_exposed_time(self, chunk, kind, rank, gemm)
         ring = 0.0
@@ -393,7 +394,7 @@ class TransformerCost:
         if self.regathers and kind != W:
             fsdp = exposed(self._fsdp_comm(chunk, kind, rank), gemm + attn)
         overhead = chunk.layers * eff.layer_overhead * _OVERHEAD[kind]
-        return gemm + attn + memory + tp + ring + fsdp + overhead
+        return chunk_launched(self, chunk, kind, gemm + attn + memory + tp + ring + fsdp + overhead)
 
     @property
     def regathers(self) -> bool:
@@ -418,6 +419,8 @@ class TransformerCost:
         kind = action.kind
         if not schedule.kinds[kind].compute:
             return 0.0
+        if kind == STEP and action.microbatch is None:
+            return optimizer_seconds(self, self._chunk(action.stage, schedule).params)
         if kind not in (F, B, I, W):
             return float(self.extra_times.get(kind, 0.0))
         rank = schedule.rank_of(action.stage)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pipewright.deps import has_kind, produces
 from pipewright.errors import ConfigError
-from pipewright.ir import REDUCE_GRAD, Action, Schedule, W
+from pipewright.ir import REDUCE_GRAD, STEP, Action, Schedule, W
 
 #: ``--grad-reduce`` choices: where the REDUCE_GRAD actions go (module docstring).
 GRAD_REDUCE = ("after", "overlap")
@@ -27,10 +27,16 @@ def with_grad_reduction(schedule: Schedule, mode: str = "overlap") -> Schedule:
 def append_grad_reduction(schedule: Schedule) -> Schedule:
     """``schedule`` with a REDUCE_GRAD of every stage appended to its rank's actions (not overlapped;
     unchanged if it already has any)."""
-    if has_kind(schedule, REDUCE_GRAD):
+    return _append_per_stage(schedule, REDUCE_GRAD)
+
+
+def _append_per_stage(schedule: Schedule, kind: str) -> Schedule:
+    """``schedule`` with ``kind(s)`` of every stage appended to its rank's actions, last stage first
+    (unchanged if it already has any)."""
+    if has_kind(schedule, kind):
         return schedule
     rows = [
-        (*row, *(Action(s, REDUCE_GRAD) for s in reversed(schedule.stages_of(r))))
+        (*row, *(Action(s, kind) for s in reversed(schedule.stages_of(r))))
         for r, row in enumerate(schedule.actions)
     ]
     return schedule.with_actions(rows)
@@ -56,3 +62,10 @@ def add_grad_reduction(schedule: Schedule) -> Schedule:
             out.extend(Action(s, REDUCE_GRAD) for s in sorted(after.get(pos, ())))
         rows.append(out)
     return schedule.with_actions(rows)
+
+
+def append_optimizer_step(schedule: Schedule) -> Schedule:
+    """``schedule`` with each stage's optimizer step ``STEP(s)`` appended to its rank's actions, after
+    its gradient reduction (unchanged if it already has any STEP): what the cost model prices as the
+    optimizer's bytes (:attr:`pipewright.cost.efficiency.Efficiency.optimizer_bytes`)."""
+    return _append_per_stage(schedule, STEP)

@@ -109,8 +109,8 @@ def pipedream_baseline(ctx: _Context) -> Evaluated | None:
             continue
         m = prob.global_batch // d
         for rc in ("none", "full"):
-            pc = parts(prob.spec_for(1), 1, 1, rc, False, prob.dtype, prob.efficiency_for())
             gpu = topo.accelerator(devs[0])
+            pc = parts(prob.spec_for(1), 1, 1, rc, False, prob.dtype, prob.efficiency_for(), gpu=gpu.name)
             sc = stage_cost(pc, gpu, prob.dtype, prob.efficiency_for(gpu.name), lambda x: 0.0)
             # replicas of a stage sit on one level: inside a machine if d fits there, else across
             bw_rep = fast if d <= per_host else slow

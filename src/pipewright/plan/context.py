@@ -92,7 +92,7 @@ def parts_of(prob: Problem, c: Candidate):
     spec, opts = prob.spec_for(c.tp), prob.options(c)
     return parts(
         spec, c.microbatch, c.tp, c.recompute, c.sequence_parallel, prob.dtype, prob.efficiency_for(), opts,
-        c.ep,
+        c.ep, next(iter(prob.device_kinds())),
     )  # fmt: skip
 
 

@@ -11,7 +11,10 @@ gemm efficiency × tile/wave quantisation, or a calibration's measured rate) + a
 (peak × attention efficiency) + memory traffic / memory bandwidth + Σ tensor-parallel all-reduces over
 the group's links (what the ``tp_comm_overlap`` mode leaves exposed beside the GEMMs, by the cost
 model's rule) + per layer the ring-attention exchange over the cp group exposed beyond that layer's
-attention + τ per layer (launch overhead).
+attention + τ per layer (launch overhead); where the framework's dispatch model prices the host's
+kernel launches (:mod:`pipewright.cost.dispatch`), each piece's time is the smooth maximum of that and
+its launches' time, as the cost model prices a chunk (the two agree exactly on layers; a stage's
+embedding or head is combined on its own, not with the stage's layers).
 FSDP's per-layer re-gathering (pipeline size 1 only) is left to the full simulation.
 
 It reads the cost model's per-chunk table through the public
@@ -25,7 +28,9 @@ from dataclasses import dataclass, field
 from functools import cache
 
 from pipewright.cost.comm import Mesh
-from pipewright.cost.gemm import wave_efficiency
+from pipewright.cost.context import ring_gathered_bytes
+from pipewright.cost.dispatch import launched
+from pipewright.cost.gemm import roofline, wave_efficiency
 from pipewright.cost.recompute import make_cost
 from pipewright.cost.sharding import exposed, pipelined_fsdp_state, state_bytes
 from pipewright.cost.tp_overlap import TpPass, block_times, layer_blocks, modes, resolve
@@ -34,7 +39,6 @@ from pipewright.cost.transformer import (
     A100_EFFICIENCY,
     DTYPE_BYTES,
     Efficiency,
-    ring_gathered_bytes,
 )
 from pipewright.hardware import Accelerator
 from pipewright.ir import B, F, I, W
@@ -86,6 +90,8 @@ class Part:
     params: float  # parameters per device
     layers: int = 0
     a2a_bytes: float = 0.0  # bytes one device sends in one expert all-to-all (MoECost.a2a_bytes)
+    first: bool = False  # the embedding (its kernels' launches: cost.dispatch)
+    last: bool = False  # the output layer and loss
     # (kind, gpu, dtype, efficiency) -> (GEMM, attention, rest) seconds: the terms that do not depend
     # on the tp/cp group, computed once per device kind (large meshes price thousands of groups)
     _local: dict = field(default_factory=dict, compare=False, repr=False, hash=False)
@@ -125,8 +131,11 @@ class Part:
             terms = self.kinds[KINDS.index(kind)]
             gemm = gemm_seconds(terms.gemms, gpu, dtype, eff, o.calibration)
             act_dtype = "bf16" if dtype == "fp8" else dtype
-            attn = terms.attention / (gpu.peak(act_dtype) * eff.attention_rate)
             bandwidth = gpu.memory_bandwidth if o.calibration is None else o.calibration.memory_bandwidth
+            rate = gpu.peak(act_dtype) * eff.attention_rate
+            attn = roofline(
+                terms.attention, rate, o.attention_bytes, bandwidth
+            )  # as TransformerCost.kind_time
             memory = terms.traffic / bandwidth
             overhead = self.layers * eff.layer_overhead * _OVERHEAD[kind]
             hit = self._local[key] = (gemm, attn, memory + overhead)
@@ -162,7 +171,9 @@ class Part:
             exchange = self.layers * exposed(per_layer, attn / self.layers)
         if a2a is not None and terms.a2a:
             exchange += terms.a2a * a2a(self.a2a_bytes)  # blocking, as MoECost.kind_time adds them
-        return gemm + attn + rest + tp + exchange
+        calls = len(terms.tp) if o.tp > 1 else 0  # the launches' floor, as TransformerCost.kind_time
+        gpu_seconds = gemm + attn + rest + tp + exchange
+        return launched(gpu_seconds, eff, self.layers, kind, o.full_recompute, calls, self.first, self.last)
 
 
 @dataclass(frozen=True)
@@ -178,6 +189,7 @@ class Pricing:
     tp: int = 1
     full_recompute: bool = False
     tp_blocks: tuple = ()
+    attention_bytes: float = 0.0  # per FLOP of eager attention's batched GEMMs (TransformerCost's)
 
 
 @dataclass(frozen=True)
@@ -236,7 +248,8 @@ def _part(chunk, t: int, a2a_bytes: float = 0.0, full: bool = False) -> Part:
         )
         for k in KINDS
     )
-    return Part(kinds, chunk.memory[F], chunk.params, chunk.layers, a2a_bytes)
+    first, last = getattr(chunk, "first", False), getattr(chunk, "last", False)
+    return Part(kinds, chunk.memory[F], chunk.params, chunk.layers, a2a_bytes, first, last)
 
 
 #: The options of the classic cost model (eager attention, no cp, no sharding), the default.
@@ -263,12 +276,14 @@ def parts(
     efficiency: Efficiency = A100_EFFICIENCY,
     options: CostOptions = EAGER,
     ep: int = 1,
+    gpu: str | None = None,
 ) -> Parts:
     """The pieces, from the cost model (see the module docstring); cached per argument tuple.
     ``options``: attention, context parallelism, sharding, … (:mod:`pipewright.plan.options`);
     ``ep``: expert-parallel size (a mixture of experts: its layer piece is an expert layer, priced by
     :class:`~pipewright.cost.moe_cost.MoECost` with the experts split over ep, and its first dense
     layers are a piece of their own)."""
+    stand_in = gpu or ("cpu" if dtype == "fp32" else "a100-80gb")  # the pieces' FLOPs and bytes only
     mesh = Mesh(tp=tp) if options.cp == 1 else Mesh(tp=tp, cp=options.cp)
     if ep > 1:
         mesh = Mesh(tp=tp, cp=options.cp, dp=ep, ep=ep)
@@ -276,11 +291,11 @@ def parts(
         recompute,
         spec=spec,
         microbatch=microbatch,
-        gpu="cpu" if dtype == "fp32" else "a100-80gb",
+        gpu=stand_in,
         dtype=dtype,
         mesh=mesh,
         sequence_parallel=sequence_parallel,
-        topology=single_host(mesh.size, "cpu" if dtype == "fp32" else "a100-80gb"),
+        topology=single_host(mesh.size, stand_in),
         efficiency=efficiency,
         **_priced_here(options),
     )
@@ -308,6 +323,7 @@ def parts(
             tp,
             full,
             layer_blocks(spec, microbatch * spec.seq_len / options.cp, tp),
+            getattr(cost, "attention_bytes", 0.0),
         ),
         dense,
         getattr(cost, "optimizer_sharding", "none"),

@@ -136,6 +136,11 @@ class Problem:
         from pipewright.hardware import accelerator
 
         eff = self.efficiency if self.efficiency is not None else default_efficiency(accelerator(name))
+        if self.calibration is not None:  # a `pipewright calibrate` file's constants replace the framework's
+            from pipewright.cost.run_fit import apply_fitted
+            from pipewright.plan.options import _calibration
+
+            eff = apply_fitted(eff, _calibration(self.calibration), name)
         if self.attention == "eager":
             return replace(eff, attention=eff.gemm)
         if self.attention_kernel is not None:

@@ -222,7 +222,28 @@ def estimate(ctx: _Context, c: Candidate, dmap: DeviceMap | None = None, layers=
             below = grad_bytes(held, False)
             reductions.append(dense_ar(dense) + (expert_ar(expert) if expert else 0.0))
     est = _ordered(prob, c, costs, chunks, comm, reductions)  # the order priced (plan/chunked.py)
+    est += _optimizer_step(prob, c, dmap, layers)
     return Evaluated(c, chunks, dmap.ranks, est, t_max, max(mems), fits=fits)
+
+
+def _optimizer_step(prob: Problem, c: Candidate, dmap: DeviceMap, layers: Sequence[int]) -> float:
+    """The slowest rank's optimizer step where the framework prices one (the ``STEP`` the simulation
+    appends after each rank's work, :func:`pipewright.cost.dispatch.optimizer_seconds`): its parameters
+    × the step's bytes per parameter (the fp32 state's over the replicas with a sharded optimizer) / the
+    device's memory bandwidth; 0 otherwise."""
+    if prob.profile is not None:
+        return 0.0
+    pc, worst = parts_of(prob, c), 0.0
+    for r, n in enumerate(layers):
+        kind = prob.topology.nodes[dmap.head(r)].accelerator
+        per_param = prob.efficiency_for(kind).optimizer_bytes
+        if per_param <= 0:
+            continue
+        if pc.sharding != "none":
+            per_param = 2.0 + (per_param - 2.0) / (c.dp * c.cp)
+        params = n * pc.layer.params + (r == 0) * pc.embed.params + (r == len(layers) - 1) * pc.head.params
+        worst = max(worst, params * per_param / accelerator(kind).memory_bandwidth)
+    return worst
 
 
 def _ordered(prob: Problem, c: Candidate, costs: Sequence[StageCost], chunks, comm, reductions=None) -> float:

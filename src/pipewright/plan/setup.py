@@ -195,7 +195,7 @@ def model_setup(
     from pipewright.cost.sharding import reduction_bytes
     from pipewright.cost.transformer import default_efficiency
     from pipewright.hardware import Accelerator, accelerator
-    from pipewright.passes.grad_reduce import with_grad_reduction
+    from pipewright.passes.grad_reduce import append_optimizer_step, with_grad_reduction
 
     if cp > 1 and mesh.cp == 1:
         mesh = replace(mesh, cp=cp)
@@ -211,6 +211,8 @@ def model_setup(
     acc = gpu if isinstance(gpu, Accelerator) else accelerator(gpu) if gpu else topology.accelerator(0)
     if mesh.dp > 1:
         schedule = with_grad_reduction(schedule, grad_reduce)
+    if (efficiency or default_efficiency(acc)).optimizer_bytes > 0:  # its optimizer step priced
+        schedule = append_optimizer_step(schedule)
     overlapped, grad_dtype = grad_reduce == "overlap", str(fields.get("grad_dtype", "fp32"))
     grad_bytes = reduction_bytes(optimizer_sharding, grad_dtype, dtype or default_dtype(acc), overlapped)
     fields = {"grad_bytes": grad_bytes, **fields}

@@ -89,7 +89,7 @@ def simulate_plan(prob: Problem, ev: Evaluated) -> Evaluated:
     """Run the full simulator on one evaluated candidate (no validation) and fill in its time/memory;
     a schedule's overlapped F&B pairs priced as ``pipewright simulate`` prices them
     (:func:`pipewright.sim.pair_overlap.with_pair_overlap`)."""
-    from pipewright.passes.grad_reduce import add_grad_reduction
+    from pipewright.passes.grad_reduce import add_grad_reduction, append_optimizer_step
     from pipewright.sim import simulate
     from pipewright.sim.pair_overlap import with_pair_overlap
 
@@ -101,6 +101,8 @@ def simulate_plan(prob: Problem, ev: Evaluated) -> Evaluated:
     else:
         group = prob.microbatch_group
         sched = _lowered(c.schedule, c.pp, c.microbatches, c.virtual, c.dp > 1, group)
+    if prob.efficiency_for(prob.topology.nodes[ev.devices[0]].accelerator).optimizer_bytes > 0:
+        sched = append_optimizer_step(sched)  # as model_setup adds it
     cost, comm = plan_models(prob, ev)
     cost = with_pair_overlap(cost, sched)  # as ``pipewright simulate`` prices the schedule's F&B pairs
     shared = None

@@ -1,0 +1,173 @@
+"""How a framework launches its kernels: the host-side floor of a pass (small work).
+
+A CUDA stream runs no faster than the host launches its kernels. Each kernel costs the host a dispatch
+time δ (the Python module code, the autograd and ATen dispatch of an eager PyTorch operator, the CUDA
+launch call); while the GPU work of a pass is longer than the launches, the queue stays ahead and the
+host is hidden; when it is shorter, the GPU waits on the host and the pass takes the launches' time:
+
+    pass time = (G^p + H^p)^(1/p),  G the GPU time, H = kernels × δ
+
+a smooth maximum: where G ≫ H or H ≫ G the larger, and where they are close more than either, because
+neither side keeps the other's queue full all the time (the launches and the kernels vary in length
+around their means). p = :data:`EXPONENT` = 3 was chosen on vTrain's fit half (docs/fidelity.md,
+"Ranking"): p = ∞ (a plain max) left the cells where G ≈ H 10–17 % fast.
+(the GPU time is every other term of :meth:`pipewright.cost.transformer.TransformerCost.kind_time`).
+The kernels of a pass are the layer's forward kernels in F, its backward kernels (split half and half
+between I and W) in the backward, the forward's again where the backward recomputes it (full
+recomputation), and one per tensor-parallel collective. A :class:`Dispatch` model states the kernels
+of one layer forward and backward as the framework's code launches them; the framework's entry
+(:attr:`pipewright.cost.frameworks.Framework.dispatch`) names the model and gives δ (fitted on measured
+runs of the framework, :mod:`pipewright.cost.measured`; 0 where none were measured: the floor is not
+priced).
+
+Kernels per dense layer (GPT/Llama block: two norms, four linear layers, attention, activation, two
+residual adds), counted from the code each runs:
+
+- ``eager`` (PyTorch eager: Megatron-DeepSpeed's ``megatron/model/transformer.py``, torchtitan's and
+  llm-foundry's blocks without ``torch.compile``): forward 17 — layer norm, QKV GEMM, the score
+  ``baddbmm``, scale, mask fill, softmax, dropout, ``bmm``, the context's ``permute().contiguous()``,
+  output GEMM, bias-dropout-add (2), layer norm, MLP up GEMM, bias-GeLU, down GEMM, bias-dropout-add;
+  backward 45 — two GEMMs per linear layer (8), the bias gradients (4), attention's two ``bmm``
+  gradients of each batched product (4), softmax, mask, scale and dropout gradients (4), the norms'
+  input and weight gradients (4), GeLU's (1), the residual fan-out sums and dropout-add gradients (6),
+  the context permute's (1), and the accumulation of each of the layer's 12 parameter gradients into
+  its fp32 main-gradient buffer (Megatron-DeepSpeed's ``fp32 grad accumulation``, 12; other eager
+  frameworks do the same once per microbatch through their gradient buckets).
+- ``fused`` (Megatron-Core with Transformer Engine: ``LayerNormLinear``, fused attention, fused
+  bias-GeLU and bias-dropout-add): forward 9, backward 20.
+- ``compiled`` (``torch.compile`` of each block: the elementwise chains fused by Inductor around the
+  GEMMs and the attention kernel): forward 8, backward 18.
+- ``graphs`` (CUDA graphs: the pass replayed by one launch): no host floor (δ is not charged).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipewright.errors import ConfigError
+from pipewright.ir import B, F, I, W
+from pipewright.registry import Registry
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """One dispatch model (module docstring): ``forward``/``backward`` kernels one layer launches;
+    ``replayed``: the pass is one graph launch (no per-kernel host cost)."""
+
+    name: str
+    summary: str
+    forward: int
+    backward: int
+    replayed: bool = False
+    embedding: tuple[int, int] = (0, 0)
+    head: tuple[int, int] = (0, 0)
+    collective: int = 1
+
+    def __post_init__(self) -> None:
+        if self.forward < 0 or self.backward < 0:
+            raise ConfigError(f"dispatch {self.name}: kernel counts must be ≥ 0")
+
+    def layer_kernels(self, kind: str, recomputed: bool, collectives: int) -> float:
+        """Kernels one layer launches in a ``kind`` pass: F the forward's, I and W half the backward's
+        each (I also the recomputed forward's), B both; + its ``collectives`` tensor-parallel calls."""
+        if self.replayed:
+            return 0.0
+        redo = self.forward if recomputed else 0
+        own = {F: self.forward, I: self.backward / 2 + redo, W: self.backward / 2, B: self.backward + redo}
+        return own[kind] + collectives
+
+
+_REGISTRY: Registry[Dispatch] = Registry("dispatch model", "a framework's dispatch")
+
+
+def register(model: Dispatch, *, override: bool = False) -> Dispatch:
+    """Add ``model`` to the registry."""
+    return _REGISTRY.add(model.name, model, override=override)
+
+
+def dispatch(name: str) -> Dispatch:
+    """The registered dispatch model ``name``; a one-line ConfigError otherwise."""
+    return _REGISTRY.get(name)
+
+
+def names() -> tuple[str, ...]:
+    return _REGISTRY.names()
+
+
+register(
+    Dispatch(
+        "eager",
+        "PyTorch eager: every operator its own kernel (module docstring)",
+        17,
+        45,
+        embedding=(4, 6),
+        head=(20, 24),
+    )
+)
+register(Dispatch("fused", "Megatron-Core with Transformer Engine's fused modules", 9, 20))
+register(Dispatch("compiled", "torch.compile'd blocks (Inductor-fused elementwise chains)", 8, 18))
+register(Dispatch("graphs", "CUDA graphs: one launch replays the pass", 0, 0, replayed=True))
+
+
+#: the smooth maximum's exponent p (module docstring)
+EXPONENT = 3.0
+
+
+def combined(gpu: float, host: float) -> float:
+    """The pass time of GPU time ``gpu`` launched in ``host`` seconds: (G^p + H^p)^(1/p)."""
+    if host <= 0:
+        return gpu
+    return (gpu**EXPONENT + host**EXPONENT) ** (1 / EXPONENT)
+
+
+def launched(
+    gpu: float,
+    efficiency,
+    layers: int,
+    kind: str,
+    recomputed: bool,
+    tp_calls: int,
+    first: bool = False,
+    last: bool = False,
+) -> float:
+    """A ``kind`` pass of ``gpu`` GPU seconds over ``layers`` layers as the host launches it, under
+    ``efficiency``'s dispatch model and δ (:attr:`~pipewright.cost.efficiency.Efficiency.host_per_kernel`;
+    0: ``gpu`` unchanged): :func:`combined` of it and the launches' H = kernels × δ — the layers'
+    kernels, ``tp_calls`` tensor-parallel collectives (each ``collective`` kernels' worth), the
+    embedding's (``first``) and the output layer's and loss's (``last``). The cost model's and the
+    planner's one formula."""
+    model = dispatch(efficiency.dispatch)
+    if efficiency.host_per_kernel <= 0 or model.replayed:
+        return gpu
+    kernels = layers * model.layer_kernels(kind, recomputed, 0) + tp_calls * model.collective
+    for held, (fwd, bwd) in ((first, model.embedding), (last, model.head)):
+        if held:
+            kernels += {F: fwd, I: bwd / 2, W: bwd / 2, B: bwd}[kind]
+    return combined(gpu, kernels * efficiency.host_per_kernel)
+
+
+def chunk_launched(cost, chunk, kind: str, gpu: float) -> float:
+    """:func:`launched` for a ``kind`` pass of a :class:`~pipewright.cost.transformer.TransformerCost`'s
+    ``chunk`` (its layers, tensor-parallel collectives, embedding and head) of ``gpu`` GPU seconds."""
+    calls = len(chunk.tp_bytes[kind]) if cost.mesh.tp > 1 else 0
+    full = cost.recompute == "full"
+    return launched(gpu, cost.efficiency, chunk.layers, kind, full, calls, chunk.first, chunk.last)
+
+
+def optimizer_seconds(cost, params: float) -> float:
+    """The optimizer step of ``params`` parameters on one device of a
+    :class:`~pipewright.cost.transformer.TransformerCost`: params × the efficiency's
+    ``optimizer_bytes`` / the memory bandwidth (measured with a calibration), the fp32 state's bytes
+    (all but the 16-bit weight's 2) over the replicas sharing it with a sharded optimizer. A fused Adam
+    step (Apex ``FusedAdam``, DeepSpeed's): it reads the fp32 weight, gradient and both moments (16
+    bytes), writes the weight and moments (12) and the 16-bit copy (2); the loss scaler's overflow
+    check and the clipping norm read the gradient twice more (8): 38 bytes per parameter."""
+    per_param = cost.efficiency.optimizer_bytes
+    if per_param <= 0:
+        return 0.0
+    if cost.optimizer_sharding != "none":
+        per_param = 2.0 + (per_param - 2.0) / (cost.mesh.dp * cost.mesh.cp)
+    bandwidth = cost.topology.accelerator(cost.comm.device(0)).memory_bandwidth
+    if cost.calibration is not None:
+        bandwidth = cost.calibration.memory_bandwidth
+    return params * per_param / bandwidth

@@ -1,0 +1,219 @@
+"""Measured runs (``pipewright calibrate``): vTrain's hidden-1024 sweep from package data predicted and
+ranked as docs/fidelity.md ("Ranking") states, the file's bad values one line naming the line and
+column, the calibration file written once and read by ``simulate``/``plan --calibration``, the host's
+launch floor priced alike by the cost model and the planner."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import re
+from dataclasses import replace
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from _cli_json import cli_json
+from pipewright.cli import main
+from pipewright.cli.calibrate import predict_all
+from pipewright.cost import frameworks
+from pipewright.cost.dispatch import combined, dispatch
+from pipewright.cost.measured import TIME, parse_runs, score, spearman, split, vtrain_runs
+from pipewright.errors import ConfigError
+
+SETUP = [
+    *("--gpu", "a100-80gb", "--vocab", "50257", "--framework", "deepspeed-megatron", "--dtype", "fp16"),
+    *("--attention", "eager", "--recompute", "full", "--grad-reduce", "after"),
+]
+HEADER = (
+    "GPUs,global batch,micro batch,hidden size,attention heads,# layers,sequence length,"
+    "tensor parallelism,data parallelism,pipeline parallelism,iteration time (ms)"
+)
+#: the (tp, microbatch) cells whose median is known to miss 15 % (docs/fidelity.md, "Ranking")
+KNOWN_MISSES = {(8, 1), (2, 4)}
+
+
+@pytest.fixture(scope="module")
+def vtrain():
+    runs = vtrain_runs()
+    return runs, predict_all(runs, SETUP)
+
+
+def test_the_package_holds_vtrains_720_rows_split_in_halves_per_group(vtrain):
+    runs, _ = vtrain
+    assert len(runs) == 720 and {r.hidden for r in runs} == {1024}
+    fit, held = split(runs)
+    assert len(fit) + len(held) == 720 and not set(fit) & set(held)
+    assert {r.group for r in fit} == {r.group for r in held}  # every group scored on its other half
+    assert split(tuple(reversed(runs))) == (fit, held)  # the split does not depend on the file order
+
+
+def test_vtrain_held_out_half_is_predicted_and_ranked(vtrain):
+    """The registered deepspeed-megatron calibration (fitted on the other half): MAPE, regret and rank
+    correlation within the targets; the worst regret and two cells are the page's named misses."""
+    runs, predicted = vtrain
+    by_run = dict(zip(runs, predicted, strict=True))
+    _, held = split(runs)
+    s = score(held, [by_run[r] for r in held])
+    assert s.mape <= 0.08 and s.regret_median <= 0.03 and s.rank_median >= 0.85
+    assert all(abs(e) <= 0.15 for cell, e in s.cells.items() if cell not in KNOWN_MISSES)
+    assert all(abs(s.cells[cell]) <= 0.30 for cell in KNOWN_MISSES)
+    assert s.regret_worst <= 0.26
+    whole = score(runs, predicted)
+    assert whole.mape <= 0.08 and whole.rank_median >= 0.85
+
+
+def test_spearman_of_known_orders():
+    assert spearman([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3], [30, 20, 10]) == pytest.approx(-1.0)
+    assert spearman([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
+
+
+def _row(
+    time: str = "10", gpus: str = "4", tp: str = "2", dp: str = "2", pp: str = "1", gbs: str = "8"
+) -> str:
+    return f"{gpus},{gbs},2,1024,16,12,1024,{tp},{dp},{pp},{time}"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("# a comment\n" + HEADER.replace(",iteration time (ms)", ",time") + "\n", "no header line"),
+        (HEADER.replace("micro batch,", "") + "\n", "line 1: missing column(s) 'micro batch'"),
+        (HEADER + "\n" + _row("0"), "line 2, column 'iteration time (ms)': must be a positive finite"),
+        (HEADER + "\n" + _row() + "\n" + _row("nan"), "line 3, column 'iteration time (ms)'"),
+        (HEADER + "\n" + _row("-3"), "line 2, column 'iteration time (ms)'"),
+        (HEADER + "\n" + _row(tp="4"), "line 2, column 'GPUs': tp 4 × dp 2 × pp 1 = 8, not 4"),
+        (HEADER + "\n" + _row(gbs="6"), "line 2, column 'global batch'"),
+        (HEADER + "\n" + _row().replace(",12,", ",x,"), "line 2, column '# layers': 'x' is not a number"),
+    ],
+)
+def test_bad_runs_are_one_line_naming_line_and_column(text, message):
+    with pytest.raises(ConfigError) as exc:
+        parse_runs(text, "runs.csv")
+    assert message in str(exc.value) and "\n" not in str(exc.value)
+
+
+@given(st.floats(allow_nan=True, allow_infinity=True))
+def test_any_time_parses_or_is_refused_in_one_line(value):
+    text = f"{HEADER}\n{_row(repr(value))}"
+    if math.isfinite(value) and value > 0:
+        assert parse_runs(text)[0].seconds == pytest.approx(value / 1e3)
+    else:
+        with pytest.raises(ConfigError, match=re.escape(f"line 2, column {TIME!r}")):
+            parse_runs(text)
+
+
+def _calibrate(argv: list[str]) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = main(["calibrate", *argv])
+    return rc, out.getvalue(), err.getvalue()
+
+
+def test_calibrate_writes_once_and_simulate_reads_it(tmp_path):
+    """A 12-layer, 4-GPU slice of vTrain's file: the report and the file; no second write without
+    --overwrite; bad input writes nothing; simulate --calibration prices with the fitted constants."""
+    rows = [r for r in vtrain_runs() if r.layers == 12 and r.gpus == 2]
+    body = "\n".join(_row_of(r) for r in rows)
+    runs = tmp_path / "runs.csv"
+    runs.write_text(f"# a slice of vTrain's file\n{HEADER}\n{body}\n")
+    out = tmp_path / "cal.json"
+    flags = ["--measured", str(runs), "--out", str(out), *SETUP[:2], *SETUP[4:], "--no-progress"]
+    rc, report, _ = _calibrate(flags)
+    assert rc == 0 and "held-out runs:" in report and "regret median" in report
+    data = json.loads(out.read_text())
+    assert data["format"] == "pipewright-run-calibration/1" and data["framework"] == "deepspeed-megatron"
+    assert data["fit_rows"] + data["held_out"]["rows"] == len(rows)
+    rc, _, err = _calibrate(flags)
+    assert rc != 0 and "exists; pass --overwrite" in err and err.count("\n") == 1
+    bad = tmp_path / "bad.csv"
+    bad.write_text(f"{HEADER}\n{_row('0')}\n")
+    other = tmp_path / "other.json"
+    rc, _, err = _calibrate(["--measured", str(bad), "--out", str(other), *SETUP[:2]])
+    assert rc != 0 and "line 2, column 'iteration time (ms)'" in err and not other.exists()
+    run = rows[0]
+    argv = [
+        *("simulate", "--model", "gpt", "--layers", "12", "--hidden", "1024", "--heads", "16"),
+        *("--seq-len", "1024", "--nodes", "1", "--gpus-per-node", "2", "--tp", str(run.tp)),
+        *("--pp", str(run.pp), "--dp", str(run.dp), "--schedule", "1f1b"),
+        *("--microbatch-size", str(run.microbatch), "--global-batch-size", str(run.global_batch), *SETUP),
+    ]
+    with_file = cli_json([*argv, "--calibration", str(out)])["iteration_time_s"]
+    fw = frameworks.framework("deepspeed-megatron")
+    fitted = replace(fw, compute=data["compute"], host_per_kernel=data["host_per_kernel"])
+    frameworks.register(fitted, override=True)
+    try:
+        assert cli_json(argv)["iteration_time_s"] == pytest.approx(with_file, rel=1e-12)
+    finally:
+        frameworks.register(fw, override=True)
+
+
+def _row_of(r) -> str:
+    values = (r.gpus, r.global_batch, r.microbatch, r.hidden, r.heads, r.layers, r.seq_len, r.tp, r.dp, r.pp)
+    return ",".join(map(str, values)) + f",{r.seconds * 1e3!r}"
+
+
+def test_the_launch_floor_is_a_smooth_maximum_of_the_kernels_launched():
+    eager = dispatch("eager")
+    assert eager.layer_kernels("B", True, 0) == eager.forward + eager.backward
+    assert combined(1.0, 0.0) == 1.0 and combined(2.0, 2.0) == pytest.approx(2.0 * 2 ** (1 / 3))
+    assert dispatch("graphs").layer_kernels("F", False, 4) == 0.0
+
+
+def test_the_planners_estimate_is_its_simulation_when_launches_bound():
+    """GPT hidden 1024 on 8 A100s under deepspeed-megatron's dispatch model (host-bound at b = 1): the
+    planner's estimate of a pipeline is its simulation to 1 %."""
+    from pipewright.models.presets import resolve_model
+    from pipewright.plan.mapping import device_order
+    from pipewright.plan.problem import Candidate, Problem
+    from pipewright.plan.search import _Context, estimate
+    from pipewright.plan.simulated import simulate_plan
+    from pipewright.topology import cluster
+
+    fw = frameworks.framework("deepspeed-megatron")
+    from pipewright.cost.efficiency import default_efficiency
+    from pipewright.hardware import accelerator
+
+    eff = fw.efficiency(default_efficiency(accelerator("a100-80gb")))
+    spec = resolve_model("gpt", layers=16, hidden=1024, heads=16, vocab=50257, seq_len=1024)
+    topo = cluster(1, 8, "a100-80gb")
+    prob = Problem(
+        spec,
+        topo,
+        16,
+        recompute=("full",),
+        schedules=("1f1b",),
+        efficiency=eff,
+        dtype="fp16",
+        attention="eager",
+    )
+    c = Candidate(2, 4, 1, 1, 16, "1f1b", 1, "full", False, "pp")
+    ev = estimate(_Context(prob, device_order(topo)), c)
+    est = ev.estimate
+    simulate_plan(prob, ev)
+    # measured 2026-12-07: 0.3078 s against 0.3053 s (the planner combines the embedding's and the
+    # head's launches with their own GPU time, the simulation with the stage's layers')
+    assert est == pytest.approx(ev.simulated, rel=0.01)
+
+
+def test_plan_prices_fp8_on_hopper(tmp_path):
+    """`plan --dtype fp8 --gpu h100-sxm` plans, and `simulate --plan` gives its prediction."""
+    path = tmp_path / "plan.json"
+    model = ["--model", "llama", "--layers", "4", "--hidden", "64", "--heads", "4", "--vocab", "256"]
+    model += ["--seq-len", "32", "--ffn-hidden", "128"]
+    cluster_flags = ["--gpu", "h100-sxm", "--nodes", "1", "--gpus-per-node", "4", "--dtype", "fp8"]
+    argv = ["plan", *model, *cluster_flags, "--global-batch-size", "8", "--no-progress", "--out", str(path)]
+    planned = cli_json(argv)["predicted"]["iteration_time_s"]
+    assert cli_json(["simulate", "--plan", str(path), *cluster_flags])["iteration_time_s"] == pytest.approx(
+        planned, rel=1e-12
+    )
+
+
+def test_vtrains_own_header_reads_as_it_is():
+    """vTrain's file names its first column '# GPUs' on the header line itself."""
+    runs = parse_runs(f"# GPUs{HEADER.removeprefix('GPUs')}\n{_row()}\n")
+    assert (runs[0].gpus, runs[0].tp, runs[0].dp, runs[0].seconds) == (4, 2, 2, 0.01)
