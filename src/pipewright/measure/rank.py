@@ -143,14 +143,14 @@ def _classify(tracker: ProgramTracker, trainer, opt: torch.optim.Optimizer) -> N
 
 
 def _grad_hooks(tracker: ProgramTracker, trainer) -> list:
-    handles = []
-    for mod in trainer.stages.values():
-        for p in mod.parameters():
-            if p.requires_grad:
-                handles.append(
-                    p.register_post_accumulate_grad_hook(lambda q: tracker.move([q.grad], "grads"))
-                )
-    return handles
+    """Count each parameter's ``.grad`` as ``grads`` once autograd has accumulated it."""
+
+    def moved(param: torch.Tensor) -> None:
+        if param.grad is not None:
+            tracker.move([param.grad], "grads")
+
+    params = (p for mod in trainer.stages.values() for p in mod.parameters() if p.requires_grad)
+    return [p.register_post_accumulate_grad_hook(moved) for p in params]
 
 
 def measure_rank(run, rank: int) -> RankMeasure:

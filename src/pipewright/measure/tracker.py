@@ -17,7 +17,7 @@ c10d op of the rank passes through it:
   all-gather's output, a reduce-scatter's input, an all-to-all's input — per (op, group) and per
   action kind.
 - **values read**: a fake tensor has no data, so ``.item()`` (a loss, a gradient norm, a finite
-  check) reads 0 for integers, False for booleans and 1.0 otherwise.
+  check) reads 1.0 for floating point, 1 for integers and True for booleans (every check passes).
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ _FLOPS = {
     ],
 }
 
+_SCALAR = aten._local_scalar_dense.default
 _c10d = torch.ops.c10d
 #: c10d op → (report name, which argument's bytes: "in"/"out" tensor lists)
 _COMM = {
@@ -149,17 +150,24 @@ class ProgramTracker(TorchDispatchMode):
     # -- dispatch --------------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is aten._local_scalar_dense.default:
+        if func is _SCALAR:
             dtype = args[0].dtype
-            return False if dtype == torch.bool else 0 if not dtype.is_floating_point else 1.0
+            return True if dtype == torch.bool else 1.0 if dtype.is_floating_point or dtype.is_complex else 1
         out = func(*args, **kwargs)
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
-                self._add(t)
+        if isinstance(out, torch.Tensor):
+            self._add(out)
+        elif isinstance(out, (tuple, list)):
+            for t in out:
+                if isinstance(t, torch.Tensor):
+                    self._add(t)
+                elif isinstance(t, (tuple, list)):
+                    for u in t:
+                        if isinstance(u, torch.Tensor):
+                            self._add(u)
         if self.counting:
-            packet = func._overloadpacket
-            if packet in _FLOPS:
-                self.flops[self.kind] += int(_FLOPS[packet](*args, **kwargs, out_val=out))
+            formula = _FLOPS.get(func._overloadpacket)
+            if formula is not None:
+                self.flops[self.kind] += int(formula(*args, **kwargs, out_val=out))
             elif func in _COMM:
                 self._count_comm(func, args)
         return out
