@@ -1,4 +1,4 @@
-"""``pipewright train --dry-run --measure``: each distinct rank's real program at full size on fake
+"""``pipewright train --dry-run --measure``: each distinct rank's real program at full size on meta
 tensors, next to the simulator (:mod:`pipewright.measure`). Prints; writes nothing."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ def add_flags(group: argparse._ArgumentGroup) -> None:
     group.add_argument(
         "--measure",
         action="store_true",
-        help="with --dry-run: run one step of every distinct rank at full size on fake tensors and "
+        help="with --dry-run: run one step of every distinct rank at full size on meta tensors and "
         "compare its peak memory, FLOPs and bytes with the simulator's",
     )
     group.add_argument(

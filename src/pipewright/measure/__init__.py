@@ -2,7 +2,7 @@
 (``pipewright train --dry-run --measure``).
 
 :func:`measure_run` prepares the run (every check ``train`` makes but the size of this machine), asks
-the simulator for the same layout (:mod:`.simulated`), then builds each distinct rank's stages on fake
+the simulator for the same layout (:mod:`.simulated`), then builds each distinct rank's stages on meta
 tensors and a fake process group and runs one training step of the real executor with the real schedule
 (:mod:`.rank`, :mod:`.tracker`), and compares the two (:mod:`.report`). Nothing is written.
 """

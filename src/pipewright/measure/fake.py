@@ -1,12 +1,16 @@
 """A fake world for one rank: the ``fake`` process-group backend (every collective and point-to-point
-completes at once, moving nothing) and ``FakeTensorMode`` (tensors with shapes, dtypes and devices but
-no storage), so the real program of any rank of any layout runs in one small process.
+completes at once, moving nothing) and tensors on the ``meta`` device (shapes, dtypes and storage sizes,
+no data), so the real program of any rank of any layout runs in one small process.
 
-One adaptation of PyTorch for fake parameters: ``nn.Module._apply`` (``module.to(device)``,
-``module.to(dtype)``) swaps a fake parameter for its converted copy with ``torch.utils.swap_tensors``,
-which refuses tensors that the fake mode's memo holds weak references to. Within :func:`fake_world`
-it sets ``param.data`` instead (what ``_apply`` does for ordinary tensors): the same parameter object,
-converted, so optimizers built before a cast still hold the module's parameters.
+Meta tensors rather than ``FakeTensorMode``: both give every op its output's shape without computing
+it, but the fake mode does so in Python (about 0.4 ms an op here, most of a full-size rank's time),
+the meta kernels in C++. What the meta device changes is made right here:
+
+- ``F.scaled_dot_product_attention`` chooses its kernel by device, and the meta device has no fused
+  one (it would run the math path, which stores the s × s probabilities). :func:`meta_world` runs the
+  flash kernel the CPU runs (``_scaled_dot_product_flash_attention_for_cpu``; a GPU runs FlashAttention):
+  the same saved tensors (output and log-sum-exp) and FLOPs.
+- Reading a value (``.item()``, ``.tolist()``) is answered by :class:`~.tracker.ProgramTracker`.
 """
 
 from __future__ import annotations
@@ -16,49 +20,44 @@ from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
-from torch import nn
-from torch._subclasses.fake_tensor import FakeTensorMode
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
-
-def _apply_by_data(self: nn.Module, fn, recurse: bool = True) -> nn.Module:
-    """``nn.Module._apply`` that converts parameters in place (``.data``), buffers by replacement."""
-    if recurse:
-        for child in self.children():
-            _apply_by_data(child, fn)
-    with torch.no_grad():
-        for param in self._parameters.values():
-            if param is None:
-                continue
-            param.data = fn(param)
-            if param.grad is not None:
-                param.grad.data = fn(param.grad)
-        for key, buf in self._buffers.items():
-            if buf is not None:
-                self._buffers[key] = fn(buf)
-    return self
+META = torch.device("meta")
 
 
 @contextmanager
 def fake_process_group(rank: int, world_size: int) -> Iterator[None]:
-    """The default process group on the ``fake`` backend as ``rank`` of ``world_size``."""
+    """The default process group on the ``fake`` backend (for CPU and meta tensors) as ``rank`` of
+    ``world_size``."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     if dist.is_initialized():
         dist.destroy_process_group()
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    dist.init_process_group("cpu:fake,meta:fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
         yield
     finally:
         dist.destroy_process_group()
 
 
+class _FlashAttention(TorchFunctionMode):
+    """``F.scaled_dot_product_attention`` without a mask or dropout → the flash kernel (module docstring)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            q, k, v = args[:3]
+            mask, dropout = kwargs.get("attn_mask"), kwargs.get("dropout_p", 0.0)
+            if q.device.type == "meta" and mask is None and not dropout and not kwargs.get("enable_gqa"):
+                causal = bool(kwargs.get("is_causal", False))
+                flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+                return flash(q, k, v, 0.0, causal, scale=kwargs.get("scale"))[0]
+        return func(*args, **kwargs)
+
+
 @contextmanager
-def fake_tensors() -> Iterator[FakeTensorMode]:
-    """``FakeTensorMode`` (real inputs converted as they are used) with modules converted in place."""
-    original = nn.Module._apply
-    nn.Module._apply = _apply_by_data
-    try:
-        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-            yield mode
-    finally:
-        nn.Module._apply = original
+def meta_world() -> Iterator[None]:
+    """Tensors made without a device are meta tensors; attention runs the flash kernel."""
+    with META, _FlashAttention():
+        yield

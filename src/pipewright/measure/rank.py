@@ -1,6 +1,6 @@
 """One rank's real program, measured: the :class:`~pipewright.runtime.trainer.Trainer` of a prepared run
-built at full size on the fake world (:mod:`.fake`) and one training step run through the real executor
-with its real schedule, under a :class:`~.tracker.ProgramTracker`.
+built at full size on meta tensors and the fake process group (:mod:`.fake`) and one training step run
+through the real executor with its real schedule, under a :class:`~.tracker.ProgramTracker`.
 
 The optimizer's state is created before the measured step (one optimizer step on zero gradients), so
 the step measured is a steady one: parameters, optimizer state and gradients as every later step holds
@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from pipewright.measure.fake import fake_process_group, fake_tensors
+from pipewright.measure.fake import META, fake_process_group, meta_world
 from pipewright.measure.tracker import CATEGORIES, ProgramTracker
 
 
@@ -82,8 +82,8 @@ def _channel_names(mesh) -> dict[str, str]:
     return names
 
 
-def _fake_batches(trainer, config, spec):
-    """Token ids of the run's shapes (fake: no data), in place of the dataset's batch."""
+def _meta_batches(trainer, config, spec):
+    """Token ids of the run's shapes (meta: no data), in place of the dataset's batch."""
     b, m = config.microbatch_size, config.microbatches
     seq = spec.seq_len // trainer.mesh.cp
 
@@ -154,7 +154,7 @@ def _grad_hooks(tracker: ProgramTracker, trainer) -> list:
 
 
 def measure_rank(run, rank: int) -> RankMeasure:
-    """Build ``rank``'s share of the prepared ``run`` at full size on fake tensors and measure one step."""
+    """Build ``rank``'s share of the prepared ``run`` at full size on meta tensors and measure one step."""
     from pipewright.runtime.mesh import ParallelMesh
     from pipewright.runtime.trainer import Trainer
 
@@ -164,11 +164,12 @@ def measure_rank(run, rank: int) -> RankMeasure:
         mesh = ParallelMesh.build(
             dp=c.dp, pp=c.pp, tp=c.tp, placement=c.placement_ranks(), ep=c.ep, cp=c.cp, device="cpu"
         )
+        mesh.device = META  # the trainer puts its stages and inputs on the mesh's device
         tracker = ProgramTracker(_group_names(mesh))
-        with fake_tensors(), tracker:
+        with meta_world(), tracker:
             tracker.counting = False
             trainer = Trainer(run, mesh=mesh)
-            trainer._batches = _fake_batches(trainer, c, run.spec)
+            trainer._batches = _meta_batches(trainer, c, run.spec)
             tracker.group_names |= _channel_names(mesh)
             opt = _base_optimizer(trainer)
             tracker.phase = "optimizer"

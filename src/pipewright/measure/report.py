@@ -6,7 +6,7 @@ message bytes equal.
 Static = parameters + gradients + optimizer state + buffers (measured) against weights + gradients +
 optimizer state + embedding/output layer (simulated); activations = the rest of the peak against
 activations + recomputation transient + communication buffers. The allocator's reserve (what the
-caching allocator holds beyond live tensors, which fake tensors do not model) is stated apart, the
+caching allocator holds beyond live tensors, which meta tensors do not model) is stated apart, the
 simulator's estimate of it, and is in neither total."""
 
 from __future__ import annotations

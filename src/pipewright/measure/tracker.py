@@ -1,7 +1,7 @@
-"""What one rank's program does, op by op, under fake tensors: live bytes by category, FLOPs and
+"""What one rank's program does, op by op, on meta tensors: live bytes by category, FLOPs and
 communicated bytes per action.
 
-:class:`ProgramTracker` is a ``TorchDispatchMode`` entered inside a ``FakeTensorMode``; every aten and
+:class:`ProgramTracker` is a ``TorchDispatchMode`` over meta tensors (:mod:`.fake`); every aten and
 c10d op of the rank passes through it:
 
 - **memory**: each new tensor storage is counted from its creation to its release (a weak reference
@@ -16,7 +16,7 @@ c10d op of the rank passes through it:
 - **bytes**: every ``c10d`` op's payload — a send's or receive's tensor, an all-reduce's tensor, an
   all-gather's output, a reduce-scatter's input, an all-to-all's input — per (op, group) and per
   action kind.
-- **values read**: a fake tensor has no data, so ``.item()`` (a loss, a gradient norm, a finite
+- **values read**: a meta tensor has no data, so ``.item()`` (a loss, a gradient norm, a finite
   check) reads 1.0 for floating point, 1 for integers and True for booleans (every check passes).
 """
 
@@ -52,6 +52,7 @@ _FLOPS = {
 }
 
 _SCALAR = aten._local_scalar_dense.default
+_TO_COPY = aten._to_copy.default
 _c10d = torch.ops.c10d
 #: c10d op → (report name, which argument's bytes: "in"/"out" tensor lists)
 _COMM = {
@@ -71,6 +72,10 @@ _COMM = {
 def _nbytes(obj: Any) -> int:
     tensors = [t for t in tree_flatten(obj)[0] if isinstance(t, torch.Tensor)]
     return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _to_host(t: torch.Tensor, device: Any) -> bool:
+    return device is not None and t.device.type == "meta" and torch.device(device).type != "meta"
 
 
 def _group(args: Iterable[Any]) -> Any:
@@ -153,6 +158,8 @@ class ProgramTracker(TorchDispatchMode):
         if func is _SCALAR:
             dtype = args[0].dtype
             return True if dtype == torch.bool else 1.0 if dtype.is_floating_point or dtype.is_complex else 1
+        if func is _TO_COPY and _to_host(args[0], kwargs.get("device")):  # a value read back: ones
+            return torch.ones(args[0].shape, dtype=kwargs.get("dtype") or args[0].dtype, device="cpu")
         out = func(*args, **kwargs)
         if isinstance(out, torch.Tensor):
             self._add(out)
