@@ -21,7 +21,6 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
 META = torch.device("meta")
 
@@ -41,23 +40,28 @@ def fake_process_group(rank: int, world_size: int) -> Iterator[None]:
         dist.destroy_process_group()
 
 
-class _FlashAttention(TorchFunctionMode):
-    """``F.scaled_dot_product_attention`` without a mask or dropout → the flash kernel (module docstring)."""
+def _flash_attention(original):
+    """``F.scaled_dot_product_attention`` that runs the flash kernel on meta tensors without a mask
+    or dropout (module docstring), else ``original``."""
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention:
-            q, k, v = args[:3]
-            mask, dropout = kwargs.get("attn_mask"), kwargs.get("dropout_p", 0.0)
-            if q.device.type == "meta" and mask is None and not dropout and not kwargs.get("enable_gqa"):
-                causal = bool(kwargs.get("is_causal", False))
-                flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
-                return flash(q, k, v, 0.0, causal, scale=kwargs.get("scale"))[0]
-        return func(*args, **kwargs)
+    def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):
+        if q.device.type == "meta" and attn_mask is None and not dropout_p and not kwargs.get("enable_gqa"):
+            flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+            return flash(q, k, v, 0.0, bool(is_causal), scale=scale)[0]
+        return original(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, **kwargs)
+
+    return attention
 
 
 @contextmanager
 def meta_world() -> Iterator[None]:
-    """Tensors made without a device are meta tensors; attention runs the flash kernel."""
-    with META, _FlashAttention():
-        yield
+    """Tensors made without a device are meta tensors; attention runs the flash kernel. (The function
+    is replaced in ``torch.nn.functional`` for the block, not wrapped in a mode: a recomputing backward
+    runs the forward again on the autograd engine's thread, where modes entered here are not active.)"""
+    original = F.scaled_dot_product_attention
+    F.scaled_dot_product_attention = _flash_attention(original)
+    try:
+        with META:
+            yield
+    finally:
+        F.scaled_dot_product_attention = original
