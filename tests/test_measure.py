@@ -83,6 +83,15 @@ def test_zero1_shards_the_optimizer_state_over_dp():
     assert sharded.measured.comm[("reduce_scatter", "dp")] > 0
 
 
+def test_asynchronous_weight_stashing_steps_inside_the_schedule():
+    fields = {**TINY, "precision": "fp32", "weight_policy": "stash"}
+    (cmp,) = measure_run(TrainConfig(**fields, schedule="async-1f1b"), [0])
+    m, p = cmp.measured, cmp.predicted
+    for kind in ("F", "B"):
+        assert m.flops[kind] == pytest.approx(p.flops[kind], rel=0.01)
+    assert "STEP" in m.peak_action  # the per-microbatch optimizer steps hold the stashed weights
+
+
 def test_cli_prints_json_and_writes_nothing(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     args = ["train", "--dry-run", "--measure", "--measure-json", "--measure-ranks", "1"]
@@ -101,3 +110,5 @@ def test_measure_without_dry_run_and_a_rank_outside_the_pipeline_are_one_line_er
     assert err.count("\n") == 1 and "add --dry-run" in err
     with pytest.raises(ConfigError, match=r"pipeline ranks are 0\.\.1"):
         measure_run(TrainConfig(**TINY, schedule="1f1b"), [2])
+    with pytest.raises(ConfigError, match="drop --init-from"):
+        measure_run(TrainConfig(**TINY, schedule="1f1b", init_from="somewhere"), [0])

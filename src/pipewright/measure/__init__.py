@@ -30,6 +30,8 @@ def measure_run(
     from pipewright.measure.simulated import predict
     from pipewright.training import prepare
 
+    if getattr(config, "init_from", None):
+        raise ConfigError("--measure builds no weights (meta tensors): drop --init-from")
     run = prepare(config, world_size=config.world_size, check_size=False)
     predicted = predict(run)
     ranks = distinct_ranks(run.config)
@@ -43,5 +45,22 @@ def measure_run(
         for p in chosen:
             if progress is not None:
                 progress(f"measuring pipeline rank {p} (global rank {ranks[p]})")
-            out.append(compare(measure_rank(run, ranks[p]), predicted[p]))
+            out.append(compare(_measured(run, ranks[p]), predicted[p]))
     return out
+
+
+def _measured(run, rank: int):
+    """:func:`measure_rank`, a failure of the model's code on meta tensors as a one-line ConfigError."""
+    from pipewright.errors import ConfigError, PipewrightError
+
+    try:
+        return measure_rank(run, rank)
+    except PipewrightError:
+        raise
+    except Exception as exc:  # e.g. a model that reads values or copies weights to the host
+        cause = exc.__cause__ or exc
+        first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+        raise ConfigError(
+            f"rank {rank}'s program cannot run on meta tensors ({type(cause).__name__}: {first[:200]}); "
+            "--measure needs model code that computes no values from data"
+        ) from exc
