@@ -60,6 +60,9 @@ def register(sub: argparse._SubParsersAction, feature_paths: tuple[str, ...] = (
         action="store_true",
         help="check everything (flags, data, schedule, layout, --out, memory/time estimate); start no worker",
     )
+    from pipewright.cli.measure import add_flags as add_measure_flags
+
+    add_measure_flags(out)  # --measure (cli/measure.py)
     all_features(feature_paths).add_options("train", parser)  # one group per feature (its section)
     parser.set_defaults(func=_train)
 
@@ -146,6 +149,10 @@ def _train(args: argparse.Namespace) -> int:
     plan = prepared = None
     if args.profile is not None and not args.compare_sim:
         raise ConfigError("--profile is used by --compare-sim; add --compare-sim")
+    if args.measure or args.measure_ranks or args.measure_json:
+        from pipewright.cli.measure import measure
+
+        return measure(config, args)
     if args.dry_run:
         from pipewright.cli.train_check import dry_run
 

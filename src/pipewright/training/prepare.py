@@ -129,11 +129,16 @@ def default_out_dir(root: str | Path = "runs") -> Path:
 
 
 def prepare(
-    config: TrainConfig, *, world_size: int | None = None, features: Features | None = None
+    config: TrainConfig,
+    *,
+    world_size: int | None = None,
+    features: Features | None = None,
+    check_size: bool = True,
 ) -> PreparedRun:
     """Check the config, data, schedule, layout and resume point; choose the output folder; pick the
     features' training plugins active for the run. ``features``: default the built-in ones and the
-    config's ``feature_paths`` (:func:`run_features`)."""
+    config's ``feature_paths`` (:func:`run_features`). ``check_size``: refuse a run that does not fit
+    this machine or its ``--out`` disk (False for ``--measure``, which builds no real tensor)."""
     features = run_features(config) if features is None else features
     config = check_config(config, features)
     if world_size is not None and world_size != config.world_size:
@@ -192,5 +197,6 @@ def prepare(
         plugins=tuple(plugins),
         update_settings=update,
     )
-    check_fits(run, cpu=default_backend() == "gloo" and world_size is None)  # runtime/size_check.py
+    if check_size:
+        check_fits(run, cpu=default_backend() == "gloo" and world_size is None)  # runtime/size_check.py
     return run

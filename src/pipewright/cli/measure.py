@@ -1,0 +1,42 @@
+"""``pipewright train --dry-run --measure``: each distinct rank's real program at full size on meta
+tensors, next to the simulator (:mod:`pipewright.measure`). Prints; writes nothing."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def add_flags(group: argparse._ArgumentGroup) -> None:
+    """``--measure``, ``--measure-ranks`` and ``--measure-json`` in ``group`` (train's output group)."""
+    group.add_argument(
+        "--measure",
+        action="store_true",
+        help="with --dry-run: run one step of every distinct rank at full size on meta tensors and "
+        "compare its peak memory, FLOPs and bytes with the simulator's",
+    )
+    group.add_argument(
+        "--measure-ranks",
+        type=lambda text: [int(x) for x in text.split(",")],
+        metavar="P,…",
+        help="with --measure: only these pipeline ranks (default: all)",
+    )
+    group.add_argument("--measure-json", action="store_true", help="with --measure: print JSON")
+
+
+def measure(config, args: argparse.Namespace) -> int:
+    """Measure and print (text, or JSON with ``--measure-json``)."""
+    from pipewright.errors import ConfigError
+    from pipewright.measure import measure_run, text
+
+    if not args.dry_run:
+        raise ConfigError("--measure runs no training; add --dry-run")
+    quiet = args.measure_json or not config.progress
+    comparisons = measure_run(
+        config, args.measure_ranks, progress=None if quiet else (lambda line: print(line, flush=True))
+    )
+    if args.measure_json:
+        print(json.dumps([c.as_dict() for c in comparisons], indent=2))
+    else:
+        print(text(comparisons))
+    return 0

@@ -1,0 +1,66 @@
+"""The real program of every distinct rank measured at full size without a GPU, against the simulator
+(``pipewright train --dry-run --measure``).
+
+:func:`measure_run` prepares the run (every check ``train`` makes but the size of this machine), asks
+the simulator for the same layout (:mod:`.simulated`), then builds each distinct rank's stages on meta
+tensors and a fake process group and runs one training step of the real executor with the real schedule
+(:mod:`.rank`, :mod:`.tracker`), and compares the two (:mod:`.report`). Nothing is written.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+
+from pipewright.measure.rank import RankMeasure, distinct_ranks, measure_rank
+from pipewright.measure.report import RankComparison, compare, text
+
+__all__ = ["RankComparison", "RankMeasure", "compare", "distinct_ranks", "measure_run", "text"]
+
+
+def measure_run(
+    config,
+    pp_ranks: Sequence[int] | None = None,
+    *,
+    progress: Callable[[str], None] | None = None,
+) -> list[RankComparison]:
+    """Measure the distinct ranks of ``config`` (``pp_ranks``: only these pipeline ranks; default all)
+    and compare each with the simulator's prediction of its pipeline rank."""
+    from pipewright.errors import ConfigError
+    from pipewright.measure.simulated import predict
+    from pipewright.training import prepare
+
+    if getattr(config, "init_from", None):
+        raise ConfigError("--measure builds no weights (meta tensors): drop --init-from")
+    run = prepare(config, world_size=config.world_size, check_size=False)
+    predicted = predict(run)
+    ranks = distinct_ranks(run.config)
+    chosen = range(len(ranks)) if pp_ranks is None else pp_ranks
+    bad = [p for p in chosen if not 0 <= p < len(ranks)]
+    if bad:
+        raise ConfigError(f"--measure-ranks {bad[0]}: pipeline ranks are 0..{len(ranks) - 1}")
+    out = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the fake backend's "timeout not supported" and the like
+        for p in chosen:
+            if progress is not None:
+                progress(f"measuring pipeline rank {p} (global rank {ranks[p]})")
+            out.append(compare(_measured(run, ranks[p]), predicted[p]))
+    return out
+
+
+def _measured(run, rank: int):
+    """:func:`measure_rank`, a failure of the model's code on meta tensors as a one-line ConfigError."""
+    from pipewright.errors import ConfigError, PipewrightError
+
+    try:
+        return measure_rank(run, rank)
+    except PipewrightError:
+        raise
+    except Exception as exc:  # e.g. a model that reads values or copies weights to the host
+        cause = exc.__cause__ or exc
+        first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+        raise ConfigError(
+            f"rank {rank}'s program cannot run on meta tensors ({type(cause).__name__}: {first[:200]}); "
+            "--measure needs model code that computes no values from data"
+        ) from exc

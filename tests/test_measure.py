@@ -1,0 +1,114 @@
+"""``train --dry-run --measure``: the real program of a rank run on fake tensors and the fake process
+group, against the simulator. Tiny Llama stages, one pipeline rank per schedule (the full-size table is
+in tests/test_measure_table.py, from package data)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipewright.cli import main
+from pipewright.errors import ConfigError
+from pipewright.measure import measure_run
+from pipewright.runtime.config import TrainConfig
+
+TINY = dict(
+    model="llama",
+    layers=4,
+    hidden=64,
+    heads=4,
+    ffn_hidden=128,
+    seq_len=32,
+    vocab=256,
+    pp=2,
+    microbatches=2,
+    microbatch_size=1,
+    precision="bf16",
+    progress=False,
+)
+
+SCHEDULES = [
+    ("1f1b", {}),
+    ("gpipe", {}),
+    ("interleaved-1f1b", {"virtual": 2}),
+    ("looped-bfs", {"virtual": 2}),
+    ("zb-h1", {}),
+    ("zb-h2", {}),
+    ("zb-auto", {}),
+    ("zbv", {}),
+    ("v-half", {}),
+    ("v-min", {}),
+    ("dualpipev", {"microbatches": 4}),
+]
+
+
+@pytest.mark.parametrize(("schedule", "extra"), SCHEDULES, ids=[s for s, _ in SCHEDULES])
+def test_every_schedule_matches_the_simulator_in_flops_and_bytes(schedule, extra):
+    (cmp,) = measure_run(TrainConfig(**{**TINY, **extra}, schedule=schedule), [0])
+    m, p = cmp.measured, cmp.predicted
+    kinds = {k for k in m.flops if k != "step"} | set(p.flops)
+    assert kinds and kinds <= {"F", "B", "I", "W"}
+    for kind in kinds:  # every matrix product and attention of the real step, as the cost model prices it
+        assert m.flops.get(kind, 0) == pytest.approx(p.flops.get(kind, 0.0), rel=0.01), kind
+    assert cmp.boundary_bytes == p.message_bytes == 1 * 32 * 64 * 2  # b·s·h bf16
+    # the peak falls inside an action of the schedule, and the static bytes are the state's
+    assert m.peak_action == "optimizer step" or m.peak_action[0].isdigit()
+    parts = p.parts
+    edges = parts["embedding_output_layer"] / 18  # bf16 weights + fp32 grads + fp32 master and Adam
+    assert m.static["params"] == pytest.approx(parts["weights"] + 2 * edges, rel=0.01)
+    assert m.static["optimizer"] == pytest.approx(parts["optimizer_state"] + 12 * edges, rel=0.01)
+
+
+def test_tensor_parallel_sequence_parallel_rank_matches_flops_and_counts_its_collectives():
+    config = TrainConfig(**{**TINY, "tp": 2, "sequence_parallel": True}, schedule="1f1b")
+    (cmp,) = measure_run(config, [1])
+    m, p = cmp.measured, cmp.predicted
+    for kind in ("F", "B"):
+        assert m.flops[kind] == pytest.approx(p.flops[kind], rel=0.01)
+    assert cmp.boundary_bytes == p.message_bytes == 32 * 64 * 2 // 2  # 1/t of the boundary
+    assert m.comm[("all_gather", "tp")] > 0 and m.comm[("reduce_scatter", "tp")] > 0
+    # each all-gather of a layer input is a reduce-scatter of its gradient: the same bytes both ways
+    assert m.comm[("all_gather", "tp")] == m.comm[("reduce_scatter", "tp")]
+
+
+def test_zero1_shards_the_optimizer_state_over_dp():
+    plain, sharded = (
+        measure_run(TrainConfig(**{**TINY, "dp": 2, "shard_optimizer": z}, schedule="1f1b"), [0])[0]
+        for z in (False, True)
+    )
+    assert sharded.measured.static["optimizer"] == pytest.approx(
+        plain.measured.static["optimizer"] / 2, rel=0.02
+    )
+    assert sharded.measured.comm[("reduce_scatter", "dp")] > 0
+
+
+def test_asynchronous_weight_stashing_steps_inside_the_schedule():
+    fields = {**TINY, "precision": "fp32", "weight_policy": "stash"}
+    (cmp,) = measure_run(TrainConfig(**fields, schedule="async-1f1b"), [0])
+    m, p = cmp.measured, cmp.predicted
+    for kind in ("F", "B"):
+        assert m.flops[kind] == pytest.approx(p.flops[kind], rel=0.01)
+    assert "STEP" in m.peak_action  # the per-microbatch optimizer steps hold the stashed weights
+
+
+def test_cli_prints_json_and_writes_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    args = ["train", "--dry-run", "--measure", "--measure-json", "--measure-ranks", "1"]
+    for key, value in TINY.items():
+        if key != "progress":
+            args += [f"--{key.replace('_', '-')}", str(value)]
+    assert main(args) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["pp_rank"] == 1 and row["rows"]["FLOPs F"]["measured"] > 0
+    assert list(tmp_path.iterdir()) == []  # no run folder
+
+
+def test_measure_without_dry_run_and_a_rank_outside_the_pipeline_are_one_line_errors(capsys):
+    assert main(["train", "--measure"]) != 0
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "add --dry-run" in err
+    with pytest.raises(ConfigError, match=r"pipeline ranks are 0\.\.1"):
+        measure_run(TrainConfig(**TINY, schedule="1f1b"), [2])
+    with pytest.raises(ConfigError, match="drop --init-from"):
+        measure_run(TrainConfig(**TINY, schedule="1f1b", init_from="somewhere"), [0])
