@@ -9,8 +9,9 @@ receive on a channel only delays later receives on the same channel) and on gloo
 Every receive and every send is its own operation with its own Work (NCCL coalesces a
 ``batch_isend_irecv`` batch into one Work: waiting one receive of a batch would wait for all of it).
 At most ``depth`` receives per channel are posted ahead (:meth:`PipeComm.prime` at step start, the next
-one as each is consumed; the executor's ``recv_depth``, by default its schedule's number of stages), so
-receive buffers are bounded by the microbatches in flight, not allocated m per channel at step start.
+one as each is consumed; the executor's ``recv_depth``, on CUDA by default its schedule's number of
+stages), so receive buffers are bounded by the microbatches in flight, not allocated m per channel at
+step start.
 A send is released (its buffer freed) as soon as it is known complete: polled on CUDA, and on every
 backend once this rank has received a message its peer sent after the matching receive.
 
