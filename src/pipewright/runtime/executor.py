@@ -100,9 +100,11 @@ class PipelineExecutor:
     rank holds to its module. ``boundary_shape`` is the per-microbatch shape of the tensor entering a
     stage (one tuple for all, or a dict stage → shape), ``dtype`` likewise. ``step_fn(stage, mb)`` is
     called by STEP actions (``mb`` None after a flush). ``recv_depth``: receives posted ahead per
-    channel (default: the schedule's number of stages, which bounds the microbatches in flight of the
-    usual schedules, so receive buffers stay bounded by them; pass m to post all at iteration start);
-    ``recv_window``: instead, receives are posted this many actions ahead. ``record``: measure a span
+    channel. Default on CUDA (and under NCCL's rules, :mod:`~pipewright.runtime.nccl_rules`): the
+    schedule's number of stages, which bounds the microbatches in flight of the usual schedules, so
+    receive buffers stay bounded by them; on plain gloo all at iteration start (host memory is cheap,
+    and gloo's rendezvous makes a late-posted receive cost CPU time). ``recv_window``: instead,
+    receives are posted this many actions ahead. ``record``: measure a span
     per action — wall clock on the CPU, CUDA events on CUDA, read after the step with one synchronize
     (the per-action loop never synchronises: :meth:`device_sync` runs at most once per step).
     ``scatter_gather`` (tp > 1,
@@ -214,7 +216,9 @@ class PipelineExecutor:
         self.last_spans: list[Span] = []
         self.iteration = 0
         mesh.open_channels(channel_pairs(schedule))
-        self.recv_depth = schedule.num_stages if recv_depth is None else recv_depth
+        if recv_depth is None and (self.device.type == "cuda" or nccl_rules.active()):
+            recv_depth = schedule.num_stages
+        self.recv_depth = recv_depth
         self.comm = PipeComm(
             schedule,
             mesh,

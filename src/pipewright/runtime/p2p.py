@@ -9,10 +9,11 @@ receive on a channel only delays later receives on the same channel) and on gloo
 Every receive and every send is its own operation with its own Work (NCCL coalesces a
 ``batch_isend_irecv`` batch into one Work: waiting one receive of a batch would wait for all of it).
 At most ``depth`` receives per channel are posted ahead (:meth:`PipeComm.prime` at step start, the next
-one as each is consumed; the executor's ``recv_depth``, by default its schedule's number of stages), so
-receive buffers are bounded by the microbatches in flight, not allocated m per channel at step start.
-A send is released (its buffer freed) as soon as it is known complete: polled on CUDA, and on every
-backend once this rank has received a message its peer sent after the matching receive.
+one as each is consumed; the executor's ``recv_depth``, on CUDA by default its schedule's number of
+stages), so receive buffers are bounded by the microbatches in flight, not allocated m per channel at
+step start.
+A send is released (its buffer freed) as soon as it is known complete: polled on CUDA, and under NCCL's
+rules over gloo once this rank has received a message its peer sent after the matching receive.
 
 Shapes and dtypes are given in advance by the executor (no handshake). A receive that does not
 complete within ``timeout_s`` raises :class:`RecvTimeout` naming this rank, the action and the peer.
@@ -123,6 +124,10 @@ class PipeComm:
         # Backends that cannot coalesce (gloo) run batch_isend_irecv's operations one by one; calling the
         # process group directly does the same without its per-operation Python wrappers.
         self._direct = mesh.device.type == "cpu" and not nccl_rules.active()
+        # Sends known received are freed mid-step under NCCL's rules (on CUDA the host has not waited
+        # for the receive, only the stream has: completion is polled instead); plain gloo frees them at
+        # the step's end, which measured cheaper there (host memory is not the bound).
+        self._release_received = mesh.device.type != "cuda" and nccl_rules.active()
         self.reset()
 
     def _link(self, src: int, dst: int) -> tuple[dist.ProcessGroup, int, int]:
@@ -290,8 +295,7 @@ class PipeComm:
         receive the sender's schedule runs before the matching send (it has them; their waits return at
         once), and on CUDA any whose work reports completion."""
         src = self._slot[received][0]
-        # On CUDA the host has not waited for ``received`` (only the stream has): poll instead.
-        upto = self._releases.after.get(received, 0) if self.mesh.device.type != "cuda" else 0
+        upto = self._releases.after.get(received, 0) if self._release_received else 0
         with self._lock:
             queue = self._sends.get(src)
             while queue and self._freed[src] < upto:
