@@ -13,6 +13,7 @@ import torch.distributed as dist
 
 from pipewright.ir import REDUCE_GRAD, STEP, Action, B, F, I, Schedule, W
 from pipewright.models.wgrad import AccumulateNow, WeightGradStore, deferring
+from pipewright.runtime import grad_buckets
 from pipewright.runtime.errors import CollectiveTimeout
 from pipewright.runtime.p2p import PipeComm, TensorSpec
 from pipewright.runtime.timeouts import wait_work
@@ -103,6 +104,9 @@ def _backward(state: RunState, a: Action, store: WeightGradStore | None = None) 
         grad = state.input_grads.pop((s + 1, k))
     else:
         grad = state.received.pop(Action(s, ex.bwd_recv, k))
+    buckets = grad_buckets.of(ex.stages[s])
+    if buckets is not None:  # the stage's gradients in its bucket buffer; hooks armed in its last backward
+        grad_buckets.before_backward(buckets, state, a)
     # a full B accumulates its weight gradients fused into .grad; I hands them to the stage's W store
     with deferring(ex.deferrable[s], _ACCUMULATE_NOW if store is None else store, k):
         torch.autograd.backward(out, grad)
@@ -170,6 +174,11 @@ def start_reduction(state: RunState, stage: int, dtype: torch.dtype | None = Non
     ex = state.executor
     if ex.mesh.dp == 1:
         return
+    buckets = grad_buckets.of(ex.stages[stage])
+    if dtype is None and buckets is not None and grad_buckets.installed(state, stage):
+        buckets.start_rest()  # the buckets not started during the stage's last backward
+        state.reductions[stage] = buckets
+        return
     params = [p for p in ex.stages[stage].parameters() if p.requires_grad]
     for p in params:
         if p.grad is None:
@@ -178,6 +187,8 @@ def start_reduction(state: RunState, stage: int, dtype: torch.dtype | None = Non
     flat = torch.cat([g.reshape(-1) if dtype is None else g.reshape(-1).to(dtype) for g in grads])
     work = dist.all_reduce(flat, group=ex.mesh.grad_group, async_op=True)
     state.reductions[stage] = (work, flat, grads, ex.mesh.grad_replicas)
+    if dtype is None:  # the executor's own reduction: in buckets during the backward from now on
+        grad_buckets.enable(ex.stages[stage], params, ex.mesh.grad_group, ex.mesh.grad_replicas)
 
 
 def finish_reduction(state: RunState, stage: int) -> None:
@@ -185,8 +196,12 @@ def finish_reduction(state: RunState, stage: int) -> None:
     pending = state.reductions.pop(stage, None)
     if pending is None:
         return
-    work, flat, grads, *replicas = pending  # the replicas it sums over (default: dp)
     ex = state.executor
+    if isinstance(pending, grad_buckets.GradBuckets):
+        what = f"{ex.where()}: REDUCE_GRAD({stage}): the dp all-reduce of stage {stage}'s gradient buckets"
+        pending.finish(ex.collective_timeout_s, ex.device, what)
+        return
+    work, flat, grads, *replicas = pending  # the replicas it sums over (default: dp)
     if not wait_work(work, ex.collective_timeout_s, ex.device):
         raise CollectiveTimeout(
             f"{ex.where()}: REDUCE_GRAD({stage}): the dp all-reduce of stage {stage}'s gradients did not "

@@ -106,10 +106,28 @@ def new_group(ranks, **kwargs) -> dist.ProcessGroup:
     torch's default would be 10 minutes whatever ``--collective-timeout`` says), gloo's the
     collective timeout itself. A NCCL group inherits the default group's ``device_id``."""
     backend = str(kwargs.get("backend") or (dist.get_backend() if dist.is_initialized() else ""))
-    timeout = _group_timeouts.get("nccl" if "nccl" in backend else "gloo")
-    if timeout is not None and "timeout" not in kwargs:
-        kwargs["timeout"] = timeout
-    return dist.new_group(ranks, **kwargs)
+    nccl = "nccl" in backend
+    if nccl and "nccl" in _group_timeouts and "timeout" not in kwargs:
+        kwargs["timeout"] = _group_timeouts["nccl"]
+    group = dist.new_group(ranks, **kwargs)
+    # gloo connects a new group's ranks within its timeout: the (short) collective timeout is set after
+    if not nccl and "gloo" in _group_timeouts and "timeout" not in kwargs and group is not None:
+        _set_timeout(group, _group_timeouts["gloo"])
+    return group
+
+
+def _set_timeout(group: dist.ProcessGroup, timeout: timedelta) -> bool:
+    """``group``'s timeout ← ``timeout`` (False where this torch or the group does not take it)."""
+    from torch.distributed import distributed_c10d as c10d
+
+    setter = getattr(c10d, "_set_pg_timeout", None)
+    if setter is None or c10d._rank_not_in_group(group):
+        return False
+    try:
+        setter(timeout, group)
+    except (RuntimeError, ValueError, AssertionError):
+        return False
+    return True
 
 
 def abort_device_groups() -> bool:
@@ -147,9 +165,5 @@ def bound_groups(timeout_s: float) -> int:
         if c10d._rank_not_in_group(group):
             continue
         nccl = "nccl" in str(dist.get_backend(group))
-        try:
-            setter(watchdog_timeout(timeout_s) if nccl else timedelta(seconds=timeout_s), group)
-            count += 1
-        except (RuntimeError, ValueError, AssertionError):
-            continue
+        count += _set_timeout(group, watchdog_timeout(timeout_s) if nccl else timedelta(seconds=timeout_s))
     return count
