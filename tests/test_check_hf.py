@@ -119,8 +119,8 @@ ROUTER_LAYOUTS = (
 def test_router_loss_as_transformers_on_every_schedule(tmp_path, data) -> None:
     """Mixtral and Qwen2-MoE with ``output_router_logits`` (coefficient 0.5, so the router loss shows):
     the loss (cross-entropy + c·aux) and gradient norm of each of 2 steps equal ``transformers``' model
-    trained one microbatch at a time, within 1e-5, on 1F1B (pp 2 and 4), interleaved 1F1B, ZB-V and
-    ZB-H1 (one 4-process launch)."""
+    trained one microbatch at a time, within 1e-5, on 1F1B (pp 2 and 4), interleaved 1F1B (with full
+    recomputation), ZB-V and ZB-H1 (one 4-process launch)."""
     from _queue_spawn import fork_launch
     from _single_process import train_and_gather
     from pipewright.cli.check_hf import transformers_rows
@@ -133,7 +133,10 @@ def test_router_loss_as_transformers_on_every_schedule(tmp_path, data) -> None:
         )
         base = _config(folder, data, lr=0.05, warmup=1, optimizer="sgd", out=str(tmp_path / "run"))
         for schedule, pp, dp, v, m in ROUTER_LAYOUTS[i::2]:  # the two families share the layouts
-            cases.append(replace(base, schedule=schedule, pp=pp, dp=dp, virtual=v, microbatches=m))
+            full = "full" if schedule == "interleaved-1f1b" else "none"  # recomputed layers re-route
+            cases.append(
+                replace(base, schedule=schedule, pp=pp, dp=dp, virtual=v, microbatches=m, recompute=full)
+            )
     runs = [prepare(c) for c in cases]
     gathered = fork_launch(train_and_gather, 4, (runs, None, False), timeout_s=600)[0]
     for config, ranks in zip(cases, gathered, strict=True):

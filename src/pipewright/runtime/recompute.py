@@ -38,8 +38,8 @@ class _Checkpointed:
     def __init__(self, forward: Callable[..., Any]) -> None:
         self.inner = forward
 
-    def __call__(self, *args: Any) -> Any:
-        return checkpoint(self.inner, *args, use_reentrant=False, preserve_rng_state=False)
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:  # keywords: transformers' decoder layers
+        return checkpoint(self.inner, *args, use_reentrant=False, preserve_rng_state=False, **kwargs)
 
 
 def _checkpoint_module(module: nn.Module) -> None:

@@ -104,7 +104,7 @@ def attach(x: torch.Tensor, carry: torch.Tensor, extra: int) -> torch.Tensor:
     return torch.cat([x, block], dim=1)
 
 
-def detach_carry(x: torch.Tensor, loss: RouterLoss, extra: int) -> tuple[torch.Tensor, torch.Tensor]:
+def split_carry(x: torch.Tensor, loss: RouterLoss, extra: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The hidden state and the carry (from the first sequence of the microbatch) of a stage's input."""
     carry = x[0, -extra:].reshape(-1)[: loss.carry_size()].float()
     return x[:, :-extra], carry

@@ -19,6 +19,8 @@ Parameter names are those of pipewright's stages (``embed.tok.weight``, ``layers
 
 from __future__ import annotations
 
+import threading
+
 import torch
 from torch import nn
 
@@ -26,6 +28,17 @@ from pipewright.models.blocks import StageModule
 from pipewright.models.hf import router_loss
 
 SLIDING = "sliding_attention"
+#: the router logits a stage's forward collects, by stage, on this thread only: a recomputation in
+#: backward (or another thread's forward of the same stage, under pair overlap) adds nothing to them
+_THREAD = threading.local()
+
+
+def _collecting() -> dict[int, list[torch.Tensor]]:
+    if not hasattr(_THREAD, "lists"):
+        _THREAD.lists = {}
+    return _THREAD.lists
+
+
 FULL = "full_attention"
 
 
@@ -89,7 +102,6 @@ class HFStage(StageModule):
         # the router loss's carry (models/hf/router_loss.py): hooks collect this stage's router logits
         self.router = router
         self.extra = router_loss.rows(router.experts, config.hidden_size) if router else 0
-        self._router_logits: list[torch.Tensor] = []
         if router is not None:
             for layer in self.layers.values():
                 for module in layer.modules():
@@ -97,14 +109,16 @@ class HFStage(StageModule):
                         module.register_forward_hook(self._keep_router_logits)
 
     def _keep_router_logits(self, module: nn.Module, args, out) -> None:
-        self._router_logits.append(out[self.router.index] if isinstance(out, tuple) else out)
+        kept = _collecting().get(id(self))
+        if kept is not None:
+            kept.append(out[self.router.index] if isinstance(out, tuple) else out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         carry = None
         if self.router is not None:
-            self._router_logits = []
+            _collecting()[id(self)] = []
             if self.embed is None:
-                x, carry = router_loss.detach_carry(x, self.router, self.extra)
+                x, carry = router_loss.split_carry(x, self.router, self.extra)
         if self.embed is not None:
             x = self.embed(x)
         if len(self.layers):
@@ -121,7 +135,8 @@ class HFStage(StageModule):
         if self.head is not None:
             x = self.head(x)
         if self.router is not None:
-            sums = router_loss.stage_sums(self.router, self._router_logits, x.device)
+            kept = _collecting().pop(id(self))
+            sums = router_loss.stage_sums(self.router, kept, x.device)
             carry = sums if carry is None else carry + sums
             if self.head is not None:
                 setattr(x, router_loss.ATTRIBUTE, router_loss.aux_loss(self.router, carry))
