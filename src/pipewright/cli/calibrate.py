@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import io
 import json
 from collections.abc import Callable, Sequence
@@ -22,7 +23,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "calibrate",
         help="fit a framework's calibration on measured runs; report held-out error and ranking",
-        description=__doc__.splitlines()[0],
+        description="Fit a framework's calibration on measured runs and report how well it predicts and "
+        "ranks the runs it was not fitted on (docs/cost-model.md, 'Calibrating a framework on your "
+        "measured runs').",
     )
     parser.add_argument("--measured", required=True, help="measured runs, CSV (docs/cost-model.md)")
     parser.add_argument("--out", help="the calibration file to write (JSON)")
@@ -57,6 +60,10 @@ def run(args: argparse.Namespace) -> int:
     from pipewright.hardware import accelerator
 
     accelerator(args.gpu)  # one line for an unknown GPU
+    for flag, value in (("--vocab", args.vocab), ("--gpus-per-node", args.gpus_per_node)):
+        if value < 1:
+            raise ConfigError(f"{flag} must be at least 1 (got {value})")
+    predict = functools.partial(predict_all, per_node=args.gpus_per_node)
     fw = frameworks.framework(args.framework)
     if args.out and Path(args.out).exists() and not args.overwrite:
         raise ConfigError(f"{args.out} exists; pass --overwrite to replace it")
@@ -69,9 +76,9 @@ def run(args: argparse.Namespace) -> int:
     if args.no_fit:
         fitted = Fitted(fw.name, fw.dispatch, fw.compute, fw.host_per_kernel)
     else:
-        fitted = fit_runs(fit_half, setup, fw.name, predict_all, Bar(progress, "fitting", "runs"))
+        fitted = fit_runs(fit_half, setup, fw.name, predict, Bar(progress, "fitting", "runs"))
     with registered(fitted):
-        held_score = score(held, predict_all(held, setup, Bar(progress, "scoring", "runs")))
+        held_score = score(held, predict(held, setup, Bar(progress, "scoring", "runs")))
     report = {
         "measured": args.measured,
         "rows": len(runs),
@@ -123,12 +130,14 @@ def predict_all(
     runs: Sequence[MeasuredRun],
     setup: Sequence[str],
     progress: Callable[[int, int], None] | None = None,
+    per_node: int = 8,
 ) -> list[float]:
-    """Predicted seconds of every run under ``setup`` (:func:`simulate_argv`)."""
+    """Predicted seconds of every run under ``setup`` on machines of ``per_node`` GPUs
+    (:func:`simulate_argv`)."""
     out = []
     for i, run in enumerate(runs):
         try:
-            out.append(predict_seconds(simulate_argv(run, setup)))
+            out.append(predict_seconds(simulate_argv(run, setup, per_node)))
         except ConfigError as exc:
             raise ConfigError(f"line {run.line}: {exc}") from None
         if progress is not None:

@@ -171,8 +171,8 @@ register(
         "through PyTorch's context_parallel with its allgather rotate method "
         "(experimental.context_parallel_rotate_method's default)",
         {"kernels": "eager", "fsdp_grad_sync": "step", "stage_outputs": "step", "cp_comm": "torch-allgather"},
-        compute=0.7800,
-        overhead=2.090e-3,
+        compute=0.7805,
+        overhead=2.096e-3,
         fitted_on=(
             "trainy25-h200-8b-64gpu",
             "tt24-8b-128gpu-t3-0",
@@ -194,8 +194,8 @@ register(
         "overlap (tp_config's one strategy, llmfoundry/tp/ffn_tp_strategy.py, plans PyTorch's Colwise/"
         "RowwiseParallel on the MLP and enables no asynchronous TP)",
         {"kernels": "eager"},
-        compute=0.9751,
-        overhead=1.871e-3,
+        compute=0.9753,
+        overhead=1.878e-3,
         fitted_on=(
             "mpt-a100-40gb-30b-s2048-128gpu",
             "mpt-a100-40gb-7b-s2048-128gpu",

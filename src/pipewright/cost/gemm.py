@@ -55,3 +55,27 @@ def batched_attention_bytes(spec, esize: float, cp: int = 1) -> float:
     byte/s is higher (A100: 153). The backward's gradient products move as much per FLOP."""
     d = spec.hidden / spec.heads
     return esize * (1 / (2 * d) + cp / spec.seq_len)
+
+
+#: bytes of one GEMM operand element per dtype
+_OPERAND_BYTES = {"fp8": 1, "fp16": 2, "bf16": 2, "fp32": 4, "tf32": 4}
+
+
+def gemm_seconds(gemms, gpu, dtype: str, eff, calibration=None) -> float:
+    """Seconds of ``gemms`` ((m, n, k, count) each) on accelerator ``gpu`` with efficiency ``eff``: a
+    calibration's measured rate for the shape, else peak × gemm efficiency (× fp8 factor) × wave
+    quantisation; with the shape model (``eff.waves``) no faster than its operands' bytes,
+    esize·(mk + kn + mn), allow at the memory bandwidth (:func:`roofline`; skinny GEMMs are
+    memory-bound). The cost model's and the planner's one formula."""
+    peak = gpu.peak(dtype)
+    base, sms = eff.gemm * (eff.fp8 if dtype == "fp8" else 1.0), gpu.sms if eff.waves else 0
+    bandwidth = gpu.memory_bandwidth if calibration is None else calibration.memory_bandwidth
+    esize = _OPERAND_BYTES.get(dtype, 2) if eff.waves else 0
+    total = 0.0
+    for m, n, k, count in gemms:
+        rate = None if calibration is None else calibration.gemm_flops_per_second(m, n, k, dtype)
+        if rate is None:
+            rate = peak * base * wave_efficiency(m, n, sms)
+        flops = 2 * m * n * k
+        total += count * roofline(flops, rate, esize * (m * k + k * n + m * n) / flops, bandwidth)
+    return total

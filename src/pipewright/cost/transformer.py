@@ -74,7 +74,7 @@ from pipewright.cost.context import cp_buffer_bytes, cp_layer_seconds, ring_byte
 from pipewright.cost.dispatch import chunk_launched, optimizer_seconds
 from pipewright.cost.efficiency import A100_EFFICIENCY, Efficiency, default_efficiency
 from pipewright.cost.flop_count import logit_forward_flops, megatron_flops_per_iteration, megatron_parameters
-from pipewright.cost.gemm import batched_attention_bytes, roofline, wave_efficiency
+from pipewright.cost.gemm import batched_attention_bytes, gemm_seconds, roofline
 from pipewright.cost.kernels import check_kernels, layer_traffic, loss_bytes
 from pipewright.cost.layer import (
     attention_flops,
@@ -357,20 +357,9 @@ class TransformerCost:
 
     # -- time ---------------------------------------------------------------------------------------
     def gemm_time(self, gemms, acc: Accelerator) -> float:
-        """Seconds of ``gemms`` ((m, n, k, count) each) on ``acc``: measured throughput by shape with a
-        calibration of this dtype, else the base efficiency × wave quantisation (cost/gemm.py)."""
-        peak = acc.peak(self.dtype)
-        eff = self.efficiency_of(acc)
-        base, sms = eff.gemm * (eff.fp8 if self.dtype == "fp8" else 1.0), acc.sms if eff.waves else 0
-        total = 0.0
-        for m, n, k, count in gemms:
-            rate = None
-            if self.calibration is not None:
-                rate = self.calibration.gemm_flops_per_second(m, n, k, self.dtype)
-            if rate is None:
-                rate = peak * base * wave_efficiency(m, n, sms)
-            total += count * 2 * m * n * k / rate
-        return total
+        """Seconds of ``gemms`` ((m, n, k, count) each) on ``acc`` (:func:`pipewright.cost.gemm.gemm_seconds`:
+        a calibration's measured throughput by shape, else the base efficiency × wave quantisation)."""
+        return gemm_seconds(gemms, acc, self.dtype, self.efficiency_of(acc), self.calibration)
 
     def kind_time(self, chunk: _Chunk, kind: str, rank: int) -> float:
         """Seconds of one ``kind`` action of ``chunk`` on pipeline rank ``rank`` (module docstring)."""

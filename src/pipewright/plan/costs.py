@@ -30,7 +30,8 @@ from functools import cache
 from pipewright.cost.comm import Mesh
 from pipewright.cost.context import ring_gathered_bytes
 from pipewright.cost.dispatch import launched
-from pipewright.cost.gemm import roofline, wave_efficiency
+from pipewright.cost.gemm import gemm_seconds as gemm_seconds
+from pipewright.cost.gemm import roofline
 from pipewright.cost.recompute import make_cost
 from pipewright.cost.sharding import exposed, pipelined_fsdp_state, state_bytes
 from pipewright.cost.tp_overlap import TpPass, block_times, layer_blocks, modes, resolve
@@ -47,20 +48,6 @@ from pipewright.plan.options import CostOptions
 from pipewright.topology import single_host
 
 Gemms = tuple[tuple[float, float, float, int], ...]  # (m, n, k, count) each
-
-
-def gemm_seconds(gemms: Gemms, gpu: Accelerator, dtype: str, eff: Efficiency, calibration=None) -> float:
-    """Seconds of ``gemms`` on ``gpu``, as :meth:`TransformerCost.gemm_time` prices them: a calibration's
-    measured rate for the shape, else peak × gemm efficiency (× fp8 factor) × wave quantisation."""
-    peak = gpu.peak(dtype)
-    base, sms = eff.gemm * (eff.fp8 if dtype == "fp8" else 1.0), gpu.sms if eff.waves else 0
-    total = 0.0
-    for m, n, k, count in gemms:
-        rate = None if calibration is None else calibration.gemm_flops_per_second(m, n, k, dtype)
-        if rate is None:
-            rate = peak * base * wave_efficiency(m, n, sms)
-        total += count * 2 * m * n * k / rate
-    return total
 
 
 @dataclass(frozen=True)
