@@ -120,6 +120,13 @@ def text(comparisons: list[RankComparison]) -> str:
             lines.append(
                 f"  allocator reserve (simulator's estimate, in neither peak): {reserve / GiB:.2f} GiB"
             )
+        limit = cmp.predicted.memory_limit
+        if limit:
+            need = m.peak_bytes + (reserve or 0.0)
+            verdict = "fits" if need <= limit else "does not fit"
+            lines.append(
+                f"  measured peak + reserve {need / GiB:.1f} GiB {verdict} an H100's {limit / GiB:.0f} GiB"
+            )
         comm = ", ".join(f"{op} {group} {v / 2**20:.1f} MiB" for (op, group), v in sorted(m.comm.items()))
         lines.append(f"  bytes: {comm}")
         miss = cmp.misses()

@@ -26,6 +26,7 @@ class RankPrediction:
     parts: dict[str, float]
     flops: dict[str, float]
     message_bytes: float
+    memory_limit: float | None = None  # one GPU's memory (bytes)
 
 
 def sim_setup(run, gpu: str = "h100-sxm"):
@@ -70,5 +71,5 @@ def predict(run) -> list[RankPrediction]:
             f = float(cost.flops(action, sched))
             if f:
                 flops[action.kind] += f
-        out.append(RankPrediction(rank, float(peak), parts[rank], dict(flops), message))
+        out.append(RankPrediction(rank, float(peak), parts[rank], dict(flops), message, setup.memory_limit))
     return out
