@@ -104,6 +104,16 @@ def test_cli_prints_json_and_writes_nothing(tmp_path, capsys, monkeypatch):
     assert list(tmp_path.iterdir()) == []  # no run folder
 
 
+def test_check_measures_the_layout_it_would_check(capsys):
+    args = ["check", "--measure", "--measure-ranks", "0"]
+    for key, value in TINY.items():
+        if key != "progress":
+            args += [f"--{key.replace('_', '-')}", str(value)]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "rank 0 (pp 0, stages 0)" in out and "fits an H100's 80 GiB" in out
+
+
 def test_measure_without_dry_run_and_a_rank_outside_the_pipeline_are_one_line_errors(capsys):
     assert main(["train", "--measure"]) != 0
     err = capsys.readouterr().err

@@ -56,6 +56,9 @@ def register(sub: argparse._SubParsersAction, feature_paths: tuple[str, ...] = (
     )
     for title in GROUPS:
         add_flags(parser, TrainConfig, title, dest=lambda f: f.name, group=title)
+    from pipewright.cli.measure import add_flags as add_measure_flags
+
+    add_measure_flags(parser.add_argument_group("measure"))  # check --measure: the layout, measured
     all_features(feature_paths).add_options("train", parser)
     parser.set_defaults(func=_check)
 
@@ -69,6 +72,10 @@ def _check(args: argparse.Namespace) -> int:
         flag = "--" + given[0].replace("_", "-")
         raise ConfigError(f"{flag} does not apply to check (it keeps no run folder); drop it")
     config = config_from_args(args)
+    if args.measure or args.measure_ranks or args.measure_json:  # no training: cli/measure.py
+        from pipewright.cli.measure import measure
+
+        return measure(config, args)
     if args.steps is None:
         config = replace(config, steps=DEFAULT_STEPS)
     if args.warmup is None:  # a few steps at the peak learning rate: differences show sooner

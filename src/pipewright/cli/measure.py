@@ -1,5 +1,6 @@
-"""``pipewright train --dry-run --measure``: each distinct rank's real program at full size on meta
-tensors, next to the simulator (:mod:`pipewright.measure`). Prints; writes nothing."""
+"""``pipewright train --dry-run --measure`` and ``pipewright check --measure``: each distinct rank's
+real program at full size on meta tensors, next to the simulator (:mod:`pipewright.measure`). Prints;
+writes nothing."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ def add_flags(group: argparse._ArgumentGroup) -> None:
     group.add_argument(
         "--measure",
         action="store_true",
-        help="with --dry-run: run one step of every distinct rank at full size on meta tensors and "
+        help="(train: with --dry-run) run one step of every distinct rank at full size on meta tensors and "
         "compare its peak memory, FLOPs and bytes with the simulator's",
     )
     group.add_argument(
@@ -29,7 +30,7 @@ def measure(config, args: argparse.Namespace) -> int:
     from pipewright.errors import ConfigError
     from pipewright.measure import measure_run, text
 
-    if not args.dry_run:
+    if not getattr(args, "dry_run", True):  # train: only with --dry-run (check trains nothing here)
         raise ConfigError("--measure runs no training; add --dry-run")
     quiet = args.measure_json or not config.progress
     comparisons = measure_run(

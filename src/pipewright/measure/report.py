@@ -1,7 +1,8 @@
 """The measured program next to the simulator, per distinct rank: peak memory (static part, activations
-part, total), FLOPs per action kind and the bytes of one boundary message, each with the difference
-(simulated / measured − 1) and whether it meets the targets: memory within 5 %, FLOPs within 1 %,
-message bytes equal.
+part, total), FLOPs per action kind, the bytes of one boundary message and of the data-parallel
+gradient reduction (the dp group's collectives of 1 KiB or more against the simulator's REDUCE_GRAD
+messages), each with the difference (simulated / measured − 1) and whether it meets the targets:
+memory within 5 %, FLOPs within 1 %, bytes equal.
 
 Static = parameters + gradients + optimizer state + buffers (measured) against weights + gradients +
 optimizer state + embedding/output layer (simulated); activations = the rest of the peak against
@@ -19,6 +20,8 @@ from pipewright.measure.simulated import RankPrediction
 MEMORY_TARGET = 0.05
 FLOPS_TARGET = 0.01
 GiB = 2**30
+#: data-parallel collectives below this many bytes are the loss's and the norm's, not the gradients'
+_SMALL = 1024
 
 _STATIC_MEASURED = ("params", "grads", "optimizer", "buffers")
 _STATIC_SIMULATED = ("weights", "gradients", "optimizer_state", "embedding_output_layer")
@@ -57,6 +60,9 @@ class RankComparison:
                 out[f"FLOPs {kind}"] = (float(m.flops.get(kind, 0)), float(p.flops.get(kind, 0.0)))
         if self.boundary_bytes or p.message_bytes:
             out["boundary message"] = (float(self.boundary_bytes), p.message_bytes)
+        grads = sum(v for (op, group), v in m.comm.items() if group == "dp" and v >= _SMALL)
+        if grads or p.reduce_bytes:
+            out["dp gradient bytes"] = (float(grads), p.reduce_bytes)
         return out
 
     def misses(self) -> list[str]:
@@ -66,7 +72,7 @@ class RankComparison:
             diff = abs(_rel(sim, meas))
             memory = name == "peak memory" and diff > MEMORY_TARGET
             flops = name.startswith("FLOPs") and diff > FLOPS_TARGET
-            if memory or flops or (name == "boundary message" and meas != sim):
+            if memory or flops or (name in ("boundary message", "dp gradient bytes") and meas != sim):
                 out.append(name)
         return out
 
@@ -97,7 +103,7 @@ def compare(measured: RankMeasure, predicted: RankPrediction) -> RankComparison:
 def _fmt(name: str, value: float) -> str:
     if name.startswith("FLOPs"):
         return f"{value / 1e12:.2f} TF"
-    if name == "boundary message":
+    if name in ("boundary message", "dp gradient bytes"):
         return f"{value / 2**20:.1f} MiB"
     return f"{value / GiB:.2f} GiB"
 
@@ -119,6 +125,13 @@ def text(comparisons: list[RankComparison]) -> str:
         if reserve:
             lines.append(
                 f"  allocator reserve (simulator's estimate, in neither peak): {reserve / GiB:.2f} GiB"
+            )
+        limit = cmp.predicted.memory_limit
+        if limit:
+            need = m.peak_bytes + (reserve or 0.0)
+            verdict = "fits" if need <= limit else "does not fit"
+            lines.append(
+                f"  measured peak + reserve {need / GiB:.1f} GiB {verdict} an H100's {limit / GiB:.0f} GiB"
             )
         comm = ", ".join(f"{op} {group} {v / 2**20:.1f} MiB" for (op, group), v in sorted(m.comm.items()))
         lines.append(f"  bytes: {comm}")

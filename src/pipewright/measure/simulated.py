@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from pipewright.ir import SEND_F, Action
+from pipewright.ir import REDUCE_GRAD, SEND_F, Action
 
 #: the runtime's precision names → the cost model's dtypes
 _DTYPE = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
@@ -26,6 +26,8 @@ class RankPrediction:
     parts: dict[str, float]
     flops: dict[str, float]
     message_bytes: float
+    memory_limit: float | None = None  # one GPU's memory (bytes)
+    reduce_bytes: float = 0.0  # the data-parallel gradient reduction's messages (REDUCE_GRAD)
 
 
 def sim_setup(run, gpu: str = "h100-sxm"):
@@ -70,5 +72,9 @@ def predict(run) -> list[RankPrediction]:
             f = float(cost.flops(action, sched))
             if f:
                 flops[action.kind] += f
-        out.append(RankPrediction(rank, float(peak), parts[rank], dict(flops), message))
+        mine = sched.actions[rank]
+        reduce = sum(float(cost.message_bytes(a, sched)) for a in mine if a.kind == REDUCE_GRAD)
+        out.append(
+            RankPrediction(rank, float(peak), parts[rank], dict(flops), message, setup.memory_limit, reduce)
+        )
     return out

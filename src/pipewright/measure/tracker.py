@@ -8,7 +8,7 @@ c10d op of the rank passes through it:
   to the storage, as ``torch.distributed._tools.mem_tracker.MemTracker`` keeps one), in the category
   of the phase that made it (``activations`` while the schedule runs, ``optimizer`` during the
   optimizer step); storages are moved to ``params``/``buffers``/``optimizer`` after the build
-  (:meth:`ProgramTracker.classify`) and to ``grads`` when autograd accumulates them into a
+  (:func:`pipewright.measure.rank.measure_rank`) and to ``grads`` when autograd accumulates them into a
   parameter's ``.grad``. The peak is the highest sum of live bytes, with its split and the action
   running when it was reached.
 - **FLOPs**: ``torch.utils.flop_counter``'s formulas (matrix products and attention; the CPU flash
