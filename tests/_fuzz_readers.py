@@ -25,6 +25,7 @@ from _fuzz_cli import (
     json_corpus,
     text_cuts,
 )
+from pipewright.cost.profiled import SIZED_KINDS
 from pipewright.data.tokens import write_tokens
 from pipewright.passes.export import to_csv
 from pipewright.schedules import build_schedule
@@ -124,8 +125,15 @@ def _schedule_csv() -> str:
     return to_csv(build_schedule("1f1b", 2, 4)).rstrip("\n")
 
 
-def _mutated_csv(text: str, seed: int, tokens: tuple[str, ...], count: int) -> list[tuple[str, bytes]]:
-    """``text`` with one cell replaced by one of ``tokens``, ``count`` times."""
+def _mutated_csv(
+    text: str,
+    seed: int,
+    tokens: tuple[str, ...],
+    count: int,
+    valid: Callable[[list[str], int, str], bool] | None = None,
+) -> list[tuple[str, bytes]]:
+    """``text`` with one cell replaced by one of ``tokens``, ``count`` times; ``valid(row, j, token)``:
+    a replacement the format allows (left out: it is no malformed file)."""
     rng = random.Random(seed)
     lines = [line.split(",") for line in text.splitlines()]
     cases = []
@@ -134,6 +142,8 @@ def _mutated_csv(text: str, seed: int, tokens: tuple[str, ...], count: int) -> l
         i = rng.randrange(len(rows))
         j = rng.randrange(len(rows[i]))
         token = rng.choice(tokens)
+        if valid is not None and valid(rows[i], j, token):
+            continue
         rows[i][j] = token
         cases.append((f"cell {i},{j}={token!r}", "\n".join(",".join(r) for r in rows).encode()))
     return cases
@@ -187,6 +197,11 @@ def _profile_argv(f):
     return ["simulate", "--profile", f, "--schedule", "1f1b", "--stages", "2", "--microbatches", "4"]
 
 
+def _unsized_bytes_left_out(row: list[str], j: int, token: str) -> bool:
+    """An empty bytes cell on a row of a kind that carries no size (a backward row) reads as 0: valid."""
+    return j == 4 and token == "" and row[2] not in SIZED_KINDS
+
+
 def profile_csv_reader(base):
     last = PROFILE_CSV.rstrip("\n").rfind("\n") + 1
     cases = text_cuts(PROFILE_CSV, 2, 40, end=last + len("output,1,B,"))  # the last row loses its time
@@ -196,7 +211,7 @@ def profile_csv_reader(base):
     header, rows = body.split("\n", 1)
     cases += [
         (w, (PROFILE_META + header + "\n" + text.decode()).encode())
-        for w, text in _mutated_csv(rows.rstrip("\n"), 4, bad, 40)
+        for w, text in _mutated_csv(rows.rstrip("\n"), 4, bad, 40, valid=_unsized_bytes_left_out)
     ]
     cases += [
         ("no header", (PROFILE_META + rows).encode()),

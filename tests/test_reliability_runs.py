@@ -231,7 +231,9 @@ def test_a_stalled_checkpoint_save_or_evaluation_stops_with_every_rank_position(
         proc.kill()
     error = capsys.readouterr().err.strip().splitlines()[-1]
     lines = _report(error, evaluate)
-    waited = "0SEND_F0 was not received by rank 1 within 2 s (evaluating after step 2)"
+    # rank 1 posted its receives of F0 and F1 (a window of pp = 2 per channel, as on NCCL) before it
+    # stalled, so F2 is rank 0's first send nobody receives
+    waited = "0SEND_F2 was not received by rank 1 within 2 s (evaluating after step 2)"
     assert f"HangError: hang: rank 0 (pp 0): {waited}" in error, error
     assert lines[:2] == [
         "rank 0 (pp 0): evaluating after step 2, position 7 0SEND_F3",

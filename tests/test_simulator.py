@@ -379,7 +379,9 @@ def test_cli_simulate_memory_limit(capsys) -> None:
     pytest.importorskip("pipewright.cost.transformer")
     big = ["simulate", "--model", "gpt3-175b", "--gpu", "v100", "--nodes", "1", "--pp", "8"]
     big += ["--global-batch-size", "8", "--schedule", "1f1b"]
-    assert main([*big, "--json"]) == 0
+    assert main([*big, "--json"]) == 1  # a layout that cannot run is not a success
+    capsys.readouterr()
+    assert main([*big, "--json", "--allow-no-fit"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["memory"]["fits"] is False and report["memory"]["over_limit"] == list(range(8))
     assert main([*big, "--enforce-memory"]) == 2

@@ -196,6 +196,7 @@ def test_vocab_methods_run_under_dualpipev_pairs(capsys):
     argv = [
         *("simulate", "--model", "mixtral-8x7b", "--gpu", "h100-sxm", "--nodes", "1", "--gpus-per-node", "8"),
         *("--pp", "4", "--dp", "2", "--ep", "2", "--global-batch-size", "16", "--schedule", "dualpipev"),
+        "--allow-no-fit",
     ]
     assert main([*argv, "--vocab-parallel", "redistribute"]) == 0
     assert "vocab redistribute" in capsys.readouterr().out

@@ -199,7 +199,18 @@ def check_profile(args: argparse.Namespace) -> None:
     check_outputs([(args.out, "--out"), (args.calibration, "--calibration")], overwrite=args.overwrite)
     values = vars(args)
     check_finite(values)
-    positive = ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len", "tp", "repeats", "nproc")
+    positive = (
+        "layers",
+        "hidden",
+        "heads",
+        "ffn_hidden",
+        "vocab",
+        "seq_len",
+        "tp",
+        "repeats",
+        "nproc",
+        "workers",
+    )
     check_values(values, {n: POSITIVE for n in positive})  # the profiler checks the others itself
     if min(args.microbatch_size) < 1 or args.contention < 0 or args.warmup < 0:
         return  # the profiler's own one-line errors

@@ -124,8 +124,8 @@ def dp_from_processes(config, nproc: int | None):
         nproc if nproc is not None else int(os.environ["WORLD_SIZE"]) if running_under_torchrun() else None
     )
     model = config.tp * config.cp * config.pp
-    if procs is None or procs == model * config.dp:
-        return config
+    if procs is None or model < 1 or procs == model * config.dp:
+        return config  # (a degree below 1 is the option checks' one-line error)
     if procs % model:
         given = "--nproc" if nproc is not None else "torchrun's WORLD_SIZE"
         raise ConfigError(

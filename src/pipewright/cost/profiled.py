@@ -76,10 +76,15 @@ class ProfileRow:
 MAX_SECONDS, MAX_BYTES = 1e6, 2.0**60
 
 
-def _number(value: Any) -> float:
-    """A row's number: JSON's number (null: 0, not measured) or CSV's text; a bool, list, object or
-    empty cell is a TypeError/ValueError."""
-    if value is None:
+#: the kinds whose rows carry a size (activation, parameters, message); the others' bytes may be left out
+SIZED_KINDS = frozenset({"F", "PARAMS", "MESSAGE"})
+
+
+def _number(value: Any, *, empty_is_zero: bool = False) -> float:
+    """A row's number: JSON's number (null: 0, not measured) or CSV's text; an empty cell is 0 only
+    where ``empty_is_zero`` (a backward row's bytes, as hand-written profiles leave them); a bool, list,
+    object or other empty cell is a TypeError."""
+    if value is None or (value == "" and empty_is_zero):
         return 0.0
     if isinstance(value, bool) or not isinstance(value, int | float | str) or value == "":
         raise TypeError(value)
@@ -99,7 +104,7 @@ def _row(item: Mapping[str, Any], where: str) -> ProfileRow:
             _count(item["microbatch_size"]),
             str(item["kind"]),
             _number(item.get("seconds")),
-            _number(item.get("bytes")),
+            _number(item.get("bytes"), empty_is_zero=str(item.get("kind")) not in SIZED_KINDS),
         )
     except (KeyError, TypeError, ValueError, OverflowError):
         raise ConfigError(
