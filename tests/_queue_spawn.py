@@ -30,6 +30,9 @@ from pipewright.runtime.launch import spawn as _spawn
 
 # Multi-process tests run under NCCL's rules over gloo (PIPEWRIGHT_PG_RULES=off to run plain gloo).
 os.environ.setdefault(nccl_rules.ENV, "nccl")
+# ... with NCCL's lazy point-to-point connection: a pair's first send/receive blocks until the peer's
+# (PIPEWRIGHT_PG_LAZY_CONNECT= empty to turn it off); 30 s, under the workers' 60 s group timeout.
+os.environ.setdefault(nccl_rules.LAZY_ENV, "30")
 
 #: ``cases(rank, world) -> {case: error or ""}``, run inside an initialised gloo process group
 Cases = Callable[[int, int], dict[str, str]]
