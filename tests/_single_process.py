@@ -138,6 +138,8 @@ def train_and_gather(
             meshes[shape] = ParallelMesh.build(dp=c.dp, pp=c.pp, tp=c.tp, cp=c.cp)
         trainer = Trainer(run, mesh=meshes[shape])
         losses = [trainer.forward_backward(0)]
+        if trainer.master is not None and trainer.master.shard:  # only slices are reduced: gather them
+            trainer.master.gather_grads_()
         grads = _full(trainer, grad=True)
         norms = [trainer.optimizer_step(0)[1]]
         for step in range(1, c.steps):

@@ -6,7 +6,8 @@ tp = 2 × cp = 2 with sequence parallelism (pp = 1); a GPT at dp = 2 × cp = 2, 
 averaged over the four replicas in one all-reduce (no second one over cp): the loss of every step
 and the validation loss after the last, every gradient after the first step and every parameter
 after 3 steps (SGD with momentum, warm-up, global-norm clipping) equal a single-process reference
-on the same data within 1e-5 relative (fp32, gloo). DualPipeV's F&B pairs run overlapped
+on the same data within 1e-5 relative (fp32, gloo); the same with ZeRO-1, its optimizer sharded over
+the four dp × cp ranks (one reduce-scatter, no cp all-reduce). DualPipeV's F&B pairs run overlapped
 (runtime/cp/overlap.py). The ring waits every exchange behind a block computation except the
 backward's last (runtime/cp/ring.py). All cases run in one launch of four processes, sharing one
 mesh per shape.
@@ -18,6 +19,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+import torch.distributed as dist
 
 from _queue_spawn import fork_launch
 from _single_process import Reference, compare, single_process, train_and_gather
@@ -59,18 +61,21 @@ def _cases(data: str) -> list[TrainConfig]:
     ]
     tp = replace(_base(data, "llama"), pp=1, tp=2, sequence_parallel=True, schedule="1f1b", microbatches=2)
     dp = replace(_base(data, "gpt"), pp=1, dp=2, schedule="1f1b", microbatches=2)  # dp × cp reduced at once
-    return [*cases, tp, dp]
+    # ZeRO-1 sharded over the dp × cp ranks: one reduce-scatter for both, no cp all-reduce
+    return [*cases, tp, dp, replace(dp, shard_optimizer=True)]
 
 
-def _facts(trainer: Trainer) -> tuple[int, int, tuple[int, ...], int]:
+def _facts(trainer: Trainer) -> tuple[int, int, tuple[int, ...], int, int]:
     """The boundary tensor's sequence length, how many F&B pairs ran overlapped, the ring's
-    exchanges and those waited with no block computed behind them (forward, backward), and the
-    gradient all-reduces over cp alone."""
+    exchanges and those waited with no block computed behind them (forward, backward), the
+    gradient all-reduces over cp alone and the ranks ZeRO-1 shards over (0 unsharded)."""
     pairs = trainer.context.pair_overlap
     ring = trainer.context.ring
     counts = (ring.exchanges[False], ring.exposed[False], ring.exchanges[True], ring.exposed[True])
     overlapped = pairs.pairs_overlapped if pairs is not None else 0
-    return trainer.boundary_shape[1], overlapped, counts, trainer.context.grad_syncs
+    master = trainer.master
+    shards = dist.get_world_size(master.dp_group) if master is not None and master.shard else 0
+    return trainer.boundary_shape[1], overlapped, counts, trainer.context.grad_syncs, shards
 
 
 @pytest.mark.slow
@@ -85,11 +90,14 @@ def test_context_parallel_training_equals_single_process(tmp_path):
         runs, fork_launch(train_and_gather, 4, (runs, _facts), timeout_s=600)[0], strict=True
     ):
         c = run.config
-        label = f"{c.model} {c.schedule} pp={c.pp} tp={c.tp} cp={c.cp} dp={c.dp}"
+        label = f"{c.model} {c.schedule} pp={c.pp} tp={c.tp} cp={c.cp} dp={c.dp} zero={c.shard_optimizer}"
         key = (c.model, c.global_batch)
         if key not in references:
             references[key] = single_process(c, run.spec)
-        for seq, overlapped, (sent_f, exposed_f, sent_b, exposed_b), syncs in (s.facts for s in gathered):
+        for seq, overlapped, (sent_f, exposed_f, sent_b, exposed_b), syncs, shards in (
+            s.facts for s in gathered
+        ):
+            assert shards == (c.dp * c.cp if c.shard_optimizer else 0), label
             # with dp > 1 the dp all-reduce averages over dp × cp too: no second one over cp
             assert (syncs == 0) == (c.dp > 1), label
             assert seq == c.seq_len // c.cp // (c.tp if c.sequence_parallel else 1), label

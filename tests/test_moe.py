@@ -110,6 +110,19 @@ def test_mesh_carves_ep_from_dp():
     assert sorted(sum(mesh.expert_dp_groups(), ())) == list(range(mesh.size))
 
 
+def test_expert_dp_cp_group_is_the_expert_replicas_over_every_cp_rank():
+    """The experts' gradient group with context parallelism: the expert-dp ranks × every cp rank (one
+    all-reduce for both), a partition of the world, each group one (tp, pp) and one ep rank."""
+    mesh = Mesh(tp=2, pp=1, dp=4, ep=2, cp=2)
+    for r in range(mesh.size):
+        me = mesh.coords(r)
+        dps = [mesh.coords(q).dp for q in mesh.expert_dp_group(r)]
+        want = {mesh.rank(tp=me.tp, pp=me.pp, dp=d, cp=c) for d in dps for c in range(2)}
+        assert set(mesh.expert_dp_cp_group(r)) == want and len(want) == 4
+        assert {mesh.ep_rank(q) for q in want} == {mesh.ep_rank(r)}
+    assert sorted(sum(mesh.expert_dp_cp_groups(), ())) == list(range(mesh.size))
+
+
 def _spec_error(**values) -> str:
     with pytest.raises(ConfigError) as err:
         TrainConfig(**{"model": "gpt-moe-tiny", "pp": 2, **values}).model_spec(256)

@@ -8,7 +8,8 @@ with ep = 2 also ZB-H2, ZB-V and 1F1B-overlap (1F1B's order, each steady-state f
 a backward and overlapped as DualPipeV's, checked to have run on pipeline rank 0); pp = 2 × tp = 2
 (experts split column/row-parallel like the dense MLP) and tp = 2 × dp = 2 with ep = 2, over 1F1B;
 pp = 2 × cp = 2 over DualPipeV (each cp rank routes its own tokens, the balance counts summed over
-cp; the F&B pairs overlapped).
+cp; the F&B pairs overlapped); dp = 2 × cp = 2 with ep = 2 over 1F1B (the dense gradients reduced
+once over dp × cp, the experts' once over their expert-dp × cp group).
 The models: a GPT with 4 experts (top-2, dropless) and a Llama with 4 SwiGLU experts (top-2), a shared
 expert, a dense first layer and capacity factor 1 (tokens dropped); load-balancing coefficient 0.1 and
 z-loss 0.01, large enough that a wrong scale of their gradients shows. Checked against a single
@@ -27,6 +28,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from _queue_spawn import fork_launch
 from _single_process import Observed, Reference, compare
 from pipewright.data import open_dataset
 from pipewright.data.tokens import write_tokens
@@ -35,7 +37,6 @@ from pipewright.models.gpt import loss_fn
 from pipewright.models.moe import moe_layers
 from pipewright.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
 from pipewright.runtime.config import TrainConfig
-from pipewright.runtime.launch import spawn
 from pipewright.runtime.mesh import ParallelMesh
 from pipewright.runtime.tp import full_parameters
 from pipewright.runtime.trainer import PreparedRun, Trainer
@@ -65,7 +66,9 @@ def _cases(data: str, out: str) -> list[TrainConfig]:
             cases.append(replace(base, schedule=name, ep=ep, **models[family]))
     tp = replace(base, schedule="1f1b", tp=2, **models["gpt"])
     cp = replace(base, schedule="dualpipev", dp=1, cp=2, microbatches=8, **models["gpt"])
-    return [*cases, replace(tp, dp=1, microbatches=8), replace(tp, pp=1, ep=2, **models["llama"]), cp]
+    # dp = 2 × cp = 2 with ep = 2: dense gradients over dp × cp, experts' over expert-dp × cp, once each
+    ep_cp = replace(base, schedule="1f1b", pp=1, ep=2, cp=2, **models["gpt"])
+    return [*cases, replace(tp, dp=1, microbatches=8), replace(tp, pp=1, ep=2, **models["llama"]), cp, ep_cp]
 
 
 def _worker(rank: int, runs: list[PreparedRun]) -> list | None:
@@ -87,7 +90,9 @@ def _worker(rank: int, runs: list[PreparedRun]) -> list | None:
         pairs = trainer.moe.pair_overlap or (trainer.context and trainer.context.pair_overlap)
         overlapped = pairs.pairs_overlapped if pairs is not None else 0
         gathered = [None] * dist.get_world_size() if rank == 0 else None
-        dist.gather_object((losses, aux, grads, params, (overlapped, trainer.mesh.pp_rank)), gathered, dst=0)
+        syncs = trainer.context.grad_syncs if trainer.context is not None else 0  # all-reduces over cp alone
+        facts = (overlapped, trainer.mesh.pp_rank, syncs)
+        dist.gather_object((losses, aux, grads, params, facts), gathered, dst=0)
         results.append(gathered)
     return results if rank == 0 else None
 
@@ -156,7 +161,7 @@ def test_moe_training_equals_single_process(tmp_path):
     runs = [prepare(c) for c in _cases(str(data), str(tmp_path / "run"))]
     references = {}
     failures = []
-    for run, gathered in zip(runs, spawn(_worker, 4, (runs,), timeout_s=600)[0], strict=True):
+    for run, gathered in zip(runs, fork_launch(_worker, 4, (runs,), timeout_s=600)[0], strict=True):
         c = run.config
         label = f"{c.model} {c.schedule} pp={c.pp} dp={c.dp} tp={c.tp} ep={c.ep} cp={c.cp}"
         key = (c.model, c.global_batch)
@@ -166,7 +171,9 @@ def test_moe_training_equals_single_process(tmp_path):
         assert ref_aux[0] > 0.05, "the auxiliary losses must weigh in the check"
         paired = PAIRED.get(c.schedule, ()) if max(c.ep, c.cp) > 1 and c.tp == 1 else ()
         observed = []
-        for losses, aux, grads, params, (overlapped, pp_rank) in gathered:
+        for losses, aux, grads, params, (overlapped, pp_rank, syncs) in gathered:
+            # with dp > 1 the dp reductions average over dp × cp too: no second all-reduce over cp
+            assert syncs == (STEPS if c.cp > 1 and c.dp == 1 else 0), (label, syncs)
             # the marked pairs ran on two threads under ep or cp (every step), nothing else did
             want = pp_rank in paired
             assert (overlapped >= STEPS) if want else (overlapped == 0), (label, pp_rank, overlapped)

@@ -251,3 +251,14 @@ class Mesh:
     def expert_dp_groups(self) -> tuple[tuple[int, ...], ...]:
         """Every expert-data-parallel group, ordered by their smallest rank."""
         return tuple(sorted({self.expert_dp_group(r) for r in range(self.size)}))
+
+    def expert_dp_cp_group(self, rank: int) -> tuple[int, ...]:
+        """:meth:`expert_dp_group` × every cp rank: the ranks holding ``rank``'s experts (their
+        gradients reduced over it at once, as Megatron's expert data-and-context-parallel group)."""
+        dps = [self.coords(r).dp for r in self.expert_dp_group(rank)]
+        c = self.coords(rank)
+        return tuple(sorted(self.rank(tp=c.tp, pp=c.pp, dp=d, cp=k) for d in dps for k in range(self.cp)))
+
+    def expert_dp_cp_groups(self) -> tuple[tuple[int, ...], ...]:
+        """Every :meth:`expert_dp_cp_group`, ordered by their smallest rank."""
+        return tuple(sorted({self.expert_dp_cp_group(r) for r in range(self.size)}))

@@ -126,6 +126,7 @@ class ParallelMesh:
     expert_dp_group: Any = field(default=None, repr=False)  # the experts' gradient group (ep > 1)
     ep_back_group: Any = field(default=None, repr=False)  # the ep ranks again: backward all-to-alls
     dp_cp_group: Any = field(default=None, repr=False)  # the dp × cp ranks of one (pp, tp) (cp, dp > 1)
+    expert_dp_cp_group: Any = field(default=None, repr=False)  # expert-dp × cp ranks (ep, cp > 1)
     _channels: dict[tuple[int, int], Any] = field(default_factory=dict, repr=False)
     _warm: set[tuple[int, int]] = field(default_factory=set, repr=False)
     _coords: tuple[int, int, int] = field(default=(0, 0, 0), init=False, repr=False)
@@ -171,11 +172,16 @@ class ParallelMesh:
         groups = {}
         if ep > 1:
             me = layout.rank_on_device(dist.get_rank())
-            for name, every, mine in (
+            named = [
                 ("ep_group", layout.ep_groups(), layout.ep_group(me)),
                 ("expert_dp_group", layout.expert_dp_groups(), layout.expert_dp_group(me)),
                 ("ep_back_group", layout.ep_groups(), layout.ep_group(me)),
-            ):
+            ]
+            if cp > 1:
+                named.append(
+                    ("expert_dp_cp_group", layout.expert_dp_cp_groups(), layout.expert_dp_cp_group(me))
+                )
+            for name, every, mine in named:
                 for ranks in every:  # every rank creates every group, in one order
                     group = new_group([layout.device_index(r) for r in ranks])
                     if ranks == mine:
@@ -267,6 +273,12 @@ class ParallelMesh:
     def grad_replicas(self) -> int:
         """The size of :attr:`grad_group`: the replicas whose gradients are averaged."""
         return self.dp * self.cp if self.dp_cp_group is not None else self.dp
+
+    @property
+    def expert_grad_group(self) -> dist.ProcessGroup | None:
+        """The group the experts' gradients are averaged over (ep > 1): expert-dp × cp (one
+        all-reduce) with context parallelism, else expert-dp."""
+        return self.expert_dp_cp_group if self.expert_dp_cp_group is not None else self.expert_dp_group
 
     def pp_peer(self, pp_rank: int) -> int:
         """Global rank of pipeline rank ``pp_rank`` in this rank's (dp, tp) replica."""

@@ -105,16 +105,17 @@ def expert_parallel(mesh: ParallelMesh) -> GroupExchange | None:
 
 
 def reduce_expert_grads(state: RunState, action: Any) -> None:
-    """REDUCE_GRAD with expert parallelism: the stage's dense gradients summed over dp, its experts'
-    over the expert-data-parallel group, both asynchronously; the executor's ``finish_reduction``
-    divides each by dp (module docstring)."""
+    """REDUCE_GRAD with expert parallelism: the stage's dense gradients summed over dp (× cp: one
+    all-reduce for both, ``ParallelMesh.grad_group``), its experts' over the expert-data-parallel
+    group (× cp: ``ParallelMesh.expert_grad_group``), both asynchronously; the executor's
+    ``finish_reduction`` divides each by dp · cp (module docstring)."""
     ex, stage = state.executor, action.stage
     module = ex.stages[stage]
     experts = {id(p) for p in expert_parameters(module)}
     params = [p for p in module.parameters() if p.requires_grad]
     for key, group, mine in (
-        (stage, ex.mesh.dp_group, [p for p in params if id(p) not in experts]),
-        ((stage, "experts"), ex.mesh.expert_dp_group, [p for p in params if id(p) in experts]),
+        (stage, ex.mesh.grad_group, [p for p in params if id(p) not in experts]),
+        ((stage, "experts"), ex.mesh.expert_grad_group, [p for p in params if id(p) in experts]),
     ):
         if not mine:
             continue
@@ -123,7 +124,8 @@ def reduce_expert_grads(state: RunState, action: Any) -> None:
                 p.grad = torch.zeros_like(p)
         grads = [p.grad for p in mine]
         flat = torch.cat([g.reshape(-1) for g in grads])
-        state.reductions[key] = (dist.all_reduce(flat, group=group, async_op=True), flat, grads)
+        work = dist.all_reduce(flat, group=group, async_op=True)
+        state.reductions[key] = (work, flat, grads, ex.mesh.grad_replicas)
 
 
 class MoeRuntime:

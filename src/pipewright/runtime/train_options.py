@@ -64,9 +64,10 @@ class TrainingOptions:
             lr=c.lr,
             weight_decay=c.weight_decay,
             shard=getattr(c, "shard_optimizer", False),
-            dp_group=mesh.dp_group,
+            dp_group=mesh.grad_group,  # dp × cp with context parallelism: one reduce-scatter for both
             coords=mesh.coords,
             dp=mesh.dp,
+            cp=(mesh.cp_rank, mesh.grad_replicas // mesh.dp),
             separate_masters=self.dtype != torch.float32,
         )
         if self.dtype != torch.float32:
@@ -90,10 +91,9 @@ class TrainingOptions:
     @property
     def reduces_over_cp(self) -> bool:
         """The REDUCE_GRAD reduction averages over dp × cp at once (``ParallelMesh.grad_group``): the
-        executor's own (also summed in fp32), not ZeRO-1's reduce-scatter or the experts' groups."""
-        return (
-            self.mesh.grad_replicas > self.mesh.dp and not self.sharded and getattr(self.config, "ep", 1) == 1
-        )
+        executor's own (also summed in fp32), ZeRO-1's reduce-scatter (sharded over dp × cp) and the
+        experts' (dense over dp × cp, experts over expert-dp × cp)."""
+        return self.mesh.grad_replicas > self.mesh.dp
 
     def handlers(self) -> dict:
         if self.sharded:  # reduced in the optimizer's slice layout (runtime/zero.py)

@@ -224,6 +224,7 @@ class MasterOptimizer:
         dp_group=None,
         coords: tuple[int, int, int] = (0, 0, 0),
         dp: int = 1,
+        cp: tuple[int, int] = (0, 1),
         separate_masters: bool = False,
         device: torch.device | None = None,
     ) -> None:
@@ -237,12 +238,16 @@ class MasterOptimizer:
         self.masters: dict[str, nn.Parameter] = {}
         if self.shard:
             d, p, t = coords
+            c, n_cp = cp
+            # with cp: one slice per dp × cp rank, r its rank in that group (new_group sorts the ranks)
+            r = dist.get_rank(dp_group) if n_cp > 1 else d
+            name = f"zero.pp{p}.tp{t}.dp{d}of{dp}" + (f".cp{c}of{n_cp}" if n_cp > 1 else "")
             decay = [q for q in self.params.values() if q.ndim >= 2]
             rest = [q for q in self.params.values() if q.ndim < 2]
             for label, group, two_d in (("decay", decay, True), ("rest", rest, False)):
-                flat = _FlatShard(group, dp, d, two_d, self.device)
+                flat = _FlatShard(group, dp * n_cp, r, two_d, self.device)
                 self.flats.append(flat)
-                self.masters[f"zero.pp{p}.tp{t}.dp{d}of{dp}.{label}"] = flat.master
+                self.masters[f"{name}.{label}"] = flat.master
         elif not separate_masters:
             self.masters = self.params  # fp32 model: step on the parameters themselves
         else:
