@@ -2,19 +2,25 @@
 with the all-reduce recorded: a bucket's all-reduce starts during the stage's last backward, as soon
 as its parameters' gradients are final (before the backward reaches the first layer), in place on the
 gradient buffer (every ``.grad`` a view of it: no concatenated copy), buckets in index order; the
-REDUCE_GRAD starts the rest and the wait divides by the replicas."""
+REDUCE_GRAD starts the rest and the wait divides by the replicas. With a split backward, each bucket
+starts as the stage's last W accumulates its layers. On CUDA the wait orders the stream only; the
+deadline is checked once at the step's end."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipewright.ir import REDUCE_GRAD, Action, B
+from pipewright.ir import REDUCE_GRAD, Action, B, I, W
+from pipewright.models.wgrad import DeferrableLinear, WeightGradStore, deferrable_layers, deferring
 from pipewright.runtime import grad_buckets
+from pipewright.runtime.errors import CollectiveTimeout
 from pipewright.runtime.grad_buckets import GradBuckets
+from pipewright.runtime.timeouts import StreamWaits
 
 
 class _Reached(torch.autograd.Function):
@@ -78,3 +84,84 @@ def test_unarmed_accumulations_start_nothing(monkeypatch) -> None:
     buckets.install()
     model(torch.randn(2, 4)).sum().backward()
     assert calls == [] and not buckets.armed
+
+
+def test_split_backward_buckets_start_during_the_stages_last_w(monkeypatch) -> None:
+    """With I and W: the deferred layers' weights are final only in the stage's last W; each bucket
+    starts as that W accumulates its layers (the first before the W's last layer), not at REDUCE_GRAD;
+    the LayerNorm's gradient, final in the I, waits for the buckets before it (index order)."""
+    log: list = []
+    monkeypatch.setattr(grad_buckets, "BUCKET_BYTES", 64 * 4)  # one 8×8 layer (+ bias) per bucket
+    monkeypatch.setattr(
+        dist, "all_reduce", lambda t, group=None, async_op=False: log.append(t.data_ptr()) or _Done()
+    )
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.LayerNorm(8), *(DeferrableLinear(8, 8) for _ in range(4)))
+    params, layers = list(model.parameters()), deferrable_layers(model)
+    x = torch.randn(3, 8)
+    want = torch.autograd.grad(model(x).square().sum(), params)
+    buckets = GradBuckets(params, group=None, replicas=2)
+    assert len(buckets.ranges) == 5
+    actions = (Action(0, I, 0), Action(0, W, 0), Action(0, REDUCE_GRAD, None))
+    state = SimpleNamespace(scratch={}, actions=actions, position=0)
+    store = WeightGradStore()
+    grad_buckets.before_backward(buckets, state, actions[0], layers)  # the last I: armed, weights held
+    with deferring(layers, store, 0):
+        model(x).square().sum().backward()
+    assert log == []  # the linear layers' gradients are not final: nothing may start in the I
+    state.position = 1
+    done = grad_buckets.weights_final(buckets, state, actions[1])
+
+    def accumulated(layer: nn.Module) -> None:
+        done(layer)
+        log.append("layer")
+
+    store.flush(0, accumulated)
+    starts = [buckets.buffer[lo:hi].data_ptr() for lo, hi in buckets.ranges]
+    # each linear layer's bucket started right after the W accumulated it, the LayerNorm's with the last
+    assert log == [starts[0], "layer", starts[1], "layer", starts[2], "layer", starts[3], starts[4], "layer"]
+    buckets.start_rest()
+    assert len(buckets.started) == 5 and log.count("layer") == 4
+    buckets.finish(1.0, torch.device("cpu"), "the buckets")
+    for p, g in zip(params, want, strict=True):
+        torch.testing.assert_close(p.grad, g / 2)
+
+
+class _Pending:
+    """A CUDA-like Work: ``wait`` orders the stream (recorded, never blocks); complete when told."""
+
+    def __init__(self, log: list) -> None:
+        self.log, self.complete = log, False
+
+    def wait(self, timeout=None) -> bool:
+        self.log.append("stream waits")
+        return True
+
+    def is_completed(self) -> bool:
+        self.log.append("polled")
+        return self.complete
+
+
+def test_on_cuda_the_reduction_orders_the_stream_and_its_deadline_is_checked_at_the_steps_end(
+    monkeypatch,
+) -> None:
+    """Finishing a stage's buckets on CUDA neither polls nor blocks the host (the stream waits on the
+    all-reduces); the step's one check tests their deadlines: a CollectiveTimeout naming the reduction
+    when one never completes."""
+    log: list = []
+    works = [_Pending(log) for _ in range(2)]
+    monkeypatch.setattr(dist, "all_reduce", lambda t, group=None, async_op=False: works.pop(0))
+    model = nn.Linear(4, 4)
+    buckets = GradBuckets(list(model.parameters()), group=None, replicas=2)
+    buckets.start_rest()
+    step, cuda = StreamWaits(), torch.device("cuda")
+    first = buckets.started[0]
+    buckets.finish(0.05, cuda, "stage 0's buckets", step)
+    assert log == ["stream waits"] and step.pending  # no poll, no host wait inside the step
+    first.complete = True
+    step.check(cuda)
+    assert log[1:] == ["polled", "stream waits"] and not step.pending  # checked once, complete
+    buckets.start_rest()
+    buckets.finish(0.05, cuda, "stage 0's buckets", step)  # the second never completes
+    with pytest.raises(CollectiveTimeout, match=r"stage 0's buckets did not complete within 0\.05 s"):
+        step.check(cuda)

@@ -55,13 +55,16 @@ class WeightGradStore:
     def keys(self) -> list[Hashable]:
         return list(self._pending)
 
-    def flush(self, key: Hashable | None = None) -> None:
-        """Compute and accumulate the deferred gradients of ``key`` (all keys when None)."""
+    def flush(self, key: Hashable | None = None, done: Callable[[nn.Module], None] | None = None) -> None:
+        """Compute and accumulate the deferred gradients of ``key`` (all keys when None); ``done(layer)``
+        after each layer's (e.g. to start a gradient reduction as soon as its weights are final)."""
         keys = list(self._pending) if key is None else [key]
         with torch.no_grad():
             for k in keys:
                 for layer, x, grad_out in self._pending.pop(k, ()):
                     _accumulate_weight_grads(layer, x, grad_out)
+                    if done is not None:
+                        done(layer)
 
 
 def weight_grads(

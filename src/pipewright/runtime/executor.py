@@ -364,6 +364,7 @@ class PipelineExecutor:
         for stage in list(state.reductions):
             finish_reduction(state, stage)
         comm.finish()
+        state.waits.check(self.device)  # CUDA: the reductions' deadlines (the stream waited on them)
         if clock is None:
             return []
         if self.device.type == "cuda" or nccl_rules.active():

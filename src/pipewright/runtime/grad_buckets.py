@@ -3,13 +3,16 @@ and Megatron-LM's scheme), on the gradients' own memory.
 
 The stage's gradients live in one flat buffer (each parameter's ``.grad`` a view of it, laid out in
 reverse registration order — roughly the order the backward produces them), cut into buckets of
-about :data:`BUCKET_BYTES`. During the stage's last backward action of the step (its last B) a hook
-on each parameter's gradient accumulation marks the parameter final; a bucket whose parameters are
-all final starts its asynchronous all-reduce at once, in place on its slice of the buffer — no
-concatenated copy. Buckets start strictly in index order (a ready bucket waits for the ones before
-it), so every replica issues the same all-reduces in the same order, as NCCL's one stream per
-communicator needs. The stage's REDUCE_GRAD action starts whatever has not started — all of a stage
-with a split backward, whose W actions (after its last I) write weight gradients outside autograd;
+about :data:`BUCKET_BYTES`. During the stage's last backward action of the step (its last B or I) a
+hook on each parameter's gradient accumulation marks the parameter final; a bucket whose parameters
+are all final starts its asynchronous all-reduce at once, in place on its slice of the buffer — no
+concatenated copy. With a split backward (zero-bubble I and W) the deferred layers' weights get their
+gradients outside autograd, in the W actions: when the stage's last W comes after its last I, those
+weights are held back from the hooks and marked final layer by layer as that last W accumulates
+them (:func:`weights_final`), so a bucket starts after the last W of its parameters, during the W.
+Buckets start strictly in index order (a ready bucket waits for the ones before it), so every
+replica issues the same all-reduces in the same order, as NCCL's one stream per communicator needs.
+The stage's REDUCE_GRAD action starts whatever has not started (a parameter that got no gradient);
 the STEP (or the end of the iteration) waits for them and divides the buffer by the replicas, which
 leaves the average in every ``.grad``.
 
@@ -22,7 +25,7 @@ the autograd's own tensors and are reduced as one concatenation.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -30,8 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 from pipewright.ir import B, I, W
-from pipewright.runtime.errors import CollectiveTimeout
-from pipewright.runtime.timeouts import wait_work
+from pipewright.runtime.timeouts import StreamWaits
 
 #: Target bytes per bucket (DDP's default is 25 MiB).
 BUCKET_BYTES = 25 << 20
@@ -62,6 +64,7 @@ class GradBuckets:
         if offset > lo or not self.ranges:
             self._close(lo, offset)
         self.armed = False
+        self.held: set[int] = set()  # parameters made final by W (:meth:`mark`), not by the hooks
         self.done: set[int] = set()  # the parameters final this iteration
         self.final: list[int] = [0] * len(self.ranges)
         self.started: list[Any] = []  # the works of buckets 0..len-1, started in order
@@ -85,12 +88,23 @@ class GradBuckets:
                 continue
             p.grad = view
 
-    def arm(self) -> None:
-        """From the stage's last backward action on, a gradient accumulation is a parameter's last."""
-        self.armed = True
+    def arm(self, held: Iterable[int] = ()) -> None:
+        """From the stage's last backward action on, a gradient accumulation is a parameter's last,
+        except for the parameters (ids) ``held``: their last comes in a later W (:meth:`mark`)."""
+        self.armed, self.held = True, set(held)
 
     def _accumulated(self, p: nn.Parameter) -> None:
-        if self.armed and id(p) not in self.done:
+        if self.armed and id(p) not in self.held:
+            self._final(p)
+
+    def mark(self, params: Iterable[nn.Parameter]) -> None:
+        """``params``' gradients are final (the stage's last W accumulated them): start what is ready."""
+        for p in params:
+            if id(p) in self.bucket_of:
+                self._final(p)
+
+    def _final(self, p: nn.Parameter) -> None:
+        if id(p) not in self.done:
             self.done.add(id(p))
             self.final[self.bucket_of[id(p)]] += 1
             self._start_ready()
@@ -111,13 +125,19 @@ class GradBuckets:
         self.final = list(self.members)
         self._start_ready()
 
-    def finish(self, timeout_s: float, device: torch.device, what: str) -> None:
-        """Wait for every bucket (at most ``timeout_s`` each) and average: buffer / replicas."""
+    def finish(
+        self, timeout_s: float, device: torch.device, what: str, waits: StreamWaits | None = None
+    ) -> None:
+        """Wait for every bucket (at most ``timeout_s`` each) and average: buffer / replicas. With
+        ``waits`` (the step's), on CUDA only the stream waits; ``waits.check`` tests the deadlines."""
+        mine = waits is None
+        waits = StreamWaits() if waits is None else waits
         for work in self.started:
-            if not wait_work(work, timeout_s, device):
-                raise CollectiveTimeout(f"{what} did not complete within {timeout_s:g} s")
+            waits.wait(work, timeout_s, device, what)
+        if mine:
+            waits.check(device)
         self.buffer /= self.replicas
-        self.armed, self.started, self.done = False, [], set()
+        self.armed, self.started, self.done, self.held = False, [], set(), set()
         self.final = [0] * len(self.ranges)
 
 
@@ -139,16 +159,15 @@ def enable(stage: nn.Module, params: Sequence[nn.Parameter], group: Any, replica
         _OF[stage] = GradBuckets(params, group, replicas)
 
 
-def _last_backward(state: Any) -> dict[int, int]:
-    """Per stage, the position of its last B in this iteration's row — where its gradients become
-    final, cached in the run state. Not for a stage with a split backward: its W actions (after its
-    last I) write weight gradients outside autograd and may run autograd for others, so its buckets
-    start at REDUCE_GRAD."""
+def _last_backward(state: Any) -> dict[int, tuple[int, int | None]]:
+    """Per stage, the position of its last B or I in this iteration's row (where autograd's gradients
+    become final) and of its last W when that comes later (where the deferred weights' do), cached
+    in the run state."""
     last = state.scratch.get("grad_buckets.last")
     if last is None:
-        backward = {a.stage: i for i, a in enumerate(state.actions) if a.kind == B}
-        split = {a.stage for a in state.actions if a.kind in (I, W)}
-        last = {s: i for s, i in backward.items() if s not in split}
+        backward = {a.stage: i for i, a in enumerate(state.actions) if a.kind in (B, I)}
+        weight = {a.stage: i for i, a in enumerate(state.actions) if a.kind == W}
+        last = {s: (i, weight[s] if weight.get(s, -1) > i else None) for s, i in backward.items()}
         state.scratch["grad_buckets.last"] = last
     return last
 
@@ -158,12 +177,28 @@ def installed(state: Any, stage: int) -> bool:
     return stage in state.scratch.get("grad_buckets.installed", set())
 
 
-def before_backward(buckets: GradBuckets, state: Any, action: Any) -> None:
+def before_backward(
+    buckets: GradBuckets, state: Any, action: Any, deferred: Sequence[nn.Module] = ()
+) -> None:
     """Before each backward (B or I) of the stage: its first in the iteration puts the gradients in the
-    buffer; its last arms the accumulation hooks."""
+    buffer; its last arms the accumulation hooks — for all but the ``deferred`` layers' parameters
+    when a W comes later (:func:`weights_final` marks those)."""
     done = state.scratch.setdefault("grad_buckets.installed", set())
     if action.stage not in done:
         buckets.install()
         done.add(action.stage)
-    if _last_backward(state).get(action.stage) == state.position:
-        buckets.arm()
+    last, weight = _last_backward(state).get(action.stage, (None, None))
+    if last == state.position:
+        held = (
+            () if weight is None else (id(p) for layer in deferred for p in layer.parameters(recurse=False))
+        )
+        buckets.arm(held)
+
+
+def weights_final(buckets: GradBuckets, state: Any, action: Any) -> Callable[[nn.Module], None] | None:
+    """For the stage's last W (after its last backward): ``done(layer)``, which marks the layer's
+    parameters final as the W accumulates them; None for any other W."""
+    last = _last_backward(state).get(action.stage, (None, None))[1]
+    if last != state.position or not buckets.armed:
+        return None
+    return lambda layer: buckets.mark(layer.parameters(recurse=False))

@@ -14,9 +14,8 @@ import torch.distributed as dist
 from pipewright.ir import REDUCE_GRAD, STEP, Action, B, F, I, Schedule, W
 from pipewright.models.wgrad import AccumulateNow, WeightGradStore, deferring
 from pipewright.runtime import grad_buckets
-from pipewright.runtime.errors import CollectiveTimeout
 from pipewright.runtime.p2p import PipeComm, TensorSpec
-from pipewright.runtime.timeouts import wait_work
+from pipewright.runtime.timeouts import StreamWaits
 
 if TYPE_CHECKING:
     from pipewright.runtime.executor import PipelineExecutor
@@ -53,6 +52,7 @@ class RunState:
     output_grads: dict[Key, torch.Tensor] = field(default_factory=dict)
     outbox: dict[Action, torch.Tensor] = field(default_factory=dict)
     scratch: dict[Any, Any] = field(default_factory=dict)  # features' per-iteration values
+    waits: StreamWaits = field(default_factory=StreamWaits)  # CUDA: deadlines checked at the step's end
 
 
 def _forward(state: RunState, a: Action) -> None:
@@ -106,7 +106,7 @@ def _backward(state: RunState, a: Action, store: WeightGradStore | None = None) 
         grad = state.received.pop(Action(s, ex.bwd_recv, k))
     buckets = grad_buckets.of(ex.stages[s])
     if buckets is not None:  # the stage's gradients in its bucket buffer; hooks armed in its last backward
-        grad_buckets.before_backward(buckets, state, a)
+        grad_buckets.before_backward(buckets, state, a, ex.deferrable[s])
     # a full B accumulates its weight gradients fused into .grad; I hands them to the stage's W store
     with deferring(ex.deferrable[s], _ACCUMULATE_NOW if store is None else store, k):
         torch.autograd.backward(out, grad)
@@ -119,7 +119,11 @@ def _input_backward(state: RunState, a: Action) -> None:
 
 
 def _weight_backward(state: RunState, a: Action) -> None:
-    state.executor.wgrad[a.stage].flush(a.microbatch)
+    ex = state.executor
+    buckets = grad_buckets.of(ex.stages[a.stage])
+    # the stage's last W: each layer's bucket may start as soon as the layer's weights are final
+    done = grad_buckets.weights_final(buckets, state, a) if buckets is not None else None
+    ex.wgrad[a.stage].flush(a.microbatch, done)
 
 
 def _recv(state: RunState, a: Action) -> None:
@@ -199,14 +203,11 @@ def finish_reduction(state: RunState, stage: int) -> None:
     ex = state.executor
     if isinstance(pending, grad_buckets.GradBuckets):
         what = f"{ex.where()}: REDUCE_GRAD({stage}): the dp all-reduce of stage {stage}'s gradient buckets"
-        pending.finish(ex.collective_timeout_s, ex.device, what)
+        pending.finish(ex.collective_timeout_s, ex.device, what, state.waits)
         return
     work, flat, grads, *replicas = pending  # the replicas it sums over (default: dp)
-    if not wait_work(work, ex.collective_timeout_s, ex.device):
-        raise CollectiveTimeout(
-            f"{ex.where()}: REDUCE_GRAD({stage}): the dp all-reduce of stage {stage}'s gradients did not "
-            f"complete within {ex.collective_timeout_s:g} s"
-        )
+    what = f"{ex.where()}: REDUCE_GRAD({stage}): the dp all-reduce of stage {stage}'s gradients"
+    state.waits.wait(work, ex.collective_timeout_s, ex.device, what)
     flat /= replicas[0] if replicas else ex.mesh.dp
     offset = 0
     for g in grads:

@@ -5,7 +5,9 @@ Two mechanisms, one timeout (``--collective-timeout``):
 * the collectives pipewright starts asynchronously (the data-parallel gradient all-reduce, the
   iteration's loss all-reduce, the per-step flag all-reduce, the timing barrier) are waited with
   :func:`wait_work`: ``work.wait(timeout)`` on gloo, a polled deadline on CUDA (``is_completed``: a
-  NCCL ``wait`` only orders streams, it does not block the host);
+  NCCL ``wait`` only orders streams, it does not block the host) — except the step's gradient
+  reductions, which on CUDA only order the stream and have their deadline checked once at the step's
+  end (:class:`StreamWaits`), so the host keeps launching ahead;
 * every other collective — synchronous ones in features' handlers (``executor.group(name)``), the
   gradient-norm all-reduce, checkpoint barriers — is bounded by its process group's own timeout, which
   :func:`bound_groups` sets for every gloo group this process belongs to. gloo raises a RuntimeError
@@ -77,6 +79,33 @@ def wait_work(work: dist.Work, timeout_s: float, device: torch.device) -> bool:
         time.sleep(20e-6)
     work.wait()  # orders the current stream after the collective
     return True
+
+
+class StreamWaits:
+    """A step's asynchronous collectives waited without blocking the host on CUDA: :meth:`wait` orders
+    the compute stream after the work (NCCL's ``work.wait()``; the host goes on launching) and keeps
+    it; :meth:`check`, once when the step's communication is done, checks each one's deadline (a
+    :class:`~pipewright.runtime.errors.CollectiveTimeout` naming the first that did not complete), as
+    the point-to-point receives' deadlines are checked. Elsewhere (gloo) :meth:`wait` blocks, bounded."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[dist.Work, float, str]] = []
+
+    def wait(self, work: dist.Work, timeout_s: float, device: torch.device, what: str) -> None:
+        """Wait for ``work`` (see the class docstring); ``what`` names it in the timeout's message."""
+        if device.type != "cuda":
+            if not wait_work(work, timeout_s, device):
+                raise CollectiveTimeout(f"{what} did not complete within {timeout_s:g} s")
+            return
+        work.wait()  # orders the current stream after the collective
+        self.pending.append((work, timeout_s, what))
+
+    def check(self, device: torch.device) -> None:
+        """The deadlines of the works :meth:`wait` ordered the stream after (CUDA; none elsewhere)."""
+        pending, self.pending = self.pending, []
+        for work, timeout_s, what in pending:
+            if not wait_work(work, timeout_s, device):
+                raise CollectiveTimeout(f"{what} did not complete within {timeout_s:g} s")
 
 
 def wait_or_raise(work: dist.Work, timeout_s: float | None, device: torch.device, what: str) -> None:
