@@ -24,8 +24,8 @@ the ``torch.distributed`` functions the runtime calls (``all_reduce``, ``all_gat
 
 ``PIPEWRIGHT_PG_LAZY_CONNECT=<seconds>`` (or :func:`set_lazy_connect`) adds NCCL's lazy
 point-to-point connection: the first send or receive between two ranks on a group blocks until the
-peer's first one with this rank (off by default: the runtime's channel warm-up must first use
-point-to-point for it to pass).
+peer's first one with this rank (off unless set; the test suite's launches set 30 s, so every
+equivalence test runs with it: the runtime's point-to-point channel warm-up passes it).
 
 A test writes a case as usual (``fork_launch``/``spawn_cases``) and gets the rules; to assert one fires,
 catch :class:`RulesError` (mismatch, wrong device) or the timeout the deadlock produces. Code that must
