@@ -21,14 +21,21 @@ class AttentionCore(nn.Module):
     """Causal softmax(QKᵀ/√d)V over [b, heads, s, d] queries and [b, kv_heads, s, d] keys/values.
 
     Grouped-query attention (Ainslie et al., 2023): with fewer key/value heads than query heads, query
-    head j uses key/value head ⌊j / (heads / kv_heads)⌋ (each kv head repeated, as Llama does)."""
+    head j uses key/value head ⌊j / (heads / kv_heads)⌋ (each kv head repeated, as Llama does). The
+    kernel reads the shared heads itself (``enable_gqa``, torch ≥ 2.5), so backward keeps k and v at
+    kv_heads, as a fused attention kernel does; older torch repeats them."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         rep = q.shape[1] // k.shape[1]
+        if rep > 1 and _SDPA_GQA:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         if rep > 1:
             k = k.repeat_interleave(rep, dim=1)
             v = v.repeat_interleave(rep, dim=1)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+_SDPA_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
 
 
 class _RecomputedInBackward(torch.autograd.Function):
