@@ -68,8 +68,16 @@ def test_tensor_parallel_sequence_parallel_rank_matches_flops_and_counts_its_col
         assert m.flops[kind] == pytest.approx(p.flops[kind], rel=0.01)
     assert cmp.boundary_bytes == p.message_bytes == 32 * 64 * 2 // 2  # 1/t of the boundary
     assert m.comm[("all_gather", "tp")] > 0 and m.comm[("reduce_scatter", "tp")] > 0
-    # each all-gather of a layer input is a reduce-scatter of its gradient: the same bytes both ways
-    assert m.comm[("all_gather", "tp")] == m.comm[("reduce_scatter", "tp")]
+    gathers, scatters = m.comm_count[("all_gather", "tp")], m.comm_count[("reduce_scatter", "tp")]
+    # every one moves one sequence-parallel activation [s, b, h] in 16 bits
+    assert m.comm[("all_gather", "tp")] == gathers * 32 * 64 * 2
+    assert m.comm[("reduce_scatter", "tp")] == scatters * 32 * 64 * 2
+    # a column-parallel linear gathers its input twice (forward, and again in backward for its weight
+    # gradient, keeping only its 1/t chunk in between, as Megatron does) and reduce-scatters the input
+    # gradient once; a row-parallel one reduce-scatters forward and gathers the gradient back: per
+    # microbatch, one gather more than scatters for each of the rank's 2 layers' q, k, v, gate, up
+    # and the output layer
+    assert gathers - scatters == 2 * (2 * 5 + 1)
 
 
 def test_zero1_shards_the_optimizer_state_over_dp():

@@ -177,6 +177,17 @@ def case_row_parallel_linear(group, r: int, t: int) -> Pairs:
     return pairs
 
 
+def case_sequence_parallel_linear_keeps_its_chunk(group, r: int, t: int) -> Pairs:
+    """A sequence-parallel column-parallel linear keeps for backward its input's 1/t sequence chunk
+    and its weight shard, not the gathered sequence (Korthikanti et al., 2022, §4.2.2)."""
+    layer = tp.ColumnParallelLinear(H, FFN, group, sequence_parallel=True)
+    x = _randn(12, B, S // t, H).requires_grad_()
+    kept: list[int] = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda v: kept.append(v.numel()) or v, lambda v: v):
+        layer(x)
+    return [("SP saved numels", torch.tensor(sorted(kept)), torch.tensor(sorted([x.numel(), FFN // t * H])))]
+
+
 def case_sequence_parallel_mlp(group, r: int, t: int) -> Pairs:
     """column(SP) → gelu → row(SP) on this rank's sequence chunk equals the dense MLP's chunk."""
     torch.manual_seed(9)

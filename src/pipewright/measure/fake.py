@@ -47,7 +47,8 @@ def _flash_attention(original):
     or dropout (module docstring), else ``original``."""
 
     def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):
-        if q.device.type == "meta" and attn_mask is None and not dropout_p and not kwargs.get("enable_gqa"):
+        # the flash kernel reads grouped key/value heads itself (enable_gqa: k, v kept at kv_heads)
+        if q.device.type == "meta" and attn_mask is None and not dropout_p and set(kwargs) <= {"enable_gqa"}:
             flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
             return flash(q, k, v, 0.0, bool(is_causal), scale=scale)[0]
         return original(q, k, v, attn_mask, dropout_p, is_causal, scale=scale, **kwargs)

@@ -8,6 +8,10 @@ attention, whose stored activations grow with s², and keeps everything else.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -17,19 +21,64 @@ class AttentionCore(nn.Module):
     """Causal softmax(QKᵀ/√d)V over [b, heads, s, d] queries and [b, kv_heads, s, d] keys/values.
 
     Grouped-query attention (Ainslie et al., 2023): with fewer key/value heads than query heads, query
-    head j uses key/value head ⌊j / (heads / kv_heads)⌋ (each kv head repeated, as Llama does)."""
+    head j uses key/value head ⌊j / (heads / kv_heads)⌋ (each kv head repeated, as Llama does). The
+    kernel reads the shared heads itself (``enable_gqa``, torch ≥ 2.5), so backward keeps k and v at
+    kv_heads, as a fused attention kernel does; older torch repeats them."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         rep = q.shape[1] // k.shape[1]
+        if rep > 1 and _SDPA_GQA:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
         if rep > 1:
             k = k.repeat_interleave(rep, dim=1)
             v = v.repeat_interleave(rep, dim=1)
         return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
+_SDPA_GQA = "enable_gqa" in (F.scaled_dot_product_attention.__doc__ or "")
+
+
+class _RecomputedInBackward(torch.autograd.Function):
+    """y = fn(*inputs), keeping only ``inputs`` for backward: the backward runs ``fn`` again on them and
+    differentiates that, so the gradients are those of ``fn``'s own autograd graph, op for op, while
+    the intermediates of ``fn`` (cheap elementwise ones) are not held between forward and backward."""
+
+    @staticmethod
+    def forward(ctx: Any, fn: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> torch.Tensor:
+        ctx.fn = fn
+        ctx.save_for_backward(*inputs)
+        with torch.no_grad():
+            return fn(*inputs)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        need = ctx.needs_input_grad[1:]
+        inputs = [t.detach().requires_grad_(n) for t, n in zip(ctx.saved_tensors, need, strict=True)]
+        with torch.enable_grad():
+            out = ctx.fn(*inputs)
+        wanted = [t for t, n in zip(inputs, need, strict=True) if n]
+        grads = iter(torch.autograd.grad(out, wanted, grad))
+        return None, *(next(grads) if n else None for n in need)
+
+
+def recomputed_in_backward(fn: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> torch.Tensor:
+    """``fn(*inputs)`` holding only ``inputs`` for backward (see :class:`_RecomputedInBackward`); plain
+    ``fn(*inputs)`` under ``torch.compile``, whose partitioner chooses what to keep itself."""
+    if torch.compiler.is_compiling() or not torch.is_grad_enabled():
+        return fn(*inputs)
+    return _RecomputedInBackward.apply(fn, *inputs)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    x32 = x.float()
+    y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * y.to(x.dtype)
+
+
 class RMSNorm(nn.Module):
     """y = x / √(mean(x²) + ε) · g (Zhang & Sennrich, 2019), computed in float32 and cast back, as
-    Llama does; g starts at 1."""
+    Llama does; g starts at 1. Backward keeps x (in its own dtype) and g only, recomputing the float32
+    part — Megatron's accounting of a norm's stored activations (its input, 2sbh bytes in 16 bits)."""
 
     def __init__(self, dim: int, eps: float = 1e-5) -> None:
         super().__init__()
@@ -37,9 +86,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        y = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * y.to(x.dtype)
+        return recomputed_in_backward(partial(_rms_norm, eps=self.eps), x, self.weight)
 
 
 def rope_tables(seq_len: int, head_dim: int, theta: float, device=None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -43,6 +43,7 @@ from pipewright.models.blocks import (
     RMSNorm,
     StageModule,
     apply_rope,
+    recomputed_in_backward,
     rope_tables,
     tied_output_init_,
 )
@@ -91,7 +92,12 @@ class SwiGLU(nn.Module):
         self.down = make(spec.ffn_hidden, spec.hidden, bias=False, kind=ROW)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(F.silu(self.gate(x)) * self.up(x))
+        # silu(gate)·up recomputed in backward: kept are gate, up (and down's input), as a fused SwiGLU
+        return self.down(recomputed_in_backward(_swiglu, self.gate(x), self.up(x)))
+
+
+def _swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return F.silu(gate) * up
 
 
 class LlamaBlock(nn.Module):

@@ -34,16 +34,25 @@ from pipewright.ir import I, Schedule, W
 #: ``factory(in_features, out_features, *, bias, kind) -> nn.Module`` (kinds: models.gpt.LINEAR_KINDS)
 LinearFactory = Callable[..., nn.Module]
 
+#: a W pass's input X: the tensor, or a function making it when W runs (a sequence-parallel linear
+#: keeps its 1/t sequence shard and all-gathers it only then, as Megatron's backward does)
+WeightInput = torch.Tensor | Callable[[], torch.Tensor]
+
+
+def weight_input(x: WeightInput) -> torch.Tensor:
+    """The W pass's X: ``x`` itself, or ``x()`` when it is made on demand."""
+    return x if isinstance(x, torch.Tensor) else x()
+
 
 class WeightGradStore:
     """Deferred weight-gradient work, grouped by key (the microbatch)."""
 
     def __init__(self) -> None:
-        self._pending: dict[Hashable, list[tuple[DeferrableLinear, torch.Tensor, torch.Tensor]]] = (
-            defaultdict(list)
+        self._pending: dict[Hashable, list[tuple[DeferrableLinear, WeightInput, torch.Tensor]]] = defaultdict(
+            list
         )
 
-    def put(self, key: Hashable, layer: DeferrableLinear, x: torch.Tensor, grad_out: torch.Tensor) -> None:
+    def put(self, key: Hashable, layer: DeferrableLinear, x: WeightInput, grad_out: torch.Tensor) -> None:
         self._pending[key].append((layer, x, grad_out))
 
     def __len__(self) -> int:
@@ -76,12 +85,13 @@ def weight_grads(
     return grad_w, (g2.sum(0) if bias else None)
 
 
-def _accumulate_weight_grads(layer: nn.Linear, x: torch.Tensor, grad_out: torch.Tensor) -> None:
+def _accumulate_weight_grads(layer: nn.Linear, x: WeightInput, grad_out: torch.Tensor) -> None:
     """``W.grad += (∂L/∂y)ᵀ x`` and ``b.grad += Σ ∂L/∂y``, the weight product fused into the
     accumulation (one GEMM with β = 1, ``addmm_``) so no separate gradient tensor is written and re-read."""
     weight, bias = layer.weight, layer.bias
     if not weight.requires_grad:
         return  # a frozen layer (its bias is frozen with it)
+    x = weight_input(x)
     if weight.grad is None or weight.grad.dtype != grad_out.dtype or not weight.grad.is_contiguous():
         grad_w, grad_b = weight_grads(x, grad_out, bias is not None)
         _accumulate(weight, grad_w)
@@ -142,7 +152,7 @@ class AccumulateNow(WeightGradStore):
     ``main_grad``). Gradients are only ever accumulated into ``.grad``: use it where the caller runs
     ``torch.autograd.backward``, not ``torch.autograd.grad``."""
 
-    def put(self, key: Hashable, layer: DeferrableLinear, x: torch.Tensor, grad_out: torch.Tensor) -> None:
+    def put(self, key: Hashable, layer: DeferrableLinear, x: WeightInput, grad_out: torch.Tensor) -> None:
         with torch.no_grad():
             _accumulate_weight_grads(layer, x, grad_out)
 

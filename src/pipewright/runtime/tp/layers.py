@@ -11,21 +11,22 @@ weight-gradient part is deferrable (Zero Bubble's B = I + W) through ``models/wg
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from pipewright.models.wgrad import weight_grads
+from pipewright.models.wgrad import WeightInput, weight_grads, weight_input
 from pipewright.runtime.tp.ops import (
     Group,
     all_gather,
     copy_to,
     divide,
     gather_from,
-    gather_from_seq,
     reduce_from,
+    reduce_scatter,
     reduce_scatter_to_seq,
     scatter_to,
     tp_rank,
@@ -46,26 +47,46 @@ class _LinearFn(torch.autograd.Function):
     ``store.put(key, layer.deferred_params, x, grad_out)`` so that the store's W pass computes
     ∂L/∂W = grad_outᵀ·X (and ∂L/∂b) later: the protocol of ``models/wgrad.py``'s DeferrableLinear, so
     ``defer_weight_grads(store, module, key=k)`` and ``store.flush(k)`` drive these layers too.
-    The W pass needs no communication: every collective of a tensor-parallel layer sits in I."""
+
+    With ``seq_gather`` (a column-parallel linear under sequence parallelism) the input is this rank's
+    1/t sequence chunk: the forward all-gathers it along ``layer.seq_dim`` and keeps only the chunk for
+    backward; the backward reduce-scatters grad X and all-gathers the chunk again for ∂L/∂W — at once
+    in a full B, when the W pass runs in a split one (Korthikanti et al., 2022, §4.2.2: the layer's
+    stored input is sbh/t, not sbh). Without it the W pass needs no communication."""
 
     @staticmethod
-    def forward(ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None, layer: ShardedLinear) -> Tensor:
+    def forward(
+        ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None, layer: ShardedLinear, seq_gather: bool
+    ) -> Tensor:
         ctx.save_for_backward(x, weight)
-        ctx.layer = layer
+        ctx.layer, ctx.seq_gather = layer, seq_gather
+        if seq_gather:
+            x = all_gather(x, layer.seq_dim, layer.group)
         return F.linear(x, weight, bias)
 
     @staticmethod
-    def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None, None]:
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None, None, None]:
         x, weight = ctx.saved_tensors
+        layer = ctx.layer
         grad_x = g.matmul(weight) if ctx.needs_input_grad[0] else None
-        store, key = ctx.layer._defer
+        if ctx.seq_gather and grad_x is not None:
+            grad_x = reduce_scatter(grad_x, layer.seq_dim, layer.group)
+        store, key = layer._defer
         if store is not None:
-            store.put(key, ctx.layer.deferred_params, x.detach(), g.detach())
-            return grad_x, None, None, None
+            store.put(key, layer.deferred_params, _weight_input(ctx, x.detach()), g.detach())
+            return grad_x, None, None, None, None
         if not (ctx.needs_input_grad[1] or ctx.needs_input_grad[2]):
-            return grad_x, None, None, None
-        grad_w, grad_b = weight_grads(x, g, ctx.needs_input_grad[2])
-        return grad_x, grad_w, grad_b, None
+            return grad_x, None, None, None, None
+        grad_w, grad_b = weight_grads(weight_input(_weight_input(ctx, x)), g, ctx.needs_input_grad[2])
+        return grad_x, grad_w, grad_b, None, None
+
+
+def _weight_input(ctx: Any, x: Tensor) -> WeightInput:
+    """The W pass's input: ``x``, or the sequence-gathered ``x`` made when W runs."""
+    if not ctx.seq_gather:
+        return x
+    layer = ctx.layer
+    return partial(all_gather, x, layer.seq_dim, layer.group)
 
 
 def shard(full: Tensor, dim: int, rank: int, t: int, blocks: int = 1) -> Tensor:
@@ -152,8 +173,8 @@ class ShardedLinear(nn.Module):
             return src
         return unshard(list(all_gather(src, 0, self.group).chunk(self.tp, 0)), 0, self.blocks)
 
-    def _linear(self, x: Tensor, bias: Tensor | None) -> Tensor:
-        return _LinearFn.apply(x, self.weight, bias, self)
+    def _linear(self, x: Tensor, bias: Tensor | None, seq_gather: bool = False) -> Tensor:
+        return _LinearFn.apply(x, self.weight, bias, self, seq_gather)
 
     @property
     def deferred_params(self) -> DeferredParams:
@@ -195,8 +216,10 @@ class ColumnParallelLinear(ShardedLinear):
         self.gather_output, self.sequence_parallel, self.seq_dim = gather_output, sequence_parallel, seq_dim
 
     def forward(self, x: Tensor) -> Tensor:
-        x = gather_from_seq(x, self.group, self.seq_dim) if self.sequence_parallel else copy_to(x, self.group)
-        y = self._linear(x, self.bias)
+        if self.sequence_parallel:  # the gather happens inside, keeping only the chunk for backward
+            y = self._linear(x, self.bias, seq_gather=self.tp > 1)
+        else:
+            y = self._linear(copy_to(x, self.group), self.bias)
         if not self.gather_output or self.tp == 1:
             return y
         y = gather_from(y, self.group)
