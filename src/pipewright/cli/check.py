@@ -22,6 +22,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from pipewright.errors import ConfigError
+
 #: Relative tolerance by ``--precision``: fp32 leaves summation-order rounding (AdamW's 1/√v can amplify
 #: it in parameters whose gradient is noise, hence above 1e-5); bf16 and fp16 round each activation.
 TOLERANCE = {"fp32": 1e-4, "bf16": 5e-2, "fp16": 1e-2}
@@ -65,7 +67,6 @@ def register(sub: argparse._SubParsersAction, feature_paths: tuple[str, ...] = (
 
 def _check(args: argparse.Namespace) -> int:
     from pipewright.cli.train import config_from_args
-    from pipewright.errors import ConfigError
 
     given = [n for n in _NOT_FOR_CHECK if getattr(args, n, None) is not None]
     if given:
@@ -145,6 +146,28 @@ def reference_config(config: Any, out: Path) -> Any:
     )  # fmt: skip
 
 
+def refuse_unlike_reference(run: Any) -> None:
+    """One line for a layout whose one-process run is another algorithm, so "differs" would say nothing:
+    an asynchronous schedule (each microbatch meets other weights than one synchronous step's), and
+    K-FAC with ``--kfac-fill measured`` (which factor pieces run in a step depends on measured bubble
+    lengths; ``--kfac-fill all`` runs every piece, on one process as in the pipeline)."""
+    from pipewright.features.kfac.options import KfacOptions
+    from pipewright.options import read_section
+
+    c = run.config
+    if not run.schedule.meta.get("flush", True):
+        raise ConfigError(
+            f"check compares synchronous steps; the asynchronous schedule {run.schedule.name} updates "
+            "weights between microbatches, so one process is not the same algorithm: use a flushing "
+            "schedule (e.g. --schedule 1f1b)"
+        )
+    if c.optimizer == "kfac" and read_section(KfacOptions, c.features).fill != "all":
+        raise ConfigError(
+            "check --optimizer kfac needs --kfac-fill all: with measured fill the K-FAC work done in a "
+            "step depends on the bubbles' timing, which one process does not have"
+        )
+
+
 def run_both(config: Any, tmp: Path) -> tuple[list[dict], list[dict]]:
     """Per-step records (loss, grad_norm, params: name → (‖θ‖, w·θ, ‖w‖)) of the pipelined run and of
     the one-process run."""
@@ -156,6 +179,7 @@ def run_both(config: Any, tmp: Path) -> tuple[list[dict], list[dict]]:
         progress=False, checkpoint_every=0, max_restarts=0,
     )  # fmt: skip
     runs = [prepare(c) for c in (piped, reference_config(config, tmp / "one"))]  # both checked first
+    refuse_unlike_reference(runs[0])
     out = [launcher()(check_worker, r.config.world_size, (r,), timeout_s=24 * 3600)[0] for r in runs]
     return out[0], out[1]
 
@@ -238,6 +262,7 @@ def compare(piped: list[dict], one: list[dict], tol: float) -> list[dict]:
 def table(rows: list[dict], config: Any, tol: float) -> str:
     """The per-step comparison as text."""
     v = f" v={config.virtual}" if config.virtual else ""
+    v += "".join(f" {k}={getattr(config, k)}" for k in ("cp", "ep") if getattr(config, k) > 1)
     head = (
         f"{config.schedule} pp={config.pp} dp={config.dp} tp={config.tp}{v} vs one process, "
         f"{config.precision}, tolerance {tol:g}"
