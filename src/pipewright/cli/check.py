@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pipewright.errors import ConfigError
+from pipewright.runtime.startup import stage
 
 #: Relative tolerance by ``--precision``: fp32 leaves summation-order rounding (AdamW's 1/√v can amplify
 #: it in parameters whose gradient is noise, hence above 1e-5); bf16 and fp16 round each activation.
@@ -178,7 +179,8 @@ def run_both(config: Any, tmp: Path) -> tuple[list[dict], list[dict]]:
         config, out=str(tmp / "pipelined"), resume=False, overwrite=True, eval_every=0, artifacts=False,
         progress=False, checkpoint_every=0, max_restarts=0,
     )  # fmt: skip
-    runs = [prepare(c) for c in (piped, reference_config(config, tmp / "one"))]  # both checked first
+    with stage("checking the layout and the data"):  # both runs, before either starts
+        runs = [prepare(c) for c in (piped, reference_config(config, tmp / "one"))]
     refuse_unlike_reference(runs[0])
     out = [launcher()(check_worker, r.config.world_size, (r,), timeout_s=24 * 3600)[0] for r in runs]
     return out[0], out[1]
@@ -194,13 +196,15 @@ def check_worker(rank: int, run: Any) -> list[dict] | None:
     from pipewright.runtime.trainer import Trainer
 
     torch.manual_seed(run.config.seed + rank)
-    trainer = Trainer(run)
+    with stage("building the model", enabled=rank == 0):
+        trainer = Trainer(run)
     rows = []
     for step in range(run.config.steps):
-        record = trainer.train_step(step)
+        with stage(f"step 1 of {run.config.steps}", enabled=rank == 0 and step == 0):
+            record = trainer.train_step(step)
         stats = {}
-        for stage in trainer.stages.values():
-            for name, p in full_parameters(stage).items():
+        for module in trainer.stages.values():
+            for name, p in full_parameters(module).items():
                 stats[name] = param_stats(p)
         if trainer.mesh.dp_rank >= trainer.mesh.ep or trainer.mesh.tp_rank:  # the first ep dp ranks
             stats = {}  # hold every expert between them (global names); the rest are replicas
