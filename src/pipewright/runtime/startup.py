@@ -3,9 +3,9 @@
 ``with stage("building the model"):`` prints ``building the model… (5 s so far)`` to stderr when the
 block is still running :data:`SLOW_S` seconds after it began, and ``building the model: done in 12.3 s``
 when it then ends (not when it raises); a faster block prints nothing. On a terminal or not (a CI log
-gets a few plain lines, no redraws). The stages of ``train`` and ``check``: checking the layout and the data (the launching
-process), joining the process group, building the model, loading the checkpoint and the first step
-(rank 0 of the workers).
+gets a few plain lines, no redraws). The stages of ``train`` and ``check``: checking the layout and the
+data (the launching process), joining the process group, building the model, loading the checkpoint
+and the first step (rank 0 of the workers).
 """
 
 from __future__ import annotations
