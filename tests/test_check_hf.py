@@ -4,7 +4,7 @@ In this process, for every family of ``_hf_families.py`` and the mixtures of exp
 Qwen2-MoE): pipewright's stage modules give ``transformers``' logits on the first batch (exactly, GPT-2
 within 2e-7: its learned positions are added in another order) and the same loss by ``transformers``'
 loss function. Granite and Cohere (no adapter; multipliers in the model's forward) are refused naming
-the type; ``--moe-*`` and ``--ep`` with ``--hf-model`` are one-line errors. The router loss of
+the type; ``--moe-*``, ``--ep`` and ``--cp`` with ``--hf-model`` are one-line errors. The router loss of
 Mixtral and Qwen2-MoE (``output_router_logits``) equals ``transformers``' on every schedule. Two
 ``check`` runs (forked workers): Mixtral at pp = 2 equals one process and ``transformers`` at every
 step; GPT-2 with its dropout 0.1 (disabled for the comparison, and said so) and a deliberately broken
@@ -72,6 +72,9 @@ def test_unadapted_types_refused_and_moe_flags(tmp_path, data) -> None:
     _config(routed, data).check()  # the router loss (test below)
     with pytest.raises(ConfigError, match=r"sets output_router_logits: .* which --cp 2 splits; use --cp 1"):
         _config(routed, data, cp=2).check()
+    llama = write_config(tmp_path, "llama", FAMILIES["llama"])  # check found it differing by 3e-3
+    with pytest.raises(ConfigError, match=r"^--cp 2 does not support --hf-model yet \(each rank would"):
+        _config(llama, data, cp=2).model_spec()
 
 
 ARGS = ["--seq-len", "8", "--microbatch-size", "1", "--microbatches", "2", "--steps", "2", "--pp", "2"]

@@ -22,6 +22,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from pipewright.errors import ConfigError
+from pipewright.runtime.startup import stage
+
 #: Relative tolerance by ``--precision``: fp32 leaves summation-order rounding (AdamW's 1/√v can amplify
 #: it in parameters whose gradient is noise, hence above 1e-5); bf16 and fp16 round each activation.
 TOLERANCE = {"fp32": 1e-4, "bf16": 5e-2, "fp16": 1e-2}
@@ -65,7 +68,6 @@ def register(sub: argparse._SubParsersAction, feature_paths: tuple[str, ...] = (
 
 def _check(args: argparse.Namespace) -> int:
     from pipewright.cli.train import config_from_args
-    from pipewright.errors import ConfigError
 
     given = [n for n in _NOT_FOR_CHECK if getattr(args, n, None) is not None]
     if given:
@@ -145,6 +147,28 @@ def reference_config(config: Any, out: Path) -> Any:
     )  # fmt: skip
 
 
+def refuse_unlike_reference(run: Any) -> None:
+    """One line for a layout whose one-process run is another algorithm, so "differs" would say nothing:
+    an asynchronous schedule (each microbatch meets other weights than one synchronous step's), and
+    K-FAC with ``--kfac-fill measured`` (which factor pieces run in a step depends on measured bubble
+    lengths; ``--kfac-fill all`` runs every piece, on one process as in the pipeline)."""
+    from pipewright.features.kfac.options import KfacOptions
+    from pipewright.options import read_section
+
+    c = run.config
+    if not run.schedule.meta.get("flush", True):
+        raise ConfigError(
+            f"check compares synchronous steps; the asynchronous schedule {run.schedule.name} updates "
+            "weights between microbatches, so one process is not the same algorithm: use a flushing "
+            "schedule (e.g. --schedule 1f1b)"
+        )
+    if c.optimizer == "kfac" and read_section(KfacOptions, c.features).fill != "all":
+        raise ConfigError(
+            "check --optimizer kfac needs --kfac-fill all: with measured fill the K-FAC work done in a "
+            "step depends on the bubbles' timing, which one process does not have"
+        )
+
+
 def run_both(config: Any, tmp: Path) -> tuple[list[dict], list[dict]]:
     """Per-step records (loss, grad_norm, params: name → (‖θ‖, w·θ, ‖w‖)) of the pipelined run and of
     the one-process run."""
@@ -155,7 +179,9 @@ def run_both(config: Any, tmp: Path) -> tuple[list[dict], list[dict]]:
         config, out=str(tmp / "pipelined"), resume=False, overwrite=True, eval_every=0, artifacts=False,
         progress=False, checkpoint_every=0, max_restarts=0,
     )  # fmt: skip
-    runs = [prepare(c) for c in (piped, reference_config(config, tmp / "one"))]  # both checked first
+    with stage("checking the layout and the data"):  # both runs, before either starts
+        runs = [prepare(c) for c in (piped, reference_config(config, tmp / "one"))]
+    refuse_unlike_reference(runs[0])
     out = [launcher()(check_worker, r.config.world_size, (r,), timeout_s=24 * 3600)[0] for r in runs]
     return out[0], out[1]
 
@@ -170,13 +196,15 @@ def check_worker(rank: int, run: Any) -> list[dict] | None:
     from pipewright.runtime.trainer import Trainer
 
     torch.manual_seed(run.config.seed + rank)
-    trainer = Trainer(run)
+    with stage("building the model", enabled=rank == 0):
+        trainer = Trainer(run)
     rows = []
     for step in range(run.config.steps):
-        record = trainer.train_step(step)
+        with stage(f"step 1 of {run.config.steps}", enabled=rank == 0 and step == 0):
+            record = trainer.train_step(step)
         stats = {}
-        for stage in trainer.stages.values():
-            for name, p in full_parameters(stage).items():
+        for module in trainer.stages.values():
+            for name, p in full_parameters(module).items():
                 stats[name] = param_stats(p)
         if trainer.mesh.dp_rank >= trainer.mesh.ep or trainer.mesh.tp_rank:  # the first ep dp ranks
             stats = {}  # hold every expert between them (global names); the rest are replicas
@@ -238,6 +266,7 @@ def compare(piped: list[dict], one: list[dict], tol: float) -> list[dict]:
 def table(rows: list[dict], config: Any, tol: float) -> str:
     """The per-step comparison as text."""
     v = f" v={config.virtual}" if config.virtual else ""
+    v += "".join(f" {k}={getattr(config, k)}" for k in ("cp", "ep") if getattr(config, k) > 1)
     head = (
         f"{config.schedule} pp={config.pp} dp={config.dp} tp={config.tp}{v} vs one process, "
         f"{config.precision}, tolerance {tol:g}"

@@ -402,6 +402,11 @@ class TrainConfig(_TrainFields):
         if self.cp != 1:  # 2·cp load-balanced chunks (runtime/cp)
             from pipewright.runtime.cp import check_context_parallel
 
+            if self.hf_model:  # its layers run transformers' attention, which the ring does not replace
+                raise ConfigError(
+                    f"--cp {self.cp} does not support --hf-model yet (each rank would attend only to its "
+                    "own tokens: a different model); use --cp 1, or a pipewright model (--model llama …)"
+                )
             check_context_parallel(spec.seq_len, self.cp, self.tp, self.sequence_parallel)
         return spec
 

@@ -31,6 +31,7 @@ from pipewright.runtime import nccl_rules
 from pipewright.runtime.errors import DistributedError, WorkerError
 from pipewright.runtime.host_memory import use_cpu_allocator
 from pipewright.runtime.interrupts import forwarding_signals, workers_ignore_sigint
+from pipewright.runtime.startup import stage
 from pipewright.runtime.timeouts import use_nccl_group_timeout, watchdog_timeout
 
 log = logging.getLogger(__name__)
@@ -86,12 +87,13 @@ def init_from_env(
         use_nccl_group_timeout(collective_timeout_s)
     if dist.is_initialized():
         return
-    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True):
-        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        store = attempt_store(rank, world, datetime.timedelta(seconds=timeout_s))
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world, **options)
-    else:
-        dist.init_process_group(backend, **options)
+    with stage("joining the process group", enabled=os.environ.get("RANK", "0") == "0"):
+        if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == str(True):
+            rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+            store = attempt_store(rank, world, datetime.timedelta(seconds=timeout_s))
+            dist.init_process_group(backend, store=store, rank=rank, world_size=world, **options)
+        else:
+            dist.init_process_group(backend, **options)
     nccl_rules.install_from_env()  # PIPEWRIGHT_PG_RULES=nccl: NCCL's rules over gloo
 
 

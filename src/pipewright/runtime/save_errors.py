@@ -94,9 +94,14 @@ def describe(exc: BaseException, folder: Path | None = None, rank: int = 0) -> s
 
 
 def kept(final: object) -> str:
-    """What a failed save of ``final`` (``…/checkpoints/step_K``) leaves: an earlier checkpoint or none."""
+    """What a failed save of ``final`` (``…/checkpoints/step_K``) leaves: an earlier checkpoint (a finished
+    one: its ``meta.json`` written) or none."""
     path = Path(str(final))
-    earlier = [p for p in path.parent.glob("step_*") if p.name != path.name and p.suffix != ".tmp"]
+    earlier = [
+        p
+        for p in path.parent.glob("step_*")
+        if p.name != path.name and p.suffix != ".tmp" and (p / "meta.json").is_file()
+    ]
     return "the previous checkpoint is kept" if earlier else "there is no earlier checkpoint"
 
 

@@ -14,7 +14,11 @@ Per pipeline rank r (tp = t, its stages' layers l_r, the schedule's peak microba
   that long in a receive;
 - step time ≈ 3 × (forward FLOPs of the global batch) / (``CPU_FLOPS`` × processes) (backward = 2×
   forward), shown by ``train --dry-run``;
-- one checkpoint ≈ 12 bytes per parameter (fp32 weights, AdamW's two moments): the free disk space
+- one checkpoint (:func:`checkpoint_bytes`) = 12 bytes per parameter (fp32 weights, AdamW's two
+  moments) + ``ENTRY_BYTES`` per stored tensor (4 per parameter tensor: the weights, two moments, the
+  step count) + ``RNG_BYTES`` per process + ``META_BYTES``, with the parameters and their tensors
+  counted on copies of the model with its dense layers and one or two more, weights on the meta
+  device, extrapolated per layer: the free disk space
   ``--out`` needs, checked with its writability.
 
 On a CPU run every process lives on this machine, so their sum is compared with the available
@@ -37,6 +41,13 @@ from pipewright.outputs import size_text
 CPU_FLOPS = 2e11
 #: resident memory of one worker process before its model (Python, torch, gloo)
 PROCESS_BYTES = 400 * 2**20
+#: what DCP adds per stored tensor: its entry in a ``.distcp`` file (≈1,580 bytes) and in ``.metadata``
+#: (≈250); measured on a 2-layer GPT's checkpoint (118 tensors, 1.84 MB), torch 2.13, 2026-12-07
+ENTRY_BYTES = 1830
+#: a process's CPU random-generator state (5,056 bytes) with its entry
+RNG_BYTES = 5056 + ENTRY_BYTES
+#: meta.json (the config and the file manifest)
+META_BYTES = 4096
 
 
 @dataclass(frozen=True)
@@ -45,7 +56,7 @@ class SizeEstimate:
     processes: int
     forward_s: list[float]  # one microbatch's forward on each pipeline rank (lower bound)
     step_s: float  # lower bound
-    checkpoint_bytes: float  # one checkpoint: fp32 weights and AdamW's two moments, 12 bytes a parameter
+    checkpoint_bytes: float  # one checkpoint on disk (:func:`checkpoint_bytes`)
 
     @property
     def total_bytes(self) -> float:
@@ -106,8 +117,55 @@ def estimate(run) -> SizeEstimate:
         forward_s.append(flops / t / CPU_FLOPS)
     total_fwd = c.global_batch * (spec.layers * layer_forward_flops(spec, 1) + logit_forward_flops(spec, 1))
     step_s = 3 * total_fwd / (CPU_FLOPS * c.world_size)
-    params = spec.layers * layer_parameters(spec) + 2 * spec.vocab * spec.hidden
-    return SizeEstimate(rank_bytes, c.world_size, forward_s, step_s, 12 * params)
+    return SizeEstimate(rank_bytes, c.world_size, forward_s, step_s, checkpoint_bytes(spec, c.world_size))
+
+
+def _parameters(spec) -> tuple[int, int]:
+    """(elements, tensors) of ``spec``'s whole model: from copies of one and two layers built on the meta
+    device (no memory), extrapolated per layer; the layer formula when the family cannot be built so."""
+    from dataclasses import replace
+
+    import torch
+
+    from pipewright.models.family import build_full
+
+    class MetaWeights(torch.overrides.TorchFunctionMode):
+        """Weights allocated on the meta device (``empty``, ``randn``, ``rand``: no memory) and their
+        initialisation skipped (in-place operations such as ``normal_``, scalings of a fresh weight);
+        small buffers (RoPE tables) computed as usual: computing on the meta device imports torch's
+        compiler (seconds)."""
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            name, kwargs = getattr(func, "__name__", ""), kwargs or {}
+            if name in ("empty", "randn", "rand"):
+                kwargs.pop("generator", None)
+                return torch.empty(*args, **{**kwargs, "device": "meta"})
+            in_place = name.endswith("_") and not name.endswith("__")
+            meta = bool(args) and isinstance(args[0], torch.Tensor) and args[0].is_meta
+            if meta and (in_place or name in ("mul", "div", "add", "sub")):
+                return args[0]  # same shape (a scalar or broadcast factor, at initialisation)
+            if in_place and "tensor" in kwargs:  # torch.nn.init's pass the tensor by keyword
+                return kwargs["tensor"]
+            return func(*args, **kwargs)
+
+    first = min(spec.layers, spec.moe_dense_layers + 1)  # the dense layers, then one of the repeated kind
+    try:
+        counts = []
+        for layers in (first, first + 1)[: 1 + (spec.layers > first)]:
+            with MetaWeights():
+                model = build_full(replace(spec, layers=layers))
+            params = list(model.parameters())
+            counts.append((sum(p.numel() for p in params), len(params)))
+    except Exception:  # a family whose builder needs more (files, a device): the formula, no tensor count
+        return spec.layers * layer_parameters(spec) + 2 * spec.vocab * spec.hidden, 0
+    (e1, t1), (e2, t2) = counts[0], counts[-1]
+    return e1 + (spec.layers - first) * (e2 - e1), t1 + (spec.layers - first) * (t2 - t1)
+
+
+def checkpoint_bytes(spec, processes: int) -> float:
+    """Bytes of one checkpoint of ``spec`` written by ``processes`` processes (module docstring)."""
+    elements, tensors = _parameters(spec)
+    return 12 * elements + 4 * tensors * ENTRY_BYTES + processes * RNG_BYTES + META_BYTES
 
 
 def check_fits(run, *, cpu: bool) -> SizeEstimate:

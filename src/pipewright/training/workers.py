@@ -28,6 +28,7 @@ from pipewright.runtime.config import TrainConfig
 from pipewright.runtime.launch import init_from_env, running_under_torchrun
 from pipewright.runtime.launch import spawn as spawn_processes
 from pipewright.runtime.run_folder import RunLock, claim
+from pipewright.runtime.startup import stage
 from pipewright.runtime.trainer import PreparedRun, Trainer, TrainResult
 from pipewright.training.prepare import prepare
 
@@ -65,14 +66,18 @@ def train(
     made by the caller (local runs; its checks are not repeated)."""
     if running_under_torchrun():
         init_from_env(cpu_allocator=config.cpu_allocator, collective_timeout_s=config.collective_timeout_s)
-        run = prepare(elastic.auto_resume(config), world_size=int(os.environ["WORLD_SIZE"]))
+        with stage("checking the layout and the data", enabled=dist.get_rank() == 0):
+            run = prepare(elastic.auto_resume(config), world_size=int(os.environ["WORLD_SIZE"]))
         lock = _claim(run) if dist.get_rank() == 0 else None
         chosen = [str(run.out_dir) if lock is None else str(lock.folder)]  # rank 0's folder
         dist.broadcast_object_list(chosen, src=0)
         run = replace(run, out_dir=Path(chosen[0]))
         with lock or nullcontext():
             return train_worker(dist.get_rank(), run)
-    run = prepare(config) if prepared is None else prepared
+    if prepared is None:
+        with stage("checking the layout and the data"):
+            prepared = prepare(config)
+    run = prepared
     lock = _claim(run)
     run = replace(run, out_dir=lock.folder)
     if config.out is None:
@@ -123,8 +128,12 @@ def train_worker(rank: int, run: PreparedRun) -> TrainResult | None:
     """One process's training loop (see the module docstring). Collective: every rank runs it."""
     c = run.config
     torch.manual_seed(c.seed + rank)
-    trainer = Trainer(run)  # with the run's training plugins (asynchronous weights, K-FAC, …)
-    start = trainer.load(run.resume_from) if run.resume_from is not None else 0
+    with stage("building the model", enabled=rank == 0):
+        trainer = Trainer(run)  # with the run's training plugins (asynchronous weights, K-FAC, …)
+    start = 0
+    if run.resume_from is not None:
+        with stage("loading the checkpoint", enabled=rank == 0):
+            start = trainer.load(run.resume_from)
     if start:
         log.info("rank %d resumed from %s at step %d", rank, run.resume_from, start)
     writer = MetricsWriter(run, start, trainer.tokens_per_step) if rank == 0 else None
@@ -134,7 +143,8 @@ def train_worker(rank: int, run: PreparedRun) -> TrainResult | None:
     end = min(c.steps, c.stop_after) if c.stop_after else c.steps
     done = start
     for step in range(start, end):
-        record = trainer.train_step(step)
+        with stage(f"step {step + 1} of {c.steps}", enabled=rank == 0 and step == start):
+            record = trainer.train_step(step)
         done = step + 1
         if c.eval_every and (done % c.eval_every == 0 or done == c.steps):
             record["val_loss"] = val_losses[step] = trainer.evaluate(done)
