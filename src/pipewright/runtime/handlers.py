@@ -191,7 +191,10 @@ def start_reduction(state: RunState, stage: int, dtype: torch.dtype | None = Non
     flat = torch.cat([g.reshape(-1) if dtype is None else g.reshape(-1).to(dtype) for g in grads])
     work = dist.all_reduce(flat, group=ex.mesh.grad_group, async_op=True)
     state.reductions[stage] = (work, flat, grads, ex.mesh.grad_replicas)
-    if dtype is None:  # the executor's own reduction: in buckets during the backward from now on
+    shared = {id(p) for s, m in ex.stages.items() if s != stage for p in m.parameters()}
+    if dtype is None and not shared.intersection(map(id, params)):
+        # the executor's own reduction: in buckets during the backward from now on (not for a stage
+        # sharing a parameter with another stage of this rank: one .grad cannot view two buffers)
         grad_buckets.enable(ex.stages[stage], params, ex.mesh.grad_group, ex.mesh.grad_replicas)
 
 

@@ -60,8 +60,11 @@ class TiedEmbeddings:
             return
         if self.local:
             total = _grad(self.embedding) + _grad(self.output)
-            self.embedding.grad = total
-            self.output.grad = total.clone()
+            for p in (self.embedding, self.output):  # in place: a .grad may be a view of a bucket buffer
+                if p.grad is None:
+                    p.grad = total.clone()
+                else:
+                    p.grad.copy_(total)
             return
         param = self.embedding if self.embedding is not None else self.output
         param.grad = _grad(param)
