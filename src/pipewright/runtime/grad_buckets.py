@@ -201,4 +201,13 @@ def weights_final(buckets: GradBuckets, state: Any, action: Any) -> Callable[[nn
     last = _last_backward(state).get(action.stage, (None, None))[1]
     if last != state.position or not buckets.armed:
         return None
-    return lambda layer: buckets.mark(layer.parameters(recurse=False))
+    return lambda layer: buckets.mark(_own_parameters(layer))
+
+
+def _own_parameters(layer: Any) -> list[torch.Tensor]:
+    """The parameters a deferred W pass updates: a module's own, or those of the ``(weight, bias)``
+    record a store holds in its place (tensor-parallel layers' ``DeferredParams``, Hugging Face
+    transposed linears)."""
+    if isinstance(layer, nn.Module):
+        return list(layer.parameters(recurse=False))
+    return [p for p in layer if isinstance(p, torch.Tensor)]
