@@ -119,7 +119,7 @@ def test_check_measures_the_layout_it_would_check(capsys):
             args += [f"--{key.replace('_', '-')}", str(value)]
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "rank 0 (pp 0, stages 0)" in out and "fits an H100's 80 GiB" in out
+    assert "rank 0 (pp 0, stages 0)" in out and "fits the 79.65 GiB per device" in out
 
 
 def test_measure_without_dry_run_and_a_rank_outside_the_pipeline_are_one_line_errors(capsys):

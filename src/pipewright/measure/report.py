@@ -131,7 +131,8 @@ def text(comparisons: list[RankComparison]) -> str:
             need = m.peak_bytes + (reserve or 0.0)
             verdict = "fits" if need <= limit else "does not fit"
             lines.append(
-                f"  measured peak + reserve {need / GiB:.1f} GiB {verdict} an H100's {limit / GiB:.0f} GiB"
+                f"  measured peak + reserve {need / GiB:.2f} GiB {verdict} the "
+                f"{limit / GiB:.2f} GiB per device"
             )
         comm = ", ".join(f"{op} {group} {v / 2**20:.1f} MiB" for (op, group), v in sorted(m.comm.items()))
         lines.append(f"  bytes: {comm}")

@@ -24,18 +24,10 @@ from pipewright.errors import ConfigError
 from pipewright.models.hf.adapters import ADAPTERS, adapter_for
 from pipewright.models.hf.build import load_config, stage_from_model
 from pipewright.models.hf.router_loss import experts, rows
+from pipewright.models.presets import MOE_FIELDS
 
-#: TrainConfig's mixture-of-experts flags, which a Hugging Face config decides.
-MOE_FLAGS = (
-    "moe_experts",
-    "moe_top_k",
-    "moe_shared_experts",
-    "moe_ffn_hidden",
-    "moe_dense_layers",
-    "moe_capacity",
-    "moe_aux_loss_coeff",
-    "moe_z_loss_coeff",
-)
+#: TrainConfig's mixture-of-experts flags, which a Hugging Face config decides (named as the fields)
+MOE_FLAGS = MOE_FIELDS
 _PROBE_LAYERS, _PROBE_VOCAB, _PROBE_SEQ, _PROBE_FFN = 2, 512, 8, 256
 
 
