@@ -19,16 +19,14 @@ from pipewright.values import POSITIVE, POSITIVE_REAL, check_finite, check_value
 
 DEFAULT_MAX_ACTIONS = 2_000_000
 
+#: a model's dimensions as flags (``resolve_model``'s overrides)
+_MODEL_DIMS = ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len")
+
 _SIZES = (
     "stages",
     "microbatches",
     "virtual",
-    "layers",
-    "hidden",
-    "heads",
-    "ffn_hidden",
-    "vocab",
-    "seq_len",
+    *_MODEL_DIMS,
     "nodes",
     "gpus_per_node",
     "tp",
@@ -199,23 +197,11 @@ def check_profile(args: argparse.Namespace) -> None:
     check_outputs([(args.out, "--out"), (args.calibration, "--calibration")], overwrite=args.overwrite)
     values = vars(args)
     check_finite(values)
-    positive = (
-        "layers",
-        "hidden",
-        "heads",
-        "ffn_hidden",
-        "vocab",
-        "seq_len",
-        "tp",
-        "repeats",
-        "nproc",
-        "workers",
-    )
+    positive = (*_MODEL_DIMS, "tp", "repeats", "nproc", "workers")
     check_values(values, {n: POSITIVE for n in positive})  # the profiler checks the others itself
     if min(args.microbatch_size) < 1 or args.contention < 0 or args.warmup < 0:
         return  # the profiler's own one-line errors
-    dims = ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len")
-    spec = resolve_model(args.model or "gpt-small-cpu", **{d: values.get(d) for d in dims})
+    spec = resolve_model(args.model or "gpt-small-cpu", **{d: values.get(d) for d in _MODEL_DIMS})
     b = max(args.microbatch_size)
     sbh = spec.seq_len * b * spec.hidden
     need = 16 * layer_parameters(spec) + 4 * sbh * runtime_layer_elements(spec, "none")
