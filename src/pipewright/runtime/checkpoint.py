@@ -463,6 +463,20 @@ def load_checkpoint(
         raise CheckpointError(
             f"checkpoint {path} cannot be read ({first}); delete it to resume from an older one"
         ) from None
+    _restore_optimizer_and_rng(state, params, optimizer, rank)
+    if hook is not None:
+        hook.load_extra_state(extra_read)
+    return meta
+
+
+def _restore_optimizer_and_rng(
+    state: Mapping[str, torch.Tensor],
+    params: Mapping[str, torch.nn.Parameter],
+    optimizer: torch.optim.Optimizer,
+    rank: int,
+) -> None:
+    """Copy the loaded optimizer slots into ``optimizer``'s state (scalars as Python numbers) and set
+    this rank's random generators from the loaded ``state``."""
     names = {id(p): n for n, p in params.items()}
     for group in optimizer.param_groups:
         for p in group["params"]:
@@ -476,6 +490,3 @@ def load_checkpoint(
     for suffix, (_, set_state) in rng_sources().items():
         if f"rng/rank{rank}{suffix}" in state:  # absent from older checkpoints, or saved without CUDA
             set_state(state[f"rng/rank{rank}{suffix}"])
-    if hook is not None:
-        hook.load_extra_state(extra_read)
-    return meta

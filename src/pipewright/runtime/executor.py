@@ -92,6 +92,26 @@ def _spec_map(value: Any, num_stages: int) -> dict[int, Any]:
     return dict.fromkeys(range(1, num_stages), value)
 
 
+def _runnable(
+    schedule: Schedule, mesh: ParallelMesh, *, step_reduces_gradients: bool, validate: bool
+) -> Schedule:
+    """``schedule`` lowered, given REDUCE_GRAD actions when dp > 1, and validated (when ``validate``)."""
+    schedule = lower(schedule)
+    if mesh.dp > 1:
+        if not step_reduces_gradients and any(
+            a.kind == STEP and a.microbatch is not None for row in schedule.actions for a in row
+        ):
+            log.warning(
+                "%s steps per microbatch but its gradients are all-reduced over dp once per iteration; "
+                "replicas step on unreduced gradients",
+                schedule.name,
+            )
+        schedule = add_grad_reduction(schedule)
+    if validate:
+        validate_schedule(schedule)
+    return schedule
+
+
 class PipelineExecutor:
     """Runs one rank's part of a pipeline schedule; construct on every rank (collective: opens channels).
 
@@ -151,19 +171,7 @@ class PipelineExecutor:
     ) -> None:
         if schedule.num_ranks != mesh.pp:
             raise LayoutError(f"schedule {schedule.name} has {schedule.num_ranks} ranks but pp = {mesh.pp}")
-        schedule = lower(schedule)
-        if mesh.dp > 1:
-            if not step_reduces_gradients and any(
-                a.kind == STEP and a.microbatch is not None for row in schedule.actions for a in row
-            ):
-                log.warning(
-                    "%s steps per microbatch but its gradients are all-reduced over dp once per iteration; "
-                    "replicas step on unreduced gradients",
-                    schedule.name,
-                )
-            schedule = add_grad_reduction(schedule)
-        if validate:
-            validate_schedule(schedule)
+        schedule = _runnable(schedule, mesh, step_reduces_gradients=step_reduces_gradients, validate=validate)
         self.schedule = schedule
         self.mesh = mesh
         self.device = torch.device(device) if device is not None else mesh.device
@@ -184,28 +192,9 @@ class PipelineExecutor:
             hooks[self.loss_stage] = loss_hook(loss_fn)
         self.output_hooks = {**hooks, **(output_hooks or {})}
         self.step_fn = step_fn
-        kinds = schedule.kinds
-        self.recv_kinds = kinds.of_role("recv")
-        self.fwd_recv = next((k.name for k in kinds.attached_to(F) if k.p2p.role == "recv"), None)
-        self.bwd_recv = next((k.name for k in kinds.attached_to(I) if k.p2p.role == "recv"), None)
-        self.send_sources = {
-            name: CORE_TENSORS.get(spec.p2p.tensor, _from_outbox)
-            for name, spec in kinds.items()
-            if spec.p2p is not None and spec.p2p.role == "send"
-        }
         self.tensor_specs = dict(tensor_specs or {})
         self.groups = dict(groups or {})
-        self.handlers: dict[str, Handler] = {
-            **default_handlers(),
-            **_p2p_handlers(schedule),
-            **(handlers or {}),
-        }
-        missing = {a.kind for a in self.actions} - set(self.handlers)
-        if missing:
-            raise DistributedError(f"no runtime handler for action kind(s) {', '.join(sorted(missing))}")
-        self.handler_wrappers: list[HandlerWrapper] = []
-        for wrapper in handler_wrappers:
-            self.wrap_handlers(wrapper)
+        self._install_handlers(handlers, handler_wrappers)
         self.collective_timeout_s = collective_timeout_s
         self.wgrad = {s: WeightGradStore() for s in self.stages}
         self.deferrable = {s: deferrable_layers(mod) for s, mod in self.stages.items()}
@@ -215,19 +204,51 @@ class PipelineExecutor:
         self.record = record
         self.last_spans: list[Span] = []
         self.iteration = 0
-        mesh.open_channels(channel_pairs(schedule))
+        self._open_channels(recv_timeout_s, recv_depth, scatter_gather)
+        self._eval: tuple[tuple[Action, ...], PipeComm] | None = None
+
+    def _install_handlers(
+        self, handlers: Mapping[str, Handler] | None, handler_wrappers: Sequence[HandlerWrapper]
+    ) -> None:
+        """The handler of every kind (core, point-to-point from the kinds' metadata, then the caller's),
+        wrapped by ``handler_wrappers``; refuses a schedule with a kind nobody handles."""
+        kinds = self.schedule.kinds
+        self.recv_kinds = kinds.of_role("recv")
+        self.fwd_recv = next((k.name for k in kinds.attached_to(F) if k.p2p.role == "recv"), None)
+        self.bwd_recv = next((k.name for k in kinds.attached_to(I) if k.p2p.role == "recv"), None)
+        self.send_sources = {
+            name: CORE_TENSORS.get(spec.p2p.tensor, _from_outbox)
+            for name, spec in kinds.items()
+            if spec.p2p is not None and spec.p2p.role == "send"
+        }
+        self.handlers: dict[str, Handler] = {
+            **default_handlers(),
+            **_p2p_handlers(self.schedule),
+            **(handlers or {}),
+        }
+        missing = {a.kind for a in self.actions} - set(self.handlers)
+        if missing:
+            raise DistributedError(f"no runtime handler for action kind(s) {', '.join(sorted(missing))}")
+        self.handler_wrappers: list[HandlerWrapper] = []
+        for wrapper in handler_wrappers:
+            self.wrap_handlers(wrapper)
+
+    def _open_channels(self, recv_timeout_s: float, recv_depth: int | None, scatter_gather: bool) -> None:
+        """Collective: open the schedule's point-to-point channels and this rank's communicator (receive
+        depth defaulted as the class docstring says)."""
+        schedule = self.schedule
+        self.mesh.open_channels(channel_pairs(schedule))
         if recv_depth is None and (self.device.type == "cuda" or nccl_rules.active()):
             recv_depth = schedule.num_stages
         self.recv_depth = recv_depth
         self.comm = PipeComm(
             schedule,
-            mesh,
+            self.mesh,
             self._recv_spec,
             timeout_s=recv_timeout_s,
             scatter_gather=scatter_gather,
             depth=self.recv_depth,
         )
-        self._eval: tuple[tuple[Action, ...], PipeComm] | None = None
 
     def wrap_handlers(self, wrapper: HandlerWrapper) -> None:
         """Register ``wrapper``: each kind's handler h becomes ``wrapper(kind, h)``. A wrapper registered

@@ -23,7 +23,6 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -34,11 +33,8 @@ from pipewright.cost.placement import loss_stage
 from pipewright.data import TokenDataset, open_dataset
 from pipewright.errors import ConfigError
 from pipewright.ir import Schedule
-from pipewright.models.family import build_stage
-from pipewright.models.gpt import loss_fn
 from pipewright.models.layout import Layout
 from pipewright.models.spec import ModelSpec
-from pipewright.models.wgrad import linear_factory_for
 from pipewright.optim import base_optimizer, build_optimizer, clip_grad_norm_, lr_at, set_lr
 from pipewright.runtime.checkpoint import ExtraState, load_checkpoint, save_checkpoint
 from pipewright.runtime.compile import compile_stages
@@ -48,7 +44,7 @@ from pipewright.runtime.executor import PipelineExecutor
 from pipewright.runtime.fingerprint import fingerprint
 from pipewright.runtime.guard import RunGuard
 from pipewright.runtime.mesh import ParallelMesh
-from pipewright.runtime.moe import MoeRuntime, expert_parallel
+from pipewright.runtime.moe import MoeRuntime
 from pipewright.runtime.plugin import (
     BuildContext,
     Built,
@@ -57,6 +53,7 @@ from pipewright.runtime.plugin import (
     TrainingPlugin,
     merge_built,
 )
+from pipewright.runtime.rank_stages import rank_stages
 from pipewright.runtime.reshard import shard_layout
 from pipewright.runtime.save_errors import with_policy
 from pipewright.runtime.timeline import gather_timeline
@@ -64,7 +61,6 @@ from pipewright.runtime.tp import (
     grad_norm_params,
     sharded_parameters,
     sync_sequence_parallel_grads,
-    tp_linear_factory,
 )
 from pipewright.runtime.train_options import TrainingOptions
 from pipewright.timeline import Timeline
@@ -141,68 +137,18 @@ class Trainer:
         own = run.model  # a model given as a list of layers, or None
         self.dataset = own if own is not None else open_dataset(c.data, tokenizer=c.tokenizer, progress=False)
         self.plugins = [cls(c) for cls in (run.plugins if plugins is None else plugins)]
-        factory, self.loss_fn = linear_factory_for(run.schedule), loss_fn
-        self.sequence_parallel = c.sequence_parallel and self.mesh.tp > 1
-        if self.mesh.tp > 1:  # Megatron's column/row-parallel linears, vocabulary-parallel embedding and loss
-            factory = tp_linear_factory(
-                self.mesh.tp_group, sequence_parallel=self.sequence_parallel, num_heads=spec.heads
-            )
-            self.loss_fn = factory.cross_entropy
-        # tensor entering a stage: [b, s, h], or this tp rank's [b, s/t, h] under sequence parallelism
-        # (this cp rank's S/cp tokens under context parallelism)
-        seq = spec.seq_len // self.mesh.cp
-        seq = seq // self.mesh.tp if self.sequence_parallel else seq
-        if spec.family == "hf":  # a Hugging Face MoE's router-loss sums ride beside the sequence
-            from pipewright.models.hf.router_loss import loss_with_router_aux
-            from pipewright.models.hf.support import boundary_rows
-
-            seq += boundary_rows(spec.name)
-            self.loss_fn = loss_with_router_aux(self.loss_fn)
-        self.boundary_shape = (c.microbatch_size, seq, spec.hidden)
-        experts = expert_parallel(self.mesh)  # MoE layers hold this ep rank's experts (None: all)
-        if own is None:
-            # only MoE models take the ep argument (a family's builder need not know it)
-            build = partial(build_stage, spec, **({} if experts is None else {"expert_parallel": experts}))
-        else:
-            build = own.build_stage
-            self.loss_fn, self.boundary_shape = (
-                own.loss_fn,
-                own.boundary_shapes(run.layout, c.microbatch_size),
-            )
-        stages = {
-            s: build(run.layout, s, seed=c.seed, linear_factory=factory).to(self.device)
-            for s in run.schedule.stages_of(self.mesh.pp_rank)
-        }
-        if own is not None:
-            own.share_tied(stages)  # one object per tied module on this rank
-        self.context = ContextParallel.of(self.mesh, spec.seq_len, stages)  # None when cp = 1
-        self.built, ctx = self._build(run.schedule, stages)  # the plugins' build calls (collective)
+        mine = rank_stages(run, self.mesh)
+        self.loss_fn, self.boundary_shape = mine.loss_fn, mine.boundary_shape
+        self.sequence_parallel = mine.sequence_parallel
+        self.context = ContextParallel.of(self.mesh, spec.seq_len, mine.stages)  # None when cp = 1
+        self.built, ctx = self._build(run.schedule, mine.stages)  # the plugins' build calls (collective)
         self.schedule, self.stages = ctx.schedule, dict(ctx.stages)
         # recomputation, tied embeddings, --init-from, mixed precision, ZeRO-1 (runtime/train_options.py)
         self.options = TrainingOptions(c, spec, self.mesh, self.schedule, self.stages)
         if c.compile:  # torch.compile per stage, after recomputation wrapped its layers
             compile_stages(self.stages)
-        self.params = {n: p for mod in self.stages.values() for n, p in mod.named_parameters()}
-        self.params |= self.built.parameters
-        # parameters counted in the global gradient norm: shards, and replicated ones on tp rank 0
-        self.norm_params = self.options.norm_params(
-            [p for mod in self.stages.values() for p in grad_norm_params(mod, self.mesh.tp_group)]
-            + list(self.built.parameters.values())
-        )  # each parameter once (a module shared by two local stages), copies on other ranks not at all
-        self.norm_params = list(
-            {id(p): p for p in self.norm_params if not getattr(p, "counted_elsewhere", False)}.values()
-        )
-        # mixture of experts: aux-loss scale and report; under ep the experts' share of the norm
-        self.moe = MoeRuntime(spec, self.mesh, self.stages, c.microbatches) if spec.is_moe else None
-        if self.moe is not None:
-            self.norm_params = self.moe.norm_params(self.norm_params)
-        self.master = None if self.options.plain else self.options.build_optimizer(self.params)
-        if self.master is not None:  # fp32 masters (maybe sharded over dp) for a bf16/fp16 model
-            self.optimizer = self.master.optimizer
-        else:
-            self.optimizer = build_optimizer(
-                base_optimizer(c.optimizer), self.params.items(), lr=c.lr, weight_decay=c.weight_decay
-            )
+        self._parameters()
+        self._optimizer()
         self.executor_parts = self._optimizer_and_parts(ctx)
         self.guard = RunGuard(
             self.mesh,
@@ -218,8 +164,44 @@ class Trainer:
         self.first = 0 in self.stages or self.built.batch_everywhere
         self.last = self.schedule.num_stages - 1 in self.stages or self.built.batch_everywhere
         self.timeline: Timeline | None = None
-        self.meta = {"fingerprint": run.fingerprint, "model": spec.name, "config": c.flat()}
-        # checkpoint names: a tensor-parallel shard is named with its tp rank
+        self._checkpoint_names()
+
+    def _parameters(self) -> None:
+        """This rank's parameters by name (the stages' and the plugins' extra ones), and those counted in
+        the global gradient norm: shards, replicated ones on tp rank 0, each parameter once (a module
+        shared by two local stages), copies on other ranks not at all; under ep the experts' share."""
+        self.params = {n: p for mod in self.stages.values() for n, p in mod.named_parameters()}
+        self.params |= self.built.parameters
+        self.norm_params = self.options.norm_params(
+            [p for mod in self.stages.values() for p in grad_norm_params(mod, self.mesh.tp_group)]
+            + list(self.built.parameters.values())
+        )
+        self.norm_params = list(
+            {id(p): p for p in self.norm_params if not getattr(p, "counted_elsewhere", False)}.values()
+        )
+        # mixture of experts: aux-loss scale and report
+        spec = self.spec
+        self.moe = MoeRuntime(spec, self.mesh, self.stages, self.config.microbatches) if spec.is_moe else None
+        if self.moe is not None:
+            self.norm_params = self.moe.norm_params(self.norm_params)
+
+    def _optimizer(self) -> None:
+        """The optimizer over :attr:`params`: on fp32 masters (maybe sharded over dp) for a bf16/fp16
+        model, else the configured one on the parameters themselves."""
+        c = self.config
+        self.master = None if self.options.plain else self.options.build_optimizer(self.params)
+        if self.master is not None:
+            self.optimizer = self.master.optimizer
+        else:
+            self.optimizer = build_optimizer(
+                base_optimizer(c.optimizer), self.params.items(), lr=c.lr, weight_decay=c.weight_decay
+            )
+
+    def _checkpoint_names(self) -> None:
+        """The checkpoint's names of this rank's state (a tensor-parallel shard is named with its tp
+        rank) and the meta that lets a resume at another tp size rebuild the shards (runtime/reshard.py)."""
+        run, c = self.run, self.config
+        self.meta = {"fingerprint": run.fingerprint, "model": self.spec.name, "config": c.flat()}
         sharded = {id(p) for mod in self.stages.values() for p in sharded_parameters(mod)}
         suffix = f"#tp{self.mesh.tp_rank}of{self.mesh.tp}"
         state = self.master.named_state() if self.master is not None else self.params
@@ -227,8 +209,7 @@ class Trainer:
             n + (suffix if n in self.params and id(self.params[n]) in sharded else ""): p
             for n, p in state.items()
         }
-        # what lets a resume at another tp size rebuild the shards (runtime/reshard.py)
-        self.model_fingerprint = fingerprint(spec, c.tokenizer)
+        self.model_fingerprint = fingerprint(self.spec, c.tokenizer)
         self.meta |= {
             "model_fingerprint": self.model_fingerprint,
             "tp_shards": shard_layout(self.stages.values(), sharded),

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from pipewright.ir import Action, F, I, W, loop_placement, peak_in_flight
@@ -196,6 +196,70 @@ def _floors(prob: _Problem, lb: list[float]) -> tuple[float, float]:
     return makespan, span
 
 
+class _Rows:
+    """The MILP's constraint rows, ``Σ coefficient · variable ≥ lower``, as sparse triplets."""
+
+    def __init__(self) -> None:
+        self.rows: list[int] = []
+        self.cols: list[int] = []
+        self.vals: list[float] = []
+        self.lower: list[float] = []
+
+    def add(self, terms: Iterable[tuple[int, float]], lower: float) -> None:
+        r = len(self.lower)
+        for col, v in terms:
+            self.rows.append(r)
+            self.cols.append(col)
+            self.vals.append(v)
+        self.lower.append(lower)
+
+
+def _order_constraints(out: _Rows, prob: _Problem, pairs, fixed, lb, ub, x0: int) -> None:
+    """Precedence rows of the fixed edges, and per same-rank pair (a, b) with binary x: b after a
+    when x = 1, a after b when x = 0 (big-M from the bounds)."""
+    for a, b, d in (*prob.edges, *fixed):
+        out.add([(b, 1.0), (a, -1.0)], prob.cost[b] + d)
+    for t, (a, b) in enumerate(pairs):
+        x = x0 + t
+        m_ab = ub[a] + prob.cost[b] - lb[b]  # x = 0 relaxes "b after a" by this much
+        m_ba = ub[b] + prob.cost[a] - lb[a]
+        out.add([(b, 1.0), (a, -1.0), (x, -m_ab)], prob.cost[b] - m_ab)
+        out.add([(a, 1.0), (b, -1.0), (x, m_ba)], prob.cost[a])
+
+
+def _objective_constraints(out: _Rows, prob: _Problem, rows, pairs, x0: int, c_var: int, s_var: int) -> None:
+    """The reference's objective rows: makespan (and span from the rank's first forward) at least
+    every pass's end plus the work its rank still has after it."""
+    after: list[list[tuple[int, float]]] = [[] for _ in range(prob.n)]  # node → (binary, ± cost) terms
+    tail = [0.0] * prob.n
+    for t, (a, b) in enumerate(pairs):
+        after[a].append((x0 + t, prob.cost[b]))  # b runs after a when x = 1
+        tail[a] -= prob.cost[b]
+        after[b].append((x0 + t, -prob.cost[a]))  # a runs after b when x = 0
+        tail[b] += prob.cost[a]
+    for s, row in enumerate(rows):
+        first = prob.id(0, s, 0)
+        left = 0.0
+        for a in reversed(row):
+            j = prob.id(_KINDS.index(a.kind), s, a.microbatch)
+            const = tail[j] + left
+            out.add([(c_var, 1.0), (j, -1.0), *((x, -v) for x, v in after[j])], const)
+            span_terms = [(s_var, 1.0), (j, -1.0), *((x, -v) for x, v in after[j])]
+            if j != first:
+                out.add([*span_terms, (first, 1.0)], const + prob.cost[first])
+            left += prob.cost[j]
+
+
+def _orders(prob: _Problem, ends) -> list[list[Action]]:
+    """Each rank's passes ordered by their start in a solution (ties: F, I, W)."""
+    out = []
+    for s in range(prob.p):
+        passes = [(kind, k) for kind in range(3) for k in range(prob.m)]
+        passes.sort(key=lambda q: (ends[prob.id(q[0], s, q[1])] - prob.cost[prob.id(q[0], s, q[1])], q[0]))
+        out.append([Action(s, _KINDS[kind], k) for kind, k in passes])
+    return out
+
+
 def _solve(prob: _Problem, rows, window: int, horizon: float, steady: bool, time_limit: float, slab=None):
     """One MILP over ``rows``' neighbourhood: the per-rank orders of its solution (None: none found)
     and whether the solver proved it optimal within the neighbourhood (to its gap)."""
@@ -211,47 +275,10 @@ def _solve(prob: _Problem, rows, window: int, horizon: float, steady: bool, time
     c_var, s_var = n, n + 1  # makespan, span
     x0 = n + 2
     nvar = x0 + len(pairs)
-    rows_i: list[int] = []
-    cols: list[int] = []
-    vals: list[float] = []
-    lo_b: list[float] = []
-
-    def add(terms: list[tuple[int, float]], lower: float) -> None:
-        r = len(lo_b)
-        for col, v in terms:
-            rows_i.append(r)
-            cols.append(col)
-            vals.append(v)
-        lo_b.append(lower)
-
-    for a, b, d in (*prob.edges, *fixed):
-        add([(b, 1.0), (a, -1.0)], prob.cost[b] + d)
-    for t, (a, b) in enumerate(pairs):
-        x = x0 + t
-        m_ab = ub[a] + prob.cost[b] - lb[b]  # x = 0 relaxes "b after a" by this much
-        m_ba = ub[b] + prob.cost[a] - lb[a]
-        add([(b, 1.0), (a, -1.0), (x, -m_ab)], prob.cost[b] - m_ab)
-        add([(a, 1.0), (b, -1.0), (x, m_ba)], prob.cost[a])
-    # the reference's objective rows: every pass's end plus the work its rank still has after it
-    after: list[list[tuple[int, float]]] = [[] for _ in range(n)]  # node → (binary, ± cost) terms
-    tail = [0.0] * n
-    for t, (a, b) in enumerate(pairs):
-        after[a].append((x0 + t, prob.cost[b]))  # b runs after a when x = 1
-        tail[a] -= prob.cost[b]
-        after[b].append((x0 + t, -prob.cost[a]))  # a runs after b when x = 0
-        tail[b] += prob.cost[a]
-    for s, row in enumerate(rows):
-        first = prob.id(0, s, 0)
-        left = 0.0
-        for a in reversed(row):
-            j = prob.id(_KINDS.index(a.kind), s, a.microbatch)
-            const = tail[j] + left
-            add([(c_var, 1.0), (j, -1.0), *((x, -v) for x, v in after[j])], const)
-            span_terms = [(s_var, 1.0), (j, -1.0), *((x, -v) for x, v in after[j])]
-            if j != first:
-                add([*span_terms, (first, 1.0)], const + prob.cost[first])
-            left += prob.cost[j]
-    a_mat = coo_array((vals, (rows_i, cols)), shape=(len(lo_b), nvar)).tocsr()
+    cons = _Rows()
+    _order_constraints(cons, prob, pairs, fixed, lb, ub, x0)
+    _objective_constraints(cons, prob, rows, pairs, x0, c_var, s_var)
+    a_mat = coo_array((cons.vals, (cons.rows, cons.cols)), shape=(len(cons.lower), nvar)).tocsr()
     floor_c, floor_s = _floors(prob, lb)
     lower = np.array(lb + [floor_c, floor_s] + [0.0] * len(pairs))
     upper = np.array(ub + [horizon, horizon] + [1.0] * len(pairs))
@@ -268,18 +295,12 @@ def _solve(prob: _Problem, rows, window: int, horizon: float, steady: bool, time
         objective,
         integrality=integrality,
         bounds=(lower, upper),
-        constraints=LinearConstraint(a_mat, np.array(lo_b), np.full(len(lo_b), np.inf)),
+        constraints=LinearConstraint(a_mat, np.array(cons.lower), np.full(len(cons.lower), np.inf)),
         options={"time_limit": max(time_limit, 0.01), "presolve": True, "mip_rel_gap": GAP},
     )
     if res.x is None:
         return None, False
-    ends = res.x[:n]
-    out = []
-    for s in range(p):
-        passes = [(kind, k) for kind in range(3) for k in range(prob.m)]
-        passes.sort(key=lambda q: (ends[prob.id(q[0], s, q[1])] - prob.cost[prob.id(q[0], s, q[1])], q[0]))
-        out.append([Action(s, _KINDS[kind], k) for kind, k in passes])
-    return out, res.status == 0
+    return _orders(prob, res.x[:n]), res.status == 0
 
 
 def _in_kind_order(rows: Sequence[Sequence[Action]], m: int) -> bool:

@@ -30,7 +30,7 @@ from pipewright.cost.base import CommModel, CostModel, FreeComm
 from pipewright.cost.unit import UnitCost
 from pipewright.errors import PipewrightError
 from pipewright.features.kfac.cost import KFACCost, TaskTimes
-from pipewright.features.kfac.gaps import event_ends, rank_gaps, skip_sends, take
+from pipewright.features.kfac.gaps import Gap, event_ends, rank_gaps, skip_sends, take
 from pipewright.features.kfac.kinds import KFAC_FILL, KFAC_PRECOND, with_kfac_kinds
 from pipewright.features.kfac.pipefisher_plan import plan_iterations
 from pipewright.features.kfac.tasks import FIT, Placement, _Task, list_schedule, refresh_tasks
@@ -170,54 +170,22 @@ def fill_kfac(
     period = plain.iteration_time
     pre_inserts, pre_used = _precond_inserts(base, plain, times, precondition)
     per_rank: dict[int, list[Placement]] = {}
-    extra_by_rank: dict[int, list[float]] = {}
     steady: list[float] = []
     splits = 0
     for rank in range(base.num_ranks):
         gaps = take(rank_gaps(base, plain, rank, period), pre_used.get(rank, ()))
         limit = max((g.end - g.start for g in gaps), default=0.0) if split else None
         ends = event_ends(base, plain, rank)
-        row_len = len(base.actions[rank])
         tasks, n_split = refresh_tasks(base, rank, times, ends, comm, limit, 0, None)
         splits += n_split
-        placed, extra = list_schedule(tasks, gaps, period, row_len, rank, max_iterations)
-        per_rank[rank] = placed
-        extra_by_rank[rank] = extra
-        # back-to-back refreshes: the steady-state iterations per refresh
-        many: list[_Task] = []
-        prev = None
-        for r in range(steady_refreshes):
-            ts, _ = refresh_tasks(base, rank, times, ends, comm, limit, r, prev)
-            many += ts
-            prev = ts
-        placed_many, _ = list_schedule(many, gaps, period, row_len, rank, max_iterations * steady_refreshes)
-        done = [max(p.end for p in placed_many if p.refresh == r) for r in range(steady_refreshes)]
-        if steady_refreshes > 1:
-            steady.append((done[-1] - done[0]) / (steady_refreshes - 1) / period)
-        else:
-            steady.append(done[0] / period)
-    n_iter = max(max(p.iteration for p in ps) + 1 for ps in per_rank.values())
-    iterations = []
-    prior: set = set()
-    for it in range(n_iter):
-        inserts = {r: list(v) for r, v in pre_inserts.items()}
-        for rank, ps in per_rank.items():
-            for order, p in enumerate(sorted(ps, key=lambda p: p.start)):
-                if p.iteration == it:
-                    inserts.setdefault(rank, []).append((p.pos, order, p.action))
-        carried = frozenset(
-            (p.action.kind, p.action.stage, p.action.microbatch, p.action.payload)
-            for ps in per_rank.values()
-            for p in ps
-            if p.iteration == it and p.carried
+        per_rank[rank], _ = list_schedule(tasks, gaps, period, len(base.actions[rank]), rank, max_iterations)
+        steady.append(
+            _steady_per_refresh(
+                base, rank, times, comm, ends, gaps, limit, period, max_iterations, steady_refreshes
+            )
         )
-        iterations.append(_with_tasks(base, inserts, frozenset(prior), carried, f"{base.name}+kfac[{it}]"))
-        prior |= {
-            (p.action.kind, p.action.stage, p.action.microbatch, p.action.payload)
-            for ps in per_rank.values()
-            for p in ps
-            if p.iteration == it
-        }
+    iterations = _filled_iterations(base, per_rank, pre_inserts)
+    n_iter = len(iterations)
     sims = [simulate(s, full_cost, comm=comm) for s in iterations]
     times_after = tuple(s.iteration_time for s in sims)
     ranks = base.num_ranks
@@ -246,6 +214,61 @@ def fill_kfac(
             for r in range(base.num_ranks)
         ),
     )
+
+
+def _steady_per_refresh(
+    base: Schedule,
+    rank: int,
+    times: TaskTimes,
+    comm: CommModel,
+    ends: dict[tuple, float],
+    gaps: list[Gap],
+    limit: float | None,
+    period: float,
+    max_iterations: int,
+    refreshes: int,
+) -> float:
+    """Iterations per refresh on ``rank`` when ``refreshes`` refreshes run back to back (fractional):
+    the spacing of their completions, over the plain iteration time."""
+    many: list[_Task] = []
+    prev = None
+    for r in range(refreshes):
+        ts, _ = refresh_tasks(base, rank, times, ends, comm, limit, r, prev)
+        many += ts
+        prev = ts
+    placed, _ = list_schedule(many, gaps, period, len(base.actions[rank]), rank, max_iterations * refreshes)
+    done = [max(p.end for p in placed if p.refresh == r) for r in range(refreshes)]
+    if refreshes > 1:
+        return (done[-1] - done[0]) / (refreshes - 1) / period
+    return done[0] / period
+
+
+def _filled_iterations(
+    base: Schedule,
+    per_rank: dict[int, list[Placement]],
+    pre_inserts: dict[int, list[tuple[int, int, Action]]],
+) -> list[Schedule]:
+    """One schedule per iteration of the refresh: ``base`` with that iteration's placed tasks and the
+    preconditioning inserted; its meta names the tasks run in earlier iterations and the carried ones."""
+    n_iter = max(max(p.iteration for p in ps) + 1 for ps in per_rank.values())
+    iterations = []
+    prior: set = set()
+    for it in range(n_iter):
+        inserts = {r: list(v) for r, v in pre_inserts.items()}
+        for rank, ps in per_rank.items():
+            for order, p in enumerate(sorted(ps, key=lambda p: p.start)):
+                if p.iteration == it:
+                    inserts.setdefault(rank, []).append((p.pos, order, p.action))
+        carried = frozenset(
+            _task_key(p) for ps in per_rank.values() for p in ps if p.iteration == it and p.carried
+        )
+        iterations.append(_with_tasks(base, inserts, frozenset(prior), carried, f"{base.name}+kfac[{it}]"))
+        prior |= {_task_key(p) for ps in per_rank.values() for p in ps if p.iteration == it}
+    return iterations
+
+
+def _task_key(p: Placement) -> tuple:
+    return (p.action.kind, p.action.stage, p.action.microbatch, p.action.payload)
 
 
 def _reduce_time(comm: CommModel, times: TaskTimes, rank: int):

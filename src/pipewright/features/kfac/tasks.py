@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import partial
 
 from pipewright.cost.base import CommModel
 from pipewright.features.kfac.cost import TaskTimes, inversion_piece_weights, split_plan
@@ -124,6 +125,16 @@ def refresh_tasks(
     return tasks, splits
 
 
+def _ready_at(t: _Task, period: float) -> float:
+    """When ``t`` can start: after its dependencies (a reduction's collective included); curvature at the
+    first occurrence of its F/I at or after that (its tensors are kept until it runs)."""
+    r = max((d.end + d.collective for d in t.deps), default=0.0)
+    if t.ready_in_iteration is not None:
+        e = t.ready_in_iteration
+        r = max(0, math.ceil((r - e) / period - 1e-9)) * period + e
+    return r
+
+
 def list_schedule(
     tasks: list[_Task], gaps: list[Gap], period: float, row_len: int, rank: int, max_iterations: int
 ) -> tuple[list[Placement], list[float]]:
@@ -141,13 +152,7 @@ def list_schedule(
     ready: list[_Task] = [t for t in tasks if not t.deps]
     left = len(tasks)
 
-    def ready_at(t: _Task) -> float:
-        r = max((d.end + d.collective for d in t.deps), default=0.0)
-        if t.ready_in_iteration is not None:
-            # the first occurrence of its F/I at or after r; its tensors are kept until it runs
-            e = t.ready_in_iteration
-            r = max(0, math.ceil((r - e) / period - 1e-9)) * period + e
-        return r
+    ready_at = partial(_ready_at, period=period)
 
     def place(t: _Task, it: int, start: float, pos: int, in_bubble: bool) -> None:
         nonlocal left
