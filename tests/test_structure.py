@@ -1,6 +1,7 @@
 """The shape of the source tree: no import cycles among the modules under src/, no module over 500 lines,
-lower layers never import higher ones (the runtime never imports a feature or the composition root),
-and the pure layers never import torch.
+no function over 80 lines, no top-level definition referenced nowhere, lower layers never import higher
+ones (the runtime never imports a feature or the composition root), and the pure layers never import
+torch.
 
 Imports are read with ``ast`` (nothing is imported). Every ``import`` statement counts as an edge,
 at module level or inside a function: a lazy import hides a cycle from the interpreter, not from the
@@ -15,11 +16,50 @@ from __future__ import annotations
 
 import ast
 import re
+from collections import Counter
 from functools import cache
 from pathlib import Path
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src"
 MAX_LINES = 500
+MAX_FUNCTION_LINES = 80
+
+#: Functions longer than MAX_FUNCTION_LINES, listed only while they are split along their jobs. The list
+#: must shrink to empty: never add to it; remove an entry when its function is split (the test fails
+#: while a listed function is gone or short enough).
+LONG_FUNCTIONS = {
+    "pipewright.cli.plan:register",
+    "pipewright.cli.plan:run",
+    "pipewright.cli.simulate:register",
+    "pipewright.plan.search:search",
+    "pipewright.plan.setup:model_setup",
+    "pipewright.sim.engine:_simulate",
+    "pipewright.sim.flat:_compile_flat",
+    "pipewright.sim.folded:compile_folded",
+    "pipewright.sim.per_action:compile_actions",
+    "pipewright.sim.per_action:run_iteration",
+    "pipewright.sim.sharing:run_iteration_shared",
+}
+
+#: Top-level definitions referenced nowhere, listed only while they are removed. The list must shrink to
+#: empty: never add to it (the test fails while a listed name is gone or referenced).
+UNUSED_DEFINITIONS = {
+    "pipewright.cost.llama:llama_layer_forward_flops",
+    "pipewright.cost.llama:llama_layer_parameters",
+    "pipewright.cost.placement:Counts",
+    "pipewright.cost.profiled:KFAC_KINDS",
+}
+#: Where a reference counts: the code, tests, benchmarks and tools, the documents (a command they show),
+#: and the package metadata (entry points).
+REFERENCE_GLOBS = (
+    "src/**/*.py",
+    "tests/**/*.py",
+    "benchmarks/**/*.py",
+    "tools/**/*.py",
+    "*.md",
+    "docs/**/*.md",
+)
 
 #: Known import cycles, listed only while they are removed; empty it, never add to it.
 KNOWN_CYCLES: set[frozenset[str]] = set()
@@ -72,13 +112,19 @@ def modules() -> dict[str, Path]:
     return out
 
 
+@cache
+def tree(name: str) -> ast.Module:
+    path = modules()[name]
+    return ast.parse(path.read_text(), str(path))
+
+
 def imports(name: str) -> set[str]:
     """Every module name ``name`` imports (module- and function-level), resolved as the docstring says;
     names outside src/ (torch, stdlib) are kept as written."""
     path = modules()[name]
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out = set()
-    for node in _runtime_nodes(ast.parse(path.read_text(), str(path))):
+    for node in _runtime_nodes(tree(name)):
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -232,3 +278,74 @@ def test_pure_layers_import_no_torch() -> None:
         if _under(t, "torch")
     ]
     assert not bad, "; ".join(bad)
+
+
+def function_lengths(module: ast.Module, name: str) -> dict[str, int]:
+    """Lines of every function and method in ``module`` (``def`` line to last line, decorators not
+    counted), keyed ``name:Class.method`` (nested functions as ``outer.inner``). Only statement lists
+    are walked: a function is always a statement."""
+    out = {}
+    todo: list[tuple[ast.AST, str]] = [(module, "")]
+    while todo:
+        node, prefix = todo.pop()
+        for field in ("body", "orelse", "finalbody", "handlers", "cases"):
+            for child in getattr(node, field, ()):
+                if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    qual = prefix + child.name
+                    if not isinstance(child, ast.ClassDef):
+                        out[f"{name}:{qual}"] = child.end_lineno - child.lineno + 1
+                    todo.append((child, qual + "."))
+                elif isinstance(child, ast.AST):
+                    todo.append((child, prefix))
+    return out
+
+
+def test_function_lengths_are_measured_per_method() -> None:
+    source = "class A:\n def f(self):\n  if 1:\n   def g():\n    pass\n  return g\n"
+    assert function_lengths(ast.parse(source), "m") == {"m:A.f": 5, "m:A.f.g": 2}
+
+
+def test_no_function_over_80_lines() -> None:
+    lengths = {q: n for name in modules() for q, n in function_lengths(tree(name), name).items()}
+    long = {q: n for q, n in lengths.items() if n > MAX_FUNCTION_LINES and q not in LONG_FUNCTIONS}
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines (split them along their jobs): {long}"
+    stale = sorted(q for q in LONG_FUNCTIONS if lengths.get(q, 0) <= MAX_FUNCTION_LINES)
+    assert not stale, f"gone or split, remove from LONG_FUNCTIONS: {stale}"
+
+
+def top_level_definitions(module: ast.Module) -> list[str]:
+    """Names a module defines at top level (functions, classes, assigned names), less dunders and
+    decorated definitions (a decorator may register them: they are used by being defined)."""
+    names = []
+    for node in module.body:
+        if (
+            isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+            and not node.decorator_list
+        ):
+            names.append(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names += [t.id for t in targets if isinstance(t, ast.Name)]
+    return [n for n in names if not (n.startswith("__") and n.endswith("__"))]
+
+
+def unused_definitions() -> set[str]:
+    """``module:name`` of each top-level definition whose name occurs nowhere but in its definitions: a
+    word count over REFERENCE_GLOBS and pyproject.toml, so an import, a call, an ``__all__`` entry, an
+    import-path string, a docstring's or a document's mention all count as references."""
+    words: Counter[str] = Counter()
+    paths = {p for pattern in REFERENCE_GLOBS for p in ROOT.glob(pattern)} | {ROOT / "pyproject.toml"}
+    paths.discard(Path(__file__).resolve())  # UNUSED_DEFINITIONS names them
+    for path in paths:
+        words.update(re.findall(r"[A-Za-z_]\w*", path.read_text()))
+    defined = {name: top_level_definitions(tree(name)) for name in modules()}
+    times_defined = Counter(n for names in defined.values() for n in names)
+    return {f"{m}:{n}" for m, names in defined.items() for n in names if words[n] <= times_defined[n]}
+
+
+def test_no_definition_referenced_nowhere() -> None:
+    unused = unused_definitions()
+    new = sorted(unused - UNUSED_DEFINITIONS)
+    assert not new, f"top-level definitions referenced nowhere (remove them): {new}"
+    stale = sorted(UNUSED_DEFINITIONS - unused)
+    assert not stale, f"removed or referenced now, remove from UNUSED_DEFINITIONS: {stale}"

@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from pipewright.errors import ConfigError, PipewrightError
-from pipewright.outputs import check_folder_writable, check_name_length, check_output, shown
+from pipewright.outputs import check_folder_writable, check_name_length, shown
 
 
 def read_text(path: str | Path, what: str = "file") -> str:
@@ -32,13 +32,6 @@ def read_text(path: str | Path, what: str = "file") -> str:
             f"{what} {path} is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
             "save it as UTF-8"
         ) from None
-
-
-def check_writable(path: str | Path | None, flag: str) -> None:
-    """Refuse in one line, before any work, an output file that cannot be created or replaced (the
-    writability half of :func:`pipewright.outputs.check_output`; commands use that, which also refuses
-    replacing a file without ``--overwrite``)."""
-    check_output(path, flag, overwrite=True)
 
 
 def check_writable_folder(folder: str | Path, flag: str, need_bytes: int = 0) -> None:

@@ -140,11 +140,6 @@ def read_section(cls: type, values: Mapping[str, Any], command: str = "train") -
     )
 
 
-def has_flags(cls: type, command: str) -> bool:
-    """Whether section ``cls`` gives ``command`` any flag."""
-    return bool(fields_for(cls, command))
-
-
 def add_flags(
     parser: argparse.ArgumentParser,
     cls: type,

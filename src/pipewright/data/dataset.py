@@ -27,7 +27,6 @@ from pipewright.data.tokenizer import Codec, parse_tokenizer_spec
 from pipewright.data.tokens import is_token_file, open_tokens
 
 SPLITS = ("train", "val")
-TOKEN_FILE_SUFFIXES = (".bin", ".npy")
 
 
 @dataclass(frozen=True, eq=False)

@@ -139,9 +139,3 @@ def all_orders(
         )
         for fill_gaps, alternate, staggered in itertools.product((True, False), repeat=3)
     ]
-
-
-def best_orders(p: int, m: int, costs: StageCosts, memory_limit: int) -> tuple[list[list[Action]], float]:
-    """Try every flag combination; keep the orders with the smallest estimated makespan (ties: the
-    first tried)."""
-    return min(all_orders(p, m, costs, memory_limit), key=lambda pair: pair[1])

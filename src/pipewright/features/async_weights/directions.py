@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
@@ -30,12 +30,6 @@ from pipewright.errors import ConfigError
 
 #: fn(param, latest gradient or None, the optimizer's state for param, the param's group) → D or None.
 DirectionFn = Callable[[torch.Tensor, "torch.Tensor | None", dict, dict], "torch.Tensor | None"]
-
-
-class PredictableOptimizer(Protocol):
-    """An optimizer that states its own next update direction (see the module docstring)."""
-
-    def update_direction(self, param: torch.Tensor, grad: torch.Tensor | None) -> torch.Tensor | None: ...
 
 
 def _refuse(group: dict, name: str, *keys: str) -> None:

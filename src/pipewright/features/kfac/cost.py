@@ -11,7 +11,7 @@ the block's layers in proportion to those FLOPs, so the layers of a block add up
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipewright.cost.base import CostModel
@@ -248,6 +248,3 @@ class KFACCost:
 
     def model_flops(self, action: Action, schedule: Schedule) -> float:
         return 0.0 if action.kind in KFAC_KINDS_ALL else self.base.model_flops(action, schedule)
-
-
-TaskTimeFn = Callable[[Action], float]

@@ -64,13 +64,6 @@ def cholesky_inverse(m: Tensor, shift: float) -> Tensor:
     return torch.cholesky_inverse(chol)
 
 
-def damped_inverses(a: Tensor, b: Tensor, damping: float) -> tuple[Tensor, Tensor]:
-    """(A + π√λ I)⁻¹ and (B + √λ/π I)⁻¹ with π from :func:`pi_damping` (factored Tikhonov damping)."""
-    pi = pi_damping(a, b)
-    root = math.sqrt(damping)
-    return cholesky_inverse(a, pi * root), cholesky_inverse(b, root / pi)
-
-
 def grad_matrix(weight_grad: Tensor, bias_grad: Tensor | None) -> Tensor:
     """[∇W, ∇b] as one (out × (in+1)) matrix (or ∇W alone without a bias), in the factors' dtype."""
     dtype = factor_dtype(weight_grad.dtype)

@@ -39,7 +39,7 @@ import itertools
 from dataclasses import dataclass, field, replace
 
 from pipewright.cost.comm import Mesh
-from pipewright.cost.transformer import DTYPE_BYTES, TransformerCost, layer_forward_flops
+from pipewright.cost.transformer import DTYPE_BYTES, TransformerCost
 from pipewright.errors import ConfigError
 from pipewright.features.vocab.kinds import (
     ALGORITHMS,
@@ -340,8 +340,3 @@ def rank_balance(cost, schedule: Schedule) -> list[dict]:
         )
         out.append({"rank": rank, "static_bytes": cost.static_bytes(rank, schedule), "compute_s": busy})
     return out
-
-
-def layer_share(spec: ModelSpec, b: int = 1) -> float:
-    """Output layer FLOPs over one transformer layer's (for reports): 2·b·s·h·V / layer forward FLOPs."""
-    return 2 * b * spec.seq_len * spec.hidden * spec.vocab / layer_forward_flops(spec, b)

@@ -262,12 +262,6 @@ def orders(p: int, m: int, f: float = 1.0, b: float = 2.0, algorithm: str = "alg
     return [rank_order(r, p, m, f, b, algorithm) for r in range(p)]
 
 
-def collective_sequence(order: list[str]) -> list[str]:
-    """The passes of ``order`` that issue a collective on the output layer's communicator, which every
-    rank must issue in the same sequence."""
-    return [a for a in order if _kind(a) in COLLECTIVES]
-
-
 _SIMPLE = {"F": F, "B": B, "X": VBX, "C": VC0, "G": VC1, "EF": VEF, "EC": VEC, "EX": VEBC, "EB": VEB}
 
 
