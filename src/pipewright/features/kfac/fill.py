@@ -33,7 +33,7 @@ from pipewright.features.kfac.cost import KFACCost, TaskTimes
 from pipewright.features.kfac.gaps import Gap, event_ends, rank_gaps, skip_sends, take
 from pipewright.features.kfac.kinds import KFAC_FILL, KFAC_PRECOND, with_kfac_kinds
 from pipewright.features.kfac.pipefisher_plan import plan_iterations
-from pipewright.features.kfac.tasks import FIT, Placement, _Task, list_schedule, refresh_tasks
+from pipewright.features.kfac.tasks import FIT, Placement, RefreshTask, list_schedule, refresh_tasks
 from pipewright.ir import Action, B, Schedule, W
 from pipewright.passes.lower import lower
 from pipewright.sim.engine import simulate
@@ -230,7 +230,7 @@ def _steady_per_refresh(
 ) -> float:
     """Iterations per refresh on ``rank`` when ``refreshes`` refreshes run back to back (fractional):
     the spacing of their completions, over the plain iteration time."""
-    many: list[_Task] = []
+    many: list[RefreshTask] = []
     prev = None
     for r in range(refreshes):
         ts, _ = refresh_tasks(base, rank, times, ends, comm, limit, r, prev)

@@ -44,11 +44,14 @@ class Placement:
 
 
 @dataclass
-class _Task:
+class RefreshTask:
+    """One K-FAC task of a refresh on a rank: its action, estimated duration, PipeFisher priority and
+    dependencies; ``end`` is set once list scheduling places it."""
+
     action: Action
     duration: float
     priority: int
-    deps: list[_Task] = field(default_factory=list)
+    deps: list[RefreshTask] = field(default_factory=list)
     ready_in_iteration: float | None = None  # curvature: the F/I end within each iteration
     refresh: int = 0
     end: float | None = None
@@ -63,12 +66,12 @@ def refresh_tasks(
     comm: CommModel,
     split_limit: float | None,
     refresh: int,
-    previous: list[_Task] | None,
-) -> tuple[list[_Task], int]:
+    previous: list[RefreshTask] | None,
+) -> tuple[list[RefreshTask], int]:
     """The tasks of one refresh on ``rank``; with ``split_limit``, inversions longer are split. Each
     factor has its own reduction, after its own curvature only (PipeFisher: ``sync_kron_A`` waits for the
     ``cov_kron_A`` only, ``inv_kron_A`` for both of A)."""
-    tasks: list[_Task] = []
+    tasks: list[RefreshTask] = []
     splits = 0
     m = schedule.num_microbatches
     prev_curv = {
@@ -80,7 +83,7 @@ def refresh_tasks(
             for k in range(m):
                 for kind, idx, ev in ((KFAC_A, 0, (F, s, k)), (KFAC_B, 1, (I, s, k))):
                     a = Action(s, kind, k, layer)
-                    t = _Task(a, times.curv[s][layer][idx], PRIORITY[kind], ready_in_iteration=ends[ev])
+                    t = RefreshTask(a, times.curv[s][layer][idx], PRIORITY[kind], ready_in_iteration=ends[ev])
                     t.refresh = refresh
                     before = prev_curv.get((kind, s, k, layer))
                     if before is not None:
@@ -90,7 +93,9 @@ def refresh_tasks(
             reductions = {}
             for factor, curv_kind in (("A", KFAC_A), ("B", KFAC_B)):
                 inputs = [t for t in curv if t.action.kind == curv_kind]
-                red = _Task(Action(s, KFAC_REDUCE, None, Factor(layer, factor)), 0.0, PRIORITY[KFAC_REDUCE])
+                red = RefreshTask(
+                    Action(s, KFAC_REDUCE, None, Factor(layer, factor)), 0.0, PRIORITY[KFAC_REDUCE]
+                )
                 red.deps, red.refresh = inputs, refresh
                 red.collective = comm.collective_time(
                     "all_reduce", rank, times.factor_bytes(s, layer, factor)
@@ -106,14 +111,14 @@ def refresh_tasks(
                     plan = split_plan(m_dim, whole, split_limit, FIT)
                 dep = reductions[factor_of(kind)]
                 if plan is None:
-                    t = _Task(
+                    t = RefreshTask(
                         Action(s, kind, None, layer), whole, PRIORITY[kind], deps=[dep], refresh=refresh
                     )
                     tasks.append(t)
                     continue
                 splits += 1
                 for j, w in enumerate(inversion_piece_weights(m_dim, *plan)):
-                    t = _Task(
+                    t = RefreshTask(
                         Action(s, kind, None, Piece(layer, j, *plan)),
                         whole * w,
                         PRIORITY[kind],
@@ -125,7 +130,7 @@ def refresh_tasks(
     return tasks, splits
 
 
-def _ready_at(t: _Task, period: float) -> float:
+def _ready_at(t: RefreshTask, period: float) -> float:
     """When ``t`` can start: after its dependencies (a reduction's collective included); curvature at the
     first occurrence of its F/I at or after that (its tensors are kept until it runs)."""
     r = max((d.end + d.collective for d in t.deps), default=0.0)
@@ -136,7 +141,7 @@ def _ready_at(t: _Task, period: float) -> float:
 
 
 def list_schedule(
-    tasks: list[_Task], gaps: list[Gap], period: float, row_len: int, rank: int, max_iterations: int
+    tasks: list[RefreshTask], gaps: list[Gap], period: float, row_len: int, rank: int, max_iterations: int
 ) -> tuple[list[Placement], list[float]]:
     """Place ``tasks`` into ``gaps`` of successive iterations; returns placements and, per iteration,
     the serial time added after the rank's last action. Candidates are the tasks whose dependencies
@@ -145,16 +150,16 @@ def list_schedule(
     extra: list[float] = []
     biggest = max((g.end - g.start for g in gaps), default=0.0)
     unmet = {id(t): len(t.deps) for t in tasks}
-    children: dict[int, list[_Task]] = {}
+    children: dict[int, list[RefreshTask]] = {}
     for t in tasks:
         for d in t.deps:
             children.setdefault(id(d), []).append(t)
-    ready: list[_Task] = [t for t in tasks if not t.deps]
+    ready: list[RefreshTask] = [t for t in tasks if not t.deps]
     left = len(tasks)
 
     ready_at = partial(_ready_at, period=period)
 
-    def place(t: _Task, it: int, start: float, pos: int, in_bubble: bool) -> None:
+    def place(t: RefreshTask, it: int, start: float, pos: int, in_bubble: bool) -> None:
         nonlocal left
         t.end = start + t.duration
         e = t.ready_in_iteration
@@ -169,7 +174,7 @@ def list_schedule(
                 if c.action.kind == KFAC_REDUCE:  # on the collective stream, right after its last input
                     place(c, it, ready_at(c), pos, True)
 
-    def best_in(cursor: float, end: float | None) -> tuple[_Task, float] | None:
+    def best_in(cursor: float, end: float | None) -> tuple[RefreshTask, float] | None:
         best = None
         for t in ready:
             start = max(cursor, ready_at(t))
