@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import re
 from collections import Counter
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -112,19 +113,38 @@ def modules() -> dict[str, Path]:
     return out
 
 
+@dataclass(frozen=True)
+class ModuleFacts:
+    """What the tests read from one module: its imports, its functions' lengths, its top-level names."""
+
+    imports: frozenset[str]
+    function_lengths: dict[str, int]
+    definitions: tuple[str, ...]
+
+
 @cache
-def tree(name: str) -> ast.Module:
+def facts(name: str) -> ModuleFacts:
+    """One parse per module, shared by the tests (the tree itself is not kept)."""
     path = modules()[name]
-    return ast.parse(path.read_text(), str(path))
+    module = ast.parse(path.read_text(), str(path))
+    return ModuleFacts(
+        frozenset(_imports(module, name)),
+        function_lengths(module, name),
+        tuple(top_level_definitions(module)),
+    )
 
 
 def imports(name: str) -> set[str]:
     """Every module name ``name`` imports (module- and function-level), resolved as the docstring says;
     names outside src/ (torch, stdlib) are kept as written."""
+    return set(facts(name).imports)
+
+
+def _imports(module: ast.Module, name: str) -> set[str]:
     path = modules()[name]
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out = set()
-    for node in _runtime_nodes(tree(name)):
+    for node in _runtime_nodes(module):
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -306,7 +326,7 @@ def test_function_lengths_are_measured_per_method() -> None:
 
 
 def test_no_function_over_80_lines() -> None:
-    lengths = {q: n for name in modules() for q, n in function_lengths(tree(name), name).items()}
+    lengths = {q: n for name in modules() for q, n in facts(name).function_lengths.items()}
     long = {q: n for q, n in lengths.items() if n > MAX_FUNCTION_LINES and q not in LONG_FUNCTIONS}
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines (split them along their jobs): {long}"
     stale = sorted(q for q in LONG_FUNCTIONS if lengths.get(q, 0) <= MAX_FUNCTION_LINES)
@@ -338,7 +358,7 @@ def unused_definitions() -> set[str]:
     paths.discard(Path(__file__).resolve())  # UNUSED_DEFINITIONS names them
     for path in paths:
         words.update(re.findall(r"[A-Za-z_]\w*", path.read_text()))
-    defined = {name: top_level_definitions(tree(name)) for name in modules()}
+    defined = {name: facts(name).definitions for name in modules()}
     times_defined = Counter(n for names in defined.values() for n in names)
     return {f"{m}:{n}" for m, names in defined.items() for n in names if words[n] <= times_defined[n]}
 
