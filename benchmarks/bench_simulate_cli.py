@@ -94,7 +94,7 @@ def timed(mod, name, label):
             spent[label] = spent.get(label, 0.0) + time.process_time() - t
     setattr(mod, name, g)
 timed(cli_sim, "build_schedule", "generator")
-timed(engine, "compile_flat", "compile")  # (from the compute actions where sim/folded.py applies)
+timed(engine, "compile_fast", "compile")  # (from the compute actions where sim/folded.py applies)
 timed(engine, "run_steps", "loop")
 t2 = time.process_time()
 with contextlib.redirect_stdout(io.StringIO()):

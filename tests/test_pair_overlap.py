@@ -15,9 +15,9 @@ from pipewright.cost.base import FreeComm
 from pipewright.cost.unit import StageTimes
 from pipewright.ir import B, F, I, W
 from pipewright.schedules import build_schedule
-from pipewright.sim import engine, flat, simulate
-from pipewright.sim.codes import varies_per_action
-from pipewright.sim.folded import FoldedProgram
+from pipewright.sim import engine, simulate
+from pipewright.sim.array_coding import varies_per_action
+from pipewright.sim.compute_compile import ComputeProgram
 from pipewright.sim.pair_overlap import PairOverlapCost, overlapped_pairs
 
 # DualPipeV, p = 2, m = 4: F = I = W = 1, B = I + W = 2; of an F 0.75 is exposed all-to-all, of a B 1.0,
@@ -35,11 +35,11 @@ def _paths(sched, cost):
     """The same simulation by the compile from the compute actions, the lowered array path and the
     per-action path."""
     folded = simulate(sched, cost, comm=FreeComm())
-    with patch.object(engine, "compile_flat", partial(flat.compile_flat, fold=False)):
+    with patch.object(engine, "compile_fast", partial(engine.compile_fast, fold=False)):
         lowered = simulate(sched, cost, comm=FreeComm())
-    with patch.object(engine, "compile_flat", return_value=None):
+    with patch.object(engine, "compile_fast", return_value=None):
         per_action = simulate(sched, cost, comm=FreeComm())
-    assert isinstance(folded._program, FoldedProgram)
+    assert isinstance(folded._program, ComputeProgram)
     return folded, lowered, per_action
 
 
@@ -88,7 +88,7 @@ def test_paths_agree_with_transfers_and_unequal_stages():
     from pipewright.cost.base import ConstantComm
 
     fast = simulate(sched, cost, comm=ConstantComm(0.125))
-    with patch.object(engine, "compile_flat", return_value=None):
+    with patch.object(engine, "compile_fast", return_value=None):
         slow = simulate(sched, cost, comm=ConstantComm(0.125))
     assert fast.iteration_time == slow.iteration_time and fast.busy == slow.busy
     assert fast._times(0) == slow._times(0)

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 from pipewright.ir import Action, Schedule
 from pipewright.passes.lower import lower
-from pipewright.sim.program import _COLLECTIVE, _COMPUTE, _RENDEZVOUS, _SEND, _Program
-from pipewright.sim.steps import StepTimes
+from pipewright.sim.compiled import COLLECTIVE, COMPUTE, RENDEZVOUS, SEND, Program
+from pipewright.sim.fast_loop import StepTimes
 
 if TYPE_CHECKING:  # imported where used: timelines are not every run's
     from pipewright.timeline import Timeline
@@ -41,12 +41,12 @@ class SimResult:
     model_flops: float
     _starts: list = field(repr=False, compare=False)  # per iteration, by global index (or StepTimes)
     _ends: list = field(repr=False, compare=False)  # read through _times
-    _program: _Program = field(repr=False, compare=False)
+    _program: Program = field(repr=False, compare=False)
 
     @cached_property
     def schedule(self) -> Schedule:
         """The lowered schedule that was simulated (built on first access when the array path,
-        :mod:`pipewright.sim.flat`, simulated it without one)."""
+        :mod:`pipewright.sim.lowered_compile`, simulated it without one)."""
         return lower(self.source)
 
     @property
@@ -83,9 +83,9 @@ class SimResult:
                 starts, ends = self._times(it)
                 for g, a in enumerate(row, first):
                     mode = prog.modes[g]
-                    if mode == _COMPUTE:
+                    if mode == COMPUTE:
                         spans.append(Span(rank, a, starts[g], ends[g], "compute", it))
-                    elif mode in (_SEND, _COLLECTIVE, _RENDEZVOUS) and prog.durs[g] > 0:
+                    elif mode in (SEND, COLLECTIVE, RENDEZVOUS) and prog.durs[g] > 0:
                         spans.append(Span(rank, a, starts[g], ends[g], "comm", it))
         meta = {
             "schedule": sched.name,

@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pipewright.errors import PipewrightError
-from pipewright.sim.program import _COLLECTIVE, _COMPUTE, _NOT_DONE, _SEND
+from pipewright.sim.compiled import COLLECTIVE, COMPUTE, NOT_DONE, SEND
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ def run_iteration_shared(
     link_free: list[float],
     shared: SharedCompute,
 ) -> tuple[list[float], list[float], Sequence[int]]:
-    """One iteration of the compiled program ``prog`` (``engine._Program``) in time order with
+    """One iteration of the compiled program ``prog`` (``engine.Program``) in time order with
     processor sharing. Same contract as ``per_action.run_iteration``: updates the clocks and stream/link
     state, returns start and end times by global action index and each rank's final position (less
     than its row length if the schedule deadlocks)."""
@@ -148,7 +148,7 @@ def run_iteration_shared(
     reqs, modes, durs, links, offsets = prog.reqs, prog.modes, prog.durs, prog.links, prog.offsets
     n_total = prog.missing
     starts = [0.0] * n_total
-    ends = [_NOT_DONE] * (n_total + 1)
+    ends = [NOT_DONE] * (n_total + 1)
     ptr = offsets[:-1]
     t_rank = list(clock)
     waiting: dict[int, list[int]] = {}
@@ -174,17 +174,17 @@ def run_iteration_shared(
                 ptr[r] = g
                 return
             mode = modes[g]
-            if mode == _COMPUTE and durs[g] > 0.0:
+            if mode == COMPUTE and durs[g] > 0.0:
                 starts[g] = now
                 running[host[r]][g] = durs[g]
                 owner[g] = r
                 ptr[r] = g
                 return
-            if mode == _SEND:
+            if mode == SEND:
                 link = links[g]
                 t0 = max(now, link_free[link])
                 end = link_free[link] = t0 + durs[g]
-            elif mode == _COLLECTIVE:
+            elif mode == COLLECTIVE:
                 t0 = max(now, coll_free[r])
                 end = coll_free[r] = t0 + durs[g]
             else:  # zero-cost compute or a wait/marker

@@ -1,8 +1,8 @@
 """The simulator's per-action path: a lowered schedule compiled action by action from the dependency
 resolution (:func:`pipewright.deps.resolve`, shared with the validator) and run one lowered action at a
 time, with every mode (compute, send, receive, collective, rendezvous). :func:`pipewright.sim.engine.simulate`
-takes it when the array path (:mod:`pipewright.sim.flat`) declines, and for shared cores and schedules
-the compute-only loop (:mod:`pipewright.sim.steps`) does not run. The execution rules are
+takes it when the array path (:mod:`pipewright.sim.lowered_compile`) declines, and for shared cores and schedules
+the compute-only loop (:mod:`pipewright.sim.fast_loop`) does not run. The execution rules are
 :mod:`pipewright.sim.engine`'s.
 """
 
@@ -13,35 +13,35 @@ from pipewright.deps import Resolution, resolve
 from pipewright.ir import Schedule
 from pipewright.passes.lower import lower
 from pipewright.passes.validate import validate
-from pipewright.sim.codes import varies_per_action
-from pipewright.sim.memory import peak_from_deltas, transient_of
-from pipewright.sim.program import (
-    _COLLECTIVE,
-    _COMPUTE,
-    _NOT_DONE,
-    _RENDEZVOUS,
-    _SEND,
-    _WAIT,
+from pipewright.sim.array_coding import varies_per_action
+from pipewright.sim.compiled import (
+    COLLECTIVE,
+    COMPUTE,
+    NOT_DONE,
+    RENDEZVOUS,
+    SEND,
+    WAIT,
+    Program,
     SimulationError,
-    _mode,
-    _Program,
+    action_mode,
     first_missing,
     flat_requirements,
 )
+from pipewright.sim.memory import peak_from_deltas, transient_of
 
 
 def compile_actions(
     schedule: Schedule, cost: CostModel, comm: CommModel, res: Resolution | None = None
-) -> _Program:
+) -> Program:
     """Resolve every requirement to its producing action and cost every action, once.
 
     Costs are asked once per (kind, stage, payload): every microbatch of a stage costs the same — except
-    for a cost model that :func:`~pipewright.sim.codes.varies_per_action`, asked once per action. A
+    for a cost model that :func:`~pipewright.sim.array_coding.varies_per_action`, asked once per action. A
     send's duration needs its destination — the rank of the action that requires its event — so sends
     are costed after the requirements are resolved.
     """
     res = res or resolve(schedule)
-    mode_of = {name: _mode(schedule.kinds[name]) for name in schedule.kinds}
+    mode_of = {name: action_mode(schedule.kinds[name]) for name in schedule.kinds}
     rows = schedule.actions
     offsets = [0]
     for row in rows:
@@ -67,7 +67,7 @@ def compile_actions(
         for a in row:
             mode = mode_of[a[1]]
             modes.append(mode)
-            if mode == _COMPUTE:
+            if mode == COMPUTE:
                 key = (a.kind, a.stage, a.payload, a.microbatch) if each else (a.kind, a.stage, a.payload)
                 c = compute_cost.get(key)
                 if c is None:
@@ -84,19 +84,19 @@ def compile_actions(
                 deltas.append(c[3])
                 extras.append(c[4])
                 durs.append(c[0])
-            elif mode in (_COLLECTIVE, _RENDEZVOUS):
+            elif mode in (COLLECTIVE, RENDEZVOUS):
                 coll = schedule.kinds[a.kind].collective
                 members = coll.participants(a, schedule)
                 nbytes = cost.message_bytes(a, schedule)
                 durs.append(float(comm.collective_time(coll.op, rank, nbytes, coll.group, members)))
-                if mode == _RENDEZVOUS:
+                if mode == RENDEZVOUS:
                     meetings.setdefault((a.kind, a.microbatch, a.payload, members), []).append(g)
                     stream = (rank, coll.group)
                     meet_prev[g] = last_meet.get(stream, -1)
                     meet_stream[g] = stream
                     last_meet[stream] = g
             else:
-                if mode == _SEND:
+                if mode == SEND:
                     sends.append(g)
                 durs.append(0.0)
             g += 1
@@ -106,7 +106,7 @@ def compile_actions(
 
     destination: dict[int, int] = {}  # send g -> the rank that needs its event
     reqs: list[tuple[int, ...]] = []
-    local = (_COMPUTE, _WAIT)
+    local = (COMPUTE, WAIT)
     needs = res.needs
     for rank in range(len(rows)):
         first, last = offsets[rank], offsets[rank + 1]
@@ -132,7 +132,7 @@ def compile_actions(
             durs[g] = float(comm.p2p_time(src, dst, cost.message_bytes(a, schedule)))
         links[g] = link_id.setdefault((src, dst), len(link_id))
     meets = {g: tuple(group) for group in meetings.values() for g in group}
-    return _Program(
+    return Program(
         offsets,
         *flat_requirements(reqs),
         modes,
@@ -151,7 +151,7 @@ def compile_actions(
 
 def run_iteration(
     sched: Schedule,
-    prog: _Program,
+    prog: Program,
     clock: list[float],
     coll_free: list[float],
     link_free: list[float],
@@ -163,7 +163,7 @@ def run_iteration(
     """
     n_total = prog.missing
     starts = [0.0] * n_total
-    ends = [_NOT_DONE] * (n_total + 1)  # ends[g] is also the time of g's events; the last never comes
+    ends = [NOT_DONE] * (n_total + 1)  # ends[g] is also the time of g's events; the last never comes
     req1, extra = prog.req1, prog.extra
     modes, durs, links, offsets = prog.modes, prog.durs, prog.links, prog.offsets
     waiting: dict[int, list[int]] = {}
@@ -221,20 +221,20 @@ def run_iteration(
                     awaited[e] = 1
                     break
             mode = modes[g]  # by frequency: compute, send, receive/marker, collective, rendezvous
-            if mode == _COMPUTE:
+            if mode == COMPUTE:
                 end = t_rank = t + durs[g]
-            elif mode == _SEND:
+            elif mode == SEND:
                 link = links[g]
                 if link_free[link] > t:
                     t = link_free[link]
                 end = link_free[link] = t + durs[g]
-            elif mode == _WAIT:
+            elif mode == WAIT:
                 end = t_rank = t
-            elif mode == _COLLECTIVE:
+            elif mode == COLLECTIVE:
                 if coll_free[r] > t:
                     t = coll_free[r]
                 end = coll_free[r] = t + durs[g]
-            else:  # _RENDEZVOUS
+            else:  # RENDEZVOUS
                 issued[g] = t  # non-blocking issue; its end comes with the last member
                 meet(g)
                 continue
@@ -252,12 +252,12 @@ def run_iteration(
     return starts, ends
 
 
-def computing_time(prog: _Program, starts: list[float], ends: list[float]) -> list[float]:
+def computing_time(prog: Program, starts: list[float], ends: list[float]) -> list[float]:
     """Per rank, the wall time its compute actions occupied (their spans, stretched by sharing)."""
     out = []
     for r in range(len(prog.offsets) - 1):
         span = range(prog.offsets[r], prog.offsets[r + 1])
-        out.append(sum(ends[g] - starts[g] for g in span if prog.modes[g] == _COMPUTE))
+        out.append(sum(ends[g] - starts[g] for g in span if prog.modes[g] == COMPUTE))
     return out
 
 

@@ -4,12 +4,12 @@ A lowered schedule whose ranks run groups of the form *receives, one compute act
 lowering makes of every compute-only schedule: receives right before, sends right after the action
 they serve) is simulated one compute action at a time instead of one lowered action at a time:
 
-- a receive (a marker, ``_WAIT``) takes no time; it ends at max(rank clock, its send's end), so the
+- a receive (a marker, ``WAIT``) takes no time; it ends at max(rank clock, its send's end), so the
   compute action after it starts at max(rank clock, the ends of its receives' sends, the ends of its
   own cross-rank requirements) — the same maximum the per-action loop takes in two steps;
 - a send issued right after compute action c starts at max(end of c, its link's free time) and ends
   ``p2p_time`` later (each directed rank pair a FIFO link, in the sender's program order — the order
-  the steps visit them), exactly as in :func:`pipewright.sim.per_action.run_iteration`.
+  the steps visit them), exactly as in :func:`pipewright.sim.reference.run_iteration`.
 
 The receives' own times (the running maximum of the rank's clock and their sends' ends) are filled in
 afterwards over arrays (:func:`expand`). Only max and the same additions in the same order are taken,
@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pipewright.sim.program import _COMPUTE, _SEND, _WAIT, first_missing, one_or_several
+from pipewright.sim.compiled import COMPUTE, SEND, WAIT, first_missing, one_or_several
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -84,7 +84,7 @@ class Steps:
 
 @dataclass(frozen=True)
 class FoldedSteps:
-    """The folded steps of a schedule compiled from its compute actions (:mod:`pipewright.sim.folded`):
+    """The folded steps of a schedule compiled from its compute actions (:mod:`pipewright.sim.compute_compile`):
     ``cuts`` and ``dur`` (compute actions only) as :class:`Steps`' and the :class:`Folded` form; the
     steps over the lowered actions come from ``lowered.program`` (compiled on first use), for the
     unfolded loop and for :func:`expand`."""
@@ -92,7 +92,7 @@ class FoldedSteps:
     cuts: list[int]
     dur: Any
     folded: Folded
-    lowered: Any  # pipewright.sim.folded._Lowered
+    lowered: Any  # pipewright.sim.compute_compile._Lowered
 
     def lowered_steps(self) -> Steps:
         """The steps over the lowered actions (the lowered program compiled on first call)."""
@@ -116,7 +116,7 @@ def compute_steps(modes, durs, links, rg, need, offsets: list[int]) -> Steps | N
     pairs, own-rank earlier compute/marker producers already left out), or None when it does not
     apply."""
     n = len(modes)
-    is_c, is_s, is_w = modes == _COMPUTE, modes == _SEND, modes == _WAIT
+    is_c, is_s, is_w = modes == COMPUTE, modes == SEND, modes == WAIT
     if not n or not (is_c | is_s | is_w).all() or not (durs >= 0).all():
         return None
     comp, sends, waits = np.flatnonzero(is_c), np.flatnonzero(is_s), np.flatnonzero(is_w)
