@@ -110,55 +110,105 @@ def compile_compute(
     ``check``: the validator's completeness check (the transfers are right by construction). The
     lowered program comes from ``lowered()``, asked on first use."""
     codes = Coding(schedule)
-    specs, S, K = codes.specs, codes.S, len(codes.specs)
+    acts = _actions(schedule, codes)
+    n, K, S = len(acts.kc), len(codes.specs), codes.S
+    made, prod, of_kind = _producers(codes, acts)
+    if check:
+        _check_complete(codes, prod, acts.used)
+    ks = acts.kc.astype(np.intp)  # (kind, stage) of each action (an index: cast once)
+    ks *= S
+    ks += acts.st
+    first = np.full(K * S, n, INDEX)  # (of the steps' type: ufunc.at's fast path)
+    last = np.full(K * S, -1, INDEX)
+    np.minimum.at(first, ks, acts.steps)
+    np.maximum.at(last, ks, acts.steps)
+    links = _Links(codes, first, last, np.bincount(ks, minlength=K * S), len(acts.lens))
+    in1, in_extra = _waits(codes, acts, of_kind, prod, made, ks, links)
+    num_links, src, link_last, firsts = links.numbered(acts.mb)
+    for (c, s, dst), (_, r, k) in firsts.items():  # each (send kind, stage, destination)'s first send
+        a = Action(s, codes.names[c], k, None)
+        if float(comm.p2p_time(r, dst, cost.message_bytes(a, schedule))) != 0.0:
+            raise Decline  # transfers that take time: the lowered path's loop
+    cuts = [0, *np.cumsum(acts.lens).tolist()]
+    time, busy, flops, model_flops, peaks = _costs(codes, schedule, cost, acts, ks, first, cuts)
+    later = _Lowered(lowered)
+    folded = FoldedSteps(cuts, time, Folded(in1, in_extra, src, link_last), later)
+    per_rank = acts.lens + links.per_rank
+    return ComputeProgram(
+        [0, *np.cumsum(per_rank).tolist()], int(per_rank.sum()), num_links, busy, flops, model_flops,
+        peaks, folded, later,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Actions:
+    """The compute actions as columns — kind code, stage, microbatch; the actions per rank —, the kinds
+    used, each action's (stage, microbatch) key ``local``, its step (its index) and ``pos``: the step
+    of each (kind, stage, microbatch)."""
+
+    kc: Any
+    st: Any
+    mb: Any
+    lens: Any
+    used: list[int]
+    local: Any
+    steps: Any
+    pos: _ByKind
+
+
+def _actions(schedule: Schedule, codes: Coding) -> _Actions:
+    """:class:`_Actions` of a schedule of compute actions only (else declines), no action twice."""
+    K = len(codes.specs)
     if schedule.lowered:
         raise Decline
     kc, st, mb, _, lens = schedule_columns(schedule, codes)
-    n = len(kc)
-    counts = np.bincount(kc, minlength=K)
-    used = np.flatnonzero(counts).tolist()
-    if not all(specs[c].compute for c in used):
+    used = np.flatnonzero(np.bincount(kc, minlength=K)).tolist()
+    if not all(codes.specs[c].compute for c in used):
         raise Decline
-    width = S * (codes.M + 1)
+    width = codes.S * (codes.M + 1)
     if K * width > MAX_KEYS:
         raise Decline
     local = st * (codes.M + 1)  # (stage, microbatch) of each action (in place: fewer fresh pages)
     local += mb
     local += 1
-    steps = np.arange(n, dtype=INDEX)
+    steps = np.arange(len(kc), dtype=INDEX)
     pos = _ByKind(used, width)  # the compute action of each (kind, stage, microbatch)
     keys = kc - pos.lo
     keys *= width
     keys += local
     pos.put(keys, steps)
     pos.distinct()  # else an action twice
-    del keys
+    return _Actions(kc, st, mb, lens, used, local, steps, pos)
+
+
+def _producers(codes: Coding, acts: _Actions):
+    """(per kind used the kinds of events it makes, the step that produces each event, per kind used
+    its steps — None: all steps are of that kind); declines for an event made twice."""
+    used, local, steps = acts.used, acts.local, acts.steps
     made = _made(codes, used)  # the kinds of events each kind produces
-    prod = _ByKind([e for c in used for e in made[c]], width)  # the action that produces each event
-    of_kind = {c: None if len(used) == 1 else np.flatnonzero(kc == c) for c in used}  # None: all
+    prod = _ByKind([e for c in used for e in made[c]], codes.S * (codes.M + 1))
+    of_kind = {c: None if len(used) == 1 else np.flatnonzero(acts.kc == c) for c in used}  # None: all
     for c in used:
         g = of_kind[c]
         for e in made[c]:
             prod.put(prod.keys(e, local if g is None else local[g]), steps if g is None else g)
     prod.distinct()  # else an event computed twice
-    if check:
-        _check_complete(codes, prod, used)
-    ks = kc.astype(np.intp)  # (kind, stage) of each action (an index: cast once)
-    ks *= S
-    ks += st
-    first = np.full(K * S, n, INDEX)  # (of the steps' type: ufunc.at's fast path)
-    last = np.full(K * S, -1, INDEX)
-    np.minimum.at(first, ks, steps)
-    np.maximum.at(last, ks, steps)
-    links = _Links(codes, first, last, np.bincount(ks, minlength=K * S), len(lens))
+    return made, prod, of_kind
+
+
+def _waits(codes: Coding, acts: _Actions, of_kind, prod: _ByKind, made, ks, links: _Links):
+    """(``in1``, ``in_extra``) of the folded steps: the events each step waits for — its kept
+    requirements and, for a receive before it, the step its matching send follows; registers the
+    sends and receives with ``links``."""
+    specs, used, local = codes.specs, acts.used, acts.local
     in_keys, in_events = [], []
     for c in used:
-        kept = _kept_requirements(codes, c, of_kind[c], st, local, prod)
+        kept = _kept_requirements(codes, c, of_kind[c], acts.st, local, prod)
         if kept is not None:
             in_keys.append(kept[0])
             in_events.append(kept[1])
     several = bool(in_keys)  # a step may wait for more than one event
-    received = np.zeros(K * S, bool)  # the (kind, stage) pairs with a receive before them
+    received = np.zeros(len(specs) * codes.S, bool)  # the (kind, stage) pairs with a receive before them
     for c, spec in enumerate(specs):
         if spec.p2p is None or not any(codes.code.get(a) in used for a in spec.p2p.attach):
             continue
@@ -177,24 +227,32 @@ def compile_compute(
             raise Decline
         pair = codes.kind(spec.p2p.pair)
         if sum(codes.code.get(a) in used for a in spec.p2p.attach) > 1:
-            _one_of(codes, pos, local[g], spec.p2p.attach)  # one receive of a kind there
+            _one_of(codes, acts.pos, local[g], spec.p2p.attach)  # one receive of a kind there
         in_keys.append(g)
         peer = local[g] + spec.p2p.offset * (codes.M + 1)
-        in_events.append(_one_of(codes, pos, peer, specs[pair].p2p.attach))
+        in_events.append(_one_of(codes, acts.pos, peer, specs[pair].p2p.attach))
         links.add_receives(pair, len(g))
-    num_links, src, link_last, firsts = links.numbered(mb)
-    for (c, s, dst), (_, r, k) in firsts.items():  # each (send kind, stage, destination)'s first send
-        a = Action(s, codes.names[c], k, None)
-        if float(comm.p2p_time(r, dst, cost.message_bytes(a, schedule))) != 0.0:
-            raise Decline  # transfers that take time: the lowered path's loop
-    cuts = [0, *np.cumsum(lens).tolist()]
-    present = np.flatnonzero(first < n)
-    table = np.zeros((K * S, 5))
+    n = len(acts.kc)
+    if several:
+        return one_or_several(np.concatenate(in_keys), np.concatenate(in_events), n)
+    in1 = np.full(n, -1, INDEX)  # (the usual case: each step after at most one receive, no other wait)
+    for g, events in zip(in_keys, in_events, strict=True):
+        in1[g] = events
+    return in1, {}
+
+
+def _costs(codes: Coding, schedule: Schedule, cost: CostModel, acts: _Actions, ks, first, cuts):
+    """(each step's compute time, per rank the busy time, FLOPs, model FLOPs, per rank the memory
+    peak): the cost model asked once per (kind, stage) — per action for one whose times vary —,
+    summed as :func:`~pipewright.sim.array_coding.cost_sums` sums them."""
+    kc, st, mb = acts.kc, acts.st, acts.mb
+    present = np.flatnonzero(first < len(kc))
+    table = np.zeros((len(codes.specs) * codes.S, 5))
     table[present] = cost_table(codes, schedule, cost, kc, st, mb, first[present].tolist())
     columns = [np.ascontiguousarray(column) for column in table.T]
     time = columns[0][ks]
     if varies_per_action(cost):  # (the F&B pairs' overlap: each compute action's own time)
-        time = action_times(codes, schedule, cost, kc, st, mb, steps)
+        time = action_times(codes, schedule, cost, kc, st, mb, acts.steps)
     if (time < 0).any():
         raise Decline
 
@@ -207,20 +265,7 @@ def compile_compute(
         trans = columns[4][pairs] if transients else None
         return time[lo:hi], flop, flop if same else columns[2][pairs], columns[3][pairs], trans
 
-    busy, flops, model_flops, peaks = cost_sums(codes, schedule, cost, rank_columns, cuts)
-    if several:
-        in1, in_extra = one_or_several(np.concatenate(in_keys), np.concatenate(in_events), n)
-    else:  # (the usual case: each step after at most one receive, no other wait)
-        in1, in_extra = np.full(n, -1, INDEX), {}
-        for g, events in zip(in_keys, in_events, strict=True):
-            in1[g] = events
-    later = _Lowered(lowered)
-    folded = FoldedSteps(cuts, time, Folded(in1, in_extra, src, link_last), later)
-    per_rank = lens + links.per_rank
-    return ComputeProgram(
-        [0, *np.cumsum(per_rank).tolist()], int(per_rank.sum()), num_links, busy, flops, model_flops,
-        peaks, folded, later,
-    )  # fmt: skip
+    return (time, *cost_sums(codes, schedule, cost, rank_columns, cuts))
 
 
 class _ByKind:

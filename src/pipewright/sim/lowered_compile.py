@@ -80,8 +80,12 @@ def _lower(codes: Coding, kc, st, mb, rank, lens):
 
 
 def compile_lowered(schedule: Schedule, cost: CostModel, comm: CommModel, check: bool):
+    """``(program, lowered schedule or None)`` of ``schedule`` over the lowered actions' arrays, or
+    :class:`~pipewright.sim.array_coding.Decline` (module docstring). ``check``: also the validator's
+    completeness and send/receive checks. The lowered schedule is built only when a rule that is a
+    plain function needs it."""
     codes = Coding(schedule)
-    specs, S = codes.specs, codes.S
+    specs = codes.specs
     kc, st, mb, rank, lens = schedule_columns(schedule, codes)
     used = np.flatnonzero(np.bincount(kc, minlength=len(specs))).tolist()
     if any(specs[c].collective is not None and specs[c].collective.spans_pipeline for c in used):
@@ -91,60 +95,18 @@ def compile_lowered(schedule: Schedule, cost: CostModel, comm: CommModel, check:
             raise Decline  # a compute-only schedule with transfers already in it: per action
         kc, st, mb, rank, lens = _lower(codes, kc, st, mb, rank, lens)
         used = np.flatnonzero(np.bincount(kc, minlength=len(specs))).tolist()
-    n = len(kc)
-    n_keys = len(specs) * S * (codes.M + 1)
+    n_keys = len(specs) * codes.S * (codes.M + 1)
     if n_keys > MAX_KEYS:
         raise Decline
     if repeats(codes.key(kc, st, mb), n_keys):
         raise Decline  # an action twice
-
-    lowered: list[Schedule] = []  # built only for rules that are plain functions
-    actions: list[Action] = []
-
-    def per_action(rule, g):
-        if not lowered:
-            lowered.append(lower(schedule))
-            actions.extend(chain.from_iterable(lowered[0].actions))
-        sched = lowered[0]
-        gs, keys = [], []
-        for i in g.tolist():
-            for ev in rule(actions[i], sched):
-                gs.append(i)
-                keys.append(codes.event_key(ev))
-        return np.array(gs, np.int64), np.array(keys, np.int64)
-
-    req_parts, prod_parts = [], []
-    groups = {c: np.flatnonzero(kc == c) for c in used}  # the actions of each kind
-    for c, g in groups.items():
-        spec = specs[c]
-        s, k = st[g], mb[g]
-        for rule, parts in ((spec.requires, req_parts), (spec.produces, prod_parts)):
-            if rule is None:  # the default: the action's own event
-                parts.append((g, codes.key(c, s, k)))
-                continue
-            template = getattr(rule, "template", None)
-            if template is None:
-                parts.append(per_action(rule, g))
-            else:
-                parts.extend(codes.term(t, g, s, k) for t in template(spec))
-
-    pg = np.concatenate([p[0] for p in prod_parts])
-    pk = np.concatenate([p[1] for p in prod_parts])
-    if repeats(pk, n_keys):
-        raise Decline  # an event computed twice
-    producer = np.full(n_keys, n, INDEX)
-    producer[pk] = pg
-    rg = np.concatenate([p[0] for p in req_parts])
-    need = producer[np.concatenate([p[1] for p in req_parts])]
-    if (need == n).any():
-        raise Decline  # a requirement nothing produces
+    events = _Events(schedule, codes, kc, st, mb, used, n_keys)
     if check:
-        _check(schedule, codes, producer, groups, st, mb, lowered)
-
+        _check(schedule, codes, events.producer, events.groups, st, mb, events.lowered)
     modes = np.array([action_mode(s) for s in specs], np.int8)[kc]
-    pairs, dest = _requirements(rank, modes, rg, need, n)
+    pairs, dest = _requirements(rank, modes, events.rg, events.need, len(kc))
     offsets = [0, *np.cumsum(lens).tolist()]
-    sched = lowered[0] if lowered else schedule
+    sched = events.lowered[0] if events.lowered else schedule
     durs, busy, flops, model_flops, peaks = compute_costs(
         codes, sched, cost, kc, st, mb, rank, modes, offsets
     )
@@ -160,7 +122,58 @@ def compile_lowered(schedule: Schedule, cost: CostModel, comm: CommModel, check:
         offsets, None, None, modes, durs, links, num_links, busy, flops, model_flops, peaks,
         pairs=pairs, steps=steps,
     )  # fmt: skip
-    return prog, (lowered[0] if lowered else None)
+    return prog, (events.lowered[0] if events.lowered else None)
+
+
+class _Events:
+    """The events of the lowered actions (columns ``kc``, ``st``, ``mb``; ``used``: the kinds used):
+    ``producer``, the action that produces each event key (n: none); the requirements as
+    (consumer ``rg``, producer ``need``) arrays in requirement order; ``groups``, the actions of each
+    kind; ``lowered``: the lowered schedule in a list once a rule that is a plain function needed it.
+    Declines for an event computed twice or a requirement nothing produces."""
+
+    def __init__(self, schedule: Schedule, codes: Coding, kc, st, mb, used: list[int], n_keys: int) -> None:
+        self.schedule, self.codes = schedule, codes
+        self.lowered: list[Schedule] = []
+        self._actions: list[Action] = []
+        n = len(kc)
+        req_parts, prod_parts = [], []
+        self.groups = {c: np.flatnonzero(kc == c) for c in used}
+        for c, g in self.groups.items():
+            spec = codes.specs[c]
+            s, k = st[g], mb[g]
+            for rule, parts in ((spec.requires, req_parts), (spec.produces, prod_parts)):
+                if rule is None:  # the default: the action's own event
+                    parts.append((g, codes.key(c, s, k)))
+                    continue
+                template = getattr(rule, "template", None)
+                if template is None:
+                    parts.append(self._per_action(rule, g))
+                else:
+                    parts.extend(codes.term(t, g, s, k) for t in template(spec))
+        pg = np.concatenate([p[0] for p in prod_parts])
+        pk = np.concatenate([p[1] for p in prod_parts])
+        if repeats(pk, n_keys):
+            raise Decline  # an event computed twice
+        self.producer = np.full(n_keys, n, INDEX)
+        self.producer[pk] = pg
+        self.rg = np.concatenate([p[0] for p in req_parts])
+        self.need = self.producer[np.concatenate([p[1] for p in req_parts])]
+        if (self.need == n).any():
+            raise Decline  # a requirement nothing produces
+
+    def _per_action(self, rule, g):
+        """(actions, event keys) of a rule that is a plain function, asked of each action ``g``."""
+        if not self.lowered:
+            self.lowered.append(lower(self.schedule))
+            self._actions.extend(chain.from_iterable(self.lowered[0].actions))
+        sched, actions = self.lowered[0], self._actions
+        gs, keys = [], []
+        for i in g.tolist():
+            for ev in rule(actions[i], sched):
+                gs.append(i)
+                keys.append(self.codes.event_key(ev))
+        return np.array(gs, np.int64), np.array(keys, np.int64)
 
 
 def _check(schedule: Schedule, codes: Coding, producer, groups, st, mb, lowered) -> None:
