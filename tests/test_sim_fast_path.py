@@ -1,5 +1,5 @@
-"""The simulator's array path (``sim/flat.py``) against its per-action path (``deps.resolve``, the
-validator, ``per_action.compile_actions``): on valid schedules the same lowered schedule, program, times and
+"""The simulator's array path (``sim/lowered_compile.py``) against its per-action path (``deps.resolve``, the
+validator, ``reference.compile_actions``): on valid schedules the same lowered schedule, program, times and
 metrics; on broken ones the same verdict — the same result, or the same error and message."""
 
 from __future__ import annotations
@@ -240,7 +240,7 @@ TIMES = st.fixed_dictionaries({k: st.sampled_from([0.0, 0.3, 1.0, 1.7, 2.5]) for
     st.booleans(),
 )
 def test_compute_only_loop_agrees_bit_for_bit(name, p, m, v, times, links, iterations, barrier):
-    """The compute-only loop (sim/steps.py) gives every action's start and end, the iteration ends,
+    """The compute-only loop (sim/fast_loop.py) gives every action's start and end, the iteration ends,
     busy, bubble and memory exactly as the per-action loop, on every library schedule, with free and
     with pair-dependent transfers (links shared FIFO), over several iterations with and without the
     step barrier."""
@@ -298,7 +298,7 @@ def test_free_transfers_fold_into_their_compute_actions():
     """With free transfers the loop takes one event per compute action (sends folded into the action
     that issues them); a link ahead of its source rank's clock keeps the unfolded loop. Both give the
     unfolded loop's ends, clocks and link free times — and so do the steps compiled from the compute
-    actions alone (sim/folded.py), whose lowered steps are built only for the unfolded loop and the
+    actions alone (sim/compute_compile.py), whose lowered steps are built only for the unfolded loop and the
     expansion to every lowered action."""
     sched = build_schedule("interleaved-1f1b", 4, 8, 2, registry=LIBRARY)
     steps = engine.compile_fast(sched, *COSTS["unit"], fold=False)[0].steps

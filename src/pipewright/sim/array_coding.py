@@ -1,10 +1,10 @@
-"""The integer coding the simulator's array paths share (:mod:`pipewright.sim.lowered_compile` over the lowered
-actions, :mod:`pipewright.sim.compute_compile` over the compute actions): an action is three integers — stage s,
-kind c (its index in the schedule's registry) and microbatch k (−1 for per-stage actions) — and an
-event ``(kind, s, k, None)`` the key ``(c·S + s)·(m + 1) + k + 1`` into a table of producers. Here too:
-the schedule's columns with their checks, where lowering attaches transfers, and the costs of compute
-actions and transfers, asked once per (kind, stage) and (kind, stage, destination) of the first such
-action — or, for a cost model that declares its compute times vary per action
+"""The integer coding the fast path's two compiles share (:mod:`pipewright.sim.compute_compile` over the
+compute actions, :mod:`pipewright.sim.lowered_compile` over the lowered actions): an action is three
+integers — stage s, kind c (its index in the schedule's registry) and microbatch k (−1 for per-stage
+actions) — and an event ``(kind, s, k, None)`` the key ``(c·S + s)·(m + 1) + k + 1`` into a table of
+producers. Here too: the schedule's columns with their checks, where lowering attaches transfers, and
+the costs of compute actions and transfers, asked once per (kind, stage) and (kind, stage, destination)
+of the first such action — or, for a cost model that declares its compute times vary per action
 (:func:`varies_per_action`), the compute time of every compute action.
 """
 
@@ -32,7 +32,7 @@ MAX_KEYS = 1 << 26
 #: Integer type of the action columns and indices (every key is below MAX_KEYS, every index below
 #: the action count): half the memory of int64, and fewer page faults.
 INDEX = np.int32
-#: Most lowered actions the array path takes (indices stay int32).
+#: Most lowered actions the fast path takes (indices stay int32).
 MAX_ACTIONS = 1 << 28
 
 
@@ -57,7 +57,7 @@ def repeats(keys, size: int) -> bool:
 
 
 class Decline(Exception):
-    """The schedule is not one for the array path (the per-action path decides)."""
+    """The schedule is not one for this compile (the next one, or the reference path, decides)."""
 
 
 class Coding:
@@ -104,7 +104,7 @@ class Coding:
         g, s, k, src = g[inside], s[inside], k[inside], src[inside]
         cross = self.place[src] != self.place[s]
         keys = self.key(c, src, k)
-        if cross.any():  # the array path works on the lowered schedule
+        if cross.any():  # (the lowered schedule: the receive)
             keys[cross] = self.key(self.kind(term.receive), s[cross], k[cross])
         return g, keys
 
@@ -238,7 +238,7 @@ def cost_sums(codes: Coding, sched: Schedule, cost: CostModel, columns: Callable
     and model FLOPs of the compute actions, ``columns(lo, hi)`` giving (time, FLOPs, model FLOPs,
     activation bytes, transient bytes or None when all are 0) of the actions ``lo`` … ``hi − 1``
     (rank r's: ``cuts[r]`` … ``cuts[r + 1] − 1``) in program order — sequential sums
-    (``np.cumsum``; the FLOPs carried from rank to rank), exactly as the per-action path adds them.
+    (``np.cumsum``; the FLOPs carried from rank to rank), exactly as the reference path adds them.
     Ranks of equal length are summed as the rows of one array (a cumulative sum along a row is as
     sequential)."""
     ranks = len(cuts) - 1

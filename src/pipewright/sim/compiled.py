@@ -1,8 +1,10 @@
 """The compiled form of a lowered schedule that the simulator's event loop runs.
 
-Both compilers produce it: :func:`pipewright.sim.reference.compile_actions` from the per-action dependency
-resolution (:func:`pipewright.deps.resolve`) and :func:`pipewright.sim.lowered_compile.compile_fast` from integer
-arrays. Actions are numbered globally, rank by rank: ``g = offsets[rank] + position``.
+Both paths compile to it: the reference (:func:`pipewright.sim.reference.compile_actions`, from the
+per-action dependency resolution :func:`pipewright.deps.resolve`) and the fast path
+(:func:`pipewright.sim.lowered_compile.compile_lowered`, from integer arrays). Actions are numbered
+globally, rank by rank: ``g = offsets[rank] + position``. Also here: the action modes, the
+simulator's error and :func:`gc_paused`.
 """
 
 from __future__ import annotations
@@ -37,10 +39,10 @@ class Program:
     They are stored flat, as almost every action waits for at most one other: ``req1[g]`` is that
     action's index, −1 for none, −2 for several, which ``extra[g]`` lists (no tuple per action).
 
-    The array path (:mod:`pipewright.sim.lowered_compile`) gives ``modes``, ``durs`` and ``links`` as numpy arrays
-    and the requirements as ``pairs`` (consumer, producer) arrays instead of ``req1``/``extra``, with
-    ``steps`` (:class:`pipewright.sim.fast_loop.Steps`) when the compute-only loop can run it; the
-    per-action loops read :attr:`listed`, these as lists, built on first access.
+    The fast path (:mod:`pipewright.sim.lowered_compile`) gives ``modes``, ``durs`` and ``links`` as
+    numpy arrays and the requirements as ``pairs`` (consumer, producer) arrays instead of
+    ``req1``/``extra``, with ``steps`` (:class:`pipewright.sim.fast_loop.Steps`) when the compute-only
+    loop can run it; the per-action loops read :attr:`listed`, these as lists, built on first access.
     """
 
     offsets: list[int]

@@ -1,4 +1,4 @@
-"""The simulator's compute-level compile: a schedule of compute actions compiled straight to the folded
+"""The fast path's first compile: a schedule of compute actions compiled straight to the folded
 compute-only loop (:mod:`pipewright.sim.fast_loop`, free transfers), without building its lowered actions.
 
 Lowering (:func:`pipewright.passes.lower.lower`) puts a receive right before and a send right after each
@@ -19,12 +19,12 @@ loop's inputs follow from the compute actions alone (step j = compute action j, 
   are numbered, and each (send kind, stage, destination) costed through its first send, as
   :mod:`pipewright.sim.lowered_compile` does over the lowered actions.
 
-Anything else declines (:class:`pipewright.sim.array_coding.Decline`) and the lowered array path decides: a
+Anything else declines (:class:`pipewright.sim.array_coding.Decline`) and the lowered compile decides: a
 lowered schedule or one with other than compute kinds, a rule that is a plain function, a requirement on
 a send or on a receive other than the one right before, a send that needs other than what its action
 made, two transfer kinds after one action, a send nobody receives, a send that lasts longer than 0, a
 negative duration. What runs is what the lowered path runs, bit for bit: the same maxima and sums of the
-same numbers in the same order (tests/test_sim_flat.py). The lowered program — every lowered action's
+same numbers in the same order (tests/test_sim_fast_path.py). The lowered program — every lowered action's
 mode, duration and requirements, for timelines and per-action times — is compiled on first use.
 """
 

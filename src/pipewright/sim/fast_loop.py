@@ -84,10 +84,10 @@ class Steps:
 
 @dataclass(frozen=True)
 class FoldedSteps:
-    """The folded steps of a schedule compiled from its compute actions (:mod:`pipewright.sim.compute_compile`):
-    ``cuts`` and ``dur`` (compute actions only) as :class:`Steps`' and the :class:`Folded` form; the
-    steps over the lowered actions come from ``lowered.program`` (compiled on first use), for the
-    unfolded loop and for :func:`expand`."""
+    """The folded steps of a schedule compiled from its compute actions
+    (:mod:`pipewright.sim.compute_compile`): ``cuts`` and ``dur`` (compute actions only) as
+    :class:`Steps`' and the :class:`Folded` form; the steps over the lowered actions come from
+    ``lowered.program`` (compiled on first use), for the unfolded loop and for :func:`expand`."""
 
     cuts: list[int]
     dur: Any

@@ -25,7 +25,7 @@ class SimResult:
     ``bubble[r] = iteration_time − busy[r]``. ``peak_memory[r]``: static bytes + the highest running
     sum of activation bytes over the rank's compute actions. ``flops`` / ``model_flops``: per iteration
     (with / without recomputation). ``iteration_ends[k]``: when iteration k's last action finished.
-    ``source``: the schedule as given (or as lowered by the per-action path); :attr:`schedule`, the
+    ``source``: the schedule as given (or as lowered by the reference path); :attr:`schedule`, the
     lowered one, and the :attr:`timeline` (all iterations) are built on first access.
     """
 
@@ -45,7 +45,7 @@ class SimResult:
 
     @cached_property
     def schedule(self) -> Schedule:
-        """The lowered schedule that was simulated (built on first access when the array path,
+        """The lowered schedule that was simulated (built on first access when the fast path,
         :mod:`pipewright.sim.lowered_compile`, simulated it without one)."""
         return lower(self.source)
 
