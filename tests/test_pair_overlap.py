@@ -32,8 +32,8 @@ def _exposed(action, schedule) -> float:
 
 
 def _paths(sched, cost):
-    """The same simulation by the compile from the compute actions, the lowered array path and the
-    per-action path."""
+    """The same simulation by the compile from the compute actions, the compile over the lowered actions
+    and the reference path."""
     folded = simulate(sched, cost, comm=FreeComm())
     with patch.object(engine, "compile_fast", partial(engine.compile_fast, fold=False)):
         lowered = simulate(sched, cost, comm=FreeComm())
@@ -79,9 +79,9 @@ def test_dualpipev_pairs_by_hand():
 
 
 def test_paths_agree_with_transfers_and_unequal_stages():
-    """With per-stage times and transfers that take time (the lowered array path against the per-action
-    path), every action's start and end agree exactly, and each compute action lasts what the pair rule
-    gives it."""
+    """With per-stage times and transfers that take time (the compile over the lowered actions against the
+    reference path), every action's start and end agree exactly, and each compute action lasts what the
+    pair rule gives it."""
     sched = build_schedule("dualpipev", 3, 6, 2)
     base = StageTimes(f=(1.0, 1.5, 1.25, 1.0, 0.75, 1.0), i=(1.0,) * 6, w=(0.5, 0.5, 0.75, 0.5, 0.5, 0.25))
     cost = PairOverlapCost(base, lambda a, s: 0.25 * (a.stage % 3) if a.kind in (F, B) else 0.0)

@@ -1,6 +1,8 @@
-"""The simulator's array path (``sim/lowered_compile.py``) against its per-action path (``deps.resolve``, the
-validator, ``reference.compile_actions``): on valid schedules the same lowered schedule, program, times and
-metrics; on broken ones the same verdict — the same result, or the same error and message."""
+"""The simulator's fast path (``engine.compile_fast``: ``sim/compute_compile.py``, ``sim/lowered_compile.py``;
+the loop of ``sim/fast_loop.py``) against its reference path (``sim/reference.py``: lowering,
+``deps.resolve``, the validator, one lowered action at a time): on valid schedules the same lowered
+schedule, program, times and metrics, to the bit; on broken ones the same verdict — the same result, or
+the same error and message."""
 
 from __future__ import annotations
 
@@ -74,7 +76,7 @@ def _run(schedule: Schedule, cost, comm, *, validate: bool, iterations: int = 1)
 
 def _both(schedule: Schedule, cost, comm, *, validate: bool, iterations: int = 1):
     fast = _run(schedule, cost, comm, validate=validate, iterations=iterations)
-    with patch.object(engine, "compile_fast", return_value=None):  # the per-action path only
+    with patch.object(engine, "compile_fast", return_value=None):  # the reference path only
         slow = _run(schedule, cost, comm, validate=validate, iterations=iterations)
     return fast, slow
 
@@ -105,7 +107,7 @@ def _assert_same(fast, slow) -> None:
     [("1f1b", 4, 8, None), ("interleaved-1f1b", 4, 8, 2), ("zb-h1", 4, 8, None), ("zbv", 4, 8, None)],
 )
 @pytest.mark.parametrize("costs", sorted(COSTS))
-def test_library_schedules_take_the_array_path_and_agree(name, p, m, v, costs):
+def test_library_schedules_take_the_fast_path_and_agree(name, p, m, v, costs):
     sched = build_schedule(name, p, m, v, registry=LIBRARY)
     cost, comm = COSTS[costs]
     assert engine.compile_fast(sched, cost, comm) is not None  # not declined: the test is not vacuous
@@ -123,7 +125,7 @@ def test_per_stage_kinds_go_through_their_own_rules():
 
 
 def test_feature_kinds_agree():
-    """Vocabulary collectives span the pipeline: the array path declines and the results are the same."""
+    """Vocabulary collectives span the pipeline: the fast path declines and the results are the same."""
     base = build_schedule("1f1b", 4, 8)
     unit = UnitCost(per_chunk=True, times={"F": 1.0, "B": 2.0, "VS": 0.25, "VT": 0.25, "VEF": 0.01})
     sched = insert_vocab(base, "alg1", PlacementCosts(lambda a: 1.0 if a.kind in "FBIW" else 0.25))
@@ -174,7 +176,7 @@ def cases(draw):
 
 @settings(max_examples=250, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
-def test_array_path_agrees_with_the_per_action_path(case):
+def test_fast_path_agrees_with_the_reference_path(case):
     sched, costs, validate = case
     cost, comm = COSTS[costs]
     _assert_same(*_both(sched, cost, comm, validate=validate))
@@ -242,7 +244,7 @@ TIMES = st.fixed_dictionaries({k: st.sampled_from([0.0, 0.3, 1.0, 1.7, 2.5]) for
 )
 def test_compute_only_loop_agrees_bit_for_bit(name, p, m, v, times, links, iterations, barrier):
     """The compute-only loop (sim/fast_loop.py) gives every action's start and end, the iteration ends,
-    busy, bubble and memory exactly as the per-action loop, on every library schedule, with free and
+    busy, bubble and memory exactly as the reference loop, on every library schedule, with free and
     with pair-dependent transfers (links shared FIFO), over several iterations with and without the
     step barrier."""
     try:

@@ -172,13 +172,13 @@ def _fold(in1, in_extra, send_step, send_link, sends, offsets: list[int], count:
         j: tuple(e if e < count else int(send_step[e - count]) for e in events)
         for j, events in in_extra.items()
     }
-    src, link_last = link_lasts(
+    src, link_last = _link_lasts(
         send_link, send_step, lambda first: np.searchsorted(offsets, sends[first], side="right") - 1
     )
     return Folded(f_in1, f_extra, src, link_last)
 
 
-def link_lasts(send_link, send_step, source: Callable) -> tuple[list[int], list[tuple[int, int]]]:
+def _link_lasts(send_link, send_step, source: Callable) -> tuple[list[int], list[tuple[int, int]]]:
     """Of sends in program order (their links and the steps they follow): each link's source rank —
     ``source(i)`` of sends i, the first of each link — and (link, step of its last send) per used link
     (:attr:`Folded.link_src`, :attr:`Folded.link_last`)."""

@@ -52,20 +52,9 @@ def compile_actions(
     links, num_links = _links(schedule, cost, comm, costed, offsets, destination)
     meets = {g: tuple(group) for group in costed.meetings.values() for g in group}
     return Program(
-        offsets,
-        *flat_requirements(reqs),
-        costed.modes,
-        costed.durs,
-        links,
-        num_links,
-        costed.busy,
-        costed.flops,
-        costed.model_flops,
-        costed.peaks,
-        meets,
-        costed.meet_prev,
-        costed.meet_stream,
-    )
+        offsets, *flat_requirements(reqs), costed.modes, costed.durs, links, num_links, costed.busy,
+        costed.flops, costed.model_flops, costed.peaks, meets, costed.meet_prev, costed.meet_stream,
+    )  # fmt: skip
 
 
 class _Costed:
