@@ -373,22 +373,24 @@ def _pairs_cost() -> PairOverlapCost:
     return PairOverlapCost(base, lambda a, s: {"F": 0.5, "B": 0.75, "I": 0.5}.get(a.kind, 0.0))
 
 
-@pytest.mark.parametrize("variant", ["unit", "links", "pairs", "reduce"])
+@pytest.mark.parametrize("variant", ["unit", "links", "pairs", "reduce", "reduce-free"])
 @pytest.mark.parametrize("name", NAMES)
 def test_every_registered_schedule_fast_path_equals_reference(name, variant):
     """On every registered schedule the fast path (compile_fast + the compute-only loop, where they
     apply) and the reference path (lowering, ``deps.resolve``, one lowered action at a time) give the
     same program, every action's start and end, iteration ends, busy, bubble, FLOPs and memory, to the
     bit: with free transfers, with rank-pair-dependent ones, with per-action costs (overlapped F&B
-    pairs), and with a data-parallel gradient reduction after the backward."""
+    pairs), and with a data-parallel gradient reduction (overlapped with the backward, with rank-pair
+    transfers; after it, free)."""
     sched = _registered(name)
     cost, comm = COSTS.get(variant, COSTS["links"])
     if variant == "pairs":
         cost, comm = _pairs_cost(), FreeComm()
-    elif variant == "reduce":
-        sched = with_grad_reduction(sched, "overlap")
+    elif variant.startswith("reduce"):  # a dp collective per stage (as sends on the rank's stream)
+        sched = with_grad_reduction(sched, "overlap" if variant == "reduce" else "after")
+        cost, comm = COSTS["links" if variant == "reduce" else "unit"]
     compiled = engine.compile_fast(sched, cost, comm)
     assert compiled is not None  # the fast path takes every registered schedule: the test is not vacuous
-    assert (compiled[0].steps is not None) == (variant != "reduce")  # collectives: the reference loop
+    assert compiled[0].steps is not None  # and the compute-only loop runs it (collectives: as sends)
     fast, slow = _both(sched, cost, comm, validate=True, iterations=2)
     _assert_same(fast, slow)

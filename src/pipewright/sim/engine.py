@@ -42,8 +42,10 @@ registered schedule):
 - the **reference path** (:mod:`pipewright.sim.reference`) lowers with
   :func:`pipewright.passes.lower.lower`, resolves with :func:`pipewright.deps.resolve` (the validator's
   resolution) and runs one lowered action at a time. It runs whatever the fast path declines (it names
-  what is wrong), and its loop runs the programs the compute-only loop does not take (collectives,
-  rendezvous). Shared cores (:mod:`pipewright.sim.sharing`) run in time order over the same program.
+  what is wrong: collectives across pipeline ranks among the rest), and its loop runs the rare
+  fast-compiled program the compute-only loop does not take (a marker with several requirements, a
+  send with requirements of its own). Shared cores (:mod:`pipewright.sim.sharing`) run in time order
+  over the same program.
 """
 
 from __future__ import annotations
@@ -131,7 +133,8 @@ def _compile(schedule: Schedule, cost: CostModel, comm: CommModel, validate: boo
 
 class _State:
     """What carries from one iteration to the next: the ranks' clocks and the free times of their
-    collective streams, of the links and of the rendezvous streams."""
+    collective streams (the reference loop's; the fast loop's follow the links in ``link_free``), of
+    the links and of the rendezvous streams."""
 
     def __init__(self, num_ranks: int, num_links: int) -> None:
         self.clock = [0.0] * num_ranks
@@ -180,7 +183,7 @@ def _simulate(
     validate: bool,
 ) -> SimResult:
     prog, sched = _compile(schedule, cost, comm, validate)
-    state = _State(sched.num_ranks, prog.num_links)
+    state = _State(sched.num_ranks, prog.num_links + sched.num_ranks)  # links, then collective streams
     all_starts: list[list[float] | StepTimes] = []  # per iteration, as SimResult._starts
     all_ends: list[list[float] | StepTimes] = []
     iteration_ends: list[float] = []

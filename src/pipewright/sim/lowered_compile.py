@@ -121,7 +121,7 @@ def compile_lowered(schedule: Schedule, cost: CostModel, comm: CommModel, check:
         members = coll.participants(a, sched)
         nbytes = cost.message_bytes(a, sched)
         durs[g] = float(comm.collective_time(coll.op, int(rank[g]), nbytes, coll.group, members))
-    steps = compute_steps(modes, durs, links, *pairs, offsets)
+    steps = compute_steps(modes, durs, links, *pairs, offsets, num_links)
     prog = Program(
         offsets, None, None, modes, durs, links, num_links, busy, flops, model_flops, peaks,
         pairs=pairs, steps=steps,

@@ -2,8 +2,8 @@
 resolution (:func:`pipewright.deps.resolve`, the validator's) and run one lowered action at a time, with
 every mode (compute, send, receive, collective, rendezvous). :func:`pipewright.sim.engine.simulate` takes
 it when the fast path declines (its compile is the one that names what is wrong), and runs its loop
-(:func:`run_iteration`) for fast-compiled programs the compute-only loop (:mod:`pipewright.sim.fast_loop`)
-does not take: collectives and rendezvous. ``tests/test_sim_fast_path.py`` holds the fast path to it, to
+(:func:`run_iteration`) for the rare fast-compiled program the compute-only loop
+(:mod:`pipewright.sim.fast_loop`) does not take. ``tests/test_sim_fast_path.py`` holds the fast path to it, to
 the bit. The execution rules are :mod:`pipewright.sim.engine`'s.
 """
 
