@@ -42,7 +42,8 @@ class Program:
     The fast path (:mod:`pipewright.sim.lowered_compile`) gives ``modes``, ``durs`` and ``links`` as
     numpy arrays and the requirements as ``pairs`` (consumer, producer) arrays instead of
     ``req1``/``extra``, with ``steps`` (:class:`pipewright.sim.fast_loop.Steps`) when the compute-only
-    loop can run it; the per-action loops read :attr:`listed`, these as lists, built on first access.
+    loop can run it; the reference and shared-cores loops read :attr:`listed`, these as lists, built on
+    first access.
     """
 
     offsets: list[int]

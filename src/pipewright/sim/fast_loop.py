@@ -6,7 +6,7 @@ they serve) is simulated one compute action at a time instead of one lowered act
 
 - a receive (a marker, ``WAIT``) takes no time; it ends at max(rank clock, its send's end), so the
   compute action after it starts at max(rank clock, the ends of its receives' sends, the ends of its
-  own cross-rank requirements) — the same maximum the per-action loop takes in two steps;
+  own cross-rank requirements) — the same maximum the reference loop takes in two steps;
 - a send issued right after compute action c starts at max(end of c, its link's free time) and ends
   ``p2p_time`` later (each directed rank pair a FIFO link, in the sender's program order — the order
   the steps visit them), exactly as in :func:`pipewright.sim.reference.run_iteration`;
@@ -27,7 +27,7 @@ last transfer ended at an earlier clock of the same rank (checked at the start o
 every link's free time is at most its source rank's clock) and a rank's clock never goes back. So
 the loop takes one event per compute action (:class:`Folded`: a requirement on a send is one on the
 compute action that issues it) and sets each link's free time to its last send's end afterwards;
-``t + 0.0`` is ``t``, so the times are again bit-for-bit the per-action loop's.
+``t + 0.0`` is ``t``, so the times are again bit-for-bit the reference loop's.
 """
 
 from __future__ import annotations
