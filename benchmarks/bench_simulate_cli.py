@@ -14,8 +14,8 @@ send/receive). The machine may be shared: the load average is printed with the f
 
 ``--split`` also runs the current code once more in a child that times its parts (CPU seconds):
 the interpreter alone (``python -c pass``), numpy's import, the other imports, the schedule's generator,
-the compile (``sim/folded.py`` from the compute actions, else ``sim/flat.py``), the compute-only loop
-(``sim/steps.py``) and the rest of the command.
+the compile (``sim/compute_compile.py`` from the compute actions, else ``sim/lowered_compile.py``), the
+compute-only loop (``sim/fast_loop.py``) and the rest of the command.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def timed(mod, name, label):
             spent[label] = spent.get(label, 0.0) + time.process_time() - t
     setattr(mod, name, g)
 timed(cli_sim, "build_schedule", "generator")
-timed(engine, "compile_flat", "compile")  # (from the compute actions where sim/folded.py applies)
+timed(engine, "compile_fast", "compile")  # (compute_compile, else lowered_compile)
 timed(engine, "run_steps", "loop")
 t2 = time.process_time()
 with contextlib.redirect_stdout(io.StringIO()):

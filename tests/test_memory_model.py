@@ -224,7 +224,7 @@ def test_the_peak_adds_the_transient_to_the_live_bytes_before_the_backward(name)
     head = output_kept_bytes(full)
     assert full.transient_bytes(Action(last, B, 0), sched) == layer - head > 0
     fast = simulate(sched, full)
-    with patch.object(engine, "compile_flat", return_value=None):
+    with patch.object(engine, "compile_fast", return_value=None):
         slow = simulate(sched, full)
     assert fast.peak_memory == slow.peak_memory
     assert peak_memory(fast.timeline, fast.source, full) == pytest.approx(list(fast.peak_memory), rel=1e-12)

@@ -15,9 +15,9 @@ from pipewright.cost.base import FreeComm
 from pipewright.cost.unit import StageTimes
 from pipewright.ir import B, F, I, W
 from pipewright.schedules import build_schedule
-from pipewright.sim import engine, flat, simulate
-from pipewright.sim.codes import varies_per_action
-from pipewright.sim.folded import FoldedProgram
+from pipewright.sim import engine, simulate
+from pipewright.sim.array_coding import varies_per_action
+from pipewright.sim.compute_compile import ComputeProgram
 from pipewright.sim.pair_overlap import PairOverlapCost, overlapped_pairs
 
 # DualPipeV, p = 2, m = 4: F = I = W = 1, B = I + W = 2; of an F 0.75 is exposed all-to-all, of a B 1.0,
@@ -32,14 +32,14 @@ def _exposed(action, schedule) -> float:
 
 
 def _paths(sched, cost):
-    """The same simulation by the compile from the compute actions, the lowered array path and the
-    per-action path."""
+    """The same simulation by the compile from the compute actions, the compile over the lowered actions
+    and the reference path."""
     folded = simulate(sched, cost, comm=FreeComm())
-    with patch.object(engine, "compile_flat", partial(flat.compile_flat, fold=False)):
+    with patch.object(engine, "compile_fast", partial(engine.compile_fast, fold=False)):
         lowered = simulate(sched, cost, comm=FreeComm())
-    with patch.object(engine, "compile_flat", return_value=None):
+    with patch.object(engine, "compile_fast", return_value=None):
         per_action = simulate(sched, cost, comm=FreeComm())
-    assert isinstance(folded._program, FoldedProgram)
+    assert isinstance(folded._program, ComputeProgram)
     return folded, lowered, per_action
 
 
@@ -79,16 +79,16 @@ def test_dualpipev_pairs_by_hand():
 
 
 def test_paths_agree_with_transfers_and_unequal_stages():
-    """With per-stage times and transfers that take time (the lowered array path against the per-action
-    path), every action's start and end agree exactly, and each compute action lasts what the pair rule
-    gives it."""
+    """With per-stage times and transfers that take time (the compile over the lowered actions against the
+    reference path), every action's start and end agree exactly, and each compute action lasts what the
+    pair rule gives it."""
     sched = build_schedule("dualpipev", 3, 6, 2)
     base = StageTimes(f=(1.0, 1.5, 1.25, 1.0, 0.75, 1.0), i=(1.0,) * 6, w=(0.5, 0.5, 0.75, 0.5, 0.5, 0.25))
     cost = PairOverlapCost(base, lambda a, s: 0.25 * (a.stage % 3) if a.kind in (F, B) else 0.0)
     from pipewright.cost.base import ConstantComm
 
     fast = simulate(sched, cost, comm=ConstantComm(0.125))
-    with patch.object(engine, "compile_flat", return_value=None):
+    with patch.object(engine, "compile_fast", return_value=None):
         slow = simulate(sched, cost, comm=ConstantComm(0.125))
     assert fast.iteration_time == slow.iteration_time and fast.busy == slow.busy
     assert fast._times(0) == slow._times(0)

@@ -82,7 +82,7 @@ def v_placement(ranks: int) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class ActionColumns:
     """Every rank's actions as columns (what schedule generators of the common schedules emit, and
-    what :mod:`pipewright.sim.flat` reads without one Python object per action).
+    what :mod:`pipewright.sim.lowered_compile` reads without one Python object per action).
 
     Action i is ``Action(stage[i], kinds[kind[i]], microbatch[i] or None when −1)``, ranks one after
     another: rank r holds the ``lens[r]`` actions after those of ranks 0 … r − 1. The columns are

@@ -363,7 +363,7 @@ def _costed_schedule(
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipewright.sim.program import gc_paused
+    from pipewright.sim.compiled import gc_paused
 
     with gc_paused(freeze=True):  # the schedule's hundreds of thousands of actions hold no cycles
         return _run(args)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from pipewright.cost.base import CostModel
 from pipewright.ir import Action, Schedule
-from pipewright.sim.codes import varies_per_action
+from pipewright.sim.array_coding import varies_per_action
 
 
 def overlapped_pairs(schedule: Schedule) -> dict[Action, Action]:
@@ -61,7 +61,7 @@ class PairOverlapCost:
     communication to hide (x_F + x_B = 0, e.g. ep = 1) runs as two blocking actions, as the runtime
     runs it. It says so
     (:attr:`varies_per_action`), and the simulator then asks :meth:`compute_time` of every compute
-    action instead of once per (kind, stage) (:func:`pipewright.sim.codes.varies_per_action`).
+    action instead of once per (kind, stage) (:func:`pipewright.sim.array_coding.varies_per_action`).
     ``base``'s own times are asked once per (kind, stage, payload), as the simulator asks an ordinary
     cost model."""
 

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 from pipewright.ir import Action, Schedule
 from pipewright.passes.lower import lower
-from pipewright.sim.program import _COLLECTIVE, _COMPUTE, _RENDEZVOUS, _SEND, _Program
-from pipewright.sim.steps import StepTimes
+from pipewright.sim.compiled import COLLECTIVE, COMPUTE, RENDEZVOUS, SEND, Program
+from pipewright.sim.fast_loop import StepTimes
 
 if TYPE_CHECKING:  # imported where used: timelines are not every run's
     from pipewright.timeline import Timeline
@@ -25,7 +25,7 @@ class SimResult:
     ``bubble[r] = iteration_time − busy[r]``. ``peak_memory[r]``: static bytes + the highest running
     sum of activation bytes over the rank's compute actions. ``flops`` / ``model_flops``: per iteration
     (with / without recomputation). ``iteration_ends[k]``: when iteration k's last action finished.
-    ``source``: the schedule as given (or as lowered by the per-action path); :attr:`schedule`, the
+    ``source``: the schedule as given (or as lowered by the reference path); :attr:`schedule`, the
     lowered one, and the :attr:`timeline` (all iterations) are built on first access.
     """
 
@@ -41,12 +41,12 @@ class SimResult:
     model_flops: float
     _starts: list = field(repr=False, compare=False)  # per iteration, by global index (or StepTimes)
     _ends: list = field(repr=False, compare=False)  # read through _times
-    _program: _Program = field(repr=False, compare=False)
+    _program: Program = field(repr=False, compare=False)
 
     @cached_property
     def schedule(self) -> Schedule:
-        """The lowered schedule that was simulated (built on first access when the array path,
-        :mod:`pipewright.sim.flat`, simulated it without one)."""
+        """The lowered schedule that was simulated (built on first access when the fast path,
+        :mod:`pipewright.sim.lowered_compile`, simulated it without one)."""
         return lower(self.source)
 
     @property
@@ -83,9 +83,9 @@ class SimResult:
                 starts, ends = self._times(it)
                 for g, a in enumerate(row, first):
                     mode = prog.modes[g]
-                    if mode == _COMPUTE:
+                    if mode == COMPUTE:
                         spans.append(Span(rank, a, starts[g], ends[g], "compute", it))
-                    elif mode in (_SEND, _COLLECTIVE, _RENDEZVOUS) and prog.durs[g] > 0:
+                    elif mode in (SEND, COLLECTIVE, RENDEZVOUS) and prog.durs[g] > 0:
                         spans.append(Span(rank, a, starts[g], ends[g], "comm", it))
         meta = {
             "schedule": sched.name,

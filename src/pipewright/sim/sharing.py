@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from pipewright.errors import PipewrightError
-from pipewright.sim.program import _COLLECTIVE, _COMPUTE, _NOT_DONE, _SEND
+from pipewright.sim.compiled import COLLECTIVE, COMPUTE, NOT_DONE, SEND
 
 
 @dataclass(frozen=True)
@@ -137,84 +137,102 @@ def run_iteration_shared(
     link_free: list[float],
     shared: SharedCompute,
 ) -> tuple[list[float], list[float], Sequence[int]]:
-    """One iteration of the compiled program ``prog`` (``engine._Program``) in time order with
-    processor sharing. Same contract as ``per_action.run_iteration``: updates the clocks and stream/link
-    state, returns start and end times by global action index and each rank's final position (less
-    than its row length if the schedule deadlocks)."""
-    num_ranks = len(clock)
-    host = shared.host_of(num_ranks)
-    units = shared.units_per_host(num_ranks)
-    shared_hosts = len(shared.hosts)  # hosts beyond these are ranks with a unit of their own
-    reqs, modes, durs, links, offsets = prog.reqs, prog.modes, prog.durs, prog.links, prog.offsets
-    n_total = prog.missing
-    starts = [0.0] * n_total
-    ends = [_NOT_DONE] * (n_total + 1)
-    ptr = offsets[:-1]
-    t_rank = list(clock)
-    waiting: dict[int, list[int]] = {}
-    timers: list[tuple[float, int]] = []  # (time, rank): the rank resumes at that time
-    running: list[dict[int, float]] = [{} for _ in units]  # per host: action g → remaining cost
-    owner: dict[int, int] = {}  # running action g → its rank
-    now = 0.0
+    """One iteration of the compiled program ``prog`` (:class:`pipewright.sim.compiled.Program`) in
+    time order with processor sharing. Same contract as :func:`pipewright.sim.reference.run_iteration`:
+    updates the clocks and stream/link state, returns start and end times by global action index and
+    each rank's final position (less than its row length if the schedule deadlocks)."""
+    run = _SharedIteration(prog, clock, coll_free, link_free, shared)
+    for r in range(len(clock)):
+        heapq.heappush(run.timers, (clock[r], r))
+    while run.step():
+        pass
+    clock[:] = run.t_rank
+    run.ends.pop()
+    offsets = prog.offsets
+    return run.starts, run.ends, [run.ptr[r] - offsets[r] for r in range(len(clock))]
 
-    def advance(r: int) -> None:
+
+class _SharedIteration:
+    """The state of :func:`run_iteration_shared`: the time ``now``, each rank's position and clock, the
+    compute actions running on each host with their remaining cost, and the timers (time, rank) at
+    which a rank resumes."""
+
+    def __init__(self, prog, clock, coll_free, link_free, shared: SharedCompute) -> None:
+        num_ranks = len(clock)
+        self.prog, self.coll_free, self.link_free, self.shared = prog, coll_free, link_free, shared
+        self.host = shared.host_of(num_ranks)
+        self.units = shared.units_per_host(num_ranks)
+        self.shared_hosts = len(shared.hosts)  # hosts beyond these are ranks with a unit of their own
+        self.reqs = prog.reqs
+        self.starts = [0.0] * prog.missing
+        self.ends = [NOT_DONE] * (prog.missing + 1)
+        self.ptr = prog.offsets[:-1]
+        self.t_rank = list(clock)
+        self.waiting: dict[int, list[int]] = {}
+        self.timers: list[tuple[float, int]] = []  # (time, rank): the rank resumes at that time
+        self.running: list[dict[int, float]] = [{} for _ in self.units]  # per host: g → remaining cost
+        self.owner: dict[int, int] = {}  # running action g → its rank
+        self.now = 0.0
+
+    def advance(self, r: int) -> None:
         """Run rank r's actions from its position at ``now`` until it starts a compute or must wait."""
-        g, stop = ptr[r], offsets[r + 1]
+        prog, now, ends = self.prog, self.now, self.ends
+        g, stop = self.ptr[r], prog.offsets[r + 1]
         while g < stop:
-            t = max(t_rank[r], now)
-            for e in reqs[g]:
+            t = max(self.t_rank[r], now)
+            for e in self.reqs[g]:
                 te = ends[e]
                 if te < 0.0:
-                    waiting.setdefault(e, []).append(r)
-                    ptr[r] = g
+                    self.waiting.setdefault(e, []).append(r)
+                    self.ptr[r] = g
                     return
                 t = max(t, te)
             if t > now:
-                heapq.heappush(timers, (t, r))
-                ptr[r] = g
+                heapq.heappush(self.timers, (t, r))
+                self.ptr[r] = g
                 return
-            mode = modes[g]
-            if mode == _COMPUTE and durs[g] > 0.0:
-                starts[g] = now
-                running[host[r]][g] = durs[g]
-                owner[g] = r
-                ptr[r] = g
+            mode, dur = prog.modes[g], prog.durs[g]
+            if mode == COMPUTE and dur > 0.0:
+                self.starts[g] = now
+                self.running[self.host[r]][g] = dur
+                self.owner[g] = r
+                self.ptr[r] = g
                 return
-            if mode == _SEND:
-                link = links[g]
-                t0 = max(now, link_free[link])
-                end = link_free[link] = t0 + durs[g]
-            elif mode == _COLLECTIVE:
-                t0 = max(now, coll_free[r])
-                end = coll_free[r] = t0 + durs[g]
+            if mode == SEND:
+                link = prog.links[g]
+                t0 = max(now, self.link_free[link])
+                end = self.link_free[link] = t0 + dur
+            elif mode == COLLECTIVE:
+                t0 = max(now, self.coll_free[r])
+                end = self.coll_free[r] = t0 + dur
             else:  # zero-cost compute or a wait/marker
-                t0 = end = t_rank[r] = now
-            starts[g] = t0
-            finish(g, end)
+                t0 = end = self.t_rank[r] = now
+            self.starts[g] = t0
+            self.finish(g, end)
             g += 1
-        ptr[r] = g
+        self.ptr[r] = g
 
-    def finish(g: int, end: float) -> None:
-        ends[g] = end
-        for r in waiting.pop(g, ()):
-            heapq.heappush(timers, (max(end, now), r))
+    def finish(self, g: int, end: float) -> None:
+        self.ends[g] = end
+        for r in self.waiting.pop(g, ()):
+            heapq.heappush(self.timers, (max(end, self.now), r))
 
-    for r in range(num_ranks):
-        heapq.heappush(timers, (clock[r], r))
-    while True:
-        # the next moment something happens: a timer, or the first running action to finish
+    def step(self) -> bool:
+        """Go to the next moment something happens (a timer, or the first running action to finish) and
+        handle it; False when nothing is left."""
+        shared, units, running, timers = self.shared, self.units, self.running, self.timers
         t_next = timers[0][0] if timers else float("inf")
         rates = [
-            (shared.rate(len(jobs), units[h]) if h < shared_hosts else 1.0) if jobs else 0.0
+            (shared.rate(len(jobs), units[h]) if h < self.shared_hosts else 1.0) if jobs else 0.0
             for h, jobs in enumerate(running)
         ]
         for h, jobs in enumerate(running):
             if jobs:
-                t_next = min(t_next, now + min(jobs.values()) / rates[h])
+                t_next = min(t_next, self.now + min(jobs.values()) / rates[h])
         if t_next == float("inf"):
-            break
-        dt = t_next - now
-        now = t_next
+            return False
+        dt = t_next - self.now
+        self.now = now = t_next
         done: list[int] = []
         for h, jobs in enumerate(running):
             if not jobs:
@@ -223,26 +241,23 @@ def run_iteration_shared(
             for g in jobs:
                 left = jobs[g] - work
                 # relative tolerance: the finishing action's own remainder rounds to ~0
-                if left <= 1e-12 * max(1.0, durs[g]):
+                if left <= 1e-12 * max(1.0, self.prog.durs[g]):
                     done.append(g)
                 else:
                     jobs[g] = left
             for g in done:
                 jobs.pop(g, None)
         for g in sorted(done):
-            r = owner.pop(g)
-            t_rank[r] = now
-            finish(g, now)
-            ptr[r] = g + 1
+            r = self.owner.pop(g)
+            self.t_rank[r] = now
+            self.finish(g, now)
+            self.ptr[r] = g + 1
             heapq.heappush(timers, (now, r))
         while timers and timers[0][0] <= now:
             _, r = heapq.heappop(timers)
-            if ptr[r] < offsets[r + 1] and ptr[r] not in owner:
-                advance(r)
-    for r in range(num_ranks):
-        clock[r] = t_rank[r]
-    ends.pop()
-    return starts, ends, [ptr[r] - offsets[r] for r in range(num_ranks)]
+            if self.ptr[r] < self.prog.offsets[r + 1] and self.ptr[r] not in self.owner:
+                self.advance(r)
+        return True
 
 
 def makespan_together(works: Sequence[float], shared: SharedCompute, host: int = 0) -> float:

@@ -1,10 +1,10 @@
-"""The integer coding the simulator's array paths share (:mod:`pipewright.sim.flat` over the lowered
-actions, :mod:`pipewright.sim.folded` over the compute actions): an action is three integers — stage s,
-kind c (its index in the schedule's registry) and microbatch k (−1 for per-stage actions) — and an
-event ``(kind, s, k, None)`` the key ``(c·S + s)·(m + 1) + k + 1`` into a table of producers. Here too:
-the schedule's columns with their checks, where lowering attaches transfers, and the costs of compute
-actions and transfers, asked once per (kind, stage) and (kind, stage, destination) of the first such
-action — or, for a cost model that declares its compute times vary per action
+"""The integer coding the fast path's two compiles share (:mod:`pipewright.sim.compute_compile` over the
+compute actions, :mod:`pipewright.sim.lowered_compile` over the lowered actions): an action is three
+integers — stage s, kind c (its index in the schedule's registry) and microbatch k (−1 for per-stage
+actions) — and an event ``(kind, s, k, None)`` the key ``(c·S + s)·(m + 1) + k + 1`` into a table of
+producers. Here too: the schedule's columns with their checks, where lowering attaches transfers, and
+the costs of compute actions and transfers, asked once per (kind, stage) and (kind, stage, destination)
+of the first such action — or, for a cost model that declares its compute times vary per action
 (:func:`varies_per_action`), the compute time of every compute action.
 """
 
@@ -18,8 +18,8 @@ import numpy as np
 
 from pipewright.deps import Term
 from pipewright.ir import Action, Schedule
+from pipewright.sim.compiled import COMPUTE
 from pipewright.sim.memory import transient_of
-from pipewright.sim.program import _COMPUTE
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -32,7 +32,7 @@ MAX_KEYS = 1 << 26
 #: Integer type of the action columns and indices (every key is below MAX_KEYS, every index below
 #: the action count): half the memory of int64, and fewer page faults.
 INDEX = np.int32
-#: Most lowered actions the array path takes (indices stay int32).
+#: Most lowered actions the fast path takes (indices stay int32).
 MAX_ACTIONS = 1 << 28
 
 
@@ -49,18 +49,18 @@ def _dense(keys, size: int):
     return len(firsts), index[keys], firsts
 
 
-def _repeats(keys, size: int) -> bool:
+def repeats(keys, size: int) -> bool:
     """Whether some of the non-negative integer ``keys`` (below ``size``) occurs twice."""
     seen = np.zeros(size, bool)
     seen[keys] = True
     return int(np.count_nonzero(seen)) != len(keys)
 
 
-class _Decline(Exception):
-    """The schedule is not one for the array path (the per-action path decides)."""
+class Decline(Exception):
+    """The schedule is not one for this compile (the next one, or the reference path, decides)."""
 
 
-class _Codes:
+class Coding:
     """The integer coding of one schedule: stages S, microbatches m, kinds by registry index."""
 
     def __init__(self, schedule: Schedule) -> None:
@@ -73,7 +73,7 @@ class _Codes:
     def kind(self, name: str) -> int:
         c = self.code.get(name)
         if c is None:
-            raise _Decline
+            raise Decline
         return c
 
     def key(self, c, s, k):
@@ -83,11 +83,11 @@ class _Codes:
     def event_key(self, event: tuple) -> int:
         kind, s, k, p = event
         if p is not None or type(s) is not int or not 0 <= s < self.S:
-            raise _Decline
+            raise Decline
         if k is None:
             k = -1
         elif type(k) is not int or not 0 <= k < self.M:
-            raise _Decline
+            raise Decline
         return self.key(self.kind(kind), s, k)
 
     def term(self, term: Term, g, s, k):
@@ -99,37 +99,37 @@ class _Codes:
         inside = (src >= 0) & (src < self.S)
         if term.receive is None:  # unconditional: a receive's matching send
             if not inside.all():
-                raise _Decline
+                raise Decline
             return g, self.key(c, src, k)
         g, s, k, src = g[inside], s[inside], k[inside], src[inside]
         cross = self.place[src] != self.place[s]
         keys = self.key(c, src, k)
-        if cross.any():  # the array path works on the lowered schedule
+        if cross.any():  # (the lowered schedule: the receive)
             keys[cross] = self.key(self.kind(term.receive), s[cross], k[cross])
         return g, keys
 
 
-def _columns(schedule: Schedule, codes: _Codes):
+def schedule_columns(schedule: Schedule, codes: Coding):
     """Stage, kind code, microbatch and rank of every action, as arrays; the actions per rank."""
     cols = schedule.columns
     if cols is not None:  # a generator's columns: no action objects at all
         try:
             lut = [codes.code[name] for name in cols.kinds]
         except KeyError:
-            raise _Decline from None
+            raise Decline from None
         kc = cols.kind if lut == list(range(len(lut))) else np.array(lut, INDEX)[cols.kind]
         st, mb, lens = cols.stage, cols.microbatch, cols.lens.tolist()
     else:
         kc, st, mb, lens = _action_columns(schedule, codes)
     if not len(kc):
-        raise _Decline
+        raise Decline
     if len(kc) > MAX_ACTIONS or len(codes.specs) * codes.S * (codes.M + 1) > MAX_KEYS:
-        raise _Decline
+        raise Decline
     rank = np.repeat(np.arange(len(lens), dtype=INDEX), lens)
     if st.min() < 0 or st.max() >= codes.S or mb.min() < -1 or mb.max() >= codes.M:
-        raise _Decline
+        raise Decline
     if (codes.place[st] != rank).any():
-        raise _Decline
+        raise Decline
     # per_microbatch: 1 must name a microbatch, 0 must not (checked per action only when both occur)
     per_mb = np.array(
         [2 if s.per_microbatch is None else int(s.per_microbatch) for s in codes.specs], np.int8
@@ -138,42 +138,42 @@ def _columns(schedule: Schedule, codes: _Codes):
     if given is None or given is False:
         kinds = np.flatnonzero(np.bincount(kc, minlength=len(codes.specs)))
         if (per_mb[kinds] == (0 if given is None else 1)).any():
-            raise _Decline
+            raise Decline
     else:
         pm = per_mb[kc]
         if ((pm == 1) & ~given).any() or ((pm == 0) & given).any():
-            raise _Decline
+            raise Decline
     kc, st, mb = kc.astype(INDEX, copy=False), st.astype(INDEX, copy=False), mb.astype(INDEX, copy=False)
     return kc, st, mb, rank, np.array(lens, dtype=np.int64)
 
 
-def _action_columns(schedule: Schedule, codes: _Codes):
+def _action_columns(schedule: Schedule, codes: Coding):
     """Kind code, stage and microbatch columns of a schedule given as action tuples; the row lengths."""
     lens = [len(row) for row in schedule.actions]
     n = sum(lens)
     if n == 0:
-        raise _Decline
+        raise Decline
     flat = list(chain.from_iterable(schedule.actions))
     # one column at a time (itemgetter) — several times faster than zip(*flat) over 10⁵–10⁶ tuples
     mbs = list(map(itemgetter(2), flat))
     if list(map(itemgetter(3), flat)).count(None) != n or -1 in mbs:
-        raise _Decline
+        raise Decline
     if None in mbs:
         mbs = [-1 if k is None else k for k in mbs]
     try:
         kc = np.fromiter(map(codes.code.__getitem__, map(itemgetter(1), flat)), np.int64, n)
     except (KeyError, TypeError):
-        raise _Decline from None
+        raise Decline from None
     st, mb = np.array(list(map(itemgetter(0), flat))), np.array(mbs)
     if st.dtype.kind != "i" or mb.dtype.kind != "i":
-        raise _Decline  # not all integers
+        raise Decline  # not all integers
     return kc, st, mb, lens
 
 
-def _compute_costs(codes: _Codes, sched: Schedule, cost: CostModel, kc, st, mb, rank, modes, offsets):
+def compute_costs(codes: Coding, sched: Schedule, cost: CostModel, kc, st, mb, rank, modes, offsets):
     """Durations of compute actions; per rank the busy time and the activation peak; FLOPs."""
     durs = np.zeros(len(kc))
-    comp = np.flatnonzero(modes == _COMPUTE)
+    comp = np.flatnonzero(modes == COMPUTE)
     _, inverse, firsts = _dense(kc[comp] * codes.S + st[comp], len(codes.specs) * codes.S)
     table = cost_table(codes, sched, cost, kc, st, mb, comp[firsts].tolist())
     time, flop, model_flop, act = (column[inverse] for column in table[:, :4].T)  # contiguous columns
@@ -204,7 +204,7 @@ def varies_per_action(cost: object) -> bool:
     return getattr(cost, "varies_per_action", False) is True
 
 
-def action_times(codes: _Codes, sched: Schedule, cost: CostModel, kc, st, mb, index):
+def action_times(codes: Coding, sched: Schedule, cost: CostModel, kc, st, mb, index):
     """``cost.compute_time`` of each of the actions ``index`` (positions in the columns), one call each,
     as a float64 array (for a cost model that :func:`varies_per_action`)."""
     names = codes.names
@@ -215,7 +215,7 @@ def action_times(codes: _Codes, sched: Schedule, cost: CostModel, kc, st, mb, in
     return out
 
 
-def cost_table(codes: _Codes, sched: Schedule, cost: CostModel, kc, st, mb, firsts: list[int]):
+def cost_table(codes: Coding, sched: Schedule, cost: CostModel, kc, st, mb, firsts: list[int]):
     """(compute time, FLOPs, model FLOPs, activation bytes, transient bytes) of the actions
     ``firsts``, one row each (transient: :func:`~pipewright.sim.memory.transient_of`)."""
     table = np.empty((len(firsts), 5))
@@ -232,13 +232,13 @@ def cost_table(codes: _Codes, sched: Schedule, cost: CostModel, kc, st, mb, firs
     return table
 
 
-def cost_sums(codes: _Codes, sched: Schedule, cost: CostModel, columns: Callable, cuts: list[int]):
+def cost_sums(codes: Coding, sched: Schedule, cost: CostModel, columns: Callable, cuts: list[int]):
     """Per rank the busy time and the memory peak (static bytes + the highest over actions of the
     running sum of activation bytes, or of the sum before the action + its transient), and the FLOPs
     and model FLOPs of the compute actions, ``columns(lo, hi)`` giving (time, FLOPs, model FLOPs,
     activation bytes, transient bytes or None when all are 0) of the actions ``lo`` … ``hi − 1``
     (rank r's: ``cuts[r]`` … ``cuts[r + 1] − 1``) in program order — sequential sums
-    (``np.cumsum``; the FLOPs carried from rank to rank), exactly as the per-action path adds them.
+    (``np.cumsum``; the FLOPs carried from rank to rank), exactly as the reference path adds them.
     Ranks of equal length are summed as the rows of one array (a cumulative sum along a row is as
     sequential)."""
     ranks = len(cuts) - 1
@@ -290,7 +290,7 @@ def _carried_sum(total: float | None, values) -> float:
     return float(np.cumsum(np.concatenate(((total,), values)))[-1])
 
 
-def cross_table(codes: _Codes, spec: KindSpec):
+def cross_table(codes: Coding, spec: KindSpec):
     """A mask over (kind, stage) pairs (``kind·S + stage``): the point-to-point kind ``spec`` attaches
     to that kind (its ``attach``), and its peer stage exists and sits on another rank — where lowering
     places it."""
@@ -304,7 +304,7 @@ def cross_table(codes: _Codes, spec: KindSpec):
     return table.ravel()
 
 
-def attached(codes: _Codes, kc, st) -> list[tuple[int, KindSpec, object]]:
+def attached(codes: Coding, kc, st) -> list[tuple[int, KindSpec, object]]:
     """Per point-to-point kind that attaches to some kind: (its code, its spec, a mask of the actions
     lowering places it next to — :func:`cross_table` of each action's kind and stage), in registry
     order."""
@@ -316,7 +316,7 @@ def attached(codes: _Codes, kc, st) -> list[tuple[int, KindSpec, object]]:
     ]
 
 
-def transfer_links(codes: _Codes, sched: Schedule, cost: CostModel, comm: CommModel, kc, st, mb, src, dest):
+def transfer_links(codes: Coding, sched: Schedule, cost: CostModel, comm: CommModel, kc, st, mb, src, dest):
     """Of sends in program order (kind codes, stages, microbatches, source ranks, destination ranks −
     −1 when nobody receives them, which then stay on the sender's own link, free): (each send's link —
     one FIFO link per (source rank, destination rank), numbered in order of first use —, the number of

@@ -4,18 +4,22 @@ A lowered schedule whose ranks run groups of the form *receives, one compute act
 lowering makes of every compute-only schedule: receives right before, sends right after the action
 they serve) is simulated one compute action at a time instead of one lowered action at a time:
 
-- a receive (a marker, ``_WAIT``) takes no time; it ends at max(rank clock, its send's end), so the
+- a receive (a marker, ``WAIT``) takes no time; it ends at max(rank clock, its send's end), so the
   compute action after it starts at max(rank clock, the ends of its receives' sends, the ends of its
-  own cross-rank requirements) — the same maximum the per-action loop takes in two steps;
+  own cross-rank requirements) — the same maximum the reference loop takes in two steps;
 - a send issued right after compute action c starts at max(end of c, its link's free time) and ends
   ``p2p_time`` later (each directed rank pair a FIFO link, in the sender's program order — the order
-  the steps visit them), exactly as in :func:`pipewright.sim.per_action.run_iteration`.
+  the steps visit them), exactly as in :func:`pipewright.sim.reference.run_iteration`;
+- a collective of the rank's own stream (a dp or tp reduction: copies of the rank) is such a send on
+  the link ``num_links + rank``, the rank's collective stream: the reference loop starts it at max(the
+  rank's clock, the stream's free time) and does not hold the rank either.
 
 The receives' own times (the running maximum of the rank's clock and their sends' ends) are filled in
 afterwards over arrays (:func:`expand`). Only max and the same additions in the same order are taken,
-so every start and end is bit-for-bit the per-action loop's. Anything else — collectives, markers
-with several requirements, a send with requirements of its own, a receive not followed by a compute
-action, negative durations — keeps the per-action loop (:func:`compute_steps` returns None).
+so every start and end is bit-for-bit the reference loop's. Anything else — collectives across
+pipeline ranks, markers with several requirements, a send or collective with requirements of its own,
+a receive not followed by a compute action, negative durations — keeps the reference loop
+(:func:`compute_steps` returns None).
 
 **Free transfers** (every send lasts 0, as with unit costs and free communication): a send then ends
 when the compute action that issues it ends — its link is never behind its sender, since the link's
@@ -23,7 +27,7 @@ last transfer ended at an earlier clock of the same rank (checked at the start o
 every link's free time is at most its source rank's clock) and a rank's clock never goes back. So
 the loop takes one event per compute action (:class:`Folded`: a requirement on a send is one on the
 compute action that issues it) and sets each link's free time to its last send's end afterwards;
-``t + 0.0`` is ``t``, so the times are again bit-for-bit the per-action loop's.
+``t + 0.0`` is ``t``, so the times are again bit-for-bit the reference loop's.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from pipewright.sim.program import _COMPUTE, _SEND, _WAIT, first_missing, one_or_several
+from pipewright.sim.compiled import COLLECTIVE, COMPUTE, SEND, WAIT, first_missing, one_or_several
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -84,15 +88,15 @@ class Steps:
 
 @dataclass(frozen=True)
 class FoldedSteps:
-    """The folded steps of a schedule compiled from its compute actions (:mod:`pipewright.sim.folded`):
-    ``cuts`` and ``dur`` (compute actions only) as :class:`Steps`' and the :class:`Folded` form; the
-    steps over the lowered actions come from ``lowered.program`` (compiled on first use), for the
-    unfolded loop and for :func:`expand`."""
+    """The folded steps of a schedule compiled from its compute actions
+    (:mod:`pipewright.sim.compute_compile`): ``cuts`` and ``dur`` (compute actions only) as
+    :class:`Steps`' and the :class:`Folded` form; the steps over the lowered actions come from
+    ``lowered.program`` (compiled on first use), for the unfolded loop and for :func:`expand`."""
 
     cuts: list[int]
     dur: Any
     folded: Folded
-    lowered: Any  # pipewright.sim.folded._Lowered
+    lowered: Any  # pipewright.sim.compute_compile._Lowered
 
     def lowered_steps(self) -> Steps:
         """The steps over the lowered actions (the lowered program compiled on first call)."""
@@ -111,12 +115,15 @@ class Folded:
     link_last: list[tuple[int, int]]
 
 
-def compute_steps(modes, durs, links, rg, need, offsets: list[int]) -> Steps | None:
+def compute_steps(modes, durs, links, rg, need, offsets: list[int], num_links: int) -> Steps | None:
     """The compute-only form of a compiled program's arrays (requirements as (consumer, producer)
     pairs, own-rank earlier compute/marker producers already left out), or None when it does not
-    apply."""
+    apply. A collective of the rank's own stream (dp or tp copies of the rank) is a send on the link
+    ``num_links + rank``: issued when its rank reaches it, it starts when its stream is free and does
+    not hold the rank — a send's rule (:func:`pipewright.sim.reference.run_iteration`)."""
     n = len(modes)
-    is_c, is_s, is_w = modes == _COMPUTE, modes == _SEND, modes == _WAIT
+    is_coll = modes == COLLECTIVE
+    is_c, is_s, is_w = modes == COMPUTE, (modes == SEND) | is_coll, modes == WAIT
     if not n or not (is_c | is_s | is_w).all() or not (durs >= 0).all():
         return None
     comp, sends, waits = np.flatnonzero(is_c), np.flatnonzero(is_s), np.flatnonzero(is_w)
@@ -136,6 +143,10 @@ def compute_steps(modes, durs, links, rg, need, offsets: list[int]) -> Steps | N
     if np.count_nonzero(marked) != np.count_nonzero(by_wait):
         return None  # a marker with several requirements
     count = len(comp)
+    if is_coll.any():  # each rank's collective stream: a link after the point-to-point ones
+        links = links.copy()
+        coll = np.flatnonzero(is_coll)
+        links[coll] = num_links + np.searchsorted(offsets, coll, side="right") - 1
     # of a compute action its own step, of a send the step it follows
     step = np.cumsum(is_c, dtype=need.dtype) - 1
     event = step.copy()  # (receives: never an event)
@@ -172,13 +183,13 @@ def _fold(in1, in_extra, send_step, send_link, sends, offsets: list[int], count:
         j: tuple(e if e < count else int(send_step[e - count]) for e in events)
         for j, events in in_extra.items()
     }
-    src, link_last = link_lasts(
+    src, link_last = _link_lasts(
         send_link, send_step, lambda first: np.searchsorted(offsets, sends[first], side="right") - 1
     )
     return Folded(f_in1, f_extra, src, link_last)
 
 
-def link_lasts(send_link, send_step, source: Callable) -> tuple[list[int], list[tuple[int, int]]]:
+def _link_lasts(send_link, send_step, source: Callable) -> tuple[list[int], list[tuple[int, int]]]:
     """Of sends in program order (their links and the steps they follow): each link's source rank —
     ``source(i)`` of sends i, the first of each link — and (link, step of its last send) per used link
     (:attr:`Folded.link_src`, :attr:`Folded.link_last`)."""

@@ -1,6 +1,8 @@
-"""The simulator's array path (``sim/flat.py``) against its per-action path (``deps.resolve``, the
-validator, ``per_action.compile_actions``): on valid schedules the same lowered schedule, program, times and
-metrics; on broken ones the same verdict — the same result, or the same error and message."""
+"""The simulator's fast path (``engine.compile_fast``: ``sim/compute_compile.py``, ``sim/lowered_compile.py``;
+the loop of ``sim/fast_loop.py``) against its reference path (``sim/reference.py``: lowering,
+``deps.resolve``, the validator, one lowered action at a time): on valid schedules the same lowered
+schedule, program, times and metrics, to the bit; on broken ones the same verdict — the same result, or
+the same error and message."""
 
 from __future__ import annotations
 
@@ -28,10 +30,10 @@ from pipewright.passes.grad_reduce import with_grad_reduction
 from pipewright.passes.lower import lower
 from pipewright.schedules import build_schedule, schedule_names
 from pipewright.schedules.classic import interleaved_warmup, megatron_order
-from pipewright.sim import engine, flat
-from pipewright.sim import steps as steps_mod
+from pipewright.sim import engine, fast_loop
+from pipewright.sim.compute_compile import ComputeProgram
 from pipewright.sim.engine import SimResult, simulate
-from pipewright.sim.folded import FoldedProgram
+from pipewright.sim.pair_overlap import PairOverlapCost
 
 LIBRARY = library_schedules()
 NAMES = schedule_names(LIBRARY)
@@ -74,7 +76,7 @@ def _run(schedule: Schedule, cost, comm, *, validate: bool, iterations: int = 1)
 
 def _both(schedule: Schedule, cost, comm, *, validate: bool, iterations: int = 1):
     fast = _run(schedule, cost, comm, validate=validate, iterations=iterations)
-    with patch.object(engine, "compile_flat", return_value=None):  # the per-action path only
+    with patch.object(engine, "compile_fast", return_value=None):  # the reference path only
         slow = _run(schedule, cost, comm, validate=validate, iterations=iterations)
     return fast, slow
 
@@ -105,10 +107,10 @@ def _assert_same(fast, slow) -> None:
     [("1f1b", 4, 8, None), ("interleaved-1f1b", 4, 8, 2), ("zb-h1", 4, 8, None), ("zbv", 4, 8, None)],
 )
 @pytest.mark.parametrize("costs", sorted(COSTS))
-def test_library_schedules_take_the_array_path_and_agree(name, p, m, v, costs):
+def test_library_schedules_take_the_fast_path_and_agree(name, p, m, v, costs):
     sched = build_schedule(name, p, m, v, registry=LIBRARY)
     cost, comm = COSTS[costs]
-    assert flat.compile_flat(sched, cost, comm) is not None  # not declined: the test is not vacuous
+    assert engine.compile_fast(sched, cost, comm) is not None  # not declined: the test is not vacuous
     fast, slow = _both(sched, cost, comm, validate=True, iterations=2)
     _assert_same(fast, slow)
     assert fast.timeline.spans == slow.timeline.spans
@@ -118,16 +120,16 @@ def test_per_stage_kinds_go_through_their_own_rules():
     """REDUCE_GRAD (a dp collective whose rule is a plain function) is resolved per action."""
     sched = with_grad_reduction(build_schedule("1f1b", 4, 6, registry=LIBRARY), "overlap")
     cost, comm = COSTS["links"]
-    assert flat.compile_flat(sched, cost, comm) is not None
+    assert engine.compile_fast(sched, cost, comm) is not None
     _assert_same(*_both(sched, cost, comm, validate=True))
 
 
 def test_feature_kinds_agree():
-    """Vocabulary collectives span the pipeline: the array path declines and the results are the same."""
+    """Vocabulary collectives span the pipeline: the fast path declines and the results are the same."""
     base = build_schedule("1f1b", 4, 8)
     unit = UnitCost(per_chunk=True, times={"F": 1.0, "B": 2.0, "VS": 0.25, "VT": 0.25, "VEF": 0.01})
     sched = insert_vocab(base, "alg1", PlacementCosts(lambda a: 1.0 if a.kind in "FBIW" else 0.25))
-    assert flat.compile_flat(sched, unit, FreeComm()) is None
+    assert engine.compile_fast(sched, unit, FreeComm()) is None
     _assert_same(*_both(sched, unit, FreeComm(), validate=True))
 
 
@@ -174,7 +176,7 @@ def cases(draw):
 
 @settings(max_examples=250, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(cases())
-def test_array_path_agrees_with_the_per_action_path(case):
+def test_fast_path_agrees_with_the_reference_path(case):
     sched, costs, validate = case
     cost, comm = COSTS[costs]
     _assert_same(*_both(sched, cost, comm, validate=validate))
@@ -241,8 +243,8 @@ TIMES = st.fixed_dictionaries({k: st.sampled_from([0.0, 0.3, 1.0, 1.7, 2.5]) for
     st.booleans(),
 )
 def test_compute_only_loop_agrees_bit_for_bit(name, p, m, v, times, links, iterations, barrier):
-    """The compute-only loop (sim/steps.py) gives every action's start and end, the iteration ends,
-    busy, bubble and memory exactly as the per-action loop, on every library schedule, with free and
+    """The compute-only loop (sim/fast_loop.py) gives every action's start and end, the iteration ends,
+    busy, bubble and memory exactly as the reference loop, on every library schedule, with free and
     with pair-dependent transfers (links shared FIFO), over several iterations with and without the
     step barrier."""
     try:
@@ -251,14 +253,14 @@ def test_compute_only_loop_agrees_bit_for_bit(name, p, m, v, times, links, itera
         reject()
     cost = MessageCost(times=times) if links else UnitCost(per_chunk=True, times=times)
     comm = PairComm() if links else FreeComm()
-    compiled = flat.compile_flat(sched, cost, comm)
+    compiled = engine.compile_fast(sched, cost, comm)
     assert compiled is not None and compiled[0].steps is not None  # the compute-only loop runs it
     if not links and not name.startswith("async"):  # free transfers, every rule data
-        assert isinstance(compiled[0], FoldedProgram)  # compiled from the compute actions alone
+        assert isinstance(compiled[0], ComputeProgram)  # compiled from the compute actions alone
     fast = simulate(sched, cost, comm=comm, iterations=iterations, step_barrier=barrier)
-    with patch.object(engine, "compile_flat", partial(flat.compile_flat, fold=False)):
+    with patch.object(engine, "compile_fast", partial(engine.compile_fast, fold=False)):
         lowered = simulate(sched, cost, comm=comm, iterations=iterations, step_barrier=barrier)
-    with patch.object(engine, "compile_flat", return_value=None):
+    with patch.object(engine, "compile_fast", return_value=None):
         slow = simulate(sched, cost, comm=comm, iterations=iterations, step_barrier=barrier)
     _assert_same(fast, slow)
     _assert_same(lowered, slow)
@@ -276,7 +278,7 @@ def test_several_receives_and_sends_around_one_compute_action():
     sched = Schedule.build("by-hand", 2, [[Action(*a) for a in row] for row in rows], (0, 1))
     sched = sched.with_actions(sched.actions, lowered=True)
     cost, comm = COSTS["links"]
-    steps = flat.compile_flat(sched, cost, comm)[0].steps
+    steps = engine.compile_fast(sched, cost, comm)[0].steps
     assert len(steps.in_extra) == 2 and len(steps.post_extra) == 2
     _assert_same(*_both(sched, cost, comm, validate=True, iterations=2))
 
@@ -299,22 +301,22 @@ def test_free_transfers_fold_into_their_compute_actions():
     """With free transfers the loop takes one event per compute action (sends folded into the action
     that issues them); a link ahead of its source rank's clock keeps the unfolded loop. Both give the
     unfolded loop's ends, clocks and link free times — and so do the steps compiled from the compute
-    actions alone (sim/folded.py), whose lowered steps are built only for the unfolded loop and the
+    actions alone (sim/compute_compile.py), whose lowered steps are built only for the unfolded loop and the
     expansion to every lowered action."""
     sched = build_schedule("interleaved-1f1b", 4, 8, 2, registry=LIBRARY)
-    steps = flat.compile_flat(sched, *COSTS["unit"], fold=False)[0].steps
-    compute_level = flat.compile_flat(sched, *COSTS["unit"])[0].steps
-    assert isinstance(compute_level, steps_mod.FoldedSteps) and steps.folded is not None
+    steps = engine.compile_fast(sched, *COSTS["unit"], fold=False)[0].steps
+    compute_level = engine.compile_fast(sched, *COSTS["unit"])[0].steps
+    assert isinstance(compute_level, fast_loop.FoldedSteps) and steps.folded is not None
     unfolded = replace(steps, folded=None)
     links = len(steps.folded.link_src)
     for clock, link_free in (([0.0] * 4, [0.0] * links), ([3.0, 1.0, 2.0, 0.0], [5.0] * links)):
-        folded_out = steps_mod.run_steps(steps, clock, link_free)
+        folded_out = fast_loop.run_steps(steps, clock, link_free)
         assert len(folded_out[0]) == (len(steps.comp) if max(link_free) == 0.0 else len(steps.dur))
-        full = steps_mod.run_steps(unfolded, clock, link_free)
-        from_compute = steps_mod.run_steps(compute_level, clock, link_free)
+        full = fast_loop.run_steps(unfolded, clock, link_free)
+        from_compute = fast_loop.run_steps(compute_level, clock, link_free)
         assert from_compute == folded_out
         times = [
-            steps_mod.StepTimes(s, out[0], clock, link_free).expand()
+            fast_loop.StepTimes(s, out[0], clock, link_free).expand()
             for s, out in ((steps, folded_out), (unfolded, full), (compute_level, from_compute))
         ]
         assert times[0] == times[1] == times[2] and folded_out[1:] == full[1:]
@@ -325,16 +327,16 @@ def test_several_ranks_waiting_for_one_event():
     import numpy as np
 
     none = np.full(6, -1, np.int32)
-    steps = steps_mod.Steps(
+    steps = fast_loop.Steps(
         comp=np.arange(6), sends=np.arange(0), waits=np.arange(0), wait_in=np.arange(0),
         cuts=[0, 2, 4, 6], in1=np.array([4, -1, 0, -1, -1, 0], np.int32), in_extra={},
         dur=np.array([1.0, 2.0, 0.5, 1.5, 0.25, 3.0]), link=none, send_step=np.arange(0),
         offsets=[0, 2, 4, 6],
     )  # fmt: skip
-    folded = replace(steps, folded=steps_mod.Folded(steps.in1, {}, [], []))
+    folded = replace(steps, folded=fast_loop.Folded(steps.in1, {}, [], []))
     expected = ([0.25 + 1.0, 3.25, 1.25 + 0.5, 3.25, 0.25, 4.25], [3.25, 3.25, 4.25], [])
-    assert steps_mod.run_steps(steps, [0.0] * 3, []) == expected
-    assert steps_mod.run_steps(folded, [0.0] * 3, []) == expected
+    assert fast_loop.run_steps(steps, [0.0] * 3, []) == expected
+    assert fast_loop.run_steps(folded, [0.0] * 3, []) == expected
 
 
 def test_a_step_waiting_for_several_events():
@@ -342,13 +344,53 @@ def test_a_step_waiting_for_several_events():
     the folded loop takes the same maximum as the unfolded one."""
     import numpy as np
 
-    steps = steps_mod.Steps(
+    steps = fast_loop.Steps(
         comp=np.arange(6), sends=np.arange(0), waits=np.arange(0), wait_in=np.arange(0),
         cuts=[0, 2, 4, 6], in1=np.array([4, -1, 0, -2, -1, 0], np.int32), in_extra={3: (4, 1)},
         dur=np.array([1.0, 2.0, 0.5, 1.5, 0.25, 3.0]), link=np.full(6, -1, np.int32),
         send_step=np.arange(0), offsets=[0, 2, 4, 6],
     )  # fmt: skip
-    folded = replace(steps, folded=steps_mod.Folded(steps.in1, steps.in_extra, [], []))
+    folded = replace(steps, folded=fast_loop.Folded(steps.in1, steps.in_extra, [], []))
     expected = ([1.25, 3.25, 1.75, 3.25 + 1.5, 0.25, 4.25], [3.25, 4.75, 4.25], [])
-    assert steps_mod.run_steps(steps, [0.0] * 3, []) == expected
-    assert steps_mod.run_steps(folded, [0.0] * 3, []) == expected
+    assert fast_loop.run_steps(steps, [0.0] * 3, []) == expected
+    assert fast_loop.run_steps(folded, [0.0] * 3, []) == expected
+
+
+def _registered(name: str) -> Schedule:
+    """``name`` at p = 4, m = 8 (with v = 2 where the schedule takes chunks)."""
+    for v in (None, 2):
+        try:
+            return build_schedule(name, 4, 8, v, registry=LIBRARY)
+        except PipewrightError:
+            continue
+    raise AssertionError(f"{name}: no shape of p = 4, m = 8 builds")
+
+
+def _pairs_cost() -> PairOverlapCost:
+    """Per-action compute times (F&B pairs overlapped where a schedule marks them, each action costed on
+    its own everywhere): the cost model path that asks every compute action."""
+    base = UnitCost(per_chunk=True, times={"F": 1.0, "B": 2.0, "I": 1.25, "W": 0.75})
+    return PairOverlapCost(base, lambda a, s: {"F": 0.5, "B": 0.75, "I": 0.5}.get(a.kind, 0.0))
+
+
+@pytest.mark.parametrize("variant", ["unit", "links", "pairs", "reduce", "reduce-free"])
+@pytest.mark.parametrize("name", NAMES)
+def test_every_registered_schedule_fast_path_equals_reference(name, variant):
+    """On every registered schedule the fast path (compile_fast + the compute-only loop, where they
+    apply) and the reference path (lowering, ``deps.resolve``, one lowered action at a time) give the
+    same program, every action's start and end, iteration ends, busy, bubble, FLOPs and memory, to the
+    bit: with free transfers, with rank-pair-dependent ones, with per-action costs (overlapped F&B
+    pairs), and with a data-parallel gradient reduction (overlapped with the backward, with rank-pair
+    transfers; after it, free)."""
+    sched = _registered(name)
+    cost, comm = COSTS.get(variant, COSTS["links"])
+    if variant == "pairs":
+        cost, comm = _pairs_cost(), FreeComm()
+    elif variant.startswith("reduce"):  # a dp collective per stage (as sends on the rank's stream)
+        sched = with_grad_reduction(sched, "overlap" if variant == "reduce" else "after")
+        cost, comm = COSTS["links" if variant == "reduce" else "unit"]
+    compiled = engine.compile_fast(sched, cost, comm)
+    assert compiled is not None  # the fast path takes every registered schedule: the test is not vacuous
+    assert compiled[0].steps is not None  # and the compute-only loop runs it (collectives: as sends)
+    fast, slow = _both(sched, cost, comm, validate=True, iterations=2)
+    _assert_same(fast, slow)

@@ -1,8 +1,10 @@
 """The compiled form of a lowered schedule that the simulator's event loop runs.
 
-Both compilers produce it: :func:`pipewright.sim.per_action.compile_actions` from the per-action dependency
-resolution (:func:`pipewright.deps.resolve`) and :func:`pipewright.sim.flat.compile_flat` from integer
-arrays. Actions are numbered globally, rank by rank: ``g = offsets[rank] + position``.
+Both paths compile to it: the reference (:func:`pipewright.sim.reference.compile_actions`, from the
+per-action dependency resolution :func:`pipewright.deps.resolve`) and the fast path
+(:func:`pipewright.sim.lowered_compile.compile_lowered`, from integer arrays). Actions are numbered
+globally, rank by rank: ``g = offsets[rank] + position``. Also here: the action modes, the
+simulator's error and :func:`gc_paused`.
 """
 
 from __future__ import annotations
@@ -18,9 +20,9 @@ from pipewright.errors import PipewrightError
 from pipewright.kinds import KindSpec
 
 # Action modes in the compiled program.
-_COMPUTE, _SEND, _COLLECTIVE, _WAIT, _RENDEZVOUS = 0, 1, 2, 3, 4
+COMPUTE, SEND, COLLECTIVE, WAIT, RENDEZVOUS = 0, 1, 2, 3, 4
 #: The end time of an action that has not run yet (every real time is ≥ 0).
-_NOT_DONE = -1.0
+NOT_DONE = -1.0
 
 
 class SimulationError(PipewrightError):
@@ -28,7 +30,7 @@ class SimulationError(PipewrightError):
 
 
 @dataclass(frozen=True)
-class _Program:
+class Program:
     """A lowered schedule compiled to flat arrays over global action indices g = offset[rank] + position.
 
     An event is identified with the action that produces it, so :attr:`reqs` ``[g]`` lists the global
@@ -37,10 +39,11 @@ class _Program:
     They are stored flat, as almost every action waits for at most one other: ``req1[g]`` is that
     action's index, −1 for none, −2 for several, which ``extra[g]`` lists (no tuple per action).
 
-    The array path (:mod:`pipewright.sim.flat`) gives ``modes``, ``durs`` and ``links`` as numpy arrays
-    and the requirements as ``pairs`` (consumer, producer) arrays instead of ``req1``/``extra``, with
-    ``steps`` (:class:`pipewright.sim.steps.Steps`) when the compute-only loop can run it; the
-    per-action loops read :attr:`listed`, these as lists, built on first access.
+    The fast path (:mod:`pipewright.sim.lowered_compile`) gives ``modes``, ``durs`` and ``links`` as
+    numpy arrays and the requirements as ``pairs`` (consumer, producer) arrays instead of
+    ``req1``/``extra``, with ``steps`` (:class:`pipewright.sim.fast_loop.Steps`) when the compute-only
+    loop can run it; the reference and shared-cores loops read :attr:`listed`, these as lists, built on
+    first access.
     """
 
     offsets: list[int]
@@ -60,14 +63,14 @@ class _Program:
     meet_prev: dict[int, int] = field(default_factory=dict)
     meet_stream: dict[int, tuple[int, str]] = field(default_factory=dict)
     pairs: Any = None  # (consumers, producers) arrays when req1 is None
-    steps: Any = None  # the compute-only form (pipewright.sim.steps.Steps), when it applies
+    steps: Any = None  # the compute-only form (pipewright.sim.fast_loop.Steps), when it applies
 
     @property
     def missing(self) -> int:
         return len(self.modes)
 
     @cached_property
-    def listed(self) -> _Program:
+    def listed(self) -> Program:
         """This program with every per-action column a list (itself when they already are)."""
         if self.req1 is not None and isinstance(self.modes, list):
             return self
@@ -92,7 +95,7 @@ class _Program:
 
 
 def flat_requirements(reqs: list[tuple[int, ...]]) -> tuple[list[int], dict[int, tuple[int, ...]]]:
-    """``(req1, extra)`` of per-action requirement tuples (:class:`_Program`'s flat form)."""
+    """``(req1, extra)`` of per-action requirement tuples (:class:`Program`'s flat form)."""
     req1 = [e[0] if len(e) == 1 else -1 if not e else -2 for e in reqs]
     return req1, {g: e for g, e in enumerate(reqs) if len(e) > 1}
 
@@ -131,12 +134,12 @@ def _flat_pairs(rg, need, n: int) -> tuple[list[int], dict[int, tuple[int, ...]]
     return first.tolist(), extra
 
 
-def _mode(spec: KindSpec) -> int:
+def action_mode(spec: KindSpec) -> int:
     if spec.compute:
-        return _COMPUTE
+        return COMPUTE
     if spec.collective is not None:
-        return _RENDEZVOUS if spec.collective.spans_pipeline else _COLLECTIVE
-    return _SEND if spec.comm == "send" else _WAIT
+        return RENDEZVOUS if spec.collective.spans_pipeline else COLLECTIVE
+    return SEND if spec.comm == "send" else WAIT
 
 
 @contextmanager

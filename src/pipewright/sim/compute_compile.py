@@ -1,5 +1,5 @@
-"""The simulator's compute-level compile: a schedule of compute actions compiled straight to the folded
-compute-only loop (:mod:`pipewright.sim.steps`, free transfers), without building its lowered actions.
+"""The fast path's first compile: a schedule of compute actions compiled straight to the folded
+compute-only loop (:mod:`pipewright.sim.fast_loop`, free transfers), without building its lowered actions.
 
 Lowering (:func:`pipewright.passes.lower.lower`) puts a receive right before and a send right after each
 compute action of a kind they attach to whose peer stage sits on another rank. When every send lasts 0,
@@ -17,14 +17,14 @@ loop's inputs follow from the compute actions alone (step j = compute action j, 
   (:class:`_Links`): a pair of a kind a transfer kind attaches to, whose peer sits on another rank, has
   one transfer per action; a link's first use and last send are a pair's first and last step. Links
   are numbered, and each (send kind, stage, destination) costed through its first send, as
-  :mod:`pipewright.sim.flat` does over the lowered actions.
+  :mod:`pipewright.sim.lowered_compile` does over the lowered actions.
 
-Anything else declines (:class:`pipewright.sim.codes._Decline`) and the lowered array path decides: a
+Anything else declines (:class:`pipewright.sim.array_coding.Decline`) and the lowered compile decides: a
 lowered schedule or one with other than compute kinds, a rule that is a plain function, a requirement on
 a send or on a receive other than the one right before, a send that needs other than what its action
 made, two transfer kinds after one action, a send nobody receives, a send that lasts longer than 0, a
 negative duration. What runs is what the lowered path runs, bit for bit: the same maxima and sums of the
-same numbers in the same order (tests/test_sim_flat.py). The lowered program — every lowered action's
+same numbers in the same order (tests/test_sim_fast_path.py). The lowered program — every lowered action's
 mode, duration and requirements, for timelines and per-action times — is compiled on first use.
 """
 
@@ -38,20 +38,20 @@ import numpy as np
 
 from pipewright.deps import Term
 from pipewright.ir import Action
-from pipewright.sim.codes import (
+from pipewright.sim.array_coding import (
     INDEX,
     MAX_KEYS,
-    _Codes,
-    _columns,
-    _Decline,
+    Coding,
+    Decline,
     action_times,
     cost_sums,
     cost_table,
     cross_table,
+    schedule_columns,
     varies_per_action,
 )
-from pipewright.sim.program import one_or_several
-from pipewright.sim.steps import Folded, FoldedSteps
+from pipewright.sim.compiled import one_or_several
+from pipewright.sim.fast_loop import Folded, FoldedSteps
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -59,17 +59,17 @@ if TYPE_CHECKING:
     from pipewright.cost.base import CommModel, CostModel
     from pipewright.ir import Schedule
     from pipewright.kinds import KindSpec
-    from pipewright.sim.program import _Program
+    from pipewright.sim.compiled import Program
 
 
 class _Lowered:
     """The lowered program, compiled on first use (``make()``), shared by the program and its steps."""
 
-    def __init__(self, make: Callable[[], _Program]) -> None:
+    def __init__(self, make: Callable[[], Program]) -> None:
         self._make = make
 
     @cached_property
-    def program(self) -> _Program:
+    def program(self) -> Program:
         prog = self._make()
         if prog.steps is None:  # the conditions here imply the lowered path's; a mismatch is a bug
             raise RuntimeError("the lowered program of a folded schedule has no compute-only form")
@@ -77,7 +77,7 @@ class _Lowered:
 
 
 @dataclass(frozen=True)
-class FoldedProgram:
+class ComputeProgram:
     """What :func:`pipewright.sim.engine.simulate` reads of a compiled program, from the compute actions:
     the lowered offsets and action count, links, busy time, FLOPs and memory, and the folded steps. Any
     other attribute (modes, durations, requirements of every lowered action; :attr:`listed`) is the
@@ -103,62 +103,112 @@ class FoldedProgram:
         return getattr(self.lowered.program, name)
 
 
-def compile_folded(
-    schedule: Schedule, cost: CostModel, comm: CommModel, check: bool, lowered: Callable[[], _Program]
-) -> FoldedProgram:
-    """The :class:`FoldedProgram` of ``schedule`` (see the module docstring), or :class:`_Decline`.
+def compile_compute(
+    schedule: Schedule, cost: CostModel, comm: CommModel, check: bool, lowered: Callable[[], Program]
+) -> ComputeProgram:
+    """The :class:`ComputeProgram` of ``schedule`` (see the module docstring), or :class:`Decline`.
     ``check``: the validator's completeness check (the transfers are right by construction). The
     lowered program comes from ``lowered()``, asked on first use."""
-    codes = _Codes(schedule)
-    specs, S, K = codes.specs, codes.S, len(codes.specs)
+    codes = Coding(schedule)
+    acts = _actions(schedule, codes)
+    n, K, S = len(acts.kc), len(codes.specs), codes.S
+    made, prod, of_kind = _producers(codes, acts)
+    if check:
+        _check_complete(codes, prod, acts.used)
+    ks = acts.kc.astype(np.intp)  # (kind, stage) of each action (an index: cast once)
+    ks *= S
+    ks += acts.st
+    first = np.full(K * S, n, INDEX)  # (of the steps' type: ufunc.at's fast path)
+    last = np.full(K * S, -1, INDEX)
+    np.minimum.at(first, ks, acts.steps)
+    np.maximum.at(last, ks, acts.steps)
+    links = _Links(codes, first, last, np.bincount(ks, minlength=K * S), len(acts.lens))
+    in1, in_extra = _waits(codes, acts, of_kind, prod, made, ks, links)
+    num_links, src, link_last, firsts = links.numbered(acts.mb)
+    for (c, s, dst), (_, r, k) in firsts.items():  # each (send kind, stage, destination)'s first send
+        a = Action(s, codes.names[c], k, None)
+        if float(comm.p2p_time(r, dst, cost.message_bytes(a, schedule))) != 0.0:
+            raise Decline  # transfers that take time: the lowered path's loop
+    cuts = [0, *np.cumsum(acts.lens).tolist()]
+    time, busy, flops, model_flops, peaks = _costs(codes, schedule, cost, acts, ks, first, cuts)
+    later = _Lowered(lowered)
+    folded = FoldedSteps(cuts, time, Folded(in1, in_extra, src, link_last), later)
+    per_rank = acts.lens + links.per_rank
+    return ComputeProgram(
+        [0, *np.cumsum(per_rank).tolist()], int(per_rank.sum()), num_links, busy, flops, model_flops,
+        peaks, folded, later,
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class _Actions:
+    """The compute actions as columns — kind code, stage, microbatch; the actions per rank —, the kinds
+    used, each action's (stage, microbatch) key ``local``, its step (its index) and ``pos``: the step
+    of each (kind, stage, microbatch)."""
+
+    kc: Any
+    st: Any
+    mb: Any
+    lens: Any
+    used: list[int]
+    local: Any
+    steps: Any
+    pos: _ByKind
+
+
+def _actions(schedule: Schedule, codes: Coding) -> _Actions:
+    """:class:`_Actions` of a schedule of compute actions only (else declines), no action twice."""
+    K = len(codes.specs)
     if schedule.lowered:
-        raise _Decline
-    kc, st, mb, _, lens = _columns(schedule, codes)
-    n = len(kc)
-    counts = np.bincount(kc, minlength=K)
-    used = np.flatnonzero(counts).tolist()
-    if not all(specs[c].compute for c in used):
-        raise _Decline
-    width = S * (codes.M + 1)
+        raise Decline
+    kc, st, mb, _, lens = schedule_columns(schedule, codes)
+    used = np.flatnonzero(np.bincount(kc, minlength=K)).tolist()
+    if not all(codes.specs[c].compute for c in used):
+        raise Decline
+    width = codes.S * (codes.M + 1)
     if K * width > MAX_KEYS:
-        raise _Decline
+        raise Decline
     local = st * (codes.M + 1)  # (stage, microbatch) of each action (in place: fewer fresh pages)
     local += mb
     local += 1
-    steps = np.arange(n, dtype=INDEX)
+    steps = np.arange(len(kc), dtype=INDEX)
     pos = _ByKind(used, width)  # the compute action of each (kind, stage, microbatch)
     keys = kc - pos.lo
     keys *= width
     keys += local
     pos.put(keys, steps)
     pos.distinct()  # else an action twice
-    del keys
+    return _Actions(kc, st, mb, lens, used, local, steps, pos)
+
+
+def _producers(codes: Coding, acts: _Actions):
+    """(per kind used the kinds of events it makes, the step that produces each event, per kind used
+    its steps — None: all steps are of that kind); declines for an event made twice."""
+    used, local, steps = acts.used, acts.local, acts.steps
     made = _made(codes, used)  # the kinds of events each kind produces
-    prod = _ByKind([e for c in used for e in made[c]], width)  # the action that produces each event
-    of_kind = {c: None if len(used) == 1 else np.flatnonzero(kc == c) for c in used}  # None: all
+    prod = _ByKind([e for c in used for e in made[c]], codes.S * (codes.M + 1))
+    of_kind = {c: None if len(used) == 1 else np.flatnonzero(acts.kc == c) for c in used}  # None: all
     for c in used:
         g = of_kind[c]
         for e in made[c]:
             prod.put(prod.keys(e, local if g is None else local[g]), steps if g is None else g)
     prod.distinct()  # else an event computed twice
-    if check:
-        _check_complete(codes, prod, used)
-    ks = kc.astype(np.intp)  # (kind, stage) of each action (an index: cast once)
-    ks *= S
-    ks += st
-    first = np.full(K * S, n, INDEX)  # (of the steps' type: ufunc.at's fast path)
-    last = np.full(K * S, -1, INDEX)
-    np.minimum.at(first, ks, steps)
-    np.maximum.at(last, ks, steps)
-    links = _Links(codes, first, last, np.bincount(ks, minlength=K * S), len(lens))
+    return made, prod, of_kind
+
+
+def _waits(codes: Coding, acts: _Actions, of_kind, prod: _ByKind, made, ks, links: _Links):
+    """(``in1``, ``in_extra``) of the folded steps: the events each step waits for — its kept
+    requirements and, for a receive before it, the step its matching send follows; registers the
+    sends and receives with ``links``."""
+    specs, used, local = codes.specs, acts.used, acts.local
     in_keys, in_events = [], []
     for c in used:
-        kept = _kept_requirements(codes, c, of_kind[c], st, local, prod)
+        kept = _kept_requirements(codes, c, of_kind[c], acts.st, local, prod)
         if kept is not None:
             in_keys.append(kept[0])
             in_events.append(kept[1])
     several = bool(in_keys)  # a step may wait for more than one event
-    received = np.zeros(K * S, bool)  # the (kind, stage) pairs with a receive before them
+    received = np.zeros(len(specs) * codes.S, bool)  # the (kind, stage) pairs with a receive before them
     for c, spec in enumerate(specs):
         if spec.p2p is None or not any(codes.code.get(a) in used for a in spec.p2p.attach):
             continue
@@ -174,29 +224,37 @@ def compile_folded(
         if not len(g):
             continue
         if tuple(_rule(spec.requires, spec) or ()) != (Term(spec.p2p.pair, spec.p2p.offset),):
-            raise _Decline
+            raise Decline
         pair = codes.kind(spec.p2p.pair)
         if sum(codes.code.get(a) in used for a in spec.p2p.attach) > 1:
-            _one_of(codes, pos, local[g], spec.p2p.attach)  # one receive of a kind there
+            _one_of(codes, acts.pos, local[g], spec.p2p.attach)  # one receive of a kind there
         in_keys.append(g)
         peer = local[g] + spec.p2p.offset * (codes.M + 1)
-        in_events.append(_one_of(codes, pos, peer, specs[pair].p2p.attach))
+        in_events.append(_one_of(codes, acts.pos, peer, specs[pair].p2p.attach))
         links.add_receives(pair, len(g))
-    num_links, src, link_last, firsts = links.numbered(mb)
-    for (c, s, dst), (_, r, k) in firsts.items():  # each (send kind, stage, destination)'s first send
-        a = Action(s, codes.names[c], k, None)
-        if float(comm.p2p_time(r, dst, cost.message_bytes(a, schedule))) != 0.0:
-            raise _Decline  # transfers that take time: the lowered path's loop
-    cuts = [0, *np.cumsum(lens).tolist()]
-    present = np.flatnonzero(first < n)
-    table = np.zeros((K * S, 5))
+    n = len(acts.kc)
+    if several:
+        return one_or_several(np.concatenate(in_keys), np.concatenate(in_events), n)
+    in1 = np.full(n, -1, INDEX)  # (the usual case: each step after at most one receive, no other wait)
+    for g, events in zip(in_keys, in_events, strict=True):
+        in1[g] = events
+    return in1, {}
+
+
+def _costs(codes: Coding, schedule: Schedule, cost: CostModel, acts: _Actions, ks, first, cuts):
+    """(each step's compute time, per rank the busy time, FLOPs, model FLOPs, per rank the memory
+    peak): the cost model asked once per (kind, stage) — per action for one whose times vary —,
+    summed as :func:`~pipewright.sim.array_coding.cost_sums` sums them."""
+    kc, st, mb = acts.kc, acts.st, acts.mb
+    present = np.flatnonzero(first < len(kc))
+    table = np.zeros((len(codes.specs) * codes.S, 5))
     table[present] = cost_table(codes, schedule, cost, kc, st, mb, first[present].tolist())
     columns = [np.ascontiguousarray(column) for column in table.T]
     time = columns[0][ks]
     if varies_per_action(cost):  # (the F&B pairs' overlap: each compute action's own time)
-        time = action_times(codes, schedule, cost, kc, st, mb, steps)
+        time = action_times(codes, schedule, cost, kc, st, mb, acts.steps)
     if (time < 0).any():
-        raise _Decline
+        raise Decline
 
     same = np.array_equal(columns[1], columns[2])  # model FLOPs = FLOPs (no recomputation)
     transients = columns[4].any()
@@ -207,20 +265,7 @@ def compile_folded(
         trans = columns[4][pairs] if transients else None
         return time[lo:hi], flop, flop if same else columns[2][pairs], columns[3][pairs], trans
 
-    busy, flops, model_flops, peaks = cost_sums(codes, schedule, cost, rank_columns, cuts)
-    if several:
-        in1, in_extra = one_or_several(np.concatenate(in_keys), np.concatenate(in_events), n)
-    else:  # (the usual case: each step after at most one receive, no other wait)
-        in1, in_extra = np.full(n, -1, INDEX), {}
-        for g, events in zip(in_keys, in_events, strict=True):
-            in1[g] = events
-    later = _Lowered(lowered)
-    folded = FoldedSteps(cuts, time, Folded(in1, in_extra, src, link_last), later)
-    per_rank = lens + links.per_rank
-    return FoldedProgram(
-        [0, *np.cumsum(per_rank).tolist()], int(per_rank.sum()), num_links, busy, flops, model_flops,
-        peaks, folded, later,
-    )  # fmt: skip
+    return (time, *cost_sums(codes, schedule, cost, rank_columns, cuts))
 
 
 class _ByKind:
@@ -245,7 +290,7 @@ class _ByKind:
     def distinct(self) -> None:
         """Declines when some entry was set twice (fewer entries set than values put)."""
         if np.count_nonzero(self.table >= 0) != self.puts:
-            raise _Decline
+            raise Decline
 
     def get(self, kind: int, local):
         """The entries of ``kind`` at ``local`` (−1 for a kind outside the range)."""
@@ -261,7 +306,7 @@ class _ByKind:
         return self.table[start : start + self.width]
 
 
-def _made(codes: _Codes, used: list[int]) -> dict[int, list[int]]:
+def _made(codes: Coding, used: list[int]) -> dict[int, list[int]]:
     """Per kind used, the kinds of the events its actions produce (of its own stage and microbatch)."""
     made = {}
     for c in used:
@@ -271,19 +316,19 @@ def _made(codes: _Codes, used: list[int]) -> dict[int, list[int]]:
             made[c] = [c]
             continue
         if any(t.offset != 0 for t in terms):
-            raise _Decline
+            raise Decline
         made[c] = [codes.kind(t.kind) for t in terms]
     return made
 
 
-def _kept_requirements(codes: _Codes, c: int, g, st, local, prod: _ByKind):
+def _kept_requirements(codes: Coding, c: int, g, st, local, prod: _ByKind):
     """(consumer, producer) steps of the requirements of kind ``c``'s actions ``g`` (None: all) that
     the loop waits for — not earlier compute actions of the same rank, not the receive right before
     the action —, or None for none (the usual case). ``local``: each action's (stage, microbatch) key."""
     spec = codes.specs[c]
     terms = _rule(spec.requires, spec)
     if terms is None:
-        raise _Decline  # an action that requires its own event
+        raise Decline  # an action that requires its own event
     keep_g, keep_p = [], []
     S, row = codes.S, codes.M + 1
     if g is None:  # every action is of this kind
@@ -291,21 +336,21 @@ def _kept_requirements(codes: _Codes, c: int, g, st, local, prod: _ByKind):
     for term in terms:
         e = codes.kind(term.kind)
         if codes.specs[e].p2p is not None or prod.block(e) is None:
-            raise _Decline  # a requirement on a transfer, or on a kind nothing makes
+            raise Decline  # a requirement on a transfer, or on a kind nothing makes
         if term.offset == 0:  # the same stage: the same rank
             p = prod.get(e, local[g])
             if (p < 0).any():
-                raise _Decline  # a requirement nothing produces
+                raise Decline  # a requirement nothing produces
             later = p >= g  # (its own event: kept, and the loop reports it stuck)
             if later.any():
                 keep_g.append(g[later])
                 keep_p.append(p[later])
             continue
         if term.receive is None:
-            raise _Decline
+            raise Decline
         r = codes.specs[codes.kind(term.receive)].p2p
         if r is None or r.role != "recv" or r.offset != term.offset or spec.name not in r.attach:
-            raise _Decline  # the receive is not the one right before the action
+            raise Decline  # the receive is not the one right before the action
         stages = np.arange(S)
         src = stages + term.offset
         local_stage = np.zeros(S, bool)  # the source stage exists and sits on the same rank
@@ -318,7 +363,7 @@ def _kept_requirements(codes: _Codes, c: int, g, st, local, prod: _ByKind):
             gl = g[on]
             p = prod.get(e, local[gl] + term.offset * row)
             if (p < 0).any():
-                raise _Decline
+                raise Decline
             later = p >= gl
             if later.any():
                 keep_g.append(gl[later])
@@ -328,7 +373,7 @@ def _kept_requirements(codes: _Codes, c: int, g, st, local, prod: _ByKind):
     return np.concatenate(keep_g), np.concatenate(keep_p)
 
 
-def _one_of(codes: _Codes, pos: _ByKind, local, attach: tuple[str, ...]):
+def _one_of(codes: Coding, pos: _ByKind, local, attach: tuple[str, ...]):
     """At the (stage, microbatch) keys ``local``: the one compute action of a kind in ``attach``
     (declines when there is none or more than one)."""
     found = None
@@ -340,11 +385,11 @@ def _one_of(codes: _Codes, pos: _ByKind, local, attach: tuple[str, ...]):
         if found is None:
             found = at
         elif ((found >= 0) & (at >= 0)).any():
-            raise _Decline  # two of one kind, stage and microbatch
+            raise Decline  # two of one kind, stage and microbatch
         else:
             found = np.maximum(found, at)
     if found is None or (found < 0).any():
-        raise _Decline  # a receive without its send
+        raise Decline  # a receive without its send
     return found
 
 
@@ -355,14 +400,14 @@ class _Links:
     FIFO link per (source rank, destination rank), numbered in order of first use as the lowered path
     numbers them — and each link's last send."""
 
-    def __init__(self, codes: _Codes, first, last, count, ranks: int) -> None:
+    def __init__(self, codes: Coding, first, last, count, ranks: int) -> None:
         self.codes, self.first, self.last, self.count = codes, first, last, count
         self.sends: list[tuple[int, object]] = []  # (send kind, mask over (kind, stage))
         self.received: dict[int, int] = {}  # send kind -> receives that wait for one
         self.per_rank = np.zeros(ranks, np.int64)
 
     def attach(self, spec: KindSpec):
-        """:func:`pipewright.sim.codes.cross_table` of ``spec`` over the pairs present; counts the
+        """:func:`pipewright.sim.array_coding.cross_table` of ``spec`` over the pairs present; counts the
         transfers on their ranks."""
         mask = cross_table(self.codes, spec) & (self.last >= 0)
         on = np.flatnonzero(mask)
@@ -379,9 +424,9 @@ class _Links:
         for term in _rule(spec.requires, spec) or ():
             need = self.codes.kind(term.kind)
             if term.offset != 0 or any(need not in made.get(a, ()) for a in kinds):
-                raise _Decline  # a send that waits for other than the action it follows
+                raise Decline  # a send that waits for other than the action it follows
         if any((m & mask).any() for _, m in self.sends):
-            raise _Decline  # two sends after one action
+            raise Decline  # two sends after one action
         self.sends.append((c, mask))
 
     def add_receives(self, send_kind: int, count: int) -> None:
@@ -397,7 +442,7 @@ class _Links:
         for c, mask in self.sends:
             on = np.flatnonzero(mask)
             if int(self.count[on].sum()) != self.received.get(c, 0):
-                raise _Decline  # a send nobody receives (the lowered path decides)
+                raise Decline  # a send nobody receives (the lowered path decides)
             peer = codes.specs[c].p2p.offset
             for ks in on.tolist():
                 s = ks % S
@@ -424,18 +469,18 @@ def _rule(rule, spec: KindSpec) -> tuple[Term, ...] | None:
         return None
     template = getattr(rule, "template", None)
     if template is None:
-        raise _Decline
+        raise Decline
     return template(spec)
 
 
-def _check_complete(codes: _Codes, prod: _ByKind, used: list[int]) -> None:
+def _check_complete(codes: Coding, prod: _ByKind, used: list[int]) -> None:
     """The validator's completeness check: every (stage, microbatch) has the event a rule covers."""
     for c, spec in enumerate(codes.specs):
         if spec.complete is None or not (spec.always or c in used):
             continue
         covers = getattr(spec.complete, "covers", None)
         if covers is None:
-            raise _Decline
+            raise Decline
         block = prod.block(codes.kind(covers()))
         if block is None or (block.reshape(codes.S, codes.M + 1)[:, 1:] < 0).any():
-            raise _Decline
+            raise Decline
