@@ -35,12 +35,6 @@ LONG_FUNCTIONS = {
     "pipewright.cli.simulate:register",
     "pipewright.plan.search:search",
     "pipewright.plan.setup:model_setup",
-    "pipewright.sim.engine:_simulate",
-    "pipewright.sim.flat:_compile_flat",
-    "pipewright.sim.folded:compile_folded",
-    "pipewright.sim.per_action:compile_actions",
-    "pipewright.sim.per_action:run_iteration",
-    "pipewright.sim.sharing:run_iteration_shared",
 }
 
 #: Top-level definitions referenced nowhere, listed only while they are removed. The list must shrink to
