@@ -62,18 +62,27 @@ class Dispatch:
     embedding: tuple[int, int] = (0, 0)
     head: tuple[int, int] = (0, 0)
     collective: int = 1
+    softmax_fallback: tuple[int, int] = (0, 0)
 
     def __post_init__(self) -> None:
         if self.forward < 0 or self.backward < 0:
             raise ConfigError(f"dispatch {self.name}: kernel counts must be ≥ 0")
 
-    def layer_kernels(self, kind: str, recomputed: bool, collectives: int) -> float:
+    def layer_kernels(
+        self, kind: str, recomputed: bool, collectives: int, softmax_fused: bool = True
+    ) -> float:
         """Kernels one layer launches in a ``kind`` pass: F the forward's, I and W half the backward's
-        each (I also the recomputed forward's), B both; + its ``collectives`` tensor-parallel calls."""
+        each (I also the recomputed forward's), B both; + its ``collectives`` tensor-parallel calls;
+        + :attr:`softmax_fallback` where the fused softmax kernel cannot run (``softmax_fused`` False:
+        :func:`fused_softmax_runs`; its backward kernels in I, where the softmax gradient runs)."""
         if self.replayed:
             return 0.0
-        redo = self.forward if recomputed else 0
-        own = {F: self.forward, I: self.backward / 2 + redo, W: self.backward / 2, B: self.backward + redo}
+        fwd, bwd = self.forward, self.backward
+        extra = 0 if softmax_fused else self.softmax_fallback[1]
+        if not softmax_fused:
+            fwd += self.softmax_fallback[0]
+        redo = fwd if recomputed else 0
+        own = {F: fwd, I: bwd / 2 + extra + redo, W: bwd / 2, B: bwd + extra + redo}
         return own[kind] + collectives
 
 
@@ -104,9 +113,45 @@ register(
         head=(20, 24),
     )
 )
+register(
+    Dispatch(
+        "megatron-eager",
+        "Megatron-DeepSpeed / Megatron-LM before Transformer Engine: eager PyTorch with Megatron's fused "
+        "scale-mask-softmax kernel where it runs (module docstring)",
+        15,
+        43,
+        embedding=(4, 6),
+        head=(20, 24),
+        softmax_fallback=(4, 4),
+    )
+)
 register(Dispatch("fused", "Megatron-Core with Transformer Engine's fused modules", 9, 20))
 register(Dispatch("compiled", "torch.compile'd blocks (Inductor-fused elementwise chains)", 8, 18))
 register(Dispatch("graphs", "CUDA graphs: one launch replays the pass", 0, 0, replayed=True))
+
+
+def fused_softmax_runs(microbatch: int, heads_per_rank: int, seq_len: int, dtype: str) -> bool:
+    """Whether Megatron's fused scale-mask-softmax kernel (``FusedScaleMaskSoftmax``, the causal
+    ``scaled_upper_triang_masked_softmax``) runs on attention scores of ``microbatch`` × ``heads_per_rank``
+    matrices of ``seq_len``²: 16-bit inputs, 16 < s ≤ 2048, s a multiple of 4 and b × heads a
+    multiple of 4 (its ``is_kernel_available``: four rows per warp-block); otherwise Megatron runs the
+    unfused fp32 path."""
+    return (
+        dtype in ("fp16", "bf16", "fp8")
+        and 16 < seq_len <= 2048
+        and seq_len % 4 == 0
+        and (microbatch * heads_per_rank) % 4 == 0
+    )
+
+
+def cost_softmax_fused(cost) -> bool:
+    """:func:`fused_softmax_runs` on a :class:`~pipewright.cost.transformer.TransformerCost`'s shape
+    (its microbatch, heads per tensor-parallel rank, tokens per context-parallel rank, activations'
+    dtype); True with fused (flash) attention, which has no separate softmax."""
+    if cost.attention == "flash":
+        return True
+    heads = max(1, cost.spec.heads // cost.mesh.tp)
+    return fused_softmax_runs(cost.microbatch, heads, cost.spec.seq_len // cost.cp, cost.act_dtype)
 
 
 #: the smooth maximum's exponent p (module docstring)
@@ -129,6 +174,8 @@ def launched(
     tp_calls: int,
     first: bool = False,
     last: bool = False,
+    softmax_fused: bool = True,
+    waited: float = 0.0,
 ) -> float:
     """A ``kind`` pass of ``gpu`` GPU seconds over ``layers`` layers as the host launches it, under
     ``efficiency``'s dispatch model and δ (:attr:`~pipewright.cost.efficiency.Efficiency.host_per_kernel`;
@@ -139,19 +186,30 @@ def launched(
     model = dispatch(efficiency.dispatch)
     if efficiency.host_per_kernel <= 0 or model.replayed:
         return gpu
-    kernels = layers * model.layer_kernels(kind, recomputed, 0) + tp_calls * model.collective
+    kernels = layers * model.layer_kernels(kind, recomputed, 0, softmax_fused) + tp_calls * model.collective
     for held, (fwd, bwd) in ((first, model.embedding), (last, model.head)):
         if held:
             kernels += {F: fwd, I: bwd / 2, W: bwd / 2, B: bwd}[kind]
-    return combined(gpu, kernels * efficiency.host_per_kernel)
+    return combined(gpu, kernels * efficiency.host_per_kernel + waited)
 
 
-def chunk_launched(cost, chunk, kind: str, gpu: float) -> float:
+def chunk_launched(cost, chunk, kind: str, gpu: float, waited: float = 0.0) -> float:
     """:func:`launched` for a ``kind`` pass of a :class:`~pipewright.cost.transformer.TransformerCost`'s
     ``chunk`` (its layers, tensor-parallel collectives, embedding and head) of ``gpu`` GPU seconds."""
     calls = len(chunk.tp_bytes[kind]) if cost.mesh.tp > 1 else 0
     full = cost.recompute == "full"
-    return launched(gpu, cost.efficiency, chunk.layers, kind, full, calls, chunk.first, chunk.last)
+    return launched(
+        gpu,
+        cost.efficiency,
+        chunk.layers,
+        kind,
+        full,
+        calls,
+        chunk.first,
+        chunk.last,
+        cost_softmax_fused(cost),
+        waited,
+    )
 
 
 def optimizer_seconds(cost, params: float) -> float:
