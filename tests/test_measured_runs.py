@@ -195,8 +195,7 @@ def test_plan_and_simulate_agree_to_the_digit_at_pp1_with_dp(tmp_path):
     path = tmp_path / "plan.json"
     model = ["--model", "gpt", "--layers", "12", "--hidden", "1024", "--heads", "16", "--vocab", "50257"]
     model += ["--seq-len", "1024"]
-    flags = ["--gpu", "a100-80gb", "--nodes", "1", "--gpus-per-node", "4", "--framework", "deepspeed-megatron"]
-    flags += ["--dtype", "fp16", "--attention", "eager", "--recompute", "full"]
+    flags = ["--gpu", "a100-80gb", "--nodes", "1", "--gpus-per-node", "4", *SETUP[4:12]]
     fixed = ["--tp", "2", "--pp", "1", "--dp", "2", "--global-batch-size", "32", "--no-progress"]
     planned = cli_json(["plan", *model, *flags, *fixed, "--out", str(path)])
     assert (planned["pp"], planned["dp"]) == (1, 2)
