@@ -14,7 +14,10 @@ around their means). p = :data:`EXPONENT` = 3 was chosen on vTrain's fit half (d
 (the GPU time is every other term of :meth:`pipewright.cost.transformer.TransformerCost.kind_time`).
 The kernels of a pass are the layer's forward kernels in F, its backward kernels (split half and half
 between I and W) in the backward, the forward's again where the backward recomputes it (full
-recomputation), and one per tensor-parallel collective. A :class:`Dispatch` model states the kernels
+recomputation), and one per tensor-parallel collective. The host's side also waits for each
+tensor-parallel collective: H = kernels × δ + the collectives' seconds (``waited``; vTrain's
+microbatch-1 rows gain about the all-reduces' measured latency per layer with tp, docs/fidelity.md,
+"Ranking", mechanism 7). A :class:`Dispatch` model states the kernels
 of one layer forward and backward as the framework's code launches them; the framework's entry
 (:attr:`pipewright.cost.frameworks.Framework.dispatch`) names the model and gives δ (fitted on measured
 runs of the framework, :mod:`pipewright.cost.measured`; 0 where none were measured: the floor is not
@@ -23,8 +26,9 @@ priced).
 Kernels per dense layer (GPT/Llama block: two norms, four linear layers, attention, activation, two
 residual adds), counted from the code each runs:
 
-- ``eager`` (PyTorch eager: Megatron-DeepSpeed's ``megatron/model/transformer.py``, torchtitan's and
-  llm-foundry's blocks without ``torch.compile``): forward 17 — layer norm, QKV GEMM, the score
+- ``eager`` (PyTorch eager with an unfused softmax, counted on Megatron-DeepSpeed's
+  ``megatron/model/transformer.py`` with its softmax unfused; torchtitan's and llm-foundry's blocks
+  without ``torch.compile`` launch about as many): forward 17 — layer norm, QKV GEMM, the score
   ``baddbmm``, scale, mask fill, softmax, dropout, ``bmm``, the context's ``permute().contiguous()``,
   output GEMM, bias-dropout-add (2), layer norm, MLP up GEMM, bias-GeLU, down GEMM, bias-dropout-add;
   backward 45 — two GEMMs per linear layer (8), the bias gradients (4), attention's two ``bmm``
@@ -33,6 +37,11 @@ residual adds), counted from the code each runs:
   the context permute's (1), and the accumulation of each of the layer's 12 parameter gradients into
   its fp32 main-gradient buffer (Megatron-DeepSpeed's ``fp32 grad accumulation``, 12; other eager
   frameworks do the same once per microbatch through their gradient buckets).
+- ``megatron-eager`` (Megatron-DeepSpeed, Megatron-LM before Transformer Engine): ``eager`` with
+  Megatron's fused scale-mask-softmax (``FusedScaleMaskSoftmax``: one kernel for scale, mask and
+  softmax, one for their gradient): forward 15, backward 43. Where that kernel cannot run
+  (:func:`fused_softmax_runs`) Megatron takes the unfused fp32 path, ``softmax_fallback`` = 4 kernels
+  more in the forward (cast up, scale, mask, softmax, cast down for the one) and 4 in the backward.
 - ``fused`` (Megatron-Core with Transformer Engine: ``LayerNormLinear``, fused attention, fused
   bias-GeLU and bias-dropout-add): forward 9, backward 20.
 - ``compiled`` (``torch.compile`` of each block: the elementwise chains fused by Inductor around the
@@ -137,7 +146,7 @@ def fused_softmax_runs(microbatch: int, heads_per_rank: int, seq_len: int, dtype
     multiple of 4 (its ``is_kernel_available``: four rows per warp-block); otherwise Megatron runs the
     unfused fp32 path."""
     return (
-        dtype in ("fp16", "bf16", "fp8")
+        dtype in ("fp16", "bf16")
         and 16 < seq_len <= 2048
         and seq_len % 4 == 0
         and (microbatch * heads_per_rank) % 4 == 0
@@ -181,8 +190,9 @@ def launched(
     ``efficiency``'s dispatch model and δ (:attr:`~pipewright.cost.efficiency.Efficiency.host_per_kernel`;
     0: ``gpu`` unchanged): :func:`combined` of it and the launches' H = kernels × δ — the layers'
     kernels, ``tp_calls`` tensor-parallel collectives (each ``collective`` kernels' worth), the
-    embedding's (``first``) and the output layer's and loss's (``last``). The cost model's and the
-    planner's one formula."""
+    embedding's (``first``) and the output layer's and loss's (``last``), the unfused softmax's
+    where ``softmax_fused`` is False — plus ``waited``, the seconds the host waits for the pass's
+    tensor-parallel collectives. The cost model's and the planner's one formula."""
     model = dispatch(efficiency.dispatch)
     if efficiency.host_per_kernel <= 0 or model.replayed:
         return gpu
@@ -195,7 +205,8 @@ def launched(
 
 def chunk_launched(cost, chunk, kind: str, gpu: float, waited: float = 0.0) -> float:
     """:func:`launched` for a ``kind`` pass of a :class:`~pipewright.cost.transformer.TransformerCost`'s
-    ``chunk`` (its layers, tensor-parallel collectives, embedding and head) of ``gpu`` GPU seconds."""
+    ``chunk`` (its layers, tensor-parallel collectives, embedding and head) of ``gpu`` GPU seconds,
+    ``waited`` of them its exposed tensor-parallel collectives."""
     calls = len(chunk.tp_bytes[kind]) if cost.mesh.tp > 1 else 0
     full = cost.recompute == "full"
     return launched(
