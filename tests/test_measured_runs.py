@@ -256,3 +256,18 @@ def test_vtrains_own_header_reads_as_it_is():
     """vTrain's file names its first column '# GPUs' on the header line itself."""
     runs = parse_runs(f"# GPUs{HEADER.removeprefix('GPUs')}\n{_row()}\n")
     assert (runs[0].gpus, runs[0].tp, runs[0].dp, runs[0].seconds) == (4, 2, 2, 0.01)
+
+
+def test_the_published_runs_held_out_median_stays_at_most_six_point_three_percent():
+    """The published-runs table the page shows (package data; tests/test_fidelity.py checks each row's
+    prediction against it): the held-out rows' median throughput error stays ≤ 6.3 % at the page's
+    precision (2026-12-07: 6.305 % over 124 rows, 6.300 % before a100-40gb carried the A100 collective
+    step latency)."""
+    import csv
+    import statistics
+    from importlib import resources
+
+    text = resources.files("pipewright.cost").joinpath("data/fidelity_expected.csv").read_text()
+    held = [r for r in csv.DictReader(io.StringIO(text)) if r["fit"] == "0"]
+    errors = [abs(float(r["predicted"]) / float(r["published"]) - 1) for r in held]
+    assert len(held) == 124 and round(statistics.median(errors) * 100, 1) <= 6.3
