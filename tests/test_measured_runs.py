@@ -20,7 +20,7 @@ from _cli_json import cli_json
 from pipewright.cli import main
 from pipewright.cli.calibrate import predict_all
 from pipewright.cost import frameworks
-from pipewright.cost.dispatch import combined, dispatch
+from pipewright.cost.dispatch import combined, dispatch, fused_softmax_runs
 from pipewright.cost.measured import TIME, parse_runs, score, spearman, split, vtrain_runs
 from pipewright.errors import ConfigError
 
@@ -32,8 +32,8 @@ HEADER = (
     "GPUs,global batch,micro batch,hidden size,attention heads,# layers,sequence length,"
     "tensor parallelism,data parallelism,pipeline parallelism,iteration time (ms)"
 )
-#: the (tp, microbatch) cells whose median is known to miss 15 % (docs/fidelity.md, "Ranking")
-KNOWN_MISSES = {(8, 1), (2, 4)}
+#: the (tp, microbatch) cell whose median is known to miss 15 % (docs/fidelity.md, "Ranking")
+KNOWN_MISSES = {(2, 4)}
 
 
 @pytest.fixture(scope="module")
@@ -53,15 +53,16 @@ def test_the_package_holds_vtrains_720_rows_split_in_halves_per_group(vtrain):
 
 def test_vtrain_held_out_half_is_predicted_and_ranked(vtrain):
     """The registered deepspeed-megatron calibration (fitted on the other half): MAPE, regret and rank
-    correlation within the targets; the worst regret and two cells are the page's named misses."""
+    correlation within the targets; the worst regret (14.5 %) and one cell (tp 2, microbatch 4: +26.0 %)
+    are the page's named misses, bounded where they stand."""
     runs, predicted = vtrain
     by_run = dict(zip(runs, predicted, strict=True))
     _, held = split(runs)
     s = score(held, [by_run[r] for r in held])
     assert s.mape <= 0.08 and s.regret_median <= 0.03 and s.rank_median >= 0.85
     assert all(abs(e) <= 0.15 for cell, e in s.cells.items() if cell not in KNOWN_MISSES)
-    assert all(abs(s.cells[cell]) <= 0.30 for cell in KNOWN_MISSES)
-    assert s.regret_worst <= 0.26
+    assert all(abs(s.cells[cell]) <= 0.27 for cell in KNOWN_MISSES)
+    assert s.regret_worst <= 0.15
     whole = score(runs, predicted)
     assert whole.mape <= 0.08 and whole.rank_median >= 0.85
 
@@ -164,6 +165,44 @@ def test_the_launch_floor_is_a_smooth_maximum_of_the_kernels_launched():
     assert dispatch("graphs").layer_kernels("F", False, 4) == 0.0
 
 
+@pytest.mark.parametrize(
+    ("microbatch", "heads", "seq", "dtype", "runs"),
+    [
+        (1, 2, 1024, "fp16", False),  # GPT hidden 1024 at tp 8: b × heads = 2
+        (2, 2, 1024, "fp16", True),
+        (1, 4, 1024, "fp16", True),
+        (3, 1, 1024, "bf16", False),
+        (4, 16, 4096, "fp16", False),  # sequences over 2048: the unfused path
+        (4, 16, 1024, "fp32", False),
+        (1, 16, 16, "fp16", False),
+    ],
+)
+def test_megatrons_fused_softmax_runs_where_its_kernel_does(microbatch, heads, seq, dtype, runs):
+    """FusedScaleMaskSoftmax.is_kernel_available: 16-bit, 16 < s ≤ 2048, s and b × heads multiples of 4;
+    where it does not run, the unfused fp32 path's kernels are launched in F, in I and in the
+    recomputed forward."""
+    assert fused_softmax_runs(microbatch, heads, seq, dtype) is runs
+    model = dispatch("megatron-eager")
+    extra_f, extra_b = model.softmax_fallback
+    assert model.layer_kernels("F", True, 0, False) == model.layer_kernels("F", True, 0) + extra_f
+    assert model.layer_kernels("I", True, 0, False) == model.layer_kernels("I", True, 0) + extra_f + extra_b
+    assert model.layer_kernels("W", True, 0, False) == model.layer_kernels("W", True, 0)
+
+
+def test_plan_and_simulate_agree_to_the_digit_at_pp1_with_dp(tmp_path):
+    """A plan fixed at pp 1 with two data-parallel replicas under vTrain's setup (the gradient
+    all-reduce and the optimizer step priced): `simulate --plan` prints the plan's prediction."""
+    path = tmp_path / "plan.json"
+    model = ["--model", "gpt", "--layers", "12", "--hidden", "1024", "--heads", "16", "--vocab", "50257"]
+    model += ["--seq-len", "1024"]
+    flags = ["--gpu", "a100-80gb", "--nodes", "1", "--gpus-per-node", "4", *SETUP[4:12]]
+    fixed = ["--tp", "2", "--pp", "1", "--dp", "2", "--global-batch-size", "32", "--no-progress"]
+    planned = cli_json(["plan", *model, *flags, *fixed, "--out", str(path)])
+    assert (planned["pp"], planned["dp"]) == (1, 2)
+    predicted = planned["predicted"]["iteration_time_s"]
+    assert cli_json(["simulate", "--plan", str(path), *flags])["iteration_time_s"] == predicted
+
+
 def test_the_planners_estimate_is_its_simulation_when_launches_bound():
     """GPT hidden 1024 on 8 A100s under deepspeed-megatron's dispatch model (host-bound at b = 1): the
     planner's estimate of a pipeline is its simulation to 1 %."""
@@ -217,3 +256,18 @@ def test_vtrains_own_header_reads_as_it_is():
     """vTrain's file names its first column '# GPUs' on the header line itself."""
     runs = parse_runs(f"# GPUs{HEADER.removeprefix('GPUs')}\n{_row()}\n")
     assert (runs[0].gpus, runs[0].tp, runs[0].dp, runs[0].seconds) == (4, 2, 2, 0.01)
+
+
+def test_the_published_runs_held_out_median_stays_at_most_six_point_three_percent():
+    """The published-runs table the page shows (package data; tests/test_fidelity.py checks each row's
+    prediction against it): the held-out rows' median throughput error stays ≤ 6.3 % at the page's
+    precision (2026-12-07: 6.305 % over 124 rows, 6.300 % before a100-40gb carried the A100 collective
+    step latency)."""
+    import csv
+    import statistics
+    from importlib import resources
+
+    text = resources.files("pipewright.cost").joinpath("data/fidelity_expected.csv").read_text()
+    held = [r for r in csv.DictReader(io.StringIO(text)) if r["fit"] == "0"]
+    errors = [abs(float(r["predicted"]) / float(r["published"]) - 1) for r in held]
+    assert len(held) == 124 and round(statistics.median(errors) * 100, 1) <= 6.3

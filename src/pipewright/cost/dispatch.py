@@ -14,7 +14,10 @@ around their means). p = :data:`EXPONENT` = 3 was chosen on vTrain's fit half (d
 (the GPU time is every other term of :meth:`pipewright.cost.transformer.TransformerCost.kind_time`).
 The kernels of a pass are the layer's forward kernels in F, its backward kernels (split half and half
 between I and W) in the backward, the forward's again where the backward recomputes it (full
-recomputation), and one per tensor-parallel collective. A :class:`Dispatch` model states the kernels
+recomputation), and one per tensor-parallel collective. The host's side also waits for each
+tensor-parallel collective: H = kernels × δ + the collectives' seconds (``waited``; vTrain's
+microbatch-1 rows gain about the all-reduces' measured latency per layer with tp, docs/fidelity.md,
+"Ranking", mechanism 7). A :class:`Dispatch` model states the kernels
 of one layer forward and backward as the framework's code launches them; the framework's entry
 (:attr:`pipewright.cost.frameworks.Framework.dispatch`) names the model and gives δ (fitted on measured
 runs of the framework, :mod:`pipewright.cost.measured`; 0 where none were measured: the floor is not
@@ -23,8 +26,9 @@ priced).
 Kernels per dense layer (GPT/Llama block: two norms, four linear layers, attention, activation, two
 residual adds), counted from the code each runs:
 
-- ``eager`` (PyTorch eager: Megatron-DeepSpeed's ``megatron/model/transformer.py``, torchtitan's and
-  llm-foundry's blocks without ``torch.compile``): forward 17 — layer norm, QKV GEMM, the score
+- ``eager`` (PyTorch eager with an unfused softmax, counted on Megatron-DeepSpeed's
+  ``megatron/model/transformer.py`` with its softmax unfused; torchtitan's and llm-foundry's blocks
+  without ``torch.compile`` launch about as many): forward 17 — layer norm, QKV GEMM, the score
   ``baddbmm``, scale, mask fill, softmax, dropout, ``bmm``, the context's ``permute().contiguous()``,
   output GEMM, bias-dropout-add (2), layer norm, MLP up GEMM, bias-GeLU, down GEMM, bias-dropout-add;
   backward 45 — two GEMMs per linear layer (8), the bias gradients (4), attention's two ``bmm``
@@ -33,6 +37,11 @@ residual adds), counted from the code each runs:
   the context permute's (1), and the accumulation of each of the layer's 12 parameter gradients into
   its fp32 main-gradient buffer (Megatron-DeepSpeed's ``fp32 grad accumulation``, 12; other eager
   frameworks do the same once per microbatch through their gradient buckets).
+- ``megatron-eager`` (Megatron-DeepSpeed, Megatron-LM before Transformer Engine): ``eager`` with
+  Megatron's fused scale-mask-softmax (``FusedScaleMaskSoftmax``: one kernel for scale, mask and
+  softmax, one for their gradient): forward 15, backward 43. Where that kernel cannot run
+  (:func:`fused_softmax_runs`) Megatron takes the unfused fp32 path, ``softmax_fallback`` = 4 kernels
+  more in the forward (cast up, scale, mask, softmax, cast down for the one) and 4 in the backward.
 - ``fused`` (Megatron-Core with Transformer Engine: ``LayerNormLinear``, fused attention, fused
   bias-GeLU and bias-dropout-add): forward 9, backward 20.
 - ``compiled`` (``torch.compile`` of each block: the elementwise chains fused by Inductor around the
@@ -62,18 +71,27 @@ class Dispatch:
     embedding: tuple[int, int] = (0, 0)
     head: tuple[int, int] = (0, 0)
     collective: int = 1
+    softmax_fallback: tuple[int, int] = (0, 0)
 
     def __post_init__(self) -> None:
         if self.forward < 0 or self.backward < 0:
             raise ConfigError(f"dispatch {self.name}: kernel counts must be ≥ 0")
 
-    def layer_kernels(self, kind: str, recomputed: bool, collectives: int) -> float:
+    def layer_kernels(
+        self, kind: str, recomputed: bool, collectives: int, softmax_fused: bool = True
+    ) -> float:
         """Kernels one layer launches in a ``kind`` pass: F the forward's, I and W half the backward's
-        each (I also the recomputed forward's), B both; + its ``collectives`` tensor-parallel calls."""
+        each (I also the recomputed forward's), B both; + its ``collectives`` tensor-parallel calls;
+        + :attr:`softmax_fallback` where the fused softmax kernel cannot run (``softmax_fused`` False:
+        :func:`fused_softmax_runs`; its backward kernels in I, where the softmax gradient runs)."""
         if self.replayed:
             return 0.0
-        redo = self.forward if recomputed else 0
-        own = {F: self.forward, I: self.backward / 2 + redo, W: self.backward / 2, B: self.backward + redo}
+        fwd, bwd = self.forward, self.backward
+        extra = 0 if softmax_fused else self.softmax_fallback[1]
+        if not softmax_fused:
+            fwd += self.softmax_fallback[0]
+        redo = fwd if recomputed else 0
+        own = {F: fwd, I: bwd / 2 + extra + redo, W: bwd / 2, B: bwd + extra + redo}
         return own[kind] + collectives
 
 
@@ -104,9 +122,45 @@ register(
         head=(20, 24),
     )
 )
+register(
+    Dispatch(
+        "megatron-eager",
+        "Megatron-DeepSpeed / Megatron-LM before Transformer Engine: eager PyTorch with Megatron's fused "
+        "scale-mask-softmax kernel where it runs (module docstring)",
+        15,
+        43,
+        embedding=(4, 6),
+        head=(20, 24),
+        softmax_fallback=(4, 4),
+    )
+)
 register(Dispatch("fused", "Megatron-Core with Transformer Engine's fused modules", 9, 20))
 register(Dispatch("compiled", "torch.compile'd blocks (Inductor-fused elementwise chains)", 8, 18))
 register(Dispatch("graphs", "CUDA graphs: one launch replays the pass", 0, 0, replayed=True))
+
+
+def fused_softmax_runs(microbatch: int, heads_per_rank: int, seq_len: int, dtype: str) -> bool:
+    """Whether Megatron's fused scale-mask-softmax kernel (``FusedScaleMaskSoftmax``, the causal
+    ``scaled_upper_triang_masked_softmax``) runs on attention scores of ``microbatch`` × ``heads_per_rank``
+    matrices of ``seq_len``²: 16-bit inputs, 16 < s ≤ 2048, s a multiple of 4 and b × heads a
+    multiple of 4 (its ``is_kernel_available``: four rows per warp-block); otherwise Megatron runs the
+    unfused fp32 path."""
+    return (
+        dtype in ("fp16", "bf16")
+        and 16 < seq_len <= 2048
+        and seq_len % 4 == 0
+        and (microbatch * heads_per_rank) % 4 == 0
+    )
+
+
+def cost_softmax_fused(cost) -> bool:
+    """:func:`fused_softmax_runs` on a :class:`~pipewright.cost.transformer.TransformerCost`'s shape
+    (its microbatch, heads per tensor-parallel rank, tokens per context-parallel rank, activations'
+    dtype); True with fused (flash) attention, which has no separate softmax."""
+    if cost.attention == "flash":
+        return True
+    heads = max(1, cost.spec.heads // cost.mesh.tp)
+    return fused_softmax_runs(cost.microbatch, heads, cost.spec.seq_len // cost.cp, cost.act_dtype)
 
 
 #: the smooth maximum's exponent p (module docstring)
@@ -129,29 +183,44 @@ def launched(
     tp_calls: int,
     first: bool = False,
     last: bool = False,
+    softmax_fused: bool = True,
+    waited: float = 0.0,
 ) -> float:
     """A ``kind`` pass of ``gpu`` GPU seconds over ``layers`` layers as the host launches it, under
     ``efficiency``'s dispatch model and δ (:attr:`~pipewright.cost.efficiency.Efficiency.host_per_kernel`;
     0: ``gpu`` unchanged): :func:`combined` of it and the launches' H = kernels × δ — the layers'
     kernels, ``tp_calls`` tensor-parallel collectives (each ``collective`` kernels' worth), the
-    embedding's (``first``) and the output layer's and loss's (``last``). The cost model's and the
-    planner's one formula."""
+    embedding's (``first``) and the output layer's and loss's (``last``), the unfused softmax's
+    where ``softmax_fused`` is False — plus ``waited``, the seconds the host waits for the pass's
+    tensor-parallel collectives. The cost model's and the planner's one formula."""
     model = dispatch(efficiency.dispatch)
     if efficiency.host_per_kernel <= 0 or model.replayed:
         return gpu
-    kernels = layers * model.layer_kernels(kind, recomputed, 0) + tp_calls * model.collective
+    kernels = layers * model.layer_kernels(kind, recomputed, 0, softmax_fused) + tp_calls * model.collective
     for held, (fwd, bwd) in ((first, model.embedding), (last, model.head)):
         if held:
             kernels += {F: fwd, I: bwd / 2, W: bwd / 2, B: bwd}[kind]
-    return combined(gpu, kernels * efficiency.host_per_kernel)
+    return combined(gpu, kernels * efficiency.host_per_kernel + waited)
 
 
-def chunk_launched(cost, chunk, kind: str, gpu: float) -> float:
+def chunk_launched(cost, chunk, kind: str, gpu: float, waited: float = 0.0) -> float:
     """:func:`launched` for a ``kind`` pass of a :class:`~pipewright.cost.transformer.TransformerCost`'s
-    ``chunk`` (its layers, tensor-parallel collectives, embedding and head) of ``gpu`` GPU seconds."""
+    ``chunk`` (its layers, tensor-parallel collectives, embedding and head) of ``gpu`` GPU seconds,
+    ``waited`` of them its exposed tensor-parallel collectives."""
     calls = len(chunk.tp_bytes[kind]) if cost.mesh.tp > 1 else 0
     full = cost.recompute == "full"
-    return launched(gpu, cost.efficiency, chunk.layers, kind, full, calls, chunk.first, chunk.last)
+    return launched(
+        gpu,
+        cost.efficiency,
+        chunk.layers,
+        kind,
+        full,
+        calls,
+        chunk.first,
+        chunk.last,
+        cost_softmax_fused(cost),
+        waited,
+    )
 
 
 def optimizer_seconds(cost, params: float) -> float:

@@ -383,7 +383,7 @@ class TransformerCost:
         if self.regathers and kind != W:
             fsdp = exposed(self._fsdp_comm(chunk, kind, rank), gemm + attn)
         overhead = chunk.layers * eff.layer_overhead * _OVERHEAD[kind]
-        return chunk_launched(self, chunk, kind, gemm + attn + memory + tp + ring + fsdp + overhead)
+        return chunk_launched(self, chunk, kind, gemm + attn + memory + tp + ring + fsdp + overhead, tp)
 
     @property
     def regathers(self) -> bool:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from pipewright.cost.comm import collective_floor
 from pipewright.cost.sharding import like, reduction_time
 from pipewright.plan.costs import parts
 from pipewright.plan.mapping import DeviceMap
@@ -62,18 +63,21 @@ class _Context:
         return hit
 
     def all_reduce(self, group: tuple[str, ...], op: str = "all_reduce") -> Callable[[float], float]:
-        """Seconds of collective ``op`` of n bytes over ``group``'s devices (the cost model's formula),
+        """Seconds of collective ``op`` of n bytes over ``group``'s devices (the cost model's formula,
+        no less than the launched collective's floor, :func:`pipewright.cost.comm.collective_floor`),
         cached per group :meth:`signature`."""
         topo, eff = self.problem.topology, self.problem.efficiency_for().comm
         sig = self.signature(group)
+        floor_kind = topo.accelerator(group[0]).name if group else ""
 
         def f(nbytes: float) -> float:
             if getattr(nbytes, "calls", ()):  # a sharded reduction: its calls, as TopologyComm
                 return reduction_time(op, nbytes, lambda k, b: self.all_reduce(group, k)(b))
-            key = (op, sig, nbytes)
+            key = (op, sig, nbytes, floor_kind)
             hit = self.ar_cache.get(key)
             if hit is None:
-                hit = self.ar_cache[key] = topo.collective_time(op, group, nbytes / eff)
+                seconds = topo.collective_time(op, group, nbytes / eff)
+                hit = self.ar_cache[key] = max(seconds, collective_floor(topo, op, list(group)))
             return hit
 
         return f

@@ -29,7 +29,7 @@ from functools import cache
 
 from pipewright.cost.comm import Mesh
 from pipewright.cost.context import ring_gathered_bytes
-from pipewright.cost.dispatch import launched
+from pipewright.cost.dispatch import cost_softmax_fused, launched
 from pipewright.cost.gemm import gemm_seconds as gemm_seconds
 from pipewright.cost.gemm import roofline
 from pipewright.cost.recompute import make_cost
@@ -160,7 +160,8 @@ class Part:
             exchange += terms.a2a * a2a(self.a2a_bytes)  # blocking, as MoECost.kind_time adds them
         calls = len(terms.tp) if o.tp > 1 else 0  # the launches' floor, as TransformerCost.kind_time
         gpu_seconds = gemm + attn + rest + tp + exchange
-        return launched(gpu_seconds, eff, self.layers, kind, o.full_recompute, calls, self.first, self.last)
+        fused, ends = o.softmax_fused, (self.first, self.last)
+        return launched(gpu_seconds, eff, self.layers, kind, o.full_recompute, calls, *ends, fused, tp)
 
 
 @dataclass(frozen=True)
@@ -177,6 +178,7 @@ class Pricing:
     full_recompute: bool = False
     tp_blocks: tuple = ()
     attention_bytes: float = 0.0  # per FLOP of eager attention's batched GEMMs (TransformerCost's)
+    softmax_fused: bool = True  # Megatron's fused softmax kernel runs (cost.dispatch.cost_softmax_fused)
 
 
 @dataclass(frozen=True)
@@ -311,6 +313,7 @@ def parts(
             full,
             layer_blocks(spec, microbatch * spec.seq_len / options.cp, tp),
             getattr(cost, "attention_bytes", 0.0),
+            cost_softmax_fused(cost),
         ),
         dense,
         getattr(cost, "optimizer_sharding", "none"),
