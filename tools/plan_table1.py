@@ -3,24 +3,21 @@ planner's choice, both simulated on a Selene-like cluster under 80 GB per GPU.
 
     PYTHONPATH=src python tools/plan_table1.py [--rows 1,2,…] [--json FILE]
 
-The CSV is read relative to the repository root (../shared/reference/megatron_table1.csv).
+The rows are the package's copy of the published table (``cost/data/megatron_table1.csv``).
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 from _table import markdown_table, report_rows
 
-from pipewright.cost.megatron import load_table1
+from pipewright.cost.megatron import packaged_table1
 from pipewright.plan.report import make_plan
 from pipewright.plan.search import Problem
 from pipewright.plan.table1 import table1_setup
 
-ROOT = Path(__file__).resolve().parents[1]
-CSV = ROOT / ".." / "shared" / "reference" / "megatron_table1.csv"
 LIMIT = 80e9
 
 
@@ -71,7 +68,7 @@ def main() -> None:
     parser.add_argument("--rows", help="1-based rows to run (default all)")
     parser.add_argument("--json", help="also write the rows as JSON here")
     args = parser.parse_args()
-    table = load_table1(CSV)
+    table = packaged_table1()
     pick = [int(x) - 1 for x in args.rows.split(",")] if args.rows else range(len(table))
     report_rows((compare_row(table[i]) for i in pick), markdown, args.json)
 
