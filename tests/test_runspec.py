@@ -61,6 +61,38 @@ def test_the_spec_takes_every_flag_of_todays_command(command):
     assert not missing, f"{command}: no field for {sorted(missing)}"
 
 
+@functools.cache
+def _train_defaults() -> dict:
+    from pipewright.cli import _train_defaults as defaults_by_dest
+
+    return defaults_by_dest()
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_flag_keeps_todays_default(command):
+    """A flag left out means what it means today (``train``'s None: TrainConfig's default)."""
+    by_option = {o: a.dest for a in spec_parser(command)._actions for o in a.option_strings}
+    spec = defaults(command)
+    for action in todays_parser(command)._actions:
+        if not action.option_strings or action.dest in ("help", "config"):
+            continue
+        path = tuple(by_option[action.option_strings[0]].split("."))
+        today = action.default
+        if today is None and command in ("train", "check"):
+            if path[0] == "features":  # not given: the feature section's default
+                continue
+            today = _train_defaults().get(action.dest)
+        flag = action.option_strings[0]
+        if (
+            isinstance(action, argparse._StoreTrueAction)
+            and flag.startswith("--no-")
+            and path[-1] != "no_" + flag[5:].replace("-", "_")
+        ):
+            today = not today  # plan's --no-progress stored no_progress; the spec stores progress
+        today = tuple(today) if isinstance(today, list) else today
+        assert get(spec, path) == today, (command, action.option_strings, get(spec, path), today)
+
+
 @pytest.mark.parametrize("command", COMMANDS)
 def test_help_groups_are_small_and_show_every_default(command):
     parser = spec_parser(command)

@@ -142,28 +142,36 @@ def format_layout(stages: Sequence[str]) -> str:
     """Short text for a layout given as one symbol string per stage: each stage by
     :func:`format_stage`, and a run of r ≥ 2 repeats of a block of stages written ``(a|b|)*r``.
 
-    The shortest such text by dynamic programming over the stages: ``best[i]``, the text of stages
-    i…k−1, is the shorter of stage i, ``|``, ``best[i+1]`` and, for every period p and repeat count r
-    whose block repeats from i and ends before the last stage (the group's trailing ``|`` needs a
-    stage after it), ``(block|)*r`` then ``best[i+p·r]``. O(k² log k) for k stages."""
+    Dynamic programming over the stages: ``best[i]``, the text of stages i…k−1, is the shorter of
+    stage i, ``|``, ``best[i+1]`` and, for every period p whose block repeats from stage i, the
+    longest run of it that ends before the last stage (the group's trailing ``|`` needs a stage
+    after it), ``(block|)*r`` then ``best[i+p·r]``. Repeats are found with ``same[p][j]``, the number of
+    stages from j on that equal the stage p later: O(k²) for k stages."""
     texts = [format_stage(s) for s in stages]
     k = len(texts)
     if k == 0:
         raise ConfigError("a layout has at least one stage")
+    first: dict[str, int] = {}
+    ids = [first.setdefault(t, len(first)) for t in texts]
+    chars = [0]  # chars[j]: the length of texts[:j], each with its "|"
+    for t in texts:
+        chars.append(chars[-1] + len(t) + 1)
+    same = [[0] * (k + 1) for _ in range(k // 2 + 1)]
+    for p in range(1, k // 2 + 1):
+        for j in range(k - p - 1, -1, -1):
+            same[p][j] = same[p][j + 1] + 1 if ids[j] == ids[j + p] else 0
     size = [0] * k
     choice: list[tuple[int, int]] = [(0, 0)] * k  # (p, r); p = 0: the stage written alone
     size[k - 1] = len(texts[k - 1])
     for i in range(k - 2, -1, -1):
         size[i], choice[i] = len(texts[i]) + 1 + size[i + 1], (0, 0)
         for p in range(1, (k - 1 - i) // 2 + 1):
-            block = stages[i : i + p]
-            body = sum(len(t) + 1 for t in texts[i : i + p]) + 3  # "(", "|" each, ")*"
-            r = 1
-            while i + (r + 1) * p <= k - 1 and list(stages[i + r * p : i + (r + 1) * p]) == list(block):
-                r += 1
-                cost = body + len(str(r)) + size[i + r * p]
-                if cost < size[i]:
-                    size[i], choice[i] = cost, (p, r)
+            r = min(same[p][i] // p + 1, (k - 1 - i) // p)
+            if r < 2:
+                continue
+            cost = chars[i + p] - chars[i] + 3 + len(str(r)) + size[i + r * p]
+            if cost < size[i]:
+                size[i], choice[i] = cost, (p, r)
     out, i = [], 0
     while i < k - 1:
         p, r = choice[i]

@@ -170,6 +170,9 @@ class ParallelismSection:
         "a `pipewright plan` file: its layout, degrees and device order",
         commands=("simulate", "train", "check"),
     )
+    placement: str | None = spec_field(
+        None, None, "device of each rank, comma-separated (a plan's device order; default rank r on device r)"
+    )
     rank_order: str | None = spec_field(
         None,
         "--rank-order",

@@ -31,7 +31,7 @@ _VARIANT_KEYS = frozenset({"default", "help", "choices", "aliases"})
 
 def spec_field(
     default: Any,
-    flag: str,
+    flag: str | None,
     help: str,
     *,
     commands: tuple[str, ...] = (),
@@ -40,7 +40,8 @@ def spec_field(
     minimum: float | None = None,
 ) -> Any:
     """A section field: default ``default``; flag ``flag`` (``--no-x`` for a switch whose default is
-    True); ``help`` (its docstring, shown with the default); ``commands``: those that take the flag;
+    True; None: TOML only); ``help`` (its docstring, shown with the default); ``commands``: those that
+    take the flag;
     ``variants``: command → its own ``default``/``help``/``choices``/``aliases``; ``nargs="+"``: a
     tuple given as several words (other tuples take one comma-separated word); ``minimum``: the least
     value a number may take (numbers are otherwise at least 0)."""

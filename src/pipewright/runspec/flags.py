@@ -161,7 +161,7 @@ def spec_to_argv(spec: RunSpec, command: str, features: Mapping[str, type] | Non
         flag = f.metadata["flag"]
         where = f"{'.'.join(path)} = {value!r}"
         if not _takes(path, f, command):
-            raise ConfigError(f"{where}: {command} takes no {flag}")
+            raise ConfigError(f"{where}: {command} takes no {flag or 'flag for it (TOML only)'}")
         if value is None:
             raise ConfigError(
                 f"{where}: {flag} cannot say 'none' (its default for {command} is {start[path]})"

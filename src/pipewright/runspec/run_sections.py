@@ -106,12 +106,11 @@ class PrecisionSection:
         commands=("simulate", "plan", "calibrate"),
         variants={"calibrate": {"default": "bf16", "help": "fp16, bf16, fp8, fp32"}},
     )
-    precision: str = spec_field(
+    precision: Literal["fp32", "bf16", "fp16"] = spec_field(
         "fp32",
         "--precision",
         "fp32, bf16 or fp16 (fp32 master weights and optimizer state; fp16 loss scaling)",
         commands=("train", "check", "profile"),
-        variants={"profile": {"choices": ("fp32", "bf16", "fp16")}},
     )
     reduce_fp32: bool = spec_field(
         False,
@@ -180,12 +179,11 @@ class MemorySection:
         "FSDP / ZeRO-3: weights, gradients and optimizer state sharded",
         commands=("simulate",),
     )
-    cpu_allocator: str = spec_field(
+    cpu_allocator: Literal["retain", "system"] = spec_field(
         "retain",
         "--cpu-allocator",
         "retain (CPU workers keep freed tensor memory) or system",
         commands=("train", "check", "profile"),
-        variants={"profile": {"choices": ("retain", "system")}},
     )
 
 

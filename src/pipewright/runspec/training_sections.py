@@ -62,6 +62,7 @@ class CheckpointSection:
         "restart the workers from the latest checkpoint up to N times after a failure",
         commands=TRAINING,
     )
+    eval_batches: int = spec_field(2, None, "validation batches per evaluation", minimum=1)
     on_nonfinite: Literal["stop", "skip"] = spec_field(
         "stop",
         "--on-nonfinite",
@@ -124,6 +125,9 @@ class TrainingSection:
         "adamw or sgd, or an optimizer a feature provides",
         commands=("train", "check", "profile"),
     )
+    min_lr_ratio: float = spec_field(0.1, None, "the cosine schedule's floor, a fraction of --lr")
+    weight_decay: float = spec_field(0.1, None, "decoupled weight decay (AdamW)")
+    grad_clip: float = spec_field(1.0, None, "the gradients' global norm is clipped to this")
     checkpoints: CheckpointSection = subsection(CheckpointSection)
 
 

@@ -54,7 +54,7 @@ def _want(kind: Any) -> str:
 
 
 def _where(path: Path, f: Field | None, source: str) -> str:
-    flag = f" ({f.metadata['flag']})" if f is not None else ""
+    flag = f" ({f.metadata['flag']})" if f is not None and f.metadata.get("flag") else ""
     return f"{source}: {'.'.join(path)}{flag}"
 
 
@@ -97,8 +97,8 @@ def validate(spec: RunSpec, source: str = "run spec") -> RunSpec:
             raise ConfigError(f"{_where(path, f, source)} must be one of {', '.join(allowed)}, not {value!r}")
     for a, b in EXCLUSIVE:
         if get(spec, a) and get(spec, b):
-            fa, fb = fields[a][0].metadata["flag"], fields[b][0].metadata["flag"]
-            raise ConfigError(f"{source}: {'.'.join(a)} ({fa}) and {'.'.join(b)} ({fb}) exclude each other")
+            first, second = _where(a, fields[a][0], source), _where(b, fields[b][0], "")
+            raise ConfigError(f"{first} and{second.removeprefix(':')} exclude each other")
     _check_layout(spec, source)
     return spec
 
