@@ -165,3 +165,31 @@ def test_a_value_no_flag_can_write_is_named():
     with pytest.raises(ConfigError, match=r"parallelism\.pp = None: --pp cannot say 'none'"):
         spec_to_argv(spec, "train")
     assert get(spec, ("features", "vocab", "parallel")) == "none"
+
+
+def test_every_published_run_is_a_spec():
+    """Each row of the published-runs table (cost/fidelity.py's command lines) reads as a spec that
+    round-trips through flags and TOML unchanged."""
+    from pipewright.cost.fidelity import load_runs, simulate_argv
+
+    parser = spec_parser("simulate")
+    runs = load_runs()
+    for run in runs:
+        spec = spec_from_args(parser.parse_args(simulate_argv(run)[1:]), "simulate")
+        assert spec_from_args(parser.parse_args(spec_to_argv(spec, "simulate")), "simulate") == spec, run.id
+        assert loads_toml(dump_toml(spec), "simulate") == spec, run.id
+    assert len(runs) > 100
+
+
+def test_every_training_config_field_has_a_place():
+    """TrainConfig's fields: each a flag of the spec's train parser or a TOML-only field of that name."""
+    from dataclasses import fields
+
+    from pipewright.runspec.run import spec_fields
+    from pipewright.runtime.config import TrainConfig
+
+    flags = options(spec_parser("train"))
+    toml_only = {path[-1] for path, f, _ in spec_fields({}) if f.metadata["flag"] is None}
+    for f in fields(TrainConfig):
+        if f.name != "features":
+            assert f.metadata.get("flag") in flags or f.name in toml_only, f.name
