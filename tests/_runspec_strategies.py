@@ -58,5 +58,6 @@ def specs(draw, command: str):
         if changes.get(a) and changes.get(b):
             changes[b] = False
     if changes.get(("parallelism", "layout")):  # a layout that fits whatever pp and layers were drawn
-        changes[("parallelism", "virtual")] = changes[("model", "layers")] = None
+        for path in (("parallelism", "virtual"), ("model", "layers"), ("model", "mtp_depth")):
+            changes[path] = None
     return with_values(defaults(command, features), changes)

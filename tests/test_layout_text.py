@@ -104,6 +104,9 @@ def test_megatron_core_examples():
         assert expand_layout(text) == megatron_stages(text)
     assert parse_layout("Et*1,2|tL").layer_counts == (12, 1)  # commas are cosmetic, digits join
     assert parse_layout("Et|(tt|)*30mL").stages[-1].mtp == 1
+    assert parse_layout("Et|(tt|)*30mL").check(61, 32, mtp_depth=1).num_mtp == 1
+    with pytest.raises(ConfigError, match=r"holds 1 multi-token-prediction layers \(m\) but the model has 0"):
+        parse_layout("Et|(tt|)*30mL").check(61)  # an m the model lacks is refused, not ignored
 
 
 @pytest.mark.parametrize(

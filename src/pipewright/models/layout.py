@@ -69,9 +69,22 @@ class Layout:
         ``E|(t|)*126L``; :func:`parse_layout` reads it back to this layout."""
         return format_layout([s.symbols for s in self.stages])
 
-    def check(self, num_layers: int, num_stages: int | None = None) -> Layout:
+    @property
+    def num_mtp(self) -> int:
+        """Multi-token-prediction layers (``m``) in the layout."""
+        return sum(s.mtp for s in self.stages)
+
+    def check(self, num_layers: int, num_stages: int | None = None, mtp_depth: int | None = 0) -> Layout:
         """Raise a one-line ConfigError unless the layout fits a model of ``num_layers`` layers (and,
-        when given, a pipeline of ``num_stages`` stages = pp × virtual)."""
+        when given, a pipeline of ``num_stages`` stages = pp × virtual) with ``mtp_depth``
+        multi-token-prediction layers: a layout that places them (``m``) places all of them
+        (Megatron-Core's rule); one without ``m`` leaves them on the last stage, where the cost model
+        prices them. ``mtp_depth`` None: not checked."""
+        if mtp_depth is not None and self.num_mtp and self.num_mtp != mtp_depth:
+            raise ConfigError(
+                f"layout {self.compact()} holds {self.num_mtp} multi-token-prediction layers (m) but the "
+                f"model has {mtp_depth} (--mtp-depth)"
+            )
         if self.num_layers != num_layers:
             raise ConfigError(
                 f"layout {self.compact()} holds {self.num_layers} transformer layers but the model has "

@@ -105,7 +105,7 @@ def validate(spec: RunSpec, source: str = "run spec") -> RunSpec:
 
 def _check_layout(spec: RunSpec, source: str) -> None:
     """The layout parses (Megatron-Core's language) and, where the spec gives them, holds the model's
-    layers in pp × virtual stages."""
+    layers and multi-token-prediction layers in pp × virtual stages."""
     text = spec.parallelism.layout
     if not text:
         return
@@ -117,6 +117,7 @@ def _check_layout(spec: RunSpec, source: str) -> None:
         layout.check(
             spec.model.layers if spec.model.layers is not None else layout.num_layers,
             p * (v or 1) if p is not None and v is not None else None,
+            spec.model.mtp_depth,
         )
     except ConfigError as exc:
         raise ConfigError(f"{source}: parallelism.layout (--layout): {exc}") from None
