@@ -93,8 +93,8 @@ def _atoms(reader: _Reader, inside: bool) -> list[tuple[str, int]]:
             _check_size(reader, len(out) + n)
             out.extend([(c, col)] * n)
         else:
-            what = "')' without '('" if c == ")" else f"unknown character {c!r}"
-            raise reader.fail(f"{what}; use E, t, m, L, '|', '*N' and '(…)*N'")
+            what = "')' without '('" if c == ")" else f"{c!r}"
+            raise reader.fail(f"cannot read {what}; use E, t, m, L, '|', '*N' and '(…)*N'")
     return out
 
 
