@@ -29,6 +29,13 @@ class ClusterSection:
             "--microbatches; --microbatch-size and --layers default to the profile's)"
         ),
         commands=("simulate", "plan", "train"),
+        variants={
+            "plan": {
+                "help": "plan from a `pipewright profile` table (CSV or JSON) instead of --model: measured "
+                "times, the profile's model, tp and microbatch sizes, no recomputation"
+            },
+            "train": {"help": "profile CSV for --compare-sim (default: profile the model first)"},
+        },
     )
     cores: float | None = spec_field(
         None,
@@ -44,6 +51,12 @@ class ClusterSection:
         "--gpu",
         ("accelerator kind: v100, a100-40gb, a100-80gb, h100-sxm, h100-pcie, h800, h200, b200, cpu"),
         commands=("simulate", "plan", "profile", "calibrate"),
+        variants={
+            "profile": {
+                "help": "with --calibration: the hardware preset of this GPU when its name maps to none"
+            },
+            "calibrate": {"help": "the GPU the runs were measured on (a preset)"},
+        },
     )
     nodes: int = spec_field(
         1,
@@ -124,7 +137,10 @@ class ParallelismSection:
         "tensor-parallel size",
         commands=("simulate", "plan", "train", "check", "profile"),
         minimum=1,
-        variants={"plan": {"default": None, "help": "fix tp"}},
+        variants={
+            "plan": {"default": None, "help": "fix tp (default: searched)"},
+            "profile": {"help": "tensor-parallel size (spawns tp processes)"},
+        },
     )
     dp: int | None = spec_field(
         1,

@@ -106,7 +106,7 @@ class SearchSection:
         (
             "recomputation choices, comma-separated: none, selective, full, op (torchtitan's "
             "operator-level policy; dense models with flash attention), each also tried per "
-            "stage (default %(default)s)"
+            "stage"
         ),
         commands=("plan",),
     )

@@ -36,6 +36,7 @@ MAX_GROUP = 15
 def _title(path: Path, cls: type) -> str:
     """``model.moe: Mixture of experts: …`` (a feature's group: ``features.vocab``)."""
     doc = "" if path[0] == "features" else " ".join((cls.__doc__ or "").split("(``", 1)[0].split())
+    doc = doc.replace("``", "")
     return f"{'.'.join(path)}: {doc.rstrip('.')}" if doc else ".".join(path)
 
 
@@ -45,6 +46,11 @@ def _shown(value: Any) -> str:
     if isinstance(value, tuple):
         return ",".join(map(str, value)) or "none"
     return str(value)
+
+
+def _switch(flag: str, value: bool) -> str:
+    """A switch's default as on or off (``--no-progress``: off while progress is on)."""
+    return "on" if value != flag.startswith("--no-") else "off"
 
 
 def _commas(kind: Callable[[str], Any]) -> Callable[[str], tuple]:
@@ -79,8 +85,9 @@ def _add(group: Any, path: Path, f: Field, kind: Any, command: str) -> None:
     names = (flag, *(setting(f, cmd, "aliases") or ()))
     text = setting(f, cmd, "help") or path[-1].replace("_", " ")
     value = field_default(path, f, command)
+    text = text.replace("%(default)s", _shown(value))
     if "default" not in text.lower():
-        text += f" (default: {_shown(value)})"
+        text += f" (default: {_switch(flag, value) if base_type(kind) is bool else _shown(value)})"
     common = {"dest": ".".join(path), "default": argparse.SUPPRESS, "help": text.replace("%", "%%")}
     metavar = path[-1].upper()
     base = base_type(kind)

@@ -82,7 +82,11 @@ class ModelSection:
         "--model",
         ("preset (gpt-tiny, gpt-small-cpu, llama-tiny, gpt3-*, llama3-*) or family gpt|llama"),
         commands=("simulate", "plan", "train", "check", "profile"),
-        variants={"train": {"default": "gpt-small-cpu"}, "check": {"default": "gpt-small-cpu"}},
+        variants={
+            "train": {"default": "gpt-small-cpu"},
+            "check": {"default": "gpt-small-cpu"},
+            "profile": {"help": "preset (default gpt-small-cpu) or family gpt"},
+        },
     )
     layers: int | None = spec_field(
         None,

@@ -111,6 +111,11 @@ class PrecisionSection:
         "--precision",
         "fp32, bf16 or fp16 (fp32 master weights and optimizer state; fp16 loss scaling)",
         commands=("train", "check", "profile"),
+        variants={
+            "profile": {
+                "help": "the run's compute dtype: the layers and the boundary message are timed in it"
+            }
+        },
     )
     reduce_fp32: bool = spec_field(
         False,
@@ -127,7 +132,8 @@ class MemorySection:
     recompute: Literal["full", "selective", "op", "none"] = spec_field(
         "none",
         "--recompute",
-        "activation recomputation: none, selective (attention core) or full (per layer)",
+        "activation recomputation: full (the layer input kept), selective (the attention core re-run), op "
+        "(torchtitan's operator-level policy: every second matmul and the memory-bound ops re-run), none",
         commands=("simulate", "train", "check", "calibrate"),
     )
     recompute_method: Literal["uniform", "block"] | None = spec_field(

@@ -9,6 +9,8 @@ from typing import Literal
 
 from pipewright.runspec.fields import TRAINING, section, spec_field, subsection
 
+_REPLACE_RUN = "an --out that holds a run: move that run aside (to <out>.replaced-<time>), start anew"
+
 
 @section
 class CheckpointSection:
@@ -124,6 +126,7 @@ class TrainingSection:
         "--optimizer",
         "adamw or sgd, or an optimizer a feature provides",
         commands=("train", "check", "profile"),
+        variants={"profile": {"help": "optimizer whose step is timed"}},
     )
     min_lr_ratio: float = spec_field(0.1, None, "the cosine schedule's floor, a fraction of --lr")
     weight_decay: float = spec_field(0.1, None, "decoupled weight decay (AdamW)")
@@ -140,6 +143,7 @@ class OutputSection:
         "--json",
         "print the metrics as JSON",
         commands=("simulate", "plan", "calibrate"),
+        variants={"plan": {"help": "print the plan JSON"}, "calibrate": {"help": "print the report as JSON"}},
     )
     png: str | None = spec_field(
         None,
@@ -158,6 +162,7 @@ class OutputSection:
         "--overwrite",
         ("replace an existing output file (or one that is also an input); refused without it"),
         commands=("simulate", "plan", "train", "check", "export-plan", "profile", "calibrate"),
+        variants={"train": {"help": _REPLACE_RUN}, "check": {"help": _REPLACE_RUN}},
     )
     progress: bool = spec_field(
         True,
@@ -170,7 +175,12 @@ class OutputSection:
         "--out",
         "output folder (default runs/<timestamp>)",
         commands=("plan", "train", "check", "export-plan", "profile", "calibrate"),
-        variants={"plan": {"aliases": ("-o",)}, "export-plan": {"aliases": ("-o",)}},
+        variants={
+            "plan": {"aliases": ("-o",), "help": "write the plan JSON to this file"},
+            "export-plan": {"aliases": ("-o",), "help": "write to this file instead of printing"},
+            "profile": {"help": "profile file to write (.csv or .json)"},
+            "calibrate": {"help": "the calibration file to write (JSON)"},
+        },
     )
     artifacts: bool = spec_field(
         True,
