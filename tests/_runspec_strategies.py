@@ -9,8 +9,7 @@ from hypothesis import strategies as st
 
 from pipewright.runspec import defaults, with_values
 from pipewright.runspec.fields import base_type, choices, setting
-from pipewright.runspec.flags import _command_for, _takes
-from pipewright.runspec.run import feature_sections, field_default, spec_fields
+from pipewright.runspec.run import feature_sections, field_command, field_default, field_takes, spec_fields
 from pipewright.runspec.validation import EXCLUSIVE
 
 #: Any text but "--", which argparse takes for the end of the options even after "=".
@@ -23,7 +22,7 @@ def _values(path, f, kind, command):
     start = field_default(path, f, command)
     floor = f.metadata.get("minimum") or 0
     base = base_type(kind)
-    listed = setting(f, _command_for(path, command), "choices") or choices(kind)
+    listed = setting(f, field_command(path, command), "choices") or choices(kind)
     if base is bool:
         drawn = st.sampled_from(sorted({start, not f.metadata["flag"].startswith("--no-")}))
     elif listed:
@@ -52,7 +51,7 @@ def specs(draw, command: str):
     changes = {
         path: draw(_values(path, f, kind, command), label=".".join(path))
         for path, f, kind in spec_fields(features)
-        if _takes(path, f, command)
+        if field_takes(path, f, command)
     }
     for a, b in EXCLUSIVE:
         if changes.get(a) and changes.get(b):

@@ -15,19 +15,22 @@ from dataclasses import Field
 from typing import Any
 
 from pipewright.errors import ConfigError
-from pipewright.runspec.fields import base_type, choices, setting, subsections, takes
+from pipewright.runspec.fields import base_type, choices, setting, subsections
 from pipewright.runspec.run import (
     Path,
     RunSpec,
     defaults,
-    feature_command,
     feature_sections,
+    field_command,
     field_default,
+    field_takes,
     get,
     spec_fields,
     values,
     with_values,
 )
+from pipewright.runspec.toml_io import load_toml
+from pipewright.runspec.validation import validate
 
 #: The most flags one help group shows (a larger section is split into sub-sections).
 MAX_GROUP = 15
@@ -70,17 +73,9 @@ def _scalar(kind: Any) -> Callable[[str], Any]:
     return kind if kind in (int, float) else str
 
 
-def _command_for(path: Path, command: str) -> str | None:
-    return feature_command(command) if path[0] == "features" else command
-
-
-def _takes(path: Path, f: Field, command: str) -> bool:
-    return takes(f, _command_for(path, command))  # type: ignore[arg-type]
-
-
 def _add(group: Any, path: Path, f: Field, kind: Any, command: str) -> None:
     """One flag of field ``f`` on ``group``, for ``command``."""
-    cmd = _command_for(path, command)
+    cmd = field_command(path, command)
     flag = f.metadata["flag"]
     names = (flag, *(setting(f, cmd, "aliases") or ()))
     text = setting(f, cmd, "help") or path[-1].replace("_", " ")
@@ -128,7 +123,7 @@ def add_spec_flags(
     sections: list[tuple[Path, type]] = list(subsections(RunSpec))[1:]
     sections += [(("features", name), cls) for name, cls in features.items()]
     for path, cls in sections:
-        mine = [(p, f, k) for p, f, k in fields if p[:-1] == path and _takes(p, f, command)]
+        mine = [(p, f, k) for p, f, k in fields if p[:-1] == path and field_takes(p, f, command)]
         if mine:
             group = parser.add_argument_group(_title(path, cls))
             for p, f, kind in mine:
@@ -140,8 +135,6 @@ def spec_from_args(
 ) -> RunSpec:
     """The RunSpec of a parsed command line: ``command``'s defaults, then the ``--config`` file's
     values, then the flags given."""
-    from pipewright.runspec.toml_io import load_toml
-
     features = feature_sections() if features is None else features
     given = vars(args)
     base = load_toml(given["config"], command, features) if "config" in given else defaults(command, features)
@@ -149,8 +142,6 @@ def spec_from_args(
     changes = {
         known[dest]: tuple(v) if isinstance(v, list) else v for dest, v in given.items() if dest in known
     }
-    from pipewright.runspec.validation import validate
-
     return validate(with_values(base, changes), source="command line")
 
 
@@ -167,7 +158,7 @@ def spec_to_argv(spec: RunSpec, command: str, features: Mapping[str, type] | Non
             continue
         flag = f.metadata["flag"]
         where = f"{'.'.join(path)} = {value!r}"
-        if not _takes(path, f, command):
+        if not field_takes(path, f, command):
             raise ConfigError(f"{where}: {command} takes no {flag or 'flag for it (TOML only)'}")
         if value is None:
             raise ConfigError(

@@ -29,7 +29,7 @@ from pipewright.runspec.command_sections import (
     SearchSection,
     SimulationSection,
 )
-from pipewright.runspec.fields import default, hints, section, subsection, walk
+from pipewright.runspec.fields import default, hints, section, subsection, takes, walk
 from pipewright.runspec.model_sections import ModelSection
 from pipewright.runspec.run_sections import (
     BatchSection,
@@ -95,9 +95,20 @@ def spec_fields(features: Mapping[str, type]) -> Iterator[tuple[Path, Field, Any
                 yield ("features", name, f.name), f, resolved[f.name]
 
 
+def field_command(path: Path, command: str | None) -> str | None:
+    """The command whose settings the field at ``path`` uses for ``command`` (a feature field on
+    ``check``: ``train``'s)."""
+    return feature_command(command) if path[0] == "features" else command
+
+
 def field_default(path: Path, f: Field, command: str | None) -> Any:
     """The default of the field at ``path`` for ``command``."""
-    return default(f, feature_command(command) if path[0] == "features" else command)
+    return default(f, field_command(path, command))
+
+
+def field_takes(path: Path, f: Field, command: str) -> bool:
+    """Whether ``command`` has a flag for the field at ``path``."""
+    return takes(f, field_command(path, command))  # type: ignore[arg-type]
 
 
 def defaults(command: str | None = None, features: Mapping[str, type] | None = None) -> RunSpec:

@@ -20,6 +20,7 @@ import tomllib
 from pipewright.errors import ConfigError
 from pipewright.runspec.fields import base_type
 from pipewright.runspec.run import Path, RunSpec, defaults, feature_sections, get, spec_fields, with_values
+from pipewright.runspec.validation import check_types, validate
 
 
 def _value(value: Any) -> str:
@@ -81,8 +82,6 @@ def loads_toml(
     source: str = "run spec",
 ) -> RunSpec:
     """:func:`load_toml` of TOML text."""
-    from pipewright.runspec.validation import check_types, validate
-
     features = feature_sections() if features is None else features
     try:
         data = tomllib.loads(text)
