@@ -94,6 +94,16 @@ def test_every_flag_keeps_todays_default(command):
 
 
 @pytest.mark.parametrize("command", COMMANDS)
+def test_every_closed_choice_is_todays(command):
+    """Where a flag offers choices today, the spec's field offers the same ones."""
+    ours = {o: a for a in spec_parser(command)._actions for o in a.option_strings}
+    for action in todays_parser(command)._actions:
+        if action.choices and action.option_strings:
+            mine = ours[action.option_strings[0]].choices
+            assert sorted(mine) == sorted(action.choices), (command, action.option_strings)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
 def test_help_groups_are_small_and_show_every_default(command):
     parser = spec_parser(command)
     for group in parser._action_groups:

@@ -5,8 +5,7 @@ it. Pure Python.
 
 from __future__ import annotations
 
-from typing import Literal
-
+from pipewright.runspec.choices import CostSource, Device
 from pipewright.runspec.fields import MODEL_COMMANDS, PRICING, TRAINING, section, spec_field
 
 
@@ -15,7 +14,7 @@ class ClusterSection:
     """The hardware and where the costs come from: GPU kind, nodes, topology, a measured calibration or
     profile, processes (``[cluster]``)."""
 
-    cost: Literal["unit"] | None = spec_field(
+    cost: CostSource | None = spec_field(
         None,
         "--cost",
         "unit: F=1, B=2, I=W=1 per chunk-microbatch, free communication",
@@ -97,7 +96,7 @@ class ClusterSection:
             }
         },
     )
-    device: Literal["cpu", "cuda"] = spec_field(
+    device: Device = spec_field(
         "cpu",
         "--device",
         "the device profiled: cpu or cuda",

@@ -6,8 +6,7 @@ Pure Python.
 
 from __future__ import annotations
 
-from typing import Literal
-
+from pipewright.runspec.choices import Trainer
 from pipewright.runspec.fields import PRICING, TRAINING, section, spec_field
 
 
@@ -136,7 +135,7 @@ class SearchSection:
         "skip the baselines",
         commands=("plan",),
     )
-    export: Literal["megatron", "torchtitan"] | None = spec_field(
+    export: Trainer | None = spec_field(
         None,
         "--export",
         (
@@ -222,7 +221,7 @@ class CalibratingSection:
 class ExportSection:
     """``export-plan``'s target trainer (``[export]``)."""
 
-    to: Literal["megatron", "torchtitan"] | None = spec_field(
+    to: Trainer | None = spec_field(
         None,
         "--to",
         "the trainer to export for",

@@ -5,8 +5,7 @@ Pure Python.
 
 from __future__ import annotations
 
-from typing import Literal
-
+from pipewright.runspec.choices import AttentionKind, Mlp
 from pipewright.runspec.fields import MODEL_COMMANDS, PRICING, TRAINING, section, spec_field, subsection
 
 
@@ -138,7 +137,7 @@ class ModelSection:
         commands=MODEL_COMMANDS,
         minimum=1,
     )
-    mlp: Literal["gelu", "relu2", "swiglu"] | None = spec_field(
+    mlp: Mlp | None = spec_field(
         None,
         "--mlp",
         "MLP kind",
@@ -150,7 +149,7 @@ class ModelSection:
         "linear layers and norms without biases",
         commands=PRICING,
     )
-    attention_kind: Literal["mha", "mla"] | None = spec_field(
+    attention_kind: AttentionKind | None = spec_field(
         None,
         "--attention-kind",
         ("attention block: mha, or mla (DeepSeek's multi-head latent attention; default: the preset's)"),

@@ -5,8 +5,20 @@ that take it. Pure Python.
 
 from __future__ import annotations
 
-from typing import Literal
-
+from pipewright.runspec.choices import (
+    Attention,
+    AttentionKernel,
+    CpComm,
+    CpuAllocator,
+    FsdpGradSync,
+    GradDtype,
+    GradReduce,
+    Kernels,
+    Precision,
+    Recompute,
+    RecomputeMethod,
+    StageOutputs,
+)
 from pipewright.runspec.fields import PRICING, TRAINING, section, spec_field
 
 
@@ -106,7 +118,7 @@ class PrecisionSection:
         commands=("simulate", "plan", "calibrate"),
         variants={"calibrate": {"default": "bf16", "help": "fp16, bf16, fp8, fp32"}},
     )
-    precision: Literal["fp32", "bf16", "fp16"] = spec_field(
+    precision: Precision = spec_field(
         "fp32",
         "--precision",
         "fp32, bf16 or fp16 (fp32 master weights and optimizer state; fp16 loss scaling)",
@@ -129,14 +141,14 @@ class PrecisionSection:
 class MemorySection:
     """Activation recomputation, state sharding and what stays in memory (``[memory]``)."""
 
-    recompute: Literal["full", "selective", "op", "none"] = spec_field(
+    recompute: Recompute = spec_field(
         "none",
         "--recompute",
         "activation recomputation: full (the layer input kept), selective (the attention core re-run), op "
         "(torchtitan's operator-level policy: every second matmul and the memory-bound ops re-run), none",
         commands=("simulate", "train", "check", "calibrate"),
     )
-    recompute_method: Literal["uniform", "block"] | None = spec_field(
+    recompute_method: RecomputeMethod | None = spec_field(
         None,
         "--recompute-method",
         (
@@ -152,7 +164,7 @@ class MemorySection:
         "N for --recompute-method (1 ≤ N ≤ layers of the largest chunk; default 1)",
         commands=PRICING,
     )
-    fsdp_grad_sync: Literal["microbatch", "step"] | None = spec_field(
+    fsdp_grad_sync: FsdpGradSync | None = spec_field(
         None,
         "--fsdp-grad-sync",
         (
@@ -162,7 +174,7 @@ class MemorySection:
         ),
         commands=PRICING,
     )
-    stage_outputs: Literal["freed", "kept", "step"] | None = spec_field(
+    stage_outputs: StageOutputs | None = spec_field(
         None,
         "--stage-outputs",
         (
@@ -185,7 +197,7 @@ class MemorySection:
         "FSDP / ZeRO-3: weights, gradients and optimizer state sharded",
         commands=("simulate",),
     )
-    cpu_allocator: Literal["retain", "system"] = spec_field(
+    cpu_allocator: CpuAllocator = spec_field(
         "retain",
         "--cpu-allocator",
         "retain (CPU workers keep freed tensor memory) or system",
@@ -198,7 +210,7 @@ class FrameworkSection:
     """What the run executes on: the framework, its kernels, overlaps, gradient dtype and context-parallel
     implementation (``[framework]``)."""
 
-    attention: Literal["flash", "eager"] | None = spec_field(
+    attention: Attention | None = spec_field(
         "flash",
         "--attention",
         (
@@ -209,7 +221,7 @@ class FrameworkSection:
         commands=("simulate", "plan", "calibrate"),
         variants={"simulate": {"default": None}},
     )
-    attention_kernel: Literal["fa2", "fa3", "cudnn"] | None = spec_field(
+    attention_kernel: AttentionKernel | None = spec_field(
         None,
         "--attention-kernel",
         (
@@ -218,7 +230,7 @@ class FrameworkSection:
         ),
         commands=PRICING,
     )
-    grad_dtype: Literal["fp32", "bf16"] | None = spec_field(
+    grad_dtype: GradDtype | None = spec_field(
         None,
         "--grad-dtype",
         (
@@ -229,7 +241,7 @@ class FrameworkSection:
         ),
         commands=PRICING,
     )
-    kernels: Literal["fused", "eager", "compiled"] | None = spec_field(
+    kernels: Kernels | None = spec_field(
         None,
         "--kernels",
         (
@@ -239,10 +251,7 @@ class FrameworkSection:
         ),
         commands=PRICING,
     )
-    cp_comm: (
-        Literal["transformer-engine", "pipewright", "torch-allgather", "torch-alltoall", "llama3-allgather"]
-        | None
-    ) = spec_field(
+    cp_comm: CpComm | None = spec_field(
         None,
         "--cp-comm",
         (
@@ -278,7 +287,7 @@ class FrameworkSection:
         ),
         commands=PRICING,
     )
-    grad_reduce: Literal["after", "overlap"] | None = spec_field(
+    grad_reduce: GradReduce | None = spec_field(
         None,
         "--grad-reduce",
         (

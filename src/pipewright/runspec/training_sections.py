@@ -5,8 +5,7 @@ that take it. Pure Python.
 
 from __future__ import annotations
 
-from typing import Literal
-
+from pipewright.runspec.choices import OnNonfinite, OnSaveError
 from pipewright.runspec.fields import TRAINING, section, spec_field, subsection
 
 _REPLACE_RUN = "an --out that holds a run: move that run aside (to <out>.replaced-<time>), start anew"
@@ -65,13 +64,13 @@ class CheckpointSection:
         commands=TRAINING,
     )
     eval_batches: int = spec_field(2, None, "validation batches per evaluation", minimum=1)
-    on_nonfinite: Literal["stop", "skip"] = spec_field(
+    on_nonfinite: OnNonfinite = spec_field(
         "stop",
         "--on-nonfinite",
         "stop or skip: what a NaN/inf loss or gradient does to its step",
         commands=TRAINING,
     )
-    on_save_error: Literal["stop", "retry", "skip"] = spec_field(
+    on_save_error: OnSaveError = spec_field(
         "stop",
         "--on-save-error",
         "stop, retry or skip: what a failed checkpoint save does (the last one is kept)",
