@@ -3,8 +3,8 @@ generated from its fields (docs/run-spec.md).
 
 - :class:`RunSpec` and its sections (:mod:`.model_sections`, :mod:`.cluster_sections`,
   :mod:`.run_sections`, :mod:`.training_sections`, :mod:`.command_sections`; each field declared once
-  with :func:`~pipewright.runspec.fields.spec_field`), and each registered feature's section under
-  ``features``;
+  with :func:`~pipewright.runspec.fields.spec_field`; closed choices named in :mod:`.choices`), and
+  each registered feature's section under ``features``;
 - :func:`defaults` (a command's defaults), :func:`validate` (the one check);
 - :func:`load_toml` / :func:`loads_toml` / :func:`dump_toml` (TOML in and out);
 - :func:`add_spec_flags` / :func:`spec_from_args` / :func:`spec_to_argv` (flags in and out).
