@@ -51,7 +51,7 @@ def test_parse_layout_never_crashes(text):
 
 
 @pytest.mark.parametrize(
-    "text", ["", "t*4", "E|t*4", "t|EtL", "Et|L|t", "Et*0|tL", "Et||tL", "EtLt", "Et*x|tL", "EEt|tL"]
+    "text", ["", "t*4", "E|t*4", "t|EtL", "Et|L|t", "Et||tL", "EtLt", "Et*x|tL", "EEt|tL"]
 )
 def test_parse_layout_errors_are_one_line(text):
     with pytest.raises(ConfigError) as info:

@@ -77,6 +77,13 @@ FORBIDDEN = {
     "pipewright.plan": ("pipewright.runtime", "pipewright.cli"),
     "pipewright.mesh": ("pipewright.runtime", "pipewright.cost", "pipewright.sim", "pipewright.plan"),
     "pipewright.topology": ("pipewright.runtime", "pipewright.cost", "pipewright.sim", "pipewright.plan"),
+    "pipewright.runspec": (
+        "pipewright.runtime",
+        "pipewright.sim",
+        "pipewright.plan",
+        "pipewright.training",
+        "pipewright.cli",
+    ),
 }
 #: Pure Python: these modules (and packages) import no torch.
 PURE = (
@@ -93,6 +100,8 @@ PURE = (
     "pipewright.mesh",
     "pipewright.models.spec",
     "pipewright.models.layout",
+    "pipewright.models.layout_text",
+    "pipewright.runspec",
 )
 
 

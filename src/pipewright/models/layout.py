@@ -1,35 +1,45 @@
-"""Layouts: which layers each pipeline stage holds, written as Megatron's pipeline-layout strings.
+"""Layouts: which layers each pipeline stage holds, written in Megatron-Core's pipeline-layout language
+(:mod:`pipewright.models.layout_text`).
 
 ``"E|t*4|t*4|tL"`` reads: stage 0 holds the embedding (``E``), stages 1 and 2 four transformer layers
 each (``t*4``), stage 3 one transformer layer and the output layer with its loss head (``L``). ``|``
-separates stages; ``X*N`` repeats a symbol N times; stages may be uneven. Transformer layers are
+separates stages; ``X*N`` repeats a symbol N times, ``(…)*N`` a piece (``E|(t*4|)*2tL`` is the same
+layout); ``m`` is a multi-token-prediction layer; stages may be uneven. Transformer layers are
 numbered globally in order, so a layer's identity (and its initial weights) never depends on the split.
+:meth:`Layout.compact` writes a layout back with its repetition found (Llama 3 405B's 128 stages:
+``E|(t|)*126L``).
 
 Pure Python (no torch).
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from pipewright.errors import ConfigError
-
-_TOKEN = re.compile(r"([EtL])(?:\*(\d+))?")
+from pipewright.models.layout_text import expand_positions, format_layout
 
 
 @dataclass(frozen=True)
 class StageLayout:
-    """One stage: the embedding?, the global indices of its transformer layers, the output layer?"""
+    """One stage: the embedding?, the global indices of its transformer layers, the output layer?, and
+    how many multi-token-prediction layers (``m``, after its transformer layers) it holds."""
 
     embedding: bool
     layers: tuple[int, ...]
     head: bool
+    mtp: int = 0
 
     def __str__(self) -> str:
         n = len(self.layers)
         body = "" if n == 0 else ("t" if n == 1 else f"t*{n}")
-        return ("E" if self.embedding else "") + body + ("L" if self.head else "")
+        mtp = "" if self.mtp == 0 else ("m" if self.mtp == 1 else f"m*{self.mtp}")
+        return ("E" if self.embedding else "") + body + mtp + ("L" if self.head else "")
+
+    @property
+    def symbols(self) -> str:
+        """The stage's layer symbols, expanded (``Ettt``)."""
+        return "E" * self.embedding + "t" * len(self.layers) + "m" * self.mtp + "L" * self.head
 
 
 @dataclass(frozen=True)
@@ -54,62 +64,84 @@ class Layout:
     def __str__(self) -> str:
         return "|".join(map(str, self.stages))
 
-    def check(self, num_layers: int, num_stages: int | None = None) -> Layout:
+    def compact(self) -> str:
+        """The layout's shortest text with repetition (:func:`~pipewright.models.layout_text.format_layout`):
+        ``E|(t|)*126L``; :func:`parse_layout` reads it back to this layout."""
+        return format_layout([s.symbols for s in self.stages])
+
+    @property
+    def num_mtp(self) -> int:
+        """Multi-token-prediction layers (``m``) in the layout."""
+        return sum(s.mtp for s in self.stages)
+
+    def check(self, num_layers: int, num_stages: int | None = None, mtp_depth: int | None = 0) -> Layout:
         """Raise a one-line ConfigError unless the layout fits a model of ``num_layers`` layers (and,
-        when given, a pipeline of ``num_stages`` stages = pp × virtual)."""
+        when given, a pipeline of ``num_stages`` stages = pp × virtual) with ``mtp_depth``
+        multi-token-prediction layers: a layout that places them (``m``) places all of them
+        (Megatron-Core's rule); one without ``m`` leaves them on the last stage, where the cost model
+        prices them. ``mtp_depth`` None: not checked."""
+        if mtp_depth is not None and self.num_mtp and self.num_mtp != mtp_depth:
+            raise ConfigError(
+                f"layout {self.compact()} holds {self.num_mtp} multi-token-prediction layers (m) but the "
+                f"model has {mtp_depth} (--mtp-depth)"
+            )
         if self.num_layers != num_layers:
             raise ConfigError(
-                f"layout {self} holds {self.num_layers} transformer layers but the model has {num_layers}; "
-                "change --layers or the layout"
+                f"layout {self.compact()} holds {self.num_layers} transformer layers but the model has "
+                f"{num_layers}; change --layers or the layout"
             )
         if num_stages is not None and self.num_stages != num_stages:
             raise ConfigError(
-                f"layout {self} has {self.num_stages} stages but pp × virtual = {num_stages}; "
+                f"layout {self.compact()} has {self.num_stages} stages but pp × virtual = {num_stages}; "
                 "write one '|'-separated part per stage"
             )
         return self
 
 
 def parse_layout(text: str) -> Layout:
-    """Parse a Megatron-style layout string such as ``"E|t*4|t*4|tL"`` (see the module docstring).
+    """Parse a layout in Megatron-Core's language such as ``"E|t*4|t*4|tL"`` or ``"E|(t|)*126L"`` (see
+    the module docstring and :func:`~pipewright.models.layout_text.expand_layout`).
 
-    Rules: ``E`` only at the start of the first stage, ``L`` only at the end of the last, every stage
-    non-empty, repeat counts ≥ 1. Raises a one-line ConfigError naming the problem.
+    Rules (Megatron-Core's, and every stage holding something): ``E`` once, opening the first stage;
+    ``L`` once, closing the last; ``m`` after every ``t``, all in one stage; no empty stage. Raises a
+    one-line ConfigError naming the column of the problem.
     """
-    parts = text.replace(" ", "").split("|")
     if not text.strip():
         raise ConfigError("empty layout; write e.g. 'Et*2|t*2L'")
-    stages: list[StageLayout] = []
+    stages = expand_positions(text)
+    first_mtp = None
+    out: list[StageLayout] = []
     next_layer = 0
-    for i, part in enumerate(parts):
-        if not part:
-            raise ConfigError(f"layout {text!r}: stage {i} is empty; every stage needs a layer")
-        pos, emb, head, n = 0, False, False, 0
-        while pos < len(part):
-            m = _TOKEN.match(part, pos)
-            if m is None:
-                raise ConfigError(
-                    f"layout {text!r}: cannot read {part[pos:]!r} in stage {i}; use E, t, L, '*N' and '|'"
-                )
-            sym, count = m.group(1), int(m.group(2) or 1)
-            if count < 1:
-                raise ConfigError(f"layout {text!r}: repeat count must be at least 1 in stage {i}")
-            if sym == "E":
-                if i != 0 or pos != 0 or count != 1:
-                    raise ConfigError(f"layout {text!r}: E (embedding) must open the first stage, once")
-                emb = True
-            elif sym == "L":
-                if i != len(parts) - 1 or m.end() != len(part) or count != 1:
-                    raise ConfigError(f"layout {text!r}: L (output layer) must close the last stage, once")
-                head = True
-            else:
-                n += count
-            pos = m.end()
-        stages.append(StageLayout(emb, tuple(range(next_layer, next_layer + n)), head))
-        next_layer += n
-    if not stages[0].embedding or not stages[-1].head:
+    for i, stage in enumerate(stages):
+        if not stage:
+            hint = " ('(…|)*N' already ends with '|')" if i > 0 and "(" in text else ""
+            raise ConfigError(f"layout {text!r}: stage {i} is empty; every stage needs a layer{hint}")
+        counts = {s: 0 for s in "EtmL"}
+        for j, (symbol, col) in enumerate(stage):
+            where = f"layout {text!r}, column {col}"
+            if symbol == "E" and (i != 0 or j != 0 or counts["E"]):
+                raise ConfigError(f"{where}: E (embedding) must open the first stage, once")
+            if symbol == "L" and (i != len(stages) - 1 or j != len(stage) - 1):
+                raise ConfigError(f"{where}: L (output layer) must close the last stage, once")
+            if symbol == "t" and (counts["m"] or first_mtp is not None):
+                raise ConfigError(f"{where}: a transformer layer after an MTP layer (m); m comes last")
+            if symbol == "m":
+                if first_mtp is not None and first_mtp != i:
+                    raise ConfigError(f"{where}: every MTP layer (m) sits in one stage")
+                first_mtp = i
+            counts[symbol] += 1
+        out.append(
+            StageLayout(
+                bool(counts["E"]),
+                tuple(range(next_layer, next_layer + counts["t"])),
+                bool(counts["L"]),
+                counts["m"],
+            )
+        )
+        next_layer += counts["t"]
+    if not out[0].embedding or not out[-1].head:
         raise ConfigError(f"layout {text!r}: the first stage must start with E and the last end with L")
-    return Layout(tuple(stages))
+    return Layout(tuple(out))
 
 
 def uniform_layer_counts(num_layers: int, num_stages: int) -> tuple[int, ...]:

@@ -1,0 +1,186 @@
+"""A command's flags, generated from the RunSpec's fields, and back: :func:`add_spec_flags` (one
+argument group per section, every default shown), :func:`spec_from_args` (the ``--config`` file, then
+the flags given over it) and :func:`spec_to_argv` (the flags that rebuild a spec).
+
+A flag's destination is its field's path (``parallelism.tp``) and its parsed default is
+``argparse.SUPPRESS``: the namespace holds exactly the flags given, so flags override the file and
+the file overrides the defaults. Pure Python.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import Field
+from typing import Any
+
+from pipewright.errors import ConfigError
+from pipewright.runspec.fields import base_type, choices, setting, subsections
+from pipewright.runspec.run import (
+    Path,
+    RunSpec,
+    defaults,
+    feature_sections,
+    field_command,
+    field_default,
+    field_takes,
+    get,
+    spec_fields,
+    values,
+    with_values,
+)
+from pipewright.runspec.toml_io import load_toml
+from pipewright.runspec.validation import validate
+
+#: The most flags one help group shows (a larger section is split into sub-sections).
+MAX_GROUP = 15
+
+
+def _title(path: Path, cls: type) -> str:
+    """``model.moe: Mixture of experts: …`` (a feature's group: ``features.vocab``)."""
+    doc = "" if path[0] == "features" else " ".join((cls.__doc__ or "").split("(``", 1)[0].split())
+    doc = doc.replace("``", "")
+    return f"{'.'.join(path)}: {doc.rstrip('.')}" if doc else ".".join(path)
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, tuple):
+        return ",".join(map(str, value)) or "none"
+    return str(value)
+
+
+def _switch(flag: str, value: bool) -> str:
+    """A switch's default as on or off (``--no-progress``: off while progress is on)."""
+    return "on" if value != flag.startswith("--no-") else "off"
+
+
+def _commas(kind: Callable[[str], Any]) -> Callable[[str], tuple]:
+    def parse(text: str) -> tuple:
+        return tuple(kind(x) for x in text.split(",") if x)
+
+    parse.__name__ = f"comma-separated {kind.__name__}"
+    return parse
+
+
+def _scalar(kind: Any) -> Callable[[str], Any]:
+    """The argparse ``type`` of a scalar annotation (a Literal's element type)."""
+    listed = choices(kind)
+    if listed:
+        return type(listed[0])
+    kind = base_type(kind)
+    return kind if kind in (int, float) else str
+
+
+def _add(group: Any, path: Path, f: Field, kind: Any, command: str) -> None:
+    """One flag of field ``f`` on ``group``, for ``command``."""
+    cmd = field_command(path, command)
+    flag = f.metadata["flag"]
+    names = (flag, *(setting(f, cmd, "aliases") or ()))
+    text = setting(f, cmd, "help") or path[-1].replace("_", " ")
+    value = field_default(path, f, command)
+    text = text.replace("%(default)s", _shown(value))
+    if "default" not in text.lower():
+        text += f" (default: {_switch(flag, value) if base_type(kind) is bool else _shown(value)})"
+    common = {"dest": ".".join(path), "default": argparse.SUPPRESS, "help": text.replace("%", "%%")}
+    metavar = path[-1].upper()
+    base = base_type(kind)
+    nargs = f.metadata.get("nargs")
+    if base is bool:
+        action = "store_false" if flag.startswith("--no-") else "store_true"
+        group.add_argument(*names, action=action, **common)
+    elif kind == bool | str:  # a bare flag (True) or a mode
+        group.add_argument(*names, nargs="?", const=True, metavar="MODE", **common)
+    elif getattr(base, "__origin__", None) is tuple:
+        item = base.__args__[0]
+        if nargs == "append":
+            group.add_argument(*names, action="append", type=item, metavar=metavar, **common)
+        elif nargs == "+":
+            group.add_argument(*names, nargs="+", type=item, metavar=metavar, **common)
+        else:
+            group.add_argument(*names, type=_commas(item), metavar="X,…", **common)
+    else:
+        listed = setting(f, cmd, "choices") or choices(kind)
+        group.add_argument(
+            *names, type=_scalar(kind), choices=listed, metavar=None if listed else metavar, **common
+        )
+
+
+def add_spec_flags(
+    parser: argparse.ArgumentParser, command: str, features: Mapping[str, type] | None = None
+) -> None:
+    """``--config RUN.toml`` and every flag ``command`` takes, one argument group per section
+    (``model``, ``model.moe``, …, ``features.vocab``), each help line with its default."""
+    features = feature_sections() if features is None else features
+    parser.add_argument(
+        "--config",
+        metavar="RUN.toml",
+        default=argparse.SUPPRESS,
+        help="a RunSpec TOML file; the flags given override it (default: none)",
+    )
+    fields = list(spec_fields(features))
+    sections: list[tuple[Path, type]] = list(subsections(RunSpec))[1:]
+    sections += [(("features", name), cls) for name, cls in features.items()]
+    for path, cls in sections:
+        mine = [(p, f, k) for p, f, k in fields if p[:-1] == path and field_takes(p, f, command)]
+        if mine:
+            group = parser.add_argument_group(_title(path, cls))
+            for p, f, kind in mine:
+                _add(group, p, f, kind, command)
+
+
+def spec_from_args(
+    args: argparse.Namespace, command: str, features: Mapping[str, type] | None = None
+) -> RunSpec:
+    """The RunSpec of a parsed command line: ``command``'s defaults, then the ``--config`` file's
+    values, then the flags given."""
+    features = feature_sections() if features is None else features
+    given = vars(args)
+    base = load_toml(given["config"], command, features) if "config" in given else defaults(command, features)
+    known = {".".join(p): p for p, _, _ in spec_fields(features)}
+    changes = {
+        known[dest]: tuple(v) if isinstance(v, list) else v for dest, v in given.items() if dest in known
+    }
+    return validate(with_values(base, changes), source="command line")
+
+
+def spec_to_argv(spec: RunSpec, command: str, features: Mapping[str, type] | None = None) -> list[str]:
+    """Flags of ``command`` that rebuild ``spec`` from ``command``'s defaults (each value that differs
+    from its default). One-line ConfigError for a value no flag can write (None over a default, a
+    switch's off state over an on default, a field the command does not take)."""
+    features = {n: type(s) for n, s in spec.features.items()} if features is None else features
+    start = values(defaults(command, features), features)
+    argv: list[str] = []
+    for path, f, kind in spec_fields(features):
+        value = get(spec, path)
+        if value == start[path] and type(value) is type(start[path]):
+            continue
+        flag = f.metadata["flag"]
+        where = f"{'.'.join(path)} = {value!r}"
+        if not field_takes(path, f, command):
+            raise ConfigError(f"{where}: {command} takes no {flag or 'flag for it (TOML only)'}")
+        if value is None:
+            raise ConfigError(
+                f"{where}: {flag} cannot say 'none' (its default for {command} is {start[path]})"
+            )
+        argv += _words(flag, value, base_type(kind), f.metadata.get("nargs"), where)
+    return argv
+
+
+def _words(flag: str, value: Any, base: Any, nargs: str | None, where: str) -> Sequence[str]:
+    if value == "--" or (isinstance(value, tuple) and "--" in value):
+        raise ConfigError(f"{where}: argparse reads '--' as the end of the options; no flag can write it")
+    if value is True or value is False:
+        if (value is False) != flag.startswith("--no-"):
+            raise ConfigError(f"{where}: the switch {flag} cannot write it")
+        return [flag]
+    if isinstance(value, tuple):
+        if nargs == "append":
+            return [f"{flag}={x}" for x in value]
+        if nargs == "+":
+            if not value:
+                raise ConfigError(f"{where}: {flag} needs at least one value")
+            return [flag, *map(str, value)]
+        return [f"{flag}={','.join(map(str, value))}"]
+    return [f"{flag}={value!r}" if isinstance(value, float) else f"{flag}={value}"]
