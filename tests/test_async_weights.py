@@ -254,7 +254,7 @@ def test_nonfinite_gradient_skips_the_stage_update(policy):
 
 
 def test_nonfinite_gradient_stops_the_run_by_default():
-    from pipewright.runtime.nonfinite import NonFiniteError
+    from pipewright.runtime.reliability.nonfinite import NonFiniteError
 
     mod, st = _stage("none")
     st.on_nonfinite = "stop"
@@ -416,7 +416,7 @@ TINY = dict(
 
 
 def _config(tmp_path, name: str, **kw):
-    from pipewright.runtime.config import TrainConfig
+    from pipewright.runtime.setup.config import TrainConfig
 
     return TrainConfig(**{**TINY, "out": str(tmp_path / name), **kw})
 
@@ -495,7 +495,7 @@ def test_trainer_data_parallel_composes_and_reports_weight_versions(two_rank_run
 
 
 def test_trainer_refuses_bad_async_options():
-    from pipewright.runtime.config import TrainConfig
+    from pipewright.runtime.setup.config import TrainConfig
     from pipewright.training import resolve_schedule
 
     with pytest.raises(ConfigError, match="weight-policy"):
@@ -537,7 +537,7 @@ def test_checkpoints_carry_what_a_policy_keeps_between_windows(policy, tmp_path)
     """What 2bw (the previous weight version) and predict (the last gradient, the last update's lr)
     carry from one window to the next goes through a real checkpoint into a fresh runtime: versions,
     learning rates and tensors equal; a stage of another shape reads none of it."""
-    from pipewright.runtime.checkpoint import load_checkpoint, save_checkpoint
+    from pipewright.runtime.checkpointing.checkpoint import load_checkpoint, save_checkpoint
 
     def runtime():
         mod = _module()

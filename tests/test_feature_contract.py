@@ -34,7 +34,7 @@ from pipewright.ir import Action, Collective, F, KindSpec, Schedule
 from pipewright.kinds import P2P
 from pipewright.options import option, read_section
 from pipewright.passes import lower, validate
-from pipewright.runtime.plugin import Built, ExecutorParts, TrainingPlugin
+from pipewright.runtime.core.plugin import Built, ExecutorParts, TrainingPlugin
 from pipewright.schedules import build_schedule
 from pipewright.sim import simulate
 
@@ -471,7 +471,8 @@ class ToyPlugin(TrainingPlugin):
 
 
 class _ToyCount:
-    """The toy's checkpoint state (:class:`~pipewright.runtime.checkpoint.ExtraState`): the forwards this
+    """The toy's checkpoint state (:class:`~pipewright.runtime.checkpointing.checkpoint.ExtraState`): the
+    forwards this
     rank ran, under a per-rank key."""
 
     def __init__(self, plugin: ToyPlugin) -> None:

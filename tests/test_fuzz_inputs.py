@@ -31,7 +31,7 @@ from pipewright.data.tokens import open_tokens, write_tokens
 from pipewright.errors import PipewrightError
 from pipewright.passes import validate
 from pipewright.passes.export import to_csv
-from pipewright.runtime.config import TrainConfig
+from pipewright.runtime.setup.config import TrainConfig
 from pipewright.schedules import build_schedule
 from pipewright.timeline import Timeline
 from pipewright.topology import Topology

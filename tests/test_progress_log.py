@@ -10,7 +10,7 @@ import pytest
 
 from pipewright.cost.profiled import ProfileRow, check_complete, load_profile, write_profile_csv
 from pipewright.errors import ConfigError
-from pipewright.runtime.progress_log import PlainProgress, progress, strict_json
+from pipewright.runtime.profiling.progress_log import PlainProgress, progress, strict_json
 
 
 def test_metrics_are_strict_json() -> None:

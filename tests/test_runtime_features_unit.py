@@ -20,10 +20,10 @@ from pipewright.models.gpt import loss_fn
 from pipewright.models.hf_load import hf_name
 from pipewright.models.presets import resolve_model
 from pipewright.models.spec import ModelSpec
-from pipewright.runtime.config import TrainConfig
-from pipewright.runtime.fingerprint import fingerprint
-from pipewright.runtime.precision import LossScaler
-from pipewright.runtime.recompute import apply_recompute, recomputed_modules
+from pipewright.runtime.checkpointing.fingerprint import fingerprint
+from pipewright.runtime.core.precision import LossScaler
+from pipewright.runtime.core.stage_recompute import apply_recompute, recomputed_modules
+from pipewright.runtime.setup.config import TrainConfig
 from pipewright.schedules import build_schedule
 
 try:  # DeferrableLinear's protocol is moving from runtime/ to models/

@@ -25,9 +25,9 @@ from pipewright.models.gpt import build_full, build_stage, loss_fn
 from pipewright.models.spec import ModelSpec
 from pipewright.models.wgrad import WeightGradStore, defer_weight_grads, plain_linear_factory
 from pipewright.optim.optimizer import global_grad_norm
-from pipewright.runtime import tp
-from pipewright.runtime.executor import PipelineExecutor
-from pipewright.runtime.mesh import ParallelMesh
+from pipewright.runtime.core.executor import PipelineExecutor
+from pipewright.runtime.parallel import tp
+from pipewright.runtime.parallel.process_mesh import ParallelMesh
 from pipewright.schedules.registry import build_schedule
 
 WORLD_SIZES = (2, 4)

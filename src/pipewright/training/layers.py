@@ -3,10 +3,10 @@
 guard) — see docs/models.md, "Any model as a list of layers".
 
 The model (:class:`~pipewright.models.layer_list.LayerList`) rides in the
-:class:`~pipewright.runtime.trainer.PreparedRun` (its ``model``); the trainer builds the rank's stages,
+:class:`~pipewright.runtime.core.trainer.PreparedRun` (its ``model``); the trainer builds the rank's stages,
 loss and boundary shapes from it and reads its data. Modules shared by several positions
 (:class:`~pipewright.models.layer_list.Tied`) are kept tied by :class:`TiedLayersPlugin`, a training
-plugin (:mod:`pipewright.runtime.plugin`) added to the run's plugins: after each backward it sums the
+plugin (:mod:`pipewright.runtime.core.plugin`) added to the run's plugins: after each backward it sums the
 copies' gradients over the pipeline ranks that hold one (an all-reduce per (dp, tp) replica), and it
 marks every copy but one ``counted_elsewhere`` so the global gradient norm counts the module once.
 """
@@ -26,14 +26,14 @@ from pipewright.errors import ConfigError
 from pipewright.models.layer_list import DataFn, LayerList, LossFn, Tied
 from pipewright.models.spec import ModelSpec
 from pipewright.options import update_rule_names
-from pipewright.runtime.checkpoint import read_meta, resumable_checkpoint, same_model
-from pipewright.runtime.config import TrainConfig
-from pipewright.runtime.fingerprint import fingerprint
-from pipewright.runtime.launch import init_from_env, running_under_torchrun
-from pipewright.runtime.mesh import coords_to_rank
-from pipewright.runtime.plugin import BuildContext, Built, TrainingPlugin
-from pipewright.runtime.run_folder import check_out, claim, no_checkpoint_advice
-from pipewright.runtime.trainer import PreparedRun, TrainResult
+from pipewright.runtime.checkpointing.checkpoint import read_meta, resumable_checkpoint, same_model
+from pipewright.runtime.checkpointing.fingerprint import fingerprint
+from pipewright.runtime.checkpointing.run_folder import check_out, claim, no_checkpoint_advice
+from pipewright.runtime.core.plugin import BuildContext, Built, TrainingPlugin
+from pipewright.runtime.core.trainer import PreparedRun, TrainResult
+from pipewright.runtime.parallel.process_mesh import coords_to_rank
+from pipewright.runtime.setup.config import TrainConfig
+from pipewright.runtime.setup.launch import init_from_env, running_under_torchrun
 from pipewright.training.prepare import active_plugins, check_config, default_out_dir, run_features
 from pipewright.training.prepare import resolve_schedule as checked_schedule
 

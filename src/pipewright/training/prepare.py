@@ -15,15 +15,15 @@ from pipewright.features import Features, all_features
 from pipewright.ir import Schedule
 from pipewright.models.layout import resolve_layout
 from pipewright.options import check_section, take_values, update_rule_names
-from pipewright.runtime.checkpoint import read_meta, resumable_checkpoint, same_model
-from pipewright.runtime.config import TrainConfig
-from pipewright.runtime.fingerprint import fingerprint
-from pipewright.runtime.launch import default_backend
-from pipewright.runtime.resume_check import model_difference
-from pipewright.runtime.run_folder import check_out, no_checkpoint_advice
-from pipewright.runtime.schedule_source import resolve_schedule as schedule_of
-from pipewright.runtime.size_check import check_fits
-from pipewright.runtime.trainer import PreparedRun
+from pipewright.runtime.checkpointing.checkpoint import read_meta, resumable_checkpoint, same_model
+from pipewright.runtime.checkpointing.fingerprint import fingerprint
+from pipewright.runtime.checkpointing.resume_check import model_difference
+from pipewright.runtime.checkpointing.run_folder import check_out, no_checkpoint_advice
+from pipewright.runtime.core.schedule_source import resolve_schedule as schedule_of
+from pipewright.runtime.core.trainer import PreparedRun
+from pipewright.runtime.setup.config import TrainConfig
+from pipewright.runtime.setup.launch import default_backend
+from pipewright.runtime.setup.size_check import check_fits
 from pipewright.schedules.registry import default_registry
 
 log = logging.getLogger(__name__)
@@ -161,7 +161,7 @@ def prepare(
     if config.out is not None and not config.out.strip():
         raise ConfigError("--out needs a folder name (omit it for a new folder under runs/)")
     out_dir = Path(config.out) if config.out else default_out_dir()
-    if config.out:  # another run's folder, or one held by a live run: refused (runtime/run_folder.py)
+    if config.out:  # another run's folder, or a live run's: refused (runtime/checkpointing/run_folder.py)
         check_out(out_dir, resume=config.resume, overwrite=config.overwrite)
     resume_from, start = None, 0
     if config.resume:
@@ -172,7 +172,7 @@ def prepare(
             raise ConfigError(no_checkpoint_advice(out_dir, warnings))
         meta = read_meta(resume_from)
         if not same_model(meta, fp, fingerprint(spec, config.tokenizer)):  # tp may differ: resharded
-            differs = model_difference(meta, spec, config.tp, config.flat())  # runtime/resume_check.py
+            differs = model_difference(meta, spec, config.tp, config.flat())  # checkpointing/resume_check.py
             raise ConfigError(
                 f"--resume: checkpoint {resume_from} belongs to another model ({meta.get('model', '?')}"
                 + (f"; saved with {differs}" if differs else "")
@@ -198,5 +198,5 @@ def prepare(
         update_settings=update,
     )
     if check_size:
-        check_fits(run, cpu=default_backend() == "gloo" and world_size is None)  # runtime/size_check.py
+        check_fits(run, cpu=default_backend() == "gloo" and world_size is None)  # runtime/setup/size_check.py
     return run

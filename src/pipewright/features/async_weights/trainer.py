@@ -23,9 +23,9 @@ from pipewright.features.async_weights.options import AsyncOptions
 from pipewright.features.async_weights.runtime import AsyncRuntime
 from pipewright.optim import lr_at
 from pipewright.options import read_section
-from pipewright.runtime.executor import PipelineExecutor
-from pipewright.runtime.plugin import ExecutorParts, OptimizerContext, TrainingPlugin
-from pipewright.runtime.timeline import gather_timeline
+from pipewright.runtime.core.executor import PipelineExecutor
+from pipewright.runtime.core.plugin import ExecutorParts, OptimizerContext, TrainingPlugin
+from pipewright.runtime.profiling.measured_timeline import gather_timeline
 from pipewright.schedules import build_schedule
 
 
