@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 from bench_dualpipe_overlap import alternate, blocking_costs, predicted_ratio, run_both
 
-from pipewright.models.moe import moe_layers
+from pipewright.models.moe_mlp import moe_layers
 from pipewright.runtime.core.trainer import PreparedRun, Trainer
 from pipewright.runtime.parallel.process_mesh import ParallelMesh
 from pipewright.runtime.setup.config import TrainConfig

@@ -483,7 +483,7 @@ def test_trainer_async_without_staleness_equals_synchronous(two_rank_runs):
 def test_trainer_data_parallel_composes_and_reports_weight_versions(two_rank_runs, tmp_path):
     """dp = 2 with b = 2 equals dp = 1 with b = 4 (gradients averaged before each stage's update), and
     the weight versions the runtime reports are those the memory model gives for the window."""
-    from pipewright.features.async_weights.memory import weight_versions
+    from pipewright.features.async_weights.weight_memory import weight_versions
     from pipewright.training import prepare
 
     one = two_rank_runs["dp1"]
@@ -509,7 +509,7 @@ def test_trainer_refuses_bad_async_options():
 def test_memory_model_per_policy():
     """Weight versions per stage (live included) from the schedule alone; the runtime reports the
     same (test above for stash; dc on async-zb-h1 measured 4 4 4 1 with m = 8)."""
-    from pipewright.features.async_weights.memory import weight_bytes, weight_versions
+    from pipewright.features.async_weights.weight_memory import weight_bytes, weight_versions
 
     one_f = build_schedule("async-1f1b", 4, 16)
     want = {

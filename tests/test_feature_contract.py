@@ -332,8 +332,8 @@ def test_features_register_schedules_and_zb_auto_plans_with_real_costs() -> None
     from pipewright.cost.transformer import TransformerCost
     from pipewright.models.presets import get_preset
     from pipewright.schedules import ScheduleInfo, default_registry, schedule_names
-    from pipewright.schedules.costs import schedule_costs
     from pipewright.schedules.registry import build_schedule as build
+    from pipewright.schedules.schedule_costs import schedule_costs
 
     def reversed_gpipe(p: int, m: int, v: int) -> Schedule:
         base = build_schedule("gpipe", p, m)

@@ -62,7 +62,7 @@ def _layers() -> list:
     return [_first, _block, mix, _block, _block, mix, _block, _head]
 
 
-def _pipe(partition="uniform") -> pipewright.training.layers.LayerPipeline:
+def _pipe(partition="uniform") -> pipewright.training.layer_pipeline.LayerPipeline:
     return pipewright.pipeline(_layers(), nn.functional.cross_entropy, data=_data, partition=partition)
 
 

@@ -17,7 +17,7 @@ from pipewright.data.tokens import write_tokens
 from pipewright.errors import ConfigError
 from pipewright.mesh import Mesh
 from pipewright.models.family import build_full, build_stage
-from pipewright.models.moe import MoE, moe_layers, route
+from pipewright.models.moe_mlp import MoE, moe_layers, route
 from pipewright.models.presets import get_preset, resolve_model
 from pipewright.runtime.setup.config import TrainConfig
 

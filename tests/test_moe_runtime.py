@@ -34,7 +34,7 @@ from pipewright.data import open_dataset
 from pipewright.data.tokens import write_tokens
 from pipewright.models.family import build_full
 from pipewright.models.gpt import loss_fn
-from pipewright.models.moe import moe_layers
+from pipewright.models.moe_mlp import moe_layers
 from pipewright.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
 from pipewright.runtime.core.trainer import PreparedRun, Trainer
 from pipewright.runtime.parallel.process_mesh import ParallelMesh

@@ -6,7 +6,7 @@ workers, each running :func:`train_worker` around a :class:`~pipewright.runtime.
 the run's training plugins. Nothing below this package (runtime, models, data) imports a feature.
 """
 
-from pipewright.training.prepare import (
+from pipewright.training.prepare_run import (
     active_plugins,
     check_config,
     default_out_dir,

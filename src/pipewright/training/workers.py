@@ -30,7 +30,7 @@ from pipewright.runtime.setup.config import TrainConfig
 from pipewright.runtime.setup.launch import init_from_env, running_under_torchrun
 from pipewright.runtime.setup.launch import spawn as spawn_processes
 from pipewright.runtime.setup.startup import stage
-from pipewright.training.prepare import prepare
+from pipewright.training.prepare_run import prepare
 
 log = logging.getLogger(__name__)
 

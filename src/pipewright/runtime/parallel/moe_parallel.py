@@ -26,7 +26,7 @@ dividing by dp gives the gradient of the global mean loss — the same Σ / dp, 
 Gradient norm (:meth:`MoeRuntime.norm_params`): each element counted once when the squares are summed
 over tp, pp and dp — dense parameters on dp rank 0, experts on the ranks of expert-data-parallel rank 0.
 
-Auxiliary losses (:mod:`pipewright.models.moe`): each MoE layer injects ∂(α·L_bal + β·L_z) scaled by
+Auxiliary losses (:mod:`pipewright.models.moe_mlp`): each MoE layer injects ∂(α·L_bal + β·L_z) scaled by
 ``aux_grad_scale`` = S/m (m microbatches, S the fp16 loss scale, 1 otherwise), the scale of the main
 loss's 1/m, so the data-parallel average makes it 1/(dp·m) like the main loss.
 """
@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from pipewright.models.moe import expert_parameters, moe_layers
+from pipewright.models.moe_mlp import expert_parameters, moe_layers
 from pipewright.models.spec import ModelSpec
 from pipewright.runtime.core.handlers import RunState
 from pipewright.runtime.parallel.cp.overlap import PairOverlap, install_pair_overlap
@@ -69,7 +69,7 @@ class AllToAll(torch.autograd.Function):
 
 
 class GroupExchange:
-    """:class:`pipewright.models.moe.TokenExchange` over a process group of ``size`` ranks; the
+    """:class:`pipewright.models.moe_mlp.TokenExchange` over a process group of ``size`` ranks; the
     backward's exchanges over ``back_group`` (a second group of the same ranks; default ``group``).
     ``waited``: seconds spent in the forward's (False) and the backward's (True) exchanges since reset
     (transfer and waiting for the peers: the communication a blocking run exposes)."""
@@ -169,7 +169,7 @@ class MoeRuntime:
         """``moe_aux_loss``: Σ over MoE layers of α·L_bal + β·L_z, the mean over microbatches and
         replicas (what the auxiliary losses add to the step's loss); ``moe_balance``: L_bal averaged
         over layers, microbatches and replicas (1 = perfectly balanced). Collective over pp, dp and
-        cp (each cp rank's values are its share of the sequence's: :mod:`pipewright.models.moe`)."""
+        cp (each cp rank's values are its share of the sequence's: :mod:`pipewright.models.moe_mlp`)."""
         a, b = self.spec.moe_aux_loss_coeff, self.spec.moe_z_loss_coeff
         bal = sum((float(r[0]) for layer in self.layers for r in layer.records), 0.0)
         aux = sum((a * float(r[0]) + b * float(r[1]) for layer in self.layers for r in layer.records), 0.0)

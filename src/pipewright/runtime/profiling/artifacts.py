@@ -11,7 +11,7 @@ from typing import Any
 from pipewright.runtime.profiling.progress_log import progress, strict_json
 from pipewright.timeline import Timeline
 from pipewright.viz.loss import plot_loss
-from pipewright.viz.timeline import draw_timeline
+from pipewright.viz.timeline_figure import draw_timeline
 from pipewright.viz.trace import write_trace
 
 

@@ -308,7 +308,7 @@ def compare_run(plan: ComparePlan, out_dir: str | Path) -> dict[str, Any]:
     """Predict, read the measurement of the finished run in ``out_dir``, write ``compare.json`` and
     ``compare.png`` there (and ``profile.csv`` when profiled in-process; ``profile-before.csv`` and
     ``profile-after.csv`` too after :func:`bracket_profile`). Returns the report."""
-    from pipewright.viz.timeline import draw_timeline
+    from pipewright.viz.timeline_figure import draw_timeline
 
     out_dir = Path(out_dir)
     c = plan.config

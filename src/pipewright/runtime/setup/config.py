@@ -213,7 +213,7 @@ class _TrainFields:
         "tie the output layer to the input embedding (also across stages)",
         group="model",
     )
-    # mixture of experts (pipewright.models.moe; None: the preset's) and expert parallelism (carved from dp)
+    # mixture of experts (models/moe_mlp.py; None: the preset's) and expert parallelism (carved from dp)
     moe_experts: int | None = option(
         None, "--moe-experts", "routed experts per MoE layer (0: dense)", group="model"
     )

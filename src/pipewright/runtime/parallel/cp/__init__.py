@@ -2,7 +2,7 @@
 balancing (:mod:`.ring`), and its application to stages, batches and gradients (:mod:`.shard`)."""
 
 from pipewright.runtime.parallel.cp.ring import DistRing, RingAttention, RingAttentionCore
-from pipewright.runtime.parallel.cp.shard import (
+from pipewright.runtime.parallel.cp.sequence_split import (
     ContextParallel,
     apply_context_parallel,
     check_context_parallel,

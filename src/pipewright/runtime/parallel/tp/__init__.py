@@ -36,7 +36,7 @@ from pipewright.runtime.parallel.tp.grads import (
     sharded_parameters,
     sync_sequence_parallel_grads,
 )
-from pipewright.runtime.parallel.tp.layers import ColumnParallelLinear, DeferredParams, RowParallelLinear
+from pipewright.runtime.parallel.tp.linears import ColumnParallelLinear, DeferredParams, RowParallelLinear
 from pipewright.runtime.parallel.tp.ops import (
     copy_to,
     gather_after_recv,

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pipewright.errors import ConfigError
-from pipewright.runtime.parallel.tp.layers import shard
+from pipewright.runtime.parallel.tp.linears import shard
 from pipewright.runtime.parallel.tp.ops import (
     Group,
     all_gather,

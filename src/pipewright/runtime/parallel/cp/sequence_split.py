@@ -10,7 +10,7 @@
   the global positions (a forward pre-hook maps 0…S/cp−1 to them); rotary tables (Llama, buffers
   ``cos``/``sin`` read as ``[:s]``) keep only the rows of those positions.
 - Mixture-of-experts layers route their own tokens; their load-balancing counts are summed over the
-  cp ranks (:func:`summed_over`; :mod:`pipewright.models.moe`).
+  cp ranks (:func:`summed_over`; :mod:`pipewright.models.moe_mlp`).
 - :class:`ContextParallel`: all of it for one trainer (its ring from the mesh's cp coordinate).
 - :func:`sync_context_parallel_grads`: the parameter gradients averaged over the cp group. Each rank's
   loss is the mean over its S/cp tokens and every rank holds as many, so the mean over the cp ranks is
@@ -30,7 +30,7 @@ from torch import nn
 
 from pipewright.errors import ConfigError
 from pipewright.models.blocks import AttentionCore
-from pipewright.models.moe import moe_layers
+from pipewright.models.moe_mlp import moe_layers
 from pipewright.runtime.parallel.cp.overlap import PairOverlap, install_pair_overlap
 from pipewright.runtime.parallel.cp.ring import DistRing, Ring, RingAttentionCore
 from pipewright.runtime.reliability.timeouts import new_group
@@ -92,7 +92,7 @@ def apply_context_parallel(
     count_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> nn.Module:
     """Make ``stage`` attend over the ring and place its tokens at ``positions`` (module docstring);
-    its MoE layers' balance counts summed by ``count_sum`` (:mod:`pipewright.models.moe`); returns it
+    its MoE layers' balance counts summed by ``count_sum`` (:mod:`pipewright.models.moe_mlp`); returns it
     (modified in place)."""
     for layer in moe_layers(stage):
         layer.count_sum = count_sum

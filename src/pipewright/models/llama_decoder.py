@@ -49,7 +49,7 @@ from pipewright.models.blocks import (
 )
 from pipewright.models.gpt import _init_linear, layer_generator
 from pipewright.models.layout import Layout, StageLayout, resolve_stage
-from pipewright.models.moe import MoE, TokenExchange
+from pipewright.models.moe_mlp import MoE, TokenExchange
 from pipewright.models.spec import ModelSpec
 from pipewright.models.wgrad import LinearFactory, default_linear_factory
 

@@ -34,8 +34,8 @@ from pipewright.runtime.core.trainer import PreparedRun, TrainResult
 from pipewright.runtime.parallel.process_mesh import coords_to_rank
 from pipewright.runtime.setup.config import TrainConfig
 from pipewright.runtime.setup.launch import init_from_env, running_under_torchrun
-from pipewright.training.prepare import active_plugins, check_config, default_out_dir, run_features
-from pipewright.training.prepare import resolve_schedule as checked_schedule
+from pipewright.training.prepare_run import active_plugins, check_config, default_out_dir, run_features
+from pipewright.training.prepare_run import resolve_schedule as checked_schedule
 
 if TYPE_CHECKING:
     from pipewright.training.workers import Spawn
