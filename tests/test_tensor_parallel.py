@@ -130,9 +130,9 @@ def _column_vs_linear(group, r, t, *, bias, gather, blocks) -> Pairs:
         (y * g).sum().backward()
         expected_y = y_ref
     else:  # local shard of each fused block
-        g_local = tp.linears.shard(g, -1, r, t, blocks)
+        g_local = tp.parallel_linears.shard(g, -1, r, t, blocks)
         (y * g_local).sum().backward()
-        expected_y = tp.linears.shard(y_ref, -1, r, t, blocks)
+        expected_y = tp.parallel_linears.shard(y_ref, -1, r, t, blocks)
     name = f"column(bias={bias}, gather={gather}, blocks={blocks})"
     pairs = [
         (f"{name} weight init", layer.full_weight(), ref.weight.detach()),

@@ -1,7 +1,9 @@
 """Running schedules on torch.distributed: process mesh, launching, point-to-point transfers, split
-backward and the pipeline executor.
+backward and the pipeline executor. The names below are the public ones (a feature's training plugin
+imports its protocol from here); the subpackages group the rest by concern: ``core``, ``setup``,
+``checkpointing``, ``reliability``, ``profiling``, ``parallel`` (docs/architecture.md).
 
-The names below are loaded on first use (PEP 562), so that importing a torch-free submodule such as
+They are loaded on first use (PEP 562), so that importing a torch-free submodule such as
 :mod:`pipewright.runtime.setup.config` (which ``pipewright train``'s flags are generated from) does not
 import torch for every command."""
 
@@ -14,6 +16,12 @@ _WHERE = {
     "DeferrableLinear": "pipewright.models.wgrad",
     "WeightGradStore": "pipewright.models.wgrad",
     "defer_weight_grads": "pipewright.models.wgrad",
+    "BuildContext": "pipewright.runtime.core.plugin",
+    "Built": "pipewright.runtime.core.plugin",
+    "ExecutorParts": "pipewright.runtime.core.plugin",
+    "OptimizerContext": "pipewright.runtime.core.plugin",
+    "TrainingPlugin": "pipewright.runtime.core.plugin",
+    "TrainConfig": "pipewright.runtime.setup.config",
     "ActionError": "pipewright.runtime.core.distributed_errors",
     "DistributedError": "pipewright.runtime.core.distributed_errors",
     "LayoutError": "pipewright.runtime.core.distributed_errors",

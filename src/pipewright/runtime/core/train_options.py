@@ -1,5 +1,5 @@
 """The trainer's training options in one place, so that the training loop calls them in a few lines:
-activation recomputation (:mod:`.recompute`), initial weights from a Hugging Face checkpoint
+activation recomputation (:mod:`.stage_recompute`), initial weights from a Hugging Face checkpoint
 (:mod:`pipewright.models.hf_load`), embeddings tied across stages (:mod:`.tied`), mixed precision
 (:mod:`.precision`) and the fp32-master / ZeRO-1 optimizer (:mod:`.zero`).
 

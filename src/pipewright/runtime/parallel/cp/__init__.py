@@ -1,5 +1,5 @@
 """Context parallelism: the sequence split over a ``cp`` mesh dimension, ring attention with causal load
-balancing (:mod:`.ring`), and its application to stages, batches and gradients (:mod:`.shard`)."""
+balancing (:mod:`.ring`), and its application to stages, batches and gradients (:mod:`.sequence_split`)."""
 
 from pipewright.runtime.parallel.cp.ring import DistRing, RingAttention, RingAttentionCore
 from pipewright.runtime.parallel.cp.sequence_split import (

@@ -21,7 +21,7 @@ rank's shard: the same seed gives the same model whatever t.
 The weight-gradient part of the linear layers is deferrable (Zero Bubble's B = I + W) through
 ``models/wgrad.py`` (``defer_weight_grads`` / ``WeightGradStore``): see :class:`_LinearFn`.
 
-Modules: :mod:`.ops` (group helpers, collectives, the mappings above), :mod:`.layers` (column/row
+Modules: :mod:`.ops` (group helpers, collectives, the mappings above), :mod:`.parallel_linears` (column/row
 parallel linears), :mod:`.vocab` (vocabulary-parallel embedding and cross-entropy), :mod:`.grads`
 (sharded/full parameters, gradient norm share, sequence-parallel gradient sync), :mod:`.factory` (the
 linear factory a GPT model calls).
@@ -36,7 +36,6 @@ from pipewright.runtime.parallel.tp.grads import (
     sharded_parameters,
     sync_sequence_parallel_grads,
 )
-from pipewright.runtime.parallel.tp.linears import ColumnParallelLinear, DeferredParams, RowParallelLinear
 from pipewright.runtime.parallel.tp.ops import (
     copy_to,
     gather_after_recv,
@@ -49,6 +48,11 @@ from pipewright.runtime.parallel.tp.ops import (
     split_for_send,
     tp_rank,
     tp_size,
+)
+from pipewright.runtime.parallel.tp.parallel_linears import (
+    ColumnParallelLinear,
+    DeferredParams,
+    RowParallelLinear,
 )
 from pipewright.runtime.parallel.tp.vocab import VocabParallelEmbedding, sharded_vocab_cross_entropy
 

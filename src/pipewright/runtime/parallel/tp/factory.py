@@ -10,8 +10,8 @@ import torch
 from torch import Tensor, nn
 
 from pipewright.errors import ConfigError
-from pipewright.runtime.parallel.tp.linears import ColumnParallelLinear, RowParallelLinear
 from pipewright.runtime.parallel.tp.ops import Group, sequence_chunk, tp_size
+from pipewright.runtime.parallel.tp.parallel_linears import ColumnParallelLinear, RowParallelLinear
 from pipewright.runtime.parallel.tp.vocab import VocabParallelEmbedding, sharded_vocab_cross_entropy
 
 
@@ -70,7 +70,7 @@ class TensorParallelFactory:
     position embeddings through :meth:`sequence_chunk` and the trainer calls
     :func:`sync_sequence_parallel_grads` after the backward. The linears' weight gradients are
     deferrable exactly like ``DeferrableLinear``'s (see
-    :class:`pipewright.runtime.parallel.tp.linears._LinearFn`).
+    :class:`pipewright.runtime.parallel.tp.parallel_linears._LinearFn`).
     """
 
     def __init__(

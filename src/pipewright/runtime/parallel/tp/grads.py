@@ -8,8 +8,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from pipewright.runtime.parallel.tp.linears import ColumnParallelLinear, RowParallelLinear, ShardedLinear
 from pipewright.runtime.parallel.tp.ops import Group, tp_rank, tp_size
+from pipewright.runtime.parallel.tp.parallel_linears import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    ShardedLinear,
+)
 from pipewright.runtime.parallel.tp.vocab import VocabParallelEmbedding
 
 

@@ -11,7 +11,6 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pipewright.errors import ConfigError
-from pipewright.runtime.parallel.tp.linears import shard
 from pipewright.runtime.parallel.tp.ops import (
     Group,
     all_gather,
@@ -22,6 +21,7 @@ from pipewright.runtime.parallel.tp.ops import (
     tp_rank,
     tp_size,
 )
+from pipewright.runtime.parallel.tp.parallel_linears import shard
 
 
 class VocabParallelEmbedding(nn.Module):
