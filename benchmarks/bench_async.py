@@ -33,7 +33,7 @@ VAL_BATCHES, VAL_SEED = 16, 12345  # the held-out set every run is scored on (ba
 
 
 def _config(opt: str, seed: int, steps: int, out: Path, clip: float, **kw):
-    from pipewright.runtime.config import TrainConfig
+    from pipewright.runtime.setup.config import TrainConfig
 
     base = dict(
         pp=4,
@@ -80,7 +80,7 @@ def val_loss(config, out: Path) -> float:
     from pipewright.data import open_dataset
     from pipewright.models.family import build_full
     from pipewright.models.gpt import loss_fn
-    from pipewright.runtime.checkpoint import latest_checkpoint
+    from pipewright.runtime.checkpointing.checkpoint import latest_checkpoint
 
     data = open_dataset(config.data, tokenizer=config.tokenizer, progress=False)
     spec = config.model_spec(data.vocab_size)

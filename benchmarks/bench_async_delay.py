@@ -31,7 +31,7 @@ from pipewright.features.async_weights.directions import predict_into
 from pipewright.models.family import build_full
 from pipewright.models.gpt import loss_fn
 from pipewright.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
-from pipewright.runtime.config import TrainConfig
+from pipewright.runtime.setup.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 LR = {"adamw": 1e-3, "sgd": 0.05}

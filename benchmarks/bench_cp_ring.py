@@ -1,11 +1,12 @@
 """The context-parallel ring attention's backward, before and after overlapping its dK/dV exchanges,
 on this CPU: cp gloo processes, one ring, the same tensors, paired alternating rounds.
 
-"after" is ``pipewright.runtime.cp.ring.RingAttention`` as checked out: the diagonal block's dK/dV stays
+"after" is ``pipewright.runtime.parallel.cp.ring.RingAttention`` as checked out: the diagonal block's dK/dV
+stays
 home, cp − 1 fp32 accumulator transfers, each waited after the next block's computation. "before" is
 the same file at revision ``--before`` (loaded from git; default the last revision whose backward waited
 each of its cp accumulator transfers as soon as it started it). Both run over one
-:class:`~pipewright.runtime.cp.ring.DistRing` on the same q, k, v [b, heads, S/cp, d] (fp32).
+:class:`~pipewright.runtime.parallel.cp.ring.DistRing` on the same q, k, v [b, heads, S/cp, d] (fp32).
 
 Each round times, for each of the two in turn (the order swapped every round), one forward (not
 timed) and then its backward (``out.backward(g)``), after a barrier; a rank's time is its own wall
@@ -32,15 +33,15 @@ from types import ModuleType
 import torch
 import torch.distributed as dist
 
-from pipewright.runtime.cp.ring import DistRing, RingAttention
-from pipewright.runtime.launch import spawn
+from pipewright.runtime.parallel.cp.ring import DistRing, RingAttention
+from pipewright.runtime.setup.launch import spawn
 
 ROOT = Path(__file__).resolve().parents[1]
-RING = "src/pipewright/runtime/cp/ring.py"
+RING = "src/pipewright/runtime/parallel/cp/ring.py"
 
 
 def source_at(revision: str) -> str:
-    """The text of ``runtime/cp/ring.py`` at git ``revision``."""
+    """The text of ``runtime/parallel/cp/ring.py`` at git ``revision``."""
     return subprocess.run(
         ["git", "-C", str(ROOT), "show", f"{revision}:{RING}"], check=True, capture_output=True, text=True
     ).stdout

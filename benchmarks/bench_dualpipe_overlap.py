@@ -5,7 +5,7 @@ predicted ratio for the same two runs.
 Measured: one mesh, two trainers on it (``--blocking-pairs`` off and on), the same model and data;
 rounds alternate the two (``--steps`` steps each, the first of each discarded), median step time
 each; ratio = overlapped / blocking. In the overlapped run the forward of each pair runs on a second
-thread (its ring exchanges on its own group) while the backward computes (``runtime/cp/overlap.py``).
+thread (its ring exchanges on its own group) while the backward computes (``runtime/parallel/cp/overlap.py``).
 
 Predicted (``sim/pair_overlap.py``): the blocking run's own measurements as the cost model: the
 median span of every (stage, kind) of the blocking trainer's last step, on every pipeline rank, and
@@ -35,10 +35,10 @@ import torch.distributed as dist
 
 from pipewright.data.tokens import write_tokens
 from pipewright.ir import Action, B, F, I, Schedule
-from pipewright.runtime.config import TrainConfig
-from pipewright.runtime.launch import spawn
-from pipewright.runtime.mesh import ParallelMesh
-from pipewright.runtime.trainer import PreparedRun, Trainer
+from pipewright.runtime.core.trainer import PreparedRun, Trainer
+from pipewright.runtime.parallel.process_mesh import ParallelMesh
+from pipewright.runtime.setup.config import TrainConfig
+from pipewright.runtime.setup.launch import spawn
 from pipewright.sim.engine import simulate
 from pipewright.sim.pair_overlap import PairOverlapCost
 from pipewright.training import prepare

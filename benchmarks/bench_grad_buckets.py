@@ -1,4 +1,5 @@
-"""The data-parallel gradient reduction in buckets (``runtime/grad_buckets.py``) against the concatenated
+"""The data-parallel gradient reduction in buckets (``runtime/parallel/grad_buckets.py``) against the
+concatenated
 all-reduce after the backward it replaced, at dp = ``--dp`` gloo processes on this CPU: a stage of
 ``--layers`` ``nn.Linear(h, h)`` layers, one microbatch's backward armed as the stage's last.
 
@@ -30,8 +31,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from pipewright.ir import REDUCE_GRAD, Action, B, I, W
 from pipewright.models.wgrad import DeferrableLinear, WeightGradStore, deferrable_layers, deferring
-from pipewright.runtime import grad_buckets
-from pipewright.runtime.launch import spawn
+from pipewright.runtime.parallel import grad_buckets
+from pipewright.runtime.setup.launch import spawn
 
 
 class _NewStorages(TorchDispatchMode):

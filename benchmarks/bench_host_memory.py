@@ -1,4 +1,5 @@
-"""The CPU allocator policy (``--cpu-allocator retain|system``, runtime/host_memory.py), measured two ways,
+"""The CPU allocator policy (``--cpu-allocator retain|system``, runtime/setup/host_memory.py), measured two
+ways,
 the policies alternating round by round in fresh processes:
 
 1. The output layer's passes S + T (``features/vocab/shard.py``) for 256 tokens, h = 64 and a shard of
@@ -24,7 +25,7 @@ import time
 
 _PASSES = """
 import json, resource, statistics, sys, time
-from pipewright.runtime.host_memory import use_cpu_allocator
+from pipewright.runtime.setup.host_memory import use_cpu_allocator
 use_cpu_allocator(sys.argv[1])
 import torch
 from pipewright.features.vocab import shard as vs

@@ -26,7 +26,7 @@ CONFIGS = {
 
 
 def _run(name: str, steps: int, schedule: str, out: Path) -> list[float]:
-    from pipewright.runtime.config import TrainConfig
+    from pipewright.runtime.setup.config import TrainConfig
     from pipewright.training import train
 
     config = TrainConfig(

@@ -12,7 +12,8 @@ Measured: one mesh, two trainers on it (``--blocking-pairs`` off and on), the sa
 rounds alternate the two (``--steps`` steps each, the first of each discarded), median step time
 each; ratio = overlapped / blocking. In the overlapped run each F&B pair's forward runs on a second
 thread, its all-to-alls over the ep group, while the other microbatch's backward computes and runs
-its all-to-alls over a second group of the same ranks (``runtime/moe.py``, ``runtime/cp/overlap.py``).
+its all-to-alls over a second group of the same ranks (``runtime/parallel/moe_parallel.py``,
+``runtime/parallel/cp/overlap.py``).
 Start-up (process group, mesh, both trainers) is reported apart and not in the step times.
 
 Predicted, two ways:
@@ -43,10 +44,10 @@ import torch
 import torch.distributed as dist
 from bench_dualpipe_overlap import alternate, blocking_costs, predicted_ratio, run_both
 
-from pipewright.models.moe import moe_layers
-from pipewright.runtime.config import TrainConfig
-from pipewright.runtime.mesh import ParallelMesh
-from pipewright.runtime.trainer import PreparedRun, Trainer
+from pipewright.models.moe_mlp import moe_layers
+from pipewright.runtime.core.trainer import PreparedRun, Trainer
+from pipewright.runtime.parallel.process_mesh import ParallelMesh
+from pipewright.runtime.setup.config import TrainConfig
 from pipewright.schedules import info
 
 MODEL = {
@@ -64,7 +65,8 @@ def _config(data: str, schedule: str = "dualpipev") -> TrainConfig:
 
 
 def _exchange(trainer: Trainer):
-    """The trainer's :class:`~pipewright.runtime.moe.GroupExchange` (one, shared by its MoE layers)."""
+    """The trainer's :class:`~pipewright.runtime.parallel.moe_parallel.GroupExchange` (one, shared by its
+    MoE layers)."""
     return next(layer.exchange for stage in trainer.stages.values() for layer in moe_layers(stage))
 
 

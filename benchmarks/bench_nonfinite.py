@@ -1,6 +1,7 @@
 """Cost of the per-step non-finite check: training steps with and without it, side by side.
 
-The check (:meth:`pipewright.runtime.guard.RunGuard.before_optimizer`) is what ``pipewright train``
+The check (:meth:`pipewright.runtime.reliability.guard.RunGuard.before_optimizer`) is what ``pipewright
+train``
 does between the backward and the optimizer step: one fused ``isfinite`` per stage over this rank's
 gradients and one all-reduce of two flags (non-finite, preemption) over all ranks. One 2-process gloo
 spawn builds two identical trainers (the default model of ``pipewright train``, pp = 2, 1F1B, m = 4) and
@@ -22,10 +23,10 @@ import time
 import torch
 import torch.distributed as dist
 
-from pipewright.runtime.config import TrainConfig
-from pipewright.runtime.launch import spawn
-from pipewright.runtime.mesh import ParallelMesh
-from pipewright.runtime.trainer import Trainer
+from pipewright.runtime.core.trainer import Trainer
+from pipewright.runtime.parallel.process_mesh import ParallelMesh
+from pipewright.runtime.setup.config import TrainConfig
+from pipewright.runtime.setup.launch import spawn
 from pipewright.training import prepare
 
 WARMUP = 3  # first steps of each trainer: allocator and thread warm-up, not measured

@@ -35,10 +35,10 @@ import torch.distributed as dist
 
 from pipewright.cost.activations import korthikanti_layer_bytes, runtime_stage_peak_bytes
 from pipewright.data.tokens import write_tokens
-from pipewright.runtime.config import TrainConfig
-from pipewright.runtime.launch import spawn
-from pipewright.runtime.mesh import ParallelMesh
-from pipewright.runtime.trainer import Trainer
+from pipewright.runtime.core.trainer import Trainer
+from pipewright.runtime.parallel.process_mesh import ParallelMesh
+from pipewright.runtime.setup.config import TrainConfig
+from pipewright.runtime.setup.launch import spawn
 from pipewright.training import prepare
 
 MIB = 2**20

@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 
 from pipewright.cost.profiled import load_profile
-from pipewright.runtime.compare import bracket_profile, compare_run, plan_comparison, with_brackets
-from pipewright.runtime.config import TrainConfig
+from pipewright.runtime.profiling.compare import bracket_profile, compare_run, plan_comparison, with_brackets
+from pipewright.runtime.setup.config import TrainConfig
 from pipewright.training import train
 
 MODEL = {"model": "gpt", "layers": 8, "hidden": 256, "heads": 4, "vocab": 256, "seq_len": 128}

@@ -17,7 +17,7 @@ chunked output layer.
    is max / min over the ranks.
 
 Every worker starts with ``--cpu-allocator`` (default ``retain``, as ``pipewright train``;
-``runtime/host_memory.py``): under glibc's default the large logits and softmax blocks are mapped and
+``runtime/setup/host_memory.py``): under glibc's default the large logits and softmax blocks are mapped and
 faulted in afresh every microbatch, unevenly across the ranks, which made equal passes measure up to
 1.6× apart.
 
@@ -45,9 +45,9 @@ from pipewright.features.vocab.insert import insert_vocab
 from pipewright.features.vocab.runtime import VocabRuntime, VocabStage, vocab_group
 from pipewright.models.gpt import build_stage, loss_fn
 from pipewright.models.spec import ModelSpec
-from pipewright.runtime.executor import PipelineExecutor
-from pipewright.runtime.host_memory import ALLOCATORS, use_cpu_allocator
-from pipewright.runtime.mesh import ParallelMesh
+from pipewright.runtime.core.executor import PipelineExecutor
+from pipewright.runtime.parallel.process_mesh import ParallelMesh
+from pipewright.runtime.setup.host_memory import ALLOCATORS, use_cpu_allocator
 from pipewright.schedules.registry import build_schedule
 
 B, M, SEQ = 4, 8, 64

@@ -1,4 +1,5 @@
-"""ZeRO-1's parameter all-gather after the step (``runtime/zero.py`` ``_FlatShard.gather_into_params``):
+"""ZeRO-1's parameter all-gather after the step (``runtime/parallel/zero.py``
+``_FlatShard.gather_into_params``):
 the bytes of the tensors it allocates and its time, against the gather it replaced (a list of d fp32
 slices, ``all_gather``, then ``torch.cat`` — reproduced here as ``before``), at dp = ``--dp`` gloo
 processes on this CPU, for ``--params`` parameters of ``--dtype``.
@@ -21,8 +22,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from pipewright.runtime.launch import spawn
-from pipewright.runtime.zero import _FlatShard
+from pipewright.runtime.parallel.zero import _FlatShard
+from pipewright.runtime.setup.launch import spawn
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 

@@ -1,5 +1,5 @@
 """Step time of ``pipewright train --shard-optimizer`` at dp = 4 on this CPU (gloo): the checked-out
-tree, whose ZeRO-1 reduce-scatters the gradients (``runtime/zero.py``), against revision
+tree, whose ZeRO-1 reduce-scatters the gradients (``runtime/parallel/zero.py``), against revision
 ``--before`` (default ``main``), loaded from git, whose ZeRO-1 all-reduced them; paired alternating
 rounds (the order swapped every round).
 

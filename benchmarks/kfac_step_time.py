@@ -19,10 +19,10 @@ from dataclasses import replace
 import torch
 import torch.distributed as dist
 
-from pipewright.runtime.config import TrainConfig
-from pipewright.runtime.launch import spawn
-from pipewright.runtime.mesh import ParallelMesh
-from pipewright.runtime.trainer import Trainer
+from pipewright.runtime.core.trainer import Trainer
+from pipewright.runtime.parallel.process_mesh import ParallelMesh
+from pipewright.runtime.setup.config import TrainConfig
+from pipewright.runtime.setup.launch import spawn
 from pipewright.training import prepare
 
 

@@ -27,7 +27,7 @@ from _fuzz_cli import (
 )
 from pipewright.cost.profiled import SIZED_KINDS
 from pipewright.data.tokens import write_tokens
-from pipewright.passes.export import to_csv
+from pipewright.passes.pytorch_csv import to_csv
 from pipewright.schedules import build_schedule
 from test_fuzz_inputs import PLAN_JSON, TOPOLOGY
 

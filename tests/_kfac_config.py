@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from pipewright.data.tokens import write_tokens
-from pipewright.runtime.config import TrainConfig
+from pipewright.runtime.setup.config import TrainConfig
 
 
 def tiny_config(tmp_path_factory, steps: int, **overrides) -> TrainConfig:

@@ -1,6 +1,6 @@
 """Launching a test's workers: :func:`spawn_cases` runs a test's cases in fresh gloo processes that report
 through a queue; :func:`fork_launch` runs ``fn(rank, *args)`` like
-:func:`pipewright.runtime.launch.spawn` in processes forked from the test process, so that torch and the
+:func:`pipewright.runtime.setup.launch.spawn` in processes forked from the test process, so that torch and the
 test's modules, already imported here, are not imported again in every worker (seconds of CPU each);
 :func:`forked_cli_launches` makes the library's own launches (``pipewright train``, ``pipewright check``
 called in-process through ``pipewright.cli.main``) fork the same way, through their ``spawn`` hook
@@ -23,10 +23,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from pipewright.runtime import nccl_rules
-from pipewright.runtime.errors import WorkerError
-from pipewright.runtime.launch import default_backend, free_port, init_from_env
-from pipewright.runtime.launch import spawn as _spawn
+from pipewright.runtime.core.distributed_errors import WorkerError
+from pipewright.runtime.setup import nccl_rules
+from pipewright.runtime.setup.launch import default_backend, free_port, init_from_env
+from pipewright.runtime.setup.launch import spawn as _spawn
 
 # Multi-process tests run under NCCL's rules over gloo (PIPEWRIGHT_PG_RULES=off to run plain gloo).
 os.environ.setdefault(nccl_rules.ENV, "nccl")
@@ -89,7 +89,7 @@ def _forked(
     queue,
     cpu_allocator: str = "retain",
 ) -> None:
-    """One forked rank: the environment and gloo group ``pipewright.runtime.launch`` gives a worker
+    """One forked rank: the environment and gloo group ``pipewright.runtime.setup.launch`` gives a worker
     (one CPU thread), ``fn(rank, *args)``, then (rank, "ok", result) or (rank, "error", traceback)."""
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(nprocs),
@@ -118,7 +118,7 @@ def fork_launch(
     cpu_allocator: str = "retain",
 ) -> list:
     """``fn(rank, *args)`` on ``nprocs`` gloo ranks; their results by rank (as
-    :func:`pipewright.runtime.launch.spawn`, which it falls back to where :func:`can_fork` is false).
+    :func:`pipewright.runtime.setup.launch.spawn`, which it falls back to where :func:`can_fork` is false).
     A rank that raises fails the call with its traceback; so does passing ``timeout_s``. A forked
     worker starts from this process's heap and allocator settings: ``cpu_allocator="system"`` leaves
     them as they are rather than resetting glibc's defaults."""
@@ -167,9 +167,10 @@ def forked_spawn(
     forward_sigterm: bool = False,
     cpu_allocator: str = "retain",
 ) -> list:
-    """:func:`pipewright.runtime.launch.spawn`'s signature over :func:`fork_launch` (gloo only; no
+    """:func:`pipewright.runtime.setup.launch.spawn`'s signature over :func:`fork_launch` (gloo only; no
     SIGTERM forwarding, so not for tests that signal the launcher). A failed launch raises
-    :class:`~pipewright.runtime.errors.WorkerError`, as ``spawn`` does, so the CLI reports it the same."""
+    :class:`~pipewright.runtime.core.distributed_errors.WorkerError`, as ``spawn`` does, so the CLI reports it
+    the same."""
     if (backend or default_backend()) != "gloo":
         return _spawn(
             fn, nprocs, args, backend=backend, timeout_s=timeout_s, forward_sigterm=forward_sigterm,

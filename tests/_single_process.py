@@ -4,7 +4,7 @@ comparison of the two.
 
 Reference (:func:`train_one_process`, :func:`single_process`): the whole model in one process, the
 whole global batch per step, the same optimizer, learning-rate schedule and clipping as
-:class:`pipewright.runtime.trainer.Trainer`, then the validation loss after the last step.
+:class:`pipewright.runtime.core.trainer.Trainer`, then the validation loss after the last step.
 
 Pipelined (:func:`train_and_gather`): every rank trains each run's ``steps`` steps, one mesh per shape
 shared by the runs; rank 0 gathers every rank's :class:`Observed`.
@@ -30,7 +30,7 @@ from pipewright.models.family import build_full
 from pipewright.models.gpt import loss_fn
 from pipewright.models.spec import ModelSpec
 from pipewright.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
-from pipewright.runtime.config import TrainConfig
+from pipewright.runtime.setup.config import TrainConfig
 
 #: (split, index) → (inputs, targets) of the whole global batch
 Batches = Callable[[str, int], tuple[torch.Tensor, torch.Tensor]]
@@ -112,7 +112,7 @@ class Observed:
 
 def _full(trainer: Any, grad: bool) -> dict[str, torch.Tensor]:
     """This rank's parameters (or gradients) by name, tensor-parallel shards gathered to full size."""
-    from pipewright.runtime.tp import full_parameters
+    from pipewright.runtime.parallel.tp import full_parameters
 
     return {
         name: t.clone()
@@ -126,8 +126,8 @@ def train_and_gather(
 ) -> list[list[Observed]] | None:
     """Spawned worker: each run (a ``PreparedRun``) through :class:`Trainer` for ``steps`` steps, then
     (``evaluate``) its validation loss; rank 0 returns, per run, every rank's :class:`Observed`."""
-    from pipewright.runtime.mesh import ParallelMesh
-    from pipewright.runtime.trainer import Trainer
+    from pipewright.runtime.core.trainer import Trainer
+    from pipewright.runtime.parallel.process_mesh import ParallelMesh
 
     torch.set_num_threads(1)
     results, meshes = [], {}

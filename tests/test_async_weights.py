@@ -254,7 +254,7 @@ def test_nonfinite_gradient_skips_the_stage_update(policy):
 
 
 def test_nonfinite_gradient_stops_the_run_by_default():
-    from pipewright.runtime.nonfinite import NonFiniteError
+    from pipewright.runtime.reliability.nonfinite import NonFiniteError
 
     mod, st = _stage("none")
     st.on_nonfinite = "stop"
@@ -416,7 +416,7 @@ TINY = dict(
 
 
 def _config(tmp_path, name: str, **kw):
-    from pipewright.runtime.config import TrainConfig
+    from pipewright.runtime.setup.config import TrainConfig
 
     return TrainConfig(**{**TINY, "out": str(tmp_path / name), **kw})
 
@@ -483,7 +483,7 @@ def test_trainer_async_without_staleness_equals_synchronous(two_rank_runs):
 def test_trainer_data_parallel_composes_and_reports_weight_versions(two_rank_runs, tmp_path):
     """dp = 2 with b = 2 equals dp = 1 with b = 4 (gradients averaged before each stage's update), and
     the weight versions the runtime reports are those the memory model gives for the window."""
-    from pipewright.features.async_weights.memory import weight_versions
+    from pipewright.features.async_weights.weight_memory import weight_versions
     from pipewright.training import prepare
 
     one = two_rank_runs["dp1"]
@@ -495,7 +495,7 @@ def test_trainer_data_parallel_composes_and_reports_weight_versions(two_rank_run
 
 
 def test_trainer_refuses_bad_async_options():
-    from pipewright.runtime.config import TrainConfig
+    from pipewright.runtime.setup.config import TrainConfig
     from pipewright.training import resolve_schedule
 
     with pytest.raises(ConfigError, match="weight-policy"):
@@ -509,7 +509,7 @@ def test_trainer_refuses_bad_async_options():
 def test_memory_model_per_policy():
     """Weight versions per stage (live included) from the schedule alone; the runtime reports the
     same (test above for stash; dc on async-zb-h1 measured 4 4 4 1 with m = 8)."""
-    from pipewright.features.async_weights.memory import weight_bytes, weight_versions
+    from pipewright.features.async_weights.weight_memory import weight_bytes, weight_versions
 
     one_f = build_schedule("async-1f1b", 4, 16)
     want = {
@@ -537,7 +537,7 @@ def test_checkpoints_carry_what_a_policy_keeps_between_windows(policy, tmp_path)
     """What 2bw (the previous weight version) and predict (the last gradient, the last update's lr)
     carry from one window to the next goes through a real checkpoint into a fresh runtime: versions,
     learning rates and tensors equal; a stage of another shape reads none of it."""
-    from pipewright.runtime.checkpoint import load_checkpoint, save_checkpoint
+    from pipewright.runtime.checkpointing.checkpoint import load_checkpoint, save_checkpoint
 
     def runtime():
         mod = _module()

@@ -11,7 +11,13 @@ import pytest
 from pipewright.cli import main
 from pipewright.errors import ConfigError
 from pipewright.models.presets import resolve_model
-from pipewright.runtime.calibrate import FORMAT, CalibrationOptions, calibrate, gemm_shapes, preset_for
+from pipewright.runtime.profiling.measure_calibration import (
+    FORMAT,
+    CalibrationOptions,
+    calibrate,
+    gemm_shapes,
+    preset_for,
+)
 
 TINY = resolve_model("gpt", layers=2, hidden=64, heads=4, vocab=256, seq_len=32)
 

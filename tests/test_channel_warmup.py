@@ -10,7 +10,7 @@ import pytest
 
 from _queue_spawn import fork_launch
 from pipewright.runtime import ParallelMesh
-from pipewright.runtime import nccl_rules as rules
+from pipewright.runtime.setup import nccl_rules as rules
 from pipewright.schedules import build_schedule
 from test_executor import _executor, make_batch, make_stages, reference, rel_err
 

@@ -19,8 +19,8 @@ from pipewright.cli import main
 from pipewright.cli.check import TOLERANCE, param_difference
 from pipewright.features import Feature
 from pipewright.models.gpt import loss_fn
-from pipewright.runtime.handlers import loss_hook
-from pipewright.runtime.plugin import ExecutorParts, TrainingPlugin
+from pipewright.runtime.core.handlers import loss_hook
+from pipewright.runtime.core.plugin import ExecutorParts, TrainingPlugin
 
 MODEL = ["--model", "gpt", "--layers", "2", "--hidden", "16", "--heads", "2", "--seq-len", "8"]
 LAYOUT = ["--pp", "2", "--schedule", "1f1b", "--microbatches", "2", "--microbatch-size", "1"]

@@ -24,7 +24,7 @@ from _queue_spawn import forked_cli_launches
 from pipewright.cli import main
 from pipewright.data.tokens import write_tokens
 from pipewright.errors import ConfigError
-from pipewright.runtime.config import TrainConfig
+from pipewright.runtime.setup.config import TrainConfig
 
 pytest.importorskip("transformers")
 

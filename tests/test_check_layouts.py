@@ -15,7 +15,7 @@ from pathlib import Path
 from _queue_spawn import forked_cli_launches
 from pipewright.cli import main
 from pipewright.cli.check import reference_config
-from pipewright.runtime.config import TrainConfig
+from pipewright.runtime.setup.config import TrainConfig
 
 MODEL = ["--model", "gpt", "--layers", "2", "--hidden", "16", "--heads", "2", "--seq-len", "8"]
 MODEL += ["--steps", "2"]

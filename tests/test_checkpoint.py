@@ -9,8 +9,8 @@ from pipewright.errors import ConfigError
 from pipewright.models.gpt import build_full, loss_fn
 from pipewright.models.spec import ModelSpec
 from pipewright.optim import build_optimizer
-from pipewright.runtime import checkpoint_host
-from pipewright.runtime.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from pipewright.runtime.checkpointing import checkpoint_host
+from pipewright.runtime.checkpointing.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled")
 

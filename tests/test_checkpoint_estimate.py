@@ -1,7 +1,7 @@
 """The disk pre-check's checkpoint size against a real checkpoint, and what a failed save says it leaves.
 
 A 2-layer GPT trained one step at pp = 2 (forked workers): the estimate
-(:func:`pipewright.runtime.size_check.checkpoint_bytes`) is within 10 % of the ``step_1`` folder's bytes
+(:func:`pipewright.runtime.setup.size_check.checkpoint_bytes`) is within 10 % of the ``step_1`` folder's bytes
 (weights, AdamW's moments and step counts, random-generator states, DCP's metadata, meta.json).
 """
 
@@ -11,8 +11,8 @@ from pathlib import Path
 
 from _queue_spawn import forked_cli_launches
 from pipewright.cli import main
-from pipewright.runtime.save_errors import kept
-from pipewright.runtime.size_check import estimate
+from pipewright.runtime.checkpointing.save_errors import kept
+from pipewright.runtime.setup.size_check import estimate
 from pipewright.training import prepare
 
 
@@ -24,7 +24,7 @@ def test_estimate_within_ten_percent_of_a_real_checkpoint(tmp_path: Path) -> Non
         assert main(["train", *args]) == 0
     folder = out / "checkpoints" / "step_1"
     real = sum(f.stat().st_size for f in folder.iterdir())
-    from pipewright.runtime.config import TrainConfig
+    from pipewright.runtime.setup.config import TrainConfig
 
     config = TrainConfig(
         model="gpt", layers=2, hidden=64, heads=2, seq_len=16, pp=2, steps=1, out=str(tmp_path / "other")

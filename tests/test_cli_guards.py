@@ -11,7 +11,7 @@ import pytest
 from pipewright.cli import build_parser, main
 from pipewright.cli._help import parsers
 from pipewright.errors import ConfigError
-from pipewright.runtime.config import TrainConfig
+from pipewright.runtime.setup.config import TrainConfig
 
 
 def _err(capsys, argv: list[str], seconds: float = 20.0) -> str:

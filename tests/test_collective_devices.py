@@ -11,7 +11,7 @@ import torch.distributed as dist
 from torch import nn
 
 from pipewright.optim import clip_grad_norm_, global_grad_norm
-from pipewright.runtime.zero import MasterOptimizer
+from pipewright.runtime.parallel.zero import MasterOptimizer
 
 META = torch.device("meta")
 

@@ -17,9 +17,9 @@ import torch.distributed as dist
 from torch import nn
 
 from _queue_spawn import fork_launch
-from pipewright.runtime.compile import BACKEND_ENV, CompiledForward, compile_stages
-from pipewright.runtime.mesh import ParallelMesh
-from pipewright.runtime.trainer import PreparedRun, Trainer
+from pipewright.runtime.core.compile import BACKEND_ENV, CompiledForward, compile_stages
+from pipewright.runtime.core.trainer import PreparedRun, Trainer
+from pipewright.runtime.parallel.process_mesh import ParallelMesh
 from test_layer_list import _base, _pipe, _reference
 
 RTOL = 1e-5

@@ -8,8 +8,8 @@ and the validation loss after the last, every gradient after the first step and 
 after 3 steps (SGD with momentum, warm-up, global-norm clipping) equal a single-process reference
 on the same data within 1e-5 relative (fp32, gloo); the same with ZeRO-1, its optimizer sharded over
 the four dp × cp ranks (one reduce-scatter, no cp all-reduce). DualPipeV's F&B pairs run overlapped
-(runtime/cp/overlap.py). The ring waits every exchange behind a block computation except the
-backward's last (runtime/cp/ring.py). All cases run in one launch of four processes, sharing one
+(runtime/parallel/cp/overlap.py). The ring waits every exchange behind a block computation except the
+backward's last (runtime/parallel/cp/ring.py). All cases run in one launch of four processes, sharing one
 mesh per shape.
 """
 
@@ -25,8 +25,8 @@ from _queue_spawn import fork_launch
 from _single_process import Reference, compare, single_process, train_and_gather
 from pipewright.data.tokens import write_tokens
 from pipewright.errors import ConfigError, PipewrightError
-from pipewright.runtime.config import TrainConfig
-from pipewright.runtime.trainer import Trainer
+from pipewright.runtime.core.trainer import Trainer
+from pipewright.runtime.setup.config import TrainConfig
 from pipewright.schedules.registry import check_args
 from pipewright.training import prepare
 

@@ -22,8 +22,8 @@ from pipewright import ir
 from pipewright.cost.context import ring_bytes_per_layer, ring_waited_bytes_per_layer
 from pipewright.errors import ConfigError
 from pipewright.models.spec import ModelSpec
-from pipewright.runtime.cp import RingAttentionCore, check_context_parallel, local_positions
-from pipewright.runtime.cp.ring import block_slices
+from pipewright.runtime.parallel.cp import RingAttentionCore, check_context_parallel, local_positions
+from pipewright.runtime.parallel.cp.ring import block_slices
 
 B, HEADS, D = 2, 4, 8
 

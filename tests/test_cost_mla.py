@@ -134,7 +134,7 @@ def test_ring_backward_bytes_as_transformer_engine_and_as_the_runtime_send_them(
 
 def test_the_runtime_ring_sends_what_the_pipewright_ring_is_priced_at():
     torch = pytest.importorskip("torch")
-    from pipewright.runtime.cp.ring import RingAttention
+    from pipewright.runtime.parallel.cp.ring import RingAttention
 
     class Recording:  # one rank of a ring of `size`, counting the bytes it would send
         rank, size = 1, 3
@@ -192,7 +192,7 @@ def test_simulate_takes_the_attention_kind_and_the_mtp_depth(capsys):
 
 
 def test_the_runtime_builds_multi_head_attention_and_no_mtp_module_from_the_same_preset():
-    from pipewright.runtime.config import TrainConfig
+    from pipewright.runtime.setup.config import TrainConfig
 
     built = TrainConfig(model="deepseek-v3").model_spec()
     assert (built.attention_kind, built.mtp_depth) == ("mha", 0)

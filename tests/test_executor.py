@@ -39,8 +39,8 @@ from pipewright.runtime import (
     rank_to_coords,
     spawn,
 )
-from pipewright.runtime.executor import default_handlers
-from pipewright.runtime.mesh import check_layout
+from pipewright.runtime.core.executor import default_handlers
+from pipewright.runtime.parallel.process_mesh import check_layout
 from pipewright.schedules import build_schedule
 from pipewright.schedules.registry import check_args, info, schedule_names
 
@@ -372,7 +372,7 @@ def _aborts_at_exit(rank: int) -> int:
 def test_a_crash_after_every_result_is_written_keeps_the_results(caplog) -> None:
     """A worker that dies only after all ranks wrote their results and passed the final barrier (a
     teardown abort) does not fail the run: the results come back, with a warning."""
-    with caplog.at_level(logging.WARNING, logger="pipewright.runtime.launch"):
+    with caplog.at_level(logging.WARNING, logger="pipewright.runtime.setup.launch"):
         assert spawn(_aborts_at_exit, 2, backend="gloo", timeout_s=60) == [0, 10]
     assert "after all results were written" in caplog.text
 

@@ -34,7 +34,7 @@ from pipewright.ir import Action, Collective, F, KindSpec, Schedule
 from pipewright.kinds import P2P
 from pipewright.options import option, read_section
 from pipewright.passes import lower, validate
-from pipewright.runtime.plugin import Built, ExecutorParts, TrainingPlugin
+from pipewright.runtime.core.plugin import Built, ExecutorParts, TrainingPlugin
 from pipewright.schedules import build_schedule
 from pipewright.sim import simulate
 
@@ -332,8 +332,8 @@ def test_features_register_schedules_and_zb_auto_plans_with_real_costs() -> None
     from pipewright.cost.transformer import TransformerCost
     from pipewright.models.presets import get_preset
     from pipewright.schedules import ScheduleInfo, default_registry, schedule_names
-    from pipewright.schedules.costs import schedule_costs
     from pipewright.schedules.registry import build_schedule as build
+    from pipewright.schedules.schedule_costs import schedule_costs
 
     def reversed_gpipe(p: int, m: int, v: int) -> Schedule:
         base = build_schedule("gpipe", p, m)
@@ -471,7 +471,8 @@ class ToyPlugin(TrainingPlugin):
 
 
 class _ToyCount:
-    """The toy's checkpoint state (:class:`~pipewright.runtime.checkpoint.ExtraState`): the forwards this
+    """The toy's checkpoint state (:class:`~pipewright.runtime.checkpointing.checkpoint.ExtraState`): the
+    forwards this
     rank ran, under a per-rank key."""
 
     def __init__(self, plugin: ToyPlugin) -> None:

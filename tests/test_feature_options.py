@@ -110,7 +110,7 @@ def test_simulate_flags_come_from_the_sections() -> None:
 
 def test_a_features_optimizer_name_lives_in_the_feature() -> None:
     from pipewright.optim import OPTIMIZERS, base_optimizer
-    from pipewright.training.prepare import check_optimizer
+    from pipewright.training.prepare_run import check_optimizer
 
     assert "kfac" not in OPTIMIZERS and base_optimizer("kfac") == "adamw" and base_optimizer("sgd") == "sgd"
     features = builtin_features()

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pipewright.cli.fidelity import peak_for, predict, summary
+from pipewright.cli.fidelity_predictions import peak_for, predict, summary
 from pipewright.cost import frameworks
 from pipewright.cost.fidelity import (
     FIT_ROWS,

@@ -8,8 +8,8 @@ from pipewright.codec import from_csv, parse_action
 from pipewright.errors import PipewrightError, ValidationError
 from pipewright.ir import Action, Schedule, loop_placement, peak_in_flight, v_placement
 from pipewright.passes import lower, validate
-from pipewright.passes.export import to_csv
 from pipewright.passes.lower import strip_comms
+from pipewright.passes.pytorch_csv import to_csv
 from pipewright.schedules import build_schedule
 
 

@@ -30,8 +30,8 @@ from pipewright.cost.profiled import ProfiledCost, read_profile_csv, write_profi
 from pipewright.data.tokens import open_tokens, write_tokens
 from pipewright.errors import PipewrightError
 from pipewright.passes import validate
-from pipewright.passes.export import to_csv
-from pipewright.runtime.config import TrainConfig
+from pipewright.passes.pytorch_csv import to_csv
+from pipewright.runtime.setup.config import TrainConfig
 from pipewright.schedules import build_schedule
 from pipewright.timeline import Timeline
 from pipewright.topology import Topology

@@ -21,7 +21,7 @@ import pytest
 import pipewright.training  # noqa: F401  (its cold import, torch's, is not counted in a case's bound)
 from _fuzz_cli import refused, run
 from _fuzz_readers import PLAN, make_base
-from pipewright.passes.export import to_csv
+from pipewright.passes.pytorch_csv import to_csv
 from pipewright.schedules import build_schedule
 
 MINIMUM = 22

@@ -131,7 +131,7 @@ def test_factory_hooks_build_the_embedding_from_the_same_init():
     """A factory with ``embedding`` and ``sequence_chunk`` (here the tensor-parallel one over a group of
     one process) builds the token table; the model is the default one, weight for weight and logit for
     logit."""
-    from pipewright.runtime.tp import VocabParallelEmbedding, tp_linear_factory
+    from pipewright.runtime.parallel.tp import VocabParallelEmbedding, tp_linear_factory
 
     tp_model = build_full(SPEC, seed=2, linear_factory=tp_linear_factory(None, num_heads=SPEC.heads))
     model = build_full(SPEC, seed=2)
@@ -146,7 +146,7 @@ def test_tied_embeddings_one_parameter_on_one_stage_equal_copies_across_stages()
     model = build_full(tied)
     assert model.head.out.weight is model.embed.tok.weight
     first, last = build_stage(tied, "Et|tL", 0), build_stage(tied, "Et|tL", 1)
-    # across stages: the output layer's copy starts equal (runtime/tied.py keeps it equal)
+    # across stages: the output layer's copy starts equal (runtime/parallel/tied.py keeps it equal)
     assert torch.equal(last.head.out.weight, first.embed.tok.weight)
 
 

@@ -1,4 +1,4 @@
-"""The data-parallel gradient reduction in buckets (runtime/grad_buckets.py), checked in one process
+"""The data-parallel gradient reduction in buckets (runtime/parallel/grad_buckets.py), checked in one process
 with the all-reduce recorded: a bucket's all-reduce starts during the stage's last backward, as soon
 as its parameters' gradients are final (before the backward reaches the first layer), in place on the
 gradient buffer (every ``.grad`` a view of it: no concatenated copy), buckets in index order; the
@@ -17,10 +17,10 @@ from torch import nn
 
 from pipewright.ir import REDUCE_GRAD, Action, B, I, W
 from pipewright.models.wgrad import DeferrableLinear, WeightGradStore, deferrable_layers, deferring
-from pipewright.runtime import grad_buckets
-from pipewright.runtime.errors import CollectiveTimeout
-from pipewright.runtime.grad_buckets import GradBuckets
-from pipewright.runtime.timeouts import StreamWaits
+from pipewright.runtime.core.distributed_errors import CollectiveTimeout
+from pipewright.runtime.parallel import grad_buckets
+from pipewright.runtime.parallel.grad_buckets import GradBuckets
+from pipewright.runtime.reliability.timeouts import StreamWaits
 
 
 class _Reached(torch.autograd.Function):

@@ -28,8 +28,8 @@ from _single_process import Reference, compare, dataset_batches, train_and_gathe
 from pipewright.data.tokens import write_tokens
 from pipewright.errors import ConfigError
 from pipewright.models.gpt import loss_fn
-from pipewright.runtime.config import TrainConfig
-from pipewright.runtime.trainer import PreparedRun
+from pipewright.runtime.core.trainer import PreparedRun
+from pipewright.runtime.setup.config import TrainConfig
 from pipewright.training import prepare
 
 pytest.importorskip("transformers")

@@ -1,4 +1,4 @@
-"""The CPU allocator policy (runtime/host_memory.py): with ``retain`` a worker that frees and allocates
+"""The CPU allocator policy (runtime/setup/host_memory.py): with ``retain`` a worker that frees and allocates
 the same large tensors again takes no page faults; with ``system`` (glibc's defaults) every 64 MiB
 tensor is mapped afresh and faulted in page by page. Both through :func:`launch.spawn`, as a training
 worker starts."""
@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from pipewright.errors import ConfigError
-from pipewright.runtime.config import TrainConfig
-from pipewright.runtime.host_memory import _glibc, use_cpu_allocator
-from pipewright.runtime.launch import spawn
+from pipewright.runtime.setup.config import TrainConfig
+from pipewright.runtime.setup.host_memory import _glibc, use_cpu_allocator
+from pipewright.runtime.setup.launch import spawn
 
 MIB = 2**20
 glibc_only = pytest.mark.skipif(_glibc() is None, reason="the policy sets glibc's malloc")

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from pipewright.data.tokens import write_tokens
-from pipewright.runtime.interrupts import INTERRUPTED_EXIT_CODE
+from pipewright.runtime.reliability.interrupts import INTERRUPTED_EXIT_CODE
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--layers", "2", "--hidden", "32", "--heads", "4", "--seq-len", "16", "--microbatch-size", "2"]

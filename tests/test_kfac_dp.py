@@ -18,8 +18,8 @@ import torch.distributed as dist
 
 from _kfac_config import tiny_config
 from _queue_spawn import fork_launch
-from pipewright.runtime.mesh import ParallelMesh
-from pipewright.runtime.trainer import Trainer
+from pipewright.runtime.core.trainer import Trainer
+from pipewright.runtime.parallel.process_mesh import ParallelMesh
 from pipewright.training import prepare
 
 STEPS = 12

@@ -22,7 +22,7 @@ from pipewright.features.kfac.kinds import (
     factor_of,
     layer_of,
 )
-from pipewright.features.kfac.report import fill_profiled, paper_model
+from pipewright.features.kfac.utilization import fill_profiled, paper_model
 from pipewright.ir import Action, B, F, I
 from pipewright.passes.validate import validate
 from pipewright.schedules.registry import build_schedule, info, schedule_names

@@ -216,10 +216,7 @@ def _dp_case(rank: int, world: int) -> list[str]:
 
 def _tp_case(rank: int, world: int) -> list[str]:
     """Column-parallel (fused 3-block output like QKV) and row-parallel linears vs the full layer."""
-    try:  # runtime/tensor_parallel.py is becoming the runtime/tp package
-        from pipewright.runtime import tp
-    except ImportError:
-        from pipewright.runtime import tensor_parallel as tp
+    from pipewright.runtime.parallel import tp
 
     group = dist.group.WORLD
     d_in, d_out, blocks = 4, 2 * 3 * world, 3

@@ -22,9 +22,9 @@ from _queue_spawn import fork_launch
 from pipewright.features.kfac.kfac import KFAC, KFACConfig
 from pipewright.features.kfac.kinds import KFAC_FILL, KFAC_PRECOND
 from pipewright.features.kfac.runtime import BubbleWorker, slot_schedule
-from pipewright.runtime.config import TrainConfig
-from pipewright.runtime.mesh import ParallelMesh
-from pipewright.runtime.trainer import Trainer
+from pipewright.runtime.core.trainer import Trainer
+from pipewright.runtime.parallel.process_mesh import ParallelMesh
+from pipewright.runtime.setup.config import TrainConfig
 from pipewright.schedules.registry import build_schedule
 from pipewright.training import check_config, prepare
 

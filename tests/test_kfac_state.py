@@ -35,9 +35,9 @@ from pipewright.features.kfac.optimizer import Lamb, build_base
 from pipewright.features.kfac.runtime import BubbleWorker, PipelinedKFAC
 from pipewright.features.kfac.state import StateNames, load_state, save_state
 from pipewright.optim import set_lr
-from pipewright.runtime.config import TrainConfig
-from pipewright.runtime.mesh import ParallelMesh
-from pipewright.runtime.trainer import Trainer
+from pipewright.runtime.core.trainer import Trainer
+from pipewright.runtime.parallel.process_mesh import ParallelMesh
+from pipewright.runtime.setup.config import TrainConfig
 from pipewright.training import check_config, prepare
 
 STEPS = 6

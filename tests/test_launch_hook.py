@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from pipewright.data.tokens import write_tokens
-from pipewright.runtime.config import TrainConfig
-from pipewright.runtime.launch import spawn as spawn_processes
+from pipewright.runtime.setup.config import TrainConfig
+from pipewright.runtime.setup.launch import spawn as spawn_processes
 from pipewright.training.workers import launcher, launching_with, train, train_worker
 
 

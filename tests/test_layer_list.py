@@ -23,7 +23,7 @@ from _queue_spawn import fork_launch
 from _single_process import Reference, compare, train_and_gather, train_one_process
 from pipewright.errors import ConfigError, PipewrightError
 from pipewright.models.layer_list import LayerList, balanced_counts
-from pipewright.runtime.config import TrainConfig
+from pipewright.runtime.setup.config import TrainConfig
 from pipewright.schedules import schedule_names
 from pipewright.schedules.registry import check_args, info
 
@@ -62,7 +62,7 @@ def _layers() -> list:
     return [_first, _block, mix, _block, _block, mix, _block, _head]
 
 
-def _pipe(partition="uniform") -> pipewright.training.layers.LayerPipeline:
+def _pipe(partition="uniform") -> pipewright.training.layer_pipeline.LayerPipeline:
     return pipewright.pipeline(_layers(), nn.functional.cross_entropy, data=_data, partition=partition)
 
 

@@ -11,7 +11,7 @@ import pytest
 from pipewright.cli import main
 from pipewright.errors import ConfigError
 from pipewright.measure import measure_run
-from pipewright.runtime.config import TrainConfig
+from pipewright.runtime.setup.config import TrainConfig
 
 TINY = dict(
     model="llama",

@@ -10,7 +10,7 @@ import pytest
 
 from pipewright.measure.simulated import predict
 from pipewright.measure.table import ROWS, load, markdown
-from pipewright.runtime.config import TrainConfig
+from pipewright.runtime.setup.config import TrainConfig
 from pipewright.training import prepare
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "fidelity.md"

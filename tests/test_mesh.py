@@ -20,7 +20,7 @@ ORDERS = ["-".join(p) for p in itertools.permutations(("tp", "pp", "dp"))]
 def _runtime_device(layout: Mesh, tp: int, pp: int, dp: int) -> int:
     """The process (= device index) the runtime's ParallelMesh puts at (tp, pp, dp): the DeviceMesh grid
     it builds, indexed by the order's dims (outermost first)."""
-    from pipewright.runtime.mesh import device_grid
+    from pipewright.runtime.parallel.process_mesh import device_grid
 
     coords = {"tp": tp, "pp": pp, "dp": dp}
     a, b, c = (coords[d] for d in reversed(layout.dims))
@@ -30,7 +30,7 @@ def _runtime_device(layout: Mesh, tp: int, pp: int, dp: int) -> int:
 @pytest.mark.parametrize("order", ORDERS)
 @pytest.mark.parametrize("placement", [None, "reversed"])
 def test_simulator_and_runtime_put_each_coordinate_on_one_device(order: str, placement: str | None) -> None:
-    from pipewright.runtime.mesh import ParallelMesh
+    from pipewright.runtime.parallel.process_mesh import ParallelMesh
 
     tp, pp, dp = 2, 4, 2
     devices = tuple(reversed(range(16))) if placement else None
@@ -102,7 +102,7 @@ def _gloo_coords(rank: int, orders: tuple[str, ...]) -> dict:
     import torch
     import torch.distributed as dist
 
-    from pipewright.runtime.mesh import ParallelMesh
+    from pipewright.runtime.parallel.process_mesh import ParallelMesh
 
     torch.set_num_threads(1)
     out = {}

@@ -17,9 +17,9 @@ from pipewright.data.tokens import write_tokens
 from pipewright.errors import ConfigError
 from pipewright.mesh import Mesh
 from pipewright.models.family import build_full, build_stage
-from pipewright.models.moe import MoE, moe_layers, route
+from pipewright.models.moe_mlp import MoE, moe_layers, route
 from pipewright.models.presets import get_preset, resolve_model
-from pipewright.runtime.config import TrainConfig
+from pipewright.runtime.setup.config import TrainConfig
 
 
 def test_route_keeps_top_k_and_drops_over_capacity():
@@ -162,7 +162,7 @@ def test_train_flags(capsys, tmp_path):
 
 def test_rank_labels_name_the_ep_and_cp_coordinates():
     # tp-cp-dp-pp at cp 2, pp 2, dp 2 with ep 2: rank = c + 2·(d + 2·p)
-    from pipewright.runtime.hang import mesh_rank_label
+    from pipewright.runtime.reliability.hang import mesh_rank_label
 
     layout = Mesh(1, 2, 2, "tp-cp-dp-pp", cp=2, ep=2)
     assert mesh_rank_label(layout, 0) == "rank 0 (pp 0, dp 0, ep 0, cp 0)"

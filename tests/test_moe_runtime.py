@@ -34,12 +34,12 @@ from pipewright.data import open_dataset
 from pipewright.data.tokens import write_tokens
 from pipewright.models.family import build_full
 from pipewright.models.gpt import loss_fn
-from pipewright.models.moe import moe_layers
+from pipewright.models.moe_mlp import moe_layers
 from pipewright.optim import build_optimizer, clip_grad_norm_, lr_at, set_lr
-from pipewright.runtime.config import TrainConfig
-from pipewright.runtime.mesh import ParallelMesh
-from pipewright.runtime.tp import full_parameters
-from pipewright.runtime.trainer import PreparedRun, Trainer
+from pipewright.runtime.core.trainer import PreparedRun, Trainer
+from pipewright.runtime.parallel.process_mesh import ParallelMesh
+from pipewright.runtime.parallel.tp import full_parameters
+from pipewright.runtime.setup.config import TrainConfig
 from pipewright.training import prepare
 
 STEPS = 3

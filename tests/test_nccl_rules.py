@@ -1,4 +1,4 @@
-"""NCCL's rules over gloo (:mod:`pipewright.runtime.nccl_rules`) and the executor's point-to-point under
+"""NCCL's rules over gloo (:mod:`pipewright.runtime.setup.nccl_rules`) and the executor's point-to-point under
 them: each receive completes on its own, no synchronize inside the step, boundary buffers bounded.
 
 One launch of two ranks runs every case; the workers return plain values and the tests assert on them.
@@ -14,8 +14,8 @@ import torch.distributed as dist
 
 from _queue_spawn import fork_launch
 from pipewright.runtime import ParallelMesh, spawn
-from pipewright.runtime import nccl_rules as rules
-from pipewright.runtime.errors import CollectiveTimeout
+from pipewright.runtime.core.distributed_errors import CollectiveTimeout
+from pipewright.runtime.setup import nccl_rules as rules
 from pipewright.schedules import build_schedule
 from test_executor import RTOL, _executor, make_batch, make_stages, reference, rel_err
 

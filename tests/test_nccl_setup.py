@@ -13,8 +13,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed import distributed_c10d as c10d
 
-from pipewright.runtime import launch, timeouts
-from pipewright.runtime.mesh import ParallelMesh
+from pipewright.runtime.parallel.process_mesh import ParallelMesh
+from pipewright.runtime.reliability import timeouts
+from pipewright.runtime.setup import launch
 
 
 @pytest.fixture
@@ -82,8 +83,8 @@ def test_the_run_guard_aborts_after_writing_the_hang_report(monkeypatch) -> None
     """RunGuard turns a timeout into the hang report first, then aborts the device groups (in that
     order: the report is gathered through the store, not the groups)."""
     from pipewright.mesh import Mesh
-    from pipewright.runtime import guard
-    from pipewright.runtime.hang import HangError
+    from pipewright.runtime.reliability import guard
+    from pipewright.runtime.reliability.hang import HangError
 
     order: list[str] = []
     monkeypatch.setattr(guard, "hang_error", lambda *a: order.append("report") or HangError("hang: x", ""))

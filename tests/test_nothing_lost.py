@@ -224,8 +224,8 @@ def test_help_states_the_real_moe_default_and_lists_the_moe_presets(capsys):
 
 def test_resume_and_save_messages_say_what_differs_and_what_is_left(tmp_path):
     from pipewright.models.presets import resolve_model
-    from pipewright.runtime.resume_check import model_difference
-    from pipewright.runtime.save_errors import save_failed
+    from pipewright.runtime.checkpointing.resume_check import model_difference
+    from pipewright.runtime.checkpointing.save_errors import save_failed
 
     spec = resolve_model("gpt", layers=2, hidden=32, heads=4, seq_len=16, vocab=256)
     meta = {"config": {"model": "gpt", "layers": 2, "hidden": 32, "heads": 4, "seq_len": 16, "data": "a.bin"}}

@@ -50,7 +50,7 @@ def test_gradient_norm_is_exact_for_large_and_split_tensors():
     """The global norm (squares summed in float64 over float32 blocks) is within 1e-6 of the float64
     norm for a 4-million-element gradient, the same whether the tensor is whole or split in shards,
     and stays finite (and exact) when a float32 sum of squares would overflow."""
-    from pipewright.optim.optimizer import _sum_of_squares
+    from pipewright.optim.stage_optimizer import _sum_of_squares
 
     g = torch.randn(4_000_000, generator=torch.Generator().manual_seed(0))
     exact = float(g.double().pow(2).sum())

@@ -12,7 +12,7 @@ from pipewright.errors import ConfigError
 from pipewright.features.async_weights.options import AsyncOptions
 from pipewright.features.kfac.options import KfacOptions
 from pipewright.options import flat_defaults, read_section, take_values, update_rule_names
-from pipewright.runtime.config import TrainConfig
+from pipewright.runtime.setup.config import TrainConfig
 from pipewright.training import check_config, resolve_options
 
 

@@ -1,4 +1,4 @@
-"""DualPipeV's F&B pair threads on CUDA (runtime/cp/overlap.py), and the communication wait clocks,
+"""DualPipeV's F&B pair threads on CUDA (runtime/parallel/cp/overlap.py), and the communication wait clocks,
 checked on the CPU against a recording stand-in for ``torch.cuda``: the F's thread sets the
 executor's device and launches on a side stream of its own, joined to the main stream by events at
 the pair's boundaries; a wait on CUDA is timed by events on the stream, not by the host's enqueue."""
@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from pipewright.ir import Action, B, F
-from pipewright.runtime.cp.overlap import PairOverlap
-from pipewright.runtime.cp.ring import DistRing
-from pipewright.runtime.wait_clock import WaitClock
+from pipewright.runtime.parallel.cp.overlap import PairOverlap
+from pipewright.runtime.parallel.cp.ring import DistRing
+from pipewright.runtime.profiling.wait_clock import WaitClock
 
 DEVICE = torch.device("cuda", 1)
 

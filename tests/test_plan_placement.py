@@ -64,8 +64,8 @@ def test_simulate_and_train_put_every_coordinate_on_the_same_device(tmp_path, ca
     from pipewright.cli import build_parser, main
     from pipewright.cli.simulate import _model_setup
     from pipewright.plan.apply import applied, simulate_overrides, train_overrides
-    from pipewright.runtime.config import TrainConfig
-    from pipewright.runtime.mesh import ParallelMesh
+    from pipewright.runtime.parallel.process_mesh import ParallelMesh
+    from pipewright.runtime.setup.config import TrainConfig
 
     topo = _scrambled()
     topo_path, plan_path = tmp_path / "topo.json", tmp_path / "plan.json"
@@ -112,7 +112,7 @@ def test_a_plan_placement_survives_another_rank_order() -> None:
 
 def test_a_bad_placement_is_a_one_line_error() -> None:
     from pipewright.errors import ConfigError
-    from pipewright.runtime.config import TrainConfig
+    from pipewright.runtime.setup.config import TrainConfig
 
     with pytest.raises(ConfigError, match="must list each of the 4 devices"):
         TrainConfig(pp=4, placement="0,1,1,3").check()
@@ -121,7 +121,7 @@ def test_a_bad_placement_is_a_one_line_error() -> None:
 
 
 def _placed_worker(rank: int, runs: list) -> list:
-    from pipewright.runtime.trainer import Trainer
+    from pipewright.runtime.core.trainer import Trainer
 
     out = []
     for run in runs:
@@ -142,7 +142,7 @@ def test_training_with_a_placement_runs_each_rank_on_its_process(tmp_path) -> No
 
     from _queue_spawn import fork_launch
     from pipewright.data.tokens import write_tokens
-    from pipewright.runtime.config import TrainConfig
+    from pipewright.runtime.setup.config import TrainConfig
     from pipewright.training import prepare
 
     data = tmp_path / "tokens.bin"

@@ -19,7 +19,7 @@ from pipewright.ir import STEP, B, F, I, W
 from pipewright.models.gpt import Block, Embedding, Head
 from pipewright.models.presets import resolve_model
 from pipewright.models.wgrad import plain_linear_factory
-from pipewright.runtime.compare import usable_cores
+from pipewright.runtime.profiling.compare import usable_cores
 
 DIMS = ["--model", "gpt-tiny", "--layers", "2", "--hidden", "32", "--heads", "4", "--seq-len", "16"]
 MB = 2
@@ -164,7 +164,7 @@ def test_bad_input_is_one_line(profile, data, tmp_path, capsys):
 def test_replay_of_a_simulated_timeline_is_exact():
     """Replaying a timeline the simulator made, with its own per-action durations, reproduces it."""
     from pipewright.cost.profiled import ProfiledComm, ProfileRow
-    from pipewright.runtime.compare import ReplayCost
+    from pipewright.runtime.profiling.compare import ReplayCost
     from pipewright.schedules import build_schedule
     from pipewright.sim.engine import simulate
 
@@ -197,7 +197,7 @@ def test_profile_bad_input_is_one_line(tmp_path, capsys):
 def test_summary_warns_when_the_machine_drifted_during_the_run():
     """A bracketed run whose two profiles disagree by more than 10 % on the layer's F or B gets a
     warning line; one that stayed steady, or a run predicted from a --profile file, does not."""
-    from pipewright.runtime.compare import summary
+    from pipewright.runtime.profiling.compare import summary
 
     def report(drift: dict[str, float] | None) -> dict:
         predicted = {

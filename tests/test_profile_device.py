@@ -10,11 +10,11 @@ import torch.distributed as dist
 
 from pipewright.models.spec import ModelSpec
 from pipewright.models.wgrad import plain_linear_factory
-from pipewright.runtime import profiler
-from pipewright.runtime.compare import _profile_in_process
-from pipewright.runtime.config import TrainConfig
-from pipewright.runtime.profile_message import message_time
-from pipewright.runtime.profiler import ProfileOptions, _LayerBench
+from pipewright.runtime.profiling import profiler
+from pipewright.runtime.profiling.compare import _profile_in_process
+from pipewright.runtime.profiling.profile_message import message_time
+from pipewright.runtime.profiling.profiler import ProfileOptions, _LayerBench
+from pipewright.runtime.setup.config import TrainConfig
 
 SPEC = ModelSpec("t", layers=2, hidden=16, heads=2, vocab=32, seq_len=8)
 

@@ -10,7 +10,7 @@ import pytest
 
 from pipewright.cost.profiled import ProfileRow, check_complete, load_profile, write_profile_csv
 from pipewright.errors import ConfigError
-from pipewright.runtime.progress_log import PlainProgress, progress, strict_json
+from pipewright.runtime.profiling.progress_log import PlainProgress, progress, strict_json
 
 
 def test_metrics_are_strict_json() -> None:
@@ -67,7 +67,7 @@ def test_truncated_profiles_are_refused_naming_the_gap(tmp_path) -> None:
 def test_timeline_png_names_microbatches_and_the_replica(tmp_path) -> None:
     from pipewright.ir import Action
     from pipewright.timeline import Span, Timeline
-    from pipewright.viz import timeline as viz
+    from pipewright.viz import timeline_figure as viz
 
     tl = Timeline.of(2, [Span(0, Action(0, "F", 0), 0.0, 1.0)], source="measured", meta={"dp": 2})
     note = viz._legend_note([tl], None)

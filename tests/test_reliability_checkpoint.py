@@ -13,7 +13,7 @@ from pipewright.errors import ConfigError
 from pipewright.models.gpt import build_full
 from pipewright.models.spec import ModelSpec
 from pipewright.optim import build_optimizer
-from pipewright.runtime.checkpoint import (
+from pipewright.runtime.checkpointing.checkpoint import (
     CheckpointError,
     complete_checkpoints,
     latest_checkpoint,
@@ -116,7 +116,7 @@ def test_keep_prunes_all_but_the_newest(tmp_path, caplog):
     model = build_full(SPEC, seed=0)
     params = dict(model.named_parameters())
     opt = build_optimizer("sgd", params.items(), lr=0.1)
-    caplog.set_level(logging.INFO, logger="pipewright.runtime.checkpoint")
+    caplog.set_level(logging.INFO, logger="pipewright.runtime.checkpointing.checkpoint")
     for step in (1, 2, 3, 4):
         save_checkpoint(tmp_path, step, params, opt, meta={"fingerprint": "f"}, keep=2)
     assert [d.name for d in complete_checkpoints(tmp_path)] == ["step_3", "step_4"]

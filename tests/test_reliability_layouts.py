@@ -4,7 +4,7 @@ of 4 worker processes (one process group shared by every case):
 * resharding: a run at pp = 2, dp = 2 checkpoints after step 3 and goes on to step 6; the checkpoint,
   resumed at pp = 4, at pp = 1, dp = 4 (torch.distributed.checkpoint loads each rank's parameters
   and optimizer state from the other layout's files) and at pp = 2, tp = 2 (shards cut from the full
-  tensors, runtime/reshard.py), gives the same losses within 1e-5 relative;
+  tensors, runtime/checkpointing/reshard.py), gives the same losses within 1e-5 relative;
 * a NaN written into stage 1's gradient after step 2's backward (``PIPEWRIGHT_FAULTS``): with
   ``on_nonfinite="skip"`` every rank skips that optimizer step, the message names the step, the stage
   and the parameter, and every loss equals a run that skipped step 2's optimizer step; with "stop"
@@ -26,9 +26,9 @@ import torch.distributed as dist
 from _queue_spawn import fork_launch
 from pipewright.data.tokens import write_tokens
 from pipewright.errors import PipewrightError
-from pipewright.runtime.config import TrainConfig
-from pipewright.runtime.mesh import ParallelMesh
-from pipewright.runtime.trainer import Trainer
+from pipewright.runtime.core.trainer import Trainer
+from pipewright.runtime.parallel.process_mesh import ParallelMesh
+from pipewright.runtime.setup.config import TrainConfig
 from pipewright.training import prepare
 
 STEPS, SAVED = 6, 3

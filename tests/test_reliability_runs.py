@@ -13,7 +13,7 @@ compared with one uninterrupted run of the same configuration (module fixture):
 * two hosts: two Linux network namespaces joined by a veth pair, ``torchrun --nnodes 2`` with c10d
   rendezvous over that link only, one pipeline stage per host: the same losses as on one host.
 
-Faults come from ``PIPEWRIGHT_FAULTS`` (:mod:`pipewright.runtime.faults`), read by the workers.
+Faults come from ``PIPEWRIGHT_FAULTS`` (:mod:`pipewright.runtime.reliability.faults`), read by the workers.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import pytest
 from _queue_spawn import forked_cli_launches
 from pipewright.cli import main
 from pipewright.data.tokens import write_tokens
-from pipewright.runtime.elastic import PREEMPTED_EXIT_CODE
+from pipewright.runtime.reliability.elastic import PREEMPTED_EXIT_CODE
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["--layers", "4", "--hidden", "32", "--heads", "4", "--seq-len", "16", "--microbatch-size", "2"]
@@ -72,7 +72,7 @@ def test_killed_worker_and_killed_checkpoint_write_restart_to_the_same_losses(
     # attempt 0: rank 0 dies while step_4 is being written (shards on disk, not committed);
     # attempt 1: rank 1 dies in the middle of step 4's schedule.
     monkeypatch.setenv("PIPEWRIGHT_FAULTS", "kill-save:rank=0:step=4;kill:rank=1:step=4:attempt=1")
-    caplog.set_level(logging.WARNING, logger="pipewright.runtime.elastic")
+    caplog.set_level(logging.WARNING, logger="pipewright.runtime.reliability.elastic")
     out = tmp_path / "run"
     assert main(["train", *TINY, "--data", data, "--out", str(out), "--max-restarts", "2"]) == 0
     restarts = [r.getMessage() for r in caplog.records if "restart" in r.getMessage()]

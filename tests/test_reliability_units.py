@@ -11,11 +11,11 @@ from datetime import timedelta
 import pytest
 import torch.distributed as dist
 
-from pipewright.runtime import nonfinite
-from pipewright.runtime.errors import ActionError
-from pipewright.runtime.faults import FaultPlan, parse_faults
-from pipewright.runtime.launch import attempt_store
-from pipewright.runtime.timeouts import is_timeout
+from pipewright.runtime.core.distributed_errors import ActionError
+from pipewright.runtime.reliability import nonfinite
+from pipewright.runtime.reliability.faults import FaultPlan, parse_faults
+from pipewright.runtime.reliability.timeouts import is_timeout
+from pipewright.runtime.setup.launch import attempt_store
 
 
 def test_a_restarted_attempt_gets_a_fresh_namespace_despite_the_previous_attempts_keys(monkeypatch):
@@ -97,7 +97,7 @@ def test_save_and_evaluation_stalls_fire_only_where_they_are_due():
 
 def test_a_report_outside_the_schedule_says_what_each_rank_does_and_draws_no_grid():
     from pipewright.ir import Action
-    from pipewright.runtime.hang import Position, render_positions
+    from pipewright.runtime.reliability.hang import Position, render_positions
 
     rows = ((Action(0, "F", 0), Action(0, "SEND_F", 0)), (Action(1, "RECV_F", 0), Action(1, "F", 0)))
     labels = {0: "rank 0 (pp 0)", 1: "rank 1 (pp 1)"}
@@ -124,7 +124,7 @@ def test_a_report_outside_the_schedule_says_what_each_rank_does_and_draws_no_gri
 @pytest.mark.parametrize("value", ["0", "-1", "nan"])
 def test_timeouts_must_be_positive(value):
     from pipewright.errors import ConfigError
-    from pipewright.runtime.config import TrainConfig
+    from pipewright.runtime.setup.config import TrainConfig
 
     for name in ("recv_timeout_s", "collective_timeout_s"):
         with pytest.raises(ConfigError, match="positive number of seconds"):

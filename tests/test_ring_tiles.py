@@ -1,4 +1,4 @@
-"""Ring attention's block computation tiled over the keys (runtime/cp/ring.py): with tiles smaller
+"""Ring attention's block computation tiled over the keys (runtime/parallel/cp/ring.py): with tiles smaller
 than a block the ring still equals full causal attention, and no fp32 tensor as large as a whole
 block's scores [b, heads, n, m] is ever made — the largest is one tile's, n × KEY_TILE."""
 
@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from pipewright.runtime.cp import ring
-from pipewright.runtime.cp.ring import block_backward, block_forward
+from pipewright.runtime.parallel.cp import ring
+from pipewright.runtime.parallel.cp.ring import block_backward, block_forward
 
 B, HEADS, D = 2, 2, 8
 

@@ -1,4 +1,5 @@
-"""Protected run folders (runtime/run_folder.py): a rerun, a concurrent run and two default runs in one
+"""Protected run folders (runtime/checkpointing/run_folder.py): a rerun, a concurrent run and two default runs
+in one
 second leave every file of the first run unchanged (compared by checksum); the refusals are one line."""
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ import pytest
 
 from pipewright.cli import main
 from pipewright.errors import ConfigError
-from pipewright.runtime import run_folder
-from pipewright.runtime.run_folder import LOCK_NAME, RunLock, claim
+from pipewright.runtime.checkpointing import run_folder
+from pipewright.runtime.checkpointing.run_folder import LOCK_NAME, RunLock, claim
 
 TINY = ["--model", "gpt-tiny", "--steps", "2", "--no-progress", "--no-artifacts"]
 
@@ -127,7 +128,7 @@ def test_resume_and_overwrite_together_are_refused(tmp_path) -> None:
 
 
 def test_checkpoint_without_meta_is_reported_not_skipped_silently(tmp_path) -> None:
-    from pipewright.runtime.checkpoint import resumable_checkpoint
+    from pipewright.runtime.checkpointing.checkpoint import resumable_checkpoint
 
     (tmp_path / "step_10").mkdir()
     (tmp_path / "step_10" / "__0_0.distcp").write_bytes(b"x")
@@ -139,8 +140,8 @@ def test_checkpoint_without_meta_is_reported_not_skipped_silently(tmp_path) -> N
 def test_resume_of_another_model_names_the_dimension() -> None:
     from dataclasses import asdict
 
-    from pipewright.runtime.config import TrainConfig
-    from pipewright.runtime.resume_check import model_difference
+    from pipewright.runtime.checkpointing.resume_check import model_difference
+    from pipewright.runtime.setup.config import TrainConfig
 
     meta = {"config": asdict(TrainConfig(model="gpt-tiny", layers=6))}
     spec = TrainConfig(model="gpt-tiny", layers=4).model_spec(256)

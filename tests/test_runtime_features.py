@@ -40,17 +40,13 @@ from pipewright.data.tokens import write_tokens
 from pipewright.errors import PipewrightError
 from pipewright.models.family import build_full
 from pipewright.models.hf_load import load_hf_stage_, read_hf_spec
-from pipewright.runtime.config import TrainConfig
-from pipewright.runtime.mesh import ParallelMesh
-from pipewright.runtime.trainer import PreparedRun, Trainer
+from pipewright.runtime.core.trainer import PreparedRun, Trainer
+from pipewright.runtime.parallel.process_mesh import ParallelMesh
+from pipewright.runtime.parallel.tp import full_parameters
+from pipewright.runtime.setup.config import TrainConfig
 from pipewright.schedules import schedule_names
 from pipewright.schedules.registry import check_args, info
 from pipewright.training import prepare
-
-try:  # runtime/tensor_parallel.py is becoming the runtime/tp package
-    from pipewright.runtime.tp import full_parameters
-except ImportError:
-    from pipewright.runtime.tensor_parallel import full_parameters
 
 WORLD = 4
 REF_RTOL = 1e-5

@@ -20,16 +20,12 @@ from pipewright.models.gpt import loss_fn
 from pipewright.models.hf_load import hf_name
 from pipewright.models.presets import resolve_model
 from pipewright.models.spec import ModelSpec
-from pipewright.runtime.config import TrainConfig
-from pipewright.runtime.fingerprint import fingerprint
-from pipewright.runtime.precision import LossScaler
-from pipewright.runtime.recompute import apply_recompute, recomputed_modules
+from pipewright.models.wgrad import WeightGradStore, defer_weight_grads
+from pipewright.runtime.checkpointing.fingerprint import fingerprint
+from pipewright.runtime.core.precision import LossScaler
+from pipewright.runtime.core.stage_recompute import apply_recompute, recomputed_modules
+from pipewright.runtime.setup.config import TrainConfig
 from pipewright.schedules import build_schedule
-
-try:  # DeferrableLinear's protocol is moving from runtime/ to models/
-    from pipewright.models.wgrad import WeightGradStore, defer_weight_grads
-except ImportError:
-    from pipewright.runtime.wgrad import WeightGradStore, defer_weight_grads
 
 LLAMA = ModelSpec("t", 2, 32, 4, 64, 16, family="llama", kv_heads=2, ffn_hidden=48)
 GPT = ModelSpec("t", 2, 32, 4, 64, 16)

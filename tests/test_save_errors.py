@@ -12,9 +12,13 @@ from typing import ClassVar
 import pytest
 import torch
 
-from pipewright.runtime import save_errors
-from pipewright.runtime.checkpoint import latest_checkpoint, resumable_checkpoint, save_checkpoint
-from pipewright.runtime.save_errors import CheckpointSaveError, with_policy
+from pipewright.runtime.checkpointing import save_errors
+from pipewright.runtime.checkpointing.checkpoint import (
+    latest_checkpoint,
+    resumable_checkpoint,
+    save_checkpoint,
+)
+from pipewright.runtime.checkpointing.save_errors import CheckpointSaveError, with_policy
 
 
 @contextmanager

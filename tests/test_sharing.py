@@ -16,8 +16,8 @@ from pipewright.cli import main
 from pipewright.cost import UnitCost
 from pipewright.cost.profiled import LAYER_TYPES, ProfiledComm, ProfiledCost, ProfileRow, write_profile_csv
 from pipewright.errors import PipewrightError
-from pipewright.runtime.compare import host_sharing, profile_workers
-from pipewright.runtime.config import TrainConfig
+from pipewright.runtime.profiling.compare import host_sharing, profile_workers
+from pipewright.runtime.setup.config import TrainConfig
 from pipewright.schedules import build_schedule, schedule_names
 from pipewright.sim import simulate
 from pipewright.sim.sharing import SharedCompute, makespan_together

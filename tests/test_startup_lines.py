@@ -1,4 +1,4 @@
-"""Start-up stage lines (``runtime/startup.py``): a stage that outlasts ``SLOW_S`` is said on stderr
+"""Start-up stage lines (``runtime/setup/startup.py``): a stage that outlasts ``SLOW_S`` is said on stderr
 with its duration at the end, a fast one is not; a real ``train`` (forked workers, ``SLOW_S`` = 0 so
 every stage counts as slow) says each stage once — the launching process's check of the layout and
 data, rank 0's process group, model and first step — and no other rank repeats them.
@@ -15,7 +15,7 @@ import pytest
 
 from _queue_spawn import forked_cli_launches
 from pipewright.cli import main
-from pipewright.runtime import startup
+from pipewright.runtime.setup import startup
 
 
 def test_a_slow_stage_is_said_and_timed_a_fast_one_is_not(monkeypatch) -> None:

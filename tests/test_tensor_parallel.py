@@ -24,10 +24,10 @@ from pipewright.errors import ConfigError
 from pipewright.models.gpt import build_full, build_stage, loss_fn
 from pipewright.models.spec import ModelSpec
 from pipewright.models.wgrad import WeightGradStore, defer_weight_grads, plain_linear_factory
-from pipewright.optim.optimizer import global_grad_norm
-from pipewright.runtime import tp
-from pipewright.runtime.executor import PipelineExecutor
-from pipewright.runtime.mesh import ParallelMesh
+from pipewright.optim.stage_optimizer import global_grad_norm
+from pipewright.runtime.core.executor import PipelineExecutor
+from pipewright.runtime.parallel import tp
+from pipewright.runtime.parallel.process_mesh import ParallelMesh
 from pipewright.schedules.registry import build_schedule
 
 WORLD_SIZES = (2, 4)
@@ -130,9 +130,9 @@ def _column_vs_linear(group, r, t, *, bias, gather, blocks) -> Pairs:
         (y * g).sum().backward()
         expected_y = y_ref
     else:  # local shard of each fused block
-        g_local = tp.layers.shard(g, -1, r, t, blocks)
+        g_local = tp.parallel_linears.shard(g, -1, r, t, blocks)
         (y * g_local).sum().backward()
-        expected_y = tp.layers.shard(y_ref, -1, r, t, blocks)
+        expected_y = tp.parallel_linears.shard(y_ref, -1, r, t, blocks)
     name = f"column(bias={bias}, gather={gather}, blocks={blocks})"
     pairs = [
         (f"{name} weight init", layer.full_weight(), ref.weight.detach()),

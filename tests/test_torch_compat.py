@@ -17,7 +17,7 @@ from pipewright.codec import from_csv, load_csv
 from pipewright.deps import CORE_KINDS
 from pipewright.ir import KindSpec, Schedule
 from pipewright.passes import lower, validate
-from pipewright.passes.export import to_csv
+from pipewright.passes.pytorch_csv import to_csv
 from pipewright.schedules import build_schedule, info, schedule_names
 
 S = pytest.importorskip("torch.distributed.pipelining.schedules")

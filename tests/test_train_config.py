@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from pipewright.errors import ConfigError
-from pipewright.runtime.config import TrainConfig
-from pipewright.runtime.fingerprint import fingerprint
+from pipewright.runtime.checkpointing.fingerprint import fingerprint
+from pipewright.runtime.setup.config import TrainConfig
 
 
 def test_toml_then_flags(tmp_path):

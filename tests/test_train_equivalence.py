@@ -38,8 +38,8 @@ from _queue_spawn import fork_launch
 from _single_process import Reference, compare, single_process, train_and_gather
 from pipewright.data.tokens import write_tokens
 from pipewright.errors import PipewrightError
-from pipewright.runtime.config import TrainConfig
-from pipewright.runtime.trainer import PreparedRun, Trainer
+from pipewright.runtime.core.trainer import PreparedRun, Trainer
+from pipewright.runtime.setup.config import TrainConfig
 from pipewright.schedules import schedule_names
 from pipewright.schedules.registry import check_args, info
 from pipewright.training import prepare

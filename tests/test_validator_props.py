@@ -19,8 +19,8 @@ from pipewright.deps import CORE_KINDS
 from pipewright.errors import ValidationError
 from pipewright.ir import Action, Schedule
 from pipewright.passes import lower, validate
-from pipewright.passes.export import to_csv
 from pipewright.passes.lower import strip_comms
+from pipewright.passes.pytorch_csv import to_csv
 from pipewright.schedules import build_schedule, info, schedule_names
 
 COMPUTE = {"F", "B", "I", "W"}

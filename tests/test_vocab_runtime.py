@@ -22,9 +22,9 @@ from pipewright.features.vocab.insert import insert_vocab
 from pipewright.features.vocab.runtime import VocabRuntime, VocabStage, full_name, vocab_group
 from pipewright.models.gpt import build_full, build_stage, loss_fn
 from pipewright.models.spec import ModelSpec
-from pipewright.runtime.executor import PipelineExecutor
-from pipewright.runtime.mesh import ParallelMesh
-from pipewright.runtime.tp import full_parameters, tp_linear_factory
+from pipewright.runtime.core.executor import PipelineExecutor
+from pipewright.runtime.parallel.process_mesh import ParallelMesh
+from pipewright.runtime.parallel.tp import full_parameters, tp_linear_factory
 from pipewright.schedules.registry import build_schedule
 
 RTOL = 1e-5

@@ -2,7 +2,8 @@
 
 - the command line at pp = 2 with the TOML key ``vocab_parallel = "alg2"``: every step's loss and
   gradient norm, and the validation loss after step 3, equal the reference's;
-- one launch of 4 forked workers through :class:`~pipewright.runtime.trainer.Trainer`: pp = 2 × dp = 2 and
+- one launch of 4 forked workers through :class:`~pipewright.runtime.core.trainer.Trainer`: pp = 2 × dp = 2
+  and
   pp = 2 × tp = 2, each algorithm and each of 1F1B, interleaved 1F1B and V-Half at least once (the full
   matrix runs in the executor, tests/test_vocab_runtime.py): 3 steps of losses,
   then every transformer parameter and both vocabulary shards equal the reference's; the first case
@@ -27,10 +28,10 @@ from pipewright.cli import main
 from pipewright.data.tokens import write_tokens
 from pipewright.errors import ConfigError
 from pipewright.features.vocab import shard as vs
-from pipewright.runtime.config import TrainConfig
-from pipewright.runtime.mesh import ParallelMesh
-from pipewright.runtime.tp import full_parameters
-from pipewright.runtime.trainer import PreparedRun, Trainer
+from pipewright.runtime.core.trainer import PreparedRun, Trainer
+from pipewright.runtime.parallel.process_mesh import ParallelMesh
+from pipewright.runtime.parallel.tp import full_parameters
+from pipewright.runtime.setup.config import TrainConfig
 from pipewright.training import prepare
 
 RTOL = 1e-5

@@ -1,4 +1,4 @@
-"""The sharded optimizer's gradient reduction (runtime/zero.py) where the backend lacks a
+"""The sharded optimizer's gradient reduction (runtime/parallel/zero.py) where the backend lacks a
 reduce-scatter: it all-reduces the flat buffer and keeps this rank's slice, says so once, and does
 not try the reduce-scatter again; a timeout is not taken for a missing reduce-scatter. The
 collectives are stand-ins (one process): two replicas holding the same buffer, so the sum is twice
@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from pipewright.runtime import zero
+from pipewright.runtime.parallel import zero
 
 
 class Done:

@@ -4,7 +4,7 @@
     PYTHONPATH=src python tools/fidelity.py --write    # docs/fidelity.md + cost/data/fidelity_expected.csv
 
 Each row of the package's published_runs.csv (pipewright.cost.fidelity) runs through the command line
-in-process (pipewright.cli.fidelity.predict).
+in-process (pipewright.cli.fidelity_predictions.predict).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from pipewright.cli.fidelity import Outcome, predict, summary
+from pipewright.cli.fidelity_predictions import Outcome, predict, summary
 from pipewright.cost import frameworks
 from pipewright.cost.fidelity import OVERRIDES, framework_of, load_runs
 

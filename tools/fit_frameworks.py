@@ -26,7 +26,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from pipewright.cli.fidelity import peak_for, predict
+from pipewright.cli.fidelity_predictions import peak_for, predict
 from pipewright.cost import frameworks
 from pipewright.cost.fidelity import (
     Run,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pipewright.measure import measure_run
 from pipewright.measure.table import DATA, ROWS, markdown, record
-from pipewright.runtime.config import TrainConfig
+from pipewright.runtime.setup.config import TrainConfig
 
 OUT = Path(__file__).resolve().parents[1] / "src" / "pipewright" / "measure" / "data" / DATA
 

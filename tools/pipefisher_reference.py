@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from pipewright.features.kfac.report import Row, fill_profiled, markdown, paper_model  # noqa: E402
+from pipewright.features.kfac.utilization import Row, fill_profiled, markdown, paper_model  # noqa: E402
 from pipewright.ir import B, F, I, W  # noqa: E402
 from pipewright.sim.engine import simulate  # noqa: E402
 

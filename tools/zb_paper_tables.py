@@ -35,7 +35,7 @@ from pipewright.mesh import Mesh  # noqa: E402
 from pipewright.models.presets import resolve_model  # noqa: E402
 from pipewright.plan.setup import cluster_topology, model_setup  # noqa: E402
 from pipewright.schedules import build_schedule  # noqa: E402
-from pipewright.schedules.costs import schedule_costs  # noqa: E402
+from pipewright.schedules.schedule_costs import schedule_costs  # noqa: E402
 from pipewright.sim import simulate  # noqa: E402
 
 #: name: (layers, hidden, heads, stages, microbatch size, microbatch counts)

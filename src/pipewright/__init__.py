@@ -22,7 +22,7 @@ def __getattr__(name: str) -> Any:
     """``pipewright.pipeline`` and ``pipewright.Tied`` (any model as a list of layers), imported on first
     use: ``import pipewright`` stays free of torch."""
     if name in ("pipeline", "Tied"):
-        from pipewright.training import layers
+        from pipewright.training import layer_pipeline
 
-        return getattr(layers, name)
+        return getattr(layer_pipeline, name)
     raise AttributeError(f"module 'pipewright' has no attribute {name!r}")

@@ -27,7 +27,8 @@ launched on that device); without an explicit placement, rank r runs on device r
 its own placement gives it as that device list.
 
 Pure Python (no torch): :class:`pipewright.cost.comm.TopologyComm` prices messages between the devices
-this module assigns, and :class:`pipewright.runtime.mesh.ParallelMesh` builds its process groups from
+this module assigns, and :class:`pipewright.runtime.parallel.process_mesh.ParallelMesh` builds its process
+groups from
 the same arithmetic, so the simulator and the runtime put every (tp, pp, dp) coordinate on one device.
 """
 

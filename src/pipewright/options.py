@@ -8,7 +8,7 @@ like the fields, or the flag's name in ``[train]``), the command lines of ``trai
 that reads the values (:func:`read_section`). A field lists the commands that take it (``commands``,
 default ``("train",)``) and may give a command its own choices, help or default (``variants``:
 ``simulate --vocab-parallel`` also takes ``redistribute``). A training value is stored in
-:class:`~pipewright.runtime.config.TrainConfig` under its *flat name*, the flag without its dashes
+:class:`~pipewright.runtime.setup.config.TrainConfig` under its *flat name*, the flag without its dashes
 (``--kfac-base`` → ``kfac_base``), so a run's ``config.json`` and checkpoints record every option
 under the name its flag has; the other commands parse it under the same name. Only the fields of
 ``train`` belong to the TOML table and the config. Pure Python: importing a section imports no
@@ -121,7 +121,7 @@ def take_values(cls: type, table: str, values: Mapping[str, Any]) -> tuple[dict[
 def check_section(cls: type, values: Mapping[str, Any], source: str = "config") -> None:
     """One-line ConfigError for the first section value (by flat name) of the wrong type; the values
     themselves are the feature's to check (its messages name the combinations it refuses)."""
-    from pipewright.runtime.inputs import check_types
+    from pipewright.runtime.setup.inputs import check_types
 
     by_flat = {flat_name(f): f for f in fields_for(cls)}
     check_types(cls, {by_flat[n].name: v for n, v in values.items() if n in by_flat}, source)

@@ -14,7 +14,7 @@
 
 Every writer (``data prepare``, ``export-plan``, ``plan -o``, ``simulate --png/--trace``, ``schedule
 export``, ``profile --out/--calibration``) calls it with its inputs; ``train --out`` (a folder) has its
-own rule in :mod:`pipewright.runtime.run_folder` and shares :func:`check_name_length` and
+own rule in :mod:`pipewright.runtime.checkpointing.run_folder` and shares :func:`check_name_length` and
 :func:`check_folder_writable`.
 """
 

@@ -50,7 +50,7 @@ def _train_defaults() -> dict[str, object]:
     """TrainConfig's defaults by flag destination (``recv_timeout`` for ``recv_timeout_s``)."""
     from dataclasses import asdict
 
-    from pipewright.runtime.config import TrainConfig
+    from pipewright.runtime.setup.config import TrainConfig
 
     defaults = asdict(TrainConfig())
     return defaults | {k.removesuffix("_s"): v for k, v in defaults.items() if k.endswith("_s")}
@@ -111,6 +111,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         where = f": {shown(exc.filename)}" if exc.filename else ""
         print(f"pipewright: error: {exc.strerror or exc}{where}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C before or without workers (runtime/interrupts.py for a run)
+    except KeyboardInterrupt:  # Ctrl-C before or without workers (runtime/reliability/interrupts.py: a run)
         print("pipewright: interrupted", file=sys.stderr)
         return 130

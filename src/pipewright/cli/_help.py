@@ -2,7 +2,7 @@
 
 :func:`document` walks the parser and each subparser (so flags added by any module or feature are
 covered): every option gets a help line, its default (``train``'s defaults are
-:class:`~pipewright.runtime.config.TrainConfig`'s, since its flags default to None = "not given"), and
+:class:`~pipewright.runtime.setup.config.TrainConfig`'s, since its flags default to None = "not given"), and
 list-valued options say that they take commas. ``train``'s defaults are read only when help is printed.
 """
 

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pipewright.errors import ConfigError
-from pipewright.runtime.startup import stage
+from pipewright.runtime.setup.startup import stage
 
 #: Relative tolerance by ``--precision``: fp32 leaves summation-order rounding (AdamW's 1/√v can amplify
 #: it in parameters whose gradient is noise, hence above 1e-5); bf16 and fp16 round each activation.
@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction, feature_paths: tuple[str, ...] = (
     from pipewright.cli.train import GROUPS
     from pipewright.features import all_features
     from pipewright.options import add_flags
-    from pipewright.runtime.config import TrainConfig
+    from pipewright.runtime.setup.config import TrainConfig
 
     parser = sub.add_parser("check", help="train a few steps pipelined and on one process; compare")
     parser.add_argument("--config", help="TOML file with training options (default: none)")
@@ -192,8 +192,8 @@ def check_worker(rank: int, run: Any) -> list[dict] | None:
     import torch.distributed as dist
 
     from pipewright.cli.check_hf import param_stats
-    from pipewright.runtime.tp import full_parameters
-    from pipewright.runtime.trainer import Trainer
+    from pipewright.runtime.core.trainer import Trainer
+    from pipewright.runtime.parallel.tp import full_parameters
 
     torch.manual_seed(run.config.seed + rank)
     with stage("building the model", enabled=rank == 0):

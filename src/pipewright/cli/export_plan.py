@@ -64,7 +64,7 @@ def _schedule_csv(plan, plan_path: Path, out: Path | None, overwrite: bool) -> t
     if own is not None:
         return own, []
     from pipewright.features import library_schedules
-    from pipewright.passes.export import to_csv
+    from pipewright.passes.pytorch_csv import to_csv
     from pipewright.schedules import build_schedule
 
     sched = build_schedule(

@@ -192,7 +192,7 @@ def check_profile(args: argparse.Namespace) -> None:
     from pipewright.cost.activations import runtime_layer_elements
     from pipewright.cost.transformer import layer_parameters
     from pipewright.models.presets import resolve_model
-    from pipewright.runtime.size_check import available_bytes
+    from pipewright.runtime.setup.size_check import available_bytes
 
     check_outputs([(args.out, "--out"), (args.calibration, "--calibration")], overwrite=args.overwrite)
     values = vars(args)

@@ -355,7 +355,7 @@ def run(args: argparse.Namespace) -> int:
     if args.out and result.best.schedule is not None:
         from pathlib import Path
 
-        from pipewright.passes.export import to_csv
+        from pipewright.passes.pytorch_csv import to_csv
 
         csv = Path(args.out).with_suffix(".schedule.csv")
         csv.write_text(to_csv(result.best.schedule))

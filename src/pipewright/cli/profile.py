@@ -81,7 +81,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _calibrate(args: argparse.Namespace, spec) -> int:
-    from pipewright.runtime.calibrate import CalibrationOptions, calibrate, write_calibration
+    from pipewright.runtime.profiling.measure_calibration import (
+        CalibrationOptions,
+        calibrate,
+        write_calibration,
+    )
 
     options = CalibrationOptions(
         spec,
@@ -114,7 +118,7 @@ def _profile(args: argparse.Namespace) -> int:
 
     check_profile(args)  # output writable, numbers in range, memory: before measuring
     from pipewright.models.presets import resolve_model
-    from pipewright.runtime.profiler import ProfileOptions, profile_model, write_profile
+    from pipewright.runtime.profiling.profiler import ProfileOptions, profile_model, write_profile
 
     if (args.out is None) == (args.calibration is None):
         raise ConfigError(

@@ -11,7 +11,7 @@ from pipewright.features import library_schedules
 from pipewright.ir import peak_in_flight
 from pipewright.outputs import add_overwrite_flag, check_output
 from pipewright.passes import lower, validate
-from pipewright.passes.export import to_csv
+from pipewright.passes.pytorch_csv import to_csv
 from pipewright.schedules import build_schedule, info, schedule_names
 
 

@@ -352,7 +352,7 @@ def _costed_schedule(
     library = library_schedules()
     if name not in library or library[name].build_costed is None:
         return None
-    from pipewright.schedules.costs import schedule_costs
+    from pipewright.schedules.schedule_costs import schedule_costs
 
     probe = setup.schedule
     costs = schedule_costs(

@@ -1,6 +1,6 @@
 """``pipewright train``: train a GPT with pipeline (and data) parallelism on torch.distributed.
 
-Values come from the defaults of :class:`~pipewright.runtime.config.TrainConfig` and of the features'
+Values come from the defaults of :class:`~pipewright.runtime.setup.config.TrainConfig` and of the features'
 option sections, then ``--config FILE.toml`` (top-level keys or a ``[train]`` table, named like the
 flags, and a feature's ``[table]``), then ``--plan``, then the flags. Without arguments it trains a
 small model on the default corpus with two local worker processes. ``--feature module:attr`` (or an
@@ -33,7 +33,7 @@ GROUPS = (
 def register(sub: argparse._SubParsersAction, feature_paths: tuple[str, ...] = ()) -> None:
     from pipewright.features import all_features
     from pipewright.options import add_flags
-    from pipewright.runtime.config import TrainConfig
+    from pipewright.runtime.setup.config import TrainConfig
 
     parser = sub.add_parser("train", help="train a model with pipeline parallelism")
     parser.add_argument("--config", help="TOML file with training options (flags override it)")
@@ -70,7 +70,7 @@ def register(sub: argparse._SubParsersAction, feature_paths: tuple[str, ...] = (
 def config_from_args(args: argparse.Namespace):
     """The TrainConfig of parsed ``train`` arguments, the features' options resolved (defaults filled
     in; their checks run in :func:`pipewright.training.prepare`)."""
-    from pipewright.runtime.config import TrainConfig
+    from pipewright.runtime.setup.config import TrainConfig
     from pipewright.training import resolve_options, run_features
 
     config = TrainConfig.from_toml(args.config) if args.config else TrainConfig()
@@ -118,7 +118,7 @@ def dp_from_processes(config, nproc: int | None):
     ``WORLD_SIZE``. One-line error when they do not divide."""
     import os
 
-    from pipewright.runtime.launch import running_under_torchrun
+    from pipewright.runtime.setup.launch import running_under_torchrun
 
     procs = (
         nproc if nproc is not None else int(os.environ["WORLD_SIZE"]) if running_under_torchrun() else None
@@ -158,7 +158,7 @@ def _train(args: argparse.Namespace) -> int:
 
         return dry_run(config, profile=args.profile)
     if args.compare_sim:
-        from pipewright.runtime.compare import plan_comparison
+        from pipewright.runtime.profiling.compare import plan_comparison
 
         prepared = prepare(config)  # checked once, for the comparison and the run
         plan = plan_comparison(
@@ -168,8 +168,8 @@ def _train(args: argparse.Namespace) -> int:
     if result is None:  # a torchrun rank other than 0
         return 0
     if result.preempted_at is not None:
-        from pipewright.runtime.elastic import PREEMPTED_EXIT_CODE
-        from pipewright.runtime.interrupts import INTERRUPTED, INTERRUPTED_EXIT_CODE
+        from pipewright.runtime.reliability.elastic import PREEMPTED_EXIT_CODE
+        from pipewright.runtime.reliability.interrupts import INTERRUPTED, INTERRUPTED_EXIT_CODE
 
         why = "interrupted (Ctrl-C)" if INTERRUPTED.is_set() else "preempted (SIGTERM)"
         print(
@@ -186,7 +186,7 @@ def _train(args: argparse.Namespace) -> int:
         step, val = max(result.val_losses.items())
         print(f"validation loss {val:.3f} after step {step + 1}")
     if plan is not None:
-        from pipewright.runtime.compare import bracket_profile, compare_run, summary
+        from pipewright.runtime.profiling.compare import bracket_profile, compare_run, summary
 
         if plan.source is None:
             print("profiling again after the run (the prediction uses both profiles)", flush=True)

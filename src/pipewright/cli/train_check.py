@@ -1,13 +1,13 @@
 """``pipewright train --dry-run``: every check ``train`` runs before it starts workers, and the size
-estimate (:mod:`pipewright.runtime.size_check`), without starting any."""
+estimate (:mod:`pipewright.runtime.setup.size_check`), without starting any."""
 
 from __future__ import annotations
 
 
 def dry_run(config, profile: str | None = None) -> int:
     """Prepare the run (and read ``profile``, the ``--compare-sim`` profile) and print the estimate."""
-    from pipewright.runtime.launch import default_backend
-    from pipewright.runtime.size_check import check_fits
+    from pipewright.runtime.setup.launch import default_backend
+    from pipewright.runtime.setup.size_check import check_fits
     from pipewright.training import prepare
 
     if profile is not None:

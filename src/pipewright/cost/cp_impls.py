@@ -44,7 +44,7 @@ from types import MappingProxyType
 from pipewright.cost.attention_kinds import attention_of
 from pipewright.ir import F, W
 from pipewright.models.spec import ModelSpec
-from pipewright.registry import Registry
+from pipewright.named_registry import Registry
 
 #: bytes per element of the fp32 merge and the dK/dV accumulators
 FP32 = 4

@@ -55,7 +55,7 @@ from dataclasses import dataclass
 
 from pipewright.errors import ConfigError
 from pipewright.ir import B, F, I, W
-from pipewright.registry import Registry
+from pipewright.named_registry import Registry
 
 
 @dataclass(frozen=True)

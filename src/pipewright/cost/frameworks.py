@@ -35,7 +35,7 @@ from pipewright.cost import tp_overlap as tp_modes
 from pipewright.cost.dispatch import dispatch as dispatch_model
 from pipewright.cost.efficiency import Efficiency
 from pipewright.errors import ConfigError
-from pipewright.registry import Registry
+from pipewright.named_registry import Registry
 
 #: the command-line inputs a framework may set by default (argparse ``dest`` names; each defaults to
 #: None on ``simulate`` and ``plan``, so a flag the user gives always wins)

@@ -44,7 +44,7 @@ from pipewright.cost.sharding import exposed
 from pipewright.errors import ConfigError
 from pipewright.ir import B, F, I
 from pipewright.models.spec import ModelSpec
-from pipewright.registry import Registry
+from pipewright.named_registry import Registry
 
 if TYPE_CHECKING:
     from pipewright.cost.transformer import TransformerCost

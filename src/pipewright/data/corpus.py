@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from pipewright.data.errors import DataError
+from pipewright.data.data_errors import DataError
 from pipewright.data.tokenizer import Codec, TokenizerSpec, fit_codec, load_codec
 from pipewright.data.tokens import atomic_write_bytes, open_tokens, sidecar_path, write_tokens
 

@@ -22,7 +22,7 @@ import numpy as np
 
 from pipewright.data.corpus import DEFAULT_MAX_BYTES, stdlib_corpus, text_corpus
 from pipewright.data.corpus import cache_dir as resolve_cache_dir
-from pipewright.data.errors import DataError
+from pipewright.data.data_errors import DataError
 from pipewright.data.tokenizer import Codec, parse_tokenizer_spec
 from pipewright.data.tokens import is_token_file, open_tokens
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from pipewright.data.corpus import list_files
-from pipewright.data.errors import DataError
+from pipewright.data.data_errors import DataError
 from pipewright.data.tokens import write_tokens
 
 _BATCH = 64  # documents per encode_batch call

@@ -16,7 +16,7 @@ from typing import ClassVar, Protocol
 import numpy as np
 from tqdm import tqdm
 
-from pipewright.data.errors import DataError
+from pipewright.data.data_errors import DataError
 
 BYTE_VOCAB = 256
 MAX_BPE_VOCAB = 1 << 20

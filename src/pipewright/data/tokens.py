@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipewright.data.errors import DataError
+from pipewright.data.data_errors import DataError
 
 FORMAT = "pipewright-tokens"
 TOKEN_DTYPES: dict[str, np.dtype] = {"uint16": np.dtype("<u2"), "uint32": np.dtype("<u4")}

@@ -4,7 +4,7 @@ A :class:`Feature` holds everything a capability adds — its action kinds (with
 point-to-point/collective metadata), cost rules keyed by kind, schedule generators, schedule passes,
 its options (a dataclass section, :mod:`pipewright.options`: a ``[table]`` in the TOML file and an
 argument group of ``pipewright train``, ``simulate`` and ``plan``, each field naming the commands
-that take it), ``simulate``'s hook, and its training plugin (:mod:`pipewright.runtime.plugin`); hook
+that take it), ``simulate``'s hook, and its training plugin (:mod:`pipewright.runtime.core.plugin`); hook
 and plugin are import paths, loaded when used, so that building the command line imports no numpy,
 torch or matplotlib. :class:`Features` is an immutable set of bundles;
 :func:`builtin_features` is the one place the library's own features (vocabulary parallelism, K-FAC
@@ -70,7 +70,7 @@ class Feature:
     of ``simulate`` and ``plan`` its fields name.
     ``optimizers``: the ``--optimizer`` names the feature provides (its plugin wraps or replaces the
     optimizer the trainer builds for them, :data:`pipewright.optim.FEATURE_BASE`).
-    ``plugin``: import path of its :class:`~pipewright.runtime.plugin.TrainingPlugin` subclass."""
+    ``plugin``: import path of its :class:`~pipewright.runtime.core.plugin.TrainingPlugin` subclass."""
 
     name: str
     kinds: tuple[KindSpec, ...] = ()

@@ -68,7 +68,7 @@ def _group_names(mesh) -> dict[str, str]:
 
 def _channel_names(mesh) -> dict[str, str]:
     """The point-to-point channels' groups (opened by the executor) → ``pp``."""
-    from pipewright.runtime.errors import LayoutError
+    from pipewright.runtime.core.distributed_errors import LayoutError
 
     names = {}
     for src in range(mesh.pp):
@@ -155,8 +155,8 @@ def _grad_hooks(tracker: ProgramTracker, trainer) -> list:
 
 def measure_rank(run, rank: int) -> RankMeasure:
     """Build ``rank``'s share of the prepared ``run`` at full size on meta tensors and measure one step."""
-    from pipewright.runtime.mesh import ParallelMesh
-    from pipewright.runtime.trainer import Trainer
+    from pipewright.runtime.core.trainer import Trainer
+    from pipewright.runtime.parallel.process_mesh import ParallelMesh
 
     c = run.config
     t0 = time.perf_counter()

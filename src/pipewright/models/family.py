@@ -10,7 +10,8 @@ from types import MappingProxyType
 from torch import nn
 
 from pipewright.errors import ConfigError
-from pipewright.models import gpt, llama
+from pipewright.models import gpt
+from pipewright.models import llama_decoder as llama
 from pipewright.models.spec import ModelSpec
 
 

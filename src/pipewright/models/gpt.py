@@ -44,7 +44,7 @@ from torch import nn
 
 from pipewright.models.blocks import AttentionCore, StageModule, tied_output_init_
 from pipewright.models.layout import Layout, StageLayout, resolve_stage
-from pipewright.models.moe import MoE, TokenExchange
+from pipewright.models.moe_mlp import MoE, TokenExchange
 from pipewright.models.spec import ModelSpec
 from pipewright.models.wgrad import LinearFactory, default_linear_factory
 

@@ -1,6 +1,6 @@
 """Optimizers, learning-rate schedule and global gradient clipping for pipeline training (torch)."""
 
-from pipewright.optim.optimizer import (
+from pipewright.optim.stage_optimizer import (
     FEATURE_BASE,
     OPTIMIZERS,
     base_optimizer,

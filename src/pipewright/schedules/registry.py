@@ -7,7 +7,7 @@ library's families. A :class:`ScheduleRegistry` is immutable: features add their
 
 Generators may take costs: an entry with ``build_costed`` is built from :class:`ScheduleCosts` (per-stage
 F, I, W times, the point-to-point time and a memory limit in microbatches) when the caller has them — from
-the cost model or a profile (:func:`pipewright.schedules.costs.schedule_costs`) — and falls back to
+the cost model or a profile (:func:`pipewright.schedules.schedule_costs.schedule_costs`) — and falls back to
 ``build`` (unit costs) otherwise; ``zb-auto`` is such an entry.
 """
 

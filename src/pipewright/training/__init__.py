@@ -1,12 +1,12 @@
 """The composition root of training: where the core (runtime, models, data) meets the features.
 
 :func:`prepare` checks a config in the launching process (the features' options and plugins
-included) and returns a :class:`~pipewright.runtime.trainer.PreparedRun`; :func:`train` starts the
-workers, each running :func:`train_worker` around a :class:`~pipewright.runtime.trainer.Trainer` with
+included) and returns a :class:`~pipewright.runtime.core.trainer.PreparedRun`; :func:`train` starts the
+workers, each running :func:`train_worker` around a :class:`~pipewright.runtime.core.trainer.Trainer` with
 the run's training plugins. Nothing below this package (runtime, models, data) imports a feature.
 """
 
-from pipewright.training.prepare import (
+from pipewright.training.prepare_run import (
     active_plugins,
     check_config,
     default_out_dir,

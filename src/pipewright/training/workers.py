@@ -1,8 +1,8 @@
 """Running a prepared training run: the local worker processes (or torchrun's), each running
-:func:`train_worker`, the step loop around :class:`~pipewright.runtime.trainer.Trainer` with evaluation,
-checkpoints and preemption; rank 0 writes the run's files (:mod:`pipewright.runtime.artifacts`).
+:func:`train_worker`, the step loop around :class:`~pipewright.runtime.core.trainer.Trainer` with evaluation,
+checkpoints and preemption; rank 0 writes the run's files (:mod:`pipewright.runtime.profiling.artifacts`).
 
-Local runs start their processes with :func:`pipewright.runtime.launch.spawn`, or with the ``spawn``
+Local runs start their processes with :func:`pipewright.runtime.setup.launch.spawn`, or with the ``spawn``
 given to :func:`train`, or, within :func:`launching_with`, with that block's (:func:`launcher`): the
 hook through which the CLI's runs (``pipewright train``, ``pipewright check``, called in-process) can
 start their workers another way, e.g. forked from the caller in tests."""
@@ -22,19 +22,19 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipewright.runtime import elastic
-from pipewright.runtime.artifacts import MetricsWriter, write_artifacts
-from pipewright.runtime.config import TrainConfig
-from pipewright.runtime.launch import init_from_env, running_under_torchrun
-from pipewright.runtime.launch import spawn as spawn_processes
-from pipewright.runtime.run_folder import RunLock, claim
-from pipewright.runtime.startup import stage
-from pipewright.runtime.trainer import PreparedRun, Trainer, TrainResult
-from pipewright.training.prepare import prepare
+from pipewright.runtime.checkpointing.run_folder import RunLock, claim
+from pipewright.runtime.core.trainer import PreparedRun, Trainer, TrainResult
+from pipewright.runtime.profiling.artifacts import MetricsWriter, write_artifacts
+from pipewright.runtime.reliability import elastic
+from pipewright.runtime.setup.config import TrainConfig
+from pipewright.runtime.setup.launch import init_from_env, running_under_torchrun
+from pipewright.runtime.setup.launch import spawn as spawn_processes
+from pipewright.runtime.setup.startup import stage
+from pipewright.training.prepare_run import prepare
 
 log = logging.getLogger(__name__)
 
-#: :func:`pipewright.runtime.launch.spawn`'s signature: ``spawn(fn, nprocs, args, *, backend=None,
+#: :func:`pipewright.runtime.setup.launch.spawn`'s signature: ``spawn(fn, nprocs, args, *, backend=None,
 #: timeout_s=600.0, forward_sigterm=False, cpu_allocator="retain")`` → the workers' results by rank
 Spawn = Callable[..., list[Any]]
 
@@ -53,7 +53,7 @@ def launching_with(spawn: Spawn) -> Iterator[None]:
 
 def launcher(spawn: Spawn | None = None) -> Spawn:
     """The function that starts a local run's workers: ``spawn`` if given, else the innermost
-    :func:`launching_with` block's, else :func:`pipewright.runtime.launch.spawn` (fresh processes)."""
+    :func:`launching_with` block's, else :func:`pipewright.runtime.setup.launch.spawn` (fresh processes)."""
     return spawn or _LAUNCHER.get() or spawn_processes
 
 

@@ -6,7 +6,7 @@ import json
 import os
 from pathlib import Path
 
-from pipewright.data.errors import DataError
+from pipewright.data.data_errors import DataError
 
 _SMOOTH_MIN_POINTS = 50  # below this many steps the raw curve is readable on its own
 

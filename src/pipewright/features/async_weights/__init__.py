@@ -20,6 +20,6 @@ FEATURE = Feature(
     schedules=(ASYNC_INTERLEAVED,),
     section=AsyncOptions,
     table="async",
-    plugin="pipewright.features.async_weights.trainer:AsyncPlugin",
+    plugin="pipewright.features.async_weights.window_trainer:AsyncPlugin",
     description="asynchronous pipelines: weight stashing, 2BW, PipeOptim prediction, delay compensation",
 )

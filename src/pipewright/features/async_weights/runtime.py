@@ -23,7 +23,8 @@ Non-finite gradients (``on_nonfinite``, as ``pipewright train --on-nonfinite``):
 the dp average (so every replica decides alike) and before the update. ``skip`` leaves the weights and
 the optimizer state as they are for that update (the policy's bookkeeping still counts it, so weight
 versions stay aligned) and records a one-line message; ``stop`` raises
-:class:`~pipewright.runtime.nonfinite.NonFiniteError` naming the step, the stage and the parameter.
+:class:`~pipewright.runtime.reliability.nonfinite.NonFiniteError` naming the step, the stage and the
+parameter.
 There is no cross-stage agreement: asynchronous stages have no common step to skip.
 """
 
@@ -41,7 +42,7 @@ from pipewright.features.async_weights.policies import WeightPolicy, make_policy
 from pipewright.features.async_weights.staleness import check_async
 from pipewright.ir import REDUCE_GRAD, STEP, Action, B, F, I, Schedule, W
 from pipewright.optim import clip_grad_norm_, set_lr
-from pipewright.runtime import nonfinite
+from pipewright.runtime.reliability import nonfinite
 
 
 class AsyncStage:

@@ -44,7 +44,7 @@ def run_fill(request, setup) -> int:
     """Fill, print the summary (or JSON), draw the refresh's timeline with ``--png`` (``request``: the
     :class:`~pipewright.plan.request.SimulateRequest`)."""
     from pipewright.features.kfac.fill import fill_kfac
-    from pipewright.features.kfac.report import refresh_timeline
+    from pipewright.features.kfac.utilization import refresh_timeline
 
     opts = read_section(KfacOptions, request.options, "simulate")
     sched, cost, comm = setup.schedule, setup.cost, setup.comm

@@ -12,7 +12,7 @@ from torch import nn
 from pipewright.errors import ConfigError
 from pipewright.features.kfac.kfac import KFAC
 from pipewright.features.kfac.options import BASE_UPDATES
-from pipewright.optim.optimizer import _param_groups
+from pipewright.optim.stage_optimizer import _param_groups
 
 
 class Lamb(torch.optim.Optimizer):

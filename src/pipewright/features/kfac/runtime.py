@@ -210,7 +210,7 @@ class PipelinedKFAC(KFACOptimizer):
         super().__init__(kfac, base)
         self.worker, self.names = worker, names
 
-    # the checkpoint's extra-state hook (pipewright.runtime.checkpoint.ExtraState; see .state)
+    # the checkpoint's extra-state hook (pipewright.runtime.checkpointing.checkpoint.ExtraState; see .state)
     def extra_state(self) -> dict[str, torch.Tensor]:
         return save_state(self, self.names)
 
@@ -222,7 +222,8 @@ class PipelinedKFAC(KFACOptimizer):
 
     @torch.no_grad()
     def step(self) -> float:
-        """Under mixed precision :class:`~pipewright.runtime.zero.MasterOptimizer` calls this once the
+        """Under mixed precision :class:`~pipewright.runtime.parallel.zero.MasterOptimizer` calls this once
+        the
         fp32 master gradients are set (unscaled, clipped): preconditioning, KL-clipping and the base
         update act on them. A step the loss scaler skips never gets here (see
         :meth:`BubbleWorker.begin_iteration`)."""
@@ -245,7 +246,7 @@ def kfac_handlers(
 ) -> dict[str, Callable]:
     """Executor handlers: F records, KFAC_FILL fills a bubble, KFAC_PRECOND preconditions, and with
     ``opportunistic`` the receives run tasks while they wait."""
-    from pipewright.runtime.executor import default_handlers
+    from pipewright.runtime.core.executor import default_handlers
 
     core = default_handlers()
     layers_of: dict[int, list[int]] = {}

@@ -1,5 +1,5 @@
 """K-FAC's state in checkpoints: what :class:`~.runtime.PipelinedKFAC` gives the checkpoint's extra-state
-hook (:class:`pipewright.runtime.checkpoint.ExtraState`), and how it is read back.
+hook (:class:`pipewright.runtime.checkpointing.checkpoint.ExtraState`), and how it is read back.
 
 Two kinds of keys:
 

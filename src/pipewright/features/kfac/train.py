@@ -1,16 +1,18 @@
-"""``pipewright train --optimizer kfac``: the feature's training plugin (:mod:`pipewright.runtime.plugin`).
+"""``pipewright train --optimizer kfac``: the feature's training plugin
+(:mod:`pipewright.runtime.core.plugin`).
 
 - build: the schedule with a ``KFAC_FILL`` in every predicted bubble and a ``KFAC_PRECOND`` after each
   stage's last W (:func:`~.fill.slot_schedule`, the one rewrite this feature makes);
 - optimizer: K-FAC over the stages' covered linears with ``--kfac-base`` (sgd, adamw or lamb) as the base
   update; ``--kfac-fill all``: every bubble runs all pending tasks (reproducible). Mixed precision
   (``--precision bf16/fp16``): the base update steps the fp32 masters, and the masters' optimizer
-  becomes this one (:class:`~pipewright.runtime.zero.MasterOptimizer` calls its ``step`` once the
+  becomes this one (:class:`~pipewright.runtime.parallel.zero.MasterOptimizer` calls its ``step`` once the
   unscaled, clipped fp32 master gradients are set), so preconditioning and KL-clipping act on them;
   fp16's saved output gradients are unscaled by the loss scale;
 - executor parts: the bubble handlers (``--kfac-opportunistic``: also the waiting receives').
 
-The optimizer implements :class:`~pipewright.runtime.checkpoint.ExtraState` itself (factors, inverses,
+The optimizer implements :class:`~pipewright.runtime.checkpointing.checkpoint.ExtraState` itself (factors,
+inverses,
 a refresh in progress), so checkpoints carry it without a plugin call.
 """
 
@@ -22,7 +24,13 @@ from typing import Any
 from pipewright.errors import ConfigError
 from pipewright.features.kfac.options import KfacOptions
 from pipewright.options import read_section
-from pipewright.runtime.plugin import BuildContext, Built, ExecutorParts, OptimizerContext, TrainingPlugin
+from pipewright.runtime.core.plugin import (
+    BuildContext,
+    Built,
+    ExecutorParts,
+    OptimizerContext,
+    TrainingPlugin,
+)
 
 
 class KfacPlugin(TrainingPlugin):
@@ -44,7 +52,7 @@ class KfacPlugin(TrainingPlugin):
         from pipewright.features.kfac.optimizer import build_base
         from pipewright.features.kfac.runtime import attach_slotted
         from pipewright.features.kfac.state import StateNames, layout_name
-        from pipewright.runtime.tp import sharded_parameters
+        from pipewright.runtime.parallel.tp import sharded_parameters
 
         options = read_section(KfacOptions, ctx.config.features)
         c, b = ctx.config, ctx.build

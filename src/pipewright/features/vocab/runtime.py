@@ -44,7 +44,7 @@ from pipewright.ir import Action, B, F, I
 from pipewright.models.gpt import Embedding, GPTStage, Head, layer_generator
 from pipewright.models.spec import ModelSpec
 from pipewright.models.wgrad import plain_linear_factory
-from pipewright.runtime.executor import default_handlers
+from pipewright.runtime.core.executor import default_handlers
 
 
 class VocabStage(nn.Module):
@@ -293,7 +293,7 @@ class VocabRuntime:
 def vocab_group(mesh) -> VocabGroup:
     """Collective over the world: the vocabulary group of every data-parallel replica of ``mesh`` (a
     ParallelMesh), shard q = pp_rank·t + tp_rank; returns this rank's."""
-    from pipewright.runtime.mesh import coords_to_rank
+    from pipewright.runtime.parallel.process_mesh import coords_to_rank
 
     mine = None
     for d in range(mesh.dp):

@@ -1,7 +1,7 @@
 """``pipewright train --vocab-parallel naive|alg1|alg2``: the feature's training plugin.
 
 :meth:`VocabPlugin.check` runs before any worker starts and refuses, in one line each, what the runtime
-does not support. On every rank (:mod:`pipewright.runtime.plugin`), the build call gives:
+does not support. On every rank (:mod:`pipewright.runtime.core.plugin`), the build call gives:
 
 - the schedule with the vocabulary actions inserted (:func:`~.insert.insert_vocab`, unit placement
   costs: the runtime follows the schedule's order, the durations only choose it);
@@ -28,7 +28,13 @@ from typing import Any
 from pipewright.errors import ConfigError
 from pipewright.features.vocab.options import TRAIN_CHOICES, VocabOptions
 from pipewright.options import read_section
-from pipewright.runtime.plugin import BuildContext, Built, ExecutorParts, OptimizerContext, TrainingPlugin
+from pipewright.runtime.core.plugin import (
+    BuildContext,
+    Built,
+    ExecutorParts,
+    OptimizerContext,
+    TrainingPlugin,
+)
 
 
 def check_training(config: Any, spec: Any, schedule: Any) -> None:
