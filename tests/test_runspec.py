@@ -196,7 +196,7 @@ def test_every_training_config_field_has_a_place():
     from dataclasses import fields
 
     from pipewright.runspec.run import spec_fields
-    from pipewright.runtime.config import TrainConfig
+    from pipewright.runtime.setup.config import TrainConfig
 
     flags = options(spec_parser("train"))
     toml_only = {path[-1] for path, f, _ in spec_fields({}) if f.metadata["flag"] is None}

@@ -29,8 +29,8 @@ compute kind takes data from another stage writes its rule with :func:`from_stag
 
 The core rules are data — a :class:`pattern` of :class:`Term` s (F is ``Term(F, -1, RECV_F)``: F of the
 previous stage, or the receive when that stage is on another rank) — so they are evaluated per action
-here and per kind, over integer arrays, by the simulator (:mod:`pipewright.sim.lowered_compile`). A feature's rule
-may be either; plain functions are called per action everywhere.
+here and per kind, over integer arrays, by the simulator (:mod:`pipewright.sim.lowered_compile`).
+A feature's rule may be either; plain functions are called per action everywhere.
 """
 
 from __future__ import annotations
@@ -111,8 +111,8 @@ class Term:
 @dataclass(frozen=True)
 class pattern:
     """A rule (``requires`` or ``produces``) written as a tuple of :class:`Term` s: the events of its
-    terms, in order. Because the rule is data, the simulator's array path (:mod:`pipewright.sim.lowered_compile`)
-    evaluates it for all actions of a kind at once instead of calling it per action. Picklable."""
+    terms, in order. Because the rule is data, the simulator's array path
+    (:mod:`pipewright.sim.lowered_compile`) evaluates it for all actions of a kind at once instead of calling it per action. Picklable."""
 
     terms: tuple[Term, ...]
 

@@ -1,4 +1,4 @@
-"""One rank's real program, measured: the :class:`~pipewright.runtime.trainer.Trainer` of a prepared run
+"""One rank's real program, measured: the :class:`~pipewright.runtime.core.trainer.Trainer` of a prepared run
 built at full size on meta tensors and the fake process group (:mod:`.fake`) and one training step run
 through the real executor with its real schedule, under a :class:`~.tracker.ProgramTracker`.
 

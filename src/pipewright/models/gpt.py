@@ -98,7 +98,7 @@ class MLP(nn.Module):
 
 class Block(nn.Module):
     """Pre-LayerNorm transformer layer: x + Attn(LN(x)), then x + MLP(LN(x)); the MLP is a mixture of
-    experts (:class:`~pipewright.models.moe.MoE`) in the layers ``spec.is_moe_layer(index)`` names."""
+    experts (:class:`~pipewright.models.moe_mlp.MoE`) in the layers ``spec.is_moe_layer(index)`` names."""
 
     def __init__(
         self, spec: ModelSpec, make: LinearFactory, index: int = 0, exchange: TokenExchange | None = None

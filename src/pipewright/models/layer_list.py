@@ -4,7 +4,7 @@ The convention is DeepSpeed's ``PipelineModule``: a model is a list whose entrie
 instances or *factories* (callables that build one, so that a stage builds only its own layers), and a
 :class:`Tied` entry names a module shared by several positions (DeepSpeed's ``TiedLayerSpec``): each
 pipeline rank holding one of them keeps its own copy, and after the backward the copies' gradients are
-summed over those ranks (:mod:`pipewright.runtime.tied` does the same for the input embedding and the
+summed over those ranks (:mod:`pipewright.runtime.parallel.tied` does the same for the input embedding and the
 output layer), so every copy sees ∂L/∂θ = Σ over positions, the shared module's gradient, and the
 identical optimizer steps keep the copies equal.
 

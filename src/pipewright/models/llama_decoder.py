@@ -102,7 +102,7 @@ def _swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 class LlamaBlock(nn.Module):
     """x + Attn(RMSNorm(x)), then x + SwiGLU(RMSNorm(x)); SwiGLU experts
-    (:class:`~pipewright.models.moe.MoE`) in the layers ``spec.is_moe_layer(index)`` names."""
+    (:class:`~pipewright.models.moe_mlp.MoE`) in the layers ``spec.is_moe_layer(index)`` names."""
 
     def __init__(
         self, spec: ModelSpec, make: LinearFactory, index: int = 0, exchange: TokenExchange | None = None

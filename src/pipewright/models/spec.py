@@ -23,7 +23,7 @@ class ModelSpec:
     matrices, GPT/BERT's default), "relu2" (two matrices, squared ReLU) or "swiglu" (three, Llama's
     default); ``bias``: linear layers and norms carry biases (default: GPT/BERT yes, Llama no).
 
-    Mixture of experts (:mod:`pipewright.models.moe`; ``moe_experts`` 0 = dense): E = ``moe_experts``
+    Mixture of experts (:mod:`pipewright.models.moe_mlp`; ``moe_experts`` 0 = dense): E = ``moe_experts``
     routed experts, each token sent to the top k = ``moe_top_k``; ``moe_shared_experts`` experts every
     token passes through; each expert an MLP of hidden size ``moe_ffn_hidden`` (0: ``ffn_hidden``); the
     first ``moe_dense_layers`` layers keep the dense MLP (DeepSeek-V3: 3). ``moe_capacity``: capacity
