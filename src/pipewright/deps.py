@@ -112,7 +112,8 @@ class Term:
 class pattern:
     """A rule (``requires`` or ``produces``) written as a tuple of :class:`Term` s: the events of its
     terms, in order. Because the rule is data, the simulator's array path
-    (:mod:`pipewright.sim.lowered_compile`) evaluates it for all actions of a kind at once instead of calling it per action. Picklable."""
+    (:mod:`pipewright.sim.lowered_compile`) evaluates it for all actions of a kind at once instead of
+    calling it per action. Picklable."""
 
     terms: tuple[Term, ...]
 
