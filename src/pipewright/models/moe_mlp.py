@@ -55,7 +55,8 @@ from pipewright.models.spec import ModelSpec
 class TokenExchange(Protocol):
     """Expert parallelism's communication (implemented by
     :mod:`pipewright.runtime.parallel.moe_parallel`): ``size`` ranks, this one ``rank``; ``counts(send)``
-    exchanges the per-expert token counts (send: [E] int64, experts in rank order; returns [size, E/size]: what each rank sends to each of my experts);
+    exchanges the per-expert token counts (send: [E] int64, experts in rank order; returns [size, E/size]:
+    what each rank sends to each of my experts);
     ``tokens(x, send_splits, recv_splits)`` an all-to-all of rows (differentiable: its backward is the
     reverse all-to-all)."""
 
