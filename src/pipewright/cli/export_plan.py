@@ -11,7 +11,7 @@ from pipewright.plan.export import TORCH_SCHEDULES
 from pipewright.plan.export_text import TARGETS
 
 #: File suffix of each target's output.
-SUFFIX = {"megatron": ".megatron.sh", "torchtitan": ".torchtitan.toml"}
+SUFFIX = {"megatron": ".megatron.sh", "torchtitan": ".torchtitan.toml", "bridge": ".bridge.py"}
 
 
 def register(sub: argparse._SubParsersAction) -> None:

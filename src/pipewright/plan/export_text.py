@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pipewright.errors import ConfigError
+from pipewright.plan.export_bridge import bridge_text
 from pipewright.plan.export_megatron import megatron_text
 from pipewright.plan.export_torchtitan import torchtitan_text
 from pipewright.plan.planfile import Plan
@@ -14,6 +15,7 @@ from pipewright.plan.planfile import Plan
 WRITERS: dict[str, Callable[[Plan, str, str | None], str]] = {
     "megatron": lambda plan, source, _csv: megatron_text(plan, source),
     "torchtitan": torchtitan_text,
+    "bridge": lambda plan, source, _csv: bridge_text(plan, source),
 }
 #: The trainers a plan exports to.
 TARGETS = tuple(WRITERS)
