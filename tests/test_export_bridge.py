@@ -27,7 +27,6 @@ import dataclasses
 import importlib.abc
 import importlib.machinery
 import importlib.util
-import sys
 import types
 from pathlib import Path
 
@@ -35,6 +34,7 @@ import pytest
 
 from _export_flags import megatron_flags
 from _export_plans import PLANS, ZBV, megatron_layers
+from _stand_ins import stand_ins
 from pipewright.cli import main
 from pipewright.errors import ConfigError
 from pipewright.models.presets import get_preset
@@ -66,48 +66,6 @@ _CORE_FIRST = (
 )
 
 
-class _Empty(type):
-    """A stand-in class: any attribute is another stand-in class, subscripting gives itself."""
-
-    def __getattr__(cls, name: str):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        sub = _Empty(name, (), {"__init__": lambda self, *a, **k: None})
-        setattr(cls, name, sub)
-        return sub
-
-    def __getitem__(cls, _item):
-        return cls
-
-
-class _Module(types.ModuleType):
-    """An empty stand-in module: any attribute is a stand-in class."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(name)
-        self.__path__: list[str] = []  # a package, so that submodules import
-
-    def __getattr__(self, name: str):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return getattr(_Empty(self.__name__, (), {}), name)
-
-
-class _StandIns(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Serves :class:`_Module` for the modules of :data:`STAND_INS` and their submodules."""
-
-    def find_spec(self, name, path, target=None):
-        if any(name == root or name.startswith(root + ".") for root in STAND_INS):
-            return importlib.machinery.ModuleSpec(name, self, is_package=True)
-        return None
-
-    def create_module(self, spec):
-        return _Module(spec.name)
-
-    def exec_module(self, module) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def bridge():
     """Megatron-Bridge's config container, GPT-3 recipe and Megatron-LM translation (module
@@ -120,15 +78,9 @@ def bridge():
     pytest.importorskip("omegaconf", reason="Megatron-Bridge needs omegaconf (README's test command)")
     for name in _CORE_FIRST:
         __import__(name)
-    finder = _StandIns()
-    sys.meta_path.insert(0, finder)
-    try:
+    with stand_ins(STAND_INS):
         from megatron.bridge.recipes.gpt.gpt3_175b import gpt3_175b_pretrain_config
         from megatron.bridge.training.mlm_compat.arguments import _transformer_config_from_args
-    finally:
-        sys.meta_path.remove(finder)
-        for name in [m for m in sys.modules if isinstance(sys.modules[m], _Module)]:
-            del sys.modules[name]
     import megatron.core.models.gpt.gpt_layer_specs as specs
     import megatron.core.transformer.transformer_block as block
 
