@@ -15,7 +15,7 @@ give, and ``validate_args``'s ``params_dtype``/``moe_layer_freq`` steps.
 
 Stand-ins (why each: :data:`STAND_INS`): megatron-bridge 0.3.1 requires Transformer
 Engine and mamba-ssm (CUDA builds only) and transformers < 5, so it is installed without its dependencies,
-and four modules it imports at import time are empty stand-ins, put in ``sys.modules`` by the fixture only
+and five modules it imports at import time are empty stand-ins, put in ``sys.modules`` by the fixture only
 while Bridge is imported and removed after: no stand-in is called by the code under test. Megatron-Core's
 GPT modules are imported first, so they see Transformer Engine absent, as on any CPU machine (the test
 checks ``HAVE_TE`` is false where the layer specs are chosen)."""
@@ -53,6 +53,8 @@ STAND_INS = {
     "builds of torch do not ship it",
     "megatron.energon": "Bridge's recipes package imports its multimodal data modules, which import "
     "megatron-energon (not a Bridge dependency; not used by a GPT config)",
+    "modelopt": "Bridge's training setup imports its checkpointing module, which imports nvidia-modelopt's "
+    "save/restore plugins at module level (a megatron-core[dev] dependency; no checkpoint is written here)",
 }
 #: Megatron-Core modules imported before the stand-ins, so that they see Transformer Engine absent.
 _CORE_FIRST = (
@@ -81,11 +83,16 @@ def bridge():
     with stand_ins(STAND_INS):
         from megatron.bridge.recipes.gpt.gpt3_175b import gpt3_175b_pretrain_config
         from megatron.bridge.training.mlm_compat.arguments import _transformer_config_from_args
+        from megatron.bridge.training.setup import _validate_and_set_vocab_size
     import megatron.core.models.gpt.gpt_layer_specs as specs
     import megatron.core.transformer.transformer_block as block
 
     assert not specs.HAVE_TE and not block.HAVE_TE  # Megatron-Core saw no stand-in
-    return types.SimpleNamespace(recipe=gpt3_175b_pretrain_config, from_args=_transformer_config_from_args)
+    return types.SimpleNamespace(
+        recipe=gpt3_175b_pretrain_config,
+        from_args=_transformer_config_from_args,
+        vocab=_validate_and_set_vocab_size,
+    )
 
 
 def _run_export(text: str, tmp_path: Path) -> types.ModuleType:
@@ -139,12 +146,14 @@ def test_bridge_validates_the_plans_model_and_layout(name: str, bridge, tmp_path
     if spec.family == "llama":
         assert model.rotary_base == spec.rope_theta
     assert model.share_embeddings_and_output_weights == spec.tied_embeddings
-    # Bridge's provide(): calculate_padded_vocab_size(vocab, divisible_by, tp) when should_pad_vocab
+    # Bridge's setup() with the plan's tokenizer, then provide()'s padding: the embedding's rows
     from megatron.bridge.utils.vocab_utils import calculate_padded_vocab_size
 
-    assert model.should_pad_vocab and model.vocab_size == spec.vocab
-    padded = calculate_padded_vocab_size(model.vocab_size, model.make_vocab_size_divisible_by, plan["tp"])
-    assert padded == plan.padded_vocab
+    vocab, pad = bridge.vocab(model.vocab_size, spec.vocab)
+    rows = (
+        calculate_padded_vocab_size(vocab, model.make_vocab_size_divisible_by, plan["tp"]) if pad else vocab
+    )
+    assert rows == plan.padded_vocab
     assert (cfg.train.micro_batch_size, cfg.train.global_batch_size) == (
         plan["microbatch_size"],
         plan["global_batch_size"],

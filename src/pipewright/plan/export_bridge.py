@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from pipewright.plan.export import chunks, is_uniform, notes, recompute_setting, summary
 from pipewright.plan.export_megatron import (
-    VOCAB_MULTIPLE,
     check_schedule,
     core_notes,
     megatron_layout,
@@ -57,9 +56,9 @@ def model_fields(arch: Architecture, ep: int = 1) -> dict[str, object]:
         "num_attention_heads": spec.heads,
         "num_query_groups": spec.kv_heads,
         "seq_length": spec.seq_len,
-        "vocab_size": spec.vocab,
-        "should_pad_vocab": True,
-        "make_vocab_size_divisible_by": VOCAB_MULTIPLE,
+        # Bridge's setup keeps a vocab_size given here unpadded (_validate_and_set_vocab_size): the
+        # padded size the plan priced
+        "vocab_size": arch.padded_vocab,
         "normalization": arch.normalization,
         "position_embedding_type": arch.position_embedding,
         "share_embeddings_and_output_weights": spec.tied_embeddings,
@@ -156,11 +155,11 @@ def container_settings(plan: Plan) -> list[tuple[str, object]]:
 def bridge_notes(plan: Plan) -> list[str]:
     """What the module does not carry from the plan (as for Megatron-LM: schedule, overlap,
     per-stage recomputation, device order)."""
-    vocab = plan["model"]["vocab"]
-    out = core_notes(plan, "Megatron-Bridge", "rotary_base")
+    vocab, padded = plan["model"]["vocab"], plan.padded_vocab
+    out = core_notes(plan, "Megatron-Bridge", "rotary_base", pads=False)
     out.append(
-        f"the recipe's tokenizer must have a vocabulary of {vocab} (NullTokenizer: "
-        f"cfg.tokenizer.vocab_size = {vocab})"
+        f"vocab_size is the plan's padded vocabulary {padded}, which Bridge keeps as given; the tokenizer's "
+        f"is {vocab} (NullTokenizer: cfg.tokenizer.vocab_size = {vocab}) and may not exceed it"
     )
     out.append(world_note(plan))
     return out + [n.replace("Megatron-LM", "Megatron-Bridge") for n in notes(plan, "megatron")]
@@ -179,14 +178,19 @@ def bridge_text(plan: Plan, source: str = "plan") -> str:
     module = "mla_provider" if provider == "MLAModelProvider" else "gpt_provider"
     lines = [f"# Megatron-Bridge {RELEASE} recipe override of {source}: {summary(plan)}"]
     lines += [f"# note: {n}" for n in bridge_notes(plan)]
+    settings = container_settings(plan)
     lines += [
         '"""Use on any pretraining recipe: ``cfg = apply_plan(gpt3_175b_pretrain_config())``."""',
         "",
         "import torch",
         "import torch.nn.functional as F",
-        "from megatron.core.activations import squared_relu",
-        f"from megatron.bridge.models.{module} import {provider}",
-        "from megatron.bridge.training.comm_overlap import CommOverlapConfig",
+    ]
+    if fields["activation_func"] == _ACTIVATION["relu2"]:
+        lines.append("from megatron.core.activations import squared_relu")
+    lines.append(f"from megatron.bridge.models.{module} import {provider}")
+    if any(isinstance(v, Code) and "CommOverlapConfig" in v for _, v in settings):
+        lines.append("from megatron.bridge.training.comm_overlap import CommOverlapConfig")
+    lines += [
         "from megatron.bridge.training.config import ConfigContainer",
         "",
         "",
@@ -198,7 +202,7 @@ def bridge_text(plan: Plan, source: str = "plan") -> str:
         "",
         "def apply_plan(cfg: ConfigContainer) -> ConfigContainer:",
         "    cfg.model = model_provider()",
-        *(f"    cfg.{k} = {_value(v)}" for k, v in container_settings(plan)),
+        *(f"    cfg.{k} = {_value(v)}" for k, v in settings),
         "    return cfg",
     ]
     return "\n".join(lines) + "\n"

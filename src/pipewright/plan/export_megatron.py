@@ -186,15 +186,15 @@ def _recompute_args(plan: Plan) -> list[str]:
     return []
 
 
-def core_notes(plan: Plan, trainer: str, rotary: str) -> list[str]:
+def core_notes(plan: Plan, trainer: str, rotary: str, pads: bool = True) -> list[str]:
     """What a Megatron-Core trainer builds differently from the plan's model: an older plan's assumed
-    fields, a padded vocabulary of another multiple, a rotary base that is not an integer (``rotary``:
-    the trainer's name for it)."""
+    fields, a padded vocabulary of another multiple (where the trainer ``pads``), a rotary base that is
+    not an integer (``rotary``: the trainer's name for it)."""
     arch = architecture(plan["model"])
     out = list(arch.assumed)
     spec, tp = arch.spec, int(plan["tp"])
     multiple = VOCAB_MULTIPLE * tp
-    if -(-spec.vocab // multiple) * multiple != arch.padded_vocab:
+    if pads and -(-spec.vocab // multiple) * multiple != arch.padded_vocab:
         out.append(
             f"the plan prices a padded vocabulary of {arch.padded_vocab}; {trainer} pads {spec.vocab} "
             f"to a multiple of {multiple}"
