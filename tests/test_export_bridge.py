@@ -133,9 +133,12 @@ def _assert_plans_model(config, plan: Plan) -> None:
 
 @pytest.mark.parametrize("name", PLANS)
 def test_bridge_validates_the_plans_model_and_layout(name: str, bridge, tmp_path: Path, monkeypatch) -> None:
+    save(PLANS[name], tmp_path / "plan.json")
+    out = tmp_path / "plan_bridge.py"
+    assert main(["export-plan", str(tmp_path / "plan.json"), "--to", "bridge", "-o", str(out)]) == 0
     plan = Plan(PLANS[name])
     spec = get_preset(plan["model"]["name"])
-    cfg = _run_export(bridge_text(plan), tmp_path).apply_plan(bridge.recipe())
+    cfg = _run_export(out.read_text(), tmp_path).apply_plan(bridge.recipe())
     cfg.checkpoint.save = cfg.checkpoint.load = str(tmp_path / "ckpt")  # the format checks apply
     monkeypatch.setenv("WORLD_SIZE", str(plan_world(plan)))
     cfg.validate()

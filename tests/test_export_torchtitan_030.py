@@ -18,19 +18,32 @@ config is built: that device query is answered as an H100's (SM90), and torchao 
 from __future__ import annotations
 
 import importlib.metadata
+import shlex
 import types
 
 import pytest
 
 from _export_plans import PLANS, ZBV
 from _stand_ins import stand_ins
+from pipewright.cli import main
 from pipewright.models.presets import get_preset
 from pipewright.plan.export import chunks
 from pipewright.plan.export_megatron import plan_world
 from pipewright.plan.export_torchtitan_args import CONFIGS, torchtitan_args
-from pipewright.plan.planfile import Plan
+from pipewright.plan.planfile import Plan, save
 
 ALL = {**PLANS, "zbv": ZBV}
+
+
+def test_the_cli_writes_the_arguments(tmp_path, capsys) -> None:
+    """``export-plan --to torchtitan-0.3`` prints comment lines and a bash array holding exactly
+    :func:`torchtitan_args` (read back with shlex)."""
+    save(PLANS["llama3-70b"], tmp_path / "plan.json")
+    assert main(["export-plan", str(tmp_path / "plan.json"), "--to", "torchtitan-0.3"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("# torchtitan 0.3.0 arguments of plan.json: llama3-70b")
+    body = text[text.index("TORCHTITAN_ARGS=(") + len("TORCHTITAN_ARGS=(") : text.rindex(")")]
+    assert shlex.split(body) == torchtitan_args(Plan(PLANS["llama3-70b"]))
 
 
 @pytest.fixture(scope="module")
