@@ -1,5 +1,5 @@
 """Exports read by Megatron-Bridge 0.3.1's own code (the README's test command installs it with ``--no-deps``;
-omegaconf comes with the test extra): each plan of tests/_export_plans.py exported ``--to bridge``
+omegaconf and six come with the test extra): each plan of tests/_export_plans.py exported ``--to bridge``
 is run as Bridge users run a recipe override (``apply_plan(gpt3_175b_pretrain_config())``),
 ``ConfigContainer.validate()`` accepts it at the plan's world size and derives the plan's dp, its model
 provider is the plan's model field by field, and Megatron-Core's per-rank layer assignment of that
