@@ -28,58 +28,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from _export_flags import megatron_flags as _flags
+from _export_plans import PLANS, ZBV, megatron_layers
 from pipewright.cli import main
 from pipewright.errors import ConfigError
 from pipewright.models.presets import get_preset
 from pipewright.plan.export import chunks
 from pipewright.plan.export_megatron import megatron_args
-from pipewright.plan.planfile import Plan, check_schema, load, model_json, save
-
-
-def _plan(model: str, tp: int, pp: int, dp: int, layout: str, **extra) -> dict:
-    spec = get_preset(model)
-    padded = -(-spec.vocab // (128 * tp)) * 128 * tp
-    data = {
-        "format": "pipewright-plan",
-        "version": 1,
-        "model": model_json(spec, padded),
-        "topology": "any",
-        "rank_order": "tp-dp-pp",
-        "tp": tp,
-        "pp": pp,
-        "dp": dp,
-        "virtual": 1,
-        "schedule": "1f1b",
-        "microbatch_size": 1,
-        "microbatches": 4 * pp,
-        "global_batch_size": 4 * pp * dp,
-        "recompute": "selective",
-        "sequence_parallel": tp > 1,
-        "dtype": "bf16",
-        "optimizer_sharding": "zero1",
-        "layout": layout,
-        "devices": [],
-        **extra,
-    }
-    check_schema(data)
-    return data
-
-
-def _chunked(first: int, middle: int, count: int, last: int) -> str:
-    return "|".join([f"Et*{first}", *[f"t*{middle}"] * count, f"t*{last}L"])
-
-
-PLANS = {
-    "gpt3-175b": _plan("gpt3-175b", 8, 8, 2, "Et*12|" + "t*12|" * 6 + "t*12L"),
-    "llama3-70b": _plan(
-        "llama3-70b", 8, 4, 2, _chunked(9, 10, 6, 11), cp=2, virtual=2, schedule="interleaved-1f1b"
-    ),
-    "llama3-405b": _plan("llama3-405b", 8, 16, 1, _chunked(7, 8, 14, 7), cp=2, recompute="full"),
-    "mixtral-8x7b": _plan("mixtral-8x7b", 1, 4, 8, "Et*8|t*8|t*8|t*8L", ep=8),
-    "deepseek-v3": _plan("deepseek-v3", 1, 8, 16, _chunked(7, 8, 6, 6), ep=16),
-    "fsdp": _plan("llama3-8b", 2, 2, 4, "Et*16|t*16L", optimizer_sharding="fsdp"),
-}
-ZBV = _plan("llama3-8b", 1, 4, 2, "Et*4|t*4|t*4|t*4|t*4|t*4|t*4|t*4L", virtual=2, schedule="zbv")
+from pipewright.plan.planfile import Plan, check_schema, load, save
 
 
 def _megatron_config(flags: dict[str, object]):
@@ -109,27 +64,6 @@ def _megatron_config(flags: dict[str, object]):
         v = layers // pp // flags["num_layers_per_virtual_pipeline_stage"]
     kw["virtual_pipeline_model_parallel_size"] = v if v and v > 1 else None
     return cls(**kw, pipeline_dtype=torch.bfloat16)
-
-
-def _megatron_layers(config) -> list[list[int]]:
-    """The global layer indices Megatron-Core builds for each chunk c (rank c mod p, stage c // p)."""
-    from megatron.core import parallel_state
-    from megatron.core.transformer.transformer_block import get_num_layers_to_build
-    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
-
-    pp, v = config.pipeline_model_parallel_size, config.virtual_pipeline_model_parallel_size or 1
-    parallel_state.set_virtual_pipeline_model_parallel_world_size(v if v > 1 else None)
-    out = []
-    try:
-        for c in range(pp * v):
-            rank, stage = c % pp, (c // pp if v > 1 else None)
-            parallel_state.set_pipeline_model_parallel_rank(rank)
-            first = get_transformer_layer_offset(config, stage, rank)
-            out.append(list(range(first, first + get_num_layers_to_build(config, stage, rank))))
-    finally:
-        parallel_state.set_virtual_pipeline_model_parallel_world_size(None)
-        parallel_state.set_pipeline_model_parallel_rank(None)
-    return out
 
 
 @pytest.mark.parametrize("name", PLANS)
@@ -172,7 +106,7 @@ def test_megatron_builds_the_plans_model_and_layout(name: str) -> None:
         plan["tp"],
         plan.data.get("cp", 1),
     )
-    assert _megatron_layers(config) == [list(c.layers) for c in chunks(plan)]
+    assert megatron_layers(config) == [list(c.layers) for c in chunks(plan)]
     if plan.data.get("optimizer_sharding") == "fsdp":  # Megatron-LM's check for Megatron-FSDP
         assert flags["use_megatron_fsdp"] and flags["ckpt_format"] == "fsdp_dtensor"
 

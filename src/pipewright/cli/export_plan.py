@@ -1,5 +1,6 @@
-"""``pipewright export-plan PLAN --to megatron|torchtitan [-o FILE]``: a plan as Megatron-LM's flags or
-torchtitan's TOML (:mod:`pipewright.plan.export`; docs/planner.md)."""
+"""``pipewright export-plan PLAN --to megatron|bridge|torchtitan|torchtitan-0.3 [-o FILE]``: a plan as
+Megatron-LM's flags, a Megatron-Bridge recipe override, torchtitan 0.2.2's TOML or torchtitan 0.3.0's
+arguments (:mod:`pipewright.plan.export`; docs/planner.md)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,22 @@ from pipewright.plan.export import TORCH_SCHEDULES
 from pipewright.plan.export_text import TARGETS
 
 #: File suffix of each target's output.
-SUFFIX = {"megatron": ".megatron.sh", "torchtitan": ".torchtitan.toml"}
+SUFFIX = {
+    "megatron": ".megatron.sh",
+    "torchtitan": ".torchtitan.toml",
+    "torchtitan-0.3": ".torchtitan.sh",
+    "bridge": ".bridge.py",
+}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "export-plan",
-        help="write a plan as Megatron-LM's arguments or torchtitan's job config",
-        description="Read a `pipewright plan` file and print (or write with -o) the same layout for "
-        "Megatron-LM (a shell array MEGATRON_ARGS) or torchtitan (a TOML for --job.config_file).",
+        help="write a plan as Megatron-LM's, Megatron-Bridge's or torchtitan's configuration",
+        description="Read a `pipewright plan` file and print (or write with -o) the same model and layout "
+        "for Megatron-LM (a shell array MEGATRON_ARGS), Megatron-Bridge 0.3.1 (a Python module: "
+        "apply_plan(recipe config)), torchtitan 0.2.2 (a TOML for --job.config_file) or torchtitan 0.3.0 "
+        "(a shell array TORCHTITAN_ARGS: --module, --config and overrides).",
     )
     parser.add_argument("plan", metavar="PLAN", help="a `pipewright plan` file (JSON)")
     parser.add_argument("--to", choices=TARGETS, required=True, help="the trainer to export for")
@@ -48,7 +56,7 @@ def export(
     check_output(out, "-o", overwrite=overwrite, inputs=[plan_path])
     written: list[Path] = []
     csv = None
-    if target == "torchtitan" and plan["schedule"] not in TORCH_SCHEDULES and write_csv:
+    if target.startswith("torchtitan") and plan["schedule"] not in TORCH_SCHEDULES and write_csv:
         csv, made = _schedule_csv(plan, Path(plan_path), None if out is None else Path(out), overwrite)
         written += made
     text = export_text(plan, target, source=Path(plan_path).name, schedule_csv=csv)

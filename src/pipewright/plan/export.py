@@ -5,7 +5,9 @@ Each export describes the whole model the plan priced (plan/export_model.py) and
 ``|`` between chunks, chunk c of the whole model in order). The targets:
 
 - ``megatron``: Megatron-LM's command-line arguments (plan/export_megatron.py);
+- ``bridge``: a Megatron-Bridge 0.3.1 recipe override, Python (plan/export_bridge.py);
 - ``torchtitan``: torchtitan 0.2.2's TOML job config (plan/export_torchtitan.py);
+- ``torchtitan-0.3``: torchtitan 0.3.0's command line (plan/export_torchtitan_args.py);
 
 and ``export_text`` (plan/export_text.py) the one to call by target name.
 

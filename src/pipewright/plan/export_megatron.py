@@ -41,11 +41,11 @@ _MLP_FLAG = {"swiglu": "--swiglu", "relu2": "--squared-relu", "gelu": None}
 VOCAB_MULTIPLE = 128
 
 
-def check_schedule(plan: Plan) -> None:
-    """One-line error for a V-shaped schedule (chunk c is on rank c mod p in Megatron-LM)."""
+def check_schedule(plan: Plan, trainer: str = "Megatron-LM") -> None:
+    """One-line error for a V-shaped schedule (chunk c is on rank c mod p in Megatron-Core)."""
     if plan["schedule"] in V_SHAPED:
         raise ConfigError(
-            f"the plan's schedule {plan['schedule']} places chunks in a V, which Megatron-LM cannot run "
+            f"the plan's schedule {plan['schedule']} places chunks in a V, which {trainer} cannot run "
             "(chunk c on pipeline rank c mod p); export it --to torchtitan, or plan with --schedules "
             "1f1b,interleaved-1f1b,zb-h1"
         )
@@ -186,29 +186,42 @@ def _recompute_args(plan: Plan) -> list[str]:
     return []
 
 
-def megatron_notes(plan: Plan) -> list[str]:
-    """What Megatron-LM cannot take from the flags (the model's vocabulary source, a rotary base that
-    is not an integer, a padded vocabulary of another multiple, an older plan's assumed fields)."""
+def core_notes(plan: Plan, trainer: str, rotary: str, pads: bool = True) -> list[str]:
+    """What a Megatron-Core trainer builds differently from the plan's model: an older plan's assumed
+    fields, a padded vocabulary of another multiple (where the trainer ``pads``), a rotary base that is
+    not an integer (``rotary``: the trainer's name for it)."""
     arch = architecture(plan["model"])
     out = list(arch.assumed)
     spec, tp = arch.spec, int(plan["tp"])
     multiple = VOCAB_MULTIPLE * tp
-    if -(-spec.vocab // multiple) * multiple != arch.padded_vocab:
+    if pads and -(-spec.vocab // multiple) * multiple != arch.padded_vocab:
         out.append(
-            f"the plan prices a padded vocabulary of {arch.padded_vocab}; Megatron-LM pads {spec.vocab} "
+            f"the plan prices a padded vocabulary of {arch.padded_vocab}; {trainer} pads {spec.vocab} "
             f"to a multiple of {multiple}"
         )
     if arch.position_embedding == "rope" and spec.rope_theta != int(spec.rope_theta):
-        out.append(f"Megatron-LM's --rotary-base is an integer; the plan's is {spec.rope_theta}")
-    out.append(
-        "Megatron-LM takes the vocabulary from its tokenizer: --vocab-size applies with --tokenizer-type "
-        "NullTokenizer; with another tokenizer check that its vocabulary is "
-        f"{spec.vocab}"
-    )
-    out.append(
+        out.append(f"{trainer}'s {rotary} is an integer; the plan's is {spec.rope_theta}")
+    return out
+
+
+def world_note(plan: Plan) -> str:
+    """Data parallelism from the world size, as Megatron-LM and Megatron-Bridge derive it."""
+    return (
         f"data parallelism is the world size over tp·cp·pp: launch {plan_world(plan)} processes for dp "
         f"{plan['dp']}"
     )
+
+
+def megatron_notes(plan: Plan) -> list[str]:
+    """What Megatron-LM cannot take from the flags (:func:`core_notes`, the model's vocabulary source,
+    the world size)."""
+    out = core_notes(plan, "Megatron-LM", "--rotary-base")
+    out.append(
+        "Megatron-LM takes the vocabulary from its tokenizer: --vocab-size applies with --tokenizer-type "
+        "NullTokenizer; with another tokenizer check that its vocabulary is "
+        f"{plan['model']['vocab']}"
+    )
+    out.append(world_note(plan))
     return out + notes(plan, "megatron")
 
 

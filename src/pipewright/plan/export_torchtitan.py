@@ -1,6 +1,7 @@
 """A plan as torchtitan's job config: the TOML torchtitan 0.2.2 reads (``--job.config_file``;
-``torchtitan/config/job_config.py``), the last release that reads TOML; torchtitan's main branch takes
-Python config classes, which this export does not write (a note says so).
+``torchtitan/config/job_config.py``), the last release that reads TOML; torchtitan 0.3.0 takes Python
+config classes chosen and overridden on its command line: ``--to torchtitan-0.3``
+(plan/export_torchtitan_args.py).
 
 - ``[model]``: ``name`` (torchtitan's train spec: ``llama3`` for the Llama family, ``deepseek_v3`` for a
   mixture of experts with latent attention) and ``flavor``, the flavor whose dimensions are the plan's
@@ -145,7 +146,8 @@ def torchtitan_notes(plan: Plan) -> list[str]:
             f"{spec.vocab}"
         )
     out.append(
-        f"written for torchtitan {RELEASE} (TOML job config); later releases take Python config classes"
+        f"written for torchtitan {RELEASE} (TOML job config); torchtitan 0.3.0 reads no TOML: export "
+        "--to torchtitan-0.3 for it"
     )
     return out + notes(plan, "torchtitan")
 
