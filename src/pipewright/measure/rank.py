@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pipewright.measure.fake import META, fake_process_group, meta_world
+from pipewright.measure.ring_flops import counted_in_convention
 from pipewright.measure.tracker import CATEGORIES, ProgramTracker
 
 
@@ -166,7 +167,7 @@ def measure_rank(run, rank: int) -> RankMeasure:
         )
         mesh.device = META  # the trainer puts its stages and inputs on the mesh's device
         tracker = ProgramTracker(_group_names(mesh))
-        with meta_world(), tracker:
+        with meta_world(), tracker, counted_in_convention(tracker):
             tracker.counting = False
             trainer = Trainer(run, mesh=mesh)
             trainer._batches = _meta_batches(trainer, c, run.spec)
