@@ -66,6 +66,7 @@ def sim_setup(run, gpu: str = "h100-sxm"):
 def predict(run) -> list[RankPrediction]:
     """Per pipeline rank: the simulated peak memory with its parts, FLOPs per kind, message bytes."""
     from pipewright.cost.memory_parts import rank_memory_parts
+    from pipewright.cost.sharding import reduction_parts
 
     setup = sim_setup(run)
     result = setup.simulate()
@@ -81,7 +82,12 @@ def predict(run) -> list[RankPrediction]:
             if f:
                 flops[action.kind] += f
         mine = sched.actions[rank]
-        reduce = sum(float(cost.message_bytes(a, sched)) for a in mine if a.kind == REDUCE_GRAD)
+        reduce = sum(  # the collectives a reduction is made of (ZeRO-1: reduce-scatter + all-gather)
+            b
+            for a in mine
+            if a.kind == REDUCE_GRAD
+            for _, b in reduction_parts("all_reduce", cost.message_bytes(a, sched))
+        )
         out.append(RankPrediction(rank, peak, parts[rank], dict(flops), message, setup.memory_limit, reduce))
     return out
 
