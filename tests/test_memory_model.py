@@ -10,7 +10,7 @@ from unittest.mock import patch
 import pytest
 
 from pipewright.cli import main
-from pipewright.cost.chunk_memory import fused_output_units, output_kept_bytes
+from pipewright.cost.chunk_memory import deferred_grad_output_bytes, fused_output_units, output_kept_bytes
 from pipewright.cost.comm import Mesh
 from pipewright.cost.layer import embedding_parameters, head_parameters, layer_parameters
 from pipewright.cost.recompute import make_cost
@@ -230,10 +230,26 @@ def test_the_peak_adds_the_transient_to_the_live_bytes_before_the_backward(name)
     assert peak_memory(fast.timeline, fast.source, full) == pytest.approx(list(fast.peak_memory), rel=1e-12)
     # the running sum of activation bytes (the peak before the transient was priced) + the transient;
     # the last rank peaks in the last chunk's first backward, which recomputes after freeing the head's
+    # (a split backward's I also keeps the output gradients it hands to W, from I to W: not part of
+    # the running sum here)
     for r, peak in enumerate(fast.peak_memory):
-        deltas = [full.activation_bytes(a, fast.source) for a in fast.source.actions[r]]
+        deltas = [
+            full.activation_bytes(a, fast.source) - _handed(full, a, fast.source)
+            for a in fast.source.actions[r]
+        ]
         base = peak_from_deltas(deltas, full.static_bytes(r, fast.source))
-        assert peak == base + (layer - head if r == 3 else layer), r
+        expected = base + (layer - head if r == 3 else layer)
+        # ZB-H1's delayed W passes hold several microbatches' handed gradients: a later, higher peak
+        assert peak >= expected if name == "zb-h1" else peak == expected, r
+
+
+def _handed(cost, action, sched) -> float:
+    """What ``action`` adds to the W store (I: +, W: −) per :func:`deferred_grad_output_bytes`."""
+    if action.kind not in (I, W):
+        return 0.0
+    chunk = cost._chunk(action.stage, sched)
+    handed = deferred_grad_output_bytes(cost, chunk.layers, action.stage == sched.num_stages - 1)
+    return handed if action.kind == I else -handed
 
 
 def test_simulate_shows_the_transient_as_its_own_memory_part(capsys) -> None:

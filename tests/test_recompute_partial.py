@@ -13,7 +13,7 @@ import pytest
 
 from _cli_json import cli_json
 from pipewright.cli import main
-from pipewright.cost.chunk_memory import output_kept_bytes
+from pipewright.cost.chunk_memory import deferred_grad_output_bytes, output_kept_bytes
 from pipewright.cost.comm import Mesh
 from pipewright.cost.moe import moe_stored_units
 from pipewright.cost.moe_cost import moe_of
@@ -57,7 +57,8 @@ def test_block_recomputes_the_first_n_layers_and_keeps_the_rest(n: int) -> None:
     none, full, block = make_cost("none", **KW), make_cost("full", **KW), _partial("block", n)
     f = (2 * n + 34 * (4 - n)) * SBH
     mem = {k: block.activation_bytes(Action(1, k, 0), SCHED) for k in (F, B, I, W)}
-    assert mem == {F: f, B: -f, W: -(4 - n) * 32 * SBH, I: -(f - (4 - n) * 32 * SBH)}
+    hand = deferred_grad_output_bytes(block, 4, False)  # the output gradients I hands to W
+    assert mem == {F: f, B: -f, W: -(4 - n) * 32 * SBH - hand, I: -(f - (4 - n) * 32 * SBH) + hand}
     for kind in (F, B, I, W):
         act = Action(1, kind, 0)
         share = n / 4 if kind in (B, I) else 0.0
@@ -66,9 +67,11 @@ def test_block_recomputes_the_first_n_layers_and_keeps_the_rest(n: int) -> None:
     extra = block.flops(Action(1, I, 0), SCHED) - none.flops(Action(1, I, 0), SCHED)
     assert extra == n * recompute_flops_per_layer(GPT, 1, "full")
     # the transient: the unrecomputed layers' backward runs first; B frees their 34·SBH, I keeps
-    # the linear inputs W needs (frees 2·SBH each) — one layer re-creates 32·SBH
+    # the linear inputs W needs (frees 2·SBH each) and adds the output gradients it hands to W —
+    # one layer re-creates 32·SBH
     assert block.transient_bytes(Action(1, B, 0), SCHED) == 0.0
-    assert block.transient_bytes(Action(1, I, 0), SCHED) == (32 - 2 * (4 - n)) * SBH
+    handed = (4 - n) * deferred_grad_output_bytes(block, 1, False)
+    assert block.transient_bytes(Action(1, I, 0), SCHED) == (32 - 2 * (4 - n)) * SBH + handed
 
 
 @pytest.mark.parametrize(("n", "transient"), [(2, 66), (3, 98), (4, 134)])
@@ -78,7 +81,8 @@ def test_uniform_keeps_each_groups_input_and_re_creates_a_group(n: int, transien
     full, uniform = make_cost("full", **KW), _partial("uniform", n)
     kept = -(-4 // n) * 2 * SBH
     mem = {k: uniform.activation_bytes(Action(1, k, 0), SCHED) for k in (F, B, I, W)}
-    assert mem == {F: kept, B: -kept, I: -kept, W: 0.0}
+    hand = deferred_grad_output_bytes(uniform, 4, False)  # the output gradients I hands to W
+    assert mem == {F: kept, B: -kept, I: -kept + hand, W: -hand}
     for kind in (B, I):
         assert uniform.transient_bytes(Action(1, kind, 0), SCHED) == transient * SBH
     head = output_kept_bytes(uniform)

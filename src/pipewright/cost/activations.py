@@ -10,16 +10,16 @@ parallel size, e = bytes per activation element):
   Scaled by e/2 for other element sizes.
 - :func:`runtime_layer_elements` — what pipewright's own models keep (no dropout; PyTorch's fused
   attention kernels keep q, k, v, the output and a per-row log-sum-exp instead of the a·s² scores),
-  counted tensor by tensor from their autograd graphs, in units of s·b·h elements:
+  counted tensor by tensor from their autograd graphs (``tests/test_measure_layer.py`` counts them),
+  in units of s·b·h elements, g = kv heads (a for GPT):
 
-  GPT (models/gpt.py): LayerNorm inputs 2, QKV input 1, attention core q, k, v, output 4, projection
-  input 1, MLP input 1, GELU input and output 2·f/h → 9 + 2f/h (17 for f = 4h); selective drops the
-  core's output (q, k, v are its checkpoint inputs) → 8 + 2f/h; full keeps the layer input → 1.
-
-  Llama (models/llama.py): each RMSNorm keeps its fp32 input, normalised value and output (3, two
-  norms 6), attention core q, k and v repeated to a heads, output 4, o input 1, SwiGLU gate and up
-  outputs, SiLU output and down input 4·f/h → 11 + 4f/h; selective drops the core's output → 10 + 4f/h;
-  full → 1. (Under bf16 the RMSNorm's fp32 copy is twice the size: counted as 2 more elements.)
+  the layer input and the residual stream after attention (the norms' 16-bit inputs; RMSNorm
+  recomputes its fp32 part) 2, the two norms' outputs (the QKV and MLP inputs) 2, q 1, k and v 2g/a,
+  the attention output (also the projection's input) 1 → 6 + 2g/a; GPT's MLP: GELU input and output
+  2·f/h; Llama's SwiGLU: gate, up and their product (the down projection's input; silu recomputed in
+  the backward) 3·f/h. Llama 3 8B: 6 + 0.5 + 10.5 = 17, Megatron's 34 bytes a token and hidden unit.
+  Selective recomputation drops only the core's row log-sum-exp (q, k, v are its checkpoint inputs,
+  the output is the projection's input): the same; full keeps the layer input → 1.
 
 Pure Python.
 """
@@ -55,14 +55,15 @@ def korthikanti_layer_bytes(
 
 def runtime_layer_elements(spec: ModelSpec, mode: str, *, low_precision: bool = False) -> float:
     """Elements, in units of s·b·h, one layer of pipewright's ``spec.family`` model keeps per
-    microbatch without tensor parallelism (see the module docstring)."""
+    microbatch without tensor parallelism (see the module docstring): 6 + 2g/a + (3 for Llama, 2 for
+    GPT)·f/h; 1 with full recomputation. ``low_precision`` does not change the count (the norms keep
+    their 16-bit input)."""
     _check(mode)
+    del low_precision
     if mode == "full":
         return 1.0
-    ratio = spec.ffn_hidden / spec.hidden
-    llama = spec.family == "llama"
-    kept = 11 + 4 * ratio + (2 if low_precision else 0) if llama else 9 + 2 * ratio
-    return kept - (1 if mode == "selective" else 0)
+    kv = (spec.kv_heads or spec.heads) / spec.heads
+    return 6 + 2 * kv + (3 if spec.family == "llama" else 2) * spec.ffn_hidden / spec.hidden
 
 
 def runtime_stage_peak_bytes(

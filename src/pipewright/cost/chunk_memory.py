@@ -54,7 +54,8 @@ activation element; all terms / c):
   t > 1 and the loss is not fused).
 
 W frees the inputs of the linear layers (at most 32·s·b·h/t bytes per layer; nothing with full
-recomputation), I the rest, B everything (Zero Bubble's accounting).
+recomputation), I the rest, B everything (Zero Bubble's accounting); I adds, and W frees, the output
+gradients of the linear layers it hands to the W store (:func:`deferred_grad_output_bytes`).
 
 The recomputation transient (:func:`recompute_transient`): a layer whose forward kept less than all
 its activations re-runs the dropped part at the start of its backward, and for that layer's backward
@@ -91,13 +92,21 @@ from pipewright.cost.layer import (
     embedding_parameters,
     has_dropout,
     head_parameters,
+    layer_gemms,
     layer_parameters,
     layer_stored_units,
 )
 from pipewright.cost.placement import roles
-from pipewright.cost.sharding import WEIGHT_BYTES, StateBytes, pipelined_fsdp_state, state_bytes
+from pipewright.cost.sharding import (
+    GRAD_BYTES,
+    GRAD_DTYPE_BYTES,
+    WEIGHT_BYTES,
+    StateBytes,
+    pipelined_fsdp_state,
+    state_bytes,
+)
 from pipewright.errors import ConfigError
-from pipewright.ir import B, F, I, W
+from pipewright.ir import STEP, B, F, I, W
 
 #: what a pipeline stage does with each microbatch's output once it is sent (module docstring)
 STAGE_OUTPUTS = ("freed", "kept", "step")
@@ -176,12 +185,49 @@ def transient_bytes(cost: Any, action: Any, schedule: Any, layer: float | None =
     of a chunk with layers, 0 for every other action. On the last chunk the backward first runs the
     loss and the output layer, freeing what they kept (:func:`output_kept_bytes`) before any layer is
     recomputed: max(0, transient − that)."""
+    if action.kind == STEP:
+        return step_transient_bytes(cost, action, schedule)
+    loss = loss_transient_bytes(cost, action, schedule)
     if action.kind not in (B, I) or not cost._chunk(action.stage, schedule).layers:
-        return 0.0
+        return loss
     transient = cost.layer_transient() if layer is None else layer
     if roles(cost.layout, action.stage, schedule.num_stages)[1]:
         transient = max(transient - output_kept_bytes(cost), 0.0)
-    return transient
+    return max(transient, loss)
+
+
+def step_transient_bytes(cost: Any, action: Any, schedule: Any) -> float:
+    """The optimizer step's fp32 gradients, on top of the static bytes, when the gradients are kept in
+    16 bits (``grad_dtype``): the step makes an fp32 copy of every gradient for the fp32 masters
+    (Megatron's ``main_param.grad = main_grad.float()``, pipewright's ``MasterOptimizer.step``), of its
+    own slice under ZeRO-1 or FSDP — 4 bytes a parameter of the rank's chunks (one step over them all)
+    / the replicas sharding it. 0 with fp32 gradients (the optimizer steps on them) or without STEP."""
+    if GRAD_DTYPE_BYTES[cost.grad_dtype] >= GRAD_BYTES:
+        return 0.0
+    rank = schedule.rank_of(action.stage)
+    params = sum(cost._chunk(c, schedule).params for c in schedule.stages_of(rank))
+    shards = 1 if cost.optimizer_sharding == "none" else cost.mesh.dp * cost.cp
+    return params * GRAD_BYTES / shards
+
+
+#: bytes per logit the fused (Megatron) cross-entropy holds for a moment beside its kept fp32 copy:
+#: the 16-bit logits while the forward makes that copy, the 16-bit input gradient the backward casts
+LOSS_CAST_BYTES = 2.0
+
+
+def loss_transient_bytes(cost: Any, action: Any, schedule: Any) -> float:
+    """The loss's moment in the backward (B or I) of the last chunk, on top of the live bytes before
+    it, with the fused cross-entropy (kept: one fp32 copy of the logits,
+    :func:`~pipewright.cost.kernels.loss_bytes`): the 16-bit input gradient cast from the fp32 one
+    (Megatron's ``VocabParallelCrossEntropy`` and :mod:`pipewright.models.cross_entropy` alike),
+    :data:`LOSS_CAST_BYTES` · b·s·V/t/c. The forward's moment (the 16-bit logits beside the fp32 copy)
+    is as large and comes with less live: the chunk's B follows its F with the same microbatches in
+    flight. The eager kernels' counts already hold their peak; 0 there and on every other chunk."""
+    if cost.kernels != "fused" or action.kind not in (B, I):
+        return 0.0
+    if not roles(cost.layout, action.stage, schedule.num_stages)[1]:
+        return 0.0
+    return LOSS_CAST_BYTES * cost.microbatch * cost.spec.seq_len * cost.spec.vocab / cost.mesh.tp / cost.cp
 
 
 def embedding_kept_bytes(cost: Any) -> float:
@@ -261,7 +307,23 @@ def chunk_memory(cost: Any, n: int, first: bool, last: bool) -> dict[str, float]
         added += stage_output_bytes(cost) - held
     added += held
     kept = added - held
-    return {F: added, B: -kept, W: -n * w_frees, I: -(kept - n * w_frees)}
+    gout = deferred_grad_output_bytes(cost, n, last)
+    return {F: added, B: -kept, W: -n * w_frees - gout, I: -(kept - n * w_frees) + gout}
+
+
+def deferred_grad_output_bytes(cost: Any, n: int, last: bool) -> float:
+    """What a split backward's I hands the W store besides the kept inputs, per microbatch and device:
+    the output gradient ∂L/∂y of every linear layer whose weight gradient W computes (Zero Bubble's
+    W needs (x, ∂L/∂y) of each; pipewright's ``WeightGradStore`` and Megatron's ZB store both hold
+    them from I to W) — Σ m·n over the chunk's forward GEMMs (m tokens, n outputs per device: the
+    row-parallel layers' whole-sequence gradient under sequence parallelism), with the logit layer's
+    b·s·V/t on the last chunk, × e."""
+    spec, esize = cost.spec, cost.activation_bytes_per_element
+    tokens = cost.microbatch * spec.seq_len / cost.cp
+    elements = n * sum(g[0] * g[1] for g in layer_gemms(spec, tokens, cost.mesh.tp)) if n else 0.0
+    if last and spec.vocab:
+        elements += tokens * spec.vocab / cost.mesh.tp
+    return elements * esize
 
 
 def rank_state(cost: Any) -> StateBytes:

@@ -17,8 +17,10 @@ its two batched matmuls, 4·b·s²·h FLOPs per layer (/t per device), plus the 
 dropout over the a·s² scores.
 
 :class:`~pipewright.cost.transformer.TransformerCost` models the three modes natively (with flash
-attention there is no score tensor to drop: selective equals none); :class:`SelectiveCost` and
-:class:`PerStageCost` (one mode per stage, a plan's; composed with the spec's cost class) build on it.
+attention there is no score tensor to drop: selective keeps what none keeps, and still re-runs the
+core's 4·b·s²·h in the backward, as Megatron-LM's ``checkpoint_core_attention`` does);
+:class:`SelectiveCost` and :class:`PerStageCost` (one mode per stage, a plan's; composed with the
+spec's cost class) build on it.
 """
 
 from __future__ import annotations

@@ -10,7 +10,9 @@ per-layer terms are :mod:`pipewright.cost.layer`'s (GEMM shapes, attention, stor
   layer 2·b·s·h·V; the backward = 2 × forward, split by what it is (Zero Bubble, Qi et al. 2024): I
   runs the input-gradient GEMMs (as many FLOPs as the forward's GEMMs), the attention backward (2 × its
   forward) and the logit layer's input gradient; W runs the weight-gradient GEMMs only. Recomputation
-  adds to I (and B): full the layer forward, selective the attention core (eager attention only);
+  adds to I (and B): full the layer forward (``checkpoint="non-reentrant"``: less its last GEMM, which
+  PyTorch's checkpoint does not re-run), selective the attention core (with flash attention too:
+  Megatron-LM's ``checkpoint_core_attention`` wraps whatever kernel runs the core);
   ``attention="flash"`` (FlashAttention, Dao et al. 2022) recomputes Q·Kᵀ in its backward,
   +2·b·s²·h per layer, not counted as model FLOPs. Every device does 1/(t·c) of them.
 - Time of an action = its GEMMs, each priced by shape (:mod:`pipewright.cost.gemm`: the GPU's base
@@ -155,9 +157,10 @@ class TransformerCost:
     one); ``cp_comm``: how its attention exchanges K/V (:mod:`pipewright.cost.cp_impls`).
     ``optimizer_sharding``: none, zero1 or fsdp. ``stage_outputs``: freed
     (Megatron's deallocation, the default) or kept until the backward (torch.distributed.pipelining;
-    :mod:`pipewright.cost.chunk_memory`). ``tp_comm_overlap``: how tensor-parallel communication
-    hides behind the GEMMs (:mod:`pipewright.cost.tp_overlap`; True: ``te``). ``calibration``:
-    measured GEMM throughput by shape and memory bandwidth (:mod:`pipewright.cost.calibration`).
+    :mod:`pipewright.cost.chunk_memory`). ``checkpoint``: how full recomputation re-runs a layer.
+    ``tp_comm_overlap``: how tensor-parallel communication hides behind the GEMMs
+    (:mod:`pipewright.cost.tp_overlap`; True: ``te``). ``calibration``: measured GEMM throughput by
+    shape and memory bandwidth (:mod:`pipewright.cost.calibration`).
     ``attention_kernel``: the fused attention kernel (fa2, fa3, cudnn;
     :mod:`pipewright.cost.attention_kernels`) whose published speed on ``gpu`` prices the flash
     attention core; None: ``efficiency``'s attention rate (the GPU's usual kernel's in
@@ -191,6 +194,7 @@ class TransformerCost:
     fsdp_grad_sync: str = "microbatch"
     stage_outputs: str = "freed"
     cp_comm: str = "transformer-engine"  # a cost.cp_impls implementation (--cp-comm)
+    checkpoint: str = "reentrant"  # full recomputation's re-run: a whole layer, or "non-reentrant"
     comm: TopologyComm = field(init=False, repr=False, compare=False)
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -212,6 +216,8 @@ class TransformerCost:
             object.__setattr__(self, "grad_bytes", reduced)
         check_kernels(self.kernels)
         check_stage_outputs(self.stage_outputs)
+        if self.checkpoint not in ("reentrant", "non-reentrant"):
+            raise ConfigError(f"checkpoint must be reentrant or non-reentrant (got {self.checkpoint!r})")
         mesh = self.mesh
         if self.cp != mesh.cp:
             if mesh.cp != 1 and self.cp != 1:
@@ -289,9 +295,11 @@ class TransformerCost:
         lin, attn = n * layer_linear_flops(spec, b), n * attention_flops(spec, b)
         logit = logit_forward_flops(spec, b) if last else 0.0
         model = {F: lin + attn + logit, I: lin + 2 * attn + logit, W: lin + logit}
-        redo_attn = attn * ((1 if full or (selective and not flash) else 0) + (0.5 if flash else 0))
+        # selective re-runs the core under flash too (Megatron's checkpoint_core_attention, the runtime's)
+        redo_attn = attn * ((1 if full or selective else 0) + (0.5 if flash else 0))
         own = 0.0 if full else n * gemm_flops(layer_recomputed_gemms(spec, b * s))  # the kind's (MLA)
-        redo = (lin if full else own) + redo_attn
+        tail = n * gemm_flops(layer_gemms(spec, b * s)[-1:]) if self.checkpoint != "reentrant" else 0.0
+        redo = (lin - tail if full else own) + redo_attn
         executed = {F: model[F], I: model[I] + redo, W: model[W]}
         causal = 0.5 if flash else 1.0  # fused kernels skip the masked half of the causal square
         attention = {F: attn * causal, I: (2 * attn + redo_attn) * causal, W: 0.0}
@@ -300,8 +308,8 @@ class TransformerCost:
         fwd_gemms = layer_fwd + ([(tokens, V / t, h, 1)] if last and V else [])
         dgrad = [(m, k, nn, cnt) for m, nn, k, cnt in fwd_gemms]
         wgrad = [(nn, k, m, cnt) for m, nn, k, cnt in fwd_gemms]
-        if full:
-            dgrad += layer_fwd  # the recomputed forward (not of the logit layer, as in Megatron)
+        if full:  # the recomputed forward (not of the logit layer, as in Megatron; without its last GEMM
+            dgrad += layer_fwd[: len(layer_fwd) - (tail > 0)]  # when the checkpoint stops early)
         elif n:  # what the attention kind recomputes itself (MLA's up-projections)
             dgrad += [(m, nn, k, n) for m, nn, k in layer_recomputed_gemms(spec, tokens, t)]
         gemms = {F: tuple(fwd_gemms), I: tuple(dgrad), W: tuple(wgrad)}

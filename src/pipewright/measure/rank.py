@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from pipewright.measure.fake import META, fake_process_group, meta_world
+from pipewright.measure.ring_flops import counted_in_convention
 from pipewright.measure.tracker import CATEGORIES, ProgramTracker
 
 
@@ -153,6 +154,16 @@ def _grad_hooks(tracker: ProgramTracker, trainer) -> list:
     return [p.register_post_accumulate_grad_hook(moved) for p in params]
 
 
+def _p2p_as_on_cuda(executor, schedule) -> None:
+    """Point-to-point as the executor runs it on CUDA, not as on a CPU process group: receives posted
+    at most ``num_stages`` ahead per channel (its CUDA default ``recv_depth``; on CPU every receive of
+    the step is posted, and its buffer allocated, at step start) and a send's buffer released once a
+    later message from its peer proves it received (on CUDA completion is polled; the fake process
+    group completes every op at once)."""
+    executor.recv_depth = executor.comm.depth = schedule.num_stages
+    executor.comm._release_received = True
+
+
 def measure_rank(run, rank: int) -> RankMeasure:
     """Build ``rank``'s share of the prepared ``run`` at full size on meta tensors and measure one step."""
     from pipewright.runtime.core.trainer import Trainer
@@ -166,10 +177,11 @@ def measure_rank(run, rank: int) -> RankMeasure:
         )
         mesh.device = META  # the trainer puts its stages and inputs on the mesh's device
         tracker = ProgramTracker(_group_names(mesh))
-        with meta_world(), tracker:
+        with meta_world(), tracker, counted_in_convention(tracker):
             tracker.counting = False
             trainer = Trainer(run, mesh=mesh)
             trainer._batches = _meta_batches(trainer, c, run.spec)
+            _p2p_as_on_cuda(trainer.executor, run.schedule)
             tracker.group_names |= _channel_names(mesh)
             opt = _base_optimizer(trainer)
             tracker.phase = "optimizer"

@@ -5,7 +5,8 @@ messages), each with the difference (simulated / measured − 1) and whether it 
 memory within 5 %, FLOPs within 1 %, bytes equal.
 
 Static = parameters + gradients + optimizer state + buffers (measured) against weights + gradients +
-optimizer state + embedding/output layer (simulated); activations = the rest of the peak against
+optimizer state + embedding/output layer (+ the optimizer step's fp32 gradient copies where the step is
+the simulated peak); activations = the rest of the peak against
 activations + recomputation transient + communication buffers. The allocator's reserve (what the
 caching allocator holds beyond live tensors, which meta tensors do not model) is stated apart, the
 simulator's estimate of it, and is in neither total."""
@@ -24,7 +25,7 @@ GiB = 2**30
 _SMALL = 1024
 
 _STATIC_MEASURED = ("params", "grads", "optimizer", "buffers")
-_STATIC_SIMULATED = ("weights", "gradients", "optimizer_state", "embedding_output_layer")
+_STATIC_SIMULATED = ("weights", "gradients", "optimizer_state", "embedding_output_layer", "step_gradients")
 _ACTIVE_SIMULATED = ("activations", "recompute_transient", "communication_buffers")
 
 

@@ -4,14 +4,18 @@ rank (:class:`~pipewright.measure.rank.RankMeasure`): peak memory and its parts,
 
 The setup is :func:`pipewright.plan.setup.model_setup` (what ``pipewright simulate --model`` builds) on
 ``nodes × 8`` H100s: the run's model, tp/pp/dp/cp/ep, schedule, microbatch size, dtype, recomputation,
-sequence parallelism, ZeRO-1 and layout. Prices (seconds) do not enter what is compared."""
+sequence parallelism, ZeRO-1 and layout, and the runtime's gradients: ``.grad`` in the compute dtype
+(``grad_dtype``; Megatron's default is an fp32 gradient buffer, 2 bytes a parameter more), each stage's
+output kept until its backward (``stage_outputs="kept"``, ``RunState.stage_outputs``) and PyTorch's
+non-reentrant checkpoint, which does not re-run a layer's last GEMM (``checkpoint``). Prices (seconds)
+do not enter what is compared."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
 
-from pipewright.ir import REDUCE_GRAD, SEND_F, Action
+from pipewright.ir import REDUCE_GRAD, SEND_F, STEP, Action
 
 #: the runtime's precision names → the cost model's dtypes
 _DTYPE = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
@@ -53,12 +57,16 @@ def sim_setup(run, gpu: str = "h100-sxm"):
         sequence_parallel=c.sequence_parallel,
         layout=run.layout,
         optimizer_sharding="zero1" if c.shard_optimizer else "none",
+        grad_dtype=_DTYPE[c.precision],
+        stage_outputs="kept",
+        checkpoint="non-reentrant",
     )
 
 
 def predict(run) -> list[RankPrediction]:
     """Per pipeline rank: the simulated peak memory with its parts, FLOPs per kind, message bytes."""
     from pipewright.cost.memory_parts import rank_memory_parts
+    from pipewright.cost.sharding import reduction_parts
 
     setup = sim_setup(run)
     result = setup.simulate()
@@ -67,14 +75,35 @@ def predict(run) -> list[RankPrediction]:
     message = float(cost.message_bytes(Action(0, SEND_F, 0), sched)) if sched.num_stages > 1 else 0.0
     out = []
     for rank, peak in enumerate(result.peak_memory):
+        peak = _with_step(cost, sched, rank, float(peak), parts[rank])
         flops: dict[str, float] = defaultdict(float)
         for action in sched.actions[rank]:
             f = float(cost.flops(action, sched))
             if f:
                 flops[action.kind] += f
         mine = sched.actions[rank]
-        reduce = sum(float(cost.message_bytes(a, sched)) for a in mine if a.kind == REDUCE_GRAD)
-        out.append(
-            RankPrediction(rank, float(peak), parts[rank], dict(flops), message, setup.memory_limit, reduce)
+        reduce = sum(  # the collectives a reduction is made of (ZeRO-1: reduce-scatter + all-gather)
+            b
+            for a in mine
+            if a.kind == REDUCE_GRAD
+            for _, b in reduction_parts("all_reduce", cost.message_bytes(a, sched))
         )
+        out.append(RankPrediction(rank, peak, parts[rank], dict(flops), message, setup.memory_limit, reduce))
     return out
+
+
+def _with_step(cost, sched, rank: int, peak: float, parts: dict[str, float]) -> float:
+    """The higher of ``peak`` and the optimizer step's (static + the step's fp32 gradient copies,
+    :func:`~pipewright.cost.chunk_memory.step_transient_bytes`; the simulated schedule has a STEP only
+    where the optimizer is priced): when the step's is higher, ``parts`` becomes the step's (no
+    activations, ``step_gradients`` the copies)."""
+    from pipewright.cost.chunk_memory import step_transient_bytes
+
+    stage = sched.stages_of(rank)[0]
+    step = float(cost.static_bytes(rank, sched)) + step_transient_bytes(cost, Action(stage, STEP, 0), sched)
+    if step <= peak:
+        return peak
+    for key in ("activations", "recompute_transient", "communication_buffers"):
+        parts[key] = 0.0
+    parts["step_gradients"] = step - float(cost.static_bytes(rank, sched))
+    return step

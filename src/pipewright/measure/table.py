@@ -27,6 +27,12 @@ ROWS: tuple[tuple[str, dict[str, Any], int], ...] = (
     ("llama3-8b t1 p4 d4 1f1b ZeRO-1", {**_L8, "schedule": "1f1b", "dp": 4, "shard_optimizer": True}, 0),
     ("llama3-8b t1 p4 c2 1f1b", {**_L8, "schedule": "1f1b", "cp": 2}, 0),
     ("llama3-8b t1 p4 zb-h1", {**_L8, "schedule": "zb-h1"}, 0),
+    (  # what `plan` picks for 8 H100s and a global batch of 64 (docs/fidelity.md's example)
+        "llama3-8b t1 p2 d4 interleaved v4 ZeRO-1",
+        {**_L8, "pp": 2, "dp": 4, "shard_optimizer": True, "microbatches": 16}
+        | {"schedule": "interleaved-1f1b", "virtual": 4},
+        0,
+    ),
     ("llama3-70b t8 p4 sp interleaved v2", {**_L70, "schedule": "interleaved-1f1b", "virtual": 2}, 0),
     ("llama3-70b t8 p4 sp zbv", {**_L70, "schedule": "zbv"}, 0),
     ("llama3-70b t8 p4 sp dualpipev", {**_L70, "schedule": "dualpipev"}, 0),

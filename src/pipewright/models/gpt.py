@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pipewright.models.blocks import AttentionCore, StageModule, tied_output_init_
+from pipewright.models.cross_entropy import cross_entropy
 from pipewright.models.layout import Layout, StageLayout, resolve_stage
 from pipewright.models.moe_mlp import MoE, TokenExchange
 from pipewright.models.spec import ModelSpec
@@ -242,5 +243,6 @@ def build_full(spec: ModelSpec, seed: int = 0, *, linear_factory: LinearFactory 
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy, mean over the microbatch's tokens."""
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1))
+    """Cross-entropy, mean over the microbatch's tokens, in fp32 (:mod:`pipewright.models.cross_entropy`:
+    the fp32 softmax kept, its gradient written in place)."""
+    return cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))

@@ -64,11 +64,11 @@ def memory_profile(
         changes: list[tuple[float, int, float]] = []
         for span in timeline.rank_spans(rank):
             delta = float(cost.activation_bytes(span.action, schedule))
-            if delta > 0:
-                changes.append((span.start, 1, delta))
+            extra = float(transient(span.action, schedule))
+            if delta > 0:  # with a transient (a split backward's I), what it keeps is there by its end
+                changes.append((span.end if extra else span.start, 1, delta))
             elif delta < 0:
                 changes.append((span.end, 0, delta))  # at equal times, frees before allocations
-            extra = float(transient(span.action, schedule))
             if extra:
                 changes.append((span.start, 1, extra))
                 changes.append((span.end, 0, -extra))

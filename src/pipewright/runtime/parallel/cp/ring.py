@@ -265,15 +265,16 @@ class RingAttention(torch.autograd.Function):
             if pending is not None:
                 kv = pending.wait()
         ctx.ring, ctx.scale, ctx.rep = ring, scale, rep
+        out = out.to(q.dtype)  # kept in the compute dtype, as FlashAttention keeps its output
         ctx.save_for_backward(q, k, v, out, lse)
-        return out.to(q.dtype)
+        return out
 
     @staticmethod
     def backward(ctx, d_out: torch.Tensor):
         q, k, v, out, lse = ctx.saved_tensors
         ring, scale, rep, n = ctx.ring, ctx.scale, ctx.rep, q.shape[-2]
         d_out = d_out.float()
-        delta = (d_out * out).sum(-1)
+        delta = (d_out * out.float()).sum(-1)
         dq = torch.zeros_like(q, dtype=torch.float32)
         kv = torch.stack([k, v])
         home = torch.zeros_like(kv, dtype=torch.float32)  # the diagonal block's dK/dV

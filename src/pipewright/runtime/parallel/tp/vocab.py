@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from pipewright.errors import ConfigError
+from pipewright.models.cross_entropy import fp32_logits, softmax_grad_
 from pipewright.runtime.parallel.tp.ops import (
     Group,
     all_gather,
@@ -79,33 +80,30 @@ class VocabParallelEmbedding(nn.Module):
 class _VocabParallelCE(torch.autograd.Function):
     """Per-token cross-entropy of logits split over the vocabulary (Megatron): three all-reduces —
     global max (stability), target logit, Σ exp. loss = log Σ_v exp(z_v − m) − (z_target − m).
-    Backward on the shard: (softmax − one_hot(target)) · grad."""
+    Backward on the shard: (softmax − one_hot(target)) · grad, written into the kept fp32 softmax
+    (:mod:`pipewright.models.cross_entropy`: 4 bytes a logit kept, none of the 16-bit logits)."""
 
     @staticmethod
     def forward(ctx: Any, logits: Tensor, targets: Tensor, group: Group) -> Tensor:
-        z = logits.float()
+        z = fp32_logits(logits)  # turned into the softmax in place, kept, and the gradient's buffer
         v_local = z.size(-1)
         z_max = all_reduce(z.amax(dim=-1), group, dist.ReduceOp.MAX)
-        z = z - z_max.unsqueeze(-1)
+        z.sub_(z_max.unsqueeze(-1))
         start = tp_rank(group) * v_local
         outside = (targets < start) | (targets >= start + v_local)
         local_t = (targets - start).masked_fill(outside, 0)
         target_logit = z.gather(-1, local_t.unsqueeze(-1)).squeeze(-1).masked_fill(outside, 0.0)
         target_logit = all_reduce(target_logit, group)
-        exp = z.exp()
-        sum_exp = all_reduce(exp.sum(-1), group)
+        sum_exp = all_reduce(z.exp_().sum(-1), group)
         loss = sum_exp.log() - target_logit
-        ctx.save_for_backward(exp.div_(sum_exp.unsqueeze(-1)), outside, local_t)
+        ctx.save_for_backward(z.div_(sum_exp.unsqueeze(-1)), outside, local_t)
         ctx.in_dtype = logits.dtype
         return loss
 
     @staticmethod
     def backward(ctx: Any, g: Tensor) -> tuple[Tensor, None, None]:
         softmax, outside, local_t = ctx.saved_tensors
-        grad = softmax.clone()
-        grad.scatter_add_(-1, local_t.unsqueeze(-1), -(~outside).to(grad.dtype).unsqueeze(-1))
-        grad.mul_(g.unsqueeze(-1))
-        return grad.to(ctx.in_dtype), None, None
+        return softmax_grad_(softmax, local_t, ~outside, g, ctx.in_dtype), None, None
 
 
 def sharded_vocab_cross_entropy(
