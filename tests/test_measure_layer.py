@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from pipewright.cost.activations import runtime_layer_elements
-from pipewright.models import gpt, llama
+from pipewright.models import gpt
+from pipewright.models import llama_decoder as llama
 from pipewright.models.spec import ModelSpec
-from pipewright.runtime.recompute import apply_recompute
+from pipewright.runtime.core.stage_recompute import apply_recompute
 
 S, H = 128, 256
 

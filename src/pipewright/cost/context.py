@@ -16,7 +16,7 @@ KV = b·(s/c)·w/t elements, w the key plus value width per token of the attenti
     context parallelism runs on GPUs, sends one buffer [K/V, dK/dV] in the activation dtype — the
     block alone at the first step, both in the middle steps, the accumulator alone at the last:
     (c − 1)·KV·e + (c − 1)·KV·e bytes, twice the forward's, each transfer behind a block computation.
-  - ``pipewright``: this package's runtime (``runtime/cp/ring.py``) keeps the diagonal block's dK/dV
+  - ``pipewright``: this package's runtime (``runtime/parallel/cp/ring.py``) keeps the diagonal block's dK/dV
     home and sends every other accumulator c − 1 times, in fp32: (c − 1)·KV·e + (c − 1)·KV·4. Each
     accumulator transfer is waited after the next block's computation (double buffering), except the
     last, which brings the rank's own accumulator home after its last block: KV·4 bytes per layer and

@@ -367,7 +367,7 @@ register(
 register(
     RingImpl(
         "pipewright",
-        "this package's runtime ring (runtime/cp/ring.py): GQA K/V, fp32 dK/dV",
+        "this package's runtime ring (runtime/parallel/cp/ring.py): GQA K/V, fp32 dK/dV",
         RING_BACKWARDS["pipewright"],
     )
 )

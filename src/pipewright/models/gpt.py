@@ -21,7 +21,7 @@ Linear layers come from ``linear_factory(in_features, out_features, *, bias, kin
 whose module holds a shard (tensor parallelism) receives the full initial weight through the module's
 ``load_full_(weight, bias)`` method when it has one; otherwise the weight is copied in.
 
-Tensor parallelism (``runtime/tp/``'s factory). Optional factory hooks, used when
+Tensor parallelism (``runtime/parallel/tp/``'s factory). Optional factory hooks, used when
 present: ``make.embedding(V, h)`` builds the token embedding (vocabulary-parallel: rank r holds rows
 [r·V/t, (r+1)·V/t), initialised from the same full-size table, under the same parameter name);
 ``make.sequence_chunk(x)`` cuts a replicated tensor to this rank's part of the sequence (identity

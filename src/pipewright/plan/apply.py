@@ -198,7 +198,7 @@ def train_overrides(path: str, args: argparse.Namespace | None = None) -> dict[s
             "`pipewright train` does not run (its group is p); plan without --microbatch-group"
         )
     if cp != 1:
-        out["cp"] = cp  # ring attention over cp ranks (runtime/cp)
+        out["cp"] = cp  # ring attention over cp ranks (runtime/parallel/cp)
     if plan.data.get("ep", 1) != 1:
         out["ep"] = plan.data["ep"]  # experts over ep data-parallel ranks (runtime MoE)
     if sharding == "zero1":

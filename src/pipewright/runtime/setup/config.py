@@ -399,7 +399,7 @@ class TrainConfig(_TrainFields):
                     f"--{flag} {getattr(spec, name)} is not divisible by --tp {self.tp}; choose t dividing it"
                 )
         check_moe_run(self, spec)
-        if self.cp != 1:  # 2·cp load-balanced chunks (runtime/cp)
+        if self.cp != 1:  # 2·cp load-balanced chunks (runtime/parallel/cp)
             from pipewright.runtime.parallel.cp import check_context_parallel
 
             if self.hf_model:  # its layers run transformers' attention, which the ring does not replace
