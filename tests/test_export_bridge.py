@@ -34,7 +34,7 @@ import pytest
 
 from _export_flags import megatron_flags
 from _export_plans import PLANS, ZBV, megatron_layers
-from _stand_ins import stand_ins
+from _stand_ins import missing, stand_ins
 from pipewright.cli import main
 from pipewright.errors import ConfigError
 from pipewright.models.presets import get_preset
@@ -73,11 +73,12 @@ def bridge():
     """Megatron-Bridge's config container, GPT-3 recipe and Megatron-LM translation (module
     docstring: the stand-ins)."""
     if importlib.util.find_spec("megatron.bridge") is None:
-        pytest.skip(
+        missing(
             "megatron-bridge is not installed: pip install -c constraints.txt --no-deps megatron-bridge "
             "(README's test command)"
         )
-    pytest.importorskip("omegaconf", reason="Megatron-Bridge needs omegaconf (README's test command)")
+    if importlib.util.find_spec("omegaconf") is None:
+        missing("Megatron-Bridge needs omegaconf, which the test extra installs (README's test command)")
     for name in _CORE_FIRST:
         __import__(name)
     with stand_ins(STAND_INS):
