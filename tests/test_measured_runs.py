@@ -67,6 +67,46 @@ def test_vtrain_held_out_half_is_predicted_and_ranked(vtrain):
     assert whole.mape <= 0.08 and whole.rank_median >= 0.85
 
 
+def _families(runs):
+    """Runs of one (tp, pp, dp, layers, microbatches) by microbatch size: the same kernels and
+    collectives per microbatch (tp 8 at microbatch 1 aside: Megatron's unfused softmax there), the
+    larger microbatch doing more GPU work in each."""
+    out: dict[tuple, dict[int, object]] = {}
+    for r in runs:
+        if (r.tp, r.microbatch) != (8, 1):
+            key = (r.tp, r.pp, r.dp, r.layers, r.global_batch // (r.microbatch * r.dp))
+            out.setdefault(key, {})[r.microbatch] = r
+    return out
+
+
+def test_vtrains_tp2_microbatch4_runs_are_faster_than_microbatch2_with_twice_the_work(vtrain):
+    """docs/fidelity.md, "Ranking": 45 of the 48 pairs of tp 2 runs alike but for microbatch 2 → 4
+    measure faster with twice the samples (median −5.5 %, at most −7.7 %): no model in which time
+    grows with the work of a fixed kernel sequence fits both rows of the farthest pair closer than ±4.0 %."""
+    runs, _ = vtrain
+    pairs = [f for k, f in _families(runs).items() if k[0] == 2 and {2, 4} <= f.keys()]
+    changes = sorted(f[4].seconds / f[2].seconds - 1 for f in pairs)
+    assert len(pairs) == 48 and sum(c < 0 for c in changes) == 45
+    assert changes[0] == pytest.approx(-0.077, abs=5e-4) and changes[23] < -0.05 < changes[24]
+
+
+def test_a_model_monotone_in_the_work_could_meet_the_ranking_targets(vtrain):
+    """The measured times made non-decreasing in the microbatch within each family (the L∞-closest
+    such times in log: the mean of the running maximum and the remaining minimum) score the held-out
+    half within every target (worst regret 2.2 %, tp 2 microbatch 4 +3.2 %): the anomaly above does
+    not by itself rule out the targets; the model's misses are its own (docs/fidelity.md)."""
+    runs, _ = vtrain
+    bound = {r: r.seconds for r in runs}
+    for family in _families(runs).values():
+        logs = [math.log(family[b].seconds) for b in sorted(family)]
+        for i, b in enumerate(sorted(family)):
+            bound[family[b]] = math.exp((max(logs[: i + 1]) + min(logs[i:])) / 2)
+    _, held = split(runs)
+    s = score(held, [bound[r] for r in held])
+    assert s.regret_worst <= 0.03 and max(abs(e) for e in s.cells.values()) <= 0.04
+    assert s.cells[(2, 4)] == pytest.approx(0.032, abs=5e-4)
+
+
 def test_spearman_of_known_orders():
     assert spearman([1, 2, 3], [10, 20, 30]) == pytest.approx(1.0)
     assert spearman([1, 2, 3], [30, 20, 10]) == pytest.approx(-1.0)
