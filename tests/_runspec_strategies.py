@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from pipewright.runspec import defaults, with_values
 from pipewright.runspec.fields import base_type, choices, setting
+from pipewright.runspec.flags import switch_clears
 from pipewright.runspec.run import feature_sections, field_command, field_default, field_takes, spec_fields
 from pipewright.runspec.validation import EXCLUSIVE
 
@@ -24,7 +25,7 @@ def _values(path, f, kind, command):
     base = base_type(kind)
     listed = setting(f, field_command(path, command), "choices") or choices(kind)
     if base is bool:
-        drawn = st.sampled_from(sorted({start, not f.metadata["flag"].startswith("--no-")}))
+        drawn = st.sampled_from(sorted({start, not switch_clears(path, f.metadata["flag"])}))
     elif listed:
         drawn = st.sampled_from(tuple(listed))
     elif base == bool | str:

@@ -51,9 +51,16 @@ def _shown(value: Any) -> str:
     return str(value)
 
 
-def _switch(flag: str, value: bool) -> str:
+def switch_clears(path: Path, flag: str) -> bool:
+    """Whether the switch ``flag`` sets the field at ``path`` to False: a ``--no-…`` flag does, unless
+    the field is named as the flag (``--no-progress`` clears ``output.progress``; ``--no-step-barrier``
+    sets ``simulation.no_step_barrier``)."""
+    return flag.startswith("--no-") and path[-1] != flag[2:].replace("-", "_")
+
+
+def _switch(path: Path, flag: str, value: bool) -> str:
     """A switch's default as on or off (``--no-progress``: off while progress is on)."""
-    return "on" if value != flag.startswith("--no-") else "off"
+    return "on" if value != switch_clears(path, flag) else "off"
 
 
 def _commas(kind: Callable[[str], Any]) -> Callable[[str], tuple]:
@@ -82,13 +89,13 @@ def _add(group: Any, path: Path, f: Field, kind: Any, command: str) -> None:
     value = field_default(path, f, command)
     text = text.replace("%(default)s", _shown(value))
     if "default" not in text.lower():
-        text += f" (default: {_switch(flag, value) if base_type(kind) is bool else _shown(value)})"
+        text += f" (default: {_switch(path, flag, value) if base_type(kind) is bool else _shown(value)})"
     common = {"dest": ".".join(path), "default": argparse.SUPPRESS, "help": text.replace("%", "%%")}
     metavar = path[-1].upper()
     base = base_type(kind)
     nargs = f.metadata.get("nargs")
     if base is bool:
-        action = "store_false" if flag.startswith("--no-") else "store_true"
+        action = "store_false" if switch_clears(path, flag) else "store_true"
         group.add_argument(*names, action=action, **common)
     elif kind == bool | str:  # a bare flag (True) or a mode
         group.add_argument(*names, nargs="?", const=True, metavar="MODE", **common)
@@ -164,15 +171,15 @@ def spec_to_argv(spec: RunSpec, command: str, features: Mapping[str, type] | Non
             raise ConfigError(
                 f"{where}: {flag} cannot say 'none' (its default for {command} is {start[path]})"
             )
-        argv += _words(flag, value, base_type(kind), f.metadata.get("nargs"), where)
+        argv += _words(path, flag, value, base_type(kind), f.metadata.get("nargs"), where)
     return argv
 
 
-def _words(flag: str, value: Any, base: Any, nargs: str | None, where: str) -> Sequence[str]:
+def _words(path: Path, flag: str, value: Any, base: Any, nargs: str | None, where: str) -> Sequence[str]:
     if value == "--" or (isinstance(value, tuple) and "--" in value):
         raise ConfigError(f"{where}: argparse reads '--' as the end of the options; no flag can write it")
     if value is True or value is False:
-        if (value is False) != flag.startswith("--no-"):
+        if (value is False) != switch_clears(path, flag):
             raise ConfigError(f"{where}: the switch {flag} cannot write it")
         return [flag]
     if isinstance(value, tuple):
