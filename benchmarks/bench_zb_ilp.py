@@ -109,17 +109,16 @@ PAPER = {
 
 
 def run_paper(models: list[str], seconds: float) -> list[str]:
-    from pipewright.cost.fidelity import load_runs, simulate_argv
+    from pipewright.cost.published_specs import COMMAND, published_spec
+    from pipewright.runspec import spec_to_argv, with_values
 
-    runs = {r.id: r for r in load_runs()}
     rows = []
     for model in models:
         p = PAPER[model]
-        argv = simulate_argv(runs[f"zb-a100-{model}-zb-2p"])
-        at = argv.index("--schedule")
-        argv[at + 1] = "zb-auto"
-        if argv[-3:] == ["--iterations", "3", "--no-step-barrier"]:
-            argv = argv[:-3]
+        one_iteration = {("simulation", "iterations"): 1, ("simulation", "no_step_barrier"): False}
+        spec = published_spec(f"zb-a100-{model}-zb-2p")
+        spec = with_values(spec, {("schedule", "name"): "zb-auto", **one_iteration})
+        argv = [COMMAND, *spec_to_argv(spec, COMMAND)]
         for limit, name in ((p, "p"), (2 * p, "2p")):
             steady = ["--iterations", "3", "--no-step-barrier"] if name == "2p" else []
             common = [*argv, "--zb-memory-limit", str(limit), *steady, "--json"]

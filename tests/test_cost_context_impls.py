@@ -12,7 +12,7 @@ from pipewright.cli.cost_flags import CP_COMM_NAMES
 from pipewright.cost import cp_impls, frameworks
 from pipewright.cost.context import cp_layer_seconds
 from pipewright.cost.cp_impls import CPComm, CPShape, cp_impl, run_streams
-from pipewright.cost.fidelity import load_runs, simulate_argv
+from pipewright.cost.published_specs import published_spec
 from pipewright.cost.transformer import TransformerCost
 from pipewright.errors import ConfigError
 from pipewright.ir import B, F, I, W
@@ -148,12 +148,10 @@ def test_defaults_per_framework_and_flag_choices():
 
 
 def test_published_rows_name_their_implementation():
-    runs = {r.id: r for r in load_runs()}
-    llama = simulate_argv(runs["llama3-405b-16384gpu-cp16"])
-    assert llama[llama.index("--cp-comm") + 1] == "llama3-allgather"
-    titan = simulate_argv(runs["tt24-8b-8gpu-cp8-t2"])
-    assert "--cp-comm" not in titan and titan[titan.index("--framework") + 1] == "torchtitan"
-    assert "--cp-comm" not in simulate_argv(runs["llama3-405b-16384gpu-cp1"])
+    assert published_spec("llama3-405b-16384gpu-cp16").framework.cp_comm == "llama3-allgather"
+    titan = published_spec("tt24-8b-8gpu-cp8-t2").framework
+    assert titan.cp_comm is None and titan.name == "torchtitan"  # the framework's own
+    assert published_spec("llama3-405b-16384gpu-cp1").framework.cp_comm is None
 
 
 def test_the_gathered_kv_is_held_while_the_pass_runs():

@@ -1,5 +1,6 @@
-"""docs/fidelity.md as a test: every published run of the package data, simulated through the command
-line in-process, gives the prediction the page shows (package data only: runs in a plain checkout),
+"""docs/fidelity.md as a test: every published run of the package data (its RunSpec,
+``cost/data/published_runs/<id>.toml``), simulated through the command line in-process, gives the
+prediction the page shows (package data only: runs in a plain checkout),
 and the claims the page makes about the table hold.
 
 The whole table runs once per pytest run, spread over two forked processes (the slowest rows, the
@@ -21,8 +22,8 @@ from pipewright.cost.fidelity import (
     framework_of,
     load_runs,
     published_tokens_per_s,
-    simulate_argv,
 )
+from pipewright.cost.published_specs import spec_files, spec_name
 from pipewright.hardware import accelerator
 
 RUNS = {r.id: r for r in load_runs()}
@@ -47,9 +48,10 @@ def _predict(run_id):
 
 
 def _same_command(run_id):
-    """Rows with the same command and GPU count predict the same (published values differ)."""
-    run = RUNS[run_id]
-    return tuple(simulate_argv(run)), run.gpus
+    """Rows with the same spec and GPU count predict the same (published values differ): the spec
+    file's tables, its comments left out."""
+    text = spec_files().joinpath(spec_name(run_id)).read_text(encoding="utf-8")
+    return "".join(line for line in text.splitlines(True) if not line.startswith("#")), RUNS[run_id].gpus
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +135,12 @@ def test_megatron_table1_within_five_percent_and_korthikanti_table5(outcomes):
             assert abs(o.time_error) <= 0.05, o.run.id
         if o.run["source"] == "korthikanti-2022":  # Table 5 and §6.3 (the page states 12 %)
             assert abs(o.time_error) <= 0.12, o.run.id
+
+
+def test_the_page_shows_a_shipped_spec_as_it_is(doc_text):
+    """The spec file "How a run becomes a command" shows is the package's, to the byte."""
+    text = spec_files().joinpath(spec_name("mlm24-h100-gpt-70b")).read_text(encoding="utf-8")
+    assert f"```toml\n{text}```" in doc_text
 
 
 @pytest.mark.parametrize("model", ["1.5b-m32", "6.2b-m32", "14.6b-m64", "28.3b-m128"])

@@ -178,17 +178,37 @@ def test_a_value_no_flag_can_write_is_named():
 
 
 def test_every_published_run_is_a_spec():
-    """Each row of the published-runs table (cost/fidelity.py's command lines) reads as a spec that
-    round-trips through flags and TOML unchanged."""
-    from pipewright.cost.fidelity import load_runs, simulate_argv
+    """The package's published-run specs are what the generator makes of the CSV's rows (they cannot
+    drift), each reads back as the row's spec, and round-trips spec → TOML → spec and spec → flags →
+    spec unchanged."""
+    from pipewright.cost.fidelity import load_runs
+    from pipewright.cost.published_specs import COMMAND, run_spec, spec_files, spec_name, spec_text
 
-    parser = spec_parser("simulate")
+    parser = spec_parser(COMMAND)
     runs = load_runs()
+    folder = spec_files()
+    shipped = {f.name for f in folder.iterdir() if f.name.endswith(".toml")}
+    assert shipped == {spec_name(run.id) for run in runs}, "run tools/fidelity.py --write-specs"
     for run in runs:
-        spec = spec_from_args(parser.parse_args(simulate_argv(run)[1:]), "simulate")
-        assert spec_from_args(parser.parse_args(spec_to_argv(spec, "simulate")), "simulate") == spec, run.id
-        assert loads_toml(dump_toml(spec), "simulate") == spec, run.id
+        text = spec_text(run)
+        assert folder.joinpath(spec_name(run.id)).read_text(encoding="utf-8") == text, run.id
+        spec = loads_toml(text, COMMAND)
+        assert spec == run_spec(run), run.id
+        assert spec_from_args(parser.parse_args(spec_to_argv(spec, COMMAND)), COMMAND) == spec, run.id
+        assert loads_toml(dump_toml(spec), COMMAND) == spec, run.id
     assert len(runs) > 100
+
+
+def test_switches_named_as_their_field_set_it():
+    """``--no-step-barrier`` sets ``simulation.no_step_barrier`` (the field is named as the flag);
+    ``--no-progress`` clears ``output.progress``."""
+    parser = spec_parser("simulate")
+    spec = spec_from_args(parser.parse_args(["--no-step-barrier", "--no-bias"]), "simulate")
+    assert spec.simulation.no_step_barrier is True and spec.model.no_bias is True
+    assert spec_to_argv(spec, "simulate") == ["--no-bias", "--no-step-barrier"]
+    plan = spec_from_args(spec_parser("plan").parse_args(["--no-progress"]), "plan")
+    assert plan.output.progress is False
+    assert "--no-step-barrier" in parser.format_help()
 
 
 def test_every_training_config_field_has_a_place():

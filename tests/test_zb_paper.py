@@ -17,7 +17,9 @@ from importlib import resources
 import pytest
 
 from pipewright.cli import main
-from pipewright.cost.fidelity import load_runs, simulate_argv
+from pipewright.cost.fidelity import load_runs
+from pipewright.cost.published_specs import COMMAND, published_spec
+from pipewright.runspec import spec_to_argv
 
 RUNS = {r.id: r for r in load_runs()}
 EXPECTED = {
@@ -36,7 +38,9 @@ def _predicted_gain(model: str) -> tuple[float, float]:
     # tokens per second scale as 1 / iteration time: the 1F1B row's predicted tokens/s gives its time
     tokens = base.int("global_batch_size") * base.seq / base.gpus
     base_time = tokens / float(EXPECTED[base.id]["predicted"])
-    steady = _iteration_time([*simulate_argv(zb), "--iterations", "3", "--no-step-barrier"])
+    spec = published_spec(zb.id)  # post-validation: the steady period of three iterations, no barrier
+    assert (spec.simulation.iterations, spec.simulation.no_step_barrier) == (3, True)
+    steady = _iteration_time([COMMAND, *spec_to_argv(spec, COMMAND)])
     return base_time / steady, published
 
 

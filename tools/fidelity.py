@@ -1,10 +1,12 @@
-"""Published training runs vs ``pipewright simulate``: writes docs/fidelity.md and the expected table.
+"""Published training runs vs ``pipewright simulate``: writes the runs' specs, docs/fidelity.md and the
+expected table.
 
-    PYTHONPATH=src python tools/fidelity.py            # print the comparison
-    PYTHONPATH=src python tools/fidelity.py --write    # docs/fidelity.md + cost/data/fidelity_expected.csv
+    PYTHONPATH=src python tools/fidelity.py --write-specs  # cost/data/published_runs/<id>.toml
+    PYTHONPATH=src python tools/fidelity.py                # print the comparison
+    PYTHONPATH=src python tools/fidelity.py --write        # docs/fidelity.md, cost/data/fidelity_expected.csv
 
-Each row of the package's published_runs.csv (pipewright.cost.fidelity) runs through the command line
-in-process (pipewright.cli.fidelity_predictions.predict).
+Each row of the package's published_runs.csv (pipewright.cost.fidelity) is a RunSpec in package data
+(pipewright.cost.published_specs), simulated in-process (pipewright.cli.fidelity_predictions.predict).
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ from pathlib import Path
 from pipewright.cli.fidelity_predictions import Outcome, predict, summary
 from pipewright.cost import frameworks
 from pipewright.cost.fidelity import OVERRIDES, framework_of, load_runs
+from pipewright.cost.published_specs import SPEC_DIR, spec_texts
 
 ROOT = Path(__file__).resolve().parents[1]
 EXPECTED = ROOT / "src" / "pipewright" / "cost" / "data" / "fidelity_expected.csv"
 DOC = ROOT / "docs" / "fidelity.md"
+SPECS = ROOT / "src" / "pipewright" / "cost" / SPEC_DIR
 HOPPER = ("h100", "h200", "h800", "b200")
 
 
@@ -86,10 +90,12 @@ def markdown(outcomes: list[Outcome], header: str) -> str:
     for prefix, (_, reason) in OVERRIDES.items():
         by_reason.setdefault(reason, []).append(f"`{prefix}*`")
     lines += [f"- {', '.join(prefixes)}: {reason}" for reason, prefixes in by_reason.items()]
-    lines += ["", "## Commands", "", "Each run's exact command (`pipewright simulate …`):", ""]
-    for o in outcomes:
-        if o.time_error is not None:
-            lines.append(f"- `{o.run.id}`: `pipewright {' '.join(o.argv)}`")
+    lines += ["", "## Specs", ""]
+    lines.append(
+        f"Each run above is the RunSpec `src/pipewright/cost/{SPEC_DIR}/<run>.toml` (package data, written "
+        "from the row by `tools/fidelity.py --write-specs`; [How a run becomes a command]"
+        "(#how-a-run-becomes-a-command) shows one and how to simulate it)."
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -122,11 +128,26 @@ def expected_csv(outcomes: list[Outcome]) -> str:
     return out.getvalue()
 
 
+def write_specs() -> None:
+    """The package's spec files: one per row of the CSV, none left from rows since removed."""
+    texts = spec_texts(load_runs())
+    SPECS.mkdir(exist_ok=True)
+    for stale in SPECS.glob("*.toml"):
+        if stale.name not in texts:
+            stale.unlink()
+    for name, text in texts.items():
+        (SPECS / name).write_text(text, encoding="utf-8")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="rows whose id starts with this")
     parser.add_argument("--write", action="store_true", help="write docs/fidelity.md and the expected CSV")
+    parser.add_argument("--write-specs", action="store_true", help="write the runs' specs from the CSV")
     args = parser.parse_args()
+    if args.write_specs:
+        write_specs()
+        return
     outcomes = []
     for run in load_runs():
         if not run.id.startswith(args.only):

@@ -1,7 +1,8 @@
 """Published runs through ``pipewright simulate`` in-process: the predictions of docs/fidelity.md.
 
-:func:`predict` builds a row's command (:func:`pipewright.cost.fidelity.simulate_argv`), runs it with
-:func:`pipewright.cli.main` and reads its JSON report: predicted tokens/s per GPU (B·s / iteration
+:func:`predict` reads a row's RunSpec (:func:`pipewright.cost.published_specs.published_spec`), runs
+it through ``simulate``'s flags (:func:`pipewright.runspec.spec_to_argv`, :func:`pipewright.cli.main`)
+and reads its JSON report: predicted tokens/s per GPU (B·s / iteration
 time / GPUs) and the largest per-rank peak memory (GiB). tools/fidelity.py writes the table,
 tests/test_fidelity.py checks it.
 """
@@ -15,8 +16,10 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pipewright.cost.fidelity import FIT_ROWS, Run, published_tokens_per_s, simulate_argv
+from pipewright.cost.fidelity import FIT_ROWS, Run, published_tokens_per_s
+from pipewright.cost.published_specs import COMMAND, published_spec
 from pipewright.hardware import accelerator
+from pipewright.runspec import spec_to_argv, with_values
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,8 @@ def predict(run: Run) -> Outcome:
     """Simulate ``run`` through the command line (module docstring)."""
     from pipewright.cli import main
 
-    argv = tuple(simulate_argv(run))
+    spec = published_spec(run.id)
+    argv = (COMMAND, *spec_to_argv(spec, COMMAND))
     published = published_tokens_per_s(run, peak_for(run))
     if published is None:
         return Outcome(run, argv, error="the source gives no throughput for this run")
@@ -77,7 +81,7 @@ def predict(run: Run) -> Outcome:
         return Outcome(run, argv, published, error="the source gives no global batch size")
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = main([*argv, "--json"])
+        rc = main([COMMAND, *spec_to_argv(with_values(spec, {("output", "json"): True}), COMMAND)])
     if rc != 0:
         return Outcome(run, argv, published, error=err.getvalue().strip().removeprefix("pipewright: error: "))
     report = json.loads(out.getvalue())

@@ -1,18 +1,14 @@
-"""Published training runs as ``pipewright simulate`` commands: the data of docs/fidelity.md.
+"""Published training runs: the data of docs/fidelity.md.
 
 ``cost/data/published_runs.csv`` (package data; its columns are documented in its first line and in
-docs/fidelity.md) holds measured runs from papers, framework documentation and vendor pages. For each
-row, :func:`simulate_argv` builds the ``pipewright simulate`` arguments that describe it, filling what
-the source does not say with documented defaults: microbatch size 1; the 1F1B schedule (interleaved
-where the row gives v > 1); no recomputation; bf16; flash attention with the GPU's usual kernel (the
-row's ``attention_kernel`` where the source names it); 8 GPUs per node; the gradient
-reduction overlapped with the backward for runs from 2023 on (Megatron's ``--overlap-grad-reduce``,
-FSDP), after the pipeline drains before; for NVIDIA's recipe tables (:data:`RECIPE_SOURCES`)
-sequence parallelism, tensor-parallel overlap, the distributed optimizer and bf16 gradient buffers;
-the source's training framework (:data:`SOURCE_FRAMEWORK`, ``--framework``; Megatron where not named).
-Rows that a source gives as "first and last stage one layer fewer" (Zero Bubble) get that layout;
-:data:`OVERRIDES` holds the
-few per-row assumptions (each with its reason).
+docs/fidelity.md) holds measured runs from papers, framework documentation and vendor pages. Each row
+is a :class:`Run`; :mod:`pipewright.cost.published_specs` turns it into the RunSpec of a ``pipewright
+simulate`` run (shipped as ``cost/data/published_runs/<id>.toml``), filling what the source does not say
+with documented defaults; here are the facts that conversion reads: for NVIDIA's recipe tables
+(:data:`RECIPE_SOURCES`) sequence parallelism, tensor-parallel overlap, the distributed optimizer and
+bf16 gradient buffers; the source's training framework (:data:`SOURCE_FRAMEWORK`; Megatron where not
+named) and context-parallel implementation (:data:`SOURCE_CP_COMM`); :data:`OVERRIDES`, the few
+per-row assumptions (each with its reason).
 
 Throughput is compared as tokens per second per GPU: the published one is the row's
 ``tokens_per_s_per_gpu``, or derived from ``iteration_s`` (B·s / time / GPUs), ``samples_per_s``
@@ -21,7 +17,7 @@ Throughput is compared as tokens per second per GPU: the published one is the ro
 recomputed forward added (× 4/3) for the sources that count it); the predicted one is B·s /
 simulated iteration time / GPUs.
 
-Pure Python: the command line is called by the tool and the test (``pipewright.cli.main``).
+Pure Python: the specs are simulated by the tool and the test (``pipewright.cli.fidelity_predictions``).
 """
 
 from __future__ import annotations
@@ -257,78 +253,3 @@ def published_tokens_per_s(run: Run, peak: float | None = None) -> float | None:
     if tflops is None and run.float("mfu") and peak:
         tflops = run.float("mfu") * peak / 1e12
     return None if tflops is None else tflops * 1e12 / flops_per_token(run)
-
-
-def layout_for(run: Run, stages: int) -> str | None:
-    """Zero Bubble's and Llama 3's layouts, and Megatron-Core's split that counts the embedding and the
-    loss as a layer each (``pipeline_split`` "embedding-and-loss"): layers = k·stages − 2, the first and
-    last stage one layer fewer (Llama 3: one layer per chunk, so the embedding and the output layer
-    alone)."""
-    edges = run["source"] in ("zero-bubble-iclr2024", "llama3-herd-2024")
-    if not (edges or run["pipeline_split"] == "embedding-and-loss") or stages < 2:
-        return None
-    k = (run.int("layers") + 2) // stages
-    mid = [f"t*{k}"] * (stages - 2)
-    edge = f"t*{k - 1}" if k > 2 else "t" if k == 2 else ""
-    return "|".join([f"E{edge}", *mid, f"{edge}L"])
-
-
-def simulate_argv(run: Run) -> list[str]:
-    """``pipewright simulate`` arguments for ``run`` (module docstring)."""
-    spec = run.spec()
-    gpus, per_node = run.gpus, run.int("gpus_per_node", 8)
-    per_node = min(per_node, gpus)
-    tp, pp, cp, dp = (run.int(k, 1) for k in ("tp", "pp", "cp", "dp"))
-    v = run.int("virtual", 1)
-    schedule = run["schedule"] or "1f1b"
-    if schedule in ("fsdp-only",) or pp == 1:
-        schedule, v = "1f1b", 1
-    if schedule == "interleaved-1f1b" and v == 1:
-        schedule = "1f1b"
-    if schedule == "1f1b" and v > 1:
-        schedule = "interleaved-1f1b"
-    argv = ["simulate", "--model", spec.family, "--layers", str(spec.layers), "--hidden", str(spec.hidden)]
-    argv += ["--heads", str(spec.heads), "--vocab", str(spec.vocab), "--seq-len", str(spec.seq_len)]
-    argv += ["--ffn-hidden", str(spec.ffn_hidden), "--mlp", spec.mlp]
-    if spec.family == "llama":
-        argv += ["--kv-heads", str(spec.kv_heads)]
-    gpu = GPU_ALIASES.get(run["gpu"], run["gpu"])
-    argv += ["--gpu", gpu, "--nodes", str(max(1, gpus // per_node)), "--gpus-per-node", str(per_node)]
-    argv += ["--tp", str(tp), "--pp", str(pp), "--dp", str(dp)]
-    if cp > 1:
-        argv += ["--cp", str(cp)]
-        if run["source"] in SOURCE_CP_COMM:
-            argv += ["--cp-comm", SOURCE_CP_COMM[run["source"]]]
-    argv += ["--schedule", schedule]
-    if v > 1:
-        argv += ["--virtual", str(v)]
-    argv += ["--microbatch-size", str(run.int("microbatch_size", 1))]
-    argv += ["--global-batch-size", str(run.int("global_batch_size"))]
-    argv += ["--recompute", run["recompute"] or "none"]
-    if run["sequence_parallel"] == "true" and tp > 1:
-        argv.append("--sequence-parallel")
-    sharding = run["optimizer_sharding"]
-    if sharding == "zero1":
-        argv.append("--shard-optimizer")
-    elif sharding == "fsdp":
-        argv.append("--fsdp")
-    argv += ["--dtype", run["dtype"] or "bf16", "--attention", run["attention"] or "flash"]
-    for column in ("grad_dtype", "kernels", "fsdp_grad_sync"):
-        if run[column]:
-            argv += [f"--{column.replace('_', '-')}", run[column]]
-    if run["attention_kernel"]:
-        argv += ["--attention-kernel", run["attention_kernel"]]
-    if framework_of(run) != frameworks.DEFAULT_FRAMEWORK:
-        argv += ["--framework", framework_of(run)]
-    if run["tp_comm_overlap"] == "true" and tp > 1:  # the framework's own (cost/frameworks.py)
-        argv.append("--tp-comm-overlap")
-    if dp * cp > 1:
-        argv += ["--grad-reduce", run["grad_reduce"] or ("overlap" if run.int("year") >= 2023 else "after")]
-    layout = layout_for(run, pp * v)
-    if layout:
-        argv += ["--layout", layout]
-    if run["source"] == "zero-bubble-iclr2024" and schedule.startswith("zb"):
-        # the paper's zero-bubble runs replace the optimizer's synchronisation by post-validation (§4):
-        # consecutive iterations overlap, so the steady period of three is what they measure
-        argv += ["--iterations", "3", "--no-step-barrier"]
-    return argv
