@@ -37,6 +37,8 @@ Precision = Literal["fp32", "bf16", "fp16"]
 CpuAllocator = Literal["retain", "system"]
 #: The trainers a plan exports to.
 Trainer = Literal["megatron", "torchtitan"]
+#: ``export-plan --to``: every export target (plan/export_text.TARGETS).
+ExportTarget = Literal["megatron", "bridge", "torchtitan", "torchtitan-0.3"]
 #: A cost source other than a model or a profile.
 CostSource = Literal["unit"]
 #: The device ``profile`` measures on.

@@ -6,7 +6,7 @@ Pure Python.
 
 from __future__ import annotations
 
-from pipewright.runspec.choices import Trainer
+from pipewright.runspec.choices import ExportTarget, Trainer
 from pipewright.runspec.fields import PRICING, TRAINING, section, spec_field
 
 
@@ -221,7 +221,7 @@ class CalibratingSection:
 class ExportSection:
     """``export-plan``'s target trainer (``[export]``)."""
 
-    to: Trainer | None = spec_field(
+    to: ExportTarget | None = spec_field(
         None,
         "--to",
         "the trainer to export for",
