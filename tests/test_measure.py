@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from pipewright.cli import main
 from pipewright.errors import ConfigError
@@ -130,3 +131,18 @@ def test_measure_without_dry_run_and_a_rank_outside_the_pipeline_are_one_line_er
         measure_run(TrainConfig(**TINY, schedule="1f1b"), [2])
     with pytest.raises(ConfigError, match="drop --init-from"):
         measure_run(TrainConfig(**TINY, schedule="1f1b", init_from="somewhere"), [0])
+
+
+def test_adamw_is_fused_where_a_device_run_steps_and_unchanged_on_the_cpu():
+    from torch import nn
+
+    from pipewright.optim import build_optimizer
+
+    def group_flags(device: str, dtype=torch.float32) -> tuple:
+        named = [("w", nn.Parameter(torch.zeros(4, 4, device=device, dtype=dtype)))]
+        group = build_optimizer("adamw", named, lr=1e-3).param_groups[0]
+        return bool(group["fused"]), group["foreach"]
+
+    assert group_flags("cpu") == (False, False)  # the for-loop step the CPU runs were made with
+    assert group_flags("meta") == (True, None)  # what a CUDA run builds: no per-step temporaries
+    assert group_flags("meta", torch.bfloat16) == (True, None)

@@ -8,16 +8,16 @@ import pytest
 import torch
 
 from pipewright.cost.activations import runtime_layer_elements
-from pipewright.models import gpt, llama
+from pipewright.models import gpt, llama_decoder
 from pipewright.models.spec import ModelSpec
-from pipewright.runtime.recompute import apply_recompute
+from pipewright.runtime.core.stage_recompute import apply_recompute
 
 S, H = 128, 256
 
 
 def _saved_units(spec: ModelSpec, mode: str) -> float:
     """Bytes of the storages one layer's forward saves (parameters aside) / (s·h·2 bytes)."""
-    build = llama.build_stage if spec.family == "llama" else gpt.build_stage
+    build = llama_decoder.build_stage if spec.family == "llama" else gpt.build_stage
     stage = build(spec, None, 0, num_stages=1).to(torch.bfloat16)
     apply_recompute(stage, mode)
     layer = next(iter(stage.layers.values()))

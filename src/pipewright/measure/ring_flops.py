@@ -1,6 +1,6 @@
 """The context-parallel ring's attention FLOPs counted in the simulator's convention.
 
-The ring (:mod:`pipewright.runtime.cp.ring`) computes, per rank, only the key-query pairs the causal
+The ring (:mod:`pipewright.runtime.parallel.cp.ring`) computes, per rank, only the key-query pairs the causal
 mask keeps, with the load-balanced chunk layout: its causal diagonal block and, per other rank, one
 block of half the pairs of the two chunks' square (2c² of 4c²). Counted op by op, that is about half of
 what the same attention counts without context parallelism, where ``torch.utils.flop_counter`` prices
@@ -36,7 +36,7 @@ def block_flops(q: torch.Tensor, k: torch.Tensor, causal: bool) -> int:
 def counted_in_convention(tracker) -> Iterator[None]:
     """While active, the ring's block computations add :func:`block_flops` (× 2.5 backward) to
     ``tracker``'s current action kind instead of their matmuls."""
-    from pipewright.runtime.cp import ring
+    from pipewright.runtime.parallel.cp import ring
 
     forward, backward = ring.block_forward, ring.block_backward
 
