@@ -146,3 +146,27 @@ def test_adamw_is_fused_where_a_device_run_steps_and_unchanged_on_the_cpu():
     assert group_flags("cpu") == (False, False)  # the for-loop step the CPU runs were made with
     assert group_flags("meta") == (True, None)  # what a CUDA run builds: no per-step temporaries
     assert group_flags("meta", torch.bfloat16) == (True, None)
+
+
+def test_fp32_training_holds_16_bytes_a_parameter_and_asynchronous_stashes_are_priced():
+    """fp32 weights are the masters (4 + 4 + Adam's 8 bytes, as the simulator now prices them), and an
+    asynchronous policy's weight versions in flight are added to the simulated peak."""
+    fields = {**TINY, "precision": "fp32"}
+    (sync,) = measure_run(TrainConfig(**fields, schedule="1f1b"), [0])
+    held = sync.measured.static["params"] + sync.measured.static["optimizer"]  # 4 + 8 (no .grad yet)
+    parts = sync.predicted.parts
+    state = parts["weights"] + parts["gradients"] + parts["optimizer_state"] + parts["embedding_output_layer"]
+    assert held == pytest.approx(state * 12 / 16, rel=0.01)
+    (stash,) = measure_run(TrainConfig(**fields, schedule="async-1f1b", weight_policy="stash"), [0])
+    weights = parts["weights"] + parts["embedding_output_layer"] / 4  # rank 0's fp32 weights
+    assert stash.predicted.parts["weight_versions"] == pytest.approx(weights, rel=0.01)  # p − r = 2 versions
+
+
+def test_tied_embeddings_and_vocabulary_parallelism_run_their_real_steps():
+    (tied,) = measure_run(TrainConfig(**TINY, schedule="1f1b", tie_embeddings=True), [1])
+    assert tied.measured.flops["F"] == pytest.approx(tied.predicted.flops["F"], rel=0.01)
+    assert tied.misses() == []
+    fields = {**TINY, "model": "gpt", "precision": "fp32", "vocab_parallel": "alg1"}
+    (vocab,) = measure_run(TrainConfig(**fields, schedule="1f1b"), [0])
+    assert vocab.measured.flops["VS"] > 0 and vocab.measured.flops["VT"] > 0  # the shard's passes
+    assert vocab.measured.flops["F"] == pytest.approx(vocab.predicted.flops["F"], rel=0.01)

@@ -74,8 +74,12 @@ def predict(run) -> list[RankPrediction]:
     parts = rank_memory_parts(cost, sched, list(result.peak_memory)) or [{} for _ in result.peak_memory]
     message = float(cost.message_bytes(Action(0, SEND_F, 0), sched)) if sched.num_stages > 1 else 0.0
     out = []
+    held = _weight_versions(run, cost, sched)
     for rank, peak in enumerate(result.peak_memory):
         peak = _with_step(cost, sched, rank, float(peak), parts[rank])
+        if held.get(rank):
+            parts[rank]["weight_versions"] = held[rank]
+            peak += held[rank]
         flops: dict[str, float] = defaultdict(float)
         for action in sched.actions[rank]:
             f = float(cost.flops(action, sched))
@@ -107,3 +111,22 @@ def _with_step(cost, sched, rank: int, peak: float, parts: dict[str, float]) -> 
         parts[key] = 0.0
     parts["step_gradients"] = step - float(cost.static_bytes(rank, sched))
     return step
+
+
+def _weight_versions(run, cost, sched) -> dict[int, float]:
+    """Per pipeline rank, the bytes an asynchronous policy holds beyond the live weights: the weight
+    versions in flight and its extra gradient buffers (``features.async_weights.weight_memory``, which
+    the schedule's memory timeline does not include), held the whole step; {} for other schedules."""
+    policy = run.config.features.get("weight_policy")
+    if not policy or policy == "none" or sched.meta.get("flush", True):
+        return {}
+    from pipewright.cost.chunk_memory import weight_element_bytes
+    from pipewright.features.async_weights.weight_memory import weight_bytes
+
+    size = weight_element_bytes(cost)
+    params = {s: float(cost._chunk(s, sched).params) * size for s in range(sched.num_stages)}
+    total = weight_bytes(policy, sched, params)
+    out: dict[int, float] = defaultdict(float)
+    for stage, held in total.items():
+        out[sched.rank_of(stage)] += held - params[stage]
+    return dict(out)
