@@ -45,7 +45,7 @@ def sim_setup(run, gpu: str = "h100-sxm"):
     topo, acc = cluster_topology(gpu, max(1, world // per_node), per_node)
     order = DEFAULT_ORDER if c.cp == 1 else "tp-cp-dp-pp"
     mesh = Mesh(c.tp, c.pp, c.dp, order, cp=c.cp, ep=c.ep)
-    return model_setup(
+    setup = model_setup(
         run.spec,
         topo,
         mesh,
@@ -61,6 +61,20 @@ def sim_setup(run, gpu: str = "h100-sxm"):
         stage_outputs="kept",
         checkpoint="non-reentrant",
     )
+    return _with_vocab_parallel(setup, c.features.get("vocab_parallel", "none"))
+
+
+def _with_vocab_parallel(setup, option: str):
+    """The setup with the vocabulary layers split as ``--vocab-parallel`` splits them (the feature's
+    own pricing, as ``simulate --vocab-parallel`` applies it); unchanged for ``none``."""
+    if option == "none":
+        return setup
+    from dataclasses import replace
+
+    from pipewright.features.vocab.simulate import apply_to_simulation
+
+    sched, cost, comm = apply_to_simulation(option, setup.schedule, setup.cost, setup.comm)
+    return replace(setup, schedule=sched, cost=cost, comm=comm)
 
 
 def predict(run) -> list[RankPrediction]:
@@ -71,7 +85,8 @@ def predict(run) -> list[RankPrediction]:
     setup = sim_setup(run)
     result = setup.simulate()
     sched, cost = result.source, setup.cost
-    parts = rank_memory_parts(cost, sched, list(result.peak_memory)) or [{} for _ in result.peak_memory]
+    peaks = [float(p) for p in result.peak_memory]
+    parts = rank_memory_parts(cost, sched, peaks) or [_lumped(cost, sched, r, p) for r, p in enumerate(peaks)]
     message = float(cost.message_bytes(Action(0, SEND_F, 0), sched)) if sched.num_stages > 1 else 0.0
     out = []
     held = _weight_versions(run, cost, sched)
@@ -96,6 +111,13 @@ def predict(run) -> list[RankPrediction]:
     return out
 
 
+def _lumped(cost, sched, rank: int, peak: float) -> dict[str, float]:
+    """Parts of a cost model that wraps the transformer's (vocabulary parallelism): its static bytes as
+    one ``state`` and the rest of the peak as activations."""
+    static = float(cost.static_bytes(rank, sched))
+    return {"state": static, "activations": peak - static}
+
+
 def _with_step(cost, sched, rank: int, peak: float, parts: dict[str, float]) -> float:
     """The higher of ``peak`` and the optimizer step's (static + the step's fp32 gradient copies,
     :func:`~pipewright.cost.chunk_memory.step_transient_bytes`; the simulated schedule has a STEP only
@@ -104,7 +126,8 @@ def _with_step(cost, sched, rank: int, peak: float, parts: dict[str, float]) -> 
     from pipewright.cost.chunk_memory import step_transient_bytes
 
     stage = sched.stages_of(rank)[0]
-    step = float(cost.static_bytes(rank, sched)) + step_transient_bytes(cost, Action(stage, STEP, 0), sched)
+    base = getattr(cost, "inner", cost)  # a vocabulary-parallel cost wraps the transformer's
+    step = float(cost.static_bytes(rank, sched)) + step_transient_bytes(base, Action(stage, STEP, 0), sched)
     if step <= peak:
         return peak
     for key in ("activations", "recompute_transient", "communication_buffers"):
