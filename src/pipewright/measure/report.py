@@ -6,10 +6,10 @@ memory within 5 %, FLOPs within 1 %, bytes equal.
 
 Static = parameters + gradients + optimizer state + buffers (measured) against weights + gradients +
 optimizer state + embedding/output layer (+ the optimizer step's fp32 gradient copies where the step is
-the simulated peak); activations = the rest of the peak against
-activations + recomputation transient + communication buffers. The allocator's reserve (what the
-caching allocator holds beyond live tensors, which meta tensors do not model) is stated apart, the
-simulator's estimate of it, and is in neither total."""
+the simulated peak); activations = the rest of the peak against activations + recomputation transient
++ communication buffers (+ an asynchronous policy's weight versions in flight). The allocator's reserve
+(what the caching allocator holds beyond live tensors, which meta tensors do not model) is stated
+apart, the simulator's estimate of it, and is in neither total."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ _STATIC_SIMULATED = (
     "step_gradients",
     "state",  # a wrapping cost model's state in one (measure/simulated.py's _lumped)
 )
-_ACTIVE_SIMULATED = ("activations", "recompute_transient", "communication_buffers")
+_ACTIVE_SIMULATED = ("activations", "recompute_transient", "communication_buffers", "weight_versions")
 
 
 def _rel(sim: float, measured: float) -> float:

@@ -94,7 +94,7 @@ def predict(run) -> list[RankPrediction]:
         peak = _with_step(cost, sched, rank, float(peak), parts[rank])
         if held.get(rank):
             parts[rank]["weight_versions"] = held[rank]
-            peak += held[rank]
+            peak += held[rank] - _gradients_stepped(cost, parts[rank])
         flops: dict[str, float] = defaultdict(float)
         for action in sched.actions[rank]:
             f = float(cost.flops(action, sched))
@@ -153,3 +153,16 @@ def _weight_versions(run, cost, sched) -> dict[int, float]:
     for stage, held in total.items():
         out[sched.rank_of(stage)] += held - params[stage]
     return dict(out)
+
+
+def _gradients_stepped(cost, parts: dict[str, float]) -> float:
+    """The gradient buffer an asynchronous schedule does not hold: each microbatch's ``STEP`` consumes
+    its gradients and frees them (``.grad`` set to None), so a gradient lives from its parameter's
+    backward to that step, not the whole step as the schedule's static memory keeps it. ``parts``
+    loses them (the embedding and output layer's share too); returns their bytes."""
+    state = cost.state()
+    edges = parts.get("embedding_output_layer", 0.0) * state.gradients / state.total
+    freed = parts.get("gradients", 0.0) + edges
+    parts["gradients"] = 0.0
+    parts["embedding_output_layer"] = parts.get("embedding_output_layer", 0.0) - edges
+    return freed

@@ -50,6 +50,11 @@ ROWS: tuple[tuple[str, dict[str, Any], int], ...] = (
         {**_L8, "schedule": "async-1f1b", "precision": "fp32", "weight_policy": "stash"},
         0,
     ),
+    (
+        "llama3-8b t1 p4 async-zb-h1 stash fp32",
+        {**_L8, "schedule": "async-zb-h1", "precision": "fp32", "weight_policy": "stash"},
+        0,
+    ),
     (  # what `plan` picks for 8 H100s and a global batch of 64 (docs/fidelity.md's example)
         "llama3-8b t1 p2 d4 interleaved v4 ZeRO-1",
         {**_L8, "pp": 2, "dp": 4, "shard_optimizer": True, "microbatches": 16}
