@@ -173,3 +173,21 @@ def test_tied_embeddings_and_vocabulary_parallelism_run_their_real_steps():
     (vocab,) = measure_run(TrainConfig(**fields, schedule="1f1b"), [0])
     for kind in ("F", "B", "VS", "VT"):  # the shard's passes priced by the feature's cost model
         assert vocab.measured.flops[kind] == pytest.approx(vocab.predicted.flops[kind], rel=0.01), kind
+
+
+def test_mixture_of_experts_routes_balanced_tokens_over_expert_parallel_ranks():
+    """bincount has no meta kernel and the expert split sizes are read values: the measurement answers
+    them as balanced routing does (what the simulator prices), so the FLOPs and the gradient bytes of
+    the dense and expert groups equal the simulator's."""
+    from pipewright.measure.routing import balanced_counts
+
+    assert balanced_counts(10, 4).tolist() == [3, 3, 2, 2]
+    fields = {**TINY, "model": "llama-moe-tiny", "dp": 2, "ep": 2}
+    for key in ("layers", "hidden", "heads", "ffn_hidden"):
+        fields.pop(key)
+    (cmp,) = measure_run(TrainConfig(**fields, schedule="1f1b"), [0])
+    m, p = cmp.measured, cmp.predicted
+    for kind in ("F", "B"):
+        assert m.flops[kind] == pytest.approx(p.flops[kind], rel=0.01), kind
+    assert m.comm[("all_to_all", "ep")] > 0 and m.comm[("all_reduce", "expert-dp")] > 0
+    assert "dp gradient bytes" not in cmp.misses()

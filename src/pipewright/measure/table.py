@@ -55,6 +55,18 @@ ROWS: tuple[tuple[str, dict[str, Any], int], ...] = (
         {**_L8, "schedule": "async-zb-h1", "precision": "fp32", "weight_policy": "stash"},
         0,
     ),
+    (  # Mixtral 8x7B: one expert a rank (ep 8 over dp 8), sequence 4096
+        "mixtral-8x7b t1 p4 d8 e8 1f1b",
+        {**_LLAMA, "model": "mixtral-8x7b", "vocab": 32000, "tp": 1, "pp": 4, "dp": 8, "ep": 8}
+        | {"microbatches": 8, "schedule": "1f1b"},
+        0,
+    ),
+    (  # a DeepSeek-style MoE: DeepSeek-V3 (MLA, 256 experts, top 8, 1 shared), 32 experts a rank
+        "deepseek-v3 t1 p16 d8 e8 1f1b",
+        {**_LLAMA, "model": "deepseek-v3", "vocab": 129280, "tp": 1, "pp": 16, "dp": 8, "ep": 8}
+        | {"microbatches": 16, "schedule": "1f1b"},
+        1,
+    ),
     (  # what `plan` picks for 8 H100s and a global batch of 64 (docs/fidelity.md's example)
         "llama3-8b t1 p2 d4 interleaved v4 ZeRO-1",
         {**_L8, "pp": 2, "dp": 4, "shard_optimizer": True, "microbatches": 16}
