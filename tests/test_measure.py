@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from pipewright.cli import main
 from pipewright.errors import ConfigError
@@ -40,6 +41,8 @@ SCHEDULES = [
     ("v-half", {}),
     ("v-min", {}),
     ("dualpipev", {"microbatches": 4}),
+    ("1f1b-overlap", {}),
+    ("zbv-torch", {}),
 ]
 
 
@@ -91,12 +94,13 @@ def test_zero1_shards_the_optimizer_state_over_dp():
     assert sharded.measured.comm[("reduce_scatter", "dp")] > 0
 
 
-def test_asynchronous_weight_stashing_steps_inside_the_schedule():
+@pytest.mark.parametrize("schedule", ["async-1f1b", "async-zb-h1"])
+def test_asynchronous_weight_stashing_steps_inside_the_schedule(schedule):
     fields = {**TINY, "precision": "fp32", "weight_policy": "stash"}
-    (cmp,) = measure_run(TrainConfig(**fields, schedule="async-1f1b"), [0])
+    (cmp,) = measure_run(TrainConfig(**fields, schedule=schedule), [0])
     m, p = cmp.measured, cmp.predicted
-    for kind in ("F", "B"):
-        assert m.flops[kind] == pytest.approx(p.flops[kind], rel=0.01)
+    for kind in ("F", "B", "I", "W"):
+        assert m.flops.get(kind, 0) == pytest.approx(p.flops.get(kind, 0.0), rel=0.01)
     assert "STEP" in m.peak_action  # the per-microbatch optimizer steps hold the stashed weights
 
 
@@ -130,3 +134,60 @@ def test_measure_without_dry_run_and_a_rank_outside_the_pipeline_are_one_line_er
         measure_run(TrainConfig(**TINY, schedule="1f1b"), [2])
     with pytest.raises(ConfigError, match="drop --init-from"):
         measure_run(TrainConfig(**TINY, schedule="1f1b", init_from="somewhere"), [0])
+
+
+def test_adamw_is_fused_where_a_device_run_steps_and_unchanged_on_the_cpu():
+    from torch import nn
+
+    from pipewright.optim import build_optimizer
+
+    def group_flags(device: str, dtype=torch.float32) -> tuple:
+        named = [("w", nn.Parameter(torch.zeros(4, 4, device=device, dtype=dtype)))]
+        group = build_optimizer("adamw", named, lr=1e-3).param_groups[0]
+        return bool(group["fused"]), group["foreach"]
+
+    assert group_flags("cpu") == (False, False)  # the for-loop step the CPU runs were made with
+    assert group_flags("meta") == (True, None)  # what a CUDA run builds: no per-step temporaries
+    assert group_flags("meta", torch.bfloat16) == (True, None)
+
+
+def test_fp32_training_holds_16_bytes_a_parameter_and_asynchronous_stashes_are_priced():
+    """fp32 weights are the masters (4 + 4 + Adam's 8 bytes, as the simulator now prices them), and an
+    asynchronous policy's weight versions in flight are added to the simulated peak."""
+    fields = {**TINY, "precision": "fp32"}
+    (sync,) = measure_run(TrainConfig(**fields, schedule="1f1b"), [0])
+    held = sync.measured.static["params"] + sync.measured.static["optimizer"]  # 4 + 8 (no .grad yet)
+    parts = sync.predicted.parts
+    state = parts["weights"] + parts["gradients"] + parts["optimizer_state"] + parts["embedding_output_layer"]
+    assert held == pytest.approx(state * 12 / 16, rel=0.01)
+    (stash,) = measure_run(TrainConfig(**fields, schedule="async-1f1b", weight_policy="stash"), [0])
+    weights = parts["weights"] + parts["embedding_output_layer"] / 4  # rank 0's fp32 weights
+    assert stash.predicted.parts["weight_versions"] == pytest.approx(weights, rel=0.01)  # p − r = 2 versions
+
+
+def test_tied_embeddings_and_vocabulary_parallelism_run_their_real_steps():
+    (tied,) = measure_run(TrainConfig(**TINY, schedule="1f1b", tie_embeddings=True), [1])
+    assert tied.measured.flops["F"] == pytest.approx(tied.predicted.flops["F"], rel=0.01)
+    assert tied.misses() == []
+    fields = {**TINY, "model": "gpt", "precision": "fp32", "vocab_parallel": "alg1"}
+    (vocab,) = measure_run(TrainConfig(**fields, schedule="1f1b"), [0])
+    for kind in ("F", "B", "VS", "VT"):  # the shard's passes priced by the feature's cost model
+        assert vocab.measured.flops[kind] == pytest.approx(vocab.predicted.flops[kind], rel=0.01), kind
+
+
+def test_mixture_of_experts_routes_balanced_tokens_over_expert_parallel_ranks():
+    """bincount has no meta kernel and the expert split sizes are read values: the measurement answers
+    them as balanced routing does (what the simulator prices), so the FLOPs and the gradient bytes of
+    the dense and expert groups equal the simulator's."""
+    from pipewright.measure.routing import balanced_counts
+
+    assert balanced_counts(10, 4).tolist() == [3, 3, 2, 2]
+    fields = {**TINY, "model": "llama-moe-tiny", "dp": 2, "ep": 2}
+    for key in ("layers", "hidden", "heads", "ffn_hidden"):
+        fields.pop(key)
+    (cmp,) = measure_run(TrainConfig(**fields, schedule="1f1b"), [0])
+    m, p = cmp.measured, cmp.predicted
+    for kind in ("F", "B"):
+        assert m.flops[kind] == pytest.approx(p.flops[kind], rel=0.01), kind
+    assert m.comm[("all_to_all", "ep")] > 0 and m.comm[("all_reduce", "expert-dp")] > 0
+    assert "dp gradient bytes" not in cmp.misses()

@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from pipewright.cost.activations import runtime_layer_elements
-from pipewright.models import gpt
-from pipewright.models import llama_decoder as llama
+from pipewright.models import gpt, llama_decoder
 from pipewright.models.spec import ModelSpec
 from pipewright.runtime.core.stage_recompute import apply_recompute
 
@@ -18,7 +17,7 @@ S, H = 128, 256
 
 def _saved_units(spec: ModelSpec, mode: str) -> float:
     """Bytes of the storages one layer's forward saves (parameters aside) / (s·h·2 bytes)."""
-    build = llama.build_stage if spec.family == "llama" else gpt.build_stage
+    build = llama_decoder.build_stage if spec.family == "llama" else gpt.build_stage
     stage = build(spec, None, 0, num_stages=1).to(torch.bfloat16)
     apply_recompute(stage, mode)
     layer = next(iter(stage.layers.values()))
@@ -55,3 +54,30 @@ def test_the_runtime_count_is_what_the_layer_saves(family, ffn, kv, mode):
     )
     # beyond the count: the attention's row log-sum-exp (fp32) and the rotary tables, 0.3 units here
     assert _saved_units(spec, mode) == pytest.approx(runtime_layer_elements(spec, mode), abs=0.35)
+
+
+def test_moe_layer_keeps_the_routers_16_bit_input_and_no_copy_for_the_combine():
+    """The router's fp32 logits keep its 16-bit input (not an fp32 copy), and summing the weighted
+    expert outputs into their tokens keeps only the indices: of [T·k, h] storages the layer keeps the
+    dispatched tokens and the experts' outputs for the gate product, as Megatron's MoE does."""
+    from dataclasses import replace
+
+    from pipewright.models.presets import get_preset
+
+    s, h = 64, 32
+    spec = replace(get_preset("llama-moe-tiny"), seq_len=s, moe_dense_layers=0, moe_shared_experts=0)
+    stage = llama_decoder.build_stage(spec, None, 0, num_stages=1).to(torch.bfloat16)
+    layer = next(iter(stage.layers.values()))
+    params = {p.untyped_storage()._cdata for p in layer.parameters()}
+    saved: dict[int, tuple[int, torch.dtype]] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if t.untyped_storage()._cdata not in params:
+            saved[t.untyped_storage()._cdata] = (t.untyped_storage().nbytes(), t.dtype)
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        layer(torch.randn(1, s, h, dtype=torch.bfloat16, requires_grad=True))
+    routed = s * spec.moe_top_k * h * 2
+    assert sum(1 for n, dt in saved.values() if n == routed and dt == torch.bfloat16) == 2
+    assert not any(dt == torch.float32 and n >= s * h * 4 for n, dt in saved.values())

@@ -326,11 +326,22 @@ def deferred_grad_output_bytes(cost: Any, n: int, last: bool) -> float:
     return elements * esize
 
 
+def weight_element_bytes(cost: Any) -> float:
+    """Bytes of one weight the model computes with: 2 (16-bit weights, fp32 masters in the optimizer;
+    fp8 GEMMs keep 16-bit weights too), 4 when training in fp32 (the activations' dtype is the
+    weights' but under fp8)."""
+    return max(WEIGHT_BYTES, cost.activation_bytes_per_element)
+
+
 def rank_state(cost: Any) -> StateBytes:
     """Bytes per parameter for weights, gradients and optimizer state on one rank (with pipelined
     FSDP the 16-bit weights stay gathered for the step)."""
     state = state_bytes(
-        cost.optimizer_sharding, cost.mesh.dp * cost.cp, cost.bytes_per_param, cost.grad_dtype
+        cost.optimizer_sharding,
+        cost.mesh.dp * cost.cp,
+        cost.bytes_per_param,
+        cost.grad_dtype,
+        weight_element_bytes(cost),
     )
     if cost.optimizer_sharding == "fsdp" and not cost.regathers:
         state = pipelined_fsdp_state(state, cost.fsdp_grad_sync, cost.grad_dtype)

@@ -46,7 +46,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipewright.cost.chunk_memory import layer_stored_bytes, stored_memory_bytes, transient_bytes
+from pipewright.cost.chunk_memory import (
+    layer_stored_bytes,
+    stored_memory_bytes,
+    transient_bytes,
+    weight_element_bytes,
+)
 from pipewright.cost.comm import TopologyComm
 from pipewright.cost.layer import mlp_gemms, mlp_matrices
 from pipewright.cost.moe import MoE, _expert_parameters, expert_gemms, moe_stored_units
@@ -365,7 +370,8 @@ class MoECost(TransformerCost):
         buffer's dtype, pipelined FSDP's gathered weights) with the sharding over the expert replicas
         (dp/ep × cp) instead of dp × cp."""
         group = self.mesh.dp // self.mesh.ep * self.cp
-        state = state_bytes(self.optimizer_sharding, group, self.bytes_per_param, self.grad_dtype)
+        weight = weight_element_bytes(self)
+        state = state_bytes(self.optimizer_sharding, group, self.bytes_per_param, self.grad_dtype, weight)
         if self.optimizer_sharding == "fsdp" and not self.regathers:
             state = pipelined_fsdp_state(state, self.fsdp_grad_sync, self.grad_dtype)
         return state

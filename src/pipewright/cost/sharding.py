@@ -79,14 +79,22 @@ class StateBytes:
 
 
 def state_bytes(
-    mode: str, replicas: int, bytes_per_param: float = 18.0, grad_dtype: str = "fp32"
+    mode: str,
+    replicas: int,
+    bytes_per_param: float = 18.0,
+    grad_dtype: str = "fp32",
+    weight_bytes: float = WEIGHT_BYTES,
 ) -> StateBytes:
     """Per-parameter bytes on one rank under ``mode`` with ``replicas`` = dp × cp (module docstring);
-    ``bytes_per_param`` counts an fp32 gradient, ``grad_dtype`` is the gradient buffer's."""
+    ``bytes_per_param`` counts an fp32 gradient, ``grad_dtype`` is the gradient buffer's. With fp32
+    weights (``weight_bytes`` 4: training in fp32) the weights are the masters: 4 + 4 + Adam's 8, 16
+    bytes, where mixed precision keeps 18."""
     check_sharding(mode, grad_dtype)
     weights = min(WEIGHT_BYTES, bytes_per_param)
     fp32_grads = min(GRAD_BYTES, bytes_per_param - weights)
     optimizer = bytes_per_param - weights - fp32_grads
+    if weight_bytes > weights:
+        optimizer, weights = max(0.0, optimizer - weight_bytes), weight_bytes
     grads = min(GRAD_DTYPE_BYTES[grad_dtype], fp32_grads)
     if mode == "zero1":
         return StateBytes(weights, grads, optimizer / replicas)

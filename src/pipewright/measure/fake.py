@@ -10,7 +10,8 @@ the meta kernels in C++. What the meta device changes is made right here:
   one (it would run the math path, which stores the s × s probabilities). :func:`meta_world` runs the
   flash kernel the CPU runs (``_scaled_dot_product_flash_attention_for_cpu``; a GPU runs FlashAttention):
   the same saved tensors (output and log-sum-exp) and FLOPs.
-- Reading a value (``.item()``, ``.tolist()``) is answered by :class:`~.tracker.ProgramTracker`.
+- Reading a value (``.item()``, ``.tolist()``) is answered by :class:`~.tracker.ProgramTracker`;
+  ``torch.nonzero`` counts every element as non-zero.
 """
 
 from __future__ import annotations
@@ -61,10 +62,14 @@ def meta_world() -> Iterator[None]:
     """Tensors made without a device are meta tensors; attention runs the flash kernel. (The function
     is replaced in ``torch.nn.functional`` for the block, not wrapped in a mode: a recomputing backward
     runs the forward again on the autograd engine's thread, where modes entered here are not active.)"""
+    from torch.fx.experimental import _config as fx_config
+
     original = F.scaled_dot_product_attention
     F.scaled_dot_product_attention = _flash_attention(original)
     try:
-        with META:
+        # torch.nonzero's size depends on values: taken as every element non-zero (the vocabulary
+        # shard's label rows: an index of every token rather than of the shard's, b·s·8 bytes)
+        with META, fx_config.patch(meta_nonzero_assume_all_nonzero=True):
             yield
     finally:
         F.scaled_dot_product_attention = original

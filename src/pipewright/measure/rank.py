@@ -102,11 +102,29 @@ def _base_optimizer(trainer) -> torch.optim.Optimizer:
     return opt
 
 
+def _fused_state(opt: torch.optim.Optimizer) -> None:
+    """The state of a fused Adam(W)'s parameters made as its first step makes it (a float32 ``step``
+    on the parameter's device, both moments ``zeros_like``). That first step checks that the device
+    type has fused kernels, and PyTorch's list leaves out ``meta`` although ``_fused_adamw_`` runs
+    there; with the state in place the steps measured run the real fused step, as on CUDA."""
+    for group in opt.param_groups:
+        if not group.get("fused"):
+            continue
+        for p in group["params"]:
+            if not opt.state[p]:
+                opt.state[p] = {
+                    "step": torch.zeros((), dtype=torch.float32, device=p.device),
+                    "exp_avg": torch.zeros_like(p),
+                    "exp_avg_sq": torch.zeros_like(p),
+                }
+
+
 def _warm_optimizer(opt: torch.optim.Optimizer) -> None:
     """Create the optimizer's state: one step on zero gradients (the state every later step holds)."""
     params = [p for g in opt.param_groups for p in g["params"]]
     for p in params:
         p.grad = torch.zeros_like(p)
+    _fused_state(opt)
     opt.step()
     for p in params:
         p.grad = None

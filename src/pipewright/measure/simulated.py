@@ -45,7 +45,7 @@ def sim_setup(run, gpu: str = "h100-sxm"):
     topo, acc = cluster_topology(gpu, max(1, world // per_node), per_node)
     order = DEFAULT_ORDER if c.cp == 1 else "tp-cp-dp-pp"
     mesh = Mesh(c.tp, c.pp, c.dp, order, cp=c.cp, ep=c.ep)
-    return model_setup(
+    setup = model_setup(
         run.spec,
         topo,
         mesh,
@@ -61,6 +61,20 @@ def sim_setup(run, gpu: str = "h100-sxm"):
         stage_outputs="kept",
         checkpoint="non-reentrant",
     )
+    return _with_vocab_parallel(setup, c.features.get("vocab_parallel", "none"))
+
+
+def _with_vocab_parallel(setup, option: str):
+    """The setup with the vocabulary layers split as ``--vocab-parallel`` splits them (the feature's
+    own pricing, as ``simulate --vocab-parallel`` applies it); unchanged for ``none``."""
+    if option == "none":
+        return setup
+    from dataclasses import replace
+
+    from pipewright.features.vocab.simulate import apply_to_simulation
+
+    sched, cost, comm = apply_to_simulation(option, setup.schedule, setup.cost, setup.comm)
+    return replace(setup, schedule=sched, cost=cost, comm=comm)
 
 
 def predict(run) -> list[RankPrediction]:
@@ -71,11 +85,16 @@ def predict(run) -> list[RankPrediction]:
     setup = sim_setup(run)
     result = setup.simulate()
     sched, cost = result.source, setup.cost
-    parts = rank_memory_parts(cost, sched, list(result.peak_memory)) or [{} for _ in result.peak_memory]
+    peaks = [float(p) for p in result.peak_memory]
+    parts = rank_memory_parts(cost, sched, peaks) or [_lumped(cost, sched, r, p) for r, p in enumerate(peaks)]
     message = float(cost.message_bytes(Action(0, SEND_F, 0), sched)) if sched.num_stages > 1 else 0.0
     out = []
+    held = _weight_versions(run, cost, sched)
     for rank, peak in enumerate(result.peak_memory):
         peak = _with_step(cost, sched, rank, float(peak), parts[rank])
+        if held.get(rank):
+            parts[rank]["weight_versions"] = held[rank]
+            peak += held[rank] - _gradients_stepped(cost, parts[rank])
         flops: dict[str, float] = defaultdict(float)
         for action in sched.actions[rank]:
             f = float(cost.flops(action, sched))
@@ -92,6 +111,13 @@ def predict(run) -> list[RankPrediction]:
     return out
 
 
+def _lumped(cost, sched, rank: int, peak: float) -> dict[str, float]:
+    """Parts of a cost model that wraps the transformer's (vocabulary parallelism): its static bytes as
+    one ``state`` and the rest of the peak as activations."""
+    static = float(cost.static_bytes(rank, sched))
+    return {"state": static, "activations": peak - static}
+
+
 def _with_step(cost, sched, rank: int, peak: float, parts: dict[str, float]) -> float:
     """The higher of ``peak`` and the optimizer step's (static + the step's fp32 gradient copies,
     :func:`~pipewright.cost.chunk_memory.step_transient_bytes`; the simulated schedule has a STEP only
@@ -100,10 +126,43 @@ def _with_step(cost, sched, rank: int, peak: float, parts: dict[str, float]) -> 
     from pipewright.cost.chunk_memory import step_transient_bytes
 
     stage = sched.stages_of(rank)[0]
-    step = float(cost.static_bytes(rank, sched)) + step_transient_bytes(cost, Action(stage, STEP, 0), sched)
+    base = getattr(cost, "inner", cost)  # a vocabulary-parallel cost wraps the transformer's
+    step = float(cost.static_bytes(rank, sched)) + step_transient_bytes(base, Action(stage, STEP, 0), sched)
     if step <= peak:
         return peak
     for key in ("activations", "recompute_transient", "communication_buffers"):
         parts[key] = 0.0
     parts["step_gradients"] = step - float(cost.static_bytes(rank, sched))
     return step
+
+
+def _weight_versions(run, cost, sched) -> dict[int, float]:
+    """Per pipeline rank, the bytes an asynchronous policy holds beyond the live weights: the weight
+    versions in flight and its extra gradient buffers (``features.async_weights.weight_memory``, which
+    the schedule's memory timeline does not include), held the whole step; {} for other schedules."""
+    policy = run.config.features.get("weight_policy")
+    if not policy or policy == "none" or sched.meta.get("flush", True):
+        return {}
+    from pipewright.cost.chunk_memory import weight_element_bytes
+    from pipewright.features.async_weights.weight_memory import weight_bytes
+
+    size = weight_element_bytes(cost)
+    params = {s: float(cost._chunk(s, sched).params) * size for s in range(sched.num_stages)}
+    total = weight_bytes(policy, sched, params)
+    out: dict[int, float] = defaultdict(float)
+    for stage, held in total.items():
+        out[sched.rank_of(stage)] += held - params[stage]
+    return dict(out)
+
+
+def _gradients_stepped(cost, parts: dict[str, float]) -> float:
+    """The gradient buffer an asynchronous schedule does not hold: each microbatch's ``STEP`` consumes
+    its gradients and frees them (``.grad`` set to None), so a gradient lives from its parameter's
+    backward to that step, not the whole step as the schedule's static memory keeps it. ``parts``
+    loses them (the embedding and output layer's share too); returns their bytes."""
+    state = cost.state()
+    edges = parts.get("embedding_output_layer", 0.0) * state.gradients / state.total
+    freed = parts.get("gradients", 0.0) + edges
+    parts["gradients"] = 0.0
+    parts["embedding_output_layer"] = parts.get("embedding_output_layer", 0.0) - edges
+    return freed

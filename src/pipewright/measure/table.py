@@ -27,6 +27,46 @@ ROWS: tuple[tuple[str, dict[str, Any], int], ...] = (
     ("llama3-8b t1 p4 d4 1f1b ZeRO-1", {**_L8, "schedule": "1f1b", "dp": 4, "shard_optimizer": True}, 0),
     ("llama3-8b t1 p4 c2 1f1b", {**_L8, "schedule": "1f1b", "cp": 2}, 0),
     ("llama3-8b t1 p4 zb-h1", {**_L8, "schedule": "zb-h1"}, 0),
+    ("llama3-8b t1 p4 zb-h2", {**_L8, "schedule": "zb-h2"}, 0),
+    ("llama3-8b t1 p4 zb-auto", {**_L8, "schedule": "zb-auto"}, 0),
+    ("llama3-8b t1 p4 v-half", {**_L8, "schedule": "v-half"}, 0),
+    ("llama3-8b t1 p4 v-min", {**_L8, "schedule": "v-min"}, 0),
+    ("llama3-8b t1 p4 c4 1f1b", {**_L8, "schedule": "1f1b", "cp": 4}, 0),
+    ("llama3-8b t1 p4 c8 1f1b", {**_L8, "schedule": "1f1b", "cp": 8}, 0),
+    (
+        "llama3-8b t1 p4 1f1b tied embeddings, last rank",
+        {**_L8, "schedule": "1f1b", "tie_embeddings": True},
+        3,
+    ),
+    (  # vocabulary parallelism trains in fp32
+        "gpt3-6.7b t1 p4 1f1b vocabulary parallel alg1 fp32",
+        {**_LLAMA, "model": "gpt3-6.7b", "vocab": 51200, "tp": 1, "pp": 4, "microbatches": 8}
+        | {"schedule": "1f1b", "precision": "fp32", "vocab_parallel": "alg1"},
+        0,
+    ),
+    ("llama3-8b t1 p4 1f1b K-FAC", {**_L8, "schedule": "1f1b", "optimizer": "kfac"}, 0),
+    (  # asynchronous schedules train in fp32 (PipeDream's weight stashing)
+        "llama3-8b t1 p4 async-1f1b stash fp32",
+        {**_L8, "schedule": "async-1f1b", "precision": "fp32", "weight_policy": "stash"},
+        0,
+    ),
+    (
+        "llama3-8b t1 p4 async-zb-h1 stash fp32",
+        {**_L8, "schedule": "async-zb-h1", "precision": "fp32", "weight_policy": "stash"},
+        0,
+    ),
+    (  # Mixtral 8x7B: one expert a rank (ep 8 over dp 8), sequence 4096
+        "mixtral-8x7b t1 p4 d8 e8 1f1b",
+        {**_LLAMA, "model": "mixtral-8x7b", "vocab": 32000, "tp": 1, "pp": 4, "dp": 8, "ep": 8}
+        | {"microbatches": 8, "schedule": "1f1b"},
+        0,
+    ),
+    (  # a DeepSeek-style MoE: DeepSeek-V3 (MLA, 256 experts, top 8, 1 shared), 32 experts a rank
+        "deepseek-v3 t1 p16 d8 e8 1f1b",
+        {**_LLAMA, "model": "deepseek-v3", "vocab": 129280, "tp": 1, "pp": 16, "dp": 8, "ep": 8}
+        | {"microbatches": 16, "schedule": "1f1b"},
+        1,
+    ),
     (  # what `plan` picks for 8 H100s and a global batch of 64 (docs/fidelity.md's example)
         "llama3-8b t1 p2 d4 interleaved v4 ZeRO-1",
         {**_L8, "pp": 2, "dp": 4, "shard_optimizer": True, "microbatches": 16}

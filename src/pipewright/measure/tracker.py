@@ -17,7 +17,8 @@ c10d op of the rank passes through it:
   all-gather's output, a reduce-scatter's input, an all-to-all's input — per (op, group) and per
   action kind.
 - **values read**: a meta tensor has no data, so ``.item()`` (a loss, a gradient norm, a finite
-  check) reads 1.0 for floating point, 1 for integers and True for booleans (every check passes).
+  check) reads 1.0 for floating point, 1 for integers and True for booleans (every check passes);
+  a mixture of experts' routing counts read balanced routing's (:mod:`.routing`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
+
+from pipewright.measure.routing import RoutedValues
 
 aten = torch.ops.aten
 
@@ -106,6 +109,7 @@ class ProgramTracker(TorchDispatchMode):
         self.comm: dict[tuple[str, str], int] = defaultdict(int)  # (op, group) → bytes
         self.comm_by_kind: dict[tuple[str, str], int] = defaultdict(int)  # (kind, op) → bytes
         self.comm_count: dict[tuple[str, str], int] = defaultdict(int)
+        self.routed = RoutedValues()
 
     # -- memory ----------------------------------------------------------------------------------
     def _add(self, t: torch.Tensor) -> None:
@@ -155,12 +159,20 @@ class ProgramTracker(TorchDispatchMode):
     # -- dispatch --------------------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        known = self.routed.value(args[0]) if args else None
         if func is _SCALAR:
+            if known is not None:
+                return known.item()
             dtype = args[0].dtype
             return True if dtype == torch.bool else 1.0 if dtype.is_floating_point or dtype.is_complex else 1
         if func is _TO_COPY and _to_host(args[0], kwargs.get("device")):  # a value read back: ones
+            if known is not None:
+                return known.to(kwargs.get("dtype") or known.dtype)
             return torch.ones(args[0].shape, dtype=kwargs.get("dtype") or args[0].dtype, device="cpu")
-        out = func(*args, **kwargs)
+        answered, out = self.routed.handle(func, args, kwargs)
+        if not answered:
+            out = func(*args, **kwargs)
+        self.routed.follow(func, args, kwargs, out)
         if isinstance(out, torch.Tensor):
             self._add(out)
         elif isinstance(out, (tuple, list)):

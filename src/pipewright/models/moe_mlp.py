@@ -117,6 +117,45 @@ def _generator(gen: torch.Generator, base: int, index: int) -> torch.Generator:
     return torch.Generator().manual_seed((base * 1_000_003 + index) & ((1 << 63) - 1))
 
 
+class _RouterLinear(torch.autograd.Function):
+    """The router's logits x·W_rᵀ in fp32, as ``F.linear(x.float(), W_r.float())`` computes them and its
+    gradients, keeping x and W_r in their own dtype for the backward (autograd would keep the fp32
+    copy of x, twice the 16-bit input's bytes; Megatron-LM's router gating keeps the input)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        return F.linear(x.float(), weight.float())
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        grad_x = grad.mm(weight.float()).to(x.dtype) if ctx.needs_input_grad[0] else None
+        grad_w = grad.t().mm(x.float()).to(weight.dtype) if ctx.needs_input_grad[1] else None
+        return grad_x, grad_w
+
+
+class _Combine(torch.autograd.Function):
+    """y = 0.index_add(0, token, weighted): each assignment's weighted output summed into its token's
+    row. Its gradient is ∂y gathered back, ∂y[token]; PyTorch's ``index_add`` keeps ``weighted`` (a
+    k·T×h tensor) for its backward, for nothing but its shape — kept here are the indices alone."""
+
+    @staticmethod
+    def forward(ctx, like: torch.Tensor, token: torch.Tensor, weighted: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(token)
+        return torch.zeros_like(like).index_add(0, token, weighted)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (token,) = ctx.saved_tensors
+        return None, None, grad.index_select(0, token)
+
+
+def _combine(like: torch.Tensor, token: torch.Tensor, weighted: torch.Tensor) -> torch.Tensor:
+    """:class:`_Combine` (the rows of ``like``'s shape)."""
+    return _Combine.apply(like.detach(), token, weighted)
+
+
 class MoE(nn.Module):
     """Routed experts (+ shared experts) in place of an MLP; see the module docstring.
 
@@ -161,7 +200,7 @@ class MoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
-        logits = F.linear(flat.float(), self.router.weight.float())
+        logits = _RouterLinear.apply(flat, self.router.weight)
         capacity = self.spec.moe_capacity
         expert, token, gate, kept, balance = route(logits, self.top_k, capacity, self.count_sum)
         expert, token, gate = expert[kept], token[kept], gate[kept]
@@ -169,7 +208,7 @@ class MoE(nn.Module):
         expert, token, gate = expert[order], token[order], gate[order]
         counts = torch.bincount(expert, minlength=self.num_experts)
         routed = self._experts(flat[token], counts)
-        out = torch.zeros_like(flat).index_add(0, token, routed * gate.unsqueeze(-1).to(routed.dtype))
+        out = _combine(flat, token, routed * gate.unsqueeze(-1).to(routed.dtype))
         if self.shared is not None:
             out = out + self.shared(flat)
         out = out.view(shape)

@@ -31,8 +31,33 @@ def _param_groups(named: Iterable[tuple[str, nn.Parameter]], weight_decay: float
     ]
 
 
+#: Where AdamW runs PyTorch's fused kernel: CUDA, and the meta tensors that stand for a device run
+#: when the program is measured without one (:mod:`pipewright.measure`). The CPU keeps the for-loop
+#: implementation, whose numerics the CPU runs and their tests were made with.
+FUSED_DEVICES = frozenset({"cuda", "meta"})
+#: The parameter dtypes PyTorch's fused AdamW takes.
+FUSED_DTYPES = frozenset({torch.float16, torch.bfloat16, torch.float32, torch.float64})
+
+
+def adamw_fused(params: Sequence[torch.Tensor]) -> bool:
+    """Whether :func:`_adamw` builds PyTorch's fused AdamW for ``params``: every one a dense tensor of a
+    dtype in :data:`FUSED_DTYPES` on one device type of :data:`FUSED_DEVICES`. The fused step updates
+    the parameters and both moments in one kernel per group of tensors and allocates no temporaries
+    (as Megatron's fused Adam); the foreach step holds about 4 bytes a parameter of them at once, the
+    for-loop one two fp32 tensors of the largest parameter."""
+    kinds = {p.device.type for p in params}
+    return (
+        len(kinds) == 1
+        and kinds <= FUSED_DEVICES
+        and all(p.dtype in FUSED_DTYPES and p.layout == torch.strided for p in params)
+    )
+
+
 def _adamw(named, lr: float, weight_decay: float, betas=(0.9, 0.95), **_) -> torch.optim.Optimizer:
-    return torch.optim.AdamW(_param_groups(named, weight_decay), lr=lr, betas=betas, eps=1e-8, foreach=False)
+    groups = _param_groups(named, weight_decay)
+    fused = adamw_fused([p for g in groups for p in g["params"]])
+    impl = {"fused": True} if fused else {"foreach": False}
+    return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=1e-8, **impl)
 
 
 def _sgd(named, lr: float, weight_decay: float, momentum: float = 0.9, **_) -> torch.optim.Optimizer:
