@@ -31,11 +31,11 @@ def test_one_expert_top_one_is_the_dense_layer_plus_its_router():
     moe, b, h = MoE(experts=1, top_k=1), 3, DENSE.hidden
     assert moe_layer_parameters(DENSE, moe) == layer_parameters(DENSE) + h
     assert moe_layer_forward_flops(DENSE, moe, b) == layer_forward_flops(DENSE, b) + 2 * b * DENSE.seq_len * h
-    # the dispatched copy of the MLP input (2·s·b·h) and the fp32 router probabilities (4·s·b), / t
-    # with sequence parallelism
+    # the dispatched copy of the MLP input (2·s·b·h), the expert's output kept for the gate product
+    # (2·s·b·h) and the fp32 router probabilities (4·s·b), / t with sequence parallelism
     dense = layer_stored_units(DENSE, 2, True, scores=False)
-    assert moe_stored_units(DENSE, moe, 2, True) == pytest.approx(dense + (2 + 4 / h) / 2)
-    assert moe_stored_units(DENSE, moe) == pytest.approx(layer_stored_units(DENSE, scores=False) + 2 + 4 / h)
+    assert moe_stored_units(DENSE, moe, 2, True) == pytest.approx(dense + (2 + 2 + 4 / h) / 2)
+    assert moe_stored_units(DENSE, moe) == pytest.approx(layer_stored_units(DENSE, scores=False) + 4 + 4 / h)
 
 
 @pytest.mark.parametrize(

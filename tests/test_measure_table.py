@@ -46,3 +46,20 @@ def test_the_simulated_side_is_current(index):
     now = predict(run)[pp_rank]
     assert now.peak_bytes == pytest.approx(recorded["rows"]["peak memory"]["simulated"], rel=1e-6)
     assert now.flops["F"] == pytest.approx(recorded["rows"]["FLOPs F"]["simulated"], rel=1e-6)
+
+
+#: Rows whose simulated peak is more than 5 % from the measured one, each with its cause on
+#: docs/fidelity.md; the list can only shrink (the test fails when a listed row comes within 5 %).
+PEAK_MISSES = {
+    "llama3-8b t1 p4 1f1b K-FAC",  # the curvature's kept inputs and factors are not priced
+    "llama3-8b t1 p4 async-zb-h1 stash fp32",  # simulated activations 6.8 GiB high, cause not found
+}
+
+
+def test_the_peak_memory_of_every_other_row_is_within_five_percent():
+    off = set()
+    for row in load():
+        peak = row["rows"]["peak memory"]
+        if abs(peak["simulated"] / peak["measured"] - 1) > 0.05:
+            off.add(row["name"])
+    assert off == PEAK_MISSES

@@ -28,9 +28,10 @@ in the formulas below, DeepSeek-V3's multi-head latent attention with ``attentio
   (e − 1)/e · N/B + (e − 1)·α (a pairwise exchange; every device sends and receives at once).
 - Stored activation bytes (16-bit, no recomputation), in units of s·b·h: the attention block's (the
   dense layer's :func:`~pipewright.cost.layer.layer_stored_units` without its MLP part), the MLP input
-  (2, before dispatch), the dispatched copies 2·k·φ and the router's fp32 probabilities 4·E/h (these
-  three / t with sequence parallelism), and the experts' intermediate tensors
-  (k·φ + shared)·(6 for swiglu, 4 otherwise)·f_e/h / t (the experts tensor-parallel like the dense
+  (2, before dispatch), the dispatched copies 2·k·φ, the experts' outputs 2·k·φ (kept for the
+  gradient of the gate product, as Megatron-LM's unpermute with probabilities keeps them) and the
+  router's fp32 probabilities 4·E/h (these four / t with sequence parallelism), and the experts'
+  intermediate tensors (k·φ + shared)·(6 for swiglu, 4 otherwise)·f_e/h / t (the experts tensor-parallel like the dense
   MLP, Megatron-LM's default expert tensor parallelism).
 
 :class:`~pipewright.cost.moe_cost.MoECost` prices ``simulate``/``plan`` chunks with these terms.
@@ -169,5 +170,6 @@ def moe_stored_units(
     attention_only = dense - mlp_parallel / t - mlp_replicated / (t if sequence_parallel else 1)
     slots = moe.top_k * moe.capacity
     experts = (slots + moe.shared) * (tensors - cast) * f / h
-    per_token = 2 + (2 - cast) * slots + 4 * moe.experts / h
+    # the experts' outputs, kept 16-bit for the gate product's gradient (∂/∂probs = output · grad)
+    per_token = 2 + (2 - cast) * slots + 2 * slots + 4 * moe.experts / h
     return attention_only + per_token / (t if sequence_parallel else 1) + experts / t
