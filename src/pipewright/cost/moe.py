@@ -31,8 +31,8 @@ in the formulas below, DeepSeek-V3's multi-head latent attention with ``attentio
   (2, before dispatch), the dispatched copies 2·k·φ, the experts' outputs 2·k·φ (kept for the
   gradient of the gate product, as Megatron-LM's unpermute with probabilities keeps them) and the
   router's fp32 probabilities 4·E/h (these four / t with sequence parallelism), and the experts'
-  intermediate tensors (k·φ + shared)·(6 for swiglu, 4 otherwise)·f_e/h / t (the experts tensor-parallel like the dense
-  MLP, Megatron-LM's default expert tensor parallelism).
+  intermediate tensors (k·φ + shared)·(6 for swiglu, 4 otherwise)·f_e/h / t (the experts
+  tensor-parallel like the dense MLP, Megatron-LM's default expert tensor parallelism).
 
 :class:`~pipewright.cost.moe_cost.MoECost` prices ``simulate``/``plan`` chunks with these terms.
 """
