@@ -6,7 +6,7 @@ attention at its load-balanced positions (chunks r and 2·cp−1−r), and the g
 assembled from the ranks equal full attention's, within 1e-5 (fp32). Each rank's ring counts what it
 sends and which exchanges it waits with no block computed since they were posted: the forward waits
 none so; the backward sends 2·(cp − 1) messages and waits one so, its accumulator coming home; those
-bytes are what the cost model's ``pipewright`` ring is priced at (``cost/context.py``).
+bytes are what the cost model's ``pipewright`` ring is priced at (``cost/context_parallel.py``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from pipewright import ir
-from pipewright.cost.context import ring_bytes_per_layer, ring_waited_bytes_per_layer
+from pipewright.cost.context_parallel import ring_bytes_per_layer, ring_waited_bytes_per_layer
 from pipewright.errors import ConfigError
 from pipewright.models.spec import ModelSpec
 from pipewright.runtime.parallel.cp import RingAttentionCore, check_context_parallel, local_positions

@@ -10,7 +10,7 @@ import pytest
 from pipewright.cli import _parser
 from pipewright.cli.cost_flags import CP_COMM_NAMES
 from pipewright.cost import cp_impls, frameworks
-from pipewright.cost.context import cp_layer_seconds
+from pipewright.cost.context_parallel import cp_layer_seconds
 from pipewright.cost.cp_impls import CPComm, CPShape, cp_impl, run_streams
 from pipewright.cost.published_specs import published_spec
 from pipewright.cost.transformer import TransformerCost

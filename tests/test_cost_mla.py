@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 
 from pipewright.cost.attention_kinds import ATTENTION_KINDS, attention_of, gemm_flops
-from pipewright.cost.context import ring_bytes_per_layer
+from pipewright.cost.context_parallel import ring_bytes_per_layer
 from pipewright.cost.layer import attention_flops, layer_parameters, layer_stored_units
 from pipewright.cost.llama import cost_class
 from pipewright.cost.mla import DEEPSEEK_V3_MLA, LatentAttention

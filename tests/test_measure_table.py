@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pipewright.measure.simulated import predict
+from pipewright.measure.simulated_side import predict
 from pipewright.measure.table import ROWS, load, markdown
 from pipewright.runtime.setup.config import TrainConfig
 from pipewright.training import prepare

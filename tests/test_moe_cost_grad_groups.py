@@ -67,8 +67,8 @@ def test_without_expert_parallelism_every_gradient_is_reduced_over_dp():
 def test_the_planners_estimate_reduces_the_experts_over_their_group():
     from dataclasses import replace
 
-    from pipewright.plan.context import messages
     from pipewright.plan.problem import Candidate, Problem
+    from pipewright.plan.search_context import messages
 
     spec = replace(MIXTRAL, layers=4, moe_dense_layers=1)
     prob = Problem(spec, TOPO, 32, attention="flash")

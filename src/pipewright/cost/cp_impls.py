@@ -12,8 +12,9 @@ The attention core's time A of the pass is the cost model's (every implementatio
 causal pairs once: balanced, so each of the c kernel calls of a ring does A/c).
 
 - ``transformer-engine`` (Megatron-LM's default) and ``pipewright`` (this package's runtime): the
-  p2p ring of :mod:`pipewright.cost.context`, all transfers of a kind priced as one all-gather hidden
-  behind that kind's whole attention (unchanged from :func:`~pipewright.cost.context.ring_bytes_per_layer`).
+  p2p ring of :mod:`pipewright.cost.context_parallel`, all transfers of a kind priced as one
+  all-gather hidden behind that kind's whole attention (unchanged from
+  :func:`~pipewright.cost.context_parallel.ring_bytes_per_layer`).
 - ``torch-allgather`` / ``torch-alltoall``: PyTorch's ``context_parallel``
   (torch/distributed/tensor/experimental/_attention.py) with that rotate method, as torchtitan's Llama
   calls it (``repeat_kv`` before SDPA: the K/V carry all a query heads, w = 2·a·d). Head-tail load
@@ -187,7 +188,7 @@ class RingBackward:
 
 @dataclass(frozen=True)
 class RingImpl(CPImpl):
-    """A p2p ring (:mod:`pipewright.cost.context`): a kind's transfers priced as one all-gather of
+    """A p2p ring (:mod:`pipewright.cost.context_parallel`): a kind's transfers priced as one all-gather of
     their bytes, hidden behind the kind's whole attention; the recomputed forward's exchange is not
     added (the ring's transfers of I are its backward's)."""
 
@@ -351,7 +352,7 @@ def registry() -> Mapping[str, CPImpl]:
     return _REGISTRY.view()
 
 
-#: the p2p rings' backwards by implementation name (:mod:`pipewright.cost.context`)
+#: the p2p rings' backwards by implementation name (:mod:`pipewright.cost.context_parallel`)
 RING_BACKWARDS: Mapping[str, RingBackward] = MappingProxyType(
     {"transformer-engine": RingBackward(), "pipewright": RingBackward(grad_element_bytes=4, waits_last=True)}
 )

@@ -22,8 +22,9 @@ per-layer terms are :mod:`pipewright.cost.layer`'s (GEMM shapes, attention, stor
   square; eager attention's batched GEMMs run at the GEMM efficiency) +
   the memory-bound kernels' bytes / memory bandwidth + tensor-parallel communication (what
   ``tp_comm_overlap`` leaves exposed, :mod:`pipewright.cost.tp_overlap`) + the context-parallel
-  exchange its implementation leaves exposed (:mod:`pipewright.cost.context`, ``cp_comm``) + FSDP's gathers
-  beyond the compute they overlap (:mod:`pipewright.cost.sharding`). W carries GEMMs only.
+  exchange its implementation leaves exposed (:mod:`pipewright.cost.context_parallel`, ``cp_comm``) +
+  FSDP's gathers beyond the compute they overlap (:mod:`pipewright.cost.sharding`). W carries GEMMs
+  only.
 - Memory-bound kernels (norms, activations, dropout, softmax, rotary, residual adds): the forward moves
   κ (:attr:`Efficiency.memory_traffic`) × the bytes a forward without recomputation stores; I moves
   twice that (plus a recomputed forward's); the output layer's fp32 softmax/cross-entropy moves 12
@@ -72,7 +73,7 @@ from pipewright.cost.chunk_memory import (
     transient_bytes,
 )
 from pipewright.cost.comm import Mesh, TopologyComm, default_topology
-from pipewright.cost.context import cp_buffer_bytes, cp_layer_seconds, ring_bytes_per_layer
+from pipewright.cost.context_parallel import cp_buffer_bytes, cp_layer_seconds, ring_bytes_per_layer
 from pipewright.cost.dispatch import chunk_launched, optimizer_seconds
 from pipewright.cost.efficiency import A100_EFFICIENCY, Efficiency, default_efficiency
 from pipewright.cost.flop_count import logit_forward_flops, megatron_flops_per_iteration, megatron_parameters
@@ -225,7 +226,7 @@ class TransformerCost:
             mesh = replace(mesh, cp=max(self.cp, mesh.cp))
             object.__setattr__(self, "mesh", mesh)
             object.__setattr__(self, "cp", mesh.cp)
-        from pipewright.cost.context import check_context_parallel
+        from pipewright.cost.context_parallel import check_context_parallel
 
         check_context_parallel(self.spec, self.cp, self.cp_comm)
         topology = self.topology or default_topology(self.gpu, mesh.size)
@@ -449,7 +450,7 @@ class TransformerCost:
 
     def transient_bytes(self, action: Action, schedule: Schedule) -> float:
         """Bytes a recomputing backward holds while it runs (:func:`chunk_memory.transient_bytes`) + a
-        layer's context-parallel K/V buffers (:func:`~pipewright.cost.context.cp_buffer_bytes`)."""
+        layer's context-parallel K/V buffers (:func:`~pipewright.cost.context_parallel.cp_buffer_bytes`)."""
         cp = cp_buffer_bytes(self, action.kind) if self._chunk(action.stage, schedule).layers else 0.0
         return transient_bytes(self, action, schedule) + cp
 

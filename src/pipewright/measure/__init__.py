@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Callable, Sequence
 
 from pipewright.measure.rank import RankMeasure, distinct_ranks, measure_rank
-from pipewright.measure.report import RankComparison, compare, text
+from pipewright.measure.side_by_side import RankComparison, compare, text
 
 __all__ = ["RankComparison", "RankMeasure", "compare", "distinct_ranks", "measure_run", "text"]
 
@@ -27,7 +27,7 @@ def measure_run(
     """Measure the distinct ranks of ``config`` (``pp_ranks``: only these pipeline ranks; default all)
     and compare each with the simulator's prediction of its pipeline rank."""
     from pipewright.errors import ConfigError
-    from pipewright.measure.simulated import predict
+    from pipewright.measure.simulated_side import predict
     from pipewright.training import prepare
 
     if getattr(config, "init_from", None):

@@ -117,7 +117,7 @@ def load() -> list[dict[str, Any]]:
 
 
 def record(name: str, fields: dict[str, Any], cmp) -> dict[str, Any]:
-    """One row of the package data from a :class:`~pipewright.measure.report.RankComparison`."""
+    """One row of the package data from a :class:`~pipewright.measure.side_by_side.RankComparison`."""
     return {"name": name, "config": fields, **cmp.as_dict()}
 
 

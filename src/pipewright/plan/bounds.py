@@ -11,10 +11,10 @@ from dataclasses import replace
 
 from pipewright.hardware import accelerator
 from pipewright.plan import grouping
-from pipewright.plan.context import _Context, parts_of
 from pipewright.plan.costs import StageCost, stage_cost
 from pipewright.plan.partition import fits_somewhere, stage_terms
 from pipewright.plan.problem import Candidate
+from pipewright.plan.search_context import _Context, parts_of
 
 
 def bound_cost(ctx: _Context, c: Candidate) -> StageCost:

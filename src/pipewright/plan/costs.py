@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from functools import cache
 
 from pipewright.cost.comm import Mesh
-from pipewright.cost.context import ring_gathered_bytes
+from pipewright.cost.context_parallel import ring_gathered_bytes
 from pipewright.cost.dispatch import cost_softmax_fused, launched
 from pipewright.cost.gemm import gemm_seconds as gemm_seconds
 from pipewright.cost.gemm import roofline

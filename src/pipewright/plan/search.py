@@ -35,7 +35,6 @@ from pipewright.plan.chunked import (
     end_chunks_in_flight,
     order_placement,
 )
-from pipewright.plan.context import _Context, messages, parts_of
 from pipewright.plan.costs import StageCost, stage_cost
 from pipewright.plan.mapping import DeviceMap, device_order, map_devices, slowest_first
 from pipewright.plan.partition import (
@@ -54,6 +53,7 @@ from pipewright.plan.problem import (
     why_slower,
 )
 from pipewright.plan.refine import per_stage_recompute, refine
+from pipewright.plan.search_context import _Context, messages, parts_of
 from pipewright.plan.simulated import simulate_plan
 from pipewright.plan.zb_limit import cost_aware_order
 from pipewright.schedules.registry import info

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipewright.measure.rank import RankMeasure
-from pipewright.measure.simulated import RankPrediction
+from pipewright.measure.simulated_side import RankPrediction
 
 MEMORY_TARGET = 0.05
 FLOPS_TARGET = 0.01
@@ -31,7 +31,7 @@ _STATIC_SIMULATED = (
     "optimizer_state",
     "embedding_output_layer",
     "step_gradients",
-    "state",  # a wrapping cost model's state in one (measure/simulated.py's _lumped)
+    "state",  # a wrapping cost model's state in one (measure/simulated_side.py's _lumped)
 )
 _GRAD_GROUPS = ("dp", "expert-dp")
 _ACTIVE_SIMULATED = ("activations", "recompute_transient", "communication_buffers", "weight_versions")
