@@ -51,9 +51,15 @@ def _shown(value: Any) -> str:
     return str(value)
 
 
-def _switch(flag: str, value: bool) -> str:
+def _negates(name: str, flag: str) -> bool:
+    """Whether switch ``flag`` turns field ``name`` off (``--no-progress`` for ``progress``; not
+    ``--no-bias`` for ``no_bias``, which it turns on)."""
+    return flag.startswith("--no-") and name != flag[2:].replace("-", "_")
+
+
+def _switch(name: str, flag: str, value: bool) -> str:
     """A switch's default as on or off (``--no-progress``: off while progress is on)."""
-    return "on" if value != flag.startswith("--no-") else "off"
+    return "on" if value != _negates(name, flag) else "off"
 
 
 def _commas(kind: Callable[[str], Any]) -> Callable[[str], tuple]:
@@ -82,13 +88,13 @@ def _add(group: Any, path: Path, f: Field, kind: Any, command: str) -> None:
     value = field_default(path, f, command)
     text = text.replace("%(default)s", _shown(value))
     if "default" not in text.lower():
-        text += f" (default: {_switch(flag, value) if base_type(kind) is bool else _shown(value)})"
+        text += f" (default: {_switch(path[-1], flag, value) if base_type(kind) is bool else _shown(value)})"
     common = {"dest": ".".join(path), "default": argparse.SUPPRESS, "help": text.replace("%", "%%")}
     metavar = path[-1].upper()
     base = base_type(kind)
     nargs = f.metadata.get("nargs")
     if base is bool:
-        action = "store_false" if flag.startswith("--no-") else "store_true"
+        action = "store_false" if _negates(path[-1], flag) else "store_true"
         group.add_argument(*names, action=action, **common)
     elif kind == bool | str:  # a bare flag (True) or a mode
         group.add_argument(*names, nargs="?", const=True, metavar="MODE", **common)
@@ -131,10 +137,11 @@ def add_spec_flags(
 
 
 def spec_from_args(
-    args: argparse.Namespace, command: str, features: Mapping[str, type] | None = None
+    args: argparse.Namespace, command: str, features: Mapping[str, type] | None = None, check: bool = True
 ) -> RunSpec:
     """The RunSpec of a parsed command line: ``command``'s defaults, then the ``--config`` file's
-    values, then the flags given."""
+    values, then the flags given (``check``: :func:`validate` them; False where the command's own
+    checks name the flags)."""
     features = feature_sections() if features is None else features
     given = vars(args)
     base = load_toml(given["config"], command, features) if "config" in given else defaults(command, features)
@@ -142,7 +149,8 @@ def spec_from_args(
     changes = {
         known[dest]: tuple(v) if isinstance(v, list) else v for dest, v in given.items() if dest in known
     }
-    return validate(with_values(base, changes), source="command line")
+    spec = with_values(base, changes)
+    return validate(spec, source="command line") if check else spec
 
 
 def spec_to_argv(spec: RunSpec, command: str, features: Mapping[str, type] | None = None) -> list[str]:
@@ -164,15 +172,17 @@ def spec_to_argv(spec: RunSpec, command: str, features: Mapping[str, type] | Non
             raise ConfigError(
                 f"{where}: {flag} cannot say 'none' (its default for {command} is {start[path]})"
             )
-        argv += _words(flag, value, base_type(kind), f.metadata.get("nargs"), where)
+        argv += _words(flag, value, base_type(kind), f.metadata.get("nargs"), where, _negates(path[-1], flag))
     return argv
 
 
-def _words(flag: str, value: Any, base: Any, nargs: str | None, where: str) -> Sequence[str]:
+def _words(
+    flag: str, value: Any, base: Any, nargs: str | None, where: str, negates: bool = False
+) -> Sequence[str]:
     if value == "--" or (isinstance(value, tuple) and "--" in value):
         raise ConfigError(f"{where}: argparse reads '--' as the end of the options; no flag can write it")
     if value is True or value is False:
-        if (value is False) != flag.startswith("--no-"):
+        if (value is False) != negates:
             raise ConfigError(f"{where}: the switch {flag} cannot write it")
         return [flag]
     if isinstance(value, tuple):

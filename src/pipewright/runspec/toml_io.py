@@ -72,6 +72,8 @@ def load_toml(
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not TOML: not UTF-8 text") from None
     return loads_toml(text, command, features, source=str(path))
 
 
