@@ -63,3 +63,40 @@ def test_flags_override_the_file(planned, capsys):
     capsys.readouterr()
     assert main(["simulate", "--config", str(planned / "run.toml"), "--json", "--iterations", "3"]) == 0
     assert json.loads(capsys.readouterr().out)["iterations"] == 3
+
+
+def test_train_and_check_read_the_same_file(planned, capsys):
+    from pipewright.cli import build_parser
+    from pipewright.cli.train import config_from_args
+
+    report = json.loads((planned / "run.plan.json").read_text())
+    capsys.readouterr()
+    assert main(["train", "--config", str(planned / "run.toml"), "--dry-run"]) == 0
+    assert "no worker started (--dry-run)" in capsys.readouterr().out
+    for command in ("train", "check"):
+        args = build_parser().parse_args([command, "--config", str(planned / "run.toml"), "--steps", "2"])
+        config = config_from_args(args)
+        assert (config.tp, config.pp, config.dp, config.microbatches, config.steps) == (
+            report["tp"], report["pp"], report["dp"], report["microbatches"], 2
+        )  # fmt: skip
+
+
+def test_export_plan_reads_the_file(planned, capsys):
+    capsys.readouterr()
+    assert main(["export-plan", str(planned / "run.plan.json"), "--to", "megatron"]) == 0
+    from_json = capsys.readouterr().out
+    assert main(["export-plan", str(planned / "run.toml"), "--to", "megatron"]) == 0
+    assert capsys.readouterr().out == from_json and "MEGATRON_ARGS=(" in from_json
+
+
+def test_an_older_train_file_still_reads(tmp_path):
+    from pipewright.cli import build_parser
+    from pipewright.cli.train import config_from_args
+
+    flat, table = tmp_path / "flat.toml", tmp_path / "table.toml"
+    flat.write_text("steps = 3\npp = 4\nmicrobatches = 8\n")
+    table.write_text("[train]\nsteps = 3\npp = 4\n")
+    config = config_from_args(build_parser().parse_args(["train", "--config", str(flat)]))
+    assert (config.steps, config.pp, config.microbatches) == (3, 4, 8)
+    config = config_from_args(build_parser().parse_args(["train", "--config", str(table), "--pp", "2"]))
+    assert (config.steps, config.pp) == (3, 2)

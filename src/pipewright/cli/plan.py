@@ -14,7 +14,7 @@ from pipewright.cli.cost_flags import (
 )
 from pipewright.cli.guards import PLAN_MAX_DEVICES, check_devices
 from pipewright.cli.progress import Bar
-from pipewright.cli.spec_args import add_command
+from pipewright.cli.spec_args import add_command, required
 from pipewright.cli.zb_flags import refine_seconds
 from pipewright.errors import ConfigError
 from pipewright.outputs import check_output, check_outputs
@@ -136,15 +136,7 @@ def run(args: argparse.Namespace) -> int:
     from pipewright.plan.search import Problem
     from pipewright.schedules import schedule_names
 
-    if args.global_batch_size is None:  # (required, from the flags or --config)
-        import sys
-
-        print(
-            "pipewright plan: error: the following arguments are required: --global-batch-size "
-            "(see pipewright plan --help)",
-            file=sys.stderr,
-        )
-        return 2
+    required("plan", **{"--global-batch-size": args.global_batch_size})  # from the flags or --config
     check_values(args)
     profile = None
     if args.profile is not None:

@@ -49,6 +49,21 @@ def add_command(
     return parser
 
 
+def required(command: str, **values: Any) -> None:
+    """argparse's usage error (exit status 2) when a required argument is in neither the flags nor
+    the ``--config`` file: ``required("plan", **{"--global-batch-size": args.global_batch_size})``."""
+    import sys
+
+    missing = [name for name, value in values.items() if value is None]
+    if missing:
+        print(
+            f"pipewright {command}: error: the following arguments are required: {', '.join(missing)} "
+            f"(see pipewright {command} --help)",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+
+
 def _exclusive(parser: argparse.ArgumentParser, parsed: argparse.Namespace) -> None:
     """argparse's usage error for two flags given that exclude each other (``--shard-optimizer`` and
     ``--fsdp``: :data:`pipewright.runspec.validation.EXCLUSIVE`)."""

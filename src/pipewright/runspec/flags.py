@@ -92,6 +92,10 @@ def _add(group: Any, path: Path, f: Field, kind: Any, command: str) -> None:
     common = {"dest": ".".join(path), "default": argparse.SUPPRESS, "help": text.replace("%", "%%")}
     metavar = path[-1].upper()
     base = base_type(kind)
+    positional = setting(f, cmd, "positional")
+    if positional:  # (export-plan PLAN): the argument in place of the flag
+        group.add_argument(common.pop("dest"), metavar=positional, nargs="?", **common)
+        return
     nargs = f.metadata.get("nargs")
     if base is bool:
         action = "store_false" if _negates(path[-1], flag) else "store_true"
@@ -172,6 +176,9 @@ def spec_to_argv(spec: RunSpec, command: str, features: Mapping[str, type] | Non
             raise ConfigError(
                 f"{where}: {flag} cannot say 'none' (its default for {command} is {start[path]})"
             )
+        if setting(f, field_command(path, command), "positional"):
+            argv.append(str(value))
+            continue
         argv += _words(flag, value, base_type(kind), f.metadata.get("nargs"), where, _negates(path[-1], flag))
     return argv
 
