@@ -78,12 +78,13 @@ def test_the_flags_choices_are_the_cost_models():
     time); they must be the values the cost models and the plan files accept."""
     import argparse
 
-    from pipewright.cli.cost_flags import KERNEL_NAMES, add_cost_options
+    from pipewright.cli.cost_flags import KERNEL_NAMES
     from pipewright.plan.planfile import FRAMEWORK_INPUTS
+    from pipewright.runspec import add_spec_flags
 
     parser = argparse.ArgumentParser()
-    add_cost_options(parser)
-    choices = {a.dest: tuple(a.choices) for a in parser._actions if a.choices is not None}
+    add_spec_flags(parser, "simulate")
+    choices = {a.dest.split(".")[-1]: tuple(a.choices) for a in parser._actions if a.choices is not None}
     choices["attention_kernel"] = KERNEL_NAMES  # declared with --attention
     for name, (values, _) in FRAMEWORK_INPUTS.items():
         if values is not None:

@@ -50,6 +50,11 @@ def todays_parser(command: str) -> argparse.ArgumentParser:
     return sub.choices[command]
 
 
+def generated(command: str) -> bool:
+    """Whether the command's parser is already the spec's (its destinations are the fields' paths)."""
+    return any("." in a.dest for a in todays_parser(command)._actions)
+
+
 def options(parser: argparse.ArgumentParser) -> set[str]:
     return {o for a in parser._actions for o in a.option_strings if a.dest != "help"}
 
@@ -71,6 +76,8 @@ def _train_defaults() -> dict:
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_flag_keeps_todays_default(command):
     """A flag left out means what it means today (``train``'s None: TrainConfig's default)."""
+    if generated(command):
+        pytest.skip("the command's flags are the spec's")
     by_option = {o: a.dest for a in spec_parser(command)._actions for o in a.option_strings}
     spec = defaults(command)
     for action in todays_parser(command)._actions:
@@ -96,6 +103,8 @@ def test_every_flag_keeps_todays_default(command):
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_closed_choice_is_todays(command):
     """Where a flag offers choices today, the spec's field offers the same ones."""
+    if generated(command):
+        pytest.skip("the command's flags are the spec's")
     ours = {o: a for a in spec_parser(command)._actions for o in a.option_strings}
     for action in todays_parser(command)._actions:
         if action.choices and action.option_strings:

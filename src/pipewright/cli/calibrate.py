@@ -15,33 +15,21 @@ import json
 from collections.abc import Callable, Sequence
 
 from pipewright.cli.progress import Bar
+from pipewright.cli.spec_args import add_command, required
 from pipewright.cost.measured import MeasuredRun, simulate_argv
 from pipewright.errors import ConfigError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
+    add_command(
+        sub,
         "calibrate",
+        run,
         help="fit a framework's calibration on measured runs; report held-out error and ranking",
         description="Fit a framework's calibration on measured runs and report how well it predicts and "
         "ranks the runs it was not fitted on (docs/cost-model.md, 'Calibrating a framework on your "
         "measured runs').",
     )
-    parser.add_argument("--measured", required=True, help="measured runs, CSV (docs/cost-model.md)")
-    parser.add_argument("--out", help="the calibration file to write (JSON)")
-    parser.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
-    parser.add_argument("--gpu", required=True, help="the GPU the runs were measured on (a preset)")
-    parser.add_argument("--framework", default="megatron", help="the training framework of the runs")
-    parser.add_argument("--dtype", default="bf16", help="fp16, bf16, fp8, fp32")
-    parser.add_argument("--attention", default="flash", help="flash or eager")
-    parser.add_argument("--recompute", default="none", help="none, selective or full")
-    parser.add_argument("--grad-reduce", default="overlap", help="after or overlap")
-    parser.add_argument("--vocab", type=int, default=50257, help="vocabulary size (the file has none)")
-    parser.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per machine")
-    parser.add_argument("--no-fit", action="store_true", help="score the registered calibration only")
-    parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.set_defaults(func=run)
 
 
 def setup_flags(args: argparse.Namespace) -> list[str]:
@@ -59,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from pipewright.cost.run_fit import Fitted, calibration_json, fit_runs, registered, write
     from pipewright.hardware import accelerator
 
+    required("calibrate", **{"--measured": args.measured, "--gpu": args.gpu})  # the flags or --config
     accelerator(args.gpu)  # one line for an unknown GPU
     for flag, value in (("--vocab", args.vocab), ("--gpus-per-node", args.gpus_per_node)):
         if value < 1:

@@ -34,36 +34,17 @@ _NOT_FOR_CHECK = ("out", "resume", "overwrite", "stop_after", "max_restarts", "c
 
 
 def register(sub: argparse._SubParsersAction, feature_paths: tuple[str, ...] = ()) -> None:
-    from pipewright.cli.train import GROUPS
+    from pipewright.cli.spec_args import add_command
     from pipewright.features import all_features
-    from pipewright.options import add_flags
-    from pipewright.runtime.setup.config import TrainConfig
+    from pipewright.runspec import feature_sections
 
-    parser = sub.add_parser("check", help="train a few steps pipelined and on one process; compare")
-    parser.add_argument("--config", help="TOML file with training options (default: none)")
-    parser.add_argument(
-        "--plan", help="a `pipewright plan` file: its layout, degrees, schedule (default: none)"
+    add_command(
+        sub,
+        "check",
+        _check,
+        feature_sections(all_features(feature_paths)),
+        help="train a few steps pipelined and on one process; compare",
     )
-    parser.add_argument("--nproc", type=int, help="processes to start (default tp × cp × pp × dp)")
-    parser.add_argument(
-        "--feature",
-        action="append",
-        default=None,
-        metavar="MODULE:ATTR",
-        help="a feature of your own (a pipewright.features.Feature), repeatable (default: none)",
-    )
-    parser.add_argument(
-        "--tolerance",
-        type=float,
-        help="relative tolerance (default: by --precision, fp32 1e-4, bf16 5e-2, fp16 1e-2)",
-    )
-    for title in GROUPS:
-        add_flags(parser, TrainConfig, title, dest=lambda f: f.name, group=title)
-    from pipewright.cli.measure import add_flags as add_measure_flags
-
-    add_measure_flags(parser.add_argument_group("measure"))  # check --measure: the layout, measured
-    all_features(feature_paths).add_options("train", parser)
-    parser.set_defaults(func=_check)
 
 
 def _check(args: argparse.Namespace) -> int:

@@ -7,9 +7,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pipewright.outputs import add_overwrite_flag, check_output
+from pipewright.outputs import check_output
 from pipewright.plan.export import TORCH_SCHEDULES
-from pipewright.plan.export_text import TARGETS
 
 #: File suffix of each target's output.
 SUFFIX = {
@@ -21,19 +20,19 @@ SUFFIX = {
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
+    from pipewright.cli.spec_args import add_command
+
+    add_command(
+        sub,
         "export-plan",
+        run,
         help="write a plan as Megatron-LM's, Megatron-Bridge's or torchtitan's configuration",
-        description="Read a `pipewright plan` file and print (or write with -o) the same model and layout "
-        "for Megatron-LM (a shell array MEGATRON_ARGS), Megatron-Bridge 0.3.1 (a Python module: "
-        "apply_plan(recipe config)), torchtitan 0.2.2 (a TOML for --job.config_file) or torchtitan 0.3.0 "
-        "(a shell array TORCHTITAN_ARGS: --module, --config and overrides).",
+        description="Read a `pipewright plan` file (or the RunSpec TOML `plan -o RUN.toml` writes) and "
+        "print (or write with -o) the same model and layout for Megatron-LM (a shell array "
+        "MEGATRON_ARGS), Megatron-Bridge 0.3.1 (a Python module: apply_plan(recipe config)), torchtitan "
+        "0.2.2 (a TOML for --job.config_file) or torchtitan 0.3.0 (a shell array TORCHTITAN_ARGS: "
+        "--module, --config and overrides).",
     )
-    parser.add_argument("plan", metavar="PLAN", help="a `pipewright plan` file (JSON)")
-    parser.add_argument("--to", choices=TARGETS, required=True, help="the trainer to export for")
-    parser.add_argument("-o", "--out", help="write to this file instead of printing")
-    add_overwrite_flag(parser)
-    parser.set_defaults(func=run)
 
 
 def export(
@@ -92,9 +91,28 @@ def _schedule_csv(plan, plan_path: Path, out: Path | None, overwrite: bool) -> t
 
 
 def run(args: argparse.Namespace) -> int:
-    text, written = export(args.plan, args.to, args.out, overwrite=args.overwrite)
+    from pipewright.cli.spec_args import required
+
+    required("export-plan", PLAN=args.plan, **{"--to": args.to})
+    text, written = export(_report(args.plan), args.to, args.out, overwrite=args.overwrite)
     if args.out is None:
         print(text, end="")
     for path in written:
         print(f"wrote {path}")
     return 0
+
+
+def _report(path: str) -> str:
+    """The plan JSON of ``path``: itself, or the one a RunSpec TOML names (``parallelism.plan``)."""
+    from pipewright.plan.run_toml import is_spec_path
+
+    if not is_spec_path(path):
+        return path
+    from pipewright.runspec import load_toml
+
+    plan = load_toml(path, "export-plan").parallelism.plan
+    if plan is None:
+        from pipewright.errors import ConfigError
+
+        raise ConfigError(f"{path} names no plan (parallelism.plan); write it with pipewright plan -o {path}")
+    return str(Path(path).parent / plan)

@@ -6,152 +6,33 @@ import argparse
 import json
 
 from pipewright.cli.cost_flags import (
-    KERNEL_NAMES,
     MOE_FIELDS,
-    add_cost_options,
-    add_microbatch_group,
-    add_moe_options,
-    add_recompute_method,
-    add_tp_comm_overlap,
     cost_fields,
     framework_efficiency,
     recompute_fields,
     tp_comm_overlap,
 )
-from pipewright.cli.guards import DEFAULT_MAX_ACTIONS as MAX_ACTIONS  # = plan.problem.MAX_ACTIONS
 from pipewright.cli.guards import PLAN_MAX_DEVICES, check_devices
 from pipewright.cli.progress import Bar
-from pipewright.cli.zb_flags import add_zb_refine_flags, refine_seconds
+from pipewright.cli.spec_args import add_command, required
+from pipewright.cli.zb_flags import refine_seconds
 from pipewright.errors import ConfigError
-from pipewright.features import builtin_features
-from pipewright.outputs import add_overwrite_flag, check_output, check_outputs
-from pipewright.plan.options import ATTENTION_CHOICES
+from pipewright.outputs import check_output, check_outputs
 
 _DIMS = ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
+    add_command(
+        sub,
         "plan",
+        run,
         help="search tp/pp/dp, partition, device mapping, recomputation and schedule for a model",
         description="Plan a model on a cluster: --model with --topology FILE or --nodes/--gpus-per-node/"
-        "--gpu, and --global-batch-size. Writes the plan JSON (-o) that `simulate --plan` and "
-        "`train --plan` read; prints the plan, the runner-ups and the baselines.",
+        "--gpu, and --global-batch-size. Writes the plan (-o): a plan JSON, or with -o RUN.toml a RunSpec "
+        "(docs/run-spec.md) and its search report RUN.plan.json, which `simulate`, `train` and `check` "
+        "read with --plan or --config; prints the plan, the runner-ups and the baselines.",
     )
-    parser.add_argument("--model", help="preset (gpt3-175b, megatron-*, …) or family gpt")
-    parser.add_argument(
-        "--profile",
-        help="plan from a `pipewright profile` table (CSV or JSON) instead of --model: measured times, "
-        "the profile's model, tp and microbatch sizes, no recomputation (use --gpu cpu or --topology)",
-    )
-    for dim in _DIMS:
-        parser.add_argument(f"--{dim.replace('_', '-')}", type=int, default=None, dest=dim)
-    parser.add_argument(
-        "--kv-heads", type=int, default=None, help="key/value heads (grouped-query attention; Llama family)"
-    )
-    parser.add_argument("--mlp", choices=("gelu", "relu2", "swiglu"), help="MLP kind (default: the model's)")
-    parser.add_argument("--no-bias", action="store_true", help="linear layers and norms without biases")
-    parser.add_argument(
-        "--attention",
-        choices=ATTENTION_CHOICES,
-        default="flash",
-        help="attention kernel priced: flash (fused, no stored scores) or eager (default %(default)s)",
-    )
-    add_moe_options(parser, ep=False)
-    add_cost_options(parser)
-    parser.add_argument(
-        "--attention-kernel",
-        choices=KERNEL_NAMES,
-        default=None,
-        help="the fused attention kernel priced (default the GPU's usual: fa2 on A100, cudnn on Hopper)",
-    )
-    parser.add_argument(
-        "--calibration", help="a `pipewright profile --calibration` file: measured GEMM rates and links"
-    )
-    parser.add_argument(
-        "--cp", type=int, default=None, help="fix the context-parallel size (default: searched)"
-    )
-    parser.add_argument(
-        "--max-cp",
-        type=int,
-        default=8,
-        help="largest context-parallel size searched: powers of two dividing the devices and splitting "
-        "the sequence into 2·cp chunks (default %(default)s)",
-    )
-    parser.add_argument(
-        "--ep",
-        type=int,
-        default=None,
-        help="fix the expert-parallel size of a mixture of experts (default: searched over the sizes "
-        "dividing dp and the experts)",
-    )
-    parser.add_argument(
-        "--max-ep", type=int, default=64, help="largest expert-parallel size searched (default %(default)s)"
-    )
-    parser.add_argument(
-        "--optimizer-sharding",
-        default="none,zero1",
-        help="optimizer-state sharding choices over data parallelism, comma-separated: none, zero1 "
-        "(distributed optimizer), fsdp (default %(default)s: what `train` runs)",
-    )
-    add_tp_comm_overlap(parser)
-    parser.add_argument("--topology", help="cluster topology JSON")
-    parser.add_argument("--gpu", help="accelerator kind (with --nodes/--gpus-per-node), or cpu")
-    parser.add_argument("--nodes", type=int, default=1)
-    parser.add_argument("--gpus-per-node", type=int, default=8)
-    parser.add_argument("--global-batch-size", type=int, required=True, help="sequences per iteration")
-    parser.add_argument(
-        "--dtype", help="compute dtype (default bf16 where the devices have it, else fp16/fp32)"
-    )
-    parser.add_argument("--memory-limit", type=float, help="GB per device (default: each device's memory)")
-    parser.add_argument(
-        "--schedules",
-        default="1f1b,interleaved-1f1b,zb-h1,zb-auto",
-        help="schedules to consider, comma-separated (zb-auto: Zero Bubble's greedy on the plan's stage "
-        "times; default %(default)s)",
-    )
-    add_zb_refine_flags(parser)
-    add_microbatch_group(parser, planner=True)
-    parser.add_argument(
-        "--recompute",
-        default="none,selective,full",
-        help="recomputation choices, comma-separated: none, selective, full, op (torchtitan's "
-        "operator-level policy; dense models with flash attention), each also tried per stage "
-        "(default %(default)s)",
-    )
-    add_recompute_method(parser, planner=True)
-    parser.add_argument(
-        "--microbatch-sizes", default="1,2,4,8", help="microbatch sizes to consider, comma-separated"
-    )
-    parser.add_argument("--max-tp", type=int, default=8, help="largest tensor-parallel size (default 8)")
-    parser.add_argument(
-        "--max-actions",
-        type=int,
-        default=MAX_ACTIONS,
-        help="skip layouts whose simulation has more lowered actions (about 6·p·m·v; default %(default)s)",
-    )
-    for dim in ("tp", "pp", "dp"):
-        parser.add_argument(f"--{dim}", type=int, default=None, help=f"fix {dim} (default: searched)")
-    parser.add_argument(
-        "--cores",
-        type=float,
-        default=None,
-        help="the processes share this many CPU cores (finalists simulated with processor sharing)",
-    )
-    parser.add_argument("--finalists", type=int, default=6, help="candidates simulated in full")
-    parser.add_argument("--no-baselines", action="store_true", help="skip the baselines")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("--json", action="store_true", help="print the plan JSON")
-    parser.add_argument("-o", "--out", help="write the plan JSON to this file")
-    parser.add_argument(
-        "--export",
-        choices=("megatron", "torchtitan"),
-        help="also give the plan as Megatron-LM's arguments or torchtitan's TOML (printed; with -o, "
-        "written beside the plan: PLAN.megatron.sh or PLAN.torchtitan.toml)",
-    )
-    add_overwrite_flag(parser)
-    builtin_features().add_options("plan", parser)  # the features' plan flags (their sections' fields)
-    parser.set_defaults(func=run)
 
 
 def _topology(args: argparse.Namespace):
@@ -209,12 +90,15 @@ def check_values(args: argparse.Namespace) -> None:
 def check_plan_outputs(args: argparse.Namespace) -> None:
     """``-o`` and the files written beside it (the schedule CSV, ``--export``'s file), before the search."""
     from pipewright.cli.export_plan import SUFFIX
+    from pipewright.plan.run_toml import report_path
 
     if args.out is None:
         return
     inputs = [args.profile, args.topology, args.calibration]
     out = check_output(args.out, "-o", overwrite=args.overwrite, inputs=inputs)  # a file name, then:
     paths = [(out.with_suffix(".schedule.csv"), "-o's schedule CSV")]
+    if report_path(out) != out:
+        paths.append((report_path(out), "-o's search report"))
     if args.export:
         paths.append((out.with_suffix("").with_suffix(SUFFIX[args.export]), "-o's --export file"))
     check_outputs(paths, overwrite=args.overwrite, inputs=inputs)
@@ -252,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
     from pipewright.plan.search import Problem
     from pipewright.schedules import schedule_names
 
+    required("plan", **{"--global-batch-size": args.global_batch_size})  # from the flags or --config
     check_values(args)
     profile = None
     if args.profile is not None:
@@ -366,15 +251,20 @@ def run(args: argparse.Namespace) -> int:
         # recorded for simulate --plan and the exports, as the finalists were simulated
         data |= partial_fields(prob, result.best.chunk_layers)
     if args.out:
-        from pipewright.plan.planfile import save
+        from pipewright.plan.planfile import Plan, save
+        from pipewright.plan.run_toml import is_spec_path, report_path, write_spec
 
-        save(data, args.out)
+        save(data, report_path(args.out))
+        if is_spec_path(args.out):  # the RunSpec of the plan, its search report beside it
+            write_spec(args.spec, Plan(data), args.out)
     if args.json:
         print(json.dumps(data, indent=1))
     else:
         print(summary(prob, result))
         if args.out:
-            print(f"wrote {args.out}")
+            from pipewright.plan.run_toml import is_spec_path, report_path
+
+            print(f"wrote {args.out}" + (f" and {report_path(args.out)}" if is_spec_path(args.out) else ""))
     if args.export:
         _export(data, args)
     return 0
@@ -390,7 +280,10 @@ def _export(data: dict, args: argparse.Namespace) -> None:
 
     if args.out:
         target = Path(args.out).with_suffix("").with_suffix(SUFFIX[args.export])
-        for path in export(args.out, args.export, target, overwrite=True)[1]:  # checked before the search
+        from pipewright.plan.run_toml import report_path
+
+        report = report_path(args.out)
+        for path in export(report, args.export, target, overwrite=True)[1]:  # checked before the search
             print(f"wrote {path}")
         return
     with tempfile.TemporaryDirectory() as folder:  # the plan file the exporter reads

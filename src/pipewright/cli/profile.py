@@ -9,75 +9,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pipewright.outputs import add_overwrite_flag
-
-_MODEL_FLAGS: tuple[tuple[str, type, str], ...] = (
-    ("--model", str, "preset (default gpt-small-cpu) or family gpt"),
-    ("--layers", int, "transformer layers (recorded; times are per layer)"),
-    ("--hidden", int, "hidden size h"),
-    ("--heads", int, "attention heads"),
-    ("--ffn-hidden", int, "MLP hidden size (default 4h)"),
-    ("--vocab", int, "vocabulary size (default: the preset's)"),
-    ("--seq-len", int, "sequence length"),
-)
-
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("profile", help="measure per-layer action times for the simulator")
-    for flag, kind, text in _MODEL_FLAGS:
-        parser.add_argument(flag, type=kind, default=None, help=text)
-    parser.add_argument(
-        "--microbatch-size", type=int, nargs="+", default=[8], help="sequences per microbatch (several ok)"
-    )
-    parser.add_argument("--tp", type=int, default=1, help="tensor-parallel size (spawns tp processes)")
-    parser.add_argument(
-        "--workers",
-        type=int,
-        help="processes measuring at once (default tp); the run's process count includes their contention",
-    )
-    parser.add_argument(
-        "--contention",
-        type=int,
-        default=0,
-        metavar="N",
-        help="also measure how n = 1..N busy processes slow each other on this CPU (the simulator's "
-        "core sharing; use the run's process count)",
-    )
-    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    parser.add_argument(
-        "--precision",
-        default="fp32",
-        choices=("fp32", "bf16", "fp16"),
-        help="the run's compute dtype: the layers and the boundary message are timed in it",
-    )
-    parser.add_argument("--repeats", type=int, default=10, help="measurements per value (median)")
-    parser.add_argument("--warmup", type=int, default=2, help="unmeasured runs before the repeats")
-    parser.add_argument("--optimizer", default="adamw", help="optimizer whose step is timed")
-    parser.add_argument(
-        "--cpu-allocator",
-        default="retain",
-        choices=("retain", "system"),
-        help="how the workers keep freed tensor memory, as `train --cpu-allocator` (default retain)",
-    )
-    parser.add_argument("--out", help="profile file to write (.csv or .json)")
-    parser.add_argument(
-        "--calibration",
-        metavar="OUT",
-        help="instead of a profile, write a calibration JSON: GEMM time by the model's shapes, memory "
-        "bandwidth, and with --nproc N ≥ 2 (or under torchrun) link bandwidth and latency",
-    )
-    parser.add_argument(
-        "--nproc",
-        type=int,
-        default=1,
-        help="with --calibration: processes to spawn for the links (default 1)",
-    )
-    parser.add_argument(
-        "--gpu", help="with --calibration: the hardware preset of this GPU when its name maps to none"
-    )
-    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar")
-    add_overwrite_flag(parser)
-    parser.set_defaults(func=_profile)
+    from pipewright.cli.spec_args import add_command
+
+    add_command(sub, "profile", _profile, help="measure per-layer action times for the simulator")
 
 
 def _calibrate(args: argparse.Namespace, spec) -> int:

@@ -10,29 +10,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipewright.cli.cost_flags import (
-    KERNEL_NAMES,
     MOE_FIELDS,
-    RECOMPUTE_FLAGS,
-    RECOMPUTE_HELP,
-    add_cost_options,
-    add_microbatch_group,
-    add_moe_options,
-    add_recompute_method,
-    add_tp_comm_overlap,
     cost_fields,
     framework_efficiency,
     recompute_fields,
     tp_comm_overlap,
 )
-from pipewright.cli.guards import add_max_actions, check_simulate
-from pipewright.cli.zb_flags import add_zb_refine_flags, ilp_line, refine_seconds
+from pipewright.cli.guards import check_simulate
+from pipewright.cli.spec_args import add_command
+from pipewright.cli.zb_flags import ilp_line, refine_seconds
 from pipewright.errors import ConfigError
 from pipewright.features import builtin_features, library_schedules
-from pipewright.models.spec import MLP_KINDS
-from pipewright.outputs import add_overwrite_flag
-from pipewright.passes.grad_reduce import GRAD_REDUCE
 from pipewright.plan.request import PlanOverrides, SimulateRequest
-from pipewright.schedules import build_schedule, schedule_names
+from pipewright.schedules import build_schedule
 
 if TYPE_CHECKING:  # the set-up and the simulator import numpy: only when a command runs
     from pipewright.ir import Schedule
@@ -42,146 +32,16 @@ _DIMS = ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len", "kv_head
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
+    add_command(
+        sub,
         "simulate",
+        run,
         help="predict the timeline, iteration time, bubble and memory of a pipeline schedule",
         description="Either --schedule with --stages/--microbatches and --cost unit, or --model on a "
         "cluster (--gpu, --nodes, --gpus-per-node, --tp/--pp/--dp, batch sizes), or --profile FILE "
-        "(measured costs from `pipewright profile`). --cores N: the ranks share N CPU cores.",
+        "(measured costs from `pipewright profile`), or --config RUN.toml (a RunSpec: "
+        "docs/run-spec.md; the flags override it). --cores N: the ranks share N CPU cores.",
     )
-    parser.add_argument(
-        "--schedule",
-        default=None,
-        help=f"schedule name ({', '.join(schedule_names(library_schedules()))}) or CSV file",
-    )
-    parser.add_argument("--stages", "-p", type=int, help="pipeline ranks p (unit costs)")
-    parser.add_argument("--microbatches", "-m", type=int, help="microbatches per iteration m (unit costs)")
-    parser.add_argument("--virtual", "-v", type=int, default=None, help="model chunks per rank v")
-    add_microbatch_group(parser)
-    parser.add_argument(
-        "--cost",
-        choices=["unit"],
-        default=None,
-        help="unit: F=1, B=2, I=W=1 per chunk-microbatch, free communication",
-    )
-    parser.add_argument(
-        "--profile",
-        help="measured costs: a `pipewright profile` file (with --schedule, --stages, --microbatches; "
-        "--microbatch-size and --layers default to the profile's)",
-    )
-    parser.add_argument(
-        "--cores",
-        type=float,
-        default=None,
-        help="the ranks (× tp × dp processes) share this many CPU cores: processor sharing, with the "
-        "profile's contention curve when it has one",
-    )
-    model = parser.add_argument_group("model on a cluster")
-    model.add_argument("--model", help="preset (gpt3-175b, gpt-tiny, …) or family (gpt, bert)")
-    for dim in _DIMS:
-        model.add_argument(f"--{dim.replace('_', '-')}", type=int, default=None, dest=dim)
-    model.add_argument(
-        "--mlp",
-        choices=MLP_KINDS,
-        default=None,
-        help="MLP kind (default: the family's; gpt gelu, llama swiglu)",
-    )
-    model.add_argument("--no-bias", action="store_true", help="linear layers and norms without biases")
-    model.add_argument(
-        "--gpu",
-        help="accelerator kind: v100, a100-40gb, a100-80gb, h100-sxm, h100-pcie, h800, h200, b200, cpu",
-    )
-    model.add_argument("--nodes", type=int, default=1)
-    model.add_argument("--gpus-per-node", type=int, default=8)
-    model.add_argument("--tp", type=int, default=1, help="tensor-parallel size t")
-    model.add_argument("--pp", type=int, default=None, help="pipeline-parallel size p")
-    model.add_argument("--dp", type=int, default=1, help="data-parallel size d")
-    model.add_argument(
-        "--cp", type=int, default=1, help="context-parallel size c (ring attention; mesh order tp-cp-dp-pp)"
-    )
-    model.add_argument(
-        "--microbatch-size", type=int, default=None, help="sequences per microbatch (default 1)"
-    )
-    model.add_argument("--global-batch-size", type=int, default=None)
-    model.add_argument("--recompute", choices=RECOMPUTE_FLAGS, default="none", help=RECOMPUTE_HELP)
-    add_recompute_method(model)
-    model.add_argument(
-        "--attention",
-        choices=["flash", "eager"],
-        default=None,
-        help="flash (fused attention; the default) or eager (the a·s² scores stored, Megatron-LM 2021); "
-        "with --plan, the plan's (eager for plans that do not record it)",
-    )
-    model.add_argument(
-        "--attention-kernel",
-        choices=KERNEL_NAMES,
-        default=None,
-        help="the fused attention kernel priced (published speed per GPU; default the GPU's usual: "
-        "fa2 on A100, cudnn on H100/H200/H800)",
-    )
-    add_moe_options(model)
-    add_cost_options(model)
-    shard = model.add_mutually_exclusive_group()
-    shard.add_argument(
-        "--shard-optimizer",
-        action="store_true",
-        help="distributed optimizer / ZeRO-1: optimizer state sharded over dp × cp",
-    )
-    shard.add_argument(
-        "--fsdp", action="store_true", help="FSDP / ZeRO-3: weights, gradients and optimizer state sharded"
-    )
-    add_tp_comm_overlap(model)
-    model.add_argument(
-        "--calibration", help="a measured calibration (`pipewright profile --calibration`) of --gpu"
-    )
-    model.add_argument(
-        "--layout", help="stage layout, e.g. 'E|t*8|t*8|tL' (uneven; embedding- or output-only stages)"
-    )
-    model.add_argument(
-        "--zb-memory-limit",
-        type=float,
-        default=None,
-        help="zb-auto: at most this many microbatches in flight per rank (default 2p − 1)",
-    )
-    add_zb_refine_flags(model)
-    model.add_argument(
-        "--sequence-parallel", action="store_true", help="with --tp: sequence parallelism (Korthikanti)"
-    )
-    model.add_argument("--plan", help="a `pipewright plan` file: its layout, degrees and device order")
-    model.add_argument("--dtype", help="compute dtype (default: bf16 where the GPU has it, else fp16)")
-    model.add_argument(
-        "--grad-reduce",
-        choices=GRAD_REDUCE,
-        default=None,
-        help="with --dp > 1, the gradient all-reduce: 'after' the pipeline drains (Megatron-LM's default; "
-        "the default with --model) or 'overlap'ped with the remaining backward (pipewright's executor; "
-        "the default with --profile)",
-    )
-    model.add_argument(
-        "--rank-order",
-        default=None,
-        help="rank order, innermost first (default tp-dp-pp, Megatron's; e.g. tp-pp-dp)",
-    )
-    model.add_argument("--topology", help="cluster topology JSON (default: built from --nodes/--gpu)")
-    parser.add_argument("--iterations", type=int, default=1, help="iterations to simulate (steady state)")
-    parser.add_argument(
-        "--no-step-barrier",
-        action="store_true",
-        help="no global synchronization at the optimizer step (per-stage ordering only)",
-    )
-    parser.add_argument("--json", action="store_true", help="print the metrics as JSON")
-    parser.add_argument("--png", help="write the timeline picture to this PNG file")
-    parser.add_argument("--trace", help="write a Chrome/Perfetto trace JSON to this file")
-    parser.add_argument("--enforce-memory", action="store_true", help="fail when a rank does not fit")
-    parser.add_argument(
-        "--allow-no-fit",
-        action="store_true",
-        help="exit 0 even when a rank does not fit its device's memory (DOES NOT FIT; exit 1 without it)",
-    )
-    add_overwrite_flag(parser)
-    builtin_features().add_options("simulate", parser)  # the features' flags
-    add_max_actions(parser)
-    parser.set_defaults(func=run)
 
 
 def _load_schedule(

@@ -1,11 +1,12 @@
 """``pipewright train``: train a GPT with pipeline (and data) parallelism on torch.distributed.
 
 Values come from the defaults of :class:`~pipewright.runtime.setup.config.TrainConfig` and of the features'
-option sections, then ``--config FILE.toml`` (top-level keys or a ``[train]`` table, named like the
-flags, and a feature's ``[table]``), then ``--plan``, then the flags. Without arguments it trains a
-small model on the default corpus with two local worker processes. ``--feature module:attr`` (or an
-installed ``pipewright.features`` entry point) adds a feature of your own: its flags, its TOML table
-and its training plugin.
+option sections, then ``--config FILE.toml`` (a RunSpec, docs/run-spec.md: ``pipewright plan -o
+RUN.toml`` writes one; or the older form, top-level keys or a ``[train]`` table named like the flags,
+and a feature's ``[table]``), then ``--plan`` (a RunSpec's ``parallelism.plan``), then the flags.
+Without arguments it trains a small model on the default corpus with two local worker processes.
+``--feature module:attr`` (or an installed ``pipewright.features`` entry point) adds a feature of your
+own: its flags, its TOML table and its training plugin.
 """
 
 from __future__ import annotations
@@ -17,54 +18,22 @@ from pathlib import Path
 
 from pipewright.errors import ConfigError
 
-#: The help groups of TrainConfig's fields (``option(..., group=...)``), in the order --help lists them.
-GROUPS = (
-    "model",
-    "data",
-    "layout",
-    "schedule",
-    "optimizer",
-    "precision and memory",
-    "checkpoints and reliability",
-    "output",
-)
+#: The most routed experts per layer ``train`` builds (one module each).
+MAX_EXPERTS = 1 << 16
 
 
 def register(sub: argparse._SubParsersAction, feature_paths: tuple[str, ...] = ()) -> None:
+    from pipewright.cli.spec_args import add_command
     from pipewright.features import all_features
-    from pipewright.options import add_flags
-    from pipewright.runtime.setup.config import TrainConfig
+    from pipewright.runspec import feature_sections
 
-    parser = sub.add_parser("train", help="train a model with pipeline parallelism")
-    parser.add_argument("--config", help="TOML file with training options (flags override it)")
-    parser.add_argument("--nproc", type=int, help="processes to start (default tp × cp × pp × dp)")
-    parser.add_argument("--plan", help="a `pipewright plan` file: its layout, degrees, schedule, batch")
-    parser.add_argument(
-        "--feature",
-        action="append",
-        default=None,
-        metavar="MODULE:ATTR",
-        help="a feature of your own (a pipewright.features.Feature), repeatable",
+    add_command(
+        sub,
+        "train",
+        _train,
+        feature_sections(all_features(feature_paths)),  # one group per feature (its section)
+        help="train a model with pipeline parallelism",
     )
-    for title in GROUPS:  # flags, help and defaults from TrainConfig's field metadata
-        add_flags(parser, TrainConfig, title, dest=lambda f: f.name, group=title)
-    out = next(g for g in parser._action_groups if g.title == "output")
-    out.add_argument(
-        "--compare-sim",
-        action="store_true",
-        help="after training, compare the step time with the simulator's prediction (compare.json/png)",
-    )
-    out.add_argument("--profile", help="profile CSV for --compare-sim (default: profile the model first)")
-    out.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="check everything (flags, data, schedule, layout, --out, memory/time estimate); start no worker",
-    )
-    from pipewright.cli.measure import add_flags as add_measure_flags
-
-    add_measure_flags(out)  # --measure (cli/measure.py)
-    all_features(feature_paths).add_options("train", parser)  # one group per feature (its section)
-    parser.set_defaults(func=_train)
 
 
 def config_from_args(args: argparse.Namespace):
@@ -108,6 +77,12 @@ def config_from_args(args: argparse.Namespace):
         raise ConfigError(
             f"--nproc {args.nproc} but tp × cp × pp × dp = {config.tp}×{config.cp}×{config.pp}×"
             f"{config.dp} = {config.world_size}; make them equal"
+        )
+    experts = config.moe_experts or 0
+    if experts > MAX_EXPERTS:  # each expert is a module: 10^8 of them exhaust memory before any check
+        raise ConfigError(
+            f"--moe-experts {experts:,} is more than the {MAX_EXPERTS:,} experts a layer can hold here "
+            "(DeepSeek-V3 has 256)"
         )
     return config
 

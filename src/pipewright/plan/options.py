@@ -17,7 +17,6 @@ from pipewright.errors import ConfigError
 #: Optimizer-state sharding over the data-parallel group: none, the distributed optimizer (ZeRO-1),
 #: or FSDP (ZeRO-3).
 SHARDING_CHOICES = ("none", "zero1", "fsdp")
-ATTENTION_CHOICES = ("flash", "eager")
 
 #: Each option's value when it changes nothing (what a cost model without the field prices).
 _NEUTRAL = {

@@ -183,7 +183,14 @@ class ParallelismSection:
         None,
         "--plan",
         "a `pipewright plan` file: its layout, degrees and device order",
-        commands=("simulate", "train", "check"),
+        commands=("simulate", "train", "check", "export-plan"),
+        variants={
+            "export-plan": {
+                "positional": "PLAN",
+                "help": "a `pipewright plan` file: its JSON, or a RunSpec TOML that names one "
+                "(plan -o RUN.toml)",
+            }
+        },
     )
     placement: str | None = spec_field(
         None, None, "device of each rank, comma-separated (a plan's device order; default rank r on device r)"

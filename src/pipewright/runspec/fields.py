@@ -26,7 +26,7 @@ TRAINING = ("train", "check")
 PRICING = ("simulate", "plan")
 #: The commands that price or run a model.
 MODEL_COMMANDS = (*PRICING, *TRAINING)
-_VARIANT_KEYS = frozenset({"default", "help", "choices", "aliases"})
+_VARIANT_KEYS = frozenset({"default", "help", "choices", "aliases", "positional"})
 
 
 def spec_field(
@@ -42,7 +42,8 @@ def spec_field(
     """A section field: default ``default``; flag ``flag`` (``--no-x`` for a switch whose default is
     True; None: TOML only); ``help`` (its docstring, shown with the default); ``commands``: those that
     take the flag;
-    ``variants``: command → its own ``default``/``help``/``choices``/``aliases``; ``nargs="+"``: a
+    ``variants``: command → its own ``default``/``help``/``choices``/``aliases``, or ``positional``:
+    the argument's name (a positional argument there instead of the flag); ``nargs="+"``: a
     tuple given as several words (other tuples take one comma-separated word); ``minimum``: the least
     value a number may take (numbers are otherwise at least 0)."""
     for command in [*commands, *(variants or {})]:

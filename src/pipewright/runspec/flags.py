@@ -93,6 +93,10 @@ def _add(group: Any, path: Path, f: Field, kind: Any, command: str) -> None:
     common = {"dest": ".".join(path), "default": argparse.SUPPRESS, "help": text.replace("%", "%%")}
     metavar = path[-1].upper()
     base = base_type(kind)
+    positional = setting(f, cmd, "positional")
+    if positional:  # (export-plan PLAN): the argument in place of the flag
+        group.add_argument(common.pop("dest"), metavar=positional, nargs="?", **common)
+        return
     nargs = f.metadata.get("nargs")
     if base is bool:
         action = "store_false" if switch_clears(path, flag) else "store_true"
@@ -138,10 +142,11 @@ def add_spec_flags(
 
 
 def spec_from_args(
-    args: argparse.Namespace, command: str, features: Mapping[str, type] | None = None
+    args: argparse.Namespace, command: str, features: Mapping[str, type] | None = None, check: bool = True
 ) -> RunSpec:
     """The RunSpec of a parsed command line: ``command``'s defaults, then the ``--config`` file's
-    values, then the flags given."""
+    values, then the flags given (``check``: :func:`validate` them; False where the command's own
+    checks name the flags)."""
     features = feature_sections() if features is None else features
     given = vars(args)
     base = load_toml(given["config"], command, features) if "config" in given else defaults(command, features)
@@ -149,7 +154,8 @@ def spec_from_args(
     changes = {
         known[dest]: tuple(v) if isinstance(v, list) else v for dest, v in given.items() if dest in known
     }
-    return validate(with_values(base, changes), source="command line")
+    spec = with_values(base, changes)
+    return validate(spec, source="command line") if check else spec
 
 
 def spec_to_argv(spec: RunSpec, command: str, features: Mapping[str, type] | None = None) -> list[str]:
@@ -171,6 +177,9 @@ def spec_to_argv(spec: RunSpec, command: str, features: Mapping[str, type] | Non
             raise ConfigError(
                 f"{where}: {flag} cannot say 'none' (its default for {command} is {start[path]})"
             )
+        if setting(f, field_command(path, command), "positional"):
+            argv.append(str(value))
+            continue
         argv += _words(path, flag, value, base_type(kind), f.metadata.get("nargs"), where)
     return argv
 

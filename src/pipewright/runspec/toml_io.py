@@ -72,6 +72,10 @@ def load_toml(
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not UTF-8 text") from None
+    if not text.strip():
+        raise ConfigError(f"{path} is empty; a run spec has the tables of docs/run-spec.md")
     return loads_toml(text, command, features, source=str(path))
 
 

@@ -1,0 +1,179 @@
+"""A command's parser generated from the RunSpec's fields, and a parsed command line as its RunSpec
+(docs/run-spec.md).
+
+:func:`add_command` adds a command whose flags are the spec's (:func:`pipewright.runspec.add_spec_flags`:
+``--config RUN.toml``, one help group per section, every default shown). :func:`command_spec` reads the
+parsed line as the command's RunSpec (its defaults, then the ``--config`` file, then the flags given)
+and gives it with the values by option name (``args.tp``, ``args.schedule``) that the command's run
+reads: each field under its flag's name (``--no-progress``: ``no_progress`` and ``progress``, its
+other spellings too: ``--stages``), the spec itself as ``args.spec``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pipewright.errors import ConfigError
+
+#: ``train``'s switches that are not TrainConfig's (off unless given, never None).
+_SET = ("compare_sim", "dry_run", "measure", "measure_json")
+
+
+def add_command(
+    sub: argparse._SubParsersAction,
+    command: str,
+    run: Callable[[argparse.Namespace], int],
+    features: Mapping[str, type] | None = None,
+    **parser_options: Any,
+) -> argparse.ArgumentParser:
+    """Subcommand ``command`` with the spec's flags for it, whose parsed namespace is
+    :func:`command_spec`'s (and ``func`` is ``run``)."""
+    from pipewright.runspec import add_spec_flags
+
+    parser = sub.add_parser(command, **parser_options)
+    add_spec_flags(parser, command, features)
+    parser.set_defaults(func=run)
+    plain = parser.parse_known_args
+
+    def parse_known_args(args: Any = None, namespace: Any = None) -> tuple[argparse.Namespace, list[str]]:
+        parsed, rest = plain(args, namespace)
+        _exclusive(parser, parsed)
+        try:
+            return command_spec(parsed, command, features), rest
+        except ConfigError as exc:  # (a --config file that does not read): the command's one line
+            return argparse.Namespace(**{**vars(parsed), "func": _raises(exc)}), rest
+
+    parser.parse_known_args = parse_known_args  # type: ignore[method-assign]
+    return parser
+
+
+def required(command: str, **values: Any) -> None:
+    """argparse's usage error (exit status 2) when a required argument is in neither the flags nor
+    the ``--config`` file: ``required("plan", **{"--global-batch-size": args.global_batch_size})``."""
+    import sys
+
+    missing = [name for name, value in values.items() if value is None]
+    if missing:
+        print(
+            f"pipewright {command}: error: the following arguments are required: {', '.join(missing)} "
+            f"(see pipewright {command} --help)",
+            file=sys.stderr,
+        )
+        raise SystemExit(2)
+
+
+def _exclusive(parser: argparse.ArgumentParser, parsed: argparse.Namespace) -> None:
+    """argparse's usage error for two flags given that exclude each other (``--shard-optimizer`` and
+    ``--fsdp``: :data:`pipewright.runspec.validation.EXCLUSIVE`)."""
+    from pipewright.runspec.validation import EXCLUSIVE
+
+    flags = {a.dest: a.option_strings[0] for a in parser._actions if a.option_strings}
+    for pair in EXCLUSIVE:
+        first, second = (".".join(p) for p in pair)
+        if getattr(parsed, first, False) and getattr(parsed, second, False):
+            parser.error(f"argument {flags[second]}: not allowed with argument {flags[first]}")
+
+
+def _beside(spec: Any, config: str) -> Any:
+    """``spec`` with its file's ``parallelism.plan`` (a search report) read beside that file."""
+    from pathlib import Path
+
+    from pipewright.runspec import with_values
+
+    plan = spec.parallelism.plan
+    if plan is None or Path(plan).is_absolute():
+        return spec
+    return with_values(spec, {("parallelism", "plan"): str(Path(config).parent / plan)})
+
+
+def _raises(exc: Exception) -> Callable[[argparse.Namespace], int]:
+    def fail(args: argparse.Namespace) -> int:
+        raise exc
+
+    return fail
+
+
+def _name(option: str) -> str:
+    return option.lstrip("-").replace("-", "_")
+
+
+def is_run_spec(path: str) -> bool:
+    """Whether the TOML file at ``path`` is a RunSpec (every top-level key one of its tables), not a
+    ``train`` file of flat keys or a ``[train]`` table (read by
+    :meth:`~pipewright.runtime.setup.config.TrainConfig.from_toml`). A file that does not read: True (the
+    RunSpec reader's one-line error names it)."""
+    import dataclasses
+
+    import tomllib
+
+    from pipewright.runspec import RunSpec
+
+    try:
+        with open(path, "rb") as fh:
+            data = tomllib.load(fh)
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return True
+    tables = {f.name for f in dataclasses.fields(RunSpec)}
+    return all(isinstance(v, dict) and k in tables for k, v in data.items())
+
+
+def command_spec(
+    args: argparse.Namespace, command: str, features: Mapping[str, type] | None = None
+) -> argparse.Namespace:
+    """The RunSpec of parsed ``args`` (``args.spec``) with each value of a field ``command`` takes
+    under its option names; the namespace's other keys (a positional, ``func``) kept."""
+    from pipewright.runspec import defaults, spec_from_args, values
+    from pipewright.runspec.fields import PRICING, TRAINING, base_type, setting
+    from pipewright.runspec.run import field_command, field_takes, get, spec_fields
+
+    given = vars(args)
+    out: dict[str, Any] = {k: v for k, v in given.items() if "." not in k and k != "config"}
+    out["config"] = None
+    if command in TRAINING and "config" in given and not is_run_spec(given["config"]):
+        out["config"] = given["config"]  # a train TOML of flat keys: TrainConfig.from_toml reads it
+        args = argparse.Namespace(**{k: v for k, v in given.items() if k != "config"})
+    spec = spec_from_args(args, command, features, check=False)  # the command's checks name the flags
+    if out["config"] is None and "config" in given and "parallelism.plan" not in given:
+        spec = _beside(spec, given["config"])
+    known = {n: type(s) for n, s in spec.features.items()}
+    start = values(defaults(command, known), known)
+    flagged = {tuple(k.split(".")) for k in given if "." in k}
+    for path, f, kind in spec_fields(known):
+        value = get(spec, path)
+        if command in TRAINING and path not in flagged and value == start[path] and path[-1] not in _SET:
+            value = None  # train's None: not given, TrainConfig's default (or the plan's value)
+        if f.metadata["flag"] is None:
+            out.setdefault(path[-1], value)  # a TOML-only field (training.weight_decay, placement)
+            continue
+        if not field_takes(path, f, command):
+            continue
+        value = list(value) if isinstance(value, tuple) else value
+        flag = f.metadata["flag"]
+        aliases = setting(f, field_command(path, command), "aliases") or ()
+        for option in (flag, *aliases):
+            if option.startswith("--"):
+                out[_name(option)] = value
+        name = _name(flag)
+        if base_type(kind) is bool and flag.startswith("--no-") and path[-1] != name:  # (flags._negates)
+            out[name], out[path[-1]] = not value, value  # --no-progress: no_progress and progress
+        elif path[-1].removesuffix("_s") == name:
+            out[path[-1]] = value  # --recv-timeout: recv_timeout_s too
+    if command in PRICING and out.get("framework"):
+        _framework_defaults(out)
+    return argparse.Namespace(**out, spec=spec)
+
+
+def _framework_defaults(values: dict[str, Any]) -> None:
+    """``--framework NAME``'s inputs (``pipewright.cost.frameworks``: its kernels, gradient dtype, …)
+    where neither the flags nor the file gave one; an unknown name is refused when the command runs."""
+    from pipewright.cost.frameworks import framework
+
+    try:
+        defaults = framework(values["framework"]).defaults
+    except ConfigError:
+        return
+    for name, value in defaults.items():
+        if values.get(name) is None:
+            values[name] = value
