@@ -150,9 +150,9 @@ def _vectors(path: tuple[str, ...], parser: argparse.ArgumentParser, files: dict
             nonsense += [why] if why else []
         chosen = draw(st.lists(st.sampled_from(options), max_size=6, unique_by=id)) if options else []
         if path == ("train",):
-            chosen = [a for a in chosen if a.dest != "dry_run"]
+            chosen = [a for a in chosen if "--dry-run" not in a.option_strings]
         # --measure runs a whole training step of each distinct rank (tests/test_measure.py)
-        chosen = [a for a in chosen if not a.dest.startswith("measure")]
+        chosen = [a for a in chosen if not any(f.startswith("--measure") for f in a.option_strings)]
         for action in chosen:
             longs = [f for f in action.option_strings if f.startswith("--")] or action.option_strings
             flag = draw(st.sampled_from(longs))
