@@ -54,7 +54,7 @@ def specs(draw, command: str):
         for path, f, kind in spec_fields(features)
         if field_takes(path, f, command)
     }
-    for a, b in EXCLUSIVE:
+    for a, b in EXCLUSIVE:  # the pairs (dict keys)
         if changes.get(a) and changes.get(b):
             changes[b] = False
     if changes.get(("parallelism", "layout")):  # a layout that fits whatever pp and layers were drawn

@@ -70,7 +70,9 @@ def _exclusive(parser: argparse.ArgumentParser, parsed: argparse.Namespace) -> N
     from pipewright.runspec.validation import EXCLUSIVE
 
     flags = {a.dest: a.option_strings[0] for a in parser._actions if a.option_strings}
-    for pair in EXCLUSIVE:
+    for pair, why in EXCLUSIVE.items():
+        if why:  # the command's own check refuses it with the reason
+            continue
         first, second = (".".join(p) for p in pair)
         if getattr(parsed, first, False) and getattr(parsed, second, False):
             parser.error(f"argument {flags[second]}: not allowed with argument {flags[first]}")

@@ -5,8 +5,16 @@ Pure Python.
 
 from __future__ import annotations
 
+from pipewright.models.presets import PRESETS
 from pipewright.runspec.choices import AttentionKind, Mlp
 from pipewright.runspec.fields import MODEL_COMMANDS, PRICING, TRAINING, section, spec_field, subsection
+
+
+def _presets() -> str:
+    """The model presets for ``--model``'s help, the mixture-of-experts ones named as such."""
+    dense = [n for n, s in PRESETS.items() if not s.moe_experts]
+    moe = [n for n, s in PRESETS.items() if s.moe_experts]
+    return f"presets: {', '.join(dense)}; mixture of experts: {', '.join(moe)}"
 
 
 @section
@@ -23,7 +31,7 @@ class MoESection:
     top_k: int | None = spec_field(
         None,
         "--moe-top-k",
-        "experts per token k",
+        "experts each token is routed to (default: the preset's, else 2)",
         commands=MODEL_COMMANDS,
         minimum=1,
     )
@@ -79,7 +87,7 @@ class ModelSection:
     model: str | None = spec_field(
         None,
         "--model",
-        ("preset (gpt-tiny, gpt-small-cpu, llama-tiny, gpt3-*, llama3-*) or family gpt|llama"),
+        f"a preset or a family gpt|llama ({_presets()})",
         commands=("simulate", "plan", "train", "check", "profile"),
         variants={
             "train": {"default": "gpt-small-cpu"},

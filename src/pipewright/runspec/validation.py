@@ -16,11 +16,14 @@ from pipewright.errors import ConfigError
 from pipewright.runspec.fields import base_type, choices, optional
 from pipewright.runspec.run import Path, RunSpec, get, spec_fields
 
-#: Options that exclude each other (both switched on is refused).
-EXCLUSIVE = (
-    (("memory", "shard_optimizer"), ("memory", "fsdp")),
-    (("parallelism", "sequence_parallel"), ("parallelism", "scatter_gather")),
-)
+#: Options that exclude each other (both switched on is refused), each with why where the reason is not
+#: plain (a command line meets those in the command's own check, which says the same).
+EXCLUSIVE: dict[tuple[Path, Path], str] = {
+    (("memory", "shard_optimizer"), ("memory", "fsdp")): "",
+    (("parallelism", "sequence_parallel"), ("parallelism", "scatter_gather")): (
+        "scatter-gather needs identical stage outputs on the tp ranks, which sequence parallelism splits"
+    ),
+}
 
 
 def _accepts(kind: Any, value: Any) -> bool:
@@ -95,10 +98,11 @@ def validate(spec: RunSpec, source: str = "run spec") -> RunSpec:
         variants = [v.get("choices") for v in f.metadata.get("variants", {}).values()]
         if allowed and value is not None and value not in {*allowed, *(c for v in variants if v for c in v)}:
             raise ConfigError(f"{_where(path, f, source)} must be one of {', '.join(allowed)}, not {value!r}")
-    for a, b in EXCLUSIVE:
+    for (a, b), why in EXCLUSIVE.items():
         if get(spec, a) and get(spec, b):
             first, second = _where(a, fields[a][0], source), _where(b, fields[b][0], "")
-            raise ConfigError(f"{first} and{second.removeprefix(':')} exclude each other")
+            reason = f" ({why})" if why else ""
+            raise ConfigError(f"{first} and{second.removeprefix(':')} exclude each other{reason}")
     _check_layout(spec, source)
     return spec
 
