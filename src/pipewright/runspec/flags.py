@@ -17,6 +17,7 @@ from typing import Any
 from pipewright.errors import ConfigError
 from pipewright.runspec.fields import base_type, choices, setting, subsections
 from pipewright.runspec.run import (
+    DESCRIPTIONS,
     Path,
     RunSpec,
     defaults,
@@ -38,7 +39,10 @@ MAX_GROUP = 15
 
 def _title(path: Path, cls: type) -> str:
     """``model.moe: Mixture of experts: …`` (a feature's group: ``features.vocab``)."""
-    doc = "" if path[0] == "features" else " ".join((cls.__doc__ or "").split("(``", 1)[0].split())
+    if path[0] == "features":  # the feature's name and description, as the feature states them
+        why = DESCRIPTIONS.get(cls, "")
+        return f"{path[-1]}: {why}" if why else ".".join(path)
+    doc = " ".join((cls.__doc__ or "").split("(``", 1)[0].split())
     doc = doc.replace("``", "")
     return f"{'.'.join(path)}: {doc.rstrip('.')}" if doc else ".".join(path)
 

@@ -70,6 +70,10 @@ class RunSpec:
     features: Mapping[str, Any] = field(default_factory=dict)
 
 
+#: A feature section's one-line description (its Feature's), for its help group's title.
+DESCRIPTIONS: dict[type, str] = {}
+
+
 def feature_sections(features: Any = None) -> dict[str, type]:
     """Each registered feature's section class by feature name (``features``: a
     :class:`~pipewright.features.Features`; default the built-in ones)."""
@@ -77,7 +81,9 @@ def feature_sections(features: Any = None) -> dict[str, type]:
         from pipewright.features import builtin_features
 
         features = builtin_features()
-    return {f.name: f.section for f in features if f.section is not None}
+    sections = {f.name: f.section for f in features if f.section is not None}
+    DESCRIPTIONS.update({f.section: f.description for f in features if f.section is not None})
+    return sections
 
 
 def feature_command(command: str | None) -> str | None:
