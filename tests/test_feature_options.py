@@ -15,7 +15,8 @@ from pipewright.cli.simulate import register as register_simulate
 from pipewright.features import Feature, builtin_features
 from pipewright.features.kfac.options import KfacOptions
 from pipewright.features.vocab.options import CHOICES, TRAIN_CHOICES, VocabOptions
-from pipewright.options import add_flags, fields_for, flat_defaults, option, read_section, take_values
+from pipewright.options import fields_for, flat_defaults, option, read_section, take_values
+from pipewright.runspec import add_spec_flags, spec_from_args
 
 
 @dataclass(frozen=True)
@@ -33,17 +34,30 @@ class Demo:
     only_sim: bool = option(False, "--demo-quick", "quick", commands=("simulate",))
 
 
-def _parse(command: str, argv: list[str]) -> argparse.Namespace:
+def _parser(command: str, features: dict | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser()
-    add_flags(parser, Demo, "demo", command=command)
-    return parser.parse_args(argv)
+    add_spec_flags(parser, command, features)
+    return parser
+
+
+def _parse(command: str, argv: list[str]) -> Demo:
+    """The demo section of ``command``'s flags ``argv`` (through the run spec's generated flags)."""
+    args = _parser(command, {"demo": Demo}).parse_args(argv)
+    return spec_from_args(args, command, {"demo": Demo}, check=False).features["demo"]
+
+
+def _feature_flags(command: str) -> set[str]:
+    parser = _parser(command, {"demo": Demo})
+    return {o for a in parser._actions if a.dest.startswith("features.demo.") for o in a.option_strings}
 
 
 def test_each_command_gets_its_fields_with_its_defaults() -> None:
-    assert vars(_parse("train", [])) == {"demo_level": None, "demo_mode": None}  # None: not given
-    assert vars(_parse("simulate", [])) == {"demo_level": 2, "demo_quick": False}
-    assert vars(_parse("plan", [])) == {"demo_level": 5}
-    assert _parse("train", ["--demo-mode", "c"]).demo_mode == "c"
+    assert _feature_flags("train") == {"--demo-level", "--demo-mode"}
+    assert _feature_flags("simulate") == {"--demo-level", "--demo-quick"}
+    assert _feature_flags("plan") == {"--demo-level"}
+    assert _parse("train", []) == _parse("simulate", []) == Demo(2, "a", False)
+    assert _parse("plan", []) == Demo(5, "a", False)
+    assert _parse("train", ["--demo-mode", "c"]).mode == "c"
     assert read_section(Demo, {"demo_level": 7, "demo_quick": True}, "simulate") == Demo(7, "a", True)
     assert read_section(Demo, {"demo_level": 7, "demo_quick": True}) == Demo(7, "a", False)  # train's
     assert read_section(Demo, {}, "plan") == Demo(5, "a", False)
@@ -75,18 +89,10 @@ def test_a_bad_declaration_is_refused_when_the_section_is_written(kwargs: dict, 
 
 @given(value=st.sampled_from(CHOICES), train=st.sampled_from(TRAIN_CHOICES))
 def test_vocab_parallel_is_one_field_with_a_wider_simulate_variant(value: str, train: str) -> None:
-    sim = _command_parser("simulate").parse_args(["--vocab-parallel", value])
-    assert read_section(VocabOptions, vars(sim), "simulate").parallel == value
-    parser = argparse.ArgumentParser()
-    add_flags(parser, VocabOptions, "vocab")
-    assert parser.parse_args(["--vocab-parallel", train]).vocab_parallel == train
+    for command, chosen in (("simulate", value), ("train", train)):
+        args = _parser(command).parse_args(["--vocab-parallel", chosen])
+        assert spec_from_args(args, command, check=False).features["vocab"].parallel == chosen
     assert [f.name for f in fields_for(VocabOptions, "simulate")] == ["parallel"]
-
-
-def _command_parser(command: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser()
-    builtin_features().add_options(command, parser)
-    return parser
 
 
 def test_simulate_flags_come_from_the_sections() -> None:
@@ -101,11 +107,8 @@ def test_simulate_flags_come_from_the_sections() -> None:
     opts = read_section(KfacOptions, vars(args), "simulate")
     assert (opts.simulate_fill, opts.unit, opts.precondition, opts.no_split) == ("kfac", 0.5, "tail", False)
     assert not any(t and t.startswith("async_weights") for t in titles)  # no simulate field: no group
-    assert not [
-        g
-        for g in _command_parser("plan")._action_groups
-        if g.title not in (None, "positional arguments", "options")
-    ]
+    names = tuple(f"{f.name}:" for f in builtin_features())
+    assert not [g.title for g in _parser("plan")._action_groups if g.title and g.title.startswith(names)]
 
 
 def test_a_features_optimizer_name_lives_in_the_feature() -> None:

@@ -1,12 +1,12 @@
 """RunSpec: spec → TOML → spec and spec → flags → spec unchanged for random valid specs of every
-command; the generated parsers take every flag today's commands take; help groups of at most 15
+command; every command's parser is the spec's; a flag left out is the default its help shows (train's:
+the training config's); the flags and the file offer the same choices; help groups of at most 15
 flags, each line with its default; one-line errors."""
 
 from __future__ import annotations
 
 import argparse
 import functools
-import importlib
 from dataclasses import replace
 
 import pytest
@@ -24,10 +24,10 @@ from pipewright.runspec import (
     spec_to_argv,
     validate,
 )
+from pipewright.runspec.fields import COMMANDS
 from pipewright.runspec.flags import MAX_GROUP
 from pipewright.runspec.run import get
 
-COMMANDS = ("simulate", "plan", "train", "check", "export-plan", "profile", "calibrate")
 _SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
@@ -41,18 +41,12 @@ def spec_parser(command: str) -> argparse.ArgumentParser:
 
 
 @functools.cache
-def todays_parser(command: str) -> argparse.ArgumentParser:
-    """The command's parser as cli/ builds it today."""
-    top = argparse.ArgumentParser()
-    sub = top.add_subparsers()
-    module = importlib.import_module(f"pipewright.cli.{command.replace('-', '_')}")
-    module.register(sub, ()) if command in ("train", "check") else module.register(sub)
-    return sub.choices[command]
+def cli_parser(command: str) -> argparse.ArgumentParser:
+    """The command's parser as the command line builds it (``schedule show``: the verb's)."""
+    from pipewright.cli import build_parser
+    from pipewright.cli._help import parsers
 
-
-def generated(command: str) -> bool:
-    """Whether the command's parser is already the spec's (its destinations are the fields' paths)."""
-    return any("." in a.dest for a in todays_parser(command)._actions)
+    return dict(parsers(build_parser(command=command.split()[0])))[tuple(command.split())]
 
 
 def options(parser: argparse.ArgumentParser) -> set[str]:
@@ -60,72 +54,124 @@ def options(parser: argparse.ArgumentParser) -> set[str]:
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_the_spec_takes_every_flag_of_todays_command(command):
-    """The check that wiring the spec into the commands loses no flag."""
-    missing = options(todays_parser(command)) - options(spec_parser(command))
-    assert not missing, f"{command}: no field for {sorted(missing)}"
+def test_every_flag_of_a_command_is_the_specs(command):
+    """The command line declares no flag of its own: each command's flags are the spec's, under their
+    fields' paths."""
+    built = cli_parser(command)
+    assert options(built) == options(spec_parser(command))
+    assert {a.dest for a in built._actions} == {a.dest for a in spec_parser(command)._actions} | {"help"}
 
 
-@functools.cache
-def _train_defaults() -> dict:
-    from pipewright.cli import _train_defaults as defaults_by_dest
+def _train_field(path, f) -> str | None:
+    """TrainConfig's field of spec field ``path`` (named as the field, the field plus ``_s``, or as
+    the flag), else None."""
+    from dataclasses import fields
 
-    return defaults_by_dest()
+    from pipewright.runtime.setup.config import TrainConfig
+
+    names = {x.name for x in fields(TrainConfig)}
+    flat = f.metadata["flag"].lstrip("-").replace("-", "_")
+    return next((n for n in (path[-1], f"{path[-1]}_s", flat) if n in names), None)
+
+
+@pytest.mark.parametrize("command", ("train", "check"))
+def test_trains_defaults_are_the_training_configs(command):
+    """A training flag left out leaves TrainConfig's default (the command passes None), so the default
+    its help shows (the spec's) must be TrainConfig's."""
+    from dataclasses import asdict
+
+    from pipewright.runspec.run import feature_sections, field_takes, spec_fields
+    from pipewright.runtime.setup.config import TrainConfig
+
+    config, spec = asdict(TrainConfig()), defaults(command)
+    matched = 0
+    for path, f, _ in spec_fields(feature_sections()):
+        name = _train_field(path, f) if field_takes(path, f, command) else None
+        if name is not None:
+            today = tuple(config[name]) if isinstance(config[name], list) else config[name]
+            assert get(spec, path) == today, (path, name)
+            matched += 1
+    assert matched > 50
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_every_flag_keeps_todays_default(command):
-    """A flag left out means what it means today (``train``'s None: TrainConfig's default)."""
-    if generated(command):
-        pytest.skip("the command's flags are the spec's")
-    by_option = {o: a.dest for a in spec_parser(command)._actions for o in a.option_strings}
+def test_a_flag_left_out_is_its_shown_default(command):
+    """Parsing no flag gives the command's defaults, and each flag's help shows that default (where
+    the field's help does not state it in its own words: ``the preset's``)."""
+    from pipewright.runspec.fields import setting
+    from pipewright.runspec.flags import _shown, switch_clears
+    from pipewright.runspec.run import feature_sections, field_command, spec_fields
+
+    fields = {".".join(p): (p, f) for p, f, _ in spec_fields(feature_sections())}
+    parser = spec_parser(command)
     spec = defaults(command)
-    for action in todays_parser(command)._actions:
-        if not action.option_strings or action.dest in ("help", "config"):
+    assert spec_from_args(parser.parse_args([]), command, check=False) == spec
+    for action in parser._actions:
+        if action.dest not in fields:
             continue
-        path = tuple(by_option[action.option_strings[0]].split("."))
-        today = action.default
-        if today is None and command in ("train", "check"):
-            if path[0] == "features":  # not given: the feature section's default
-                continue
-            today = _train_defaults().get(action.dest)
-        flag = action.option_strings[0]
-        if (
-            isinstance(action, argparse._StoreTrueAction)
-            and flag.startswith("--no-")
-            and path[-1] != "no_" + flag[5:].replace("-", "_")
-        ):
-            today = not today  # plan's --no-progress stored no_progress; the spec stores progress
-        today = tuple(today) if isinstance(today, list) else today
-        assert get(spec, path) == today, (command, action.option_strings, get(spec, path), today)
+        path, f = fields[action.dest]
+        own = setting(f, field_command(path, command), "help") or ""
+        if "default" in own.lower():
+            continue
+        value = get(spec, path)
+        if isinstance(value, bool):
+            flag = action.option_strings[0]
+            shown = "on" if value != switch_clears(path, flag) else "off"
+        else:
+            shown = _shown(value)
+        assert action.help.endswith(f"(default: {shown})"), (command, action.dest, action.help)
 
 
 @pytest.mark.parametrize("command", COMMANDS)
-def test_every_closed_choice_is_todays(command):
-    """Where a flag offers choices today, the spec's field offers the same ones."""
-    if generated(command):
-        pytest.skip("the command's flags are the spec's")
-    ours = {o: a for a in spec_parser(command)._actions for o in a.option_strings}
-    for action in todays_parser(command)._actions:
-        if action.choices and action.option_strings:
-            mine = ours[action.option_strings[0]].choices
-            assert sorted(mine) == sorted(action.choices), (command, action.option_strings)
+def test_the_flags_and_the_file_offer_the_same_choices(command):
+    """A closed choice: the flag offers the field's choices, and a file with another value is refused
+    in one line naming them."""
+    from pipewright.runspec.fields import choices, setting
+    from pipewright.runspec.run import feature_sections, field_command, spec_fields
+
+    fields = {".".join(p): (p, f, k) for p, f, k in spec_fields(feature_sections())}
+    offered = [a for a in spec_parser(command)._actions if a.choices and a.dest in fields]
+    for action in offered:
+        path, f, kind = fields[action.dest]
+        listed = setting(f, field_command(path, command), "choices") or choices(kind)
+        assert tuple(action.choices) == tuple(listed), action.dest
+        if listed == choices(kind):  # (a command's narrower variant is its own check's)
+            table, key = ".".join(path[:-1]), path[-1]
+            with pytest.raises(ConfigError, match=f"{'.'.join(path)} .*must be one of") as info:
+                loads_toml(f'[{table}]\n{key} = "no-such-choice"\n', command)
+            assert "\n" not in str(info.value)
+    if command in ("simulate", "train"):
+        assert len(offered) > 5
 
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_help_groups_are_small_and_show_every_default(command):
-    parser = spec_parser(command)
+    parser = cli_parser(command)
     for group in parser._action_groups:
         assert len(group._group_actions) <= MAX_GROUP, group.title
         for action in group._group_actions:
             if action.dest != "help":
                 assert "default" in action.help.lower(), (command, action.option_strings)
+    assert [g.title for g in parser._action_groups if g._group_actions][1:] == [
+        g.title for g in spec_parser(command)._action_groups if g._group_actions
+    ][1:]  # grouped by the spec's sections (after argparse's own "options")
     if command == "train":  # train's defaults are the runnable CPU run's, shown as such
         pp = next(a for a in parser._actions if "--pp" in a.option_strings)
         assert pp.help == "pipeline-parallel size (default: 2)"
 
 
-@pytest.mark.parametrize("command", ("simulate", "plan", "train", "check", "profile"))
+def test_the_programs_own_flags_show_their_defaults():
+    """``pipewright --help``: the flags before the command (the generator's too)."""
+    from pipewright.cli import build_parser
+
+    top = build_parser(command="schedule")
+    verbose = next(a for a in top._actions if "--verbose" in a.option_strings)
+    assert verbose.help.endswith("(default: off)") and "--version" in options(top)
+
+
+@pytest.mark.parametrize(
+    "command", ("simulate", "plan", "train", "check", "profile", "schedule export", "data prepare")
+)
 @given(data=st.data())
 @_SETTINGS
 def test_spec_to_toml_and_to_flags_and_back_is_unchanged(command, data):

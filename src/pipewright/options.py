@@ -4,7 +4,8 @@ update rule.
 
 One declaration serves every reader: the TOML file (a ``[table]`` named for the section, keys named
 like the fields, or the flag's name in ``[train]``), the command lines of ``train``, ``simulate`` and
-``plan`` (:func:`add_flags`: one argument group per section and command, defaults shown) and the code
+``plan`` (the run spec's ``features.<name>`` section: :func:`pipewright.runspec.add_spec_flags` gives
+it one argument group per command, defaults shown) and the code
 that reads the values (:func:`read_section`). A field lists the commands that take it (``commands``,
 default ``("train",)``) and may give a command its own choices, help or default (``variants``:
 ``simulate --vocab-parallel`` also takes ``redistribute``). A training value is stored in
@@ -17,8 +18,7 @@ numpy, torch or matplotlib.
 
 from __future__ import annotations
 
-import argparse
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import MISSING, Field, field, fields
 from typing import Any
 
@@ -87,12 +87,6 @@ def update_rule_names(cls: type) -> tuple[str, ...]:
     return tuple(flat_name(f) for f in fields_for(cls) if f.metadata.get("update_rule"))
 
 
-def _setting(f: Field, command: str, key: str) -> Any:
-    """Field ``f``'s ``key`` (choices, help) for ``command``: its variant's, else the field's."""
-    variant = f.metadata.get("variants", {}).get(command, {})
-    return variant[key] if key in variant else f.metadata.get(key)
-
-
 def _default(f: Field, command: str = "train") -> Any:
     variant = f.metadata.get("variants", {}).get(command, {})
     if "default" in variant:
@@ -138,53 +132,3 @@ def read_section(cls: type, values: Mapping[str, Any], command: str = "train") -
             for f in fields(cls)
         }
     )
-
-
-def add_flags(
-    parser: argparse.ArgumentParser,
-    cls: type,
-    title: str,
-    *,
-    command: str = "train",
-    dest: Callable[[Field], str] = flat_name,
-    group: str | None = None,
-) -> None:
-    """One argument group ``title`` with a flag per field of ``cls`` that ``command`` takes (those of
-    help group ``group`` when given), with that command's choices and help. ``train``'s flags default
-    to None (not given: the TOML value or the field's default holds); the other commands' default to
-    the field's default. The help shows the default. ``dest``: the parsed value's name (default the
-    flat name; the training config uses the field's own name). No group when no field is taken."""
-    chosen = [f for f in fields_for(cls, command) if group is None or f.metadata.get("group") == group]
-    if not chosen and group is None:
-        return
-    out = parser.add_argument_group(title)
-    for f in chosen:
-        flag = f.metadata["flag"]
-        default = _default(f, command)
-        text = _setting(f, command, "help")
-        if "default" not in text and not flag.startswith("--no-"):
-            text += f" (default: {'none' if default is None else default})"
-        given = None if command == "train" else default
-        if _kind(f) is bool:
-            action = "store_false" if flag.startswith("--no-") else "store_true"
-            out.add_argument(flag, dest=dest(f), action=action, default=given, help=text)
-            continue
-        out.add_argument(
-            flag,
-            dest=dest(f),
-            type=_kind(f),
-            choices=_setting(f, command, "choices"),
-            default=given,
-            help=text,
-        )
-
-
-def _kind(f: Field) -> type:
-    """The scalar type of field ``f`` (``int | None`` → int), from its annotation."""
-    if isinstance(f.type, type):
-        return f.type if f.type in (bool, int, float) else str
-    hint = str(f.type).replace(" ", "")
-    for name, kind in (("bool", bool), ("int", int), ("float", float)):
-        if hint in (name, f"{name}|None"):
-            return kind
-    return str

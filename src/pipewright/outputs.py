@@ -20,7 +20,6 @@ own rule in :mod:`pipewright.runtime.checkpointing.run_folder` and shares :func:
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 from collections.abc import Iterable
@@ -49,14 +48,6 @@ def size_text(n: float) -> str:
     while abs(n) >= 1024 and k < len(units) - 1:
         n, k = n / 1024, k + 1
     return f"{n:.0f} bytes" if k == 0 else f"{n:.3g} {units[k]}"
-
-
-def add_overwrite_flag(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--overwrite",
-        action="store_true",
-        help="replace an existing output file (or one that is also an input); refused without it",
-    )
 
 
 def check_name_length(path: Path, flag: str) -> None:

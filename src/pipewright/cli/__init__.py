@@ -23,14 +23,14 @@ _COMMANDS = ("schedule", "simulate", "train", "check", "profile", "plan", "expor
 def build_parser(feature_paths: Sequence[str] = (), command: str | None = None) -> argparse.ArgumentParser:
     """The command line; ``feature_paths``: ``--feature module:attr`` values, whose flags ``train`` adds;
     ``command``: build only this subcommand (the others are bare placeholders), or all when None."""
-    from pipewright.cli._help import Parser, document
+    from pipewright.cli._help import Parser
+    from pipewright.runspec.flags import add_program_flags
 
     parser = Parser(
         prog="pipewright",
         description="Plan, simulate and run pipeline-parallel training of transformer models.",
     )
-    parser.add_argument("--version", action="version", version=f"pipewright {__version__}")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    add_program_flags(parser, f"pipewright {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for name in _COMMANDS:
         if command is not None and name != command:
@@ -41,19 +41,7 @@ def build_parser(feature_paths: Sequence[str] = (), command: str | None = None) 
             module.register(sub, tuple(feature_paths))
         else:
             module.register(sub)
-    document(parser, _train_defaults)  # every flag with its default (and list separator), new flags included
     return parser
-
-
-@functools.cache
-def _train_defaults() -> dict[str, object]:
-    """TrainConfig's defaults by flag destination (``recv_timeout`` for ``recv_timeout_s``)."""
-    from dataclasses import asdict
-
-    from pipewright.runtime.setup.config import TrainConfig
-
-    defaults = asdict(TrainConfig())
-    return defaults | {k.removesuffix("_s"): v for k, v in defaults.items() if k.endswith("_s")}
 
 
 @functools.cache

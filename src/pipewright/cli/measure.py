@@ -8,23 +8,6 @@ import argparse
 import json
 
 
-def add_flags(group: argparse._ArgumentGroup) -> None:
-    """``--measure``, ``--measure-ranks`` and ``--measure-json`` in ``group`` (train's output group)."""
-    group.add_argument(
-        "--measure",
-        action="store_true",
-        help="(train: with --dry-run) run one step of every distinct rank at full size on meta tensors and "
-        "compare its peak memory, FLOPs and bytes with the simulator's",
-    )
-    group.add_argument(
-        "--measure-ranks",
-        type=lambda text: [int(x) for x in text.split(",")],
-        metavar="P,…",
-        help="with --measure: only these pipeline ranks (default: all)",
-    )
-    group.add_argument("--measure-json", action="store_true", help="with --measure: print JSON")
-
-
 def measure(config, args: argparse.Namespace) -> int:
     """Measure and print (text, or JSON with ``--measure-json``)."""
     from pipewright.errors import ConfigError

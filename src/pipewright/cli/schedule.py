@@ -1,50 +1,44 @@
-"""``pipewright schedule show|export``."""
+"""``pipewright schedule show|export``: each verb's flags the RunSpec's (``schedule show --config
+RUN.toml`` shows a run's schedule): the schedule's name, ``--stages``/``--pp``, ``--microbatches``,
+``--virtual``, the refinement and size limit, ``[schedule_view]`` and, for ``export``, ``-o``."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
-from pipewright.cli.guards import add_max_actions, check_schedule_command
-from pipewright.cli.zb_flags import add_zb_refine_flags, ilp_line, refine_seconds
+from pipewright.cli.guards import check_schedule_command
+from pipewright.cli.spec_args import add_command, required
+from pipewright.cli.zb_flags import ilp_line, refine_seconds
 from pipewright.features import library_schedules
 from pipewright.ir import peak_in_flight
-from pipewright.outputs import add_overwrite_flag, check_output
+from pipewright.outputs import check_output
 from pipewright.passes import lower, validate
 from pipewright.passes.pytorch_csv import to_csv
 from pipewright.schedules import build_schedule, info, schedule_names
 
 
-def add_shape_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", help=f"schedule name: {', '.join(schedule_names(library_schedules()))}")
-    parser.add_argument("--stages", "-p", type=int, required=True, help="pipeline ranks p")
-    parser.add_argument("--microbatches", "-m", type=int, required=True, help="microbatches m")
-    parser.add_argument("--virtual", "-v", type=int, default=None, help="model chunks per rank v")
-    add_zb_refine_flags(parser)
-    add_max_actions(parser)
-
-
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("schedule", help="show or export a pipeline schedule")
     verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
+    show = add_command(verbs, "schedule show", _show, help="print the schedule as a ranks × steps grid")
+    export = add_command(verbs, "schedule export", _export, help="write the schedule in PyTorch's CSV format")
+    names = ", ".join(schedule_names(library_schedules()))
+    for verb in (show, export):  # the positional's help: the registered names (the library's and features')
+        name = next(a for a in verb._actions if a.dest == "schedule.name")
+        name.help = name.help.replace("schedule name", f"schedule name: {names}", 1)
 
-    show = verbs.add_parser("show", help="print the schedule as a ranks × steps grid")
-    add_shape_args(show)
-    show.add_argument("--with-comms", action="store_true", help="show send/receive actions")
-    show.set_defaults(func=_show)
 
-    export = verbs.add_parser("export", help="write the schedule in PyTorch's CSV format")
-    add_shape_args(export)
-    export.add_argument("--format", choices=["torch-csv"], default="torch-csv")
-    export.add_argument("--with-comms", action="store_true", help="include send/receive actions")
-    export.add_argument("-o", "--output", required=True, help="file to write")
-    add_overwrite_flag(export)
-    export.set_defaults(func=_export)
+def _shape(args: argparse.Namespace) -> None:
+    """The verb's required values (flags, or the ``--config`` file), then the size checks."""
+    command = f"schedule {args.verb}"
+    required(command, NAME=args.schedule, **{"--stages": args.stages, "--microbatches": args.microbatches})
+    check_schedule_command(args, grid=args.verb == "show")
 
 
 def _build(args: argparse.Namespace):
     """The named schedule; with ``--zb-refine``, zb-auto's order refined under unit costs (limit p)."""
-    seconds = refine_seconds(args, (args.name,))
+    seconds = refine_seconds(args, (args.schedule,))
     costs = None
     if seconds is not None:
         from pipewright.schedules import ScheduleCosts
@@ -53,14 +47,14 @@ def _build(args: argparse.Namespace):
         costs = ScheduleCosts(unit, unit, unit, 0.0, None, seconds)
     library = library_schedules()
     return build_schedule(
-        args.name, args.stages, args.microbatches, args.virtual, costs=costs, registry=library
+        args.schedule, args.stages, args.microbatches, args.virtual, costs=costs, registry=library
     )
 
 
 def _show(args: argparse.Namespace) -> int:
-    check_schedule_command(args, grid=True)
+    _shape(args)
     sched = validate(_build(args))
-    entry = info(args.name, library_schedules())
+    entry = info(args.schedule, library_schedules())
     if args.with_comms:
         sched = validate(lower(sched))
     print(
@@ -77,7 +71,8 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    check_schedule_command(args, grid=False)
+    _shape(args)
+    required("schedule export", **{"-o/--output": args.output})
     check_output(args.output, "-o", overwrite=args.overwrite)
     sched = validate(_build(args))
     Path(args.output).write_text(to_csv(sched, with_comms=args.with_comms))

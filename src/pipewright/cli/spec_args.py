@@ -32,7 +32,7 @@ def add_command(
     :func:`command_spec`'s (and ``func`` is ``run``)."""
     from pipewright.runspec import add_spec_flags
 
-    parser = sub.add_parser(command, **parser_options)
+    parser = sub.add_parser(command.rpartition(" ")[2], **parser_options)  # (schedule show: "show")
     add_spec_flags(parser, command, features)
     parser.set_defaults(func=run)
     plain = parser.parse_known_args

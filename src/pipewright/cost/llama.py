@@ -21,19 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pipewright.cost.layer import layer_forward_flops, layer_parameters
 from pipewright.cost.transformer import TransformerCost
 from pipewright.models.spec import ModelSpec
-
-
-def llama_layer_forward_flops(spec: ModelSpec, b: int) -> float:
-    """Forward FLOPs of one Llama layer: 4bsh² + 4bsh·gd + 6bshf + 4bs²h."""
-    return layer_forward_flops(spec, b)
-
-
-def llama_layer_parameters(spec: ModelSpec) -> int:
-    """2h² + 2h·g·d + 3hf + 2h."""
-    return layer_parameters(spec)
 
 
 @dataclass(frozen=True, eq=False)

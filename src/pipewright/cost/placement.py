@@ -9,7 +9,6 @@ and the output layer on the last (Megatron's default). A feature that moves the 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from pipewright.errors import ConfigError
@@ -40,6 +39,3 @@ def loss_stage(layout: Any, num_stages: int) -> int | None:
     if layout is not None and hasattr(layout, "stages"):
         return next((i for i, s in enumerate(layout.stages) if s.head), None)
     return num_stages - 1
-
-
-Counts = Sequence[int]

@@ -54,7 +54,6 @@ LAYER_TYPES = ("embedding", "layer", "output")
 COLUMNS = ("layer_type", "microbatch_size", "kind", "seconds", "bytes")
 PARAMS = "PARAMS"
 MESSAGE = "MESSAGE"
-KFAC_KINDS = ("KFAC_KRON", "KFAC_INV", "KFAC_PREC")
 
 #: Layers of the models PipeFisher profiled (T5: encoder + decoder blocks).
 PIPEFISHER_LAYERS: Mapping[str, int] = MappingProxyType(

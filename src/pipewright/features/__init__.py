@@ -20,8 +20,8 @@ How the core uses a bundle (see ``tests/test_feature_contract.py`` for a whole t
   :class:`~pipewright.schedules.registry.ScheduleRegistry`.
 - ``Feature.plugin_class()`` — the training plugin the composition root (:mod:`pipewright.training`)
   hands to the trainer when ``active(config, schedule)``.
-- ``Features.add_options(command, parser)`` — each feature's flags on ``train``/``simulate``/``plan``,
-  generated from its section (:func:`pipewright.options.add_flags`).
+- ``Feature.section`` — the feature's options, ``features.<name>`` of the run spec: its flags on
+  ``train``/``simulate``/``plan`` are generated from it (:func:`pipewright.runspec.add_spec_flags`).
 """
 
 from __future__ import annotations
@@ -160,17 +160,6 @@ class Features:
         from pipewright.cost.rules import with_rules
 
         return with_rules(model, self.cost_rules)
-
-    def add_options(self, command: str, parser: Any) -> None:
-        """Each feature's flags on ``command`` (``train``, ``simulate``, ``plan``): one argument group
-        per feature whose section has fields for it, generated from the section
-        (:func:`pipewright.options.add_flags`)."""
-        from pipewright.options import add_flags
-
-        for f in self:
-            if f.section is not None:
-                title = f"{f.name}: {f.description}" if f.description else f.name
-                add_flags(parser, f.section, title, command=command)
 
 
 def builtin_features() -> Features:

@@ -39,6 +39,8 @@ CpuAllocator = Literal["retain", "system"]
 Trainer = Literal["megatron", "torchtitan"]
 #: ``export-plan --to``: every export target (plan/export_text.TARGETS).
 ExportTarget = Literal["megatron", "bridge", "torchtitan", "torchtitan-0.3"]
+#: ``schedule export --format``: the file formats a schedule is written in.
+ScheduleFormat = Literal["torch-csv"]
 #: A cost source other than a model or a profile.
 CostSource = Literal["unit"]
 #: The device ``profile`` measures on.

@@ -6,7 +6,15 @@ it. Pure Python.
 from __future__ import annotations
 
 from pipewright.runspec.choices import CostSource, Device
-from pipewright.runspec.fields import MODEL_COMMANDS, PRICING, TRAINING, section, spec_field
+from pipewright.runspec.fields import (
+    MODEL_COMMANDS,
+    PRICING,
+    SCHEDULE,
+    TRAINING,
+    section,
+    spec_field,
+    variant_of_each,
+)
 
 
 @section
@@ -114,10 +122,11 @@ class ParallelismSection:
         None,
         "--pp",
         "pipeline-parallel size",
-        commands=MODEL_COMMANDS,
+        commands=(*MODEL_COMMANDS, *SCHEDULE),
         minimum=1,
         variants={
             "simulate": {"aliases": ("--stages", "-p")},
+            **variant_of_each(SCHEDULE, aliases=("--stages", "-p"), help="pipeline ranks p"),
             "train": {"default": 2},
             "check": {"default": 2},
         },
@@ -126,9 +135,9 @@ class ParallelismSection:
         None,
         "--virtual",
         "model chunks per pipeline rank",
-        commands=("simulate", "train", "check"),
+        commands=("simulate", "train", "check", *SCHEDULE),
         minimum=1,
-        variants={"simulate": {"aliases": ("-v",)}},
+        variants={"simulate": {"aliases": ("-v",)}, **variant_of_each(SCHEDULE, aliases=("-v",))},
     )
     tp: int | None = spec_field(
         1,

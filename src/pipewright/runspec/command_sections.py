@@ -1,13 +1,14 @@
 """RunSpec sections. Sections one command reads: simulate's run, plan's search space, profile's and
-calibrate's measurements, export-plan's target, the user's features. Each field is declared once
+calibrate's measurements, export-plan's target, the user's features, what ``schedule show|export``
+prints and writes, ``data prepare``'s text. Each field is declared once
 (:func:`~pipewright.runspec.fields.spec_field`): type, default, flag, help, the commands that take it.
 Pure Python.
 """
 
 from __future__ import annotations
 
-from pipewright.runspec.choices import ExportTarget, Trainer
-from pipewright.runspec.fields import PRICING, TRAINING, section, spec_field
+from pipewright.runspec.choices import ExportTarget, ScheduleFormat, Trainer
+from pipewright.runspec.fields import PRICING, SCHEDULE, TRAINING, section, spec_field
 
 
 @section
@@ -43,7 +44,7 @@ class SimulationSection:
         2000000,
         "--max-actions",
         "refuse to build a schedule (or grid) estimated larger than this",
-        commands=PRICING,
+        commands=(*PRICING, *SCHEDULE),
         minimum=1,
     )
     tolerance: float | None = spec_field(
@@ -239,4 +240,43 @@ class ExtensionsSection:
         "a feature of your own (a pipewright.features.Feature), repeatable",
         commands=TRAINING,
         nargs="append",
+    )
+
+
+@section
+class ScheduleViewSection:
+    """What ``schedule show`` prints and ``schedule export`` writes (``[schedule_view]``)."""
+
+    with_comms: bool = spec_field(
+        False,
+        "--with-comms",
+        "show send/receive actions",
+        commands=SCHEDULE,
+        variants={"schedule export": {"help": "include send/receive actions"}},
+    )
+    format: ScheduleFormat = spec_field(
+        "torch-csv",
+        "--format",
+        "file format (torch-csv: PyTorch's schedule CSV)",
+        commands=("schedule export",),
+    )
+
+
+@section
+class DataPrepSection:
+    """``data prepare``'s text and tokenizer (``[data_prep]``)."""
+
+    inputs: tuple[str, ...] | None = spec_field(
+        None,
+        "--inputs",
+        "text files or folders (read in path order)",
+        commands=("data prepare",),
+        nargs="+",
+        variants={"data prepare": {"positional": "INPUT"}},
+    )
+    tokenizer: str | None = spec_field(
+        None,
+        "--tokenizer",
+        "model folder with tokenizer.json (and config.json)",
+        commands=("data prepare",),
     )

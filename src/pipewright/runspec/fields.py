@@ -19,7 +19,20 @@ from dataclasses import MISSING, Field, field
 from typing import Any, Literal
 
 #: The commands whose flags a RunSpec declares.
-COMMANDS = ("simulate", "plan", "train", "check", "export-plan", "profile", "calibrate")
+COMMANDS = (
+    "simulate",
+    "plan",
+    "train",
+    "check",
+    "export-plan",
+    "profile",
+    "calibrate",
+    "schedule show",
+    "schedule export",
+    "data prepare",
+)
+#: ``pipewright schedule``'s verbs (each a command of its own: ``schedule show`` takes no ``--format``).
+SCHEDULE = ("schedule show", "schedule export")
 #: The commands that run training (``check`` trains twice and compares).
 TRAINING = ("train", "check")
 #: The commands that price a run without running it.
@@ -63,6 +76,11 @@ def spec_field(
     if isinstance(default, list | dict | set):
         raise TypeError(f"field {flag}: give a tuple, not a mutable default")
     return field(default=default, metadata=meta)
+
+
+def variant_of_each(commands: tuple[str, ...], **settings: Any) -> dict[str, dict[str, Any]]:
+    """The same variant for each of ``commands`` (``schedule show`` and ``schedule export``)."""
+    return {command: dict(settings) for command in commands}
 
 
 def section(cls: type) -> type:

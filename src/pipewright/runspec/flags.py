@@ -1,6 +1,8 @@
 """A command's flags, generated from the RunSpec's fields, and back: :func:`add_spec_flags` (one
 argument group per section, every default shown), :func:`spec_from_args` (the ``--config`` file, then
-the flags given over it) and :func:`spec_to_argv` (the flags that rebuild a spec).
+the flags given over it) and :func:`spec_to_argv` (the flags that rebuild a spec); and the program's
+own ``--version`` and ``--verbose`` (:func:`add_program_flags`). Every ``add_argument`` of the command
+line is here.
 
 A flag's destination is its field's path (``parallelism.tp``) and its parsed default is
 ``argparse.SUPPRESS``: the namespace holds exactly the flags given, so flags override the file and
@@ -50,6 +52,8 @@ def _title(path: Path, cls: type) -> str:
 def _shown(value: Any) -> str:
     if value is None:
         return "none"
+    if isinstance(value, bool):  # a bare flag or a mode (--tp-comm-overlap): off until given
+        return "on" if value else "off"
     if isinstance(value, tuple):
         return ",".join(map(str, value)) or "none"
     return str(value)
@@ -98,10 +102,11 @@ def _add(group: Any, path: Path, f: Field, kind: Any, command: str) -> None:
     metavar = path[-1].upper()
     base = base_type(kind)
     positional = setting(f, cmd, "positional")
-    if positional:  # (export-plan PLAN): the argument in place of the flag
-        group.add_argument(common.pop("dest"), metavar=positional, nargs="?", **common)
-        return
     nargs = f.metadata.get("nargs")
+    if positional:  # (export-plan PLAN, data prepare INPUT …): the argument in place of the flag
+        many = "*" if nargs == "+" else "?"  # optional here: a --config file may give it instead
+        group.add_argument(common.pop("dest"), metavar=positional, nargs=many, **common)
+        return
     if base is bool:
         action = "store_false" if switch_clears(path, flag) else "store_true"
         group.add_argument(*names, action=action, **common)
@@ -120,6 +125,12 @@ def _add(group: Any, path: Path, f: Field, kind: Any, command: str) -> None:
         group.add_argument(
             *names, type=_scalar(kind), choices=listed, metavar=None if listed else metavar, **common
         )
+
+
+def add_program_flags(parser: argparse.ArgumentParser, version: str) -> None:
+    """The program's own flags, before its command: ``--version`` and ``-v``/``--verbose``."""
+    parser.add_argument("--version", action="version", version=version, help="print the version and exit")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress details (default: off)")
 
 
 def add_spec_flags(
@@ -169,6 +180,7 @@ def spec_to_argv(spec: RunSpec, command: str, features: Mapping[str, type] | Non
     features = {n: type(s) for n, s in spec.features.items()} if features is None else features
     start = values(defaults(command, features), features)
     argv: list[str] = []
+    words: list[str] = []  # the positional argument's, last
     for path, f, kind in spec_fields(features):
         value = get(spec, path)
         if value == start[path] and type(value) is type(start[path]):
@@ -182,10 +194,20 @@ def spec_to_argv(spec: RunSpec, command: str, features: Mapping[str, type] | Non
                 f"{where}: {flag} cannot say 'none' (its default for {command} is {start[path]})"
             )
         if setting(f, field_command(path, command), "positional"):
-            argv.append(str(value))
+            words = _positional(value, where)
             continue
         argv += _words(path, flag, value, base_type(kind), f.metadata.get("nargs"), where)
-    return argv
+    # after "--" a word that starts with "-" is the argument's, not a flag (or a flag's abbreviation)
+    return argv + (["--", *words] if any(w.startswith("-") for w in words) else words)
+
+
+def _positional(value: Any, where: str) -> list[str]:
+    words = list(map(str, value)) if isinstance(value, tuple) else [str(value)]
+    if not words:
+        raise ConfigError(f"{where}: the argument needs at least one value")
+    if "--" in words:
+        raise ConfigError(f"{where}: argparse reads '--' as the end of the options; no argument can be it")
+    return words
 
 
 def _words(path: Path, flag: str, value: Any, base: Any, nargs: str | None, where: str) -> Sequence[str]:

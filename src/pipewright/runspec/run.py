@@ -23,9 +23,11 @@ from typing import Any
 from pipewright.runspec.cluster_sections import ClusterSection, ParallelismSection
 from pipewright.runspec.command_sections import (
     CalibratingSection,
+    DataPrepSection,
     ExportSection,
     ExtensionsSection,
     ProfilingSection,
+    ScheduleViewSection,
     SearchSection,
     SimulationSection,
 )
@@ -49,7 +51,8 @@ class RunSpec:
     (schedule), on how much data per step (batch), in which number formats (precision), with which
     memory savings (memory), executed by what (framework), for how long and from which data (training),
     what is written (output); the sections one command reads (simulation, search, profiling,
-    calibrating, export, extensions); and ``features``: each feature's section by name."""
+    calibrating, export, extensions, schedule_view, data_prep); and ``features``: each feature's
+    section by name."""
 
     model: ModelSection = subsection(ModelSection)
     cluster: ClusterSection = subsection(ClusterSection)
@@ -67,6 +70,8 @@ class RunSpec:
     calibrating: CalibratingSection = subsection(CalibratingSection)
     export: ExportSection = subsection(ExportSection)
     extensions: ExtensionsSection = subsection(ExtensionsSection)
+    schedule_view: ScheduleViewSection = subsection(ScheduleViewSection)
+    data_prep: DataPrepSection = subsection(DataPrepSection)
     features: Mapping[str, Any] = field(default_factory=dict)
 
 

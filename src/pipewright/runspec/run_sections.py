@@ -19,7 +19,7 @@ from pipewright.runspec.choices import (
     RecomputeMethod,
     StageOutputs,
 )
-from pipewright.runspec.fields import PRICING, TRAINING, section, spec_field
+from pipewright.runspec.fields import PRICING, SCHEDULE, TRAINING, section, spec_field, variant_of_each
 
 
 @section
@@ -30,12 +30,13 @@ class ScheduleSection:
         "1f1b",
         "--schedule",
         "schedule name or PyTorch schedule CSV",
-        commands=("simulate", "train", "check"),
+        commands=("simulate", "train", "check", *SCHEDULE),
         variants={
             "simulate": {
                 "default": None,
                 "help": "schedule name (`pipewright schedule list`) or CSV file",
-            }
+            },
+            **variant_of_each(SCHEDULE, default=None, positional="NAME", help="schedule name"),
         },
     )
     microbatch_group: int | None = spec_field(
@@ -62,13 +63,13 @@ class ScheduleSection:
             "zb-auto: refine the heuristic's order with the paper's integer linear program "
             "(scipy; pip install 'pipewright[ilp]'); kept only where it is faster"
         ),
-        commands=PRICING,
+        commands=(*PRICING, *SCHEDULE),
     )
     zb_ilp_time_limit: float | None = spec_field(
         None,
         "--zb-ilp-time-limit",
         "zb-auto: seconds the refinement may solve for (implies --zb-refine; default 10)",
-        commands=PRICING,
+        commands=(*PRICING, *SCHEDULE),
     )
 
 
@@ -80,14 +81,15 @@ class BatchSection:
         4,
         "--microbatches",
         "microbatches per data-parallel replica",
-        commands=("simulate", "train", "check"),
+        commands=("simulate", "train", "check", *SCHEDULE),
         minimum=1,
         variants={
             "simulate": {
                 "default": None,
                 "help": "microbatches per iteration m (unit costs)",
                 "aliases": ("-m",),
-            }
+            },
+            **variant_of_each(SCHEDULE, default=None, help="microbatches m", aliases=("-m",)),
         },
     )
     microbatch_size: int | None = spec_field(

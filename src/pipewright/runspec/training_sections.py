@@ -6,9 +6,13 @@ that take it. Pure Python.
 from __future__ import annotations
 
 from pipewright.runspec.choices import OnNonfinite, OnSaveError
-from pipewright.runspec.fields import TRAINING, section, spec_field, subsection
+from pipewright.runspec.fields import COMMANDS, TRAINING, section, spec_field, subsection
 
 _REPLACE_RUN = "an --out that holds a run: move that run aside (to <out>.replaced-<time>), start anew"
+
+
+#: The commands that write a file (all but ``schedule show``).
+_WRITERS = tuple(c for c in COMMANDS if c != "schedule show")
 
 
 @section
@@ -160,7 +164,7 @@ class OutputSection:
         False,
         "--overwrite",
         ("replace an existing output file (or one that is also an input); refused without it"),
-        commands=("simulate", "plan", "train", "check", "export-plan", "profile", "calibrate"),
+        commands=_WRITERS,
         variants={"train": {"help": _REPLACE_RUN}, "check": {"help": _REPLACE_RUN}},
     )
     progress: bool = spec_field(
@@ -173,8 +177,13 @@ class OutputSection:
         None,
         "--out",
         "output folder (default runs/<timestamp>)",
-        commands=("plan", "train", "check", "export-plan", "profile", "calibrate"),
+        commands=tuple(c for c in _WRITERS if c != "simulate"),  # (simulate: --png, --trace)
         variants={
+            "schedule export": {"aliases": ("-o", "--output"), "help": "file to write"},
+            "data prepare": {
+                "aliases": ("-o", "--output"),
+                "help": "token file to write (.bin + .json sidecar)",
+            },
             "plan": {"aliases": ("-o",), "help": "write the plan JSON to this file"},
             "export-plan": {"aliases": ("-o",), "help": "write to this file instead of printing"},
             "profile": {"help": "profile file to write (.csv or .json)"},
