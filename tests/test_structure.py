@@ -1,7 +1,7 @@
 """The shape of the source tree: no import cycles among the modules under src/, no module over 500 lines,
-no function over 80 lines, no top-level definition referenced nowhere, lower layers never import higher
-ones (the runtime never imports a feature or the composition root), and the pure layers never import
-torch.
+no function over 80 lines, no top-level definition referenced nowhere, no module file name in two
+packages (a feature package's plugin-protocol modules aside), lower layers never import higher ones (the
+runtime never imports a feature or the composition root), and the pure layers never import torch.
 
 Imports are read with ``ast`` (nothing is imported). Every ``import`` statement counts as an edge,
 at module level or inside a function: a lazy import hides a cycle from the interpreter, not from the
@@ -52,6 +52,18 @@ REFERENCE_GLOBS = (
     "docs/**/*.md",
 )
 
+#: The module names a feature package may share with the other feature packages and with the core
+#: part it plugs into: its part of that layer or command (``features/vocab/kinds.py`` its action kinds,
+#: ``options.py`` its option section, ``cost.py`` its cost rules, ``runtime.py`` its runtime parts,
+#: ``train.py`` its training plugin, ``simulate.py`` its ``simulate`` hook; docs/architecture.md).
+FEATURE_PROTOCOL = frozenset({"cost.py", "kinds.py", "options.py", "runtime.py", "simulate.py", "train.py"})
+#: Module file names used in more than one package, listed only while one of each is renamed; empty it,
+#: never add to it (the test fails while a listed name is used once).
+REUSED_NAMES = {
+    "options.py": "plan/options.py (the planner's cost-model options) beside options.py",
+    "profiled.py": "plan/profiled.py (the planner's profile input) beside cost/profiled.py",
+}
+
 #: Known import cycles, listed only while they are removed; empty it, never add to it.
 KNOWN_CYCLES: set[frozenset[str]] = set()
 
@@ -67,10 +79,25 @@ FORBIDDEN = {
     "pipewright.features": ("pipewright.training", "pipewright.cli"),
     "pipewright.training": ("pipewright.cli",),
     "pipewright.codec": ("pipewright.passes",),
-    "pipewright.models": ("pipewright.runtime", "pipewright.sim", "pipewright.plan", "pipewright.cli"),
-    "pipewright.cost": ("pipewright.runtime", "pipewright.sim", "pipewright.plan", "pipewright.cli"),
-    "pipewright.sim": ("pipewright.runtime", "pipewright.plan", "pipewright.cli"),
-    "pipewright.plan": ("pipewright.runtime", "pipewright.cli"),
+    # a feature plugs into these layers (its cost rules, hooks, passes): they call it, never import it
+    "pipewright.passes": ("pipewright.schedules", "pipewright.features", "pipewright.sim", "pipewright.cli"),
+    "pipewright.schedules": ("pipewright.features", "pipewright.sim", "pipewright.plan", "pipewright.cli"),
+    "pipewright.models": (
+        "pipewright.runtime",
+        "pipewright.sim",
+        "pipewright.plan",
+        "pipewright.features",
+        "pipewright.cli",
+    ),
+    "pipewright.cost": (
+        "pipewright.runtime",
+        "pipewright.sim",
+        "pipewright.plan",
+        "pipewright.features",
+        "pipewright.cli",
+    ),
+    "pipewright.sim": ("pipewright.runtime", "pipewright.plan", "pipewright.features", "pipewright.cli"),
+    "pipewright.plan": ("pipewright.runtime", "pipewright.features", "pipewright.cli"),
     "pipewright.mesh": ("pipewright.runtime", "pipewright.cost", "pipewright.sim", "pipewright.plan"),
     "pipewright.topology": ("pipewright.runtime", "pipewright.cost", "pipewright.sim", "pipewright.plan"),
     "pipewright.runspec": (
@@ -368,3 +395,30 @@ def test_no_definition_referenced_nowhere() -> None:
     assert not new, f"top-level definitions referenced nowhere (remove them): {new}"
     stale = sorted(UNUSED_DEFINITIONS - unused)
     assert not stale, f"removed or referenced now, remove from UNUSED_DEFINITIONS: {stale}"
+
+
+def reused_names() -> dict[str, list[str]]:
+    """Each module file name (``__init__.py`` aside) that more than one package holds, with its paths
+    under src/pipewright; a feature package's FEATURE_PROTOCOL modules (``features/<name>/kinds.py``)
+    are not counted."""
+    where: dict[str, list[str]] = {}
+    for path in modules().values():
+        rel = path.relative_to(SRC / "pipewright")
+        protocol = len(rel.parts) == 3 and rel.parts[0] == "features" and rel.name in FEATURE_PROTOCOL
+        if rel.name != "__init__.py" and not protocol:
+            where.setdefault(rel.name, []).append(rel.as_posix())
+    return {name: sorted(paths) for name, paths in where.items() if len(paths) > 1}
+
+
+def test_no_file_name_in_two_packages() -> None:
+    found = reused_names()
+    new = {n: p for n, p in found.items() if n not in REUSED_NAMES}
+    assert not new, f"module names used in two packages (name each for what it holds): {new}"
+    stale = sorted(set(REUSED_NAMES) - set(found))
+    assert not stale, f"renamed, remove from REUSED_NAMES: {stale}"
+
+
+def test_feature_protocol_names_are_in_use() -> None:
+    """The allowance is not wider than the features: each plugin-protocol name is a module of one."""
+    held = {p.name for p in (SRC / "pipewright" / "features").glob("*/*.py")}
+    assert not FEATURE_PROTOCOL - held, sorted(FEATURE_PROTOCOL - held)
