@@ -278,3 +278,18 @@ def test_every_training_config_field_has_a_place():
     for f in fields(TrainConfig):
         if f.name != "features":
             assert f.metadata.get("flag") in flags or f.name in toml_only, f.name
+
+
+def test_schedule_show_reads_a_run_spec(tmp_path, capsys):
+    """``schedule show --config`` shows the file's schedule; a value in neither the flags nor the file
+    is argparse's one-line usage error."""
+    from pipewright.cli import main
+
+    path = tmp_path / "run.toml"
+    path.write_text('[parallelism]\npp = 4\n[batch]\nmicrobatches = 6\n[schedule]\nname = "zb-h1"\n')
+    assert main(["schedule", "show", "--config", str(path)]) == 0
+    assert capsys.readouterr().out.startswith("zb-h1: p=4 ranks, 4 stages, m=6 microbatches")
+    with pytest.raises(SystemExit) as exited:
+        main(["schedule", "show", "1f1b", "-p", "2"])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and err.count("\n") == 1 and "required: --microbatches" in err
