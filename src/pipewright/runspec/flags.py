@@ -12,6 +12,7 @@ the file overrides the defaults. Pure Python.
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import Field
 from typing import Any
@@ -45,7 +46,7 @@ def _title(path: Path, cls: type) -> str:
         why = DESCRIPTIONS.get(cls, "")
         return f"{path[-1]}: {why}" if why else ".".join(path)
     doc = " ".join((cls.__doc__ or "").split("(``", 1)[0].split())
-    doc = doc.replace("``", "")
+    doc = re.sub(r":\w+:`~?([^`]+)`", r"\1", doc).replace("``", "")  # (a Sphinx role's text alone)
     return f"{'.'.join(path)}: {doc.rstrip('.')}" if doc else ".".join(path)
 
 
