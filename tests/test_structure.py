@@ -1,7 +1,8 @@
 """The shape of the source tree: no import cycles among the modules under src/, no module over 500 lines,
 no function over 80 lines, no top-level definition referenced nowhere, no module file name in two
 packages (a feature package's plugin-protocol modules aside), lower layers never import higher ones (the
-runtime never imports a feature or the composition root), and the pure layers never import torch.
+runtime never imports a feature or the composition root), the pure layers never import torch, and
+only the run spec's flag generator declares command-line flags.
 
 Imports are read with ``ast`` (nothing is imported). Every ``import`` statement counts as an edge,
 at module level or inside a function: a lazy import hides a cycle from the interpreter, not from the
@@ -63,6 +64,11 @@ REUSED_NAMES = {
     "options.py": "plan/options.py (the planner's cost-model options) beside options.py",
     "profiled.py": "plan/profiled.py (the planner's profile input) beside cost/profiled.py",
 }
+
+#: The one module that declares command-line flags (every command's, generated from the run spec).
+FLAG_GENERATOR = "pipewright.runspec.flags"
+#: Other modules calling ``add_argument``, listed only while their calls are removed; empty it, never add.
+OTHER_FLAG_DECLARATIONS = {"pipewright.cli.guards", "pipewright.cli.zb_flags"}
 
 #: Known import cycles, listed only while they are removed; empty it, never add to it.
 KNOWN_CYCLES: set[frozenset[str]] = set()
@@ -422,3 +428,21 @@ def test_feature_protocol_names_are_in_use() -> None:
     """The allowance is not wider than the features: each plugin-protocol name is a module of one."""
     held = {p.name for p in (SRC / "pipewright" / "features").glob("*/*.py")}
     assert not FEATURE_PROTOCOL - held, sorted(FEATURE_PROTOCOL - held)
+
+
+def declares_flags(name: str) -> bool:
+    """Whether module ``name`` calls ``….add_argument(…)``."""
+    tree = ast.parse(modules()[name].read_text())
+    return any(
+        isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "add_argument"
+        for n in ast.walk(tree)
+    )
+
+
+def test_only_the_generator_declares_flags() -> None:
+    declaring = {m for m in modules() if declares_flags(m)}
+    assert FLAG_GENERATOR in declaring
+    new = sorted(declaring - OTHER_FLAG_DECLARATIONS - {FLAG_GENERATOR})
+    assert not new, f"flags declared outside {FLAG_GENERATOR} (declare a run-spec field): {new}"
+    stale = sorted(OTHER_FLAG_DECLARATIONS - declaring)
+    assert not stale, f"no flags declared there now, remove from OTHER_FLAG_DECLARATIONS: {stale}"
