@@ -53,8 +53,9 @@ _DIMS = ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len")
 #: The architecture beyond the dimensions a plan records (ModelSpec's fields), so that an export builds
 #: the model the plan priced (plan/export_model.py); the mixture-of-experts fields with experts only.
 ARCH_FIELDS = ("family", "tied_embeddings", "rope_theta", "attention_kind", "mtp_depth")
-#: The framework inputs a plan records (``simulate``'s and ``plan``'s flags of the same names:
-#: cli/cost_flags.py), their values and their defaults (what a plan without the key was priced with).
+#: The framework inputs a plan records (``simulate``'s and ``plan``'s flags of the same names: the
+#: RunSpec's framework and memory sections), their values and their defaults (what a plan without the
+#: key was priced with).
 #: ``framework``'s values are the registered frameworks (:func:`pipewright.cost.frameworks.names`);
 #: ``attention_kernel``'s default None is the accelerator's usual kernel.
 FRAMEWORK_INPUTS: dict[str, tuple[tuple[str, ...] | None, str | None]] = {
