@@ -212,30 +212,46 @@ def _check_csv_agrees(spec: RunSpec) -> None:
         )
 
 
-def check_profile(args: argparse.Namespace) -> None:
+def profiled_model(run: RunSpec):
+    """The model ``profile`` measures: ``--model`` (default gpt-small-cpu) with the dimensions given."""
+    from pipewright.models.presets import resolve_model
+
+    m = run.model
+    dims = {d: getattr(m, d) for d in _MODEL_DIMS}
+    return resolve_model(m.model or "gpt-small-cpu", **dims)
+
+
+def check_profile(run: RunSpec) -> None:
     """``profile``: the outputs writable and new (or ``--overwrite``), every number finite and in range,
     and one layer's measurement (weights, gradients and AdamW state, 16 bytes a parameter, plus a
     microbatch's activations and logits) within this machine's available memory — all before the
     minutes of measuring."""
+    from pipewright.cli.spec_args import flag_values
     from pipewright.cost.activations import runtime_layer_elements
     from pipewright.cost.transformer import layer_parameters
-    from pipewright.models.presets import resolve_model
     from pipewright.runtime.setup.size_check import available_bytes
 
-    check_outputs([(args.out, "--out"), (args.calibration, "--calibration")], overwrite=args.overwrite)
-    values = vars(args)
+    p, out = run.profiling, run.output
+    check_outputs([(out.out, "--out"), (p.calibration, "--calibration")], overwrite=out.overwrite)
+    values = flag_values(run, "profile")
     check_finite(values)
-    positive = (*_MODEL_DIMS, "tp", "repeats", "nproc", "workers")
+    positive = (
+        *(f"--{d.replace('_', '-')}" for d in _MODEL_DIMS),
+        "--tp",
+        "--repeats",
+        "--nproc",
+        "--workers",
+    )
     check_values(values, {n: POSITIVE for n in positive})  # the profiler checks the others itself
-    if min(args.microbatch_size) < 1 or args.contention < 0 or args.warmup < 0:
+    if min(p.microbatch_sizes) < 1 or p.contention < 0 or p.warmup < 0:
         return  # the profiler's own one-line errors
-    spec = resolve_model(args.model or "gpt-small-cpu", **{d: values.get(d) for d in _MODEL_DIMS})
-    b = max(args.microbatch_size)
+    spec = profiled_model(run)
+    b = max(p.microbatch_sizes)
     sbh = spec.seq_len * b * spec.hidden
     need = 16 * layer_parameters(spec) + 4 * sbh * runtime_layer_elements(spec, "none")
     need += 8 * spec.seq_len * b * spec.vocab + 16 * spec.vocab * spec.hidden
     free = available_bytes()
-    if free is not None and need * max(args.workers or args.tp, 1) > free:
+    if free is not None and need * max(p.workers or run.parallelism.tp, 1) > free:
         raise ConfigError(
             f"profiling {spec.name} (h={spec.hidden}, s={spec.seq_len}, V={spec.vocab}, b={b}) needs about "
             f"{size_text(need)} per process, more than the {size_text(free)} available; use "

@@ -256,7 +256,26 @@ def _setup(spec: RunSpec) -> tuple[SimSetup, PlanOverrides | None, RunSpec]:
     return setup, plan, spec
 
 
-def _run(spec: RunSpec) -> int:
+def simulated(spec: RunSpec) -> dict:
+    """The report ``pipewright simulate --json`` prints for ``spec`` (``pipewright calibrate``'s
+    prediction of a run); a one-line ConfigError where the simulation fails or a rank does not fit
+    (the command's exit status 1)."""
+    from pipewright.sim.compiled import gc_paused
+
+    with gc_paused(freeze=True):
+        outcome = _simulation(spec)
+    if isinstance(outcome, int):
+        raise ConfigError("a feature's simulate hook ran its own command; it predicts no iteration")
+    report, setup = outcome[0], outcome[1]
+    mem = report["memory"]
+    if not (mem["limit_bytes"] is None or mem["fits"] or spec.simulation.allow_no_fit):
+        raise ConfigError(_no_fit(mem, setup.unit))
+    return report
+
+
+def _simulation(spec: RunSpec) -> int | tuple[dict, SimSetup, RunSpec, str]:
+    """The simulation of ``spec``: its report, set-up, spec (a plan applied) and label; or the exit
+    status of a feature's hook that ran the command itself (``--fill kfac``)."""
     from pipewright.cost.memory_parts import rank_memory_parts
     from pipewright.sim import metrics
 
@@ -287,6 +306,15 @@ def _run(spec: RunSpec) -> int:
     ilp = setup.schedule.meta.get("ilp")  # zb-auto's refinement (--zb-refine), when it ran
     if ilp is not None:
         report["zb_ilp"] = ilp
+    return report, setup, spec, label
+
+
+def _run(spec: RunSpec) -> int:
+    outcome = _simulation(spec)
+    if isinstance(outcome, int):
+        return outcome
+    report, setup, spec, label = outcome
+    out, ilp = spec.output, report.get("zb_ilp")
     if out.json:
         print(json.dumps(report, indent=2))
     else:
@@ -296,7 +324,7 @@ def _run(spec: RunSpec) -> int:
         for path in (out.png, out.trace):
             if path:
                 print(f"wrote {path}")
-    return _fit_exit(report["memory"], setup.unit, sim.allow_no_fit)
+    return _fit_exit(report["memory"], setup.unit, spec.simulation.allow_no_fit)
 
 
 def _pictures(result, setup: SimSetup, label: str, png: str | None, trace: str | None) -> None:
@@ -318,13 +346,16 @@ def _fit_exit(mem: dict, unit: bool, allowed: bool) -> int:
     ``--allow-no-fit``: a layout that cannot run is not a success."""
     if mem["limit_bytes"] is None or mem["fits"] or allowed:
         return 0
-    limit = f"{mem['limit_bytes']:g}" if unit else f"{mem['limit_bytes'] / 2**30:.2f} GiB"
-    print(
-        f"pipewright: error: ranks {mem['over_limit']} do not fit {limit} per device; raise --tp or --pp, "
-        "use --recompute full or a smaller --microbatch-size (or give --allow-no-fit to exit 0)",
-        file=sys.stderr,
-    )
+    print(f"pipewright: error: {_no_fit(mem, unit)}", file=sys.stderr)
     return 1
+
+
+def _no_fit(mem: dict, unit: bool) -> str:
+    limit = f"{mem['limit_bytes']:g}" if unit else f"{mem['limit_bytes'] / 2**30:.2f} GiB"
+    return (
+        f"ranks {mem['over_limit']} do not fit {limit} per device; raise --tp or --pp, "
+        "use --recompute full or a smaller --microbatch-size (or give --allow-no-fit to exit 0)"
+    )
 
 
 def _summary(report: dict, label: str, unit: bool) -> str:

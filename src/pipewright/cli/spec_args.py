@@ -3,10 +3,11 @@
 
 :func:`add_command` adds a command whose flags are the spec's (:func:`pipewright.runspec.add_spec_flags`:
 ``--config RUN.toml``, one help group per section, every default shown). :func:`command_spec` reads the
-parsed line as the command's RunSpec (its defaults, then the ``--config`` file, then the flags given)
-and gives it with the values by option name (``args.tp``, ``args.schedule``) that the command's run
-reads: each field under its flag's name (``--no-progress``: ``no_progress`` and ``progress``, its
-other spellings too: ``--stages``), the spec itself as ``args.spec``.
+parsed line as the command's RunSpec (its defaults, then the ``--config`` file, then the flags given):
+``args.spec``. A command that reads the spec's fields (``add_command(..., spec_only=True)``: simulate,
+plan, export-plan, calibrate, profile) gets the spec and ``func`` alone; the others also get each
+value by option name (``args.tp``, ``args.schedule``): each field under its flag's name
+(``--no-progress``: ``no_progress`` and ``progress``), its other spellings too.
 """
 
 from __future__ import annotations
@@ -159,7 +160,7 @@ def _by_option(spec: Any, command: str, out: dict[str, Any], flagged: set[tuple[
     """``out`` with each value of a field ``command`` takes under its option names (``args.tp``)
     (``flagged``: the paths given as flags)."""
     from pipewright.runspec import defaults, values
-    from pipewright.runspec.fields import PRICING, TRAINING, base_type, setting
+    from pipewright.runspec.fields import TRAINING, base_type, setting
     from pipewright.runspec.run import field_command, field_takes, get, spec_fields
 
     known = {n: type(s) for n, s in spec.features.items()}
@@ -184,8 +185,6 @@ def _by_option(spec: Any, command: str, out: dict[str, Any], flagged: set[tuple[
             out[name], out[path[-1]] = not value, value  # --no-progress: no_progress and progress
         elif path[-1].removesuffix("_s") == name:
             out[path[-1]] = value  # --recv-timeout: recv_timeout_s too
-    if command in PRICING and out.get("framework"):
-        _framework_defaults(out)
     return out
 
 
@@ -200,17 +199,3 @@ def flag_values(spec: Any, command: str) -> dict[str, Any]:
         for path, f, _ in spec_fields(known)
         if f.metadata["flag"] and field_takes(path, f, command)
     }
-
-
-def _framework_defaults(values: dict[str, Any]) -> None:
-    """``--framework NAME``'s inputs (``pipewright.cost.frameworks``: its kernels, gradient dtype, …)
-    where neither the flags nor the file gave one; an unknown name is refused when the command runs."""
-    from pipewright.cost.frameworks import framework
-
-    try:
-        defaults = framework(values["framework"]).defaults
-    except ConfigError:
-        return
-    for name, value in defaults.items():
-        if values.get(name) is None:
-            values[name] = value
