@@ -84,19 +84,9 @@ def _priced(plan: Plan) -> dict[Path, tuple[object, object]]:
 
 
 def _chosen(plan: Plan, path: str) -> dict[Path, object]:
-    """What the plan chose: sizes, schedule (its CSV when it has one), batch, recomputation."""
-    out: dict[Path, object] = {
-        ("parallelism", "tp"): plan["tp"],
-        ("parallelism", "pp"): plan["pp"],
-        ("parallelism", "dp"): plan["dp"],
-        ("parallelism", "virtual"): plan["virtual"],
-        ("parallelism", "sequence_parallel"): plan["sequence_parallel"],
-        ("schedule", "name"): plan["schedule"],
-        ("batch", "microbatch_size"): plan["microbatch_size"],
-        ("batch", "global_batch_size"): plan["global_batch_size"],
-        ("batch", "microbatches"): plan["microbatches"],  # (the model path derives it from the batch)
-        ("memory", "recompute"): plan["recompute"],
-    }
+    """What the plan chose (:meth:`~pipewright.plan.planfile.Plan.chosen`; the schedule's CSV when it
+    has one) and its recomputation (per stage: the plan's data)."""
+    out = {**plan.chosen(), ("memory", "recompute"): plan["recompute"]}
     csv = plan.schedule_csv(path)
     if csv is not None:
         out |= {("schedule", "name"): csv, ("parallelism", "virtual"): None}

@@ -119,6 +119,23 @@ class Plan:
             raise ConfigError(f"the plan's schedule file {path} is missing; keep it beside the plan")
         return str(path)
 
+    def chosen(self) -> dict[tuple[str, ...], Any]:
+        """What the plan chose, as RunSpec values by path: the sizes, the schedule (by name), the
+        batch (:func:`pipewright.plan.apply.simulate_plan` and
+        :func:`pipewright.plan.run_toml.plan_spec` add what each reads beside)."""
+        d = self.data
+        return {
+            ("parallelism", "tp"): d["tp"],
+            ("parallelism", "pp"): d["pp"],
+            ("parallelism", "dp"): d["dp"],
+            ("parallelism", "virtual"): d["virtual"],
+            ("parallelism", "sequence_parallel"): bool(d["sequence_parallel"]),
+            ("schedule", "name"): d["schedule"],
+            ("batch", "microbatch_size"): d["microbatch_size"],
+            ("batch", "microbatches"): d["microbatches"],
+            ("batch", "global_batch_size"): d["global_batch_size"],
+        }
+
     def chunk_layers(self) -> tuple[int, ...]:
         from pipewright.models.layout import parse_layout
 
