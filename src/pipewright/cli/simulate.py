@@ -18,9 +18,14 @@ from pipewright.plan.request import PlanOverrides, SimulateRequest
 from pipewright.schedules import build_schedule
 
 if TYPE_CHECKING:  # the set-up and the simulator import numpy: only when a command runs
+    from pipewright.cost.calibration import Calibration
+    from pipewright.hardware import Accelerator
     from pipewright.ir import Schedule
+    from pipewright.mesh import Mesh
+    from pipewright.models.spec import ModelSpec
     from pipewright.plan.setup import SimSetup
     from pipewright.runspec import RunSpec
+    from pipewright.topology import Topology
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -147,7 +152,17 @@ def _model_setup(spec: RunSpec, plan: PlanOverrides | None = None) -> SimSetup:
     return setup if costed is None else build(costed)
 
 
-def _priced(spec: RunSpec, plan: PlanOverrides | None, model, topo, mesh, schedule, b, gpu, calibration):
+def _priced(
+    spec: RunSpec,
+    plan: PlanOverrides | None,
+    model: ModelSpec,
+    topo: Topology,
+    mesh: Mesh,
+    schedule: Schedule,
+    b: int,
+    gpu: Accelerator,
+    calibration: Calibration | None,
+) -> SimSetup:
     """The analytical costs of ``schedule`` (:func:`pipewright.plan.setup.model_setup`) with the
     spec's precision, memory and framework inputs, and a plan's layers per chunk and recomputation."""
     from pipewright.plan.setup import model_setup
@@ -247,6 +262,7 @@ def _setup(spec: RunSpec) -> tuple[SimSetup, PlanOverrides | None, RunSpec]:
     if spec.schedule.name is None:
         raise ConfigError("pipewright simulate needs --schedule NAME (or --plan FILE)")
     check_simulate(spec)  # ranges, ignored flags, CSV vs flags, size (cli/guards.py)
+    c = spec.cluster
     if c.profile is not None:
         return _profile_setup(spec, plan), plan, spec
     setup = _unit_setup(spec) if spec.model.model is None else _model_setup(spec, plan)
