@@ -5,10 +5,11 @@ that name an implementation."""
 
 from __future__ import annotations
 
+import typing
+
 import pytest
 
 from pipewright.cli import _parser
-from pipewright.cli.cost_flags import CP_COMM_NAMES
 from pipewright.cost import cp_impls, frameworks
 from pipewright.cost.context_parallel import cp_layer_seconds
 from pipewright.cost.cp_impls import CPComm, CPShape, cp_impl, run_streams
@@ -17,6 +18,8 @@ from pipewright.cost.transformer import TransformerCost
 from pipewright.errors import ConfigError
 from pipewright.ir import B, F, I, W
 from pipewright.models.spec import ModelSpec
+from pipewright.plan.spec_inputs import with_framework_defaults
+from pipewright.runspec.choices import CpComm
 
 # s = 16 tokens, c = 2: 8 per rank; a = 4 query heads and g = 2 key/value heads of d = 8
 SPEC = ModelSpec("cp", 2, 32, 4, 64, 16, family="llama", kv_heads=2)
@@ -134,17 +137,18 @@ def test_unknown_implementation_is_one_line():
 
 
 def test_defaults_per_framework_and_flag_choices():
-    assert cp_impls.names() == CP_COMM_NAMES
+    assert cp_impls.names() == typing.get_args(CpComm)
     assert frameworks.framework("torchtitan").defaults["cp_comm"] == "torch-allgather"
     assert "cp_comm" not in frameworks.framework("megatron").defaults
     assert TransformerCost(spec=SPEC).cp_comm == "transformer-engine"
-    parse = _parser((), "simulate").parse_args
-    assert parse(["simulate", "--framework", "torchtitan"]).cp_comm == "torch-allgather"
-    assert (
-        parse(["simulate", "--cp-comm", "torch-alltoall", "--framework", "torchtitan"]).cp_comm
-        == "torch-alltoall"
-    )
-    assert parse(["simulate"]).cp_comm is None
+
+    def parse(argv: list[str]) -> str | None:
+        spec = _parser((), "simulate").parse_args(["simulate", *argv]).spec
+        return with_framework_defaults(spec).framework.cp_comm
+
+    assert parse(["--framework", "torchtitan"]) == "torch-allgather"
+    assert parse(["--cp-comm", "torch-alltoall", "--framework", "torchtitan"]) == "torch-alltoall"
+    assert parse([]) is None
 
 
 def test_published_rows_name_their_implementation():

@@ -1,4 +1,4 @@
-"""The framework inputs of cli/cost_flags.py price the same on ``plan`` as on ``simulate``, and
+"""The framework inputs (plan/spec_inputs.py) price the same on ``plan`` as on ``simulate``, and
 ``simulate --microbatch-group`` prices interleaved 1F1B's warm-up with the group N."""
 
 from __future__ import annotations
@@ -78,14 +78,12 @@ def test_the_flags_choices_are_the_cost_models():
     time); they must be the values the cost models and the plan files accept."""
     import argparse
 
-    from pipewright.cli.cost_flags import KERNEL_NAMES
     from pipewright.plan.planfile import FRAMEWORK_INPUTS
     from pipewright.runspec import add_spec_flags
 
     parser = argparse.ArgumentParser()
     add_spec_flags(parser, "simulate")
     choices = {a.dest.split(".")[-1]: tuple(a.choices) for a in parser._actions if a.choices is not None}
-    choices["attention_kernel"] = KERNEL_NAMES  # declared with --attention
     for name, (values, _) in FRAMEWORK_INPUTS.items():
         if values is not None:
             assert choices[name] == values, name

@@ -168,11 +168,12 @@ def test_simulate_takes_the_attention_kind_and_the_mtp_depth(capsys):
     import contextlib
     import io
     import json
+    import typing
 
     from pipewright.cli import main
-    from pipewright.cli.cost_flags import ATTENTION_KIND_NAMES
+    from pipewright.runspec.choices import AttentionKind
 
-    assert tuple(ATTENTION_KINDS) == ATTENTION_KIND_NAMES
+    assert tuple(ATTENTION_KINDS) == typing.get_args(AttentionKind)
     argv = ["simulate", "--model", "llama-moe-tiny", "--gpu", "h100-sxm", "--gpus-per-node", "2", "--pp", "2"]
     argv += ["--schedule", "1f1b", "--global-batch-size", "4", "--json"]
     flops = {}

@@ -104,7 +104,8 @@ def test_simulate_flags_come_from_the_sections() -> None:
     assert kfac == ["--fill", "--kfac-profile", "--kfac-precondition", "--kfac-no-split", "--kfac-unit"]
     assert next(v for k, v in titles.items() if k and k.startswith("vocab: ")) == ["--vocab-parallel"]
     args = sim.parse_args(["--fill", "kfac", "--kfac-unit", "0.5"])
-    opts = read_section(KfacOptions, vars(args), "simulate")
+    opts = args.spec.features["kfac"]  # the hooks read the spec's feature section
+    assert isinstance(opts, KfacOptions)
     assert (opts.simulate_fill, opts.unit, opts.precondition, opts.no_split) == ("kfac", 0.5, "tail", False)
     assert not any(t and t.startswith("async_weights") for t in titles)  # no simulate field: no group
     names = tuple(f"{f.name}:" for f in builtin_features())

@@ -4,7 +4,6 @@ prices it as simulate does, and each entry's fit rows are the rule's (at most ha
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import shlex
 from dataclasses import replace
@@ -13,12 +12,13 @@ import pytest
 
 from _cli_json import cli_json
 from pipewright.cli import _parser, main
-from pipewright.cli.cost_flags import framework_efficiency
 from pipewright.cost import frameworks
 from pipewright.cost.efficiency import default_efficiency
 from pipewright.cost.fidelity import FIT_ROWS, framework_fit_selection, framework_of, load_runs
 from pipewright.errors import ConfigError
 from pipewright.hardware import accelerator
+from pipewright.plan.spec_inputs import framework_efficiency, with_framework_defaults
+from pipewright.runspec import defaults, with_values
 
 MODEL = shlex.split(
     "--model llama --layers 4 --hidden 32 --heads 4 --kv-heads 2 --ffn-hidden 64 --vocab 256 --seq-len 16 "
@@ -46,9 +46,9 @@ def _registered(fw: frameworks.Framework):
     ],
 )
 def test_defaults_fill_what_the_user_left_unset(flags, kernels):
-    args = _parser((), "simulate").parse_args(["simulate", *flags])
-    assert args.kernels == kernels
-    assert args.fsdp_grad_sync == ("step" if flags else None)
+    spec = with_framework_defaults(_parser((), "simulate").parse_args(["simulate", *flags]).spec)
+    assert spec.framework.kernels == kernels
+    assert spec.memory.fsdp_grad_sync == ("step" if flags else None)
 
 
 def test_unknown_framework_is_one_line(capsys):
@@ -92,11 +92,11 @@ def test_plan_prices_the_framework_as_simulate_does():
 
 
 def test_mixed_accelerators_are_refused_in_one_line():
-    args = argparse.Namespace(framework="torchtitan")
+    spec = with_values(defaults("simulate"), {("framework", "name"): "torchtitan"})
     with pytest.raises(ConfigError, match="one accelerator kind") as exc:
-        framework_efficiency(args, [accelerator("h100-sxm"), accelerator("a100-80gb")])
+        framework_efficiency(spec, [accelerator("h100-sxm"), accelerator("a100-80gb")])
     assert "\n" not in str(exc.value)
-    assert framework_efficiency(argparse.Namespace(framework=None), [accelerator("h100-sxm")]) is None
+    assert framework_efficiency(defaults("simulate"), [accelerator("h100-sxm")]) is None
 
 
 def test_fit_rows_are_the_rule_and_at_most_half():

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from _cli_json import cli_json
 from pipewright.cli import main
-from pipewright.cli.calibrate import predict_all
+from pipewright.cli.calibrate import flag_setup, predict_all
 from pipewright.cost import frameworks
 from pipewright.cost.dispatch import combined, dispatch, fused_softmax_runs
 from pipewright.cost.measured import TIME, parse_runs, score, spearman, split, vtrain_runs
@@ -39,7 +39,7 @@ KNOWN_MISSES = {(2, 4)}
 @pytest.fixture(scope="module")
 def vtrain():
     runs = vtrain_runs()
-    return runs, predict_all(runs, SETUP)
+    return runs, predict_all(runs, flag_setup(SETUP))
 
 
 def test_the_package_holds_vtrains_720_rows_split_in_halves_per_group(vtrain):

@@ -63,7 +63,7 @@ def test_simulate_and_train_put_every_coordinate_on_the_same_device(tmp_path, ca
     --plan` runs it on a process (process r = device r of the plan's topology): the same device."""
     from pipewright.cli import build_parser, main
     from pipewright.cli.simulate import _model_setup
-    from pipewright.plan.apply import applied, simulate_overrides, train_overrides
+    from pipewright.plan.apply import simulate_plan, train_overrides
     from pipewright.runtime.parallel.process_mesh import ParallelMesh
     from pipewright.runtime.setup.config import TrainConfig
 
@@ -84,8 +84,7 @@ def test_simulate_and_train_put_every_coordinate_on_the_same_device(tmp_path, ca
     }
 
     args = build_parser().parse_args(["simulate", "--plan", str(plan_path), "--topology", str(topo_path)])
-    overrides = simulate_overrides(args)
-    sim = _model_setup(applied(args, overrides), overrides).comm
+    sim = _model_setup(*simulate_plan(args.spec)).comm
 
     config = TrainConfig().with_overrides(**train_overrides(str(plan_path)))
     config.check()

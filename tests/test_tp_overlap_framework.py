@@ -13,10 +13,10 @@ from hypothesis import strategies as st
 
 from _cli_json import cli_json
 from pipewright.cli import _parser, main
-from pipewright.cli.cost_flags import tp_comm_overlap
 from pipewright.cost import frameworks
 from pipewright.cost.tp_overlap import modes
 from pipewright.errors import ConfigError
+from pipewright.plan.spec_inputs import tp_comm_overlap
 
 MODEL = shlex.split(
     "--model llama --layers 4 --hidden 32 --heads 4 --kv-heads 2 --ffn-hidden 64 --vocab 256 --seq-len 16 "
@@ -44,12 +44,12 @@ def test_the_bare_flag_names_each_frameworks_own_mode_and_a_mode_given_wins(name
                 ["simulate", *first, *flag, *([] if first else ["--framework", name])]
             )
             if mode is not None:
-                assert tp_comm_overlap(args) == mode
+                assert tp_comm_overlap(args.spec) == mode
             elif OWN[name] is not None:
-                assert tp_comm_overlap(args) == OWN[name]
+                assert tp_comm_overlap(args.spec) == OWN[name]
             else:
                 with pytest.raises(ConfigError, match=f"^--framework {name} runs no tensor-parallel overlap"):
-                    tp_comm_overlap(args)
+                    tp_comm_overlap(args.spec)
     assert frameworks.tp_comm_overlap(False, name) == "none"
     assert frameworks.tp_comm_overlap(True, None) == "te"  # the default framework's
 

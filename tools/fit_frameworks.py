@@ -92,7 +92,7 @@ def joint(name: str, published: Sequence[Run]) -> None:
     fit half of vTrain's runs, :mod:`pipewright.cost.measured`): (u, δ) by Gauss–Newton on both sets
     at once, each set's residuals weighted by 1/√rows (each set counts alike, however many rows it
     has); τ_f stays 0 (the launches' δ prices the per-kernel cost). Prints c, δ and both sets' errors."""
-    from pipewright.cli.calibrate import predict_all
+    from pipewright.cli.calibrate import flag_setup, predict_all
     from pipewright.cost.measured import split, vtrain_runs
     from pipewright.cost.run_fit import Fitted, registered
 
@@ -104,7 +104,7 @@ def joint(name: str, published: Sequence[Run]) -> None:
 
     def residuals(u: float, delta: float) -> np.ndarray:
         with registered(Fitted(name, fw.dispatch, 1.0 / (1.0 + u), delta)):
-            swept = np.array(predict_all(sweep, setup)) / measured - 1.0
+            swept = np.array(predict_all(sweep, flag_setup(setup))) / measured - 1.0
             rows = np.array(
                 [published_tokens_per_s(r, peak_for(r)) / predict(r).predicted for r in published]
             )

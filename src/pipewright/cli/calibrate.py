@@ -8,16 +8,21 @@ written are :mod:`pipewright.cost.run_fit`'s; ``simulate``/``plan --calibration 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
-import io
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from pipewright.cli.progress import Bar
 from pipewright.cli.spec_args import add_command, required
-from pipewright.cost.measured import MeasuredRun, simulate_argv
-from pipewright.errors import ConfigError
+from pipewright.cost.measured import MeasuredRun, run_values
+from pipewright.errors import ConfigError, PipewrightError
+
+if TYPE_CHECKING:
+    from pipewright.runspec import RunSpec
+
+#: RunSpec values by path (what every run shares: :func:`setup_values`)
+Values = Mapping[tuple[str, ...], object]
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -25,6 +30,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         sub,
         "calibrate",
         run,
+        spec_only=True,
         help="fit a framework's calibration on measured runs; report held-out error and ranking",
         description="Fit a framework's calibration on measured runs and report how well it predicts and "
         "ranks the runs it was not fitted on (docs/cost-model.md, 'Calibrating a framework on your "
@@ -32,44 +38,49 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
 
 
-def setup_flags(args: argparse.Namespace) -> list[str]:
-    """The ``simulate`` flags every run shares (``calibrate``'s options)."""
-    flags = ["--gpu", args.gpu, "--vocab", str(args.vocab), "--framework", args.framework]
-    flags += ["--dtype", args.dtype, "--attention", args.attention, "--recompute", args.recompute]
-    return [*flags, "--grad-reduce", args.grad_reduce]
+def setup_values(spec: RunSpec) -> dict[tuple[str, ...], object]:
+    """What every run's ``simulate`` spec shares: ``calibrate``'s GPU, vocabulary, framework, dtype,
+    attention, recomputation and gradient reduction."""
+    return {
+        ("cluster", "gpu"): spec.cluster.gpu,
+        ("model", "vocab"): spec.model.vocab,
+        ("framework", "name"): spec.framework.name,
+        ("precision", "dtype"): spec.precision.dtype,
+        ("framework", "attention"): spec.framework.attention,
+        ("memory", "recompute"): spec.memory.recompute,
+        ("framework", "grad_reduce"): spec.framework.grad_reduce,
+    }
+
+
+def flag_setup(flags: Sequence[str]) -> dict[tuple[str, ...], object]:
+    """:func:`setup_values` of ``calibrate``'s ``flags`` (``["--gpu", "a100-80gb", …]``)."""
+    from pipewright.cli import _parser
+
+    return setup_values(_parser((), "calibrate").parse_args(["calibrate", *flags]).spec)
 
 
 def run(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from pipewright.cost import frameworks
     from pipewright.cost.measured import load_runs, score, split
-    from pipewright.cost.run_fit import Fitted, calibration_json, fit_runs, registered, write
-    from pipewright.hardware import accelerator
+    from pipewright.cost.run_fit import Fitted, fit_runs, registered
 
-    required("calibrate", **{"--measured": args.measured, "--gpu": args.gpu})  # the flags or --config
-    accelerator(args.gpu)  # one line for an unknown GPU
-    for flag, value in (("--vocab", args.vocab), ("--gpus-per-node", args.gpus_per_node)):
-        if value < 1:
-            raise ConfigError(f"{flag} must be at least 1 (got {value})")
-    predict = functools.partial(predict_all, per_node=args.gpus_per_node)
-    fw = frameworks.framework(args.framework)
-    if args.out and Path(args.out).exists() and not args.overwrite:
-        raise ConfigError(f"{args.out} exists; pass --overwrite to replace it")
-    if not args.out and not args.no_fit:
-        raise ConfigError("give --out FILE for the calibration (or --no-fit to score the registered one)")
-    runs = load_runs(args.measured)
+    spec = args.spec
+    measured, gpu, out = spec.calibrating.measured, spec.cluster.gpu, spec.output.out
+    _check(spec)
+    predict = functools.partial(predict_all, per_node=spec.cluster.gpus_per_node)
+    fw = frameworks.framework(spec.framework.name)
+    runs = load_runs(measured)
     fit_half, held = split(runs)
-    setup = setup_flags(args)
-    progress = not args.no_progress
-    if args.no_fit:
+    setup = setup_values(spec)
+    progress, no_fit = spec.output.progress, spec.calibrating.no_fit
+    if no_fit:
         fitted = Fitted(fw.name, fw.dispatch, fw.compute, fw.host_per_kernel)
     else:
         fitted = fit_runs(fit_half, setup, fw.name, predict, Bar(progress, "fitting", "runs"))
     with registered(fitted):
         held_score = score(held, predict(held, setup, Bar(progress, "scoring", "runs")))
     report = {
-        "measured": args.measured,
+        "measured": measured,
         "rows": len(runs),
         "fit_rows": len(fit_half),
         "held_out_rows": len(held),
@@ -79,16 +90,14 @@ def run(args: argparse.Namespace) -> int:
         "host_per_kernel": fitted.host_per_kernel,
         "held_out": held_score.as_dict(),
     }
-    if args.out and not args.no_fit:
-        write(
-            args.out,
-            calibration_json(fitted, args.gpu, args.measured, len(fit_half), held_score.as_dict()),
-            True,
-        )
-    if args.json:
+    if out and not no_fit:
+        from pipewright.cost.run_fit import calibration_json, write
+
+        write(out, calibration_json(fitted, gpu, measured, len(fit_half), held_score.as_dict()), True)
+    if spec.output.json:
         print(json.dumps(report, indent=2))
         return 0
-    print(f"{args.measured}: {len(runs)} runs; fitted on {len(fit_half)}, scored on the other {len(held)}")
+    print(f"{measured}: {len(runs)} runs; fitted on {len(fit_half)}, scored on the other {len(held)}")
     print(
         f"--framework {fitted.framework} (dispatch {fitted.dispatch}): compute c = {fitted.compute:.4f}, "
         f"host per kernel δ = {fitted.host_per_kernel * 1e6:.2f} µs"
@@ -96,37 +105,57 @@ def run(args: argparse.Namespace) -> int:
     print("held-out runs:")
     for line in held_score.lines():
         print(f"  {line}")
-    if args.out and not args.no_fit:
-        print(f"wrote {args.out} (simulate/plan --calibration {args.out})")
+    if out and not no_fit:
+        print(f"wrote {out} (simulate/plan --calibration {out})")
     return 0
 
 
-def predict_seconds(argv: Sequence[str]) -> float:
-    """The iteration time ``pipewright simulate argv`` reports (in-process); a one-line ConfigError
-    with its message when the simulation fails."""
-    from pipewright.cli import main
+def _check(spec: RunSpec) -> None:
+    """One line for a missing input, an unknown GPU, a count below one, an output that exists."""
+    from pathlib import Path
 
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = main([*argv, "--json"])
-    if rc != 0:
-        message = err.getvalue().strip().removeprefix("pipewright: error: ")
-        raise ConfigError(f"simulate {' '.join(argv[1:])}: {message}")
-    return float(json.loads(out.getvalue())["iteration_time_s"])
+    from pipewright.hardware import accelerator
+
+    out = spec.output.out
+    required("calibrate", **{"--measured": spec.calibrating.measured, "--gpu": spec.cluster.gpu})
+    accelerator(spec.cluster.gpu)  # one line for an unknown GPU
+    for flag, value in (("--vocab", spec.model.vocab), ("--gpus-per-node", spec.cluster.gpus_per_node)):
+        if value < 1:
+            raise ConfigError(f"{flag} must be at least 1 (got {value})")
+    if out and Path(out).exists() and not spec.output.overwrite:
+        raise ConfigError(f"{out} exists; pass --overwrite to replace it")
+    if not out and not spec.calibrating.no_fit:
+        raise ConfigError("give --out FILE for the calibration (or --no-fit to score the registered one)")
+
+
+def predict_seconds(spec: RunSpec) -> float:
+    """The iteration time ``pipewright simulate`` reports for ``spec`` (in-process,
+    :func:`pipewright.cli.simulate.simulated`); a one-line ConfigError naming the run's flags and the
+    reason when the simulation fails."""
+    from pipewright.cli.simulate import simulated
+    from pipewright.runspec import spec_to_argv
+
+    try:
+        return float(simulated(spec)["iteration_time_s"])
+    except PipewrightError as exc:
+        raise ConfigError(f"simulate {' '.join(spec_to_argv(spec, 'simulate'))}: {exc}") from None
 
 
 def predict_all(
     runs: Sequence[MeasuredRun],
-    setup: Sequence[str],
+    setup: Values,
     progress: Callable[[int, int], None] | None = None,
     per_node: int = 8,
 ) -> list[float]:
-    """Predicted seconds of every run under ``setup`` on machines of ``per_node`` GPUs
-    (:func:`simulate_argv`)."""
+    """Predicted seconds of every run with the spec values ``setup`` (:func:`setup_values`) on machines
+    of ``per_node`` GPUs (:func:`pipewright.cost.measured.run_values`)."""
+    from pipewright.runspec import defaults, with_values
+
+    start = defaults("simulate")
     out = []
     for i, run in enumerate(runs):
         try:
-            out.append(predict_seconds(simulate_argv(run, setup, per_node)))
+            out.append(predict_seconds(with_values(start, {**run_values(run, per_node), **setup})))
         except ConfigError as exc:
             raise ConfigError(f"line {run.line}: {exc}") from None
         if progress is not None:

@@ -26,6 +26,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         sub,
         "export-plan",
         run,
+        spec_only=True,
         help="write a plan as Megatron-LM's, Megatron-Bridge's or torchtitan's configuration",
         description="Read a `pipewright plan` file (or the RunSpec TOML `plan -o RUN.toml` writes) and "
         "print (or write with -o) the same model and layout for Megatron-LM (a shell array "
@@ -93,9 +94,11 @@ def _schedule_csv(plan, plan_path: Path, out: Path | None, overwrite: bool) -> t
 def run(args: argparse.Namespace) -> int:
     from pipewright.cli.spec_args import required
 
-    required("export-plan", PLAN=args.plan, **{"--to": args.to})
-    text, written = export(_report(args.plan), args.to, args.out, overwrite=args.overwrite)
-    if args.out is None:
+    spec = args.spec
+    plan, target, out = spec.parallelism.plan, spec.export.to, spec.output.out
+    required("export-plan", PLAN=plan, **{"--to": target})
+    text, written = export(_report(plan), target, out, overwrite=spec.output.overwrite)
+    if out is None:
         print(text, end="")
     for path in written:
         print(f"wrote {path}")

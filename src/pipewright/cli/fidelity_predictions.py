@@ -1,25 +1,24 @@
 """Published runs through ``pipewright simulate`` in-process: the predictions of docs/fidelity.md.
 
 :func:`predict` reads a row's RunSpec (:func:`pipewright.cost.published_specs.published_spec`), runs
-it through ``simulate``'s flags (:func:`pipewright.runspec.spec_to_argv`, :func:`pipewright.cli.main`)
-and reads its JSON report: predicted tokens/s per GPU (B·s / iteration
-time / GPUs) and the largest per-rank peak memory (GiB). tools/fidelity.py writes the table,
-tests/test_fidelity.py checks it.
+it through ``simulate`` (:func:`pipewright.cli.simulate.simulated`: the report ``simulate --json``
+prints) and reads predicted tokens/s per GPU (B·s / iteration time / GPUs) and the largest per-rank
+peak memory (GiB); the row's command line is ``simulate``'s flags of its spec
+(:func:`pipewright.runspec.spec_to_argv`). tools/fidelity.py writes the table, tests/test_fidelity.py
+checks it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import io
-import json
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipewright.cost.fidelity import FIT_ROWS, Run, published_tokens_per_s
 from pipewright.cost.published_specs import COMMAND, published_spec
+from pipewright.errors import PipewrightError
 from pipewright.hardware import accelerator
-from pipewright.runspec import spec_to_argv, with_values
+from pipewright.runspec import spec_to_argv
 
 
 @dataclass(frozen=True)
@@ -69,8 +68,8 @@ def peak_for(run: Run) -> float | None:
 
 
 def predict(run: Run) -> Outcome:
-    """Simulate ``run`` through the command line (module docstring)."""
-    from pipewright.cli import main
+    """Simulate ``run``'s spec as ``pipewright simulate`` does (module docstring)."""
+    from pipewright.cli.simulate import simulated
 
     spec = published_spec(run.id)
     argv = (COMMAND, *spec_to_argv(spec, COMMAND))
@@ -79,12 +78,10 @@ def predict(run: Run) -> Outcome:
         return Outcome(run, argv, error="the source gives no throughput for this run")
     if not run.int("global_batch_size"):
         return Outcome(run, argv, published, error="the source gives no global batch size")
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        rc = main([COMMAND, *spec_to_argv(with_values(spec, {("output", "json"): True}), COMMAND)])
-    if rc != 0:
-        return Outcome(run, argv, published, error=err.getvalue().strip().removeprefix("pipewright: error: "))
-    report = json.loads(out.getvalue())
+    try:
+        report = simulated(spec)
+    except PipewrightError as exc:
+        return Outcome(run, argv, published, error=str(exc))
     tokens = run.int("global_batch_size") * run.seq / report["iteration_time_s"] / run.gpus
     memory = max(r["peak_memory_bytes"] for r in report["per_rank"]) / 2**30
     return Outcome(run, argv, published, tokens, memory)

@@ -12,10 +12,14 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipewright.errors import ConfigError
 from pipewright.outputs import check_outputs, size_text
 from pipewright.values import POSITIVE, POSITIVE_REAL, check_finite, check_values
+
+if TYPE_CHECKING:
+    from pipewright.runspec import RunSpec
 
 DEFAULT_MAX_ACTIONS = 2_000_000
 
@@ -23,38 +27,37 @@ DEFAULT_MAX_ACTIONS = 2_000_000
 _MODEL_DIMS = ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len")
 
 _SIZES = (
-    "stages",
-    "microbatches",
-    "virtual",
-    *_MODEL_DIMS,
-    "nodes",
-    "gpus_per_node",
-    "tp",
-    "pp",
-    "dp",
-    "microbatch_size",
-    "global_batch_size",
-    "iterations",
+    "--stages",
+    "--microbatches",
+    "--virtual",
+    *(f"--{d.replace('_', '-')}" for d in _MODEL_DIMS),
+    "--nodes",
+    "--gpus-per-node",
+    "--tp",
+    "--dp",
+    "--microbatch-size",
+    "--global-batch-size",
+    "--iterations",
 )
 
-# options that only a cost model reads: with unit costs they would be ignored (dest → default)
-_MODEL_ONLY = {
-    "topology": None,
-    "gpu": None,
-    "dtype": None,
-    "rank_order": None,
-    "grad_reduce": None,
-    "microbatch_size": None,
-    "global_batch_size": None,
-    "sequence_parallel": False,
-    "nodes": 1,
-    "gpus_per_node": 8,
-    "recompute": "none",
-    "recompute_method": None,
-    "recompute_num_layers": None,
-    "framework": None,
-    **{d: None for d in ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len")},
-}
+#: settings that only a cost model reads: with unit costs they would be ignored
+_MODEL_ONLY = (
+    ("cluster", "topology"),
+    ("cluster", "gpu"),
+    ("precision", "dtype"),
+    ("parallelism", "rank_order"),
+    ("framework", "grad_reduce"),
+    ("batch", "microbatch_size"),
+    ("batch", "global_batch_size"),
+    ("parallelism", "sequence_parallel"),
+    ("cluster", "nodes"),
+    ("cluster", "gpus_per_node"),
+    ("memory", "recompute"),
+    ("memory", "recompute_method"),
+    ("memory", "recompute_num_layers"),
+    ("framework", "name"),
+    *(("model", d) for d in _MODEL_DIMS),
+)
 
 
 def add_max_actions(parser: argparse.ArgumentParser) -> None:
@@ -84,28 +87,26 @@ SIMULATE_MAX_DEVICES = 1 << 17
 PLAN_MAX_DEVICES = 1 << 15
 
 
-def check_devices(args: argparse.Namespace, limit: int, command: str) -> None:
+def check_devices(spec: RunSpec, limit: int, command: str) -> None:
     """One line, before the cluster is built, when --nodes × --gpus-per-node exceeds ``limit`` (no
     --topology file: its size is what its author made) or a fixed degree exceeds the device count."""
-    if (
-        getattr(args, "topology", None)
-        or not isinstance(args.nodes, int)
-        or not isinstance(args.gpus_per_node, int)
-    ):
+    c = spec.cluster
+    nodes, per = c.nodes, c.gpus_per_node
+    if c.topology or not isinstance(nodes, int) or not isinstance(per, int):
         return
-    devices = args.nodes * args.gpus_per_node
+    devices = nodes * per
     if devices > limit:
-        most = max(limit // max(args.gpus_per_node, 1), 1)
+        most = max(limit // max(per, 1), 1)
         raise ConfigError(
-            f"--nodes {args.nodes:,} × --gpus-per-node {args.gpus_per_node} = {devices:,} devices, more "
+            f"--nodes {nodes:,} × --gpus-per-node {per} = {devices:,} devices, more "
             f"than the {limit:,} `pipewright {command}` builds; use --nodes {most:,} or fewer"
         )
     for dim in ("tp", "pp", "dp", "cp"):
-        value = getattr(args, dim, None)
+        value = getattr(spec.parallelism, dim)
         if isinstance(value, int) and value > devices:
             raise ConfigError(
-                f"--{dim} {value:,} is more than the {devices:,} devices of --nodes {args.nodes} × "
-                f"--gpus-per-node {args.gpus_per_node}; use --{dim} {devices:,} or less, or more --nodes"
+                f"--{dim} {value:,} is more than the {devices:,} devices of --nodes {nodes} × "
+                f"--gpus-per-node {per}; use --{dim} {devices:,} or less, or more --nodes"
             )
 
 
@@ -124,90 +125,133 @@ def check_schedule_command(args: argparse.Namespace, *, grid: bool) -> None:
     check_size("the schedule's action count", compute_actions(p, m, v), args.max_actions)
 
 
-def check_simulate(args: argparse.Namespace) -> None:
-    """``simulate``: every number finite and in range, no flag silently ignored, a CSV schedule
+def check_simulate(spec: RunSpec) -> None:
+    """``simulate``: every number finite and in range, no setting silently ignored, a CSV schedule
     agreeing with --stages/--microbatches/--virtual, and the size estimate under --max-actions."""
-    values = vars(args)
-    check_outputs(
-        [(args.png, "--png"), (args.trace, "--trace")],
-        overwrite=args.overwrite,
-        inputs=[getattr(args, n, None) for n in ("schedule", "profile", "topology", "calibration", "plan")],
-    )
-    if args.png is not None and args.png == args.trace:
-        raise ConfigError(f"--png and --trace both name {args.png}; give two files")
-    check_finite(values)
-    check_values(values, {n: POSITIVE for n in _SIZES} | {"cores": POSITIVE_REAL})
-    if args.model is not None:
-        check_devices(args, SIMULATE_MAX_DEVICES, "simulate")
-    unit = args.model is None and args.profile is None and not getattr(args, "plan", None)
-    if unit:
-        ignored = [n for n, d in _MODEL_ONLY.items() if values.get(n, d) != d]
-        if ignored:
-            flags = ", ".join("--" + n.replace("_", "-") for n in ignored)
-            raise ConfigError(
-                f"unit costs (no --model or --profile) ignore {flags}; drop them, or give --model for a "
-                "cost model that uses them"
-            )
-    name = args.schedule
+    from pipewright.cli.spec_args import flag_values
+
+    out, c, par, b = spec.output, spec.cluster, spec.parallelism, spec.batch
+    inputs = [spec.schedule.name, c.profile, c.topology, c.calibration, par.plan]
+    check_outputs([(out.png, "--png"), (out.trace, "--trace")], overwrite=out.overwrite, inputs=inputs)
+    if out.png is not None and out.png == out.trace:
+        raise ConfigError(f"--png and --trace both name {out.png}; give two files")
+    check_finite(flag_values(spec, "simulate"))
+    check_values(_simulate_sizes(spec), {n: POSITIVE for n in _SIZES} | {"--cores": POSITIVE_REAL})
+    if spec.model.model is not None:
+        check_devices(spec, SIMULATE_MAX_DEVICES, "simulate")
+    if spec.model.model is None and c.profile is None and not par.plan:
+        _check_unit(spec)
+    name = spec.schedule.name
     if name and name.endswith(".csv") and Path(name).is_file():
-        _check_csv_agrees(args)
+        _check_csv_agrees(spec)
         return  # the file's size is what it is: it was written by someone who built it
     if name is None:
         return
-    p = args.pp if args.pp is not None else args.stages
-    m = args.microbatches
-    if m is None and args.global_batch_size is not None:
-        m = max(1, args.global_batch_size // ((args.microbatch_size or 1) * args.dp))
-    if p is not None and m is not None:
-        estimate = compute_actions(p, m, args.virtual, args.iterations)
-        check_size("the simulated schedule's action count", estimate, args.max_actions)
+    m = b.microbatches
+    if m is None and b.global_batch_size is not None:
+        m = max(1, b.global_batch_size // ((b.microbatch_size or 1) * par.dp))
+    if par.pp is not None and m is not None:
+        estimate = compute_actions(par.pp, m, par.virtual, spec.simulation.iterations)
+        check_size("the simulated schedule's action count", estimate, spec.simulation.max_actions)
 
 
-def _check_csv_agrees(args: argparse.Namespace) -> None:
+def _simulate_sizes(spec: RunSpec) -> dict[str, object]:
+    """The counts ``simulate`` takes, by flag, and ``--cores``."""
+    m, c, par, b = spec.model, spec.cluster, spec.parallelism, spec.batch
+    return {
+        "--stages": par.pp,
+        "--microbatches": b.microbatches,
+        "--virtual": par.virtual,
+        **{f"--{d.replace('_', '-')}": getattr(m, d) for d in _MODEL_DIMS},
+        "--nodes": c.nodes,
+        "--gpus-per-node": c.gpus_per_node,
+        "--tp": par.tp,
+        "--dp": par.dp,
+        "--microbatch-size": b.microbatch_size,
+        "--global-batch-size": b.global_batch_size,
+        "--iterations": spec.simulation.iterations,
+        "--cores": c.cores,
+    }
+
+
+def _check_unit(spec: RunSpec) -> None:
+    """Unit costs (no model, profile or plan): one line naming the cost-model settings it would
+    ignore."""
+    from pipewright.runspec import defaults, values
+
+    given, start = values(spec), values(defaults("simulate"))
+    ignored = [path for path in _MODEL_ONLY if given[path] != start[path]]
+    if ignored:
+        from pipewright.runspec.run import spec_fields
+
+        flags = {p: f.metadata["flag"] for p, f, _ in spec_fields({})}
+        raise ConfigError(
+            f"unit costs (no --model or --profile) ignore {', '.join(flags[p] for p in ignored)}; drop them, "
+            "or give --model for a cost model that uses them"
+        )
+
+
+def _check_csv_agrees(spec: RunSpec) -> None:
     from pipewright.codec import load_csv
 
-    sched = load_csv(args.schedule)
+    name, par, m = spec.schedule.name, spec.parallelism, spec.batch.microbatches
+    sched = load_csv(name)
     v = sched.num_stages // sched.num_ranks
     given = {
-        "--stages": (args.stages, sched.num_ranks),
-        "--pp": (args.pp, sched.num_ranks),
-        "--microbatches": (args.microbatches, sched.num_microbatches),
-        "--virtual": (args.virtual, v),
+        "--stages": (par.pp, sched.num_ranks),
+        "--microbatches": (m, sched.num_microbatches),
+        "--virtual": (par.virtual, v),
     }
     wrong = [
         f"{flag} {value}" for flag, (value, real) in given.items() if value is not None and value != real
     ]
     if wrong:
         raise ConfigError(
-            f"--schedule {args.schedule} has {sched.num_ranks} ranks, {v} chunk(s) per rank and "
+            f"--schedule {name} has {sched.num_ranks} ranks, {v} chunk(s) per rank and "
             f"{sched.num_microbatches} microbatches; {', '.join(wrong)} disagree(s): drop or correct them"
         )
 
 
-def check_profile(args: argparse.Namespace) -> None:
+def profiled_model(run: RunSpec):
+    """The model ``profile`` measures: ``--model`` (default gpt-small-cpu) with the dimensions given."""
+    from pipewright.models.presets import resolve_model
+
+    m = run.model
+    dims = {d: getattr(m, d) for d in _MODEL_DIMS}
+    return resolve_model(m.model or "gpt-small-cpu", **dims)
+
+
+def check_profile(run: RunSpec) -> None:
     """``profile``: the outputs writable and new (or ``--overwrite``), every number finite and in range,
     and one layer's measurement (weights, gradients and AdamW state, 16 bytes a parameter, plus a
     microbatch's activations and logits) within this machine's available memory — all before the
     minutes of measuring."""
+    from pipewright.cli.spec_args import flag_values
     from pipewright.cost.activations import runtime_layer_elements
     from pipewright.cost.transformer import layer_parameters
-    from pipewright.models.presets import resolve_model
     from pipewright.runtime.setup.size_check import available_bytes
 
-    check_outputs([(args.out, "--out"), (args.calibration, "--calibration")], overwrite=args.overwrite)
-    values = vars(args)
+    p, out = run.profiling, run.output
+    check_outputs([(out.out, "--out"), (p.calibration, "--calibration")], overwrite=out.overwrite)
+    values = flag_values(run, "profile")
     check_finite(values)
-    positive = (*_MODEL_DIMS, "tp", "repeats", "nproc", "workers")
+    positive = (
+        *(f"--{d.replace('_', '-')}" for d in _MODEL_DIMS),
+        "--tp",
+        "--repeats",
+        "--nproc",
+        "--workers",
+    )
     check_values(values, {n: POSITIVE for n in positive})  # the profiler checks the others itself
-    if min(args.microbatch_size) < 1 or args.contention < 0 or args.warmup < 0:
+    if min(p.microbatch_sizes) < 1 or p.contention < 0 or p.warmup < 0:
         return  # the profiler's own one-line errors
-    spec = resolve_model(args.model or "gpt-small-cpu", **{d: values.get(d) for d in _MODEL_DIMS})
-    b = max(args.microbatch_size)
+    spec = profiled_model(run)
+    b = max(p.microbatch_sizes)
     sbh = spec.seq_len * b * spec.hidden
     need = 16 * layer_parameters(spec) + 4 * sbh * runtime_layer_elements(spec, "none")
     need += 8 * spec.seq_len * b * spec.vocab + 16 * spec.vocab * spec.hidden
     free = available_bytes()
-    if free is not None and need * max(args.workers or args.tp, 1) > free:
+    if free is not None and need * max(p.workers or run.parallelism.tp, 1) > free:
         raise ConfigError(
             f"profiling {spec.name} (h={spec.hidden}, s={spec.seq_len}, V={spec.vocab}, b={b}) needs about "
             f"{size_text(need)} per process, more than the {size_text(free)} available; use "

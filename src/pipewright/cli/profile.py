@@ -8,35 +8,43 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pipewright.models.spec import ModelSpec
+    from pipewright.runspec import RunSpec
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     from pipewright.cli.spec_args import add_command
 
-    add_command(sub, "profile", _profile, help="measure per-layer action times for the simulator")
+    add_command(
+        sub, "profile", _profile, spec_only=True, help="measure per-layer action times for the simulator"
+    )
 
 
-def _calibrate(args: argparse.Namespace, spec) -> int:
+def _calibrate(run: RunSpec, spec: ModelSpec) -> int:
     from pipewright.runtime.profiling.measure_calibration import (
         CalibrationOptions,
         calibrate,
         write_calibration,
     )
 
+    p = run.profiling
     options = CalibrationOptions(
         spec,
-        tuple(args.microbatch_size),
-        tp=args.tp,
-        device=args.device,
-        gpu=args.gpu,
-        repeats=args.repeats,
-        warmup=args.warmup,
-        processes=args.nproc,
+        tuple(p.microbatch_sizes),
+        tp=run.parallelism.tp,
+        device=run.cluster.device,
+        gpu=run.cluster.gpu,
+        repeats=p.repeats,
+        warmup=p.warmup,
+        processes=run.cluster.nproc,
     )
     data = calibrate(options)
     if data is None:  # a torchrun rank other than 0
         return 0
-    path = write_calibration(args.calibration, data)
+    path = write_calibration(p.calibration, data)
     best = max(data["gemm"], key=lambda g: g["tflops"])
     print(
         f"calibration of {data['device_name']} ({data['accelerator']}, {data['dtype']}) written to {path}: "
@@ -49,44 +57,37 @@ def _calibrate(args: argparse.Namespace, spec) -> int:
 
 
 def _profile(args: argparse.Namespace) -> int:
-    from pipewright.cli.guards import check_profile
+    from pipewright.cli.guards import check_profile, profiled_model
     from pipewright.errors import ConfigError
 
-    check_profile(args)  # output writable, numbers in range, memory: before measuring
-    from pipewright.models.presets import resolve_model
+    run = args.spec
+    check_profile(run)  # output writable, numbers in range, memory: before measuring
     from pipewright.runtime.profiling.profiler import ProfileOptions, profile_model, write_profile
 
-    if (args.out is None) == (args.calibration is None):
+    p, out = run.profiling, run.output.out
+    if (out is None) == (p.calibration is None):
         raise ConfigError(
             "pipewright profile needs --out FILE (a profile) or --calibration FILE, one of them"
         )
-    spec = resolve_model(
-        args.model or "gpt-small-cpu",
-        layers=args.layers,
-        hidden=args.hidden,
-        heads=args.heads,
-        ffn_hidden=args.ffn_hidden,
-        vocab=args.vocab,
-        seq_len=args.seq_len,
-    )
-    if args.calibration is not None:
-        return _calibrate(args, spec)
+    spec = profiled_model(run)
+    if p.calibration is not None:
+        return _calibrate(run, spec)
     options = ProfileOptions(
         spec,
-        tuple(args.microbatch_size),
-        tp=args.tp,
-        device=args.device,
-        repeats=args.repeats,
-        warmup=args.warmup,
-        optimizer=args.optimizer,
-        progress=args.progress,
-        workers=args.workers,
-        contention=args.contention,
-        cpu_allocator=args.cpu_allocator,
-        precision=args.precision,
+        tuple(p.microbatch_sizes),
+        tp=run.parallelism.tp,
+        device=run.cluster.device,
+        repeats=p.repeats,
+        warmup=p.warmup,
+        optimizer=run.training.optimizer,
+        progress=run.output.progress,
+        workers=p.workers,
+        contention=p.contention,
+        cpu_allocator=run.memory.cpu_allocator,
+        precision=run.precision.precision,
     )
     rows, meta = profile_model(options)
-    path = write_profile(args.out, rows, meta)
+    path = write_profile(out, rows, meta)
     print(f"profile of {spec.name} ({len(rows)} rows) written to {Path(path)}")
     for b in options.microbatch_sizes:
         per = {(r.layer_type, r.kind): r.seconds for r in rows if r.microbatch_size == b}

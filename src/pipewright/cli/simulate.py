@@ -9,13 +9,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipewright.cli.cost_flags import (
-    MOE_FIELDS,
-    cost_fields,
-    framework_efficiency,
-    recompute_fields,
-    tp_comm_overlap,
-)
 from pipewright.cli.guards import check_simulate
 from pipewright.cli.spec_args import add_command
 from pipewright.cli.zb_flags import ilp_line, refine_seconds
@@ -25,10 +18,14 @@ from pipewright.plan.request import PlanOverrides, SimulateRequest
 from pipewright.schedules import build_schedule
 
 if TYPE_CHECKING:  # the set-up and the simulator import numpy: only when a command runs
+    from pipewright.cost.calibration import Calibration
+    from pipewright.hardware import Accelerator
     from pipewright.ir import Schedule
+    from pipewright.mesh import Mesh
+    from pipewright.models.spec import ModelSpec
     from pipewright.plan.setup import SimSetup
-
-_DIMS = ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len", "kv_heads")
+    from pipewright.runspec import RunSpec
+    from pipewright.topology import Topology
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,6 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         sub,
         "simulate",
         run,
+        spec_only=True,
         help="predict the timeline, iteration time, bubble and memory of a pipeline schedule",
         description="Either --schedule with --stages/--microbatches and --cost unit, or --model on a "
         "cluster (--gpu, --nodes, --gpus-per-node, --tp/--pp/--dp, batch sizes), or --profile FILE "
@@ -71,129 +69,141 @@ def _load_schedule(
     return grouped(stages, microbatches, v, group)
 
 
-def _unit_setup(args: argparse.Namespace) -> SimSetup:
+def _unit_setup(spec: RunSpec) -> SimSetup:
     from pipewright.plan.setup import unit_setup
 
-    setup = unit_setup(
-        _load_schedule(
-            args.schedule,
-            args.stages,
-            args.microbatches,
-            args.virtual,
-            getattr(args, "microbatch_group", None),
-        )
-    )
-    seconds = refine_seconds(args, (args.schedule,))
+    name, par, m = spec.schedule.name, spec.parallelism, spec.batch.microbatches
+    setup = unit_setup(_load_schedule(name, par.pp, m, par.virtual, spec.schedule.microbatch_group))
+    seconds = refine_seconds(spec.schedule, (name,))
     if seconds is None:
         return setup
-    m, v = args.microbatches, args.virtual
-    return unit_setup(_costed_schedule(args.schedule, args.stages, m, v, setup, refine=seconds))
+    return unit_setup(_costed_schedule(name, par.pp, m, par.virtual, setup, refine=seconds))
 
 
-def _profile_setup(args: argparse.Namespace, plan: PlanOverrides | None = None) -> SimSetup:
+def _profile_setup(spec: RunSpec, plan: PlanOverrides | None = None) -> SimSetup:
     """Measured costs: ProfiledCost and ProfiledComm from a ``pipewright profile`` file."""
     from pipewright.cost.profiled import load_profile
     from pipewright.plan.setup import core_sharing, profile_setup
 
-    if args.grad_reduce == "after":
+    if spec.framework.grad_reduce == "after":
         raise ConfigError(
             "--profile predicts pipewright's executor, which overlaps the gradient reduction; "
             "drop --grad-reduce after"
         )
-    path = Path(args.profile)
+    path = Path(spec.cluster.profile)
     rows, meta = load_profile(path)
     sizes = sorted({r.microbatch_size for r in rows})
-    b = args.microbatch_size or (sizes[0] if sizes else 1)
-    layers = args.layers or int(meta.get("layers", "0") or 0)
+    b = spec.batch.microbatch_size or (sizes[0] if sizes else 1)
+    layers = spec.model.layers or int(meta.get("layers", "0") or 0)
     if layers < 1:
         raise ConfigError(f"profile {path} does not name its layer count; give --layers")
-    p = args.pp if args.pp is not None else args.stages
-    sched = _load_schedule(
-        args.schedule, p, args.microbatches, args.virtual, getattr(args, "microbatch_group", None)
-    )
-    tp, dp = int(meta.get("tp", "1")), args.dp
-    shared = core_sharing(sched.num_ranks, args.cores, meta, processes_per_rank=tp * dp)
+    name, par, m = spec.schedule.name, spec.parallelism, spec.batch.microbatches
+    sched = _load_schedule(name, par.pp, m, par.virtual, spec.schedule.microbatch_group)
+    tp, dp = int(meta.get("tp", "1")), par.dp
+    shared = core_sharing(sched.num_ranks, spec.cluster.cores, meta, processes_per_rank=tp * dp)
     label = f"profile {path.name} (b={b}, {layers} layers, t={tp}, d={dp})"
     layout = plan.layout if plan is not None else None  # a plan's layers per chunk (--plan)
     opts = {"tp": tp, "dp": dp, "layout": layout, "shared": shared, "label": label}
     setup = profile_setup(rows, meta, sched, b, layers, **opts)
-    seconds = refine_seconds(args, (args.schedule,))
-    costed = _costed_schedule(args.schedule, p, args.microbatches, args.virtual, setup, refine=seconds)
+    seconds = refine_seconds(spec.schedule, (name,))
+    costed = _costed_schedule(name, par.pp, m, par.virtual, setup, refine=seconds)
     if costed is None:
         return setup
     return profile_setup(rows, meta, costed, b, layers, **opts)
 
 
-def _model_setup(args: argparse.Namespace, plan: PlanOverrides | None = None) -> SimSetup:
+def _model_setup(spec: RunSpec, plan: PlanOverrides | None = None) -> SimSetup:
     """Model + cluster: resolve the preset, the accelerator and the topology, then the cost models."""
     from pipewright.mesh import DEFAULT_ORDER, Mesh
-    from pipewright.models.presets import resolve_model
     from pipewright.plan.apply import plan_mesh
-    from pipewright.plan.setup import cluster_topology, microbatches_per_pipeline, model_setup
+    from pipewright.plan.setup import cluster_topology, microbatches_per_pipeline
+    from pipewright.plan.spec_inputs import model_spec
 
-    model = resolve_model(args.model, **{d: getattr(args, d) for d in (*_DIMS, *MOE_FIELDS)})
-    if args.mlp or args.no_bias:
-        model = replace(model, mlp=args.mlp or model.mlp, bias=False if args.no_bias else model.bias)
+    model = model_spec(spec)
     if plan is not None:
         plan.plan.check_model(model)
-    topo, gpu = cluster_topology(args.gpu, args.nodes, args.gpus_per_node, args.topology)
-    t, d = args.tp, args.dp
-    p = args.pp if args.pp is not None else (args.stages or 1)
-    order = args.rank_order or (DEFAULT_ORDER if args.cp == 1 else "tp-cp-dp-pp")
-    mesh = plan_mesh(
-        plan and plan.devices, topo, Mesh(t, p, d, order, cp=args.cp, ep=args.ep)
-    )  # a plan's placement
-    b = args.microbatch_size or 1
-    if args.global_batch_size is not None:
-        m = microbatches_per_pipeline(args.global_batch_size, b, d)
-    elif args.microbatches is not None:
-        m = args.microbatches
+    c, par, batch = spec.cluster, spec.parallelism, spec.batch
+    topo, gpu = cluster_topology(c.gpu, c.nodes, c.gpus_per_node, c.topology)
+    p = par.pp or 1
+    order = par.rank_order or (DEFAULT_ORDER if par.cp == 1 else "tp-cp-dp-pp")
+    mesh = Mesh(par.tp, p, par.dp, order, cp=par.cp, ep=par.ep)
+    mesh = plan_mesh(plan and plan.devices, topo, mesh)  # a plan's placement
+    b = batch.microbatch_size or 1
+    if batch.global_batch_size is not None:
+        m = microbatches_per_pipeline(batch.global_batch_size, b, par.dp)
+    elif batch.microbatches is not None:
+        m = batch.microbatches
     else:
         raise ConfigError("--model needs --global-batch-size (or --microbatches)")
-    sched = _load_schedule(args.schedule, p, m, args.virtual, getattr(args, "microbatch_group", None))
+    name = spec.schedule.name
+    sched = _load_schedule(name, p, m, par.virtual, spec.schedule.microbatch_group)
     calibration = None
-    if args.calibration:
+    if c.calibration:
         from pipewright.cost.calibration import load_calibration
 
-        calibration = load_calibration(args.calibration, gpu.name)
-    sharding = "zero1" if args.shard_optimizer else "fsdp" if args.fsdp else "none"
+        calibration = load_calibration(c.calibration, gpu.name)
 
     def build(schedule: Schedule) -> SimSetup:
-        return model_setup(
-            model,
-            topo,
-            mesh,
-            schedule,
-            b,
-            gpu=gpu,
-            dtype=args.dtype,
-            recompute=args.recompute,
-            grad_reduce=args.grad_reduce or "after",
-            sequence_parallel=getattr(args, "sequence_parallel", False),
-            layout=plan.layout if plan is not None else args.layout,
-            per_stage_recompute=plan.recompute if plan is not None else None,
-            attention=_attention(args, plan),
-            optimizer_sharding=sharding,
-            tp_comm_overlap=tp_comm_overlap(args),
-            calibration=calibration,
-            attention_kernel=args.attention_kernel,
-            moe_imbalance=args.moe_imbalance,
-            efficiency=framework_efficiency(args, [gpu]),
-            **cost_fields(args),
-            **recompute_fields(args),
-        )
+        return _priced(spec, plan, model, topo, mesh, schedule, b, gpu, calibration)
 
     setup = build(sched)
-    seconds = refine_seconds(args, (args.schedule,))
-    costed = _costed_schedule(args.schedule, p, m, args.virtual, setup, args.zb_memory_limit, seconds)
+    seconds = refine_seconds(spec.schedule, (name,))
+    costed = _costed_schedule(name, p, m, par.virtual, setup, spec.schedule.zb_memory_limit, seconds)
     return setup if costed is None else build(costed)
 
 
-def _attention(args: argparse.Namespace, plan: PlanOverrides | None) -> str:
+def _priced(
+    spec: RunSpec,
+    plan: PlanOverrides | None,
+    model: ModelSpec,
+    topo: Topology,
+    mesh: Mesh,
+    schedule: Schedule,
+    b: int,
+    gpu: Accelerator,
+    calibration: Calibration | None,
+) -> SimSetup:
+    """The analytical costs of ``schedule`` (:func:`pipewright.plan.setup.model_setup`) with the
+    spec's precision, memory and framework inputs, and a plan's layers per chunk and recomputation."""
+    from pipewright.plan.setup import model_setup
+    from pipewright.plan.spec_inputs import (
+        cost_fields,
+        framework_efficiency,
+        optimizer_sharding,
+        recompute_fields,
+        tp_comm_overlap,
+    )
+
+    return model_setup(
+        model,
+        topo,
+        mesh,
+        schedule,
+        b,
+        gpu=gpu,
+        dtype=spec.precision.dtype,
+        recompute=spec.memory.recompute,
+        grad_reduce=spec.framework.grad_reduce or "after",
+        sequence_parallel=spec.parallelism.sequence_parallel,
+        layout=plan.layout if plan is not None else spec.parallelism.layout,
+        per_stage_recompute=plan.recompute if plan is not None else None,
+        attention=_attention(spec, plan),
+        optimizer_sharding=optimizer_sharding(spec),
+        tp_comm_overlap=tp_comm_overlap(spec),
+        calibration=calibration,
+        attention_kernel=spec.framework.attention_kernel,
+        moe_imbalance=spec.model.moe.imbalance,
+        efficiency=framework_efficiency(spec, [gpu]),
+        **cost_fields(spec),
+        **recompute_fields(spec),
+    )
+
+
+def _attention(spec: RunSpec, plan: PlanOverrides | None) -> str:
     """--attention, else the plan's (plans made before the planner priced flash attention were
     priced eager), else flash."""
-    if args.attention:
-        return args.attention
+    if spec.framework.attention:
+        return spec.framework.attention
     return getattr(plan.plan, "attention", "eager") if plan is not None else "flash"
 
 
@@ -226,38 +236,67 @@ def run(args: argparse.Namespace) -> int:
     from pipewright.sim.compiled import gc_paused
 
     with gc_paused(freeze=True):  # the schedule's hundreds of thousands of actions hold no cycles
-        return _run(args)
+        return _run(args.spec)
 
 
-def _run(args: argparse.Namespace) -> int:
-    from pipewright.cost.memory_parts import rank_memory_parts
+def _setup(spec: RunSpec) -> tuple[SimSetup, PlanOverrides | None, RunSpec]:
+    """The costs ``spec`` prices (unit, measured or a model's), and the spec with its plan file
+    applied (``parallelism.plan``) and that plan's data."""
     from pipewright.plan.setup import core_sharing
-    from pipewright.sim import metrics
+    from pipewright.plan.spec_inputs import with_framework_defaults
 
+    spec = with_framework_defaults(spec)  # before a plan's: the framework given wins over the plan's
+    c = spec.cluster
     given = [
         flag
-        for flag, value in (("--cost unit", args.cost), ("--model", args.model), ("--profile", args.profile))
+        for flag, value in (("--cost unit", c.cost), ("--model", spec.model.model), ("--profile", c.profile))
         if value
     ]
     if len(given) > 1:
         raise ConfigError(f"give one of --cost unit, --model, --profile (got {' and '.join(given)})")
     plan = None
-    if getattr(args, "plan", None):
-        from pipewright.plan.apply import applied, simulate_overrides
+    if spec.parallelism.plan:
+        from pipewright.plan.apply import simulate_plan
 
-        plan = simulate_overrides(args)
-        args = applied(args, plan)
-    if args.schedule is None:
+        spec, plan = simulate_plan(spec)
+    if spec.schedule.name is None:
         raise ConfigError("pipewright simulate needs --schedule NAME (or --plan FILE)")
-    check_simulate(args)  # ranges, ignored flags, CSV vs flags, size (cli/guards.py)
-    if args.profile is not None:
-        setup = _profile_setup(args, plan)
-    else:
-        setup = _unit_setup(args) if args.model is None else _model_setup(args, plan)
-        if args.cores is not None:
-            ppr = args.tp * args.dp
-            setup = replace(setup, shared=core_sharing(setup.schedule.num_ranks, args.cores, {}, ppr))
-    request = SimulateRequest.from_options(vars(args), plan)
+    check_simulate(spec)  # ranges, ignored flags, CSV vs flags, size (cli/guards.py)
+    c = spec.cluster
+    if c.profile is not None:
+        return _profile_setup(spec, plan), plan, spec
+    setup = _unit_setup(spec) if spec.model.model is None else _model_setup(spec, plan)
+    if c.cores is not None:
+        ppr = spec.parallelism.tp * spec.parallelism.dp
+        setup = replace(setup, shared=core_sharing(setup.schedule.num_ranks, c.cores, {}, ppr))
+    return setup, plan, spec
+
+
+def simulated(spec: RunSpec) -> dict:
+    """The report ``pipewright simulate --json`` prints for ``spec`` (``pipewright calibrate``'s
+    prediction of a run); a one-line ConfigError where the simulation fails or a rank does not fit
+    (the command's exit status 1)."""
+    from pipewright.sim.compiled import gc_paused
+
+    with gc_paused(freeze=True):
+        outcome = _simulation(spec)
+    if isinstance(outcome, int):
+        raise ConfigError("a feature's simulate hook ran its own command; it predicts no iteration")
+    report, setup = outcome[0], outcome[1]
+    mem = report["memory"]
+    if not (mem["limit_bytes"] is None or mem["fits"] or spec.simulation.allow_no_fit):
+        raise ConfigError(_no_fit(mem, setup.unit))
+    return report
+
+
+def _simulation(spec: RunSpec) -> int | tuple[dict, SimSetup, RunSpec, str]:
+    """The simulation of ``spec``: its report, set-up, spec (a plan applied) and label; or the exit
+    status of a feature's hook that ran the command itself (``--fill kfac``)."""
+    from pipewright.cost.memory_parts import rank_memory_parts
+    from pipewright.sim import metrics
+
+    setup, plan, spec = _setup(spec)
+    request = SimulateRequest(spec, plan)
     for feature in builtin_features():  # each feature may transform the setup or run the command
         hook = feature.simulate_hook()
         if hook is not None:
@@ -265,42 +304,57 @@ def _run(args: argparse.Namespace) -> int:
             if isinstance(outcome, int):
                 return outcome
             setup = outcome
-    shared = setup.shared
-    result = setup.simulate(iterations=args.iterations, step_barrier=not args.no_step_barrier, validate=True)
+    sim, out = spec.simulation, spec.output
+    result = setup.simulate(iterations=sim.iterations, step_barrier=not sim.no_step_barrier, validate=True)
     report = metrics(
         result,
         num_devices_per_rank=setup.devices_per_rank,
         peak_flops=setup.peak_flops,
         memory_limit=setup.memory_limit,
-        enforce=args.enforce_memory,
+        enforce=sim.enforce_memory,
     )
     parts = rank_memory_parts(setup.cost, result.source, list(result.peak_memory))
     if parts is not None:
         for row, part in zip(report["per_rank"], parts, strict=True):
             row["memory_parts"] = part
-    label = setup.label + ("" if shared is None else f", sharing {args.cores:g} cores")
-    if args.png or args.trace:
-        from pipewright.viz import draw_timeline, write_trace
-
-        if args.png:
-            title = f"{result.source.name}, {label}"
-            xlabel = "time (unit costs)" if setup.unit else "time (s)"
-            draw_timeline(result.timeline, args.png, titles=[title], xlabel=xlabel)
-        if args.trace:
-            write_trace(result.timeline, args.trace)
+    label = setup.label + ("" if setup.shared is None else f", sharing {spec.cluster.cores:g} cores")
+    _pictures(result, setup, label, out.png, out.trace)
     ilp = setup.schedule.meta.get("ilp")  # zb-auto's refinement (--zb-refine), when it ran
     if ilp is not None:
         report["zb_ilp"] = ilp
-    if args.json:
+    return report, setup, spec, label
+
+
+def _run(spec: RunSpec) -> int:
+    outcome = _simulation(spec)
+    if isinstance(outcome, int):
+        return outcome
+    report, setup, spec, label = outcome
+    out, ilp = spec.output, report.get("zb_ilp")
+    if out.json:
         print(json.dumps(report, indent=2))
     else:
         print(_summary(report, label, unit=setup.unit))
         if ilp is not None:
             print(ilp_line(ilp))
-        for path in (args.png, args.trace):
+        for path in (out.png, out.trace):
             if path:
                 print(f"wrote {path}")
-    return _fit_exit(report["memory"], setup.unit, args.allow_no_fit)
+    return _fit_exit(report["memory"], setup.unit, spec.simulation.allow_no_fit)
+
+
+def _pictures(result, setup: SimSetup, label: str, png: str | None, trace: str | None) -> None:
+    """``--png`` (the timeline drawn) and ``--trace`` (a Chrome/Perfetto trace), where given."""
+    if not (png or trace):
+        return
+    from pipewright.viz import draw_timeline, write_trace
+
+    if png:
+        title = f"{result.source.name}, {label}"
+        xlabel = "time (unit costs)" if setup.unit else "time (s)"
+        draw_timeline(result.timeline, png, titles=[title], xlabel=xlabel)
+    if trace:
+        write_trace(result.timeline, trace)
 
 
 def _fit_exit(mem: dict, unit: bool, allowed: bool) -> int:
@@ -308,13 +362,16 @@ def _fit_exit(mem: dict, unit: bool, allowed: bool) -> int:
     ``--allow-no-fit``: a layout that cannot run is not a success."""
     if mem["limit_bytes"] is None or mem["fits"] or allowed:
         return 0
-    limit = f"{mem['limit_bytes']:g}" if unit else f"{mem['limit_bytes'] / 2**30:.2f} GiB"
-    print(
-        f"pipewright: error: ranks {mem['over_limit']} do not fit {limit} per device; raise --tp or --pp, "
-        "use --recompute full or a smaller --microbatch-size (or give --allow-no-fit to exit 0)",
-        file=sys.stderr,
-    )
+    print(f"pipewright: error: {_no_fit(mem, unit)}", file=sys.stderr)
     return 1
+
+
+def _no_fit(mem: dict, unit: bool) -> str:
+    limit = f"{mem['limit_bytes']:g}" if unit else f"{mem['limit_bytes'] / 2**30:.2f} GiB"
+    return (
+        f"ranks {mem['over_limit']} do not fit {limit} per device; raise --tp or --pp, "
+        "use --recompute full or a smaller --microbatch-size (or give --allow-no-fit to exit 0)"
+    )
 
 
 def _summary(report: dict, label: str, unit: bool) -> str:

@@ -3,10 +3,11 @@
 
 :func:`add_command` adds a command whose flags are the spec's (:func:`pipewright.runspec.add_spec_flags`:
 ``--config RUN.toml``, one help group per section, every default shown). :func:`command_spec` reads the
-parsed line as the command's RunSpec (its defaults, then the ``--config`` file, then the flags given)
-and gives it with the values by option name (``args.tp``, ``args.schedule``) that the command's run
-reads: each field under its flag's name (``--no-progress``: ``no_progress`` and ``progress``, its
-other spellings too: ``--stages``), the spec itself as ``args.spec``.
+parsed line as the command's RunSpec (its defaults, then the ``--config`` file, then the flags given):
+``args.spec``. A command that reads the spec's fields (``add_command(..., spec_only=True)``: simulate,
+plan, export-plan, calibrate, profile) gets the spec and ``func`` alone; the others also get each
+value by option name (``args.tp``, ``args.schedule``): each field under its flag's name
+(``--no-progress``: ``no_progress`` and ``progress``), its other spellings too.
 """
 
 from __future__ import annotations
@@ -26,10 +27,13 @@ def add_command(
     command: str,
     run: Callable[[argparse.Namespace], int],
     features: Mapping[str, type] | None = None,
+    *,
+    spec_only: bool = False,
     **parser_options: Any,
 ) -> argparse.ArgumentParser:
     """Subcommand ``command`` with the spec's flags for it, whose parsed namespace is
-    :func:`command_spec`'s (and ``func`` is ``run``)."""
+    :func:`command_spec`'s (and ``func`` is ``run``); ``spec_only``: the namespace holds the RunSpec
+    (``args.spec``), ``func`` and nothing else (the run reads the spec's fields, not option names)."""
     from pipewright.runspec import add_spec_flags
 
     parser = sub.add_parser(command.rpartition(" ")[2], **parser_options)  # (schedule show: "show")
@@ -41,7 +45,7 @@ def add_command(
         parsed, rest = plain(args, namespace)
         _exclusive(parser, parsed)
         try:
-            return command_spec(parsed, command, features), rest
+            return command_spec(parsed, command, features, spec_only=spec_only), rest
         except ConfigError as exc:  # (a --config file that does not read): the command's one line
             return argparse.Namespace(**{**vars(parsed), "func": _raises(exc)}), rest
 
@@ -122,26 +126,45 @@ def is_run_spec(path: str) -> bool:
 
 
 def command_spec(
-    args: argparse.Namespace, command: str, features: Mapping[str, type] | None = None
+    args: argparse.Namespace,
+    command: str,
+    features: Mapping[str, type] | None = None,
+    *,
+    spec_only: bool = False,
 ) -> argparse.Namespace:
-    """The RunSpec of parsed ``args`` (``args.spec``) with each value of a field ``command`` takes
-    under its option names; the namespace's other keys (a positional, ``func``) kept."""
-    from pipewright.runspec import defaults, spec_from_args, values
-    from pipewright.runspec.fields import PRICING, TRAINING, base_type, setting
-    from pipewright.runspec.run import field_command, field_takes, get, spec_fields
+    """The RunSpec of parsed ``args`` (``args.spec``) and ``func``; unless
+    ``spec_only``, also each value of a field ``command`` takes under its option names and the
+    namespace's other keys (a positional) kept."""
+    from pipewright.runspec import spec_from_args
+    from pipewright.runspec.fields import TRAINING
 
     given = vars(args)
-    out: dict[str, Any] = {k: v for k, v in given.items() if "." not in k and k != "config"}
-    out["config"] = None
+    config = None
     if command in TRAINING and "config" in given and not is_run_spec(given["config"]):
-        out["config"] = given["config"]  # a train TOML of flat keys: TrainConfig.from_toml reads it
+        config = given["config"]  # a train TOML of flat keys: TrainConfig.from_toml reads it
         args = argparse.Namespace(**{k: v for k, v in given.items() if k != "config"})
     spec = spec_from_args(args, command, features, check=False)  # the command's checks name the flags
-    if out["config"] is None and "config" in given and "parallelism.plan" not in given:
+    if config is None and "config" in given and "parallelism.plan" not in given:
         spec = _beside(spec, given["config"])
+    if spec_only:
+        return argparse.Namespace(
+            **{k: v for k, v in given.items() if "." not in k and k != "config"}, spec=spec
+        )
+    out: dict[str, Any] = {k: v for k, v in given.items() if "." not in k and k != "config"}
+    out["config"] = config
+    flagged = {tuple(k.split(".")) for k in given if "." in k}
+    return argparse.Namespace(**_by_option(spec, command, out, flagged), spec=spec)
+
+
+def _by_option(spec: Any, command: str, out: dict[str, Any], flagged: set[tuple[str, ...]]) -> dict[str, Any]:
+    """``out`` with each value of a field ``command`` takes under its option names (``args.tp``)
+    (``flagged``: the paths given as flags)."""
+    from pipewright.runspec import defaults, values
+    from pipewright.runspec.fields import TRAINING, base_type, setting
+    from pipewright.runspec.run import field_command, field_takes, get, spec_fields
+
     known = {n: type(s) for n, s in spec.features.items()}
     start = values(defaults(command, known), known)
-    flagged = {tuple(k.split(".")) for k in given if "." in k}
     for path, f, kind in spec_fields(known):
         value = get(spec, path)
         if command in TRAINING and path not in flagged and value == start[path] and path[-1] not in _SET:
@@ -162,20 +185,17 @@ def command_spec(
             out[name], out[path[-1]] = not value, value  # --no-progress: no_progress and progress
         elif path[-1].removesuffix("_s") == name:
             out[path[-1]] = value  # --recv-timeout: recv_timeout_s too
-    if command in PRICING and out.get("framework"):
-        _framework_defaults(out)
-    return argparse.Namespace(**out, spec=spec)
+    return out
 
 
-def _framework_defaults(values: dict[str, Any]) -> None:
-    """``--framework NAME``'s inputs (``pipewright.cost.frameworks``: its kernels, gradient dtype, …)
-    where neither the flags nor the file gave one; an unknown name is refused when the command runs."""
-    from pipewright.cost.frameworks import framework
+def flag_values(spec: Any, command: str) -> dict[str, Any]:
+    """Each value of a field ``command`` takes, by its flag (``{"--tp": 2, …}``): what a check's
+    one-line error names."""
+    from pipewright.runspec.run import field_takes, get, spec_fields
 
-    try:
-        defaults = framework(values["framework"]).defaults
-    except ConfigError:
-        return
-    for name, value in defaults.items():
-        if values.get(name) is None:
-            values[name] = value
+    known = {n: type(s) for n, s in spec.features.items()}
+    return {
+        f.metadata["flag"]: get(spec, path)
+        for path, f, _ in spec_fields(known)
+        if f.metadata["flag"] and field_takes(path, f, command)
+    }

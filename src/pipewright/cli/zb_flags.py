@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from typing import Protocol
 
 from pipewright.errors import ConfigError
 
@@ -31,9 +32,18 @@ def add_zb_refine_flags(parser: argparse.ArgumentParser | argparse._ArgumentGrou
     )
 
 
-def refine_seconds(args: argparse.Namespace, schedules: tuple[str, ...]) -> float | None:
-    """The refinement's time limit from the flags (None: no refinement). ``schedules``: the schedules
-    the command builds; refining asks for zb-auto among them. One-line ConfigError otherwise."""
+class Refinement(Protocol):
+    """What holds the two settings: the RunSpec's ``schedule`` section (``simulate``, ``plan``) or
+    ``schedule``'s parsed flags."""
+
+    zb_refine: bool
+    zb_ilp_time_limit: float | None
+
+
+def refine_seconds(args: Refinement, schedules: tuple[str, ...]) -> float | None:
+    """The refinement's time limit from the settings (None: no refinement). ``schedules``: the
+    schedules the command builds; refining asks for zb-auto among them. One-line ConfigError
+    otherwise."""
     seconds = getattr(args, "zb_ilp_time_limit", None)
     if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
         raise ConfigError(f"--zb-ilp-time-limit must be positive (got {seconds:g})")

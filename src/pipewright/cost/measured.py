@@ -269,14 +269,23 @@ def score(runs: Sequence[MeasuredRun], predicted: Sequence[float]) -> Score:
     )
 
 
-def simulate_argv(run: MeasuredRun, setup: Sequence[str], per_node: int = 8) -> list[str]:
-    """``pipewright simulate`` arguments for ``run``: its layout and model (GPT, FFN 4h) + ``setup``
-    (the flags the file does not carry: ``--gpu``, ``--framework``, ``--dtype``, ...); the 1F1B
-    schedule; ``per_node`` GPUs per machine."""
+def run_values(run: MeasuredRun, per_node: int = 8) -> dict[tuple[str, ...], object]:
+    """The RunSpec values of ``run`` for ``pipewright simulate``, by path: its layout and model (GPT,
+    FFN 4h), the 1F1B schedule, on machines of ``per_node`` GPUs. What the file does not carry (the
+    GPU, framework, dtype, …) is ``calibrate``'s, the same for every run."""
     nodes = max(1, math.ceil(run.gpus / per_node))
-    argv = ["simulate", "--model", "gpt", "--layers", str(run.layers), "--hidden", str(run.hidden)]
-    argv += ["--heads", str(run.heads), "--seq-len", str(run.seq_len)]
-    argv += ["--nodes", str(nodes), "--gpus-per-node", str(min(per_node, run.gpus))]
-    argv += ["--tp", str(run.tp), "--pp", str(run.pp), "--dp", str(run.dp), "--schedule", "1f1b"]
-    argv += ["--microbatch-size", str(run.microbatch), "--global-batch-size", str(run.global_batch)]
-    return argv + list(setup)
+    return {
+        ("model", "model"): "gpt",
+        ("model", "layers"): run.layers,
+        ("model", "hidden"): run.hidden,
+        ("model", "heads"): run.heads,
+        ("model", "seq_len"): run.seq_len,
+        ("cluster", "nodes"): nodes,
+        ("cluster", "gpus_per_node"): min(per_node, run.gpus),
+        ("parallelism", "tp"): run.tp,
+        ("parallelism", "pp"): run.pp,
+        ("parallelism", "dp"): run.dp,
+        ("schedule", "name"): "1f1b",
+        ("batch", "microbatch_size"): run.microbatch,
+        ("batch", "global_batch_size"): run.global_batch,
+    }

@@ -62,13 +62,14 @@ def registered(fit: Fitted) -> Iterator[None]:
         frameworks.register(saved, override=True)
 
 
-#: predicted seconds of runs under the shared simulate flags, with a per-row progress callback
-Predict = Callable[[Sequence[MeasuredRun], Sequence[str], Callable[[int, int], None]], list[float]]
+#: predicted seconds of runs under the shared settings (``calibrate``'s RunSpec values by path), with
+#: a per-row progress callback
+Predict = Callable[[Sequence[MeasuredRun], Any, Callable[[int, int], None]], list[float]]
 
 
 def fit_runs(
     runs: Sequence[MeasuredRun],
-    setup: Sequence[str],
+    setup: Any,
     framework: str,
     predict: Predict,
     progress: Callable[[int, int], None] | None = None,

@@ -1,4 +1,4 @@
-"""Apply a plan file to the options of ``pipewright simulate`` and ``pipewright train``."""
+"""Apply a plan file to the RunSpec of ``pipewright simulate`` and the options of ``pipewright train``."""
 
 from __future__ import annotations
 
@@ -10,86 +10,87 @@ from pipewright.errors import ConfigError
 from pipewright.mesh import DEFAULT_ORDER, Mesh
 from pipewright.plan.mapping import placement
 from pipewright.plan.options import RECOMPUTE_ORDER
-from pipewright.plan.planfile import FRAMEWORK_INPUTS, Plan, load
+from pipewright.plan.planfile import Plan, load
 from pipewright.plan.request import PlanOverrides
+from pipewright.plan.spec_inputs import FRAMEWORK_DEFAULTABLE
+from pipewright.runspec import RunSpec, with_values
 from pipewright.topology import Topology
 
-_SIM_FIELDS = {
-    "tp": "tp",
-    "pp": "pp",
-    "dp": "dp",
-    "virtual": "virtual",
-    "schedule": "schedule",
-    "microbatch_size": "microbatch_size",
-    "global_batch_size": "global_batch_size",
-    "recompute": "recompute",
-    "sequence_parallel": "sequence_parallel",
-}
+Path = tuple[str, ...]
 
 
-def simulate_overrides(args: argparse.Namespace) -> PlanOverrides:
-    """What ``args.plan`` (a plan file) sets for ``pipewright simulate``: the layout options (the model's
-    dimensions only where ``args`` leaves them unset), and the plan's device order and layers per chunk.
-    ``args`` is read, not changed."""
-    plan = load(args.plan)
-    values: dict[str, object] = {}
-    if getattr(args, "vocab", None) is None:
-        values["vocab"] = plan.padded_vocab  # the vocabulary the plan was priced with
-    if args.model is None:
-        values["model"] = plan["model"]["name"]
-        for d in ("layers", "hidden", "heads", "ffn_hidden", "seq_len", "kv_heads", "mlp"):
-            if getattr(args, d, None) is None and d in plan["model"]:
-                values[d] = plan["model"][d]
-        if plan["model"].get("bias") is False:
-            values["no_bias"] = True
-    if getattr(args, "grad_reduce", None) is None:
-        values["grad_reduce"] = plan.grad_reduce  # the plan's definition of an iteration
-    values |= {attr: plan[key] for key, attr in _SIM_FIELDS.items()}
-    for key, (attr, neutral, value) in _cost_fields(plan).items():
-        if hasattr(args, attr):
-            if getattr(args, attr, None) in (None, False, neutral):  # a flag given overrides the plan
-                values[attr] = value
-        elif value != neutral:
-            raise ConfigError(
-                f"the plan sets {key} ({value!r}), which this `pipewright simulate` cannot apply; "
-                "plan without it"
-            )
-    values["microbatches"] = plan["microbatches"]  # (the model path derives it from the global batch)
-    csv = plan.schedule_csv(args.plan)
-    if csv is not None:
-        values |= {"schedule": csv, "virtual": None}
+def simulate_plan(spec: RunSpec) -> tuple[RunSpec, PlanOverrides]:
+    """``spec`` with the plan file it names (``parallelism.plan``) applied, as ``pipewright simulate``
+    prices it, and the plan's data beyond the spec (device order, layers per chunk, recomputation per
+    stage). The plan's layout, schedule and batch replace the spec's; the model, the gradient
+    reduction and the cost-model inputs the plan was priced with hold where the spec leaves them unset
+    (a flag given overrides the plan)."""
+    path = spec.parallelism.plan
+    plan = load(path)
+    changes = {p: v for p, v in _unset(spec, plan).items() if _get(spec, p) is None}
+    changes |= {p: v for p, (neutral, v) in _priced(plan).items() if _get(spec, p) in (None, False, neutral)}
+    changes |= _chosen(plan, path)
     recompute = plan.data.get("recompute_per_stage")
-    return PlanOverrides(
+    return with_values(spec, changes), PlanOverrides(
         plan,
-        values,
         layout=plan.chunk_layers(),
         recompute=tuple(recompute) if recompute is not None else None,
         devices=tuple(plan.devices) if plan.devices is not None else None,
     )
 
 
-def applied(args: argparse.Namespace, overrides: PlanOverrides) -> argparse.Namespace:
-    """A copy of ``args`` with the plan's option values."""
-    return argparse.Namespace(**{**vars(args), **overrides.values})
+def _get(spec: RunSpec, path: Path) -> object:
+    section, name = path
+    return getattr(getattr(spec, section), name)
 
 
-def _cost_fields(plan: Plan) -> dict[str, tuple[str, object, object]]:
-    """The plan's cost-model options as ``simulate`` options: key → (attribute, neutral value, value)."""
+def _unset(spec: RunSpec, plan: Plan) -> dict[Path, object]:
+    """What the plan sets where the spec leaves it unset: the vocabulary it priced, the gradient
+    reduction of its iteration, and without a model in the spec, the plan's model."""
+    out: dict[Path, object] = {
+        ("model", "vocab"): plan.padded_vocab,
+        ("framework", "grad_reduce"): plan.grad_reduce,
+    }
+    if spec.model.model is not None:
+        return out
+    model = plan["model"]
+    out[("model", "model")] = model["name"]
+    for d in ("layers", "hidden", "heads", "ffn_hidden", "seq_len", "kv_heads", "mlp"):
+        if d in model:
+            out[("model", d)] = model[d]
+    if model.get("bias") is False:
+        out[("model", "no_bias")] = True
+    return out
+
+
+def _priced(plan: Plan) -> dict[Path, tuple[object, object]]:
+    """The cost-model inputs the plan was priced with: path → (the spec's neutral value, the plan's)."""
     d = plan.data
     sharding, overlap = d.get("optimizer_sharding", "none"), plan.tp_comm_overlap
     return {
-        "attention": ("attention", "eager", d.get("attention", "eager")),
-        "cp": ("cp", 1, d.get("cp", 1)),
-        "ep": ("ep", 1, d.get("ep", 1)),
-        "zero1": ("shard_optimizer", False, sharding == "zero1"),
-        "fsdp": ("fsdp", False, sharding == "fsdp"),
-        "tp_comm_overlap": ("tp_comm_overlap", False, False if overlap == "none" else overlap),
-        "calibration": ("calibration", None, d.get("calibration")),
-        "microbatch_group": ("microbatch_group", None, plan.microbatch_group),
-        "recompute_method": ("recompute_method", None, d.get("recompute_method")),
-        "recompute_num_layers": ("recompute_num_layers", None, d.get("recompute_num_layers")),
-        **{key: (key, None, plan.framework_input(key)) for key in FRAMEWORK_INPUTS},
+        ("framework", "attention"): ("eager", d.get("attention", "eager")),
+        ("parallelism", "cp"): (1, d.get("cp", 1)),
+        ("parallelism", "ep"): (1, d.get("ep", 1)),
+        ("memory", "shard_optimizer"): (False, sharding == "zero1"),
+        ("memory", "fsdp"): (False, sharding == "fsdp"),
+        ("framework", "tp_comm_overlap"): (False, False if overlap == "none" else overlap),
+        ("cluster", "calibration"): (None, d.get("calibration")),
+        ("schedule", "microbatch_group"): (None, plan.microbatch_group),
+        ("memory", "recompute_method"): (None, d.get("recompute_method")),
+        ("memory", "recompute_num_layers"): (None, d.get("recompute_num_layers")),
+        ("framework", "name"): (None, plan.framework_input("framework")),
+        **{path: (None, plan.framework_input(key)) for key, path in FRAMEWORK_DEFAULTABLE.items()},
     }
+
+
+def _chosen(plan: Plan, path: str) -> dict[Path, object]:
+    """What the plan chose (:meth:`~pipewright.plan.planfile.Plan.chosen`; the schedule's CSV when it
+    has one) and its recomputation (per stage: the plan's data)."""
+    out = {**plan.chosen(), ("memory", "recompute"): plan["recompute"]}
+    csv = plan.schedule_csv(path)
+    if csv is not None:
+        out |= {("schedule", "name"): csv, ("parallelism", "virtual"): None}
+    return out
 
 
 def plan_placement(devices: Sequence[str], topology: Topology) -> tuple[int, ...]:

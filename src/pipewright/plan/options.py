@@ -54,7 +54,7 @@ class CostOptions:
     calibration: str | None = None  # a ``pipewright profile --calibration`` file
     attention_kernel: str | None = None  # fa2, fa3, cudnn (None: the GPU's usual)
     moe_imbalance: float = 1.0  # expert load imbalance (MoECost; a mixture-of-experts model only)
-    fields: tuple[tuple[str, object], ...] = ()  # cli/cost_flags.py's (grad_dtype, kernels, fsdp_grad_sync)
+    fields: tuple[tuple[str, object], ...] = ()  # plan/spec_inputs.cost_fields (grad_dtype, kernels, …)
 
     def __post_init__(self) -> None:
         from pipewright.cost.tp_overlap import resolve

@@ -53,8 +53,9 @@ _DIMS = ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len")
 #: The architecture beyond the dimensions a plan records (ModelSpec's fields), so that an export builds
 #: the model the plan priced (plan/export_model.py); the mixture-of-experts fields with experts only.
 ARCH_FIELDS = ("family", "tied_embeddings", "rope_theta", "attention_kind", "mtp_depth")
-#: The framework inputs a plan records (``simulate``'s and ``plan``'s flags of the same names:
-#: cli/cost_flags.py), their values and their defaults (what a plan without the key was priced with).
+#: The framework inputs a plan records (``simulate``'s and ``plan``'s flags of the same names: the
+#: RunSpec's framework and memory sections), their values and their defaults (what a plan without the
+#: key was priced with).
 #: ``framework``'s values are the registered frameworks (:func:`pipewright.cost.frameworks.names`);
 #: ``attention_kernel``'s default None is the accelerator's usual kernel.
 FRAMEWORK_INPUTS: dict[str, tuple[tuple[str, ...] | None, str | None]] = {
@@ -117,6 +118,23 @@ class Plan:
         if not path.is_file():
             raise ConfigError(f"the plan's schedule file {path} is missing; keep it beside the plan")
         return str(path)
+
+    def chosen(self) -> dict[tuple[str, ...], Any]:
+        """What the plan chose, as RunSpec values by path: the sizes, the schedule (by name), the
+        batch (:func:`pipewright.plan.apply.simulate_plan` and
+        :func:`pipewright.plan.run_toml.plan_spec` add what each reads beside)."""
+        d = self.data
+        return {
+            ("parallelism", "tp"): d["tp"],
+            ("parallelism", "pp"): d["pp"],
+            ("parallelism", "dp"): d["dp"],
+            ("parallelism", "virtual"): d["virtual"],
+            ("parallelism", "sequence_parallel"): bool(d["sequence_parallel"]),
+            ("schedule", "name"): d["schedule"],
+            ("batch", "microbatch_size"): d["microbatch_size"],
+            ("batch", "microbatches"): d["microbatches"],
+            ("batch", "global_batch_size"): d["global_batch_size"],
+        }
 
     def chunk_layers(self) -> tuple[int, ...]:
         from pipewright.models.layout import parse_layout

@@ -40,20 +40,12 @@ def plan_spec(spec: RunSpec, plan: Plan, report: str) -> RunSpec:
     modes = d.get("recompute_per_stage") or [d.get("recompute", "none")]
     sharding = d.get("optimizer_sharding", "none")
     chosen: dict[tuple[str, ...], Any] = {
+        **plan.chosen(),
         ("model", "vocab"): plan.padded_vocab,
-        ("parallelism", "tp"): d["tp"],
-        ("parallelism", "pp"): d["pp"],
-        ("parallelism", "dp"): d["dp"],
         ("parallelism", "cp"): d.get("cp", 1),
         ("parallelism", "ep"): d.get("ep", 1),
-        ("parallelism", "virtual"): d["virtual"],
         ("parallelism", "layout"): plan.layout,
-        ("parallelism", "sequence_parallel"): bool(d["sequence_parallel"]),
         ("parallelism", "plan"): report,
-        ("schedule", "name"): d["schedule"],
-        ("batch", "microbatch_size"): d["microbatch_size"],
-        ("batch", "microbatches"): d["microbatches"],
-        ("batch", "global_batch_size"): d["global_batch_size"],
         ("memory", "recompute"): max(modes, key=RECOMPUTE_ORDER.index),
         ("memory", "shard_optimizer"): sharding == "zero1",
         ("memory", "fsdp"): sharding == "fsdp",

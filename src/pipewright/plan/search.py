@@ -322,6 +322,32 @@ def search(
             f"no (tp, pp, dp, microbatch) divides {len(prob.topology.devices)} devices and global batch "
             f"{prob.global_batch}; change --global-batch-size or the device count"
         )
+    pool, per_schedule, pruned, infeasible = _estimated(ctx, cands, progress)
+    if not pool and too_large:
+        raise ConfigError(_too_large(prob, too_large, "no layout that fits in memory is under"))
+    if not pool:
+        raise DoesNotFitError(
+            f"{prob.spec.name} fits nowhere on {len(prob.topology.devices)} devices of this topology at "
+            f"global batch {prob.global_batch}: every layout needs more memory than a device has; add "
+            "devices or use a smaller model"
+        )
+    finalists = _refined(prob, _simulated(ctx, pool, per_schedule, baselines))
+    best = finalists[0]
+    for ev in finalists[1:]:
+        ev.label = "runner-up"
+        ev.why = why_slower(best, ev)
+    return SearchResult(
+        best, finalists, list(baselines), len(cands), pruned, infeasible, time.perf_counter() - start
+    )
+
+
+def _estimated(
+    ctx: _Context, cands: Sequence[Candidate], progress: Callable[[int, int], None] | None
+) -> tuple[list[Evaluated], dict[str, Evaluated], int, int]:
+    """The candidates estimated in the order of their lower bounds, until the bound passes the
+    ``finalists``-th best estimate: the best estimates that fit (at most 4 × finalists), each
+    schedule's best, and the counts pruned and not fitting."""
+    prob = ctx.problem
     bounds = sorted((lower_bound(ctx, c), k, c) for k, c in enumerate(cands))
     pool: list[Evaluated] = []
     per_schedule: dict[str, Evaluated] = {}  # each schedule's best estimate
@@ -350,14 +376,15 @@ def search(
         del pool[4 * prob.finalists :]
     if progress is not None:
         progress(len(bounds), len(bounds))
-    if not pool and too_large:
-        raise ConfigError(_too_large(prob, too_large, "no layout that fits in memory is under"))
-    if not pool:
-        raise DoesNotFitError(
-            f"{prob.spec.name} fits nowhere on {len(prob.topology.devices)} devices of this topology at "
-            f"global batch {prob.global_batch}: every layout needs more memory than a device has; add "
-            "devices or use a smaller model"
-        )
+    return pool, per_schedule, pruned, infeasible
+
+
+def _simulated(
+    ctx: _Context, pool: list[Evaluated], per_schedule: dict[str, Evaluated], baselines: Sequence[Evaluated]
+) -> list[Evaluated]:
+    """The finalists simulated: the best estimates, each schedule's best, and the baselines' own
+    configurations re-planned (partition + mapping)."""
+    prob = ctx.problem
     # the best estimates, and each schedule's best: what the estimate leaves out (per-link transfer
     # times, FSDP's re-gathering) differs by schedule, so one schedule's near-ties must not crowd out
     # another's best
@@ -368,8 +395,7 @@ def search(
         if all(ev.candidate.schedule != f.candidate.schedule for f in chosen)
     ]
     finalists = [simulate_plan(prob, ev) for ev in chosen]
-    # the baselines' own configurations, re-planned (partition + mapping), compete too
-    for base in baselines:
+    for base in baselines:  # the baselines' own configurations, re-planned, compete too
         bc = base.candidate
         if any(f is not None and f != x for f, x in zip(prob.fixed, (bc.tp, bc.pp, bc.dp), strict=True)):
             continue
@@ -379,6 +405,12 @@ def search(
             continue
         if ev.fits and all(ev.candidate != f.candidate for f in finalists):
             finalists.append(simulate_plan(prob, ev))
+    return finalists
+
+
+def _refined(prob: Problem, finalists: list[Evaluated]) -> list[Evaluated]:
+    """The finalists, fastest first, the best refined (partition, device order, zb-auto's cost-aware
+    order, recomputation per stage); a one-line DoesNotFitError when none fits."""
     # every finalist also tries the uniform partition and the given device order, the best is refined
     # (on meshes over LARGE_MESH devices each simulation prices thousands of groups: only the best is
     # refined and zb-auto's memory-limit search is left out)
@@ -392,8 +424,7 @@ def search(
         finalists.extend(cost_aware_order(prob, finalists[0]))
     finalists.sort(key=lambda e: (not e.fits, e.time))
     finalists[0] = per_stage_recompute(prob, finalists[0])
-    best = finalists[0]
-    if not best.fits:
+    if not finalists[0].fits:
         hint = "add devices"
         if prob.recompute_partial:  # the estimate priced plain full recomputation
             method = dict(prob.recompute_partial)
@@ -403,12 +434,7 @@ def search(
                 "activations)"
             )
         raise DoesNotFitError(f"{prob.spec.name}: no finalist fits in memory in simulation; {hint}")
-    for ev in finalists[1:]:
-        ev.label = "runner-up"
-        ev.why = why_slower(best, ev)
-    return SearchResult(
-        best, finalists, list(baselines), len(cands), pruned, infeasible, time.perf_counter() - start
-    )
+    return finalists
 
 
 def _too_large(prob: Problem, skipped: list[Candidate], which: str) -> str:

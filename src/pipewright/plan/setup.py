@@ -152,6 +152,21 @@ def _layout(
     return tuple(layout)
 
 
+def _checked_mesh(mesh: Mesh, schedule: Schedule, topology: Topology) -> Mesh:
+    """``mesh``, once its pipeline size is the schedule's ranks and its size the topology's devices
+    (one-line ConfigError otherwise)."""
+    if schedule.num_ranks != mesh.pp:
+        raise ConfigError(f"schedule {schedule.name} has {schedule.num_ranks} ranks but --pp is {mesh.pp}")
+    devices = len(topology.devices)
+    if mesh.size != devices:
+        raise ConfigError(
+            f"--tp {mesh.tp} × --pp {mesh.pp} × --dp {mesh.dp}{f' × --cp {mesh.cp}' if mesh.cp > 1 else ''} "
+            f"= {mesh.size} devices, but the cluster has "
+            f"{devices}; make the product equal the number of GPUs"
+        )
+    return mesh
+
+
 def model_setup(
     spec: ModelSpec,
     topology: Topology,
@@ -195,24 +210,10 @@ def model_setup(
     from pipewright.cost.sharding import reduction_bytes
     from pipewright.cost.transformer import default_efficiency
     from pipewright.hardware import Accelerator, accelerator
-    from pipewright.passes.grad_reduce import append_optimizer_step, with_grad_reduction
 
-    if cp > 1 and mesh.cp == 1:
-        mesh = replace(mesh, cp=cp)
-    if schedule.num_ranks != mesh.pp:
-        raise ConfigError(f"schedule {schedule.name} has {schedule.num_ranks} ranks but --pp is {mesh.pp}")
-    devices = len(topology.devices)
-    if mesh.size != devices:
-        raise ConfigError(
-            f"--tp {mesh.tp} × --pp {mesh.pp} × --dp {mesh.dp}{f' × --cp {mesh.cp}' if mesh.cp > 1 else ''} "
-            f"= {mesh.size} devices, but the cluster has "
-            f"{devices}; make the product equal the number of GPUs"
-        )
+    mesh = _checked_mesh(replace(mesh, cp=cp) if cp > 1 and mesh.cp == 1 else mesh, schedule, topology)
     acc = gpu if isinstance(gpu, Accelerator) else accelerator(gpu) if gpu else topology.accelerator(0)
-    if mesh.dp > 1:
-        schedule = with_grad_reduction(schedule, grad_reduce)
-    if (efficiency or default_efficiency(acc)).optimizer_bytes > 0:  # its optimizer step priced
-        schedule = append_optimizer_step(schedule)
+    schedule = _step_actions(schedule, mesh.dp, grad_reduce, efficiency or default_efficiency(acc))
     overlapped, grad_dtype = grad_reduce == "overlap", str(fields.get("grad_dtype", "fp32"))
     grad_bytes = reduction_bytes(optimizer_sharding, grad_dtype, dtype or default_dtype(acc), overlapped)
     fields = {"grad_bytes": grad_bytes, **fields}
@@ -241,12 +242,29 @@ def model_setup(
     from pipewright.sim.pair_overlap import with_pair_overlap  # DualPipe: all-to-all under F&B pairs
 
     cost = with_pair_overlap(cost, schedule)
-    cp_label = f", c={mesh.cp}" if mesh.cp > 1 else ""
-    label = (
-        f"{spec.name} on {devices}× {acc.name} (t={mesh.tp}{cp_label}, p={mesh.pp}, d={mesh.dp}, "
-        f"b={microbatch}, m={schedule.num_microbatches})"
-    )
+    label = _label(spec.name, acc.name, mesh, microbatch, schedule.num_microbatches)
     return SimSetup(schedule, cost, cost.comm, 1, acc.peak(cost.dtype), acc.memory_bytes, label)
+
+
+def _step_actions(schedule: Schedule, dp: int, grad_reduce: str, efficiency: Efficiency) -> Schedule:
+    """``schedule`` with its data-parallel gradient reductions (dp > 1, where ``grad_reduce`` says) and
+    its optimizer step (where ``efficiency`` prices one)."""
+    from pipewright.passes.grad_reduce import append_optimizer_step, with_grad_reduction
+
+    if dp > 1:
+        schedule = with_grad_reduction(schedule, grad_reduce)
+    if efficiency.optimizer_bytes > 0:  # its optimizer step priced
+        schedule = append_optimizer_step(schedule)
+    return schedule
+
+
+def _label(model: str, gpu: str, mesh: Mesh, microbatch: int, microbatches: int) -> str:
+    """``gpt3-xl on 8× a100-80gb (t=2, p=2, d=2, b=1, m=16)`` (``c=`` with context parallelism)."""
+    cp_label = f", c={mesh.cp}" if mesh.cp > 1 else ""
+    return (
+        f"{model} on {mesh.size}× {gpu} (t={mesh.tp}{cp_label}, p={mesh.pp}, d={mesh.dp}, "
+        f"b={microbatch}, m={microbatches})"
+    )
 
 
 def profile_setup(

@@ -13,8 +13,6 @@ import json
 
 from pipewright.errors import ConfigError
 from pipewright.features.kfac.cost import LinearShape, TaskTimes, block_layers
-from pipewright.features.kfac.options import KfacOptions
-from pipewright.options import read_section
 
 
 def _unit_times(stages: int, unit: float) -> TaskTimes:
@@ -46,7 +44,7 @@ def run_fill(request, setup) -> int:
     from pipewright.features.kfac.fill import fill_kfac
     from pipewright.features.kfac.utilization import refresh_timeline
 
-    opts = read_section(KfacOptions, request.options, "simulate")
+    opts = request.spec.features["kfac"]
     sched, cost, comm = setup.schedule, setup.cost, setup.comm
     label = setup.label
     profile = opts.profile
@@ -101,6 +99,6 @@ def run_fill(request, setup) -> int:
 
 def simulate_hook(request, setup):
     """``pipewright simulate --fill kfac``: fill and report (an exit status); otherwise the setup."""
-    if read_section(KfacOptions, request.options, "simulate").simulate_fill == "kfac":
+    if request.spec.features["kfac"].simulate_fill == "kfac":
         return run_fill(request, setup)
     return setup

@@ -16,9 +16,8 @@ from pipewright.cost.unit import UnitCost
 from pipewright.errors import ConfigError
 from pipewright.features.vocab.insert import PlacementCosts, insert_vocab, unit_vocab_times
 from pipewright.features.vocab.kinds import COLLECTIVE_KINDS
-from pipewright.features.vocab.options import CHOICES, VocabOptions
+from pipewright.features.vocab.options import CHOICES
 from pipewright.ir import Action, Schedule
-from pipewright.options import read_section
 
 
 def placement_costs(cost, schedule: Schedule) -> PlacementCosts:
@@ -96,7 +95,7 @@ def _kw(common: dict) -> dict:
 def simulate_hook(request, setup):
     """``pipewright simulate --vocab-parallel``: the setup with the chosen method applied (``request``:
     the :class:`~pipewright.plan.request.SimulateRequest`)."""
-    option = read_section(VocabOptions, request.options, "simulate").parallel
+    option = request.spec.features["vocab"].parallel
     if option == "none":
         return setup
     sched, cost, comm = apply_to_simulation(option, setup.schedule, setup.cost, setup.comm, unit=setup.unit)
