@@ -9,8 +9,8 @@ import json
 import pytest
 
 from pipewright.models.presets import resolve_model
+from pipewright.plan.cost_options import CostOptions
 from pipewright.plan.costs import parts
-from pipewright.plan.options import CostOptions
 from pipewright.plan.problem import Candidate, Problem
 from pipewright.plan.search import _Context, estimate
 from pipewright.plan.simulated import simulate_plan

@@ -34,10 +34,7 @@ LONG_FUNCTIONS: set[str] = set()
 
 #: Top-level definitions referenced nowhere, listed only while they are removed. The list must shrink to
 #: empty: never add to it (the test fails while a listed name is gone or referenced).
-UNUSED_DEFINITIONS = {
-    "pipewright.cli.guards:add_max_actions",  # schedule's flags are the run spec's now
-    "pipewright.cli.zb_flags:add_zb_refine_flags",  # (likewise)
-}
+UNUSED_DEFINITIONS: set[str] = set()
 #: Where a reference counts: the code, tests, benchmarks and tools, the documents (a command they show),
 #: and the package metadata (entry points).
 REFERENCE_GLOBS = (
@@ -56,15 +53,12 @@ REFERENCE_GLOBS = (
 FEATURE_PROTOCOL = frozenset({"cost.py", "kinds.py", "options.py", "runtime.py", "simulate.py", "train.py"})
 #: Module file names used in more than one package, listed only while one of each is renamed; empty it,
 #: never add to it (the test fails while a listed name is used once).
-REUSED_NAMES = {
-    "options.py": "plan/options.py (the planner's cost-model options) beside options.py",
-    "profiled.py": "plan/profiled.py (the planner's profile input) beside cost/profiled.py",
-}
+REUSED_NAMES: dict[str, str] = {}
 
 #: The one module that declares command-line flags (every command's, generated from the run spec).
 FLAG_GENERATOR = "pipewright.runspec.flags"
 #: Other modules calling ``add_argument``, listed only while their calls are removed; empty it, never add.
-OTHER_FLAG_DECLARATIONS = {"pipewright.cli.guards", "pipewright.cli.zb_flags"}
+OTHER_FLAG_DECLARATIONS: set[str] = set()
 
 #: Known import cycles, listed only while they are removed; empty it, never add to it.
 KNOWN_CYCLES: set[frozenset[str]] = set()

@@ -100,8 +100,8 @@ def test_the_planners_estimate_prices_the_mode_with_the_cost_models_rule():
     from pipewright.hardware import accelerator
     from pipewright.ir import B, F
     from pipewright.models.presets import resolve_model
+    from pipewright.plan.cost_options import CostOptions
     from pipewright.plan.costs import parts
-    from pipewright.plan.options import CostOptions
     from pipewright.topology import single_host
 
     spec = resolve_model(

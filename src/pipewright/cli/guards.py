@@ -21,8 +21,6 @@ from pipewright.values import POSITIVE, POSITIVE_REAL, check_finite, check_value
 if TYPE_CHECKING:
     from pipewright.runspec import RunSpec
 
-DEFAULT_MAX_ACTIONS = 2_000_000
-
 #: a model's dimensions as flags (``resolve_model``'s overrides)
 _MODEL_DIMS = ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len")
 
@@ -58,15 +56,6 @@ _MODEL_ONLY = (
     ("framework", "name"),
     *(("model", d) for d in _MODEL_DIMS),
 )
-
-
-def add_max_actions(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--max-actions",
-        type=int,
-        default=DEFAULT_MAX_ACTIONS,
-        help="refuse to build a schedule (or grid) estimated larger than this",
-    )
 
 
 def check_size(what: str, estimate: int, limit: int) -> None:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from pipewright.hardware import Accelerator
     from pipewright.models.spec import ModelSpec
     from pipewright.plan.problem import Problem
-    from pipewright.plan.profiled import ProfileInput
+    from pipewright.plan.profile_input import ProfileInput
     from pipewright.runspec import RunSpec
     from pipewright.topology import Topology
 
@@ -178,7 +178,7 @@ def _model(spec: RunSpec) -> tuple[RunSpec, ModelSpec, ProfileInput | None]:
         if spec.model.model is not None:
             raise ConfigError("give --model or --profile, not both (the profile names its model)")
         from pipewright.cost.profiled import load_profile
-        from pipewright.plan.profiled import ProfileInput
+        from pipewright.plan.profile_input import ProfileInput
 
         rows, meta = load_profile(spec.cluster.profile)
         profile = ProfileInput(rows, meta, layers=spec.model.layers)
@@ -217,7 +217,7 @@ def _check_choices(spec: RunSpec, model: ModelSpec, kinds: list[Accelerator]) ->
     """One line for a calibration of another GPU, an unknown schedule, a microbatch group without a
     schedule that groups, a recomputation the model cannot take."""
     from pipewright.cost.partial_recompute import check_partial
-    from pipewright.plan.options import check_recompute
+    from pipewright.plan.cost_options import check_recompute
     from pipewright.schedules import schedule_names
 
     if spec.cluster.calibration is not None:
@@ -248,7 +248,7 @@ def _problem(
 ) -> Problem:
     """What the search plans: the model on the topology with the spec's batch, search space, framework
     and cost-model inputs."""
-    from pipewright.plan.options import cp_choices, searchable_sharding
+    from pipewright.plan.cost_options import cp_choices, searchable_sharding
     from pipewright.plan.search import Problem
     from pipewright.plan.spec_inputs import (
         cost_fields,

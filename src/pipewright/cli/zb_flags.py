@@ -1,10 +1,9 @@
-"""``--zb-refine`` and ``--zb-ilp-time-limit``: the refinement of zb-auto's order by integer linear
-programming (:mod:`pipewright.schedules.zb_ilp`), declared once for ``schedule``, ``simulate`` and
-``plan``. Light: building a parser imports nothing beyond argparse."""
+"""``--zb-refine`` and ``--zb-ilp-time-limit`` (the run spec's ``schedule`` section) read as the time
+limit of the refinement of zb-auto's order by integer linear programming
+(:mod:`pipewright.schedules.zb_ilp`), for ``schedule``, ``simulate`` and ``plan``."""
 
 from __future__ import annotations
 
-import argparse
 import math
 from typing import Protocol
 
@@ -12,24 +11,6 @@ from pipewright.errors import ConfigError
 
 #: seconds of solving when only --zb-refine is given
 DEFAULT_SECONDS = 10.0
-
-
-def add_zb_refine_flags(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    """The two flags, on ``parser`` (or one of its argument groups)."""
-    parser.add_argument(
-        "--zb-refine",
-        action="store_true",
-        help="zb-auto: refine the heuristic's order with the paper's integer linear program (scipy; "
-        "pip install 'pipewright[ilp]'); kept only where it is faster",
-    )
-    parser.add_argument(
-        "--zb-ilp-time-limit",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="zb-auto: seconds the refinement may solve for "
-        f"(implies --zb-refine; default {DEFAULT_SECONDS:g})",
-    )
 
 
 class Refinement(Protocol):

@@ -8,8 +8,8 @@ from dataclasses import replace
 
 from pipewright.errors import ConfigError
 from pipewright.mesh import DEFAULT_ORDER, Mesh
+from pipewright.plan.cost_options import RECOMPUTE_ORDER
 from pipewright.plan.mapping import placement
-from pipewright.plan.options import RECOMPUTE_ORDER
 from pipewright.plan.planfile import Plan, load
 from pipewright.plan.request import PlanOverrides
 from pipewright.plan.spec_inputs import FRAMEWORK_DEFAULTABLE

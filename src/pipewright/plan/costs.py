@@ -44,7 +44,7 @@ from pipewright.cost.transformer import (
 from pipewright.hardware import Accelerator
 from pipewright.ir import B, F, I, W
 from pipewright.models.spec import ModelSpec
-from pipewright.plan.options import CostOptions
+from pipewright.plan.cost_options import CostOptions
 from pipewright.topology import single_host
 
 Gemms = tuple[tuple[float, float, float, int], ...]  # (m, n, k, count) each
@@ -268,7 +268,7 @@ def parts(
     gpu: str | None = None,
 ) -> Parts:
     """The pieces, from the cost model (see the module docstring); cached per argument tuple.
-    ``options``: attention, context parallelism, sharding, … (:mod:`pipewright.plan.options`);
+    ``options``: attention, context parallelism, sharding, … (:mod:`pipewright.plan.cost_options`);
     ``ep``: expert-parallel size (a mixture of experts: its layer piece is an expert layer, priced by
     :class:`~pipewright.cost.moe_cost.MoECost` with the experts split over ep, and its first dense
     layers are a piece of their own)."""

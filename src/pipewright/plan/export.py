@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pipewright.plan.options import RECOMPUTE_ORDER
+from pipewright.plan.cost_options import RECOMPUTE_ORDER
 from pipewright.plan.planfile import Plan
 
 #: pipewright schedule → PyTorch's schedule class (``torch.distributed.pipelining.get_schedule_class``).

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field, replace
 from pipewright.cost.recompute import RECOMPUTE_CHOICES
 from pipewright.cost.transformer import Efficiency
 from pipewright.models.spec import ModelSpec
-from pipewright.plan.options import CostOptions
-from pipewright.plan.profiled import ProfileInput
+from pipewright.plan.cost_options import CostOptions
+from pipewright.plan.profile_input import ProfileInput
 from pipewright.topology import Topology
 
 SCHEDULES = ("1f1b", "interleaved-1f1b", "zb-h1", "zb-auto")
@@ -98,15 +98,15 @@ class Problem:
     finalists: int = 6
     fixed: tuple[int | None, int | None, int | None] = (None, None, None)  # (tp, pp, dp) if given
     cores: float | None = None  # all processes share this many CPU cores (sim.sharing), e.g. --gpu cpu
-    profile: ProfileInput | None = None  # measured costs instead of the analytical model (plan/profiled.py)
+    profile: ProfileInput | None = None  # measured costs, not the analytical model (plan/profile_input.py)
     max_actions: int = MAX_ACTIONS  # candidates whose simulation would be larger are skipped
     microbatch_group: int | None = None  # interleaved: Megatron's microbatch group N (plan/grouping.py)
     zb_refine_seconds: float | None = None  # zb-auto: seconds for the ILP refinement of its best order
     attention: str = "flash"  # flash or eager (the attention kernel priced)
-    cp_choices: tuple[int, ...] = (1,)  # context-parallel sizes (plan/options.py: cp_choices)
+    cp_choices: tuple[int, ...] = (1,)  # context-parallel sizes (plan/cost_options.py: cp_choices)
     ep: int | None = None  # expert-parallel size if fixed; None: searched (ep_choices)
     max_ep: int = 64  # the largest expert-parallel size searched
-    sharding: tuple[str, ...] = ("none",)  # optimizer sharding choices (plan/options.py)
+    sharding: tuple[str, ...] = ("none",)  # optimizer sharding choices (plan/cost_options.py)
     tp_comm_overlap: bool | str = False  # a cost.tp_overlap mode (True: te; the plan records it)
     attention_kernel: str | None = None
     moe_imbalance: float = 1.0
@@ -138,7 +138,7 @@ class Problem:
         eff = self.efficiency if self.efficiency is not None else default_efficiency(accelerator(name))
         if self.calibration is not None:  # a `pipewright calibrate` file's constants replace the framework's
             from pipewright.cost.run_fit import apply_fitted
-            from pipewright.plan.options import _calibration
+            from pipewright.plan.cost_options import _calibration
 
             eff = apply_fitted(eff, _calibration(self.calibration), name)
         if self.attention == "eager":
@@ -156,7 +156,7 @@ class Problem:
         return self._kinds
 
     def options(self, c: Candidate) -> CostOptions:
-        """The cost-model options of candidate ``c`` (:mod:`pipewright.plan.options`)."""
+        """The cost-model options of candidate ``c`` (:mod:`pipewright.plan.cost_options`)."""
         return CostOptions(
             self.attention,
             c.cp,

@@ -8,7 +8,7 @@ import itertools
 from dataclasses import replace
 
 from pipewright.models.layout import uniform_layer_counts
-from pipewright.plan.options import RECOMPUTE_ORDER
+from pipewright.plan.cost_options import RECOMPUTE_ORDER
 from pipewright.plan.problem import Evaluated, Problem
 from pipewright.plan.simulated import simulate_plan
 
@@ -93,7 +93,7 @@ def per_stage_recompute(prob: Problem, ev: Evaluated) -> Evaluated:
     """Recomputation as a per-stage decision: the schedule keeps fewer microbatches in flight on later
     ranks (1F1B: p − r on rank r), so they may afford less recomputation than rank 0. From the last
     rank to the first, each rank's chunks try every lighter mode that ``--recompute`` offers (none,
-    then selective, then op: :data:`~pipewright.plan.options.RECOMPUTE_ORDER`); a change is
+    then selective, then op: :data:`~pipewright.plan.cost_options.RECOMPUTE_ORDER`); a change is
     kept when the simulated plan still fits and is faster. At most 2p simulations (p ≤ 16), fewer on
     large meshes (``_MESH_PRICINGS``)."""
     c = ev.candidate

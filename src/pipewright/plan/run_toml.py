@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from pipewright.plan.options import RECOMPUTE_ORDER
+from pipewright.plan.cost_options import RECOMPUTE_ORDER
 from pipewright.plan.planfile import Plan
 from pipewright.runspec import RunSpec, defaults, dump_toml, validate, values, with_values
 from pipewright.runspec.fields import COMMANDS

@@ -43,7 +43,7 @@ def rank_device(ev: Evaluated, rank: int) -> str:
 def plan_models(prob: Problem, ev: Evaluated):
     """(cost model, comm model) of one evaluated plan: its recomputation (per stage where chosen),
     degrees, layout and device placement (:func:`pipewright.plan.mapping.placement`, a Mesh placement);
-    from the profile's measurements when the problem has one (:mod:`pipewright.plan.profiled`)."""
+    from the profile's measurements when the problem has one (:mod:`pipewright.plan.profile_input`)."""
     c = ev.candidate
     place = placement(prob.topology, ev.devices)
     extra = {"cp": c.cp, "ep": c.ep} if c.cp > 1 or c.ep > 1 else {}
