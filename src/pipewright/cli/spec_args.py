@@ -26,10 +26,13 @@ def add_command(
     command: str,
     run: Callable[[argparse.Namespace], int],
     features: Mapping[str, type] | None = None,
+    *,
+    flatten: bool = True,
     **parser_options: Any,
 ) -> argparse.ArgumentParser:
     """Subcommand ``command`` with the spec's flags for it, whose parsed namespace is
-    :func:`command_spec`'s (and ``func`` is ``run``)."""
+    :func:`command_spec`'s (and ``func`` is ``run``); ``flatten=False``: :func:`spec_namespace`'s (the
+    spec and the paths given, no values by option name)."""
     from pipewright.runspec import add_spec_flags
 
     parser = sub.add_parser(command, **parser_options)
@@ -41,7 +44,8 @@ def add_command(
         parsed, rest = plain(args, namespace)
         _exclusive(parser, parsed)
         try:
-            return command_spec(parsed, command, features), rest
+            read = command_spec if flatten else spec_namespace
+            return read(parsed, command, features), rest
         except ConfigError as exc:  # (a --config file that does not read): the command's one line
             return argparse.Namespace(**{**vars(parsed), "func": _raises(exc)}), rest
 
@@ -119,6 +123,29 @@ def is_run_spec(path: str) -> bool:
         return True
     tables = {f.name for f in dataclasses.fields(RunSpec)}
     return all(isinstance(v, dict) and k in tables for k, v in data.items())
+
+
+def spec_namespace(
+    args: argparse.Namespace, command: str, features: Mapping[str, type] | None = None
+) -> argparse.Namespace:
+    """The RunSpec of parsed ``args`` as ``spec`` (its defaults, the ``--config`` file, the flags given),
+    the paths of the flags given as ``given``, and the namespace's other keys (``func``). ``train`` and
+    ``check`` also read an older ``train`` TOML (flat keys or ``[train]``): its path as ``train_toml``,
+    the spec then from the flags alone."""
+    from pipewright.runspec import spec_from_args
+    from pipewright.runspec.fields import TRAINING
+
+    given = vars(args)
+    out: dict[str, Any] = {k: v for k, v in given.items() if "." not in k and k != "config"}
+    out["train_toml"] = None
+    if command in TRAINING and "config" in given and not is_run_spec(given["config"]):
+        out["train_toml"] = given["config"]
+        args = argparse.Namespace(**{k: v for k, v in given.items() if k != "config"})
+    spec = spec_from_args(args, command, features, check=False)  # the command's checks name the flags
+    if out["train_toml"] is None and "config" in given and "parallelism.plan" not in given:
+        spec = _beside(spec, given["config"])
+    flagged = frozenset(tuple(k.split(".")) for k in given if "." in k)
+    return argparse.Namespace(**out, spec=spec, given=flagged)
 
 
 def command_spec(

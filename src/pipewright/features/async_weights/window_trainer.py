@@ -22,7 +22,7 @@ from pipewright.errors import ConfigError
 from pipewright.features.async_weights.options import AsyncOptions
 from pipewright.features.async_weights.runtime import AsyncRuntime
 from pipewright.optim import lr_at
-from pipewright.options import read_section
+from pipewright.options import section_of
 from pipewright.runtime.core.executor import PipelineExecutor
 from pipewright.runtime.core.plugin import ExecutorParts, OptimizerContext, TrainingPlugin
 from pipewright.runtime.profiling.measured_timeline import gather_timeline
@@ -33,7 +33,7 @@ def check_config(config) -> None:
     """What an asynchronous run refuses (one-line ConfigErrors)."""
     from pipewright.features.async_weights.policies import POLICIES
 
-    options = read_section(AsyncOptions, config.features)
+    options = section_of(config, AsyncOptions)
     if options.weight_policy not in POLICIES:
         raise ConfigError(
             f"unknown --weight-policy {options.weight_policy!r}; choose one of: {', '.join(POLICIES)}"
@@ -88,7 +88,7 @@ class AsyncPlugin(TrainingPlugin):
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
-        self.options = read_section(AsyncOptions, config.features)
+        self.options = section_of(config, AsyncOptions)
         self._window_start = 0
         self._executors: dict[int, PipelineExecutor] = {}
         self._records: dict[int, dict] = {}

@@ -1,0 +1,119 @@
+"""A training run's RunSpec from every input ``train`` and ``check`` take, and its
+:class:`~pipewright.runtime.setup.config.TrainConfig` (:meth:`TrainConfig.from_spec`).
+
+The layers, each over the one before: the command's defaults; an older ``train`` TOML (flat keys or a
+``[train]`` table, a feature's ``[table]``; :func:`toml_values`); a plan file's choices
+(:func:`pipewright.training.plan_values.plan_values`); and the values the run sets itself: the flags,
+and a RunSpec ``--config`` file's values that differ from the defaults. Pure Python.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from pathlib import Path as FilePath
+from typing import Any
+
+from pipewright.errors import ConfigError
+from pipewright.features import Features, all_features
+from pipewright.options import check_section, fields_for, flat_name
+from pipewright.runspec import RunSpec, defaults, values, with_values
+from pipewright.runtime.setup.config import TrainConfig, read_train_toml
+from pipewright.training.plan_values import plan_values
+
+Path = tuple[str, ...]
+
+
+def feature_values(values: Mapping[str, Any], features: Features, source: str = "config") -> dict[Path, Any]:
+    """Feature options by flag name (``vocab_parallel``) or TOML ``"table.key"`` (``vocab.parallel``;
+    dashes read as underscores) as RunSpec values (``("features", "vocab", "parallel")``), type-checked.
+    A key no feature declares is a one-line ConfigError naming it."""
+    out: dict[Path, Any] = {}
+    rest = dict(values)
+    for feature in features:
+        if feature.section is None:
+            continue
+        flat = {flat_name(f): f.name for f in fields_for(feature.section)}
+        mine: dict[str, Any] = {}
+        for key in list(rest):
+            name = key.replace("-", "_")
+            table, dot, inner = name.partition(".")
+            if not dot and name in flat:
+                mine[flat[name]] = rest.pop(key)
+            elif dot and table == feature.table_name and inner in flat.values():
+                mine[inner] = rest.pop(key)
+        by_flat = {flat_name(f): mine[f.name] for f in fields_for(feature.section) if f.name in mine}
+        check_section(feature.section, by_flat, source)
+        out |= {("features", feature.name, name): value for name, value in mine.items()}
+    if rest:
+        key = next(iter(rest))
+        raise ConfigError(f"{source}: unknown key {key!r}; no feature or training field has that name")
+    return out
+
+
+def flat_values(values: Mapping[str, Any], features: Features, source: str = "config") -> dict[Path, Any]:
+    """Values by TrainConfig field name and feature option (flag name, or ``"table.key"``) as RunSpec
+    values by path (an older ``train`` TOML, the measured table's rows)."""
+    core, extra = TrainConfig.spec_values(values, source=source)
+    return core | feature_values(extra, features, source)
+
+
+def toml_values(path: str | FilePath, features: Features) -> dict[Path, Any]:
+    """The RunSpec values of an older ``train`` TOML file (its core keys and the features' options)."""
+    return flat_values(read_train_toml(path), features, str(path))
+
+
+def run_spec(
+    spec: RunSpec, given: Collection[Path] = (), command: str = "train", train_toml: str | None = None
+) -> tuple[RunSpec, frozenset[Path]]:
+    """``spec`` (the command's defaults, a RunSpec ``--config`` file, the flags) with an older ``train``
+    TOML and the plan of ``parallelism.plan`` under what the run sets itself (the paths ``given`` by
+    flags and the values that differ from ``command``'s defaults); and every path some input set."""
+    known = {n: type(s) for n, s in spec.features.items()}
+    start = values(defaults(command, known), known)
+    now = values(spec, known)
+    chosen = set(given) | {p for p, v in now.items() if v != start[p]}
+    below: dict[Path, Any] = {}
+    if train_toml is not None:
+        below |= toml_values(train_toml, all_features(spec.extensions.feature or ()))
+    if spec.parallelism.plan:
+        below |= plan_values(spec.parallelism.plan, {p: now[p] for p in chosen})
+    spec = with_values(spec, {p: v for p, v in below.items() if p not in chosen})
+    return spec, frozenset(chosen | set(below))
+
+
+def config_from_values(
+    values: Mapping[str, Any], features: Features | None = None, source: str = "config"
+) -> TrainConfig:
+    """The TrainConfig of values by field name and feature option (:func:`flat_values`) over ``train``'s
+    defaults: ``config_from_values({"pp": 4, "vocab_parallel": "alg1"})``."""
+    from pipewright.runspec import feature_sections
+
+    features = all_features(values.get("feature_paths") or ()) if features is None else features
+    start = defaults("train", feature_sections(features))
+    return TrainConfig.from_spec(with_values(start, flat_values(values, features, source)))
+
+
+def config_from_toml(path: str | FilePath, features: Features | None = None) -> TrainConfig:
+    """The TrainConfig of an older ``train`` TOML file alone (``train``'s defaults under it)."""
+    return config_from_values(read_train_toml(path), features, str(path))
+
+
+def replaced(config: TrainConfig, features: Features | None = None, **values: Any) -> TrainConfig:
+    """``config`` with values by field name and feature option (flag name, or ``"table.key"``)
+    replaced: ``replaced(config, pp=4, vocab_parallel="alg1")``; a feature option changes its section."""
+    import dataclasses
+
+    features = all_features(config.feature_paths) if features is None else features
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    core = {k: v for k, v in values.items() if k in names}
+    changes: dict[str, dict[str, Any]] = {}
+    for (_, name, option), value in feature_values(
+        {k: v for k, v in values.items() if k not in names}, features
+    ).items():
+        changes.setdefault(name, {})[option] = value
+    sections = dict(config.features)
+    for feature in features:
+        if feature.name in changes:
+            now = sections.get(feature.name) or feature.section()
+            sections[feature.name] = dataclasses.replace(now, **changes[feature.name])
+    return dataclasses.replace(config, **core, features=sections)
