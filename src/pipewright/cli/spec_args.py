@@ -6,7 +6,8 @@
 parsed line as the command's RunSpec (its defaults, then the ``--config`` file, then the flags given)
 and gives it with the values by option name (``args.tp``, ``args.schedule``) that the command's run
 reads: each field under its flag's name (``--no-progress``: ``no_progress`` and ``progress``, its
-other spellings too: ``--stages``), the spec itself as ``args.spec``.
+other spellings too: ``--stages``), the spec itself as ``args.spec``; with ``flatten=False``
+(``train``, ``check``) :func:`spec_namespace` gives the spec and the paths of the flags given only.
 """
 
 from __future__ import annotations
@@ -16,9 +17,6 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from pipewright.errors import ConfigError
-
-#: ``train``'s switches that are not TrainConfig's (off unless given, never None).
-_SET = ("compare_sim", "dry_run", "measure", "measure_json")
 
 
 def add_command(
@@ -108,7 +106,7 @@ def _name(option: str) -> str:
 def is_run_spec(path: str) -> bool:
     """Whether the TOML file at ``path`` is a RunSpec (every top-level key one of its tables), not a
     ``train`` file of flat keys or a ``[train]`` table (read by
-    :meth:`~pipewright.runtime.setup.config.TrainConfig.from_toml`). A file that does not read: True (the
+    :func:`~pipewright.training.run_inputs.toml_values`). A file that does not read: True (the
     RunSpec reader's one-line error names it)."""
     import dataclasses
 
@@ -153,26 +151,19 @@ def command_spec(
 ) -> argparse.Namespace:
     """The RunSpec of parsed ``args`` (``args.spec``) with each value of a field ``command`` takes
     under its option names; the namespace's other keys (a positional, ``func``) kept."""
-    from pipewright.runspec import defaults, spec_from_args, values
-    from pipewright.runspec.fields import PRICING, TRAINING, base_type, setting
+    from pipewright.runspec import spec_from_args
+    from pipewright.runspec.fields import PRICING, base_type, setting
     from pipewright.runspec.run import field_command, field_takes, get, spec_fields
 
     given = vars(args)
     out: dict[str, Any] = {k: v for k, v in given.items() if "." not in k and k != "config"}
     out["config"] = None
-    if command in TRAINING and "config" in given and not is_run_spec(given["config"]):
-        out["config"] = given["config"]  # a train TOML of flat keys: TrainConfig.from_toml reads it
-        args = argparse.Namespace(**{k: v for k, v in given.items() if k != "config"})
     spec = spec_from_args(args, command, features, check=False)  # the command's checks name the flags
-    if out["config"] is None and "config" in given and "parallelism.plan" not in given:
+    if "config" in given and "parallelism.plan" not in given:
         spec = _beside(spec, given["config"])
     known = {n: type(s) for n, s in spec.features.items()}
-    start = values(defaults(command, known), known)
-    flagged = {tuple(k.split(".")) for k in given if "." in k}
     for path, f, kind in spec_fields(known):
         value = get(spec, path)
-        if command in TRAINING and path not in flagged and value == start[path] and path[-1] not in _SET:
-            value = None  # train's None: not given, TrainConfig's default (or the plan's value)
         if f.metadata["flag"] is None:
             out.setdefault(path[-1], value)  # a TOML-only field (training.weight_decay, placement)
             continue

@@ -44,13 +44,16 @@ def config_from_args(args: argparse.Namespace, command: str = "train"):
     in :func:`pipewright.training.prepare`), dp from the processes when no input sets it."""
     from pipewright.runtime.setup.config import TrainConfig
     from pipewright.training import resolve_options
-    from pipewright.training.run_inputs import run_spec
+    from pipewright.training.run_inputs import batch_from_global, check_planned_cluster, run_spec
 
     spec, chosen = run_spec(args.spec, args.given, command, args.train_toml)
     config = resolve_options(TrainConfig.from_spec(spec))
-    nproc = spec.cluster.nproc
+    nproc, cluster = spec.cluster.nproc, spec.cluster
     if ("parallelism", "dp") not in chosen:
         config = dp_from_processes(config, nproc)
+    config = batch_from_global(config, spec.batch.global_batch_size, ("batch", "microbatches") in chosen)
+    if {("cluster", "nodes"), ("cluster", "gpus_per_node")} & chosen:
+        check_planned_cluster(config, cluster.nodes, cluster.gpus_per_node)
     if nproc is not None and nproc != config.world_size:
         raise ConfigError(
             f"--nproc {nproc} but tp × cp × pp × dp = {config.tp}×{config.cp}×{config.pp}×"

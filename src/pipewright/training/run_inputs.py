@@ -10,6 +10,7 @@ and a RunSpec ``--config`` file's values that differ from the defaults. Pure Pyt
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
+from dataclasses import replace
 from pathlib import Path as FilePath
 from typing import Any
 
@@ -117,3 +118,38 @@ def replaced(config: TrainConfig, features: Features | None = None, **values: An
             now = sections.get(feature.name) or feature.section()
             sections[feature.name] = dataclasses.replace(now, **changes[feature.name])
     return dataclasses.replace(config, **core, features=sections)
+
+
+def batch_from_global(config: TrainConfig, global_batch: int | None, microbatches_set: bool) -> TrainConfig:
+    """``config`` with microbatches = ``global_batch`` ÷ (b × dp), as ``plan`` and ``simulate`` read
+    ``--global-batch-size``, unless ``microbatches_set`` (then the two must agree). One line when they
+    do not, or when b × dp does not divide the global batch."""
+    if global_batch is None:
+        return config
+    per_step = config.microbatch_size * config.dp
+    if microbatches_set:
+        if config.global_batch != global_batch:
+            raise ConfigError(
+                f"--global-batch-size {global_batch} but --microbatch-size {config.microbatch_size} × "
+                f"--microbatches {config.microbatches} × --dp {config.dp} = {config.global_batch}; "
+                "give one of --global-batch-size, --microbatches"
+            )
+        return config
+    if per_step < 1 or global_batch % per_step:
+        raise ConfigError(
+            f"--global-batch-size {global_batch} is not a multiple of --microbatch-size × --dp = "
+            f"{config.microbatch_size}×{config.dp} = {per_step}"
+        )
+    return replace(config, microbatches=global_batch // per_step)
+
+
+def check_planned_cluster(config: TrainConfig, nodes: int, gpus_per_node: int) -> None:
+    """One line when the run's processes (tp × cp × pp × dp) are not the devices of the cluster it is
+    planned for (``--nodes`` × ``--gpus-per-node``, given)."""
+    devices = nodes * gpus_per_node
+    if devices != config.world_size:
+        raise ConfigError(
+            f"the run is planned for {nodes} × {gpus_per_node} = {devices} devices (--nodes × "
+            f"--gpus-per-node) but tp × cp × pp × dp = {config.tp}×{config.cp}×{config.pp}×{config.dp} = "
+            f"{config.world_size} processes; make them equal or drop --nodes/--gpus-per-node"
+        )

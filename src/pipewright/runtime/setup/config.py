@@ -123,6 +123,7 @@ class TrainConfig:
     precision: str = at("precision.precision")
     reduce_fp32: bool = at("precision.reduce_fp32")
     compile: bool = at("framework.compile")
+    gpu: str | None = at("cluster.gpu")
     features: Mapping[str, Any] = field(default_factory=dict)
     feature_paths: tuple[str, ...] = field(default=(), metadata={"path": ("extensions", "feature")})
 
@@ -294,6 +295,10 @@ class TrainConfig:
                 flag = "--" + name.removesuffix("_s").replace("_", "-")
                 raise ConfigError(f"{flag} must be a positive number of seconds (got {getattr(self, name)})")
         self._check_training_options()
+        if self.gpu is not None:
+            from pipewright.hardware import accelerator
+
+            accelerator(self.gpu)  # an unknown name: one line listing the presets
         from pipewright.runtime.reliability.nonfinite import check_policy
 
         check_policy(self.on_nonfinite)
