@@ -260,7 +260,8 @@ def compare(piped: list[dict], one: list[dict], tol: float) -> list[dict]:
 def table(rows: list[dict], config: Any, tol: float) -> str:
     """The per-step comparison as text."""
     v = f" v={config.virtual}" if config.virtual else ""
-    v += "".join(f" {k}={getattr(config, k)}" for k in ("cp", "ep") if getattr(config, k) > 1)
+    v += f" cp={config.cp}" if config.cp > 1 else ""
+    v += f" ep={config.ep}" if config.ep > 1 else ""
     head = (
         f"{config.schedule} pp={config.pp} dp={config.dp} tp={config.tp}{v} vs one process, "
         f"{config.precision}, tolerance {tol:g}"

@@ -49,14 +49,18 @@ def check_config(config) -> None:
         )
     # recomputation would rerun the forward on the live weights, not the policy's; the fp32 masters
     # and ZeRO shards are not the stage parameters the policies version
-    for name, plain in (("recompute", "none"), ("precision", "fp32")):
-        if getattr(config, name, plain) != plain:
-            flag = name.replace("_", "-")
-            raise ConfigError(f"asynchronous schedules run with --{flag} {plain}; drop --{flag}")
-    for name in ("shard_optimizer", "tie_embeddings"):
-        if getattr(config, name, False):
-            flag = name.replace("_", "-")
-            raise ConfigError(f"asynchronous schedules do not support --{flag} yet; drop it")
+    for flag, value, plain in (
+        ("--recompute", config.recompute, "none"),
+        ("--precision", config.precision, "fp32"),
+    ):
+        if value != plain:
+            raise ConfigError(f"asynchronous schedules run with {flag} {plain}; drop {flag}")
+    for flag, on in (
+        ("--shard-optimizer", config.shard_optimizer),
+        ("--tie-embeddings", config.tie_embeddings),
+    ):
+        if on:
+            raise ConfigError(f"asynchronous schedules do not support {flag} yet; drop it")
     if options.window < 1:
         raise ConfigError(f"--async-window must be at least 1 (got {options.window})")
     if options.weight_policy == "2bw" and config.microbatches < config.pp:
@@ -81,7 +85,7 @@ class AsyncPlugin(TrainingPlugin):
 
     @classmethod
     def check(cls, config: Any, schedule: Any, spec: Any) -> None:
-        cp = int(getattr(config, "cp", 1) or 1)
+        cp = config.cp
         if cp > 1:
             raise ConfigError(f"asynchronous schedules are not supported with --cp {cp} yet; use --cp 1")
         check_config(config)

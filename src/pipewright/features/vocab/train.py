@@ -141,7 +141,7 @@ class VocabPlugin(TrainingPlugin):
 
 def _refuse_cp(config: Any, flag: str) -> None:
     """One line: the vocabulary groups span dp × tp ranks of one sequence, not cp's slices."""
-    cp = int(getattr(config, "cp", 1) or 1)
+    cp = config.cp
     if cp > 1:
         raise ConfigError(
             f"{flag} is not supported with --cp {cp} yet (its groups hold whole sequences); use --cp 1"
