@@ -88,3 +88,14 @@ def test_an_unknown_key_of_an_older_file_is_one_line(tmp_path):
     with pytest.raises(ConfigError, match="unknown key 'vocab_paralel'") as info:
         config_from_args(build_parser().parse_args(["train", "--config", str(old)]))
     assert "\n" not in str(info.value)
+
+
+def test_values_by_flag_name_change_only_what_they_name():
+    from pipewright.training import config_from_values, replaced
+
+    config = config_from_values({"kfac_base": "lamb", "vocab.parallel": "alg1", "async-window": 3})
+    kfac, vocab, window = config.features["kfac"], config.features["vocab"], config.features["async_weights"]
+    assert (kfac.base, vocab.parallel, window.window) == ("lamb", "alg1", 3)
+    assert replaced(config, pp=4).features == config.features
+    changed = replaced(config, kfac_fill="all").features["kfac"]
+    assert (changed.base, changed.fill) == ("lamb", "all")

@@ -16,7 +16,7 @@ from typing import Any
 
 from pipewright.errors import ConfigError
 from pipewright.features import Features, all_features
-from pipewright.options import check_section, fields_for, flat_name
+from pipewright.options import check_section, fields_for, flat_name, take_values
 from pipewright.runspec import RunSpec, defaults, values, with_values
 from pipewright.runtime.setup.config import TrainConfig, read_train_toml
 from pipewright.training.plan_values import plan_values
@@ -33,22 +33,23 @@ def feature_values(values: Mapping[str, Any], features: Features, source: str = 
     for feature in features:
         if feature.section is None:
             continue
-        flat = {flat_name(f): f.name for f in fields_for(feature.section)}
-        mine: dict[str, Any] = {}
-        for key in list(rest):
-            name = key.replace("-", "_")
-            table, dot, inner = name.partition(".")
-            if not dot and name in flat:
-                mine[flat[name]] = rest.pop(key)
-            elif dot and table == feature.table_name and inner in flat.values():
-                mine[inner] = rest.pop(key)
-        by_flat = {flat_name(f): mine[f.name] for f in fields_for(feature.section) if f.name in mine}
-        check_section(feature.section, by_flat, source)
-        out |= {("features", feature.name, name): value for name, value in mine.items()}
+        mine, left = take_values(feature.section, feature.table_name, rest)  # defaults filled in
+        check_section(feature.section, mine, source)
+        names = {flat_name(f): f.name for f in fields_for(feature.section)}
+        given = {_flat(key, names) for key in rest if key not in left}  # only the options given
+        out |= {("features", feature.name, names[flat]): mine[flat] for flat in given}
+        rest = left
     if rest:
         key = next(iter(rest))
         raise ConfigError(f"{source}: unknown key {key!r}; no feature or training field has that name")
     return out
+
+
+def _flat(key: str, names: Mapping[str, str]) -> str:
+    """The flag name of a feature option's key: a flag name itself, or a ``"table.field"``."""
+    name = key.replace("-", "_")
+    _, dot, field = name.partition(".")
+    return next(flat for flat, f in names.items() if f == field) if dot else name
 
 
 def flat_values(values: Mapping[str, Any], features: Features, source: str = "config") -> dict[Path, Any]:
