@@ -4,15 +4,19 @@ that differ from the defaults); each TrainConfig field is the value at its spec 
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pipewright.cli import build_parser
+from pipewright.cli import build_parser as _build
 from pipewright.cli.train import config_from_args
 from pipewright.errors import ConfigError
 from pipewright.models.presets import resolve_model
 from pipewright.plan.planfile import FORMAT, model_json, save
+
+build_parser = functools.cache(_build)  # one parser for the module's command lines
 
 #: (TrainConfig field, flag, spec path) of a few numbers every layer can set.
 FIELDS = (
