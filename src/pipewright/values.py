@@ -101,7 +101,6 @@ TRAIN_LIMITS: dict[str, Limit] = {
             "vocab",
             "seq_len",
             "stop_after",
-            "async_window",
             "eval_batches",
             "cp",
             "ep",

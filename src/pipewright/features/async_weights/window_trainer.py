@@ -61,8 +61,6 @@ def check_config(config) -> None:
     ):
         if on:
             raise ConfigError(f"asynchronous schedules do not support {flag} yet; drop it")
-    if options.window < 1:
-        raise ConfigError(f"--async-window must be at least 1 (got {options.window})")
     if options.weight_policy == "2bw" and config.microbatches < config.pp:
         raise ConfigError(
             f"2bw accumulates over m ≥ p microbatches; raise --microbatches to {config.pp} or more"
