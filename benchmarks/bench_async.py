@@ -33,7 +33,7 @@ VAL_BATCHES, VAL_SEED = 16, 12345  # the held-out set every run is scored on (ba
 
 
 def _config(opt: str, seed: int, steps: int, out: Path, clip: float, **kw):
-    from pipewright.runtime.setup.config import TrainConfig
+    from pipewright.training import config_from_values
 
     base = dict(
         pp=4,
@@ -49,7 +49,7 @@ def _config(opt: str, seed: int, steps: int, out: Path, clip: float, **kw):
         out=str(out),
     )
     base.update(kw)
-    return TrainConfig(**base)
+    return config_from_values(base)
 
 
 def run_config(name: str, opt: str, seed: int, steps: int, m: int, out: Path, clip: float, warmup: int):

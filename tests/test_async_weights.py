@@ -416,9 +416,9 @@ TINY = dict(
 
 
 def _config(tmp_path, name: str, **kw):
-    from pipewright.runtime.setup.config import TrainConfig
+    from pipewright.training import config_from_values
 
-    return TrainConfig(**{**TINY, "out": str(tmp_path / name), **kw})
+    return config_from_values({**TINY, "out": str(tmp_path / name), **kw})
 
 
 def _records(result) -> list[dict]:
@@ -495,15 +495,17 @@ def test_trainer_data_parallel_composes_and_reports_weight_versions(two_rank_run
 
 
 def test_trainer_refuses_bad_async_options():
-    from pipewright.runtime.setup.config import TrainConfig
-    from pipewright.training import resolve_schedule
+    from pipewright.training import config_from_values, resolve_schedule
+
+    def config(**values):
+        return config_from_values(values)
 
     with pytest.raises(ConfigError, match="weight-policy"):
-        resolve_schedule(TrainConfig(schedule="async-1f1b", weight_policy="magic"))
+        resolve_schedule(config(schedule="async-1f1b", weight_policy="magic"))
     with pytest.raises(ConfigError, match="microbatches"):
-        resolve_schedule(TrainConfig(schedule="async-1f1b", weight_policy="2bw", pp=4, microbatches=2))
+        resolve_schedule(config(schedule="async-1f1b", weight_policy="2bw", pp=4, microbatches=2))
     with pytest.raises(ConfigError, match="run with --optimizer adamw or sgd \\(got kfac\\)"):
-        resolve_schedule(TrainConfig(schedule="async-1f1b", optimizer="kfac"))
+        resolve_schedule(config(schedule="async-1f1b", optimizer="kfac"))
 
 
 def test_memory_model_per_policy():

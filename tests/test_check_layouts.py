@@ -15,7 +15,7 @@ from pathlib import Path
 from _queue_spawn import forked_cli_launches
 from pipewright.cli import main
 from pipewright.cli.check import reference_config
-from pipewright.runtime.setup.config import TrainConfig
+from pipewright.training import config_from_values
 
 MODEL = ["--model", "gpt", "--layers", "2", "--hidden", "16", "--heads", "2", "--seq-len", "8"]
 MODEL += ["--steps", "2"]
@@ -23,10 +23,10 @@ BATCH = ["--microbatches", "2", "--microbatch-size", "1"]
 
 
 def test_reference_is_one_process_with_the_same_global_batch(tmp_path: Path) -> None:
-    config = TrainConfig(
+    config = config_from_values(dict(
         model="gpt", layers=4, hidden=16, heads=2, seq_len=16, pp=2, dp=4, tp=2, cp=2, ep=2,
-        moe_experts=4, microbatches=3, microbatch_size=2, features={"vocab_parallel": "alg1"},
-    )  # fmt: skip
+        moe_experts=4, microbatches=3, microbatch_size=2, vocab_parallel="alg1",
+    ))  # fmt: skip
     one = reference_config(config, tmp_path)
     assert (one.pp, one.dp, one.tp, one.cp, one.ep, one.world_size) == (1, 1, 1, 1, 1, 1)
     assert one.global_batch == config.global_batch == 24 and one.microbatches == 12

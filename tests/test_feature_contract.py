@@ -32,7 +32,7 @@ from pipewright.errors import ConfigError, ValidationError
 from pipewright.features import Feature, Features
 from pipewright.ir import Action, Collective, F, KindSpec, Schedule
 from pipewright.kinds import P2P
-from pipewright.options import option, read_section
+from pipewright.options import option, section_of
 from pipewright.passes import lower, validate
 from pipewright.runtime.core.plugin import Built, ExecutorParts, TrainingPlugin
 from pipewright.schedules import build_schedule
@@ -409,11 +409,11 @@ class ToyPlugin(TrainingPlugin):
 
     @classmethod
     def active(cls, config, schedule) -> bool:
-        return read_section(ToyOptions, config.features).level > 0
+        return section_of(config, ToyOptions).level > 0
 
     @classmethod
     def check(cls, config, schedule, spec) -> None:
-        if read_section(ToyOptions, config.features).level > 5:
+        if section_of(config, ToyOptions).level > 5:
             raise ConfigError("--toy-level must be at most 5")
         if spec is not None:
             Path(config.out).mkdir(parents=True, exist_ok=True)
@@ -421,7 +421,7 @@ class ToyPlugin(TrainingPlugin):
 
     def __init__(self, config) -> None:
         super().__init__(config)
-        self.options = read_section(ToyOptions, config.features)
+        self.options = section_of(config, ToyOptions)
         self.rank = dist.get_rank()
         self.marks = 0
         self.count = _ToyCount(self)

@@ -3,7 +3,7 @@ never another exception (a raw traceback), never a hang (each case runs under a 
 
 Formats and what reads them (the path the CLI takes): schedule CSV (``codec.load_csv`` then
 ``validate``), the measured/simulated timeline JSON (``Timeline.from_json``), topology JSON
-(``Topology.load``), the ``pipewright train`` TOML (``TrainConfig.from_toml`` then the checks
+(``Topology.load``), the ``pipewright train`` TOML (``config_from_toml`` then the checks
 ``prepare`` runs before the data: ``check``, ``num_layers``, ``model_spec``), profile CSV and JSON
 (``read_profile_csv``, ``ProfiledCost.parse_json``), token files with their JSON sidecar
 (``open_tokens``). Each format gets :data:`CASES` cases from a fixed seed (``derandomize``): byte-level
@@ -35,6 +35,7 @@ from pipewright.runtime.setup.config import TrainConfig
 from pipewright.schedules import build_schedule
 from pipewright.timeline import Timeline
 from pipewright.topology import Topology
+from pipewright.training import config_from_toml
 
 CASES = 300
 FUZZ = settings(
@@ -300,7 +301,7 @@ def configs(draw):
 
 def _read_config(path: Path, text: str) -> None:
     path.write_text(text)
-    config = TrainConfig.from_toml(path)
+    config = config_from_toml(path)
     config.check()  # what prepare() checks before it opens the data
     config.num_layers()
     config.model_spec(256)

@@ -14,6 +14,7 @@ from pipewright.errors import ConfigError
 from pipewright.runtime.setup.config import TrainConfig
 from pipewright.runtime.setup.host_memory import _glibc, use_cpu_allocator
 from pipewright.runtime.setup.launch import spawn
+from pipewright.training import config_from_values
 
 MIB = 2**20
 glibc_only = pytest.mark.skipif(_glibc() is None, reason="the policy sets glibc's malloc")
@@ -51,5 +52,5 @@ def test_unknown_policy_is_a_one_line_error() -> None:
 
 
 def test_toml_key() -> None:
-    assert TrainConfig.from_mapping({"cpu-allocator": "system"}).cpu_allocator == "system"
+    assert config_from_values({"cpu-allocator": "system"}).cpu_allocator == "system"
     assert TrainConfig().cpu_allocator == "retain"

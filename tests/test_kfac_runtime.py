@@ -24,9 +24,8 @@ from pipewright.features.kfac.kinds import KFAC_FILL, KFAC_PRECOND
 from pipewright.features.kfac.runtime import BubbleWorker, slot_schedule
 from pipewright.runtime.core.trainer import Trainer
 from pipewright.runtime.parallel.process_mesh import ParallelMesh
-from pipewright.runtime.setup.config import TrainConfig
 from pipewright.schedules.registry import build_schedule
-from pipewright.training import check_config, prepare
+from pipewright.training import check_config, config_from_values, prepare, replaced
 
 STEPS = 6
 
@@ -37,7 +36,7 @@ def _worker(rank: int, runs, opportunistic: list[bool]) -> list:
     out = []
     for run, opp in zip(runs, opportunistic, strict=True):
         tr = Trainer(run, mesh=mesh)  # --kfac-opportunistic puts the waiting receive handlers in
-        assert run.config.kfac_opportunistic == opp
+        assert run.config.features["kfac"].opportunistic == opp
         losses = []
         for step in range(STEPS):
             losses.append(tr.forward_backward(step))
@@ -59,7 +58,7 @@ def results(tmp_path_factory):
     configs = [
         base,
         replace(base, optimizer="kfac"),
-        replace(base, optimizer="kfac", kfac_opportunistic=True),
+        replaced(base, optimizer="kfac", kfac_opportunistic=True),
     ]
     runs = [prepare(c, world_size=2) for c in configs]
     return fork_launch(_worker, 2, (runs, [False, False, True]), timeout_s=300)
@@ -119,4 +118,4 @@ def test_opportunistic_mode_needs_kfac():
     from pipewright.errors import ConfigError
 
     with pytest.raises(ConfigError, match="--kfac-opportunistic needs --optimizer kfac"):
-        check_config(TrainConfig(kfac_opportunistic=True))
+        check_config(config_from_values({"kfac_opportunistic": True}))

@@ -37,8 +37,7 @@ from pipewright.features.kfac.state import StateNames, load_state, save_state
 from pipewright.optim import set_lr
 from pipewright.runtime.core.trainer import Trainer
 from pipewright.runtime.parallel.process_mesh import ParallelMesh
-from pipewright.runtime.setup.config import TrainConfig
-from pipewright.training import check_config, prepare
+from pipewright.training import check_config, config_from_toml, prepare, replaced
 
 STEPS = 6
 
@@ -168,7 +167,7 @@ def results(tmp_path_factory):
         "ckpt": replace(base, out=out),
         "dp2": replace(base, out=out, pp=1, dp=2),
         "tp2": replace(base, out=out, pp=1, tp=2),
-        **{name: replace(base, kfac_base=name) for name in ("sgd", "adamw", "lamb")},
+        **{name: replaced(base, kfac_base=name) for name in ("sgd", "adamw", "lamb")},
     }
     runs = {name: prepare(c, world_size=2) for name, c in configs.items()}
     return fork_launch(_worker, 2, (runs,), timeout_s=600)
@@ -274,7 +273,8 @@ def test_kfac_flags_one_line_errors(flags, message):
 def test_kfac_base_from_toml(tmp_path):
     path = tmp_path / "t.toml"
     path.write_text('[train]\noptimizer = "kfac"\nkfac-base = "lamb"\n')
-    config = TrainConfig.from_toml(path)
-    config = check_config(config)
-    assert config.kfac_base == "lamb"
-    assert isinstance(build_base(config.kfac_base, nn.Linear(2, 2).named_parameters(), 1e-3, 0.0), Lamb)
+    config = check_config(config_from_toml(path))
+    assert config.features["kfac"].base == "lamb"
+    assert isinstance(
+        build_base(config.features["kfac"].base, nn.Linear(2, 2).named_parameters(), 1e-3, 0.0), Lamb
+    )

@@ -12,7 +12,7 @@ import torch
 from pipewright.cli import main
 from pipewright.errors import ConfigError
 from pipewright.measure import measure_run
-from pipewright.runtime.setup.config import TrainConfig
+from pipewright.training import config_from_values
 
 TINY = dict(
     model="llama",
@@ -28,6 +28,12 @@ TINY = dict(
     precision="bf16",
     progress=False,
 )
+
+
+def _config(**values):
+    """A TrainConfig by field name and feature option (``weight_policy="stash"``)."""
+    return config_from_values(values)
+
 
 SCHEDULES = [
     ("1f1b", {}),
@@ -48,7 +54,7 @@ SCHEDULES = [
 
 @pytest.mark.parametrize(("schedule", "extra"), SCHEDULES, ids=[s for s, _ in SCHEDULES])
 def test_every_schedule_matches_the_simulator_in_flops_and_bytes(schedule, extra):
-    (cmp,) = measure_run(TrainConfig(**{**TINY, **extra}, schedule=schedule), [0])
+    (cmp,) = measure_run(_config(**{**TINY, **extra}, schedule=schedule), [0])
     m, p = cmp.measured, cmp.predicted
     kinds = {k for k in m.flops if k != "step"} | set(p.flops)
     assert kinds and kinds <= {"F", "B", "I", "W"}
@@ -64,7 +70,7 @@ def test_every_schedule_matches_the_simulator_in_flops_and_bytes(schedule, extra
 
 
 def test_tensor_parallel_sequence_parallel_rank_matches_flops_and_counts_its_collectives():
-    config = TrainConfig(**{**TINY, "tp": 2, "sequence_parallel": True}, schedule="1f1b")
+    config = _config(**{**TINY, "tp": 2, "sequence_parallel": True}, schedule="1f1b")
     (cmp,) = measure_run(config, [1])
     m, p = cmp.measured, cmp.predicted
     for kind in ("F", "B"):
@@ -85,7 +91,7 @@ def test_tensor_parallel_sequence_parallel_rank_matches_flops_and_counts_its_col
 
 def test_zero1_shards_the_optimizer_state_over_dp():
     plain, sharded = (
-        measure_run(TrainConfig(**{**TINY, "dp": 2, "shard_optimizer": z}, schedule="1f1b"), [0])[0]
+        measure_run(_config(**{**TINY, "dp": 2, "shard_optimizer": z}, schedule="1f1b"), [0])[0]
         for z in (False, True)
     )
     assert sharded.measured.static["optimizer"] == pytest.approx(
@@ -97,7 +103,7 @@ def test_zero1_shards_the_optimizer_state_over_dp():
 @pytest.mark.parametrize("schedule", ["async-1f1b", "async-zb-h1"])
 def test_asynchronous_weight_stashing_steps_inside_the_schedule(schedule):
     fields = {**TINY, "precision": "fp32", "weight_policy": "stash"}
-    (cmp,) = measure_run(TrainConfig(**fields, schedule=schedule), [0])
+    (cmp,) = measure_run(_config(**fields, schedule=schedule), [0])
     m, p = cmp.measured, cmp.predicted
     for kind in ("F", "B", "I", "W"):
         assert m.flops.get(kind, 0) == pytest.approx(p.flops.get(kind, 0.0), rel=0.01)
@@ -131,9 +137,9 @@ def test_measure_without_dry_run_and_a_rank_outside_the_pipeline_are_one_line_er
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "add --dry-run" in err
     with pytest.raises(ConfigError, match=r"pipeline ranks are 0\.\.1"):
-        measure_run(TrainConfig(**TINY, schedule="1f1b"), [2])
+        measure_run(_config(**TINY, schedule="1f1b"), [2])
     with pytest.raises(ConfigError, match="drop --init-from"):
-        measure_run(TrainConfig(**TINY, schedule="1f1b", init_from="somewhere"), [0])
+        measure_run(_config(**TINY, schedule="1f1b", init_from="somewhere"), [0])
 
 
 def test_adamw_is_fused_where_a_device_run_steps_and_unchanged_on_the_cpu():
@@ -155,22 +161,22 @@ def test_fp32_training_holds_16_bytes_a_parameter_and_asynchronous_stashes_are_p
     """fp32 weights are the masters (4 + 4 + Adam's 8 bytes, as the simulator now prices them), and an
     asynchronous policy's weight versions in flight are added to the simulated peak."""
     fields = {**TINY, "precision": "fp32"}
-    (sync,) = measure_run(TrainConfig(**fields, schedule="1f1b"), [0])
+    (sync,) = measure_run(_config(**fields, schedule="1f1b"), [0])
     held = sync.measured.static["params"] + sync.measured.static["optimizer"]  # 4 + 8 (no .grad yet)
     parts = sync.predicted.parts
     state = parts["weights"] + parts["gradients"] + parts["optimizer_state"] + parts["embedding_output_layer"]
     assert held == pytest.approx(state * 12 / 16, rel=0.01)
-    (stash,) = measure_run(TrainConfig(**fields, schedule="async-1f1b", weight_policy="stash"), [0])
+    (stash,) = measure_run(_config(**fields, schedule="async-1f1b", weight_policy="stash"), [0])
     weights = parts["weights"] + parts["embedding_output_layer"] / 4  # rank 0's fp32 weights
     assert stash.predicted.parts["weight_versions"] == pytest.approx(weights, rel=0.01)  # p − r = 2 versions
 
 
 def test_tied_embeddings_and_vocabulary_parallelism_run_their_real_steps():
-    (tied,) = measure_run(TrainConfig(**TINY, schedule="1f1b", tie_embeddings=True), [1])
+    (tied,) = measure_run(_config(**TINY, schedule="1f1b", tie_embeddings=True), [1])
     assert tied.measured.flops["F"] == pytest.approx(tied.predicted.flops["F"], rel=0.01)
     assert tied.misses() == []
     fields = {**TINY, "model": "gpt", "precision": "fp32", "vocab_parallel": "alg1"}
-    (vocab,) = measure_run(TrainConfig(**fields, schedule="1f1b"), [0])
+    (vocab,) = measure_run(_config(**fields, schedule="1f1b"), [0])
     for kind in ("F", "B", "VS", "VT"):  # the shard's passes priced by the feature's cost model
         assert vocab.measured.flops[kind] == pytest.approx(vocab.predicted.flops[kind], rel=0.01), kind
 
@@ -185,7 +191,7 @@ def test_mixture_of_experts_routes_balanced_tokens_over_expert_parallel_ranks():
     fields = {**TINY, "model": "llama-moe-tiny", "dp": 2, "ep": 2}
     for key in ("layers", "hidden", "heads", "ffn_hidden"):
         fields.pop(key)
-    (cmp,) = measure_run(TrainConfig(**fields, schedule="1f1b"), [0])
+    (cmp,) = measure_run(_config(**fields, schedule="1f1b"), [0])
     m, p = cmp.measured, cmp.predicted
     for kind in ("F", "B"):
         assert m.flops[kind] == pytest.approx(p.flops[kind], rel=0.01), kind

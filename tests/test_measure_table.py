@@ -10,8 +10,7 @@ import pytest
 
 from pipewright.measure.simulated_side import predict
 from pipewright.measure.table import ROWS, load, markdown
-from pipewright.runtime.setup.config import TrainConfig
-from pipewright.training import prepare
+from pipewright.training import config_from_values, prepare
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "fidelity.md"
 
@@ -42,7 +41,8 @@ def test_the_measured_flops_and_messages_of_the_recorded_rows():
 def test_the_simulated_side_is_current(index):
     name, fields, pp_rank = ROWS[index]
     recorded = next(r for r in load() if r["name"] == name)
-    run = prepare(TrainConfig(**fields), world_size=TrainConfig(**fields).world_size, check_size=False)
+    config = config_from_values(fields)
+    run = prepare(config, world_size=config.world_size, check_size=False)
     now = predict(run)[pp_rank]
     assert now.peak_bytes == pytest.approx(recorded["rows"]["peak memory"]["simulated"], rel=1e-6)
     assert now.flops["F"] == pytest.approx(recorded["rows"]["FLOPs F"]["simulated"], rel=1e-6)

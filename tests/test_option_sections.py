@@ -1,6 +1,7 @@
 """Features own their options: one dataclass section gives a feature's TOML table, its ``train`` flags
-(one argument group, defaults shown) and the values its plugin reads; TrainConfig keeps them under the
-flags' names, and an option nobody declares is a one-line error."""
+(one argument group, defaults shown) and the values its plugin reads; TrainConfig keeps them in the
+feature's own section (by feature name) and records them under the flags' names, and an option nobody
+declares is a one-line error."""
 
 from __future__ import annotations
 
@@ -12,8 +13,7 @@ from pipewright.errors import ConfigError
 from pipewright.features.async_weights.options import AsyncOptions
 from pipewright.features.kfac.options import KfacOptions
 from pipewright.options import flat_defaults, read_section, take_values, update_rule_names
-from pipewright.runtime.setup.config import TrainConfig
-from pipewright.training import check_config, resolve_options
+from pipewright.training import check_config, config_from_toml, config_from_values
 
 
 def test_a_section_names_its_options_by_flag() -> None:
@@ -48,8 +48,9 @@ def test_table_keys_and_flat_names_read_alike(window: int, policy: str, by_table
 def test_toml_tables_reach_the_config(tmp_path) -> None:
     path = tmp_path / "t.toml"
     path.write_text('[train]\noptimizer = "kfac"\n\n[kfac]\nbase = "lamb"\n\n[vocab]\nparallel = "alg1"\n')
-    config = check_config(TrainConfig.from_toml(path))
-    assert (config.kfac_base, config.kfac_fill, config.vocab_parallel) == ("lamb", "measured", "alg1")
+    config = check_config(config_from_toml(path))
+    kfac, vocab = config.features["kfac"], config.features["vocab"]
+    assert (kfac.base, kfac.fill, vocab.parallel) == ("lamb", "measured", "alg1")
     assert config.flat()["kfac_base"] == "lamb" and "features" not in config.flat()
 
 
@@ -63,7 +64,7 @@ def test_toml_tables_reach_the_config(tmp_path) -> None:
 )
 def test_unknown_or_mistyped_options_are_one_line(values, message) -> None:
     with pytest.raises(ConfigError, match=message) as info:
-        resolve_options(TrainConfig(features=values))
+        config_from_values(values)
     assert "\n" not in str(info.value)
 
 

@@ -209,12 +209,10 @@ def test_megatron_table1_small_rows_are_beaten_under_80gb(monkeypatch):
         assert result["plan_gib"] * 2**30 <= tool.LIMIT
 
 
-def test_train_plan_overrides_and_other_model(tmp_path):
-    import argparse
-
+def test_train_plan_values_and_other_model(tmp_path):
     from pipewright.errors import ConfigError
-    from pipewright.plan.apply import train_overrides
     from pipewright.plan.planfile import FORMAT, model_json, save
+    from pipewright.training.plan_values import plan_values
 
     spec = resolve_model("gpt-small-cpu", layers=8)
     data = {"format": FORMAT, "model": model_json(spec), "tp": 1, "pp": 4, "dp": 1, "virtual": 1,
@@ -222,18 +220,19 @@ def test_train_plan_overrides_and_other_model(tmp_path):
             "layout": "Et*3|t*2|t*2|tL", "devices": []}  # fmt: skip
     path = tmp_path / "plan.json"
     save(data, path)
-    out = train_overrides(str(path), argparse.Namespace(model=None, layers=None))
-    assert (out["pp"], out["layout"], out["layers"], out["model"]) == (
+    out = plan_values(str(path), {("model", "model"): None, ("model", "layers"): None})
+    p, m = "parallelism", "model"
+    assert (out[p, "pp"], out[p, "layout"], out[m, "layers"], out[m, "model"]) == (
         4,
         "Et*3|t*2|t*2|tL",
         8,
         "gpt-small-cpu",
     )
     with pytest.raises(ConfigError, match="made for a model with layers 8, not 12"):
-        train_overrides(str(path), argparse.Namespace(model=None, layers=12))
+        plan_values(str(path), {("model", "layers"): 12})
     with pytest.raises(ConfigError, match="not a plan file"):
         (tmp_path / "bad.json").write_text("{}")
-        train_overrides(str(tmp_path / "bad.json"))
+        plan_values(str(tmp_path / "bad.json"))
 
 
 def test_per_stage_recomputation_takes_each_stage_from_its_mode():

@@ -216,16 +216,16 @@ def test_the_exports_carry_the_group_and_operator_recomputation(grouped_plan, tm
 )
 def test_train_plan_refuses_what_the_runtime_does_not_run(grouped_plan, tmp_path, key, value, message):
     from pipewright.errors import ConfigError
-    from pipewright.plan.apply import train_overrides
+    from pipewright.training.plan_values import plan_values
 
     _, data = grouped_plan
     data = {**data, "optimizer_sharding": "none", "microbatch_group": 2, key: value}
     (tmp_path / "p.json").write_text(json.dumps(data))
     with pytest.raises(ConfigError, match=message):
-        train_overrides(str(tmp_path / "p.json"))
+        plan_values(str(tmp_path / "p.json"))
     if key == "microbatch_group":  # N = p is the runtime's own order
         (tmp_path / "p.json").write_text(json.dumps({**data, key: 2}))
-        assert train_overrides(str(tmp_path / "p.json"))["pp"] == 2
+        assert plan_values(str(tmp_path / "p.json"))["parallelism", "pp"] == 2
 
 
 def test_plan_keeps_to_the_recomputation_modes_it_is_given():

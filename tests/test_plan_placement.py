@@ -63,9 +63,11 @@ def test_simulate_and_train_put_every_coordinate_on_the_same_device(tmp_path, ca
     --plan` runs it on a process (process r = device r of the plan's topology): the same device."""
     from pipewright.cli import build_parser, main
     from pipewright.cli.simulate import _model_setup
-    from pipewright.plan.apply import simulate_plan, train_overrides
+    from pipewright.plan.apply import simulate_plan
+    from pipewright.runspec import defaults, with_values
     from pipewright.runtime.parallel.process_mesh import ParallelMesh
     from pipewright.runtime.setup.config import TrainConfig
+    from pipewright.training.plan_values import plan_values
 
     topo = _scrambled()
     topo_path, plan_path = tmp_path / "topo.json", tmp_path / "plan.json"
@@ -86,7 +88,7 @@ def test_simulate_and_train_put_every_coordinate_on_the_same_device(tmp_path, ca
     args = build_parser().parse_args(["simulate", "--plan", str(plan_path), "--topology", str(topo_path)])
     sim = _model_setup(*simulate_plan(args.spec)).comm
 
-    config = TrainConfig().with_overrides(**train_overrides(str(plan_path)))
+    config = TrainConfig.from_spec(with_values(defaults("train"), plan_values(str(plan_path))))
     config.check()
     layout = Mesh(config.tp, config.pp, config.dp, placement=config.placement_ranks())
     procs = [ParallelMesh(config.dp, config.pp, config.tp, r, "cpu", layout=layout) for r in range(4)]

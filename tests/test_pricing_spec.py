@@ -16,12 +16,13 @@ from pipewright.plan.apply import simulate_plan
 PRICING = ("simulate", "plan", "export-plan", "calibrate", "profile")
 
 
-@pytest.mark.parametrize("command", PRICING)
+@pytest.mark.parametrize("command", (*PRICING, "train", "check"))
 def test_the_parsed_line_is_the_spec_and_nothing_by_option_name(command):
     parser = _parser((), command)
     top = {a.dest for a in parser._actions}  # the top level's (--verbose, the command's name)
     parsed = vars(parser.parse_args([command, "--overwrite"]))
-    assert set(parsed) - top == {"spec", "func"}
+    older = {"train_toml"} if command in ("train", "check") else set()  # (a flat-key train TOML's path)
+    assert set(parsed) - top == {"spec", "given", "func", *older}  # given: the paths of the flags given
     assert parsed["spec"].output.overwrite is True
 
 

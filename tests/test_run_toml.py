@@ -50,10 +50,10 @@ def test_the_file_holds_the_plans_choices(planned):
     assert spec.output.out is None  # what plan wrote is not part of the run
 
 
-def test_the_spec_round_trips(planned):
+@pytest.mark.parametrize("command", ["simulate", "train", "check"])
+def test_the_spec_round_trips(planned, command):
     from test_runspec import spec_parser
 
-    command = "simulate"
     spec = load_toml(planned / "run.toml", command)
     assert loads_toml(dump_toml(spec), command) == spec
     assert spec_from_args(spec_parser(command).parse_args(spec_to_argv(spec, command)), command) == spec
@@ -87,6 +87,25 @@ def test_export_plan_reads_the_file(planned, capsys):
     from_json = capsys.readouterr().out
     assert main(["export-plan", str(planned / "run.toml"), "--to", "megatron"]) == 0
     assert capsys.readouterr().out == from_json and "MEGATRON_ARGS=(" in from_json
+
+
+def test_train_reads_the_planned_cluster_and_global_batch(planned, capsys):
+    from pipewright.cli import build_parser
+    from pipewright.cli.train import config_from_args
+    from pipewright.errors import ConfigError
+
+    run = ["train", "--config", str(planned / "run.toml")]
+    config = config_from_args(build_parser().parse_args([*run, "--gpu", "h100-sxm"]))
+    assert (config.gpu, config.global_batch) == ("h100-sxm", 8)
+    args = build_parser().parse_args(["train", "--global-batch-size", "32", "--microbatch-size", "2"])
+    assert config_from_args(args).microbatches == 16  # 32 ÷ (b 2 × dp 1)
+    with pytest.raises(ConfigError, match=r"planned for 1 × 2 = 2 devices .* = 4 processes"):
+        config_from_args(build_parser().parse_args([*run, "--pp", "2"]))
+    with pytest.raises(ConfigError, match="--global-batch-size 9 is not a multiple of"):
+        config_from_args(build_parser().parse_args(["train", "--global-batch-size", "9"]))
+    capsys.readouterr()
+    assert main([*run, "--gpu", "h100-sxm", "--dry-run"]) == 0
+    assert "fits a h100-sxm (80 GiB) per process, by this estimate" in capsys.readouterr().out
 
 
 def test_an_older_train_file_still_reads(tmp_path):

@@ -267,17 +267,19 @@ def test_switches_named_as_their_field_set_it():
 
 
 def test_every_training_config_field_has_a_place():
-    """TrainConfig's fields: each a flag of the spec's train parser or a TOML-only field of that name."""
+    """TrainConfig's fields: each the value of a spec field that train takes (a flag of its parser) or
+    a TOML-only one; train's defaults as a TrainConfig are TrainConfig's defaults."""
     from dataclasses import fields
 
-    from pipewright.runspec.run import spec_fields
+    from pipewright.runspec.run import field_takes, spec_fields
     from pipewright.runtime.setup.config import TrainConfig
 
-    flags = options(spec_parser("train"))
-    toml_only = {path[-1] for path, f, _ in spec_fields({}) if f.metadata["flag"] is None}
+    places = {path: f for path, f, _ in spec_fields({})}
     for f in fields(TrainConfig):
         if f.name != "features":
-            assert f.metadata.get("flag") in flags or f.name in toml_only, f.name
+            spec_field = places[f.metadata["path"]]
+            assert field_takes(f.metadata["path"], spec_field, "train") or spec_field.metadata["flag"] is None
+    assert TrainConfig.from_spec(defaults("train")) == TrainConfig(features=defaults("train").features)
 
 
 def test_schedule_show_reads_a_run_spec(tmp_path, capsys):

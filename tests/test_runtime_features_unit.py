@@ -26,6 +26,7 @@ from pipewright.runtime.core.precision import LossScaler
 from pipewright.runtime.core.stage_recompute import apply_recompute, recomputed_modules
 from pipewright.runtime.setup.config import TrainConfig
 from pipewright.schedules import build_schedule
+from pipewright.training import config_from_toml
 
 LLAMA = ModelSpec("t", 2, 32, 4, 64, 16, family="llama", kv_heads=2, ffn_hidden=48)
 GPT = ModelSpec("t", 2, 32, 4, 64, 16)
@@ -187,7 +188,7 @@ def test_flags_and_toml_reach_the_config(tmp_path):
     assert config.shard_optimizer and config.tie_embeddings and config.reduce_fp32
     path = tmp_path / "run.toml"
     path.write_text('[train]\nrecompute = "selective"\nprecision = "fp16"\ntie-embeddings = true\n')
-    config = TrainConfig.from_toml(path)
+    config = config_from_toml(path)
     assert (config.recompute, config.precision, config.tie_embeddings) == ("selective", "fp16", True)
     assert config.model_spec(256).tied_embeddings
 

@@ -7,12 +7,13 @@ import pytest
 from pipewright.errors import ConfigError
 from pipewright.runtime.checkpointing.fingerprint import fingerprint
 from pipewright.runtime.setup.config import TrainConfig
+from pipewright.training import config_from_toml
 
 
 def test_toml_then_flags(tmp_path):
     path = tmp_path / "run.toml"
     path.write_text('[train]\npp = 4\nmicrobatch-size = 2\nschedule = "gpipe"\n')
-    config = TrainConfig.from_toml(path).with_overrides(pp=2, dp=None, steps=7)
+    config = config_from_toml(path).with_overrides(pp=2, dp=None, steps=7)
     assert (config.pp, config.microbatch_size, config.schedule, config.steps, config.dp) == (
         2,
         2,

@@ -32,7 +32,7 @@ from pipewright.runtime.core.trainer import PreparedRun, Trainer
 from pipewright.runtime.parallel.process_mesh import ParallelMesh
 from pipewright.runtime.parallel.tp import full_parameters
 from pipewright.runtime.setup.config import TrainConfig
-from pipewright.training import prepare
+from pipewright.training import prepare, replaced
 
 RTOL = 1e-5
 STEPS = 3
@@ -128,7 +128,7 @@ def test_trainer_pp2_dp2_tp2_equals_single_process(data, tmp_path):
 
     runs = [
         prepare(
-            replace(
+            replaced(
                 _base(data),
                 dp=dp,
                 tp=tp,
@@ -145,7 +145,7 @@ def test_trainer_pp2_dp2_tp2_equals_single_process(data, tmp_path):
     for run, gathered in zip(runs, fork_launch(_worker, 4, (runs,), timeout_s=600)[0], strict=True):
         c = run.config
         ref_losses, _, _, ref_params = _reference(c)
-        label = f"dp={c.dp} tp={c.tp} {c.schedule} {c.vocab_parallel}"
+        label = f"dp={c.dp} tp={c.tp} {c.schedule} {c.features['vocab'].parallel}"
         for rank, (losses, params, shards, (q, n)) in enumerate(gathered):
             if not _close(losses, ref_losses):
                 failures.append(f"{label} rank {rank}: losses {losses} vs {ref_losses}")
@@ -177,7 +177,7 @@ def test_trainer_pp2_dp2_tp2_equals_single_process(data, tmp_path):
     ],
 )
 def test_unsupported_combinations_are_one_line(data, tmp_path, extra, expected):
-    config = replace(_base(data), out=str(tmp_path / "run"), **{"pp": 2, "vocab_parallel": "alg1", **extra})
+    config = replaced(_base(data), out=str(tmp_path / "run"), **{"pp": 2, "vocab_parallel": "alg1", **extra})
     with pytest.raises(ConfigError, match=expected) as info:
         prepare(config)
     assert "\n" not in str(info.value)
@@ -192,5 +192,5 @@ def test_cli_flag_sets_the_config(data, tmp_path, capsys):
     from pipewright.cli.train import config_from_args
 
     args = build_parser().parse_args(["train", "--vocab-parallel", "naive"])
-    assert config_from_args(args).vocab_parallel == "naive"
-    assert config_from_args(build_parser().parse_args(["train"])).vocab_parallel == "none"
+    assert config_from_args(args).features["vocab"].parallel == "naive"
+    assert config_from_args(build_parser().parse_args(["train"])).features["vocab"].parallel == "none"

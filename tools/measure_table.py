@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pipewright.measure import measure_run
 from pipewright.measure.table import DATA, ROWS, markdown, record
-from pipewright.runtime.setup.config import TrainConfig
+from pipewright.training import config_from_values
 
 OUT = Path(__file__).resolve().parents[1] / "src" / "pipewright" / "measure" / "data" / DATA
 
@@ -30,7 +30,7 @@ def main() -> None:
             rows.append(old[name])
             continue
         t0 = time.perf_counter()
-        (cmp,) = measure_run(TrainConfig(**fields), [pp_rank])
+        (cmp,) = measure_run(config_from_values(fields), [pp_rank])
         rows.append(record(name, fields, cmp))
         print(f"{name}: {time.perf_counter() - t0:.1f} s; outside the targets: {cmp.misses()}", flush=True)
         OUT.write_text(

@@ -132,3 +132,10 @@ def read_section(cls: type, values: Mapping[str, Any], command: str = "train") -
             for f in fields(cls)
         }
     )
+
+
+def section_of(config: Any, cls: type) -> Any:
+    """The options section of type ``cls`` among a training config's ``features`` (by feature name), its
+    defaults when the config holds none."""
+    found = next((s for s in config.features.values() if type(s) is cls), None)
+    return cls() if found is None else found

@@ -101,7 +101,6 @@ TRAIN_LIMITS: dict[str, Limit] = {
             "vocab",
             "seq_len",
             "stop_after",
-            "async_window",
             "eval_batches",
             "cp",
             "ep",
@@ -160,7 +159,7 @@ def train_warnings(steps: int, warmup: int, stop_after: int | None, lr: float) -
 def check_train(config: object) -> list[str]:
     """A TrainConfig's numbers: non-finite or out-of-range values raise (:data:`TRAIN_LIMITS`); returns
     the warnings of :func:`train_warnings`."""
-    values = dict(getattr(config, "features", None) or {}) | vars(config)  # feature options included
+    values = config.flat() if hasattr(config, "flat") else vars(config)  # feature options included
     if values.get("on_save_error", "stop") not in ("stop", "retry", "skip"):
         raise ConfigError(f"--on-save-error {values['on_save_error']!r}: choose one of stop, retry, skip")
     check_values(values, TRAIN_LIMITS)  # before check_finite: a limit's own line for NaN (timeouts)

@@ -29,8 +29,15 @@ from pipewright.runtime.setup.startup import stage
 #: it in parameters whose gradient is noise, hence above 1e-5); bf16 and fp16 round each activation.
 TOLERANCE = {"fp32": 1e-4, "bf16": 5e-2, "fp16": 1e-2}
 DEFAULT_STEPS = 3
-#: train's flags about the run folder and restarts, which a check (two throw-away runs) refuses.
-_NOT_FOR_CHECK = ("out", "resume", "overwrite", "stop_after", "max_restarts", "checkpoint_every")
+#: train's settings about the run folder and restarts, which a check (two throw-away runs) refuses.
+_NOT_FOR_CHECK = (
+    ("output", "out"),
+    ("training", "checkpoints", "resume"),
+    ("output", "overwrite"),
+    ("training", "checkpoints", "stop_after"),
+    ("training", "checkpoints", "max_restarts"),
+    ("training", "checkpoints", "every"),
+)
 
 
 def register(sub: argparse._SubParsersAction, feature_paths: tuple[str, ...] = ()) -> None:
@@ -43,29 +50,35 @@ def register(sub: argparse._SubParsersAction, feature_paths: tuple[str, ...] = (
         "check",
         _check,
         feature_sections(all_features(feature_paths)),
+        flatten=False,
         help="train a few steps pipelined and on one process; compare",
     )
 
 
 def _check(args: argparse.Namespace) -> int:
-    from pipewright.cli.train import config_from_args
+    from pipewright.cli.train import config_from_args, measure_args
+    from pipewright.runspec.run import spec_fields
+    from pipewright.training.run_inputs import run_spec
 
-    given = [n for n in _NOT_FOR_CHECK if getattr(args, n, None) is not None]
+    _spec, chosen = run_spec(args.spec, args.given, "check", args.train_toml)
+    given = [p for p in _NOT_FOR_CHECK if p in chosen]
     if given:
-        flag = "--" + given[0].replace("_", "-")
+        flag = next(f.metadata["flag"] for p, f, _ in spec_fields({}) if p == given[0])
         raise ConfigError(f"{flag} does not apply to check (it keeps no run folder); drop it")
-    config = config_from_args(args)
-    if args.measure or args.measure_ranks or args.measure_json:  # no training: cli/measure.py
+    config = config_from_args(args, "check")
+    asked = measure_args(args.spec)
+    if asked is not None:  # no training: cli/measure.py
         from pipewright.cli.measure import measure
 
-        return measure(config, args)
-    if args.steps is None:
+        return measure(config, asked)
+    if ("training", "steps") not in chosen:
         config = replace(config, steps=DEFAULT_STEPS)
-    if args.warmup is None:  # a few steps at the peak learning rate: differences show sooner
+    if ("training", "warmup") not in chosen:  # a few steps at the peak learning rate: differences show sooner
         config = replace(config, warmup=0)
-    tol = TOLERANCE[config.precision] if args.tolerance is None else args.tolerance
+    given_tol = args.spec.simulation.tolerance
+    tol = TOLERANCE[config.precision] if given_tol is None else given_tol
     if not tol > 0:
-        raise ConfigError(f"--tolerance must be positive (got {args.tolerance})")
+        raise ConfigError(f"--tolerance must be positive (got {given_tol})")
     hf = None
     with tempfile.TemporaryDirectory(prefix="pipewright-check-") as tmp:
         if config.hf_model:
@@ -134,7 +147,7 @@ def refuse_unlike_reference(run: Any) -> None:
     K-FAC with ``--kfac-fill measured`` (which factor pieces run in a step depends on measured bubble
     lengths; ``--kfac-fill all`` runs every piece, on one process as in the pipeline)."""
     from pipewright.features.kfac.options import KfacOptions
-    from pipewright.options import read_section
+    from pipewright.options import section_of
 
     c = run.config
     if not run.schedule.meta.get("flush", True):
@@ -143,7 +156,7 @@ def refuse_unlike_reference(run: Any) -> None:
             "weights between microbatches, so one process is not the same algorithm: use a flushing "
             "schedule (e.g. --schedule 1f1b)"
         )
-    if c.optimizer == "kfac" and read_section(KfacOptions, c.features).fill != "all":
+    if c.optimizer == "kfac" and section_of(c, KfacOptions).fill != "all":
         raise ConfigError(
             "check --optimizer kfac needs --kfac-fill all: with measured fill the K-FAC work done in a "
             "step depends on the bubbles' timing, which one process does not have"
@@ -247,7 +260,8 @@ def compare(piped: list[dict], one: list[dict], tol: float) -> list[dict]:
 def table(rows: list[dict], config: Any, tol: float) -> str:
     """The per-step comparison as text."""
     v = f" v={config.virtual}" if config.virtual else ""
-    v += "".join(f" {k}={getattr(config, k)}" for k in ("cp", "ep") if getattr(config, k) > 1)
+    v += f" cp={config.cp}" if config.cp > 1 else ""
+    v += f" ep={config.ep}" if config.ep > 1 else ""
     head = (
         f"{config.schedule} pp={config.pp} dp={config.dp} tp={config.tp}{v} vs one process, "
         f"{config.precision}, tolerance {tol:g}"

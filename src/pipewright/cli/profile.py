@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     from pipewright.cli.spec_args import add_command
 
     add_command(
-        sub, "profile", _profile, spec_only=True, help="measure per-layer action times for the simulator"
+        sub, "profile", _profile, flatten=False, help="measure per-layer action times for the simulator"
     )
 
 

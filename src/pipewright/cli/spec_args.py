@@ -3,11 +3,12 @@
 
 :func:`add_command` adds a command whose flags are the spec's (:func:`pipewright.runspec.add_spec_flags`:
 ``--config RUN.toml``, one help group per section, every default shown). :func:`command_spec` reads the
-parsed line as the command's RunSpec (its defaults, then the ``--config`` file, then the flags given):
-``args.spec``. A command that reads the spec's fields (``add_command(..., spec_only=True)``: simulate,
-plan, export-plan, calibrate, profile) gets the spec and ``func`` alone; the others also get each
-value by option name (``args.tp``, ``args.schedule``): each field under its flag's name
-(``--no-progress``: ``no_progress`` and ``progress``), its other spellings too.
+parsed line as the command's RunSpec (its defaults, then the ``--config`` file, then the flags given)
+and gives it with the values by option name (``args.tp``, ``args.schedule``) that the command's run
+reads: each field under its flag's name (``--no-progress``: ``no_progress`` and ``progress``, its
+other spellings too: ``--stages``), the spec itself as ``args.spec``. A command that reads the spec's
+fields (``add_command(..., flatten=False)``: simulate, plan, export-plan, calibrate, profile, train,
+check) gets :func:`spec_namespace`'s: the spec and the paths of the flags given only.
 """
 
 from __future__ import annotations
@@ -18,9 +19,6 @@ from typing import Any
 
 from pipewright.errors import ConfigError
 
-#: ``train``'s switches that are not TrainConfig's (off unless given, never None).
-_SET = ("compare_sim", "dry_run", "measure", "measure_json")
-
 
 def add_command(
     sub: argparse._SubParsersAction,
@@ -28,12 +26,12 @@ def add_command(
     run: Callable[[argparse.Namespace], int],
     features: Mapping[str, type] | None = None,
     *,
-    spec_only: bool = False,
+    flatten: bool = True,
     **parser_options: Any,
 ) -> argparse.ArgumentParser:
     """Subcommand ``command`` with the spec's flags for it, whose parsed namespace is
-    :func:`command_spec`'s (and ``func`` is ``run``); ``spec_only``: the namespace holds the RunSpec
-    (``args.spec``), ``func`` and nothing else (the run reads the spec's fields, not option names)."""
+    :func:`command_spec`'s (and ``func`` is ``run``); ``flatten=False``: :func:`spec_namespace`'s (the
+    spec and the paths given, no values by option name)."""
     from pipewright.runspec import add_spec_flags
 
     parser = sub.add_parser(command.rpartition(" ")[2], **parser_options)  # (schedule show: "show")
@@ -45,7 +43,8 @@ def add_command(
         parsed, rest = plain(args, namespace)
         _exclusive(parser, parsed)
         try:
-            return command_spec(parsed, command, features, spec_only=spec_only), rest
+            read = command_spec if flatten else spec_namespace
+            return read(parsed, command, features), rest
         except ConfigError as exc:  # (a --config file that does not read): the command's one line
             return argparse.Namespace(**{**vars(parsed), "func": _raises(exc)}), rest
 
@@ -108,7 +107,7 @@ def _name(option: str) -> str:
 def is_run_spec(path: str) -> bool:
     """Whether the TOML file at ``path`` is a RunSpec (every top-level key one of its tables), not a
     ``train`` file of flat keys or a ``[train]`` table (read by
-    :meth:`~pipewright.runtime.setup.config.TrainConfig.from_toml`). A file that does not read: True (the
+    :func:`~pipewright.training.run_inputs.toml_values`). A file that does not read: True (the
     RunSpec reader's one-line error names it)."""
     import dataclasses
 
@@ -125,50 +124,48 @@ def is_run_spec(path: str) -> bool:
     return all(isinstance(v, dict) and k in tables for k, v in data.items())
 
 
-def command_spec(
-    args: argparse.Namespace,
-    command: str,
-    features: Mapping[str, type] | None = None,
-    *,
-    spec_only: bool = False,
+def spec_namespace(
+    args: argparse.Namespace, command: str, features: Mapping[str, type] | None = None
 ) -> argparse.Namespace:
-    """The RunSpec of parsed ``args`` (``args.spec``) and ``func``; unless
-    ``spec_only``, also each value of a field ``command`` takes under its option names and the
-    namespace's other keys (a positional) kept."""
+    """The RunSpec of parsed ``args`` as ``spec`` (its defaults, the ``--config`` file, the flags given),
+    the paths of the flags given as ``given``, and the namespace's other keys (``func``). ``train`` and
+    ``check`` also read an older ``train`` TOML (flat keys or ``[train]``): its path as ``train_toml``
+    (None when ``--config`` is a RunSpec or not given), the spec then from the flags alone."""
     from pipewright.runspec import spec_from_args
     from pipewright.runspec.fields import TRAINING
 
     given = vars(args)
-    config = None
+    out: dict[str, Any] = {k: v for k, v in given.items() if "." not in k and k != "config"}
+    if command in TRAINING:
+        out["train_toml"] = None
     if command in TRAINING and "config" in given and not is_run_spec(given["config"]):
-        config = given["config"]  # a train TOML of flat keys: TrainConfig.from_toml reads it
+        out["train_toml"] = given["config"]
         args = argparse.Namespace(**{k: v for k, v in given.items() if k != "config"})
     spec = spec_from_args(args, command, features, check=False)  # the command's checks name the flags
-    if config is None and "config" in given and "parallelism.plan" not in given:
+    if out.get("train_toml") is None and "config" in given and "parallelism.plan" not in given:
         spec = _beside(spec, given["config"])
-    if spec_only:
-        return argparse.Namespace(
-            **{k: v for k, v in given.items() if "." not in k and k != "config"}, spec=spec
-        )
-    out: dict[str, Any] = {k: v for k, v in given.items() if "." not in k and k != "config"}
-    out["config"] = config
-    flagged = {tuple(k.split(".")) for k in given if "." in k}
-    return argparse.Namespace(**_by_option(spec, command, out, flagged), spec=spec)
+    flagged = frozenset(tuple(k.split(".")) for k in given if "." in k)
+    return argparse.Namespace(**out, spec=spec, given=flagged)
 
 
-def _by_option(spec: Any, command: str, out: dict[str, Any], flagged: set[tuple[str, ...]]) -> dict[str, Any]:
-    """``out`` with each value of a field ``command`` takes under its option names (``args.tp``)
-    (``flagged``: the paths given as flags)."""
-    from pipewright.runspec import defaults, values
-    from pipewright.runspec.fields import TRAINING, base_type, setting
+def command_spec(
+    args: argparse.Namespace, command: str, features: Mapping[str, type] | None = None
+) -> argparse.Namespace:
+    """The RunSpec of parsed ``args`` (``args.spec``) with each value of a field ``command`` takes
+    under its option names; the namespace's other keys (a positional, ``func``) kept."""
+    from pipewright.runspec import spec_from_args
+    from pipewright.runspec.fields import base_type, setting
     from pipewright.runspec.run import field_command, field_takes, get, spec_fields
 
+    given = vars(args)
+    out: dict[str, Any] = {k: v for k, v in given.items() if "." not in k and k != "config"}
+    out["config"] = None
+    spec = spec_from_args(args, command, features, check=False)  # the command's checks name the flags
+    if "config" in given and "parallelism.plan" not in given:
+        spec = _beside(spec, given["config"])
     known = {n: type(s) for n, s in spec.features.items()}
-    start = values(defaults(command, known), known)
     for path, f, kind in spec_fields(known):
         value = get(spec, path)
-        if command in TRAINING and path not in flagged and value == start[path] and path[-1] not in _SET:
-            value = None  # train's None: not given, TrainConfig's default (or the plan's value)
         if f.metadata["flag"] is None:
             out.setdefault(path[-1], value)  # a TOML-only field (training.weight_decay, placement)
             continue
@@ -185,7 +182,7 @@ def _by_option(spec: Any, command: str, out: dict[str, Any], flagged: set[tuple[
             out[name], out[path[-1]] = not value, value  # --no-progress: no_progress and progress
         elif path[-1].removesuffix("_s") == name:
             out[path[-1]] = value  # --recv-timeout: recv_timeout_s too
-    return out
+    return argparse.Namespace(**out, spec=spec)
 
 
 def flag_values(spec: Any, command: str) -> dict[str, Any]:

@@ -1,9 +1,11 @@
 """``pipewright train``: train a GPT with pipeline (and data) parallelism on torch.distributed.
 
-Values come from the defaults of :class:`~pipewright.runtime.setup.config.TrainConfig` and of the features'
-option sections, then ``--config FILE.toml`` (a RunSpec, docs/run-spec.md: ``pipewright plan -o
-RUN.toml`` writes one; or the older form, top-level keys or a ``[train]`` table named like the flags,
-and a feature's ``[table]``), then ``--plan`` (a RunSpec's ``parallelism.plan``), then the flags.
+The run is a RunSpec (docs/run-spec.md): ``train``'s defaults, then an older ``--config FILE.toml``
+(top-level keys or a ``[train]`` table named like the flags, and a feature's ``[table]``), then the
+plan of ``--plan`` (a RunSpec's ``parallelism.plan``), then what the run sets itself: a RunSpec
+``--config RUN.toml`` (``pipewright plan -o RUN.toml`` writes one) and the flags
+(:func:`pipewright.training.run_inputs.run_spec`); its
+:class:`~pipewright.runtime.setup.config.TrainConfig` is :meth:`TrainConfig.from_spec`'s.
 Without arguments it trains a small model on the default corpus with two local worker processes.
 ``--feature module:attr`` (or an installed ``pipewright.features`` entry point) adds a feature of your
 own: its flags, its TOML table and its training plugin.
@@ -13,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import fields
 from pathlib import Path
 
 from pipewright.errors import ConfigError
@@ -32,50 +33,30 @@ def register(sub: argparse._SubParsersAction, feature_paths: tuple[str, ...] = (
         "train",
         _train,
         feature_sections(all_features(feature_paths)),  # one group per feature (its section)
+        flatten=False,
         help="train a model with pipeline parallelism",
     )
 
 
-def config_from_args(args: argparse.Namespace):
-    """The TrainConfig of parsed ``train`` arguments, the features' options resolved (defaults filled
-    in; their checks run in :func:`pipewright.training.prepare`)."""
+def config_from_args(args: argparse.Namespace, command: str = "train"):
+    """The TrainConfig of parsed ``train`` (or ``check``) arguments: their RunSpec with the older inputs
+    (:func:`pipewright.training.run_inputs.run_spec`), the features' options resolved (their checks run
+    in :func:`pipewright.training.prepare`), dp from the processes when no input sets it."""
     from pipewright.runtime.setup.config import TrainConfig
-    from pipewright.training import resolve_options, run_features
+    from pipewright.training import resolve_options
+    from pipewright.training.run_inputs import batch_from_global, check_planned_cluster, run_spec
 
-    config = TrainConfig.from_toml(args.config) if args.config else TrainConfig()
-    paths = tuple(getattr(args, "feature", None) or ())
-    if paths:
-        config = config.with_overrides(features={**config.features, "feature_paths": paths})
-    if getattr(args, "plan", None):
-        from pipewright.plan.apply import train_overrides
-
-        config = config.with_overrides(**train_overrides(args.plan, args))
-    core = {f.name for f in fields(TrainConfig)} - {"features"}
-    dp_given = (
-        getattr(args, "dp", None) is not None
-        or config.dp != TrainConfig().dp
-        or bool(getattr(args, "plan", None))
-    )
-    config = config.with_overrides(
-        **{n: getattr(args, n) for n in core if getattr(args, n, None) is not None}
-    )
-    if not dp_given:
-        config = dp_from_processes(config, args.nproc)
-    features = run_features(config)
-    given = {}
-    for feature in features:
-        if feature.section is not None:
-            from pipewright.options import flat_defaults
-
-            given |= {
-                n: getattr(args, n)
-                for n in flat_defaults(feature.section)
-                if getattr(args, n, None) is not None
-            }
-    config = resolve_options(config.with_overrides(features={**config.features, **given}), features)
-    if args.nproc is not None and args.nproc != config.world_size:
+    spec, chosen = run_spec(args.spec, args.given, command, args.train_toml)
+    config = resolve_options(TrainConfig.from_spec(spec))
+    nproc, cluster = spec.cluster.nproc, spec.cluster
+    if ("parallelism", "dp") not in chosen:
+        config = dp_from_processes(config, nproc)
+    config = batch_from_global(config, spec.batch.global_batch_size, ("batch", "microbatches") in chosen)
+    if {("cluster", "nodes"), ("cluster", "gpus_per_node")} & chosen:
+        check_planned_cluster(config, cluster.nodes, cluster.gpus_per_node)
+    if nproc is not None and nproc != config.world_size:
         raise ConfigError(
-            f"--nproc {args.nproc} but tp × cp × pp × dp = {config.tp}×{config.cp}×{config.pp}×"
+            f"--nproc {nproc} but tp × cp × pp × dp = {config.tp}×{config.cp}×{config.pp}×"
             f"{config.dp} = {config.world_size}; make them equal"
         )
     experts = config.moe_experts or 0
@@ -85,6 +66,16 @@ def config_from_args(args: argparse.Namespace):
             "(DeepSeek-V3 has 256)"
         )
     return config
+
+
+def measure_args(spec, dry_run: bool | None = None) -> argparse.Namespace | None:
+    """``--measure``'s settings (:func:`pipewright.cli.measure.measure`), None when not asked for."""
+    o = spec.output
+    if not (o.measure or o.measure_ranks or o.measure_json):
+        return None
+    ranks = list(o.measure_ranks) if o.measure_ranks else None
+    extra = {} if dry_run is None else {"dry_run": dry_run}
+    return argparse.Namespace(measure_json=o.measure_json, measure_ranks=ranks, **extra)
 
 
 def dp_from_processes(config, nproc: int | None):
@@ -114,6 +105,7 @@ def _train(args: argparse.Namespace) -> int:
     from pipewright.training import prepare, train
 
     config = config_from_args(args)
+    out, profile = args.spec.output, args.spec.cluster.profile
     if sys.stderr.isatty():  # a person waiting: say what the next seconds are for (before the imports)
         print(
             f"preparing: checking the layout and the data, then {config.world_size} worker process(es) "
@@ -122,23 +114,22 @@ def _train(args: argparse.Namespace) -> int:
             flush=True,
         )
     plan = prepared = None
-    if args.profile is not None and not args.compare_sim:
+    if profile is not None and not out.compare_sim:
         raise ConfigError("--profile is used by --compare-sim; add --compare-sim")
-    if args.measure or args.measure_ranks or args.measure_json:
+    asked = measure_args(args.spec, out.dry_run)
+    if asked is not None:
         from pipewright.cli.measure import measure
 
-        return measure(config, args)
-    if args.dry_run:
+        return measure(config, asked)
+    if out.dry_run:
         from pipewright.cli.train_check import dry_run
 
-        return dry_run(config, profile=args.profile)
-    if args.compare_sim:
+        return dry_run(config, profile=profile)
+    if out.compare_sim:
         from pipewright.runtime.profiling.compare import plan_comparison
 
         prepared = prepare(config)  # checked once, for the comparison and the run
-        plan = plan_comparison(
-            prepared.config, args.profile, progress=config.progress, schedule=prepared.schedule
-        )
+        plan = plan_comparison(prepared.config, profile, progress=config.progress, schedule=prepared.schedule)
     result = train(config, prepared)
     if result is None:  # a torchrun rank other than 0
         return 0

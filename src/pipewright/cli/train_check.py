@@ -24,5 +24,16 @@ def dry_run(config, profile: str | None = None) -> int:
         f"{config.steps} steps into {where}"
     )
     print(est.describe())
+    if config.gpu is not None:
+        print(planned_fit(max(est.rank_bytes), config.gpu))
     print("no worker started (--dry-run)")
     return 0
+
+
+def planned_fit(peak_bytes: float, gpu: str) -> str:
+    """Whether a process's estimated peak fits the memory of the accelerator the run is planned for."""
+    from pipewright.hardware import accelerator
+
+    memory = accelerator(gpu).memory_bytes
+    fits = "fits" if peak_bytes <= memory else "does not fit"
+    return f"{fits} a {gpu} ({memory / 2**30:.0f} GiB) per process, by this estimate"

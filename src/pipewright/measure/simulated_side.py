@@ -61,7 +61,10 @@ def sim_setup(run, gpu: str = "h100-sxm"):
         stage_outputs="kept",
         checkpoint="non-reentrant",
     )
-    return _with_vocab_parallel(setup, c.features.get("vocab_parallel", "none"))
+    from pipewright.features.vocab.options import VocabOptions
+    from pipewright.options import section_of
+
+    return _with_vocab_parallel(setup, section_of(c, VocabOptions).parallel)
 
 
 def _with_vocab_parallel(setup, option: str):
@@ -140,7 +143,10 @@ def _weight_versions(run, cost, sched) -> dict[int, float]:
     """Per pipeline rank, the bytes an asynchronous policy holds beyond the live weights: the weight
     versions in flight and its extra gradient buffers (``features.async_weights.weight_memory``, which
     the schedule's memory timeline does not include), held the whole step; {} for other schedules."""
-    policy = run.config.features.get("weight_policy")
+    from pipewright.features.async_weights.options import AsyncOptions
+    from pipewright.options import section_of
+
+    policy = section_of(run.config, AsyncOptions).weight_policy
     if not policy or policy == "none" or sched.meta.get("flush", True):
         return {}
     from pipewright.cost.chunk_memory import weight_element_bytes

@@ -1,14 +1,13 @@
-"""Apply a plan file to the RunSpec of ``pipewright simulate`` and the options of ``pipewright train``."""
+"""Apply a plan file to the RunSpec of ``pipewright simulate`` (``pipewright train``'s:
+:mod:`pipewright.training.plan_values`)."""
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Sequence
 from dataclasses import replace
 
 from pipewright.errors import ConfigError
 from pipewright.mesh import DEFAULT_ORDER, Mesh
-from pipewright.plan.cost_options import RECOMPUTE_ORDER
 from pipewright.plan.mapping import placement
 from pipewright.plan.planfile import Plan, load
 from pipewright.plan.request import PlanOverrides
@@ -134,77 +133,3 @@ def plan_mesh(devices: Sequence[str] | None, topology: Topology, mesh: Mesh) -> 
     if not devices:
         return mesh
     return placed(mesh, plan_placement(devices, topology))
-
-
-def _strongest(modes) -> str:
-    return max(modes, key=RECOMPUTE_ORDER.index)
-
-
-def train_overrides(path: str, args: argparse.Namespace | None = None) -> dict[str, object]:
-    """TrainConfig fields from a plan file (``pipewright train --plan``): the model, degrees, schedule,
-    microbatches and layout. A model flag in ``args`` that contradicts the plan is a one-line error."""
-    from pipewright.models.presets import preset_names
-
-    plan = load(path)
-    model = plan["model"]
-    if args is not None:
-        given = getattr(args, "model", None)
-        if given is not None and given != model["name"] and given in preset_names():
-            raise ConfigError(
-                f"the plan {path} was made for model {model['name']!r}, not {given!r}; "
-                "run `pipewright plan` for this model or drop --model"
-            )
-        for d in ("layers", "hidden", "heads", "vocab", "seq_len"):
-            flag = getattr(args, d, None)
-            if flag is not None and flag != model[d] and not (d == "vocab" and flag == plan.padded_vocab):
-                raise ConfigError(
-                    f"the plan {path} was made for a model with {d} {model[d]}, not {flag}; "
-                    "run `pipewright plan` for this model"
-                )
-    out: dict[str, object] = {
-        "model": model["name"] if model["name"] in preset_names() else "gpt",
-        "ffn_hidden": model["ffn_hidden"],
-        "layers": model["layers"],
-        "hidden": model["hidden"],
-        "heads": model["heads"],
-        "vocab": plan.padded_vocab,  # padded as the plan priced it (at least the dataset's vocabulary)
-        "seq_len": model["seq_len"],
-        "tp": plan["tp"],
-        "pp": plan["pp"],
-        "dp": plan["dp"],
-        "virtual": plan["virtual"] if plan["virtual"] > 1 else None,
-        "schedule": plan.schedule_csv(path) or plan["schedule"],
-        "microbatches": plan["microbatches"],
-        "microbatch_size": plan["microbatch_size"],
-        "layout": plan.layout,
-        # per-stage choices train with the strongest one (the runtime takes one mode)
-        "recompute": _strongest(plan.data.get("recompute_per_stage") or [plan.data.get("recompute", "none")]),
-    }
-    if plan["sequence_parallel"]:
-        out["sequence_parallel"] = True
-    sharding, cp = plan.data.get("optimizer_sharding", "none"), plan.data.get("cp", 1)
-    if sharding == "fsdp":
-        raise ConfigError(
-            f"the plan {path} uses FSDP, which `pipewright train` does not run; plan with "
-            "--optimizer-sharding none,zero1"
-        )
-    if out["recompute"] == "op":
-        raise ConfigError(
-            f"the plan {path} recomputes with torchtitan's operator-level policy (op), which "
-            "`pipewright train` does not run; plan with --recompute none,selective,full"
-        )
-    if plan.microbatch_group is not None and plan.microbatch_group != plan["pp"]:
-        raise ConfigError(
-            f"the plan {path} groups interleaved microbatches {plan.microbatch_group} at a time, which "
-            "`pipewright train` does not run (its group is p); plan without --microbatch-group"
-        )
-    if cp != 1:
-        out["cp"] = cp  # ring attention over cp ranks (runtime/parallel/cp)
-    if plan.data.get("ep", 1) != 1:
-        out["ep"] = plan.data["ep"]  # experts over ep data-parallel ranks (runtime MoE)
-    if sharding == "zero1":
-        out["shard_optimizer"] = True
-    place = plan.placement
-    if place is not None and place != tuple(range(len(place))):
-        out["placement"] = ",".join(map(str, place))  # process r runs on device r of the plan's topology
-    return out

@@ -16,6 +16,15 @@ from pipewright.runspec.fields import (
     variant_of_each,
 )
 
+_PLANNED_GPU = (
+    "the accelerator the run is planned for (a `pipewright plan` run's): --dry-run says whether each "
+    "process's estimated memory fits it"
+)
+_PLANNED_DEVICES = (
+    "{} of the cluster the run is planned for: given, the processes (tp × cp × pp × dp) must be "
+    "nodes × gpus-per-node"
+)
+
 
 @section
 class ClusterSection:
@@ -57,8 +66,10 @@ class ClusterSection:
         None,
         "--gpu",
         ("accelerator kind: v100, a100-40gb, a100-80gb, h100-sxm, h100-pcie, h800, h200, b200, cpu"),
-        commands=("simulate", "plan", "profile", "calibrate"),
+        commands=("simulate", "plan", "profile", "calibrate", *TRAINING),
         variants={
+            "train": {"help": _PLANNED_GPU},
+            "check": {"help": _PLANNED_GPU},
             "profile": {
                 "help": "with --calibration: the hardware preset of this GPU when its name maps to none"
             },
@@ -69,14 +80,16 @@ class ClusterSection:
         1,
         "--nodes",
         "machines in the cluster",
-        commands=PRICING,
+        commands=(*PRICING, *TRAINING),
+        variants={t: {"help": _PLANNED_DEVICES.format("machines")} for t in TRAINING},
         minimum=1,
     )
     gpus_per_node: int = spec_field(
         8,
         "--gpus-per-node",
         "GPUs per machine",
-        commands=("simulate", "plan", "calibrate"),
+        commands=("simulate", "plan", "calibrate", *TRAINING),
+        variants={t: {"help": _PLANNED_DEVICES.format("GPUs per machine")} for t in TRAINING},
         minimum=1,
     )
     calibration: str | None = spec_field(

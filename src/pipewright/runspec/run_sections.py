@@ -104,7 +104,7 @@ class BatchSection:
         None,
         "--global-batch-size",
         "sequences per iteration over all data-parallel replicas (microbatches = it ÷ (b × dp))",
-        commands=PRICING,
+        commands=(*PRICING, *TRAINING),
         minimum=1,
     )
 

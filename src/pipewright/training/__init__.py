@@ -15,16 +15,21 @@ from pipewright.training.prepare_run import (
     resolve_schedule,
     run_features,
 )
+from pipewright.training.run_inputs import config_from_toml, config_from_values, replaced, run_spec
 from pipewright.training.workers import train, train_worker
 
 __all__ = [
     "active_plugins",
     "check_config",
+    "config_from_toml",
+    "config_from_values",
     "default_out_dir",
     "prepare",
+    "replaced",
     "resolve_options",
     "resolve_schedule",
     "run_features",
+    "run_spec",
     "train",
     "train_worker",
 ]

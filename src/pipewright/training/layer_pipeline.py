@@ -120,8 +120,11 @@ class LayerPipeline:
         self.model = model
 
     def config(self, config: TrainConfig | None = None, **values: Any) -> TrainConfig:
-        """``config`` (default: TrainConfig's defaults) with ``values`` replaced."""
-        return replace(config or TrainConfig(), **values)
+        """``config`` (default: TrainConfig's defaults) with ``values`` replaced (fields, and feature options
+        by flag name: :func:`~pipewright.training.run_inputs.replaced`)."""
+        from pipewright.training.run_inputs import replaced
+
+        return replaced(config or TrainConfig(), **values)
 
     def spec(self) -> ModelSpec:
         """A ModelSpec standing for the list (checkpoint fingerprints, metrics): one "token" per row;

@@ -5,16 +5,16 @@ fingerprint), and the features' training plugins that take part in the run."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 from pipewright.data import open_dataset
 from pipewright.errors import ConfigError
 from pipewright.features import Features, all_features
 from pipewright.ir import Schedule
 from pipewright.models.layout import resolve_layout
-from pipewright.options import check_section, take_values, update_rule_names
+from pipewright.options import check_section, fields_for, flat_name, update_rule_names
 from pipewright.runtime.checkpointing.checkpoint import read_meta, resumable_checkpoint, same_model
 from pipewright.runtime.checkpointing.fingerprint import fingerprint
 from pipewright.runtime.checkpointing.resume_check import model_difference
@@ -28,44 +28,43 @@ from pipewright.schedules.registry import default_registry
 
 log = logging.getLogger(__name__)
 
-#: The feature option naming ``--feature`` import paths (kept with the config so workers and restarts
-#: see the same features).
-FEATURE_PATHS = "feature_paths"
-
 
 def run_features(config: TrainConfig) -> Features:
     """The built-in features and the user's: entry points and the config's ``--feature`` paths."""
-    return all_features(tuple(config.features.get(FEATURE_PATHS, ())))
+    return all_features(config.feature_paths)
 
 
 def resolve_options(config: TrainConfig, features: Features | None = None) -> TrainConfig:
-    """The config with every feature's options resolved: TOML ``[table]`` keys and flat names, defaults
-    filled in, types checked. An option no feature declares is a one-line ConfigError (unknown key)."""
+    """The config with every feature's options section (its defaults where the config has none). A
+    section of no registered feature, or of another type than the feature's, is a one-line
+    ConfigError."""
     features = run_features(config) if features is None else features
-    rest = {k: v for k, v in config.features.items() if k != FEATURE_PATHS}
-    resolved: dict[str, Any] = {}
-    for f in features:
-        if f.section is not None:
-            mine, rest = take_values(f.section, f.table_name, rest)
-            check_section(f.section, mine)
-            resolved |= mine
-    if rest:
-        key = next(iter(rest))
-        raise ConfigError(f"config: unknown key {key!r}; no feature or training field has that name")
-    if FEATURE_PATHS in config.features:
-        resolved[FEATURE_PATHS] = config.features[FEATURE_PATHS]
-    return TrainConfig(**{**_core(config), "features": resolved})
+    sections = {f.name: f.section for f in features if f.section is not None}
+    for name, options in config.features.items():
+        if name not in sections:
+            raise ConfigError(f"config: options of {name!r}, which is no registered feature")
+        if type(options) is not sections[name]:
+            raise ConfigError(
+                f"config: the options of feature {name!r} must be a {sections[name].__name__}, "
+                f"not {type(options).__name__}"
+            )
+    resolved = {name: config.features.get(name) or cls() for name, cls in sections.items()}
+    for name, options in resolved.items():  # wrong types: one line naming the option
+        check_section(
+            sections[name], {flat_name(f): getattr(options, f.name) for f in fields_for(sections[name])}
+        )
+    return replace(config, features=resolved)
 
 
 def check_config(config: TrainConfig, features: Features | None = None) -> TrainConfig:
-    """:func:`resolve_options`, then each feature section's own ``check(config)`` and the core checks
-    (:meth:`TrainConfig.check`): one-line ConfigErrors. Returns the resolved config."""
+    """:func:`resolve_options`, then each feature section's own ``check(options, config)`` and the core
+    checks (:meth:`TrainConfig.check`): one-line ConfigErrors. Returns the resolved config."""
     features = run_features(config) if features is None else features
     config = resolve_options(config, features)
-    for section in (f.section for f in features if f.section is not None):
-        check = getattr(section, "check", None)
+    for feature in features:
+        check = getattr(feature.section, "check", None)
         if check is not None:
-            check(_read(section, config.features), config)
+            check(config.features[feature.name], config)
     config.check()
     check_optimizer(config.optimizer, features)
     return config
@@ -78,18 +77,6 @@ def check_optimizer(name: str, features: Features) -> None:
     known = [*OPTIMIZERS, *(n for f in features for n in f.optimizers)]
     if name not in known:
         raise ConfigError(f"unknown optimizer {name!r}; choose one of: {', '.join(known)}")
-
-
-def _core(config: TrainConfig) -> dict[str, Any]:
-    from dataclasses import fields
-
-    return {f.name: getattr(config, f.name) for f in fields(config) if f.name != "features"}
-
-
-def _read(section: type, values: dict) -> Any:
-    from pipewright.options import read_section
-
-    return read_section(section, values)
 
 
 def active_plugins(config: TrainConfig, schedule: Schedule, features: Features) -> list[type]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from pipewright.options import option
 
@@ -18,3 +19,9 @@ class AsyncOptions:
         update_rule=True,
     )
     window: int = option(10, "--async-window", "asynchronous schedules: steps per flush-free window")
+
+    def check(self, config: Any) -> None:
+        """A window of at least one step, for every run (a flag's range, as the core's numbers)."""
+        from pipewright.values import POSITIVE, check_value
+
+        check_value("--async-window", self.window, POSITIVE)

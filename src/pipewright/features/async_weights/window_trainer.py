@@ -22,7 +22,7 @@ from pipewright.errors import ConfigError
 from pipewright.features.async_weights.options import AsyncOptions
 from pipewright.features.async_weights.runtime import AsyncRuntime
 from pipewright.optim import lr_at
-from pipewright.options import read_section
+from pipewright.options import section_of
 from pipewright.runtime.core.executor import PipelineExecutor
 from pipewright.runtime.core.plugin import ExecutorParts, OptimizerContext, TrainingPlugin
 from pipewright.runtime.profiling.measured_timeline import gather_timeline
@@ -33,7 +33,7 @@ def check_config(config) -> None:
     """What an asynchronous run refuses (one-line ConfigErrors)."""
     from pipewright.features.async_weights.policies import POLICIES
 
-    options = read_section(AsyncOptions, config.features)
+    options = section_of(config, AsyncOptions)
     if options.weight_policy not in POLICIES:
         raise ConfigError(
             f"unknown --weight-policy {options.weight_policy!r}; choose one of: {', '.join(POLICIES)}"
@@ -49,16 +49,18 @@ def check_config(config) -> None:
         )
     # recomputation would rerun the forward on the live weights, not the policy's; the fp32 masters
     # and ZeRO shards are not the stage parameters the policies version
-    for name, plain in (("recompute", "none"), ("precision", "fp32")):
-        if getattr(config, name, plain) != plain:
-            flag = name.replace("_", "-")
-            raise ConfigError(f"asynchronous schedules run with --{flag} {plain}; drop --{flag}")
-    for name in ("shard_optimizer", "tie_embeddings"):
-        if getattr(config, name, False):
-            flag = name.replace("_", "-")
-            raise ConfigError(f"asynchronous schedules do not support --{flag} yet; drop it")
-    if options.window < 1:
-        raise ConfigError(f"--async-window must be at least 1 (got {options.window})")
+    for flag, value, plain in (
+        ("--recompute", config.recompute, "none"),
+        ("--precision", config.precision, "fp32"),
+    ):
+        if value != plain:
+            raise ConfigError(f"asynchronous schedules run with {flag} {plain}; drop {flag}")
+    for flag, on in (
+        ("--shard-optimizer", config.shard_optimizer),
+        ("--tie-embeddings", config.tie_embeddings),
+    ):
+        if on:
+            raise ConfigError(f"asynchronous schedules do not support {flag} yet; drop it")
     if options.weight_policy == "2bw" and config.microbatches < config.pp:
         raise ConfigError(
             f"2bw accumulates over m ≥ p microbatches; raise --microbatches to {config.pp} or more"
@@ -81,14 +83,14 @@ class AsyncPlugin(TrainingPlugin):
 
     @classmethod
     def check(cls, config: Any, schedule: Any, spec: Any) -> None:
-        cp = int(getattr(config, "cp", 1) or 1)
+        cp = config.cp
         if cp > 1:
             raise ConfigError(f"asynchronous schedules are not supported with --cp {cp} yet; use --cp 1")
         check_config(config)
 
     def __init__(self, config: Any) -> None:
         super().__init__(config)
-        self.options = read_section(AsyncOptions, config.features)
+        self.options = section_of(config, AsyncOptions)
         self._window_start = 0
         self._executors: dict[int, PipelineExecutor] = {}
         self._records: dict[int, dict] = {}

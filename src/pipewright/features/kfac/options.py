@@ -73,7 +73,7 @@ class KfacOptions:
                     raise ConfigError(f"--kfac-{flag} {value} needs --optimizer kfac")
         elif config.shard_optimizer:
             raise ConfigError("--optimizer kfac does not combine with --shard-optimizer; drop one of them")
-        elif int(getattr(config, "cp", 1) or 1) > 1:
+        elif config.cp > 1:
             raise ConfigError(
                 f"--optimizer kfac is not supported with --cp {config.cp} yet (its curvature factors would "
                 "see one slice of each sequence); use --cp 1"

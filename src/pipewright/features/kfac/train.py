@@ -23,7 +23,7 @@ from typing import Any
 
 from pipewright.errors import ConfigError
 from pipewright.features.kfac.options import KfacOptions
-from pipewright.options import read_section
+from pipewright.options import section_of
 from pipewright.runtime.core.plugin import (
     BuildContext,
     Built,
@@ -54,7 +54,7 @@ class KfacPlugin(TrainingPlugin):
         from pipewright.features.kfac.state import StateNames, layout_name
         from pipewright.runtime.parallel.tp import sharded_parameters
 
-        options = read_section(KfacOptions, ctx.config.features)
+        options = section_of(ctx.config, KfacOptions)
         c, b = ctx.config, ctx.build
         mesh, master, stages = b.mesh, ctx.master, b.stages
         if master is not None and master.shard:

@@ -27,7 +27,7 @@ from typing import Any
 
 from pipewright.errors import ConfigError
 from pipewright.features.vocab.options import TRAIN_CHOICES, VocabOptions
-from pipewright.options import read_section
+from pipewright.options import section_of
 from pipewright.runtime.core.plugin import (
     BuildContext,
     Built,
@@ -40,7 +40,7 @@ from pipewright.runtime.core.plugin import (
 def check_training(config: Any, spec: Any, schedule: Any) -> None:
     """One-line ConfigErrors for the combinations ``train --vocab-parallel`` does not support (``spec``
     None: before the model is known)."""
-    option = read_section(VocabOptions, config.features).parallel
+    option = section_of(config, VocabOptions).parallel
     if option == "none":
         return
     if option == "redistribute":
@@ -76,7 +76,7 @@ class VocabPlugin(TrainingPlugin):
 
     @classmethod
     def active(cls, config: Any, schedule: Any) -> bool:
-        return read_section(VocabOptions, config.features).parallel != "none"
+        return section_of(config, VocabOptions).parallel != "none"
 
     @classmethod
     def check(cls, config: Any, schedule: Any, spec: Any) -> None:
@@ -91,7 +91,7 @@ class VocabPlugin(TrainingPlugin):
         from pipewright.features.vocab.runtime import VocabRuntime, VocabStage, vocab_group
 
         config, mesh, spec = ctx.config, ctx.mesh, ctx.spec
-        algorithm = read_section(VocabOptions, config.features).parallel
+        algorithm = section_of(config, VocabOptions).parallel
         schedule = insert_vocab(ctx.schedule, algorithm)
         group = vocab_group(mesh)
         rt = VocabRuntime(
@@ -141,7 +141,7 @@ class VocabPlugin(TrainingPlugin):
 
 def _refuse_cp(config: Any, flag: str) -> None:
     """One line: the vocabulary groups span dp × tp ranks of one sequence, not cp's slices."""
-    cp = int(getattr(config, "cp", 1) or 1)
+    cp = config.cp
     if cp > 1:
         raise ConfigError(
             f"{flag} is not supported with --cp {cp} yet (its groups hold whole sequences); use --cp 1"

@@ -41,7 +41,7 @@ def check_options(config, hf_config) -> None:
             f"--hf-model takes its experts from config.json (model_type {kind!r}, {experts(hf_config)} "
             f"experts); drop {flags}"
         )
-    ep = int(getattr(config, "ep", 1) or 1)
+    ep = config.ep
     if ep > 1:
         count = experts(hf_config)
         what = f"{count} experts that stay whole on every rank" if count else "no experts"
@@ -49,7 +49,7 @@ def check_options(config, hf_config) -> None:
             f"--ep {ep} shards pipewright's own mixture-of-experts layers; model_type {kind!r} has {what} "
             "under --hf-model; drop --ep"
         )
-    if carry_rows(hf_config) and int(getattr(config, "cp", 1) or 1) > 1:
+    if carry_rows(hf_config) and config.cp > 1:
         raise ConfigError(
             f"model_type {kind!r} sets output_router_logits: its router loss's sums travel beside the "
             f"sequence between stages, which --cp {config.cp} splits; use --cp 1"

@@ -41,16 +41,16 @@ class TrainingOptions:
         self, config, spec: ModelSpec, mesh: ParallelMesh, schedule: Schedule, stages: Mapping[int, nn.Module]
     ) -> None:
         self.config, self.mesh = config, mesh
-        self.dtype = compute_dtype(getattr(config, "precision", "fp32"))
+        self.dtype = compute_dtype(config.precision)
         self.keys_read: list[str] = []
-        if getattr(config, "init_from", None):
+        if config.init_from:
             from pipewright.models.hf_load import load_hf_stage_
 
             for module in stages.values():
                 self.keys_read += load_hf_stage_(module, config.init_from, spec)
         self.tied = TiedEmbeddings(schedule, mesh, stages) if spec.tied_embeddings else None
         for module in stages.values():
-            apply_recompute(module, getattr(config, "recompute", "none"))
+            apply_recompute(module, config.recompute)
         self.stages = stages
         self.scaler = LossScaler() if self.dtype == torch.float16 else None
         self.master: MasterOptimizer | None = None
@@ -58,7 +58,7 @@ class TrainingOptions:
     @property
     def plain(self) -> bool:
         """True when nothing changes the trainer's fp32 optimizer path."""
-        return self.dtype == torch.float32 and not getattr(self.config, "shard_optimizer", False)
+        return self.dtype == torch.float32 and not self.config.shard_optimizer
 
     def build_optimizer(self, params: Mapping[str, nn.Parameter]) -> MasterOptimizer:
         """The optimizer over fp32 masters of ``params`` (this rank's parameters, still fp32), then
@@ -69,7 +69,7 @@ class TrainingOptions:
             base_optimizer(c.optimizer),
             lr=c.lr,
             weight_decay=c.weight_decay,
-            shard=getattr(c, "shard_optimizer", False),
+            shard=c.shard_optimizer,
             dp_group=mesh.grad_group,  # dp × cp with context parallelism: one reduce-scatter for both
             coords=mesh.coords,
             dp=mesh.dp,
@@ -87,12 +87,12 @@ class TrainingOptions:
     @property
     def sharded(self) -> bool:
         """ZeRO-1 over dp > 1: the gradients are reduce-scattered after the backward, not all-reduced."""
-        return getattr(self.config, "shard_optimizer", False) and self.mesh.dp > 1
+        return self.config.shard_optimizer and self.mesh.dp > 1
 
     @property
     def reduce_dtype(self) -> torch.dtype | None:
         """The dtype the sharded reduction sums in (None: the gradients' own)."""
-        return torch.float32 if getattr(self.config, "reduce_fp32", False) else None
+        return torch.float32 if self.config.reduce_fp32 else None
 
     @property
     def reduces_over_cp(self) -> bool:
@@ -104,9 +104,9 @@ class TrainingOptions:
     def handlers(self) -> dict:
         if self.sharded:  # reduced in the optimizer's slice layout (runtime/parallel/zero.py)
             return {REDUCE_GRAD: reduce_at_step}
-        if getattr(self.config, "ep", 1) > 1:  # experts' gradients over their own group
+        if self.config.ep > 1:  # experts' gradients over their own group
             return {REDUCE_GRAD: reduce_expert_grads}
-        if self.dtype != torch.float32 and getattr(self.config, "reduce_fp32", False):
+        if self.dtype != torch.float32 and self.config.reduce_fp32:
             return {REDUCE_GRAD: reduce_grad_fp32}
         return {}
 
@@ -120,7 +120,7 @@ class TrainingOptions:
         if self.tied is not None:
             self.tied.sync_grads()
         if self.sharded and self.master is not None:
-            self.master.reduce_grads(self.reduce_dtype, getattr(self.config, "collective_timeout_s", None))
+            self.master.reduce_grads(self.reduce_dtype, self.config.collective_timeout_s)
 
     def norm_params(self, params: Sequence[nn.Parameter]) -> list[nn.Parameter]:
         """``params`` less the tied output-layer copy (the table is counted once in the global norm)."""

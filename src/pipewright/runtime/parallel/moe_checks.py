@@ -12,7 +12,7 @@ from pipewright.models.spec import ModelSpec
 
 def check_moe_run(config: Any, spec: ModelSpec) -> None:
     """One-line ConfigErrors for the training options a mixture of experts (or ep) cannot take."""
-    ep = int(getattr(config, "ep", 1) or 1)
+    ep = config.ep
     if ep < 1:
         raise ConfigError(f"--ep must be at least 1 (got {ep})")
     if not spec.is_moe:
@@ -30,7 +30,7 @@ def check_moe_run(config: Any, spec: ModelSpec) -> None:
     ):
         if value % config.tp:
             raise ConfigError(f"{name} {value} is not divisible by --tp {config.tp}; choose t dividing it")
-    if int(getattr(config, "cp", 1) or 1) > 1 and spec.moe_capacity > 0:
+    if config.cp > 1 and spec.moe_capacity > 0:
         raise ConfigError(
             f"--moe-capacity {spec.moe_capacity:g} with --cp {config.cp} would cap each cp rank's own "
             "tokens, not the sequence's; use --moe-capacity 0 (dropless) with --cp"

@@ -1,324 +1,169 @@
-"""TrainConfig: everything ``pipewright train`` needs, from flags and/or a TOML file, checked before any
-worker starts.
+"""TrainConfig: everything ``pipewright train`` needs, a flat view of the run's
+:class:`~pipewright.runspec.RunSpec` (:meth:`TrainConfig.from_spec`), checked before any worker starts.
 
-The core fields are the trainer's own settings and its *training options* (recomputation, precision,
-ZeRO-1, tied embeddings, ``--init-from``). The options of *features* (the bundles of
-:mod:`pipewright.features`) are not fields: they are kept in :attr:`TrainConfig.features` under their
-flat names (``toy_level``, from ``--toy-level``; see :mod:`pipewright.options`), read back as
-attributes (``config.toy_level``), and checked and given their defaults by the composition root
-(:func:`pipewright.training.check_config`), which knows the registered features."""
+Each field is the value of one RunSpec field (declared there once: type, default, flag, help); the
+features' options are their own sections (:attr:`TrainConfig.features`, by feature name), checked and
+completed by the composition root (:func:`pipewright.training.check_config`), which knows the
+registered features."""
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
+from typing import Any
 
 from pipewright.errors import ConfigError
 from pipewright.models.presets import MOE_FIELDS, resolve_model
 from pipewright.models.spec import ModelSpec
-from pipewright.options import option
+from pipewright.runspec import RunSpec
+from pipewright.runspec.fields import walk
+from pipewright.runspec.run import Path as Path_
+from pipewright.runspec.run import field_default, get
 from pipewright.runtime.parallel.moe_checks import check_moe_run
+
+#: Each RunSpec field by its dotted path (``"parallelism.tp"``).
+_SPEC_FIELDS = {".".join(path): (path, f) for path, f, _ in walk(RunSpec)}
+
+
+def at(path: str) -> Any:
+    """A TrainConfig field holding the RunSpec value at ``path`` (``"parallelism.tp"``), with ``train``'s
+    default for it (:func:`pipewright.runspec.defaults`): the field's one declaration is the spec's."""
+    where, f = _SPEC_FIELDS[path]
+    return field(default=field_default(where, f, "train"), metadata={"path": where})
 
 
 @dataclass(frozen=True)
-class _TrainFields:
-    """One training run. ``model``: a preset or family of :mod:`pipewright.models.presets`, whose
-    dimensions the other model fields override; ``vocab`` None means the dataset's vocabulary (the
-    embedding must fit the tokenizer); ``layout`` None means
+class TrainConfig:
+    """One training run, each field the value of a :class:`~pipewright.runspec.RunSpec` field (its
+    path in the field's metadata; :meth:`from_spec`). ``model``: a preset or family of
+    :mod:`pipewright.models.presets`, whose dimensions the other model fields override; ``vocab`` None
+    means the dataset's vocabulary (the embedding must fit the tokenizer); ``layout`` None means
     :func:`~pipewright.models.layout.uniform_layout` over pp × virtual stages; ``virtual`` None means
     the schedule's default. ``sequence_parallel`` / ``scatter_gather`` (tp > 1, not both): Megatron's
     sequence parallelism, and sending 1/t of each stage boundary tensor per tp rank. Global batch =
     microbatch_size × microbatches × dp. ``stop_after``: end (with a checkpoint) once that many steps
     are done, keeping the learning-rate schedule of ``steps`` (for runs split over several jobs: the
-    next one passes ``resume``).
+    next one passes ``resume``). ``placement``: the device (process) of each global rank in the mesh's
+    tp-dp-pp order, comma-separated (a `pipewright plan` device assignment, :class:`pipewright.mesh.Mesh`'s
+    placement; None: rank r on process r).
 
     Training options: ``recompute`` none|selective|full; ``precision`` fp32|bf16|fp16 (fp32
     master weights and optimizer state), ``reduce_fp32``: data-parallel gradient sums in fp32;
     ``shard_optimizer``: ZeRO-1 over dp; ``tie_embeddings``: output layer tied to the embedding (also
     across stages); ``kv_heads``: grouped-query attention (Llama); ``init_from``: a Hugging Face
-    checkpoint folder whose config.json gives the model and whose safetensors give the weights."""
+    checkpoint folder whose config.json gives the model and whose safetensors give the weights.
 
-    model: str = option(
-        "gpt-small-cpu",
-        "--model",
-        "preset (gpt-tiny, gpt-small-cpu, llama-tiny, gpt3-*, llama3-*) or family gpt|llama",
-        group="model",
-    )
-    layers: int | None = option(None, "--layers", "transformer layers (default: the preset's)", group="model")
-    hidden: int | None = option(None, "--hidden", "hidden size h (default: the preset's)", group="model")
-    heads: int | None = option(None, "--heads", "attention heads (default: the preset's)", group="model")
-    kv_heads: int | None = option(
-        None,
-        "--kv-heads",
-        "key/value heads (grouped-query attention, Llama; default: --heads)",
-        group="model",
-    )
-    ffn_hidden: int | None = option(None, "--ffn-hidden", "MLP hidden size (default 4h)", group="model")
-    vocab: int | None = option(None, "--vocab", "vocabulary size (default: the dataset's)", group="model")
-    seq_len: int | None = option(None, "--seq-len", "sequence length (default: the preset's)", group="model")
-    layout: str | None = option(
-        None, "--layout", "stage layout, e.g. 'Et*2|t*2L' (default: uniform)", group="layout"
-    )
-    schedule: str = option("1f1b", "--schedule", "schedule name or PyTorch schedule CSV", group="schedule")
-    tp: int = option(1, "--tp", "tensor-parallel size", group="layout")
-    sequence_parallel: bool = option(
-        False,
-        "--sequence-parallel",
-        "with --tp: split LayerNorm/residual regions and boundaries along s",
-        group="layout",
-    )
-    scatter_gather: bool = option(
-        False,
-        "--scatter-gather",
-        "with --tp (not --sequence-parallel): each tp rank sends 1/t of a boundary",
-        group="layout",
-    )
-    pp: int = option(2, "--pp", "pipeline-parallel size", group="layout")
-    dp: int = option(1, "--dp", "data-parallel size", group="layout")
-    cp: int = option(
-        1, "--cp", "context-parallel size: ring attention over 2·cp sequence chunks", group="layout"
-    )
-    blocking_pairs: bool = option(
-        False,
-        "--blocking-pairs",
-        "with --cp or --ep: run the schedule's F&B pairs (dualpipev, 1f1b-overlap) one after the other",
-        group="layout",
-    )
-    virtual: int | None = option(
-        None, "--virtual", "model chunks per pipeline rank (default: the schedule's)", group="layout"
-    )
-    microbatches: int = option(
-        4, "--microbatches", "microbatches per data-parallel replica", group="schedule"
-    )
-    microbatch_size: int = option(8, "--microbatch-size", "sequences per microbatch", group="schedule")
-    steps: int = option(200, "--steps", "training steps", group="schedule")
-    lr: float = option(3e-3, "--lr", "peak learning rate", group="optimizer")
-    warmup: int = option(20, "--warmup", "warm-up steps", group="optimizer")
-    min_lr_ratio: float = 0.1
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0
-    optimizer: str = option(
-        "adamw", "--optimizer", "adamw or sgd, or an optimizer a feature provides", group="optimizer"
-    )
-    seed: int = option(0, "--seed", "seed for weights and data order", group="data")
-    data: str | None = option(
-        None, "--data", "token file (.bin/.npy), text file or folder (default: built-in corpus)", group="data"
-    )
-    tokenizer: str = option("byte", "--tokenizer", "byte or bpe:N (for text data)", group="data")
-    out: str | None = option(
-        None, "--out", "output folder (default runs/<timestamp>)", group="checkpoints and reliability"
-    )
-    checkpoint_every: int = option(
-        0,
-        "--checkpoint-every",
-        "save a checkpoint every N steps (0: only at the end)",
-        group="checkpoints and reliability",
-    )
-    resume: bool = option(
-        False, "--resume", "continue from --out's checkpoint", group="checkpoints and reliability"
-    )
-    overwrite: bool = option(
-        False,
-        "--overwrite",
-        "an --out that holds a run: move that run aside (to <out>.replaced-<time>), start anew",
-        group="checkpoints and reliability",
-    )  # runtime/checkpointing/run_folder.py
-    stop_after: int | None = option(
-        None,
-        "--stop-after",
-        "stop (with a checkpoint) after N steps; continue later with --resume",
-        group="checkpoints and reliability",
-    )
-    eval_every: int = option(
-        50, "--eval-every", "validation loss every N steps (0: never)", group="checkpoints and reliability"
-    )
-    eval_batches: int = 2
-    recv_timeout_s: float = option(
-        300.0,
-        "--recv-timeout",
-        "seconds a receive may wait before the run fails (with a hang report)",
-        group="checkpoints and reliability",
-    )
-    collective_timeout_s: float = option(
-        600.0,
-        "--collective-timeout",
-        "seconds a collective may wait before the run fails (hang report)",
-        group="checkpoints and reliability",
-    )  # every blocking collective (runtime/reliability/timeouts.py)
-    # reliability (docs/reliability.md): checkpoints kept (0: all), restarts after a worker failure,
-    # and what a NaN/inf loss or gradient does ("stop" or "skip" the step)
-    keep_checkpoints: int = option(
-        0,
-        "--keep-checkpoints",
-        "keep only the newest K checkpoints (0: all)",
-        group="checkpoints and reliability",
-    )
-    max_restarts: int = option(
-        0,
-        "--max-restarts",
-        "restart the workers from the latest checkpoint up to N times after a failure",
-        group="checkpoints and reliability",
-    )
-    on_nonfinite: str = option(
-        "stop",
-        "--on-nonfinite",
-        "stop or skip: what a NaN/inf loss or gradient does to its step",
-        group="checkpoints and reliability",
-    )
-    on_save_error: str = option(
-        "stop",
-        "--on-save-error",
-        "stop, retry or skip: what a failed checkpoint save does (the last one is kept)",
-        group="checkpoints and reliability",
-    )  # runtime/checkpointing/save_errors.py
-    progress: bool = option(True, "--no-progress", "no progress bar", group="output")
-    artifacts: bool = option(
-        True, "--no-artifacts", "no loss.png, timeline.png or trace.json", group="output"
-    )
-    recompute: str = option(
-        "none",
-        "--recompute",
-        "activation recomputation: none, selective (attention core) or full (per layer)",
-        group="precision and memory",
-    )
-    precision: str = option(
-        "fp32",
-        "--precision",
-        "fp32, bf16 or fp16 (fp32 master weights and optimizer state; fp16 loss scaling)",
-        group="precision and memory",
-    )
-    reduce_fp32: bool = option(
-        False,
-        "--reduce-fp32",
-        "with --precision bf16/fp16: sum data-parallel gradients in fp32",
-        group="precision and memory",
-    )
-    shard_optimizer: bool = option(
-        False,
-        "--shard-optimizer",
-        "ZeRO-1: each data-parallel rank keeps 1/dp of the optimizer state",
-        group="precision and memory",
-    )
-    compile: bool = option(
-        False,
-        "--compile",
-        "torch.compile each stage's forward (a stage that cannot compile runs eagerly, with a warning)",
-        group="precision and memory",
-    )
-    tie_embeddings: bool = option(
-        False,
-        "--tie-embeddings",
-        "tie the output layer to the input embedding (also across stages)",
-        group="model",
-    )
-    # mixture of experts (models/moe_mlp.py; None: the preset's) and expert parallelism (carved from dp)
-    moe_experts: int | None = option(
-        None, "--moe-experts", "routed experts per MoE layer (0: dense)", group="model"
-    )
-    moe_top_k: int | None = option(None, "--moe-top-k", "experts each token is routed to", group="model")
-    moe_shared_experts: int | None = option(
-        None, "--moe-shared-experts", "experts every token passes through", group="model"
-    )
-    moe_ffn_hidden: int | None = option(None, "--moe-ffn-hidden", "expert MLP hidden size", group="model")
-    moe_dense_layers: int | None = option(
-        None, "--moe-dense-layers", "first layers kept dense (no experts)", group="model"
-    )
-    moe_capacity: float | None = option(
-        None, "--moe-capacity", "capacity factor (tokens over capacity dropped; 0: dropless)", group="model"
-    )
-    moe_aux_loss_coeff: float | None = option(
-        None, "--moe-aux-loss-coeff", "load-balancing loss coefficient (default 0.01)", group="model"
-    )
-    moe_z_loss_coeff: float | None = option(
-        None, "--moe-z-loss-coeff", "router z-loss coefficient (default 0)", group="model"
-    )
-    ep: int = option(1, "--ep", "expert-parallel size (divides --dp and the experts)", group="layout")
-    init_from: str | None = option(
-        None,
-        "--init-from",
-        "Hugging Face checkpoint folder (GPT-2 or Llama config.json + safetensors)",
-        group="model",
-    )
-    hf_model: str | None = option(
-        None,
-        "--hf-model",
-        "Hugging Face model folder or config.json, built with transformers (weights if model.safetensors)",
-        group="model",
-    )
-    # the device (process) of each global rank in the mesh's tp-dp-pp order, comma-separated, e.g. "0,2,1,3"
-    # (a `pipewright plan` device assignment, pipewright.mesh.Mesh's placement); None: rank r on process r
-    placement: str | None = None
-    cpu_allocator: str = option(
-        "retain",
-        "--cpu-allocator",
-        "retain (CPU workers keep freed tensor memory) or system",
-        group="precision and memory",
-    )  # CPU workers keep freed tensor memory (runtime/setup/host_memory.py) or "system"
-    # the features' options by flat name (a TOML ``[table]``'s keys as "table.key" until resolved)
-    features: dict = field(default_factory=dict)
+    ``features``: each feature's options section by feature name (``config.features["vocab"].parallel``;
+    the RunSpec's ``features``); ``feature_paths``: the ``--feature`` import paths (kept with the config
+    so workers and restarts see the same features)."""
 
-
-class TrainConfig(_TrainFields):
-    """One training run (the fields of :class:`_TrainFields`). Keyword arguments that are not fields are
-    feature options (``TrainConfig(toy_level=2)``, ``replace(config, toy_level=3)``): they
-    are kept in :attr:`features` and read back as attributes."""
-
-    def __init__(self, **values: object) -> None:
-        names = {f.name for f in fields(_TrainFields)}
-        extra = {k: values.pop(k) for k in list(values) if k not in names}
-        values["features"] = {**dict(values.get("features") or {}), **extra}
-        super().__init__(**values)
-
-    def __getattr__(self, name: str) -> object:
-        features = self.__dict__.get("features", {})
-        if name in features:
-            return features[name]
-        raise AttributeError(f"{type(self).__name__} has no field or feature option {name!r}")
-
-    def flat(self) -> dict:
-        """Every field and feature option in one flat mapping (``config.json``, checkpoint metadata)."""
-        out = asdict(self)
-        return {**{k: v for k, v in out.items() if k != "features"}, **out["features"]}
+    model: str = at("model.model")
+    layers: int | None = at("model.layers")
+    hidden: int | None = at("model.hidden")
+    heads: int | None = at("model.heads")
+    kv_heads: int | None = at("model.kv_heads")
+    ffn_hidden: int | None = at("model.ffn_hidden")
+    vocab: int | None = at("model.vocab")
+    seq_len: int | None = at("model.seq_len")
+    tie_embeddings: bool = at("model.tie_embeddings")
+    init_from: str | None = at("model.init_from")
+    hf_model: str | None = at("model.hf_model")
+    moe_experts: int | None = at("model.moe.experts")
+    moe_top_k: int | None = at("model.moe.top_k")
+    moe_shared_experts: int | None = at("model.moe.shared_experts")
+    moe_ffn_hidden: int | None = at("model.moe.ffn_hidden")
+    moe_dense_layers: int | None = at("model.moe.dense_layers")
+    moe_capacity: float | None = at("model.moe.capacity")
+    moe_aux_loss_coeff: float | None = at("model.moe.aux_loss_coeff")
+    moe_z_loss_coeff: float | None = at("model.moe.z_loss_coeff")
+    layout: str | None = at("parallelism.layout")
+    tp: int = at("parallelism.tp")
+    pp: int = at("parallelism.pp")
+    dp: int = at("parallelism.dp")
+    cp: int = at("parallelism.cp")
+    ep: int = at("parallelism.ep")
+    virtual: int | None = at("parallelism.virtual")
+    sequence_parallel: bool = at("parallelism.sequence_parallel")
+    scatter_gather: bool = at("parallelism.scatter_gather")
+    blocking_pairs: bool = at("parallelism.blocking_pairs")
+    placement: str | None = at("parallelism.placement")
+    schedule: str = at("schedule.name")
+    microbatches: int = at("batch.microbatches")
+    microbatch_size: int = at("batch.microbatch_size")
+    steps: int = at("training.steps")
+    lr: float = at("training.lr")
+    warmup: int = at("training.warmup")
+    min_lr_ratio: float = at("training.min_lr_ratio")
+    weight_decay: float = at("training.weight_decay")
+    grad_clip: float = at("training.grad_clip")
+    optimizer: str = at("training.optimizer")
+    seed: int = at("training.seed")
+    data: str | None = at("training.data")
+    tokenizer: str = at("training.tokenizer")
+    checkpoint_every: int = at("training.checkpoints.every")
+    resume: bool = at("training.checkpoints.resume")
+    stop_after: int | None = at("training.checkpoints.stop_after")
+    eval_every: int = at("training.checkpoints.eval_every")
+    eval_batches: int = at("training.checkpoints.eval_batches")
+    recv_timeout_s: float = at("training.checkpoints.recv_timeout_s")
+    collective_timeout_s: float = at("training.checkpoints.collective_timeout_s")
+    keep_checkpoints: int = at("training.checkpoints.keep")
+    max_restarts: int = at("training.checkpoints.max_restarts")
+    on_nonfinite: str = at("training.checkpoints.on_nonfinite")
+    on_save_error: str = at("training.checkpoints.on_save_error")
+    out: str | None = at("output.out")
+    overwrite: bool = at("output.overwrite")
+    progress: bool = at("output.progress")
+    artifacts: bool = at("output.artifacts")
+    recompute: str = at("memory.recompute")
+    shard_optimizer: bool = at("memory.shard_optimizer")
+    cpu_allocator: str = at("memory.cpu_allocator")
+    precision: str = at("precision.precision")
+    reduce_fp32: bool = at("precision.reduce_fp32")
+    compile: bool = at("framework.compile")
+    gpu: str | None = at("cluster.gpu")
+    features: Mapping[str, Any] = field(default_factory=dict)
+    feature_paths: tuple[str, ...] = field(default=(), metadata={"path": ("extensions", "feature")})
 
     @classmethod
-    def from_mapping(cls, values: Mapping[str, object], *, source: str = "config") -> TrainConfig:
-        """Build from a mapping (TOML table); dashes in keys read as underscores. Keys that are not
-        fields are kept as feature options: the composition root checks them against the registered
-        features (an unknown key is then an error naming it)."""
-        known = {f.name for f in fields(cls)} - {"features"}
+    def from_spec(cls, spec: RunSpec) -> TrainConfig:
+        """The run a RunSpec describes: each field its value in ``spec``, the features' sections as
+        they are, ``extensions.feature`` as :attr:`feature_paths`."""
+        values = {f.name: get(spec, f.metadata["path"]) for f in fields(cls) if "path" in f.metadata}
+        values["feature_paths"] = tuple(values["feature_paths"] or ())
+        return cls(**values, features=dict(spec.features))
+
+    def flat(self) -> dict:
+        """Every field and feature option in one flat mapping (``config.json``, checkpoint metadata), a
+        feature option under its flag's name (:func:`pipewright.options.flat_name`)."""
+        from pipewright.options import fields_for, flat_name
+
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "features"}
+        for section in self.features.values():
+            out |= {flat_name(f): getattr(section, f.name) for f in fields_for(type(section))}
+        return out
+
+    @classmethod
+    def spec_values(
+        cls, values: Mapping[str, object], *, source: str = "config"
+    ) -> tuple[dict[Path_, object], dict[str, object]]:
+        """A mapping of field names (a ``train`` TOML of flat keys; dashes read as underscores) as
+        RunSpec values by path, type-checked (one line naming the key), and the keys that are no field
+        (the features' options, which the composition root resolves)."""
+        paths = {f.name: f.metadata["path"] for f in fields(cls) if "path" in f.metadata}
         clean, extra = {}, {}
         for key, value in values.items():
             name = key.replace("-", "_")
-            if name in known:
+            if name in paths:
                 clean[name] = value
             else:
-                extra[name] = value
+                extra[key] = value
         from pipewright.runtime.setup.inputs import check_types
 
-        check_types(_TrainFields, clean, source)  # wrong types: one line naming the key, not a traceback
-        return cls(**clean, features=extra)
-
-    @classmethod
-    def from_toml(cls, path: str | Path) -> TrainConfig:
-        try:
-            import tomllib
-        except ImportError:  # Python 3.10
-            import tomli as tomllib
-        from pipewright.files import read_text
-
-        path = Path(path)
-        try:
-            data = tomllib.loads(read_text(path, "config file"))
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"{path}: not valid TOML ({exc})") from None
-        table = data.get("train", data)  # a [train] table or top-level keys
-        values = {k: v for k, v in table.items() if not isinstance(v, dict)}
-        for name, section in data.items():  # a feature's [table]: its keys as "table.key"
-            if isinstance(section, dict) and name != "train":
-                values.update({f"{name}.{key}": value for key, value in section.items()})
-        return cls.from_mapping(values, source=str(path))
+        check_types(cls, clean, source)  # wrong types: one line naming the key, not a traceback
+        return {paths[name]: value for name, value in clean.items()}, extra
 
     def with_overrides(self, **values: object) -> TrainConfig:
         """Replace the values that are not None (command-line flags over the file)."""
@@ -450,6 +295,10 @@ class TrainConfig(_TrainFields):
                 flag = "--" + name.removesuffix("_s").replace("_", "-")
                 raise ConfigError(f"{flag} must be a positive number of seconds (got {getattr(self, name)})")
         self._check_training_options()
+        if self.gpu is not None:
+            from pipewright.hardware import accelerator
+
+            accelerator(self.gpu)  # an unknown name: one line listing the presets
         from pipewright.runtime.reliability.nonfinite import check_policy
 
         check_policy(self.on_nonfinite)
@@ -494,3 +343,23 @@ class TrainConfig(_TrainFields):
                 raise ConfigError(
                     f"--init-from {self.init_from}: no config.json; give a Hugging Face checkpoint folder"
                 )
+
+
+def read_train_toml(path: str | Path) -> dict[str, object]:
+    """The values of a ``train`` TOML file of the older form: top-level keys or a ``[train]`` table named
+    like the fields (or the flags), and a feature's ``[table]`` (its keys as ``"table.key"``)."""
+    import tomllib
+
+    from pipewright.files import read_text
+
+    path = Path(path)
+    try:
+        data = tomllib.loads(read_text(path, "config file"))
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+    table = data.get("train", data)  # a [train] table or top-level keys
+    values = {k: v for k, v in table.items() if not isinstance(v, dict)}
+    for name, section in data.items():  # a feature's [table]: its keys as "table.key"
+        if isinstance(section, dict) and name != "train":
+            values.update({f"{name}.{key}": value for key, value in section.items()})
+    return values
