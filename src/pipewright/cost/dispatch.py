@@ -9,8 +9,11 @@ host is hidden; when it is shorter, the GPU waits on the host and the pass takes
 
 a smooth maximum: where G ≫ H or H ≫ G the larger, and where they are close more than either, because
 neither side keeps the other's queue full all the time (the launches and the kernels vary in length
-around their means). p = :data:`EXPONENT` = 3 was chosen on vTrain's fit half (docs/fidelity.md,
-"Ranking"): p = ∞ (a plain max) left the cells where G ≈ H 10–17 % fast.
+around their means). p = :data:`EXPONENT` = 8 was chosen on vTrain's fit half (docs/fidelity.md,
+"Ranking", mechanism 10): the least p of 3, 4, 6, 8 that brings every (tp, microbatch) cell of the fit
+half within 15 %; p = ∞ (a plain max) left the cells where G ≈ H 10–17 % fast, p = 3 (the earlier
+choice) tp 2 microbatch 4 23 % slow. A chunk holding layers and the embedding or the head combines
+each piece with its own launches (:func:`chunk_launched`), as the planner does.
 (the GPU time is every other term of :meth:`pipewright.cost.transformer.TransformerCost.kind_time`).
 The kernels of a pass are the layer's forward kernels in F, its backward kernels (split half and half
 between I and W) in the backward, the forward's again where the backward recomputes it (full
@@ -42,6 +45,14 @@ residual adds), counted from the code each runs:
   softmax, one for their gradient): forward 15, backward 43. Where that kernel cannot run
   (:func:`fused_softmax_runs`) Megatron takes the unfused fp32 path, ``softmax_fallback`` = 4 kernels
   more in the forward (cast up, scale, mask, softmax, cast down for the one) and 4 in the backward.
+  Its ``loss_bytes`` state Megatron's cross-entropy as its code runs it
+  (``vocab_parallel_cross_entropy(output.float(), labels)``, Megatron-DeepSpeed's
+  ``megatron/core/tensor_parallel/cross_entropy.py``: the fp32 cast (read 2, write 4 bytes per logit),
+  the max (read 4), the subtraction, ``exp`` and division (read and write 4 each), the sum (read 4):
+  38 forward; the backward's product with the incoming gradient (read and write 4) and the cast back
+  (read 4, write 2): 14), and ``counted_bytes`` that its layers' memory-bound kernels move what each
+  kernel reads and writes (:func:`pipewright.cost.kernels.megatron_layer_bytes`) rather than κ × the
+  bytes the layer stores.
 - ``fused`` (Megatron-Core with Transformer Engine: ``LayerNormLinear``, fused attention, fused
   bias-GeLU and bias-dropout-add): forward 9, backward 20.
 - ``compiled`` (``torch.compile`` of each block: the elementwise chains fused by Inductor around the
@@ -72,6 +83,8 @@ class Dispatch:
     head: tuple[int, int] = (0, 0)
     collective: int = 1
     softmax_fallback: tuple[int, int] = (0, 0)
+    loss_bytes: tuple[float, float] | None = None  # the framework's own cross-entropy, per logit (F, I)
+    counted_bytes: bool = False  # its layers' memory-bound bytes counted per kernel (cost/kernels.py)
 
     def __post_init__(self) -> None:
         if self.forward < 0 or self.backward < 0:
@@ -132,6 +145,8 @@ register(
         embedding=(4, 6),
         head=(20, 24),
         softmax_fallback=(4, 4),
+        loss_bytes=(38.0, 14.0),
+        counted_bytes=True,
     )
 )
 register(Dispatch("fused", "Megatron-Core with Transformer Engine's fused modules", 9, 20))
@@ -164,7 +179,7 @@ def cost_softmax_fused(cost) -> bool:
 
 
 #: the smooth maximum's exponent p (module docstring)
-EXPONENT = 3.0
+EXPONENT = 8.0
 
 
 def combined(gpu: float, host: float) -> float:
@@ -203,23 +218,36 @@ def launched(
     return combined(gpu, kernels * efficiency.host_per_kernel + waited)
 
 
-def chunk_launched(cost, chunk, kind: str, gpu: float, waited: float = 0.0) -> float:
+def chunk_launched(cost, chunk, kind: str, gpu: float, waited: float = 0.0, rank: int = 0) -> float:
     """:func:`launched` for a ``kind`` pass of a :class:`~pipewright.cost.transformer.TransformerCost`'s
     ``chunk`` (its layers, tensor-parallel collectives, embedding and head) of ``gpu`` GPU seconds,
-    ``waited`` of them its exposed tensor-parallel collectives."""
+    ``waited`` of them its exposed tensor-parallel collectives. A chunk with layers and an embedding or
+    head (``chunk.ends``: those alone) combines each with its own launches, as the planner prices a
+    stage's pieces (:mod:`pipewright.plan.costs`): the head's GPU time does not hide behind the layers'
+    launches (docs/fidelity.md, "Ranking", mechanism 9)."""
+    ends = getattr(chunk, "ends", None)
+    full, fused = cost.recompute == "full", cost_softmax_fused(cost)
     calls = len(chunk.tp_bytes[kind]) if cost.mesh.tp > 1 else 0
-    full = cost.recompute == "full"
-    return launched(
-        gpu,
+    if ends is None:
+        return launched(
+            gpu, cost.efficiency, chunk.layers, kind, full, calls, chunk.first, chunk.last, fused, waited
+        )
+    end_gpu, end_waited = cost.gpu_time(ends, kind, rank)
+    end_calls = len(ends.tp_bytes[kind]) if cost.mesh.tp > 1 else 0
+    layers = launched(
+        gpu - end_gpu,
         cost.efficiency,
         chunk.layers,
         kind,
         full,
-        calls,
-        chunk.first,
-        chunk.last,
-        cost_softmax_fused(cost),
-        waited,
+        calls - end_calls,
+        False,
+        False,
+        fused,
+        waited - end_waited,
+    )
+    return layers + launched(
+        end_gpu, cost.efficiency, 0, kind, full, end_calls, ends.first, ends.last, fused, end_waited
     )
 
 

@@ -113,12 +113,76 @@ def loss_bytes(kernels: str, loss_parallel: bool = False) -> tuple[Mapping[str, 
     return MappingProxyType(moved), kept
 
 
+#: Megatron's GPT layer (Megatron-DeepSpeed, Megatron-LM before Transformer Engine), bytes per element of
+#: each memory-bound kernel as its code runs it, 16-bit activations, (forward, backward), and the width
+#: it runs on: Apex's fused layer norm (read x, write y; backward read dy and x, write dx), the jit-fused
+#: bias-dropout-add (read x, bias and residual, write y and the 1-byte mask; backward read dy and the
+#: mask, write dx and the bias gradient's pass), the jit-fused bias-GeLU (read, write; backward read dy
+#: and x, write dx), the context's ``permute().contiguous()``, the residual fan-out's gradient sum, and
+#: per attention score the fused scale-mask-softmax (read, write; backward read dy and y, write dx) with
+#: the attention dropout (read, write, 1-byte mask; backward read dy and mask, write dx)
+MEGATRON_BYTES = {
+    "layernorm": (4.0, 6.0),
+    "bias_dropout_add": (7.0, 7.0),
+    "bias_gelu": (4.0, 6.0),
+    "contiguous": (4.0, 4.0),
+    "residual_grad": (0.0, 6.0),
+    "softmax": (4.0, 6.0),
+    "attention_dropout": (5.0, 5.0),
+}
+#: Megatron's unfused fp32 softmax path where its fused kernel cannot run (pipewright.cost.dispatch.
+#: fused_softmax_runs): cast up, scale, mask, softmax, cast down, each a pass over the scores, and the
+#: backward of each
+MEGATRON_SOFTMAX_FALLBACK = (34.0, 42.0)
+
+
+def megatron_layer_bytes(spec: ModelSpec, t: int, softmax_fused: bool = True) -> tuple[float, float]:
+    """Bytes per token one Megatron GPT layer's memory-bound kernels move, forward and backward, per
+    tensor-parallel rank without sequence parallelism (:data:`MEGATRON_BYTES`: the two norms, two
+    bias-dropout-adds and two residual gradient sums on the full hidden h on every rank; the bias-GeLU
+    on f/t, the context copy on h/t; the softmax and attention dropout on the a/t · s scores a token
+    has in eager attention, or :data:`MEGATRON_SOFTMAX_FALLBACK` for the softmax where its fused
+    kernel does not run)."""
+    h, f, s = spec.hidden, spec.ffn_hidden, spec.seq_len
+    scores = spec.heads / t * s
+    softmax = MEGATRON_BYTES["softmax"] if softmax_fused else MEGATRON_SOFTMAX_FALLBACK
+    widths = (
+        (MEGATRON_BYTES["layernorm"], 2 * h),
+        (MEGATRON_BYTES["bias_dropout_add"], 2 * h),
+        (MEGATRON_BYTES["residual_grad"], 2 * h),
+        (MEGATRON_BYTES["bias_gelu"], f / t),
+        (MEGATRON_BYTES["contiguous"], h / t),
+        (softmax, scores),
+        (MEGATRON_BYTES["attention_dropout"], scores),
+    )
+    return sum(b[0] * n for b, n in widths), sum(b[1] * n for b, n in widths)
+
+
+def cost_loss_bytes(cost) -> Mapping[str, float]:
+    """Bytes per logit the cross-entropy of a :class:`~pipewright.cost.transformer.TransformerCost` moves
+    in F and I: its framework's own loss where the dispatch model states one under the default
+    ``fused`` kernels (Megatron's ``vocab_parallel_cross_entropy`` on ``output.float()``:
+    :attr:`pipewright.cost.dispatch.Dispatch.loss_bytes`), else :func:`loss_bytes`."""
+    from pipewright.cost.dispatch import dispatch
+
+    own = dispatch(cost.efficiency.dispatch).loss_bytes
+    if own is not None and cost.kernels == "fused":
+        return MappingProxyType({F: own[0], I: own[1], W: 0.0})
+    return loss_bytes(cost.kernels)[0]
+
+
 def layer_traffic(cost, esize: float) -> tuple[float, float]:
     """Bytes one layer's memory-bound kernels move per microbatch and device, forward and backward,
     before the context-parallel split, for a :class:`~pipewright.cost.transformer.TransformerCost`
     with ``esize``-byte activations: the eager count (module docstring) or κ × the stored bytes."""
     if cost.kernels == "eager":
         fwd, bwd = eager_layer_bytes(cost.spec, cost.mesh.tp, cost.sequence_parallel)
+        scale = cost.spec.seq_len * cost.microbatch * esize / 2
+        return fwd * scale, bwd * scale
+    from pipewright.cost.dispatch import cost_softmax_fused, dispatch
+
+    if dispatch(cost.efficiency.dispatch).counted_bytes and cost.attention == "eager":
+        fwd, bwd = megatron_layer_bytes(cost.spec, cost.mesh.tp, cost_softmax_fused(cost))
         scale = cost.spec.seq_len * cost.microbatch * esize / 2
         return fwd * scale, bwd * scale
     fwd = cost.efficiency.memory_traffic * cost.layer_stored_bytes("none", fp8=False)

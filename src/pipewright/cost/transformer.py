@@ -78,7 +78,7 @@ from pipewright.cost.dispatch import chunk_launched, optimizer_seconds
 from pipewright.cost.efficiency import A100_EFFICIENCY, Efficiency, default_efficiency
 from pipewright.cost.flop_count import logit_forward_flops, megatron_flops_per_iteration, megatron_parameters
 from pipewright.cost.gemm import batched_attention_bytes, gemm_seconds, roofline
-from pipewright.cost.kernels import check_kernels, layer_traffic, loss_bytes
+from pipewright.cost.kernels import check_kernels, cost_loss_bytes, layer_traffic
 from pipewright.cost.layer import (
     attention_flops,
     embedding_parameters,
@@ -108,20 +108,9 @@ _KINDS = (F, B, I, W)
 #: the per-layer fixed overhead τ of each pass, in units of τ (Efficiency.layer_overhead)
 _OVERHEAD = {F: 1.0, I: 1.5, W: 0.5, B: 2.0}
 
-__all__ = [
-    "A100_EFFICIENCY",
-    "ATTENTION",
-    "DTYPE_BYTES",
-    "RECOMPUTE",
-    "Efficiency",
-    "TransformerCost",
-    "default_topology",
-    "layer_forward_flops",
-    "layer_parameters",
-    "logit_forward_flops",
-    "megatron_flops_per_iteration",
-    "megatron_parameters",
-]
+__all__ = ["A100_EFFICIENCY", "ATTENTION", "DTYPE_BYTES", "RECOMPUTE", "Efficiency", "TransformerCost"]
+__all__ += ["default_topology", "layer_forward_flops", "layer_parameters", "logit_forward_flops"]
+__all__ += ["megatron_flops_per_iteration", "megatron_parameters"]
 
 
 @dataclass(frozen=True)
@@ -141,6 +130,7 @@ class _Chunk:
     moe_layers: int = 0  # of ``layers``, those with experts (cost/moe_cost.py)
     first: bool = False  # holds the embedding
     last: bool = False  # holds the output layer and the loss
+    ends: _Chunk | None = None  # its embedding and head alone, where launches are priced (dispatch.py)
 
 
 @dataclass(frozen=True, eq=False)
@@ -334,8 +324,8 @@ class TransformerCost:
             kept = self.layer_stored_bytes("selective", fp8=False)
             redo_traffic = fwd_traffic - eff.memory_traffic * n * kept / c
         traffic = {F: fwd_traffic, I: bwd_traffic + redo_traffic, W: 0.0}
-        loss_moved = loss_bytes(self.kernels)[0]
         if last:
+            loss_moved = cost_loss_bytes(self)
             for kind in traffic:
                 traffic[kind] += loss_moved[kind] * b * s * V / t / c
         memory = chunk_memory(self, n, first, last)
@@ -349,6 +339,7 @@ class TransformerCost:
         tp_bytes[B] = tp_bytes[I] + tp_bytes[W]
         gemms[B] = gemms[I] + gemms[W]
         ring = ring_bytes_per_layer(spec, b, c, t, esize)
+        ends = self._ends(stage, num_stages, layers) if n and (first or last) else None
         return _Chunk(
             MappingProxyType({k: v / t / c for k, v in executed.items()}),
             MappingProxyType({k: v / t / c for k, v in model.items()}),
@@ -362,7 +353,14 @@ class TransformerCost:
             n,
             first=first,
             last=last,
+            ends=ends,
         )
+
+    def _ends(self, stage: int, num_stages: int, layers: tuple[int, ...]) -> _Chunk | None:
+        """Chunk ``stage``'s embedding and head without its layers, where the host's launches are priced
+        (each combined with its own launches: :func:`pipewright.cost.dispatch.chunk_launched`)."""
+        bare = tuple(0 if i == stage else x for i, x in enumerate(layers))
+        return self._build_chunk(stage, num_stages, bare) if self.efficiency.host_per_kernel > 0 else None
 
     # -- time ---------------------------------------------------------------------------------------
     def gemm_time(self, gemms, acc: Accelerator) -> float:
@@ -372,6 +370,10 @@ class TransformerCost:
 
     def kind_time(self, chunk: _Chunk, kind: str, rank: int) -> float:
         """Seconds of one ``kind`` action of ``chunk`` on pipeline rank ``rank`` (module docstring)."""
+        return chunk_launched(self, chunk, kind, *self.gpu_time(chunk, kind, rank), rank)
+
+    def gpu_time(self, chunk: _Chunk, kind: str, rank: int) -> tuple[float, float]:
+        """(GPU seconds, of them exposed tensor-parallel collectives) of :meth:`kind_time`."""
         acc = self.topology.accelerator(self.comm.device(rank))
         eff = self.efficiency_of(acc)
         gemm = self.gemm_time(chunk.gemms[kind], acc)
@@ -392,7 +394,7 @@ class TransformerCost:
         if self.regathers and kind != W:
             fsdp = exposed(self._fsdp_comm(chunk, kind, rank), gemm + attn)
         overhead = chunk.layers * eff.layer_overhead * _OVERHEAD[kind]
-        return chunk_launched(self, chunk, kind, gemm + attn + memory + tp + ring + fsdp + overhead, tp)
+        return gemm + attn + memory + tp + ring + fsdp + overhead, tp
 
     @property
     def regathers(self) -> bool:
