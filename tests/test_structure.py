@@ -63,6 +63,19 @@ OTHER_FLAG_DECLARATIONS: set[str] = set()
 #: Known import cycles, listed only while they are removed; empty it, never add to it.
 KNOWN_CYCLES: set[frozenset[str]] = set()
 
+#: The layers above the foundation modules (the option sections, the value checks).
+_ABOVE_FOUNDATION = (
+    "pipewright.models",
+    "pipewright.cost",
+    "pipewright.sim",
+    "pipewright.plan",
+    "pipewright.runspec",
+    "pipewright.features",
+    "pipewright.runtime",
+    "pipewright.training",
+    "pipewright.measure",
+    "pipewright.cli",
+)
 #: A module under the key never imports one under the values (lower layers never import higher ones).
 FORBIDDEN = {
     "pipewright.runtime": (
@@ -103,6 +116,8 @@ FORBIDDEN = {
         "pipewright.training",
         "pipewright.cli",
     ),
+    # the option sections and the checks of values people write: below every layer that declares options
+    **dict.fromkeys(("pipewright.options", "pipewright.values"), _ABOVE_FOUNDATION),
 }
 #: Pure Python: these modules (and packages) import no torch.
 PURE = (
