@@ -91,7 +91,9 @@ FORBIDDEN = {
     # a feature plugs into these layers (its cost rules, hooks, passes): they call it, never import it
     "pipewright.passes": ("pipewright.schedules", "pipewright.features", "pipewright.sim", "pipewright.cli"),
     "pipewright.schedules": ("pipewright.features", "pipewright.sim", "pipewright.plan", "pipewright.cli"),
-    "pipewright.models": (
+    "pipewright.models": (  # below the cost models and the run spec, which read a ModelSpec and presets
+        "pipewright.cost",
+        "pipewright.runspec",
         "pipewright.runtime",
         "pipewright.sim",
         "pipewright.plan",
@@ -109,7 +111,8 @@ FORBIDDEN = {
     "pipewright.plan": ("pipewright.runtime", "pipewright.features", "pipewright.cli"),
     "pipewright.mesh": ("pipewright.runtime", "pipewright.cost", "pipewright.sim", "pipewright.plan"),
     "pipewright.topology": ("pipewright.runtime", "pipewright.cost", "pipewright.sim", "pipewright.plan"),
-    "pipewright.runspec": (
+    "pipewright.runspec": (  # below the cost models, which read a spec
+        "pipewright.cost",
         "pipewright.runtime",
         "pipewright.sim",
         "pipewright.plan",
