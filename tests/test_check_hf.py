@@ -149,3 +149,15 @@ def test_router_loss_as_transformers_on_every_schedule(tmp_path, data) -> None:
         assert losses == pytest.approx([w["loss"] for w in want], rel=1e-5), label
         assert ranks[0].norms == pytest.approx([w["grad_norm"] for w in want], rel=1e-5), label
     assert {c.schedule for c in cases} == {s for s, *_ in ROUTER_LAYOUTS}
+
+
+def test_every_moe_option_is_refused_by_its_own_flag() -> None:
+    from pipewright.models.hf.support import _moe_values
+    from pipewright.models.presets import MOE_FIELDS
+    from pipewright.runtime.setup.config import TrainConfig
+
+    flags = {"--" + name.replace("_", "-"): name for name in MOE_FIELDS}
+    assert set(_moe_values(TrainConfig())) == set(flags)
+    for flag, name in flags.items():
+        values = _moe_values(replace(TrainConfig(), **{name: 1}))
+        assert [f for f, v in values.items() if v is not None] == [flag]

@@ -163,3 +163,19 @@ def test_bad_input_is_one_line():
         pipewright.pipeline([], nn.functional.cross_entropy, data=_data)
     with pytest.raises(ConfigError, match=r"neither an nn\.Module nor a factory"):
         LayerList([3], nn.functional.cross_entropy, _data).full()
+
+
+def test_each_option_a_layer_list_refuses_reads_its_own_field():
+    from pipewright.runtime.setup.config import TrainConfig
+    from pipewright.training.layer_pipeline import _unsupported
+
+    assert not any(given for given, _ in _unsupported(TrainConfig()).values())
+    changed = {"--tp": {"tp": 2}, "--init-from": {"init_from": "/x"},
+               "--tie-embeddings": {"tie_embeddings": True},
+               "--sequence-parallel": {"sequence_parallel": True},
+               "--scatter-gather": {"scatter_gather": True},
+               "--cp": {"cp": 2}, "--ep": {"ep": 2}}  # fmt: skip
+    assert set(changed) == set(_unsupported(TrainConfig()))
+    for flag, values in changed.items():
+        given = [f for f, (set_, _) in _unsupported(replace(TrainConfig(), **values)).items() if set_]
+        assert given == [flag]

@@ -63,6 +63,19 @@ OTHER_FLAG_DECLARATIONS: set[str] = set()
 #: Known import cycles, listed only while they are removed; empty it, never add to it.
 KNOWN_CYCLES: set[frozenset[str]] = set()
 
+#: The layers above the foundation modules (the option sections, the value checks).
+_ABOVE_FOUNDATION = (
+    "pipewright.models",
+    "pipewright.cost",
+    "pipewright.sim",
+    "pipewright.plan",
+    "pipewright.runspec",
+    "pipewright.features",
+    "pipewright.runtime",
+    "pipewright.training",
+    "pipewright.measure",
+    "pipewright.cli",
+)
 #: A module under the key never imports one under the values (lower layers never import higher ones).
 FORBIDDEN = {
     "pipewright.runtime": (
@@ -78,7 +91,9 @@ FORBIDDEN = {
     # a feature plugs into these layers (its cost rules, hooks, passes): they call it, never import it
     "pipewright.passes": ("pipewright.schedules", "pipewright.features", "pipewright.sim", "pipewright.cli"),
     "pipewright.schedules": ("pipewright.features", "pipewright.sim", "pipewright.plan", "pipewright.cli"),
-    "pipewright.models": (
+    "pipewright.models": (  # below the cost models and the run spec, which read a ModelSpec and presets
+        "pipewright.cost",
+        "pipewright.runspec",
         "pipewright.runtime",
         "pipewright.sim",
         "pipewright.plan",
@@ -96,13 +111,16 @@ FORBIDDEN = {
     "pipewright.plan": ("pipewright.runtime", "pipewright.features", "pipewright.cli"),
     "pipewright.mesh": ("pipewright.runtime", "pipewright.cost", "pipewright.sim", "pipewright.plan"),
     "pipewright.topology": ("pipewright.runtime", "pipewright.cost", "pipewright.sim", "pipewright.plan"),
-    "pipewright.runspec": (
+    "pipewright.runspec": (  # below the cost models, which read a spec
+        "pipewright.cost",
         "pipewright.runtime",
         "pipewright.sim",
         "pipewright.plan",
         "pipewright.training",
         "pipewright.cli",
     ),
+    # the option sections and the checks of values people write: below every layer that declares options
+    **dict.fromkeys(("pipewright.options", "pipewright.values"), _ABOVE_FOUNDATION),
 }
 #: Pure Python: these modules (and packages) import no torch.
 PURE = (

@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import MISSING, Field, field, fields
 from typing import Any
 
+from pipewright.values import check_types
+
 #: The commands whose flags come from option sections.
 COMMANDS = ("train", "simulate", "plan")
 #: What a field may set differently for one command (``variants``).
@@ -115,8 +117,6 @@ def take_values(cls: type, table: str, values: Mapping[str, Any]) -> tuple[dict[
 def check_section(cls: type, values: Mapping[str, Any], source: str = "config") -> None:
     """One-line ConfigError for the first section value (by flat name) of the wrong type; the values
     themselves are the feature's to check (its messages name the combinations it refuses)."""
-    from pipewright.runtime.setup.inputs import check_types
-
     by_flat = {flat_name(f): f for f in fields_for(cls)}
     check_types(cls, {by_flat[n].name: v for n, v in values.items() if n in by_flat}, source)
 

@@ -1,12 +1,16 @@
-"""Range checks of numbers a user gives, shared by the command line and config files.
+"""Checks of values a user gives, shared by the command line and config files: range checks of
+numbers, and the type of each value people write in files (:func:`check_types`).
 
 One rule per option (:class:`Limit`), one message per kind of mistake, so ``--lr inf`` on the command
-line and ``lr = inf`` in a TOML file are refused with the same line before any work starts.
+line and ``lr = inf`` in a TOML file are refused with the same line before any work starts; a value of
+the wrong type in a TOML file is a one-line error naming the key instead of a traceback later.
 """
 
 from __future__ import annotations
 
 import math
+import types
+import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
@@ -175,3 +179,35 @@ def check_train(config: object) -> list[str]:
     default = fields["warmup"].default if "warmup" in fields else None
     warmup = 0 if values["warmup"] == default else values["warmup"]  # the default is no one's choice: no note
     return train_warnings(values["steps"], warmup, values["stop_after"], values["lr"])
+
+
+#: How :func:`check_types` names a type it wanted.
+_NAMES = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+
+
+def _accepts(kind: type, value: object) -> bool:
+    if kind is bool:
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False
+    if kind is float:
+        return isinstance(value, int | float)
+    return isinstance(value, kind)
+
+
+def check_types(cls: type, values: Mapping[str, object], source: str) -> None:
+    """Raise a one-line ConfigError for the first ``values`` entry (field name → value) whose type is not
+    the dataclass field's (``X | None`` also takes no value: TOML has no null). NaN/inf and
+    ranges: :class:`Limit` (the same lines as on the command line)."""
+    hints = typing.get_type_hints(cls)
+    for name, value in values.items():
+        hint = hints[name]
+        kinds = (
+            [a for a in typing.get_args(hint) if a is not type(None)]
+            if isinstance(hint, types.UnionType)
+            else [hint]
+        )
+        if not any(_accepts(k, value) for k in kinds):
+            want = " or ".join(_NAMES.get(k, k.__name__) for k in kinds)
+            shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+            raise ConfigError(f"{source}: {name} must be {want}, not {shown}")

@@ -9,7 +9,7 @@ from dataclasses import replace
 from pipewright.errors import ConfigError
 from pipewright.mesh import DEFAULT_ORDER, Mesh
 from pipewright.plan.mapping import placement
-from pipewright.plan.planfile import Plan, load
+from pipewright.plan.planfile import CHOSEN, load
 from pipewright.plan.request import PlanOverrides
 from pipewright.plan.spec_inputs import FRAMEWORK_DEFAULTABLE
 from pipewright.runspec import RunSpec, with_values
@@ -18,17 +18,57 @@ from pipewright.topology import Topology
 Path = tuple[str, ...]
 
 
+#: The cost-model inputs a plan was priced with that ``simulate`` takes where the spec leaves them
+#: neutral (a flag given overrides the plan): path → the spec's neutral value.
+_PRICED: dict[Path, object] = {
+    ("framework", "attention"): "eager",
+    ("parallelism", "cp"): 1,
+    ("parallelism", "ep"): 1,
+    ("memory", "shard_optimizer"): False,
+    ("memory", "fsdp"): False,
+    ("framework", "tp_comm_overlap"): False,
+    **dict.fromkeys(
+        [
+            ("cluster", "calibration"),
+            ("schedule", "microbatch_group"),
+            ("memory", "recompute_method"),
+            ("memory", "recompute_num_layers"),
+            ("framework", "name"),
+            *FRAMEWORK_DEFAULTABLE.values(),
+        ]
+    ),
+}
+#: What ``simulate`` takes from the plan where the spec leaves it unset: the vocabulary it priced and
+#: the gradient reduction of its iteration (the model too, without a model in the spec).
+_UNSET: tuple[Path, ...] = (("model", "vocab"), ("framework", "grad_reduce"))
+#: What ``simulate`` takes from the plan's data instead of the spec (:class:`PlanOverrides`): the layers
+#: per chunk, the device of each rank.
+_OVERRIDDEN: tuple[Path, ...] = (("parallelism", "layout"), ("parallelism", "placement"))
+
+
 def simulate_plan(spec: RunSpec) -> tuple[RunSpec, PlanOverrides]:
     """``spec`` with the plan file it names (``parallelism.plan``) applied, as ``pipewright simulate``
-    prices it, and the plan's data beyond the spec (device order, layers per chunk, recomputation per
-    stage). The plan's layout, schedule and batch replace the spec's; the model, the gradient
-    reduction and the cost-model inputs the plan was priced with hold where the spec leaves them unset
-    (a flag given overrides the plan)."""
+    prices it (:meth:`~pipewright.plan.planfile.Plan.spec_values`), and the plan's data beyond the spec
+    (device order, layers per chunk, recomputation per stage). The plan's choices (its schedule, a
+    generated one's CSV, batch, sizes) replace the spec's; the model, the gradient reduction and the
+    cost-model inputs the plan was priced with hold where the spec leaves them unset (a flag given
+    overrides the plan)."""
     path = spec.parallelism.plan
     plan = load(path)
-    changes = {p: v for p, v in _unset(spec, plan).items() if _get(spec, p) is None}
-    changes |= {p: v for p, (neutral, v) in _priced(plan).items() if _get(spec, p) in (None, False, neutral)}
-    changes |= _chosen(plan, path)
+    plan_values = plan.spec_values(path)
+    changes = {p: plan_values[p] for p in _UNSET if _get(spec, p) is None}
+    if spec.model.model is None:  # the plan's model, with the dimensions it records
+        model = {p: v for p, v in plan_values.items() if p[0] == "model" and p not in changes}
+        changes |= {
+            p: v for p, v in model.items() if v not in (None, False) and _get(spec, p) in (None, False)
+        }
+    changes |= {
+        p: plan_values[p] for p, neutral in _PRICED.items() if _get(spec, p) in (None, False, neutral)
+    }
+    taken = {*_PRICED, *_UNSET, *_OVERRIDDEN}
+    changes |= {p: plan_values[p] for p in CHOSEN if p not in taken}
+    if plan.schedule_csv(path) is not None:  # the generated order gives the chunks
+        changes[("parallelism", "virtual")] = None
     recompute = plan.data.get("recompute_per_stage")
     return with_values(spec, changes), PlanOverrides(
         plan,
@@ -41,55 +81,6 @@ def simulate_plan(spec: RunSpec) -> tuple[RunSpec, PlanOverrides]:
 def _get(spec: RunSpec, path: Path) -> object:
     section, name = path
     return getattr(getattr(spec, section), name)
-
-
-def _unset(spec: RunSpec, plan: Plan) -> dict[Path, object]:
-    """What the plan sets where the spec leaves it unset: the vocabulary it priced, the gradient
-    reduction of its iteration, and without a model in the spec, the plan's model."""
-    out: dict[Path, object] = {
-        ("model", "vocab"): plan.padded_vocab,
-        ("framework", "grad_reduce"): plan.grad_reduce,
-    }
-    if spec.model.model is not None:
-        return out
-    model = plan["model"]
-    out[("model", "model")] = model["name"]
-    for d in ("layers", "hidden", "heads", "ffn_hidden", "seq_len", "kv_heads", "mlp"):
-        if d in model:
-            out[("model", d)] = model[d]
-    if model.get("bias") is False:
-        out[("model", "no_bias")] = True
-    return out
-
-
-def _priced(plan: Plan) -> dict[Path, tuple[object, object]]:
-    """The cost-model inputs the plan was priced with: path → (the spec's neutral value, the plan's)."""
-    d = plan.data
-    sharding, overlap = d.get("optimizer_sharding", "none"), plan.tp_comm_overlap
-    return {
-        ("framework", "attention"): ("eager", d.get("attention", "eager")),
-        ("parallelism", "cp"): (1, d.get("cp", 1)),
-        ("parallelism", "ep"): (1, d.get("ep", 1)),
-        ("memory", "shard_optimizer"): (False, sharding == "zero1"),
-        ("memory", "fsdp"): (False, sharding == "fsdp"),
-        ("framework", "tp_comm_overlap"): (False, False if overlap == "none" else overlap),
-        ("cluster", "calibration"): (None, d.get("calibration")),
-        ("schedule", "microbatch_group"): (None, plan.microbatch_group),
-        ("memory", "recompute_method"): (None, d.get("recompute_method")),
-        ("memory", "recompute_num_layers"): (None, d.get("recompute_num_layers")),
-        ("framework", "name"): (None, plan.framework_input("framework")),
-        **{path: (None, plan.framework_input(key)) for key, path in FRAMEWORK_DEFAULTABLE.items()},
-    }
-
-
-def _chosen(plan: Plan, path: str) -> dict[Path, object]:
-    """What the plan chose (:meth:`~pipewright.plan.planfile.Plan.chosen`; the schedule's CSV when it
-    has one) and its recomputation (per stage: the plan's data)."""
-    out = {**plan.chosen(), ("memory", "recompute"): plan["recompute"]}
-    csv = plan.schedule_csv(path)
-    if csv is not None:
-        out |= {("schedule", "name"): csv, ("parallelism", "virtual"): None}
-    return out
 
 
 def plan_placement(devices: Sequence[str], topology: Topology) -> tuple[int, ...]:

@@ -46,10 +46,23 @@ from pipewright.topology.schema import read as read_json
 from pipewright.topology.schema import save as write_json
 
 FORMAT = "pipewright-plan"
+SpecPath = tuple[str, ...]
 #: Where the planner's iteration runs the data-parallel gradient all-reduce (``simulate --grad-reduce``):
 #: each stage's right after its last backward, as ``pipewright train``'s executor does.
 GRAD_REDUCE_PLANNED = "overlap"
 _DIMS = ("layers", "hidden", "heads", "ffn_hidden", "vocab", "seq_len")
+#: The model's dimensions a plan records that a RunSpec's ``model`` section takes as they are (the
+#: vocabulary: the padded one the plan priced, :attr:`Plan.padded_vocab`).
+MODEL_DIMS = ("layers", "hidden", "heads", "ffn_hidden", "seq_len", "kv_heads", "mlp")
+#: The RunSpec paths of what a plan's search chose (:meth:`Plan.spec_values`): every command that reads
+#: a plan takes these from it.
+CHOSEN: tuple[SpecPath, ...] = (
+    *(("parallelism", k) for k in ("tp", "pp", "dp", "virtual", "sequence_parallel", "cp", "ep", "layout")),
+    ("schedule", "name"),
+    *(("batch", k) for k in ("microbatch_size", "microbatches", "global_batch_size")),
+    *(("memory", k) for k in ("recompute", "shard_optimizer", "fsdp")),
+    ("model", "vocab"),
+)
 #: The architecture beyond the dimensions a plan records (ModelSpec's fields), so that an export builds
 #: the model the plan priced (plan/export_model.py); the mixture-of-experts fields with experts only.
 ARCH_FIELDS = ("family", "tied_embeddings", "rope_theta", "attention_kind", "mtp_depth")
@@ -119,22 +132,69 @@ class Plan:
             raise ConfigError(f"the plan's schedule file {path} is missing; keep it beside the plan")
         return str(path)
 
-    def chosen(self) -> dict[tuple[str, ...], Any]:
-        """What the plan chose, as RunSpec values by path: the sizes, the schedule (by name), the
-        batch (:func:`pipewright.plan.apply.simulate_plan` and
-        :func:`pipewright.plan.run_toml.plan_spec` add what each reads beside)."""
+    def spec_values(self, plan_path: str | Path | None = None) -> dict[SpecPath, Any]:
+        """Every value the plan states that a RunSpec field holds, by path: what the search chose
+        (:data:`CHOSEN`: the sizes, the schedule, the batch, the layout, the recomputation (the strongest
+        of a per-stage choice: a run takes one mode; simulate prices each stage's from the plan's data),
+        the optimizer sharding, the vocabulary priced, padded to 128·t), the model (its preset or family
+        and :data:`MODEL_DIMS`), the device of each rank (``parallelism.placement``; None for the given
+        order) and the cost-model inputs the plan was priced with (the framework's, the gradient
+        reduction, the calibration, the microbatch group, Megatron's partial recomputation).
+        ``plan_path``: the plan file's own path, where a generated schedule's CSV is found (the schedule
+        is then that file; without ``plan_path``: the schedule's name).
+
+        The one mapping of a plan onto a spec: ``plan -o run.toml``
+        (:func:`pipewright.plan.run_toml.plan_spec`), ``simulate``
+        (:func:`pipewright.plan.apply.simulate_plan`) and ``train``
+        (:func:`pipewright.training.plan_values.plan_values`) each take their paths of it."""
+        from pipewright.plan.cost_options import RECOMPUTE_ORDER
+        from pipewright.plan.spec_inputs import FRAMEWORK_DEFAULTABLE
+
         d = self.data
+        modes = d.get("recompute_per_stage") or [d.get("recompute", "none")]
+        sharding, overlap, place = d.get("optimizer_sharding", "none"), self.tp_comm_overlap, self.placement
+        csv = self.schedule_csv(plan_path) if plan_path is not None else None
+        b = d["microbatch_size"]
         return {
             ("parallelism", "tp"): d["tp"],
             ("parallelism", "pp"): d["pp"],
             ("parallelism", "dp"): d["dp"],
-            ("parallelism", "virtual"): d["virtual"],
-            ("parallelism", "sequence_parallel"): bool(d["sequence_parallel"]),
-            ("schedule", "name"): d["schedule"],
-            ("batch", "microbatch_size"): d["microbatch_size"],
+            ("parallelism", "virtual"): d.get("virtual", 1),
+            ("parallelism", "sequence_parallel"): bool(d.get("sequence_parallel", False)),
+            ("parallelism", "cp"): d.get("cp", 1),
+            ("parallelism", "ep"): d.get("ep", 1),
+            ("parallelism", "layout"): self.layout,
+            ("schedule", "name"): csv or d["schedule"],
+            ("batch", "microbatch_size"): b,
             ("batch", "microbatches"): d["microbatches"],
-            ("batch", "global_batch_size"): d["global_batch_size"],
+            ("batch", "global_batch_size"): d.get("global_batch_size") or b * d["microbatches"] * d["dp"],
+            ("memory", "recompute"): max(modes, key=RECOMPUTE_ORDER.index),
+            ("memory", "shard_optimizer"): sharding == "zero1",
+            ("memory", "fsdp"): sharding == "fsdp",
+            ("model", "vocab"): self.padded_vocab,
+            **self._model_values(),
+            ("parallelism", "placement"): (
+                None if place is None or place == tuple(range(len(place))) else ",".join(map(str, place))
+            ),
+            ("framework", "grad_reduce"): self.grad_reduce,
+            ("framework", "attention"): self.attention,
+            ("framework", "tp_comm_overlap"): False if overlap == "none" else overlap,
+            ("framework", "name"): self.framework_input("framework"),
+            ("cluster", "calibration"): d.get("calibration"),
+            ("schedule", "microbatch_group"): self.microbatch_group,
+            ("memory", "recompute_method"): d.get("recompute_method"),
+            ("memory", "recompute_num_layers"): d.get("recompute_num_layers"),
+            **{path: self.framework_input(key) for key, path in FRAMEWORK_DEFAULTABLE.items()},
         }
+
+    def _model_values(self) -> dict[SpecPath, Any]:
+        """The plan's model: its preset or family, the dimensions it records, and
+        ``no_bias`` for a model without biases."""
+        model = self.data["model"]
+        out: dict[SpecPath, Any] = {("model", "model"): model["name"]}
+        out |= {("model", d): model[d] for d in MODEL_DIMS if d in model}
+        out[("model", "no_bias")] = model.get("bias") is False
+        return out
 
     def chunk_layers(self) -> tuple[int, ...]:
         from pipewright.models.layout import parse_layout

@@ -7,10 +7,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
-from pipewright.plan.cost_options import RECOMPUTE_ORDER
-from pipewright.plan.planfile import Plan
+from pipewright.plan.planfile import CHOSEN, Plan
 from pipewright.runspec import RunSpec, defaults, dump_toml, validate, values, with_values
 from pipewright.runspec.fields import COMMANDS
 
@@ -31,27 +29,15 @@ def report_path(out: str | Path) -> Path:
 
 
 def plan_spec(spec: RunSpec, plan: Plan, report: str) -> RunSpec:
-    """``spec`` (the ``plan`` command's) with the plan's choices: the sizes, schedule, batch,
-    recomputation (the strongest of a per-stage choice), sharding, layout and the vocabulary it
-    priced; ``parallelism.plan`` names the search report ``report``, which holds what has no flag (the
-    device of each rank, the recomputation per stage); nothing of the ``output`` and ``search``
-    sections (what ``plan`` wrote and searched: the report's)."""
-    d = plan.data
-    modes = d.get("recompute_per_stage") or [d.get("recompute", "none")]
-    sharding = d.get("optimizer_sharding", "none")
-    chosen: dict[tuple[str, ...], Any] = {
-        **plan.chosen(),
-        ("model", "vocab"): plan.padded_vocab,
-        ("parallelism", "cp"): d.get("cp", 1),
-        ("parallelism", "ep"): d.get("ep", 1),
-        ("parallelism", "layout"): plan.layout,
-        ("parallelism", "plan"): report,
-        ("memory", "recompute"): max(modes, key=RECOMPUTE_ORDER.index),
-        ("memory", "shard_optimizer"): sharding == "zero1",
-        ("memory", "fsdp"): sharding == "fsdp",
-    }
+    """``spec`` (the ``plan`` command's) with what the plan chose (:data:`~pipewright.plan.planfile.CHOSEN`
+    of :meth:`~pipewright.plan.planfile.Plan.spec_values`: the sizes, schedule by name, batch, layout,
+    the strongest recomputation of a per-stage choice, sharding and the vocabulary it priced);
+    ``parallelism.plan`` names the search report ``report``, which holds what has no flag (the device
+    of each rank, the recomputation per stage); nothing of the ``output`` and ``search`` sections (what
+    ``plan`` wrote and searched: the report's)."""
+    chosen = {p: v for p, v in plan.spec_values().items() if p in CHOSEN}
     base = replace(spec, output=defaults().output, search=defaults().search)
-    return validate(with_values(base, chosen), source="the plan")
+    return validate(with_values(base, chosen | {("parallelism", "plan"): report}), source="the plan")
 
 
 def spec_text(spec: RunSpec) -> str:

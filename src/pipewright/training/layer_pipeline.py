@@ -44,16 +44,27 @@ log = logging.getLogger(__name__)
 
 __all__ = ["LayerPipeline", "Tied", "TiedLayersPlugin", "pipeline"]
 
+
 #: TrainConfig fields a layer list cannot use (they describe the transformer families), with the reason.
-_UNSUPPORTED = {
-    "tp": "tensor parallelism needs the families' parallel layers",
-    "init_from": "Hugging Face weights fit the families' modules",
-    "tie_embeddings": "tie modules with pipewright.Tied entries instead",
-    "sequence_parallel": "it needs tensor parallelism",
-    "scatter_gather": "it needs tensor parallelism",
-    "cp": "context parallelism rewrites the families' attention",
-    "ep": "expert parallelism shards the families' MoE layers",
-}
+def _unsupported(config: TrainConfig) -> dict[str, tuple[bool, str]]:
+    """Each option a layer-list model does not take, by flag: whether ``config`` sets it (other than
+    TrainConfig's default) and why it does not apply."""
+    base = TrainConfig()
+    return {
+        "--tp": (config.tp != base.tp, "tensor parallelism needs the families' parallel layers"),
+        "--init-from": (config.init_from != base.init_from, "Hugging Face weights fit the families' modules"),
+        "--tie-embeddings": (
+            config.tie_embeddings != base.tie_embeddings,
+            "tie modules with pipewright.Tied entries instead",
+        ),
+        "--sequence-parallel": (
+            config.sequence_parallel != base.sequence_parallel,
+            "it needs tensor parallelism",
+        ),
+        "--scatter-gather": (config.scatter_gather != base.scatter_gather, "it needs tensor parallelism"),
+        "--cp": (config.cp != base.cp, "context parallelism rewrites the families' attention"),
+        "--ep": (config.ep != base.ep, "expert parallelism shards the families' MoE layers"),
+    }
 
 
 class TiedLayersPlugin(TrainingPlugin):
@@ -140,10 +151,8 @@ class LayerPipeline:
         partition, choose the run folder and the resume point."""
         features = run_features(self.config(config, **values))
         config = check_config(self.config(config, **values), features)
-        for name, why in _UNSUPPORTED.items():
-            default = TrainConfig.__dataclass_fields__[name].default
-            if getattr(config, name) != default:
-                flag = "--" + name.replace("_", "-")
+        for flag, (given, why) in _unsupported(config).items():
+            if given:
                 raise ConfigError(f"{flag} does not apply to a layer-list model ({why}); drop it")
         schedule = checked_schedule(config, features)
         layout = self.model.layout(schedule.num_stages)

@@ -7,56 +7,39 @@ from collections.abc import Mapping
 from typing import Any
 
 from pipewright.errors import ConfigError
-from pipewright.plan.cost_options import RECOMPUTE_ORDER
-from pipewright.plan.planfile import Plan, load
+from pipewright.plan.planfile import CHOSEN, Plan, load
 
 Path = tuple[str, ...]
 #: The model dimensions a plan was priced with, which a value given for the run must equal.
 _DIMENSIONS = ("layers", "hidden", "heads", "vocab", "seq_len")
 
 
+#: What ``train`` takes of a plan's values (:meth:`~pipewright.plan.planfile.Plan.spec_values`): what
+#: it chose but the global batch (the microbatches give it) and FSDP (refused), the model's preset and
+#: dimensions, and the device of each rank.
+_TAKEN: tuple[Path, ...] = (
+    *(p for p in CHOSEN if p not in {("batch", "global_batch_size"), ("memory", "fsdp")}),
+    *(("model", d) for d in ("model", "ffn_hidden", "layers", "hidden", "heads", "seq_len")),
+    ("parallelism", "placement"),
+)
+
+
 def plan_values(path: str, given: Mapping[Path, Any] | None = None) -> dict[Path, Any]:
-    """The RunSpec values of the plan file at ``path`` for ``train``: the model, degrees, schedule,
-    microbatches, layout, recomputation (the strongest of a per-stage choice: the runtime takes one
-    mode), ZeRO-1 and the plan's device order. ``given``: the values the run sets itself (flags, the
-    ``--config`` file); a model value among them that contradicts the plan is a one-line error, as is
-    a plan ``train`` cannot run (FSDP, operator-level recomputation, a microbatch group other than p)."""
+    """The RunSpec values of the plan file at ``path`` for ``train``: the model (a family's as
+    ``gpt``), degrees, schedule (a generated one's CSV), microbatches, layout, recomputation (the
+    strongest of a per-stage choice: the runtime takes one mode), ZeRO-1 and the plan's device order.
+    ``given``: the values the run sets itself (flags, the ``--config`` file); a model value among them
+    that contradicts the plan is a one-line error, as is a plan ``train`` cannot run (FSDP,
+    operator-level recomputation, a microbatch group other than p)."""
     from pipewright.models.presets import preset_names
 
     plan = load(path)
-    model = plan["model"]
     _check_model(path, plan, dict(given or {}))
-    modes = plan.data.get("recompute_per_stage") or [plan.data.get("recompute", "none")]
-    out: dict[Path, Any] = {
-        ("model", "model"): model["name"] if model["name"] in preset_names() else "gpt",
-        ("model", "ffn_hidden"): model["ffn_hidden"],
-        ("model", "layers"): model["layers"],
-        ("model", "hidden"): model["hidden"],
-        ("model", "heads"): model["heads"],
-        ("model", "vocab"): plan.padded_vocab,  # padded as the plan priced it (≥ the dataset's)
-        ("model", "seq_len"): model["seq_len"],
-        ("parallelism", "tp"): plan["tp"],
-        ("parallelism", "pp"): plan["pp"],
-        ("parallelism", "dp"): plan["dp"],
-        ("parallelism", "layout"): plan.layout,
-        ("schedule", "name"): plan.schedule_csv(path) or plan["schedule"],
-        ("batch", "microbatches"): plan["microbatches"],
-        ("batch", "microbatch_size"): plan["microbatch_size"],
-        ("memory", "recompute"): max(modes, key=RECOMPUTE_ORDER.index),
-    }
+    values = plan.spec_values(path)
+    out = {p: values[p] for p in _TAKEN}
+    if out[("model", "model")] not in preset_names():
+        out[("model", "model")] = "gpt"
     _refuse_unrunnable(path, plan, out[("memory", "recompute")])
-    if plan["virtual"] > 1:
-        out[("parallelism", "virtual")] = plan["virtual"]
-    if plan["sequence_parallel"]:
-        out[("parallelism", "sequence_parallel")] = True
-    for name in ("cp", "ep"):  # ring attention over cp ranks; experts over ep data-parallel ranks
-        if plan.data.get(name, 1) != 1:
-            out[("parallelism", name)] = plan.data[name]
-    if plan.data.get("optimizer_sharding", "none") == "zero1":
-        out[("memory", "shard_optimizer")] = True
-    place = plan.placement
-    if place is not None and place != tuple(range(len(place))):
-        out[("parallelism", "placement")] = ",".join(map(str, place))  # rank r on the plan's device r
     return out
 
 

@@ -24,19 +24,16 @@ from pipewright.errors import ConfigError
 from pipewright.models.hf.adapters import ADAPTERS, adapter_for
 from pipewright.models.hf.build import load_config, stage_from_model
 from pipewright.models.hf.router_loss import experts, rows
-from pipewright.models.presets import MOE_FIELDS
 
-#: TrainConfig's mixture-of-experts flags, which a Hugging Face config decides (named as the fields)
-MOE_FLAGS = MOE_FIELDS
 _PROBE_LAYERS, _PROBE_VOCAB, _PROBE_SEQ, _PROBE_FFN = 2, 512, 8, 256
 
 
 def check_options(config, hf_config) -> None:
     """One-line errors for TrainConfig ``config`` options that a Hugging Face model cannot take."""
-    given = [n for n in MOE_FLAGS if getattr(config, n, None) is not None]
+    given = [flag for flag, value in _moe_values(config).items() if value is not None]
     kind = hf_config.model_type
     if given:
-        flags = ", ".join("--" + n.replace("_", "-") for n in given)
+        flags = ", ".join(given)
         raise ConfigError(
             f"--hf-model takes its experts from config.json (model_type {kind!r}, {experts(hf_config)} "
             f"experts); drop {flags}"
@@ -55,6 +52,21 @@ def check_options(config, hf_config) -> None:
             f"sequence between stages, which --cp {config.cp} splits; use --cp 1"
         )
     check_supported(hf_config)
+
+
+def _moe_values(config) -> dict[str, object]:
+    """TrainConfig ``config``'s mixture-of-experts options by flag (a Hugging Face config decides
+    them; None: not given)."""
+    return {
+        "--moe-experts": config.moe_experts,
+        "--moe-top-k": config.moe_top_k,
+        "--moe-shared-experts": config.moe_shared_experts,
+        "--moe-ffn-hidden": config.moe_ffn_hidden,
+        "--moe-dense-layers": config.moe_dense_layers,
+        "--moe-capacity": config.moe_capacity,
+        "--moe-aux-loss-coeff": config.moe_aux_loss_coeff,
+        "--moe-z-loss-coeff": config.moe_z_loss_coeff,
+    }
 
 
 def carry_rows(hf_config) -> int:
@@ -138,11 +150,17 @@ def check_train_options(config) -> None:
     check_options(config, load_config(config.hf_model))
     if config.init_from:
         raise ConfigError("--hf-model reads its weights from model.safetensors; drop --init-from")
-    given = [
-        n for n in ("layers", "hidden", "heads", "kv_heads", "ffn_hidden", "vocab") if getattr(config, n)
-    ]
+    dimensions = {
+        "--layers": config.layers,
+        "--hidden": config.hidden,
+        "--heads": config.heads,
+        "--kv-heads": config.kv_heads,
+        "--ffn-hidden": config.ffn_hidden,
+        "--vocab": config.vocab,
+    }
+    given = [flag for flag, value in dimensions.items() if value]
     if given:
-        flags = ", ".join("--" + n.replace("_", "-") for n in given)
+        flags = ", ".join(given)
         raise ConfigError(f"--hf-model takes the model's dimensions from its config.json; drop {flags}")
     if config.tp > 1:
         hf = load_config(config.hf_model)

@@ -160,7 +160,7 @@ class TrainConfig:
                 clean[name] = value
             else:
                 extra[key] = value
-        from pipewright.runtime.setup.inputs import check_types
+        from pipewright.values import check_types
 
         check_types(cls, clean, source)  # wrong types: one line naming the key, not a traceback
         return {paths[name]: value for name, value in clean.items()}, extra
