@@ -45,16 +45,16 @@ def measure_run(
         for p in chosen:
             if progress is not None:
                 progress(f"measuring pipeline rank {p} (global rank {ranks[p]})")
-            out.append(compare(_measured(run, ranks[p]), predicted[p]))
+            out.append(compare(_measured(run, ranks[p], predicted[p].plan), predicted[p]))
     return out
 
 
-def _measured(run, rank: int):
+def _measured(run, rank: int, plan=None):
     """:func:`measure_rank`, a failure of the model's code on meta tensors as a one-line ConfigError."""
     from pipewright.errors import ConfigError, PipewrightError
 
     try:
-        return measure_rank(run, rank)
+        return measure_rank(run, rank, plan)
     except PipewrightError:
         raise
     except Exception as exc:  # e.g. a model that reads values or copies weights to the host

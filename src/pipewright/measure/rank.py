@@ -182,8 +182,21 @@ def _p2p_as_on_cuda(executor, schedule) -> None:
     executor.comm._release_received = True
 
 
-def measure_rank(run, rank: int) -> RankMeasure:
-    """Build ``rank``'s share of the prepared ``run`` at full size on meta tensors and measure one step."""
+def _follow(trainer, plan) -> None:
+    """Give ``plan`` (the simulator's, :attr:`~.simulated_side.RankPrediction.plan`) to the plugins that
+    follow one (``follow_plan``: K-FAC's bubbles run the planned tasks, not those that fit by the
+    durations measured, which on meta tensors mean nothing)."""
+    if plan is None:
+        return
+    for plugin in trainer.plugins:
+        follow = getattr(plugin, "follow_plan", None)
+        if follow is not None:
+            follow(plan)
+
+
+def measure_rank(run, rank: int, plan=None) -> RankMeasure:
+    """Build ``rank``'s share of the prepared ``run`` at full size on meta tensors and measure one step
+    (``plan``: what the simulator planned that the program follows, see :func:`_follow`)."""
     from pipewright.runtime.core.trainer import Trainer
     from pipewright.runtime.parallel.process_mesh import ParallelMesh
 
@@ -204,6 +217,7 @@ def measure_rank(run, rank: int) -> RankMeasure:
             opt = _base_optimizer(trainer)
             tracker.phase = "optimizer"
             _warm_optimizer(opt)
+            _follow(trainer, plan)
             _classify(tracker, trainer, opt)
             hooks = _grad_hooks(tracker, trainer)
             trainer.executor.wrap_handlers(_wrap(tracker))

@@ -32,6 +32,7 @@ _STATIC_SIMULATED = (
     "embedding_output_layer",
     "step_gradients",
     "state",  # a wrapping cost model's state in one (measure/simulated_side.py's _lumped)
+    "kfac_state",  # K-FAC's factors and inverses (measure/kfac_side.py)
 )
 _GRAD_GROUPS = ("dp", "expert-dp")
 _ACTIVE_SIMULATED = ("activations", "recompute_transient", "communication_buffers", "weight_versions")
