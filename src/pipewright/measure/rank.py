@@ -10,10 +10,12 @@ ranks of one pipeline rank hold the same stage shapes and run the same actions).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
+from pipewright.ir import W
 from pipewright.measure.fake import META, fake_process_group, meta_world
 from pipewright.measure.ring_flops import counted_in_convention
 from pipewright.measure.tracker import CATEGORIES, ProgramTracker
@@ -134,13 +136,15 @@ def _label(action) -> str:
     return str(action)
 
 
-def _wrap(tracker: ProgramTracker):
+def _wrap(tracker: ProgramTracker, after_w: Callable[[], None]):
     def wrapper(kind, handler):
         def run(state, action):
             tracker.action, tracker.kind = _label(action), kind
             try:
                 return handler(state, action)
             finally:
+                if kind == W:
+                    after_w()
                 tracker.action, tracker.kind = "between actions", "other"
 
         return run
@@ -170,6 +174,17 @@ def _grad_hooks(tracker: ProgramTracker, trainer) -> list:
 
     params = (p for mod in trainer.stages.values() for p in mod.parameters() if p.requires_grad)
     return [p.register_post_accumulate_grad_hook(moved) for p in params]
+
+
+def _w_grads(tracker: ProgramTracker, trainer) -> Callable[[], None]:
+    """After a W: its weight gradients as ``grads`` (the W store sets or adds to ``.grad`` itself,
+    which autograd's accumulation hook does not see)."""
+    params = [p for mod in trainer.stages.values() for p in mod.parameters() if p.requires_grad]
+
+    def sweep() -> None:
+        tracker.move((p.grad for p in params if p.grad is not None), "grads")
+
+    return sweep
 
 
 def _p2p_as_on_cuda(executor, schedule) -> None:
@@ -220,7 +235,7 @@ def measure_rank(run, rank: int, plan=None) -> RankMeasure:
             _follow(trainer, plan)
             _classify(tracker, trainer, opt)
             hooks = _grad_hooks(tracker, trainer)
-            trainer.executor.wrap_handlers(_wrap(tracker))
+            trainer.executor.wrap_handlers(_wrap(tracker, _w_grads(tracker, trainer)))
             static = dict(tracker.totals)
             tracker.counting, tracker.phase, tracker.action = True, "activations", "step start"
             tracker.reset_peak()

@@ -11,8 +11,8 @@ of the compute dtype; n = b·s tokens a microbatch):
 - **per microbatch k of the recording iteration**: the layer's input (n·d_in·e; layers reading one
   tensor — Llama's q, k, v — share it) from F(k) and its output gradient (n·d_out·e) from the backward,
   each until the bubble task that folds it into the sum. An input autograd keeps for the layer's own
-  backward costs nothing more until that backward frees it; one it does not keep (Llama's down
-  projection reads the SwiGLU product, recomputed in the backward) is held from F(k);
+  backward (every covered input of the Llama and GPT blocks) costs nothing more until that backward
+  frees it; one it does not keep would be held from F(k);
 - **the preconditioned gradient** V = B⁻¹[∇W, ∇b]A⁻¹ (4·d_out·d_a) from the stage's ``KFAC_PRECOND``
   to the optimizer step.
 
@@ -57,7 +57,7 @@ def _llama(spec, tp: int) -> tuple[CoveredLinear, ...]:
         CoveredLinear(h // tp, h, False, "attention"),
         CoveredLinear(h, f // tp, False, "mlp_norm"),
         CoveredLinear(h, f // tp, False, "mlp_norm"),
-        CoveredLinear(f // tp, h, False, "swiglu", kept=False),  # recomputed in the backward
+        CoveredLinear(f // tp, h, False, "swiglu"),
     )
 
 
