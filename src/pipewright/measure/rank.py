@@ -54,19 +54,32 @@ def distinct_ranks(config) -> list[int]:
 
 
 def _group_names(mesh) -> dict[str, str]:
-    names = {}
+    """A process group's name → its label in the byte counts; a group of one rank moves nothing
+    (its collectives are counted as ``local``). The gradients' group under context parallelism
+    (dp × cp, ``grad_group``) is ``dp``, as the simulator's REDUCE_GRAD."""
+    import torch.distributed as dist
+
+    names, groups = {}, []
     for dim in ("tp", "pp", "dp", "cp"):
         try:
-            group = mesh.group(dim)
+            groups.append((mesh.group(dim), dim))
         except (KeyError, RuntimeError):
             continue
+    groups += [(getattr(mesh, a, None), label) for a, label in _NAMED]
+    for group, label in groups:
         if group is not None:
-            names[group.group_name] = dim
-    for attr, label in (("ep_group", "ep"), ("expert_dp_group", "expert-dp"), ("ep_back_group", "ep")):
-        group = getattr(mesh, attr, None)
-        if group is not None:
-            names[group.group_name] = label
+            names[group.group_name] = label if dist.get_world_size(group) > 1 else "local"
     return names
+
+
+#: the mesh's other groups (attribute, label); the gradient groups last, so a group that is both is ``dp``
+_NAMED = (
+    ("ep_group", "ep"),
+    ("ep_back_group", "ep"),
+    ("expert_dp_group", "expert-dp"),
+    ("expert_grad_group", "expert-dp"),
+    ("grad_group", "dp"),
+)
 
 
 def _channel_names(mesh) -> dict[str, str]:

@@ -31,7 +31,7 @@ class RankPrediction:
     flops: dict[str, float]
     message_bytes: float
     memory_limit: float | None = None  # one GPU's memory (bytes)
-    reduce_bytes: float = 0.0  # the data-parallel gradient reduction's messages (REDUCE_GRAD)
+    reduce_bytes: float = 0.0  # over dp: the gradient reduction's messages (REDUCE_GRAD), the step's scalars
     plan: object = None  # what the measured program follows (K-FAC's bubbles: .kfac_side)
 
 
@@ -81,7 +81,7 @@ def _with_vocab_parallel(setup, option: str):
 def predict(run) -> list[RankPrediction]:
     """Per pipeline rank: the simulated peak memory with its parts, FLOPs per kind, message bytes."""
     from pipewright.cost.memory_parts import rank_memory_parts
-    from pipewright.cost.sharding import reduction_parts
+    from pipewright.cost.sharding import reduction_parts, step_scalar_bytes
     from pipewright.measure.kfac_side import kfac_ranks
 
     setup = sim_setup(run)
@@ -110,16 +110,25 @@ def predict(run) -> list[RankPrediction]:
                 flops[action.kind] += f
         mine = sched.actions[rank]
         reduce = sum(  # the collectives a reduction is made of (ZeRO-1: reduce-scatter + all-gather)
-            b
+            _moved(b, run.config)
             for a in mine
             if a.kind == REDUCE_GRAD
             for _, b in reduction_parts("all_reduce", cost.message_bytes(a, sched))
-        )
+        ) + step_scalar_bytes(run.config.dp, run.config.shard_optimizer or run.config.ep > 1)
         plan = k.plan if k is not None else None
         out.append(
             RankPrediction(rank, peak, parts[rank], dict(flops), message, setup.memory_limit, reduce, plan)
         )
     return out
+
+
+def _moved(nbytes: float, config) -> float:
+    """The bytes of a reduction that cross devices: a mixture of experts' routed-expert share
+    (``GradBytes.expert``) is reduced over the dp·cp/ep replicas of each expert, none when that is
+    one (ep = dp·cp: each expert on one device of the stage)."""
+    expert = getattr(nbytes, "expert", 0.0)
+    alone = config.dp * config.cp // max(config.ep, 1) == 1
+    return float(nbytes) - (expert if alone else 0.0)
 
 
 def _lumped(cost, sched, rank: int, peak: float) -> dict[str, float]:
