@@ -5,13 +5,14 @@ in tests/test_measure_table.py, from package data)."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
 
 from pipewright.cli import main
 from pipewright.errors import ConfigError
-from pipewright.measure import measure_run
+from pipewright.measure import MAX_DEVICES, measure_run
 from pipewright.runtime.setup.config import TrainConfig
 
 TINY = dict(
@@ -134,6 +135,17 @@ def test_measure_without_dry_run_and_a_rank_outside_the_pipeline_are_one_line_er
         measure_run(TrainConfig(**TINY, schedule="1f1b"), [2])
     with pytest.raises(ConfigError, match="drop --init-from"):
         measure_run(TrainConfig(**TINY, schedule="1f1b", init_from="somewhere"), [0])
+
+
+def test_a_layout_too_large_to_simulate_stops_at_once_writing_nothing(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    t0 = time.perf_counter()
+    assert main(["train", "--measure-json", "--nproc", "100000000", "--dry-run"]) != 0
+    assert time.perf_counter() - t0 < 5
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1
+    assert "100,000,000 processes" in captured.err and f"{MAX_DEVICES:,} devices" in captured.err
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_adamw_is_fused_where_a_device_run_steps_and_unchanged_on_the_cpu():

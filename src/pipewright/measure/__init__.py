@@ -15,7 +15,11 @@ from collections.abc import Callable, Sequence
 from pipewright.measure.rank import RankMeasure, distinct_ranks, measure_rank
 from pipewright.measure.side_by_side import RankComparison, compare, text
 
-__all__ = ["RankComparison", "RankMeasure", "compare", "distinct_ranks", "measure_run", "text"]
+__all__ = ["MAX_DEVICES", "RankComparison", "RankMeasure", "compare", "distinct_ranks", "measure_run", "text"]
+
+#: the most devices a measured layout may have: the simulated side builds a cluster of them and the
+#: fake process group a mesh of them (32,768: about 10 s here; twice the 16,384 GPUs of Llama 3 405B)
+MAX_DEVICES = 1 << 15
 
 
 def measure_run(
@@ -32,6 +36,11 @@ def measure_run(
 
     if getattr(config, "init_from", None):
         raise ConfigError("--measure builds no weights (meta tensors): drop --init-from")
+    if config.world_size > MAX_DEVICES:
+        raise ConfigError(
+            f"--measure: {config.world_size:,} processes (tp × cp × pp × dp) is more than the "
+            f"{MAX_DEVICES:,} devices the simulated side builds a cluster of; use fewer"
+        )
     run = prepare(config, world_size=config.world_size, check_size=False)
     predicted = predict(run)
     ranks = distinct_ranks(run.config)
