@@ -314,13 +314,17 @@ def chunk_memory(cost: Any, n: int, first: bool, last: bool) -> dict[str, float]
 def deferred_input_bytes(cost: Any) -> float:
     """The inputs of one layer's linear layers that a split backward's W store keeps from I to W, per
     microbatch and device: Σ m·k over the layer's forward GEMMs (m tokens, k inputs per device; the
-    fused q/k/v and gate/up GEMMs read one tensor each), × e — (3h + f)·s·b·e for a Llama or GPT layer
-    without tensor parallelism. What else the layer stored, I frees."""
-    spec = cost.spec
+    fused q/k/v and gate/up GEMMs read one tensor each; under sequence parallelism a column-parallel
+    layer's 1/t chunk), × e — (3h + f)·s·b·e for a Llama or GPT layer without tensor parallelism.
+    What else the layer stored, I frees."""
+    spec, t = cost.spec, cost.mesh.tp
     tokens = cost.microbatch * spec.seq_len / cost.cp
-    return (
-        sum(g[0] * g[2] for g in layer_gemms(spec, tokens, cost.mesh.tp)) * cost.activation_bytes_per_element
-    )
+    # with sequence parallelism Megatron's column-parallel layers (those reading the full hidden
+    # width) keep their input's 1/t sequence chunk and gather it again for W
+    chunked = t > 1 and cost.sequence_parallel and cost.kernels == "fused"
+    gemms = layer_gemms(spec, tokens, t)
+    inputs = sum(m * k / (t if chunked and k == spec.hidden else 1) for m, _, k in gemms)
+    return inputs * cost.activation_bytes_per_element
 
 
 def deferred_grad_output_bytes(cost: Any, n: int, last: bool) -> float:

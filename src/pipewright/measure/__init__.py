@@ -41,6 +41,9 @@ def measure_run(
             f"--measure: {config.world_size:,} processes (tp × cp × pp × dp) is more than the "
             f"{MAX_DEVICES:,} devices the simulated side builds a cluster of; use fewer"
         )
+    # the F&B pairs of an expert- or context-parallel run one after the other: the overlapped pair's
+    # second thread would run outside the tracker, whose dispatch mode is the measuring thread's
+    config = config.with_overrides(blocking_pairs=True)
     run = prepare(config, world_size=config.world_size, check_size=False)
     predicted = predict(run)
     ranks = distinct_ranks(run.config)
