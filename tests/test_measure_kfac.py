@@ -26,6 +26,8 @@ def test_kfac_ranks_match_the_simulator_and_repeat_exactly(model):
         assert p.parts["kfac_state"] > 0
         assert m.peak_bytes == pytest.approx(p.peak_bytes, rel=0.005), (model, m.pp_rank)
         assert p.plan.fills and any(p.plan.fills.values())  # tasks were placed in bubbles
+        for kind in (KFAC_FILL, "KFAC_PRECOND"):  # the planned curvature and the preconditioning
+            assert m.flops[kind] == p.flops[kind] > 0, (model, kind)
     again = measure_run(config)  # the planned fills: the same peak, byte for byte, at the same action
     assert [(c.measured.peak_bytes, c.measured.peak_action) for c in again] == [
         (c.measured.peak_bytes, c.measured.peak_action) for c in first

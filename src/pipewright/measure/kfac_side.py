@@ -23,13 +23,15 @@ class KfacRank:
     ``state`` (factors and inverses, bytes), ``activations`` (the rank's activation peak with K-FAC's
     bytes, above static), ``held`` (K-FAC's bytes still live after the iteration's last action),
     ``step`` (what its optimizer step adds,
-    :meth:`~pipewright.features.kfac.memory.RankLinears.step_bytes`)."""
+    :meth:`~pipewright.features.kfac.memory.RankLinears.step_bytes`), ``flops`` (of its bubble and
+    preconditioning actions, by kind)."""
 
     plan: object
     state: float
     activations: float
     held: float
     step: float
+    flops: dict[str, float]
 
 
 def kfac_ranks(run, setup) -> dict[int, KfacRank]:
@@ -48,6 +50,7 @@ def kfac_ranks(run, setup) -> dict[int, KfacRank]:
         memory_deltas,
         plan_fills,
         rank_unit,
+        task_flops,
     )
     from pipewright.hardware import accelerator
     from pipewright.sim.memory import peak_from_deltas, transient_of
@@ -72,5 +75,6 @@ def kfac_ranks(run, setup) -> dict[int, KfacRank]:
         trans = [0.0 if a.kind in KFAC_KINDS_ALL else float(transient(a, sched)) for a in row]
         peak = peak_from_deltas([b + e for b, e in zip(base, extra, strict=True)], 0.0, trans)
         plan = FillPlan(fills, len(linears.layers))
-        out[rank] = KfacRank(plan, linears.state_bytes(), peak, sum(extra), linears.step_bytes())
+        flops = task_flops(row, linears, fills, tokens)
+        out[rank] = KfacRank(plan, linears.state_bytes(), peak, sum(extra), linears.step_bytes(), flops)
     return out

@@ -108,6 +108,8 @@ def predict(run) -> list[RankPrediction]:
             f = float(cost.flops(action, sched))
             if f:
                 flops[action.kind] += f
+        if k is not None:
+            flops.update(k.flops)
         mine = sched.actions[rank]
         reduce = sum(  # the collectives a reduction is made of (ZeRO-1: reduce-scatter + all-gather)
             _moved(b, run.config)

@@ -232,6 +232,25 @@ def memory_deltas(
     return out
 
 
+def task_flops(
+    row: Sequence[Action], linears: RankLinears, fills: Mapping[tuple, tuple[Task, ...]], tokens: int
+) -> dict[str, float]:
+    """FLOPs of the K-FAC work in ``row`` by action kind: each planned curvature task's 2·n·d²
+    (d = d_a for A, d_out for B) in its ``KFAC_FILL``, and each ``KFAC_PRECOND``'s B⁻¹·G·A⁻¹,
+    2·d_out·d_a·(d_out + d_a) a layer of its stage."""
+    out = {KFAC_FILL: 0.0, KFAC_PRECOND: 0.0}
+    for a in row:
+        if a.kind == KFAC_FILL:
+            for which, i, _ in fills.get((a.stage, a.payload), ()):
+                x = linears.layers[i][2]
+                out[KFAC_FILL] += 2.0 * tokens * (x.dim_a if which == "A" else x.d_out) ** 2
+        elif a.kind == KFAC_PRECOND:
+            for i in linears.of_stage(a.stage):
+                x = linears.layers[i][2]
+                out[KFAC_PRECOND] += 2.0 * x.d_out * x.dim_a * (x.d_out + x.dim_a)
+    return out
+
+
 def _split(row: Sequence[Action], stage: int) -> bool:
     return any(a.kind == W and a.stage == stage for a in row)
 
