@@ -5,7 +5,8 @@ wrong types, non-UTF-8 and missing files, unwritable output paths and huge sizes
 Each vector runs in-process (``pipewright.cli.main``) under a per-case time bound. Properties: no
 traceback (every failure is a clean exit whose last stderr line is the one-line error), no run past
 the bound, and no exit 0 when the vector holds a value that is nonsense for its flag. ``train`` always
-gets ``--dry-run`` (every check, no worker); ``plan`` and ``profile`` — whose valid runs search or
+gets ``--dry-run`` (every check, no worker; with a drawn ``--measure…`` flag, one step of each
+distinct rank on meta tensors); ``plan`` and ``profile`` — whose valid runs search or
 measure for a long time — get only vectors holding at least one nonsense value. Fixed seed
 (``derandomize``); :data:`COUNTS` vectors per command, 2,160 in all.
 """
@@ -151,8 +152,6 @@ def _vectors(path: tuple[str, ...], parser: argparse.ArgumentParser, files: dict
         chosen = draw(st.lists(st.sampled_from(options), max_size=6, unique_by=id)) if options else []
         if path == ("train",):
             chosen = [a for a in chosen if "--dry-run" not in a.option_strings]
-        # --measure runs a whole training step of each distinct rank (tests/test_measure.py)
-        chosen = [a for a in chosen if not any(f.startswith("--measure") for f in a.option_strings)]
         for action in chosen:
             longs = [f for f in action.option_strings if f.startswith("--")] or action.option_strings
             flag = draw(st.sampled_from(longs))

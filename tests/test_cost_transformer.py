@@ -51,7 +51,10 @@ def test_activation_bytes():
     f = plain.activation_bytes(Action(1, F, 0), schedule)
     assert f == 2 * (34 * s * b * h + 5 * a * s * s * b)
     handed = deferred_grad_output_bytes(plain, 2, False)  # I hands the output gradients to W
-    assert plain.activation_bytes(Action(1, W, 0), schedule) == -2 * 32 * s * b * h - handed
+    assert handed == 2 * 18 * s * b * h  # 2 bytes × (3h + h + 4h + h) outputs a token
+    # W frees Zero Bubble's 32·s·b·h a layer: the linear layers' inputs, 2 × (3h + f) = 14·s·b·h,
+    # and the output gradients I handed it
+    assert plain.activation_bytes(Action(1, W, 0), schedule) == -2 * 32 * s * b * h
     assert (
         f
         + plain.activation_bytes(Action(1, I, 0), schedule)

@@ -35,9 +35,14 @@ def test_the_measured_flops_and_messages_of_the_recorded_rows():
                     assert r[kind]["measured"] == pytest.approx(r[kind]["simulated"], rel=0.01), row["name"]
         msg = r["boundary message"]
         assert msg["measured"] == msg["simulated"], row["name"]
+        if "dp bytes" in r:  # the gradients' reduction, the loss and the norm: byte for byte
+            assert r["dp bytes"]["measured"] == r["dp bytes"]["simulated"], row["name"]
 
 
-@pytest.mark.parametrize("index", [0, len(ROWS) - 2], ids=lambda i: ROWS[i][0])
+_405B = next(i for i, (name, _, _) in enumerate(ROWS) if name.startswith("llama3-405b"))
+
+
+@pytest.mark.parametrize("index", [0, _405B], ids=lambda i: ROWS[i][0])
 def test_the_simulated_side_is_current(index):
     name, fields, pp_rank = ROWS[index]
     recorded = next(r for r in load() if r["name"] == name)
@@ -51,8 +56,9 @@ def test_the_simulated_side_is_current(index):
 #: Rows whose simulated peak is more than 5 % from the measured one, each with its cause on
 #: docs/fidelity.md; the list can only shrink (the test fails when a listed row comes within 5 %).
 PEAK_MISSES = {
-    "llama3-8b t1 p4 1f1b K-FAC",  # the curvature's kept inputs and factors are not priced
-    "llama3-8b t1 p4 async-zb-h1 stash fp32",  # simulated activations 6.8 GiB high, cause not found
+    # transformers' Llama layer keeps its RMSNorms' fp32 inputs and its MLP's SiLU output, which
+    # Megatron's layer (the simulator's accounting, and pipewright's own) recomputes in the backward
+    "hf llama3-8b (transformers) t1 p4 1f1b",
 }
 
 

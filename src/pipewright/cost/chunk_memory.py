@@ -53,9 +53,10 @@ activation element; all terms / c):
   (:func:`~pipewright.cost.kernels.loss_bytes`, per b·s·V/t; PyTorch's loss-parallel kernel where
   t > 1 and the loss is not fused).
 
-W frees the inputs of the linear layers (at most 32·s·b·h/t bytes per layer; nothing with full
-recomputation), I the rest, B everything (Zero Bubble's accounting); I adds, and W frees, the output
-gradients of the linear layers it hands to the W store (:func:`deferred_grad_output_bytes`).
+W frees the inputs of the linear layers (:func:`deferred_input_bytes`, (3h + f)·s·b·e a layer without
+tensor parallelism; nothing with full recomputation), I the rest, B everything (Zero Bubble's
+accounting); I adds, and W frees, the output gradients of the linear layers it hands to the W store
+(:func:`deferred_grad_output_bytes`).
 
 The recomputation transient (:func:`recompute_transient`): a layer whose forward kept less than all
 its activations re-runs the dropped part at the start of its backward, and for that layer's backward
@@ -286,11 +287,10 @@ def chunk_memory(cost: Any, n: int, first: bool, last: bool) -> dict[str, float]
     """Activation bytes per kind (F adds, W/I/B free) of a chunk of ``n`` layers, per microbatch and
     device; ``first``/``last``: it holds the embedding / the output layer and loss."""
     spec, b, t, c = cost.spec, cost.microbatch, cost.mesh.tp, cost.cp
-    s, h, V = spec.seq_len, spec.hidden, spec.vocab
-    esize = cost.activation_bytes_per_element
+    s, V = spec.seq_len, spec.vocab
     per_layer = stored_memory_bytes(cost) / c
     full = cost.recompute == "full"
-    w_frees = 0.0 if full else min(32 * s * b * h / t * esize / 2 / c, per_layer)
+    w_frees = 0.0 if full else min(deferred_input_bytes(cost), per_layer)
     added = n * per_layer
     step = cost.stage_outputs == "step"
     held = 0.0  # kept until the step ends (``output_chunks``)
@@ -309,6 +309,22 @@ def chunk_memory(cost: Any, n: int, first: bool, last: bool) -> dict[str, float]
     kept = added - held
     gout = deferred_grad_output_bytes(cost, n, last)
     return {F: added, B: -kept, W: -n * w_frees - gout, I: -(kept - n * w_frees) + gout}
+
+
+def deferred_input_bytes(cost: Any) -> float:
+    """The inputs of one layer's linear layers that a split backward's W store keeps from I to W, per
+    microbatch and device: Σ m·k over the layer's forward GEMMs (m tokens, k inputs per device; the
+    fused q/k/v and gate/up GEMMs read one tensor each; under sequence parallelism a column-parallel
+    layer's 1/t chunk), × e — (3h + f)·s·b·e for a Llama or GPT layer without tensor parallelism.
+    What else the layer stored, I frees."""
+    spec, t = cost.spec, cost.mesh.tp
+    tokens = cost.microbatch * spec.seq_len / cost.cp
+    # with sequence parallelism Megatron's column-parallel layers (those reading the full hidden
+    # width) keep their input's 1/t sequence chunk and gather it again for W
+    chunked = t > 1 and cost.sequence_parallel and cost.kernels == "fused"
+    gemms = layer_gemms(spec, tokens, t)
+    inputs = sum(m * k / (t if chunked and k == spec.hidden else 1) for m, _, k in gemms)
+    return inputs * cost.activation_bytes_per_element
 
 
 def deferred_grad_output_bytes(cost: Any, n: int, last: bool) -> float:

@@ -189,6 +189,21 @@ def reduction_parts(kind: str, nbytes: float) -> tuple[tuple[str, float], ...]:
     return tuple((k, nbytes.part(f)) for k, f in calls)
 
 
+#: float64 scalars the training step all-reduces over the data-parallel group besides the gradients:
+#: the loss and its microbatch count, and the gradient norm's sum of squares
+LOSS_SCALARS, NORM_SCALARS = 2, 1
+
+
+def step_scalar_bytes(dp: int, norm_over_dp: bool) -> float:
+    """Bytes the training step all-reduces over the data-parallel group besides the gradients: the
+    loss and its count (2 × 8 bytes) when dp > 1, and the gradient norm's Σ g² (8 bytes) where its
+    terms are split over the replicas (``norm_over_dp``: ZeRO-1's gradient slices, or experts that
+    differ between replicas) — 16 or 24 bytes, 0 with dp = 1."""
+    if dp <= 1:
+        return 0.0
+    return 8.0 * (LOSS_SCALARS + (NORM_SCALARS if norm_over_dp else 0))
+
+
 def reduction_time(kind: str, nbytes: float, time: Callable[[str, float], float]) -> float:
     """Seconds of collective ``kind`` of ``nbytes``: Σ ``time(kind, bytes)`` over
     :func:`reduction_parts` (the calls one after the other)."""

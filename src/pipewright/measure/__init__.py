@@ -15,7 +15,11 @@ from collections.abc import Callable, Sequence
 from pipewright.measure.rank import RankMeasure, distinct_ranks, measure_rank
 from pipewright.measure.side_by_side import RankComparison, compare, text
 
-__all__ = ["RankComparison", "RankMeasure", "compare", "distinct_ranks", "measure_run", "text"]
+__all__ = ["MAX_DEVICES", "RankComparison", "RankMeasure", "compare", "distinct_ranks", "measure_run", "text"]
+
+#: the most devices a measured layout may have: the simulated side builds a cluster of them and the
+#: fake process group a mesh of them (32,768: about 10 s here; twice the 16,384 GPUs of Llama 3 405B)
+MAX_DEVICES = 1 << 15
 
 
 def measure_run(
@@ -32,6 +36,14 @@ def measure_run(
 
     if getattr(config, "init_from", None):
         raise ConfigError("--measure builds no weights (meta tensors): drop --init-from")
+    if config.world_size > MAX_DEVICES:
+        raise ConfigError(
+            f"--measure: {config.world_size:,} processes (tp × cp × pp × dp) is more than the "
+            f"{MAX_DEVICES:,} devices the simulated side builds a cluster of; use fewer"
+        )
+    # the F&B pairs of an expert- or context-parallel run one after the other: the overlapped pair's
+    # second thread would run outside the tracker, whose dispatch mode is the measuring thread's
+    config = config.with_overrides(blocking_pairs=True)
     run = prepare(config, world_size=config.world_size, check_size=False)
     predicted = predict(run)
     ranks = distinct_ranks(run.config)
@@ -45,16 +57,16 @@ def measure_run(
         for p in chosen:
             if progress is not None:
                 progress(f"measuring pipeline rank {p} (global rank {ranks[p]})")
-            out.append(compare(_measured(run, ranks[p]), predicted[p]))
+            out.append(compare(_measured(run, ranks[p], predicted[p].plan), predicted[p]))
     return out
 
 
-def _measured(run, rank: int):
+def _measured(run, rank: int, plan=None):
     """:func:`measure_rank`, a failure of the model's code on meta tensors as a one-line ConfigError."""
     from pipewright.errors import ConfigError, PipewrightError
 
     try:
-        return measure_rank(run, rank)
+        return measure_rank(run, rank, plan)
     except PipewrightError:
         raise
     except Exception as exc:  # e.g. a model that reads values or copies weights to the host

@@ -10,10 +10,12 @@ ranks of one pipeline rank hold the same stage shapes and run the same actions).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
+from pipewright.ir import W
 from pipewright.measure.fake import META, fake_process_group, meta_world
 from pipewright.measure.ring_flops import counted_in_convention
 from pipewright.measure.tracker import CATEGORIES, ProgramTracker
@@ -52,19 +54,32 @@ def distinct_ranks(config) -> list[int]:
 
 
 def _group_names(mesh) -> dict[str, str]:
-    names = {}
+    """A process group's name → its label in the byte counts; a group of one rank moves nothing
+    (its collectives are counted as ``local``). The gradients' group under context parallelism
+    (dp × cp, ``grad_group``) is ``dp``, as the simulator's REDUCE_GRAD."""
+    import torch.distributed as dist
+
+    names, groups = {}, []
     for dim in ("tp", "pp", "dp", "cp"):
         try:
-            group = mesh.group(dim)
+            groups.append((mesh.group(dim), dim))
         except (KeyError, RuntimeError):
             continue
+    groups += [(getattr(mesh, a, None), label) for a, label in _NAMED]
+    for group, label in groups:
         if group is not None:
-            names[group.group_name] = dim
-    for attr, label in (("ep_group", "ep"), ("expert_dp_group", "expert-dp"), ("ep_back_group", "ep")):
-        group = getattr(mesh, attr, None)
-        if group is not None:
-            names[group.group_name] = label
+            names[group.group_name] = label if dist.get_world_size(group) > 1 else "local"
     return names
+
+
+#: the mesh's other groups (attribute, label); the gradient groups last, so a group that is both is ``dp``
+_NAMED = (
+    ("ep_group", "ep"),
+    ("ep_back_group", "ep"),
+    ("expert_dp_group", "expert-dp"),
+    ("expert_grad_group", "expert-dp"),
+    ("grad_group", "dp"),
+)
 
 
 def _channel_names(mesh) -> dict[str, str]:
@@ -134,13 +149,15 @@ def _label(action) -> str:
     return str(action)
 
 
-def _wrap(tracker: ProgramTracker):
+def _wrap(tracker: ProgramTracker, after_w: Callable[[], None]):
     def wrapper(kind, handler):
         def run(state, action):
             tracker.action, tracker.kind = _label(action), kind
             try:
                 return handler(state, action)
             finally:
+                if kind == W:
+                    after_w()
                 tracker.action, tracker.kind = "between actions", "other"
 
         return run
@@ -172,6 +189,17 @@ def _grad_hooks(tracker: ProgramTracker, trainer) -> list:
     return [p.register_post_accumulate_grad_hook(moved) for p in params]
 
 
+def _w_grads(tracker: ProgramTracker, trainer) -> Callable[[], None]:
+    """After a W: its weight gradients as ``grads`` (the W store sets or adds to ``.grad`` itself,
+    which autograd's accumulation hook does not see)."""
+    params = [p for mod in trainer.stages.values() for p in mod.parameters() if p.requires_grad]
+
+    def sweep() -> None:
+        tracker.move((p.grad for p in params if p.grad is not None), "grads")
+
+    return sweep
+
+
 def _p2p_as_on_cuda(executor, schedule) -> None:
     """Point-to-point as the executor runs it on CUDA, not as on a CPU process group: receives posted
     at most ``num_stages`` ahead per channel (its CUDA default ``recv_depth``; on CPU every receive of
@@ -182,8 +210,21 @@ def _p2p_as_on_cuda(executor, schedule) -> None:
     executor.comm._release_received = True
 
 
-def measure_rank(run, rank: int) -> RankMeasure:
-    """Build ``rank``'s share of the prepared ``run`` at full size on meta tensors and measure one step."""
+def _follow(trainer, plan) -> None:
+    """Give ``plan`` (the simulator's, :attr:`~.simulated_side.RankPrediction.plan`) to the plugins that
+    follow one (``follow_plan``: K-FAC's bubbles run the planned tasks, not those that fit by the
+    durations measured, which on meta tensors mean nothing)."""
+    if plan is None:
+        return
+    for plugin in trainer.plugins:
+        follow = getattr(plugin, "follow_plan", None)
+        if follow is not None:
+            follow(plan)
+
+
+def measure_rank(run, rank: int, plan=None) -> RankMeasure:
+    """Build ``rank``'s share of the prepared ``run`` at full size on meta tensors and measure one step
+    (``plan``: what the simulator planned that the program follows, see :func:`_follow`)."""
     from pipewright.runtime.core.trainer import Trainer
     from pipewright.runtime.parallel.process_mesh import ParallelMesh
 
@@ -204,9 +245,10 @@ def measure_rank(run, rank: int) -> RankMeasure:
             opt = _base_optimizer(trainer)
             tracker.phase = "optimizer"
             _warm_optimizer(opt)
+            _follow(trainer, plan)
             _classify(tracker, trainer, opt)
             hooks = _grad_hooks(tracker, trainer)
-            trainer.executor.wrap_handlers(_wrap(tracker))
+            trainer.executor.wrap_handlers(_wrap(tracker, _w_grads(tracker, trainer)))
             static = dict(tracker.totals)
             tracker.counting, tracker.phase, tracker.action = True, "activations", "step start"
             tracker.reset_peak()

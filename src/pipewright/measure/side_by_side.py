@@ -1,7 +1,8 @@
 """The measured program next to the simulator, per distinct rank: peak memory (static part, activations
-part, total), FLOPs per action kind, the bytes of one boundary message and of the data-parallel
-gradient reduction (the dp group's collectives of 1 KiB or more against the simulator's REDUCE_GRAD
-messages), each with the difference (simulated / measured − 1) and whether it meets the targets:
+part, total), FLOPs per action kind, the bytes of one boundary message and over the data-parallel
+groups (the gradients' reduction and the step's loss and norm scalars, against the simulator's
+REDUCE_GRAD messages and :func:`~pipewright.cost.sharding.step_scalar_bytes`), each with the
+difference (simulated / measured − 1) and whether it meets the targets:
 memory within 5 %, FLOPs within 1 %, bytes equal.
 
 Static = parameters + gradients + optimizer state + buffers (measured) against weights + gradients +
@@ -21,8 +22,8 @@ from pipewright.measure.simulated_side import RankPrediction
 MEMORY_TARGET = 0.05
 FLOPS_TARGET = 0.01
 GiB = 2**30
-#: data-parallel collectives below this many bytes are the loss's and the norm's, not the gradients'
-_SMALL = 1024
+#: the rows compared in bytes, exactly
+_BYTES = ("boundary message", "dp bytes")
 
 _STATIC_MEASURED = ("params", "grads", "optimizer", "buffers")
 _STATIC_SIMULATED = (
@@ -32,6 +33,7 @@ _STATIC_SIMULATED = (
     "embedding_output_layer",
     "step_gradients",
     "state",  # a wrapping cost model's state in one (measure/simulated_side.py's _lumped)
+    "kfac_state",  # K-FAC's factors and inverses (measure/kfac_side.py)
 )
 _GRAD_GROUPS = ("dp", "expert-dp")
 _ACTIVE_SIMULATED = ("activations", "recompute_transient", "communication_buffers", "weight_versions")
@@ -69,10 +71,10 @@ class RankComparison:
                 out[f"FLOPs {kind}"] = (float(m.flops.get(kind, 0)), float(p.flops.get(kind, 0.0)))
         if self.boundary_bytes or p.message_bytes:
             out["boundary message"] = (float(self.boundary_bytes), p.message_bytes)
-        # the dense gradients over dp, the experts' over their own data-parallel group
-        grads = sum(v for (op, group), v in m.comm.items() if group in _GRAD_GROUPS and v >= _SMALL)
-        if grads or p.reduce_bytes:
-            out["dp gradient bytes"] = (float(grads), p.reduce_bytes)
+        # the dense gradients, the loss and the norm over dp, the experts' over their own dp group
+        dp = sum(v for (op, group), v in m.comm.items() if group in _GRAD_GROUPS)
+        if dp or p.reduce_bytes:
+            out["dp bytes"] = (float(dp), p.reduce_bytes)
         return out
 
     def misses(self) -> list[str]:
@@ -82,9 +84,7 @@ class RankComparison:
             diff = abs(_rel(sim, meas))
             memory = name == "peak memory" and diff > MEMORY_TARGET
             flops = name.startswith("FLOPs") and diff > FLOPS_TARGET
-            # bytes equal up to the scalars a step all-reduces beside its gradients (MoE's load
-            # statistics: 24 bytes), which the per-group totals include
-            message = name in ("boundary message", "dp gradient bytes") and abs(meas - sim) >= _SMALL
+            message = name in _BYTES and meas != sim
             if memory or flops or message:
                 out.append(name)
         return out
@@ -116,7 +116,7 @@ def compare(measured: RankMeasure, predicted: RankPrediction) -> RankComparison:
 def _fmt(name: str, value: float) -> str:
     if name.startswith("FLOPs"):
         return f"{value / 1e12:.2f} TF"
-    if name in ("boundary message", "dp gradient bytes"):
+    if name in _BYTES:
         return f"{value / 2**20:.1f} MiB"
     return f"{value / GiB:.2f} GiB"
 

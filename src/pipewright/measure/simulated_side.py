@@ -31,7 +31,8 @@ class RankPrediction:
     flops: dict[str, float]
     message_bytes: float
     memory_limit: float | None = None  # one GPU's memory (bytes)
-    reduce_bytes: float = 0.0  # the data-parallel gradient reduction's messages (REDUCE_GRAD)
+    reduce_bytes: float = 0.0  # over dp: the gradient reduction's messages (REDUCE_GRAD), the step's scalars
+    plan: object = None  # what the measured program follows (K-FAC's bubbles: .kfac_side)
 
 
 def sim_setup(run, gpu: str = "h100-sxm"):
@@ -83,18 +84,25 @@ def _with_vocab_parallel(setup, option: str):
 def predict(run) -> list[RankPrediction]:
     """Per pipeline rank: the simulated peak memory with its parts, FLOPs per kind, message bytes."""
     from pipewright.cost.memory_parts import rank_memory_parts
-    from pipewright.cost.sharding import reduction_parts
+    from pipewright.cost.sharding import reduction_parts, step_scalar_bytes
+    from pipewright.measure.kfac_side import kfac_ranks
 
     setup = sim_setup(run)
     result = setup.simulate()
     sched, cost = result.source, setup.cost
     peaks = [float(p) for p in result.peak_memory]
+    kfac = kfac_ranks(run, setup)
+    for rank, k in kfac.items():  # the activations' peak with K-FAC's kept tensors
+        peaks[rank] = float(cost.static_bytes(rank, sched)) + k.activations
     parts = rank_memory_parts(cost, sched, peaks) or [_lumped(cost, sched, r, p) for r, p in enumerate(peaks)]
     message = float(cost.message_bytes(Action(0, SEND_F, 0), sched)) if sched.num_stages > 1 else 0.0
     out = []
     held = _weight_versions(run, cost, sched)
-    for rank, peak in enumerate(result.peak_memory):
-        peak = _with_step(cost, sched, rank, float(peak), parts[rank])
+    for rank, peak in enumerate(peaks):
+        k = kfac.get(rank)
+        if k is not None:
+            parts[rank]["kfac_state"] = k.state
+        peak = _with_step(cost, sched, rank, peak, parts[rank], *((k.state, k.held, k.step) if k else ()))
         if held.get(rank):
             parts[rank]["weight_versions"] = held[rank]
             peak += held[rank] - _gradients_stepped(cost, parts[rank])
@@ -103,15 +111,29 @@ def predict(run) -> list[RankPrediction]:
             f = float(cost.flops(action, sched))
             if f:
                 flops[action.kind] += f
+        if k is not None:
+            flops.update(k.flops)
         mine = sched.actions[rank]
         reduce = sum(  # the collectives a reduction is made of (ZeRO-1: reduce-scatter + all-gather)
-            b
+            _moved(b, run.config)
             for a in mine
             if a.kind == REDUCE_GRAD
             for _, b in reduction_parts("all_reduce", cost.message_bytes(a, sched))
+        ) + step_scalar_bytes(run.config.dp, run.config.shard_optimizer or run.config.ep > 1)
+        plan = k.plan if k is not None else None
+        out.append(
+            RankPrediction(rank, peak, parts[rank], dict(flops), message, setup.memory_limit, reduce, plan)
         )
-        out.append(RankPrediction(rank, peak, parts[rank], dict(flops), message, setup.memory_limit, reduce))
     return out
+
+
+def _moved(nbytes: float, config) -> float:
+    """The bytes of a reduction that cross devices: a mixture of experts' routed-expert share
+    (``GradBytes.expert``) is reduced over the dp·cp/ep replicas of each expert, none when that is
+    one (ep = dp·cp: each expert on one device of the stage)."""
+    expert = getattr(nbytes, "expert", 0.0)
+    alone = config.dp * config.cp // max(config.ep, 1) == 1
+    return float(nbytes) - (expert if alone else 0.0)
 
 
 def _lumped(cost, sched, rank: int, peak: float) -> dict[str, float]:
@@ -121,21 +143,34 @@ def _lumped(cost, sched, rank: int, peak: float) -> dict[str, float]:
     return {"state": static, "activations": peak - static}
 
 
-def _with_step(cost, sched, rank: int, peak: float, parts: dict[str, float]) -> float:
-    """The higher of ``peak`` and the optimizer step's (static + the step's fp32 gradient copies,
-    :func:`~pipewright.cost.chunk_memory.step_transient_bytes`; the simulated schedule has a STEP only
-    where the optimizer is priced): when the step's is higher, ``parts`` becomes the step's (no
-    activations, ``step_gradients`` the copies)."""
+def _with_step(
+    cost,
+    sched,
+    rank: int,
+    peak: float,
+    parts: dict[str, float],
+    state: float = 0.0,
+    held: float = 0.0,
+    extra: float = 0.0,
+) -> float:
+    """The higher of ``peak`` + ``state`` (static bytes beyond the cost model's: K-FAC's factors) and
+    the optimizer step's (static + ``state`` + the step's fp32 gradient copies,
+    :func:`~pipewright.cost.chunk_memory.step_transient_bytes`, + ``extra`` that the step adds beyond
+    them, + ``held``: activation bytes still live after the iteration; the simulated schedule has a
+    STEP only where the optimizer is priced): when the step's is higher, ``parts`` becomes the step's
+    (``activations`` the bytes ``held``, ``step_gradients`` the copies and ``extra``)."""
     from pipewright.cost.chunk_memory import step_transient_bytes
 
     stage = sched.stages_of(rank)[0]
     base = getattr(cost, "inner", cost)  # a vocabulary-parallel cost wraps the transformer's
-    step = float(cost.static_bytes(rank, sched)) + step_transient_bytes(base, Action(stage, STEP, 0), sched)
-    if step <= peak:
-        return peak
+    static = float(cost.static_bytes(rank, sched)) + state
+    step = static + step_transient_bytes(base, Action(stage, STEP, 0), sched) + extra + held
+    if step <= peak + state:
+        return peak + state
     for key in ("activations", "recompute_transient", "communication_buffers"):
         parts[key] = 0.0
-    parts["step_gradients"] = step - float(cost.static_bytes(rank, sched))
+    parts["activations"] = held
+    parts["step_gradients"] = step - static - held
     return step
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 #: the Llama 3 405B layout: the embedding and the output layer alone on the first and last of 128 stages
@@ -17,6 +18,12 @@ _LLAMA = {"microbatch_size": 1, "precision": "bf16", "progress": False}
 _L8 = {**_LLAMA, "model": "llama3-8b", "vocab": 128256, "tp": 1, "pp": 4, "microbatches": 8}
 _L70 = {**_LLAMA, "model": "llama3-70b", "vocab": 128256, "tp": 8, "pp": 4, "microbatches": 8}
 _L70 |= {"sequence_parallel": True}
+_G175 = {**_LLAMA, "model": "gpt3-175b", "vocab": 51200, "tp": 8, "pp": 16, "microbatches": 16}
+_G175 |= {"sequence_parallel": True}
+_MIXTRAL = {**_LLAMA, "model": "mixtral-8x7b", "vocab": 32000, "tp": 1, "pp": 4, "dp": 8, "ep": 8}
+_MIXTRAL |= {"microbatches": 8}
+#: Llama 3 8B's config.json (its published dimensions) for transformers' LlamaForCausalLM
+HF_CONFIG = Path(__file__).resolve().parent / "data" / "hf-llama3-8b-config.json"
 
 #: (row name, TrainConfig fields, pipeline rank measured)
 ROWS: tuple[tuple[str, dict[str, Any], int], ...] = (
@@ -92,18 +99,14 @@ ROWS: tuple[tuple[str, dict[str, Any], int], ...] = (
         },
         0,
     ),
-    (
-        "gpt3-175b t8 p16 sp 1f1b",
-        {
-            **_LLAMA,
-            "model": "gpt3-175b",
-            "vocab": 51200,
-            "tp": 8,
-            "pp": 16,
-            "schedule": "1f1b",
-            "microbatches": 16,
-            "sequence_parallel": True,
-        },
+    ("gpt3-175b t8 p16 sp 1f1b", {**_G175, "schedule": "1f1b"}, 0),
+    ("gpt3-175b t8 p16 sp zb-h1", {**_G175, "schedule": "zb-h1"}, 0),
+    ("gpt3-175b t8 p16 sp zbv", {**_G175, "schedule": "zbv"}, 0),
+    ("mixtral-8x7b t1 p4 d8 e8 dualpipev", {**_MIXTRAL, "schedule": "dualpipev"}, 0),
+    (  # the Hugging Face path: transformers' own Llama layers, built from a config.json
+        "hf llama3-8b (transformers) t1 p4 1f1b",
+        {**_LLAMA, "hf_model": str(HF_CONFIG), "seq_len": 8192, "tp": 1, "pp": 4, "microbatches": 8}
+        | {"schedule": "1f1b"},
         0,
     ),
 )
@@ -117,8 +120,12 @@ def load() -> list[dict[str, Any]]:
 
 
 def record(name: str, fields: dict[str, Any], cmp) -> dict[str, Any]:
-    """One row of the package data from a :class:`~pipewright.measure.side_by_side.RankComparison`."""
-    return {"name": name, "config": fields, **cmp.as_dict()}
+    """One row of the package data from a :class:`~pipewright.measure.side_by_side.RankComparison`
+    (a config file named by its place in the package)."""
+    shown = {
+        k: f"pipewright/measure/data/{Path(v).name}" if k == "hf_model" else v for k, v in fields.items()
+    }
+    return {"name": name, "config": shown, **cmp.as_dict()}
 
 
 def _pair(rows: dict[str, Any], name: str) -> tuple[float, float]:

@@ -67,6 +67,7 @@ class BubbleWorker:
     min_interval: int = 1  # iterations between the starts of two refreshes (K-FAC's inverse interval)
     has_bubbles: bool = True  # False: no bubble on this rank (e.g. pp = 1): the tasks run at the step
     staged: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict)  # dp > 1: inverses to install
+    planned: dict[tuple, tuple] | None = None  # (stage, bubble) → curvature tasks (.memory.plan_fills)
     iterations: int = 0  # iterations begun (the counter of the refresh interval)
     _started: int = 0  # iteration (count) the current refresh started recording
     _iteration: int = -1  # the executor's number of the current iteration
@@ -182,6 +183,16 @@ class BubbleWorker:
         while (left := end - time.perf_counter()) > 0 and self.run_one(left):
             pass
 
+    def run_planned(self, bubble: tuple) -> None:
+        """The curvature tasks the plan puts in ``bubble`` (:func:`~.memory.plan_fills`: predicted
+        durations, the same placement on every run), those pending."""
+        kfac = self.kfac
+        for which, i, k in self.planned.get(bubble, ()):
+            saved = kfac.layers[i].saved_inputs if which == "A" else kfac.layers[i].saved_grads
+            if k in saved:
+                (kfac.curvature_a if which == "A" else kfac.curvature_b)(i, k)
+                self.tasks_run += 1
+
     def drain(self) -> None:
         """Run every pending task now (used at the step with dp > 1, and by tests)."""
         while self.run_one(None):
@@ -269,7 +280,9 @@ def kfac_handlers(
 
     def fill(state, a: Action) -> None:
         worker.begin_iteration(state.executor.iteration)
-        if math.isinf(worker.fill_scale):  # every pending task, whatever the bubble (reproducible)
+        if worker.planned is not None:
+            worker.run_planned((a.stage, a.payload))
+        elif math.isinf(worker.fill_scale):  # every pending task, whatever the bubble (reproducible)
             worker.drain()
         elif worker.unit_s is not None:
             worker.fill(budgets[(a.stage, a.payload)] * worker.unit_s * worker.fill_scale)

@@ -92,10 +92,32 @@ class KfacPlugin(TrainingPlugin):
         )
         if options.fill == "all":
             opt.worker.fill_scale = math.inf
+        self.opt = opt
         if master is not None:
             opt.kfac.set_masters({id(master.params[n]): m for n, m in master.masters.items()})
             master.optimizer = opt  # MasterOptimizer.step: masters' gradients set, then this step
         return opt
+
+    def follow_plan(self, plan: Any) -> None:
+        """Under ``--measure`` (meta tensors: nothing can be timed): the bubbles run ``plan``'s tasks
+        (a :class:`~.memory.FillPlan`, the simulator's placement by predicted durations) and the
+        factors and inverses exist as a finished refresh leaves them (fp32, d_a² and d_out² a layer),
+        so the step measured is a steady recording iteration."""
+        import torch
+
+        from pipewright.features.kfac.factors import factor_dtype
+
+        kfac = self.opt.kfac
+        if plan.layers != len(kfac.layers):
+            raise ConfigError(
+                f"K-FAC's bubble plan counts {plan.layers} covered layers, this rank has {len(kfac.layers)}"
+            )
+        self.opt.worker.planned = dict(plan.fills)
+        for st in kfac.layers:
+            w = st.module.weight
+            dims = {"a": w.shape[1] + int(st.bias), "b": w.shape[0]}
+            for name, n in (("a", dims["a"]), ("b", dims["b"]), ("a_inv", dims["a"]), ("b_inv", dims["b"])):
+                setattr(st, name, torch.zeros(n, n, dtype=factor_dtype(w.dtype), device=w.device))
 
     def executor_parts(self, ctx: OptimizerContext) -> ExecutorParts:
         return ExecutorParts(handlers=self.handlers)
