@@ -1,14 +1,14 @@
 """``--optimizer kfac`` measured against the simulator: K-FAC's memory as
-:mod:`pipewright.features.kfac.memory` prices it (factors and inverses, the recording iteration's kept
-inputs and output gradients, the preconditioned gradients, the step's KL-clip), and the bubble plan the
-measured program follows (the same tasks in the same bubbles on every run)."""
+:mod:`pipewright.features.kfac.curvature_memory` prices it (factors and inverses, the recording
+iteration's kept inputs and output gradients, the preconditioned gradients, the step's KL-clip), and
+the bubble plan the measured program follows (the same tasks in the same bubbles on every run)."""
 
 from __future__ import annotations
 
 import pytest
 
+from pipewright.features.kfac.curvature_memory import CoveredLinear, RankLinears, memory_deltas, plan_fills
 from pipewright.features.kfac.kinds import KFAC_FILL
-from pipewright.features.kfac.memory import CoveredLinear, RankLinears, memory_deltas, plan_fills
 from pipewright.ir import Action, B, F
 from pipewright.measure import measure_run
 from pipewright.runtime.setup.config import TrainConfig

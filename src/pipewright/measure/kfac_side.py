@@ -1,5 +1,5 @@
 """The simulated side of ``--optimizer kfac`` (PipeFisher's K-FAC in the bubbles): its memory per rank
-as :mod:`pipewright.features.kfac.memory` prices it, over the schedule with a ``KFAC_FILL`` in every
+as :mod:`pipewright.features.kfac.curvature_memory` prices it, over the schedule with a ``KFAC_FILL`` in every
 bubble (the one ``train`` runs), and the bubble plan the measured program follows (the same tasks in
 the same bubbles as the prediction: the runtime's fills by measured durations would move with the
 machine's load).
@@ -19,11 +19,11 @@ _ELEMENT = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 @dataclass(frozen=True)
 class KfacRank:
-    """K-FAC on one pipeline rank: ``plan`` (a :class:`~pipewright.features.kfac.memory.FillPlan`),
+    """K-FAC on one pipeline rank: ``plan`` (a :class:`~pipewright.features.kfac.curvature_memory.FillPlan`),
     ``state`` (factors and inverses, bytes), ``activations`` (the rank's activation peak with K-FAC's
     bytes, above static), ``held`` (K-FAC's bytes still live after the iteration's last action),
     ``step`` (what its optimizer step adds,
-    :meth:`~pipewright.features.kfac.memory.RankLinears.step_bytes`), ``flops`` (of its bubble and
+    :meth:`~pipewright.features.kfac.curvature_memory.RankLinears.step_bytes`), ``flops`` (of its bubble and
     preconditioning actions, by kind)."""
 
     plan: object
@@ -36,13 +36,11 @@ class KfacRank:
 
 def kfac_ranks(run, setup) -> dict[int, KfacRank]:
     """Per pipeline rank, K-FAC's memory and plan; {} unless the run trains with ``--optimizer kfac``
-    a model whose covered layers are priced (:data:`~pipewright.features.kfac.memory.BLOCKS`)."""
+    a model whose covered layers are priced (:data:`~pipewright.features.kfac.curvature_memory.BLOCKS`)."""
     c = run.config
     if c.optimizer != "kfac":
         return {}
-    from pipewright.features.kfac.fill import slot_schedule
-    from pipewright.features.kfac.kinds import KFAC_KINDS_ALL
-    from pipewright.features.kfac.memory import (
+    from pipewright.features.kfac.curvature_memory import (
         FillPlan,
         RankLinears,
         block_linears,
@@ -52,6 +50,8 @@ def kfac_ranks(run, setup) -> dict[int, KfacRank]:
         rank_unit,
         task_flops,
     )
+    from pipewright.features.kfac.fill import slot_schedule
+    from pipewright.features.kfac.kinds import KFAC_KINDS_ALL
     from pipewright.hardware import accelerator
     from pipewright.sim.memory import peak_from_deltas, transient_of
 
