@@ -88,6 +88,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipewright.cost.attention_kinds import attention_of
+from pipewright.cost.cost_inputs import CostInputs
 from pipewright.cost.kernels import loss_bytes
 from pipewright.cost.layer import (
     embedding_parameters,
@@ -132,7 +133,7 @@ def gathered_input_units(t: int, fp8: bool) -> float:
     return (1 if fp8 else 2) * 2 * (1 - 1 / t)
 
 
-def layer_stored_bytes(cost: Any, mode: str | None = None, fp8: bool | None = None) -> float:
+def layer_stored_bytes(cost: CostInputs, mode: str | None = None, fp8: bool | None = None) -> float:
     """Bytes one layer's forward stores per microbatch and device under recomputation ``mode``
     (default: the cost model's), before the context-parallel split; ``fp8``: GEMM inputs kept as FP8
     copies (default: with fp8 GEMMs)."""
@@ -150,7 +151,7 @@ def layer_stored_bytes(cost: Any, mode: str | None = None, fp8: bool | None = No
     return sbh * units * scale
 
 
-def stored_memory_bytes(cost: Any, mode: str | None = None) -> float:
+def stored_memory_bytes(cost: CostInputs, mode: str | None = None) -> float:
     """:func:`layer_stored_bytes` (Korthikanti et al.'s count, which the memory-bound traffic also
     reads) + what PyTorch's tensor parallelism keeps all-gathered besides
     (:func:`gathered_input_units`; not under full recomputation): the bytes one layer holds for its
@@ -172,7 +173,7 @@ def stored_memory_bytes(cost: Any, mode: str | None = None) -> float:
     )
 
 
-def recompute_transient(cost: Any, kept: float | None = None) -> float:
+def recompute_transient(cost: CostInputs, kept: float | None = None) -> float:
     """Bytes one layer's recomputation holds on top of what its forward kept, per microbatch and device
     (module docstring): (stored_none − ``kept``)/c, ``kept`` defaulting to the layer's stored bytes
     under the cost model's mode; 0 without recomputation."""
@@ -180,35 +181,37 @@ def recompute_transient(cost: Any, kept: float | None = None) -> float:
     return max(stored_memory_bytes(cost, "none") - kept, 0.0) / cost.cp
 
 
-def transient_bytes(cost: Any, action: Any, schedule: Any, layer: float | None = None) -> float:
-    """The recomputation transient of ``action`` on top of the live bytes before it: ``layer``, default
-    the cost model's ``layer_transient()`` (:func:`recompute_transient` of its mode), for the B and I
-    of a chunk with layers, 0 for every other action. On the last chunk the backward first runs the
-    loss and the output layer, freeing what they kept (:func:`output_kept_bytes`) before any layer is
-    recomputed: max(0, transient − that)."""
+def transient_bytes(
+    cost: CostInputs, action: Any, schedule: Any, layer: float, rank_params: float = 0.0
+) -> float:
+    """The recomputation transient of ``action`` on top of the live bytes before it: ``layer`` (the
+    cost model's ``layer_transient()``, :func:`recompute_transient` of its mode, where the action's
+    chunk has layers; 0 where it has none) for B and I, 0 for every other action. On the last chunk
+    the backward first runs the loss and the output layer, freeing what they kept
+    (:func:`output_kept_bytes`) before any layer is recomputed: max(0, transient − that). A STEP:
+    :func:`step_transient_bytes` of ``rank_params``, the parameters of the action's rank."""
     if action.kind == STEP:
-        return step_transient_bytes(cost, action, schedule)
+        return step_transient_bytes(cost, rank_params)
     loss = loss_transient_bytes(cost, action, schedule)
-    if action.kind not in (B, I) or not cost._chunk(action.stage, schedule).layers:
+    if action.kind not in (B, I) or not layer:
         return loss
-    transient = cost.layer_transient() if layer is None else layer
+    transient = layer
     if roles(cost.layout, action.stage, schedule.num_stages)[1]:
         transient = max(transient - output_kept_bytes(cost), 0.0)
     return max(transient, loss)
 
 
-def step_transient_bytes(cost: Any, action: Any, schedule: Any) -> float:
+def step_transient_bytes(cost: CostInputs, rank_params: float) -> float:
     """The optimizer step's fp32 gradients, on top of the static bytes, when the gradients are kept in
     16 bits (``grad_dtype``): the step makes an fp32 copy of every gradient for the fp32 masters
     (Megatron's ``main_param.grad = main_grad.float()``, pipewright's ``MasterOptimizer.step``), of its
     own slice under ZeRO-1 or FSDP — 4 bytes a parameter of the rank's chunks (one step over them all)
-    / the replicas sharding it. 0 with fp32 gradients (the optimizer steps on them) or without STEP."""
+    / the replicas sharding it (``rank_params``: the parameters of the rank's chunks). 0 with fp32
+    gradients (the optimizer steps on them) or without STEP."""
     if GRAD_DTYPE_BYTES[cost.grad_dtype] >= GRAD_BYTES:
         return 0.0
-    rank = schedule.rank_of(action.stage)
-    params = sum(cost._chunk(c, schedule).params for c in schedule.stages_of(rank))
     shards = 1 if cost.optimizer_sharding == "none" else cost.mesh.dp * cost.cp
-    return params * GRAD_BYTES / shards
+    return rank_params * GRAD_BYTES / shards
 
 
 #: bytes per logit the fused (Megatron) cross-entropy holds for a moment beside its kept fp32 copy:
@@ -216,7 +219,7 @@ def step_transient_bytes(cost: Any, action: Any, schedule: Any) -> float:
 LOSS_CAST_BYTES = 2.0
 
 
-def loss_transient_bytes(cost: Any, action: Any, schedule: Any) -> float:
+def loss_transient_bytes(cost: CostInputs, action: Any, schedule: Any) -> float:
     """The loss's moment in the backward (B or I) of the last chunk, on top of the live bytes before
     it, with the fused cross-entropy (kept: one fp32 copy of the logits,
     :func:`~pipewright.cost.kernels.loss_bytes`): the 16-bit input gradient cast from the fp32 one
@@ -231,7 +234,7 @@ def loss_transient_bytes(cost: Any, action: Any, schedule: Any) -> float:
     return LOSS_CAST_BYTES * cost.microbatch * cost.spec.seq_len * cost.spec.vocab / cost.mesh.tp / cost.cp
 
 
-def embedding_kept_bytes(cost: Any) -> float:
+def embedding_kept_bytes(cost: CostInputs) -> float:
     """The embedding dropout's one-byte mask per microbatch and device (module docstring)."""
     if not has_dropout(cost.spec):
         return 0.0
@@ -239,7 +242,7 @@ def embedding_kept_bytes(cost: Any) -> float:
     return sbh / (cost.mesh.tp if cost.sequence_parallel else 1) / cost.cp
 
 
-def head_kept_bytes(cost: Any) -> float:
+def head_kept_bytes(cost: CostInputs) -> float:
     """The final norm's and the output layer's inputs the last chunk keeps per microbatch and device
     (module docstring); PyTorch's tensor parallelism (``kernels`` eager or compiled) keeps the output
     layer's input all-gathered."""
@@ -249,7 +252,7 @@ def head_kept_bytes(cost: Any) -> float:
     return (1 / split + 1 / gathered) * sbh * cost.activation_bytes_per_element / cost.cp
 
 
-def output_kept_bytes(cost: Any) -> float:
+def output_kept_bytes(cost: CostInputs) -> float:
     """What the last chunk keeps per microbatch and device for the loss and the output layer:
     :func:`head_kept_bytes` + the loss's kept bytes per logit × b·s·V/t/c
     (:func:`~pipewright.cost.kernels.loss_bytes`)."""
@@ -259,7 +262,7 @@ def output_kept_bytes(cost: Any) -> float:
     return head_kept_bytes(cost) + loss_bytes(cost.kernels, loss_parallel)[1] * logits
 
 
-def boundary_bytes(cost: Any) -> float:
+def boundary_bytes(cost: CostInputs) -> float:
     """One microbatch's activation at a stage boundary, per device: s·b·h·e (/t with sequence
     parallelism, /c)."""
     sbh = cost.spec.seq_len * cost.microbatch * cost.spec.hidden
@@ -267,13 +270,13 @@ def boundary_bytes(cost: Any) -> float:
     return sbh * cost.activation_bytes_per_element / split / cost.cp
 
 
-def stage_output_bytes(cost: Any) -> float:
+def stage_output_bytes(cost: CostInputs) -> float:
     """A chunk's output kept until its backward (``stage_outputs`` ``kept`` or ``step``), per
     microbatch and device; 0 when it is freed after the send (module docstring)."""
     return 0.0 if cost.stage_outputs == "freed" else boundary_bytes(cost)
 
 
-def pipeline_buffer_bytes(cost: Any, rank: int, schedule: Any) -> float:
+def pipeline_buffer_bytes(cost: CostInputs, rank: int, schedule: Any) -> float:
     """``stage_outputs="step"``: the receive buffers ``PipelineStage`` allocates for every microbatch
     of the step on ``rank`` — the input of each of its chunks but stage 0's, the output gradient of
     each but the last stage's (module docstring); 0 otherwise."""
@@ -283,7 +286,7 @@ def pipeline_buffer_bytes(cost: Any, rank: int, schedule: Any) -> float:
     return ends * schedule.num_microbatches * boundary_bytes(cost)
 
 
-def chunk_memory(cost: Any, n: int, first: bool, last: bool) -> dict[str, float]:
+def chunk_memory(cost: CostInputs, n: int, first: bool, last: bool) -> dict[str, float]:
     """Activation bytes per kind (F adds, W/I/B free) of a chunk of ``n`` layers, per microbatch and
     device; ``first``/``last``: it holds the embedding / the output layer and loss."""
     spec, b, t, c = cost.spec, cost.microbatch, cost.mesh.tp, cost.cp
@@ -311,7 +314,7 @@ def chunk_memory(cost: Any, n: int, first: bool, last: bool) -> dict[str, float]
     return {F: added, B: -kept, W: -n * w_frees - gout, I: -(kept - n * w_frees) + gout}
 
 
-def deferred_input_bytes(cost: Any) -> float:
+def deferred_input_bytes(cost: CostInputs) -> float:
     """The inputs of one layer's linear layers that a split backward's W store keeps from I to W, per
     microbatch and device: Σ m·k over the layer's forward GEMMs (m tokens, k inputs per device; the
     fused q/k/v and gate/up GEMMs read one tensor each; under sequence parallelism a column-parallel
@@ -327,7 +330,7 @@ def deferred_input_bytes(cost: Any) -> float:
     return inputs * cost.activation_bytes_per_element
 
 
-def deferred_grad_output_bytes(cost: Any, n: int, last: bool) -> float:
+def deferred_grad_output_bytes(cost: CostInputs, n: int, last: bool) -> float:
     """What a split backward's I hands the W store besides the kept inputs, per microbatch and device:
     the output gradient ∂L/∂y of every linear layer whose weight gradient W computes (Zero Bubble's
     W needs (x, ∂L/∂y) of each; pipewright's ``WeightGradStore`` and Megatron's ZB store both hold
@@ -342,14 +345,14 @@ def deferred_grad_output_bytes(cost: Any, n: int, last: bool) -> float:
     return elements * esize
 
 
-def weight_element_bytes(cost: Any) -> float:
+def weight_element_bytes(cost: CostInputs) -> float:
     """Bytes of one weight the model computes with: 2 (16-bit weights, fp32 masters in the optimizer;
     fp8 GEMMs keep 16-bit weights too), 4 when training in fp32 (the activations' dtype is the
     weights' but under fp8)."""
     return max(WEIGHT_BYTES, cost.activation_bytes_per_element)
 
 
-def rank_state(cost: Any) -> StateBytes:
+def rank_state(cost: CostInputs) -> StateBytes:
     """Bytes per parameter for weights, gradients and optimizer state on one rank (with pipelined
     FSDP the 16-bit weights stay gathered for the step)."""
     state = state_bytes(
@@ -364,7 +367,7 @@ def rank_state(cost: Any) -> StateBytes:
     return state
 
 
-def gather_buffer_bytes(cost: Any) -> float:
+def gather_buffer_bytes(cost: CostInputs) -> float:
     """FSDP re-gathering per layer: the 16-bit weights of two gathered layers (computing +
     prefetched), and of the root group — the embedding, final norm and output layer, which the
     outermost ``fully_shard(model)`` holds (torchtitan's ``apply_fsdp``) and PyTorch's FSDP does not
@@ -379,7 +382,7 @@ def gather_buffer_bytes(cost: Any) -> float:
     return (2 * layer_parameters(spec) / t + root) * WEIGHT_BYTES
 
 
-def held_buffer_bytes(cost: Any, rank: int, schedule: Any) -> float:
+def held_buffer_bytes(cost: CostInputs, rank: int, schedule: Any) -> float:
     """Buffers ``rank`` holds beside its state: FSDP's gathered weights
     (:func:`gather_buffer_bytes`) and the pipeline's receive buffers (:func:`pipeline_buffer_bytes`)."""
     return gather_buffer_bytes(cost) + pipeline_buffer_bytes(cost, rank, schedule)

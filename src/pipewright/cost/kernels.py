@@ -49,6 +49,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
+from pipewright.cost.cost_inputs import CostInputs
 from pipewright.cost.layer import kv_width
 from pipewright.errors import ConfigError
 from pipewright.ir import F, I, W
@@ -158,10 +159,10 @@ def megatron_layer_bytes(spec: ModelSpec, t: int, softmax_fused: bool = True) ->
     return sum(b[0] * n for b, n in widths), sum(b[1] * n for b, n in widths)
 
 
-def cost_loss_bytes(cost) -> Mapping[str, float]:
-    """Bytes per logit the cross-entropy of a :class:`~pipewright.cost.transformer.TransformerCost` moves
-    in F and I: its framework's own loss where the dispatch model states one under the default
-    ``fused`` kernels (Megatron's ``vocab_parallel_cross_entropy`` on ``output.float()``:
+def cost_loss_bytes(cost: CostInputs) -> Mapping[str, float]:
+    """Bytes per logit the cross-entropy of a cost model (its :class:`CostInputs`) moves in F and I:
+    its framework's own loss where the dispatch model states one under the default ``fused`` kernels
+    (Megatron's ``vocab_parallel_cross_entropy`` on ``output.float()``:
     :attr:`pipewright.cost.dispatch.Dispatch.loss_bytes`), else :func:`loss_bytes`."""
     from pipewright.cost.dispatch import dispatch
 
@@ -171,10 +172,11 @@ def cost_loss_bytes(cost) -> Mapping[str, float]:
     return loss_bytes(cost.kernels)[0]
 
 
-def layer_traffic(cost, esize: float) -> tuple[float, float]:
+def layer_traffic(cost: CostInputs, esize: float, stored: float) -> tuple[float, float]:
     """Bytes one layer's memory-bound kernels move per microbatch and device, forward and backward,
-    before the context-parallel split, for a :class:`~pipewright.cost.transformer.TransformerCost`
-    with ``esize``-byte activations: the eager count (module docstring) or κ × the stored bytes."""
+    before the context-parallel split, for a cost model (its :class:`CostInputs`) with ``esize``-byte
+    activations: the eager count (module docstring) or κ × ``stored``, the bytes the cost model's
+    layer stores without recomputation and without FP8 copies."""
     if cost.kernels == "eager":
         fwd, bwd = eager_layer_bytes(cost.spec, cost.mesh.tp, cost.sequence_parallel)
         scale = cost.spec.seq_len * cost.microbatch * esize / 2
@@ -185,5 +187,5 @@ def layer_traffic(cost, esize: float) -> tuple[float, float]:
         fwd, bwd = megatron_layer_bytes(cost.spec, cost.mesh.tp, cost_softmax_fused(cost))
         scale = cost.spec.seq_len * cost.microbatch * esize / 2
         return fwd * scale, bwd * scale
-    fwd = cost.efficiency.memory_traffic * cost.layer_stored_bytes("none", fp8=False)
+    fwd = cost.efficiency.memory_traffic * stored
     return fwd, 2 * fwd

@@ -84,7 +84,7 @@ def memory_parts(cost: Any, schedule: Schedule, rank: int, activation_peak: floa
         edges += edge
         layers += chunk.params - edge
     message = cost.message_bytes(Action(0, SEND_F, 0), schedule) if schedule.num_stages > 1 else 0.0
-    buffers = 2 * message + held_buffer_bytes(cost, rank, schedule)
+    buffers = 2 * message + held_buffer_bytes(cost.cost_inputs, rank, schedule)
     experts = cost.expert_params(rank, schedule) if hasattr(cost, "expert_params") else 0.0
     ex = cost.expert_state() if experts else state  # routed experts: sharded over dp/ep (MoECost)
     layers -= experts

@@ -49,7 +49,6 @@ from dataclasses import dataclass
 from pipewright.cost.chunk_memory import (
     layer_stored_bytes,
     stored_memory_bytes,
-    transient_bytes,
     weight_element_bytes,
 )
 from pipewright.cost.comm import TopologyComm
@@ -258,7 +257,7 @@ class MoECost(TransformerCost):
         :func:`~pipewright.cost.moe.moe_stored_units` — the expert FFN activations of the k·φ token
         slots routed to the rank and of the shared experts —; the layer input alone under full."""
         mode = mode or self.recompute
-        dense = stored_memory_bytes(self, mode)
+        dense = stored_memory_bytes(self.cost_inputs, mode)
         if mode == "full":
             return dense
         spec, t = self.spec, self.mesh.tp
@@ -266,7 +265,7 @@ class MoECost(TransformerCost):
         units = moe_stored_units(spec, moe, t, self.sequence_parallel, self.dtype == "fp8")
         scale = DTYPE_BYTES[self.act_dtype] / 2
         moe_bytes = spec.seq_len * self.microbatch * spec.hidden * scale * units
-        return dense + moe_bytes - layer_stored_bytes(self, mode)
+        return dense + moe_bytes - layer_stored_bytes(self.cost_inputs, mode)
 
     def moe_layer_transient(self) -> float:
         """One MoE layer's recomputation transient per microbatch and device: what its recomputed
@@ -288,11 +287,12 @@ class MoECost(TransformerCost):
         layer's."""
         chunk = self._chunk(action.stage, schedule)
         if not chunk.moe_layers:
-            return transient_bytes(self, action, schedule)
+            layer = self.layer_transient() if chunk.layers and action.kind in (B, I) else 0.0
+            return self.recompute_transient_bytes(action, schedule, layer)
         layer = self.moe_layer_transient()
         if chunk.moe_layers < chunk.layers:
             layer = max(layer, super().layer_transient())
-        return transient_bytes(self, action, schedule, layer=layer)
+        return self.recompute_transient_bytes(action, schedule, layer)
 
     def _fsdp_comm(self, chunk: _Chunk, kind: str, rank: int) -> float:
         """FSDP per microbatch (pp = 1, :meth:`~pipewright.cost.transformer.TransformerCost._fsdp_comm`)
@@ -370,7 +370,7 @@ class MoECost(TransformerCost):
         buffer's dtype, pipelined FSDP's gathered weights) with the sharding over the expert replicas
         (dp/ep × cp) instead of dp × cp."""
         group = self.mesh.dp // self.mesh.ep * self.cp
-        weight = weight_element_bytes(self)
+        weight = weight_element_bytes(self.cost_inputs)
         state = state_bytes(self.optimizer_sharding, group, self.bytes_per_param, self.grad_dtype, weight)
         if self.optimizer_sharding == "fsdp" and not self.regathers:
             state = pipelined_fsdp_state(state, self.fsdp_grad_sync, self.grad_dtype)

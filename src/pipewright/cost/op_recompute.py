@@ -70,7 +70,7 @@ class OpRecomputeCost(TransformerCost):
     def layer_transient(self) -> float:
         """The operators the backward re-runs, live for one layer's backward: the layer's activations
         without recomputation less :meth:`op_stored_bytes`, /c (:func:`chunk_memory.recompute_transient`)."""
-        return recompute_transient(self, self.op_stored_bytes())
+        return recompute_transient(self.cost_inputs, self.op_stored_bytes())
 
     def _build_chunk(self, stage: int, num_stages: int, layers: tuple[int, ...]) -> _Chunk:
         chunk = super()._build_chunk(stage, num_stages, layers)
@@ -83,11 +83,12 @@ class OpRecomputeCost(TransformerCost):
         redo = mms[1::2]
         redo_gemms = tuple((tokens, out, k, n) for out, k in redo)
         redo_flops = sum(2 * m * out * k * cnt for m, out, k, cnt in redo_gemms)
-        forward_traffic = n * layer_traffic(self, DTYPE_BYTES[self.act_dtype])[0] / c
+        stored = self.layer_stored_bytes("none", fp8=False)
+        forward_traffic = n * layer_traffic(self.cost_inputs, DTYPE_BYTES[self.act_dtype], stored)[0] / c
         act = tokens * self.spec.hidden * DTYPE_BYTES[self.act_dtype]
         # the sequence-parallel all-gathers before q/k/v and the MLP, re-run: one all-reduce's ring time
         gathers = (act,) * (n if t > 1 and self.sequence_parallel else 0)
-        change = n * (self.op_stored_bytes() - stored_memory_bytes(self, "none")) / c
+        change = n * (self.op_stored_bytes() - stored_memory_bytes(self.cost_inputs, "none")) / c
         forward = chunk.memory[F] + change
         w = max(chunk.memory[W], -n * self.op_stored_bytes() / c)  # W frees linear inputs it kept
         memory = {F: forward, B: -forward, W: w, I: -(forward + w)}

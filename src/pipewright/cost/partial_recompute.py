@@ -226,7 +226,9 @@ class PartialRecomputeCost(TransformerCost):
         n = layers[stage]
         if not n:
             return 0.0
-        freed = output_kept_bytes(self) if roles(self.layout, stage, schedule.num_stages)[1] else 0.0
+        freed = (
+            output_kept_bytes(self.cost_inputs) if roles(self.layout, stage, schedule.num_stages)[1] else 0.0
+        )
         groups = self._groups(n)
         k = groups[-1][1]
         if k < n:  # block: the unrecomputed layers' backward runs first and frees what they stored
@@ -246,7 +248,7 @@ class PartialRecomputeCost(TransformerCost):
         one = self.mode_model("full").layer_transient()
         if self.recompute_method == "block":
             return one
-        layer = one + stored_memory_bytes(self, "full") / self.cp
+        layer = one + stored_memory_bytes(self.cost_inputs, "full") / self.cp
         return one + (self.recompute_num_layers - 1) * layer
 
 

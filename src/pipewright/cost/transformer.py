@@ -56,7 +56,7 @@ per-layer terms are :mod:`pipewright.cost.layer`'s (GEMM shapes, attention, stor
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 
 from pipewright.cost import sharding, tp_overlap
@@ -72,8 +72,10 @@ from pipewright.cost.chunk_memory import (
     recompute_transient,
     transient_bytes,
 )
+from pipewright.cost.chunk_table import ChunkCosts as _Chunk
 from pipewright.cost.comm import Mesh, TopologyComm, default_topology
 from pipewright.cost.context_parallel import cp_buffer_bytes, cp_layer_seconds, ring_bytes_per_layer
+from pipewright.cost.cost_inputs import ATTENTION, DTYPE_BYTES, RECOMPUTE, CostInputs
 from pipewright.cost.dispatch import chunk_launched, optimizer_seconds
 from pipewright.cost.efficiency import A100_EFFICIENCY, Efficiency, default_efficiency
 from pipewright.cost.flop_count import logit_forward_flops, megatron_flops_per_iteration, megatron_parameters
@@ -100,9 +102,6 @@ from pipewright.models.layout import Layout
 from pipewright.models.spec import ModelSpec
 from pipewright.topology import Topology
 
-DTYPE_BYTES: Mapping[str, int] = MappingProxyType({"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1})
-RECOMPUTE = ("none", "selective", "full")
-ATTENTION = ("eager", "flash")  # eager: the a·s² scores are stored (Korthikanti et al.); flash: fused
 _MESSAGES = (SEND_F, RECV_F, SEND_B, RECV_B)
 _KINDS = (F, B, I, W)
 #: the per-layer fixed overhead τ of each pass, in units of τ (Efficiency.layer_overhead)
@@ -111,26 +110,6 @@ _OVERHEAD = {F: 1.0, I: 1.5, W: 0.5, B: 2.0}
 __all__ = ["A100_EFFICIENCY", "ATTENTION", "DTYPE_BYTES", "RECOMPUTE", "Efficiency", "TransformerCost"]
 __all__ += ["default_topology", "layer_forward_flops", "layer_parameters", "logit_forward_flops"]
 __all__ += ["megatron_flops_per_iteration", "megatron_parameters"]
-
-
-@dataclass(frozen=True)
-class _Chunk:
-    """Per-microbatch costs of one chunk, per device (tensor- and context-parallel share)."""
-
-    flops: Mapping[str, float]  # F, B, I, W executed (recomputation included)
-    model_flops: Mapping[str, float]  # without recomputation
-    tp_bytes: Mapping[str, tuple[float, ...]]  # all-reduce sizes per kind
-    traffic: Mapping[str, float]  # bytes the memory-bound kernels move per kind
-    memory: Mapping[str, float]
-    params: float
-    gemms: Mapping[str, tuple[tuple[float, float, float, int], ...]] = field(default_factory=dict)
-    attention: Mapping[str, float] = field(default_factory=dict)  # attention-core FLOPs executed
-    ring_bytes: Mapping[str, float] = field(default_factory=dict)  # context-parallel exchange, per layer
-    layers: int = 0
-    moe_layers: int = 0  # of ``layers``, those with experts (cost/moe_cost.py)
-    first: bool = False  # holds the embedding
-    last: bool = False  # holds the output layer and the loss
-    ends: _Chunk | None = None  # its embedding and head alone, where launches are priced (dispatch.py)
 
 
 @dataclass(frozen=True, eq=False)
@@ -254,6 +233,13 @@ class TransformerCost:
         """Bytes of one activation element (:attr:`act_dtype`)."""
         return DTYPE_BYTES[self.act_dtype]
 
+    @property
+    def cost_inputs(self) -> CostInputs:
+        """The values the memory formulas below this class read (:mod:`pipewright.cost.cost_inputs`)."""
+        if "inputs" not in self._cache:
+            self._cache["inputs"] = CostInputs(**{f.name: getattr(self, f.name) for f in fields(CostInputs)})
+        return self._cache["inputs"]
+
     def efficiency_of(self, acc: Accelerator) -> Efficiency:
         """The efficiency on ``acc`` (one set per model: ``efficiency``, resolved from ``gpu``)."""
         return self.efficiency
@@ -273,7 +259,7 @@ class TransformerCost:
         """Bytes one layer's forward stores per microbatch and device under recomputation ``mode``
         (default: this model's), before the context-parallel split; ``fp8``: GEMM inputs kept as FP8
         copies (default: with fp8 GEMMs). :func:`pipewright.cost.chunk_memory.layer_stored_bytes`."""
-        return layer_stored_bytes(self, mode, fp8)
+        return layer_stored_bytes(self.cost_inputs, mode, fp8)
 
     def _build_chunk(self, stage: int, num_stages: int, layers: tuple[int, ...]) -> _Chunk:
         spec, b, t, c = self.spec, self.microbatch, self.mesh.tp, self.cp
@@ -317,18 +303,18 @@ class TransformerCost:
             tp_bytes[F] += (4.0 * b * s / c,) * 3
             tp_bytes[I] += (act,)
         # memory-bound kernels: κ × the bytes a forward without recomputation stores
-        eff = self.efficiency
-        fwd_traffic, bwd_traffic = (n * x / c for x in layer_traffic(self, esize))
+        stored = self.layer_stored_bytes("none", fp8=False)
+        fwd_traffic, bwd_traffic = (n * x / c for x in layer_traffic(self.cost_inputs, esize, stored))
         redo_traffic = fwd_traffic if full else 0.0
         if selective and not flash:
             kept = self.layer_stored_bytes("selective", fp8=False)
-            redo_traffic = fwd_traffic - eff.memory_traffic * n * kept / c
+            redo_traffic = fwd_traffic - self.efficiency.memory_traffic * n * kept / c
         traffic = {F: fwd_traffic, I: bwd_traffic + redo_traffic, W: 0.0}
         if last:
-            loss_moved = cost_loss_bytes(self)
+            loss_moved = cost_loss_bytes(self.cost_inputs)
             for kind in traffic:
                 traffic[kind] += loss_moved[kind] * b * s * V / t / c
-        memory = chunk_memory(self, n, first, last)
+        memory = chunk_memory(self.cost_inputs, n, first, last)
         params = n * layer_parameters(spec) / t
         if first:
             params += embedding_parameters(spec, t)
@@ -453,25 +439,38 @@ class TransformerCost:
     def transient_bytes(self, action: Action, schedule: Schedule) -> float:
         """Bytes a recomputing backward holds while it runs (:func:`chunk_memory.transient_bytes`) + a
         layer's context-parallel K/V buffers (:func:`~pipewright.cost.context_parallel.cp_buffer_bytes`)."""
-        cp = cp_buffer_bytes(self, action.kind) if self._chunk(action.stage, schedule).layers else 0.0
-        return transient_bytes(self, action, schedule) + cp
+        layers = self._chunk(action.stage, schedule).layers
+        cp = cp_buffer_bytes(self, action.kind) if layers else 0.0
+        layer = self.layer_transient() if layers and action.kind in (B, I) else 0.0
+        return self.recompute_transient_bytes(action, schedule, layer) + cp
+
+    def recompute_transient_bytes(self, action: Action, schedule: Schedule, layer: float) -> float:
+        """:func:`chunk_memory.transient_bytes` of ``action`` with ``layer``, one layer's transient of
+        the action's chunk (0 where it has no layers), and its rank's parameters for a STEP."""
+        rank = schedule.rank_of(action.stage)
+        params = self.rank_parameters(rank, schedule) if action.kind == STEP else 0.0
+        return transient_bytes(self.cost_inputs, action, schedule, layer, params)
 
     def layer_transient(self) -> float:
         """One layer's recomputation transient per microbatch and device (chunk_memory)."""
-        return recompute_transient(self)
+        return recompute_transient(self.cost_inputs)
 
     def static_bytes(self, rank: int, schedule: Schedule) -> float:
         """State of ``rank``'s chunks (sharded as configured) and its held buffers (chunk_memory)."""
-        params = sum(self._chunk(c, schedule).params for c in schedule.stages_of(rank))
-        return params * self.state().total + held_buffer_bytes(self, rank, schedule)
+        params = self.rank_parameters(rank, schedule)
+        return params * self.state().total + held_buffer_bytes(self.cost_inputs, rank, schedule)
+
+    def rank_parameters(self, rank: int, schedule: Schedule) -> float:
+        """Parameters per device of ``rank``'s chunks."""
+        return sum(self._chunk(c, schedule).params for c in schedule.stages_of(rank))
 
     def state(self) -> StateBytes:
         """Bytes per parameter for weights, gradients and optimizer state on one rank (chunk_memory)."""
-        return rank_state(self)
+        return rank_state(self.cost_inputs)
 
     def gather_buffer_bytes(self) -> float:
         """FSDP's gathered weights of two layers when it re-gathers per microbatch; 0 otherwise."""
-        return gather_buffer_bytes(self)
+        return gather_buffer_bytes(self.cost_inputs)
 
     def flops(self, action: Action, schedule: Schedule) -> float:
         if action.kind not in (F, B, I, W):

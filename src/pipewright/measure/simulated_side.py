@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from pipewright.ir import REDUCE_GRAD, SEND_F, STEP, Action
+from pipewright.ir import REDUCE_GRAD, SEND_F, Action
 
 #: the runtime's precision names → the cost model's dtypes
 _DTYPE = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
@@ -161,10 +161,9 @@ def _with_step(
     (``activations`` the bytes ``held``, ``step_gradients`` the copies and ``extra``)."""
     from pipewright.cost.chunk_memory import step_transient_bytes
 
-    stage = sched.stages_of(rank)[0]
     base = getattr(cost, "inner", cost)  # a vocabulary-parallel cost wraps the transformer's
     static = float(cost.static_bytes(rank, sched)) + state
-    step = static + step_transient_bytes(base, Action(stage, STEP, 0), sched) + extra + held
+    step = static + step_transient_bytes(base.cost_inputs, base.rank_parameters(rank, sched)) + extra + held
     if step <= peak + state:
         return peak + state
     for key in ("activations", "recompute_transient", "communication_buffers"):
@@ -187,7 +186,7 @@ def _weight_versions(run, cost, sched) -> dict[int, float]:
     from pipewright.cost.chunk_memory import weight_element_bytes
     from pipewright.features.async_weights.weight_memory import weight_bytes
 
-    size = weight_element_bytes(cost)
+    size = weight_element_bytes(cost.cost_inputs)
     params = {s: float(cost._chunk(s, sched).params) * size for s in range(sched.num_stages)}
     total = weight_bytes(policy, sched, params)
     out: dict[int, float] = defaultdict(float)

@@ -22,7 +22,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pipewright.plan.cost_options import RECOMPUTE_ORDER
 from pipewright.plan.planfile import Plan
 
 #: pipewright schedule → PyTorch's schedule class (``torch.distributed.pipelining.get_schedule_class``).
@@ -74,10 +73,10 @@ def is_uniform(parts: Sequence[Chunk]) -> bool:
 
 
 def recompute_setting(plan: Plan) -> tuple[str, bool]:
-    """The run's recomputation (the strongest any stage uses) and whether the stages differ."""
-    per_stage = plan.data.get("recompute_per_stage") or [plan.data.get("recompute", "none")]
-    strongest = max(per_stage, key=RECOMPUTE_ORDER.index)
-    return strongest, len(set(per_stage)) > 1
+    """The run's recomputation (the strongest any stage uses: the spec's ``memory.recompute``,
+    :meth:`~pipewright.plan.planfile.Plan.spec_values`) and whether the stages differ."""
+    strongest = plan.spec_values()[("memory", "recompute")]
+    return strongest, len(set(plan.data.get("recompute_per_stage") or ())) > 1
 
 
 def notes(plan: Plan, target: str) -> list[str]:
