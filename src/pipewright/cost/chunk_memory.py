@@ -97,6 +97,7 @@ from pipewright.cost.layer import (
     layer_parameters,
     layer_stored_units,
 )
+from pipewright.cost.layer_activations import implementation_layer_bytes
 from pipewright.cost.placement import roles
 from pipewright.cost.sharding import (
     GRAD_BYTES,
@@ -140,6 +141,9 @@ def layer_stored_bytes(cost: Any, mode: str | None = None, fp8: bool | None = No
     mode = mode or cost.recompute
     sbh = spec.seq_len * b * spec.hidden
     scale = cost.activation_bytes_per_element / 2
+    implemented = implementation_layer_bytes(spec, b, cost.activation_bytes_per_element, t, mode)
+    if implemented is not None:  # a Hugging Face family's modules (cost/layer_activations.py)
+        return implemented
     if mode == "full":
         return 2 * sbh * scale / (t if cost.sequence_parallel else 1)
     scores = cost.attention == "eager" and mode == "none"
