@@ -1,6 +1,7 @@
 """The cost model's bytes for a ``transformers`` Llama decoder layer (``cost/layer_activations.py``)
-against the tensors the layer's autograd graph saves, storage by storage, on tiny layers built by
-``--hf-model``: sdpa and eager attention, grouped-query and multi-head, bf16 and fp32."""
+(and ``train``'s size check, ``cost/activations.py``) against the tensors the layer's autograd graph
+saves, storage by storage, on tiny layers built by ``--hf-model``: sdpa and eager attention,
+grouped-query and multi-head, bf16 and fp32."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from pipewright.cost.activations import runtime_layer_elements
 from pipewright.cost.layer_activations import implementation_layer_bytes
 from pipewright.errors import ConfigError
 from pipewright.models.hf.build import build_stage, read_spec
@@ -67,7 +69,11 @@ def test_the_cost_models_bytes_are_what_the_transformers_layer_saves(tmp_path, a
     spec = _spec(tmp_path, kv, attention)
     assert spec.layer_activations == f"hf-llama-{attention or 'sdpa'}"
     b, e = 2, torch.finfo(dtype).bits // 8
-    assert _saved_bytes(spec, dtype, b) == implementation_layer_bytes(spec, b, e, 1, "none")
+    saved = _saved_bytes(spec, dtype, b)
+    assert saved == implementation_layer_bytes(spec, b, e, 1, "none")
+    # train's size check counts the same layer (elements of e bytes, per s·b·h)
+    elements = runtime_layer_elements(spec, "none", low_precision=e < 4)
+    assert elements * b * S * H * e == pytest.approx(saved, rel=1e-12)
 
 
 def test_selective_keeps_the_same_full_is_megatrons_count_and_an_unknown_set_is_one_line(tmp_path):
