@@ -82,5 +82,6 @@ def test_selective_keeps_the_same_full_is_megatrons_count_and_an_unknown_set_is_
     assert implementation_layer_bytes(spec, 1, 2, 1, "selective") == none
     assert implementation_layer_bytes(spec, 1, 2, 1, "full") is None
     assert implementation_layer_bytes(replace(spec, layer_activations="megatron"), 1, 2, 1, "none") is None
-    with pytest.raises(ConfigError, match="^unknown layer activation set 'hf-gpt'; choose one of: megatron"):
+    error = r"^unknown layer activation set 'hf-gpt'; choose one of: megatron, hf-llama-sdpa, "
+    with pytest.raises(ConfigError, match=error):
         implementation_layer_bytes(replace(spec, layer_activations="hf-gpt"), 1, 2, 1, "none")
