@@ -6,7 +6,9 @@ h = hidden, V = vocabulary, t = tensor-parallel size, c = context-parallel size,
 activation element; all terms / c):
 
 - each of its n layers: :func:`~pipewright.cost.layer.layer_stored_units` × s·b·h (Korthikanti et al.
-  2022, Table 2, generalised), 2·s·b·h·e/2 with full recomputation (/t with sequence parallelism).
+  2022, Table 2, generalised), 2·s·b·h·e/2 with full recomputation (/t with sequence parallelism);
+  a layer implementation other than Megatron's (a Hugging Face family's modules) keeps its own set,
+  :func:`~pipewright.cost.layer_activations.implementation_layer_bytes`.
   With FP8 GEMMs and a fused attention kernel the attention output is kept twice: in 16 bits by the
   kernel, whose backward needs it (Transformer Engine v1.8's ``FusedAttnFunc`` saves q, k, v and
   ``out``; FlashAttention does the same), and as the FP8 copy the output projection saves instead of
