@@ -1,7 +1,7 @@
 """The cost model's bytes for a ``transformers`` Llama decoder layer (``cost/layer_activations.py``)
 (and ``train``'s size check, ``cost/activations.py``) against the tensors the layer's autograd graph
 saves, storage by storage, on tiny layers built by ``--hf-model``: sdpa and eager attention,
-grouped-query and multi-head, bf16 and fp32."""
+grouped-query and multi-head, bf16 and fp32, and tensor parallelism."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from pipewright.cost.activations import runtime_layer_elements
 from pipewright.cost.layer_activations import implementation_layer_bytes
@@ -39,10 +40,10 @@ def _spec(tmp_path, kv: int, attention: str | None):
     return read_spec(tmp_path, seq_len=S)
 
 
-def _saved_bytes(spec, dtype: torch.dtype, b: int) -> int:
+def _saved_bytes(spec, dtype: torch.dtype, b: int, linear_factory=None) -> int:
     """Bytes of the storages one layer's forward saves for its backward: neither parameters nor the
     stage's rotary tables (one pair a stage, shared by its layers); the layer's input when it is saved."""
-    stage = build_stage(spec, None, 0, num_stages=1).to(dtype)
+    stage = build_stage(spec, None, 0, num_stages=1, linear_factory=linear_factory).to(dtype)
     layer = next(iter(stage.layers.values()))
     x = torch.randn(b, S, H, dtype=dtype, requires_grad=True)
     positions = torch.arange(S).unsqueeze(0)
@@ -85,3 +86,21 @@ def test_selective_keeps_the_same_full_is_megatrons_count_and_an_unknown_set_is_
     error = r"^unknown layer activation set 'hf-gpt'; choose one of: megatron, hf-llama-sdpa, "
     with pytest.raises(ConfigError, match=error):
         implementation_layer_bytes(replace(spec, layer_activations="hf-gpt"), 1, 2, 1, "none")
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_with_tensor_parallelism_the_norms_are_replicated_and_the_rest_split(tmp_path, attention):
+    """Rank 0 of t = 2 (pipewright's Megatron-style split of the projections; the ``fake`` process
+    group's collectives complete at once, the shapes are the real ones)."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from pipewright.runtime.parallel.tp import tp_linear_factory
+
+    spec = _spec(tmp_path, 2, attention)
+    assert not dist.is_initialized()
+    dist.init_process_group("cpu:fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        saved = _saved_bytes(spec, torch.bfloat16, 2, tp_linear_factory(dist.group.WORLD))
+    finally:
+        dist.destroy_process_group()
+    assert saved == implementation_layer_bytes(spec, 2, 2, 2, "none")
