@@ -26,6 +26,7 @@ Pure Python.
 
 from __future__ import annotations
 
+from pipewright.cost.layer_activations import implementation_layer_bytes
 from pipewright.errors import ConfigError
 from pipewright.models.spec import ModelSpec
 
@@ -57,11 +58,16 @@ def runtime_layer_elements(spec: ModelSpec, mode: str, *, low_precision: bool = 
     """Elements, in units of s·b·h, one layer of pipewright's ``spec.family`` model keeps per
     microbatch without tensor parallelism (see the module docstring): 6 + 2g/a + (3 for Llama, 2 for
     GPT)·f/h; 1 with full recomputation. ``low_precision`` does not change the count (the norms keep
-    their 16-bit input)."""
+    their 16-bit input). A spec whose layers are another implementation's
+    (:mod:`pipewright.cost.layer_activations`: a Hugging Face family's modules) counts that set's bytes
+    over the element size (2 bytes with ``low_precision``, else 4)."""
     _check(mode)
-    del low_precision
     if mode == "full":
         return 1.0
+    e = 2 if low_precision else 4
+    implemented = implementation_layer_bytes(spec, 1, e, 1, mode)
+    if implemented is not None:
+        return implemented / (spec.seq_len * spec.hidden * e)
     kv = (spec.kv_heads or spec.heads) / spec.heads
     return 6 + 2 * kv + (3 if spec.family == "llama" else 2) * spec.ffn_hidden / spec.hidden
 

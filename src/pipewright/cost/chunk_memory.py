@@ -6,7 +6,9 @@ h = hidden, V = vocabulary, t = tensor-parallel size, c = context-parallel size,
 activation element; all terms / c):
 
 - each of its n layers: :func:`~pipewright.cost.layer.layer_stored_units` × s·b·h (Korthikanti et al.
-  2022, Table 2, generalised), 2·s·b·h·e/2 with full recomputation (/t with sequence parallelism).
+  2022, Table 2, generalised), 2·s·b·h·e/2 with full recomputation (/t with sequence parallelism);
+  a layer implementation other than Megatron's (a Hugging Face family's modules) keeps its own set,
+  :func:`~pipewright.cost.layer_activations.implementation_layer_bytes`.
   With FP8 GEMMs and a fused attention kernel the attention output is kept twice: in 16 bits by the
   kernel, whose backward needs it (Transformer Engine v1.8's ``FusedAttnFunc`` saves q, k, v and
   ``out``; FlashAttention does the same), and as the FP8 copy the output projection saves instead of
@@ -98,6 +100,7 @@ from pipewright.cost.layer import (
     layer_parameters,
     layer_stored_units,
 )
+from pipewright.cost.layer_activations import implementation_layer_bytes
 from pipewright.cost.placement import roles
 from pipewright.cost.sharding import (
     GRAD_BYTES,
@@ -141,6 +144,9 @@ def layer_stored_bytes(cost: CostInputs, mode: str | None = None, fp8: bool | No
     mode = mode or cost.recompute
     sbh = spec.seq_len * b * spec.hidden
     scale = cost.activation_bytes_per_element / 2
+    implemented = implementation_layer_bytes(spec, b, cost.activation_bytes_per_element, t, mode)
+    if implemented is not None:  # a Hugging Face family's modules (cost/layer_activations.py)
+        return implemented
     if mode == "full":
         return 2 * sbh * scale / (t if cost.sequence_parallel else 1)
     scores = cost.attention == "eager" and mode == "none"

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from pipewright.cost.attention_kinds import Gemm, attention_of, gemm_flops
 from pipewright.cost.attention_kinds import kv_width as kv_width  # re-exported: g·d of MHA
+from pipewright.cost.layer_activations import activation_set
 from pipewright.models.spec import ModelSpec
 
 
@@ -39,8 +40,10 @@ def mlp_matrices(spec: ModelSpec) -> int:
 
 
 def has_dropout(spec: ModelSpec) -> bool:
-    """GPT/BERT train with dropout (masks stored); Llama-family models do not."""
-    return spec.family != "llama"
+    """GPT/BERT train with dropout (masks stored); Llama-family models do not; a layer implementation
+    of :mod:`pipewright.cost.layer_activations` says."""
+    kept = activation_set(spec)
+    return kept.dropout if kept is not None else spec.family != "llama"
 
 
 def mlp_gemms(spec: ModelSpec, tokens: float, t: int = 1) -> tuple[Gemm, ...]:

@@ -35,6 +35,11 @@ class ModelSpec:
     ``attention_kind`` names the attention block in :mod:`pipewright.cost.attention_kinds` ("mha",
     or "mla": DeepSeek's multi-head latent attention); ``mtp_depth`` multi-token-prediction modules on
     the last stage (DeepSeek-V3: 1; :mod:`pipewright.cost.mtp`).
+
+    ``layer_activations``: what the implementation of a layer keeps for its backward, for the cost
+    model — "megatron" (Megatron-style layers: pipewright's own, Megatron-LM's, torchtitan's) or a set
+    of :mod:`pipewright.cost.layer_activations` (a Hugging Face family's modules, which its adapter
+    names: "hf-llama-sdpa", "hf-llama-eager").
     """
 
     name: str
@@ -60,6 +65,7 @@ class ModelSpec:
     moe_z_loss_coeff: float = 0.0
     attention_kind: str = "mha"
     mtp_depth: int = 0
+    layer_activations: str = "megatron"
 
     def __post_init__(self) -> None:
         if not self.mlp:

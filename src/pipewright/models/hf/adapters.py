@@ -12,6 +12,13 @@ decoder layer by attribute name → the kind of pipewright's linear factory ("ml
 "attn_out" / "mlp_out": row-parallel). A family whose projections are fused (Phi-3's ``qkv_proj``
 and ``gate_up_proj``, GPT-2's ``c_attn``, GPT-NeoX's ``query_key_value``) has no entry there and
 tensor parallelism stops with the name of the fused module.
+
+``activations``: what the family's decoder layer keeps for its backward, by attention implementation
+(``config._attn_implementation``; ``sdpa`` when the config names none) → the set of
+:mod:`pipewright.cost.layer_activations` the cost model prices it with, stated in the model's
+:class:`~pipewright.models.spec.ModelSpec` (``layer_activations``). Llama's ``transformers`` modules keep
+their RMSNorms' fp32 inputs and the MLP's SiLU output, which Megatron's layer recomputes; a family or
+attention implementation not listed is priced as Megatron's layer.
 """
 
 from __future__ import annotations
@@ -52,6 +59,11 @@ class Adapter:
     rotary_per_type: bool = False  # one rotary table per attention type (Gemma 3: local and global)
     tp_kinds: Mapping[str, str] = field(default_factory=dict)
     tp_blocker: str = "no tensor-parallel split is known for this family"  # why, when tp_kinds is empty
+    activations: Mapping[str, str] = field(default_factory=dict)  # attention implementation → set
+
+    def layer_activations(self, attention: str | None) -> str:
+        """The cost model's activation set for the layers under ``attention`` (module docstring)."""
+        return self.activations.get(attention or "sdpa", "megatron")
 
     def paths(self) -> dict[str, str]:
         """The dotted path of every module the stages use, by role."""
@@ -69,10 +81,12 @@ class Adapter:
 
 
 _LLAMA = Adapter(tp_kinds=LLAMA_TP)
+#: what transformers' LlamaDecoderLayer keeps (cost/layer_activations.py counts it)
+LLAMA_ACTIVATIONS: Mapping[str, str] = MappingProxyType({"sdpa": "hf-llama-sdpa", "eager": "hf-llama-eager"})
 
 ADAPTERS: Mapping[str, Adapter] = MappingProxyType(
     {
-        "llama": _LLAMA,
+        "llama": Adapter(tp_kinds=LLAMA_TP, activations=LLAMA_ACTIVATIONS),
         "mistral": _LLAMA,
         "qwen2": _LLAMA,
         "qwen3": _LLAMA,

@@ -123,6 +123,9 @@ def _spec(config, source: str | Path, seq_len: int | None) -> ModelSpec:
         tied_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
         kv_heads=getattr(config, "num_key_value_heads", None) or a,
         mlp="gelu" if adapter_for(config.model_type).rotary is None else "swiglu",
+        layer_activations=adapter_for(config.model_type).layer_activations(
+            getattr(config, "_attn_implementation", None)
+        ),
     )
 
 

@@ -24,7 +24,8 @@ def fingerprint(spec: ModelSpec, tokenizer: str, tp: int = 1) -> str:
     # dense: fingerprints as before the mixture-of-experts fields; the loss weights change no state
     for name in MOE_FIELDS if not spec.is_moe else ("moe_aux_loss_coeff", "moe_z_loss_coeff"):
         dims.pop(name)
-    for name in ("attention_kind", "mtp_depth"):  # the cost model's only: the runtime builds neither
+    # the cost model's only: the runtime builds neither MLA nor MTP, and prices no activation set
+    for name in ("attention_kind", "mtp_depth", "layer_activations"):
         dims.pop(name)
     record: dict = {"model": dims, "tokenizer": tokenizer}
     if tp > 1:
