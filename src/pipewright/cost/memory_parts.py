@@ -21,6 +21,9 @@ For pipeline rank r of an analytical cost model (:class:`~pipewright.cost.transf
 - ``allocator_reserve``: what PyTorch's caching allocator holds beyond the live tensors —
   fragmentation, estimated at :data:`ALLOCATOR_RESERVE` of the rest. It is reported, not counted by
   the simulator's fit check (``peak_memory_bytes`` = static + activations).
+
+A feature whose own memory the cost model does not hold (K-FAC's factors and kept tensors) adds it as
+a part of its own: :func:`register_part` names its column, :func:`with_part` adds it to a rank's parts.
 """
 
 from __future__ import annotations
@@ -116,6 +119,29 @@ def rank_memory_parts(cost: Any, schedule: Schedule, peaks: list[float]) -> list
     return out
 
 
+#: parts features add (:func:`register_part`): key → the table's column label
+_FEATURE_PARTS: dict[str, str] = {}
+
+
+def register_part(key: str, label: str) -> None:
+    """Name a feature's part ``key`` (its column ``label`` in :func:`memory_table`)."""
+    _FEATURE_PARTS[key] = label
+
+
+def with_part(parts: dict[str, float], key: str, nbytes: float) -> dict[str, float]:
+    """A rank's ``parts`` (:meth:`MemoryParts.as_dict`) with a registered feature part ``key`` of
+    ``nbytes``: the allocator's reserve grows by :data:`ALLOCATOR_RESERVE` of it, the total by both."""
+    if key not in _FEATURE_PARTS:
+        raise KeyError(f"memory part {key!r} is not registered (register_part)")
+    reserve = ALLOCATOR_RESERVE * nbytes
+    return {
+        **parts,
+        key: nbytes,
+        "allocator_reserve": parts["allocator_reserve"] + reserve,
+        "total": parts["total"] + nbytes + reserve,
+    }
+
+
 _LABELS = (
     ("weights", "weights"),
     ("gradients", "grads"),
@@ -130,9 +156,12 @@ _LABELS = (
 
 
 def memory_table(parts: list[dict[str, float]]) -> str:
-    """The parts of every rank as a text table in GiB (``pipewright simulate``'s output)."""
-    head = "memory (GiB)  " + "".join(f"{label:>12}" for _, label in _LABELS)
+    """The parts of every rank as a text table in GiB (``pipewright simulate``'s output); a feature's
+    registered part gets a column before the total where some rank has it."""
+    features = tuple((k, label) for k, label in _FEATURE_PARTS.items() if any(k in p for p in parts))
+    labels = (*_LABELS[:-1], *features, _LABELS[-1])
+    head = "memory (GiB)  " + "".join(f"{label:>12}" for _, label in labels)
     rows = [head]
     for rank, part in enumerate(parts):
-        rows.append(f"rank {rank:<8}" + "".join(f"{part[key] / 2**30:>12.2f}" for key, _ in _LABELS))
+        rows.append(f"rank {rank:<8}" + "".join(f"{part.get(key, 0.0) / 2**30:>12.2f}" for key, _ in labels))
     return "\n".join(rows)

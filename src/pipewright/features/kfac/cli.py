@@ -5,11 +5,16 @@ Task costs: ``--kfac-profile MODEL:GPU:BS`` takes the whole setup from PipeFishe
 (one block per model chunk; F/B and K-FAC times as measured by the paper's authors); otherwise with
 ``--model`` the K-FAC tasks cost their FLOPs (:mod:`.cost`) at half the accelerator's fp32 peak, and
 with ``--cost unit`` every K-FAC task of the one layer per chunk costs ``--kfac-unit`` (default 1).
+
+Memory (a ``--model`` whose K-FAC memory is priced): each rank's memory by parts with a ``kfac`` part,
+its peak with K-FAC and the fit check (:mod:`.simulate_memory`); exit status 1 when a rank does not
+fit, unless ``--allow-no-fit``.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 
 from pipewright.errors import ConfigError
 from pipewright.features.kfac.cost import LinearShape, TaskTimes, block_layers
@@ -39,9 +44,10 @@ def _model_times(request, setup) -> TaskTimes:
 
 
 def run_fill(request, setup) -> int:
-    """Fill, print the summary (or JSON), draw the refresh's timeline with ``--png`` (``request``: the
-    :class:`~pipewright.plan.request.SimulateRequest`)."""
+    """Fill, print the summary (or JSON) with K-FAC's memory, draw the refresh's timeline with
+    ``--png`` (``request``: the :class:`~pipewright.plan.request.SimulateRequest`)."""
     from pipewright.features.kfac.fill import fill_kfac
+    from pipewright.features.kfac.simulate_memory import memory_lines, memory_report, no_fit
     from pipewright.features.kfac.utilization import refresh_timeline
 
     opts = request.spec.features["kfac"]
@@ -76,6 +82,9 @@ def run_fill(request, setup) -> int:
         split=not opts.no_split,
     )
     summary = res.summary()
+    memory = None if profile else memory_report(setup)
+    if memory is not None:
+        summary.update(memory)
     if request.png:
         from pipewright.viz import draw_timeline
 
@@ -83,7 +92,7 @@ def run_fill(request, setup) -> int:
         draw_timeline(refresh_timeline(res), request.png, titles=[title])
     if request.json:
         print(json.dumps(summary, indent=2))
-        return 0
+        return _fit_exit(request, memory, no_fit)
     print(f"{sched.name} + K-FAC, {label}")
     print(f"refresh interval          {res.refresh_interval} iterations (first refresh)")
     print(f"iterations per refresh    {res.steady_iterations_per_refresh:.3f} (refreshes back to back)")
@@ -92,9 +101,19 @@ def run_fill(request, setup) -> int:
     print(f"utilization               {res.utilization_before:.3f} → {res.utilization_after:.3f}")
     split = f"({res.split_inversions} inversions split)"
     print(f"refresh work in bubbles   {100 * res.fitted_fraction:.1f} %  {split}")
+    if memory is not None:
+        print("\n".join(memory_lines(memory)))
     if request.png:
         print(f"wrote {request.png}")
-    return 0
+    return _fit_exit(request, memory, no_fit)
+
+
+def _fit_exit(request, memory: dict | None, no_fit) -> int:
+    """1 with a one-line error when a rank does not fit with K-FAC's memory (unless ``--allow-no-fit``)."""
+    if memory is None or memory["memory"]["fits"] or request.spec.simulation.allow_no_fit:
+        return 0
+    print(f"pipewright: error: {no_fit(memory)}", file=sys.stderr)
+    return 1
 
 
 def simulate_hook(request, setup):
