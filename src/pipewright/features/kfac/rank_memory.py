@@ -79,7 +79,6 @@ def kfac_ranks(cost, schedule) -> dict[int, KfacRank]:
     from pipewright.features.kfac.fill import slot_schedule
     from pipewright.features.kfac.kinds import KFAC_KINDS_ALL
     from pipewright.hardware import accelerator
-    from pipewright.ir import STEP, Action
     from pipewright.sim.memory import peak_from_deltas, transient_of
 
     block = block_linears(cost.spec, cost.mesh.tp)
@@ -100,7 +99,7 @@ def kfac_ranks(cost, schedule) -> dict[int, KfacRank]:
         base = [0.0 if a.kind in KFAC_KINDS_ALL else float(cost.activation_bytes(a, schedule)) for a in row]
         trans = [0.0 if a.kind in KFAC_KINDS_ALL else float(transient(a, schedule)) for a in row]
         peak = peak_from_deltas([b + e for b, e in zip(base, extra, strict=True)], 0.0, trans)
-        stepping = step_transient_bytes(base_cost, Action(schedule.stages_of(rank)[0], STEP, 0), schedule)
+        stepping = step_transient_bytes(base_cost.cost_inputs, base_cost.rank_parameters(rank, schedule))
         out[rank] = KfacRank(
             FillPlan(fills, len(linears.layers)),
             linears.state_bytes(),
