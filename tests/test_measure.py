@@ -90,6 +90,38 @@ def test_tensor_parallel_sequence_parallel_rank_matches_flops_and_counts_its_col
     assert gathers - scatters == 2 * (2 * 5 + 1)
 
 
+def test_tensor_parallel_bytes_are_the_cost_models_and_the_runtimes_unfused_linears():
+    """tp bytes, each collective's buffer (an all-reduce as its reduce-scatter and all-gather halves):
+    the simulated side is the cost model's priced all-reduces (2 a layer in F and in I, the embedding's
+    in F); the measured side is that + the backward's re-gathers of each column-parallel input (which
+    Megatron runs too, and the cost model does not price) + the collectives of k, v and up, which run
+    as separate linears (Megatron fuses QKV and gate/up) + the unpriced all-reduces of the
+    sequence-parallel norms' gradients and the gradient norm. The difference is on docs/fidelity.md."""
+    (cmp,) = measure_run(_config(**{**TINY, "tp": 2, "sequence_parallel": True}, schedule="1f1b"), [0])
+    m, p = cmp.measured, cmp.predicted
+    act, layer_mb = 32 * 64 * 2, 2 * 2  # one activation; 2 layers × 2 microbatches
+    embedding = 2 * act  # its all-reduce in F, one a microbatch
+    assert p.collective_bytes["tp"] == 2 * (4 * layer_mb * act + embedding)
+    megatron = 10  # a layer and microbatch: F 2 gathers + 2 scatters; backward 2 + 2 and 2 re-gathers
+    unfused = 3 * 3  # k, v, up: a gather in F, a re-gather and a reduce-scatter in the backward
+    unpriced = 2 * m.comm[("all_reduce", "tp")]  # norms' gradients (sequence parallel), Σg²
+    measured = (megatron + unfused) * layer_mb * act + 2 * embedding + unpriced
+    assert cmp.rows()["tp bytes"] == (measured, p.collective_bytes["tp"])
+    assert "tp bytes" in cmp.misses()
+
+
+def test_context_parallel_ring_bytes_equal_the_simulators():
+    """The ring's sends (forward K/V, backward K/V and the fp32 dK/dV) are what the cost model prices
+    for the runtime's ring (``cp_comm="pipewright"``), byte for byte; the boundary message stays one
+    stage output, not a ring block."""
+    (cmp,) = measure_run(_config(**TINY, cp=2, schedule="1f1b"), [0])
+    kv = 16 * 2 * 64 * 2  # one block: s/c tokens × (k + v) × h, bf16
+    per_layer_mb = kv + kv + 2 * kv  # F (c − 1)·KV·e, backward again + the fp32 accumulator
+    assert cmp.rows()["cp bytes"] == (2 * 2 * per_layer_mb,) * 2
+    assert cmp.boundary_bytes == cmp.predicted.message_bytes == 16 * 64 * 2
+    assert "cp bytes" not in cmp.misses() and "boundary message" not in cmp.misses()
+
+
 def test_zero1_shards_the_optimizer_state_over_dp():
     plain, sharded = (
         measure_run(_config(**{**TINY, "dp": 2, "shard_optimizer": z}, schedule="1f1b"), [0])[0]
@@ -209,3 +241,7 @@ def test_mixture_of_experts_routes_balanced_tokens_over_expert_parallel_ranks():
         assert m.flops[kind] == pytest.approx(p.flops[kind], rel=0.01), kind
     assert m.comm[("all_to_all", "ep")] > 0 and m.comm[("all_reduce", "expert-dp")] > 0
     assert cmp.rows()["dp bytes"][0] == cmp.rows()["dp bytes"][1]  # gradients, loss and norm: equal
+    # the tokens' all-to-alls, dispatch and combine in F and in the backward, s·top-k·h in bf16 each
+    calls = m.comm_count[("all_to_all", "ep")]
+    assert calls % 4 == 0 and cmp.rows()["ep bytes"] == (calls * 32 * 2 * 32 * 2,) * 2
+    assert m.comm[("all_to_all_counts", "ep")] > 0  # the routing's counts, apart (not priced)

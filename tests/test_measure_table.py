@@ -39,11 +39,37 @@ def test_the_measured_flops_and_messages_of_the_recorded_rows():
             assert r["dp bytes"]["measured"] == r["dp bytes"]["simulated"], row["name"]
 
 
+#: (row, bytes row) whose measured and simulated bytes differ, each with its cause on docs/fidelity.md
+#: (the tensor-parallel rows: the runtime's unfused q, k, v and gate, up linears and the backward's
+#: re-gathers, which the cost model does not price); the set can only shrink
+BYTES_MISSES: set[tuple[str, str]] = {
+    (name, "tp bytes") for name, fields, _ in ROWS if fields.get("tp", 1) > 1
+}
+
+
+def test_the_tp_cp_ep_collectives_bytes_of_the_recorded_rows():
+    """Each row's tensor-, context- and expert-parallel bytes (buffers; an all-reduce as its two
+    halves) measured against the cost model's priced sizes: equal but for the listed rows, and there
+    the runtime moves more (never the cost model pricing what the program does not send)."""
+    off, seen = set(), set()
+    for row in load():
+        for key in ("tp bytes", "cp bytes", "ep bytes"):
+            if key in row["rows"]:
+                seen.add(key)
+                meas, sim = row["rows"][key]["measured"], row["rows"][key]["simulated"]
+                if meas != sim:
+                    off.add((row["name"], key))
+                    assert meas > sim, row["name"]
+    assert off == BYTES_MISSES
+    assert seen == {"tp bytes", "cp bytes", "ep bytes"}
+
+
 _405B = next(i for i, (name, _, _) in enumerate(ROWS) if name.startswith("llama3-405b"))
 _HF = next(i for i, (name, _, _) in enumerate(ROWS) if name.startswith("hf "))
+_C2 = next(i for i, (name, _, _) in enumerate(ROWS) if " c2 " in name)
 
 
-@pytest.mark.parametrize("index", [0, _405B, _HF], ids=lambda i: ROWS[i][0])
+@pytest.mark.parametrize("index", [0, _405B, _HF, _C2], ids=lambda i: ROWS[i][0])
 def test_the_simulated_side_is_current(index):
     name, fields, pp_rank = ROWS[index]
     recorded = next(r for r in load() if r["name"] == name)
@@ -52,6 +78,8 @@ def test_the_simulated_side_is_current(index):
     now = predict(run)[pp_rank]
     assert now.peak_bytes == pytest.approx(recorded["rows"]["peak memory"]["simulated"], rel=1e-6)
     assert now.flops["F"] == pytest.approx(recorded["rows"]["FLOPs F"]["simulated"], rel=1e-6)
+    for group, nbytes in now.collective_bytes.items():
+        assert nbytes == recorded["rows"][f"{group} bytes"]["simulated"], group
 
 
 #: Rows whose simulated peak is more than 5 % from the measured one, each with its cause on

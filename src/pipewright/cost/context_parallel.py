@@ -61,6 +61,7 @@ __all__ = [
     "check_context_parallel",
     "cp_buffer_bytes",
     "cp_layer_seconds",
+    "cp_sent_bytes",
     "ring_bytes_per_layer",
     "ring_waited_bytes_per_layer",
 ]
@@ -141,6 +142,17 @@ def cp_buffer_bytes(model: Any, kind: str) -> float:
         return 0.0
     free = CPComm(lambda n: 0.0, lambda n: 0.0, model.cp)
     return impl.kind_pass(_shape(model), free, kind, 0.0, 0.0, model.recompute == "full").buffer_bytes
+
+
+def cp_sent_bytes(model: Any, kind: str) -> float:
+    """Bytes one rank sends in one layer's ``kind`` pass of ``model``'s ``cp_comm`` implementation: the
+    :attr:`~pipewright.cost.cp_impls.CPPass.sent_bytes` of the pass :func:`cp_layer_seconds` prices
+    (0 at cp 1)."""
+    if model.cp <= 1:
+        return 0.0
+    impl = cp_impl(getattr(model, "cp_comm", DEFAULT_CP_COMM))
+    free = CPComm(lambda n: 0.0, lambda n: 0.0, model.cp)
+    return impl.kind_pass(_shape(model), free, kind, 0.0, 0.0, model.recompute == "full").sent_bytes
 
 
 def ring_gathered_bytes(passed: float, cp: int) -> float:

@@ -324,11 +324,18 @@ class MoECost(TransformerCost):
 
     def a2a_time(self, chunk: _Chunk, kind: str, rank: int) -> float:
         """Seconds of the all-to-alls of one ``kind`` action of ``chunk`` on pipeline rank ``rank``."""
-        if self.mesh.ep == 1 or kind == W or not chunk.moe_layers:
+        calls = self.a2a_calls(chunk, kind)
+        if not calls:
             return 0.0
-        per = self.comm.collective_time("all_gather", rank, self.a2a_bytes(), group="ep")
-        count = 2 + (2 if kind in (I, B) and self.recompute == "full" else 0)
-        return chunk.moe_layers * count * per
+        return calls * self.comm.collective_time("all_gather", rank, self.a2a_bytes(), group="ep")
+
+    def a2a_calls(self, chunk: _Chunk, kind: str) -> int:
+        """The all-to-alls of :meth:`a2a_bytes` one ``kind`` action of ``chunk`` runs: per MoE layer
+        dispatch and combine in F and in I/B (twice more there under full recomputation); none in W
+        or with ep = 1."""
+        if self.mesh.ep == 1 or kind == W or not chunk.moe_layers:
+            return 0
+        return chunk.moe_layers * (2 + (2 if kind in (I, B) and self.recompute == "full" else 0))
 
     def kind_time(self, chunk: _Chunk, kind: str, rank: int) -> float:
         """The dense terms plus the all-to-alls (module docstring)."""

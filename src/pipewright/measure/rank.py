@@ -98,6 +98,13 @@ def _channel_names(mesh) -> dict[str, str]:
     return names
 
 
+def _ring_names(trainer) -> dict[str, str]:
+    """The context-parallel ring's backward group (a second group over the cp ranks, held by the
+    trainer's ring) → ``cp``."""
+    group = getattr(getattr(trainer.context, "ring", None), "back_group", None)
+    return {group.group_name: "cp"} if group is not None else {}
+
+
 def _meta_batches(trainer, config, spec):
     """Token ids of the run's shapes (meta: no data), in place of the dataset's batch."""
     b, m = config.microbatch_size, config.microbatches
@@ -241,7 +248,7 @@ def measure_rank(run, rank: int, plan=None) -> RankMeasure:
             trainer = Trainer(run, mesh=mesh)
             trainer._batches = _meta_batches(trainer, c, run.spec)
             _p2p_as_on_cuda(trainer.executor, run.schedule)
-            tracker.group_names |= _channel_names(mesh)
+            tracker.group_names |= _channel_names(mesh) | _ring_names(trainer)
             opt = _base_optimizer(trainer)
             tracker.phase = "optimizer"
             _warm_optimizer(opt)

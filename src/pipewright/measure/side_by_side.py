@@ -2,7 +2,9 @@
 part, total), FLOPs per action kind, the bytes of one boundary message and over the data-parallel
 groups (the gradients' reduction and the step's loss and norm scalars, against the simulator's
 REDUCE_GRAD messages and :func:`~pipewright.cost.sharding.step_scalar_bytes`), each with the
-difference (simulated / measured − 1) and whether it meets the targets:
+difference (simulated / measured − 1), the tensor-, context- and expert-parallel collectives' bytes
+(:mod:`.collective_bytes`: each collective's buffer, an all-reduce as its two halves) and whether it
+meets the targets:
 memory within 5 %, FLOPs within 1 %, bytes equal.
 
 Static = parameters + gradients + optimizer state + buffers (measured) against weights + gradients +
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipewright.measure import collective_bytes
 from pipewright.measure.rank import RankMeasure
 from pipewright.measure.simulated_side import RankPrediction
 
@@ -23,7 +26,7 @@ MEMORY_TARGET = 0.05
 FLOPS_TARGET = 0.01
 GiB = 2**30
 #: the rows compared in bytes, exactly
-_BYTES = ("boundary message", "dp bytes")
+_BYTES = ("boundary message", "dp bytes", "tp bytes", "cp bytes", "ep bytes")
 
 _STATIC_MEASURED = ("params", "grads", "optimizer", "buffers")
 _STATIC_SIMULATED = (
@@ -75,6 +78,12 @@ class RankComparison:
         dp = sum(v for (op, group), v in m.comm.items() if group in _GRAD_GROUPS)
         if dp or p.reduce_bytes:
             out["dp bytes"] = (float(dp), p.reduce_bytes)
+        # the tensor-, context- and expert-parallel collectives' buffers (.collective_bytes)
+        groups = collective_bytes.measured(m.comm)
+        for group in collective_bytes.GROUPS:
+            meas, sim = groups.get(group, 0.0), p.collective_bytes.get(group, 0.0)
+            if meas or sim:
+                out[f"{group} bytes"] = (float(meas), float(sim))
         return out
 
     def misses(self) -> list[str]:
@@ -107,8 +116,10 @@ class RankComparison:
 
 
 def compare(measured: RankMeasure, predicted: RankPrediction) -> RankComparison:
-    sends = [
-        v / max(1, measured.comm_count.get(key, 1)) for key, v in measured.comm.items() if key[0] == "send"
+    sends = [  # not the context-parallel ring's
+        v / max(1, measured.comm_count.get(key, 1))
+        for key, v in measured.comm.items()
+        if key[0] == "send" and key[1] != "cp"
     ]
     return RankComparison(measured, predicted, int(max(sends, default=0)))
 
@@ -116,8 +127,10 @@ def compare(measured: RankMeasure, predicted: RankPrediction) -> RankComparison:
 def _fmt(name: str, value: float) -> str:
     if name.startswith("FLOPs"):
         return f"{value / 1e12:.2f} TF"
-    if name in _BYTES:
+    if name in _BYTES[:2]:
         return f"{value / 2**20:.1f} MiB"
+    if name in _BYTES:
+        return f"{value / 1e9:.3f} GB"
     return f"{value / GiB:.2f} GiB"
 
 

@@ -13,7 +13,7 @@ do not enter what is compared."""
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pipewright.ir import REDUCE_GRAD, SEND_F, Action
 
@@ -33,6 +33,8 @@ class RankPrediction:
     memory_limit: float | None = None  # one GPU's memory (bytes)
     reduce_bytes: float = 0.0  # over dp: the gradient reduction's messages (REDUCE_GRAD), the step's scalars
     plan: object = None  # what the measured program follows (K-FAC's bubbles: .kfac_side)
+    #: tp/cp/ep collectives' buffer bytes of the step (:func:`.collective_bytes.simulated`)
+    collective_bytes: dict[str, float] = field(default_factory=dict)
 
 
 def sim_setup(run, gpu: str = "h100-sxm"):
@@ -61,6 +63,7 @@ def sim_setup(run, gpu: str = "h100-sxm"):
         grad_dtype=_DTYPE[c.precision],
         stage_outputs="kept",
         checkpoint="non-reentrant",
+        cp_comm="pipewright",  # the runtime's ring (runtime/parallel/cp/ring.py): fp32 dK/dV
     )
     from pipewright.features.vocab.options import VocabOptions
     from pipewright.options import section_of
@@ -85,6 +88,7 @@ def predict(run) -> list[RankPrediction]:
     """Per pipeline rank: the simulated peak memory with its parts, FLOPs per kind, message bytes."""
     from pipewright.cost.memory_parts import rank_memory_parts
     from pipewright.cost.sharding import reduction_parts, step_scalar_bytes
+    from pipewright.measure.collective_bytes import simulated
     from pipewright.measure.kfac_side import kfac_ranks
 
     setup = sim_setup(run)
@@ -121,8 +125,11 @@ def predict(run) -> list[RankPrediction]:
             for _, b in reduction_parts("all_reduce", cost.message_bytes(a, sched))
         ) + step_scalar_bytes(run.config.dp, run.config.shard_optimizer or run.config.ep > 1)
         plan = k.plan if k is not None else None
+        collectives = simulated(cost, sched, rank)
         out.append(
-            RankPrediction(rank, peak, parts[rank], dict(flops), message, setup.memory_limit, reduce, plan)
+            RankPrediction(
+                rank, peak, parts[rank], dict(flops), message, setup.memory_limit, reduce, plan, collectives
+            )
         )
     return out
 

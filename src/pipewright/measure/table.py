@@ -139,10 +139,11 @@ def _cell(meas: float, sim: float, unit: float, digits: int) -> str:
 
 def markdown(rows: list[dict[str, Any]]) -> str:
     """The section's table: per row measured / simulated peak memory, activations part, F and B (or I)
-    FLOPs, boundary message, and where the measured peak falls."""
+    FLOPs, boundary message, the tensor-, context- and expert-parallel collectives' bytes where a row
+    has them, and where the measured peak falls."""
     head = (
         "| row | pp rank | peak GiB meas. / sim. | activations GiB | static GiB | F TFLOP | B+I+W TFLOP "
-        "| message MiB | measured peak at |\n|---|---|---|---|---|---|---|---|---|"
+        "| message MiB | tp / cp / ep GB | measured peak at |\n|---|---|---|---|---|---|---|---|---|---|"
     )
     lines = [head]
     for row in rows:
@@ -154,6 +155,16 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             f"| {row['name']} | {row['pp_rank']} | {_cell(*_pair(r, 'peak memory'), 2**30, 1)} "
             f"| {_cell(*_pair(r, '  activations'), 2**30, 1)} | {_cell(*_pair(r, '  static'), 2**30, 1)} "
             f"| {_cell(*_pair(r, 'FLOPs F'), 1e12, 1)} | {_cell(back_m, back_s, 1e12, 1)} "
-            f"| {msg[0] / 2**20:.1f} / {msg[1] / 2**20:.1f} | {row['peak_action']} |"
+            f"| {msg[0] / 2**20:.1f} / {msg[1] / 2**20:.1f} | {_collectives(r)} | {row['peak_action']} |"
         )
     return "\n".join(lines)
+
+
+def _collectives(rows: dict[str, Any]) -> str:
+    """``tp 410.2 / 173.9 (-57.6%)``-style cells of the tp, cp and ep bytes a row has; — if none."""
+    cells = [
+        f"{group} {_cell(*_pair(rows, f'{group} bytes'), 1e9, 1)}"
+        for group in ("tp", "cp", "ep")
+        if f"{group} bytes" in rows
+    ]
+    return "; ".join(cells) or "—"

@@ -15,7 +15,7 @@ c10d op of the rank passes through it:
   attention kernels priced as the GPU ones), summed per action kind.
 - **bytes**: every ``c10d`` op's payload — a send's or receive's tensor, an all-reduce's tensor, an
   all-gather's output, a reduce-scatter's input, an all-to-all's input — per (op, group) and per
-  action kind.
+  action kind (an all-to-all of integers, the routing's tokens per expert, as ``all_to_all_counts``).
 - **values read**: a meta tensor has no data, so ``.item()`` (a loss, a gradient norm, a finite
   check) reads 1.0 for floating point, 1 for integers and True for booleans (every check passes);
   a mixture of experts' routing counts read balanced routing's (:mod:`.routing`).
@@ -75,6 +75,11 @@ _COMM = {
 def _nbytes(obj: Any) -> int:
     tensors = [t for t in tree_flatten(obj)[0] if isinstance(t, torch.Tensor)]
     return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def _integral(obj: Any) -> bool:
+    tensors = [t for t in tree_flatten(obj)[0] if isinstance(t, torch.Tensor)]
+    return bool(tensors) and not any(t.dtype.is_floating_point for t in tensors)
 
 
 def _to_host(t: torch.Tensor, device: Any) -> bool:
@@ -197,6 +202,8 @@ class ProgramTracker(TorchDispatchMode):
         name_ = torch._C._distributed_c10d.ProcessGroup.unbox(group).group_name if group is not None else ""
         label = self.group_names.get(name_, "?")
         size = _nbytes(args[which])
+        if name == "all_to_all" and _integral(args[which]):  # the routing's tokens per expert
+            name = "all_to_all_counts"
         self.comm[(name, label)] += size
         self.comm_by_kind[(self.kind, name)] += size
         self.comm_count[(name, label)] += 1
