@@ -232,6 +232,41 @@ def test_a_value_no_flag_can_write_is_named():
     assert get(spec, ("features", "vocab", "parallel")) == "none"
 
 
+def test_the_default_feature_sections_are_the_builtin_bundles():
+    """The run spec's default sections (read from the registry, no bundle loaded) are the built-in
+    bundles' sections, with their descriptions as the help groups' titles."""
+    from pipewright.features import builtin_features
+    from pipewright.runspec.run import DESCRIPTIONS, feature_sections
+
+    bundles = builtin_features()
+    assert feature_sections() == feature_sections(bundles)
+    assert {f.section: f.description for f in bundles} == {
+        s: DESCRIPTIONS[s] for s in feature_sections().values()
+    }
+
+
+def test_reading_the_default_sections_loads_no_feature():
+    """A RunSpec's defaults import the features' options modules and nothing else of a feature, and no
+    layer above the run spec (a fresh interpreter: what ``import`` really runs, package ``__init__``
+    files included)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from pipewright.runspec import defaults; defaults('train'); "
+        "print(' '.join(m for m in sys.modules if m.startswith('pipewright.')))"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    above = ("cost", "sim", "plan", "runtime", "training", "measure", "cli", "schedules", "passes")
+    bad = [
+        m
+        for m in loaded.stdout.split()
+        if m.split(".")[1] in above
+        or (m.startswith("pipewright.features.") and m.count(".") > 2 and not m.endswith(".options"))
+    ]
+    assert not bad, bad
+
+
 def test_every_published_run_is_a_spec():
     """The package's published-run specs are what the generator makes of the CSV's rows (they cannot
     drift), each reads back as the row's spec, and round-trips spec → TOML → spec and spec → flags →

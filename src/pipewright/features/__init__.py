@@ -7,9 +7,10 @@ argument group of ``pipewright train``, ``simulate`` and ``plan``, each field na
 that take it), ``simulate``'s hook, and its training plugin (:mod:`pipewright.runtime.core.plugin`); hook
 and plugin are import paths, loaded when used, so that building the command line imports no numpy,
 torch or matplotlib. :class:`Features` is an immutable set of bundles;
-:func:`builtin_features` is the one place the library's own features (vocabulary parallelism, K-FAC
-in the bubbles, asynchronous weights) are listed, and :func:`user_features` adds the ones installed
-under the entry point group ``pipewright.features`` or named with ``--feature module:attr``.
+:func:`builtin_features` loads the library's own features (vocabulary parallelism, K-FAC in the bubbles,
+asynchronous weights; listed in :mod:`pipewright.runspec.feature_registry`), and :func:`user_features`
+adds the ones installed under the entry point group ``pipewright.features`` or named with ``--feature
+module:attr``.
 
 How the core uses a bundle (see ``tests/test_feature_contract.py`` for a whole toy feature):
 
@@ -34,9 +35,6 @@ from typing import Any
 from pipewright.deps import CORE_KINDS
 from pipewright.errors import ConfigError
 from pipewright.kinds import KindRegistry, KindSpec
-
-#: The library's own feature packages, each exporting ``FEATURE`` (the one place they are listed).
-BUILTIN: tuple[str, ...] = ("vocab", "kfac", "async_weights")
 
 
 def load(path: str) -> Any:
@@ -163,8 +161,14 @@ class Features:
 
 
 def builtin_features() -> Features:
-    """The library's own features (:data:`BUILTIN`), each package's ``FEATURE``."""
-    return Features(importlib.import_module(f"pipewright.features.{name}").FEATURE for name in BUILTIN)
+    """The library's own features, each package's ``FEATURE`` (its ``feature`` module): those named in
+    :data:`pipewright.runspec.feature_registry.BUILTIN_SECTIONS` (the one place they are listed, as
+    data: the run spec reads their option sections there without loading the bundles)."""
+    from pipewright.runspec.feature_registry import BUILTIN_SECTIONS
+
+    return Features(
+        importlib.import_module(f"pipewright.features.{name}.feature").FEATURE for name in BUILTIN_SECTIONS
+    )
 
 
 def library_schedules() -> Any:

@@ -31,6 +31,7 @@ from pipewright.runspec.command_sections import (
     SearchSection,
     SimulationSection,
 )
+from pipewright.runspec.feature_registry import BUILTIN_SECTIONS, builtin_section
 from pipewright.runspec.fields import default, hints, section, subsection, takes, walk
 from pipewright.runspec.model_sections import ModelSection
 from pipewright.runspec.run_sections import (
@@ -81,14 +82,14 @@ DESCRIPTIONS: dict[type, str] = {}
 
 def feature_sections(features: Any = None) -> dict[str, type]:
     """Each registered feature's section class by feature name (``features``: a
-    :class:`~pipewright.features.Features`; default the built-in ones)."""
+    :class:`~pipewright.features.Features`; default the built-in ones, read from
+    :mod:`.feature_registry` without loading a feature)."""
     if features is None:
-        from pipewright.features import builtin_features
-
-        features = builtin_features()
-    sections = {f.name: f.section for f in features if f.section is not None}
-    DESCRIPTIONS.update({f.section: f.description for f in features if f.section is not None})
-    return sections
+        listed = {name: (builtin_section(name), e.description) for name, e in BUILTIN_SECTIONS.items()}
+    else:
+        listed = {f.name: (f.section, f.description) for f in features if f.section is not None}
+    DESCRIPTIONS.update(dict(listed.values()))
+    return {name: section for name, (section, _) in listed.items()}
 
 
 def feature_command(command: str | None) -> str | None:

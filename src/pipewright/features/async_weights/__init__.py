@@ -8,18 +8,14 @@ live in ``schedules/async_variants.py``: ``async-zb-h1`` is in the default regis
 (:class:`.trainer.AsyncPlugin`) takes part in runs of schedules without a flush: it gives the
 trainer's executors a handler wrapper around their F/B/I/W/STEP handlers
 (:meth:`.runtime.AsyncRuntime.wrap`) and runs the steps a window at a time. Its options are
-:class:`.options.AsyncOptions` (TOML ``[async]``).
+:class:`.options.AsyncOptions` (TOML ``[async]``). ``FEATURE`` (:mod:`.feature`) is imported on first
+use (PEP 562): importing the package (as reading :mod:`.options` does) imports none of its modules.
 """
 
-from pipewright.features import Feature
-from pipewright.features.async_weights.options import AsyncOptions
-from pipewright.schedules.async_variants import ASYNC_INTERLEAVED
+from pipewright.lazy import lazy_attributes
 
-FEATURE = Feature(
-    name="async_weights",
-    schedules=(ASYNC_INTERLEAVED,),
-    section=AsyncOptions,
-    table="async",
-    plugin="pipewright.features.async_weights.window_trainer:AsyncPlugin",
-    description="asynchronous pipelines: weight stashing, 2BW, PipeOptim prediction, delay compensation",
-)
+_WHERE = {"FEATURE": "pipewright.features.async_weights.feature"}
+
+__all__ = sorted(_WHERE)
+
+__getattr__, __dir__ = lazy_attributes(__name__, _WHERE, globals())

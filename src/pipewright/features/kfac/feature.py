@@ -12,6 +12,7 @@ from pipewright.features import Feature
 from pipewright.features.kfac.kinds import KFAC_REDUCE, KFAC_SPECS
 from pipewright.features.kfac.options import KfacOptions
 from pipewright.ir import Action, Schedule
+from pipewright.runspec.feature_registry import BUILTIN_SECTIONS
 
 if TYPE_CHECKING:  # the cost package: imported when a rule runs
     from pipewright.cost.rules import ActionCost
@@ -72,5 +73,5 @@ FEATURE = Feature(
     section=KfacOptions,
     plugin="pipewright.features.kfac.train:KfacPlugin",
     optimizers=("kfac",),
-    description="PipeFisher: K-FAC curvature, inversion and preconditioning in the pipeline bubbles",
+    description=BUILTIN_SECTIONS["kfac"].description,
 )

@@ -10,25 +10,19 @@ vocabulary over all p·t pipeline × tensor ranks.
 - :mod:`.options`: the options (``[vocab]``; ``--vocab-parallel`` on ``train`` and ``simulate``);
   :mod:`.simulate`: what ``simulate --vocab-parallel`` does.
 
-``FEATURE`` is the bundle for :mod:`pipewright.features` (kinds and the insertion pass; the pass sets
-the schedule's kind registry itself, with F of stage 0 and the last stage's backward tied to the
-vocabulary kinds). This module imports no torch.
+``FEATURE`` is the bundle for :mod:`pipewright.features` (:mod:`.feature`). The names below are
+imported on first use (PEP 562): importing the package (as reading :mod:`.options` does) imports none
+of its modules.
 """
 
-from pipewright.features import Feature
-from pipewright.features.vocab.insert import insert_vocab
-from pipewright.features.vocab.kinds import ALGORITHMS, vocab_kinds
-from pipewright.features.vocab.options import VocabOptions
+from pipewright.lazy import lazy_attributes
 
-__all__ = ["ALGORITHMS", "FEATURE", "insert_vocab"]
+_WHERE = {
+    "ALGORITHMS": "pipewright.features.vocab.kinds",
+    "FEATURE": "pipewright.features.vocab.feature",
+    "insert_vocab": "pipewright.features.vocab.insert",
+}
 
+__all__ = sorted(_WHERE)
 
-FEATURE = Feature(
-    name="vocab",
-    kinds=vocab_kinds(),
-    passes={"vocab": insert_vocab},
-    simulate="pipewright.features.vocab.simulate:simulate_hook",
-    section=VocabOptions,
-    plugin="pipewright.features.vocab.train:VocabPlugin",
-    description="vocabulary parallelism: embedding and output layer split over all pipeline ranks",
-)
+__getattr__, __dir__ = lazy_attributes(__name__, _WHERE, globals())
