@@ -72,17 +72,7 @@ OTHER_FLAG_DECLARATIONS: set[str] = set()
 #: an entry imports the registry back: the schedule families import ``ScheduleInfo`` from the schedule
 #: registry, the commands import the CLI package, the asynchronous feature's trainer asks
 #: ``pipewright.features`` for the library's schedules.
-KNOWN_CYCLES: set[frozenset[str]] = {
-    frozenset({"pipewright.cli", "pipewright.cli.calibrate"}),
-    frozenset({"pipewright.features", "pipewright.features.async_weights.feature"}),
-    frozenset(
-        {
-            "pipewright.schedules.async_variants",
-            "pipewright.schedules.classic",
-            "pipewright.schedules.registry",
-        }
-    ),
-}
+KNOWN_CYCLES: set[frozenset[str]] = set()
 
 #: The option-section modules of the features: the only feature modules the run spec imports (the
 #: built-in features' sections, :mod:`pipewright.runspec.feature_registry`).

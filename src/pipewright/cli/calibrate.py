@@ -53,10 +53,17 @@ def setup_values(spec: RunSpec) -> dict[tuple[str, ...], object]:
 
 
 def flag_setup(flags: Sequence[str]) -> dict[tuple[str, ...], object]:
-    """:func:`setup_values` of ``calibrate``'s ``flags`` (``["--gpu", "a100-80gb", …]``)."""
-    from pipewright.cli import _parser
+    """:func:`setup_values` of ``calibrate``'s ``flags`` (``["--gpu", "a100-80gb", …]``), parsed by the
+    command's own parser."""
+    return setup_values(_own_parser().parse_args(["calibrate", *flags]).spec)
 
-    return setup_values(_parser((), "calibrate").parse_args(["calibrate", *flags]).spec)
+
+@functools.cache
+def _own_parser() -> argparse.ArgumentParser:
+    """A parser holding ``calibrate`` alone (:func:`register`)."""
+    parser = argparse.ArgumentParser(prog="pipewright")
+    register(parser.add_subparsers(dest="command"))
+    return parser
 
 
 def run(args: argparse.Namespace) -> int:

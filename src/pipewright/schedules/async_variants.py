@@ -19,7 +19,7 @@ from fractions import Fraction
 
 from pipewright.ir import STEP, Action, B, Schedule, W
 from pipewright.schedules.classic import check_interleaved, interleaved_1f1b, interleaved_memory
-from pipewright.schedules.registry import ScheduleInfo
+from pipewright.schedules.schedule_info import ScheduleInfo
 from pipewright.schedules.zero_bubble import zb_h1
 
 

@@ -14,7 +14,7 @@ from fractions import Fraction
 
 from pipewright.ir import STEP, B, F, I, Schedule, loop_placement
 from pipewright.schedules.classic import one_f_one_b_rows
-from pipewright.schedules.registry import ScheduleInfo
+from pipewright.schedules.schedule_info import ScheduleInfo
 
 BACKWARD_KINDS = (B, I)  # the action whose backward reads the weights (W needs no weights)
 

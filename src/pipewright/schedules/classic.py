@@ -11,7 +11,7 @@ from fractions import Fraction
 
 from pipewright.errors import ScheduleError
 from pipewright.ir import STEP, Action, ActionColumns, B, F, Schedule, loop_placement
-from pipewright.schedules.registry import ScheduleInfo
+from pipewright.schedules.schedule_info import ScheduleInfo
 
 
 def _warm_columns(name: str, p: int, m: int, v: int, f_stage, f_mb, b_stage, b_mb, warm) -> Schedule:

@@ -16,7 +16,7 @@ import math
 from collections.abc import Sequence
 
 from pipewright.ir import Action, B, F, I, W
-from pipewright.schedules.registry import ScheduleCosts
+from pipewright.schedules.schedule_info import ScheduleCosts
 
 
 def order_makespan(rows: Sequence[Sequence[Action]], placement: Sequence[int], costs: ScheduleCosts) -> float:

@@ -23,7 +23,7 @@ from fractions import Fraction
 
 from pipewright.ir import Schedule, loop_placement
 from pipewright.schedules.classic import one_f_one_b_rows
-from pipewright.schedules.registry import ScheduleInfo
+from pipewright.schedules.schedule_info import ScheduleInfo
 
 
 def steady_pairs(p: int, m: int) -> tuple[tuple[int, ...], ...]:

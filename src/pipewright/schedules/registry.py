@@ -14,58 +14,14 @@ the cost model or a profile (:func:`pipewright.schedules.schedule_costs.schedule
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
-from fractions import Fraction
+from collections.abc import Iterable, Mapping
 from functools import cache
 
 from pipewright.errors import ScheduleError
 from pipewright.ir import Schedule
+from pipewright.schedules.schedule_info import ScheduleCosts, ScheduleInfo
 
 _FAMILIES = ("classic", "paired", "zero_bubble", "vshape", "asynchronous", "async_variants")
-
-
-@dataclass(frozen=True)
-class ScheduleInfo:
-    """A schedule generator and the facts its docstring states.
-
-    ``build(p, m, v)`` returns the compute-only schedule. ``chunks`` lists the v values it takes
-    (``None``: any v ≥ 1). ``min_microbatches(p, v)`` is the least m it accepts; ``check(p, m, v)`` may
-    raise a ScheduleError for further rules (Megatron's m mod N). ``memory(p, m, v)`` gives the peak
-    microbatches in flight per rank (activation memory in units of one microbatch of a rank's layers).
-    ``order_of``: the schedule whose actions this one repeats exactly (only its ``meta`` differs, e.g.
-    the F&B pairs it marks for overlap); None when the order is its own.
-    """
-
-    name: str
-    build: Callable[[int, int, int], Schedule]
-    memory: Callable[[int, int, int], list[Fraction]]
-    bubble: str
-    memory_formula: str
-    source: str
-    chunks: tuple[int, ...] | None = (1,)
-    default_chunks: int = 1
-    min_microbatches: Callable[[int, int], int] = lambda p, v: 1
-    check: Callable[[int, int, int], None] | None = None
-    synchronous: bool = True
-    extra: Mapping[str, object] = field(default_factory=dict)
-    build_costed: Callable[[int, int, int, ScheduleCosts], Schedule] | None = None
-    order_of: str | None = None
-
-
-@dataclass(frozen=True)
-class ScheduleCosts:
-    """Costs a generator may plan with: per-stage (chunk) times of F, I and W (length p·v), the
-    point-to-point time of one boundary message and the memory limit in microbatches in flight per rank
-    (None: the generator's default); ``refine_time_limit``: seconds a generator that refines its order
-    by integer programming (``zb-auto``) may spend on it (None: no refinement)."""
-
-    f: tuple[float, ...]
-    i: tuple[float, ...]
-    w: tuple[float, ...]
-    comm: float = 0.0
-    memory_limit: float | None = None
-    refine_time_limit: float | None = None
 
 
 class ScheduleRegistry(Mapping[str, ScheduleInfo]):

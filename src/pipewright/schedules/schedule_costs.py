@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipewright.ir import SEND_F, Action, F, I, Schedule, W, loop_placement
-from pipewright.schedules.registry import ScheduleCosts
+from pipewright.schedules.schedule_info import ScheduleCosts
 
 
 def probe_schedule(ranks: int, chunks: int = 1, microbatches: int = 1) -> Schedule:

@@ -29,7 +29,7 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 
 from pipewright.ir import Action, F, I, W
-from pipewright.schedules.registry import ScheduleCosts
+from pipewright.schedules.schedule_info import ScheduleCosts
 
 
 class _Stuck(Exception):

@@ -25,7 +25,7 @@ from typing import Any
 from pipewright.errors import ScheduleError
 from pipewright.ir import Action, B, F, I, Schedule, W, peak_in_flight, v_placement
 from pipewright.schedules.estimate import order_makespan
-from pipewright.schedules.registry import ScheduleCosts, ScheduleInfo
+from pipewright.schedules.schedule_info import ScheduleCosts, ScheduleInfo
 from pipewright.schedules.v_greedy import candidates
 from pipewright.schedules.vsqueeze import F0, F1, I0, I1, WW, squeeze
 

@@ -46,7 +46,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from pipewright.ir import Action, F, I, W, loop_placement, peak_in_flight
-from pipewright.schedules.registry import ScheduleCosts
+from pipewright.schedules.schedule_info import ScheduleCosts
 
 _KINDS = (F, I, W)
 #: free pairs (binaries) per solve: up to this many the whole ILP, beyond it one slab of microbatches

@@ -26,7 +26,7 @@ from fractions import Fraction
 from pipewright.errors import ScheduleError, ValidationError
 from pipewright.ir import Action, F, I, Schedule, W, loop_placement, peak_in_flight
 from pipewright.schedules.estimate import order_times
-from pipewright.schedules.registry import ScheduleCosts, ScheduleInfo
+from pipewright.schedules.schedule_info import ScheduleCosts, ScheduleInfo
 from pipewright.schedules.zb_greedy import StageCosts, all_orders
 
 

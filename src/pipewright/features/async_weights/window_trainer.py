@@ -134,11 +134,13 @@ class AsyncPlugin(TrainingPlugin):
             if steps == 1:
                 self._executors[1] = trainer.executor
             else:
-                from pipewright.features import library_schedules
+                from pipewright.schedules.async_variants import ASYNC_INTERLEAVED
+                from pipewright.schedules.registry import default_registry
 
-                sched = build_schedule(
-                    c.schedule, c.pp, steps * c.microbatches, c.virtual, registry=library_schedules()
-                )
+                # the asynchronous schedules (no flush: the ones this plugin runs): the library's and
+                # the one this feature adds (feature.py)
+                registry = default_registry().with_schedules(ASYNC_INTERLEAVED)
+                sched = build_schedule(c.schedule, c.pp, steps * c.microbatches, c.virtual, registry=registry)
                 self._executors[steps] = trainer.make_executor(sched)
         return self._executors[steps]
 

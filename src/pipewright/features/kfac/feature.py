@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pipewright.features import Feature
+from pipewright.features.bundle import Feature
 from pipewright.features.kfac.kinds import KFAC_REDUCE, KFAC_SPECS
 from pipewright.features.kfac.options import KfacOptions
 from pipewright.ir import Action, Schedule

@@ -3,7 +3,7 @@ pass (the pass sets the schedule's kind registry itself, with F of stage 0 and t
 tied to the vocabulary kinds), the options, the ``simulate`` hook and the training plugin (imported by
 name when used). This module imports no torch."""
 
-from pipewright.features import Feature
+from pipewright.features.bundle import Feature
 from pipewright.features.vocab.insert import insert_vocab
 from pipewright.features.vocab.kinds import vocab_kinds
 from pipewright.features.vocab.options import VocabOptions
