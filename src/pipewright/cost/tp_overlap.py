@@ -3,7 +3,10 @@
 The cost model sums a pass's tensor-parallel collectives (:mod:`pipewright.cost.transformer`: two
 all-reduces of b·s·h per layer in F and in I; with sequence parallelism each is an all-gather before
 a column-parallel GEMM plus a reduce-scatter after a row-parallel GEMM, each half the all-reduce's ring
-time). A registered mode says what of it stays exposed:
+time; and with sequence parallelism, in I, the backward's re-gather of each column-parallel block's
+input for its weight gradient, an all-gather of b·s·h, which Megatron-LM hides under the block's
+input-gradient GEMM whatever the mode: :func:`pass_exposed`). A registered mode says what of the rest
+stays exposed:
 
 - ``none``: all of it (no overlap).
 - ``te`` (Transformer Engine's userbuffers overlap, Megatron-Core's ``--tp-comm-overlap``; the mode
@@ -36,7 +39,7 @@ planner's estimate (:mod:`pipewright.plan.costs`) price a mode with the same rul
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from pipewright.cost.layer import layer_gemms
@@ -71,6 +74,16 @@ class TpPass:
     tp: int = 1
     full_recompute: bool = False
     blocks: Callable[[], tuple[BlockTimes, ...]] = tuple
+    sequence_parallel: bool = False
+
+    def regathers(self) -> tuple[int, int]:
+        """(start, stop) of the backward's re-gathers in ``collectives``: with sequence parallelism
+        the chunk table puts each layer's two (one a block) after the layers' collectives (after the
+        recomputed forward's too); (0, 0) where there are none."""
+        if not self.sequence_parallel or self.tp == 1 or self.kind not in (I, B) or not self.layers:
+            return 0, 0
+        start = 2 * self.layers * (2 if self.full_recompute else 1)
+        return start, start + 2 * self.layers
 
 
 #: ``exposed_time(pass)`` → seconds of TP communication left
@@ -131,6 +144,23 @@ def block_times(
     )
 
 
+def pass_exposed(mode: TpOverlap, p: TpPass) -> float:
+    """Seconds of ``p``'s tensor-parallel communication left exposed under ``mode``: ``mode``'s rule
+    over the pass's collectives but the backward's re-gathers, and each re-gather as Megatron-LM issues
+    it (``LinearWithGradAccumulationAndAsyncCommunication.backward`` with sequence parallelism: an
+    asynchronous all-gather of the block's input, waited after the input-gradient GEMM dY·Wᵀ), exposed
+    only by what exceeds that GEMM, max(0, A − D), whatever the mode."""
+    start, stop = p.regathers()
+    if start == stop:
+        return mode.exposed_time(p)
+    rest = replace(p, collectives=p.collectives[:start] + p.collectives[stop:], sequence_parallel=False)
+    blocks = p.blocks() * p.layers
+    hidden = sum(
+        exposed(a, dgrad) for a, (_, _, dgrad) in zip(p.collectives[start:stop], blocks, strict=True)
+    )
+    return mode.exposed_time(rest) + hidden
+
+
 def _none(p: TpPass) -> float:
     return sum(p.collectives)
 
@@ -189,11 +219,11 @@ def chunk_pass(
         return block_times(shapes, lambda group: cost.gemm_time([(m, n, k, 1) for m, n, k in group], acc))
 
     full = cost.recompute == "full"
-    return TpPass(kind, collectives, gemm, chunk.layers, cost.mesh.tp, full, blocks)
+    return TpPass(kind, collectives, gemm, chunk.layers, cost.mesh.tp, full, blocks, cost.sequence_parallel)
 
 
 def tp_exposed_time(cost: TransformerCost, chunk, kind: str, rank: int, gemm: float) -> float:
     """Seconds of ``chunk``'s tensor-parallel communication in a ``kind`` pass left exposed by
     ``cost.tp_comm_overlap`` beside its GEMMs' ``gemm`` seconds (module docstring)."""
     tp_pass = chunk_pass(cost, chunk, kind, rank, gemm)
-    return _REGISTRY.get(resolve(cost.tp_comm_overlap)).exposed_time(tp_pass)
+    return pass_exposed(_REGISTRY.get(resolve(cost.tp_comm_overlap)), tp_pass)

@@ -297,6 +297,8 @@ class TransformerCost:
             I: per_layer_ar * (2 if full else 1),
             W: (),
         }
+        if self.sequence_parallel and t > 1:  # the backward re-gathers each column-parallel block's
+            tp_bytes[I] += (act / 2,) * 2 * n  # input for its weight gradient: all-gathers, ½ all-reduce
         if first:
             tp_bytes[F] += (act,)
         if last:
