@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING
 from pipewright.cost.layer import layer_gemms
 from pipewright.cost.sharding import exposed
 from pipewright.errors import ConfigError
-from pipewright.ir import B, F, I
+from pipewright.ir import B, F, I, W
 from pipewright.models.spec import ModelSpec
 from pipewright.named_registry import Registry
 
@@ -124,6 +124,28 @@ def resolve(value: bool | str | None, bare: str = DEFAULT_MODE) -> str:
     if value not in _REGISTRY:
         raise ConfigError(f"--tp-comm-overlap must be one of {', '.join(_REGISTRY.names())} (got {value!r})")
     return value
+
+
+def chunk_tp_bytes(
+    act: float, n: int, full: bool, first: bool, last: bool, loss: float, regather: bool
+) -> dict[str, tuple[float, ...]]:
+    """A chunk's tensor-parallel collectives per kind, in all-reduce bytes, in the order the exposure
+    rules read them (:mod:`pipewright.cost.tp_overlap`): per layer two all-reduces of the b·s·h
+    activation ``act`` in F and in I (I twice under ``full`` recomputation); with sequence parallelism
+    (``regather``) then, in I, the two all-gathers of each layer's column-parallel inputs for the
+    weight gradients (Megatron-LM's re-gather, ½ an all-reduce each); the embedding's all-reduce in F
+    (``first``); the loss's three fp32 all-reduces of ``loss`` bytes in F and the output layer's input
+    gradient in I (``last``)."""
+    per_layer_ar = (act,) * 2 * n
+    tp_bytes = {F: per_layer_ar, I: per_layer_ar * (2 if full else 1), W: ()}
+    if regather:
+        tp_bytes[I] += (act / 2,) * 2 * n
+    if first:
+        tp_bytes[F] += (act,)
+    if last:
+        tp_bytes[F] += (loss,) * 3
+        tp_bytes[I] += (act,)
+    return tp_bytes
 
 
 def layer_blocks(spec: ModelSpec, tokens: float, t: int) -> tuple[tuple[tuple[Shape, ...], Shape], ...]:
