@@ -121,3 +121,27 @@ def test_expert_gradients_split_the_same_calls_over_their_group():
         want += comm.collective_time(kind, 0, (params - expert) * per_param)
         want += comm.expert_time(kind, 0, expert * per_param)
     assert comm.collective_time("all_reduce", 0, nbytes) == pytest.approx(want, rel=1e-12)
+
+
+def test_context_parallel_alone_reduces_the_gradients_over_its_replicas():
+    """dp = 1, cp = 2: each stage's weights have two copies (Megatron-LM and the runtime all-reduce
+    their gradients over dp × cp), so the step holds one REDUCE_GRAD a rank, of the bytes dp = 2 would
+    reduce, over the rank's cp group; dp = cp = 1 holds none."""
+    from pipewright.plan.setup import model_setup
+
+    def reductions(**mesh):
+        mesh = Mesh(pp=2, **mesh)
+        topo = cluster(1, mesh.size, "h100-sxm")
+        setup = model_setup(SPEC, topo, mesh, build_schedule("1f1b", 2, 4), 1)
+        found = [
+            (r, a)
+            for r, actions in enumerate(setup.schedule.actions)
+            for a in actions
+            if a.kind == REDUCE_GRAD
+        ]
+        return setup, [(r, float(setup.cost.message_bytes(a, setup.schedule))) for r, a in found]
+
+    assert reductions()[1] == []
+    setup, over_cp = reductions(cp=2)
+    assert over_cp == reductions(dp=2)[1] and [r for r, _ in over_cp] == [0, 1]
+    assert all(setup.comm.collective_time("all_reduce", r, b) > 0.0 for r, b in over_cp)

@@ -13,9 +13,9 @@ from pipewright.cli import main
 from pipewright.cost import Mesh, TransformerCost
 from pipewright.cost.layer import layer_gemms
 from pipewright.cost.sharding import reduction_bytes
-from pipewright.cost.tp_overlap import chunk_pass, modes, resolve
+from pipewright.cost.tp_overlap import chunk_pass, modes, pass_exposed, resolve
 from pipewright.errors import ConfigError
-from pipewright.ir import B, F, I
+from pipewright.ir import B, F, I, W
 from pipewright.models.spec import ModelSpec
 from pipewright.runspec.run_sections import FrameworkSection
 from pipewright.schedules.registry import build_schedule
@@ -77,6 +77,33 @@ def test_modes_order_none_async_te():
     assert exposed == pytest.approx((count - 2 * n) * 1e-10, rel=1e-9)
     exposed, _, n, count = _exposed("async-tp", I, comm=1e-10)
     assert exposed == pytest.approx((count - 2 * n) * 1e-10 + 2 * n * 0.5e-10, rel=1e-9)
+
+
+def test_sequence_parallel_backward_regathers_each_block_input_under_its_dgrad():
+    """With sequence parallelism I holds, after the layers' all-reduces, two all-gathers of b·s·h a
+    layer (½ an all-reduce each: Megatron's re-gather for the weight gradient), none without it; each
+    stays exposed only by what exceeds its block's input-gradient GEMM, in every mode."""
+    schedule = build_schedule("1f1b", 1, 1)
+    act = 128 * SPEC.hidden * 2
+    for sp in (False, True):
+        chunk = TransformerCost(SPEC, mesh=Mesh(tp=4), sequence_parallel=sp)._chunk(0, schedule)
+        n = chunk.layers
+        assert chunk.tp_bytes[I][2 * n : 4 * n] == ((act / 2,) * 2 * n if sp else (act,))
+        assert len(chunk.tp_bytes[I]) == 2 * n + 2 * n * sp + 1 and chunk.tp_bytes[W] == ()
+    for mode in modes():
+        cost = TransformerCost(SPEC, mesh=Mesh(tp=4), sequence_parallel=True, tp_comm_overlap=mode)
+        chunk = cost._chunk(0, schedule)
+        n, count = chunk.layers, len(chunk.tp_bytes[I])
+        for comm in (1e-10, 10.0):
+            collectives = (comm,) * count
+            p = chunk_pass(cost, chunk, I, 0, 1e-3, collectives)
+            rest = chunk_pass(cost, chunk, I, 0, 1e-3, collectives[: 2 * n] + collectives[4 * n :])
+            dgrads = [d for _, _, d in p.blocks()] * n
+            gathers = sum(max(0.0, comm - d) for d in dgrads)
+            assert pass_exposed(modes()[mode], p) == pytest.approx(
+                modes()[mode].exposed_time(rest) + gathers, rel=1e-12
+            )
+            assert gathers == (0.0 if comm < 1 else pytest.approx(2 * n * comm - sum(dgrads)))
 
 
 @pytest.mark.parametrize(

@@ -194,14 +194,16 @@ def reduction_parts(kind: str, nbytes: float) -> tuple[tuple[str, float], ...]:
 LOSS_SCALARS, NORM_SCALARS = 2, 1
 
 
-def step_scalar_bytes(dp: int, norm_over_dp: bool) -> float:
+def step_scalar_bytes(dp: int, norm_over_dp: bool, cp: int = 1) -> float:
     """Bytes the training step all-reduces over the data-parallel group besides the gradients: the
     loss and its count (2 × 8 bytes) when dp > 1, and the gradient norm's Σ g² (8 bytes) where its
     terms are split over the replicas (``norm_over_dp``: ZeRO-1's gradient slices, or experts that
-    differ between replicas) — 16 or 24 bytes, 0 with dp = 1."""
+    differ between replicas) — 16 or 24 bytes, 0 with dp = 1; with cp > 1 also the loss's mean over
+    the cp ranks (8 bytes)."""
+    over_cp = 8.0 if cp > 1 else 0.0
     if dp <= 1:
-        return 0.0
-    return 8.0 * (LOSS_SCALARS + (NORM_SCALARS if norm_over_dp else 0))
+        return over_cp
+    return 8.0 * (LOSS_SCALARS + (NORM_SCALARS if norm_over_dp else 0)) + over_cp
 
 
 def reduction_time(kind: str, nbytes: float, time: Callable[[str, float], float]) -> float:

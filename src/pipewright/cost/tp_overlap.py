@@ -3,7 +3,10 @@
 The cost model sums a pass's tensor-parallel collectives (:mod:`pipewright.cost.transformer`: two
 all-reduces of b·s·h per layer in F and in I; with sequence parallelism each is an all-gather before
 a column-parallel GEMM plus a reduce-scatter after a row-parallel GEMM, each half the all-reduce's ring
-time). A registered mode says what of it stays exposed:
+time; and with sequence parallelism, in I, the backward's re-gather of each column-parallel block's
+input for its weight gradient, an all-gather of b·s·h, which Megatron-LM hides under the block's
+input-gradient GEMM whatever the mode: :func:`pass_exposed`). A registered mode says what of the rest
+stays exposed:
 
 - ``none``: all of it (no overlap).
 - ``te`` (Transformer Engine's userbuffers overlap, Megatron-Core's ``--tp-comm-overlap``; the mode
@@ -36,13 +39,13 @@ planner's estimate (:mod:`pipewright.plan.costs`) price a mode with the same rul
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from pipewright.cost.layer import layer_gemms
 from pipewright.cost.sharding import exposed
 from pipewright.errors import ConfigError
-from pipewright.ir import B, F, I
+from pipewright.ir import B, F, I, W
 from pipewright.models.spec import ModelSpec
 from pipewright.named_registry import Registry
 
@@ -71,6 +74,16 @@ class TpPass:
     tp: int = 1
     full_recompute: bool = False
     blocks: Callable[[], tuple[BlockTimes, ...]] = tuple
+    sequence_parallel: bool = False
+
+    def regathers(self) -> tuple[int, int]:
+        """(start, stop) of the backward's re-gathers in ``collectives``: with sequence parallelism
+        the chunk table puts each layer's two (one a block) after the layers' collectives (after the
+        recomputed forward's too); (0, 0) where there are none."""
+        if not self.sequence_parallel or self.tp == 1 or self.kind not in (I, B) or not self.layers:
+            return 0, 0
+        start = 2 * self.layers * (2 if self.full_recompute else 1)
+        return start, start + 2 * self.layers
 
 
 #: ``exposed_time(pass)`` → seconds of TP communication left
@@ -113,6 +126,28 @@ def resolve(value: bool | str | None, bare: str = DEFAULT_MODE) -> str:
     return value
 
 
+def chunk_tp_bytes(
+    act: float, n: int, full: bool, first: bool, last: bool, loss: float, regather: bool
+) -> dict[str, tuple[float, ...]]:
+    """A chunk's tensor-parallel collectives per kind, in all-reduce bytes, in the order the exposure
+    rules read them (:mod:`pipewright.cost.tp_overlap`): per layer two all-reduces of the b·s·h
+    activation ``act`` in F and in I (I twice under ``full`` recomputation); with sequence parallelism
+    (``regather``) then, in I, the two all-gathers of each layer's column-parallel inputs for the
+    weight gradients (Megatron-LM's re-gather, ½ an all-reduce each); the embedding's all-reduce in F
+    (``first``); the loss's three fp32 all-reduces of ``loss`` bytes in F and the output layer's input
+    gradient in I (``last``)."""
+    per_layer_ar = (act,) * 2 * n
+    tp_bytes = {F: per_layer_ar, I: per_layer_ar * (2 if full else 1), W: ()}
+    if regather:
+        tp_bytes[I] += (act / 2,) * 2 * n
+    if first:
+        tp_bytes[F] += (act,)
+    if last:
+        tp_bytes[F] += (loss,) * 3
+        tp_bytes[I] += (act,)
+    return tp_bytes
+
+
 def layer_blocks(spec: ModelSpec, tokens: float, t: int) -> tuple[tuple[tuple[Shape, ...], Shape], ...]:
     """One layer's two blocks on ``tokens`` tokens at tensor-parallel size ``t``: (the GEMM shapes fed
     by the all-gather, the shape whose output is reduce-scattered), for the attention block (its QKV
@@ -129,6 +164,23 @@ def block_times(
     return tuple(
         (seconds(into), seconds((out,)), seconds(((out[0], out[2], out[1]),))) for into, out in blocks
     )
+
+
+def pass_exposed(mode: TpOverlap, p: TpPass) -> float:
+    """Seconds of ``p``'s tensor-parallel communication left exposed under ``mode``: ``mode``'s rule
+    over the pass's collectives but the backward's re-gathers, and each re-gather as Megatron-LM issues
+    it (``LinearWithGradAccumulationAndAsyncCommunication.backward`` with sequence parallelism: an
+    asynchronous all-gather of the block's input, waited after the input-gradient GEMM dY·Wᵀ), exposed
+    only by what exceeds that GEMM, max(0, A − D), whatever the mode."""
+    start, stop = p.regathers()
+    if start == stop:
+        return mode.exposed_time(p)
+    rest = replace(p, collectives=p.collectives[:start] + p.collectives[stop:], sequence_parallel=False)
+    blocks = p.blocks() * p.layers
+    hidden = sum(
+        exposed(a, dgrad) for a, (_, _, dgrad) in zip(p.collectives[start:stop], blocks, strict=True)
+    )
+    return mode.exposed_time(rest) + hidden
 
 
 def _none(p: TpPass) -> float:
@@ -189,11 +241,11 @@ def chunk_pass(
         return block_times(shapes, lambda group: cost.gemm_time([(m, n, k, 1) for m, n, k in group], acc))
 
     full = cost.recompute == "full"
-    return TpPass(kind, collectives, gemm, chunk.layers, cost.mesh.tp, full, blocks)
+    return TpPass(kind, collectives, gemm, chunk.layers, cost.mesh.tp, full, blocks, cost.sequence_parallel)
 
 
 def tp_exposed_time(cost: TransformerCost, chunk, kind: str, rank: int, gemm: float) -> float:
     """Seconds of ``chunk``'s tensor-parallel communication in a ``kind`` pass left exposed by
     ``cost.tp_comm_overlap`` beside its GEMMs' ``gemm`` seconds (module docstring)."""
     tp_pass = chunk_pass(cost, chunk, kind, rank, gemm)
-    return _REGISTRY.get(resolve(cost.tp_comm_overlap)).exposed_time(tp_pass)
+    return pass_exposed(_REGISTRY.get(resolve(cost.tp_comm_overlap)), tp_pass)

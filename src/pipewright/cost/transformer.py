@@ -291,17 +291,9 @@ class TransformerCost:
             dgrad += [(m, nn, k, n) for m, nn, k in layer_recomputed_gemms(spec, tokens, t)]
         gemms = {F: tuple(fwd_gemms), I: tuple(dgrad), W: tuple(wgrad)}
         act = s * b * h * esize / c  # one b·s·h activation tensor
-        per_layer_ar = (act,) * 2 * n
-        tp_bytes: dict[str, tuple[float, ...]] = {
-            F: per_layer_ar,
-            I: per_layer_ar * (2 if full else 1),
-            W: (),
-        }
-        if first:
-            tp_bytes[F] += (act,)
-        if last:
-            tp_bytes[F] += (4.0 * b * s / c,) * 3
-            tp_bytes[I] += (act,)
+        tp_bytes = tp_overlap.chunk_tp_bytes(
+            act, n, full, first, last, 4.0 * b * s / c, self.sequence_parallel and t > 1
+        )
         # memory-bound kernels: κ × the bytes a forward without recomputation stores
         stored = self.layer_stored_bytes("none", fp8=False)
         fwd_traffic, bwd_traffic = (n * x / c for x in layer_traffic(self.cost_inputs, esize, stored))

@@ -74,8 +74,13 @@ class RankComparison:
                 out[f"FLOPs {kind}"] = (float(m.flops.get(kind, 0)), float(p.flops.get(kind, 0.0)))
         if self.boundary_bytes or p.message_bytes:
             out["boundary message"] = (float(self.boundary_bytes), p.message_bytes)
-        # the dense gradients, the loss and the norm over dp, the experts' over their own dp group
-        dp = sum(v for (op, group), v in m.comm.items() if group in _GRAD_GROUPS)
+        # the dense gradients, the loss and the norm over dp, the experts' over their own dp group; an
+        # all-reduce over cp: the loss's mean over the cp ranks, and at dp = 1 the gradients (dp × cp)
+        dp = sum(
+            v
+            for (op, group), v in m.comm.items()
+            if group in _GRAD_GROUPS or (op, group) == ("all_reduce", "cp")
+        )
         if dp or p.reduce_bytes:
             out["dp bytes"] = (float(dp), p.reduce_bytes)
         # the tensor-, context- and expert-parallel collectives' buffers (.collective_bytes)

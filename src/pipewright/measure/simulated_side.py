@@ -123,7 +123,7 @@ def predict(run) -> list[RankPrediction]:
             for a in mine
             if a.kind == REDUCE_GRAD
             for _, b in reduction_parts("all_reduce", cost.message_bytes(a, sched))
-        ) + step_scalar_bytes(run.config.dp, run.config.shard_optimizer or run.config.ep > 1)
+        ) + step_scalar_bytes(run.config.dp, run.config.shard_optimizer or run.config.ep > 1, run.config.cp)
         plan = k.plan if k is not None else None
         collectives = simulated(cost, sched, rank)
         out.append(

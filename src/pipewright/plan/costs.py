@@ -34,7 +34,7 @@ from pipewright.cost.gemm import gemm_seconds as gemm_seconds
 from pipewright.cost.gemm import roofline
 from pipewright.cost.recompute import make_cost
 from pipewright.cost.sharding import exposed, pipelined_fsdp_state, state_bytes
-from pipewright.cost.tp_overlap import TpPass, block_times, layer_blocks, modes, resolve
+from pipewright.cost.tp_overlap import TpPass, block_times, layer_blocks, modes, pass_exposed, resolve
 from pipewright.cost.transformer import (
     _OVERHEAD,
     A100_EFFICIENCY,
@@ -132,7 +132,7 @@ class Part:
         """Tensor-parallel seconds left exposed by ``o``'s --tp-comm-overlap mode, by the cost model's
         own rule (:mod:`pipewright.cost.tp_overlap`)."""
         collectives = tuple(map(all_reduce, self.kinds[KINDS.index(kind)].tp))
-        if o.tp_comm_overlap == "none":
+        if o.tp_comm_overlap == "none" and not o.sequence_parallel:
             return sum(collectives)
 
         def seconds(shapes) -> float:
@@ -145,8 +145,10 @@ class Part:
                 hit = self._local[key] = block_times(o.tp_blocks, seconds)
             return hit
 
-        tp_pass = TpPass(kind, collectives, gemm, self.layers, o.tp, o.full_recompute, blocks)
-        return modes()[o.tp_comm_overlap].exposed_time(tp_pass)
+        tp_pass = TpPass(
+            kind, collectives, gemm, self.layers, o.tp, o.full_recompute, blocks, o.sequence_parallel
+        )
+        return pass_exposed(modes()[o.tp_comm_overlap], tp_pass)
 
     def _time(self, kind, gpu, dtype, eff, all_reduce, ring, o: Pricing, a2a=None) -> float:
         terms = self.kinds[KINDS.index(kind)]
@@ -179,6 +181,7 @@ class Pricing:
     tp_blocks: tuple = ()
     attention_bytes: float = 0.0  # per FLOP of eager attention's batched GEMMs (TransformerCost's)
     softmax_fused: bool = True  # Megatron's fused softmax kernel runs (cost.dispatch.cost_softmax_fused)
+    sequence_parallel: bool = False  # the backward re-gathers (cost.tp_overlap.pass_exposed)
 
 
 @dataclass(frozen=True)
@@ -314,6 +317,7 @@ def parts(
             layer_blocks(spec, microbatch * spec.seq_len / options.cp, tp),
             getattr(cost, "attention_bytes", 0.0),
             cost_softmax_fused(cost),
+            sequence_parallel and tp > 1,
         ),
         dense,
         getattr(cost, "optimizer_sharding", "none"),

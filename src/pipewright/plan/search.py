@@ -209,7 +209,7 @@ def estimate(ctx: _Context, c: Candidate, dmap: DeviceMap | None = None, layers=
     t_max = max(times)
     chunks = chunk_layout(layers, v) if v > 1 else tuple(layers)
     reductions = None
-    if c.dp > 1:  # dense gradients over dp × cp, routed experts' over dp/ep × cp (rank 0's groups)
+    if c.dp * c.cp > 1:  # dense gradients over dp × cp, routed experts' over dp/ep × cp (rank 0's groups)
         replicas = [dmap.block(0, j)[:: c.tp] for j in range(c.dp)]  # each replica's cp ranks
         dense_ar = ctx.all_reduce(tuple(x for r in replicas for x in r))
         expert_ar = ctx.all_reduce(tuple(x for r in replicas[:: c.ep] for x in r))

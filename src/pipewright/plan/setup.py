@@ -6,7 +6,7 @@ priced the same way wherever it is described.
 - :func:`unit_setup`: unit costs (F = 1, B = 2, I = W = 1), free communication.
 - :func:`model_setup`: the analytical cost of a :class:`~pipewright.models.spec.ModelSpec`
   (:class:`~pipewright.cost.transformer.TransformerCost`, or ``LlamaCost`` for Llama models) on a
-  topology, ranks placed by a :class:`~pipewright.mesh.Mesh`; with dp > 1 the gradient all-reduce is
+  topology, ranks placed by a :class:`~pipewright.mesh.Mesh`; with dp × cp > 1 the gradient all-reduce is
   added (``grad_reduce``: "after" the pipeline drains, Megatron-LM's default, or "overlap"ped with the
   remaining backward).
 - :func:`profile_setup`: measured costs (:class:`~pipewright.cost.profiled.ProfiledCost`) from a
@@ -193,7 +193,7 @@ def model_setup(
 ) -> SimSetup:
     """The analytical cost of ``spec`` on ``topology`` with ranks placed by ``mesh`` (module docstring).
 
-    ``schedule``: compute-only, with ``mesh.pp`` ranks; REDUCE_GRAD actions are added when dp > 1 (where
+    ``schedule``: compute-only, with ``mesh.pp`` ranks; REDUCE_GRAD actions are added when dp × cp > 1 (where
     ``grad_reduce`` says, unless it has them). ``gpu``: the accelerator priced (default: the topology's
     first device's); ``dtype``: default bf16 where it has it. FLOPs are per device (each tensor-parallel
     rank's share): one device per simulated rank. ``recompute``: none, selective or full
@@ -213,7 +213,7 @@ def model_setup(
 
     mesh = _checked_mesh(replace(mesh, cp=cp) if cp > 1 and mesh.cp == 1 else mesh, schedule, topology)
     acc = gpu if isinstance(gpu, Accelerator) else accelerator(gpu) if gpu else topology.accelerator(0)
-    schedule = _step_actions(schedule, mesh.dp, grad_reduce, efficiency or default_efficiency(acc))
+    schedule = _step_actions(schedule, mesh.dp * mesh.cp, grad_reduce, efficiency or default_efficiency(acc))
     overlapped, grad_dtype = grad_reduce == "overlap", str(fields.get("grad_dtype", "fp32"))
     grad_bytes = reduction_bytes(optimizer_sharding, grad_dtype, dtype or default_dtype(acc), overlapped)
     fields = {"grad_bytes": grad_bytes, **fields}
@@ -246,12 +246,13 @@ def model_setup(
     return SimSetup(schedule, cost, cost.comm, 1, acc.peak(cost.dtype), acc.memory_bytes, label)
 
 
-def _step_actions(schedule: Schedule, dp: int, grad_reduce: str, efficiency: Efficiency) -> Schedule:
-    """``schedule`` with its data-parallel gradient reductions (dp > 1, where ``grad_reduce`` says) and
-    its optimizer step (where ``efficiency`` prices one)."""
+def _step_actions(schedule: Schedule, replicas: int, grad_reduce: str, efficiency: Efficiency) -> Schedule:
+    """``schedule`` with its gradient reductions (over the ``replicas`` = dp × cp copies of each stage's
+    weights, as Megatron-LM and the runtime reduce them: when there is more than one, where
+    ``grad_reduce`` says) and its optimizer step (where ``efficiency`` prices one)."""
     from pipewright.passes.grad_reduce import append_optimizer_step, with_grad_reduction
 
-    if dp > 1:
+    if replicas > 1:
         schedule = with_grad_reduction(schedule, grad_reduce)
     if efficiency.optimizer_bytes > 0:  # its optimizer step priced
         schedule = append_optimizer_step(schedule)

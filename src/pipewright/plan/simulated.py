@@ -96,11 +96,11 @@ def simulate_plan(prob: Problem, ev: Evaluated) -> Evaluated:
     c = ev.candidate
     if ev.schedule is not None:
         sched = ev.schedule
-        if c.dp > 1:
+        if c.dp * c.cp > 1:  # the gradients over dp × cp, as model_setup adds them
             sched = add_grad_reduction(sched)
     else:
         group = prob.microbatch_group
-        sched = _lowered(c.schedule, c.pp, c.microbatches, c.virtual, c.dp > 1, group)
+        sched = _lowered(c.schedule, c.pp, c.microbatches, c.virtual, c.dp * c.cp > 1, group)
     if prob.efficiency_for(prob.topology.nodes[ev.devices[0]].accelerator).optimizer_bytes > 0:
         sched = append_optimizer_step(sched)  # as model_setup adds it
     cost, comm = plan_models(prob, ev)
