@@ -27,8 +27,10 @@ With ``--vocab-parallel alg1`` (:data:`VOCAB_ARGV`; 298 distinct calls through 6
 registered (the registry's, 18 into the feature's hooks) and 5 others: 3 inside the feature (its
 placement's cost function handed down to ``insert.py``/``reference_choice.py``), ``kinds.py``
 calling the ``deps.py`` pattern a kind holds, and ``deps.py`` reading ``Schedule.actions`` (a property
-``ir.py`` defines). :data:`CEILING` and :data:`VOCAB_CEILING` hold today's counts of unregistered
-calls up; the goal for the whole plain path is at most 8 (:data:`GOAL`). The failure lists the calls.
+``ir.py`` defines). Since the family modules import ``schedules/schedule_info.py`` rather than the
+registry, the registry's call into a generator is no call up: the plain run makes none.
+:data:`CEILING` and :data:`VOCAB_CEILING` hold today's counts of unregistered calls up; the goal for
+the whole plain path is at most 8 (:data:`GOAL`). The failure lists the calls.
 """
 
 from __future__ import annotations
@@ -178,9 +180,8 @@ def _check(argv: list[str], ceiling: int) -> list[Edge]:
 def test_the_simulate_path_calls_up_the_layers_at_most_the_ceiling() -> None:
     up = _check(ARGV, CEILING)
     assert len(up) <= GOAL, up
-    assert up == [
-        ("pipewright.schedules.registry:build_schedule", "pipewright.schedules.classic:one_f_one_b")
-    ]
+    assert up == []  # (the registry's call into classic.one_f_one_b is not up: classic imports
+    # schedule_info.py, not the registry that loads it)
 
 
 def test_the_vocabulary_parallel_path_calls_up_only_through_its_hooks_and_the_ceiling() -> None:
