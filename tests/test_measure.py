@@ -82,30 +82,30 @@ def test_tensor_parallel_sequence_parallel_rank_matches_flops_and_counts_its_col
     # every one moves one sequence-parallel activation [s, b, h] in 16 bits
     assert m.comm[("all_gather", "tp")] == gathers * 32 * 64 * 2
     assert m.comm[("reduce_scatter", "tp")] == scatters * 32 * 64 * 2
-    # a column-parallel linear gathers its input twice (forward, and again in backward for its weight
-    # gradient, keeping only its 1/t chunk in between, as Megatron does) and reduce-scatters the input
-    # gradient once; a row-parallel one reduce-scatters forward and gathers the gradient back: per
-    # microbatch, one gather more than scatters for each of the rank's 2 layers' q, k, v, gate, up
-    # and the output layer
-    assert gathers - scatters == 2 * (2 * 5 + 1)
+    # a group of column-parallel linears reading one input (q, k, v; gate, up; the output layer)
+    # gathers it twice (forward, and again in backward for the weight gradients, keeping only its 1/t
+    # chunk in between, as Megatron does) and reduce-scatters the summed input gradient once; a
+    # row-parallel one reduce-scatters forward and gathers the gradient back: per microbatch, one
+    # gather more than scatters for each of the rank's 2 layers' 2 groups and the output layer
+    assert gathers - scatters == 2 * (2 * 2 + 1)
+    assert (gathers, scatters) == (2 * (2 * 6 + 2), 2 * (2 * 4 + 1))
 
 
-def test_tensor_parallel_bytes_are_the_cost_models_and_the_runtimes_unfused_linears():
+def test_tensor_parallel_bytes_are_the_cost_models_and_megatrons_re_gathers():
     """tp bytes, each collective's buffer (an all-reduce as its reduce-scatter and all-gather halves):
     the simulated side is the cost model's priced all-reduces (2 a layer in F and in I, the embedding's
-    in F); the measured side is that + the backward's re-gathers of each column-parallel input (which
-    Megatron runs too, and the cost model does not price) + the collectives of k, v and up, which run
-    as separate linears (Megatron fuses QKV and gate/up) + the unpriced all-reduces of the
-    sequence-parallel norms' gradients and the gradient norm. The difference is on docs/fidelity.md."""
+    in F); the measured side is that + the backward's re-gather of each column-parallel group's input
+    (q, k, v share one, gate and up one, as Megatron's fused linears; Megatron runs the re-gathers too)
+    + the unpriced all-reduces of the sequence-parallel norms' gradients and the gradient norm. The
+    difference is on docs/fidelity.md."""
     (cmp,) = measure_run(_config(**{**TINY, "tp": 2, "sequence_parallel": True}, schedule="1f1b"), [0])
     m, p = cmp.measured, cmp.predicted
     act, layer_mb = 32 * 64 * 2, 2 * 2  # one activation; 2 layers × 2 microbatches
     embedding = 2 * act  # its all-reduce in F, one a microbatch
     assert p.collective_bytes["tp"] == 2 * (4 * layer_mb * act + embedding)
     megatron = 10  # a layer and microbatch: F 2 gathers + 2 scatters; backward 2 + 2 and 2 re-gathers
-    unfused = 3 * 3  # k, v, up: a gather in F, a re-gather and a reduce-scatter in the backward
     unpriced = 2 * m.comm[("all_reduce", "tp")]  # norms' gradients (sequence parallel), Σg²
-    measured = (megatron + unfused) * layer_mb * act + 2 * embedding + unpriced
+    measured = megatron * layer_mb * act + 2 * embedding + unpriced
     assert cmp.rows()["tp bytes"] == (measured, p.collective_bytes["tp"])
     assert "tp bytes" in cmp.misses()
 
