@@ -110,6 +110,18 @@ def test_tensor_parallel_bytes_are_the_cost_models_and_megatrons_re_gathers():
     assert "tp bytes" in cmp.misses()
 
 
+def test_tensor_parallel_without_sequence_parallelism_runs_megatrons_all_reduces():
+    """Without sequence parallelism a layer and microbatch all-reduces 4 activations (after attention
+    and the MLP in F; the input gradients of q, k, v summed, and of gate, up, in the backward), as
+    Megatron's fused QKV and gate/up: the priced bytes, plus the gradient norm's 8-byte all-reduce."""
+    (cmp,) = measure_run(_config(**{**TINY, "tp": 2}, schedule="1f1b"), [0])
+    m, p = cmp.measured, cmp.predicted
+    assert set(k for k in m.comm if k[1] == "tp") == {("all_reduce", "tp")}
+    assert m.comm_count[("all_reduce", "tp")] == 2 * (2 * 4 + 1) + 1  # + the embedding's; + the norm's
+    assert m.comm[("all_reduce", "tp")] == 2 * (2 * 4 + 1) * 32 * 64 * 2 + 8
+    assert cmp.rows()["tp bytes"] == (p.collective_bytes["tp"] + 2 * 8, p.collective_bytes["tp"])
+
+
 def test_context_parallel_ring_bytes_equal_the_simulators():
     """The ring's sends (forward K/V, backward K/V and the fp32 dK/dV) are what the cost model prices
     for the runtime's ring (``cp_comm="pipewright"``), byte for byte; the boundary message stays one
