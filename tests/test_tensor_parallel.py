@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from _queue_spawn import spawn_cases
 from pipewright.errors import ConfigError
@@ -374,8 +375,8 @@ def case_gpt_model_with_factory(group, r: int, t: int) -> Pairs:
 
 def case_llama_model_with_factory(group, r: int, t: int) -> Pairs:
     """models/llama_decoder.py built with tp_linear_factory equals the dense model, SP off/on, with a
-    full backward and with I then W: q, k, v (and gate, up) share one gathered input and one
-    reduce-scatter / all-reduce of their summed input gradients, so the sum must be exact."""
+    full backward, with I then W and recomputed in the backward: q, k, v (and gate, up) share one
+    gathered input and one reduce-scatter / all-reduce of their summed input gradients."""
     kv = min(t, HEADS)  # grouped-query attention where t allows (t divides the kv heads)
     spec = ModelSpec(
         "tp-llama", layers=2, hidden=H, heads=HEADS, kv_heads=kv, ffn_hidden=FFN, vocab=V, seq_len=S
@@ -386,10 +387,16 @@ def case_llama_model_with_factory(group, r: int, t: int) -> Pairs:
     loss_ref = loss_fn(ref(inp), targets)
     loss_ref.backward()
     pairs: Pairs = []
-    for sp, split in ((False, False), (True, False), (True, True)):
+    for sp, split, recompute in (
+        (False, False, False),
+        (True, False, False),
+        (True, True, False),
+        (True, True, True),
+    ):
         factory = tp.tp_linear_factory(group, sequence_parallel=sp, num_heads=HEADS)
         model = build_llama(spec, None, 0, seed=5, num_stages=1, linear_factory=factory)
-        loss = factory.cross_entropy(model(inp), targets)
+        logits = checkpoint(model, inp, use_reentrant=False) if recompute else model(inp)
+        loss = factory.cross_entropy(logits, targets)
         store = WeightGradStore()
         with defer_weight_grads(store, model, key=0) if split else contextlib.nullcontext():
             loss.backward()
@@ -397,7 +404,7 @@ def case_llama_model_with_factory(group, r: int, t: int) -> Pairs:
         if sp:
             tp.sync_sequence_parallel_grads(model, group)
         grads, ref_grads = tp.full_parameters(model, grad=True), dict(ref.named_parameters())
-        label = f"llama(sp={sp}, split={split})"
+        label = f"llama(sp={sp}, split={split}, recompute={recompute})"
         pairs.append((f"{label} loss", loss.detach(), loss_ref.detach()))
         pairs += [(f"{label} grad {n}", grads.get(n), p.grad) for n, p in ref_grads.items()]
     return pairs

@@ -79,8 +79,9 @@ class LlamaAttention(nn.Module):
         return t.view(b, s, -1, self.head_dim).transpose(1, 2)  # [b, local heads, s, d]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = shared_input(x, self.q, self.k, self.v)  # one gather for the three (Megatron's fused QKV)
-        q, k, v = self._heads(self.q(x)), self._heads(self.k(x)), self._heads(self.v(x))
+        xs = shared_input(x, self.q, self.k, self.v)  # one gather for the three (Megatron's fused QKV)
+        q, k, v = self._heads(self.q(xs)), self._heads(self.k(xs)), self._heads(self.v(xs))
+        del xs  # the gathered input is not kept through attention (the linears keep x, the chunk)
         s = q.shape[2]
         cos, sin = self.cos[:s], self.sin[:s]
         y = self.core(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v)
@@ -97,8 +98,10 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # silu(gate)·up recomputed in backward: kept are gate, up (and down's input), as a fused SwiGLU
-        x = shared_input(x, self.gate, self.up)  # one gather for both (Megatron's fused gate/up)
-        return self.down(recomputed_in_backward(_swiglu, self.gate(x), self.up(x)))
+        xs = shared_input(x, self.gate, self.up)  # one gather for both (Megatron's fused gate/up)
+        gate, up = self.gate(xs), self.up(xs)
+        del xs  # not kept through down (the linears keep x, the chunk)
+        return self.down(recomputed_in_backward(_swiglu, gate, up))
 
 
 def _swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
