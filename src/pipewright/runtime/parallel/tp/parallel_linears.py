@@ -53,7 +53,10 @@ class _LinearFn(torch.autograd.Function):
     1/t sequence chunk: the forward all-gathers it along ``layer.seq_dim`` and keeps only the chunk for
     backward; the backward reduce-scatters grad X and all-gathers the chunk again for ∂L/∂W — at once
     in a full B, when the W pass runs in a split one (Korthikanti et al., 2022, §4.2.2: the layer's
-    stored input is sbh/t, not sbh). Without it the W pass needs no communication."""
+    stored input is sbh/t, not sbh). Without it the W pass needs no communication. With ``shared`` (a
+    :class:`~pipewright.runtime.parallel.tp.shared_input.SharedGather`) the input is already gathered
+    for a group of linears (q, k, v): this one keeps ``chunk``, leaves the reduce-scatter of grad X to
+    the group's gather, and its W pass takes the group's one re-gather."""
 
     @staticmethod
     def forward(
