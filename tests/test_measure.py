@@ -10,6 +10,7 @@ import time
 import pytest
 import torch
 
+from _hf_families import FAMILIES, write_config
 from pipewright.cli import main
 from pipewright.errors import ConfigError
 from pipewright.measure import MAX_DEVICES, measure_run
@@ -119,6 +120,17 @@ def test_tensor_parallel_without_sequence_parallelism_runs_megatrons_all_reduces
     assert set(k for k in m.comm if k[1] == "tp") == {("all_reduce", "tp")}
     assert m.comm_count[("all_reduce", "tp")] == 2 * (2 * 4 + 1) + 1  # + the embedding's; + the norm's
     assert m.comm[("all_reduce", "tp")] == 2 * (2 * 4 + 1) * 32 * 64 * 2 + 8
+    assert cmp.rows()["tp bytes"] == (p.collective_bytes["tp"] + 2 * 8, p.collective_bytes["tp"])
+
+
+def test_hugging_face_llama_tensor_parallel_shares_the_projections_inputs(tmp_path):
+    """A Hugging Face Llama under tp 2: q, k, v (and gate, up) share one input through a pre-hook, so a
+    layer and microbatch all-reduces 4 activations, the priced bytes plus the gradient norm's 8."""
+    folder = write_config(tmp_path, "llama", {**FAMILIES["llama"], "vocab_size": 256})
+    fields = {"hf_model": str(folder), "seq_len": 32, "microbatch_size": 1, "pp": 2, "microbatches": 2}
+    (cmp,) = measure_run(_config(**fields, tp=2, schedule="1f1b", progress=False), [0])
+    m, p = cmp.measured, cmp.predicted
+    assert m.comm_count[("all_reduce", "tp")] == 2 * (2 * 4 + 1) + 1  # 2 layers; the embedding; the norm
     assert cmp.rows()["tp bytes"] == (p.collective_bytes["tp"] + 2 * 8, p.collective_bytes["tp"])
 
 
