@@ -10,6 +10,7 @@ import time
 import pytest
 import torch
 
+from _hf_families import FAMILIES, write_config
 from pipewright.cli import main
 from pipewright.errors import ConfigError
 from pipewright.measure import MAX_DEVICES, measure_run
@@ -82,32 +83,55 @@ def test_tensor_parallel_sequence_parallel_rank_matches_flops_and_counts_its_col
     # every one moves one sequence-parallel activation [s, b, h] in 16 bits
     assert m.comm[("all_gather", "tp")] == gathers * 32 * 64 * 2
     assert m.comm[("reduce_scatter", "tp")] == scatters * 32 * 64 * 2
-    # a column-parallel linear gathers its input twice (forward, and again in backward for its weight
-    # gradient, keeping only its 1/t chunk in between, as Megatron does) and reduce-scatters the input
-    # gradient once; a row-parallel one reduce-scatters forward and gathers the gradient back: per
-    # microbatch, one gather more than scatters for each of the rank's 2 layers' q, k, v, gate, up
-    # and the output layer
-    assert gathers - scatters == 2 * (2 * 5 + 1)
+    # a group of column-parallel linears reading one input (q, k, v; gate, up; the output layer)
+    # gathers it twice (forward, and again in backward for the weight gradients, keeping only its 1/t
+    # chunk in between, as Megatron does) and reduce-scatters the summed input gradient once; a
+    # row-parallel one reduce-scatters forward and gathers the gradient back: per microbatch, one
+    # gather more than scatters for each of the rank's 2 layers' 2 groups and the output layer
+    assert gathers - scatters == 2 * (2 * 2 + 1)
+    assert (gathers, scatters) == (2 * (2 * 6 + 2), 2 * (2 * 4 + 1))
 
 
-def test_tensor_parallel_bytes_are_the_cost_models_and_the_runtimes_unfused_linears():
+def test_tensor_parallel_bytes_are_the_cost_models_and_megatrons_re_gathers():
     """tp bytes, each collective's buffer (an all-reduce as its reduce-scatter and all-gather halves):
     the simulated side is the cost model's priced all-reduces (2 a layer in F and in I, the embedding's
-    in F) and the backward's re-gathers of each column-parallel input (2 a layer in I, as Megatron runs
-    them); the measured side is that + the collectives of k, v and up, which run
-    as separate linears (Megatron fuses QKV and gate/up) + the unpriced all-reduces of the
-    sequence-parallel norms' gradients and the gradient norm. The difference is on docs/fidelity.md."""
+    in F) and the backward's re-gathers of each column-parallel group's input (2 a layer in I, as
+    Megatron runs them; q, k, v share one input, gate and up one, as Megatron's fused linears); the
+    measured side is that + the unpriced all-reduces of the sequence-parallel norms' gradients and the
+    gradient norm. The difference is on docs/fidelity.md."""
     (cmp,) = measure_run(_config(**{**TINY, "tp": 2, "sequence_parallel": True}, schedule="1f1b"), [0])
     m, p = cmp.measured, cmp.predicted
     act, layer_mb = 32 * 64 * 2, 2 * 2  # one activation; 2 layers × 2 microbatches
     embedding = 2 * act  # its all-reduce in F, one a microbatch
     megatron = 10  # a layer and microbatch: F 2 gathers + 2 scatters; backward 2 + 2 and 2 re-gathers
     assert p.collective_bytes["tp"] == megatron * layer_mb * act + 2 * embedding
-    unfused = 3 * 3  # k, v, up: a gather in F, a re-gather and a reduce-scatter in the backward
     unpriced = 2 * m.comm[("all_reduce", "tp")]  # norms' gradients (sequence parallel), Σg²
-    measured = (megatron + unfused) * layer_mb * act + 2 * embedding + unpriced
+    measured = megatron * layer_mb * act + 2 * embedding + unpriced
     assert cmp.rows()["tp bytes"] == (measured, p.collective_bytes["tp"])
     assert "tp bytes" in cmp.misses()
+
+
+def test_tensor_parallel_without_sequence_parallelism_runs_megatrons_all_reduces():
+    """Without sequence parallelism a layer and microbatch all-reduces 4 activations (after attention
+    and the MLP in F; the input gradients of q, k, v summed, and of gate, up, in the backward), as
+    Megatron's fused QKV and gate/up: the priced bytes, plus the gradient norm's 8-byte all-reduce."""
+    (cmp,) = measure_run(_config(**{**TINY, "tp": 2}, schedule="1f1b"), [0])
+    m, p = cmp.measured, cmp.predicted
+    assert set(k for k in m.comm if k[1] == "tp") == {("all_reduce", "tp")}
+    assert m.comm_count[("all_reduce", "tp")] == 2 * (2 * 4 + 1) + 1  # + the embedding's; + the norm's
+    assert m.comm[("all_reduce", "tp")] == 2 * (2 * 4 + 1) * 32 * 64 * 2 + 8
+    assert cmp.rows()["tp bytes"] == (p.collective_bytes["tp"] + 2 * 8, p.collective_bytes["tp"])
+
+
+def test_hugging_face_llama_tensor_parallel_shares_the_projections_inputs(tmp_path):
+    """A Hugging Face Llama under tp 2: q, k, v (and gate, up) share one input through a pre-hook, so a
+    layer and microbatch all-reduces 4 activations, the priced bytes plus the gradient norm's 8."""
+    folder = write_config(tmp_path, "llama", {**FAMILIES["llama"], "vocab_size": 256})
+    fields = {"hf_model": str(folder), "seq_len": 32, "microbatch_size": 1, "pp": 2, "microbatches": 2}
+    (cmp,) = measure_run(_config(**fields, tp=2, schedule="1f1b", progress=False), [0])
+    m, p = cmp.measured, cmp.predicted
+    assert m.comm_count[("all_reduce", "tp")] == 2 * (2 * 4 + 1) + 1  # 2 layers; the embedding; the norm
+    assert cmp.rows()["tp bytes"] == (p.collective_bytes["tp"] + 2 * 8, p.collective_bytes["tp"])
 
 
 def test_context_parallel_ring_bytes_equal_the_simulators():

@@ -9,6 +9,7 @@ relative (fp32, max-norm).
 
 from __future__ import annotations
 
+import contextlib
 import traceback
 import warnings
 from collections.abc import Callable
@@ -18,10 +19,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from _queue_spawn import spawn_cases
 from pipewright.errors import ConfigError
 from pipewright.models.gpt import build_full, build_stage, loss_fn
+from pipewright.models.llama_decoder import build_stage as build_llama
 from pipewright.models.spec import ModelSpec
 from pipewright.models.wgrad import WeightGradStore, defer_weight_grads, plain_linear_factory
 from pipewright.optim.stage_optimizer import global_grad_norm
@@ -368,6 +371,43 @@ def case_gpt_model_with_factory(group, r: int, t: int) -> Pairs:
     norm = global_grad_norm(tp.grad_norm_params(model, group), (group,))
     norm_ref = global_grad_norm(list(ref.parameters()))
     return [*_block_pairs("models/gpt.py", loss, loss_ref, model, ref), ("grad norm", norm, norm_ref)]
+
+
+def case_llama_model_with_factory(group, r: int, t: int) -> Pairs:
+    """models/llama_decoder.py built with tp_linear_factory equals the dense model, SP off/on, with a
+    full backward, with I then W and recomputed in the backward: q, k, v (and gate, up) share one
+    gathered input and one reduce-scatter / all-reduce of their summed input gradients."""
+    kv = min(t, HEADS)  # grouped-query attention where t allows (t divides the kv heads)
+    spec = ModelSpec(
+        "tp-llama", layers=2, hidden=H, heads=HEADS, kv_heads=kv, ffn_hidden=FFN, vocab=V, seq_len=S
+    )
+    ids = torch.randint(0, V, (B, S + 1), generator=torch.Generator().manual_seed(23))
+    inp, targets = ids[:, :-1], ids[:, 1:]
+    ref = build_llama(spec, None, 0, seed=5, num_stages=1, linear_factory=plain_linear_factory)
+    loss_ref = loss_fn(ref(inp), targets)
+    loss_ref.backward()
+    pairs: Pairs = []
+    for sp, split, recompute in (
+        (False, False, False),
+        (True, False, False),
+        (True, True, False),
+        (True, True, True),
+    ):
+        factory = tp.tp_linear_factory(group, sequence_parallel=sp, num_heads=HEADS)
+        model = build_llama(spec, None, 0, seed=5, num_stages=1, linear_factory=factory)
+        logits = checkpoint(model, inp, use_reentrant=False) if recompute else model(inp)
+        loss = factory.cross_entropy(logits, targets)
+        store = WeightGradStore()
+        with defer_weight_grads(store, model, key=0) if split else contextlib.nullcontext():
+            loss.backward()
+        store.flush(0)
+        if sp:
+            tp.sync_sequence_parallel_grads(model, group)
+        grads, ref_grads = tp.full_parameters(model, grad=True), dict(ref.named_parameters())
+        label = f"llama(sp={sp}, split={split}, recompute={recompute})"
+        pairs.append((f"{label} loss", loss.detach(), loss_ref.detach()))
+        pairs += [(f"{label} grad {n}", grads.get(n), p.grad) for n, p in ref_grads.items()]
+    return pairs
 
 
 _LINEARS = (tp.ColumnParallelLinear, tp.RowParallelLinear)

@@ -21,7 +21,10 @@ up are column-parallel (kind ``mlp_in``: one block, output features split), o an
 embedding vocabulary-parallel when the factory has ``embedding``. Rank r then holds query heads
 [r·a/t, (r+1)·a/t) and kv heads [r·g/t, (r+1)·g/t) — exactly the kv heads its query heads use, so t
 must divide g. Under sequence parallelism the column-parallel layers all-gather the sequence before
-attention, so rotary embeddings always see whole sequences.
+attention, so rotary embeddings always see whole sequences. q, k, v (and gate, up) stay separate layers
+(their parameter names are global) but share one input (:func:`~pipewright.models.wgrad.shared_input`):
+one gather in the forward, one in the backward and one reduce-scatter (or all-reduce) of the summed
+input gradients a group, as Megatron's fused QKV and gate/up linears.
 
 Initialisation: linear weights N(0, 0.02²), the residual projections (o, down) N(0, (0.02/√(2l))²),
 embedding N(0, 0.02²), RMSNorm gains 1; one generator per layer seeded from (seed, name), as GPT.
@@ -51,7 +54,7 @@ from pipewright.models.gpt import _init_linear, layer_generator
 from pipewright.models.layout import Layout, StageLayout, resolve_stage
 from pipewright.models.moe_mlp import MoE, TokenExchange
 from pipewright.models.spec import ModelSpec
-from pipewright.models.wgrad import LinearFactory, default_linear_factory
+from pipewright.models.wgrad import LinearFactory, default_linear_factory, shared_input
 
 NORM_EPS = 1e-5
 COLUMN, ROW = "mlp_in", "mlp_out"  # factory kinds of a plain column- / row-parallel linear
@@ -76,7 +79,9 @@ class LlamaAttention(nn.Module):
         return t.view(b, s, -1, self.head_dim).transpose(1, 2)  # [b, local heads, s, d]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = self._heads(self.q(x)), self._heads(self.k(x)), self._heads(self.v(x))
+        xs = shared_input(x, self.q, self.k, self.v)  # one gather for the three (Megatron's fused QKV)
+        q, k, v = self._heads(self.q(xs)), self._heads(self.k(xs)), self._heads(self.v(xs))
+        del xs  # the gathered input is not kept through attention (the linears keep x, the chunk)
         s = q.shape[2]
         cos, sin = self.cos[:s], self.sin[:s]
         y = self.core(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v)
@@ -93,7 +98,10 @@ class SwiGLU(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # silu(gate)·up recomputed in backward: kept are gate, up (and down's input), as a fused SwiGLU
-        return self.down(recomputed_in_backward(_swiglu, self.gate(x), self.up(x)))
+        xs = shared_input(x, self.gate, self.up)  # one gather for both (Megatron's fused gate/up)
+        gate, up = self.gate(xs), self.up(xs)
+        del xs  # not kept through down (the linears keep x, the chunk)
+        return self.down(recomputed_in_backward(_swiglu, gate, up))
 
 
 def _swiglu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

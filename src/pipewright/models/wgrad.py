@@ -193,6 +193,15 @@ def default_linear_factory(in_features: int, out_features: int, *, bias: bool, k
     return DeferrableLinear(in_features, out_features, bias=bias)
 
 
+def shared_input(x: torch.Tensor, *layers: nn.Module) -> torch.Tensor:
+    """The tensor ``layers`` — linear layers that all read ``x`` (q, k, v; gate, up) — are then called
+    with: what their ``share_input(x, layers)`` makes of it when they have one (the tensor-parallel
+    column linears: ``x`` gathered or entered once for all, with one reduce-scatter or all-reduce of
+    the summed input gradients, as Megatron's fused QKV and gate/up linears run), else ``x``."""
+    share = getattr(layers[0], "share_input", None)
+    return x if share is None else share(x, layers)
+
+
 def splits_backward(schedule: Schedule) -> bool:
     """True when ``schedule`` runs input- and weight-gradient passes (I / W) as separate actions."""
     return any(a.kind in (I, W) for row in schedule.actions for a in row)

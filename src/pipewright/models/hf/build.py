@@ -30,6 +30,7 @@ from pipewright.models.hf.linears import (
     make_deferrable_,
     rebuild_linears_,
     rebuilt,
+    share_inputs_,
 )
 from pipewright.models.hf.router_loss import router_loss_of
 from pipewright.models.hf.stage import HFEmbed, HFHead, HFStage
@@ -222,6 +223,7 @@ def _tensor_parallel_(part: nn.ModuleDict, make: LinearFactory, adapter: Adapter
     returns the embedding's scale (Gemma) when the table was rebuilt."""
     for i in layers:
         rebuild_linears_(part[f"layer{i}"], make, dict(adapter.tp_kinds), f"layers.{i}", model_type)
+        share_inputs_(part[f"layer{i}"])
         _sum_head_params_over_tp(part[f"layer{i}"], getattr(make, "group", None))
     if "out" in part:
         part["out"] = rebuilt(part["out"], make, "output")

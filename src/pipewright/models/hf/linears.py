@@ -11,6 +11,7 @@ with the full-size weight through ``load_full_``.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, NamedTuple
 
 import torch
@@ -22,6 +23,7 @@ from pipewright.models.wgrad import (
     LinearFactory,
     default_linear_factory,
     plain_linear_factory,
+    shared_input,
 )
 
 
@@ -109,6 +111,32 @@ def rebuild_linears_(
                 f"{model_type!r} (fused or unknown projection); use --tp 1"
             )
         setattr(layer.get_submodule(parent_path) if parent_path else layer, attr, rebuilt(m, make, kind))
+
+
+#: projections of one module that read the same input: under tensor parallelism each group shares
+#: it (one all-reduce of their summed input gradients, as Megatron's fused QKV and gate/up linears)
+SHARED_INPUT_GROUPS: tuple[tuple[str, ...], ...] = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
+
+
+def share_inputs_(layer: nn.Module) -> None:
+    """Make every module of ``layer`` that holds a group of :data:`SHARED_INPUT_GROUPS` call the group
+    on one shared input (:func:`~pipewright.models.wgrad.shared_input`, through a forward pre-hook on
+    the module's ``hidden_states``, positional or by name)."""
+    for module in layer.modules():
+        for names in SHARED_INPUT_GROUPS:
+            if all(isinstance(getattr(module, n, None), nn.Module) for n in names):
+                module.register_forward_pre_hook(partial(_share_input_hook, names), with_kwargs=True)
+
+
+def _share_input_hook(
+    names: tuple[str, ...], module: nn.Module, args: tuple, kwargs: dict[str, Any]
+) -> tuple[tuple, dict[str, Any]] | None:
+    linears = [getattr(module, n) for n in names]
+    if args:
+        return (shared_input(args[0], *linears), *args[1:]), kwargs
+    if "hidden_states" in kwargs:
+        return args, {**kwargs, "hidden_states": shared_input(kwargs["hidden_states"], *linears)}
+    return None
 
 
 def rebuilt(linear: nn.Linear, make: LinearFactory, kind: str) -> nn.Module:

@@ -22,9 +22,10 @@ The weight-gradient part of the linear layers is deferrable (Zero Bubble's B = I
 ``models/wgrad.py`` (``defer_weight_grads`` / ``WeightGradStore``): see :class:`_LinearFn`.
 
 Modules: :mod:`.ops` (group helpers, collectives, the mappings above), :mod:`.parallel_linears` (column/row
-parallel linears), :mod:`.vocab` (vocabulary-parallel embedding and cross-entropy), :mod:`.grads`
-(sharded/full parameters, gradient norm share, sequence-parallel gradient sync), :mod:`.factory` (the
-linear factory a GPT model calls).
+parallel linears), :mod:`.shared_input` (one gather shared by a block's column-parallel linears that
+read the same input, as Megatron's fused QKV and gate/up), :mod:`.vocab` (vocabulary-parallel embedding
+and cross-entropy), :mod:`.grads` (sharded/full parameters, gradient norm share, sequence-parallel
+gradient sync), :mod:`.factory` (the linear factory a GPT model calls).
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ from pipewright.runtime.parallel.tp.ops import (
     tp_rank,
     tp_size,
 )
+from pipewright.runtime.parallel.tp.shared_input import SharedGather, SharedInput, share_input
 
 
 class DeferredParams(NamedTuple):
@@ -52,37 +53,56 @@ class _LinearFn(torch.autograd.Function):
     1/t sequence chunk: the forward all-gathers it along ``layer.seq_dim`` and keeps only the chunk for
     backward; the backward reduce-scatters grad X and all-gathers the chunk again for ∂L/∂W — at once
     in a full B, when the W pass runs in a split one (Korthikanti et al., 2022, §4.2.2: the layer's
-    stored input is sbh/t, not sbh). Without it the W pass needs no communication."""
+    stored input is sbh/t, not sbh). Without it the W pass needs no communication. With ``shared`` (a
+    :class:`~pipewright.runtime.parallel.tp.shared_input.SharedGather`) the input is already gathered
+    for a group of linears (q, k, v): this one keeps ``chunk``, leaves the reduce-scatter of grad X to
+    the group's gather, and its W pass takes the group's one re-gather."""
 
     @staticmethod
     def forward(
-        ctx: Any, x: Tensor, weight: Tensor, bias: Tensor | None, layer: ShardedLinear, seq_gather: bool
+        ctx: Any,
+        x: Tensor,
+        weight: Tensor,
+        bias: Tensor | None,
+        layer: ShardedLinear,
+        seq_gather: bool,
+        shared: SharedGather | None = None,
+        chunk: Tensor | None = None,
     ) -> Tensor:
-        ctx.save_for_backward(x, weight)
-        ctx.layer, ctx.seq_gather = layer, seq_gather
+        # with ``shared``, x is the block's input already gathered (shared_input.py); keep its chunk
+        ctx.save_for_backward(x if shared is None else chunk, weight)
+        ctx.layer, ctx.seq_gather, ctx.shared = layer, seq_gather, shared
+        if shared is not None:
+            shared.take()
         if seq_gather:
             x = all_gather(x, layer.seq_dim, layer.group)
         return F.linear(x, weight, bias)
 
     @staticmethod
-    def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, Tensor | None, Tensor | None, None, None]:
+    def backward(ctx: Any, g: Tensor) -> tuple[Tensor | None, ...]:
         x, weight = ctx.saved_tensors
         layer = ctx.layer
         grad_x = g.matmul(weight) if ctx.needs_input_grad[0] else None
         if ctx.seq_gather and grad_x is not None:
             grad_x = reduce_scatter(grad_x, layer.seq_dim, layer.group)
+        none = (None,) * 4
         store, key = layer._defer
         if store is not None:
             store.put(key, layer.deferred_params, _weight_input(ctx, x.detach()), g.detach())
-            return grad_x, None, None, None, None
+            return grad_x, None, None, *none
         if not (ctx.needs_input_grad[1] or ctx.needs_input_grad[2]):
-            return grad_x, None, None, None, None
+            if ctx.shared is not None:
+                ctx.shared.release()
+            return grad_x, None, None, *none
         grad_w, grad_b = weight_grads(weight_input(_weight_input(ctx, x)), g, ctx.needs_input_grad[2])
-        return grad_x, grad_w, grad_b, None, None
+        return grad_x, grad_w, grad_b, *none
 
 
 def _weight_input(ctx: Any, x: Tensor) -> WeightInput:
-    """The W pass's input: ``x``, or the sequence-gathered ``x`` made when W runs."""
+    """The W pass's input: ``x``, or the sequence-gathered ``x`` made when W runs (once for every
+    linear sharing the input)."""
+    if ctx.shared is not None:
+        return partial(ctx.shared, x)
     if not ctx.seq_gather:
         return x
     layer = ctx.layer
@@ -214,9 +234,15 @@ class ColumnParallelLinear(ShardedLinear):
     ) -> None:
         super().__init__(in_features, out_features, group, bias, blocks, generator, dtype)
         self.gather_output, self.sequence_parallel, self.seq_dim = gather_output, sequence_parallel, seq_dim
+        self._shared: SharedInput | None = None  # set by share_input for the next call
+
+    share_input = staticmethod(share_input)  # the hook models' shared_input calls (shared_input.py)
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.sequence_parallel:  # the gather happens inside, keeping only the chunk for backward
+        shared, self._shared = self._shared, None
+        if shared is not None and shared.tensor is x:  # gathered / entered once for the block
+            y = _LinearFn.apply(x, self.weight, self.bias, self, False, shared.gather, shared.chunk)
+        elif self.sequence_parallel:  # the gather happens inside, keeping only the chunk for backward
             y = self._linear(x, self.bias, seq_gather=self.tp > 1)
         else:
             y = self._linear(copy_to(x, self.group), self.bias)
