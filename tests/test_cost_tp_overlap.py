@@ -81,15 +81,16 @@ def test_modes_order_none_async_te():
 
 def test_sequence_parallel_backward_regathers_each_block_input_under_its_dgrad():
     """With sequence parallelism I holds, after the layers' all-reduces, two all-gathers of b·s·h a
-    layer (½ an all-reduce each: Megatron's re-gather for the weight gradient), none without it; each
-    stays exposed only by what exceeds its block's input-gradient GEMM, in every mode."""
+    layer (½ an all-reduce each: Megatron's re-gather for the weight gradient) and the output layer's
+    one, none without it; each stays exposed only by what exceeds its block's (the output layer's)
+    input-gradient GEMM, in every mode."""
     schedule = build_schedule("1f1b", 1, 1)
     act = 128 * SPEC.hidden * 2
     for sp in (False, True):
         chunk = TransformerCost(SPEC, mesh=Mesh(tp=4), sequence_parallel=sp)._chunk(0, schedule)
         n = chunk.layers
-        assert chunk.tp_bytes[I][2 * n : 4 * n] == ((act / 2,) * 2 * n if sp else (act,))
-        assert len(chunk.tp_bytes[I]) == 2 * n + 2 * n * sp + 1 and chunk.tp_bytes[W] == ()
+        assert chunk.tp_bytes[I][2 * n : 4 * n + 1] == ((act / 2,) * (2 * n + 1) if sp else (act,))
+        assert len(chunk.tp_bytes[I]) == 2 * n + (2 * n + 1) * sp + 1 and chunk.tp_bytes[W] == ()
     for mode in modes():
         cost = TransformerCost(SPEC, mesh=Mesh(tp=4), sequence_parallel=True, tp_comm_overlap=mode)
         chunk = cost._chunk(0, schedule)
@@ -97,13 +98,13 @@ def test_sequence_parallel_backward_regathers_each_block_input_under_its_dgrad()
         for comm in (1e-10, 10.0):
             collectives = (comm,) * count
             p = chunk_pass(cost, chunk, I, 0, 1e-3, collectives)
-            rest = chunk_pass(cost, chunk, I, 0, 1e-3, collectives[: 2 * n] + collectives[4 * n :])
-            dgrads = [d for _, _, d in p.blocks()] * n
+            rest = chunk_pass(cost, chunk, I, 0, 1e-3, collectives[: 2 * n] + collectives[4 * n + 1 :])
+            dgrads = [d for _, _, d in p.blocks()] * n + [p.head()]
             gathers = sum(max(0.0, comm - d) for d in dgrads)
             assert pass_exposed(modes()[mode], p) == pytest.approx(
                 modes()[mode].exposed_time(rest) + gathers, rel=1e-12
             )
-            assert gathers == (0.0 if comm < 1 else pytest.approx(2 * n * comm - sum(dgrads)))
+            assert gathers == (0.0 if comm < 1 else pytest.approx((2 * n + 1) * comm - sum(dgrads)))
 
 
 @pytest.mark.parametrize(

@@ -93,45 +93,57 @@ def test_tensor_parallel_sequence_parallel_rank_matches_flops_and_counts_its_col
 
 
 def test_tensor_parallel_bytes_are_the_cost_models_and_megatrons_re_gathers():
-    """tp bytes, each collective's buffer (an all-reduce as its reduce-scatter and all-gather halves):
-    the simulated side is the cost model's priced all-reduces (2 a layer in F and in I, the embedding's
-    in F) and the backward's re-gathers of each column-parallel group's input (2 a layer in I, as
-    Megatron runs them; q, k, v share one input, gate and up one, as Megatron's fused linears); the
-    measured side is that + the unpriced all-reduces of the sequence-parallel norms' gradients and the
-    gradient norm. The difference is on docs/fidelity.md."""
+    """tp bytes, each collective's buffer (an all-reduce as its reduce-scatter and all-gather halves),
+    equal on both sides: per microbatch 2 all-reduces a layer in F and in I, the embedding's in F, and
+    the backward's re-gathers of each column-parallel group's input (2 a layer in I, as Megatron runs
+    them; q, k, v share one input, gate and up one, as Megatron's fused linears); per step the
+    all-reduce of the sequence-parallel norms' gradients (2 norms of h a layer, bf16) and the gradient
+    norm's Σg² (8 bytes)."""
     (cmp,) = measure_run(_config(**{**TINY, "tp": 2, "sequence_parallel": True}, schedule="1f1b"), [0])
     m, p = cmp.measured, cmp.predicted
     act, layer_mb = 32 * 64 * 2, 2 * 2  # one activation; 2 layers × 2 microbatches
     embedding = 2 * act  # its all-reduce in F, one a microbatch
     megatron = 10  # a layer and microbatch: F 2 gathers + 2 scatters; backward 2 + 2 and 2 re-gathers
-    assert p.collective_bytes["tp"] == megatron * layer_mb * act + 2 * embedding
-    unpriced = 2 * m.comm[("all_reduce", "tp")]  # norms' gradients (sequence parallel), Σg²
-    measured = megatron * layer_mb * act + 2 * embedding + unpriced
-    assert cmp.rows()["tp bytes"] == (measured, p.collective_bytes["tp"])
-    assert "tp bytes" in cmp.misses()
+    step = 2 * (2 * 2 * 64 * 2 + 8)  # the norms' gradients and Σg², all-reduced once
+    assert m.comm[("all_reduce", "tp")] == step // 2
+    assert p.collective_bytes["tp"] == megatron * layer_mb * act + 2 * embedding + step
+    assert cmp.rows()["tp bytes"] == (p.collective_bytes["tp"],) * 2
+    assert "tp bytes" not in cmp.misses()
+
+
+def test_tensor_parallel_bytes_of_the_last_rank_with_the_output_layers_re_gather():
+    """On the last pipeline rank the output layer re-gathers its input for its weight gradient too
+    (one b·s·h all-gather a microbatch, as Megatron-LM), and the final norm's gradient joins the
+    step's all-reduce: measured and simulated tp bytes equal."""
+    (cmp,) = measure_run(_config(**{**TINY, "tp": 2, "sequence_parallel": True}, schedule="1f1b"), [1])
+    m, p = cmp.measured, cmp.predicted
+    loss = 2 * 3 * 4 * 32  # a microbatch: the loss's 3 fp32 all-reduces of b·s
+    assert m.comm[("all_reduce", "tp")] == loss + (2 * 2 + 1) * 64 * 2 + 8  # norms' gradients; Σg²
+    assert cmp.rows()["tp bytes"] == (p.collective_bytes["tp"],) * 2
+    assert "tp bytes" not in cmp.misses()
 
 
 def test_tensor_parallel_without_sequence_parallelism_runs_megatrons_all_reduces():
     """Without sequence parallelism a layer and microbatch all-reduces 4 activations (after attention
     and the MLP in F; the input gradients of q, k, v summed, and of gate, up, in the backward), as
-    Megatron's fused QKV and gate/up: the priced bytes, plus the gradient norm's 8-byte all-reduce."""
+    Megatron's fused QKV and gate/up, and the gradient norm's 8-byte all-reduce: the priced bytes."""
     (cmp,) = measure_run(_config(**{**TINY, "tp": 2}, schedule="1f1b"), [0])
     m, p = cmp.measured, cmp.predicted
     assert set(k for k in m.comm if k[1] == "tp") == {("all_reduce", "tp")}
     assert m.comm_count[("all_reduce", "tp")] == 2 * (2 * 4 + 1) + 1  # + the embedding's; + the norm's
     assert m.comm[("all_reduce", "tp")] == 2 * (2 * 4 + 1) * 32 * 64 * 2 + 8
-    assert cmp.rows()["tp bytes"] == (p.collective_bytes["tp"] + 2 * 8, p.collective_bytes["tp"])
+    assert cmp.rows()["tp bytes"] == (p.collective_bytes["tp"],) * 2
 
 
 def test_hugging_face_llama_tensor_parallel_shares_the_projections_inputs(tmp_path):
     """A Hugging Face Llama under tp 2: q, k, v (and gate, up) share one input through a pre-hook, so a
-    layer and microbatch all-reduces 4 activations, the priced bytes plus the gradient norm's 8."""
+    layer and microbatch all-reduces 4 activations, and the gradient norm's 8 bytes: the priced bytes."""
     folder = write_config(tmp_path, "llama", {**FAMILIES["llama"], "vocab_size": 256})
     fields = {"hf_model": str(folder), "seq_len": 32, "microbatch_size": 1, "pp": 2, "microbatches": 2}
     (cmp,) = measure_run(_config(**fields, tp=2, schedule="1f1b", progress=False), [0])
     m, p = cmp.measured, cmp.predicted
     assert m.comm_count[("all_reduce", "tp")] == 2 * (2 * 4 + 1) + 1  # 2 layers; the embedding; the norm
-    assert cmp.rows()["tp bytes"] == (p.collective_bytes["tp"] + 2 * 8, p.collective_bytes["tp"])
+    assert cmp.rows()["tp bytes"] == (p.collective_bytes["tp"],) * 2
 
 
 def test_context_parallel_ring_bytes_equal_the_simulators():

@@ -92,6 +92,17 @@ def norm_parameters(spec: ModelSpec) -> int:
     return 2 * spec.hidden if spec.bias else spec.hidden
 
 
+def replicated_parameters(spec: ModelSpec, layers: int, first: bool, last: bool) -> float:
+    """Parameters a chunk holds whole on every tensor-parallel rank that sequence parallelism feeds
+    different tokens (so their gradients are all-reduced over tp once a step, Megatron-LM's
+    ``_allreduce_layernorm_grads``): each layer's two norms and, with biases, its two row-parallel
+    linears' biases (2h) — Llama 2h a layer, GPT 6h; the final norm (``last``); the learned position
+    table s·h (``first``, GPT/BERT)."""
+    per_layer = 2 * norm_parameters(spec) + (2 * spec.hidden if spec.bias else 0)
+    pos = spec.seq_len * spec.hidden if first and spec.family != "llama" else 0
+    return layers * per_layer + (norm_parameters(spec) if last else 0) + pos
+
+
 def embedding_parameters(spec: ModelSpec, t: int = 1) -> float:
     """The embedding stage's parameters per device: V·h/t, plus the learned position table s·h
     (GPT/BERT; Llama's rotary embedding has none)."""

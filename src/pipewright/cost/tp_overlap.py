@@ -75,15 +75,24 @@ class TpPass:
     full_recompute: bool = False
     blocks: Callable[[], tuple[BlockTimes, ...]] = tuple
     sequence_parallel: bool = False
+    #: the output layer's input-gradient GEMM seconds (tokens × h × V/t), on a chunk that holds it
+    head: Callable[[], float] | None = None
 
     def regathers(self) -> tuple[int, int]:
         """(start, stop) of the backward's re-gathers in ``collectives``: with sequence parallelism
         the chunk table puts each layer's two (one a block) after the layers' collectives (after the
-        recomputed forward's too); (0, 0) where there are none."""
-        if not self.sequence_parallel or self.tp == 1 or self.kind not in (I, B) or not self.layers:
+        recomputed forward's too), then the output layer's one (``head``); (0, 0) where there are
+        none."""
+        heads = self.head is not None
+        if (
+            not self.sequence_parallel
+            or self.tp == 1
+            or self.kind not in (I, B)
+            or not (self.layers or heads)
+        ):
             return 0, 0
         start = 2 * self.layers * (2 if self.full_recompute else 1)
-        return start, start + 2 * self.layers
+        return start, start + 2 * self.layers + heads
 
 
 #: ``exposed_time(pass)`` → seconds of TP communication left
@@ -133,13 +142,14 @@ def chunk_tp_bytes(
     rules read them (:mod:`pipewright.cost.tp_overlap`): per layer two all-reduces of the b·s·h
     activation ``act`` in F and in I (I twice under ``full`` recomputation); with sequence parallelism
     (``regather``) then, in I, the two all-gathers of each layer's column-parallel inputs for the
-    weight gradients (Megatron-LM's re-gather, ½ an all-reduce each); the embedding's all-reduce in F
+    weight gradients (Megatron-LM's re-gather, ½ an all-reduce each) and, ``last``, the output
+    layer's (its input re-gathered for its weight gradient); the embedding's all-reduce in F
     (``first``); the loss's three fp32 all-reduces of ``loss`` bytes in F and the output layer's input
     gradient in I (``last``)."""
     per_layer_ar = (act,) * 2 * n
     tp_bytes = {F: per_layer_ar, I: per_layer_ar * (2 if full else 1), W: ()}
     if regather:
-        tp_bytes[I] += (act / 2,) * 2 * n
+        tp_bytes[I] += (act / 2,) * (2 * n + (1 if last else 0))
     if first:
         tp_bytes[F] += (act,)
     if last:
@@ -171,15 +181,16 @@ def pass_exposed(mode: TpOverlap, p: TpPass) -> float:
     over the pass's collectives but the backward's re-gathers, and each re-gather as Megatron-LM issues
     it (``LinearWithGradAccumulationAndAsyncCommunication.backward`` with sequence parallelism: an
     asynchronous all-gather of the block's input, waited after the input-gradient GEMM dY·Wᵀ), exposed
-    only by what exceeds that GEMM, max(0, A − D), whatever the mode."""
+    only by what exceeds that GEMM, max(0, A − D), whatever the mode; the output layer's behind its
+    own input-gradient GEMM (``p.head``)."""
     start, stop = p.regathers()
     if start == stop:
         return mode.exposed_time(p)
     rest = replace(p, collectives=p.collectives[:start] + p.collectives[stop:], sequence_parallel=False)
-    blocks = p.blocks() * p.layers
-    hidden = sum(
-        exposed(a, dgrad) for a, (_, _, dgrad) in zip(p.collectives[start:stop], blocks, strict=True)
-    )
+    dgrads = [dgrad for _, _, dgrad in p.blocks() * p.layers] if p.layers else []
+    if p.head is not None:
+        dgrads.append(p.head())
+    hidden = sum(exposed(a, d) for a, d in zip(p.collectives[start:stop], dgrads, strict=True))
     return mode.exposed_time(rest) + hidden
 
 
@@ -240,8 +251,14 @@ def chunk_pass(
         shapes = layer_blocks(cost.spec, tokens, cost.mesh.tp)
         return block_times(shapes, lambda group: cost.gemm_time([(m, n, k, 1) for m, n, k in group], acc))
 
-    full = cost.recompute == "full"
-    return TpPass(kind, collectives, gemm, chunk.layers, cost.mesh.tp, full, blocks, cost.sequence_parallel)
+    def head() -> float:
+        acc = cost.topology.accelerator(cost.comm.device(rank))
+        tokens = cost.microbatch * cost.spec.seq_len / cost.cp
+        return cost.gemm_time([(tokens, cost.spec.hidden, cost.spec.vocab / cost.mesh.tp, 1)], acc)
+
+    full, sp = cost.recompute == "full", cost.sequence_parallel
+    ends = head if chunk.last else None
+    return TpPass(kind, collectives, gemm, chunk.layers, cost.mesh.tp, full, blocks, sp, ends)
 
 
 def tp_exposed_time(cost: TransformerCost, chunk, kind: str, rank: int, gemm: float) -> float:

@@ -397,8 +397,13 @@ class TransformerCost:
         kind = action.kind
         if not schedule.kinds[kind].compute:
             return 0.0
-        if kind == STEP and action.microbatch is None:
-            return optimizer_seconds(self, self._chunk(action.stage, schedule).params)
+        if kind == STEP and action.microbatch is None:  # + its tensor-parallel all-reduces
+            r = schedule.rank_of(action.stage)
+            tp = sum(
+                self.comm.tp_all_reduce_time(r, b)
+                for b in sharding.tp_step_bytes(self, action.stage, schedule)
+            )
+            return optimizer_seconds(self, self._chunk(action.stage, schedule).params) + tp
         if kind not in (F, B, I, W):
             return float(self.extra_times.get(kind, 0.0))
         rank = schedule.rank_of(action.stage)

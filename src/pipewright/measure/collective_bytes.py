@@ -7,7 +7,8 @@ plus reduce-scatter and the all-reduce they replace state the same bytes.
 
 Simulated (:func:`simulated`): the sizes the cost model prices time from, summed over the rank's
 actions — ``tp``: each entry of the chunk's ``tp_bytes[kind]`` (what
-:func:`~pipewright.cost.tp_overlap.chunk_pass` prices as tensor-parallel all-reduces); ``cp``: the
+:func:`~pipewright.cost.tp_overlap.chunk_pass` prices as tensor-parallel all-reduces) and the step's
+(:func:`~pipewright.cost.sharding.tp_step_bytes`: the replicated parameters' gradients, Σ g²); ``cp``: the
 layers × :func:`~pipewright.cost.context_parallel.cp_sent_bytes` (the bytes a rank sends round the
 ring); ``ep``: :meth:`~pipewright.cost.moe_cost.MoECost.a2a_calls` × ``a2a_bytes``. Measured
 (:func:`measured`): the tracker's counts over the same groups (the ring's sends only; an
@@ -48,9 +49,12 @@ def simulated(cost, sched, rank: int) -> dict[str, float]:
     of ``sched`` (module docstring); a wrapping cost model (vocabulary parallelism) is read through
     to the transformer's."""
     from pipewright.cost.context_parallel import cp_sent_bytes
+    from pipewright.cost.sharding import tp_step_bytes
 
     base = getattr(cost, "inner", cost)
     out: dict[str, float] = defaultdict(float)
+    for stage in sched.stages_of(rank):
+        out["tp"] += _ALL_REDUCE * sum(tp_step_bytes(base, stage, sched))
     for action in sched.actions[rank]:
         if action.kind not in (F, B, I, W):
             continue

@@ -145,8 +145,9 @@ class Part:
                 hit = self._local[key] = block_times(o.tp_blocks, seconds)
             return hit
 
+        head = (lambda: seconds((o.tp_head,))) if self.last and o.tp_head else None
         tp_pass = TpPass(
-            kind, collectives, gemm, self.layers, o.tp, o.full_recompute, blocks, o.sequence_parallel
+            kind, collectives, gemm, self.layers, o.tp, o.full_recompute, blocks, o.sequence_parallel, head
         )
         return pass_exposed(modes()[o.tp_comm_overlap], tp_pass)
 
@@ -182,6 +183,7 @@ class Pricing:
     attention_bytes: float = 0.0  # per FLOP of eager attention's batched GEMMs (TransformerCost's)
     softmax_fused: bool = True  # Megatron's fused softmax kernel runs (cost.dispatch.cost_softmax_fused)
     sequence_parallel: bool = False  # the backward re-gathers (cost.tp_overlap.pass_exposed)
+    tp_head: tuple = ()  # the output layer's input-gradient GEMM (m, n, k), its re-gather hidden behind
 
 
 @dataclass(frozen=True)
@@ -318,6 +320,7 @@ def parts(
             getattr(cost, "attention_bytes", 0.0),
             cost_softmax_fused(cost),
             sequence_parallel and tp > 1,
+            (microbatch * spec.seq_len / options.cp, spec.hidden, spec.vocab / tp),
         ),
         dense,
         getattr(cost, "optimizer_sharding", "none"),

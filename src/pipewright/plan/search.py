@@ -25,7 +25,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from pipewright.cost.sharding import like
+from pipewright.cost.layer import replicated_parameters
+from pipewright.cost.sharding import GRAD_DTYPE_BYTES, like
 from pipewright.errors import ConfigError, PipewrightError
 from pipewright.hardware import accelerator
 from pipewright.plan import grouping
@@ -222,18 +223,22 @@ def estimate(ctx: _Context, c: Candidate, dmap: DeviceMap | None = None, layers=
             below = grad_bytes(held, False)
             reductions.append(dense_ar(dense) + (expert_ar(expert) if expert else 0.0))
     est = _ordered(prob, c, costs, chunks, comm, reductions)  # the order priced (plan/chunked.py)
-    est += _optimizer_step(prob, c, dmap, layers)
+    est += _optimizer_step(prob, c, dmap, layers, ctx)
     return Evaluated(c, chunks, dmap.ranks, est, t_max, max(mems), fits=fits)
 
 
-def _optimizer_step(prob: Problem, c: Candidate, dmap: DeviceMap, layers: Sequence[int]) -> float:
+def _optimizer_step(
+    prob: Problem, c: Candidate, dmap: DeviceMap, layers: Sequence[int], ctx: _Context | None = None
+) -> float:
     """The slowest rank's optimizer step where the framework prices one (the ``STEP`` the simulation
     appends after each rank's work, :func:`pipewright.cost.dispatch.optimizer_seconds`): its parameters
     × the step's bytes per parameter (the fp32 state's over the replicas with a sharded optimizer) / the
-    device's memory bandwidth; 0 otherwise."""
+    device's memory bandwidth, + its tensor-parallel all-reduces (:func:`_step_tp_seconds`); 0
+    otherwise."""
     if prob.profile is not None:
         return 0.0
     pc, worst = parts_of(prob, c), 0.0
+    tp = _step_tp_seconds(prob, c, dmap, layers, ctx) if ctx is not None and c.tp > 1 else [0.0] * c.pp
     for r, n in enumerate(layers):
         kind = prob.topology.nodes[dmap.head(r)].accelerator
         per_param = prob.efficiency_for(kind).optimizer_bytes
@@ -242,8 +247,26 @@ def _optimizer_step(prob: Problem, c: Candidate, dmap: DeviceMap, layers: Sequen
         if pc.sharding != "none":
             per_param = 2.0 + (per_param - 2.0) / (c.dp * c.cp)
         params = n * pc.layer.params + (r == 0) * pc.embed.params + (r == len(layers) - 1) * pc.head.params
-        worst = max(worst, params * per_param / accelerator(kind).memory_bandwidth)
+        worst = max(worst, params * per_param / accelerator(kind).memory_bandwidth + tp[r])
     return worst
+
+
+def _step_tp_seconds(prob: Problem, c: Candidate, dmap: DeviceMap, layers: Sequence[int], ctx) -> list[float]:
+    """Per rank, the optimizer step's tensor-parallel all-reduces as the cost model prices them
+    (:func:`pipewright.cost.sharding.tp_step_bytes`): with sequence parallelism one a chunk of its
+    replicated parameters' gradients, and the gradient norm's Σ g² (8 bytes)."""
+    chunks = chunk_layout(layers, c.virtual) if c.virtual > 1 else tuple(layers)
+    place = order_placement(c.schedule, c.pp, c.microbatches, c.virtual, prob.microbatch_group)
+    grad = GRAD_DTYPE_BYTES[parts_of(prob, c).grad_dtype]
+    out = []
+    for r in range(c.pp):
+        ar = ctx.all_reduce(dmap.block(r, 0)[: c.tp])
+        seconds = ar(8.0)
+        for s, n in enumerate(chunks):
+            if place[s] == r and c.sequence_parallel:
+                seconds += ar(grad * replicated_parameters(prob.spec, n, s == 0, s == len(chunks) - 1))
+        out.append(seconds)
+    return out
 
 
 def _ordered(prob: Problem, c: Candidate, costs: Sequence[StageCost], chunks, comm, reductions=None) -> float:
