@@ -13,7 +13,7 @@ from pipewright.cli import main
 from pipewright.cost import Mesh, TransformerCost
 from pipewright.cost.layer import layer_gemms
 from pipewright.cost.sharding import reduction_bytes
-from pipewright.cost.tp_overlap import chunk_pass, modes, pass_exposed, resolve
+from pipewright.cost.tp_overlap import TpPass, chunk_pass, modes, pass_exposed, resolve
 from pipewright.errors import ConfigError
 from pipewright.ir import B, F, I, W
 from pipewright.models.spec import ModelSpec
@@ -105,6 +105,18 @@ def test_sequence_parallel_backward_regathers_each_block_input_under_its_dgrad()
                 modes()[mode].exposed_time(rest) + gathers, rel=1e-12
             )
             assert gathers == (0.0 if comm < 1 else pytest.approx((2 * n + 1) * comm - sum(dgrads)))
+
+
+def test_a_head_only_stage_hides_its_re_gather_under_the_output_layers_input_gradient():
+    """A stage of the output layer alone (no layers) under sequence parallelism: its I holds the
+    re-gather (½ an all-reduce), then the input gradient's; only what exceeds the output layer's
+    input-gradient GEMM (``head``) of the re-gather stays exposed, in every mode."""
+    for mode in modes().values():
+        for gather, dgrad in ((3.0, 1.0), (1.0, 3.0)):
+            p = TpPass(I, (gather, 2.0), 10.0, 0, 4, False, tuple, True, lambda d=dgrad: d)
+            assert p.regathers() == (0, 1)
+            rest = TpPass(I, (2.0,), 10.0, 0, 4)
+            assert pass_exposed(mode, p) == mode.exposed_time(rest) + max(0.0, gather - dgrad)
 
 
 @pytest.mark.parametrize(
