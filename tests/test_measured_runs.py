@@ -51,16 +51,19 @@ def test_the_package_holds_vtrains_720_rows_split_in_halves_per_group(vtrain):
 
 def test_vtrain_held_out_half_is_predicted_and_ranked(vtrain):
     """The registered deepspeed-megatron calibration (fitted on the other half): MAPE, median regret,
-    rank correlation and every (tp, microbatch) cell within the targets (tp 2, microbatch 4 at
-    +15.0 %, the edge: +15.01 % with the step's 8-byte Σg² all-reduce over tp priced); the worst
-    regret (18.2 %, tp 4 pp 2 microbatch 8 chosen over the measured fastest tp 2 microbatch 4) is the
-    page's named miss, bounded where it stands."""
+    rank correlation and every (tp, microbatch) cell within the targets but the named misses, each
+    bounded where it stands (the page's): tp 2, microbatch 4 at +15.007 %, over the 15 % target by
+    0.007 points since the step's 8-byte Σg² all-reduce over tp is priced, and the worst regret
+    (18.2 %, tp 4 pp 2 microbatch 8 chosen over the measured fastest tp 2 microbatch 4)."""
     runs, predicted = vtrain
     by_run = dict(zip(runs, predicted, strict=True))
     _, held = split(runs)
     s = score(held, [by_run[r] for r in held])
     assert s.mape <= 0.08 and s.regret_median <= 0.03 and s.rank_median >= 0.85
-    assert all(abs(e) <= 0.1505 for e in s.cells.values())
+    cell_misses = {(2, 4): 0.1501}  # named misses (tp, microbatch) → bound; the others ≤ 15 %
+    for cell, e in s.cells.items():
+        assert abs(e) <= cell_misses.get(cell, 0.15), cell
+    assert all(abs(s.cells[c]) > 0.15 for c in cell_misses), "a named miss is met: remove it"
     assert s.regret_worst <= 0.19
     whole = score(runs, predicted)
     assert whole.mape <= 0.08 and whole.rank_median >= 0.85
