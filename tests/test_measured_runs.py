@@ -186,8 +186,9 @@ def _calibrate(argv: list[str]) -> tuple[int, str, str]:
 
 
 def test_calibrate_writes_once_and_simulate_reads_it(tmp_path):
-    """A 12-layer, 4-GPU slice of vTrain's file: the report and the file; no second write without
-    --overwrite; bad input writes nothing; simulate --calibration prices with the fitted constants."""
+    """A 12-layer, 2-GPU slice of vTrain's file: the report and the file; no second write without
+    --overwrite; bad input writes nothing; simulate --calibration prices with the fitted constants
+    and, for a shape the slice measured, its factors (the registered constants alone without them)."""
     rows = [r for r in vtrain_runs() if r.layers == 12 and r.gpus == 2]
     body = "\n".join(_row_of(r) for r in rows)
     runs = tmp_path / "runs.csv"
@@ -195,7 +196,8 @@ def test_calibrate_writes_once_and_simulate_reads_it(tmp_path):
     out = tmp_path / "cal.json"
     flags = ["--measured", str(runs), "--out", str(out), *SETUP[:2], *SETUP[4:], "--no-progress"]
     rc, report, _ = _calibrate(flags)
-    assert rc == 0 and "held-out runs:" in report and "regret median" in report
+    assert rc == 0 and "held-out runs, with the measured shapes:" in report and "regret median" in report
+    assert "by the mechanisms alone (c, δ):" in report
     data = json.loads(out.read_text())
     assert data["format"] == "pipewright-run-calibration/1" and data["framework"] == "deepspeed-megatron"
     assert data["fit_rows"] + data["held_out"]["rows"] == len(rows)
@@ -214,11 +216,18 @@ def test_calibrate_writes_once_and_simulate_reads_it(tmp_path):
         *("--microbatch-size", str(run.microbatch), "--global-batch-size", str(run.global_batch), *SETUP),
     ]
     with_file = cli_json([*argv, "--calibration", str(out)])["iteration_time_s"]
+    (shape,) = [x for x in data["shapes"] if (x["tp"], x["microbatch"]) == (run.tp, run.microbatch)]
+    assert shape["rows"] >= 3 and shape["layers"] != 1.0
+    constants = tmp_path / "constants.json"
+    constants.write_text(json.dumps({**data, "shapes": []}))
+    alone = cli_json([*argv, "--calibration", str(constants)])["iteration_time_s"]
+    factors = (1.0, shape["layers"], shape["ends"])  # the unscaled rest: the step, the reductions
+    assert min(factors) <= with_file / alone <= max(factors) and with_file != alone
     fw = frameworks.framework("deepspeed-megatron")
     fitted = replace(fw, compute=data["compute"], host_per_kernel=data["host_per_kernel"])
     frameworks.register(fitted, override=True)
     try:
-        assert cli_json(argv)["iteration_time_s"] == pytest.approx(with_file, rel=1e-12)
+        assert cli_json(argv)["iteration_time_s"] == pytest.approx(alone, rel=1e-12)
     finally:
         frameworks.register(fw, override=True)
 

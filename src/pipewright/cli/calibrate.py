@@ -69,23 +69,36 @@ def _own_parser() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from pipewright.cost import frameworks
     from pipewright.cost.measured import load_runs, score, split
-    from pipewright.cost.run_fit import Fitted, fit_runs, registered
+    from pipewright.cost.run_fit import Fitted, calibration_file, fit_runs, fit_shapes, registered
 
     spec = args.spec
     measured, gpu, out = spec.calibrating.measured, spec.cluster.gpu, spec.output.out
     _check(spec)
-    predict = functools.partial(predict_all, per_node=spec.cluster.gpus_per_node)
+    per_node = spec.cluster.gpus_per_node
+    predict = functools.partial(predict_all, per_node=per_node)
     fw = frameworks.framework(spec.framework.name)
     runs = load_runs(measured)
     fit_half, held = split(runs)
     setup = setup_values(spec)
     progress, no_fit = spec.output.progress, spec.calibrating.no_fit
+    shapes: dict = {}
     if no_fit:
         fitted = Fitted(fw.name, fw.dispatch, fw.compute, fw.host_per_kernel)
     else:
         fitted = fit_runs(fit_half, setup, fw.name, predict, Bar(progress, "fitting", "runs"))
+        shape = functools.partial(run_shape, setup=setup, per_node=per_node)
+        shapes = fit_shapes(fit_half, setup, fitted, gpu, predict, shape, Bar(progress, "shapes", "runs"))
     with registered(fitted):
-        held_score = score(held, predict(held, setup, Bar(progress, "scoring", "runs")))
+        alone = score(held, predict(held, setup, Bar(progress, "scoring", "runs")))
+    held_score, unseen = alone, held
+    if shapes:
+        with calibration_file(fitted, gpu, shapes) as path:
+            with_shapes = {**setup, ("cluster", "calibration"): path}
+            predicted = predict(held, with_shapes, Bar(progress, "scoring", "runs"))
+        held_score = score(held, predicted)
+        unseen_rows = [i for i, r in enumerate(held) if run_shape(r, setup, per_node) not in shapes]
+        unseen = tuple(held[i] for i in unseen_rows)
+        unseen_mape = _mape([predicted[i] for i in unseen_rows], unseen)
     report = {
         "measured": measured,
         "rows": len(runs),
@@ -95,12 +108,17 @@ def run(args: argparse.Namespace) -> int:
         "dispatch": fitted.dispatch,
         "compute": fitted.compute,
         "host_per_kernel": fitted.host_per_kernel,
+        "shapes": len(shapes),
         "held_out": held_score.as_dict(),
+        "held_out_mechanisms": alone.as_dict(),
     }
+    if shapes:
+        report["held_out_unseen_shapes"] = {"rows": len(unseen), "mape": unseen_mape}
     if out and not no_fit:
         from pipewright.cost.run_fit import calibration_json, write
 
-        write(out, calibration_json(fitted, gpu, measured, len(fit_half), held_score.as_dict()), True)
+        data = calibration_json(fitted, gpu, shapes, measured, len(fit_half), held_score.as_dict())
+        write(out, data, True)
     if spec.output.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -109,12 +127,40 @@ def run(args: argparse.Namespace) -> int:
         f"--framework {fitted.framework} (dispatch {fitted.dispatch}): compute c = {fitted.compute:.4f}, "
         f"host per kernel δ = {fitted.host_per_kernel * 1e6:.2f} µs"
     )
-    print("held-out runs:")
-    for line in held_score.lines():
+    if shapes:
+        print(f"measured shapes: {len(shapes)} (layers × {_span(s.layers for s in shapes.values())}, "
+              f"embedding and head × {_span(s.ends for s in shapes.values())})")  # fmt: skip
+        print("held-out runs, with the measured shapes:")
+        for line in held_score.lines():
+            print(f"  {line}")
+        print(f"  of them {len(unseen)} of shapes not fitted on: MAPE {unseen_mape:.1%}")
+    print("held-out runs, by the mechanisms alone (c, δ):" if shapes else "held-out runs:")
+    for line in alone.lines():
         print(f"  {line}")
     if out and not no_fit:
         print(f"wrote {out} (simulate/plan --calibration {out})")
     return 0
+
+
+def _mape(predicted: Sequence[float], runs: Sequence[MeasuredRun]) -> float:
+    """Mean absolute relative error of ``predicted`` against ``runs`` (0 without runs)."""
+    errors = [abs(p / r.seconds - 1) for p, r in zip(predicted, runs, strict=True)]
+    return sum(errors) / len(errors) if errors else 0.0
+
+
+def _span(values) -> str:
+    """ "lo–hi" of ``values``."""
+    values = list(values)
+    return f"{min(values):.2f}–{max(values):.2f}"
+
+
+def run_shape(run: MeasuredRun, setup: Values, per_node: int = 8):
+    """The :class:`~pipewright.cost.shape_scales.Shape` ``simulate`` prices ``run`` with under ``setup``."""
+    from pipewright.cli.simulate import priced_cost
+    from pipewright.cost.shape_scales import shape_of
+    from pipewright.runspec import defaults, with_values
+
+    return shape_of(priced_cost(with_values(defaults("simulate"), {**run_values(run, per_node), **setup})))
 
 
 def _check(spec: RunSpec) -> None:

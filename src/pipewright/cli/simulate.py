@@ -272,6 +272,12 @@ def _setup(spec: RunSpec) -> tuple[SimSetup, PlanOverrides | None, RunSpec]:
     return setup, plan, spec
 
 
+def priced_cost(spec: RunSpec):
+    """The cost model ``simulate`` prices ``spec`` with (``pipewright calibrate`` reads a run's shape
+    from it, :func:`pipewright.cost.shape_scales.shape_of`)."""
+    return _setup(spec)[0].cost
+
+
 def simulated(spec: RunSpec) -> dict:
     """The report ``pipewright simulate --json`` prints for ``spec`` (``pipewright calibrate``'s
     prediction of a run); a one-line ConfigError where the simulation fails or a rank does not fit

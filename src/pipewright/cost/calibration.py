@@ -72,6 +72,8 @@ class Calibration:
     #: a framework's constants fitted on measured runs (``pipewright calibrate``; pipewright.cost.run_fit)
     fitted: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     dispatch: str = ""
+    #: measured rates of the layer shapes of the runs fitted on (pipewright.cost.shape_scales)
+    shapes: Mapping = field(default_factory=lambda: MappingProxyType({}))
 
     def gemm_flops_per_second(self, m: float, n: float, k: float, dtype: str | None = None) -> float | None:
         """Interpolated FLOP/s of an m × n × k GEMM (module docstring); None without points of
@@ -185,7 +187,8 @@ RUN_FORMAT = "pipewright-run-calibration/1"
 
 def parse_run_calibration(data: Mapping[str, Any], where: str) -> Calibration:
     """A :class:`Calibration` of the file's object: no GEMM points, the accelerator's memory bandwidth,
-    ``fitted`` the framework constants; a one-line ConfigError naming a bad field."""
+    ``fitted`` the framework constants, ``shapes`` the measured shapes' factors
+    (:mod:`pipewright.cost.shape_scales`); a one-line ConfigError naming a bad field."""
     gpu = data.get("accelerator")
     if not isinstance(gpu, str):
         raise ConfigError(f"{where}: 'accelerator' must be a GPU name")
@@ -202,6 +205,9 @@ def parse_run_calibration(data: Mapping[str, Any], where: str) -> Calibration:
     name = str(data.get("dispatch", "fused"))
     dispatch_model(name)
     fitted = {"compute": float(data["compute"]), "host_per_kernel": float(data["host_per_kernel"])}
+    from pipewright.cost.shape_scales import parse_shapes
+
+    shapes = parse_shapes(data.get("shapes"), where)
     return Calibration(
         accelerator=gpu,
         dtype="",
@@ -210,4 +216,5 @@ def parse_run_calibration(data: Mapping[str, Any], where: str) -> Calibration:
         measured_at=str(data.get("measured", "")),
         fitted=MappingProxyType(fitted),
         dispatch=name,
+        shapes=MappingProxyType(shapes),
     )

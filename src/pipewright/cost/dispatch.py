@@ -64,6 +64,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipewright.cost.shape_scales import scales_of
 from pipewright.errors import ConfigError
 from pipewright.ir import B, F, I, W
 from pipewright.named_registry import Registry
@@ -224,14 +225,17 @@ def chunk_launched(cost, chunk, kind: str, gpu: float, waited: float = 0.0, rank
     ``waited`` of them its exposed tensor-parallel collectives. A chunk with layers and an embedding or
     head (``chunk.ends``: those alone) combines each with its own launches, as the planner prices a
     stage's pieces (:mod:`pipewright.plan.costs`): the head's GPU time does not hide behind the layers'
-    launches (docs/fidelity.md, "Ranking", mechanism 9)."""
+    launches (docs/fidelity.md, "Ranking", mechanism 9). A calibration's measured factors of the
+    shape (:func:`pipewright.cost.shape_scales.scales_of`) scale the layers' and the ends' seconds."""
     ends = getattr(chunk, "ends", None)
     full, fused = cost.recompute == "full", cost_softmax_fused(cost)
     calls = len(chunk.tp_bytes[kind]) if cost.mesh.tp > 1 else 0
+    layers_scale, ends_scale = scales_of(cost)
     if ends is None:
-        return launched(
+        seconds = launched(
             gpu, cost.efficiency, chunk.layers, kind, full, calls, chunk.first, chunk.last, fused, waited
         )
+        return seconds * (layers_scale if chunk.layers else ends_scale)
     end_gpu, end_waited = cost.gpu_time(ends, kind, rank)
     end_calls = len(ends.tp_bytes[kind]) if cost.mesh.tp > 1 else 0
     layers = launched(
@@ -246,7 +250,7 @@ def chunk_launched(cost, chunk, kind: str, gpu: float, waited: float = 0.0, rank
         fused,
         waited - end_waited,
     )
-    return layers + launched(
+    return layers_scale * layers + ends_scale * launched(
         end_gpu, cost.efficiency, 0, kind, full, end_calls, ends.first, ends.last, fused, end_waited
     )
 

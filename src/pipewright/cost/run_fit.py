@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
+import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -31,11 +33,14 @@ from pipewright.cost import frameworks
 from pipewright.cost.calibration import RUN_FORMAT, Calibration
 from pipewright.cost.efficiency import Efficiency, default_efficiency
 from pipewright.cost.measured import MeasuredRun
+from pipewright.cost.shape_scales import MIN_ROWS, Shape, ShapeScale, shapes_json
 from pipewright.errors import ConfigError
 from pipewright.hardware import accelerator
 
 DU, DDELTA = 0.05, 2e-6
 ITERATIONS = 3
+#: the finite-difference step of a shape's log-factors, and their bound (factors within 1/4 … 4)
+DLOG, LOG_BOUND = 0.05, math.log(4.0)
 
 
 @dataclass(frozen=True)
@@ -113,7 +118,74 @@ def fit_runs(
     return Fitted(fw.name, fw.dispatch, float(1.0 / (1.0 + x[0])), float(x[1]))
 
 
-def calibration_json(fit: Fitted, gpu: str, measured: str, fit_rows: int, held_out: Mapping) -> dict:
+def fit_shapes(
+    runs: Sequence[MeasuredRun],
+    setup: Any,
+    fit: Fitted,
+    gpu: str,
+    predict: Predict,
+    shape_of_run: Callable[[MeasuredRun], Shape],
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[Shape, ShapeScale]:
+    """Each :class:`~pipewright.cost.shape_scales.Shape` of ``runs`` measured in at least
+    :data:`~pipewright.cost.shape_scales.MIN_ROWS` of them, with its (layers, ends) factors: with
+    x = (ln k_layers, ln k_ends) and r_i(x) = ln(T_i(x) / M_i) over the shape's runs, Gauss–Newton
+    minimises Σ r_i², :data:`ITERATIONS` steps from x = 0, the Jacobian by finite differences
+    (Δ = :data:`DLOG`), x clamped to ±ln 4 (:mod:`pipewright.cost.shape_scales`). T_i is priced through
+    a calibration file of ``fit``'s constants and the candidate factors, as ``simulate
+    --calibration`` reads it (``setup`` gains its path)."""
+    import numpy as np
+
+    groups: dict[Shape, list[MeasuredRun]] = {}
+    for run in runs:
+        groups.setdefault(shape_of_run(run), []).append(run)
+    fitted = {k: v for k, v in groups.items() if len(v) >= MIN_ROWS}
+    total, done = (ITERATIONS + 3) * sum(map(len, fitted.values())), [0]
+
+    def tick(*_: int) -> None:
+        done[0] += 1
+        if progress is not None:
+            progress(done[0], total)
+
+    scales: dict[Shape, ShapeScale] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "calibration.json"
+        trial_setup = {**setup, ("cluster", "calibration"): str(path)}
+        for shape, rows in fitted.items():
+            measured = np.array([r.seconds for r in rows])
+
+            def residuals(x: Any, shape: Shape = shape, rows: list = rows, measured: Any = measured) -> Any:
+                trial = {**scales, shape: ShapeScale(*np.exp(x), len(rows))}
+                path.write_text(json.dumps(calibration_json(fit, gpu, trial)))
+                return np.log(np.array(predict(rows, trial_setup, tick)) / measured)
+
+            x, base = np.zeros(2), residuals(np.zeros(2))
+            jac = np.stack([(residuals(DLOG * e) - base) / DLOG for e in np.eye(2)], axis=1)
+            for _ in range(ITERATIONS):  # the Jacobian at x = 0 throughout: r is close to linear in x
+                step, *_ = np.linalg.lstsq(jac, -base, rcond=None)
+                x = np.clip(x + step, -LOG_BOUND, LOG_BOUND)
+                base = residuals(x)
+            scales[shape] = ShapeScale(float(np.exp(x[0])), float(np.exp(x[1])), len(rows))
+    return scales
+
+
+@contextlib.contextmanager
+def calibration_file(fit: Fitted, gpu: str, shapes: Mapping[Shape, ShapeScale]) -> Iterator[str]:
+    """The path of a calibration file of ``fit`` and ``shapes`` while the block runs (removed after)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "calibration.json"
+        path.write_text(json.dumps(calibration_json(fit, gpu, shapes)))
+        yield str(path)
+
+
+def calibration_json(
+    fit: Fitted,
+    gpu: str,
+    shapes: Mapping[Shape, ShapeScale] | None = None,
+    measured: str = "",
+    fit_rows: int = 0,
+    held_out: Mapping | None = None,
+) -> dict:
     """The file's object (module docstring)."""
     return {
         "format": RUN_FORMAT,
@@ -124,7 +196,8 @@ def calibration_json(fit: Fitted, gpu: str, measured: str, fit_rows: int, held_o
         "host_per_kernel": float(f"{fit.host_per_kernel:.4e}"),
         "measured": measured,
         "fit_rows": fit_rows,
-        "held_out": dict(held_out),
+        "held_out": dict(held_out or {}),
+        "shapes": shapes_json(shapes or {}),
     }
 
 

@@ -94,6 +94,7 @@ from pipewright.cost.layer import (
 )
 from pipewright.cost.placement import layer_counts, roles
 from pipewright.cost.run_fit import apply_fitted
+from pipewright.cost.shape_scales import scales_of
 from pipewright.cost.sharding import StateBytes, check_sharding, exposed, reduce_dtype_bytes, reduction_bytes
 from pipewright.errors import ConfigError
 from pipewright.hardware import Accelerator, accelerator
@@ -336,9 +337,11 @@ class TransformerCost:
 
     def _ends(self, stage: int, num_stages: int, layers: tuple[int, ...]) -> _Chunk | None:
         """Chunk ``stage``'s embedding and head without its layers, where the host's launches are priced
-        (each combined with its own launches: :func:`pipewright.cost.dispatch.chunk_launched`)."""
+        (each combined with its own launches: :func:`pipewright.cost.dispatch.chunk_launched`), or
+        scaled apart from them (a calibration's measured shape, :mod:`pipewright.cost.shape_scales`)."""
         bare = tuple(0 if i == stage else x for i, x in enumerate(layers))
-        return self._build_chunk(stage, num_stages, bare) if self.efficiency.host_per_kernel > 0 else None
+        apart = self.efficiency.host_per_kernel > 0 or scales_of(self) != (1.0, 1.0)
+        return self._build_chunk(stage, num_stages, bare) if apart else None
 
     # -- time ---------------------------------------------------------------------------------------
     def gemm_time(self, gemms, acc: Accelerator) -> float:

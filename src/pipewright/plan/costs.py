@@ -33,6 +33,7 @@ from pipewright.cost.dispatch import cost_softmax_fused, launched
 from pipewright.cost.gemm import gemm_seconds as gemm_seconds
 from pipewright.cost.gemm import roofline
 from pipewright.cost.recompute import make_cost
+from pipewright.cost.shape_scales import scales_of
 from pipewright.cost.sharding import exposed, pipelined_fsdp_state, state_bytes
 from pipewright.cost.tp_overlap import TpPass, block_times, layer_blocks, modes, pass_exposed, resolve
 from pipewright.cost.transformer import (
@@ -164,7 +165,8 @@ class Part:
         calls = len(terms.tp) if o.tp > 1 else 0  # the launches' floor, as TransformerCost.kind_time
         gpu_seconds = gemm + attn + rest + tp + exchange
         fused, ends = o.softmax_fused, (self.first, self.last)
-        return launched(gpu_seconds, eff, self.layers, kind, o.full_recompute, calls, *ends, fused, tp)
+        seconds = launched(gpu_seconds, eff, self.layers, kind, o.full_recompute, calls, *ends, fused, tp)
+        return seconds * o.scales[0 if self.layers else 1]  # as cost.dispatch.chunk_launched
 
 
 @dataclass(frozen=True)
@@ -184,6 +186,7 @@ class Pricing:
     softmax_fused: bool = True  # Megatron's fused softmax kernel runs (cost.dispatch.cost_softmax_fused)
     sequence_parallel: bool = False  # the backward re-gathers (cost.tp_overlap.pass_exposed)
     tp_head: tuple = ()  # the output layer's input-gradient GEMM (m, n, k), its re-gather hidden behind
+    scales: tuple[float, float] = (1.0, 1.0)  # a calibration's measured (layers, ends) factors (shape_scales)
 
 
 @dataclass(frozen=True)
@@ -321,6 +324,7 @@ def parts(
             cost_softmax_fused(cost),
             sequence_parallel and tp > 1,
             (microbatch * spec.seq_len / options.cp, spec.hidden, spec.vocab / tp),
+            scales_of(cost),
         ),
         dense,
         getattr(cost, "optimizer_sharding", "none"),
