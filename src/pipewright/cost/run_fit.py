@@ -11,11 +11,14 @@ The file (JSON) ``calibrate`` writes and ``simulate``/``plan --calibration FILE`
 
     {"format": "pipewright-run-calibration/1", "accelerator": "a100-80gb",
      "framework": "deepspeed-megatron", "dispatch": "eager", "compute": 0.80, "host_per_kernel": 4.1e-05,
-     "measured": "runs.csv", "fit_rows": 360, "held_out": {"mape": 0.05, ...}}
+     "measured": "runs.csv", "fit_rows": 360, "held_out": {"mape": 0.05, ...},
+     "shapes": [{"family": "gpt", "hidden": 1024, …, "tp": 2, "microbatch": 4, "layers": 0.85,
+                 "ends": 0.95, "rows": 20}, …]}
 
-Read (:func:`pipewright.cost.calibration.parse_run_calibration`), it is a
-:class:`~pipewright.cost.calibration.Calibration` without GEMM points whose ``fitted`` constants replace
-the framework's (:func:`apply_fitted`).
+``shapes``: each layer shape measured in the fit runs with its factors (:func:`fit_shapes`,
+:mod:`pipewright.cost.shape_scales`). Read (:func:`pipewright.cost.calibration.parse_run_calibration`),
+it is a :class:`~pipewright.cost.calibration.Calibration` without GEMM points whose ``fitted`` constants
+replace the framework's (:func:`apply_fitted`) and whose ``shapes`` scale the passes of those shapes.
 """
 
 from __future__ import annotations
