@@ -60,3 +60,50 @@ def test_sequence_parallel_and_scatter_gather_are_checked():
     with pytest.raises(ConfigError, match="--seq-len 30 is not divisible by --tp 4"):
         TrainConfig(tp=4, heads=8, hidden=64, seq_len=30, sequence_parallel=True).model_spec(256)
     assert TrainConfig(tp=4, heads=8, hidden=64, seq_len=30).model_spec(256).seq_len == 30
+
+
+#: Model flags, and the vocabulary of the data ``train`` reads (the preset's where no --vocab is given).
+SAME_MODEL = {
+    "gpt preset, layers and hidden": ("--model gpt-tiny --layers 2 --hidden 32", 256),
+    "llama preset, grouped heads": ("--model llama-tiny --layers 2 --hidden 64 --heads 8 --kv-heads 2", 256),
+    "vocab over the data's": ("--model gpt-small-cpu --vocab 512", 256),
+    "llama family": (
+        "--model llama --layers 2 --hidden 64 --heads 4 --kv-heads 2 "
+        "--vocab 300 --seq-len 32 --ffn-hidden 96",
+        256,
+    ),
+    "mixture of experts": ("--model gpt-moe-tiny --moe-experts 8 --moe-top-k 1 --moe-ffn-hidden 24", 256),
+}
+
+
+@pytest.mark.parametrize("case", SAME_MODEL)
+def test_train_builds_the_model_simulate_prices(monkeypatch, case):
+    """The same model flags give ``train`` (the data's vocabulary where no --vocab is given) and
+    ``simulate`` (each model its cost model is built for) one ModelSpec."""
+    import pipewright.plan.setup as setup
+    from pipewright.cli import build_parser, main
+    from pipewright.cli.train import config_from_args
+
+    flags, dataset_vocab = SAME_MODEL[case][0].split(), SAME_MODEL[case][1]
+    priced, model_setup = [], setup.model_setup
+
+    def priced_setup(model, *args, **kwargs):
+        priced.append(model)
+        return model_setup(model, *args, **kwargs)
+
+    monkeypatch.setattr(setup, "model_setup", priced_setup)
+    run = [
+        "--gpu",
+        "a100-80gb",
+        "--gpus-per-node",
+        "2",
+        "--pp",
+        "2",
+        "--microbatches",
+        "4",
+        "--schedule",
+        "1f1b",
+    ]
+    assert main(["simulate", *flags, *run]) == 0
+    trained = config_from_args(build_parser().parse_args(["train", *flags])).model_spec(dataset_vocab)
+    assert priced and all(model == trained for model in priced)

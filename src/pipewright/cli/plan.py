@@ -170,8 +170,8 @@ def run(args: argparse.Namespace) -> int:
 def _model(spec: RunSpec) -> tuple[RunSpec, ModelSpec, ProfileInput | None]:
     """The model planned: ``--model``'s, or a ``--profile``'s (whose GPU, dtype and measured microbatch
     sizes then hold, without recomputation), with the spec as the search reads it; and the profile."""
-    from pipewright.plan.spec_inputs import model_spec
     from pipewright.runspec import with_values
+    from pipewright.runspec.model_spec import model_spec
 
     profile = None
     if spec.cluster.profile is not None:
@@ -200,7 +200,7 @@ def _model(spec: RunSpec) -> tuple[RunSpec, ModelSpec, ProfileInput | None]:
     elif spec.model.model is None:
         raise ConfigError("pipewright plan needs --model NAME (or --profile FILE)")
     else:
-        model = model_spec(spec)
+        model = model_spec(spec.model)
     par = spec.parallelism
     if par.ep is not None:
         from pipewright.cost.moe_cost import check_expert_parallel

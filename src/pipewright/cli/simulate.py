@@ -117,9 +117,9 @@ def _model_setup(spec: RunSpec, plan: PlanOverrides | None = None) -> SimSetup:
     from pipewright.mesh import DEFAULT_ORDER, Mesh
     from pipewright.plan.apply import plan_mesh
     from pipewright.plan.setup import cluster_topology, microbatches_per_pipeline
-    from pipewright.plan.spec_inputs import model_spec
+    from pipewright.runspec.model_spec import model_spec
 
-    model = model_spec(spec)
+    model = model_spec(spec.model)
     if plan is not None:
         plan.plan.check_model(model)
     c, par, batch = spec.cluster, spec.parallelism, spec.batch

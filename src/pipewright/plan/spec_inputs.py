@@ -1,7 +1,8 @@
-"""What a RunSpec gives the cost models of ``pipewright simulate`` and ``pipewright plan``: the model,
-the framework's inputs (its defaults where the spec leaves one unset), the tensor-parallel overlap
-priced, the framework's calibration, the optimizer sharding. Read from the spec's fields, by path.
-Pure Python (numpy and the cost models are imported only when a reader runs).
+"""What a RunSpec gives the cost models of ``pipewright simulate`` and ``pipewright plan`` besides its
+model (:func:`pipewright.runspec.model_spec.model_spec`, the one ``train`` builds): the framework's
+inputs (its defaults where the spec leaves one unset), the tensor-parallel overlap priced, the
+framework's calibration, the optimizer sharding. Read from the spec's fields, by path. Pure Python
+(numpy and the cost models are imported only when a reader runs).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ from pipewright.runspec import RunSpec, with_values
 if TYPE_CHECKING:
     from pipewright.cost.efficiency import Efficiency
     from pipewright.hardware import Accelerator
-    from pipewright.models.spec import ModelSpec
 
 #: Where the spec keeps each input a framework may set by default
 #: (:data:`pipewright.cost.frameworks.DEFAULTABLE`, by the cost model's name for it).
@@ -47,36 +47,6 @@ def with_framework_defaults(spec: RunSpec) -> RunSpec:
         if name in given and getattr(getattr(spec, path[0]), path[1]) is None
     }
     return with_values(spec, unset) if unset else spec
-
-
-def model_spec(spec: RunSpec) -> ModelSpec:
-    """The model of ``spec.model``: its preset (or family) with the dimensions, mixture of experts,
-    attention kind and multi-token-prediction depth the spec gives, the MLP kind and biases."""
-    from dataclasses import replace
-
-    from pipewright.models.presets import resolve_model
-
-    m, moe = spec.model, spec.model.moe
-    model = resolve_model(
-        m.model,
-        layers=m.layers,
-        hidden=m.hidden,
-        heads=m.heads,
-        ffn_hidden=m.ffn_hidden,
-        vocab=m.vocab,
-        seq_len=m.seq_len,
-        kv_heads=m.kv_heads,
-        moe_experts=moe.experts,
-        moe_top_k=moe.top_k,
-        moe_shared_experts=moe.shared_experts,
-        moe_ffn_hidden=moe.ffn_hidden,
-        moe_dense_layers=moe.dense_layers,
-        attention_kind=m.attention_kind,
-        mtp_depth=m.mtp_depth,
-    )
-    if m.mlp or m.no_bias:
-        model = replace(model, mlp=m.mlp or model.mlp, bias=False if m.no_bias else model.bias)
-    return model
 
 
 def cost_fields(spec: RunSpec) -> dict[str, object]:

@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from pipewright.errors import ConfigError
-from pipewright.models.presets import MOE_FIELDS, resolve_model
 from pipewright.models.spec import ModelSpec
 from pipewright.runspec import RunSpec
 from pipewright.runspec.fields import walk
+from pipewright.runspec.model_sections import ModelSection
+from pipewright.runspec.model_spec import model_spec as section_model_spec
 from pipewright.runspec.run import Path as Path_
-from pipewright.runspec.run import field_default, get
+from pipewright.runspec.run import field_default, get, with_values
 from pipewright.runtime.parallel.moe_checks import check_moe_run
 
 #: Each RunSpec field by its dotted path (``"parallelism.tp"``).
@@ -191,16 +192,22 @@ class TrainConfig:
 
     def num_layers(self) -> int:
         """The model's layer count, known without the data."""
-        if self.hf_model:
-            return self.model_spec().layers
-        if self.init_from:
-            from pipewright.models.hf_load import read_hf_spec
+        return self._model(1).layers  # any vocabulary: a family without --vocab takes the dataset's
 
-            return read_hf_spec(self.init_from).layers
-        return self.layers or resolve_model(self.model, layers=self.layers, vocab=self.vocab or 1).layers
+    def model_section(self) -> ModelSection:
+        """The RunSpec model section of this config's model fields, with what the runtime builds:
+        multi-head attention and no multi-token-prediction module (MLA and MTP are the cost model's)."""
+        given = {
+            f.metadata["path"][1:]: getattr(self, f.name)
+            for f in fields(self)
+            if f.metadata.get("path", ("",))[0] == "model"
+        }
+        return with_values(ModelSection(), {**given, ("attention_kind",): "mha", ("mtp_depth",): 0})
 
-    def model_spec(self, dataset_vocab: int | None = None) -> ModelSpec:
-        """The preset (or family) with the dimension flags applied; vocab defaults to the dataset's."""
+    def _model(self, dataset_vocab: int | None) -> ModelSpec:
+        """The model before the run's checks: a Hugging Face model's (``hf_model``, ``init_from``: read
+        from its config) or the model section's (:func:`pipewright.runspec.model_spec.model_spec`, what
+        ``simulate`` prices; vocab defaults to the dataset's), its embeddings tied if asked."""
         if self.hf_model:
             from pipewright.models.hf import read_spec
 
@@ -210,21 +217,13 @@ class TrainConfig:
 
             spec = read_hf_spec(self.init_from, seq_len=self.seq_len)
         else:
-            spec = resolve_model(
-                self.model,
-                layers=self.layers,
-                hidden=self.hidden,
-                heads=self.heads,
-                ffn_hidden=self.ffn_hidden,
-                kv_heads=self.kv_heads,
-                vocab=self.vocab or dataset_vocab,
-                seq_len=self.seq_len,
-                **{n: getattr(self, n) for n in MOE_FIELDS},
-                attention_kind="mha",  # what the runtime builds (MLA and MTP are the cost model's)
-                mtp_depth=0,
-            )
-        if self.tie_embeddings:
-            spec = replace(spec, tied_embeddings=True)
+            spec = section_model_spec(self.model_section(), dataset_vocab)
+        return replace(spec, tied_embeddings=True) if self.tie_embeddings else spec
+
+    def model_spec(self, dataset_vocab: int | None = None) -> ModelSpec:
+        """The model trained (:meth:`_model`), checked against the data's vocabulary and the run's
+        tensor, sequence, expert and context parallelism (one-line ConfigErrors)."""
+        spec = self._model(dataset_vocab)
         if dataset_vocab is not None and spec.vocab < dataset_vocab and spec.family == "hf":
             raise ConfigError(
                 f"the data's vocabulary ({dataset_vocab}) exceeds the model's ({spec.vocab}); make the "
