@@ -1,7 +1,7 @@
-"""K-FAC's memory in ``pipewright simulate --fill kfac``: each rank's peak with K-FAC equals the simulated
-side of ``train --dry-run --measure --optimizer kfac`` for the same run (one function prices both), its
-``kfac`` part is what K-FAC adds to the plain schedule's peak, the other parts do not move, and the fit
-check counts it."""
+"""K-FAC's memory in ``pipewright simulate --fill kfac``: each rank's peak with K-FAC is the measured
+program's (``train --dry-run --measure --optimizer kfac`` for the same run, whose simulated side reports
+the same peak split into parts that add up to it), its ``kfac`` part is what K-FAC adds to the plain
+schedule's peak, the other parts do not move, and the fit check counts it."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 
 from pipewright.cli import main
 from pipewright.features.kfac.simulate_memory import memory_report, no_fit
+from pipewright.measure import measure_run
 from pipewright.measure.simulated_side import predict, sim_setup
 from pipewright.runtime.setup.config import TrainConfig
 from pipewright.training import prepare
@@ -36,18 +37,22 @@ def _simulate(*extra: str) -> tuple[int, dict]:
     return status, json.loads(out.getvalue())
 
 
+#: the parts that are not the peak's: ``total`` holds them all, and buffers in flight are not counted
+NOT_PEAK = {"total", "allocator_reserve", "communication_buffers"}
+
+
 @pytest.fixture(scope="module")
 def run():
     config = TrainConfig(**TINY)
     return prepare(config, world_size=config.world_size, check_size=False)
 
 
-def test_simulate_prices_kfac_memory_as_measure_does_and_moves_nothing_else(run):
+def test_simulate_prices_kfac_memory_as_the_program_measures_and_moves_nothing_else():
     status, filled = _simulate("--fill", "kfac")
     plain_status, plain = _simulate()
     assert status == plain_status == 0 and filled["memory"]["fits"]
-    predicted = predict(run)
-    assert [r["peak_memory_bytes"] for r in filled["per_rank"]] == [p.peak_bytes for p in predicted]
+    measured = [c.measured.peak_bytes for c in measure_run(TrainConfig(**TINY))]
+    assert [r["peak_memory_bytes"] for r in filled["per_rank"]] == pytest.approx(measured, rel=0.005)
     for with_kfac, without in zip(filled["per_rank"], plain["per_rank"], strict=True):
         parts, base = with_kfac["memory_parts"], without["memory_parts"]
         assert "kfac" not in base  # K-FAC off: no part, and the plain report is the one simulate gives
@@ -60,6 +65,21 @@ def test_simulate_prices_kfac_memory_as_measure_does_and_moves_nothing_else(run)
             with_kfac["peak_memory_bytes"]
         )
     assert filled["memory"]["peak_bytes"] == max(r["peak_memory_bytes"] for r in filled["per_rank"])
+
+
+@pytest.mark.parametrize(
+    ("changes", "at_step"),
+    [({}, True), ({"model": "gpt", "precision": "fp32", "microbatches": 8}, False)],
+)  # the peak at the optimizer step (bf16 gradients' fp32 copies), and in the iteration
+def test_measure_splits_the_simulated_peak_into_parts_that_add_up(changes, at_step):
+    config = TrainConfig(**{**TINY, **changes})
+    run = prepare(config, world_size=config.world_size, check_size=False)
+    simulated = memory_report(sim_setup(run))["per_rank"]
+    for row, p in zip(simulated, predict(run), strict=True):
+        assert p.peak_bytes == row["peak_memory_bytes"]
+        assert p.parts["kfac_state"] == row["kfac"]["factors_inverses_bytes"] > 0
+        assert ("step_gradients" in p.parts) is at_step
+        assert sum(v for k, v in p.parts.items() if k not in NOT_PEAK) == p.peak_bytes
 
 
 def test_the_fit_check_counts_kfac_memory(run):

@@ -317,6 +317,38 @@ def test_every_training_config_field_has_a_place():
     assert TrainConfig.from_spec(defaults("train")) == TrainConfig(features=defaults("train").features)
 
 
+@pytest.mark.parametrize(
+    ("argv", "values"),
+    [
+        (
+            ["schedule", "show", "zb-h1", "--stages", "4", "-m", "6", "--with-comms"],
+            {("schedule", "name"): "zb-h1", ("parallelism", "pp"): 4, ("batch", "microbatches"): 6}
+            | {("schedule_view", "with_comms"): True},
+        ),
+        (
+            ["schedule", "export", "1f1b", "-p", "2", "-m", "4", "-o", "x.csv", "--overwrite"],
+            {("schedule", "name"): "1f1b", ("parallelism", "pp"): 2, ("batch", "microbatches"): 4}
+            | {("output", "out"): "x.csv", ("output", "overwrite"): True},
+        ),
+        (
+            ["data", "prepare", "a.txt", "corpus", "--tokenizer", "model", "--output", "t.bin"],
+            {("data_prep", "inputs"): ("a.txt", "corpus"), ("data_prep", "tokenizer"): "model"}
+            | {("output", "out"): "t.bin"},
+        ),
+    ],
+)
+def test_the_schedule_and_data_verbs_read_their_line_as_the_spec(argv, values):
+    """``schedule show|export`` and ``data prepare`` read the RunSpec's sections: the parsed line is
+    the spec with the flags' values under their fields and the paths given, nothing by option name."""
+    from pipewright.cli import build_parser
+    from pipewright.runspec.run import get
+
+    parsed = vars(build_parser().parse_args(argv))
+    assert set(parsed) == {"verbose", "command", "verb", "func", "spec", "given"}
+    assert parsed["given"] == set(values)
+    assert {path: get(parsed["spec"], path) for path in values} == values
+
+
 def test_schedule_show_reads_a_run_spec(tmp_path, capsys):
     """``schedule show --config`` shows the file's schedule; a value in neither the flags nor the file
     is argparse's one-line usage error."""

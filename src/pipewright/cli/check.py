@@ -50,7 +50,6 @@ def register(sub: argparse._SubParsersAction, feature_paths: tuple[str, ...] = (
         "check",
         _check,
         feature_sections(all_features(feature_paths)),
-        flatten=False,
         help="train a few steps pipelined and on one process; compare",
     )
 

@@ -25,10 +25,11 @@ def _prepare(args: argparse.Namespace) -> int:
     from pipewright.data.tokens import sidecar_path
     from pipewright.outputs import check_output
 
-    required("data prepare", INPUT=args.inputs or None, **{"--tokenizer": args.tokenizer, "-o": args.output})
-    inputs = [*args.inputs, args.tokenizer]
-    check_output(args.output, "--output", overwrite=args.overwrite, inputs=inputs)  # a file name, then:
-    check_output(sidecar_path(args.output), "--output's sidecar", overwrite=args.overwrite, inputs=inputs)
-    path, n, vocab = prepare_tokens(args.inputs, args.tokenizer, args.output)
+    prep, out = args.spec.data_prep, args.spec.output
+    required("data prepare", INPUT=prep.inputs or None, **{"--tokenizer": prep.tokenizer, "-o": out.out})
+    inputs = [*prep.inputs, prep.tokenizer]
+    check_output(out.out, "--output", overwrite=out.overwrite, inputs=inputs)  # a file name, then:
+    check_output(sidecar_path(out.out), "--output's sidecar", overwrite=out.overwrite, inputs=inputs)
+    path, n, vocab = prepare_tokens(list(prep.inputs), prep.tokenizer, out.out)
     print(f"wrote {n} tokens (vocabulary {vocab}) to {path}")
     return 0

@@ -26,7 +26,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         sub,
         "export-plan",
         run,
-        flatten=False,
         help="write a plan as Megatron-LM's, Megatron-Bridge's or torchtitan's configuration",
         description="Read a `pipewright plan` file (or the RunSpec TOML `plan -o RUN.toml` writes) and "
         "print (or write with -o) the same model and layout for Megatron-LM (a shell array "

@@ -10,7 +10,6 @@ Memory and time grow linearly with both (about 8 s and 0.5 GB per million lowere
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -104,14 +103,16 @@ def compute_actions(stages: int, microbatches: int, virtual: int | None, iterati
     return 3 * stages * (virtual or 1) * microbatches * iterations
 
 
-def check_schedule_command(args: argparse.Namespace, *, grid: bool) -> None:
+def check_schedule_command(spec: RunSpec, *, grid: bool) -> None:
     """``schedule show|export``: sizes at least 1, then the estimate (grid cells for ``show``)."""
-    check_values(vars(args), {n: POSITIVE for n in ("stages", "microbatches", "virtual")})
-    p, m, v = args.stages, args.microbatches, args.virtual or 1
+    par, m, limit = spec.parallelism, spec.batch.microbatches, spec.simulation.max_actions
+    sizes = {"--stages": par.pp, "--microbatches": m, "--virtual": par.virtual}
+    check_values(sizes, dict.fromkeys(sizes, POSITIVE))
+    p, v = par.pp, par.virtual or 1
     if grid:
         cells = p * (3 * v * m + 2 * p)
-        check_size(f"the grid of {p:,} ranks × ~{3 * v * m + 2 * p:,} steps (cells)", cells, args.max_actions)
-    check_size("the schedule's action count", compute_actions(p, m, v), args.max_actions)
+        check_size(f"the grid of {p:,} ranks × ~{3 * v * m + 2 * p:,} steps (cells)", cells, limit)
+    check_size("the schedule's action count", compute_actions(p, m, v), limit)
 
 
 def check_simulate(spec: RunSpec) -> None:

@@ -29,7 +29,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         sub,
         "plan",
         run,
-        flatten=False,
         help="search tp/pp/dp, partition, device mapping, recomputation and schedule for a model",
         description="Plan a model on a cluster: --model with --topology FILE or --nodes/--gpus-per-node/"
         "--gpu, and --global-batch-size. Writes the plan (-o): a plan JSON, or with -o RUN.toml a RunSpec "

@@ -18,9 +18,7 @@ if TYPE_CHECKING:
 def register(sub: argparse._SubParsersAction) -> None:
     from pipewright.cli.spec_args import add_command
 
-    add_command(
-        sub, "profile", _profile, flatten=False, help="measure per-layer action times for the simulator"
-    )
+    add_command(sub, "profile", _profile, help="measure per-layer action times for the simulator")
 
 
 def _calibrate(run: RunSpec, spec: ModelSpec) -> int:

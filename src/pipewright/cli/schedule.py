@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipewright.cli.guards import check_schedule_command
 from pipewright.cli.spec_args import add_command, required
@@ -16,6 +17,9 @@ from pipewright.outputs import check_output
 from pipewright.passes import lower, validate
 from pipewright.passes.pytorch_csv import to_csv
 from pipewright.schedules import build_schedule, info, schedule_names
+
+if TYPE_CHECKING:
+    from pipewright.runspec import RunSpec
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -29,33 +33,37 @@ def register(sub: argparse._SubParsersAction) -> None:
         name.help = name.help.replace("schedule name", f"schedule name: {names}", 1)
 
 
-def _shape(args: argparse.Namespace) -> None:
-    """The verb's required values (flags, or the ``--config`` file), then the size checks."""
-    command = f"schedule {args.verb}"
-    required(command, NAME=args.schedule, **{"--stages": args.stages, "--microbatches": args.microbatches})
-    check_schedule_command(args, grid=args.verb == "show")
+def _shape(args: argparse.Namespace) -> RunSpec:
+    """The verb's run spec: its required values (flags, or the ``--config`` file), then the size
+    checks."""
+    spec = args.spec
+    sizes = {"--stages": spec.parallelism.pp, "--microbatches": spec.batch.microbatches}
+    required(f"schedule {args.verb}", NAME=spec.schedule.name, **sizes)
+    check_schedule_command(spec, grid=args.verb == "show")
+    return spec
 
 
-def _build(args: argparse.Namespace):
+def _build(spec: RunSpec):
     """The named schedule; with ``--zb-refine``, zb-auto's order refined under unit costs (limit p)."""
-    seconds = refine_seconds(args, (args.schedule,))
+    name, stages = spec.schedule.name, spec.parallelism.pp
+    seconds = refine_seconds(spec.schedule, (name,))
     costs = None
     if seconds is not None:
         from pipewright.schedules import ScheduleCosts
 
-        unit = (1.0,) * args.stages
+        unit = (1.0,) * stages
         costs = ScheduleCosts(unit, unit, unit, 0.0, None, seconds)
     library = library_schedules()
     return build_schedule(
-        args.schedule, args.stages, args.microbatches, args.virtual, costs=costs, registry=library
+        name, stages, spec.batch.microbatches, spec.parallelism.virtual, costs=costs, registry=library
     )
 
 
 def _show(args: argparse.Namespace) -> int:
-    _shape(args)
-    sched = validate(_build(args))
-    entry = info(args.schedule, library_schedules())
-    if args.with_comms:
+    spec = _shape(args)
+    sched = validate(_build(spec))
+    entry = info(spec.schedule.name, library_schedules())
+    if spec.schedule_view.with_comms:
         sched = validate(lower(sched))
     print(
         f"{sched.name}: p={sched.num_ranks} ranks, {sched.num_stages} stages, "
@@ -71,10 +79,11 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    _shape(args)
-    required("schedule export", **{"-o/--output": args.output})
-    check_output(args.output, "-o", overwrite=args.overwrite)
-    sched = validate(_build(args))
-    Path(args.output).write_text(to_csv(sched, with_comms=args.with_comms))
-    print(f"wrote {args.output}")
+    spec = _shape(args)
+    out = spec.output
+    required("schedule export", **{"-o/--output": out.out})
+    check_output(out.out, "-o", overwrite=out.overwrite)
+    sched = validate(_build(spec))
+    Path(out.out).write_text(to_csv(sched, with_comms=spec.schedule_view.with_comms))
+    print(f"wrote {out.out}")
     return 0

@@ -33,7 +33,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         sub,
         "simulate",
         run,
-        flatten=False,
         help="predict the timeline, iteration time, bubble and memory of a pipeline schedule",
         description="Either --schedule with --stages/--microbatches and --cost unit, or --model on a "
         "cluster (--gpu, --nodes, --gpus-per-node, --tp/--pp/--dp, batch sizes), or --profile FILE "

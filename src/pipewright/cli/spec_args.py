@@ -2,13 +2,10 @@
 (docs/run-spec.md).
 
 :func:`add_command` adds a command whose flags are the spec's (:func:`pipewright.runspec.add_spec_flags`:
-``--config RUN.toml``, one help group per section, every default shown). :func:`command_spec` reads the
-parsed line as the command's RunSpec (its defaults, then the ``--config`` file, then the flags given)
-and gives it with the values by option name (``args.tp``, ``args.schedule``) that the command's run
-reads: each field under its flag's name (``--no-progress``: ``no_progress`` and ``progress``, its
-other spellings too: ``--stages``), the spec itself as ``args.spec``. A command that reads the spec's
-fields (``add_command(..., flatten=False)``: simulate, plan, export-plan, calibrate, profile, train,
-check) gets :func:`spec_namespace`'s: the spec and the paths of the flags given only.
+``--config RUN.toml``, one help group per section, every default shown). Its parsed namespace is
+:func:`spec_namespace`'s: the command's RunSpec as ``args.spec`` (its defaults, then the ``--config``
+file, then the flags given), read by its typed sections (``args.spec.parallelism.pp``), and the paths
+of the flags given as ``args.given``.
 """
 
 from __future__ import annotations
@@ -26,12 +23,12 @@ def add_command(
     run: Callable[[argparse.Namespace], int],
     features: Mapping[str, type] | None = None,
     *,
-    flatten: bool = True,
+    flatten: bool = False,
     **parser_options: Any,
 ) -> argparse.ArgumentParser:
     """Subcommand ``command`` with the spec's flags for it, whose parsed namespace is
-    :func:`command_spec`'s (and ``func`` is ``run``); ``flatten=False``: :func:`spec_namespace`'s (the
-    spec and the paths given, no values by option name)."""
+    :func:`spec_namespace`'s (and ``func`` is ``run``). ``flatten`` is read by nothing: every command
+    reads the spec, and the keyword stays only while a caller still passes ``flatten=False``."""
     from pipewright.runspec import add_spec_flags
 
     parser = sub.add_parser(command.rpartition(" ")[2], **parser_options)  # (schedule show: "show")
@@ -43,8 +40,7 @@ def add_command(
         parsed, rest = plain(args, namespace)
         _exclusive(parser, parsed)
         try:
-            read = command_spec if flatten else spec_namespace
-            return read(parsed, command, features), rest
+            return spec_namespace(parsed, command, features), rest
         except ConfigError as exc:  # (a --config file that does not read): the command's one line
             return argparse.Namespace(**{**vars(parsed), "func": _raises(exc)}), rest
 
@@ -100,10 +96,6 @@ def _raises(exc: Exception) -> Callable[[argparse.Namespace], int]:
     return fail
 
 
-def _name(option: str) -> str:
-    return option.lstrip("-").replace("-", "_")
-
-
 def is_run_spec(path: str) -> bool:
     """Whether the TOML file at ``path`` is a RunSpec (every top-level key one of its tables), not a
     ``train`` file of flat keys or a ``[train]`` table (read by
@@ -146,43 +138,6 @@ def spec_namespace(
         spec = _beside(spec, given["config"])
     flagged = frozenset(tuple(k.split(".")) for k in given if "." in k)
     return argparse.Namespace(**out, spec=spec, given=flagged)
-
-
-def command_spec(
-    args: argparse.Namespace, command: str, features: Mapping[str, type] | None = None
-) -> argparse.Namespace:
-    """The RunSpec of parsed ``args`` (``args.spec``) with each value of a field ``command`` takes
-    under its option names; the namespace's other keys (a positional, ``func``) kept."""
-    from pipewright.runspec import spec_from_args
-    from pipewright.runspec.fields import base_type, setting
-    from pipewright.runspec.run import field_command, field_takes, get, spec_fields
-
-    given = vars(args)
-    out: dict[str, Any] = {k: v for k, v in given.items() if "." not in k and k != "config"}
-    out["config"] = None
-    spec = spec_from_args(args, command, features, check=False)  # the command's checks name the flags
-    if "config" in given and "parallelism.plan" not in given:
-        spec = _beside(spec, given["config"])
-    known = {n: type(s) for n, s in spec.features.items()}
-    for path, f, kind in spec_fields(known):
-        value = get(spec, path)
-        if f.metadata["flag"] is None:
-            out.setdefault(path[-1], value)  # a TOML-only field (training.weight_decay, placement)
-            continue
-        if not field_takes(path, f, command):
-            continue
-        value = list(value) if isinstance(value, tuple) else value
-        flag = f.metadata["flag"]
-        aliases = setting(f, field_command(path, command), "aliases") or ()
-        for option in (flag, *aliases):
-            if option.startswith("--"):
-                out[_name(option)] = value
-        name = _name(flag)
-        if base_type(kind) is bool and flag.startswith("--no-") and path[-1] != name:  # (flags._negates)
-            out[name], out[path[-1]] = not value, value  # --no-progress: no_progress and progress
-        elif path[-1].removesuffix("_s") == name:
-            out[path[-1]] = value  # --recv-timeout: recv_timeout_s too
-    return argparse.Namespace(**out, spec=spec)
 
 
 def flag_values(spec: Any, command: str) -> dict[str, Any]:

@@ -33,7 +33,6 @@ def register(sub: argparse._SubParsersAction, feature_paths: tuple[str, ...] = (
         "train",
         _train,
         feature_sections(all_features(feature_paths)),  # one group per feature (its section)
-        flatten=False,
         help="train a model with pipeline parallelism",
     )
 

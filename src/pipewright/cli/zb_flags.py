@@ -14,24 +14,23 @@ DEFAULT_SECONDS = 10.0
 
 
 class Refinement(Protocol):
-    """What holds the two settings: the RunSpec's ``schedule`` section (``simulate``, ``plan``) or
-    ``schedule``'s parsed flags."""
+    """What holds the two settings: the RunSpec's ``schedule`` section."""
 
     zb_refine: bool
     zb_ilp_time_limit: float | None
 
 
-def refine_seconds(args: Refinement, schedules: tuple[str, ...]) -> float | None:
+def refine_seconds(section: Refinement, schedules: tuple[str, ...]) -> float | None:
     """The refinement's time limit from the settings (None: no refinement). ``schedules``: the
     schedules the command builds; refining asks for zb-auto among them. One-line ConfigError
     otherwise."""
-    seconds = getattr(args, "zb_ilp_time_limit", None)
+    seconds = section.zb_ilp_time_limit
     if seconds is not None and not (math.isfinite(seconds) and seconds > 0):
         raise ConfigError(f"--zb-ilp-time-limit must be positive (got {seconds:g})")
-    if not getattr(args, "zb_refine", False) and seconds is None:
+    if not section.zb_refine and seconds is None:
         return None
     if "zb-auto" not in schedules:
-        flag = "--zb-refine" if getattr(args, "zb_refine", False) else "--zb-ilp-time-limit"
+        flag = "--zb-refine" if section.zb_refine else "--zb-ilp-time-limit"
         raise ConfigError(f"{flag} refines zb-auto only (got {', '.join(schedules)}); drop it or use zb-auto")
     return DEFAULT_SECONDS if seconds is None else seconds
 

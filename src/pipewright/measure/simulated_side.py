@@ -14,8 +14,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from pipewright.ir import REDUCE_GRAD, SEND_F, Action
+
+if TYPE_CHECKING:
+    from pipewright.features.kfac.rank_memory import KfacRank
 
 #: the runtime's precision names → the cost model's dtypes
 _DTYPE = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16"}
@@ -104,9 +108,11 @@ def predict(run) -> list[RankPrediction]:
     held = _weight_versions(run, cost, sched)
     for rank, peak in enumerate(peaks):
         k = kfac.get(rank)
-        if k is not None:
-            parts[rank]["kfac_state"] = k.state
-        peak = _with_step(cost, sched, rank, peak, parts[rank], *((k.state, k.held, k.step) if k else ()))
+        peak = (
+            _with_step(cost, sched, rank, peak, parts[rank])
+            if k is None
+            else _with_kfac(cost, sched, rank, k, parts[rank])
+        )
         if held.get(rank):
             parts[rank]["weight_versions"] = held[rank]
             peak += held[rank] - _gradients_stepped(cost, parts[rank])
@@ -150,34 +156,40 @@ def _lumped(cost, sched, rank: int, peak: float) -> dict[str, float]:
     return {"state": static, "activations": peak - static}
 
 
-def _with_step(
-    cost,
-    sched,
-    rank: int,
-    peak: float,
-    parts: dict[str, float],
-    state: float = 0.0,
-    held: float = 0.0,
-    extra: float = 0.0,
-) -> float:
-    """The higher of ``peak`` + ``state`` (static bytes beyond the cost model's: K-FAC's factors) and
-    the optimizer step's (static + ``state`` + the step's fp32 gradient copies,
-    :func:`~pipewright.cost.chunk_memory.step_transient_bytes`, + ``extra`` that the step adds beyond
-    them, + ``held``: activation bytes still live after the iteration; the simulated schedule has a
-    STEP only where the optimizer is priced): when the step's is higher, ``parts`` becomes the step's
-    (``activations`` the bytes ``held``, ``step_gradients`` the copies and ``extra``)."""
+def _with_step(cost, sched, rank: int, peak: float, parts: dict[str, float]) -> float:
+    """The higher of ``peak`` and the optimizer step's: the static bytes + the step's fp32 gradient
+    copies (:func:`~pipewright.cost.chunk_memory.step_transient_bytes`; the simulated schedule has a
+    STEP only where the optimizer is priced). When the step's is higher, ``parts`` becomes the step's
+    (:func:`_step_parts`)."""
     from pipewright.cost.chunk_memory import step_transient_bytes
 
     base = getattr(cost, "inner", cost)  # a vocabulary-parallel cost wraps the transformer's
-    static = float(cost.static_bytes(rank, sched)) + state
-    step = static + step_transient_bytes(base.cost_inputs, base.rank_parameters(rank, sched)) + extra + held
-    if step <= peak + state:
-        return peak + state
-    for key in ("activations", "recompute_transient", "communication_buffers"):
+    static = float(cost.static_bytes(rank, sched))
+    stepping = step_transient_bytes(base.cost_inputs, base.rank_parameters(rank, sched))
+    if static + stepping <= peak:
+        return peak
+    _step_parts(parts, 0.0, stepping)
+    return static + stepping
+
+
+def _with_kfac(cost, sched, rank: int, k: KfacRank, parts: dict[str, float]) -> float:
+    """A K-FAC rank's peak, :meth:`KfacRank.peak <pipewright.features.kfac.rank_memory.KfacRank.peak>`
+    over the rank's static bytes (what ``simulate --fill kfac`` reports), with its factors and inverses
+    as ``kfac_state``; where the step's is the higher, ``parts`` becomes the step's (``activations``
+    the bytes K-FAC still holds, ``step_gradients`` the fp32 copies and the KL-clip)."""
+    parts["kfac_state"] = k.state
+    if k.peaks_at_step:
+        _step_parts(parts, k.held, k.step_transient + k.step)
+    return k.peak(float(cost.static_bytes(rank, sched)))
+
+
+def _step_parts(parts: dict[str, float], held: float, stepping: float) -> None:
+    """``parts`` as the optimizer step's: no activations but the ``held`` bytes still live after the
+    iteration, nothing recomputed or in flight, and ``stepping`` as ``step_gradients``."""
+    for key in ("recompute_transient", "communication_buffers"):
         parts[key] = 0.0
     parts["activations"] = held
-    parts["step_gradients"] = step - static - held
-    return step
+    parts["step_gradients"] = stepping
 
 
 def _weight_versions(run, cost, sched) -> dict[int, float]:

@@ -43,9 +43,19 @@ class KfacRank:
     step_transient: float
     flops: dict[str, float]
 
+    @property
+    def at_step(self) -> float:
+        """The bytes above static + ``state`` at the optimizer step: step transient + step + held."""
+        return self.step_transient + self.step + self.held
+
+    @property
+    def peaks_at_step(self) -> bool:
+        """Whether the peak is the optimizer step's (:attr:`at_step` above the activations' peak)."""
+        return self.at_step > self.activations
+
     def peak(self, static: float) -> float:
         """The rank's peak with K-FAC over ``static`` bytes (the module's formula)."""
-        return static + self.state + max(self.activations, self.step_transient + self.step + self.held)
+        return static + self.state + max(self.activations, self.at_step)
 
 
 def priced(cost) -> bool:
