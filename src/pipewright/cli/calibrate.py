@@ -30,7 +30,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         sub,
         "calibrate",
         run,
-        flatten=False,
         help="fit a framework's calibration on measured runs; report held-out error and ranking",
         description="Fit a framework's calibration on measured runs and report how well it predicts and "
         "ranks the runs it was not fitted on (docs/cost-model.md, 'Calibrating a framework on your "

@@ -22,13 +22,10 @@ def add_command(
     command: str,
     run: Callable[[argparse.Namespace], int],
     features: Mapping[str, type] | None = None,
-    *,
-    flatten: bool = False,
     **parser_options: Any,
 ) -> argparse.ArgumentParser:
     """Subcommand ``command`` with the spec's flags for it, whose parsed namespace is
-    :func:`spec_namespace`'s (and ``func`` is ``run``). ``flatten`` is read by nothing: every command
-    reads the spec, and the keyword stays only while a caller still passes ``flatten=False``."""
+    :func:`spec_namespace`'s (and ``func`` is ``run``)."""
     from pipewright.runspec import add_spec_flags
 
     parser = sub.add_parser(command.rpartition(" ")[2], **parser_options)  # (schedule show: "show")
