@@ -52,15 +52,15 @@ def test_the_package_holds_vtrains_720_rows_split_in_halves_per_group(vtrain):
 def test_vtrain_held_out_half_is_predicted_and_ranked(vtrain):
     """The registered deepspeed-megatron calibration (fitted on the other half): MAPE, median regret,
     rank correlation and every (tp, microbatch) cell within the targets but the named misses, each
-    bounded where it stands (the page's): tp 2, microbatch 4 at +15.007 %, over the 15 % target by
-    0.007 points since the step's 8-byte Σg² all-reduce over tp is priced, and the worst regret
-    (18.2 %, tp 4 pp 2 microbatch 8 chosen over the measured fastest tp 2 microbatch 4)."""
+    bounded where it stands (the page's): tp 2, microbatch 4 at +15.5 % (the registered constants
+    alone; with the measured shapes of `calibrate` +0.2 %, tests/test_shape_scales.py), and the worst
+    regret (18.2 %, tp 4 pp 2 microbatch 8 chosen over the measured fastest tp 2 microbatch 4)."""
     runs, predicted = vtrain
     by_run = dict(zip(runs, predicted, strict=True))
     _, held = split(runs)
     s = score(held, [by_run[r] for r in held])
     assert s.mape <= 0.08 and s.regret_median <= 0.03 and s.rank_median >= 0.85
-    cell_misses = {(2, 4): 0.1501}  # named misses (tp, microbatch) → bound; the others ≤ 15 %
+    cell_misses = {(2, 4): 0.156}  # named misses (tp, microbatch) → bound; the others ≤ 15 %
     for cell, e in s.cells.items():
         assert abs(e) <= cell_misses.get(cell, 0.15), cell
     assert all(abs(s.cells[c]) > 0.15 for c in cell_misses), "a named miss is met: remove it"
@@ -375,7 +375,7 @@ def test_megatrons_memory_bound_kernels_on_the_full_hidden_do_not_shrink_with_tp
 def test_megatron_deepspeeds_head_moves_its_unfused_fp32_loss_bytes():
     """Megatron's cross-entropy on output.float() (38 bytes per logit forward, 14 backward:
     cost.dispatch's megatron-eager loss_bytes) on the last chunk of a deepspeed-megatron cost; its
-    embedding and head kept apart from the layers for the launches (chunk.ends)."""
+    embedding and head kept apart from the layers, and from each other, for the launches (chunk.ends)."""
     from pipewright.cost.efficiency import default_efficiency
     from pipewright.cost.transformer import TransformerCost
     from pipewright.hardware import accelerator
@@ -389,9 +389,8 @@ def test_megatron_deepspeeds_head_moves_its_unfused_fp32_loss_bytes():
     logits = 2 * 128 * 1000
     assert head.traffic[F] == pytest.approx(38 * logits) and head.traffic[I] == pytest.approx(14 * logits)
     whole = cost.chunk_costs(0, (2,))
-    assert (
-        whole.ends is not None
-        and whole.ends.layers == 0
-        and (whole.ends.first, whole.ends.last) == (True, True)
-    )
-    assert whole.traffic[F] == pytest.approx(layers.traffic[F] + whole.ends.traffic[F])
+    assert whole.ends is not None and [(e.layers, e.first, e.last) for e in whole.ends] == [
+        (0, True, False),
+        (0, False, True),
+    ]  # the embedding and the head each a piece of their own
+    assert whole.traffic[F] == pytest.approx(layers.traffic[F] + sum(e.traffic[F] for e in whole.ends))

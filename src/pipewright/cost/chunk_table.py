@@ -24,4 +24,4 @@ class ChunkCosts:
     moe_layers: int = 0  # of ``layers``, those with experts (cost/moe_cost.py)
     first: bool = False  # holds the embedding
     last: bool = False  # holds the output layer and the loss
-    ends: ChunkCosts | None = None  # its embedding and head alone, where launches are priced (dispatch.py)
+    ends: tuple[ChunkCosts, ...] | None = None  # its embedding and head alone, each a piece (dispatch.py)

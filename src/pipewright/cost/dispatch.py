@@ -223,9 +223,10 @@ def chunk_launched(cost, chunk, kind: str, gpu: float, waited: float = 0.0, rank
     """:func:`launched` for a ``kind`` pass of a :class:`~pipewright.cost.transformer.TransformerCost`'s
     ``chunk`` (its layers, tensor-parallel collectives, embedding and head) of ``gpu`` GPU seconds,
     ``waited`` of them its exposed tensor-parallel collectives. A chunk with layers and an embedding or
-    head (``chunk.ends``: those alone) combines each with its own launches, as the planner prices a
-    stage's pieces (:mod:`pipewright.plan.costs`): the head's GPU time does not hide behind the layers'
-    launches (docs/fidelity.md, "Ranking", mechanism 9). A calibration's measured factors of the
+    head (``chunk.ends``: those alone, the embedding and the head each a piece) combines each piece with
+    its own launches, as the planner prices a stage's pieces (:mod:`pipewright.plan.costs`): the head's
+    GPU time does not hide behind the layers' launches (docs/fidelity.md, "Ranking", mechanism 9), nor
+    the embedding's behind the head's. A calibration's measured factors of the
     shape (:func:`pipewright.cost.shape_scales.scales_of`) scale the layers' and the ends' seconds."""
     ends = getattr(chunk, "ends", None)
     full, fused = cost.recompute == "full", cost_softmax_fused(cost)
@@ -236,23 +237,29 @@ def chunk_launched(cost, chunk, kind: str, gpu: float, waited: float = 0.0, rank
             gpu, cost.efficiency, chunk.layers, kind, full, calls, chunk.first, chunk.last, fused, waited
         )
         return seconds * (layers_scale if chunk.layers else ends_scale)
-    end_gpu, end_waited = cost.gpu_time(ends, kind, rank)
-    end_calls = len(ends.tp_bytes[kind]) if cost.mesh.tp > 1 else 0
+    tp = cost.mesh.tp > 1
+    pieces = [
+        (piece, *cost.gpu_time(piece, kind, rank), len(piece.tp_bytes[kind]) if tp else 0) for piece in ends
+    ]
     layers = launched(
-        gpu - end_gpu,
+        gpu - sum(p[1] for p in pieces),
         cost.efficiency,
         chunk.layers,
         kind,
         full,
-        calls - end_calls,
+        calls - sum(p[3] for p in pieces),
         False,
         False,
         fused,
-        waited - end_waited,
+        waited - sum(p[2] for p in pieces),
     )
-    return layers_scale * layers + ends_scale * launched(
-        end_gpu, cost.efficiency, 0, kind, full, end_calls, ends.first, ends.last, fused, end_waited
+    alone = sum(
+        launched(
+            end_gpu, cost.efficiency, 0, kind, full, end_calls, piece.first, piece.last, fused, end_waited
+        )
+        for piece, end_gpu, end_waited, end_calls in pieces
     )
+    return layers_scale * layers + ends_scale * alone
 
 
 def optimizer_seconds(cost, params: float) -> float:

@@ -335,13 +335,18 @@ class TransformerCost:
             ends=ends,
         )
 
-    def _ends(self, stage: int, num_stages: int, layers: tuple[int, ...]) -> _Chunk | None:
-        """Chunk ``stage``'s embedding and head without its layers, where the host's launches are priced
-        (each combined with its own launches: :func:`pipewright.cost.dispatch.chunk_launched`), or
-        scaled apart from them (a calibration's measured shape, :mod:`pipewright.cost.shape_scales`)."""
+    def _ends(self, stage: int, num_stages: int, layers: tuple[int, ...]) -> tuple[_Chunk, ...] | None:
+        """Chunk ``stage``'s embedding and head without its layers, each a piece of its own, where the
+        host's launches are priced (each combined with its own launches: the embedding runs at the
+        forward's start, the head at its end; :func:`pipewright.cost.dispatch.chunk_launched`) or a
+        calibration's measured shape scales them apart (:mod:`pipewright.cost.shape_scales`)."""
+        if self.efficiency.host_per_kernel <= 0 and scales_of(self) == (1.0, 1.0):
+            return None
+        if roles(self.layout, stage, num_stages) == (True, True):  # as the planner's pieces: stage 0 and
+            alone = replace(self, layout=None) if self.layout is not None else self  # the last of two
+            return alone._build_chunk(0, 2, (0, 0)), alone._build_chunk(1, 2, (0, 0))
         bare = tuple(0 if i == stage else x for i, x in enumerate(layers))
-        apart = self.efficiency.host_per_kernel > 0 or scales_of(self) != (1.0, 1.0)
-        return self._build_chunk(stage, num_stages, bare) if apart else None
+        return (self._build_chunk(stage, num_stages, bare),)
 
     # -- time ---------------------------------------------------------------------------------------
     def gemm_time(self, gemms, acc: Accelerator) -> float:
