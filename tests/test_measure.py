@@ -123,16 +123,21 @@ def test_tensor_parallel_bytes_of_the_last_rank_with_the_output_layers_re_gather
     assert "tp bytes" not in cmp.misses()
 
 
-def test_gpt_first_stage_leaves_the_position_table_out_of_the_tp_all_reduce():
+@pytest.mark.parametrize(
+    ("layout", "calls", "nbytes"),
+    [({}, 2, 2 * 6 * 64 * 2 + 8), ({"layout": "E|t*4L"}, 1, 8)],
+    ids=["two layers", "embedding only"],
+)
+def test_gpt_first_stage_leaves_the_position_table_out_of_the_tp_all_reduce(layout, calls, nbytes):
     """GPT's first stage at tp 2 with sequence parallelism: the step's tp all-reduce holds each layer's
     two LayerNorms and two row-parallel biases (6h, bf16) and then Σg²'s 8 bytes, not the position
     table (s·h: added before the embedding's reduce-scatter, its gradient is whole on every tp rank);
-    measured and simulated tp bytes equal."""
-    config = _config(**{**TINY, "model": "gpt", "tp": 2, "sequence_parallel": True}, schedule="1f1b")
-    (cmp,) = measure_run(config, [0])
+    an embedding-only stage all-reduces Σg² alone. Measured and simulated tp bytes equal."""
+    gpt = {**TINY, "model": "gpt", "tp": 2, "sequence_parallel": True, **layout}
+    (cmp,) = measure_run(_config(**gpt, schedule="1f1b"), [0])
     m, p = cmp.measured, cmp.predicted
-    assert m.comm_count[("all_reduce", "tp")] == 2
-    assert m.comm[("all_reduce", "tp")] == 2 * 6 * 64 * 2 + 8
+    assert m.comm_count[("all_reduce", "tp")] == calls
+    assert m.comm[("all_reduce", "tp")] == nbytes
     assert cmp.rows()["tp bytes"] == (p.collective_bytes["tp"],) * 2
     assert "tp bytes" not in cmp.misses()
 
