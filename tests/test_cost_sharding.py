@@ -149,16 +149,16 @@ def test_context_parallel_alone_reduces_the_gradients_over_its_replicas():
 
 def test_the_steps_tensor_parallel_all_reduces():
     """Per stage at tp 2 with sequence parallelism: its replicated parameters' gradients in bf16 (a GPT
-    layer's two LayerNorms and two row-parallel biases, 6h; the position table s·h on the first stage,
-    the final LayerNorm 2h on the last) and, on the rank's first stage, Σg²'s 8 bytes; without sequence
-    parallelism only Σg²; nothing at tp 1."""
+    layer's two LayerNorms and two row-parallel biases, 6h; the final LayerNorm 2h on the last; not the
+    position table, whose gradient is whole on every tp rank) and, on the rank's first stage, Σg²'s 8
+    bytes; without sequence parallelism only Σg²; nothing at tp 1."""
     from pipewright.cost.sharding import tp_step_bytes
     from pipewright.schedules.registry import build_schedule
 
     spec = resolve_model("gpt", layers=4, hidden=64, heads=4, vocab=256, seq_len=32)
     sched = build_schedule("1f1b", 2, 4)
     cost = TransformerCost(spec, mesh=Mesh(tp=2, pp=2), sequence_parallel=True, grad_dtype="bf16")
-    assert tp_step_bytes(cost, 0, sched) == ((32 * 64 + 2 * 6 * 64) * 2, 8.0)
+    assert tp_step_bytes(cost, 0, sched) == (2 * 6 * 64 * 2, 8.0)
     assert tp_step_bytes(cost, 1, sched) == ((2 * 6 * 64 + 2 * 64) * 2, 8.0)
     plain = TransformerCost(spec, mesh=Mesh(tp=2, pp=2), grad_dtype="bf16")
     assert tp_step_bytes(plain, 1, sched) == (8.0,)

@@ -128,9 +128,9 @@ def test_linear_factory_sees_every_kind():
 
 
 def test_factory_hooks_build_the_embedding_from_the_same_init():
-    """A factory with ``embedding`` and ``sequence_chunk`` (here the tensor-parallel one over a group of
-    one process) builds the token table; the model is the default one, weight for weight and logit for
-    logit."""
+    """A factory with ``embedding`` (here the tensor-parallel one over a group of one process) builds the
+    token table, which adds the position embeddings; the model is the default one, weight for weight
+    and logit for logit."""
     from pipewright.runtime.parallel.tp import VocabParallelEmbedding, tp_linear_factory
 
     tp_model = build_full(SPEC, seed=2, linear_factory=tp_linear_factory(None, num_heads=SPEC.heads))

@@ -123,6 +123,25 @@ def test_tensor_parallel_bytes_of_the_last_rank_with_the_output_layers_re_gather
     assert "tp bytes" not in cmp.misses()
 
 
+@pytest.mark.parametrize(
+    ("layout", "calls", "nbytes"),
+    [({}, 2, 2 * 6 * 64 * 2 + 8), ({"layout": "E|t*4L"}, 1, 8)],
+    ids=["two layers", "embedding only"],
+)
+def test_gpt_first_stage_leaves_the_position_table_out_of_the_tp_all_reduce(layout, calls, nbytes):
+    """GPT's first stage at tp 2 with sequence parallelism: the step's tp all-reduce holds each layer's
+    two LayerNorms and two row-parallel biases (6h, bf16) and then Σg²'s 8 bytes, not the position
+    table (s·h: added before the embedding's reduce-scatter, its gradient is whole on every tp rank);
+    an embedding-only stage all-reduces Σg² alone. Measured and simulated tp bytes equal."""
+    gpt = {**TINY, "model": "gpt", "tp": 2, "sequence_parallel": True, **layout}
+    (cmp,) = measure_run(_config(**gpt, schedule="1f1b"), [0])
+    m, p = cmp.measured, cmp.predicted
+    assert m.comm_count[("all_reduce", "tp")] == calls
+    assert m.comm[("all_reduce", "tp")] == nbytes
+    assert cmp.rows()["tp bytes"] == (p.collective_bytes["tp"],) * 2
+    assert "tp bytes" not in cmp.misses()
+
+
 def test_tensor_parallel_without_sequence_parallelism_runs_megatrons_all_reduces():
     """Without sequence parallelism a layer and microbatch all-reduces 4 activations (after attention
     and the MLP in F; the input gradients of q, k, v summed, and of gate, up, in the backward), as

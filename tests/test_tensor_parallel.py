@@ -23,7 +23,7 @@ from torch.utils.checkpoint import checkpoint
 
 from _queue_spawn import spawn_cases
 from pipewright.errors import ConfigError
-from pipewright.models.gpt import build_full, build_stage, loss_fn
+from pipewright.models.gpt import TokenEmbedding, build_full, build_stage, loss_fn
 from pipewright.models.llama_decoder import build_stage as build_llama
 from pipewright.models.spec import ModelSpec
 from pipewright.models.wgrad import WeightGradStore, defer_weight_grads, plain_linear_factory
@@ -96,6 +96,11 @@ def case_mappings(group, r: int, t: int) -> Pairs:
     x_seq = [_chunk(x, 1, 0, t) for x in xs]
     y, gx = run(lambda x: tp.gather_from_seq(x, group), x_seq[r], gs[r])
     pairs += [("gather_seq fwd", y, torch.cat(x_seq, 1)), ("gather_seq bwd", gx, _chunk(sum_g, 1, r, t))]
+    y, gx = run(lambda x: tp.count_once(x, group), xs[r], gs[r])
+    pairs += [
+        ("count_once fwd", y, xs[r] if r == 0 else torch.zeros_like(xs[r])),
+        ("count_once bwd", gx, gs[r]),
+    ]
     return pairs
 
 
@@ -220,23 +225,30 @@ def case_sequence_parallel_mlp(group, r: int, t: int) -> Pairs:
 
 
 def case_vocab_parallel_embedding(group, r: int, t: int) -> Pairs:
+    """The table's forward and gradient equal nn.Embedding's, SP off/on; a replicated tensor added
+    through ``add`` (the position embeddings, [1, s, h]) is counted once in the output and gets the
+    whole gradient (summed over the batch) on every rank, with no collective of its own."""
     pairs: Pairs = []
     ids = torch.randint(0, V, (B, S), generator=torch.Generator().manual_seed(12))
     g = _randn(13, B, S, H)
+    add_ref = _randn(24, 1, S, H).requires_grad_()
     for sp in (False, True):
         torch.manual_seed(14)
         ref = nn.Embedding(V, H)
         torch.manual_seed(14)
         emb = tp.VocabParallelEmbedding(V, H, group, sequence_parallel=sp)
-        y_ref = ref(ids)
+        add = add_ref.detach().clone().requires_grad_()
+        add_ref.grad = None
+        y_ref = ref(ids) + add_ref
         (y_ref * g).sum().backward()
-        y = emb(ids)
+        y = emb(ids, add)
         (y * (_chunk(g, 1, r, t) if sp else g)).sum().backward()
         expected = _chunk(y_ref, 1, r, t) if sp else y_ref
         pairs += [
             (f"embedding(sp={sp}) init", emb.full_weight(), ref.weight.detach()),
             (f"embedding(sp={sp}) fwd", y.detach(), expected.detach()),
             (f"embedding(sp={sp}) grad", emb.full_weight(grad=True), ref.weight.grad),
+            (f"embedding(sp={sp}) added tensor's grad", add.grad, add_ref.grad),
         ]
     return pairs
 
@@ -287,16 +299,16 @@ class _Block(nn.Module):
 class _TinyGPT(nn.Module):
     """Two blocks, token + position embeddings, final LayerNorm, untied output layer."""
 
-    def __init__(self, linear_factory, embedding, sequence_chunk) -> None:
+    def __init__(self, linear_factory, embedding) -> None:
         super().__init__()
         self.wte, self.wpe = embedding(V, H), nn.Embedding(S, H)
+        self.wpe.weight.tp_grad_whole = True  # added inside the token embedding, before its reduction
         self.blocks = nn.ModuleList([_Block(linear_factory) for _ in range(2)])
         self.ln_f = nn.LayerNorm(H)
         self.head = linear_factory(H, V, bias=False, kind="output")
-        self.sequence_chunk = sequence_chunk
 
     def forward(self, ids: Tensor) -> Tensor:
-        x = self.wte(ids) + self.sequence_chunk(self.wpe(torch.arange(ids.size(1))).unsqueeze(0))
+        x = self.wte(ids, self.wpe(torch.arange(ids.size(1))).unsqueeze(0))
         for block in self.blocks:
             x = block(x)
         return self.head(self.ln_f(x))
@@ -304,13 +316,13 @@ class _TinyGPT(nn.Module):
 
 def _dense_model() -> _TinyGPT:
     torch.manual_seed(17)
-    return _TinyGPT(plain_linear_factory, nn.Embedding, lambda x: x)
+    return _TinyGPT(plain_linear_factory, TokenEmbedding)
 
 
 def _tp_model(group, sp: bool) -> tuple[_TinyGPT, tp.TensorParallelFactory]:
     factory = tp.tp_linear_factory(group, sequence_parallel=sp, num_heads=HEADS)
     torch.manual_seed(17)
-    return _TinyGPT(factory, factory.embedding, factory.sequence_chunk), factory
+    return _TinyGPT(factory, factory.embedding), factory
 
 
 def _full_grads(model: nn.Module) -> dict[str, Tensor]:
@@ -357,20 +369,39 @@ def case_transformer_with_factory(group, r: int, t: int) -> Pairs:
 
 def case_gpt_model_with_factory(group, r: int, t: int) -> Pairs:
     """models/gpt.py built with tp_linear_factory (its layers take full-size init through load_full_)
-    equals the dense model: loss (vocab-parallel CE vs loss_fn) and every gradient."""
+    equals the dense model, SP off/on: loss (vocab-parallel CE vs loss_fn), every gradient and the
+    gradient norm. The position table's gradient is whole on every tp rank straight from the backward
+    (identical bits on every rank, the reference's), and the SP gradient all-reduce leaves it alone."""
     spec = ModelSpec("tp-test", layers=2, hidden=H, heads=HEADS, vocab=V, seq_len=S)
     ids = torch.randint(0, V, (B, S + 1), generator=torch.Generator().manual_seed(21))
     inp, targets = ids[:, :-1], ids[:, 1:]
     ref = build_full(spec, seed=3, linear_factory=plain_linear_factory)
     loss_ref = loss_fn(ref(inp), targets)
     loss_ref.backward()
-    factory = tp.tp_linear_factory(group, num_heads=spec.heads)
-    model = build_full(spec, seed=3, linear_factory=factory)
-    loss = factory.cross_entropy(model(inp), targets)
-    loss.backward()
-    norm = global_grad_norm(tp.grad_norm_params(model, group), (group,))
     norm_ref = global_grad_norm(list(ref.parameters()))
-    return [*_block_pairs("models/gpt.py", loss, loss_ref, model, ref), ("grad norm", norm, norm_ref)]
+    pos_ref = ref.embed.pos.weight.grad
+    pairs: Pairs = []
+    for sp in (False, True):
+        factory = tp.tp_linear_factory(group, sequence_parallel=sp, num_heads=spec.heads)
+        model = build_full(spec, seed=3, linear_factory=factory)
+        loss = factory.cross_entropy(model(inp), targets)
+        loss.backward()
+        pos = model.embed.pos.weight.grad.clone()
+        if sp:
+            tp.sync_sequence_parallel_grads(model, group)
+        every_rank = tp.ops.all_gather(pos.unsqueeze(0), 0, group)  # [t, s, h]
+        norm = global_grad_norm(tp.grad_norm_params(model, group), (group,))
+        label = f"models/gpt.py(sp={sp})"
+        pairs += [*_block_pairs(label, loss, loss_ref, model, ref), (f"{label} grad norm", norm, norm_ref)]
+        pairs += [(f"{label} position grad of tp rank {q}", every_rank[q], pos_ref) for q in range(t)] + [
+            (
+                f"{label} position grad bits equal on every tp rank",
+                (every_rank == pos).all(),
+                torch.tensor(True),
+            ),
+            (f"{label} position grad untouched by the SP sync", model.embed.pos.weight.grad, pos),
+        ]
+    return pairs
 
 
 def case_llama_model_with_factory(group, r: int, t: int) -> Pairs:

@@ -209,17 +209,16 @@ def step_scalar_bytes(dp: int, norm_over_dp: bool, cp: int = 1) -> float:
 def tp_step_bytes(cost, stage: int, schedule) -> tuple[float, ...]:
     """All-reduce bytes the training step sends over ``stage``'s tensor-parallel group at tp > 1: with
     sequence parallelism the chunk's :func:`~pipewright.cost.layer.replicated_parameters` gradients in
-    the gradient dtype (one call a chunk); on the rank's first stage the gradient norm's Σ g² (8 bytes,
-    each tp rank's sum over its shards)."""
+    the gradient dtype (one call a chunk that holds any: not an embedding-only one, whose position table
+    needs none); on the rank's first stage the gradient norm's Σ g² (8 bytes, each tp rank's sum over
+    its shards)."""
     from pipewright.cost.layer import replicated_parameters
 
     if cost.mesh.tp == 1:
         return ()
     chunk = cost._chunk(stage, schedule)
-    out = ()
-    if cost.sequence_parallel:
-        count = replicated_parameters(cost.spec, chunk.layers, chunk.first, chunk.last)
-        out = (count * GRAD_DTYPE_BYTES[cost.grad_dtype],)
+    count = replicated_parameters(cost.spec, chunk.layers, chunk.last) if cost.sequence_parallel else 0
+    out = (count * GRAD_DTYPE_BYTES[cost.grad_dtype],) if count else ()
     if stage == min(schedule.stages_of(schedule.rank_of(stage))):
         out += (8.0 * NORM_SCALARS,)
     return out

@@ -23,9 +23,9 @@ whose module holds a shard (tensor parallelism) receives the full initial weight
 
 Tensor parallelism (``runtime/parallel/tp/``'s factory). Optional factory hooks, used when
 present: ``make.embedding(V, h)`` builds the token embedding (vocabulary-parallel: rank r holds rows
-[r·V/t, (r+1)·V/t), initialised from the same full-size table, under the same parameter name);
-``make.sequence_chunk(x)`` cuts a replicated tensor to this rank's part of the sequence (identity
-unless sequence parallelism is on). With sequence parallelism (Korthikanti et al., 2022) the
+[r·V/t, (r+1)·V/t), initialised from the same full-size table, under the same parameter name), called
+as ``tok(ids, add)`` with the whole position embeddings to add before its reduction over tp (see
+:class:`Embedding`). With sequence parallelism (Korthikanti et al., 2022) the
 activations between the tensor-parallel regions — embedding output, LayerNorms, residual stream, stage
 boundaries — are this rank's [b, s/t, h] chunk; the column-parallel linears all-gather the sequence,
 the row-parallel ones and the embedding reduce-scatter it, so attention always sees the whole sequence.
@@ -139,22 +139,35 @@ def _init_mlp(spec: ModelSpec) -> Callable[[nn.Module, torch.Generator, int], No
     return init
 
 
+class TokenEmbedding(nn.Embedding):
+    """``nn.Embedding`` whose forward also takes the tensor to add (the position embeddings): the
+    signature of a factory's token embedding (``make.embedding``), which adds it before its
+    tensor-parallel reduction."""
+
+    def forward(self, ids: torch.Tensor, add: torch.Tensor | None = None) -> torch.Tensor:
+        out = super().forward(ids)
+        return out if add is None else out + add
+
+
 class Embedding(nn.Module):
     """Token ids [b, s] → hidden [b, s, h]: token embedding + learned position embedding. With a
     factory that has ``embedding`` the token table is built by it (vocabulary-parallel under tensor
-    parallelism); the positions added are ``make.sequence_chunk`` of them (this rank's part of the
-    sequence under sequence parallelism, where the token embedding returns that part too)."""
+    parallelism) and adds the whole position embeddings itself, before its reduction over the
+    tensor-parallel group (under sequence parallelism a reduce-scatter to this rank's part of the
+    sequence), so the position table's gradient is whole and equal on every tp rank (Megatron-LM's:
+    its embedding's scatter to the sequence-parallel region has an all-gather for backward) and is
+    marked ``tp_grad_whole`` (not all-reduced over tp with the replicated parameters')."""
 
     def __init__(self, spec: ModelSpec, make: LinearFactory | None = None) -> None:
         super().__init__()
-        build = getattr(make, "embedding", nn.Embedding)
+        build = getattr(make, "embedding", TokenEmbedding)
         self.tok = build(spec.vocab, spec.hidden)
         self.pos = nn.Embedding(spec.seq_len, spec.hidden)
-        self.chunk: Callable[[torch.Tensor], torch.Tensor] = getattr(make, "sequence_chunk", _whole)
+        self.pos.weight.tp_grad_whole = True
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         positions = torch.arange(ids.shape[1], device=ids.device)
-        return self.tok(ids) + self.chunk(self.pos(positions).unsqueeze(0))
+        return self.tok(ids, self.pos(positions).unsqueeze(0))
 
     def reset_parameters(self, spec: ModelSpec, gen: torch.Generator) -> None:
         tok = torch.randn(spec.vocab, spec.hidden, generator=gen) * 0.02
@@ -164,10 +177,6 @@ class Embedding(nn.Module):
             else:
                 self.tok.weight.copy_(tok)
             self.pos.weight.copy_(torch.randn(spec.seq_len, spec.hidden, generator=gen) * 0.01)
-
-
-def _whole(x: torch.Tensor) -> torch.Tensor:
-    return x
 
 
 class Head(nn.Module):

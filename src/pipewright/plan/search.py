@@ -263,8 +263,9 @@ def _step_tp_seconds(prob: Problem, c: Candidate, dmap: DeviceMap, layers: Seque
         ar = ctx.all_reduce(dmap.block(r, 0)[: c.tp])
         seconds = ar(8.0)
         for s, n in enumerate(chunks):
-            if place[s] == r and c.sequence_parallel:
-                seconds += ar(grad * replicated_parameters(prob.spec, n, s == 0, s == len(chunks) - 1))
+            replicated = replicated_parameters(prob.spec, n, s == len(chunks) - 1)
+            if place[s] == r and c.sequence_parallel and replicated:
+                seconds += ar(grad * replicated)
         out.append(seconds)
     return out
 

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from pipewright.errors import ConfigError
-from pipewright.runtime.parallel.tp.ops import Group, sequence_chunk, tp_size
+from pipewright.runtime.parallel.tp.ops import Group, tp_size
 from pipewright.runtime.parallel.tp.parallel_linears import ColumnParallelLinear, RowParallelLinear
 from pipewright.runtime.parallel.tp.vocab import VocabParallelEmbedding, sharded_vocab_cross_entropy
 
@@ -66,9 +66,10 @@ class TensorParallelFactory:
       :meth:`cross_entropy` (vocab-parallel, three all-reduces).
 
     With ``sequence_parallel`` the activations between the tensor-parallel regions (LayerNorms,
-    dropout, residuals) hold this rank's 1/t of the sequence (dimension ``seq_dim``); the model adds
-    position embeddings through :meth:`sequence_chunk` and the trainer calls
-    :func:`sync_sequence_parallel_grads` after the backward. The linears' weight gradients are
+    dropout, residuals) hold this rank's 1/t of the sequence (dimension ``seq_dim``); the model hands
+    the whole position embeddings to the token embedding (``embedding(ids, add)``), which adds them
+    before its reduce-scatter, and the trainer calls :func:`sync_sequence_parallel_grads` after the
+    backward. The linears' weight gradients are
     deferrable exactly like ``DeferrableLinear``'s (see
     :class:`pipewright.runtime.parallel.tp.parallel_linears._LinearFn`).
     """
@@ -120,10 +121,6 @@ class TensorParallelFactory:
     def cross_entropy(self, logits_shard: Tensor, targets: Tensor, **kwargs: Any) -> Tensor:
         """The loss of the ``output`` layer's logits shard (see :func:`sharded_vocab_cross_entropy`)."""
         return sharded_vocab_cross_entropy(logits_shard, targets, self.group, **kwargs)
-
-    def sequence_chunk(self, x: Tensor) -> Tensor:
-        """This rank's sequence chunk of a replicated tensor (identity without sequence parallelism)."""
-        return sequence_chunk(x, self.group, self.seq_dim) if self.sequence_parallel else x
 
 
 def tp_linear_factory(group: Group, sequence_parallel: bool = False, **kwargs: Any) -> TensorParallelFactory:

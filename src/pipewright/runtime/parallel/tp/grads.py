@@ -64,15 +64,22 @@ def grad_norm_params(module: nn.Module, group: Group) -> list[nn.Parameter]:
 
 
 def sync_sequence_parallel_grads(module: nn.Module, group: Group) -> None:
-    """With sequence parallelism every *replicated* parameter (LayerNorms, row-parallel biases, position
-    embeddings) sees only this rank's sequence chunk, so its gradient is a partial sum: all-reduce those
-    gradients over the tensor-parallel group (one coalesced all-reduce). Call after the backward (after
-    every W when weight gradients are deferred), before the data-parallel reduction. Without sequence
-    parallelism these gradients are already identical on every tp rank: do not call it."""
+    """With sequence parallelism every *replicated* parameter (LayerNorms, row-parallel biases) sees only
+    this rank's sequence chunk, so its gradient is a partial sum: all-reduce those gradients over the
+    tensor-parallel group (one coalesced all-reduce; Megatron-LM's ``_allreduce_layernorm_grads``).
+    Parameters marked ``tp_grad_whole`` are left out: GPT's position table, added before the token
+    embedding's reduce-scatter, gets the whole gradient on every tp rank already (Megatron-LM does not
+    reduce it either). Call after the backward (after every W when weight gradients are deferred),
+    before the data-parallel reduction. Without sequence parallelism these gradients are already
+    identical on every tp rank: do not call it."""
     if tp_size(group) == 1:
         return
     sharded = {id(p) for p in sharded_parameters(module)}
-    grads = [p.grad for p in module.parameters() if id(p) not in sharded and p.grad is not None]
+    grads = [
+        p.grad
+        for p in module.parameters()
+        if id(p) not in sharded and p.grad is not None and not getattr(p, "tp_grad_whole", False)
+    ]
     if not grads:
         return
     flat = torch.cat([g.reshape(-1) for g in grads])

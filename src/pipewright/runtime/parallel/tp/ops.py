@@ -10,6 +10,7 @@ function                    forward                         backward
 ``gather_from``             all-gather along the last dim   keep chunk r of the last dim
 ``reduce_scatter_to_seq``   reduce-scatter, sequence dim    all-gather, sequence dim
 ``gather_from_seq``         all-gather, sequence dim        reduce-scatter, sequence dim
+``count_once``              x on rank 0, zeros elsewhere    identity
 ``split_for_send``          keep chunk r of the flat tensor all-gather (flat)
 ``gather_after_recv``       all-gather (flat), reshape      keep chunk r of the flat grad
 ==========================  ==============================  ==============================
@@ -169,16 +170,17 @@ def gather_from_seq(x: Tensor, group: Group, dim: int = 1) -> Tensor:
     return _Mapping.apply(x, all_gather, reduce_scatter, dim, group)
 
 
-def sequence_chunk(x: Tensor, group: Group, dim: int = 1) -> Tensor:
-    """This rank's 1/t of ``x`` along the sequence dimension, as a plain (autograd) slice, no
-    communication. For replicated tensors added inside a sequence-parallel region (position
-    embeddings): their parameter gradients become partial sums, summed by
-    :func:`sync_sequence_parallel_grads`."""
-    t = tp_size(group)
-    if t == 1:
-        return x
-    n = divide(x.size(dim), t, f"the sequence length (dimension {dim})")
-    return x.narrow(dim, tp_rank(group) * n, n)
+def _first_rank_only(x: Tensor, dim: int, group: Group) -> Tensor:
+    return x if tp_rank(group) == 0 else torch.zeros_like(x)
+
+
+def count_once(x: Tensor, group: Group) -> Tensor:
+    """A replicated tensor added into partial sums just before their reduction over the group
+    (``reduce_from`` or ``reduce_scatter_to_seq``): kept on rank 0, zeros on the others, so the reduced
+    sum holds it once. Backward is the identity: the reduction's backward hands every rank the whole
+    gradient (identity, or all-gather of the sequence chunks), so ``x``'s gradient is already whole and
+    equal on every rank — a position table added this way needs no gradient all-reduce over tp."""
+    return _Mapping.apply(x, _first_rank_only, _identity, -1, group)
 
 
 def split_for_send(tensor: Tensor, group: Group) -> Tensor:

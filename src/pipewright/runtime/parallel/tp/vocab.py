@@ -16,6 +16,7 @@ from pipewright.runtime.parallel.tp.ops import (
     Group,
     all_gather,
     all_reduce,
+    count_once,
     divide,
     reduce_from,
     reduce_scatter_to_seq,
@@ -28,7 +29,8 @@ from pipewright.runtime.parallel.tp.parallel_linears import shard
 class VocabParallelEmbedding(nn.Module):
     """Embedding whose rows are split over t by vocabulary range: rank r holds ids
     [r·V/t, (r+1)·V/t). Ids outside the range look up row 0 and are masked to zero, then the partial
-    embeddings are all-reduced (with ``sequence_parallel``, reduce-scattered along the sequence).
+    embeddings (and the tensor to add, once) are all-reduced (with ``sequence_parallel``,
+    reduce-scattered along the sequence).
     Initialised like ``nn.Embedding`` (N(0, 1)) on the full [V, h] table; this rank keeps its rows."""
 
     def __init__(
@@ -62,13 +64,21 @@ class VocabParallelEmbedding(nn.Module):
         """The full [V, h] table (or its gradient) gathered from the group (collective call)."""
         return all_gather(self.weight.grad if grad else self.weight, 0, self.group)
 
-    def forward(self, ids: Tensor) -> Tensor:
+    def forward(self, ids: Tensor, add: Tensor | None = None) -> Tensor:
+        """Embeddings of ``ids`` [b, s] (+ ``add``, a replicated tensor broadcastable to [b, s, h]: the
+        position embeddings), reduced over the group: [b, s, h], or this rank's [b, s/t, h] chunk with
+        sequence parallelism. ``add`` joins the partial sums before the reduction, once
+        (:func:`count_once`), so its gradient is the whole output gradient on every rank: equal over tp
+        and whole, as Megatron-LM's position embedding's is (added before the scatter to the
+        sequence-parallel region) — no gradient all-reduce over tp."""
         if self.tp > 1:
             outside = (ids < self.vocab_start) | (ids >= self.vocab_start + self.per_rank)
             local = (ids - self.vocab_start).masked_fill(outside, 0)
             out = F.embedding(local, self.weight).masked_fill(outside.unsqueeze(-1), 0.0)
         else:
             out = F.embedding(ids, self.weight)
+        if add is not None:
+            out = out + count_once(add, self.group)
         if self.sequence_parallel:
             return reduce_scatter_to_seq(out, self.group, self.seq_dim)
         return reduce_from(out, self.group)
