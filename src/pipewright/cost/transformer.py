@@ -57,14 +57,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from types import MappingProxyType
 
 from pipewright.cost import sharding, tp_overlap
 from pipewright.cost.attention_kernels import kernel_efficiency
 from pipewright.cost.calibration import Calibration
+from pipewright.cost.chunk_build import build_chunk
 from pipewright.cost.chunk_memory import (
     check_stage_outputs,
-    chunk_memory,
     gather_buffer_bytes,
     held_buffer_bytes,
     layer_stored_bytes,
@@ -74,23 +73,16 @@ from pipewright.cost.chunk_memory import (
 )
 from pipewright.cost.chunk_table import ChunkCosts as _Chunk
 from pipewright.cost.comm import Mesh, TopologyComm, default_topology
-from pipewright.cost.context_parallel import cp_buffer_bytes, cp_layer_seconds, ring_bytes_per_layer
+from pipewright.cost.context_parallel import cp_buffer_bytes, cp_layer_seconds
 from pipewright.cost.cost_inputs import ATTENTION, DTYPE_BYTES, RECOMPUTE, CostInputs
 from pipewright.cost.dispatch import chunk_launched, optimizer_seconds
 from pipewright.cost.efficiency import A100_EFFICIENCY, Efficiency, default_efficiency
 from pipewright.cost.flop_count import logit_forward_flops, megatron_flops_per_iteration, megatron_parameters
 from pipewright.cost.gemm import batched_attention_bytes, gemm_seconds, roofline
-from pipewright.cost.kernels import check_kernels, cost_loss_bytes, layer_traffic
+from pipewright.cost.kernels import check_kernels
 from pipewright.cost.layer import (
-    attention_flops,
-    embedding_parameters,
-    gemm_flops,
-    head_parameters,
     layer_forward_flops,
-    layer_gemms,
-    layer_linear_flops,
     layer_parameters,
-    layer_recomputed_gemms,
 )
 from pipewright.cost.placement import layer_counts, roles
 from pipewright.cost.run_fit import apply_fitted
@@ -263,77 +255,9 @@ class TransformerCost:
         return layer_stored_bytes(self.cost_inputs, mode, fp8)
 
     def _build_chunk(self, stage: int, num_stages: int, layers: tuple[int, ...]) -> _Chunk:
-        spec, b, t, c = self.spec, self.microbatch, self.mesh.tp, self.cp
-        s, h, V = spec.seq_len, spec.hidden, spec.vocab
-        n = layers[stage]
-        first, last = roles(self.layout, stage, num_stages)
-        full, selective = self.recompute == "full", self.recompute == "selective"
-        flash = self.attention == "flash"
-        esize = DTYPE_BYTES[self.act_dtype]
-        lin, attn = n * layer_linear_flops(spec, b), n * attention_flops(spec, b)
-        logit = logit_forward_flops(spec, b) if last else 0.0
-        model = {F: lin + attn + logit, I: lin + 2 * attn + logit, W: lin + logit}
-        # selective re-runs the core under flash too (Megatron's checkpoint_core_attention, the runtime's)
-        redo_attn = attn * ((1 if full or selective else 0) + (0.5 if flash else 0))
-        own = 0.0 if full else n * gemm_flops(layer_recomputed_gemms(spec, b * s))  # the kind's (MLA)
-        tail = n * gemm_flops(layer_gemms(spec, b * s)[-1:]) if self.checkpoint != "reentrant" else 0.0
-        redo = (lin - tail if full else own) + redo_attn
-        executed = {F: model[F], I: model[I] + redo, W: model[W]}
-        causal = 0.5 if flash else 1.0  # fused kernels skip the masked half of the causal square
-        attention = {F: attn * causal, I: (2 * attn + redo_attn) * causal, W: 0.0}
-        tokens = b * s / c
-        layer_fwd = [(m, nn, k, n) for m, nn, k in layer_gemms(spec, tokens, t)] if n else []
-        fwd_gemms = layer_fwd + ([(tokens, V / t, h, 1)] if last and V else [])
-        dgrad = [(m, k, nn, cnt) for m, nn, k, cnt in fwd_gemms]
-        wgrad = [(nn, k, m, cnt) for m, nn, k, cnt in fwd_gemms]
-        if full:  # the recomputed forward (not of the logit layer, as in Megatron; without its last GEMM
-            dgrad += layer_fwd[: len(layer_fwd) - (tail > 0)]  # when the checkpoint stops early)
-        elif n:  # what the attention kind recomputes itself (MLA's up-projections)
-            dgrad += [(m, nn, k, n) for m, nn, k in layer_recomputed_gemms(spec, tokens, t)]
-        gemms = {F: tuple(fwd_gemms), I: tuple(dgrad), W: tuple(wgrad)}
-        act = s * b * h * esize / c  # one b·s·h activation tensor
-        tp_bytes = tp_overlap.chunk_tp_bytes(
-            act, n, full, first, last, 4.0 * b * s / c, self.sequence_parallel and t > 1
-        )
-        # memory-bound kernels: κ × the bytes a forward without recomputation stores
-        stored = self.layer_stored_bytes("none", fp8=False)
-        fwd_traffic, bwd_traffic = (n * x / c for x in layer_traffic(self.cost_inputs, esize, stored))
-        redo_traffic = fwd_traffic if full else 0.0
-        if selective and not flash:
-            kept = self.layer_stored_bytes("selective", fp8=False)
-            redo_traffic = fwd_traffic - self.efficiency.memory_traffic * n * kept / c
-        traffic = {F: fwd_traffic, I: bwd_traffic + redo_traffic, W: 0.0}
-        if last:
-            loss_moved = cost_loss_bytes(self.cost_inputs)
-            for kind in traffic:
-                traffic[kind] += loss_moved[kind] * b * s * V / t / c
-        memory = chunk_memory(self.cost_inputs, n, first, last)
-        params = n * layer_parameters(spec) / t
-        if first:
-            params += embedding_parameters(spec, t)
-        if last:
-            params += head_parameters(spec, t)
-        for table in (model, executed, traffic, attention):
-            table[B] = table[I] + table[W]
-        tp_bytes[B] = tp_bytes[I] + tp_bytes[W]
-        gemms[B] = gemms[I] + gemms[W]
-        ring = ring_bytes_per_layer(spec, b, c, t, esize)
-        ends = self._ends(stage, num_stages, layers) if n and (first or last) else None
-        return _Chunk(
-            MappingProxyType({k: v / t / c for k, v in executed.items()}),
-            MappingProxyType({k: v / t / c for k, v in model.items()}),
-            MappingProxyType(tp_bytes),
-            MappingProxyType(traffic),
-            MappingProxyType(memory),
-            params,
-            MappingProxyType(gemms),
-            MappingProxyType({k: v / t / c for k, v in attention.items()}),
-            MappingProxyType(ring),
-            n,
-            first=first,
-            last=last,
-            ends=ends,
-        )
+        """Chunk ``stage``'s table of ``num_stages`` holding ``layers`` (:func:`pipewright.cost.chunk_build.
+        build_chunk`; subclasses extend it)."""
+        return build_chunk(self, stage, num_stages, layers)
 
     def _ends(self, stage: int, num_stages: int, layers: tuple[int, ...]) -> tuple[_Chunk, ...] | None:
         """Chunk ``stage``'s embedding and head without its layers, each a piece of its own, where the
