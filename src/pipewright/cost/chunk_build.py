@@ -6,13 +6,12 @@ formulas of :mod:`pipewright.cost.transformer`'s module docstring."""
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import Any
 
 from pipewright.cost import tp_overlap
-from pipewright.cost.chunk_memory import chunk_memory
+from pipewright.cost.chunk_memory import chunk_memory, layer_stored_bytes
 from pipewright.cost.chunk_table import ChunkCosts
 from pipewright.cost.context_parallel import ring_bytes_per_layer
-from pipewright.cost.cost_inputs import DTYPE_BYTES
+from pipewright.cost.cost_inputs import DTYPE_BYTES, CostInputs
 from pipewright.cost.flop_count import logit_forward_flops
 from pipewright.cost.kernels import cost_loss_bytes, layer_traffic
 from pipewright.cost.layer import (
@@ -29,24 +28,27 @@ from pipewright.cost.placement import roles
 from pipewright.ir import B, F, I, W
 
 
-def build_chunk(cost: Any, stage: int, num_stages: int, layers: tuple[int, ...]) -> ChunkCosts:
+def build_chunk(
+    inputs: CostInputs, stage: int, num_stages: int, layers: tuple[int, ...], checkpoint: str = "reentrant"
+) -> ChunkCosts:
     """The table of chunk ``stage`` of ``num_stages`` holding ``layers[stage]`` layers (and the
-    embedding or the head by its role) under ``cost``'s model, mesh, recomputation and kernels; its
-    ``ends`` (the embedding and head alone) where ``cost`` prices them apart."""
-    spec, b, t, c = cost.spec, cost.microbatch, cost.mesh.tp, cost.cp
+    embedding or the head by its role) under a cost model's inputs (its model, mesh, recomputation and
+    kernels); ``checkpoint``: full recomputation's re-run (a whole layer, or "non-reentrant": without
+    its last GEMM). Its ``ends`` are the cost model's to add."""
+    spec, b, t, c = inputs.spec, inputs.microbatch, inputs.mesh.tp, inputs.cp
     s, h, V = spec.seq_len, spec.hidden, spec.vocab
     n = layers[stage]
-    first, last = roles(cost.layout, stage, num_stages)
-    full, selective = cost.recompute == "full", cost.recompute == "selective"
-    flash = cost.attention == "flash"
-    esize = DTYPE_BYTES[cost.act_dtype]
+    first, last = roles(inputs.layout, stage, num_stages)
+    full, selective = inputs.recompute == "full", inputs.recompute == "selective"
+    flash = inputs.attention == "flash"
+    esize = DTYPE_BYTES[inputs.act_dtype]
     lin, attn = n * layer_linear_flops(spec, b), n * attention_flops(spec, b)
     logit = logit_forward_flops(spec, b) if last else 0.0
     model = {F: lin + attn + logit, I: lin + 2 * attn + logit, W: lin + logit}
     # selective re-runs the core under flash too (Megatron's checkpoint_core_attention, the runtime's)
     redo_attn = attn * ((1 if full or selective else 0) + (0.5 if flash else 0))
     own = 0.0 if full else n * gemm_flops(layer_recomputed_gemms(spec, b * s))  # the kind's (MLA)
-    tail = n * gemm_flops(layer_gemms(spec, b * s)[-1:]) if cost.checkpoint != "reentrant" else 0.0
+    tail = n * gemm_flops(layer_gemms(spec, b * s)[-1:]) if checkpoint != "reentrant" else 0.0
     redo = (lin - tail if full else own) + redo_attn
     executed = {F: model[F], I: model[I] + redo, W: model[W]}
     causal = 0.5 if flash else 1.0  # fused kernels skip the masked half of the causal square
@@ -63,21 +65,21 @@ def build_chunk(cost: Any, stage: int, num_stages: int, layers: tuple[int, ...])
     gemms = {F: tuple(fwd_gemms), I: tuple(dgrad), W: tuple(wgrad)}
     act = s * b * h * esize / c  # one b·s·h activation tensor
     tp_bytes = tp_overlap.chunk_tp_bytes(
-        act, n, full, first, last, 4.0 * b * s / c, cost.sequence_parallel and t > 1
+        act, n, full, first, last, 4.0 * b * s / c, inputs.sequence_parallel and t > 1
     )
     # memory-bound kernels: κ × the bytes a forward without recomputation stores
-    stored = cost.layer_stored_bytes("none", fp8=False)
-    fwd_traffic, bwd_traffic = (n * x / c for x in layer_traffic(cost.cost_inputs, esize, stored))
+    stored = layer_stored_bytes(inputs, "none", fp8=False)
+    fwd_traffic, bwd_traffic = (n * x / c for x in layer_traffic(inputs, esize, stored))
     redo_traffic = fwd_traffic if full else 0.0
     if selective and not flash:
-        kept = cost.layer_stored_bytes("selective", fp8=False)
-        redo_traffic = fwd_traffic - cost.efficiency.memory_traffic * n * kept / c
+        kept = layer_stored_bytes(inputs, "selective", fp8=False)
+        redo_traffic = fwd_traffic - inputs.efficiency.memory_traffic * n * kept / c
     traffic = {F: fwd_traffic, I: bwd_traffic + redo_traffic, W: 0.0}
     if last:
-        loss_moved = cost_loss_bytes(cost.cost_inputs)
+        loss_moved = cost_loss_bytes(inputs)
         for kind in traffic:
             traffic[kind] += loss_moved[kind] * b * s * V / t / c
-    memory = chunk_memory(cost.cost_inputs, n, first, last)
+    memory = chunk_memory(inputs, n, first, last)
     params = n * layer_parameters(spec) / t
     if first:
         params += embedding_parameters(spec, t)
@@ -88,7 +90,6 @@ def build_chunk(cost: Any, stage: int, num_stages: int, layers: tuple[int, ...])
     tp_bytes[B] = tp_bytes[I] + tp_bytes[W]
     gemms[B] = gemms[I] + gemms[W]
     ring = ring_bytes_per_layer(spec, b, c, t, esize)
-    ends = cost._ends(stage, num_stages, layers) if n and (first or last) else None
     return ChunkCosts(
         MappingProxyType({k: v / t / c for k, v in executed.items()}),
         MappingProxyType({k: v / t / c for k, v in model.items()}),
@@ -102,5 +103,4 @@ def build_chunk(cost: Any, stage: int, num_stages: int, layers: tuple[int, ...])
         n,
         first=first,
         last=last,
-        ends=ends,
     )

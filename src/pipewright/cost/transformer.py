@@ -256,8 +256,10 @@ class TransformerCost:
 
     def _build_chunk(self, stage: int, num_stages: int, layers: tuple[int, ...]) -> _Chunk:
         """Chunk ``stage``'s table of ``num_stages`` holding ``layers`` (:func:`pipewright.cost.chunk_build.
-        build_chunk`; subclasses extend it)."""
-        return build_chunk(self, stage, num_stages, layers)
+        build_chunk`, with its ends priced apart where :meth:`_ends` builds them; subclasses extend it)."""
+        chunk = build_chunk(self.cost_inputs, stage, num_stages, layers, self.checkpoint)
+        ends = self._ends(stage, num_stages, layers) if chunk.layers and (chunk.first or chunk.last) else None
+        return chunk if ends is None else replace(chunk, ends=ends)
 
     def _ends(self, stage: int, num_stages: int, layers: tuple[int, ...]) -> tuple[_Chunk, ...] | None:
         """Chunk ``stage``'s embedding and head without its layers, each a piece of its own, where the
