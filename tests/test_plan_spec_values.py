@@ -5,6 +5,8 @@ parallelism, a device placement, an uneven layout, recomputation per stage)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from pipewright.models.presets import resolve_model
@@ -15,8 +17,8 @@ from pipewright.runspec import defaults, values, with_values
 from pipewright.training.plan_values import plan_values
 
 
-def _plan(model: str = "gpt-small-cpu", layers: int = 8, **fields) -> dict:
-    spec = resolve_model(model, layers=layers)
+def _plan(model: str = "gpt-small-cpu", layers: int = 8, tied: bool = False, **fields) -> dict:
+    spec = replace(resolve_model(model, layers=layers), tied_embeddings=tied)
     data = {"format": FORMAT, "model": model_json(spec), "tp": 1, "pp": 2, "dp": 1, "virtual": 1,
             "schedule": "1f1b", "microbatches": 4, "microbatch_size": 1, "global_batch_size": 4,
             "sequence_parallel": False, "recompute": "none", "layout": "Et*4|t*4L",
@@ -49,6 +51,7 @@ PLANS = {
     ),
     "placement": _plan(dp=2, global_batch_size=8, placement=[3, 1, 2, 0]),
     "uneven": _plan(layout="Et*5|t*3L", recompute="selective", recompute_per_stage=["full", "selective"]),
+    "tied": _plan(tied=True),
 }
 #: Paths one command does not take from the plan's values, and why: train's microbatches give its global
 #: batch and it refuses FSDP; simulate prices the plan's layers per chunk (PlanOverrides).
@@ -88,6 +91,13 @@ def test_plan_simulate_and_train_take_the_same_values(tmp_path, name):
     assert [specs["simulate"][p] for p in model] == [specs["train"][p] for p in model]
     assert specs["train"]["parallelism", "placement"] == ("3,1,2,0" if name == "placement" else None)
     assert specs["plan"]["memory", "recompute"] == ("full" if name == "uneven" else PLANS[name]["recompute"])
+    # a tied model's plan is priced tied by simulate and trained tied (plan -o run.toml keeps the plan
+    # command's own --tie-embeddings: tests/test_tied_pricing.py)
+    assert (
+        specs["simulate"]["model", "tie_embeddings"]
+        is specs["train"]["model", "tie_embeddings"]
+        is (name == "tied")
+    )
 
 
 def test_a_generated_schedule_is_its_csv_for_the_runs_and_its_name_in_the_file(tmp_path):

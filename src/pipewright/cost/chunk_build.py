@@ -16,9 +16,8 @@ from pipewright.cost.flop_count import logit_forward_flops
 from pipewright.cost.kernels import cost_loss_bytes, layer_traffic
 from pipewright.cost.layer import (
     attention_flops,
-    embedding_parameters,
+    edge_parameters,
     gemm_flops,
-    head_parameters,
     layer_gemms,
     layer_linear_flops,
     layer_parameters,
@@ -80,11 +79,7 @@ def build_chunk(
         for kind in traffic:
             traffic[kind] += loss_moved[kind] * b * s * V / t / c
     memory = chunk_memory(inputs, n, first, last)
-    params = n * layer_parameters(spec) / t
-    if first:
-        params += embedding_parameters(spec, t)
-    if last:
-        params += head_parameters(spec, t)
+    params = n * layer_parameters(spec) / t + edge_parameters(spec, t, first, last)
     for table in (model, executed, traffic, attention):
         table[B] = table[I] + table[W]
     tp_bytes[B] = tp_bytes[I] + tp_bytes[W]

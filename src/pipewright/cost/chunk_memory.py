@@ -93,9 +93,8 @@ from pipewright.cost.attention_kinds import attention_of
 from pipewright.cost.cost_inputs import CostInputs
 from pipewright.cost.kernels import loss_bytes
 from pipewright.cost.layer import (
-    embedding_parameters,
+    edge_parameters,
     has_dropout,
-    head_parameters,
     layer_gemms,
     layer_parameters,
     layer_stored_units,
@@ -375,7 +374,8 @@ def rank_state(cost: CostInputs) -> StateBytes:
 
 def gather_buffer_bytes(cost: CostInputs) -> float:
     """FSDP re-gathering per layer: the 16-bit weights of two gathered layers (computing +
-    prefetched), and of the root group — the embedding, final norm and output layer, which the
+    prefetched), and of the root group — the embedding, final norm and output layer (one table tied),
+    which the
     outermost ``fully_shard(model)`` holds (torchtitan's ``apply_fsdp``) and PyTorch's FSDP does not
     reshard after the forward, "since for training, the parameters would be freed and all-gathered
     immediately" (FSDP2 ``FSDPState._lazy_init`` sets the root's ``post_forward_mesh_info = None``;
@@ -384,7 +384,7 @@ def gather_buffer_bytes(cost: CostInputs) -> float:
     if not cost.regathers:
         return 0.0
     spec, t = cost.spec, cost.mesh.tp
-    root = embedding_parameters(spec, t) + head_parameters(spec, t)
+    root = edge_parameters(spec, t, True, True)
     return (2 * layer_parameters(spec) / t + root) * WEIGHT_BYTES
 
 

@@ -115,6 +115,27 @@ def head_parameters(spec: ModelSpec, t: int = 1) -> float:
     return spec.vocab * spec.hidden / t + norm_parameters(spec)
 
 
+def shared_table_parameters(spec: ModelSpec, t: int = 1) -> float:
+    """The V·h/t parameters a tied model's output layer shares with the embedding where one stage
+    holds both (the runtime's ``build_stage`` makes them one Parameter: no second weight, gradient or
+    optimizer state); 0 untied. On different stages the last keeps its own copy (Megatron-LM's, whose
+    gradient is all-reduced with the embedding's each step:
+    :func:`pipewright.cost.sharding.tied_step_bytes`)."""
+    return spec.vocab * spec.hidden / t if spec.tied_embeddings else 0.0
+
+
+def edge_parameters(spec: ModelSpec, t: int, first: bool, last: bool) -> float:
+    """Parameters per device of a chunk's embedding (``first``) and output stage (``last``):
+    :func:`embedding_parameters` + :func:`head_parameters`, less the shared table when one chunk holds
+    both of a tied model (:func:`shared_table_parameters`)."""
+    shared = shared_table_parameters(spec, t) if first and last else 0.0
+    return (
+        (embedding_parameters(spec, t) if first else 0.0)
+        + (head_parameters(spec, t) if last else 0.0)
+        - shared
+    )
+
+
 def layer_stored_units(
     spec: ModelSpec, t: int = 1, sequence_parallel: bool = False, scores: bool = True, fp8: bool = False
 ) -> float:

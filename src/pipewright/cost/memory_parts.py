@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from pipewright.cost.chunk_memory import held_buffer_bytes
-from pipewright.cost.layer import embedding_parameters, head_parameters
+from pipewright.cost.layer import edge_parameters
 from pipewright.cost.placement import roles
 from pipewright.ir import SEND_F, Action, B, I, Schedule
 
@@ -81,9 +81,7 @@ def memory_parts(cost: Any, schedule: Schedule, rank: int, activation_peak: floa
     for stage in schedule.stages_of(rank):
         chunk = cost._chunk(stage, schedule)
         first, last = roles(cost.layout, stage, schedule.num_stages)
-        edge = (embedding_parameters(cost.spec, t) if first else 0.0) + (
-            head_parameters(cost.spec, t) if last else 0.0
-        )
+        edge = edge_parameters(cost.spec, t, first, last)
         edges += edge
         layers += chunk.params - edge
     message = cost.message_bytes(Action(0, SEND_F, 0), schedule) if schedule.num_stages > 1 else 0.0

@@ -45,9 +45,8 @@ from pipewright.cost.attention_kinds import attention_of
 from pipewright.cost.layer import (
     Gemm,
     attention_flops,
-    embedding_parameters,
+    edge_parameters,
     gemm_flops,
-    head_parameters,
     layer_parameters,
     layer_stored_units,
     mlp_matrices,
@@ -108,10 +107,9 @@ def moe_model_parameters(spec: ModelSpec, moe: MoE, activated: bool = False) -> 
     dense, the rest MoE) + embedding + final norm and output layer (``tied_embeddings`` counts the V·h
     matrix once)."""
     per_layer = moe_activated_parameters(spec, moe) if activated else moe_layer_parameters(spec, moe)
-    head = head_parameters(spec) - (spec.vocab * spec.hidden if spec.tied_embeddings else 0)
     dense = min(spec.moe_dense_layers, spec.layers)
     layers = dense * layer_parameters(spec) + (spec.layers - dense) * per_layer
-    return layers + embedding_parameters(spec) + head
+    return layers + edge_parameters(spec, 1, True, True)
 
 
 def moe_layer_forward_flops(spec: ModelSpec, moe: MoE, b: int) -> float:

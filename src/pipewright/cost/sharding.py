@@ -224,6 +224,20 @@ def tp_step_bytes(cost, stage: int, schedule) -> tuple[float, ...]:
     return out
 
 
+def tied_step_bytes(cost, stage: int, schedule) -> float:
+    """All-reduce bytes the training step sends for a tied model's embedding table on ``stage``: where
+    the first and the last stage run on different pipeline ranks, each of the two all-reduces the
+    table's gradient over the pair of them (V·h/t elements in the gradient dtype; the runtime's
+    ``TiedEmbeddings.sync_grads``, Megatron-LM's ``_allreduce_embedding_grads``); 0 on any other stage,
+    untied, or when one rank holds both ends (a local add, or one Parameter at one stage)."""
+    from pipewright.cost.layer import shared_table_parameters
+
+    last = schedule.num_stages - 1
+    if stage not in (0, last) or schedule.rank_of(0) == schedule.rank_of(last):
+        return 0.0
+    return shared_table_parameters(cost.spec, cost.mesh.tp) * GRAD_DTYPE_BYTES[cost.grad_dtype]
+
+
 def reduction_time(kind: str, nbytes: float, time: Callable[[str, float], float]) -> float:
     """Seconds of collective ``kind`` of ``nbytes``: Σ ``time(kind, bytes)`` over
     :func:`reduction_parts` (the calls one after the other)."""

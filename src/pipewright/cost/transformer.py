@@ -331,13 +331,17 @@ class TransformerCost:
         kind = action.kind
         if not schedule.kinds[kind].compute:
             return 0.0
-        if kind == STEP and action.microbatch is None:  # + its tensor-parallel all-reduces
+        if kind == STEP and action.microbatch is None:  # + its tensor-parallel and tied all-reduces
             r = schedule.rank_of(action.stage)
             tp = sum(
                 self.comm.tp_all_reduce_time(r, b)
                 for b in sharding.tp_step_bytes(self, action.stage, schedule)
             )
-            return optimizer_seconds(self, self._chunk(action.stage, schedule).params) + tp
+            return (
+                optimizer_seconds(self, self._chunk(action.stage, schedule).params)
+                + tp
+                + self._tied(action.stage, schedule)
+            )
         if kind not in (F, B, I, W):
             return float(self.extra_times.get(kind, 0.0))
         rank = schedule.rank_of(action.stage)
@@ -346,6 +350,15 @@ class TransformerCost:
         if hit is None:
             hit = self._cache[key] = self.kind_time(self._chunk(action.stage, schedule), kind, rank)
         return hit
+
+    def _tied(self, stage: int, schedule: Schedule) -> float:
+        """Seconds of ``stage``'s all-reduce of a tied embedding's gradient with the other end of the
+        pipeline (:func:`~pipewright.cost.sharding.tied_step_bytes`; 0 where there is none)."""
+        nbytes = sharding.tied_step_bytes(self, stage, schedule)
+        if not nbytes:
+            return 0.0
+        ends = (schedule.rank_of(0), schedule.rank_of(schedule.num_stages - 1))
+        return self.comm.collective_time("all_reduce", schedule.rank_of(stage), nbytes, "pp", ends)
 
     def message_bytes(self, action: Action, schedule: Schedule) -> float:
         if action.kind in _MESSAGES:

@@ -1,4 +1,5 @@
-"""The bytes of one step's tensor-, context- and expert-parallel collectives, per rank, on both sides of
+"""The bytes of one step's tensor-, context- and expert-parallel collectives and a tied embedding's
+all-reduce between the pipeline's two ends, per rank, on both sides of
 the comparison, in one convention: a collective's **buffer** — an all-gather's output, a
 reduce-scatter's input, an all-to-all's input, a send's tensor — and an all-reduce as its two halves,
 a reduce-scatter and an all-gather of its buffer (2 × the buffer; what a ring all-reduce moves is
@@ -10,7 +11,8 @@ actions — ``tp``: each entry of the chunk's ``tp_bytes[kind]`` (what
 :func:`~pipewright.cost.tp_overlap.chunk_pass` prices as tensor-parallel all-reduces) and the step's
 (:func:`~pipewright.cost.sharding.tp_step_bytes`: the replicated parameters' gradients, Σ g²); ``cp``: the
 layers × :func:`~pipewright.cost.context_parallel.cp_sent_bytes` (the bytes a rank sends round the
-ring); ``ep``: :meth:`~pipewright.cost.moe_cost.MoECost.a2a_calls` × ``a2a_bytes``. Measured
+ring); ``ep``: :meth:`~pipewright.cost.moe_cost.MoECost.a2a_calls` × ``a2a_bytes``; ``tied``: each
+stage's :func:`~pipewright.cost.sharding.tied_step_bytes` (the table's gradient). Measured
 (:func:`measured`): the tracker's counts over the same groups (the ring's sends only; an
 all-to-all's integer payload — the routing's tokens-per-expert exchange, which no cost model prices —
 is counted apart, as ``all_to_all_counts``)."""
@@ -22,7 +24,7 @@ from collections import defaultdict
 from pipewright.ir import B, F, I, W
 
 #: the groups compared, in report order
-GROUPS = ("tp", "cp", "ep")
+GROUPS = ("tp", "cp", "ep", "tied")
 #: an all-reduce states its reduce-scatter and all-gather halves: 2 buffers
 _ALL_REDUCE = 2
 #: per group, the measured ops compared → how many buffers each states. Over cp only the ring's
@@ -31,6 +33,7 @@ _OPS = {
     "tp": {"all_reduce": _ALL_REDUCE, "all_gather": 1, "reduce_scatter": 1},
     "cp": {"send": 1},
     "ep": {"all_to_all": 1},
+    "tied": {"all_reduce": _ALL_REDUCE},
 }
 
 
@@ -49,12 +52,13 @@ def simulated(cost, sched, rank: int) -> dict[str, float]:
     of ``sched`` (module docstring); a wrapping cost model (vocabulary parallelism) is read through
     to the transformer's."""
     from pipewright.cost.context_parallel import cp_sent_bytes
-    from pipewright.cost.sharding import tp_step_bytes
+    from pipewright.cost.sharding import tied_step_bytes, tp_step_bytes
 
     base = getattr(cost, "inner", cost)
     out: dict[str, float] = defaultdict(float)
     for stage in sched.stages_of(rank):
         out["tp"] += _ALL_REDUCE * sum(tp_step_bytes(base, stage, sched))
+        out["tied"] += _ALL_REDUCE * tied_step_bytes(base, stage, sched)
     for action in sched.actions[rank]:
         if action.kind not in (F, B, I, W):
             continue

@@ -105,6 +105,13 @@ def _ring_names(trainer) -> dict[str, str]:
     return {group.group_name: "cp"} if group is not None else {}
 
 
+def _tied_names(trainer) -> dict[str, str]:
+    """A tied embedding's group of the first and the last stage's ranks (``TiedEmbeddings``) → ``tied``."""
+    tied = getattr(trainer.options, "tied", None)
+    group = getattr(tied, "group", None)
+    return {group.group_name: "tied"} if group is not None else {}
+
+
 def _meta_batches(trainer, config, spec):
     """Token ids of the run's shapes (meta: no data), in place of the dataset's batch."""
     b, m = config.microbatch_size, config.microbatches
@@ -248,7 +255,7 @@ def measure_rank(run, rank: int, plan=None) -> RankMeasure:
             trainer = Trainer(run, mesh=mesh)
             trainer._batches = _meta_batches(trainer, c, run.spec)
             _p2p_as_on_cuda(trainer.executor, run.schedule)
-            tracker.group_names |= _channel_names(mesh) | _ring_names(trainer)
+            tracker.group_names |= _channel_names(mesh) | _ring_names(trainer) | _tied_names(trainer)
             opt = _base_optimizer(trainer)
             tracker.phase = "optimizer"
             _warm_optimizer(opt)

@@ -26,7 +26,7 @@ MEMORY_TARGET = 0.05
 FLOPS_TARGET = 0.01
 GiB = 2**30
 #: the rows compared in bytes, exactly
-_BYTES = ("boundary message", "dp bytes", "tp bytes", "cp bytes", "ep bytes")
+_BYTES = ("boundary message", "dp bytes", "tp bytes", "cp bytes", "ep bytes", "tied bytes")
 
 _STATIC_MEASURED = ("params", "grads", "optimizer", "buffers")
 _STATIC_SIMULATED = (

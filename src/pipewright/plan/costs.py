@@ -32,6 +32,7 @@ from pipewright.cost.context_parallel import ring_gathered_bytes
 from pipewright.cost.dispatch import cost_softmax_fused, launched
 from pipewright.cost.gemm import gemm_seconds as gemm_seconds
 from pipewright.cost.gemm import roofline
+from pipewright.cost.layer import shared_table_parameters
 from pipewright.cost.recompute import make_cost
 from pipewright.cost.shape_scales import scales_of
 from pipewright.cost.sharding import exposed, pipelined_fsdp_state, state_bytes
@@ -207,6 +208,7 @@ class Parts:
     expert_params: float = 0.0  # routed-expert parameters per device in one MoE layer (of layer.params)
     ep: int = 1
     transient: float = 0.0  # one layer's recomputation transient (TransformerCost.layer_transient)
+    shared_params: float = 0.0  # a tied model's table, held once where one stage has both ends
 
     def state(self, dp: int, pp: int) -> tuple[float, float]:
         """(dense, routed expert) bytes per parameter on one device with ``dp`` data-parallel replicas
@@ -333,6 +335,7 @@ def parts(
         cost.routed_params() if spec.is_moe else 0.0,
         ep,
         cost.layer_transient(),
+        shared_table_parameters(spec, tp),
     )
 
 
@@ -359,6 +362,9 @@ class StageCost:
     layer_iw: tuple[float, float] | None = None
     embed_iw: tuple[float, float] | None = None
     head_iw: tuple[float, float] | None = None
+    #: bytes of a tied model's table that a stage with both the embedding and the head holds once
+    #: (:func:`~pipewright.cost.layer.shared_table_parameters` × bytes per parameter)
+    shared_static: float = 0.0
 
     @property
     def layer(self) -> float:
@@ -384,9 +390,15 @@ class StageCost:
             layers * self.layer + first * (self.embed_f + self.embed_b) + last * (self.head_f + self.head_b)
         )
 
+    def static(self, layers: int, first: bool, last: bool) -> float:
+        """Bytes of the parameters' state of a stage with ``layers`` layers (embedding if ``first``,
+        head if ``last``; a tied table once when both, as the cost model's chunk)."""
+        shared = self.shared_static if first and last else 0.0
+        return layers * self.layer_static + first * self.embed_static + last * self.head_static - shared
+
     def memory(self, layers: int, first: bool, last: bool, in_flight: float) -> float:
         """Static bytes + ``in_flight`` microbatches of activations."""
-        static = layers * self.layer_static + first * self.embed_static + last * self.head_static
+        static = self.static(layers, first, last)
         act = layers * self.layer_act + first * self.embed_act + last * self.head_act
         return static + in_flight * act
 
@@ -416,7 +428,7 @@ def stage_cost(
         lf, lb, ef, eb, hf, hb,
         layer_static, p.embed.params * bpp, p.head.params * bpp,
         p.layer.activation, p.embed.activation, p.head.activation, dense, p.transient,
-        (li, lw), (ei, ew), (hi, hw),
+        (li, lw), (ei, ew), (hi, hw), p.shared_params * bpp,
     )  # fmt: skip
 
 

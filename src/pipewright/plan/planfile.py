@@ -188,12 +188,13 @@ class Plan:
         }
 
     def _model_values(self) -> dict[SpecPath, Any]:
-        """The plan's model: its preset or family, the dimensions it records, and
-        ``no_bias`` for a model without biases."""
+        """The plan's model: its preset or family, the dimensions it records, ``no_bias`` for a
+        model without biases and ``tie_embeddings`` for one whose output layer is tied (priced so)."""
         model = self.data["model"]
         out: dict[SpecPath, Any] = {("model", "model"): model["name"]}
         out |= {("model", d): model[d] for d in MODEL_DIMS if d in model}
         out[("model", "no_bias")] = model.get("bias") is False
+        out[("model", "tie_embeddings")] = model.get("tied_embeddings") is True
         return out
 
     def chunk_layers(self) -> tuple[int, ...]:

@@ -233,12 +233,13 @@ def _optimizer_step(
     """The slowest rank's optimizer step where the framework prices one (the ``STEP`` the simulation
     appends after each rank's work, :func:`pipewright.cost.dispatch.optimizer_seconds`): its parameters
     × the step's bytes per parameter (the fp32 state's over the replicas with a sharded optimizer) / the
-    device's memory bandwidth, + its tensor-parallel all-reduces (:func:`_step_tp_seconds`); 0
-    otherwise."""
+    device's memory bandwidth, + its tensor-parallel all-reduces (:func:`_step_tp_seconds`) and a tied
+    model's table's (:func:`_step_tied_seconds`); 0 otherwise."""
     if prob.profile is not None:
         return 0.0
     pc, worst = parts_of(prob, c), 0.0
     tp = _step_tp_seconds(prob, c, dmap, layers, ctx) if ctx is not None and c.tp > 1 else [0.0] * c.pp
+    tied = _step_tied_seconds(prob, c, dmap, ctx) if ctx is not None and c.pp > 1 else {}
     for r, n in enumerate(layers):
         kind = prob.topology.nodes[dmap.head(r)].accelerator
         per_param = prob.efficiency_for(kind).optimizer_bytes
@@ -246,8 +247,10 @@ def _optimizer_step(
             continue
         if pc.sharding != "none":
             per_param = 2.0 + (per_param - 2.0) / (c.dp * c.cp)
-        params = n * pc.layer.params + (r == 0) * pc.embed.params + (r == len(layers) - 1) * pc.head.params
-        worst = max(worst, params * per_param / accelerator(kind).memory_bandwidth + tp[r])
+        first, last = r == 0, r == len(layers) - 1
+        params = n * pc.layer.params + first * pc.embed.params + last * pc.head.params
+        params -= pc.shared_params if first and last else 0.0
+        worst = max(worst, params * per_param / accelerator(kind).memory_bandwidth + tp[r] + tied.get(r, 0.0))
     return worst
 
 
@@ -268,6 +271,21 @@ def _step_tp_seconds(prob: Problem, c: Candidate, dmap: DeviceMap, layers: Seque
                 seconds += ar(grad * replicated)
         out.append(seconds)
     return out
+
+
+def _step_tied_seconds(prob: Problem, c: Candidate, dmap: DeviceMap, ctx) -> dict[int, float]:
+    """The ranks of the first and the last chunk → the all-reduce of a tied model's table gradient
+    between them (:func:`pipewright.cost.sharding.tied_step_bytes`: V·h/t in the gradient dtype); {}
+    untied or when one rank holds both ends."""
+    pc = parts_of(prob, c)
+    place = order_placement(c.schedule, c.pp, c.microbatches, c.virtual, prob.microbatch_group)
+    ends = (place[0], place[c.pp * c.virtual - 1])
+    if not pc.shared_params or ends[0] == ends[1]:
+        return {}
+    seconds = ctx.all_reduce((dmap.head(ends[0]), dmap.head(ends[1])))(
+        pc.shared_params * GRAD_DTYPE_BYTES[pc.grad_dtype]
+    )
+    return dict.fromkeys(ends, seconds)
 
 
 def _ordered(prob: Problem, c: Candidate, costs: Sequence[StageCost], chunks, comm, reductions=None) -> float:

@@ -116,6 +116,7 @@ def messages(prob: Problem, c: Candidate):
     def grads(n: int, last: bool) -> tuple[float, float]:
         dense_layers = min(n, first)
         total = (n - dense_layers) * pc.layer.params + pc.embed.params + last * pc.head.params
+        total -= pc.shared_params if last and c.pp * c.virtual == 1 else 0.0  # one chunk: a tied table once
         total += dense_layers * pc.dense.params if dense_layers else 0.0
         expert = (n - dense_layers) * pc.expert_params if c.ep > 1 else 0.0
         g = pc.grad_bytes

@@ -173,7 +173,7 @@ class ModelSection:
         False,
         "--tie-embeddings",
         "tie the output layer to the input embedding (also across stages)",
-        commands=TRAINING,
+        commands=MODEL_COMMANDS,
     )
     init_from: str | None = spec_field(
         None,

@@ -17,7 +17,8 @@ if TYPE_CHECKING:
 
 def model_spec(model: ModelSection, default_vocab: int | None = None) -> ModelSpec:
     """The preset (or family) ``model.model`` with the dimensions, mixture of experts (its routing and
-    losses too), attention kind, multi-token-prediction depth, MLP kind and biases the section gives
+    losses too), attention kind, multi-token-prediction depth, MLP kind, biases and tied embeddings the
+    section gives
     (:func:`pipewright.models.presets.resolve_model`). ``default_vocab``: the vocabulary where the
     section gives none (``train``: the dataset's; None: the preset's)."""
     moe = model.moe
@@ -36,4 +37,11 @@ def model_spec(model: ModelSection, default_vocab: int | None = None) -> ModelSp
     )
     if model.mlp or model.no_bias:
         spec = replace(spec, mlp=model.mlp or spec.mlp, bias=False if model.no_bias else spec.bias)
-    return spec
+    return tied(spec, model)
+
+
+def tied(spec: ModelSpec, model: ModelSection) -> ModelSpec:
+    """``spec`` with its output layer tied to the input embedding where the section asks
+    (``model.tie_embeddings``; a preset that ties, BERT, stays tied): one V·h table where one stage
+    holds both, a kept-equal copy on the last stage otherwise (docs/cost-model.md, "Tied embeddings")."""
+    return replace(spec, tied_embeddings=True) if model.tie_embeddings else spec

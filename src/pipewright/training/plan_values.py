@@ -20,6 +20,7 @@ _DIMENSIONS = ("layers", "hidden", "heads", "vocab", "seq_len")
 _TAKEN: tuple[Path, ...] = (
     *(p for p in CHOSEN if p not in {("batch", "global_batch_size"), ("memory", "fsdp")}),
     *(("model", d) for d in ("model", "ffn_hidden", "layers", "hidden", "heads", "seq_len")),
+    ("model", "tie_embeddings"),
     ("parallelism", "placement"),
 )
 
@@ -27,7 +28,8 @@ _TAKEN: tuple[Path, ...] = (
 def plan_values(path: str, given: Mapping[Path, Any] | None = None) -> dict[Path, Any]:
     """The RunSpec values of the plan file at ``path`` for ``train``: the model (a family's as
     ``gpt``), degrees, schedule (a generated one's CSV), microbatches, layout, recomputation (the
-    strongest of a per-stage choice: the runtime takes one mode), ZeRO-1 and the plan's device order.
+    strongest of a per-stage choice: the runtime takes one mode), ZeRO-1, tied embeddings and the
+    plan's device order.
     ``given``: the values the run sets itself (flags, the ``--config`` file); a model value among them
     that contradicts the plan is a one-line error, as is a plan ``train`` cannot run (FSDP,
     operator-level recomputation, a microbatch group other than p)."""

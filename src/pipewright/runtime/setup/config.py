@@ -20,6 +20,7 @@ from pipewright.runspec import RunSpec
 from pipewright.runspec.fields import walk
 from pipewright.runspec.model_sections import ModelSection
 from pipewright.runspec.model_spec import model_spec as section_model_spec
+from pipewright.runspec.model_spec import tied
 from pipewright.runspec.run import Path as Path_
 from pipewright.runspec.run import field_default, get, with_values
 from pipewright.runtime.parallel.moe_checks import check_moe_run
@@ -207,18 +208,16 @@ class TrainConfig:
     def _model(self, dataset_vocab: int | None) -> ModelSpec:
         """The model before the run's checks: a Hugging Face model's (``hf_model``, ``init_from``: read
         from its config) or the model section's (:func:`pipewright.runspec.model_spec.model_spec`, what
-        ``simulate`` prices; vocab defaults to the dataset's), its embeddings tied if asked."""
+        ``simulate`` prices, its embeddings tied if asked; vocab defaults to the dataset's)."""
         if self.hf_model:
             from pipewright.models.hf import read_spec
 
-            spec = read_spec(self.hf_model, seq_len=self.seq_len)
-        elif self.init_from:
+            return read_spec(self.hf_model, seq_len=self.seq_len)  # ties as its config says
+        if self.init_from:
             from pipewright.models.hf_load import read_hf_spec
 
-            spec = read_hf_spec(self.init_from, seq_len=self.seq_len)
-        else:
-            spec = section_model_spec(self.model_section(), dataset_vocab)
-        return replace(spec, tied_embeddings=True) if self.tie_embeddings else spec
+            return tied(read_hf_spec(self.init_from, seq_len=self.seq_len), self.model_section())
+        return section_model_spec(self.model_section(), dataset_vocab)
 
     def model_spec(self, dataset_vocab: int | None = None) -> ModelSpec:
         """The model trained (:meth:`_model`), checked against the data's vocabulary and the run's
