@@ -6,7 +6,8 @@ Per layer and microbatch of b sequences (s, h, a heads of size d, g key/value he
 - forward FLOPs: q and o projections 2·2·b·s·h², k and v 2·2·b·s·h·g·d, SwiGLU's three matrices
   3·2·b·s·h·f, attention 4·b·s²·h → 4bsh² + 4bsh·gd + 6bshf + 4bs²h;
 - parameters: 2h² + 2h·g·d + 3hf + 2h (no biases; two RMSNorm gains), embedding V·h (no position
-  table), final RMSNorm h and an untied output layer V·h;
+  table), final RMSNorm h and an output layer V·h (a tied one shares the embedding's table where one
+  stage holds both: :func:`pipewright.cost.layer.edge_parameters`);
 - activation memory (16-bit): norms 2·2sbh, q/k/v input 2sbh, MLP input 2sbh outside the
   tensor-parallel regions (/t too with sequence parallelism); q 2sbh, k and v 2·2·sbh·g·d/h, o input
   2sbh, gate/up outputs and the SiLU product's input 3·2sbf inside them (/t); eager scores 2as²b/t
