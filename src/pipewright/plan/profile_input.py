@@ -89,4 +89,4 @@ class ProfileInput:
         """Bytes a stage all-reduces over data parallelism: its PARAMS bytes (as ProfiledCost's
         REDUCE_GRAD with its default one gradient byte per PARAMS byte)."""
         sc = self.stage_cost(microbatch)
-        return layers * sc.layer_static + first * sc.embed_static + last * sc.head_static
+        return sc.static(layers, first, last)
