@@ -107,7 +107,7 @@ def _ring_names(trainer) -> dict[str, str]:
 
 def _tied_names(trainer) -> dict[str, str]:
     """A tied embedding's group of the first and the last stage's ranks (``TiedEmbeddings``) → ``tied``."""
-    tied = getattr(trainer.options, "tied", None)
+    tied = getattr(getattr(trainer, "options", None), "tied", None)
     group = getattr(tied, "group", None)
     return {group.group_name: "tied"} if group is not None else {}
 
