@@ -161,8 +161,9 @@ def _settle(parts: dict[str, float]) -> None:
     """``parts`` with ``total`` their sum and, where they have one, the allocator's reserve
     :data:`~pipewright.cost.memory_parts.ALLOCATOR_RESERVE` of the rest (as
     :func:`~pipewright.cost.memory_parts.memory_parts` sets both), after the step's split, K-FAC's state or
-    an asynchronous policy's weight versions changed them: ``total`` = the peak + the buffers in flight
-    (``communication_buffers``) + the reserve, the two the simulated peak does not count."""
+    an asynchronous policy's weight versions changed them. ``total`` is then the reported peak + the
+    reserve + the boundary's send and receive buffers (in ``communication_buffers``; none at the
+    optimizer step), the two the simulated peak does not count."""
     from pipewright.cost.memory_parts import ALLOCATOR_RESERVE
 
     parts.pop("total", None)
