@@ -13,6 +13,8 @@ from pipewright.cost.mla import DEEPSEEK_V3_MLA, LatentAttention
 from pipewright.cost.moe import moe_model_parameters
 from pipewright.cost.moe_cost import moe_of
 from pipewright.cost.mtp import MultiTokenPrediction
+from pipewright.cost.sharding import GRAD_DTYPE_BYTES, tp_step_bytes
+from pipewright.cost.tp_overlap import chunk_pass, modes, pass_exposed
 from pipewright.errors import ConfigError
 from pipewright.ir import Action, B, F, I, W
 from pipewright.mesh import Mesh
@@ -110,6 +112,50 @@ def test_mtp_adds_one_layer_a_projection_and_a_second_output_layer_to_the_last_c
         assert delta == pytest.approx(one_layer.model_flops[kind] + extra)
     stored = m.activation_bytes(Action(1, F, 0), SCHED) - a.activation_bytes(Action(1, F, 0), SCHED)
     assert stored == pytest.approx(one_layer.memory[F] + 8 * s * b * h + 4 * b * s * V)
+
+
+def test_mtp_tensor_parallel_collectives_are_megatron_cores_and_re_gather_as_the_head():
+    """Megatron-Core's ``MultiTokenPredictionLayer`` at tp 2, per microbatch (all-reduce bytes; a
+    gather or scatter of B bytes is B/2): without sequence parallelism the embedding's all-reduce and
+    the gather of the projection's output columns in F, the projection's [s, b, 2h] input-gradient
+    all-reduce and the output layer's in I; with it, the embedding's reduce-scatter, the projection's
+    input all-gather and the output columns' gather in F, then in I the projection's and the output
+    layer's re-gathers after the head's, hidden behind their input-gradient GEMMs as the head's is,
+    and the embedding's gather, the projection's reduce-scatter, the sequence scatter's gather and the
+    output layer's input gradient; the block is one more layer, its 3 norms join the step."""
+    with_mtp = replace(SMALL, name="mtp", mtp_depth=1)
+    act, loss = SMALL.seq_len * SMALL.hidden * 2, 4.0 * SMALL.seq_len  # b = 1, bf16
+    for sp in (False, True):
+        kw = {"mesh": Mesh(tp=2, pp=2), "sequence_parallel": sp}
+        a, m = _cost(SMALL, **kw), _cost(with_mtp, **kw)
+        plain, chunk = a._chunk(1, SCHED), m._chunk(1, SCHED)
+        n = chunk.layers
+        assert n == plain.layers + 1
+        layers, head = (act,) * 2 * n, (loss,) * 3
+        if sp:
+            fwd, regathers, bwd = (act / 2, act, act / 2, *head), (act, act / 2), (act / 2, act, act / 2, act)
+            main_regathers = (act / 2,) * (2 * n + 1)
+        else:
+            fwd, regathers, bwd, main_regathers = (act, act / 2, *head), (), (2 * act, act), ()
+        assert chunk.tp_bytes[F] == layers + head + fwd
+        assert chunk.tp_bytes[I] == layers + main_regathers + regathers + (act,) + bwd
+        p = chunk_pass(m, chunk, I, 1, 1e-3)
+        start, stop = p.regathers()
+        assert chunk.tp_bytes[I][start:stop] == (main_regathers + regathers if sp else ())
+        acc = m.topology.accelerator(m.comm.device(1))
+        proj = m.gemm_time([(SMALL.seq_len, 2 * SMALL.hidden, SMALL.hidden / 2, 1)], acc)
+        assert [d() for d in p.mtp] == [proj, p.head()]
+        for comm in (1e-10, 10.0):
+            every = (comm,) * len(chunk.tp_bytes[I])
+            q = chunk_pass(m, chunk, I, 1, 1e-3, every)
+            dgrads = [d for _, _, d in q.blocks()] * n + [q.head(), proj, q.head()]
+            hidden = sum(max(0.0, comm - d) for d in dgrads) if sp else 0.0
+            assert pass_exposed(modes()["none"], q) == pytest.approx(
+                (len(every) - (stop - start)) * comm + hidden
+            )
+        grad = GRAD_DTYPE_BYTES[m.grad_dtype]
+        added = sum(tp_step_bytes(m, 1, SCHED)) - sum(tp_step_bytes(a, 1, SCHED))
+        assert added == (5 * SMALL.hidden * grad if sp else 0)  # the block's 2 norms + the module's 3
 
 
 def test_deepseek_v3_mtp_block_is_a_moe_layer_on_the_last_chunk():

@@ -80,6 +80,8 @@ def test_measure_splits_the_simulated_peak_into_parts_that_add_up(changes, at_st
         assert p.parts["kfac_state"] == row["kfac"]["factors_inverses_bytes"] > 0
         assert ("step_gradients" in p.parts) is at_step
         assert sum(v for k, v in p.parts.items() if k not in NOT_PEAK) == p.peak_bytes
+        total = p.parts["total"]
+        assert sum(v for k, v in p.parts.items() if k != "total") == pytest.approx(total, rel=1e-12)
 
 
 def test_the_fit_check_counts_kfac_memory(run):

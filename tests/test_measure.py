@@ -71,6 +71,20 @@ def test_every_schedule_matches_the_simulator_in_flops_and_bytes(schedule, extra
     assert m.static["optimizer"] == pytest.approx(parts["optimizer_state"] + 12 * edges, rel=0.01)
 
 
+def test_the_parts_of_a_peak_at_the_optimizer_step_add_up_to_its_total():
+    """Full recomputation on the tiny stages: the peak is the optimizer step's (its fp32 gradient
+    copies), measured and simulated; the simulated parts become the step's and ``total`` is their sum,
+    the simulated peak + what it does not count (buffers in flight, the allocator's reserve)."""
+    (cmp,) = measure_run(_config(**TINY, recompute="full", schedule="1f1b"), [0])
+    m, p = cmp.measured, cmp.predicted
+    assert m.peak_action == "optimizer step" and p.parts["step_gradients"] > 0
+    assert p.parts["activations"] == p.parts["recompute_transient"] == p.parts["communication_buffers"] == 0
+    total, reserve = p.parts["total"], p.parts["allocator_reserve"]
+    assert sum(v for k, v in p.parts.items() if k != "total") == pytest.approx(total, rel=1e-12)
+    assert reserve == pytest.approx(0.05 * (total - reserve), rel=1e-12)
+    assert total - reserve == pytest.approx(p.peak_bytes, rel=1e-12)  # no buffers in flight
+
+
 def test_tensor_parallel_sequence_parallel_rank_matches_flops_and_counts_its_collectives():
     config = _config(**{**TINY, "tp": 2, "sequence_parallel": True}, schedule="1f1b")
     (cmp,) = measure_run(config, [1])

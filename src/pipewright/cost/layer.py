@@ -92,15 +92,17 @@ def norm_parameters(spec: ModelSpec) -> int:
     return 2 * spec.hidden if spec.bias else spec.hidden
 
 
-def replicated_parameters(spec: ModelSpec, layers: int, last: bool) -> float:
+def replicated_parameters(spec: ModelSpec, layers: int, last: bool, mtp: int = 0) -> float:
     """Parameters a chunk holds whole on every tensor-parallel rank that sequence parallelism feeds
     different tokens (so their gradients are all-reduced over tp once a step, Megatron-LM's
     ``_allreduce_layernorm_grads``): each layer's two norms and, with biases, its two row-parallel
     linears' biases (2h) — Llama 2h a layer, GPT 6h; the final norm (``last``). Not the learned
     position table (GPT): it is added before the embedding's reduce-scatter, whose all-gather backward
-    gives it the whole gradient on every tp rank (the runtime and Megatron-LM reduce it with dp only)."""
+    gives it the whole gradient on every tp rank (the runtime and Megatron-LM reduce it with dp only).
+    ``mtp`` multi-token-prediction modules add their three norms each (Megatron-Core's enorm, hnorm
+    and final_layernorm; their blocks are in ``layers``)."""
     per_layer = 2 * norm_parameters(spec) + (2 * spec.hidden if spec.bias else 0)
-    return layers * per_layer + (norm_parameters(spec) if last else 0)
+    return layers * per_layer + (norm_parameters(spec) if last else 0) + 3 * mtp * norm_parameters(spec)
 
 
 def embedding_parameters(spec: ModelSpec, t: int = 1) -> float:

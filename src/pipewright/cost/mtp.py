@@ -16,10 +16,20 @@ Priced on the last chunk, per microbatch of b sequences (tensor-parallel size t,
 - per module, the projection GEMM T × h/t × 2h (T = b·s/c tokens; 2·b·s·h·2h FLOPs forward) and its
   input-gradient and weight-gradient GEMMs; the output layer's GEMM T × V/t × h again with both
   gradients (2·b·s·h·V each), its fp32 softmax/cross-entropy traffic and the vocabulary-parallel
-  cross-entropy's three all-reduces of b·s fp32 values (F) and one of b·s·h (I);
+  cross-entropy's three all-reduces of b·s fp32 values (F); under tensor parallelism the collectives
+  Megatron-Core's ``MultiTokenPredictionLayer`` issues (:func:`~pipewright.cost.tp_overlap.mtp_tp_bytes`:
+  the embedding's, the projection's, the gather of its output columns, the output layer's; with
+  sequence parallelism the projection's and the output layer's re-gathers for their weight
+  gradients, each hidden behind its input-gradient GEMM as the main head's re-gather is), and at the
+  step the sequence-parallel gradients of its three norms
+  (:func:`~pipewright.cost.layer.replicated_parameters`);
 - stored for the backward per module: the two norm inputs and the projection input, 8·s·b·h bytes,
   and the fp32 logits 4·b·s·V/t bytes, all freed by I (or B);
 - parameters per module: M_k (2h²/t) and three RMSNorm gains (3h).
+
+The runtime builds no MTP module (``train`` trains the model with ``mtp_depth`` 0), so ``train
+--dry-run --measure`` compares none: the tensor-parallel collectives are Megatron-Core 0.16's
+(``megatron/core/transformer/multi_token_prediction.py``), read from its source.
 
 Not priced: a copy of the V·h embedding on the last rank where a schedule puts the first and last
 chunks on different ranks (Megatron-Core keeps one there as for tied embeddings; DualPipe needs none).
@@ -32,6 +42,7 @@ from types import MappingProxyType
 
 from pipewright.cost.kernels import loss_bytes
 from pipewright.cost.placement import roles
+from pipewright.cost.tp_overlap import mtp_tp_bytes
 from pipewright.cost.transformer import DTYPE_BYTES, TransformerCost, _Chunk
 from pipewright.ir import B, F, I, W
 
@@ -68,9 +79,14 @@ class MultiTokenPrediction(TransformerCost):
         traffic[F] += self.efficiency.memory_traffic * stored
         traffic[I] += 2 * self.efficiency.memory_traffic * stored
         act = s * b * h * esize / c
+        regather = self.sequence_parallel and t > 1
+        fwd_tp, regathers, bwd_tp = mtp_tp_bytes(act, 4.0 * b * s / c, depth, regather)
         tp_bytes = dict(chunk.tp_bytes)
-        tp_bytes[F] = tp_bytes[F] + (4.0 * b * s / c,) * 3 * depth
-        tp_bytes[I] = tp_bytes[I] + (act,) * depth
+        tp_bytes[F] = tp_bytes[F] + fwd_tp
+        # the re-gathers go after the layers' and the output layer's (tp_overlap.TpPass.regathers)
+        n = chunk.layers
+        at = 2 * n * (2 if self.recompute == "full" else 1) + (2 * n + 1 if regather else 0)
+        tp_bytes[I] = tp_bytes[I][:at] + regathers + tp_bytes[I][at:] + bwd_tp
         tp_bytes[B] = tp_bytes[I] + tp_bytes[W]
 
         def plus(table, delta):

@@ -217,7 +217,8 @@ def tp_step_bytes(cost, stage: int, schedule) -> tuple[float, ...]:
     if cost.mesh.tp == 1:
         return ()
     chunk = cost._chunk(stage, schedule)
-    count = replicated_parameters(cost.spec, chunk.layers, chunk.last) if cost.sequence_parallel else 0
+    mtp = cost.spec.mtp_depth if chunk.last else 0
+    count = replicated_parameters(cost.spec, chunk.layers, chunk.last, mtp) if cost.sequence_parallel else 0
     out = (count * GRAD_DTYPE_BYTES[cost.grad_dtype],) if count else ()
     if stage == min(schedule.stages_of(schedule.rank_of(stage))):
         out += (8.0 * NORM_SCALARS,)

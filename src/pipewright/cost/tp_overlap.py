@@ -77,13 +77,16 @@ class TpPass:
     sequence_parallel: bool = False
     #: the output layer's input-gradient GEMM seconds (tokens × h × V/t), on a chunk that holds it
     head: Callable[[], float] | None = None
+    #: the multi-token-prediction modules' input-gradient GEMMs, per module its projection's
+    #: (tokens × 2h × h/t) and its output layer's, each behind a re-gather after the head's
+    mtp: tuple[Callable[[], float], ...] = ()
 
     def regathers(self) -> tuple[int, int]:
         """(start, stop) of the backward's re-gathers in ``collectives``: with sequence parallelism
         the chunk table puts each layer's two (one a block) after the layers' collectives (after the
-        recomputed forward's too), then the output layer's one (``head``); (0, 0) where there are
-        none."""
-        heads = self.head is not None
+        recomputed forward's too), then the output layer's one (``head``) and the MTP modules' two
+        each (``mtp``); (0, 0) where there are none."""
+        heads = (self.head is not None) + len(self.mtp)
         if (
             not self.sequence_parallel
             or self.tp == 1
@@ -158,6 +161,32 @@ def chunk_tp_bytes(
     return tp_bytes
 
 
+def mtp_tp_bytes(
+    act: float, loss: float, depth: int, regather: bool
+) -> tuple[tuple[float, ...], tuple[float, ...], tuple[float, ...]]:
+    """The tensor-parallel collectives of ``depth`` multi-token-prediction modules, in all-reduce
+    bytes (an all-gather or a reduce-scatter of a buffer of B bytes: B/2), as Megatron-Core's
+    ``MultiTokenPredictionLayer`` issues them on a microbatch (``act``: one b·s·h activation): (the
+    forward's, the backward's re-gathers, the backward's others). Per module, with sequence
+    parallelism (``regather``): forward, the embedding's reduce-scatter (act/2), the projection's
+    all-gather of its [s, b, 2h] input (act), the all-gather of its h/t output columns
+    (``gather_from_tensor_model_parallel_region``, act/2) and the loss's three fp32 all-reduces of
+    ``loss`` bytes; backward, the re-gathers of the projection's input (act) and of the output layer's
+    (act/2) for their weight gradients, the embedding's all-gather (act/2), the projection's
+    input-gradient reduce-scatter (act), the all-gather of ``scatter_to_sequence_parallel_region``
+    (act/2), and the output layer's input gradient (act: its forward all-gather and backward
+    reduce-scatter, as the main head's in :func:`chunk_tp_bytes`). Without: forward, the embedding's
+    all-reduce (act), the output columns' all-gather (act/2) and the loss's; backward, the projection's
+    input-gradient all-reduce of [s, b, 2h] (2·act) and the output layer's (act)."""
+    if regather:
+        fwd: tuple[float, ...] = (act / 2, act, act / 2, loss, loss, loss)
+        regathers: tuple[float, ...] = (act, act / 2)
+        bwd: tuple[float, ...] = (act / 2, act, act / 2, act)
+    else:
+        fwd, regathers, bwd = (act, act / 2, loss, loss, loss), (), (2 * act, act)
+    return fwd * depth, regathers * depth, bwd * depth
+
+
 def layer_blocks(spec: ModelSpec, tokens: float, t: int) -> tuple[tuple[tuple[Shape, ...], Shape], ...]:
     """One layer's two blocks on ``tokens`` tokens at tensor-parallel size ``t``: (the GEMM shapes fed
     by the all-gather, the shape whose output is reduce-scattered), for the attention block (its QKV
@@ -182,7 +211,8 @@ def pass_exposed(mode: TpOverlap, p: TpPass) -> float:
     it (``LinearWithGradAccumulationAndAsyncCommunication.backward`` with sequence parallelism: an
     asynchronous all-gather of the block's input, waited after the input-gradient GEMM dY·Wᵀ), exposed
     only by what exceeds that GEMM, max(0, A − D), whatever the mode; the output layer's behind its
-    own input-gradient GEMM (``p.head``)."""
+    own input-gradient GEMM (``p.head``), an MTP module's projection's and output layer's behind
+    theirs (``p.mtp``)."""
     start, stop = p.regathers()
     if start == stop:
         return mode.exposed_time(p)
@@ -190,6 +220,7 @@ def pass_exposed(mode: TpOverlap, p: TpPass) -> float:
     dgrads = [dgrad for _, _, dgrad in p.blocks() * p.layers] if p.layers else []
     if p.head is not None:
         dgrads.append(p.head())
+    dgrads += [dgrad() for dgrad in p.mtp]
     hidden = sum(exposed(a, d) for a, d in zip(p.collectives[start:stop], dgrads, strict=True))
     return mode.exposed_time(rest) + hidden
 
@@ -251,14 +282,20 @@ def chunk_pass(
         shapes = layer_blocks(cost.spec, tokens, cost.mesh.tp)
         return block_times(shapes, lambda group: cost.gemm_time([(m, n, k, 1) for m, n, k in group], acc))
 
-    def head() -> float:
-        acc = cost.topology.accelerator(cost.comm.device(rank))
-        tokens = cost.microbatch * cost.spec.seq_len / cost.cp
-        return cost.gemm_time([(tokens, cost.spec.hidden, cost.spec.vocab / cost.mesh.tp, 1)], acc)
+    tokens, h, t = cost.microbatch * cost.spec.seq_len / cost.cp, cost.spec.hidden, cost.mesh.tp
+
+    def dgrad(shape: Shape) -> Callable[[], float]:
+        def seconds() -> float:
+            return cost.gemm_time([(*shape, 1)], cost.topology.accelerator(cost.comm.device(rank)))
+
+        return seconds
 
     full, sp = cost.recompute == "full", cost.sequence_parallel
+    head = dgrad((tokens, h, cost.spec.vocab / t))
     ends = head if chunk.last else None
-    return TpPass(kind, collectives, gemm, chunk.layers, cost.mesh.tp, full, blocks, sp, ends)
+    depth = cost.spec.mtp_depth if chunk.last else 0
+    mtp = (dgrad((tokens, 2 * h, h / t)), head) * depth
+    return TpPass(kind, collectives, gemm, chunk.layers, t, full, blocks, sp, ends, mtp)
 
 
 def tp_exposed_time(cost: TransformerCost, chunk, kind: str, rank: int, gemm: float) -> float:

@@ -116,6 +116,7 @@ def predict(run) -> list[RankPrediction]:
         if held.get(rank):
             parts[rank]["weight_versions"] = held[rank]
             peak += held[rank] - _gradients_stepped(cost, parts[rank])
+        _settle(parts[rank])
         flops: dict[str, float] = defaultdict(float)
         for action in sched.actions[rank]:
             f = float(cost.flops(action, sched))
@@ -154,6 +155,22 @@ def _lumped(cost, sched, rank: int, peak: float) -> dict[str, float]:
     one ``state`` and the rest of the peak as activations."""
     static = float(cost.static_bytes(rank, sched))
     return {"state": static, "activations": peak - static}
+
+
+def _settle(parts: dict[str, float]) -> None:
+    """``parts`` with ``total`` their sum and, where they have one, the allocator's reserve
+    :data:`~pipewright.cost.memory_parts.ALLOCATOR_RESERVE` of the rest (as
+    :func:`~pipewright.cost.memory_parts.memory_parts` sets both), after the step's split, K-FAC's state or
+    an asynchronous policy's weight versions changed them. ``total`` is then the reported peak + the
+    reserve + the boundary's send and receive buffers (in ``communication_buffers``; none at the
+    optimizer step), the two the simulated peak does not count."""
+    from pipewright.cost.memory_parts import ALLOCATOR_RESERVE
+
+    parts.pop("total", None)
+    if "allocator_reserve" in parts:
+        parts["allocator_reserve"] = 0.0
+        parts["allocator_reserve"] = ALLOCATOR_RESERVE * sum(parts.values())
+    parts["total"] = sum(parts.values())
 
 
 def _with_step(cost, sched, rank: int, peak: float, parts: dict[str, float]) -> float:
