@@ -314,3 +314,22 @@ def test_mixture_of_experts_routes_balanced_tokens_over_expert_parallel_ranks():
     calls = m.comm_count[("all_to_all", "ep")]
     assert calls % 4 == 0 and cmp.rows()["ep bytes"] == (calls * 32 * 2 * 32 * 2,) * 2
     assert m.comm[("all_to_all_counts", "ep")] > 0  # the routing's counts, apart (not priced)
+
+
+def test_the_measure_runs_where_nccl_rules_are_installed(tmp_path, capsys, monkeypatch):
+    """A process that has NCCL's rules over gloo installed (``nccl_rules.install``, as a test process
+    that ran an in-process launch under ``PIPEWRIGHT_PG_RULES=nccl``) measures on the fake backend as
+    any other: the rules are lifted for the fake group (its meta tensors) and put back after."""
+    from pipewright.runtime.setup import nccl_rules
+
+    monkeypatch.chdir(tmp_path)
+    was = nccl_rules.active()
+    nccl_rules.install()
+    try:
+        args = ["train", "--dry-run", "--measure", "--measure-json", "--measure-ranks", "0", "--pp", "1"]
+        assert main([*args, "--no-progress"]) == 0
+        assert json.loads(capsys.readouterr().out)[0]["rank"] == 0
+        assert nccl_rules.active()
+    finally:
+        if not was:
+            nccl_rules.uninstall()

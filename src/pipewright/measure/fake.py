@@ -29,18 +29,27 @@ META = torch.device("meta")
 @contextmanager
 def fake_process_group(rank: int, world_size: int) -> Iterator[None]:
     """The default process group on the ``fake`` backend (for CPU and meta tensors) as ``rank`` of
-    ``world_size``."""
+    ``world_size``. NCCL's rules over gloo (:mod:`pipewright.runtime.setup.nccl_rules`), where this
+    process had them installed, are lifted meanwhile: the fake backend moves nothing, and its meta
+    tensors stand for the group's device."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from pipewright.runtime.setup import nccl_rules
 
     if dist.is_initialized():
         from pipewright.errors import ConfigError
 
         raise ConfigError("--measure runs in a process of its own: this one already has a process group")
+    ruled = nccl_rules.active()
+    if ruled:
+        nccl_rules.uninstall()
     dist.init_process_group("cpu:fake,meta:fake", store=FakeStore(), rank=rank, world_size=world_size)
     try:
         yield
     finally:
         dist.destroy_process_group()
+        if ruled:
+            nccl_rules.install()
 
 
 def _flash_attention(original):
