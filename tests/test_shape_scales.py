@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from _cli_json import cli_json
+from _vtrain_plan import estimate_and_simulation
 from pipewright.cost.calibration import Calibration
 from pipewright.cost.measured import VTRAIN_DATA
 from pipewright.cost.shape_scales import Shape, ShapeScale, parse_shapes, shape_of, shapes_json
@@ -66,39 +67,12 @@ def test_plan_and_simulate_agree_with_measured_shapes(vtrain_calibration, tmp_pa
 def test_the_planners_estimate_is_its_simulation_with_measured_shapes(vtrain_calibration):
     """tp 2, pp 4, microbatch 4 (a measured shape): the planner's pieces carry the shape's factors, so
     its estimate equals its simulation, and both differ from the mechanisms alone."""
-    from pipewright.cost import frameworks
-    from pipewright.cost.efficiency import default_efficiency
-    from pipewright.hardware import accelerator
-    from pipewright.models.presets import resolve_model
-    from pipewright.plan.mapping import device_order
-    from pipewright.plan.problem import Candidate, Problem
-    from pipewright.plan.search import _Context, estimate
-    from pipewright.plan.simulated import simulate_plan
-    from pipewright.topology import cluster
-
     _, cal = vtrain_calibration
-    eff = frameworks.framework("deepspeed-megatron").efficiency(default_efficiency(accelerator("a100-80gb")))
-    spec = resolve_model("gpt", layers=16, hidden=1024, heads=16, vocab=50257, seq_len=1024)
-    topo = cluster(1, 8, "a100-80gb")
     times = []
     for calibration in (str(cal), None):
-        prob = Problem(
-            spec,
-            topo,
-            16,
-            recompute=("full",),
-            schedules=("1f1b",),
-            efficiency=eff,
-            dtype="fp16",
-            attention="eager",
-            calibration=calibration,
-        )
-        ev = estimate(
-            _Context(prob, device_order(topo)), Candidate(2, 4, 1, 4, 4, "1f1b", 1, "full", False, "pp")
-        )
-        simulate_plan(prob, ev)
-        assert ev.estimate == pytest.approx(ev.simulated, rel=1e-9)
-        times.append(ev.simulated)
+        est, simulated = estimate_and_simulation(2, 4, 4, calibration)
+        assert est == pytest.approx(simulated, rel=1e-9)
+        times.append(simulated)
     assert times[0] != pytest.approx(times[1], rel=1e-3)
 
 

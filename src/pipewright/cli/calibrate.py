@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         held_score = score(held, predicted)
         unseen_rows = [i for i, r in enumerate(held) if run_shape(r, setup, per_node) not in shapes]
         unseen = tuple(held[i] for i in unseen_rows)
-        unseen_mape = _mape([predicted[i] for i in unseen_rows], unseen)
+        unseen_mape = score(unseen, [predicted[i] for i in unseen_rows]).mape if unseen else 0.0
     report = {
         "measured": measured,
         "rows": len(runs),
@@ -139,12 +139,6 @@ def run(args: argparse.Namespace) -> int:
     if out and not no_fit:
         print(f"wrote {out} (simulate/plan --calibration {out})")
     return 0
-
-
-def _mape(predicted: Sequence[float], runs: Sequence[MeasuredRun]) -> float:
-    """Mean absolute relative error of ``predicted`` against ``runs`` (0 without runs)."""
-    errors = [abs(p / r.seconds - 1) for p, r in zip(predicted, runs, strict=True)]
-    return sum(errors) / len(errors) if errors else 0.0
 
 
 def _span(values) -> str:
